@@ -1,0 +1,312 @@
+//! The message model every provider adapter translates to and from.
+//!
+//! A transcript is a `Vec<Message>`. Its serde form is stable and documented:
+//!
+//! ```json
+//! [
+//!   {"role": "system", "content": "You are terse."},
+//!   {"role": "user", "content": "What is in Cargo.toml?"},
+//!   {"role": "assistant", "text": "Reading it.",
+//!    "tool_calls": [{"id": "call_1", "name": "read_file", "arguments": {"path": "Cargo.toml"}}]},
+//!   {"role": "tool", "call_id": "call_1", "name": "read_file",
+//!    "content": "{\"success\":true,\"message\":\"ok\",\"data\":\"...\"}", "is_error": false},
+//!   {"role": "assistant", "text": "It declares a workspace."}
+//! ]
+//! ```
+//!
+//! Optional fields are left out when empty, and a transcript saved as JSON loads back identical.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions for the model.
+    System,
+    /// The person or program the agent works for.
+    User,
+    /// The model.
+    Assistant,
+    /// The result of a tool call.
+    Tool,
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "role", rename_all = "lowercase")]
+pub enum Message {
+    /// A system prompt.
+    System {
+        /// The instructions.
+        content: String,
+    },
+    /// A user turn.
+    User {
+        /// What the user said.
+        content: String,
+    },
+    /// A model turn: text, tool calls, and opaque provider parts.
+    Assistant(AssistantMessage),
+    /// The result of one tool call.
+    Tool(ToolResult),
+}
+
+/// A model turn.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    /// The user-visible text, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The tool calls the model asked for, in the model's order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Provider-specific parts (signed thinking blocks, for example), kept opaque and sent back
+    /// unchanged to the provider that produced them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<ProviderPart>,
+}
+
+/// A tool call requested by the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    /// The call id; every call gets exactly one [`ToolResult`] with the same id.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments. Always a valid JSON value: when the model's argument text was not JSON,
+    /// this is `{}` and [`ToolCall::invalid_arguments`] keeps the text.
+    pub arguments: Value,
+    /// The model's argument text, when it did not parse as JSON. It is never sent back to a
+    /// provider (strict servers reject it); the tool result carries the parse error instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub invalid_arguments: Option<String>,
+    /// Opaque provider data attached to this call (a Gemini thought signature, for example).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_data: Option<Value>,
+}
+
+/// The result of one tool call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolResult {
+    /// The id of the call this answers.
+    pub call_id: String,
+    /// The name of the tool that was called (Gemini needs it on the wire).
+    pub name: String,
+    /// What the model reads: by default the JSON object `{success, message, data}`.
+    pub content: String,
+    /// Whether the call failed.
+    #[serde(default)]
+    pub is_error: bool,
+}
+
+/// An opaque provider-specific part of an assistant turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderPart {
+    /// The provider that produced it (`"anthropic"`, `"gemini"`, …). Only that provider's adapter
+    /// sends it back; others leave it out.
+    pub provider: String,
+    /// The part exactly as the provider sent it.
+    pub data: Value,
+}
+
+impl Message {
+    /// A system message.
+    pub fn system(content: impl Into<String>) -> Self {
+        Message::System {
+            content: content.into(),
+        }
+    }
+
+    /// A user message.
+    pub fn user(content: impl Into<String>) -> Self {
+        Message::User {
+            content: content.into(),
+        }
+    }
+
+    /// An assistant message with text only.
+    pub fn assistant(text: impl Into<String>) -> Self {
+        Message::Assistant(AssistantMessage {
+            text: Some(text.into()),
+            ..AssistantMessage::default()
+        })
+    }
+
+    /// The role of this message.
+    pub fn role(&self) -> Role {
+        match self {
+            Message::System { .. } => Role::System,
+            Message::User { .. } => Role::User,
+            Message::Assistant(_) => Role::Assistant,
+            Message::Tool(_) => Role::Tool,
+        }
+    }
+
+    /// The message's text: the content of system, user and tool messages, the text of an
+    /// assistant turn (or `""` when it has none).
+    pub fn text(&self) -> &str {
+        match self {
+            Message::System { content } | Message::User { content } => content,
+            Message::Assistant(a) => a.text.as_deref().unwrap_or(""),
+            Message::Tool(r) => &r.content,
+        }
+    }
+}
+
+impl ToolCall {
+    /// A call with a fresh id.
+    pub fn new(name: impl Into<String>, arguments: Value) -> Self {
+        ToolCall {
+            id: new_call_id(),
+            name: name.into(),
+            arguments,
+            invalid_arguments: None,
+            provider_data: None,
+        }
+    }
+
+    /// Builds a call from the model's argument text. An empty text means `{}`; a text that is not
+    /// JSON is kept in [`ToolCall::invalid_arguments`]. A JSON string that itself holds a JSON
+    /// object (double-encoded arguments, as some servers send) is decoded once more.
+    pub fn from_raw_arguments(id: String, name: String, raw: &str) -> Self {
+        let (arguments, invalid_arguments) = parse_arguments(raw);
+        ToolCall {
+            id,
+            name,
+            arguments,
+            invalid_arguments,
+            provider_data: None,
+        }
+    }
+
+    /// The arguments in canonical form (object keys sorted, no spaces), used to compare calls.
+    pub fn canonical_arguments(&self) -> String {
+        match &self.invalid_arguments {
+            Some(raw) => format!("invalid:{raw}"),
+            None => canonical_json(&self.arguments),
+        }
+    }
+}
+
+/// Parses argument text into a JSON value; see [`ToolCall::from_raw_arguments`].
+pub fn parse_arguments(raw: &str) -> (Value, Option<String>) {
+    let trimmed = raw.trim();
+    if trimmed.is_empty() {
+        return (Value::Object(Default::default()), None);
+    }
+    match serde_json::from_str::<Value>(trimmed) {
+        Ok(Value::String(inner)) => match serde_json::from_str::<Value>(&inner) {
+            Ok(v @ Value::Object(_)) => (v, None),
+            _ => (Value::String(inner), None),
+        },
+        Ok(v) => (v, None),
+        Err(_) => (Value::Object(Default::default()), Some(raw.to_string())),
+    }
+}
+
+/// Writes a JSON value with object keys sorted at every level and no insignificant spaces.
+pub fn canonical_json(value: &Value) -> String {
+    fn write(value: &Value, out: &mut String) {
+        match value {
+            Value::Object(map) => {
+                let mut keys: Vec<&String> = map.keys().collect();
+                keys.sort();
+                out.push('{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    out.push_str(&Value::String(k.clone()).to_string());
+                    out.push(':');
+                    write(&map[k], out);
+                }
+                out.push('}');
+            }
+            Value::Array(items) => {
+                out.push('[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(',');
+                    }
+                    write(v, out);
+                }
+                out.push(']');
+            }
+            other => out.push_str(&other.to_string()),
+        }
+    }
+    let mut out = String::new();
+    write(value, &mut out);
+    out
+}
+
+/// A fresh tool-call id, unique within this process and unlikely to collide across processes.
+pub fn new_call_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    let seed = *SEED.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        nanos ^ (u64::from(std::process::id()) << 32)
+    });
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("call_{:012x}{:06x}", seed & 0xffff_ffff_ffff, n & 0xff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn arguments_parse_quirks() {
+        assert_eq!(parse_arguments(""), (json!({}), None));
+        assert_eq!(parse_arguments(" {\"a\":1} "), (json!({"a": 1}), None));
+        assert_eq!(
+            parse_arguments("\"{\\\"a\\\":1}\""),
+            (json!({"a": 1}), None)
+        );
+        let (v, bad) = parse_arguments("{\"a\":");
+        assert_eq!(v, json!({}));
+        assert_eq!(bad.as_deref(), Some("{\"a\":"));
+    }
+
+    #[test]
+    fn canonical_json_sorts_keys() {
+        let v = json!({"b": [1, {"d": 1, "c": 2}], "a": "x"});
+        assert_eq!(canonical_json(&v), r#"{"a":"x","b":[1,{"c":2,"d":1}]}"#);
+    }
+
+    #[test]
+    fn call_ids_are_unique() {
+        let a = new_call_id();
+        let b = new_call_id();
+        assert_ne!(a, b);
+        assert!(a.starts_with("call_"));
+    }
+
+    #[test]
+    fn serde_form_is_documented_shape() {
+        let m = Message::Tool(ToolResult {
+            call_id: "c".into(),
+            name: "t".into(),
+            content: "x".into(),
+            is_error: true,
+        });
+        let v = serde_json::to_value(&m).unwrap();
+        assert_eq!(
+            v,
+            json!({"role": "tool", "call_id": "c", "name": "t", "content": "x", "is_error": true})
+        );
+        let a = Message::assistant("hi");
+        assert_eq!(
+            serde_json::to_value(&a).unwrap(),
+            json!({"role": "assistant", "text": "hi"})
+        );
+    }
+}

@@ -1,0 +1,1 @@
+//! The mock provider server. Placeholder.

@@ -1,0 +1,341 @@
+//! The model interface: one call, complete or streamed.
+//!
+//! A [`Model`] takes a [`ModelRequest`] (the conversation, transient reminders, the tool catalog
+//! and settings) and gives either a complete [`ModelResponse`] or a stream of
+//! [`StreamEvent`]s. The [`Accumulator`] turns a stream into the response, so streamed and
+//! non-streamed runs produce identical transcripts.
+
+use crate::message::{AssistantMessage, Message, ProviderPart, ToolCall};
+use crate::stream::{Accumulator, StreamEvent};
+use crate::usage::Usage;
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+
+/// A stream of events from one model call.
+pub type EventStream = BoxStream<'static, Result<StreamEvent, ModelError>>;
+
+/// A language model, behind a provider adapter.
+#[async_trait]
+pub trait Model: Send + Sync {
+    /// The model's name, as used for prices and logs (`gpt-4o`, `test`, …).
+    fn name(&self) -> &str;
+
+    /// One complete call.
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError>;
+
+    /// One streamed call. The default streams the complete response as events.
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let response = self.complete(request).await?;
+        Ok(Box::pin(futures::stream::iter(
+            response.into_events().into_iter().map(Ok),
+        )))
+    }
+}
+
+/// What one model call is asked.
+#[derive(Debug, Clone, Copy)]
+pub struct ModelRequest<'a> {
+    /// The conversation so far.
+    pub messages: &'a [Message],
+    /// Transient reminders for this request only. Each adapter puts them where its API accepts
+    /// them, wrapped in `<system-reminder>` tags, after the conversation; they are never stored.
+    pub reminders: &'a [String],
+    /// The tool catalog.
+    pub tools: &'a [ToolSpec],
+    /// Model name, temperature, limits, tool choice.
+    pub settings: &'a ModelSettings,
+}
+
+impl ModelRequest<'_> {
+    /// Each reminder wrapped in `<system-reminder>` tags.
+    pub fn wrapped_reminders(&self) -> impl Iterator<Item = String> + '_ {
+        self.reminders
+            .iter()
+            .map(|r| format!("<system-reminder>{r}</system-reminder>"))
+    }
+}
+
+/// A tool as the model sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// The tool's name.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments (an object schema).
+    pub parameters: Value,
+}
+
+/// Whether and which tools the model may call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    /// The model decides.
+    #[default]
+    Auto,
+    /// No tool calls.
+    None,
+    /// At least one tool call.
+    Required,
+    /// This tool.
+    Tool(String),
+}
+
+/// Settings for a model call.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSettings {
+    /// Overrides the adapter's model name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// Sampling temperature.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// The most output tokens one call may produce.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_output_tokens: Option<u32>,
+    /// Tool choice.
+    #[serde(default)]
+    pub tool_choice: ToolChoice,
+    /// Extra top-level request fields, merged into the provider's request body as they are
+    /// (`{"top_k": 20}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra: Option<Value>,
+}
+
+/// Why the model stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// A natural end of the turn.
+    #[default]
+    Stop,
+    /// The model asked for tool calls.
+    ToolCalls,
+    /// The output-token limit cut the turn.
+    Length,
+    /// A content filter or a refusal ended the turn.
+    ContentFilter,
+    /// The model produced a tool call the provider could not parse (Gemini's
+    /// `MALFORMED_FUNCTION_CALL`); the model may try again.
+    MalformedToolCall,
+    /// The provider reported an error.
+    Error,
+}
+
+/// A complete model response.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ModelResponse {
+    /// The user-visible text, `None` when there was none.
+    pub text: Option<String>,
+    /// The tool calls, in output order.
+    pub tool_calls: Vec<ToolCall>,
+    /// Why the model stopped.
+    pub finish_reason: FinishReason,
+    /// Token usage, when the provider reported it.
+    pub usage: Option<Usage>,
+    /// Opaque provider parts (thinking blocks…), to be sent back unchanged.
+    pub parts: Vec<ProviderPart>,
+}
+
+impl ModelResponse {
+    /// A text-only response.
+    pub fn text(text: impl Into<String>) -> Self {
+        ModelResponse {
+            text: Some(text.into()),
+            ..ModelResponse::default()
+        }
+    }
+
+    /// A response that calls tools.
+    pub fn tool_calls(calls: Vec<ToolCall>) -> Self {
+        ModelResponse {
+            tool_calls: calls,
+            finish_reason: FinishReason::ToolCalls,
+            ..ModelResponse::default()
+        }
+    }
+
+    /// The response as the events a stream would carry; [`Accumulator`] turns them back into an
+    /// equal response.
+    pub fn into_events(self) -> Vec<StreamEvent> {
+        let mut events = Vec::with_capacity(4 + self.tool_calls.len() * 3 + self.parts.len());
+        for part in self.parts {
+            events.push(StreamEvent::Part(part));
+        }
+        if let Some(text) = self.text {
+            events.push(StreamEvent::TextDelta(text));
+        }
+        for (index, call) in self.tool_calls.into_iter().enumerate() {
+            events.push(StreamEvent::ToolCallStart {
+                index,
+                id: Some(call.id),
+                name: call.name,
+            });
+            let args = match call.invalid_arguments {
+                Some(raw) => raw,
+                None => call.arguments.to_string(),
+            };
+            events.push(StreamEvent::ToolCallDelta {
+                index,
+                arguments: args,
+            });
+            if let Some(data) = call.provider_data {
+                events.push(StreamEvent::ToolCallData { index, data });
+            }
+            events.push(StreamEvent::ToolCallEnd { index });
+        }
+        if let Some(usage) = self.usage {
+            events.push(StreamEvent::Usage(usage));
+        }
+        events.push(StreamEvent::Finish(self.finish_reason));
+        events
+    }
+
+    /// Collects a stream of events into a response.
+    pub async fn from_stream(mut stream: EventStream) -> Result<ModelResponse, ModelError> {
+        use futures::StreamExt;
+        let mut acc = Accumulator::new();
+        while let Some(event) = stream.next().await {
+            acc.push(event?);
+        }
+        Ok(acc.finish())
+    }
+
+    /// The assistant message this response adds to the transcript.
+    pub fn to_message(&self) -> AssistantMessage {
+        AssistantMessage {
+            text: self.text.clone(),
+            tool_calls: self.tool_calls.clone(),
+            parts: self.parts.clone(),
+        }
+    }
+}
+
+/// An error reported by a provider's API: an HTTP error body, or an error event in a stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ApiError {
+    /// The HTTP status (200 for an error event inside a successful stream).
+    pub status: u16,
+    /// The provider's error type (`invalid_request_error`, `rate_limit_error`, …).
+    pub error_type: Option<String>,
+    /// The provider's error code, as text.
+    pub code: Option<String>,
+    /// The provider's message.
+    pub message: String,
+    /// Whether trying again may succeed.
+    pub retryable: bool,
+    /// How long the provider asked us to wait, if it said.
+    #[serde(default, with = "opt_millis")]
+    pub retry_after: Option<Duration>,
+}
+
+/// Why a model call failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ModelError {
+    /// The provider answered with an error.
+    #[error("{} error {}{}: {}", provider_label(.0), .0.status, .0.error_type.as_deref().map(|t| format!(" ({t})")).unwrap_or_default(), .0.message)]
+    Api(ApiError),
+    /// The connection failed, was reset, or timed out.
+    #[error("transport error: {message}")]
+    Transport {
+        /// What happened.
+        message: String,
+        /// Whether trying again may succeed.
+        retryable: bool,
+    },
+    /// The response could not be understood.
+    #[error("invalid response from the provider: {0}")]
+    InvalidResponse(String),
+    /// The response body was larger than the configured limit.
+    #[error("response body larger than the limit of {limit} bytes")]
+    BodyTooLarge {
+        /// The limit, in bytes.
+        limit: usize,
+    },
+    /// The provider does not accept a tool catalog (the signal for falling back to prompt-based
+    /// tool calling).
+    #[error("the server does not support native tool calling: {0}")]
+    ToolsUnsupported(String),
+    /// Configuration is missing or wrong (an API key, a base URL…).
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// Any other failure (a scripted model that ran out of responses, for example).
+    #[error("{0}")]
+    Other(String),
+}
+
+fn provider_label(_: &ApiError) -> &'static str {
+    "API"
+}
+
+impl ModelError {
+    /// Whether trying the same call again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            ModelError::Api(e) => e.retryable,
+            ModelError::Transport { retryable, .. } => *retryable,
+            _ => false,
+        }
+    }
+}
+
+mod opt_millis {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        d.map(|d| d.as_millis() as u64).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Ok(Option::<u64>::deserialize(d)?.map(Duration::from_millis))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[tokio::test]
+    async fn response_survives_events_and_back() {
+        let mut call = ToolCall::new("f", json!({"a": [1, 2]}));
+        call.provider_data = Some(json!({"sig": "x"}));
+        let mut bad = ToolCall::from_raw_arguments("c2".into(), "g".into(), "{oops");
+        bad.provider_data = None;
+        let r = ModelResponse {
+            text: Some("hi".into()),
+            tool_calls: vec![call, bad],
+            finish_reason: FinishReason::ToolCalls,
+            usage: Some(Usage {
+                input_tokens: 3,
+                output_tokens: 4,
+                ..Usage::default()
+            }),
+            parts: vec![ProviderPart {
+                provider: "anthropic".into(),
+                data: json!({"type": "thinking"}),
+            }],
+        };
+        let events = r.clone().into_events();
+        let stream: EventStream = Box::pin(futures::stream::iter(events.into_iter().map(Ok)));
+        assert_eq!(ModelResponse::from_stream(stream).await.unwrap(), r);
+    }
+
+    #[test]
+    fn errors_say_what_happened() {
+        let e = ModelError::Api(ApiError {
+            status: 429,
+            error_type: Some("rate_limit_error".into()),
+            code: None,
+            message: "slow down".into(),
+            retryable: true,
+            retry_after: Some(Duration::from_millis(1500)),
+        });
+        assert!(e.is_retryable());
+        assert_eq!(e.to_string(), "API error 429 (rate_limit_error): slow down");
+    }
+}

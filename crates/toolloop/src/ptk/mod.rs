@@ -1,0 +1,1 @@
+//! Prompt-based tool calling (PTK). Placeholder.

@@ -1,0 +1,1 @@
+//! File-system tools confined to a root. Placeholder.

@@ -1,0 +1,3 @@
+//! Built-in tools.
+
+pub mod fs;
