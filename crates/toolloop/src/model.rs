@@ -138,6 +138,12 @@ pub struct ModelResponse {
     pub usage: Option<Usage>,
     /// Opaque provider parts (thinking blocks…), to be sent back unchanged.
     pub parts: Vec<ProviderPart>,
+    /// Set when the reply attempted a tool call that could not be parsed (a near miss in
+    /// prompt-based calling, Gemini's `MALFORMED_FUNCTION_CALL`): what was wrong and the exact
+    /// format expected. The loop does not take such a reply as the final answer; it sends this
+    /// explanation back to the model, within the invalid-call budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub malformed_call: Option<String>,
 }
 
 impl ModelResponse {
@@ -189,6 +195,9 @@ impl ModelResponse {
         }
         if let Some(usage) = self.usage {
             events.push(StreamEvent::Usage(usage));
+        }
+        if let Some(why) = self.malformed_call {
+            events.push(StreamEvent::MalformedCall(why));
         }
         events.push(StreamEvent::Finish(self.finish_reason));
         events
@@ -319,6 +328,7 @@ mod tests {
                 provider: "anthropic".into(),
                 data: json!({"type": "thinking"}),
             }],
+            malformed_call: Some("bad tag".into()),
         };
         let events = r.clone().into_events();
         let stream: EventStream = Box::pin(futures::stream::iter(events.into_iter().map(Ok)));

@@ -48,6 +48,9 @@ pub enum StreamEvent {
     Part(ProviderPart),
     /// Token usage; a later report replaces an earlier one.
     Usage(Usage),
+    /// The reply attempted a tool call that could not be parsed; see
+    /// [`ModelResponse::malformed_call`].
+    MalformedCall(String),
     /// Why the model stopped.
     Finish(FinishReason),
 }
@@ -68,6 +71,7 @@ pub struct Accumulator {
     calls: Vec<PartialCall>,
     parts: Vec<ProviderPart>,
     usage: Option<Usage>,
+    malformed: Option<String>,
     finish: Option<FinishReason>,
 }
 
@@ -113,6 +117,7 @@ impl Accumulator {
             }
             StreamEvent::Part(p) => self.parts.push(p),
             StreamEvent::Usage(u) => self.usage = Some(u),
+            StreamEvent::MalformedCall(why) => self.malformed = Some(why),
             StreamEvent::Finish(f) => self.finish = Some(f),
         }
     }
@@ -149,6 +154,7 @@ impl Accumulator {
             finish_reason,
             usage: self.usage,
             parts: self.parts,
+            malformed_call: self.malformed,
         }
     }
 }
