@@ -10,6 +10,8 @@ pub mod anthropic;
 pub mod gemini;
 #[cfg(feature = "http")]
 pub mod openai;
+pub mod scripted;
+pub mod test_model;
 
 /// What an adapter makes of one recorded response body: the response, and the error the body
 /// reported (an HTTP error body, or an error event inside a stream). Used by the conformance

@@ -1,0 +1,976 @@
+//! The loop as a state machine with no I/O.
+//!
+//! [`Machine::next`] says what to do now ([`Step`]): call the model, run these tool calls on
+//! this schedule, ask `on_round_limit`, or nothing more (finished). A driver (see
+//! [`crate::agent`]) does the I/O and reports back with [`Machine::model_responded`],
+//! [`Machine::model_failed`], [`Machine::tool_finished`], [`Machine::round_limit_decided`] or
+//! [`Machine::interrupt`]. The machine's [`LoopState`] is a plain serializable value, so a run can
+//! be saved and rebuilt from it.
+//!
+//! Invariants the machine keeps:
+//! - every tool call gets exactly one result, appended in the model's call order, whatever
+//!   happens (invalid, duplicate, over budget, cancelled, cut off);
+//! - every call of a round runs before any terminal check;
+//! - budgets are checked before each model call and before each tool call executes.
+
+use crate::config::{
+    Hooks, InvalidCallPolicy, LoopConfig, LoopView, ParallelMode, RoundCall, RoundLimitDecision,
+    TruncatedCallPolicy,
+};
+use crate::event::Event;
+use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
+use crate::model::{FinishReason, ModelError, ModelResponse};
+use crate::outcome::{CallStatus, ErrorCode, ExecutedCall, Outcome, RunError, StopReason};
+use crate::result;
+use crate::tool::{ToolError, ToolOutput};
+use crate::toolbox::Toolbox;
+use crate::usage::Usage;
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// What the driver should do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Call the model with the conversation ([`Machine::messages`]), the toolbox's specs, and
+    /// these transient reminders.
+    CallModel {
+        /// The round (1-based).
+        round: u32,
+        /// Reminders for this request only.
+        reminders: Vec<String>,
+    },
+    /// Run these calls, batch after batch; report each with [`Machine::tool_finished`].
+    RunTools(Vec<Batch>),
+    /// `max_rounds` is reached: ask `on_round_limit` and report with
+    /// [`Machine::round_limit_decided`].
+    DecideRoundLimit,
+    /// The run is over; take the outcome.
+    Finished,
+}
+
+/// Calls that run together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// Whether the calls run at the same time (at most `max_parallel` at once).
+    pub parallel: bool,
+    /// Indices of the calls in the round (see [`Machine::round_call`]).
+    pub calls: Vec<usize>,
+}
+
+/// Why the driver interrupted the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Interrupt {
+    /// The caller cancelled.
+    Cancelled,
+    /// The run's timeout passed.
+    Timeout,
+}
+
+/// One call of the current round.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Slot {
+    /// The call.
+    pub call: ToolCall,
+    /// Whether it is to run (`false`: it was settled without running).
+    pub run: bool,
+    /// Whether it may run alongside other parallel-safe calls.
+    pub parallel_safe: bool,
+    /// What happened, once known.
+    pub status: Option<CallStatus>,
+    /// The result content, once known.
+    pub content: Option<String>,
+    /// The tool's own result, when it ran.
+    pub output: Option<Result<ToolOutput, ToolError>>,
+    /// How long it ran, in milliseconds.
+    pub duration_ms: u64,
+    /// Attempts made.
+    pub attempts: u32,
+    /// Whether this call spent the tool-call budget's last place (it was refused for that).
+    pub over_budget: bool,
+}
+
+/// Where the machine is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "phase", rename_all = "snake_case")]
+pub enum Phase {
+    /// Ready for the next model call.
+    Ready,
+    /// A model call is in flight (resuming repeats it with the same reminders).
+    AwaitingModel {
+        /// The reminders sent with it.
+        reminders: Vec<String>,
+    },
+    /// Waiting for `on_round_limit`.
+    RoundLimit,
+    /// Tool calls of a round are running.
+    Tools {
+        /// Why the model stopped.
+        finish_reason: FinishReason,
+        /// This round's usage.
+        usage: Usage,
+        /// The calls.
+        slots: Vec<Slot>,
+    },
+    /// The run is over.
+    Done {
+        /// Why.
+        stop_reason: StopReason,
+        /// The terminal signal.
+        signal: Option<String>,
+        /// The final answer.
+        text: Option<String>,
+        /// The error of a failed run.
+        error: Option<RunError>,
+    },
+}
+
+/// The machine's whole state: serializable, so a run can be saved and rebuilt.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopState {
+    /// The transcript.
+    pub messages: Vec<Message>,
+    /// Model calls made.
+    pub round: u32,
+    /// The round limit in force (`max_rounds` plus extensions).
+    pub round_limit: u32,
+    /// Tool calls executed.
+    pub tool_calls_executed: u32,
+    /// Invalid calls in a row.
+    pub consecutive_invalid: u32,
+    /// Usage so far.
+    pub usage: Usage,
+    /// Cost so far, while every model call's cost was known.
+    pub cost: Option<f64>,
+    /// Every settled call.
+    pub calls: Vec<ExecutedCall>,
+    /// Where the machine is.
+    pub phase: Phase,
+}
+
+/// The loop's state machine.
+pub struct Machine {
+    config: Arc<LoopConfig>,
+    hooks: Hooks,
+    toolbox: Arc<Toolbox>,
+    state: LoopState,
+    events: Vec<Event>,
+}
+
+impl std::fmt::Debug for Machine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Machine")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+fn duplicate_warning(name: &str) -> String {
+    result::error_content(&format!(
+        "Not run: `{name}` was already called with these same arguments, and its result is \
+         above. Repeating the call looks like a loop: try a different approach, or give your \
+         final answer if you have enough information."
+    ))
+}
+
+impl Machine {
+    /// A machine for a new run over `messages`.
+    pub fn new(
+        config: Arc<LoopConfig>,
+        hooks: Hooks,
+        toolbox: Arc<Toolbox>,
+        messages: Vec<Message>,
+    ) -> Self {
+        let round_limit = config.max_rounds;
+        let mut m = Machine {
+            config,
+            hooks,
+            toolbox,
+            state: LoopState {
+                messages,
+                round: 0,
+                round_limit,
+                tool_calls_executed: 0,
+                consecutive_invalid: 0,
+                usage: Usage::default(),
+                cost: Some(0.0),
+                calls: Vec::new(),
+                phase: Phase::Ready,
+            },
+            events: Vec::new(),
+        };
+        m.events.push(Event::RunStarted {
+            message_count: m.state.messages.len(),
+        });
+        m
+    }
+
+    /// A machine rebuilt from a saved state.
+    pub fn resume(
+        config: Arc<LoopConfig>,
+        hooks: Hooks,
+        toolbox: Arc<Toolbox>,
+        state: LoopState,
+    ) -> Self {
+        Machine {
+            config,
+            hooks,
+            toolbox,
+            state,
+            events: Vec::new(),
+        }
+    }
+
+    /// The state.
+    pub fn state(&self) -> &LoopState {
+        &self.state
+    }
+
+    /// The transcript so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.state.messages
+    }
+
+    /// The toolbox.
+    pub fn toolbox(&self) -> &Arc<Toolbox> {
+        &self.toolbox
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LoopConfig {
+        &self.config
+    }
+
+    /// The current round (1-based once the first model call was made).
+    pub fn round(&self) -> u32 {
+        self.state.round
+    }
+
+    /// Events produced since the last call.
+    pub fn take_events(&mut self) -> std::vec::Drain<'_, Event> {
+        self.events.drain(..)
+    }
+
+    /// Call `index` of the current round.
+    pub fn round_call(&self, index: usize) -> Option<&ToolCall> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots.get(index).map(|s| &s.call),
+            _ => None,
+        }
+    }
+
+    /// A view for hooks.
+    pub fn view(&self) -> LoopView<'_> {
+        LoopView {
+            round: self.state.round,
+            tool_calls: self.state.tool_calls_executed,
+            usage: self.state.usage,
+            last_call: self.state.calls.iter().rev().find(|c| c.status.executed()),
+        }
+    }
+
+    /// What to do now.
+    pub fn next(&mut self) -> Step {
+        match &self.state.phase {
+            Phase::Done { .. } => Step::Finished,
+            Phase::RoundLimit => Step::DecideRoundLimit,
+            Phase::AwaitingModel { reminders } => Step::CallModel {
+                round: self.state.round,
+                reminders: reminders.clone(),
+            },
+            Phase::Tools { slots, .. } => {
+                let pending: Vec<usize> = slots
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| s.run && s.status.is_none())
+                    .map(|(i, _)| i)
+                    .collect();
+                if pending.is_empty() {
+                    self.finish_round(None);
+                    return self.next();
+                }
+                Step::RunTools(self.schedule(slots, &pending))
+            }
+            Phase::Ready => {
+                if self.state.round >= self.state.round_limit {
+                    if self.hooks.on_round_limit.is_some() {
+                        self.state.phase = Phase::RoundLimit;
+                        return Step::DecideRoundLimit;
+                    }
+                    let limit = self.state.round_limit;
+                    self.finish(
+                        StopReason::MaxRounds,
+                        None,
+                        Some(RunError {
+                            code: ErrorCode::MaxIterationsReached,
+                            message: format!(
+                                "max rounds reached ({limit}) before the model gave a final answer"
+                            ),
+                        }),
+                    );
+                    return Step::Finished;
+                }
+                self.state.round += 1;
+                let view = LoopView {
+                    round: self.state.round,
+                    ..self.view()
+                };
+                let reminders = self
+                    .hooks
+                    .reminders
+                    .as_ref()
+                    .map(|f| f(view))
+                    .unwrap_or_default();
+                self.events.push(Event::RoundStarted {
+                    round: self.state.round,
+                    message_count: self.state.messages.len() + reminders.len(),
+                });
+                self.state.phase = Phase::AwaitingModel {
+                    reminders: reminders.clone(),
+                };
+                Step::CallModel {
+                    round: self.state.round,
+                    reminders,
+                }
+            }
+        }
+    }
+
+    fn schedule(&self, slots: &[Slot], pending: &[usize]) -> Vec<Batch> {
+        let max_parallel = self.config.max_parallel.max(1);
+        if max_parallel == 1 {
+            return pending
+                .iter()
+                .map(|&i| Batch {
+                    parallel: false,
+                    calls: vec![i],
+                })
+                .collect();
+        }
+        match self.config.parallel_mode {
+            ParallelMode::AllOrNothing => {
+                if pending.len() > 1 && pending.iter().all(|&i| slots[i].parallel_safe) {
+                    vec![Batch {
+                        parallel: true,
+                        calls: pending.to_vec(),
+                    }]
+                } else {
+                    pending
+                        .iter()
+                        .map(|&i| Batch {
+                            parallel: false,
+                            calls: vec![i],
+                        })
+                        .collect()
+                }
+            }
+            ParallelMode::Mixed => {
+                let mut batches: Vec<Batch> = Vec::new();
+                for &i in pending {
+                    let safe = slots[i].parallel_safe;
+                    match batches.last_mut() {
+                        Some(b) if safe && b.parallel => b.calls.push(i),
+                        _ => batches.push(Batch {
+                            parallel: safe,
+                            calls: vec![i],
+                        }),
+                    }
+                }
+                for b in &mut batches {
+                    if b.calls.len() == 1 {
+                        b.parallel = false;
+                    }
+                }
+                batches
+            }
+        }
+    }
+
+    fn add_cost(&mut self, cost: Option<f64>) {
+        self.state.cost = match (self.state.cost, cost) {
+            (Some(a), Some(b)) => Some(a + b),
+            _ => None,
+        };
+    }
+
+    /// The model answered. `cost` is this call's cost, `None` when unknown.
+    pub fn model_responded(&mut self, response: ModelResponse, cost: Option<f64>) {
+        if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
+            return;
+        }
+        let round = self.state.round;
+        let usage = response.usage.unwrap_or_default();
+        self.state.usage += usage;
+        self.add_cost(if response.usage.is_some() { cost } else { None });
+        let ModelResponse {
+            text,
+            tool_calls,
+            finish_reason,
+            parts,
+            malformed_call,
+            ..
+        } = response;
+
+        if tool_calls.is_empty() {
+            self.state
+                .messages
+                .push(Message::Assistant(AssistantMessage {
+                    text: text.clone(),
+                    tool_calls: Vec::new(),
+                    parts,
+                }));
+            self.round_finished_event(finish_reason, usage);
+            if let Some(reason) = malformed_call {
+                self.events.push(Event::MalformedToolCall {
+                    round,
+                    reason: reason.clone(),
+                });
+                self.state.messages.push(Message::user(reason.clone()));
+                self.state.consecutive_invalid += 1;
+                self.state.phase = Phase::Ready;
+                self.check_invalid_budget(ErrorCode::ParseError, &reason);
+                return;
+            }
+            self.finish(StopReason::Answered, text, None);
+            return;
+        }
+
+        let mut slots = Vec::with_capacity(tool_calls.len());
+        let mut planned = 0u32;
+        let mut strict_stop = false;
+        let truncated = finish_reason == FinishReason::Length;
+        for call in &tool_calls {
+            self.events.push(Event::ToolCallRequested {
+                round,
+                call: call.clone(),
+            });
+            if call
+                .provider_data
+                .as_ref()
+                .and_then(|d| d.get("repaired"))
+                .and_then(|v| v.as_bool())
+                == Some(true)
+            {
+                self.events.push(Event::ToolCallRepaired {
+                    round,
+                    call: call.clone(),
+                });
+            }
+            let mut slot = Slot {
+                call: call.clone(),
+                run: false,
+                parallel_safe: false,
+                status: None,
+                content: None,
+                output: None,
+                duration_ms: 0,
+                attempts: 0,
+                over_budget: false,
+            };
+            let settle = |slot: &mut Slot, status: CallStatus, content: String| {
+                slot.status = Some(status);
+                slot.content = Some(content);
+            };
+            if strict_stop {
+                settle(
+                    &mut slot,
+                    CallStatus::Skipped,
+                    result::error_content(
+                        "Not run: the run stopped at an earlier invalid call in this turn.",
+                    ),
+                );
+                slots.push(slot);
+                continue;
+            }
+            if truncated && call.invalid_arguments.is_some() {
+                let why = format!(
+                    "Not run: the output-token limit cut this call to `{}` short before its \
+                     arguments were complete. Make the call again with shorter arguments.",
+                    call.name
+                );
+                self.events.push(Event::InvalidToolCall {
+                    round,
+                    call: call.clone(),
+                    reason: why.clone(),
+                });
+                settle(
+                    &mut slot,
+                    CallStatus::Truncated,
+                    result::error_content(&why),
+                );
+                slots.push(slot);
+                continue;
+            }
+            if let Some(reason) = self.invalid_reason(call) {
+                self.events.push(Event::InvalidToolCall {
+                    round,
+                    call: call.clone(),
+                    reason: reason.clone(),
+                });
+                settle(
+                    &mut slot,
+                    CallStatus::Invalid,
+                    result::error_content(&reason),
+                );
+                if self.config.invalid_calls == InvalidCallPolicy::Strict {
+                    strict_stop = true;
+                }
+                slots.push(slot);
+                continue;
+            }
+            if self.config.detect_duplicates && self.is_duplicate(call, &slots) {
+                self.events.push(Event::DuplicateDetected {
+                    round,
+                    call: call.clone(),
+                });
+                settle(
+                    &mut slot,
+                    CallStatus::Duplicate,
+                    duplicate_warning(&call.name),
+                );
+                slots.push(slot);
+                continue;
+            }
+            if self.state.tool_calls_executed + planned >= self.config.max_tool_calls {
+                let max = self.config.max_tool_calls;
+                settle(
+                    &mut slot,
+                    CallStatus::Skipped,
+                    result::error_content(&format!(
+                        "Not run: the tool-call budget of this run ({max}) is spent."
+                    )),
+                );
+                slot.over_budget = true;
+                slots.push(slot);
+                continue;
+            }
+            planned += 1;
+            slot.run = true;
+            slot.parallel_safe = self
+                .toolbox
+                .get(&call.name)
+                .is_some_and(|t| t.parallel_safe());
+            slots.push(slot);
+        }
+        self.state
+            .messages
+            .push(Message::Assistant(AssistantMessage {
+                text,
+                tool_calls,
+                parts,
+            }));
+        self.state.phase = Phase::Tools {
+            finish_reason,
+            usage,
+            slots,
+        };
+    }
+
+    fn invalid_reason(&self, call: &ToolCall) -> Option<String> {
+        if self.toolbox.get(&call.name).is_none() {
+            let names: Vec<&str> = self.toolbox.names().collect();
+            let available = if names.is_empty() {
+                "none".to_string()
+            } else {
+                names.join(", ")
+            };
+            return Some(format!(
+                "Unknown tool `{}`. The tools that exist are: {available}.",
+                call.name
+            ));
+        }
+        if let Some(raw) = &call.invalid_arguments {
+            let err = serde_json::from_str::<serde_json::Value>(raw)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_else(|| "not a JSON object".into());
+            return Some(format!(
+                "The arguments for `{}` are not valid JSON ({err}). Send the arguments as one \
+                 JSON object that matches the tool's schema.",
+                call.name
+            ));
+        }
+        if let Err(e) = self.toolbox.validate(&call.name, &call.arguments) {
+            return Some(format!(
+                "Invalid arguments for `{}`: {e}. Fix them to match the tool's schema.",
+                call.name
+            ));
+        }
+        None
+    }
+
+    fn is_duplicate(&self, call: &ToolCall, this_round: &[Slot]) -> bool {
+        let window = self.config.duplicate_window;
+        if window == 0 {
+            return false;
+        }
+        let key = call.canonical_arguments();
+        let same = |c: &ToolCall| c.name == call.name && c.canonical_arguments() == key;
+        this_round
+            .iter()
+            .rev()
+            .filter(|s| s.run)
+            .map(|s| &s.call)
+            .chain(
+                self.state
+                    .calls
+                    .iter()
+                    .rev()
+                    .filter(|c| c.status.executed())
+                    .map(|c| &c.call),
+            )
+            .take(window)
+            .any(same)
+    }
+
+    /// A tool call finished (after its retries). `index` is its place in the round.
+    pub fn tool_finished(
+        &mut self,
+        index: usize,
+        outcome: Result<ToolOutput, ToolError>,
+        duration_ms: u64,
+        attempts: u32,
+    ) {
+        let round = self.state.round;
+        let max_chars = self.config.max_result_chars;
+        let Phase::Tools { slots, .. } = &mut self.state.phase else {
+            return;
+        };
+        let Some(slot) = slots.get_mut(index) else {
+            return;
+        };
+        if !slot.run || slot.status.is_some() {
+            return;
+        }
+        let status = if outcome.is_ok() {
+            CallStatus::Ok
+        } else {
+            CallStatus::Failed
+        };
+        slot.content = Some(result::cap(result::serialize(&outcome), max_chars));
+        slot.status = Some(status);
+        slot.output = Some(outcome);
+        slot.duration_ms = duration_ms;
+        slot.attempts = attempts;
+        self.state.tool_calls_executed += 1;
+        self.events.push(Event::ToolFinished {
+            round,
+            call_id: slot.call.id.clone(),
+            name: slot.call.name.clone(),
+            success: status == CallStatus::Ok,
+            status,
+            duration_ms,
+        });
+    }
+
+    /// The model call failed (after the adapter's retries).
+    pub fn model_failed(&mut self, error: &ModelError) {
+        if matches!(self.state.phase, Phase::Done { .. }) {
+            return;
+        }
+        self.finish(
+            StopReason::ModelError,
+            None,
+            Some(RunError {
+                code: ErrorCode::LlmCallFailed,
+                message: error.to_string(),
+            }),
+        );
+    }
+
+    /// `on_round_limit` decided.
+    pub fn round_limit_decided(&mut self, decision: RoundLimitDecision) {
+        if self.state.phase != Phase::RoundLimit {
+            return;
+        }
+        match decision {
+            RoundLimitDecision::Extend(n) if n > 0 => {
+                self.state.round_limit += n;
+                self.state.phase = Phase::Ready;
+            }
+            RoundLimitDecision::Signal(signal) => {
+                self.finish(StopReason::TerminalSignal, None, None);
+                self.set_signal(signal);
+            }
+            _ => {
+                let limit = self.state.round_limit;
+                self.finish(
+                    StopReason::MaxRounds,
+                    None,
+                    Some(RunError {
+                        code: ErrorCode::MaxIterationsReached,
+                        message: format!(
+                            "max rounds reached ({limit}) before the model gave a final answer"
+                        ),
+                    }),
+                );
+            }
+        }
+    }
+
+    /// Stops the run now. Calls still in flight get a synthetic "cancelled" result, so the
+    /// transcript stays valid.
+    pub fn interrupt(&mut self, why: Interrupt) {
+        if matches!(self.state.phase, Phase::Done { .. }) {
+            return;
+        }
+        let (reason, code, message) = match why {
+            Interrupt::Cancelled => (
+                StopReason::Cancelled,
+                ErrorCode::Cancelled,
+                "the run was cancelled",
+            ),
+            Interrupt::Timeout => (
+                StopReason::Timeout,
+                ErrorCode::Timeout,
+                "the run's timeout passed",
+            ),
+        };
+        if let Phase::Tools { slots, .. } = &mut self.state.phase {
+            for slot in slots.iter_mut().filter(|s| s.status.is_none()) {
+                slot.status = Some(CallStatus::Cancelled);
+                slot.content = Some(result::error_content(&format!(
+                    "Cancelled: {message} before this call finished."
+                )));
+            }
+            self.finish_round(Some(()));
+        }
+        self.finish(
+            reason,
+            None,
+            Some(RunError {
+                code,
+                message: message.to_string(),
+            }),
+        );
+    }
+
+    fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Usage) {
+        self.events.push(Event::RoundFinished {
+            round: self.state.round,
+            finish_reason,
+            usage,
+            total_usage: self.state.usage,
+        });
+    }
+
+    /// Appends the round's results in call order, records the calls, and runs the terminal
+    /// checks (unless `interrupted`).
+    fn finish_round(&mut self, interrupted: Option<()>) {
+        let Phase::Tools {
+            finish_reason,
+            usage,
+            slots,
+        } = std::mem::replace(&mut self.state.phase, Phase::Ready)
+        else {
+            return;
+        };
+        let round = self.state.round;
+        let mut invalid_code = None;
+        let mut truncated = false;
+        let mut over_budget = false;
+        for slot in &slots {
+            let status = slot.status.unwrap_or(CallStatus::Cancelled);
+            match status {
+                CallStatus::Ok | CallStatus::Failed => self.state.consecutive_invalid = 0,
+                CallStatus::Invalid => {
+                    self.state.consecutive_invalid += 1;
+                    invalid_code = Some(if self.toolbox.get(&slot.call.name).is_none() {
+                        ErrorCode::ToolNotFound
+                    } else {
+                        ErrorCode::InvalidToolCall
+                    });
+                }
+                CallStatus::Truncated => {
+                    truncated = true;
+                    if self.config.on_truncated_call == TruncatedCallPolicy::Continue {
+                        self.state.consecutive_invalid += 1;
+                    }
+                }
+                _ => {}
+            }
+            over_budget |= slot.over_budget;
+            let content = slot
+                .content
+                .clone()
+                .unwrap_or_else(|| result::error_content("Not run."));
+            self.state.messages.push(Message::Tool(ToolResult {
+                call_id: slot.call.id.clone(),
+                name: slot.call.name.clone(),
+                is_error: status != CallStatus::Ok,
+                content: content.clone(),
+            }));
+            self.state.calls.push(ExecutedCall {
+                round,
+                call: slot.call.clone(),
+                status,
+                content,
+                duration_ms: slot.duration_ms,
+                attempts: slot.attempts,
+            });
+        }
+        self.round_finished_event(finish_reason, usage);
+        if interrupted.is_some() {
+            return;
+        }
+
+        // Strict policy: the first invalid call stops the run.
+        if let (Some(code), InvalidCallPolicy::Strict) = (invalid_code, self.config.invalid_calls) {
+            let message = slots
+                .iter()
+                .find(|s| s.status == Some(CallStatus::Invalid))
+                .and_then(|s| s.content.clone())
+                .unwrap_or_default();
+            self.finish(
+                StopReason::TooManyInvalidCalls,
+                None,
+                Some(RunError { code, message }),
+            );
+            return;
+        }
+        // Terminal tools, then stop_when.
+        let terminal_signal = slots.iter().find_map(|s| match &s.output {
+            Some(Ok(out)) => out.signal.clone().or_else(|| {
+                self.toolbox
+                    .get(&s.call.name)
+                    .filter(|t| t.terminal())
+                    .map(|_| s.call.name.clone())
+            }),
+            _ => None,
+        });
+        let signal = terminal_signal.or_else(|| {
+            self.hooks.stop_when.as_ref().and_then(|f| {
+                let calls: Vec<RoundCall<'_>> = slots
+                    .iter()
+                    .map(|s| RoundCall {
+                        call: &s.call,
+                        result: s.output.as_ref(),
+                    })
+                    .collect();
+                f(&calls)
+            })
+        });
+        if let Some(signal) = signal {
+            self.finish(StopReason::TerminalSignal, None, None);
+            self.set_signal(signal);
+            return;
+        }
+        if truncated && self.config.on_truncated_call == TruncatedCallPolicy::Stop {
+            self.finish(
+                StopReason::OutputTruncated,
+                None,
+                Some(RunError {
+                    code: ErrorCode::InvalidToolCall,
+                    message: "the output-token limit cut a tool call short; raise the output \
+                              limit or ask for smaller steps"
+                        .into(),
+                }),
+            );
+            return;
+        }
+        if over_budget {
+            let max = self.config.max_tool_calls;
+            self.finish(
+                StopReason::MaxToolCalls,
+                None,
+                Some(RunError {
+                    code: ErrorCode::MaxToolCallsReached,
+                    message: format!(
+                        "max tool calls reached ({max}) and the model asked for more; possible \
+                         infinite loop"
+                    ),
+                }),
+            );
+            return;
+        }
+        let code = invalid_code.unwrap_or(ErrorCode::InvalidToolCall);
+        self.check_invalid_budget(code, "the model kept making invalid tool calls");
+    }
+
+    fn check_invalid_budget(&mut self, code: ErrorCode, what: &str) {
+        let over = match self.config.invalid_calls {
+            InvalidCallPolicy::Strict => self.state.consecutive_invalid > 0,
+            InvalidCallPolicy::Feedback { budget } => self.state.consecutive_invalid > budget,
+        };
+        if over {
+            let n = self.state.consecutive_invalid;
+            self.finish(
+                StopReason::TooManyInvalidCalls,
+                None,
+                Some(RunError {
+                    code,
+                    message: format!("{n} invalid tool calls in a row: {what}"),
+                }),
+            );
+        }
+    }
+
+    fn set_signal(&mut self, signal: String) {
+        if let Phase::Done { signal: s, .. } = &mut self.state.phase {
+            *s = Some(signal);
+        }
+    }
+
+    fn finish(&mut self, stop_reason: StopReason, text: Option<String>, error: Option<RunError>) {
+        self.state.phase = Phase::Done {
+            stop_reason,
+            signal: None,
+            text,
+            error,
+        };
+    }
+
+    /// Whether the run is over.
+    pub fn is_finished(&self) -> bool {
+        matches!(self.state.phase, Phase::Done { .. })
+    }
+
+    /// The outcome of a finished run (an unfinished one reads as cancelled).
+    pub fn into_outcome(mut self, duration_ms: u64) -> Outcome {
+        if !self.is_finished() {
+            self.interrupt(Interrupt::Cancelled);
+        }
+        let LoopState {
+            messages,
+            round,
+            usage,
+            cost,
+            calls,
+            phase,
+            ..
+        } = self.state;
+        let Phase::Done {
+            stop_reason,
+            signal,
+            text,
+            error,
+        } = phase
+        else {
+            unreachable!("interrupt always finishes the run")
+        };
+        // A run that did not answer still shows the last thing the model wrote.
+        let text = if stop_reason == StopReason::Answered {
+            text
+        } else {
+            text.or_else(|| {
+                messages.iter().rev().find_map(|m| match m {
+                    Message::Assistant(a) => a.text.clone().filter(|t| !t.is_empty()),
+                    _ => None,
+                })
+            })
+        };
+        Outcome {
+            success: stop_reason.is_success(),
+            stop_reason,
+            text,
+            signal,
+            rounds: round,
+            tool_calls: calls,
+            messages,
+            usage,
+            cost,
+            duration_ms,
+            error,
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! One event stream for everything that happens in a run.
+//!
+//! Seed 000's callbacks and seed 004's status stages are a `match` away:
+//!
+//! ```
+//! use toolloop::event::Event;
+//!
+//! // onIteration, onToolCall, onError, onDuplicateDetected:
+//! fn seed000(event: &Event) {
+//!     match event {
+//!         Event::RoundStarted { round, .. } => println!("iteration {round}"),
+//!         Event::ToolCallRequested { call, .. } => println!("tool call {}", call.name),
+//!         Event::DuplicateDetected { call, .. } => println!("duplicate {}", call.name),
+//!         Event::RunFinished { outcome } if outcome.error.is_some() => {
+//!             println!("error: {}", outcome.error.as_ref().unwrap().message)
+//!         }
+//!         _ => {}
+//!     }
+//! }
+//!
+//! // Seed 004's stages: submitted → streaming → executing → processing → complete / error.
+//! fn stage(event: &Event) -> Option<&'static str> {
+//!     Some(match event {
+//!         Event::RunStarted { .. } => "submitted",
+//!         Event::RoundStarted { round: 1, .. } | Event::TextDelta { .. } => "streaming",
+//!         Event::RoundStarted { .. } => "processing",
+//!         Event::ToolStarted { .. } => "executing",
+//!         Event::RunFinished { outcome } if outcome.success => "complete",
+//!         Event::RunFinished { .. } => "error",
+//!         _ => return None,
+//!     })
+//! }
+//! # seed000(&Event::RunStarted { message_count: 1 });
+//! # assert_eq!(stage(&Event::RunStarted { message_count: 1 }), Some("submitted"));
+//! ```
+
+use crate::message::ToolCall;
+use crate::model::FinishReason;
+use crate::outcome::{CallStatus, Outcome};
+use crate::usage::Usage;
+use serde::Serialize;
+
+/// Something that happened in a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The run began.
+    RunStarted {
+        /// Messages in the conversation at the start.
+        message_count: usize,
+    },
+    /// A model call is about to be made (seed 004's `ai-turn-start`).
+    RoundStarted {
+        /// The round (1-based).
+        round: u32,
+        /// Messages sent.
+        message_count: usize,
+    },
+    /// Streamed text.
+    TextDelta {
+        /// The round.
+        round: u32,
+        /// The text.
+        text: String,
+    },
+    /// The model asked for a tool call.
+    ToolCallRequested {
+        /// The round.
+        round: u32,
+        /// The call.
+        call: ToolCall,
+    },
+    /// A call was identical to a recent one and was not run.
+    DuplicateDetected {
+        /// The round.
+        round: u32,
+        /// The call.
+        call: ToolCall,
+    },
+    /// A call was invalid (unknown tool, bad arguments, cut off) and was not run.
+    InvalidToolCall {
+        /// The round.
+        round: u32,
+        /// The call.
+        call: ToolCall,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A call was parsed from text that needed repair (prompt-based calling).
+    ToolCallRepaired {
+        /// The round.
+        round: u32,
+        /// The call.
+        call: ToolCall,
+    },
+    /// The model's reply attempted a call that could not be parsed; the explanation went back.
+    MalformedToolCall {
+        /// The round.
+        round: u32,
+        /// What was wrong.
+        reason: String,
+    },
+    /// A tool began running.
+    ToolStarted {
+        /// The round.
+        round: u32,
+        /// The call id.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// 1 for the first attempt, 2 for the first retry, …
+        attempt: u32,
+    },
+    /// A tool call got its result.
+    ToolFinished {
+        /// The round.
+        round: u32,
+        /// The call id.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// Whether it succeeded.
+        success: bool,
+        /// What happened.
+        status: CallStatus,
+        /// How long it took, in milliseconds.
+        duration_ms: u64,
+    },
+    /// A round ended: the model answered and its calls (if any) got results
+    /// (seed 004's `ai-processing-tool-results`).
+    RoundFinished {
+        /// The round.
+        round: u32,
+        /// Why the model stopped.
+        finish_reason: FinishReason,
+        /// This round's usage.
+        usage: Usage,
+        /// Usage so far.
+        total_usage: Usage,
+    },
+    /// The run ended.
+    RunFinished {
+        /// Everything it gathered.
+        outcome: Box<Outcome>,
+    },
+}

@@ -1,0 +1,156 @@
+//! How a run ended: the stop reason, the answer, every call, the transcript, usage and cost.
+
+use crate::message::{Message, ToolCall};
+use crate::usage::Usage;
+use serde::{Deserialize, Serialize};
+
+/// Why a run stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StopReason {
+    /// The model answered without calling a tool.
+    Answered,
+    /// `max_rounds` model calls were made.
+    MaxRounds,
+    /// `max_tool_calls` tool calls were executed and the model asked for more.
+    MaxToolCalls,
+    /// The run's timeout passed.
+    Timeout,
+    /// The run was cancelled.
+    Cancelled,
+    /// A terminal tool, `stop_when` or `on_round_limit` gave a signal.
+    TerminalSignal,
+    /// Too many invalid tool calls in a row (or one, under the strict policy).
+    TooManyInvalidCalls,
+    /// The output-token limit cut a tool call short.
+    OutputTruncated,
+    /// The model call failed.
+    ModelError,
+}
+
+impl StopReason {
+    /// Whether the run ended as intended: an answer or a terminal signal.
+    pub fn is_success(self) -> bool {
+        matches!(self, StopReason::Answered | StopReason::TerminalSignal)
+    }
+}
+
+/// Error codes (seed 000's `PTKErrorCode`, plus timeout and cancellation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    /// The model called a tool that does not exist.
+    ToolNotFound,
+    /// The model's call was invalid (arguments not JSON, or failing the schema).
+    InvalidToolCall,
+    /// `max_rounds` was reached.
+    MaxIterationsReached,
+    /// `max_tool_calls` was reached.
+    MaxToolCallsReached,
+    /// A tool failed.
+    ToolExecutionFailed,
+    /// The model call failed.
+    LlmCallFailed,
+    /// A reply could not be parsed.
+    ParseError,
+    /// The model repeated a call.
+    DuplicateToolCall,
+    /// The run timed out.
+    Timeout,
+    /// The run was cancelled.
+    Cancelled,
+}
+
+/// A failed run's error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunError {
+    /// The code.
+    pub code: ErrorCode,
+    /// What happened.
+    pub message: String,
+}
+
+/// What happened to one tool call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// The tool ran and succeeded.
+    Ok,
+    /// The tool ran and failed.
+    Failed,
+    /// Not run: unknown tool, or arguments not JSON or failing the schema.
+    Invalid,
+    /// Not run: identical to a recent call.
+    Duplicate,
+    /// Not run: the tool-call budget was spent, or the run stopped first.
+    Skipped,
+    /// Interrupted by cancellation or timeout.
+    Cancelled,
+    /// Cut off by the output-token limit; not run.
+    Truncated,
+}
+
+impl CallStatus {
+    /// Whether the tool's handler ran.
+    pub fn executed(self) -> bool {
+        matches!(self, CallStatus::Ok | CallStatus::Failed)
+    }
+}
+
+/// One tool call of a run, and what came of it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecutedCall {
+    /// The round (1-based).
+    pub round: u32,
+    /// The call.
+    pub call: ToolCall,
+    /// What happened.
+    pub status: CallStatus,
+    /// The result content the model read.
+    pub content: String,
+    /// How long it took, in milliseconds (0 when not run).
+    pub duration_ms: u64,
+    /// How many attempts were made (retries included).
+    pub attempts: u32,
+}
+
+impl ExecutedCall {
+    /// Whether the call succeeded.
+    pub fn success(&self) -> bool {
+        self.status == CallStatus::Ok
+    }
+}
+
+/// Everything a run gathered, whatever way it ended.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Outcome {
+    /// Whether the run ended as intended (answered or terminal signal).
+    pub success: bool,
+    /// Why it stopped.
+    pub stop_reason: StopReason,
+    /// The final answer (the last assistant text when the model answered).
+    pub text: Option<String>,
+    /// The terminal signal, if any.
+    pub signal: Option<String>,
+    /// Model calls made.
+    pub rounds: u32,
+    /// Every tool call, in order.
+    pub tool_calls: Vec<ExecutedCall>,
+    /// The whole transcript (the caller's messages plus what this run added).
+    pub messages: Vec<Message>,
+    /// Usage summed over every model call.
+    pub usage: Usage,
+    /// Cost in US dollars; `None` when a model had no price.
+    pub cost: Option<f64>,
+    /// Wall-clock duration in milliseconds.
+    pub duration_ms: u64,
+    /// When the run failed, why.
+    pub error: Option<RunError>,
+}
+
+impl Outcome {
+    /// Tool calls whose handler ran.
+    pub fn executed_calls(&self) -> impl Iterator<Item = &ExecutedCall> {
+        self.tool_calls.iter().filter(|c| c.status.executed())
+    }
+}

@@ -1,0 +1,101 @@
+//! Tool results as the model reads them: serialized as JSON `{success, message, data}` and
+//! capped in length, keeping the head and the tail.
+
+use crate::tool::{ToolError, ToolOutput};
+use serde_json::{Map, Value};
+
+/// Serializes a result as `{"success": …, "message": …, "data": …}` (`data` left out when
+/// there is none).
+pub fn serialize(result: &Result<ToolOutput, ToolError>) -> String {
+    let (success, message, data) = match result {
+        Ok(o) => (true, &o.message, &o.data),
+        Err(e) => (false, &e.message, &e.data),
+    };
+    let mut map = Map::with_capacity(3);
+    map.insert("success".into(), Value::Bool(success));
+    map.insert("message".into(), Value::String(message.clone()));
+    if let Some(d) = data {
+        map.insert("data".into(), d.clone());
+    }
+    Value::Object(map).to_string()
+}
+
+/// An error result with just a message.
+pub fn error_content(message: &str) -> String {
+    serialize(&Err(ToolError::new(message)))
+}
+
+/// Caps `content` at `max_chars` characters, keeping the head and the tail with a marker in
+/// between saying how many characters were cut. `max_chars == 0` means no cap.
+pub fn cap(content: String, max_chars: usize) -> String {
+    if max_chars == 0 {
+        return content;
+    }
+    let total = content.chars().count();
+    if total <= max_chars {
+        return content;
+    }
+    // The marker's own length counts against the cap.
+    let marker_len = 40;
+    let keep = max_chars.saturating_sub(marker_len).max(2);
+    let head_n = keep / 2;
+    let tail_n = keep - head_n;
+    let cut = total - head_n - tail_n;
+    let head_end = content
+        .char_indices()
+        .nth(head_n)
+        .map_or(content.len(), |(i, _)| i);
+    let tail_start = content
+        .char_indices()
+        .nth(total - tail_n)
+        .map_or(content.len(), |(i, _)| i);
+    format!(
+        "{}…[truncated {cut} characters]…{}",
+        &content[..head_end],
+        &content[tail_start..]
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    #[test]
+    fn serializes_seed_shape() {
+        let ok = serialize(&Ok(ToolOutput::data(json!({"n": 1})).with_message("done")));
+        assert_eq!(
+            serde_json::from_str::<Value>(&ok).unwrap(),
+            json!({"success": true, "message": "done", "data": {"n": 1}})
+        );
+        let err = error_content("boom");
+        assert_eq!(
+            serde_json::from_str::<Value>(&err).unwrap(),
+            json!({"success": false, "message": "boom"})
+        );
+    }
+
+    #[test]
+    fn caps_keep_head_and_tail() {
+        let s: String = (0..10_000)
+            .map(|i| char::from(b'a' + (i % 26) as u8))
+            .collect();
+        let c = cap(s.clone(), 4000);
+        assert!(c.chars().count() <= 4000, "{}", c.chars().count());
+        assert!(c.starts_with(&s[..100]));
+        assert!(c.ends_with(&s[s.len() - 100..]));
+        assert!(c.contains("[truncated 6040 characters]"), "{c}");
+        assert_eq!(cap("short".into(), 4000), "short");
+        assert_eq!(cap(s.clone(), 0), s);
+    }
+
+    proptest! {
+        #[test]
+        fn cap_never_exceeds_and_respects_char_boundaries(s in ".{0,300}", max in 45usize..200) {
+            let c = cap(s.clone(), max);
+            prop_assert!(c.chars().count() <= max.max(s.chars().count().min(max)));
+            if s.chars().count() <= max { prop_assert_eq!(c, s); }
+        }
+    }
+}

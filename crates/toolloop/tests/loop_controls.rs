@@ -1,0 +1,1061 @@
+//! Every control of the loop, each with a test that fails if the control is removed.
+
+use futures::StreamExt;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::{Agent, AgentBuilder};
+use toolloop::config::{InvalidCallPolicy, LoopConfig, ParallelMode, RoundLimitDecision};
+use toolloop::event::Event;
+use toolloop::message::{Message, ToolCall};
+use toolloop::model::{FinishReason, Model, ModelError, ModelRequest, ModelResponse};
+use toolloop::outcome::{CallStatus, ErrorCode, Outcome, StopReason};
+use toolloop::providers::scripted::ScriptedModel;
+use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+use toolloop::usage::Usage;
+
+#[derive(Deserialize, JsonSchema)]
+struct Args {
+    /// A key.
+    key: String,
+}
+
+/// A tool that counts its calls and echoes its key.
+fn counter(name: &str, count: Arc<AtomicU32>) -> impl toolloop::tool::Tool + 'static {
+    tool_fn(name, "Counts calls.", move |a: Args, _ctx: ToolContext| {
+        let count = count.clone();
+        async move {
+            count.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, ToolError>(ToolOutput::text(format!("got {}", a.key)))
+        }
+    })
+}
+
+/// A tool that sleeps and tracks how many of its calls run at once.
+struct Sleeper {
+    name: String,
+    parallel: bool,
+    delay: Duration,
+    now: Arc<AtomicU32>,
+    peak: Arc<AtomicU32>,
+    order: Arc<Mutex<Vec<String>>>,
+    schema: Value,
+}
+
+#[async_trait::async_trait]
+impl toolloop::tool::Tool for Sleeper {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn description(&self) -> &str {
+        "Sleeps."
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    fn parallel_safe(&self) -> bool {
+        self.parallel
+    }
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.peak.fetch_max(n, Ordering::SeqCst);
+        // later calls finish first, so completion order differs from call order
+        let ms = args["ms"].as_u64().unwrap_or(0);
+        tokio::time::sleep(self.delay + Duration::from_millis(ms)).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        self.order
+            .lock()
+            .unwrap()
+            .push(args["key"].as_str().unwrap_or("").to_string());
+        Ok(ToolOutput::text(format!("slept {}", args["key"])))
+    }
+}
+
+struct Gauges {
+    now: Arc<AtomicU32>,
+    peak: Arc<AtomicU32>,
+    order: Arc<Mutex<Vec<String>>>,
+}
+
+fn sleeper(name: &str, parallel: bool, g: &Gauges) -> Sleeper {
+    Sleeper {
+        name: name.into(),
+        parallel,
+        delay: Duration::from_millis(100),
+        now: g.now.clone(),
+        peak: g.peak.clone(),
+        order: g.order.clone(),
+        schema: json!({"type": "object", "properties": {"key": {"type": "string"}, "ms": {"type": "integer"}}}),
+    }
+}
+
+fn gauges() -> Gauges {
+    Gauges {
+        now: Arc::new(AtomicU32::new(0)),
+        peak: Arc::new(AtomicU32::new(0)),
+        order: Arc::new(Mutex::new(Vec::new())),
+    }
+}
+
+fn call(name: &str, args: Value) -> ToolCall {
+    ToolCall::new(name, args)
+}
+
+fn calls(list: Vec<ToolCall>) -> ModelResponse {
+    ModelResponse::tool_calls(list)
+}
+
+fn scripted(steps: Vec<ModelResponse>) -> ScriptedModel {
+    ScriptedModel::new(steps)
+}
+
+/// Every tool call in the transcript has exactly one result, right after its turn.
+fn assert_valid_transcript(messages: &[Message]) {
+    let mut i = 0;
+    while i < messages.len() {
+        if let Message::Assistant(a) = &messages[i] {
+            let ids: Vec<&str> = a.tool_calls.iter().map(|c| c.id.as_str()).collect();
+            let results: Vec<&str> = messages[i + 1..]
+                .iter()
+                .take_while(|m| matches!(m, Message::Tool(_)))
+                .map(|m| match m {
+                    Message::Tool(r) => r.call_id.as_str(),
+                    _ => unreachable!(),
+                })
+                .collect();
+            assert_eq!(ids, results, "calls and results differ at message {i}");
+            i += 1 + results.len();
+        } else {
+            assert!(
+                !matches!(messages[i], Message::Tool(_)),
+                "orphan tool result at {i}"
+            );
+            i += 1;
+        }
+    }
+}
+
+fn builder(model: impl Model + 'static) -> AgentBuilder {
+    Agent::builder(model).system("test")
+}
+
+#[tokio::test]
+async fn max_rounds_stops_a_model_that_never_answers() {
+    let count = Arc::new(AtomicU32::new(0));
+    let steps = (0..10)
+        .map(|i| calls(vec![call("count", json!({"key": format!("k{i}")}))]))
+        .collect();
+    let agent = builder(scripted(steps))
+        .tool(counter("count", count.clone()))
+        .max_rounds(3)
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::MaxRounds);
+    assert_eq!(out.rounds, 3);
+    assert_eq!(count.load(Ordering::SeqCst), 3);
+    assert_eq!(out.error.unwrap().code, ErrorCode::MaxIterationsReached);
+    assert!(!out.success);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn max_tool_calls_is_checked_before_each_call() {
+    let count = Arc::new(AtomicU32::new(0));
+    let round = |r: u32| {
+        calls(
+            (0..3)
+                .map(|i| call("count", json!({"key": format!("{r}-{i}")})))
+                .collect(),
+        )
+    };
+    let agent = builder(scripted(vec![round(1), round(2), round(3)]))
+        .tool(counter("count", count.clone()))
+        .max_tool_calls(4)
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::MaxToolCalls);
+    assert_eq!(count.load(Ordering::SeqCst), 4);
+    assert_eq!(out.rounds, 2);
+    let statuses: Vec<CallStatus> = out.tool_calls.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            CallStatus::Ok,
+            CallStatus::Ok,
+            CallStatus::Ok,
+            CallStatus::Ok,
+            CallStatus::Skipped,
+            CallStatus::Skipped
+        ]
+    );
+    assert_eq!(out.error.unwrap().code, ErrorCode::MaxToolCallsReached);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test(start_paused = true)]
+async fn timeout_returns_everything_with_a_cancelled_result_for_the_call_in_flight() {
+    let g = gauges();
+    let mut slow = sleeper("slow", false, &g);
+    slow.delay = Duration::from_secs(60);
+    let agent = builder(scripted(vec![calls(vec![call(
+        "slow",
+        json!({"key": "a"}),
+    )])]))
+    .tool(slow)
+    .timeout(Duration::from_millis(500))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Timeout);
+    assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Timeout);
+    assert_eq!(out.tool_calls.len(), 1);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Cancelled);
+    assert!(out.tool_calls[0].content.contains("Cancelled"));
+    assert_valid_transcript(&out.messages);
+    assert!(out.duration_ms < 5_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_returns_everything_with_a_cancelled_result() {
+    let g = gauges();
+    let mut slow = sleeper("slow", true, &g);
+    slow.delay = Duration::from_secs(60);
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(scripted(vec![
+        calls(vec![call("count", json!({"key": "a"}))]),
+        calls(vec![
+            call("slow", json!({"key": "b"})),
+            call("slow", json!({"key": "c"})),
+        ]),
+    ]))
+    .tool(slow)
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        c2.cancel();
+    });
+    let out = agent
+        .run_cancellable(vec![Message::user("go")], cancel)
+        .await;
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.rounds, 2);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Ok);
+    assert_eq!(out.tool_calls[1].status, CallStatus::Cancelled);
+    assert_eq!(out.tool_calls[2].status, CallStatus::Cancelled);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn duplicate_calls_in_the_window_are_not_run_and_warn_the_model() {
+    let count = Arc::new(AtomicU32::new(0));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let ev = events.clone();
+    let k = |s: &str| call("count", json!({"key": s}));
+    let agent = builder(scripted(vec![
+        calls(vec![k("a")]),
+        calls(vec![k("a")]), // duplicate of the last call
+        calls(vec![k("b"), k("c"), k("d")]),
+        calls(vec![k("a")]), // outside the window of 3: runs
+        ModelResponse::text("done"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .on_event(move |e| {
+        if let Event::DuplicateDetected { call, .. } = e {
+            ev.lock().unwrap().push(call.arguments.clone());
+        }
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(count.load(Ordering::SeqCst), 5);
+    assert_eq!(out.tool_calls[1].status, CallStatus::Duplicate);
+    assert!(out.tool_calls[1].content.contains("already called"));
+    assert_eq!(*events.lock().unwrap(), vec![json!({"key": "a"})]);
+    assert_valid_transcript(&out.messages);
+
+    // Off: the same script runs every call.
+    let count = Arc::new(AtomicU32::new(0));
+    let config = LoopConfig {
+        detect_duplicates: false,
+        ..LoopConfig::default()
+    };
+    let agent = builder(scripted(vec![
+        calls(vec![k("a")]),
+        calls(vec![k("a")]),
+        ModelResponse::text("done"),
+    ]))
+    .config(config)
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    agent.prompt("go").await;
+    assert_eq!(count.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn stop_when_ends_the_run_after_every_call_of_the_round() {
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(scripted(vec![
+        calls(vec![
+            call("count", json!({"key": "submit"})),
+            call("count", json!({"key": "after"})),
+        ]),
+        ModelResponse::text("never reached"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .stop_when(|round| {
+        round.iter().find_map(|c| {
+            (c.call.arguments["key"] == "submit" && matches!(c.result, Some(Ok(_))))
+                .then(|| "SUBMITTED".to_string())
+        })
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TerminalSignal);
+    assert_eq!(out.signal.as_deref(), Some("SUBMITTED"));
+    assert_eq!(
+        count.load(Ordering::SeqCst),
+        2,
+        "the call after the terminal one still ran"
+    );
+    assert!(out.success);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn terminal_tools_end_the_run_and_tools_can_give_signals() {
+    let count = Arc::new(AtomicU32::new(0));
+    let done = tool_fn(
+        "finish",
+        "Ends the task.",
+        |_a: Args, _c: ToolContext| async { Ok::<_, ToolError>(ToolOutput::text("finished")) },
+    )
+    .make_terminal();
+    let agent = builder(scripted(vec![
+        calls(vec![
+            call("finish", json!({"key": "x"})),
+            call("count", json!({"key": "y"})),
+        ]),
+        ModelResponse::text("never reached"),
+    ]))
+    .tool(done)
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TerminalSignal);
+    assert_eq!(out.signal.as_deref(), Some("finish"));
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+
+    let spec = tool_fn(
+        "spec_submit",
+        "Submits.",
+        |_a: Args, _c: ToolContext| async {
+            Ok::<_, ToolError>(ToolOutput::text("ok").with_signal("spec-123"))
+        },
+    );
+    let agent = builder(scripted(vec![calls(vec![call(
+        "spec_submit",
+        json!({"key": "x"}),
+    )])]))
+    .tool(spec)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.signal.as_deref(), Some("spec-123"));
+}
+
+#[tokio::test]
+async fn on_round_limit_can_grant_rounds_or_stop_with_a_signal() {
+    let count = Arc::new(AtomicU32::new(0));
+    let steps = |n: usize| -> Vec<ModelResponse> {
+        (0..n)
+            .map(|i| calls(vec![call("count", json!({"key": format!("k{i}")}))]))
+            .chain([ModelResponse::text("done")])
+            .collect()
+    };
+    let asked = Arc::new(AtomicU32::new(0));
+    let a2 = asked.clone();
+    let agent = builder(scripted(steps(3)))
+        .tool(counter("count", count.clone()))
+        .max_rounds(2)
+        .on_round_limit(move |view| {
+            a2.fetch_add(1, Ordering::SeqCst);
+            assert_eq!(view.round, 2);
+            Box::pin(async { RoundLimitDecision::Extend(5) })
+        })
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.rounds, 4);
+    assert_eq!(asked.load(Ordering::SeqCst), 1);
+
+    let agent = builder(scripted(steps(5)))
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .max_rounds(2)
+        .on_round_limit(|_| Box::pin(async { RoundLimitDecision::Signal("REQUEST_BUDGET".into()) }))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TerminalSignal);
+    assert_eq!(out.signal.as_deref(), Some("REQUEST_BUDGET"));
+    assert_eq!(out.rounds, 2);
+}
+
+/// A model that records what it was sent.
+struct Recorder {
+    inner: ScriptedModel,
+    seen: Arc<Mutex<Vec<(usize, Vec<String>)>>>,
+}
+
+#[async_trait::async_trait]
+impl Model for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.seen
+            .lock()
+            .unwrap()
+            .push((r.messages.len(), r.wrapped_reminders().collect()));
+        self.inner.complete(r).await
+    }
+}
+
+#[tokio::test]
+async fn reminders_go_with_the_next_request_only_and_are_never_stored() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let model = Recorder {
+        inner: scripted(vec![
+            calls(vec![call("count", json!({"key": "a"}))]),
+            ModelResponse::text("done"),
+        ]),
+        seen: seen.clone(),
+    };
+    let agent = builder(model)
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .reminders(|view| {
+            vec![format!(
+                "round {} after {} calls, last ok: {}",
+                view.round,
+                view.tool_calls,
+                view.last_call.map(|c| c.success()).unwrap_or(false)
+            )]
+        })
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    let seen = seen.lock().unwrap();
+    assert_eq!(
+        seen[0].1,
+        ["<system-reminder>round 1 after 0 calls, last ok: false</system-reminder>"]
+    );
+    assert_eq!(
+        seen[1].1,
+        ["<system-reminder>round 2 after 1 calls, last ok: true</system-reminder>"]
+    );
+    let all = serde_json::to_string(&out.messages).unwrap();
+    assert!(!all.contains("system-reminder"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn parallel_safe_calls_run_together_unsafe_ones_alone_results_in_call_order() {
+    let g = gauges();
+    let p = |k: &str, ms: u64| call("read", json!({"key": k, "ms": ms}));
+    let w = |k: &str| call("write", json!({"key": k}));
+    let agent = builder(scripted(vec![
+        calls(vec![p("a", 30), p("b", 20), p("c", 10), w("d"), p("e", 0)]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(sleeper("read", true, &g))
+    .tool(sleeper("write", false, &g))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(g.peak.load(Ordering::SeqCst), 3);
+    // completion order: c, b, a (parallel), then d, then e
+    assert_eq!(*g.order.lock().unwrap(), ["c", "b", "a", "d", "e"]);
+    let result_keys: Vec<String> = out
+        .tool_calls
+        .iter()
+        .map(|c| c.call.arguments["key"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(result_keys, ["a", "b", "c", "d", "e"]);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_max_parallel_calls_run_at_once() {
+    let g = gauges();
+    let many: Vec<ToolCall> = (0..25)
+        .map(|i| call("read", json!({"key": format!("k{i}")})))
+        .collect();
+    let agent = builder(scripted(vec![calls(many), ModelResponse::text("done")]))
+        .tool(sleeper("read", true, &g))
+        .max_tool_calls(30)
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.executed_calls().count(), 25);
+    assert_eq!(g.peak.load(Ordering::SeqCst), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_or_nothing_mode_runs_everything_sequentially_when_one_call_is_unsafe() {
+    let g = gauges();
+    let config = LoopConfig {
+        parallel_mode: ParallelMode::AllOrNothing,
+        ..LoopConfig::default()
+    };
+    let agent = builder(scripted(vec![
+        calls(vec![
+            call("read", json!({"key": "a"})),
+            call("read", json!({"key": "b"})),
+            call("write", json!({"key": "c"})),
+        ]),
+        calls(vec![
+            call("read", json!({"key": "d"})),
+            call("read", json!({"key": "e"})),
+        ]),
+        ModelResponse::text("done"),
+    ]))
+    .config(config)
+    .tool(sleeper("read", true, &g))
+    .tool(sleeper("write", false, &g))
+    .on_event({
+        let peak = g.peak.clone();
+        move |e| {
+            // the first round must never have overlapped
+            if let Event::RoundFinished { round: 1, .. } = e {
+                assert_eq!(peak.load(Ordering::SeqCst), 1);
+            }
+        }
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(
+        g.peak.load(Ordering::SeqCst),
+        2,
+        "the all-safe round ran in parallel"
+    );
+}
+
+#[tokio::test]
+async fn invalid_calls_become_results_the_model_can_read() {
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(scripted(vec![
+        calls(vec![call("nope", json!({}))]),
+        calls(vec![ToolCall::from_raw_arguments(
+            "c2".into(),
+            "count".into(),
+            "{\"key\": ",
+        )]),
+        calls(vec![call("count", json!({"key": 5}))]),
+        ModelResponse::text("gave up"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .config(LoopConfig {
+        invalid_calls: InvalidCallPolicy::Feedback { budget: 3 },
+        ..LoopConfig::default()
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    let c = |i: usize| &out.tool_calls[i].content;
+    assert!(
+        c(0).contains("Unknown tool `nope`") && c(0).contains("count"),
+        "{}",
+        c(0)
+    );
+    assert!(c(1).contains("not valid JSON"), "{}", c(1));
+    assert!(c(2).contains("/key") && c(2).contains("string"), "{}", c(2));
+    assert!(
+        out.tool_calls
+            .iter()
+            .all(|c| c.status == CallStatus::Invalid)
+    );
+    // the invalid argument text is never put back in the transcript's arguments
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn the_invalid_call_budget_stops_the_run_and_a_valid_call_resets_it() {
+    let count = Arc::new(AtomicU32::new(0));
+    let bad = || calls(vec![call("nope", json!({}))]);
+    let good = || calls(vec![call("count", json!({"key": "k"}))]);
+    // budget 2: bad, bad, good (reset), bad, bad, bad -> stop on the third in a row
+    let agent = builder(scripted(vec![
+        bad(),
+        bad(),
+        good(),
+        bad(),
+        bad(),
+        bad(),
+        bad(),
+    ]))
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TooManyInvalidCalls);
+    assert_eq!(out.rounds, 6);
+    assert_eq!(out.error.unwrap().code, ErrorCode::ToolNotFound);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn strict_policy_stops_at_the_first_invalid_call_with_seed_codes() {
+    let count = Arc::new(AtomicU32::new(0));
+    let strict = LoopConfig {
+        invalid_calls: InvalidCallPolicy::Strict,
+        ..LoopConfig::default()
+    };
+    let agent = builder(scripted(vec![calls(vec![
+        call("count", json!({"key": "a"})),
+        call("count", json!({"wrong": 1})),
+        call("count", json!({"key": "c"})),
+    ])]))
+    .config(strict.clone())
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TooManyInvalidCalls);
+    assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::InvalidToolCall);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(out.tool_calls[2].status, CallStatus::Skipped);
+    assert_valid_transcript(&out.messages);
+
+    let agent = builder(scripted(vec![calls(vec![call("ghost", json!({}))])]))
+        .config(strict)
+        .tool(counter("count", count.clone()))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.error.unwrap().code, ErrorCode::ToolNotFound);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retryable_tool_errors_are_retried_with_backoff() {
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a2 = attempts.clone();
+    let flaky = tool_fn(
+        "flaky",
+        "Fails twice.",
+        move |_a: Args, ctx: ToolContext| {
+            let attempts = a2.clone();
+            async move {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                if ctx.attempt < 3 {
+                    Err(ToolError::retryable("busy"))
+                } else {
+                    Ok(ToolOutput::text("fine"))
+                }
+            }
+        },
+    );
+    let agent = builder(scripted(vec![
+        calls(vec![call("flaky", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(flaky)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(attempts.load(Ordering::SeqCst), 3);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Ok);
+    assert_eq!(out.tool_calls[0].attempts, 3);
+    assert!(out.tool_calls[0].duration_ms >= 600, "backoff 200 + 400 ms");
+
+    let attempts = Arc::new(AtomicU32::new(0));
+    let a3 = attempts.clone();
+    let broken = tool_fn(
+        "broken",
+        "Always fails.",
+        move |_a: Args, _c: ToolContext| {
+            let attempts = a3.clone();
+            async move {
+                attempts.fetch_add(1, Ordering::SeqCst);
+                Err::<ToolOutput, _>(ToolError::new("no such record"))
+            }
+        },
+    );
+    let agent = builder(scripted(vec![
+        calls(vec![call("broken", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(broken)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        1,
+        "non-retryable errors are not retried"
+    );
+    assert_eq!(out.tool_calls[0].status, CallStatus::Failed);
+    let v: Value = serde_json::from_str(&out.tool_calls[0].content).unwrap();
+    assert_eq!(v, json!({"success": false, "message": "no such record"}));
+}
+
+#[tokio::test]
+async fn results_are_serialized_as_success_message_data_and_capped() {
+    let run = |cap: usize| {
+        let big = tool_fn("big", "Big output.", |_a: Args, _c: ToolContext| async {
+            Ok::<_, ToolError>(ToolOutput::data(json!("x".repeat(10_000))))
+        });
+        let agent = builder(scripted(vec![
+            calls(vec![call("big", json!({"key": "a"}))]),
+            ModelResponse::text("done"),
+        ]))
+        .tool(big)
+        .config(LoopConfig {
+            max_result_chars: cap,
+            ..LoopConfig::default()
+        })
+        .build()
+        .unwrap();
+        async move { agent.prompt("go").await }
+    };
+    let out = run(4000).await;
+    let content = &out.tool_calls[0].content;
+    assert!(content.chars().count() <= 4000);
+    assert!(content.contains("[truncated"));
+    let out = run(0).await;
+    let v: Value = serde_json::from_str(&out.tool_calls[0].content).unwrap();
+    assert_eq!(v["success"], json!(true));
+    assert_eq!(v["message"], json!("ok"));
+    assert_eq!(v["data"].as_str().unwrap().len(), 10_000);
+}
+
+#[tokio::test(start_paused = true)]
+async fn tool_timeout_fails_a_slow_attempt_with_a_retryable_error() {
+    let g = gauges();
+    let mut slow = sleeper("slow", false, &g);
+    slow.delay = Duration::from_secs(30);
+    let agent = builder(scripted(vec![
+        calls(vec![call("slow", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(slow)
+    .config(LoopConfig {
+        tool_timeout: Some(Duration::from_secs(1)),
+        tool_retries: 1,
+        ..LoopConfig::default()
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Failed);
+    assert_eq!(out.tool_calls[0].attempts, 2);
+    assert!(
+        out.tool_calls[0]
+            .content
+            .contains("did not finish within 1.0s")
+    );
+}
+
+#[tokio::test]
+async fn the_test_model_calls_each_tool_once_from_its_schema_then_summarizes() {
+    #[derive(Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Rich {
+        #[schemars(extend("default" = "dflt"))]
+        a: String,
+        #[schemars(extend("examples" = ["ex"]))]
+        b: String,
+        c: u32,
+    }
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s2 = seen.clone();
+    let rich = tool_fn("rich", "Rich args.", move |args: Value, _c: ToolContext| {
+        let seen = s2.clone();
+        async move {
+            seen.lock().unwrap().push(args);
+            Ok::<_, ToolError>(ToolOutput::text("rich done"))
+        }
+    });
+    let rich_schema = toolloop::tool::schema_of::<Rich>();
+    struct WithSchema<T>(T, Value);
+    #[async_trait::async_trait]
+    impl<T: toolloop::tool::Tool> toolloop::tool::Tool for WithSchema<T> {
+        fn name(&self) -> &str {
+            self.0.name()
+        }
+        fn description(&self) -> &str {
+            self.0.description()
+        }
+        fn parameters(&self) -> &Value {
+            &self.1
+        }
+        async fn call(&self, a: Value, c: ToolContext) -> Result<ToolOutput, ToolError> {
+            self.0.call(a, c).await
+        }
+    }
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(toolloop::providers::test_model::TestModel::new())
+        .tool(WithSchema(rich, rich_schema))
+        .tool(counter("count", count.clone()))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.rounds, 2);
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![json!({"a": "dflt", "b": "ex", "c": 0})]
+    );
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    let summary: Value = serde_json::from_str(out.text.as_deref().unwrap()).unwrap();
+    assert_eq!(summary["rich"]["message"], json!("rich done"));
+    assert_eq!(summary["count"]["message"], json!("got a"));
+    assert!(out.usage.input_tokens > 0);
+    assert_eq!(out.cost, None, "the test model has no price");
+}
+
+#[tokio::test]
+async fn usage_and_cost_are_summed_and_unknown_prices_give_unknown_cost() {
+    let with_usage = |mut r: ModelResponse, i: u64, o: u64| {
+        r.usage = Some(Usage {
+            input_tokens: i,
+            output_tokens: o,
+            ..Usage::default()
+        });
+        r
+    };
+    let steps = || {
+        vec![
+            with_usage(
+                calls(vec![call("count", json!({"key": "a"}))]),
+                1_000_000,
+                0,
+            ),
+            with_usage(ModelResponse::text("done"), 1_000_000, 1_000_000),
+        ]
+    };
+    let agent = builder(scripted(steps()).named("gpt-4o"))
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.usage.input_tokens, 2_000_000);
+    assert_eq!(out.usage.output_tokens, 1_000_000);
+    let cost = out.cost.unwrap();
+    assert!((cost - (2.0 * 2.5 + 10.0)).abs() < 1e-9, "{cost}");
+
+    let agent = builder(scripted(steps()).named("my-local-model"))
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.cost, None);
+    assert_eq!(out.usage.input_tokens, 2_000_000);
+}
+
+#[tokio::test]
+async fn a_failed_model_call_returns_the_transcript_so_far() {
+    let model = ScriptedModel::from_json(
+        r#"[{"tool_calls": [{"name": "count", "arguments": {"key": "a"}}]}, {"error": "HTTP 503"}]"#,
+    )
+    .unwrap();
+    let agent = builder(model)
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::ModelError);
+    let err = out.error.unwrap();
+    assert_eq!(err.code, ErrorCode::LlmCallFailed);
+    assert!(err.message.contains("503"));
+    assert_eq!(out.messages.len(), 4, "system, user, assistant, tool");
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn a_call_cut_off_by_the_output_limit_is_reported_not_run() {
+    let count = Arc::new(AtomicU32::new(0));
+    let mut cut = calls(vec![ToolCall::from_raw_arguments(
+        "c1".into(),
+        "count".into(),
+        "{\"key\": \"lo",
+    )]);
+    cut.finish_reason = FinishReason::Length;
+    let agent = builder(scripted(vec![cut]))
+        .tool(counter("count", count.clone()))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::OutputTruncated);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Truncated);
+    assert_eq!(count.load(Ordering::SeqCst), 0);
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn a_malformed_call_is_not_taken_as_the_answer() {
+    let mut near_miss = ModelResponse::text("<PTK_CALL>{\"tool\": oops</PTK_CALL>");
+    near_miss.malformed_call = Some("Your tool call could not be parsed: expected JSON".into());
+    near_miss.finish_reason = FinishReason::MalformedToolCall;
+    let agent = builder(scripted(vec![
+        near_miss,
+        ModelResponse::text("fixed answer"),
+    ]))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.text.as_deref(), Some("fixed answer"));
+    assert_eq!(out.rounds, 2);
+    assert!(out.messages.iter().any(
+        |m| matches!(m, Message::User { content } if content.contains("could not be parsed"))
+    ));
+}
+
+#[tokio::test]
+async fn a_panicking_tool_becomes_an_error_result() {
+    let bomb = tool_fn("bomb", "Panics.", |_a: Args, _c: ToolContext| async {
+        if true {
+            panic!("kaboom");
+        }
+        Ok::<_, ToolError>(ToolOutput::text("never"))
+    });
+    let agent = builder(scripted(vec![
+        calls(vec![call("bomb", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(bomb)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.tool_calls[0].status, CallStatus::Failed);
+    assert!(out.tool_calls[0].content.contains("kaboom"));
+    assert_eq!(out.stop_reason, StopReason::Answered);
+}
+
+#[tokio::test]
+async fn the_caller_owns_the_conversation_kept_or_fresh() {
+    let agent = builder(scripted(vec![
+        ModelResponse::text("first"),
+        ModelResponse::text("second"),
+    ]))
+    .build()
+    .unwrap();
+    let first = agent.prompt("one").await;
+    let mut kept = first.messages;
+    kept.push(Message::user("two"));
+    let second = agent.run(kept).await;
+    let texts: Vec<&str> = second.messages.iter().map(|m| m.text()).collect();
+    assert_eq!(texts, ["test", "one", "first", "two", "second"]);
+}
+
+#[tokio::test]
+async fn streamed_and_complete_runs_produce_identical_transcripts() {
+    let script = r#"[
+      {"text": "Let me look — ünïcode.", "tool_calls": [{"id": "c1", "name": "count", "arguments": {"key": "a"}},
+                                                        {"id": "c2", "name": "count", "arguments": {"key": "b"}}]},
+      {"text": "All done, with a longer final answer."}
+    ]"#;
+    let run = |stream: bool| async move {
+        let deltas = Arc::new(Mutex::new(String::new()));
+        let d2 = deltas.clone();
+        let agent = builder(ScriptedModel::from_json(script).unwrap())
+            .tool(counter("count", Arc::new(AtomicU32::new(0))))
+            .stream(stream)
+            .on_event(move |e| {
+                if let Event::TextDelta { text, .. } = e {
+                    d2.lock().unwrap().push_str(text);
+                }
+            })
+            .build()
+            .unwrap();
+        let out = agent.prompt("go").await;
+        let deltas = deltas.lock().unwrap().clone();
+        (out, deltas)
+    };
+    let (complete, no_deltas) = run(false).await;
+    let (streamed, deltas) = run(true).await;
+    assert_eq!(complete.messages, streamed.messages);
+    assert!(no_deltas.is_empty());
+    assert_eq!(
+        deltas,
+        "Let me look — ünïcode.All done, with a longer final answer."
+    );
+}
+
+#[tokio::test]
+async fn events_cover_the_whole_run_and_run_stream_ends_with_the_outcome() {
+    let agent = builder(scripted(vec![
+        calls(vec![call("count", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(counter("count", Arc::new(AtomicU32::new(0))))
+    .build()
+    .unwrap();
+    let events: Vec<Event> = agent.run_stream(vec![Message::user("go")]).collect().await;
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|e| {
+            serde_json::to_value(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "run_started",
+            "round_started",
+            "tool_call_requested",
+            "tool_started",
+            "tool_finished",
+            "round_finished",
+            "round_started",
+            "round_finished",
+            "run_finished"
+        ]
+    );
+    let Some(Event::RunFinished { outcome }) = events.last() else {
+        panic!("last event is not run_finished")
+    };
+    let outcome: &Outcome = outcome;
+    assert_eq!(outcome.text.as_deref(), Some("done"));
+}
+
+#[tokio::test]
+async fn transcripts_round_trip_through_json() {
+    let agent = builder(scripted(vec![
+        calls(vec![call("count", json!({"key": "a", "f": 0.1 + 0.2}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(tool_fn("count", "x", |_a: Value, _c: ToolContext| async {
+        Ok::<_, ToolError>(ToolOutput::data(json!({"n": 1.5e300, "s": "é\"\n"})))
+    }))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    let json = serde_json::to_string(&out.messages).unwrap();
+    let back: Vec<Message> = serde_json::from_str(&json).unwrap();
+    assert_eq!(back, out.messages);
+    let outcome_json = serde_json::to_string(&out).unwrap();
+    let back: Outcome = serde_json::from_str(&outcome_json).unwrap();
+    assert_eq!(back, out);
+}
