@@ -178,7 +178,7 @@ impl Agent {
         };
         loop {
             emit(&mut machine);
-            match machine.next() {
+            match machine.next_step() {
                 Step::Finished => break,
                 Step::CallModel { round, reminders } => {
                     emit(&mut machine);

@@ -1,6 +1,6 @@
 //! The loop as a state machine with no I/O.
 //!
-//! [`Machine::next`] says what to do now ([`Step`]): call the model, run these tool calls on
+//! [`Machine::next_step`] says what to do now ([`Step`]): call the model, run these tool calls on
 //! this schedule, ask `on_round_limit`, or nothing more (finished). A driver (see
 //! [`crate::agent`]) does the I/O and reports back with [`Machine::model_responded`],
 //! [`Machine::model_failed`], [`Machine::tool_finished`], [`Machine::round_limit_decided`] or
@@ -270,7 +270,7 @@ impl Machine {
     }
 
     /// What to do now.
-    pub fn next(&mut self) -> Step {
+    pub fn next_step(&mut self) -> Step {
         match &self.state.phase {
             Phase::Done { .. } => Step::Finished,
             Phase::RoundLimit => Step::DecideRoundLimit,
@@ -287,7 +287,7 @@ impl Machine {
                     .collect();
                 if pending.is_empty() {
                     self.finish_round(None);
-                    return self.next();
+                    return self.next_step();
                 }
                 Step::RunTools(self.schedule(slots, &pending))
             }

@@ -415,10 +415,13 @@ async fn on_round_limit_can_grant_rounds_or_stop_with_a_signal() {
     assert_eq!(out.rounds, 2);
 }
 
+/// What a recorded request held: its message count and reminders.
+type Seen = Arc<Mutex<Vec<(usize, Vec<String>)>>>;
+
 /// A model that records what it was sent.
 struct Recorder {
     inner: ScriptedModel,
-    seen: Arc<Mutex<Vec<(usize, Vec<String>)>>>,
+    seen: Seen,
 }
 
 #[async_trait::async_trait]
