@@ -1,4 +1,39 @@
-//! toolloop: LLM tool-calling loops.
+//! toolloop runs LLM tool-calling loops: it sends the conversation and a tool catalog to a model,
+//! runs the tool calls the model returns, sends the results back, and repeats until the model
+//! answers or a budget ends the run.
+//!
+//! ```
+//! use toolloop::agent::Agent;
+//! use toolloop::providers::scripted::ScriptedModel;
+//! use toolloop::tool::{tool_fn, ToolContext, ToolError, ToolOutput};
+//!
+//! #[derive(serde::Deserialize, schemars::JsonSchema)]
+//! struct Add { a: i64, b: i64 }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let add = tool_fn("add", "Adds two integers.", |x: Add, _ctx: ToolContext| async move {
+//!     Ok::<_, ToolError>(ToolOutput::json(&(x.a + x.b)))
+//! });
+//! let model = ScriptedModel::from_json(r#"[
+//!     {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]},
+//!     {"text": "2 + 3 = 5"}
+//! ]"#).unwrap();
+//! let agent = Agent::builder(model).tool(add).build().unwrap();
+//! let outcome = agent.prompt("What is 2 + 3?").await;
+//! assert_eq!(outcome.text.as_deref(), Some("2 + 3 = 5"));
+//! assert_eq!(outcome.tool_calls[0].content, r#"{"success":true,"message":"ok","data":5}"#);
+//! # }
+//! ```
+//!
+//! The pieces:
+//! - [`agent`]: the [`agent::Agent`] and its async driver; [`engine`]: the loop as a state
+//!   machine with no I/O; [`config`]: limits, policies and hooks; [`event`]: the event stream;
+//!   [`outcome`]: how a run ended.
+//! - [`message`]: the message model; [`model`]: the [`model::Model`] trait; [`stream`]: stream
+//!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
+//! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tools`]: built-in tools.
+//! - [`providers`]: the adapters (offline `test` and `scripted` models, HTTP providers).
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -23,3 +58,8 @@ pub mod tool;
 pub mod toolbox;
 pub mod tools;
 pub mod usage;
+
+/// The README's examples, compiled and run as doc-tests.
+#[doc = include_str!("../../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

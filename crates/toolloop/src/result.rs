@@ -2,22 +2,28 @@
 //! capped in length, keeping the head and the tail.
 
 use crate::tool::{ToolError, ToolOutput};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
-/// Serializes a result as `{"success": …, "message": …, "data": …}` (`data` left out when
-/// there is none).
+/// Serializes a result as `{"success": …, "message": …, "data": …}`, in that key order
+/// (`data` left out when there is none).
 pub fn serialize(result: &Result<ToolOutput, ToolError>) -> String {
     let (success, message, data) = match result {
         Ok(o) => (true, &o.message, &o.data),
         Err(e) => (false, &e.message, &e.data),
     };
-    let mut map = Map::with_capacity(3);
-    map.insert("success".into(), Value::Bool(success));
-    map.insert("message".into(), Value::String(message.clone()));
+    let mut out = String::with_capacity(32 + message.len());
+    out.push_str(if success {
+        "{\"success\":true,\"message\":"
+    } else {
+        "{\"success\":false,\"message\":"
+    });
+    out.push_str(&Value::String(message.clone()).to_string());
     if let Some(d) = data {
-        map.insert("data".into(), d.clone());
+        out.push_str(",\"data\":");
+        out.push_str(&d.to_string());
     }
-    Value::Object(map).to_string()
+    out.push('}');
+    out
 }
 
 /// An error result with just a message.
@@ -65,6 +71,7 @@ mod tests {
     #[test]
     fn serializes_seed_shape() {
         let ok = serialize(&Ok(ToolOutput::data(json!({"n": 1})).with_message("done")));
+        assert_eq!(ok, r#"{"success":true,"message":"done","data":{"n":1}}"#);
         assert_eq!(
             serde_json::from_str::<Value>(&ok).unwrap(),
             json!({"success": true, "message": "done", "data": {"n": 1}})

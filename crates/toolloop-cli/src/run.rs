@@ -1,0 +1,212 @@
+//! `toolloop run`: one agent run on a prompt.
+
+use crate::EXIT_USAGE;
+use crate::spec::{ProviderOptions, model_from_spec};
+use clap::Args;
+use serde_json::{Value, json};
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::AgentBuilder;
+use toolloop::event::Event;
+use toolloop::message::Message;
+use toolloop::outcome::{CallStatus, Outcome, StopReason};
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// What to ask.
+    prompt: String,
+    /// The model, as provider:model (`test` runs offline).
+    #[arg(long, env = "TOOLLOOP_MODEL", default_value = "test")]
+    model: String,
+    /// A system prompt.
+    #[arg(long)]
+    system: Option<String>,
+    /// Model calls per run.
+    #[arg(long, default_value_t = 10)]
+    max_rounds: u32,
+    /// Tool executions per run.
+    #[arg(long, default_value_t = 20)]
+    max_tool_calls: u32,
+    /// Wall-clock limit for the run, in seconds.
+    #[arg(long, value_parser = parse_seconds)]
+    timeout: Option<Duration>,
+    /// The directory the file tools may use.
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
+    /// Offer the write_file tool.
+    #[arg(long)]
+    allow_write: bool,
+    /// Stream the model's text as it arrives.
+    #[arg(long)]
+    stream: bool,
+    /// Print the outcome as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
+    if !secs.is_finite() || secs <= 0.0 {
+        return Err(format!("expected a positive number of seconds, got `{s}`"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("toolloop: {message}");
+    ExitCode::from(EXIT_USAGE)
+}
+
+/// 0 answered; 3 a budget or terminal condition stopped the run; 1 other failures.
+pub fn exit_code(reason: StopReason) -> ExitCode {
+    match reason {
+        StopReason::Answered => ExitCode::SUCCESS,
+        StopReason::MaxRounds
+        | StopReason::MaxToolCalls
+        | StopReason::Timeout
+        | StopReason::TerminalSignal
+        | StopReason::TooManyInvalidCalls
+        | StopReason::OutputTruncated => ExitCode::from(3),
+        StopReason::Cancelled | StopReason::ModelError => ExitCode::FAILURE,
+    }
+}
+
+pub async fn run(args: RunArgs) -> ExitCode {
+    let model = match model_from_spec(&args.model, &ProviderOptions::default()) {
+        Ok(m) => m,
+        Err(e) => return usage_error(e),
+    };
+    let tools = match toolloop::tools::fs::builtin_tools(&args.root, args.allow_write) {
+        Ok(t) => t,
+        Err(e) => return usage_error(format!("--root {}: {e}", args.root.display())),
+    };
+    let progress = std::io::stderr().is_terminal() && !args.json;
+    let stream_text = args.stream && !args.json;
+    let mut builder = AgentBuilder::new(model)
+        .tools(tools)
+        .max_rounds(args.max_rounds)
+        .max_tool_calls(args.max_tool_calls)
+        .stream(args.stream)
+        .on_event(move |e| report(e, progress, stream_text));
+    if let Some(system) = &args.system {
+        builder = builder.system(system.clone());
+    }
+    if let Some(t) = args.timeout {
+        builder = builder.timeout(t);
+    }
+    let agent = match builder.build() {
+        Ok(a) => a,
+        Err(e) => return usage_error(e),
+    };
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_ctrl_c.cancel();
+        }
+    });
+    let outcome = agent
+        .run_cancellable(vec![Message::user(args.prompt.clone())], cancel)
+        .await;
+    if args.json {
+        println!("{}", outcome_json(&outcome));
+    } else {
+        if stream_text {
+            println!();
+        } else if let Some(text) = &outcome.text {
+            println!("{text}");
+        }
+        if outcome.stop_reason != StopReason::Answered {
+            let why = outcome
+                .error
+                .as_ref()
+                .map(|e| format!(": {}", e.message))
+                .unwrap_or_default();
+            let signal = outcome
+                .signal
+                .as_ref()
+                .map(|s| format!(" (signal {s})"))
+                .unwrap_or_default();
+            eprintln!(
+                "toolloop: stopped: {}{signal}{why}",
+                serde_json::to_value(outcome.stop_reason).unwrap_or(Value::Null)
+            );
+        }
+    }
+    exit_code(outcome.stop_reason)
+}
+
+/// Progress lines on stderr, and streamed text on stdout.
+fn report(event: &Event, progress: bool, stream_text: bool) {
+    use std::io::Write;
+    match event {
+        Event::TextDelta { text, .. } if stream_text => {
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(text.as_bytes());
+            let _ = out.flush();
+        }
+        Event::RoundStarted { round, .. } if progress => eprintln!("· round {round}"),
+        Event::ToolFinished {
+            name,
+            status,
+            duration_ms,
+            ..
+        } if progress => {
+            let mark = if *status == CallStatus::Ok {
+                "✓"
+            } else {
+                "✗"
+            };
+            eprintln!("  {mark} {name} ({duration_ms} ms)");
+        }
+        Event::DuplicateDetected { call, .. } if progress => {
+            eprintln!("  ↻ {} skipped: duplicate call", call.name)
+        }
+        Event::InvalidToolCall { call, reason, .. } if progress => {
+            eprintln!("  ✗ {} invalid: {reason}", call.name)
+        }
+        _ => {}
+    }
+}
+
+/// The outcome as the `--json` object.
+pub fn outcome_json(o: &Outcome) -> Value {
+    let calls: Vec<Value> = o
+        .tool_calls
+        .iter()
+        .map(|c| {
+            let result = serde_json::from_str::<Value>(&c.content)
+                .unwrap_or_else(|_| Value::String(c.content.clone()));
+            json!({
+                "round": c.round,
+                "id": c.call.id,
+                "name": c.call.name,
+                "arguments": c.call.arguments,
+                "success": c.success(),
+                "status": c.status,
+                "result": result,
+                "duration_ms": c.duration_ms,
+            })
+        })
+        .collect();
+    let mut v = json!({
+        "success": o.success,
+        "stop_reason": o.stop_reason,
+        "text": o.text,
+        "signal": o.signal,
+        "rounds": o.rounds,
+        "tool_calls": calls,
+        "usage": o.usage,
+        "cost": o.cost,
+        "duration_ms": o.duration_ms,
+    });
+    if let Some(e) = &o.error {
+        v["error"] = json!({"code": e.code, "message": e.message});
+    }
+    v
+}

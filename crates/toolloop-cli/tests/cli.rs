@@ -1,0 +1,151 @@
+//! The `toolloop` command, run as a user would.
+
+use serde_json::Value;
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn toolloop(args: &[&str], dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_toolloop"))
+        .args(args)
+        .current_dir(dir)
+        .env_remove("TOOLLOOP_MODEL")
+        .output()
+        .expect("the binary runs")
+}
+
+fn json_of(out: &Output) -> Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "stdout is not JSON ({e}): {}\nstderr: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn repo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("README.md"), "# Demo\n\nversion 1.2.3\n").unwrap();
+    dir
+}
+
+#[test]
+fn test_model_runs_offline_and_answers() {
+    let dir = repo();
+    let out = toolloop(&["run", "--json", "What is the version?"], dir.path());
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "answered");
+    assert_eq!(v["rounds"], 2);
+    let names: Vec<&str> = v["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["read_file", "list_dir", "search_files"]);
+    assert!(
+        v["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c["success"] == true)
+    );
+    assert!(v["text"].as_str().unwrap().contains("version 1.2.3"));
+    assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0);
+    assert!(v["usage"]["output_tokens"].as_u64().is_some());
+    assert!(v["duration_ms"].as_u64().is_some());
+    assert!(v.get("error").is_none());
+}
+
+#[test]
+fn plain_output_prints_the_answer() {
+    let dir = repo();
+    let out = toolloop(&["run", "hi"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("version 1.2.3"), "{stdout}");
+}
+
+#[test]
+fn scripted_runs_hit_budgets_with_exit_3() {
+    let dir = repo();
+    let script = dir.path().join("script.json");
+    std::fs::write(
+        &script,
+        r#"[{"tool_calls": [{"name": "read_file", "arguments": {"path": "README.md"}}]},
+            {"tool_calls": [{"name": "list_dir", "arguments": {}}]},
+            {"text": "never"}]"#,
+    )
+    .unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let out = toolloop(
+        &["run", "--json", "--model", &spec, "--max-rounds", "1", "x"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(3));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "max_rounds");
+    assert_eq!(v["error"]["code"], "MAX_ITERATIONS_REACHED");
+    assert_eq!(v["tool_calls"][0]["name"], "read_file");
+    assert_eq!(v["tool_calls"][0]["arguments"]["path"], "README.md");
+    assert_eq!(v["tool_calls"][0]["result"]["success"], true);
+}
+
+#[test]
+fn a_script_that_runs_out_is_a_model_error_with_exit_1() {
+    let dir = repo();
+    let script = dir.path().join("s.json");
+    std::fs::write(&script, r#"[{"tool_calls": [{"name": "list_dir"}]}]"#).unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let out = toolloop(&["run", "--json", "--model", &spec, "x"], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "model_error");
+    assert_eq!(v["error"]["code"], "LLM_CALL_FAILED");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("ran out of responses")
+    );
+    assert_eq!(v["rounds"], 2);
+}
+
+#[test]
+fn bad_usage_and_configuration_exit_2_with_a_clear_message() {
+    let dir = repo();
+    let out = toolloop(&["run", "--model", "nope:x", "hi"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown model `nope:x`"));
+    let out = toolloop(&["run", "--max-rounds", "lots", "hi"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let out = toolloop(&["run", "--timeout", "-1", "hi"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let out = toolloop(&["run", "--root", "/no/such/dir", "hi"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let out = toolloop(
+        &["run", "--model", "scripted:/no/such.json", "hi"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the script"));
+}
+
+#[test]
+fn write_file_is_offered_only_with_allow_write() {
+    let dir = repo();
+    let out = toolloop(&["run", "--json", "x"], dir.path());
+    let v = json_of(&out);
+    assert!(!v.to_string().contains("write_file"));
+    let out = toolloop(&["run", "--json", "--allow-write", "x"], dir.path());
+    let v = json_of(&out);
+    let last = v["tool_calls"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["name"], "write_file");
+    assert_eq!(last["success"], true);
+}
