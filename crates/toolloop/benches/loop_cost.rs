@@ -1,0 +1,111 @@
+//! The loop's own cost per round as history grows (10, 100 and 1000 rounds).
+//!
+//! An in-process model answers instantly (one tool call per round, then a final answer) and the
+//! tool returns at once, so what is measured is the loop itself: the state machine, the driver,
+//! result serialization, duplicate detection and transcript bookkeeping. A round must not cost
+//! more as the conversation grows: the figure to watch is the per-round cost at 1000 rounds as
+//! a ratio to the per-round cost at 10 rounds (the baseline, measured in the same run).
+//!
+//! Run: `cargo bench -p toolloop --bench loop_cost`
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::time::Instant;
+use toolloop::agent::Agent;
+use toolloop::message::{Message, ToolCall};
+use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse};
+use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use toolloop::usage::Usage;
+
+/// Calls `echo` with a fresh argument every round until `rounds`, then answers.
+struct InstantModel {
+    rounds: usize,
+}
+
+#[async_trait]
+impl Model for InstantModel {
+    fn name(&self) -> &str {
+        "bench"
+    }
+    async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        // The round number comes from the tail of the transcript, in O(1).
+        let round = r.messages.len() / 2;
+        let mut resp = if round < self.rounds {
+            ModelResponse::tool_calls(vec![ToolCall {
+                id: format!("call_{round}"),
+                name: "echo".into(),
+                arguments: json!({"n": round}),
+                invalid_arguments: None,
+                provider_data: None,
+            }])
+        } else {
+            ModelResponse::text("done")
+        };
+        resp.usage = Some(Usage {
+            input_tokens: 10,
+            output_tokens: 2,
+            ..Usage::default()
+        });
+        Ok(resp)
+    }
+}
+
+struct Echo {
+    schema: Value,
+}
+
+#[async_trait]
+impl Tool for Echo {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn description(&self) -> &str {
+        "Echoes n."
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::data(args))
+    }
+}
+
+fn per_round_ns(rt: &tokio::runtime::Runtime, rounds: usize, reps: usize) -> f64 {
+    let agent = Agent::builder(InstantModel { rounds })
+        .tool(Echo {
+            schema: json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+        })
+        .max_rounds(rounds as u32 + 1)
+        .max_tool_calls(rounds as u32)
+        .build()
+        .expect("one tool");
+    let mut best = f64::MAX;
+    for _ in 0..reps {
+        let start = Instant::now();
+        let out = rt.block_on(agent.run(vec![Message::user("go")]));
+        let elapsed = start.elapsed().as_nanos() as f64;
+        assert_eq!(out.rounds as usize, rounds + 1, "{:?}", out.error);
+        best = best.min(elapsed / (rounds + 1) as f64);
+    }
+    best
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    // warm up
+    per_round_ns(&rt, 100, 3);
+    let base = per_round_ns(&rt, 10, 200);
+    println!("loop cost per round (best of several runs, current-thread runtime)");
+    println!("{:>8} {:>14} {:>18}", "rounds", "µs per round", "ratio to 10 rounds");
+    for (rounds, reps) in [(10usize, 200usize), (100, 50), (1000, 10)] {
+        let ns = if rounds == 10 {
+            base
+        } else {
+            per_round_ns(&rt, rounds, reps)
+        };
+        println!("{rounds:>8} {:>14.2} {:>18.2}", ns / 1000.0, ns / base);
+    }
+}
