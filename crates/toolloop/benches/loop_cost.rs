@@ -99,7 +99,10 @@ fn main() {
     per_round_ns(&rt, 100, 3);
     let base = per_round_ns(&rt, 10, 200);
     println!("loop cost per round (best of several runs, current-thread runtime)");
-    println!("{:>8} {:>14} {:>18}", "rounds", "µs per round", "ratio to 10 rounds");
+    println!(
+        "{:>8} {:>14} {:>18}",
+        "rounds", "µs per round", "ratio to 10 rounds"
+    );
     for (rounds, reps) in [(10usize, 200usize), (100, 50), (1000, 10)] {
         let ns = if rounds == 10 {
             base

@@ -8,12 +8,13 @@
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
 use crate::engine::{Batch, Interrupt, Machine, Step};
 use crate::event::Event;
+use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
 use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolChoice};
 use crate::outcome::Outcome;
 use crate::price::PriceTable;
 use crate::stream::{Accumulator, StreamEvent};
-use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::toolbox::{Toolbox, ToolboxError};
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
@@ -38,6 +39,24 @@ pub struct Agent {
     system: Option<Arc<str>>,
     prices: Arc<PriceTable>,
     on_event: Option<EventHandler>,
+    journal: Option<Arc<dyn Journal>>,
+    on_in_flight: Option<OnInFlight>,
+}
+
+/// What to do, on resume, with a side-effecting call that was in flight at a crash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InFlightDecision {
+    /// Run it again (the tool de-duplicates with the idempotency key, say).
+    Retry,
+    /// Do not run it; the model reads "outcome unknown".
+    Unknown,
+}
+
+/// Decides what to do with a side-effecting call that was in flight at a crash.
+pub type OnInFlight = Arc<dyn Fn(&ToolCall) -> InFlightDecision + Send + Sync>;
+
+fn holder_id() -> String {
+    format!("pid {} ({})", std::process::id(), new_run_id())
 }
 
 impl std::fmt::Debug for Agent {
@@ -61,6 +80,8 @@ pub struct AgentBuilder {
     system: Option<String>,
     prices: PriceTable,
     on_event: Option<EventHandler>,
+    journal: Option<Arc<dyn Journal>>,
+    on_in_flight: Option<OnInFlight>,
 }
 
 impl Agent {
@@ -103,8 +124,47 @@ impl Agent {
         messages: Vec<Message>,
         cancel: CancellationToken,
     ) -> Outcome {
-        let sink = self.on_event.clone();
-        self.drive(self.machine(messages), cancel, sink).await
+        self.run_inner(messages, cancel, self.on_event.clone())
+            .await
+    }
+
+    async fn run_inner(
+        &self,
+        messages: Vec<Message>,
+        cancel: CancellationToken,
+        sink: Option<EventHandler>,
+    ) -> Outcome {
+        let machine = self.machine(messages);
+        match self.start_log(&machine).await {
+            Ok(log) => self.drive(machine, cancel, sink, log).await,
+            Err(e) => {
+                let mut m = machine;
+                m.interrupt(Interrupt::StoreFailed);
+                let mut outcome = m.into_outcome(0);
+                if let Some(err) = outcome.error.as_mut() {
+                    err.message = format!("{}: {e}", err.message);
+                }
+                outcome
+            }
+        }
+    }
+
+    /// Opens the run log for a new run: a fresh id and the `started` record.
+    async fn start_log(&self, machine: &Machine) -> Result<Option<RunLog>, JournalError> {
+        let Some(journal) = &self.journal else {
+            return Ok(None);
+        };
+        let log = RunLog {
+            journal: journal.clone(),
+            run_id: new_run_id(),
+            holder: holder_id(),
+        };
+        log.journal.acquire(&log.run_id, &log.holder).await?;
+        let started = Record::Started {
+            messages: machine.messages().to_vec(),
+        };
+        log.journal.append(&log.run_id, &started).await?;
+        Ok(Some(log))
     }
 
     /// Runs the loop and yields its events; the last one is [`Event::RunFinished`] with the
@@ -122,16 +182,15 @@ impl Agent {
             let _ = tx.send(e.clone());
         });
         tokio::spawn(async move {
-            let machine = agent.machine(messages);
-            agent.drive(machine, cancel, Some(sink)).await;
+            agent.run_inner(messages, cancel, Some(sink)).await;
         });
         futures::stream::unfold((rx, Some(guard)), |(mut rx, guard)| async move {
             rx.recv().await.map(|e| (e, (rx, guard)))
         })
     }
 
-    /// Continues a run from a saved state (see [`crate::engine::LoopState`]).
-    pub async fn resume(
+    /// Continues a run from a saved state (see [`crate::engine::LoopState`]), without a run log.
+    pub async fn continue_from(
         &self,
         state: crate::engine::LoopState,
         cancel: CancellationToken,
@@ -142,7 +201,83 @@ impl Agent {
             self.toolbox.clone(),
             state,
         );
-        self.drive(machine, cancel, self.on_event.clone()).await
+        self.drive(machine, cancel, self.on_event.clone(), None)
+            .await
+    }
+
+    /// Continues a logged run from its last durable step (after a crash, say). Model calls that
+    /// returned are not made again and tool calls that finished are not run again. A call that
+    /// was in flight is run again when its tool is read-only or idempotent; for a
+    /// side-effecting tool the `on_in_flight` policy decides (default: report "outcome
+    /// unknown" to the model). A run that had already finished just gives its outcome.
+    ///
+    /// Fails when no journal is configured, the run is unknown, its log does not replay, or
+    /// another process holds it.
+    pub async fn resume(
+        &self,
+        run_id: &str,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, JournalError> {
+        let journal = self
+            .journal
+            .clone()
+            .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
+        let log = RunLog {
+            journal,
+            run_id: run_id.to_string(),
+            holder: holder_id(),
+        };
+        log.journal.acquire(run_id, &log.holder).await?;
+        let records = match log.journal.load(run_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = log.journal.release(run_id, &log.holder).await;
+                return Err(e);
+            }
+        };
+        let replayed = Machine::replay(
+            self.config.clone(),
+            self.hooks.clone(),
+            self.toolbox.clone(),
+            &records,
+        );
+        let (mut machine, in_flight) = match replayed {
+            Ok(r) => r,
+            Err(message) => {
+                let _ = log.journal.release(run_id, &log.holder).await;
+                return Err(JournalError::Corrupt {
+                    run_id: run_id.to_string(),
+                    message,
+                });
+            }
+        };
+        for index in in_flight {
+            let Some(call) = machine.round_call(index).cloned() else {
+                continue;
+            };
+            let side_effect = self
+                .toolbox
+                .get(&call.name)
+                .map_or(SideEffect::SideEffecting, |t| t.side_effect());
+            let retry = match side_effect {
+                SideEffect::ReadOnly | SideEffect::Idempotent => true,
+                SideEffect::SideEffecting => self
+                    .on_in_flight
+                    .as_ref()
+                    .is_some_and(|f| f(&call) == InFlightDecision::Retry),
+            };
+            if !retry {
+                let record = Record::ToolUnknown {
+                    round: machine.round(),
+                    index,
+                };
+                log.journal.append(run_id, &record).await?;
+                machine.tool_outcome_unknown(index);
+            }
+        }
+        Ok(self
+            .drive(machine, cancel, self.on_event.clone(), Some(log))
+            .await)
     }
 
     fn machine(&self, mut messages: Vec<Message>) -> Machine {
@@ -164,6 +299,7 @@ impl Agent {
         mut machine: Machine,
         cancel: CancellationToken,
         sink: Option<EventHandler>,
+        log: Option<RunLog>,
     ) -> Outcome {
         let started = Instant::now();
         let deadline = self.config.timeout.map(|t| tokio::time::Instant::now() + t);
@@ -176,12 +312,18 @@ impl Agent {
                 machine.take_events().for_each(drop);
             }
         };
+        let mut store_error: Option<String> = None;
         loop {
             emit(&mut machine);
             match machine.next_step() {
                 Step::Finished => break,
                 Step::CallModel { round, reminders } => {
                     emit(&mut machine);
+                    if let Err(e) = write(&log, Record::ModelRequested { round }).await {
+                        store_error = Some(e);
+                        machine.interrupt(Interrupt::StoreFailed);
+                        continue;
+                    }
                     let request = ModelRequest {
                         messages: machine.messages(),
                         reminders: &reminders,
@@ -194,10 +336,30 @@ impl Agent {
                             let cost = response
                                 .usage
                                 .and_then(|u| self.prices.cost(self.model_name(), &u));
+                            let record = log.as_ref().map(|_| Record::ModelResponded {
+                                round,
+                                response: response.clone(),
+                                cost,
+                            });
+                            if let Some(record) = record
+                                && let Err(e) = write(&log, record).await
+                            {
+                                store_error = Some(e);
+                                machine.interrupt(Interrupt::StoreFailed);
+                                continue;
+                            }
                             machine.model_responded(response, cost);
                         }
-                        Ok(Err(e)) => machine.model_failed(&e),
-                        Err(why) => machine.interrupt(why),
+                        Ok(Err(e)) => {
+                            let message = e.to_string();
+                            // The failure ends the run either way; logging it is best effort.
+                            let _ = write(&log, Record::ModelFailed { round, message }).await;
+                            machine.model_failed(&e);
+                        }
+                        Err(why) => {
+                            let _ = write(&log, Record::Interrupted { why }).await;
+                            machine.interrupt(why);
+                        }
                     }
                 }
                 Step::DecideRoundLimit => {
@@ -206,16 +368,46 @@ impl Agent {
                         None => Box::pin(async { RoundLimitDecision::Stop }),
                     };
                     match guard(decision, &cancel, deadline).await {
-                        Ok(d) => machine.round_limit_decided(d),
-                        Err(why) => machine.interrupt(why),
+                        Ok(decision) => {
+                            let record = Record::RoundLimitDecided {
+                                decision: decision.clone(),
+                            };
+                            if let Err(e) = write(&log, record).await {
+                                store_error = Some(e);
+                                machine.interrupt(Interrupt::StoreFailed);
+                                continue;
+                            }
+                            machine.round_limit_decided(decision)
+                        }
+                        Err(why) => {
+                            let _ = write(&log, Record::Interrupted { why }).await;
+                            machine.interrupt(why);
+                        }
                     }
                 }
                 Step::RunTools(batches) => {
                     let tool_cancel = cancel.child_token();
                     for batch in batches {
-                        let run =
-                            self.run_batch(&mut machine, batch, &tool_cancel, deadline, &sink);
-                        if let Err(why) = guard_interrupt(run, &cancel, deadline).await {
+                        let run = self.run_batch(
+                            &mut machine,
+                            batch,
+                            &tool_cancel,
+                            deadline,
+                            &sink,
+                            &log,
+                        );
+                        let interrupted = match guard(run, &cancel, deadline).await {
+                            Ok(Ok(())) => None,
+                            Ok(Err(e)) => {
+                                store_error = Some(e);
+                                Some(Interrupt::StoreFailed)
+                            }
+                            Err(why) => {
+                                let _ = write(&log, Record::Interrupted { why }).await;
+                                Some(why)
+                            }
+                        };
+                        if let Some(why) = interrupted {
                             tool_cancel.cancel();
                             machine.interrupt(why);
                             break;
@@ -225,7 +417,15 @@ impl Agent {
                 }
             }
         }
-        let outcome = machine.into_outcome(started.elapsed().as_millis() as u64);
+        let _ = write(&log, Record::Finished).await;
+        let mut outcome = machine.into_outcome(started.elapsed().as_millis() as u64);
+        if let (Some(e), Some(err)) = (store_error, outcome.error.as_mut()) {
+            err.message = format!("{}: {e}", err.message);
+        }
+        if let Some(log) = &log {
+            outcome.run_id = Some(log.run_id.clone());
+            let _ = log.journal.release(&log.run_id, &log.holder).await;
+        }
         if let Some(sink) = &sink {
             sink(&Event::RunFinished {
                 outcome: Box::new(outcome.clone()),
@@ -265,8 +465,9 @@ impl Agent {
         Ok(acc.finish())
     }
 
-    /// Runs one batch, reporting each call to the machine as it finishes. Returns when all are
-    /// done; the caller races it against cancellation.
+    /// Runs one batch, reporting each call to the machine (and the run log) as it finishes.
+    /// Returns when all are done, or at the first run-log failure; the caller races it against
+    /// cancellation.
     async fn run_batch(
         &self,
         machine: &mut Machine,
@@ -274,24 +475,27 @@ impl Agent {
         cancel: &CancellationToken,
         deadline: Option<tokio::time::Instant>,
         sink: &Option<EventHandler>,
-    ) {
+        log: &Option<RunLog>,
+    ) -> Result<(), String> {
         let round = machine.round();
         let jobs: Vec<_> = batch
             .calls
             .iter()
             .filter_map(|&i| machine.round_call(i).map(|c| (i, c.clone())))
-            .map(|(i, call)| {
+            .map(|(index, call)| {
                 let tool = self.toolbox.get(&call.name).cloned();
                 let job = ToolJob {
                     round,
+                    index,
                     tool,
                     call,
                     cancel: cancel.clone(),
                     deadline,
                     config: self.config.clone(),
                     sink: sink.clone(),
+                    log: log.clone(),
                 };
-                job.run().map(move |r| (i, r))
+                job.run().map(move |r| (index, r))
             })
             .collect();
         let limit = if batch.parallel {
@@ -300,33 +504,80 @@ impl Agent {
             1
         };
         let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
-        while let Some((i, (result, duration_ms, attempts))) = results.next().await {
-            machine.tool_finished(i, result, duration_ms, attempts);
+        while let Some((index, done)) = results.next().await {
+            let (result, duration_ms, attempts) = done?;
+            if log.is_some() {
+                let record = Record::ToolFinished {
+                    round,
+                    index,
+                    result: result.clone(),
+                    duration_ms,
+                    attempts,
+                };
+                write(log, record).await?;
+            }
+            machine.tool_finished(index, result, duration_ms, attempts);
             if let Some(sink) = sink {
                 for e in machine.take_events() {
                     sink(&e);
                 }
             }
         }
+        Ok(())
+    }
+}
+
+/// Where a logged run writes its records.
+#[derive(Clone)]
+struct RunLog {
+    journal: Arc<dyn Journal>,
+    run_id: String,
+    holder: String,
+}
+
+async fn write(log: &Option<RunLog>, record: Record) -> Result<(), String> {
+    match log {
+        Some(log) => log
+            .journal
+            .append(&log.run_id, &record)
+            .await
+            .map_err(|e| e.to_string()),
+        None => Ok(()),
     }
 }
 
 struct ToolJob {
     round: u32,
+    index: usize,
     tool: Option<Arc<dyn Tool>>,
     call: ToolCall,
     cancel: CancellationToken,
     deadline: Option<tokio::time::Instant>,
     config: Arc<LoopConfig>,
     sink: Option<EventHandler>,
+    log: Option<RunLog>,
 }
 
+/// A finished call: its result, duration in milliseconds and attempts; or a run-log failure.
+type JobResult = Result<(Result<ToolOutput, ToolError>, u64, u32), String>;
+
 impl ToolJob {
-    async fn run(self) -> (Result<ToolOutput, ToolError>, u64, u32) {
+    async fn run(self) -> JobResult {
         let started = Instant::now();
         let Some(tool) = self.tool else {
             let e = ToolError::new(format!("unknown tool `{}`", self.call.name));
-            return (Err(e), 0, 0);
+            return Ok((Err(e), 0, 0));
+        };
+        // The intent is durable before the call runs.
+        let intent = Record::ToolStarted {
+            round: self.round,
+            index: self.index,
+            call_id: self.call.id.clone(),
+        };
+        write(&self.log, intent).await?;
+        let idempotency_key = match &self.log {
+            Some(log) => format!("{}/{}", log.run_id, self.call.id),
+            None => self.call.id.clone(),
         };
         let mut attempt = 0;
         loop {
@@ -345,7 +596,7 @@ impl ToolJob {
                 cancel: self.cancel.clone(),
                 deadline: self.deadline,
                 attempt,
-                idempotency_key: self.call.id.clone(),
+                idempotency_key: idempotency_key.clone(),
             };
             let call = AssertUnwindSafe(tool.call(self.call.arguments.clone(), ctx)).catch_unwind();
             let result = match self.config.tool_timeout {
@@ -374,7 +625,7 @@ impl ToolJob {
                         .saturating_mul(1 << (attempt - 1).min(10));
                     tokio::time::sleep(backoff).await;
                 }
-                r => return (r, started.elapsed().as_millis() as u64, attempt),
+                r => return Ok((r, started.elapsed().as_millis() as u64, attempt)),
             }
         }
     }
@@ -400,14 +651,6 @@ async fn guard<T>(
     }
 }
 
-async fn guard_interrupt(
-    fut: impl Future<Output = ()>,
-    cancel: &CancellationToken,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<(), Interrupt> {
-    guard(fut, cancel, deadline).await
-}
-
 impl AgentBuilder {
     /// A builder around a shared model.
     pub fn new(model: Arc<dyn Model>) -> Self {
@@ -421,7 +664,25 @@ impl AgentBuilder {
             system: None,
             prices: PriceTable::builtin(),
             on_event: None,
+            journal: None,
+            on_in_flight: None,
         }
+    }
+
+    /// Logs every step of every run to `journal`, so runs can be resumed after a crash.
+    pub fn journal(mut self, journal: Arc<dyn Journal>) -> Self {
+        self.journal = Some(journal);
+        self
+    }
+
+    /// On resume, decides whether a side-effecting call that was in flight runs again
+    /// (default: never; the model reads "outcome unknown").
+    pub fn on_in_flight(
+        mut self,
+        f: impl Fn(&ToolCall) -> InFlightDecision + Send + Sync + 'static,
+    ) -> Self {
+        self.on_in_flight = Some(Arc::new(f));
+        self
     }
 
     /// Adds a tool. Two tools with one name make [`AgentBuilder::build`] fail.
@@ -561,6 +822,8 @@ impl AgentBuilder {
             system: self.system.map(Arc::from),
             prices: Arc::new(self.prices),
             on_event: self.on_event,
+            journal: self.journal,
+            on_in_flight: self.on_in_flight,
         })
     }
 }

@@ -154,7 +154,8 @@ pub struct RoundCall<'a> {
 }
 
 /// What `on_round_limit` decides.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RoundLimitDecision {
     /// Stop with [`crate::outcome::StopReason::MaxRounds`].
     Stop,

@@ -18,6 +18,7 @@ use crate::config::{
     TruncatedCallPolicy,
 };
 use crate::event::Event;
+use crate::journal::Record;
 use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use crate::model::{FinishReason, ModelError, ModelResponse};
 use crate::outcome::{CallStatus, ErrorCode, ExecutedCall, Outcome, RunError, StopReason};
@@ -65,6 +66,8 @@ pub enum Interrupt {
     Cancelled,
     /// The run's timeout passed.
     Timeout,
+    /// The run log could not be written, so the run cannot safely go on.
+    StoreFailed,
 }
 
 /// One call of the current round.
@@ -663,6 +666,102 @@ impl Machine {
         });
     }
 
+    /// A call that was in flight at a crash has side effects and is not run again: it gets an
+    /// "outcome unknown" result the model can read.
+    pub fn tool_outcome_unknown(&mut self, index: usize) {
+        let round = self.state.round;
+        let Phase::Tools { slots, .. } = &mut self.state.phase else {
+            return;
+        };
+        let Some(slot) = slots.get_mut(index) else {
+            return;
+        };
+        if !slot.run || slot.status.is_some() {
+            return;
+        }
+        slot.status = Some(CallStatus::Unknown);
+        slot.content = Some(result::error_content(
+            "Outcome unknown: the run stopped while this call was in flight, and the call \
+             changes the world, so it was not run again. It may or may not have taken effect; \
+             check before calling it again.",
+        ));
+        self.events.push(Event::ToolFinished {
+            round,
+            call_id: slot.call.id.clone(),
+            name: slot.call.name.clone(),
+            success: false,
+            status: CallStatus::Unknown,
+            duration_ms: 0,
+        });
+    }
+
+    /// Rebuilds a machine from a run's records (see [`crate::journal`]). Returns the machine and
+    /// the calls of the current round that were started but never finished (in flight at a
+    /// crash).
+    pub fn replay(
+        config: Arc<LoopConfig>,
+        hooks: Hooks,
+        toolbox: Arc<Toolbox>,
+        records: &[Record],
+    ) -> Result<(Machine, Vec<usize>), String> {
+        let mut iter = records.iter();
+        let Some(Record::Started { messages }) = iter.next() else {
+            return Err("the first record is not `started`".into());
+        };
+        let mut m = Machine::new(config, hooks, toolbox, messages.clone());
+        let mut in_flight: Vec<usize> = Vec::new();
+        for (i, record) in iter.enumerate() {
+            let at = |what: &str| format!("record {}: {what}", i + 1);
+            match record {
+                Record::Started { .. } => return Err(at("a second `started`")),
+                Record::ModelRequested { round } => match m.next_step() {
+                    Step::CallModel { round: r, .. } if r == *round => {}
+                    other => {
+                        return Err(at(&format!(
+                            "model call of round {round} requested, but the loop was at {other:?}"
+                        )));
+                    }
+                },
+                Record::ModelResponded { response, cost, .. } => {
+                    m.model_responded(response.clone(), *cost)
+                }
+                Record::ModelFailed { message, .. } => {
+                    m.model_failed(&ModelError::Other(message.clone()))
+                }
+                Record::ToolStarted { index, .. } => {
+                    if m.round_call(*index).is_none() {
+                        return Err(at(&format!("tool call {index} started outside a round")));
+                    }
+                    in_flight.push(*index);
+                }
+                Record::ToolFinished {
+                    index,
+                    result,
+                    duration_ms,
+                    attempts,
+                    ..
+                } => {
+                    m.tool_finished(*index, result.clone(), *duration_ms, *attempts);
+                    in_flight.retain(|i| i != index);
+                }
+                Record::ToolUnknown { index, .. } => {
+                    m.tool_outcome_unknown(*index);
+                    in_flight.retain(|i| i != index);
+                }
+                Record::RoundLimitDecided { decision } => {
+                    if m.next_step() != Step::DecideRoundLimit {
+                        return Err(at("a round-limit decision outside the round limit"));
+                    }
+                    m.round_limit_decided(decision.clone());
+                }
+                Record::Interrupted { why } => m.interrupt(*why),
+                Record::Finished => {}
+            }
+        }
+        m.events.clear();
+        Ok((m, in_flight))
+    }
+
     /// The model call failed (after the adapter's retries).
     pub fn model_failed(&mut self, error: &ModelError) {
         if matches!(self.state.phase, Phase::Done { .. }) {
@@ -724,6 +823,11 @@ impl Machine {
                 StopReason::Timeout,
                 ErrorCode::Timeout,
                 "the run's timeout passed",
+            ),
+            Interrupt::StoreFailed => (
+                StopReason::StoreFailed,
+                ErrorCode::StoreFailed,
+                "the run log could not be written",
             ),
         };
         if let Phase::Tools { slots, .. } = &mut self.state.phase {
@@ -971,6 +1075,7 @@ impl Machine {
             cost,
             duration_ms,
             error,
+            run_id: None,
         }
     }
 }

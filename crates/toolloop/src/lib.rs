@@ -42,6 +42,7 @@ pub mod engine;
 pub mod event;
 #[cfg(feature = "http")]
 pub mod http;
+pub mod journal;
 pub mod message;
 #[cfg(feature = "mock")]
 pub mod mock;

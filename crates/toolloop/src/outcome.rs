@@ -26,6 +26,8 @@ pub enum StopReason {
     OutputTruncated,
     /// The model call failed.
     ModelError,
+    /// The run log could not be written, so the run stopped before acting.
+    StoreFailed,
 }
 
 impl StopReason {
@@ -59,6 +61,8 @@ pub enum ErrorCode {
     Timeout,
     /// The run was cancelled.
     Cancelled,
+    /// The run log could not be written.
+    StoreFailed,
 }
 
 /// A failed run's error.
@@ -88,6 +92,9 @@ pub enum CallStatus {
     Cancelled,
     /// Cut off by the output-token limit; not run.
     Truncated,
+    /// It was in flight when the run stopped (a crash), and it changes the world, so it was not
+    /// run again: it may or may not have taken effect.
+    Unknown,
 }
 
 impl CallStatus {
@@ -146,6 +153,9 @@ pub struct Outcome {
     pub duration_ms: u64,
     /// When the run failed, why.
     pub error: Option<RunError>,
+    /// The run's id in the run log, when the run was logged (see [`crate::journal`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 impl Outcome {

@@ -1,0 +1,230 @@
+//! The run log: every step of a run is written before it is acted on, so that a run killed at
+//! any point can be rebuilt and continued.
+//!
+//! The driver appends a [`Record`] before each model call, after each response, before each tool
+//! call starts and after it finishes, and for every decision and interruption. Replaying the
+//! records into a fresh [`crate::engine::Machine`] rebuilds the loop's state exactly: the
+//! machine is deterministic given its inputs. On resume, model calls that already returned are
+//! not made again and tool calls that already finished are not run again; a call that was in
+//! flight is run again when its tool is read-only or idempotent, and reported as "outcome
+//! unknown" when it has side effects (unless a resume policy says otherwise).
+//!
+//! [`MemoryJournal`] keeps records in memory (tests, single-process use); the `store` module
+//! keeps them in SQLite or PostgreSQL.
+
+use crate::config::RoundLimitDecision;
+use crate::engine::Interrupt;
+use crate::message::Message;
+use crate::model::ModelResponse;
+use crate::tool::{ToolError, ToolOutput};
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// One durable step of a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Record {
+    /// The run began with this conversation.
+    Started {
+        /// The conversation at the start (system prompt included).
+        messages: Vec<Message>,
+    },
+    /// A model call is about to be made.
+    ModelRequested {
+        /// The round.
+        round: u32,
+    },
+    /// The model answered.
+    ModelResponded {
+        /// The round.
+        round: u32,
+        /// The response.
+        response: ModelResponse,
+        /// Its cost, when known.
+        cost: Option<f64>,
+    },
+    /// The model call failed.
+    ModelFailed {
+        /// The round.
+        round: u32,
+        /// What happened.
+        message: String,
+    },
+    /// A tool call is about to run (its intent).
+    ToolStarted {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// The call id.
+        call_id: String,
+    },
+    /// A tool call finished.
+    ToolFinished {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// What it returned.
+        result: Result<ToolOutput, ToolError>,
+        /// How long it took.
+        duration_ms: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A side-effecting call was in flight at a crash and was not run again.
+    ToolUnknown {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+    },
+    /// `on_round_limit` decided.
+    RoundLimitDecided {
+        /// The decision.
+        decision: RoundLimitDecision,
+    },
+    /// The run was interrupted.
+    Interrupted {
+        /// Why.
+        why: Interrupt,
+    },
+    /// The run is over.
+    Finished,
+}
+
+/// Why the run log failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum JournalError {
+    /// The store failed.
+    #[error("run log error: {0}")]
+    Store(String),
+    /// Another process holds the run.
+    #[error("run {run_id} is held by another process ({holder}); try again when it has stopped")]
+    Locked {
+        /// The run.
+        run_id: String,
+        /// Who holds it.
+        holder: String,
+    },
+    /// No such run.
+    #[error("no run with id {0}")]
+    NotFound(String),
+    /// The records do not replay.
+    #[error("the run log of {run_id} does not replay: {message}")]
+    Corrupt {
+        /// The run.
+        run_id: String,
+        /// What did not fit.
+        message: String,
+    },
+}
+
+/// Where run records go.
+#[async_trait]
+pub trait Journal: Send + Sync {
+    /// Appends a record; returns once it is durable.
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError>;
+    /// Every record of a run, in order.
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError>;
+    /// Takes the run for `holder`; fails with [`JournalError::Locked`] while another live holder
+    /// has it.
+    async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        let _ = (run_id, holder);
+        Ok(())
+    }
+    /// Gives the run back.
+    async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        let _ = (run_id, holder);
+        Ok(())
+    }
+}
+
+/// A journal in memory.
+#[derive(Debug, Default)]
+pub struct MemoryJournal {
+    runs: Mutex<HashMap<String, Vec<Record>>>,
+    holders: Mutex<HashMap<String, String>>,
+}
+
+impl MemoryJournal {
+    /// An empty journal.
+    pub fn new() -> Self {
+        MemoryJournal::default()
+    }
+
+    /// The ids of the runs it holds.
+    pub fn run_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self
+            .runs
+            .lock()
+            .map(|r| r.keys().cloned().collect())
+            .unwrap_or_default();
+        ids.sort();
+        ids
+    }
+
+    /// Keeps only the first `n` records of a run (to simulate a crash in tests).
+    pub fn truncate(&self, run_id: &str, n: usize) {
+        if let Ok(mut runs) = self.runs.lock()
+            && let Some(r) = runs.get_mut(run_id)
+        {
+            r.truncate(n);
+        }
+    }
+}
+
+fn poisoned<T>(_: T) -> JournalError {
+    JournalError::Store("the in-memory journal's lock was poisoned".into())
+}
+
+#[async_trait]
+impl Journal for MemoryJournal {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.runs
+            .lock()
+            .map_err(poisoned)?
+            .entry(run_id.to_string())
+            .or_default()
+            .push(record.clone());
+        Ok(())
+    }
+
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.runs
+            .lock()
+            .map_err(poisoned)?
+            .get(run_id)
+            .cloned()
+            .ok_or_else(|| JournalError::NotFound(run_id.to_string()))
+    }
+
+    async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        let mut holders = self.holders.lock().map_err(poisoned)?;
+        match holders.get(run_id) {
+            Some(h) if h != holder => Err(JournalError::Locked {
+                run_id: run_id.to_string(),
+                holder: h.clone(),
+            }),
+            _ => {
+                holders.insert(run_id.to_string(), holder.to_string());
+                Ok(())
+            }
+        }
+    }
+
+    async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        let mut holders = self.holders.lock().map_err(poisoned)?;
+        if holders.get(run_id).map(String::as_str) == Some(holder) {
+            holders.remove(run_id);
+        }
+        Ok(())
+    }
+}
+
+/// A fresh run id.
+pub fn new_run_id() -> String {
+    crate::message::new_call_id().replacen("call_", "run_", 1)
+}

@@ -1,0 +1,302 @@
+//! Runs logged to a journal survive being cut off at any record and resumed.
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::{Agent, InFlightDecision};
+use toolloop::journal::{Journal, JournalError, MemoryJournal, Record};
+use toolloop::message::{Message, ToolCall};
+use toolloop::model::ModelResponse;
+use toolloop::outcome::{CallStatus, StopReason};
+use toolloop::providers::scripted::ScriptedModel;
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+
+/// A side-effecting tool that counts its effects by idempotency key.
+struct Charge {
+    effects: Arc<Mutex<HashMap<String, u32>>>,
+    side_effect: SideEffect,
+    schema: Value,
+}
+
+#[async_trait]
+impl Tool for Charge {
+    fn name(&self) -> &str {
+        "charge"
+    }
+    fn description(&self) -> &str {
+        "Charges a card."
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    fn side_effect(&self) -> SideEffect {
+        self.side_effect
+    }
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        *self
+            .effects
+            .lock()
+            .unwrap()
+            .entry(ctx.idempotency_key.clone())
+            .or_default() += 1;
+        Ok(ToolOutput::text(format!("charged {}", args["amount"])))
+    }
+}
+
+fn script() -> Vec<ModelResponse> {
+    let c = |id: &str, amount: u32| ToolCall {
+        id: id.into(),
+        name: "charge".into(),
+        arguments: json!({"amount": amount}),
+        invalid_arguments: None,
+        provider_data: None,
+    };
+    vec![
+        ModelResponse::tool_calls(vec![c("a", 1), c("b", 2)]),
+        ModelResponse::tool_calls(vec![c("c", 3)]),
+        ModelResponse::text("charged three times"),
+    ]
+}
+
+fn agent(
+    model: ScriptedModel,
+    journal: Arc<dyn Journal>,
+    effects: Arc<Mutex<HashMap<String, u32>>>,
+    side_effect: SideEffect,
+) -> Agent {
+    Agent::builder(model)
+        .tool(Charge {
+            effects,
+            side_effect,
+            schema: json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
+        })
+        .journal(journal)
+        .build()
+        .unwrap()
+}
+
+/// A model that answers from the script by round (the number of assistant turns so far), so
+/// a resumed run gets the same answers as the original.
+fn model_for_resume() -> ScriptedModel {
+    ScriptedModel::new(script())
+}
+
+#[tokio::test]
+async fn a_run_cut_at_every_record_resumes_with_each_effect_at_most_once() {
+    // The full run, to learn its records.
+    let full_journal = Arc::new(MemoryJournal::new());
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let full = agent(
+        model_for_resume(),
+        full_journal.clone(),
+        effects.clone(),
+        SideEffect::SideEffecting,
+    )
+    .prompt("charge")
+    .await;
+    assert_eq!(full.stop_reason, StopReason::Answered);
+    let run_id = full.run_id.clone().unwrap();
+    let records = full_journal.load(&run_id).await.unwrap();
+    assert!(matches!(records.last(), Some(Record::Finished)));
+    assert!(records.len() > 8);
+
+    for cut in 1..records.len() {
+        // A journal holding only the first `cut` records: the process died right after writing
+        // record `cut`. Effects of calls whose start was logged happened (the call ran).
+        let journal = Arc::new(MemoryJournal::new());
+        for r in &records[..cut] {
+            journal.append(&run_id, r).await.unwrap();
+        }
+        let effects: Arc<Mutex<HashMap<String, u32>>> = Arc::new(Mutex::new(HashMap::new()));
+        let mut in_flight = Vec::new();
+        for r in &records[..cut] {
+            match r {
+                Record::ToolStarted { call_id, .. } => {
+                    *effects
+                        .lock()
+                        .unwrap()
+                        .entry(format!("{run_id}/{call_id}"))
+                        .or_default() += 1;
+                    in_flight.push(call_id.clone());
+                }
+                Record::ToolFinished { .. } => {
+                    in_flight.pop();
+                }
+                _ => {}
+            }
+        }
+        // The model replays from where the log says the run was.
+        let responded = records[..cut]
+            .iter()
+            .filter(|r| matches!(r, Record::ModelResponded { .. }))
+            .count();
+        let model = ScriptedModel::new(script()[responded.min(3)..].to_vec());
+        let resumed = agent(
+            model,
+            journal.clone(),
+            effects.clone(),
+            SideEffect::SideEffecting,
+        )
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .unwrap_or_else(|e| panic!("cut {cut}: {e}"));
+        assert_eq!(
+            resumed.stop_reason,
+            StopReason::Answered,
+            "cut {cut}: {:?}",
+            resumed.error
+        );
+        assert_eq!(resumed.text.as_deref(), Some("charged three times"));
+        let effects = effects.lock().unwrap();
+        for (key, n) in effects.iter() {
+            assert_eq!(*n, 1, "cut {cut}: {key} happened {n} times");
+        }
+        let unknown: Vec<&str> = resumed
+            .tool_calls
+            .iter()
+            .filter(|c| c.status == CallStatus::Unknown)
+            .map(|c| c.call.id.as_str())
+            .collect();
+        // every call either happened once (ok) or is reported unknown
+        for id in ["a", "b", "c"] {
+            let key = format!("{run_id}/{id}");
+            assert!(
+                effects.get(&key) == Some(&1) || unknown.contains(&id),
+                "cut {cut}: call {id} neither happened nor reported unknown"
+            );
+        }
+        assert_eq!(resumed.tool_calls.len(), 3, "cut {cut}");
+        assert_eq!(resumed.run_id.as_deref(), Some(run_id.as_str()));
+    }
+}
+
+#[tokio::test]
+async fn idempotent_calls_in_flight_run_again_and_policies_can_retry_side_effects() {
+    for (side_effect, policy_retry, expect) in [
+        (SideEffect::Idempotent, false, CallStatus::Ok),
+        (SideEffect::SideEffecting, false, CallStatus::Unknown),
+        (SideEffect::SideEffecting, true, CallStatus::Ok),
+    ] {
+        let journal = Arc::new(MemoryJournal::new());
+        let effects = Arc::new(Mutex::new(HashMap::new()));
+        let out = agent(
+            ScriptedModel::new(script()),
+            journal.clone(),
+            effects.clone(),
+            side_effect,
+        )
+        .prompt("charge")
+        .await;
+        let run_id = out.run_id.unwrap();
+        let records = journal.load(&run_id).await.unwrap();
+        // cut right after the first ToolStarted
+        let cut = records
+            .iter()
+            .position(|r| matches!(r, Record::ToolStarted { .. }))
+            .unwrap()
+            + 1;
+        journal.truncate(&run_id, cut);
+        let mut builder = Agent::builder(ScriptedModel::new(script()[1..].to_vec())).tool(Charge {
+            effects: effects.clone(),
+            side_effect,
+            schema: json!({"type": "object"}),
+        });
+        if policy_retry {
+            builder = builder.on_in_flight(|_| InFlightDecision::Retry);
+        }
+        let resumed = builder
+            .journal(journal.clone())
+            .build()
+            .unwrap()
+            .resume(&run_id, CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            resumed.tool_calls[0].status, expect,
+            "{side_effect:?} retry={policy_retry}"
+        );
+        assert_eq!(resumed.stop_reason, StopReason::Answered);
+    }
+}
+
+#[tokio::test]
+async fn a_finished_run_resumes_to_the_same_outcome_and_leases_exclude_a_second_holder() {
+    let journal = Arc::new(MemoryJournal::new());
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let a = agent(
+        ScriptedModel::new(script()),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::SideEffecting,
+    );
+    let out = a.prompt("charge").await;
+    let run_id = out.run_id.clone().unwrap();
+    let again = a.resume(&run_id, CancellationToken::new()).await.unwrap();
+    assert_eq!(again.messages, out.messages);
+    assert_eq!(again.stop_reason, StopReason::Answered);
+    assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
+
+    journal.acquire(&run_id, "someone else").await.unwrap();
+    let err = a
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, JournalError::Locked { .. }), "{err}");
+    let err = a.resume("run_nope", CancellationToken::new()).await;
+    assert!(err.is_err());
+}
+
+/// A journal that fails after some appends.
+struct Flaky {
+    inner: MemoryJournal,
+    left: AtomicU32,
+}
+
+#[async_trait]
+impl Journal for Flaky {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        if self.left.fetch_sub(1, Ordering::SeqCst) == 0 {
+            return Err(JournalError::Store("disk full".into()));
+        }
+        self.inner.append(run_id, record).await
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.inner.load(run_id).await
+    }
+}
+
+#[tokio::test]
+async fn a_failing_run_log_stops_the_run_before_acting_and_keeps_the_transcript_valid() {
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    // started, model requested, model responded, then the first ToolStarted fails
+    let journal = Arc::new(Flaky {
+        inner: MemoryJournal::new(),
+        left: AtomicU32::new(3),
+    });
+    let out = agent(
+        ScriptedModel::new(script()),
+        journal,
+        effects.clone(),
+        SideEffect::SideEffecting,
+    )
+    .prompt("charge")
+    .await;
+    assert_eq!(out.stop_reason, StopReason::StoreFailed);
+    assert!(out.error.unwrap().message.contains("disk full"));
+    assert!(
+        effects.lock().unwrap().is_empty(),
+        "no call ran without its intent logged"
+    );
+    let ids: Vec<_> = out
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::Tool(r) => Some(r.call_id.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ids, ["a", "b"]);
+}
