@@ -1167,3 +1167,484 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{AssistantMessage, ToolResult};
+    use crate::model::ToolSpec;
+    use proptest::prelude::*;
+
+    fn settings() -> ModelSettings {
+        ModelSettings::default()
+    }
+
+    fn conversation() -> Vec<Message> {
+        let good = ToolCall {
+            id: "call_1".into(),
+            name: "read".into(),
+            arguments: json!({"path": "a.txt"}),
+            invalid_arguments: None,
+            provider_data: None,
+        };
+        let bad = ToolCall::from_raw_arguments("call_2".into(), "write".into(), "{\"path\": ");
+        vec![
+            Message::system("be brief"),
+            Message::user("read a.txt"),
+            Message::Assistant(AssistantMessage {
+                text: None,
+                tool_calls: vec![good, bad],
+                parts: vec![
+                    ProviderPart {
+                        provider: "anthropic".into(),
+                        data: json!({"type": "thinking", "thinking": "hmm", "signature": "s"}),
+                    },
+                    ProviderPart {
+                        provider: PROVIDER.into(),
+                        data: json!({"reasoning_content": "I should read it"}),
+                    },
+                ],
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_1".into(),
+                name: "read".into(),
+                content: "hello".into(),
+                is_error: false,
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_2".into(),
+                name: "write".into(),
+                content: "arguments are not valid JSON".into(),
+                is_error: true,
+            }),
+        ]
+    }
+
+    fn body(
+        messages: &[Message],
+        reminders: &[String],
+        config: &OpenAiConfig,
+        s: &ModelSettings,
+    ) -> Value {
+        let tools = [ToolSpec {
+            name: "read".into(),
+            description: "Reads a file".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }];
+        let req = ModelRequest {
+            messages,
+            reminders,
+            tools: &tools,
+            settings: s,
+        };
+        build_request_body(&req, config, false)
+    }
+
+    #[test]
+    fn assistant_turns_carry_tool_calls_and_tool_turns_their_call_id() {
+        let b = body(
+            &conversation(),
+            &[],
+            &OpenAiConfig::new("gpt-x"),
+            &settings(),
+        );
+        let m = &b["messages"];
+        assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(m[1], json!({"role": "user", "content": "read a.txt"}));
+        assert_eq!(m[2]["role"], "assistant");
+        assert_eq!(m[2]["content"], Value::Null);
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "call_1", "type": "function",
+                   "function": {"name": "read", "arguments": "{\"path\":\"a.txt\"}"}})
+        );
+        // Our own part is sent back as its field; Anthropic's is dropped.
+        assert_eq!(m[2]["reasoning_content"], "I should read it");
+        assert!(m[2].get("thinking").is_none() && m[2].get("signature").is_none());
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "hello"})
+        );
+        assert_eq!(m[4]["tool_call_id"], "call_2");
+        assert_eq!(b["model"], "gpt-x");
+        assert_eq!(b["tools"][0]["type"], "function");
+        assert_eq!(b["tools"][0]["function"]["name"], "read");
+        assert!(b.get("tool_choice").is_none(), "auto is left out");
+        assert!(b.get("stream").is_none());
+    }
+
+    #[test]
+    fn invalid_arguments_are_never_replayed() {
+        let b = body(&conversation(), &[], &OpenAiConfig::new("m"), &settings());
+        let sent = b.to_string();
+        assert!(
+            !sent.contains("{\\\"path\\\": \""),
+            "raw invalid text leaked: {sent}"
+        );
+        let args = b["messages"][2]["tool_calls"][1]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        assert_eq!(serde_json::from_str::<Value>(args).unwrap(), json!({}));
+    }
+
+    #[test]
+    fn reminders_follow_the_conversation_as_system_messages_for_openai() {
+        let config = OpenAiConfig::new("m");
+        assert_eq!(config.reminder_role, ReminderRole::System);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 7);
+        assert_eq!(
+            m[5],
+            json!({"role": "system", "content": "<system-reminder>one</system-reminder>"})
+        );
+        assert_eq!(
+            m[6],
+            json!({"role": "system", "content": "<system-reminder>two</system-reminder>"})
+        );
+    }
+
+    #[test]
+    fn reminders_are_one_trailing_user_message_for_other_servers() {
+        let config = OpenAiConfig::new("m").with_base_url("http://127.0.0.1:11434/v1");
+        assert_eq!(config.reminder_role, ReminderRole::User);
+        assert!(config.rescue_text_tool_calls);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 6);
+        assert_eq!(
+            m[5],
+            json!({"role": "user", "content":
+                "<system-reminder>one</system-reminder>\n<system-reminder>two</system-reminder>"})
+        );
+        // A conversation ending with a user turn gets the reminders appended to it instead.
+        let convo = vec![Message::system("s"), Message::user("hi")];
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m[1]["content"],
+            "hi\n\n<system-reminder>one</system-reminder>"
+        );
+        // The user can choose system messages anywhere.
+        let mut config = config;
+        config.reminder_role = ReminderRole::System;
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        assert_eq!(b["messages"][2]["role"], "system");
+        assert_eq!(b["messages"][1]["content"], "hi");
+    }
+
+    #[test]
+    fn settings_limits_stream_options_and_extra_merge() {
+        let mut s = settings();
+        s.temperature = Some(0.7);
+        s.max_output_tokens = Some(100);
+        s.tool_choice = ToolChoice::Tool("read".into());
+        s.extra = Some(json!({"top_k": 20, "temperature": 0.1}));
+        let mut config = OpenAiConfig::new("m");
+        config.extra = Some(json!({"seed": 7, "top_k": 5}));
+        let msgs = [Message::user("x")];
+        let tools = [];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &tools,
+            settings: &s,
+        };
+        let b = build_request_body(&req, &config, true);
+        assert_eq!(b["max_completion_tokens"], 100);
+        assert!(b.get("max_tokens").is_none());
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"], json!({"include_usage": true}));
+        assert!(b.get("tool_choice").is_none(), "no tools, no tool_choice");
+        assert_eq!(b["seed"], 7);
+        assert_eq!(b["top_k"], 20, "settings' extra wins over the config's");
+        assert_eq!(b["temperature"], 0.1, "extra is merged last");
+
+        let config = OpenAiConfig::new("m").with_base_url("http://localhost:8000/v1");
+        s.extra = None;
+        let b = body(&msgs, &[], &config, &s);
+        assert_eq!(b["max_tokens"], 100);
+        assert!(b.get("max_completion_tokens").is_none());
+        assert_eq!(b["temperature"], 0.7);
+        assert_eq!(
+            b["tool_choice"],
+            json!({"type": "function", "function": {"name": "read"}})
+        );
+        s.tool_choice = ToolChoice::Required;
+        assert_eq!(body(&msgs, &[], &config, &s)["tool_choice"], "required");
+    }
+
+    #[test]
+    fn config_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = OpenAiConfig::from_lookup("gpt", None, env(&[("OPENAI_API_KEY", "sk-1")])).unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("sk-1"));
+        assert_eq!(c.endpoint(), "https://api.openai.com/v1/chat/completions");
+        assert!(!c.rescue_text_tool_calls);
+        let e = OpenAiConfig::from_lookup("gpt", None, env(&[])).unwrap_err();
+        assert!(e.to_string().contains("OPENAI_API_KEY"), "{e}");
+        let c = OpenAiConfig::from_lookup(
+            "llama",
+            None,
+            env(&[("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1/")]),
+        )
+        .unwrap();
+        assert_eq!(c.api_key, None);
+        assert_eq!(c.endpoint(), "http://127.0.0.1:8080/v1/chat/completions");
+        assert_eq!(c.reminder_role, ReminderRole::User);
+        let c = OpenAiConfig::from_lookup(
+            "x",
+            Some("GROQ_API_KEY"),
+            env(&[
+                ("GROQ_API_KEY", "gsk"),
+                ("OPENAI_API_KEY", "sk"),
+                ("OPENAI_BASE_URL", "https://api.groq.com/openai/v1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("gsk"));
+        let e = OpenAiConfig::from_lookup(
+            "x",
+            Some("GROQ_API_KEY"),
+            env(&[("OPENAI_BASE_URL", "https://api.groq.com/openai/v1")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("GROQ_API_KEY"), "{e}");
+    }
+
+    #[test]
+    fn openai_urls() {
+        assert!(is_openai_url("https://api.openai.com/v1"));
+        assert!(is_openai_url("https://API.openai.com:443/v1/"));
+        assert!(!is_openai_url("https://api.openai.com.evil.example/v1"));
+        assert!(!is_openai_url("http://localhost:11434/v1"));
+        let c = OpenAiConfig::new("m").with_base_url("http://x/v1/chat/completions");
+        assert_eq!(c.endpoint(), "http://x/v1/chat/completions");
+    }
+
+    #[test]
+    fn error_bodies() {
+        let h = HeaderMap::new();
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"error":{"message":"bad","type":"invalid_request_error","code":"x"}}"#,
+        );
+        assert_eq!(
+            (
+                e.error_type.as_deref(),
+                e.code.as_deref(),
+                e.message.as_str(),
+                e.retryable
+            ),
+            (Some("invalid_request_error"), Some("x"), "bad", false)
+        );
+        let e = parse_error(429, &h, br#"{"error":{"code":429,"message":"slow"}}"#);
+        assert_eq!((e.code.as_deref(), e.retryable), (Some("429"), true));
+        let e = parse_error(404, &h, br#"{"error":"model 'x' not found"}"#);
+        assert_eq!(e.message, "model 'x' not found");
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"object":"error","message":"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set","type":"BadRequestError","param":null,"code":400}"#,
+        );
+        assert_eq!(e.error_type.as_deref(), Some("BadRequestError"));
+        assert!(tools_unsupported(&e));
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ToolsUnsupported(m) if m.contains("enable-auto-tool-choice")
+        ));
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"error":{"message":"registry.ollama.ai/library/gemma:2b does not support tools","type":"api_error","param":null,"code":null}}"#,
+        );
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ToolsUnsupported(_)
+        ));
+        let e = parse_error(502, &h, b"<html>Bad Gateway</html>");
+        assert_eq!(
+            (e.message.as_str(), e.retryable),
+            ("<html>Bad Gateway</html>", true)
+        );
+        let e = parse_error(503, &h, b"");
+        assert!(e.message.contains("503") && e.retryable);
+        let e = parse_error(
+            400,
+            &h,
+            br#"[{"error":{"code":400,"message":"m","status":"INVALID_ARGUMENT"}}]"#,
+        );
+        assert_eq!(e.message, "m");
+        // A plain 400 about something else stays an API error.
+        let e = parse_error(400, &h, br#"{"error":{"message":"bad temperature"}}"#);
+        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        // Long non-JSON bodies are cut on a char boundary.
+        let long = "é".repeat(1000);
+        let e = parse_error(500, &h, long.as_bytes());
+        assert!(e.message.chars().count() <= 301);
+    }
+
+    fn decode_stream(body: &str) -> Decoded {
+        decode_recorded(200, body.as_bytes(), true)
+    }
+
+    fn sse(chunks: &[Value]) -> String {
+        let mut s = String::new();
+        for c in chunks {
+            s.push_str(&format!("data: {c}\n\n"));
+        }
+        s.push_str("data: [DONE]\n\n");
+        s
+    }
+
+    #[test]
+    fn parallel_calls_sharing_one_index_are_told_apart_by_id() {
+        let d = decode_stream(&sse(&[
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"x\":"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"g","arguments":"{}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ]));
+        let calls = &d.response.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[0].id.as_str(), calls[0].name.as_str()), ("a", "f"));
+        assert_eq!(calls[0].arguments, json!({"x": 1}));
+        assert_eq!((calls[1].id.as_str(), calls[1].name.as_str()), ("b", "g"));
+    }
+
+    #[test]
+    fn calls_without_index_or_id_in_one_delta_stay_apart() {
+        let d = decode_stream(&sse(&[json!({"choices":[{"delta":{"tool_calls":[
+            {"function":{"name":"f","arguments":{"a":1}}},
+            {"function":{"name":"g","arguments":"{\"b\":2}"}}
+        ]},"finish_reason":"stop"}]})]));
+        let calls = &d.response.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, json!({"a": 1}), "object arguments");
+        assert_eq!(calls[1].arguments, json!({"b": 2}));
+        assert!(calls[0].id.starts_with("call_") && calls[0].id != calls[1].id);
+        assert_eq!(
+            d.response.finish_reason,
+            FinishReason::ToolCalls,
+            "stop with calls"
+        );
+    }
+
+    #[test]
+    fn a_stream_cut_short_is_an_error_and_a_refusal_is_kept_apart() {
+        let d = decode_recorded(
+            200,
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            true,
+        );
+        assert_eq!(d.response.text.as_deref(), Some("hi"));
+        assert!(d.error.unwrap().message.contains("ended before"));
+
+        let d = decode_stream(&sse(&[
+            json!({"choices":[{"index":0,"delta":{"refusal":"I can't"}}]}),
+            json!({"choices":[{"index":0,"delta":{"refusal":" help."},"finish_reason":"stop"}]}),
+        ]));
+        assert_eq!(d.response.text, None);
+        assert_eq!(
+            d.response.parts,
+            vec![ProviderPart {
+                provider: PROVIDER.into(),
+                data: json!({"refusal": "I can't help."})
+            }]
+        );
+        assert_eq!(d.response.finish_reason, FinishReason::Stop);
+    }
+
+    #[test]
+    fn complete_reply_keeps_reasoning_and_usage_details() {
+        let body = include_bytes!(
+            "../../tests/conformance/deepseek-parallel-tool-calls-reasoning/response.json"
+        );
+        let r = decode_response(body).unwrap();
+        assert_eq!(r.parts.len(), 1);
+        assert!(
+            r.parts[0].data["reasoning_content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Great")
+        );
+        assert_eq!(r.usage.unwrap().reasoning_tokens, 26);
+        let body =
+            include_bytes!("../../tests/conformance/openai-tool-call-cached-tokens/response.json");
+        let u = decode_response(body).unwrap().usage.unwrap();
+        assert_eq!((u.input_tokens, u.cache_read_tokens), (1187, 1152));
+        // The reasoning goes back to the server on the next turn.
+        let msg = Message::Assistant(r.to_message());
+        assert!(wire_message(&msg)["reasoning_content"].is_string());
+        // Gemini's thought signature on a tool call survives the round trip.
+        let body = br#"{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"},"extra_content":{"google":{"thought_signature":"sig"}}}]}}]}"#;
+        let r = decode_response(body).unwrap();
+        let wire = wire_message(&Message::Assistant(r.to_message()));
+        assert_eq!(
+            wire["tool_calls"][0]["extra_content"]["google"]["thought_signature"],
+            "sig"
+        );
+    }
+
+    #[test]
+    fn bad_bodies_say_what_was_wrong() {
+        let e = decode_response(b"<html>").unwrap_err();
+        assert!(e.to_string().contains("not JSON"), "{e}");
+        let e = decode_response(b"{\"object\":\"list\"}").unwrap_err();
+        assert!(e.to_string().contains("choices"), "{e}");
+        let e = decode_response(br#"{"choices":[{"message":{"tool_calls":[{"id":"x","function":{"arguments":"{}"}}]}}]}"#).unwrap_err();
+        assert!(e.to_string().contains("no function name"), "{e}");
+    }
+
+    const STREAMS: &[&str] = &[
+        include_str!("../../tests/conformance/openai-stream-parallel-two-tools/response.sse"),
+        include_str!("../../tests/conformance/mistral-stream-incremental-empty-name/response.sse"),
+        include_str!("../../tests/conformance/anthropic-compat-stream-tool-index-1/response.sse"),
+        include_str!("../../tests/conformance/openrouter-stream-comments-error-chunk/response.sse"),
+        include_str!(
+            "../../tests/conformance/groq-stream-error-event-tool-use-failed/response.sse"
+        ),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"18°C — ünïcödé ✓\"},\"finish_reason\":\"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n",
+    ];
+
+    /// Decodes `body` fed in the given pieces, as events (so ids made up for missing ones do not
+    /// differ between runs).
+    fn events_in_pieces(body: &[u8], cuts: &[usize]) -> (Vec<StreamEvent>, Option<String>) {
+        let mut d = ChunkDecoder::new(200);
+        let mut out = Vec::new();
+        let mut last = 0;
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut result = Ok(());
+        for c in cuts.into_iter().chain([body.len()]) {
+            result = result.and_then(|()| d.push(&body[last..c], &mut out));
+            last = c;
+        }
+        let result = result.and_then(|()| d.finish(&mut out));
+        (out, result.err().map(|e| e.to_string()))
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_decodes_like_one_chunk(
+            which in 0..STREAMS.len(),
+            cuts in proptest::collection::vec(0usize..100_000, 0..12),
+        ) {
+            let body = STREAMS[which].as_bytes();
+            let whole = events_in_pieces(body, &[]);
+            prop_assert!(!whole.0.is_empty() || whole.1.is_some());
+            prop_assert_eq!(events_in_pieces(body, &cuts), whole);
+        }
+    }
+}
