@@ -149,7 +149,7 @@ fn corpus_is_present() {
 fn openai_chat_corpus() {
     check_api(
         "openai-chat",
-        |s, b, st| toolloop::providers::openai::decode_recorded(s, b, st),
+        toolloop::providers::openai::decode_recorded,
         false,
     );
 }

@@ -375,6 +375,13 @@ fn decode_byte_stream(bytes: crate::http::ByteStream) -> EventStream {
             let mut out = Vec::new();
             let result = match st.bytes.next().await {
                 Some(Ok(chunk)) => st.decoder.push(&chunk, &mut out),
+                // A transport failure while reading a 2xx body is a broken connection (reqwest
+                // reports it as a decode error): worth reopening if nothing was delivered yet,
+                // which `resilient_stream` decides.
+                Some(Err(ModelError::Transport { message, .. })) => Err(ModelError::Transport {
+                    message: format!("the stream broke: {message}"),
+                    retryable: true,
+                }),
                 Some(Err(e)) => Err(e),
                 None => {
                     st.ended = true;
