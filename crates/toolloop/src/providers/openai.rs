@@ -101,8 +101,8 @@ pub enum ReminderRole {
     User,
 }
 
-/// How to reach an OpenAI-compatible server.
-#[derive(Debug, Clone)]
+/// How to reach an OpenAI-compatible server. Its `Debug` form hides the key.
+#[derive(Clone)]
 pub struct OpenAiConfig {
     /// The model name sent in the request (`gpt-4.1`, `qwen3:8b`, …).
     pub model: String,
@@ -121,6 +121,20 @@ pub struct OpenAiConfig {
     /// calls (default: on for servers other than OpenAI's own API). Stored for the text-call
     /// rescue; this adapter does not act on it yet.
     pub rescue_text_tool_calls: bool,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("model", &self.model)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("extra", &self.extra)
+            .field("transport", &self.transport)
+            .field("reminder_role", &self.reminder_role)
+            .field("rescue_text_tool_calls", &self.rescue_text_tool_calls)
+            .finish()
+    }
 }
 
 impl OpenAiConfig {
@@ -1427,6 +1441,15 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("GROQ_API_KEY"), "{e}");
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let mut c = OpenAiConfig::new("m");
+        c.api_key = Some("sk-secret".into());
+        let shown = format!("{:?} {:?}", c, OpenAiModel::new(c.clone()));
+        assert!(!shown.contains("sk-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
     }
 
     #[test]
