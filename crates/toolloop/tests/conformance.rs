@@ -144,3 +144,12 @@ fn corpus_is_present() {
     assert!(cases("openai-chat").len() >= 30);
     assert!(cases("anthropic-messages").len() >= 14);
 }
+
+#[test]
+fn openai_chat_corpus() {
+    check_api(
+        "openai-chat",
+        toolloop::providers::openai::decode_recorded,
+        false,
+    );
+}

@@ -1,1 +1,1680 @@
-//! Placeholder: filled in by the openai adapter work.
+//! The OpenAI Chat Completions adapter, for OpenAI and every server that speaks the same API.
+//!
+//! [`OpenAiModel`] sends the conversation and the tool catalog to `POST {base_url}/chat/completions`
+//! and turns the reply, complete or streamed (Server-Sent Events), into a [`ModelResponse`] or
+//! [`StreamEvent`]s. Retries, backoff, `Retry-After` and the body-size cap come from
+//! [`HttpTransport`]; a stream that has delivered output is never replayed.
+//!
+//! # Pointing it at a server
+//!
+//! Set [`OpenAiConfig::base_url`] (or the `OPENAI_BASE_URL` variable read by
+//! [`OpenAiConfig::from_env`]). The key goes in the `Authorization: Bearer` header; local servers
+//! need none.
+//!
+//! | server | base URL | notes |
+//! |---|---|---|
+//! | OpenAI | `https://api.openai.com/v1` (default) | key from `OPENAI_API_KEY` |
+//! | vLLM | `http://localhost:8000/v1` | start it with `--enable-auto-tool-choice --tool-call-parser <parser>` |
+//! | Ollama | `http://localhost:11434/v1` | the model must support tools (`ollama show <model>`) |
+//! | llama.cpp (`llama-server`) | `http://localhost:8080/v1` | start it with `--jinja` |
+//! | LM Studio | `http://localhost:1234/v1` | |
+//! | Groq | `https://api.groq.com/openai/v1` | `--api-key-env GROQ_API_KEY` |
+//! | OpenRouter | `https://openrouter.ai/api/v1` | `--api-key-env OPENROUTER_API_KEY` |
+//! | Together | `https://api.together.xyz/v1` | `--api-key-env TOGETHER_API_KEY` |
+//! | DeepSeek | `https://api.deepseek.com/v1` | `--api-key-env DEEPSEEK_API_KEY` |
+//! | Mistral | `https://api.mistral.ai/v1` | `--api-key-env MISTRAL_API_KEY` |
+//! | Gemini | `https://generativelanguage.googleapis.com/v1beta/openai` | `--api-key-env GEMINI_API_KEY` |
+//!
+//! A base URL that already ends in `/chat/completions` is used as it is.
+//!
+//! # What differs between OpenAI and the other servers
+//!
+//! - Transient reminders ([`ModelRequest::reminders`]) go after the conversation: as trailing
+//!   `system` messages for OpenAI, and as one trailing `user` message elsewhere, because many chat
+//!   templates reject a system message that is not first ([`ReminderRole`] overrides this). When
+//!   the conversation already ends with a user turn, the reminders are appended to it on the wire,
+//!   so that strict templates never see two user turns in a row.
+//! - The output limit is sent as `max_completion_tokens` to OpenAI and as `max_tokens` elsewhere.
+//! - Fields given in [`OpenAiConfig::extra`] and then [`ModelSettings::extra`] are merged into the
+//!   top level of the request body last, so they can add or replace anything
+//!   (`{"top_k": 20}`, `{"reasoning_effort": "low"}`, `{"max_tokens": 512}`).
+//!
+//! # Replies
+//!
+//! Every quirk of the conformance corpus (`tests/conformance/`) is handled: tool-call deltas
+//! without an `index` or with one starting at 1, ids and names that are empty or repeated in later
+//! deltas (the first non-empty one wins; a new id under an index already used starts a new call),
+//! usage in a last chunk with empty `choices`, SSE comment lines, an error object inside a 200
+//! stream (an error chunk arriving after a `finish_reason` only restates it and is ignored),
+//! arguments sent as a JSON object instead of a string, a choice with no message, and content sent
+//! as an array of parts. Reasoning (`reasoning_content`, `reasoning`) and refusals are not text.
+//! `reasoning_content` is kept as a [`ProviderPart`] and sent back on later turns (DeepSeek
+//! requires it after tool calls); a refusal is kept as a part too, and sent back as the
+//! assistant's `refusal` field. Gemini's `extra_content` (thought signatures) is kept on the
+//! message and on each tool call and sent back unchanged.
+//!
+//! Invalid argument JSON from the model is never replayed: the assistant turn carries the always
+//! valid [`ToolCall::arguments`] value, and the loop reports the parse error in the tool result.
+//!
+//! # Errors
+//!
+//! A non-2xx status becomes [`ModelError::Api`] with the provider's error type, code (a numeric
+//! code becomes its text) and message; 429, 500, 502, 503 and 504 are retryable. A 400, 404, 422
+//! or 500 saying the server or model does not support tools (Ollama's "does not support tools",
+//! vLLM's "auto tool choice requires --enable-auto-tool-choice", llama.cpp's "tools param requires
+//! --jinja flag", …) becomes [`ModelError::ToolsUnsupported`], the signal for falling back to
+//! prompt-based tool calling.
+
+use crate::http::{HttpTransport, retry_after, retryable_status};
+use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
+use crate::model::{
+    ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
+    ModelSettings, ToolChoice,
+};
+use crate::providers::Decoded;
+use crate::sse::{SseDecoder, SseEvent};
+use crate::stream::{Accumulator, StreamEvent};
+use crate::usage::Usage;
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use serde_json::{Map, Value, json};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// OpenAI's own API.
+pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
+
+/// The `provider` of the [`ProviderPart`]s this adapter makes; only this adapter sends them back.
+pub const PROVIDER: &str = "openai";
+
+/// Where transient reminders go in the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReminderRole {
+    /// One trailing `system` message per reminder (the default for OpenAI's own API).
+    #[default]
+    System,
+    /// One trailing `user` message holding every reminder, or the reminders appended to the last
+    /// user turn when the conversation ends with one (the default for other servers, whose chat
+    /// templates often reject a system message that is not first).
+    User,
+}
+
+/// How to reach an OpenAI-compatible server. Its `Debug` form hides the key.
+#[derive(Clone)]
+pub struct OpenAiConfig {
+    /// The model name sent in the request (`gpt-4.1`, `qwen3:8b`, …).
+    pub model: String,
+    /// The API's base URL, up to and without `/chat/completions`
+    /// (default `https://api.openai.com/v1`).
+    pub base_url: String,
+    /// The API key, sent as `Authorization: Bearer <key>`; `None` sends no such header.
+    pub api_key: Option<String>,
+    /// Extra top-level request fields (a JSON object), merged into every request body last.
+    pub extra: Option<Value>,
+    /// The HTTP client, with its retry policy and body-size limit.
+    pub transport: HttpTransport,
+    /// Where transient reminders go (default: `System` for OpenAI's own API, `User` elsewhere).
+    pub reminder_role: ReminderRole,
+    /// Whether to recover tool calls that a model wrote as text instead of using the API's tool
+    /// calls (default: on for servers other than OpenAI's own API). Stored for the text-call
+    /// rescue; this adapter does not act on it yet.
+    pub rescue_text_tool_calls: bool,
+}
+
+impl std::fmt::Debug for OpenAiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiConfig")
+            .field("model", &self.model)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("extra", &self.extra)
+            .field("transport", &self.transport)
+            .field("reminder_role", &self.reminder_role)
+            .field("rescue_text_tool_calls", &self.rescue_text_tool_calls)
+            .finish()
+    }
+}
+
+impl OpenAiConfig {
+    /// A configuration for `model` on OpenAI's own API, with no key.
+    pub fn new(model: impl Into<String>) -> Self {
+        OpenAiConfig {
+            model: model.into(),
+            base_url: DEFAULT_BASE_URL.to_string(),
+            api_key: None,
+            extra: None,
+            transport: HttpTransport::new(),
+            reminder_role: ReminderRole::System,
+            rescue_text_tool_calls: false,
+        }
+    }
+
+    /// Sets the base URL and the defaults that depend on it ([`OpenAiConfig::reminder_role`],
+    /// [`OpenAiConfig::rescue_text_tool_calls`]).
+    pub fn with_base_url(mut self, base_url: impl Into<String>) -> Self {
+        self.base_url = base_url.into();
+        let openai = self.is_openai();
+        self.reminder_role = if openai {
+            ReminderRole::System
+        } else {
+            ReminderRole::User
+        };
+        self.rescue_text_tool_calls = !openai;
+        self
+    }
+
+    /// Reads the key and the base URL from the environment: the key from the variable named
+    /// `api_key_env`, else `OPENAI_API_KEY`; the base URL from `OPENAI_BASE_URL`, else OpenAI's.
+    ///
+    /// A missing key is an error for OpenAI's own API, and when `api_key_env` names a variable
+    /// that is not set; other servers (local ones especially) may need no key.
+    pub fn from_env(model: &str, api_key_env: Option<&str>) -> Result<Self, ModelError> {
+        Self::from_lookup(model, api_key_env, |name| std::env::var(name).ok())
+    }
+
+    fn from_lookup(
+        model: &str,
+        api_key_env: Option<&str>,
+        lookup: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ModelError> {
+        let nonempty = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
+        let base_url = nonempty("OPENAI_BASE_URL")
+            .map(|u| u.trim().to_string())
+            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
+        let mut config = OpenAiConfig::new(model).with_base_url(base_url);
+        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
+        config.api_key = nonempty(key_var).map(|k| k.trim().to_string());
+        if config.api_key.is_none() {
+            if api_key_env.is_some() {
+                return Err(ModelError::Config(format!(
+                    "the API key variable {key_var} is not set (or is empty); set it, or leave \
+                     out the key variable for servers that need no key"
+                )));
+            }
+            if config.is_openai() {
+                return Err(ModelError::Config(format!(
+                    "OPENAI_API_KEY is not set: OpenAI's API ({}) needs a key. Set it, name \
+                     another variable with --api-key-env, or point OPENAI_BASE_URL at a \
+                     compatible server",
+                    config.base_url
+                )));
+            }
+        }
+        Ok(config)
+    }
+
+    /// Whether the base URL is OpenAI's own API (`api.openai.com`).
+    pub fn is_openai(&self) -> bool {
+        is_openai_url(&self.base_url)
+    }
+
+    /// The full URL requests are sent to.
+    pub fn endpoint(&self) -> String {
+        let base = self.base_url.trim().trim_end_matches('/');
+        if base.ends_with("/chat/completions") {
+            base.to_string()
+        } else {
+            format!("{base}/chat/completions")
+        }
+    }
+}
+
+fn is_openai_url(url: &str) -> bool {
+    let rest = url.trim();
+    let rest = rest.split_once("://").map_or(rest, |(_, r)| r);
+    let host_port = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_port = host_port.rsplit('@').next().unwrap_or(host_port);
+    let host = host_port.split(':').next().unwrap_or("");
+    host.eq_ignore_ascii_case("api.openai.com")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The model
+// ---------------------------------------------------------------------------------------------
+
+/// A model behind the OpenAI Chat Completions API.
+#[derive(Debug, Clone)]
+pub struct OpenAiModel {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: OpenAiConfig,
+    url: String,
+    headers: Result<HeaderMap, String>,
+}
+
+impl OpenAiModel {
+    /// A model with this configuration. A key that cannot be sent in a header is reported by the
+    /// first call, as [`ModelError::Config`].
+    pub fn new(config: OpenAiConfig) -> Self {
+        let mut headers = HeaderMap::new();
+        let headers = match &config.api_key {
+            None => Ok(headers),
+            Some(key) => match HeaderValue::from_str(&format!("Bearer {key}")) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    headers.insert(AUTHORIZATION, v);
+                    Ok(headers)
+                }
+                Err(_) => Err(
+                    "the API key holds characters that cannot be sent in an HTTP header \
+                     (control characters or non-ASCII)"
+                        .to_string(),
+                ),
+            },
+        };
+        let url = config.endpoint();
+        OpenAiModel {
+            inner: Arc::new(Inner {
+                config,
+                url,
+                headers,
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.inner.config
+    }
+
+    fn prepare(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
+        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
+        self.inner
+            .headers
+            .as_ref()
+            .map_err(|e| ModelError::Config(e.clone()))?;
+        let body = build_request_body(request, &self.inner.config, stream);
+        serde_json::to_vec(&body)
+            .map(Bytes::from)
+            .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
+    }
+}
+
+fn check_extra(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
+    match extra {
+        None | Some(Value::Object(_)) => Ok(()),
+        Some(other) => Err(ModelError::Config(format!(
+            "{what} must be a JSON object of top-level request fields (like {{\"top_k\": 20}}), \
+             got {}",
+            preview(&other.to_string())
+        ))),
+    }
+}
+
+impl Inner {
+    fn headers(&self) -> HeaderMap {
+        self.headers.clone().unwrap_or_default()
+    }
+
+    async fn open_stream(self: Arc<Self>, body: Bytes) -> Result<EventStream, ModelError> {
+        let bytes = self
+            .config
+            .transport
+            .post_stream(&self.url, &self.headers(), body, parse_error)
+            .await
+            .map_err(classify)?;
+        Ok(decode_byte_stream(bytes))
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiModel {
+    fn name(&self) -> &str {
+        &self.inner.config.model
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let body = self.prepare(request, false)?;
+        let inner = &self.inner;
+        let bytes = inner
+            .config
+            .transport
+            .post(&inner.url, &inner.headers(), body, parse_error)
+            .await
+            .map_err(classify)?;
+        decode_response(&bytes).map_err(classify)
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let body = self.prepare(request, true)?;
+        // The first attempt is opened here, so that an HTTP error is returned by this call; the
+        // opener hands it out once, and opens anew if the stream fails before any output.
+        let first = self.inner.clone().open_stream(body.clone()).await?;
+        let first = Arc::new(Mutex::new(Some(first)));
+        let inner = self.inner.clone();
+        let policy = inner.config.transport.retry.clone();
+        Ok(crate::http::resilient_stream(policy, move || {
+            let ready = first.lock().ok().and_then(|mut f| f.take());
+            let inner = inner.clone();
+            let body = body.clone();
+            async move {
+                match ready {
+                    Some(s) => Ok(s),
+                    None => inner.open_stream(body).await,
+                }
+            }
+        }))
+    }
+}
+
+/// Turns an SSE byte stream into events. Events that arrived before an error are delivered
+/// first, then the error, then nothing more.
+fn decode_byte_stream(bytes: crate::http::ByteStream) -> EventStream {
+    struct State {
+        bytes: crate::http::ByteStream,
+        decoder: ChunkDecoder,
+        pending: VecDeque<Result<StreamEvent, ModelError>>,
+        ended: bool,
+    }
+    let state = State {
+        bytes,
+        decoder: ChunkDecoder::new(200),
+        pending: VecDeque::new(),
+        ended: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(item) = st.pending.pop_front() {
+                return Some((item, st));
+            }
+            if st.ended {
+                return None;
+            }
+            let mut out = Vec::new();
+            let result = match st.bytes.next().await {
+                Some(Ok(chunk)) => st.decoder.push(&chunk, &mut out),
+                // A transport failure while reading a 2xx body is a broken connection (reqwest
+                // reports it as a decode error): worth reopening if nothing was delivered yet,
+                // which `resilient_stream` decides.
+                Some(Err(ModelError::Transport { message, .. })) => Err(ModelError::Transport {
+                    message: format!("the stream broke: {message}"),
+                    retryable: true,
+                }),
+                Some(Err(e)) => Err(e),
+                None => {
+                    st.ended = true;
+                    st.decoder.finish(&mut out)
+                }
+            };
+            st.pending.extend(out.into_iter().map(Ok));
+            if st.decoder.done {
+                st.ended = true;
+            }
+            if let Err(e) = result {
+                st.ended = true;
+                st.pending.push_back(Err(classify(e)));
+            }
+        }
+    }))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Requests
+// ---------------------------------------------------------------------------------------------
+
+/// The JSON body of one Chat Completions request.
+///
+/// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
+/// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
+/// by other providers are left out. Reminders follow the conversation (see [`ReminderRole`]).
+/// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
+/// a JSON object is ignored here ([`OpenAiModel`] refuses it with a clear error).
+pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream: bool) -> Value {
+    let settings: &ModelSettings = req.settings;
+    let openai = config.is_openai();
+    let mut messages: Vec<Value> = req.messages.iter().map(wire_message).collect();
+
+    let reminders: Vec<String> = req.wrapped_reminders().collect();
+    if !reminders.is_empty() {
+        match config.reminder_role {
+            ReminderRole::System => {
+                for r in reminders {
+                    messages.push(json!({"role": "system", "content": r}));
+                }
+            }
+            ReminderRole::User => {
+                let joined = reminders.join("\n");
+                let last_is_user = messages
+                    .last()
+                    .is_some_and(|m| m["role"] == "user" && m["content"].is_string());
+                match messages.last_mut() {
+                    Some(Value::Object(last)) if last_is_user => {
+                        let content = last
+                            .get("content")
+                            .and_then(Value::as_str)
+                            .unwrap_or_default();
+                        let merged = format!("{content}\n\n{joined}");
+                        last.insert("content".into(), Value::String(merged));
+                    }
+                    _ => messages.push(json!({"role": "user", "content": joined})),
+                }
+            }
+        }
+    }
+
+    let mut body = Map::new();
+    let model = settings.model.as_deref().unwrap_or(&config.model);
+    body.insert("model".into(), json!(model));
+    body.insert("messages".into(), Value::Array(messages));
+    if !req.tools.is_empty() {
+        let tools: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                json!({"type": "function", "function": {
+                    "name": t.name, "description": t.description, "parameters": t.parameters,
+                }})
+            })
+            .collect();
+        body.insert("tools".into(), Value::Array(tools));
+        // `auto` is every server's default; leaving it out keeps servers that reject an explicit
+        // `auto` (vLLM without --enable-auto-tool-choice) working when the model calls no tools.
+        match &settings.tool_choice {
+            ToolChoice::Auto => {}
+            ToolChoice::None => {
+                body.insert("tool_choice".into(), json!("none"));
+            }
+            ToolChoice::Required => {
+                body.insert("tool_choice".into(), json!("required"));
+            }
+            ToolChoice::Tool(name) => {
+                body.insert(
+                    "tool_choice".into(),
+                    json!({"type": "function", "function": {"name": name}}),
+                );
+            }
+        }
+    }
+    if let Some(t) = settings.temperature {
+        // f32 -> f64 by way of the shortest decimal form: 0.7 stays 0.7 on the wire.
+        let t: f64 = t.to_string().parse().unwrap_or(f64::from(t));
+        body.insert("temperature".into(), json!(t));
+    }
+    if let Some(n) = settings.max_output_tokens {
+        let field = if openai {
+            "max_completion_tokens"
+        } else {
+            "max_tokens"
+        };
+        body.insert(field.into(), json!(n));
+    }
+    if stream {
+        body.insert("stream".into(), json!(true));
+        body.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+    for extra in [config.extra.as_ref(), settings.extra.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        if let Value::Object(fields) = extra {
+            for (k, v) in fields {
+                body.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    Value::Object(body)
+}
+
+fn wire_message(message: &Message) -> Value {
+    match message {
+        Message::System { content } => json!({"role": "system", "content": content}),
+        Message::User { content } => json!({"role": "user", "content": content}),
+        Message::Tool(r) => {
+            json!({"role": "tool", "tool_call_id": r.call_id, "content": r.content})
+        }
+        Message::Assistant(a) => {
+            let mut m = Map::new();
+            m.insert("role".into(), json!("assistant"));
+            let text = a.text.as_deref().filter(|t| !t.is_empty());
+            let content = match text {
+                Some(t) => json!(t),
+                None if !a.tool_calls.is_empty() => Value::Null,
+                None => json!(""),
+            };
+            m.insert("content".into(), content);
+            if !a.tool_calls.is_empty() {
+                let calls: Vec<Value> = a.tool_calls.iter().map(wire_tool_call).collect();
+                m.insert("tool_calls".into(), Value::Array(calls));
+            }
+            for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+                if let Value::Object(fields) = &part.data {
+                    for (k, v) in fields {
+                        if REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
+                            m.insert(k.clone(), v.clone());
+                        }
+                    }
+                }
+            }
+            Value::Object(m)
+        }
+    }
+}
+
+/// Assistant-message fields kept in this adapter's parts and sent back.
+const REPLAYED_MESSAGE_FIELDS: &[&str] = &["reasoning_content", "refusal", "extra_content"];
+
+fn wire_tool_call(call: &ToolCall) -> Value {
+    // `arguments` is always valid JSON; the model's invalid text (`invalid_arguments`) is never
+    // sent back, because strict servers reject the whole request over it.
+    let mut c = json!({
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments.to_string()},
+    });
+    if let Some(extra) = call
+        .provider_data
+        .as_ref()
+        .and_then(|d| d.get("extra_content"))
+        && let Value::Object(obj) = &mut c
+    {
+        obj.insert("extra_content".into(), extra.clone());
+    }
+    c
+}
+
+// ---------------------------------------------------------------------------------------------
+// Complete responses
+// ---------------------------------------------------------------------------------------------
+
+fn decode_response(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ModelError::InvalidResponse(format!(
+            "the response body is not JSON ({e}); expected a chat.completion object, got: {}",
+            preview(&String::from_utf8_lossy(body))
+        ))
+    })?;
+    if v.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(ModelError::Api(api_error_from_value(200, &v, None)));
+    }
+    let choices = v.get("choices").and_then(Value::as_array).ok_or_else(|| {
+        ModelError::InvalidResponse(format!(
+            "the response has no `choices` array; expected a chat.completion object, got: {}",
+            preview(&v.to_string())
+        ))
+    })?;
+    let choice = choices
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        .or_else(|| choices.first())
+        .ok_or_else(|| {
+            ModelError::InvalidResponse("the response's `choices` array is empty".into())
+        })?;
+    let usage = usage_of(&v);
+    let empty = Value::Null;
+    let msg = choice.get("message").unwrap_or(&empty);
+
+    let text = content_text(msg.get("content")).filter(|t| !t.is_empty());
+    let mut parts = Vec::new();
+    for field in REPLAYED_MESSAGE_FIELDS {
+        if let Some(value) = msg.get(*field).filter(|x| match x {
+            Value::String(s) => !s.is_empty(),
+            Value::Null => false,
+            _ => true,
+        }) {
+            parts.push(ProviderPart {
+                provider: PROVIDER.into(),
+                data: json!({ *field: value }),
+            });
+        }
+    }
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = msg.get("tool_calls").and_then(Value::as_array) {
+        for (n, c) in calls.iter().enumerate() {
+            let f = c.get("function").unwrap_or(&empty);
+            let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(new_call_id, str::to_string);
+            let raw = arguments_text(f.get("arguments"));
+            if name.is_empty() {
+                return Err(ModelError::InvalidResponse(format!(
+                    "tool call {n} of the response has no function name: {}",
+                    preview(&c.to_string())
+                )));
+            }
+            let mut call = ToolCall::from_raw_arguments(id, name.to_string(), &raw);
+            if let Some(x) = c.get("extra_content").filter(|x| !x.is_null()) {
+                call.provider_data = Some(json!({"extra_content": x}));
+            }
+            tool_calls.push(call);
+        }
+    }
+    let finish = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .map(map_finish);
+    Ok(ModelResponse {
+        text,
+        finish_reason: settle_finish(finish, !tool_calls.is_empty()),
+        tool_calls,
+        usage,
+        parts,
+        malformed_call: None,
+    })
+}
+
+/// The text of a `content` field: a string, or the `text` parts of an array of parts.
+fn content_text(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match p {
+                    Value::String(s) => out.push_str(s),
+                    Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("text") => {
+                        if let Some(t) = o.get("text").and_then(Value::as_str) {
+                            out.push_str(t);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+/// Argument text: a string as it is, a JSON object or array serialized, nothing as `""`.
+fn arguments_text(arguments: Option<&Value>) -> String {
+    match arguments {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+fn map_finish(reason: &str) -> FinishReason {
+    match reason {
+        "stop" | "end_turn" | "eos" | "stop_sequence" => FinishReason::Stop,
+        "tool_calls" | "function_call" | "tool_use" => FinishReason::ToolCalls,
+        "length" | "max_tokens" => FinishReason::Length,
+        "content_filter" | "safety" | "refusal" => FinishReason::ContentFilter,
+        "error" => FinishReason::Error,
+        other => {
+            tracing::debug!(
+                finish_reason = other,
+                "unknown finish_reason, taken as stop"
+            );
+            FinishReason::Stop
+        }
+    }
+}
+
+/// The finish reason of a reply: a `stop` that came with tool calls (as some servers say) is
+/// `ToolCalls`; a missing one is `ToolCalls` or `Stop` by whether calls came.
+fn settle_finish(finish: Option<FinishReason>, has_calls: bool) -> FinishReason {
+    match finish {
+        Some(FinishReason::Stop) | None if has_calls => FinishReason::ToolCalls,
+        Some(f) => f,
+        None => FinishReason::Stop,
+    }
+}
+
+fn as_count(v: Option<&Value>) -> Option<u64> {
+    let v = v?;
+    v.as_u64()
+        .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+}
+
+/// The usage object of a response or chunk (`usage`, else Groq's `x_groq.usage`).
+fn usage_of(v: &Value) -> Option<Usage> {
+    let u = v
+        .get("usage")
+        .filter(|u| u.is_object())
+        .or_else(|| v.pointer("/x_groq/usage").filter(|u| u.is_object()))?;
+    Some(parse_usage(u))
+}
+
+fn parse_usage(u: &Value) -> Usage {
+    let cache_read = as_count(u.pointer("/prompt_tokens_details/cached_tokens"))
+        .or_else(|| as_count(u.get("cached_tokens")))
+        .or_else(|| as_count(u.get("prompt_cache_hit_tokens")))
+        .or_else(|| as_count(u.get("num_cached_tokens")))
+        .unwrap_or(0);
+    Usage {
+        input_tokens: as_count(u.get("prompt_tokens")).unwrap_or(0),
+        output_tokens: as_count(u.get("completion_tokens")).unwrap_or(0),
+        cache_read_tokens: cache_read,
+        cache_write_tokens: 0,
+        reasoning_tokens: as_count(u.pointer("/completion_tokens_details/reasoning_tokens"))
+            .unwrap_or(0),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Streamed responses
+// ---------------------------------------------------------------------------------------------
+
+/// One tool call being streamed.
+#[derive(Debug)]
+struct Slot {
+    /// The server's `index`, when it sent one.
+    wire: Option<u64>,
+    /// The first non-empty id.
+    id: Option<String>,
+    has_name: bool,
+}
+
+/// Reads a Chat Completions SSE stream and emits normalized [`StreamEvent`]s: our tool-call
+/// indices count from 0 in order of first appearance, whatever the server's indices were.
+#[derive(Debug)]
+struct ChunkDecoder {
+    sse: SseDecoder,
+    /// HTTP status, reported with an in-stream error.
+    status: u16,
+    slots: Vec<Slot>,
+    /// The choice followed (the first one seen).
+    choice: Option<u64>,
+    finish: Option<FinishReason>,
+    reasoning: String,
+    refusal: String,
+    /// `[DONE]` or the end was reached and the closing events emitted.
+    done: bool,
+}
+
+impl ChunkDecoder {
+    fn new(status: u16) -> Self {
+        ChunkDecoder {
+            sse: SseDecoder::new(),
+            status,
+            slots: Vec::new(),
+            choice: None,
+            finish: None,
+            reasoning: String::new(),
+            refusal: String::new(),
+            done: false,
+        }
+    }
+
+    /// Adds bytes; the events they complete go to `out`, also when an error follows them.
+    fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        for ev in self.sse.push(bytes) {
+            self.event(ev, out)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the input.
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        if let Some(ev) = self.sse.finish() {
+            self.event(ev, out)?;
+        }
+        if !self.done {
+            if self.finish.is_none() {
+                return Err(ModelError::Transport {
+                    message: "the stream ended before the response was complete (no \
+                              finish_reason and no [DONE] marker)"
+                        .into(),
+                    retryable: true,
+                });
+            }
+            self.end(out);
+        }
+        Ok(())
+    }
+
+    fn event(&mut self, ev: SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        if self.done {
+            return Ok(());
+        }
+        let data = ev.data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data == "[DONE]" {
+            self.end(out);
+            return Ok(());
+        }
+        let v: Value = serde_json::from_str(data).map_err(|e| {
+            ModelError::InvalidResponse(format!(
+                "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
+                 got: {}",
+                preview(data)
+            ))
+        })?;
+        let has_error = v.get("error").is_some_and(|e| !e.is_null());
+        if has_error || ev.event.as_deref() == Some("error") {
+            if self.finish.is_none() {
+                return Err(ModelError::Api(api_error_from_value(self.status, &v, None)));
+            }
+            // After a finish_reason, an error chunk only restates why the generation ended
+            // (OpenRouter's "Token limit reached" after `length`); its usage still counts.
+            tracing::debug!(chunk = %preview(data), "error chunk after the finish, ignored");
+        }
+        if let Some(u) = usage_of(&v) {
+            out.push(StreamEvent::Usage(u));
+        }
+        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for c in choices {
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                if *self.choice.get_or_insert(idx) != idx {
+                    continue;
+                }
+                if let Some(delta) = c.get("delta").or_else(|| c.get("message")) {
+                    self.delta(delta, out);
+                }
+                if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
+                    self.finish = Some(map_finish(f));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn delta(&mut self, d: &Value, out: &mut Vec<StreamEvent>) {
+        if let Some(t) = content_text(d.get("content")).filter(|t| !t.is_empty()) {
+            out.push(StreamEvent::TextDelta(t));
+        }
+        if let Some(r) = d.get("reasoning_content").and_then(Value::as_str) {
+            self.reasoning.push_str(r);
+        }
+        if let Some(r) = d.get("refusal").and_then(Value::as_str) {
+            self.refusal.push_str(r);
+        }
+        if let Some(calls) = d.get("tool_calls").and_then(Value::as_array) {
+            for tc in calls {
+                self.tool_delta(tc, out);
+            }
+        }
+    }
+
+    fn tool_delta(&mut self, tc: &Value, out: &mut Vec<StreamEvent>) {
+        let f = tc.get("function");
+        let wire = tc
+            .get("index")
+            .and_then(Value::as_u64)
+            .or_else(|| f.and_then(|f| f.get("index")).and_then(Value::as_u64));
+        let id = tc
+            .get("id")
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        let name = f
+            .and_then(|f| f.get("name"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty());
+        let args = arguments_text(f.and_then(|f| f.get("arguments")));
+
+        let (index, is_new) = self.slot_for(wire, id, name.is_some());
+        let slot = &mut self.slots[index];
+        let new_id = slot.id.is_none() && id.is_some();
+        let new_name = !slot.has_name && name.is_some();
+        if is_new || new_id || new_name {
+            out.push(StreamEvent::ToolCallStart {
+                index,
+                id: id.map(str::to_string),
+                name: name.unwrap_or_default().to_string(),
+            });
+            if new_id {
+                slot.id = id.map(str::to_string);
+            }
+            slot.has_name |= name.is_some();
+        }
+        if !args.is_empty() {
+            out.push(StreamEvent::ToolCallDelta {
+                index,
+                arguments: args,
+            });
+        }
+        if let Some(x) = tc.get("extra_content").filter(|x| !x.is_null()) {
+            out.push(StreamEvent::ToolCallData {
+                index,
+                data: json!({"extra_content": x}),
+            });
+        }
+    }
+
+    /// The call a delta belongs to, and whether it is new.
+    fn slot_for(&mut self, wire: Option<u64>, id: Option<&str>, has_name: bool) -> (usize, bool) {
+        let found = match wire {
+            // The latest call with this index, unless the delta brings a different id (servers
+            // that give every parallel call the same index).
+            Some(w) => self
+                .slots
+                .iter()
+                .rposition(|s| s.wire == Some(w))
+                .filter(|&p| match (id, &self.slots[p].id) {
+                    (Some(new), Some(old)) => new == old,
+                    _ => true,
+                }),
+            None => match id {
+                Some(id) => self.slots.iter().rposition(|s| s.id.as_deref() == Some(id)),
+                // No index and no id: a continuation of the last call, unless it names a tool
+                // again while the last call already has its name.
+                None => self
+                    .slots
+                    .len()
+                    .checked_sub(1)
+                    .filter(|&last| !(has_name && self.slots[last].has_name)),
+            },
+        };
+        match found {
+            Some(p) => (p, false),
+            None => {
+                self.slots.push(Slot {
+                    wire,
+                    id: None,
+                    has_name: false,
+                });
+                (self.slots.len() - 1, true)
+            }
+        }
+    }
+
+    /// The closing events: parts, call ends, the finish reason.
+    fn end(&mut self, out: &mut Vec<StreamEvent>) {
+        if self.done {
+            return;
+        }
+        self.done = true;
+        for (field, text) in [
+            ("reasoning_content", std::mem::take(&mut self.reasoning)),
+            ("refusal", std::mem::take(&mut self.refusal)),
+        ] {
+            if !text.is_empty() {
+                out.push(StreamEvent::Part(ProviderPart {
+                    provider: PROVIDER.into(),
+                    data: json!({ field: text }),
+                }));
+            }
+        }
+        for index in 0..self.slots.len() {
+            out.push(StreamEvent::ToolCallEnd { index });
+        }
+        out.push(StreamEvent::Finish(settle_finish(
+            self.finish,
+            !self.slots.is_empty(),
+        )));
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+
+/// Reads an error body (the [`crate::http::ErrorParser`] of this adapter). Understands OpenAI's
+/// `{"error": {message, type, code}}`, a numeric `code` (OpenRouter, llama.cpp), a plain string
+/// `error` (Ollama), vLLM's top-level `{"object": "error", message, type, code}`, FastAPI's
+/// `detail`, a one-element array (Gemini), and a body that is not JSON at all.
+pub fn parse_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
+    let mut err = match serde_json::from_slice::<Value>(body) {
+        Ok(v) => api_error_from_value(status, &v, Some(status)),
+        Err(_) => {
+            let text = String::from_utf8_lossy(body);
+            let text = text.trim();
+            ApiError {
+                status,
+                error_type: None,
+                code: None,
+                message: if text.is_empty() {
+                    format!("HTTP {status} with an empty body")
+                } else {
+                    preview(text)
+                },
+                retryable: retryable_status(status),
+                retry_after: None,
+            }
+        }
+    };
+    if err.retry_after.is_none() {
+        err.retry_after = retry_after(headers);
+    }
+    if tools_unsupported(&err) {
+        err.retryable = false;
+    }
+    err
+}
+
+/// An [`ApiError`] from an error body or an error chunk. `http_status` is the status the
+/// retryability is judged by; for an in-stream error it is the status the error object carries.
+fn api_error_from_value(status: u16, v: &Value, http_status: Option<u16>) -> ApiError {
+    let v = match v {
+        Value::Array(items) => items.first().unwrap_or(v),
+        other => other,
+    };
+    let text = |x: Option<&Value>| -> Option<String> {
+        match x? {
+            Value::String(s) if !s.is_empty() => Some(s.clone()),
+            Value::Number(n) => Some(n.to_string()),
+            _ => None,
+        }
+    };
+    let (obj, message) = match v.get("error") {
+        Some(e @ Value::Object(_)) => (e, text(e.get("message"))),
+        Some(Value::String(s)) => (v, Some(s.clone())),
+        _ => (v, text(v.get("message")).or_else(|| text(v.get("detail")))),
+    };
+    let message = message
+        .or_else(|| v.get("detail").map(|d| d.to_string()))
+        .unwrap_or_else(|| preview(&v.to_string()));
+    let error_type = text(obj.get("type"));
+    let code = text(obj.get("code"));
+    let judged = http_status.or_else(|| {
+        as_count(obj.get("status_code"))
+            .or_else(|| as_count(obj.get("code")))
+            .and_then(|n| u16::try_from(n).ok())
+    });
+    let retryable = match judged {
+        Some(s) => retryable_status(s),
+        None => error_type.as_deref().is_some_and(|t| {
+            let t = t.to_ascii_lowercase();
+            t.contains("server_error") || t.contains("overloaded") || t.contains("rate_limit")
+        }),
+    };
+    let mut err = ApiError {
+        status,
+        error_type,
+        code,
+        message,
+        retryable,
+        retry_after: None,
+    };
+    if tools_unsupported(&err) {
+        err.retryable = false;
+    }
+    err
+}
+
+/// Whether an error says the server or model does not accept a tool catalog.
+fn tools_unsupported(err: &ApiError) -> bool {
+    if !matches!(err.status, 400 | 404 | 422 | 500) {
+        return false;
+    }
+    let m = err.message.to_ascii_lowercase();
+    const PATTERNS: &[&str] = &[
+        "does not support tools",
+        "doesn't support tools",
+        "does not support tool",
+        "doesn't support tool",
+        "does not support function",
+        "doesn't support function",
+        "enable-auto-tool-choice",
+        "tools param requires --jinja",
+        "tool use is not supported",
+        "tool calling is not supported",
+        "tool calls are not supported",
+        "tools are not supported",
+        "tools is not supported",
+        "function calling is not supported",
+        "function calling is not enabled",
+        "no endpoints found that support tool use",
+    ];
+    PATTERNS.iter().any(|p| m.contains(p))
+}
+
+/// Turns an API error that says tools are unsupported into [`ModelError::ToolsUnsupported`].
+fn classify(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Api(a) if tools_unsupported(&a) => ModelError::ToolsUnsupported(a.message),
+        other => other,
+    }
+}
+
+/// A short, char-boundary-safe excerpt of external text for error messages.
+fn preview(text: &str) -> String {
+    const MAX: usize = 300;
+    match text.char_indices().nth(MAX) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Recorded bodies
+// ---------------------------------------------------------------------------------------------
+
+/// Decodes one recorded response body (the conformance corpus): the HTTP `status`, the raw body,
+/// and whether it is an SSE stream. A non-2xx status, an error object in a 200 body, or an error
+/// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
+pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
+    let failed = |error: ApiError, response: ModelResponse| Decoded {
+        response: ModelResponse {
+            finish_reason: FinishReason::Error,
+            ..response
+        },
+        error: Some(error),
+    };
+    if !(200..300).contains(&status) {
+        return failed(
+            parse_error(status, &HeaderMap::new(), body),
+            ModelResponse::default(),
+        );
+    }
+    let as_api = |e: ModelError| match e {
+        ModelError::Api(a) => a,
+        other => ApiError {
+            status,
+            error_type: Some("invalid_response".into()),
+            code: None,
+            message: other.to_string(),
+            retryable: other.is_retryable(),
+            retry_after: None,
+        },
+    };
+    if stream {
+        let mut decoder = ChunkDecoder::new(status);
+        let mut events = Vec::new();
+        let result = decoder
+            .push(body, &mut events)
+            .and_then(|()| decoder.finish(&mut events));
+        let mut acc = Accumulator::new();
+        for e in events {
+            acc.push(e);
+        }
+        let response = acc.finish();
+        match result {
+            Ok(()) => Decoded {
+                response,
+                error: None,
+            },
+            Err(e) => failed(as_api(e), response),
+        }
+    } else {
+        match decode_response(body) {
+            Ok(response) => Decoded {
+                response,
+                error: None,
+            },
+            Err(e) => failed(as_api(e), ModelResponse::default()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{AssistantMessage, ToolResult};
+    use crate::model::ToolSpec;
+    use proptest::prelude::*;
+
+    fn settings() -> ModelSettings {
+        ModelSettings::default()
+    }
+
+    fn conversation() -> Vec<Message> {
+        let good = ToolCall {
+            id: "call_1".into(),
+            name: "read".into(),
+            arguments: json!({"path": "a.txt"}),
+            invalid_arguments: None,
+            provider_data: None,
+        };
+        let bad = ToolCall::from_raw_arguments("call_2".into(), "write".into(), "{\"path\": ");
+        vec![
+            Message::system("be brief"),
+            Message::user("read a.txt"),
+            Message::Assistant(AssistantMessage {
+                text: None,
+                tool_calls: vec![good, bad],
+                parts: vec![
+                    ProviderPart {
+                        provider: "anthropic".into(),
+                        data: json!({"type": "thinking", "thinking": "hmm", "signature": "s"}),
+                    },
+                    ProviderPart {
+                        provider: PROVIDER.into(),
+                        data: json!({"reasoning_content": "I should read it"}),
+                    },
+                ],
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_1".into(),
+                name: "read".into(),
+                content: "hello".into(),
+                is_error: false,
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_2".into(),
+                name: "write".into(),
+                content: "arguments are not valid JSON".into(),
+                is_error: true,
+            }),
+        ]
+    }
+
+    fn body(
+        messages: &[Message],
+        reminders: &[String],
+        config: &OpenAiConfig,
+        s: &ModelSettings,
+    ) -> Value {
+        let tools = [ToolSpec {
+            name: "read".into(),
+            description: "Reads a file".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }];
+        let req = ModelRequest {
+            messages,
+            reminders,
+            tools: &tools,
+            settings: s,
+        };
+        build_request_body(&req, config, false)
+    }
+
+    #[test]
+    fn assistant_turns_carry_tool_calls_and_tool_turns_their_call_id() {
+        let b = body(
+            &conversation(),
+            &[],
+            &OpenAiConfig::new("gpt-x"),
+            &settings(),
+        );
+        let m = &b["messages"];
+        assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(m[1], json!({"role": "user", "content": "read a.txt"}));
+        assert_eq!(m[2]["role"], "assistant");
+        assert_eq!(m[2]["content"], Value::Null);
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "call_1", "type": "function",
+                   "function": {"name": "read", "arguments": "{\"path\":\"a.txt\"}"}})
+        );
+        // Our own part is sent back as its field; Anthropic's is dropped.
+        assert_eq!(m[2]["reasoning_content"], "I should read it");
+        assert!(m[2].get("thinking").is_none() && m[2].get("signature").is_none());
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "hello"})
+        );
+        assert_eq!(m[4]["tool_call_id"], "call_2");
+        assert_eq!(b["model"], "gpt-x");
+        assert_eq!(b["tools"][0]["type"], "function");
+        assert_eq!(b["tools"][0]["function"]["name"], "read");
+        assert!(b.get("tool_choice").is_none(), "auto is left out");
+        assert!(b.get("stream").is_none());
+    }
+
+    #[test]
+    fn invalid_arguments_are_never_replayed() {
+        let b = body(&conversation(), &[], &OpenAiConfig::new("m"), &settings());
+        let sent = b.to_string();
+        assert!(
+            !sent.contains("{\\\"path\\\": \""),
+            "raw invalid text leaked: {sent}"
+        );
+        let args = b["messages"][2]["tool_calls"][1]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        assert_eq!(serde_json::from_str::<Value>(args).unwrap(), json!({}));
+    }
+
+    #[test]
+    fn reminders_follow_the_conversation_as_system_messages_for_openai() {
+        let config = OpenAiConfig::new("m");
+        assert_eq!(config.reminder_role, ReminderRole::System);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 7);
+        assert_eq!(
+            m[5],
+            json!({"role": "system", "content": "<system-reminder>one</system-reminder>"})
+        );
+        assert_eq!(
+            m[6],
+            json!({"role": "system", "content": "<system-reminder>two</system-reminder>"})
+        );
+    }
+
+    #[test]
+    fn reminders_are_one_trailing_user_message_for_other_servers() {
+        let config = OpenAiConfig::new("m").with_base_url("http://127.0.0.1:11434/v1");
+        assert_eq!(config.reminder_role, ReminderRole::User);
+        assert!(config.rescue_text_tool_calls);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 6);
+        assert_eq!(
+            m[5],
+            json!({"role": "user", "content":
+                "<system-reminder>one</system-reminder>\n<system-reminder>two</system-reminder>"})
+        );
+        // A conversation ending with a user turn gets the reminders appended to it instead.
+        let convo = vec![Message::system("s"), Message::user("hi")];
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m[1]["content"],
+            "hi\n\n<system-reminder>one</system-reminder>"
+        );
+        // The user can choose system messages anywhere.
+        let mut config = config;
+        config.reminder_role = ReminderRole::System;
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        assert_eq!(b["messages"][2]["role"], "system");
+        assert_eq!(b["messages"][1]["content"], "hi");
+    }
+
+    #[test]
+    fn settings_limits_stream_options_and_extra_merge() {
+        let mut s = settings();
+        s.temperature = Some(0.7);
+        s.max_output_tokens = Some(100);
+        s.tool_choice = ToolChoice::Tool("read".into());
+        s.extra = Some(json!({"top_k": 20, "temperature": 0.1}));
+        let mut config = OpenAiConfig::new("m");
+        config.extra = Some(json!({"seed": 7, "top_k": 5}));
+        let msgs = [Message::user("x")];
+        let tools = [];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &tools,
+            settings: &s,
+        };
+        let b = build_request_body(&req, &config, true);
+        assert_eq!(b["max_completion_tokens"], 100);
+        assert!(b.get("max_tokens").is_none());
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"], json!({"include_usage": true}));
+        assert!(b.get("tool_choice").is_none(), "no tools, no tool_choice");
+        assert_eq!(b["seed"], 7);
+        assert_eq!(b["top_k"], 20, "settings' extra wins over the config's");
+        assert_eq!(b["temperature"], 0.1, "extra is merged last");
+
+        let config = OpenAiConfig::new("m").with_base_url("http://localhost:8000/v1");
+        s.extra = None;
+        let b = body(&msgs, &[], &config, &s);
+        assert_eq!(b["max_tokens"], 100);
+        assert!(b.get("max_completion_tokens").is_none());
+        assert_eq!(b["temperature"], 0.7);
+        assert_eq!(
+            b["tool_choice"],
+            json!({"type": "function", "function": {"name": "read"}})
+        );
+        s.tool_choice = ToolChoice::Required;
+        assert_eq!(body(&msgs, &[], &config, &s)["tool_choice"], "required");
+    }
+
+    #[test]
+    fn config_from_the_environment() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |k: &str| {
+                pairs
+                    .iter()
+                    .find(|(n, _)| *n == k)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let c = OpenAiConfig::from_lookup("gpt", None, env(&[("OPENAI_API_KEY", "sk-1")])).unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("sk-1"));
+        assert_eq!(c.endpoint(), "https://api.openai.com/v1/chat/completions");
+        assert!(!c.rescue_text_tool_calls);
+        let e = OpenAiConfig::from_lookup("gpt", None, env(&[])).unwrap_err();
+        assert!(e.to_string().contains("OPENAI_API_KEY"), "{e}");
+        let c = OpenAiConfig::from_lookup(
+            "llama",
+            None,
+            env(&[("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1/")]),
+        )
+        .unwrap();
+        assert_eq!(c.api_key, None);
+        assert_eq!(c.endpoint(), "http://127.0.0.1:8080/v1/chat/completions");
+        assert_eq!(c.reminder_role, ReminderRole::User);
+        let c = OpenAiConfig::from_lookup(
+            "x",
+            Some("GROQ_API_KEY"),
+            env(&[
+                ("GROQ_API_KEY", "gsk"),
+                ("OPENAI_API_KEY", "sk"),
+                ("OPENAI_BASE_URL", "https://api.groq.com/openai/v1"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.api_key.as_deref(), Some("gsk"));
+        let e = OpenAiConfig::from_lookup(
+            "x",
+            Some("GROQ_API_KEY"),
+            env(&[("OPENAI_BASE_URL", "https://api.groq.com/openai/v1")]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("GROQ_API_KEY"), "{e}");
+    }
+
+    #[test]
+    fn debug_hides_the_key() {
+        let mut c = OpenAiConfig::new("m");
+        c.api_key = Some("sk-secret".into());
+        let shown = format!("{:?} {:?}", c, OpenAiModel::new(c.clone()));
+        assert!(!shown.contains("sk-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
+
+    #[test]
+    fn openai_urls() {
+        assert!(is_openai_url("https://api.openai.com/v1"));
+        assert!(is_openai_url("https://API.openai.com:443/v1/"));
+        assert!(!is_openai_url("https://api.openai.com.evil.example/v1"));
+        assert!(!is_openai_url("http://localhost:11434/v1"));
+        let c = OpenAiConfig::new("m").with_base_url("http://x/v1/chat/completions");
+        assert_eq!(c.endpoint(), "http://x/v1/chat/completions");
+    }
+
+    #[test]
+    fn error_bodies() {
+        let h = HeaderMap::new();
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"error":{"message":"bad","type":"invalid_request_error","code":"x"}}"#,
+        );
+        assert_eq!(
+            (
+                e.error_type.as_deref(),
+                e.code.as_deref(),
+                e.message.as_str(),
+                e.retryable
+            ),
+            (Some("invalid_request_error"), Some("x"), "bad", false)
+        );
+        let e = parse_error(429, &h, br#"{"error":{"code":429,"message":"slow"}}"#);
+        assert_eq!((e.code.as_deref(), e.retryable), (Some("429"), true));
+        let e = parse_error(404, &h, br#"{"error":"model 'x' not found"}"#);
+        assert_eq!(e.message, "model 'x' not found");
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"object":"error","message":"\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set","type":"BadRequestError","param":null,"code":400}"#,
+        );
+        assert_eq!(e.error_type.as_deref(), Some("BadRequestError"));
+        assert!(tools_unsupported(&e));
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ToolsUnsupported(m) if m.contains("enable-auto-tool-choice")
+        ));
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"error":{"message":"registry.ollama.ai/library/gemma:2b does not support tools","type":"api_error","param":null,"code":null}}"#,
+        );
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ToolsUnsupported(_)
+        ));
+        let e = parse_error(502, &h, b"<html>Bad Gateway</html>");
+        assert_eq!(
+            (e.message.as_str(), e.retryable),
+            ("<html>Bad Gateway</html>", true)
+        );
+        let e = parse_error(503, &h, b"");
+        assert!(e.message.contains("503") && e.retryable);
+        let e = parse_error(
+            400,
+            &h,
+            br#"[{"error":{"code":400,"message":"m","status":"INVALID_ARGUMENT"}}]"#,
+        );
+        assert_eq!(e.message, "m");
+        // A plain 400 about something else stays an API error.
+        let e = parse_error(400, &h, br#"{"error":{"message":"bad temperature"}}"#);
+        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        // Long non-JSON bodies are cut on a char boundary.
+        let long = "é".repeat(1000);
+        let e = parse_error(500, &h, long.as_bytes());
+        assert!(e.message.chars().count() <= 301);
+    }
+
+    fn decode_stream(body: &str) -> Decoded {
+        decode_recorded(200, body.as_bytes(), true)
+    }
+
+    fn sse(chunks: &[Value]) -> String {
+        let mut s = String::new();
+        for c in chunks {
+            s.push_str(&format!("data: {c}\n\n"));
+        }
+        s.push_str("data: [DONE]\n\n");
+        s
+    }
+
+    #[test]
+    fn parallel_calls_sharing_one_index_are_told_apart_by_id() {
+        let d = decode_stream(&sse(&[
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"x\":"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"g","arguments":"{}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ]));
+        let calls = &d.response.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!((calls[0].id.as_str(), calls[0].name.as_str()), ("a", "f"));
+        assert_eq!(calls[0].arguments, json!({"x": 1}));
+        assert_eq!((calls[1].id.as_str(), calls[1].name.as_str()), ("b", "g"));
+    }
+
+    #[test]
+    fn calls_without_index_or_id_in_one_delta_stay_apart() {
+        let d = decode_stream(&sse(&[json!({"choices":[{"delta":{"tool_calls":[
+            {"function":{"name":"f","arguments":{"a":1}}},
+            {"function":{"name":"g","arguments":"{\"b\":2}"}}
+        ]},"finish_reason":"stop"}]})]));
+        let calls = &d.response.tool_calls;
+        assert_eq!(calls.len(), 2);
+        assert_eq!(calls[0].arguments, json!({"a": 1}), "object arguments");
+        assert_eq!(calls[1].arguments, json!({"b": 2}));
+        assert!(calls[0].id.starts_with("call_") && calls[0].id != calls[1].id);
+        assert_eq!(
+            d.response.finish_reason,
+            FinishReason::ToolCalls,
+            "stop with calls"
+        );
+    }
+
+    #[test]
+    fn a_stream_cut_short_is_an_error_and_a_refusal_is_kept_apart() {
+        let d = decode_recorded(
+            200,
+            b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n",
+            true,
+        );
+        assert_eq!(d.response.text.as_deref(), Some("hi"));
+        assert!(d.error.unwrap().message.contains("ended before"));
+
+        let d = decode_stream(&sse(&[
+            json!({"choices":[{"index":0,"delta":{"refusal":"I can't"}}]}),
+            json!({"choices":[{"index":0,"delta":{"refusal":" help."},"finish_reason":"stop"}]}),
+        ]));
+        assert_eq!(d.response.text, None);
+        assert_eq!(
+            d.response.parts,
+            vec![ProviderPart {
+                provider: PROVIDER.into(),
+                data: json!({"refusal": "I can't help."})
+            }]
+        );
+        assert_eq!(d.response.finish_reason, FinishReason::Stop);
+    }
+
+    #[test]
+    fn complete_reply_keeps_reasoning_and_usage_details() {
+        let body = include_bytes!(
+            "../../tests/conformance/deepseek-parallel-tool-calls-reasoning/response.json"
+        );
+        let r = decode_response(body).unwrap();
+        assert_eq!(r.parts.len(), 1);
+        assert!(
+            r.parts[0].data["reasoning_content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Great")
+        );
+        assert_eq!(r.usage.unwrap().reasoning_tokens, 26);
+        let body =
+            include_bytes!("../../tests/conformance/openai-tool-call-cached-tokens/response.json");
+        let u = decode_response(body).unwrap().usage.unwrap();
+        assert_eq!((u.input_tokens, u.cache_read_tokens), (1187, 1152));
+        // The reasoning goes back to the server on the next turn.
+        let msg = Message::Assistant(r.to_message());
+        assert!(wire_message(&msg)["reasoning_content"].is_string());
+        // Gemini's thought signature on a tool call survives the round trip.
+        let body = br#"{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"},"extra_content":{"google":{"thought_signature":"sig"}}}]}}]}"#;
+        let r = decode_response(body).unwrap();
+        let wire = wire_message(&Message::Assistant(r.to_message()));
+        assert_eq!(
+            wire["tool_calls"][0]["extra_content"]["google"]["thought_signature"],
+            "sig"
+        );
+    }
+
+    #[test]
+    fn bad_bodies_say_what_was_wrong() {
+        let e = decode_response(b"<html>").unwrap_err();
+        assert!(e.to_string().contains("not JSON"), "{e}");
+        let e = decode_response(b"{\"object\":\"list\"}").unwrap_err();
+        assert!(e.to_string().contains("choices"), "{e}");
+        let e = decode_response(br#"{"choices":[{"message":{"tool_calls":[{"id":"x","function":{"arguments":"{}"}}]}}]}"#).unwrap_err();
+        assert!(e.to_string().contains("no function name"), "{e}");
+    }
+
+    const STREAMS: &[&str] = &[
+        include_str!("../../tests/conformance/openai-stream-parallel-two-tools/response.sse"),
+        include_str!("../../tests/conformance/mistral-stream-incremental-empty-name/response.sse"),
+        include_str!("../../tests/conformance/anthropic-compat-stream-tool-index-1/response.sse"),
+        include_str!("../../tests/conformance/openrouter-stream-comments-error-chunk/response.sse"),
+        include_str!(
+            "../../tests/conformance/groq-stream-error-event-tool-use-failed/response.sse"
+        ),
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"18°C — ünïcödé ✓\"},\"finish_reason\":\"stop\"}]}\r\n\r\ndata: [DONE]\r\n\r\n",
+    ];
+
+    /// Decodes `body` fed in the given pieces, as events (so ids made up for missing ones do not
+    /// differ between runs).
+    fn events_in_pieces(body: &[u8], cuts: &[usize]) -> (Vec<StreamEvent>, Option<String>) {
+        let mut d = ChunkDecoder::new(200);
+        let mut out = Vec::new();
+        let mut last = 0;
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut result = Ok(());
+        for c in cuts.into_iter().chain([body.len()]) {
+            result = result.and_then(|()| d.push(&body[last..c], &mut out));
+            last = c;
+        }
+        let result = result.and_then(|()| d.finish(&mut out));
+        (out, result.err().map(|e| e.to_string()))
+    }
+
+    proptest! {
+        #[test]
+        fn any_chunking_decodes_like_one_chunk(
+            which in 0..STREAMS.len(),
+            cuts in proptest::collection::vec(0usize..100_000, 0..12),
+        ) {
+            let body = STREAMS[which].as_bytes();
+            let whole = events_in_pieces(body, &[]);
+            prop_assert!(!whole.0.is_empty() || whole.1.is_some());
+            prop_assert_eq!(events_in_pieces(body, &cuts), whole);
+        }
+    }
+}
