@@ -144,3 +144,12 @@ fn corpus_is_present() {
     assert!(cases("openai-chat").len() >= 30);
     assert!(cases("anthropic-messages").len() >= 14);
 }
+
+#[test]
+fn anthropic_messages_corpus() {
+    check_api(
+        "anthropic-messages",
+        toolloop::providers::anthropic::decode_recorded,
+        true,
+    );
+}
