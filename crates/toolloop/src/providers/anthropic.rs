@@ -1119,3 +1119,505 @@ pub(crate) fn as_api_error(status: u16, e: ModelError) -> ApiError {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{AssistantMessage, ToolResult};
+    use crate::model::{ModelSettings, ToolSpec};
+
+    fn config() -> AnthropicConfig {
+        AnthropicConfig::new("claude-test")
+    }
+
+    fn call(id: &str, name: &str, args: Value) -> ToolCall {
+        ToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: args,
+            invalid_arguments: None,
+            provider_data: None,
+        }
+    }
+
+    fn result(id: &str, content: &str, is_error: bool) -> Message {
+        Message::Tool(ToolResult {
+            call_id: id.into(),
+            name: "t".into(),
+            content: content.into(),
+            is_error,
+        })
+    }
+
+    fn tool(name: &str) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("the {name} tool"),
+            parameters: json!({"type": "object", "properties": {"x": {"type": "string"}}}),
+        }
+    }
+
+    fn body(
+        messages: &[Message],
+        reminders: &[String],
+        tools: &[ToolSpec],
+        cfg: &AnthropicConfig,
+    ) -> Value {
+        let settings = ModelSettings::default();
+        let req = ModelRequest {
+            messages,
+            reminders,
+            tools,
+            settings: &settings,
+        };
+        build_request_body(&req, cfg, false)
+    }
+
+    fn no_cache() -> AnthropicConfig {
+        AnthropicConfig {
+            cache: false,
+            ..config()
+        }
+    }
+
+    fn thinking_part() -> ProviderPart {
+        ProviderPart {
+            provider: PROVIDER.into(),
+            data: json!({"type": "thinking", "thinking": "plan", "signature": "sig=="}),
+        }
+    }
+
+    /// A transcript with one parallel round: two calls, results recorded out of order.
+    fn round_one() -> Vec<Message> {
+        vec![
+            Message::system("be brief"),
+            Message::user("go"),
+            Message::Assistant(AssistantMessage {
+                text: Some("calling".into()),
+                tool_calls: vec![
+                    call("toolu_a", "read", json!({"x": "1"})),
+                    call("toolu_b", "read", json!({"x": "2"})),
+                ],
+                parts: vec![
+                    thinking_part(),
+                    ProviderPart {
+                        provider: "gemini".into(),
+                        data: json!({"thoughtSignature": "gem"}),
+                    },
+                ],
+            }),
+            result("toolu_b", "second", true),
+            result("toolu_a", "first", false),
+        ]
+    }
+
+    #[test]
+    fn system_on_top_and_results_in_one_user_turn_in_call_order() {
+        let b = body(&round_one(), &[], &[], &no_cache());
+        assert_eq!(b["system"], json!([{"type": "text", "text": "be brief"}]));
+        assert_eq!(b["max_tokens"], json!(DEFAULT_MAX_TOKENS));
+        let msgs = b["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[2]["role"], "user");
+        assert_eq!(
+            msgs[2]["content"],
+            json!([
+                {"type": "tool_result", "tool_use_id": "toolu_a", "content": "first"},
+                {"type": "tool_result", "tool_use_id": "toolu_b", "content": "second", "is_error": true},
+            ])
+        );
+    }
+
+    #[test]
+    fn thinking_goes_back_unchanged_first_and_other_providers_parts_are_dropped() {
+        let b = body(&round_one(), &[], &[], &no_cache());
+        let content = &b["messages"][1]["content"];
+        assert_eq!(
+            *content,
+            json!([
+                {"type": "thinking", "thinking": "plan", "signature": "sig=="},
+                {"type": "text", "text": "calling"},
+                {"type": "tool_use", "id": "toolu_a", "name": "read", "input": {"x": "1"}},
+                {"type": "tool_use", "id": "toolu_b", "name": "read", "input": {"x": "2"}},
+            ])
+        );
+    }
+
+    #[test]
+    fn same_role_turns_are_merged() {
+        let msgs = vec![
+            Message::user("a"),
+            Message::user("b"),
+            Message::assistant("x"),
+            Message::assistant("y"),
+            Message::user("c"),
+        ];
+        let b = body(&msgs, &[], &[], &no_cache());
+        assert_eq!(
+            b["messages"],
+            json!([
+                {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+                {"role": "assistant", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]},
+                {"role": "user", "content": [{"type": "text", "text": "c"}]},
+            ])
+        );
+    }
+
+    #[test]
+    fn results_come_before_user_text_and_missing_or_orphan_results_are_fixed() {
+        let msgs = vec![
+            Message::user("go"),
+            Message::Assistant(AssistantMessage {
+                tool_calls: vec![call("c.1", "f", json!({})), call("c2", "f", json!({}))],
+                ..AssistantMessage::default()
+            }),
+            Message::user("also this"),
+            result("c.1", "ok", false),
+            result("zzz", "stray", false),
+        ];
+        let b = body(&msgs, &[], &[], &no_cache());
+        let content = b["messages"][2]["content"].as_array().unwrap();
+        assert_eq!(
+            b["messages"][1]["content"][0]["id"], "c_1",
+            "ids are sanitized"
+        );
+        assert_eq!(content[0]["tool_use_id"], "c_1");
+        assert_eq!(content[1]["tool_use_id"], "c2");
+        assert_eq!(content[1]["is_error"], true);
+        assert_eq!(content[2]["type"], "text");
+        assert!(content[2]["text"].as_str().unwrap().contains("stray"));
+        assert_eq!(content[3], json!({"type": "text", "text": "also this"}));
+    }
+
+    #[test]
+    fn reminders_close_the_last_user_turn() {
+        let reminders = vec!["3 calls left".to_string()];
+        let b = body(&round_one(), &reminders, &[], &no_cache());
+        let msgs = b["messages"].as_array().unwrap();
+        assert_eq!(msgs.len(), 3);
+        let last = msgs[2]["content"].as_array().unwrap();
+        assert_eq!(
+            last.last().unwrap(),
+            &json!({"type": "text", "text": "<system-reminder>3 calls left</system-reminder>"})
+        );
+        assert_eq!(last[0]["type"], "tool_result");
+        // After an assistant turn, reminders open a user turn of their own.
+        let b = body(
+            &[Message::user("hi"), Message::assistant("yes")],
+            &reminders,
+            &[],
+            &no_cache(),
+        );
+        assert_eq!(b["messages"][2]["role"], "user");
+    }
+
+    #[test]
+    fn later_system_messages_stay_in_place() {
+        let msgs = vec![
+            Message::system("top"),
+            Message::user("a"),
+            Message::system("note"),
+        ];
+        let b = body(&msgs, &[], &[], &no_cache());
+        assert_eq!(b["system"][0]["text"], "top");
+        assert_eq!(
+            b["messages"][0]["content"][1]["text"],
+            "<system-reminder>note</system-reminder>"
+        );
+    }
+
+    fn markers(v: &Value, path: &mut String, out: &mut Vec<String>) {
+        match v {
+            Value::Object(m) => {
+                if m.contains_key("cache_control") {
+                    out.push(path.clone());
+                }
+                for (k, x) in m {
+                    let len = path.len();
+                    path.push('/');
+                    path.push_str(k);
+                    markers(x, path, out);
+                    path.truncate(len);
+                }
+            }
+            Value::Array(a) => {
+                for (i, x) in a.iter().enumerate() {
+                    let len = path.len();
+                    path.push_str(&format!("/{i}"));
+                    markers(x, path, out);
+                    path.truncate(len);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn breakpoints(b: &Value) -> Vec<String> {
+        let mut out = Vec::new();
+        markers(b, &mut String::new(), &mut out);
+        out
+    }
+
+    #[test]
+    fn breakpoints_on_tools_system_and_last_stable_turn() {
+        let tools = [tool("a"), tool("b")];
+        let reminders = vec!["r".to_string()];
+        let b = body(&round_one(), &reminders, &tools, &config());
+        assert_eq!(
+            breakpoints(&b),
+            vec![
+                "/messages/0/content/0", // the previous round's last stable turn
+                "/messages/2/content/1", // the last tool_result, not the reminder after it
+                "/system/0",
+                "/tools/1",
+            ]
+        );
+        assert_eq!(b["tools"][1]["cache_control"], json!({"type": "ephemeral"}));
+        assert!(
+            b["messages"][2]["content"][2]
+                .get("cache_control")
+                .is_none()
+        );
+        assert!(breakpoints(&b).len() <= MAX_CACHE_BREAKPOINTS);
+        assert!(breakpoints(&body(&round_one(), &reminders, &tools, &no_cache())).is_empty());
+    }
+
+    #[test]
+    fn breakpoint_skips_thinking_blocks_and_a_first_turn_gets_one() {
+        let msgs = vec![
+            Message::user("q"),
+            Message::Assistant(AssistantMessage {
+                parts: vec![thinking_part()],
+                tool_calls: vec![call("t1", "f", json!({}))],
+                ..AssistantMessage::default()
+            }),
+        ];
+        let b = body(&msgs, &[], &[], &config());
+        assert_eq!(breakpoints(&b), vec!["/messages/1/content/1"]);
+        let b = body(&[Message::user("q")], &["r".into()], &[], &config());
+        assert_eq!(breakpoints(&b), vec!["/messages/0/content/0"]);
+    }
+
+    fn strip_markers(v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                m.remove("cache_control");
+                m.values_mut().for_each(strip_markers);
+            }
+            Value::Array(a) => a.iter_mut().for_each(strip_markers),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn prefix_is_stable_from_round_to_round() {
+        let tools = [tool("read")];
+        let round1 = round_one();
+        let mut round2 = round1.clone();
+        round2.push(Message::Assistant(AssistantMessage {
+            tool_calls: vec![call("toolu_c", "read", json!({"x": "3"}))],
+            ..AssistantMessage::default()
+        }));
+        round2.push(result("toolu_c", "third", false));
+        let b1 = body(&round1, &["first reminder".into()], &tools, &config());
+        let b2 = body(&round2, &["second reminder".into()], &tools, &config());
+
+        // Tools and system: identical bytes, markers included.
+        assert_eq!(b1["tools"].to_string(), b2["tools"].to_string());
+        assert_eq!(b1["system"].to_string(), b2["system"].to_string());
+        // Round 2 keeps a breakpoint exactly where round 1 wrote its last one.
+        let last1 = b1["messages"].as_array().unwrap().len() - 1;
+        let mut p = format!("/messages/{last1}/content/1");
+        assert!(breakpoints(&b1).contains(&p));
+        assert!(breakpoints(&b2).contains(&p));
+        p.push_str("/cache_control");
+        assert_eq!(b2.pointer(&p), Some(&json!({"type": "ephemeral"})));
+
+        // Round 1's messages without their reminder are byte for byte the start of round 2's.
+        let mut m1 = b1["messages"].clone();
+        m1[last1]["content"].as_array_mut().unwrap().pop();
+        let mut m2 = b2["messages"].clone();
+        strip_markers(&mut m1);
+        strip_markers(&mut m2);
+        let n = m1.as_array().unwrap().len();
+        let head: Vec<Value> = m2.as_array().unwrap()[..n].to_vec();
+        assert_eq!(m1.to_string(), Value::Array(head).to_string());
+        // The reminder is the very last block, and only the current one is present.
+        let text = b2.to_string();
+        assert!(!text.contains("first reminder"));
+        let last = b2["messages"].as_array().unwrap().last().unwrap()["content"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        assert_eq!(
+            last["text"],
+            "<system-reminder>second reminder</system-reminder>"
+        );
+    }
+
+    #[test]
+    fn settings_and_extra_reach_the_body() {
+        let settings = ModelSettings {
+            model: Some("claude-other".into()),
+            temperature: Some(0.7),
+            max_output_tokens: Some(99),
+            tool_choice: ToolChoice::Required,
+            extra: Some(json!({"thinking": {"type": "enabled"}})),
+        };
+        let cfg = AnthropicConfig {
+            extra: Some(json!({"thinking": {"budget_tokens": 1024}, "top_k": 5})),
+            ..no_cache()
+        };
+        let tools = [tool("a")];
+        let msgs = [Message::user("x")];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        let b = build_request_body(&req, &cfg, true);
+        assert_eq!(b["model"], "claude-other");
+        assert_eq!(b["max_tokens"], 99);
+        assert_eq!(b["temperature"], json!(0.7));
+        assert_eq!(b["tool_choice"], json!({"type": "any"}));
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["top_k"], 5);
+        assert_eq!(
+            b["thinking"],
+            json!({"type": "enabled", "budget_tokens": 1024})
+        );
+        assert_eq!(b["tools"][0]["input_schema"]["type"], "object");
+    }
+
+    #[test]
+    fn usage_counts_cache_tokens_as_input() {
+        let r = decode_message(&json!({
+            "content": [{"type": "text", "text": "hi"}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 10, "output_tokens": 3, "cache_read_input_tokens": 100, "cache_creation_input_tokens": 20},
+        }))
+        .unwrap();
+        let u = r.usage.unwrap();
+        assert_eq!(
+            (
+                u.input_tokens,
+                u.cache_read_tokens,
+                u.cache_write_tokens,
+                u.output_tokens
+            ),
+            (130, 100, 20, 3)
+        );
+        assert_eq!(u.uncached_input_tokens(), 10);
+    }
+
+    #[test]
+    fn server_tool_blocks_are_parts_not_calls_and_go_back() {
+        let r = decode_message(&json!({
+            "content": [
+                {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}},
+                {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+                {"type": "text", "text": "found"},
+            ],
+            "stop_reason": "end_turn",
+        }))
+        .unwrap();
+        assert!(r.tool_calls.is_empty());
+        assert_eq!(r.parts.len(), 2);
+        assert_eq!(r.finish_reason, FinishReason::Stop);
+        let msgs = vec![Message::user("q"), Message::Assistant(r.to_message())];
+        let b = body(&msgs, &[], &[], &no_cache());
+        let content = b["messages"][1]["content"].as_array().unwrap();
+        assert_eq!(content[0]["type"], "server_tool_use");
+        assert_eq!(content[1]["type"], "web_search_tool_result");
+        assert_eq!(content[2]["text"], "found");
+    }
+
+    #[test]
+    fn max_tokens_inside_a_tool_call_marks_it_unrunnable() {
+        let r = decode_message(&json!({
+            "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {"a": 1}}],
+            "stop_reason": "max_tokens",
+        }))
+        .unwrap();
+        assert_eq!(r.finish_reason, FinishReason::Length);
+        assert_eq!(
+            r.tool_calls[0].invalid_arguments.as_deref(),
+            Some("{\"a\":1}")
+        );
+        // Streamed: a call cut before any argument text is left out.
+        let sse = "data: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1}}}\n\n\
+                   data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\",\"input\":{}}}\n\n\
+                   data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"max_tokens\"},\"usage\":{\"output_tokens\":5}}\n\n\
+                   data: {\"type\":\"message_stop\"}\n\n";
+        let d = decode_recorded(200, sse.as_bytes(), true);
+        assert!(d.error.is_none());
+        assert!(d.response.tool_calls.is_empty());
+        assert_eq!(d.response.finish_reason, FinishReason::Length);
+    }
+
+    #[test]
+    fn stream_error_event_and_truncated_stream() {
+        let sse = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":1}}}\n\n\
+                   event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+        let d = decode_recorded(200, sse.as_bytes(), true);
+        let e = d.error.unwrap();
+        assert_eq!(e.error_type.as_deref(), Some("overloaded_error"));
+        assert!(e.retryable);
+        let d = decode_recorded(
+            200,
+            b"data: {\"type\":\"message_start\",\"message\":{}}\n\n",
+            true,
+        );
+        assert!(d.error.unwrap().message.contains("before message_stop"));
+    }
+
+    #[test]
+    fn errors_are_typed() {
+        let h = HeaderMap::new();
+        let e = parse_error(
+            529,
+            &h,
+            br#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+        );
+        assert_eq!(
+            (e.error_type.as_deref(), e.retryable),
+            (Some("overloaded_error"), true)
+        );
+        let e = parse_error(401, &h, b"");
+        assert_eq!(
+            (e.error_type.as_deref(), e.retryable),
+            (Some("authentication_error"), false)
+        );
+        let e = parse_error(413, &h, b"<html>too big</html>");
+        assert_eq!(e.error_type.as_deref(), Some("request_too_large"));
+        assert!(e.message.contains("too big"));
+        for s in [429, 500, 503] {
+            assert!(parse_error(s, &h, b"{}").retryable, "{s}");
+        }
+        for s in [400, 403, 404] {
+            assert!(!parse_error(s, &h, b"{}").retryable, "{s}");
+        }
+    }
+
+    #[test]
+    fn config_from_vars() {
+        let vars = |k: &str| match k {
+            "ANTHROPIC_API_KEY" => Some("sk-1".to_string()),
+            _ => None,
+        };
+        let c = AnthropicConfig::from_vars("claude-x", vars).unwrap();
+        assert_eq!(c.messages_url(), "https://api.anthropic.com/v1/messages");
+        assert_eq!(c.headers().unwrap()["x-api-key"], "sk-1");
+        assert_eq!(c.headers().unwrap()["anthropic-version"], DEFAULT_VERSION);
+        let err = AnthropicConfig::from_vars("claude-x", |_| None).unwrap_err();
+        assert!(err.to_string().contains("ANTHROPIC_API_KEY"));
+        let local = AnthropicConfig::from_vars("m", |k| {
+            (k == "ANTHROPIC_BASE_URL").then(|| "http://127.0.0.1:9/v1/".to_string())
+        })
+        .unwrap();
+        assert_eq!(local.messages_url(), "http://127.0.0.1:9/v1/messages");
+    }
+}
