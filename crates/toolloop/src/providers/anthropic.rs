@@ -209,7 +209,7 @@ impl Model for AnthropicModel {
                 let bytes = transport
                     .post_stream(&url, &headers, body, parse_error)
                     .await?;
-                Ok(event_stream(bytes))
+                Ok(event_stream(bytes, StreamDecoder::default()))
             }
         }))
     }
@@ -360,7 +360,7 @@ fn mark_turn(turn: &mut Turn) -> bool {
     }
 }
 
-fn json_number(x: f32) -> Value {
+pub(crate) fn json_number(x: f32) -> Value {
     // Through the shortest decimal text, so 0.7f32 is sent as 0.7 and not 0.699999988079071.
     let f = format!("{x}").parse::<f64>().unwrap_or(f64::from(x));
     serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
@@ -781,7 +781,7 @@ struct StreamDecoder {
     failed: bool,
 }
 
-type Out = Vec<Result<StreamEvent, ModelError>>;
+pub(crate) type Out = Vec<Result<StreamEvent, ModelError>>;
 
 impl StreamDecoder {
     fn event(&mut self, ev: &SseEvent) -> Out {
@@ -1005,19 +1005,36 @@ impl StreamDecoder {
     }
 }
 
-/// Decodes a Messages SSE byte stream into events.
-fn event_stream(bytes: ByteStream) -> EventStream {
-    struct State {
+/// A decoder of one provider's stream events (shared by the adapters of this module tree).
+pub(crate) trait SseDecode: Send + 'static {
+    /// The events one SSE event gives; an `Err` ends the stream.
+    fn event(&mut self, ev: &SseEvent) -> Out;
+    /// The events due when the body ends.
+    fn finish(&mut self) -> Out;
+}
+
+impl SseDecode for StreamDecoder {
+    fn event(&mut self, ev: &SseEvent) -> Out {
+        StreamDecoder::event(self, ev)
+    }
+    fn finish(&mut self) -> Out {
+        StreamDecoder::finish(self)
+    }
+}
+
+/// Decodes an SSE byte stream into events with `decoder`.
+pub(crate) fn event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> EventStream {
+    struct State<D> {
         bytes: ByteStream,
         sse: SseDecoder,
-        decoder: StreamDecoder,
+        decoder: D,
         pending: VecDeque<Result<StreamEvent, ModelError>>,
         ended: bool,
     }
     let state = State {
         bytes,
         sse: SseDecoder::new(),
-        decoder: StreamDecoder::default(),
+        decoder,
         pending: VecDeque::new(),
         ended: false,
     };
@@ -1054,45 +1071,46 @@ fn event_stream(bytes: ByteStream) -> EventStream {
     }))
 }
 
-/// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
-/// whether the body is an SSE stream. Used by the conformance tests.
-pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    if !(200..300).contains(&status) {
-        return Decoded {
-            response: ModelResponse::default(),
-            error: Some(parse_error(status, &HeaderMap::new(), body)),
-        };
-    }
-    let result = if stream {
-        let mut sse = SseDecoder::new();
-        let mut decoder = StreamDecoder::default();
-        let mut events: Out = sse
-            .push(body)
-            .iter()
-            .flat_map(|ev| decoder.event(ev))
-            .collect();
-        if let Some(ev) = sse.finish() {
-            events.extend(decoder.event(&ev));
-        }
-        events.extend(decoder.finish());
-        let mut acc = Accumulator::new();
-        let mut error = None;
+/// Runs a whole recorded SSE body through `decoder`: the response, or what arrived before the
+/// error together with the error.
+pub(crate) fn decode_sse_body<D: SseDecode>(
+    body: &[u8],
+    mut decoder: D,
+) -> Result<ModelResponse, (ModelResponse, ModelError)> {
+    let mut acc = Accumulator::new();
+    let feed = |events: Out, acc: &mut Accumulator| -> Result<(), ModelError> {
         for e in events {
-            match e {
-                Ok(ev) => acc.push(ev),
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            }
+            acc.push(e?);
         }
-        match error {
-            None => Ok(acc.finish()),
-            Some(e) => Err((acc.finish(), e)),
-        }
-    } else {
-        decode_message_body(body).map_err(|e| (ModelResponse::default(), e))
+        Ok(())
     };
+    let mut sse = SseDecoder::new();
+    let mut result = Ok(());
+    for ev in sse.push(body) {
+        result = feed(decoder.event(&ev), &mut acc);
+        if result.is_err() {
+            break;
+        }
+    }
+    if result.is_ok() {
+        if let Some(ev) = sse.finish() {
+            result = feed(decoder.event(&ev), &mut acc);
+        }
+    }
+    if result.is_ok() {
+        result = feed(decoder.finish(), &mut acc);
+    }
+    match result {
+        Ok(()) => Ok(acc.finish()),
+        Err(e) => Err((acc.finish(), e)),
+    }
+}
+
+/// A [`Decoded`] from a decoding result.
+pub(crate) fn decoded(
+    status: u16,
+    result: Result<ModelResponse, (ModelResponse, ModelError)>,
+) -> Decoded {
     match result {
         Ok(response) => Decoded {
             response,
@@ -1103,6 +1121,23 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
             error: Some(as_api_error(status, e)),
         },
     }
+}
+
+/// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
+/// whether the body is an SSE stream. Used by the conformance tests.
+pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
+    if !(200..300).contains(&status) {
+        return Decoded {
+            response: ModelResponse::default(),
+            error: Some(parse_error(status, &HeaderMap::new(), body)),
+        };
+    }
+    let result = if stream {
+        decode_sse_body(body, StreamDecoder::default())
+    } else {
+        decode_message_body(body).map_err(|e| (ModelResponse::default(), e))
+    };
+    decoded(status, result)
 }
 
 /// An error as an [`ApiError`], for [`Decoded`].
