@@ -1071,12 +1071,11 @@ pub(crate) fn event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> Event
     }))
 }
 
-/// Runs a whole recorded SSE body through `decoder`: the response, or what arrived before the
-/// error together with the error.
-pub(crate) fn decode_sse_body<D: SseDecode>(
-    body: &[u8],
-    mut decoder: D,
-) -> Result<ModelResponse, (ModelResponse, ModelError)> {
+/// A response, with the error that ended it early (then the response holds what came before).
+pub(crate) type Partial = (ModelResponse, Option<ModelError>);
+
+/// Runs a whole recorded SSE body through `decoder`.
+pub(crate) fn decode_sse_body<D: SseDecode>(body: &[u8], mut decoder: D) -> Partial {
     let mut acc = Accumulator::new();
     let feed = |events: Out, acc: &mut Accumulator| -> Result<(), ModelError> {
         for e in events {
@@ -1100,26 +1099,14 @@ pub(crate) fn decode_sse_body<D: SseDecode>(
     if result.is_ok() {
         result = feed(decoder.finish(), &mut acc);
     }
-    match result {
-        Ok(()) => Ok(acc.finish()),
-        Err(e) => Err((acc.finish(), e)),
-    }
+    (acc.finish(), result.err())
 }
 
 /// A [`Decoded`] from a decoding result.
-pub(crate) fn decoded(
-    status: u16,
-    result: Result<ModelResponse, (ModelResponse, ModelError)>,
-) -> Decoded {
-    match result {
-        Ok(response) => Decoded {
-            response,
-            error: None,
-        },
-        Err((response, e)) => Decoded {
-            response,
-            error: Some(as_api_error(status, e)),
-        },
+pub(crate) fn decoded(status: u16, (response, error): Partial) -> Decoded {
+    Decoded {
+        response,
+        error: error.map(|e| as_api_error(status, e)),
     }
 }
 
@@ -1135,7 +1122,10 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
     let result = if stream {
         decode_sse_body(body, StreamDecoder::default())
     } else {
-        decode_message_body(body).map_err(|e| (ModelResponse::default(), e))
+        match decode_message_body(body) {
+            Ok(r) => (r, None),
+            Err(e) => (ModelResponse::default(), Some(e)),
+        }
     };
     decoded(status, result)
 }

@@ -25,7 +25,8 @@
 //! body; a `google.rpc.RetryInfo` detail's `retryDelay` becomes the wait before a retry.
 
 use super::anthropic::{
-    Out, SseDecode, decode_sse_body, decoded, event_stream, json_number, merge_json, snippet,
+    Out, Partial, SseDecode, decode_sse_body, decoded, event_stream, json_number, merge_json,
+    snippet,
 };
 use crate::http::{HttpTransport, resilient_stream, retryable_status};
 use crate::message::{AssistantMessage, Message, ProviderPart, new_call_id};
@@ -834,10 +835,13 @@ impl SseDecode for ChunkDecoder {
 
 /// Decodes a complete `generateContent` response (or a JSON array of streamed chunks).
 pub fn decode_response(v: &Value) -> Result<ModelResponse, ModelError> {
-    decode_chunks(std::slice::from_ref(v)).map_err(|(_, e)| e)
+    match decode_chunks(std::slice::from_ref(v)) {
+        (r, None) => Ok(r),
+        (_, Some(e)) => Err(e),
+    }
 }
 
-fn decode_chunks(chunks: &[Value]) -> Result<ModelResponse, (ModelResponse, ModelError)> {
+fn decode_chunks(chunks: &[Value]) -> Partial {
     let chunks: Vec<&Value> = chunks
         .iter()
         .flat_map(|c| match c {
@@ -856,10 +860,10 @@ fn decode_chunks(chunks: &[Value]) -> Result<ModelResponse, (ModelResponse, Mode
     for e in events {
         match e {
             Ok(ev) => acc.push(ev),
-            Err(e) => return Err((acc.finish(), e)),
+            Err(e) => return (acc.finish(), Some(e)),
         }
     }
-    Ok(acc.finish())
+    (acc.finish(), None)
 }
 
 fn decode_body(body: &[u8]) -> Result<ModelResponse, ModelError> {
@@ -886,10 +890,12 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
     } else {
         match serde_json::from_slice::<Value>(body) {
             Ok(v) => decode_chunks(std::slice::from_ref(&v)),
-            Err(e) => Err((
+            Err(e) => (
                 ModelResponse::default(),
-                ModelError::InvalidResponse(format!("the Gemini response is not JSON ({e})")),
-            )),
+                Some(ModelError::InvalidResponse(format!(
+                    "the Gemini response is not JSON ({e})"
+                ))),
+            ),
         }
     };
     decoded(status, result)
