@@ -153,3 +153,12 @@ fn openai_chat_corpus() {
         false,
     );
 }
+
+#[test]
+fn anthropic_messages_corpus() {
+    check_api(
+        "anthropic-messages",
+        toolloop::providers::anthropic::decode_recorded,
+        true,
+    );
+}
