@@ -141,7 +141,7 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
     }
     let request: Request<'_> = match serde_json::from_slice(body) {
         Ok(r) => r,
-        Err(e) => return bad(&format!("The request body is not valid JSON: {e}")),
+        Err(e) => return bad(&format!("The request body could not be read: {e}")),
     };
     if request.max_tokens.is_none() {
         return bad("max_tokens: Field required");

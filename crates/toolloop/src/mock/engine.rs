@@ -328,8 +328,10 @@ mod tests {
         ];
         let scenario = Scenario::from_model("mock:rounds=2,parallel=3").unwrap();
         let ids = AtomicU64::new(0);
-        let mut p = Progress::default();
-        p.rounds = 1;
+        let mut p = Progress {
+            rounds: 1,
+            ..Progress::default()
+        };
         let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &ids) else {
             panic!("expected calls")
         };

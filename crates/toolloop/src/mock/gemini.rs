@@ -168,7 +168,7 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         .flatten()
         .filter(|_| allow)
         .flat_map(|t| t.function_declarations.iter().flatten())
-        .filter(|d| allowed.is_none_or(|names| names.iter().any(|n| *n == d.name)))
+        .filter(|d| allowed.is_none_or(|names| names.contains(&d.name)))
         .map(|d| {
             let schema = d.parameters_json_schema.as_ref().or(d.parameters.as_ref());
             (d.name.as_ref(), schema.cloned())
