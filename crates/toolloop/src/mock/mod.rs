@@ -477,3 +477,161 @@ async fn method_not_allowed(State(shared): State<Arc<Shared>>, uri: Uri) -> Resp
     let prepared = error_for_path(uri.path(), StatusCode::METHOD_NOT_ALLOWED, &message);
     finish(&shared, started, prepared).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            prop::sample::select(vec![
+                "user",
+                "assistant",
+                "tool",
+                "model",
+                "function",
+                "tool_use",
+                "tool_result",
+                "text",
+                "none",
+                "c1",
+                "c2",
+                "mock:rounds=2,parallel=3",
+                "mock:rounds=x",
+                "é",
+            ])
+            .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop::sample::select(vec![
+                            "model",
+                            "messages",
+                            "contents",
+                            "role",
+                            "content",
+                            "parts",
+                            "tool_calls",
+                            "tool_call_id",
+                            "id",
+                            "name",
+                            "function",
+                            "tools",
+                            "tool_use_id",
+                            "type",
+                            "functionCall",
+                            "functionResponse",
+                            "parameters",
+                            "input_schema",
+                            "stream",
+                            "max_tokens",
+                            "functionDeclarations",
+                            "tool_choice",
+                            "toolConfig",
+                        ]),
+                        inner,
+                    ),
+                    0..6,
+                )
+                .prop_map(|pairs| {
+                    Value::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    fn all_protocols(shared: &Shared, body: &[u8]) -> Vec<StatusCode> {
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let mut statuses = vec![
+            openai::handle(shared, body).status,
+            anthropic::handle(shared, &headers, body).status,
+        ];
+        for method in [
+            gemini::Method::Generate,
+            gemini::Method::Stream { sse: true },
+            gemini::Method::Stream { sse: false },
+        ] {
+            statuses.push(gemini::handle(shared, "mock:rounds=2,parallel=2", method, body).status);
+        }
+        statuses
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256)) {
+            let shared = Shared::new(&MockOptions::default());
+            for status in all_protocols(&shared, &body) {
+                prop_assert!(status == StatusCode::OK || status.is_client_error());
+            }
+        }
+
+        #[test]
+        fn never_panics_on_arbitrary_json(value in json_value(), wrap in any::<bool>()) {
+            let shared = Shared::new(&MockOptions::default());
+            // Half the time, put the value where the handlers look, so deeper code runs.
+            let value = if wrap {
+                json!({"model": "mock:rounds=2,parallel=2", "max_tokens": 5,
+                    "messages": value.clone(), "contents": value})
+            } else {
+                value
+            };
+            let body = value.to_string();
+            for status in all_protocols(&shared, body.as_bytes()) {
+                prop_assert!(status == StatusCode::OK || status.is_client_error());
+            }
+        }
+    }
+
+    #[test]
+    fn every_protocol_serves_the_same_scenario() {
+        let shared = Shared::new(&MockOptions::default());
+        let schema = json!({"type": "object", "properties": {"q": {"type": "string"}}});
+        let openai = json!({"model": "mock:parallel=2", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]});
+        let anthropic = json!({"model": "mock:parallel=2", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": schema}]});
+        let gemini = json!({"contents": [{"parts": [{"text": "hi"}]}],
+            "tools": [{"functionDeclarations": [{"name": "f", "parameters": schema}]}]});
+        let body = |p: Prepared| match p.payload {
+            response::Payload::Json(bytes) => serde_json::from_slice::<Value>(&bytes).unwrap(),
+            response::Payload::Sse(_) => panic!("not streamed"),
+        };
+        let o = body(openai::handle(&shared, openai.to_string().as_bytes()));
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let a = body(anthropic::handle(
+            &shared,
+            &headers,
+            anthropic.to_string().as_bytes(),
+        ));
+        let g = body(gemini::handle(
+            &shared,
+            "mock:parallel=2",
+            gemini::Method::Generate,
+            gemini.to_string().as_bytes(),
+        ));
+        let args: Value = serde_json::from_str(
+            o["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args, json!({"q": "a"}));
+        assert_eq!(a["content"][1]["input"], args);
+        assert_eq!(
+            g["candidates"][0]["content"]["parts"][1]["functionCall"]["args"],
+            args
+        );
+    }
+}
