@@ -1,1 +1,637 @@
-//! The mock provider server. Placeholder.
+//! A mock LLM provider server on 127.0.0.1, for tests, demos, benchmarks and offline agent
+//! testing (`toolloop mock --port <p>`).
+//!
+//! It speaks three wire protocols, server side, with the same scenarios and the same checks:
+//!
+//! | protocol | endpoint | streaming |
+//! |---|---|---|
+//! | OpenAI Chat Completions | `POST /v1/chat/completions` (also `/chat/completions`) | `"stream": true`; SSE chunks, a usage chunk with `stream_options.include_usage`, then `data: [DONE]` |
+//! | Anthropic Messages | `POST /v1/messages` (needs the `anthropic-version` header and `max_tokens`) | `"stream": true`; `message_start`, `ping`, `content_block_start` / `content_block_delta` (`text_delta`, `input_json_delta`) / `content_block_stop`, `message_delta`, `message_stop` |
+//! | Gemini | `POST /v1beta/models/{model}:generateContent` (also under `/v1/`) | `:streamGenerateContent?alt=sse` gives `data:` chunks of `GenerateContentResponse`; without `alt=sse`, a JSON array of them |
+//!
+//! `GET /v1/models` lists one model, `mock`, for clients that check it.
+//!
+//! # Scenarios
+//!
+//! The model name picks the scenario (Gemini: the `{model}` of the path):
+//!
+//! ```text
+//! model  := NAME [ ":" params ]         NAME is free text without ":", usually `mock`
+//! params := param { "," param }
+//! param  := key "=" value
+//! ```
+//!
+//! | key | value | default | meaning |
+//! |---|---|---|---|
+//! | `rounds` | 0 to 10000 | 1 | rounds of tool calls before the final answer |
+//! | `parallel` | 1 to 256 | 1 | tool calls per round |
+//! | `latency` | duration | the server's `default_latency`, else 0 | wait before each response |
+//! | `chunk` | 0 to 1000000 | 16 | longest text or argument fragment per streamed delta, in characters; 0 = whole |
+//! | `chunk_delay` | duration | 0 | pause between streamed events |
+//!
+//! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
+//! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
+//! key given twice, or a bad value gives HTTP 400 naming the key and what was expected. The keys
+//! `faults`, `seed` and `text_calls` are reserved for later versions (fault injection, seeded
+//! randomness, text-only tool calls) and give a 400 saying so.
+//!
+//! Examples:
+//!
+//! - `mock`: one round with one call, then the answer.
+//! - `mock:rounds=3,parallel=2`: three rounds of two parallel calls, then the answer.
+//! - `mock:rounds=0`: answers at once.
+//! - `mock:rounds=5,latency=20ms,chunk=4,chunk_delay=10ms`: slow, finely streamed; good for demos.
+//!
+//! # What a scenario does
+//!
+//! The server keeps no state: each request says where the conversation stands. The task begins
+//! at the last user message (a user message that directly follows tool results, such as a
+//! reminder, continues the task). The round is the number of assistant turns with tool calls
+//! since then. While the round is below `rounds` and the request offers tools, the reply is
+//! `parallel` tool calls, round-robin over the offered tools (continuing across rounds), with
+//! arguments built by [`crate::schema::sample`] from each tool's schema and ids unique for the
+//! server's lifetime (`call_mock…` for OpenAI, `toolu_mock…` for Anthropic; Gemini has no ids).
+//! Then the reply is a final text, `Done. I saw N tool results in R rounds.`
+//!
+//! `tool_choice` `none` (Gemini: function calling mode `NONE`) makes it answer at once; a named
+//! tool (Gemini: `allowedFunctionNames`) restricts the calls to it.
+//!
+//! Usage: input tokens are a quarter of the request's size in bytes, output tokens a few per
+//! call or per four characters of text, so clients can sum them.
+//!
+//! # What it checks
+//!
+//! Every tool call in the history must be answered exactly once, right after the turn that made
+//! it: OpenAI by `tool` messages with the call's `tool_call_id`; Anthropic by `tool_result`
+//! blocks (before any other content) in the next user message; Gemini by `functionResponse`
+//! parts in the next content, matched by name and order. A missing, duplicated or unknown
+//! result, a malformed JSON body, or a body over [`MockOptions::max_body_bytes`] gives an HTTP
+//! error in that provider's error shape, with a message naming the call and what was expected.
+//!
+//! # Example
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> std::io::Result<()> {
+//! use toolloop::mock::{MockOptions, start};
+//!
+//! let server = start(MockOptions::default()).await?;
+//! let base_url = server.base_url(); // e.g. http://127.0.0.1:41234
+//! assert!(base_url.starts_with("http://127.0.0.1:"));
+//! // Point an OpenAI client at `{base_url}/v1` with model `mock:rounds=3,parallel=2`.
+//! assert_eq!(server.stats().requests, 0);
+//! server.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+
+mod anthropic;
+mod engine;
+mod gemini;
+mod openai;
+mod response;
+mod scenario;
+
+pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
+
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, PathRejection};
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use response::Prepared;
+
+/// How to run the mock server.
+#[derive(Debug, Clone)]
+pub struct MockOptions {
+    /// Port on 127.0.0.1; 0 picks any free port.
+    pub port: u16,
+    /// Latency for scenarios that do not set `latency=`.
+    pub default_latency: Option<Duration>,
+    /// Largest request body accepted; larger ones get 413. Default 32 MiB.
+    pub max_body_bytes: usize,
+}
+
+impl Default for MockOptions {
+    fn default() -> Self {
+        MockOptions {
+            port: 0,
+            default_latency: None,
+            max_body_bytes: 32 * 1024 * 1024,
+        }
+    }
+}
+
+/// What the server has done so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MockStats {
+    /// Requests answered, rejected ones included.
+    pub requests: u64,
+    /// Requests answered with a 4xx error (bad scenario, unanswered call, malformed body, …).
+    pub rejected: u64,
+    /// Server-side time spent on all requests, from the handler's start to the response head
+    /// (latency included, streamed body pacing excluded).
+    pub processing: Duration,
+    /// The longest time spent on one request.
+    pub max_processing: Duration,
+}
+
+impl MockStats {
+    /// Mean server-side time per request (zero before any request).
+    pub fn mean_processing(&self) -> Duration {
+        if self.requests == 0 {
+            Duration::ZERO
+        } else {
+            self.processing / u32::try_from(self.requests).unwrap_or(u32::MAX)
+        }
+    }
+}
+
+/// State shared by the handlers.
+pub(crate) struct Shared {
+    ids: AtomicU64,
+    responses: AtomicU64,
+    default_latency: Duration,
+    requests: AtomicU64,
+    rejected: AtomicU64,
+    nanos: AtomicU64,
+    max_nanos: AtomicU64,
+}
+
+impl Shared {
+    fn new(options: &MockOptions) -> Shared {
+        // Ids differ from one server run to the next, so that a conversation carried over a
+        // restart does not meet its old ids again.
+        let nonce = (unix_nanos() & 0xffff_ffff) << 24;
+        Shared {
+            ids: AtomicU64::new(nonce),
+            responses: AtomicU64::new(nonce),
+            default_latency: options.default_latency.unwrap_or_default(),
+            requests: AtomicU64::new(0),
+            rejected: AtomicU64::new(0),
+            nanos: AtomicU64::new(0),
+            max_nanos: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn next_response_id(&self) -> u64 {
+        self.responses.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn latency(&self, scenario: &Scenario) -> Duration {
+        scenario.latency.unwrap_or(self.default_latency)
+    }
+
+    fn record(&self, elapsed: Duration, rejected: bool) {
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX);
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        if rejected {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+        }
+        self.nanos.fetch_add(nanos, Ordering::Relaxed);
+        self.max_nanos.fetch_max(nanos, Ordering::Relaxed);
+    }
+
+    fn stats(&self) -> MockStats {
+        MockStats {
+            requests: self.requests.load(Ordering::Relaxed),
+            rejected: self.rejected.load(Ordering::Relaxed),
+            processing: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
+            max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
+        }
+    }
+}
+
+fn unix_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+pub(crate) fn unix_time() -> u64 {
+    unix_nanos() / 1_000_000_000
+}
+
+/// A running mock server. Dropping it stops the server too (in the background); call
+/// [`MockServer::shutdown`] to wait until it has stopped.
+#[derive(Debug)]
+pub struct MockServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl MockServer {
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`. OpenAI clients want `{base_url}/v1`; Anthropic and Gemini
+    /// clients take it as is.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> MockStats {
+        self.shared.stats()
+    }
+
+    /// Stops accepting connections, lets requests in flight finish, and waits for the server
+    /// to stop.
+    pub async fn shutdown(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!("mock server stopped with an error: {e}"),
+                Err(e) => tracing::warn!("mock server task failed: {e}"),
+            }
+        }
+    }
+}
+
+impl Drop for MockServer {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// Starts the server on 127.0.0.1 and returns once it is listening.
+pub async fn start(options: MockOptions) -> io::Result<MockServer> {
+    let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, options.port)).await?;
+    let addr = listener.local_addr()?;
+    let shared = Arc::new(Shared::new(&options));
+    let app = router(shared.clone(), options.max_body_bytes);
+    let listener = listener.tap_io(|stream| {
+        let _ = stream.set_nodelay(true);
+    });
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    Ok(MockServer {
+        addr,
+        shared,
+        stop: Some(stop),
+        task: Some(task),
+    })
+}
+
+/// Runs the server until Ctrl-C, printing its address to stderr.
+pub async fn serve(options: MockOptions) -> io::Result<()> {
+    let server = start(options).await?;
+    let base = server.base_url();
+    eprintln!(
+        "toolloop mock listening on {base}\n  OpenAI:    {base}/v1 (POST /v1/chat/completions)\n  \
+         Anthropic: {base} (POST /v1/messages)\n  Gemini:    {base} (POST \
+         /v1beta/models/MODEL:generateContent)\n  model names pick the scenario, e.g. \
+         mock:rounds=3,parallel=2,latency=5ms; Ctrl-C stops"
+    );
+    tokio::signal::ctrl_c().await?;
+    server.shutdown().await;
+    Ok(())
+}
+
+fn router(shared: Arc<Shared>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(openai_route))
+        .route("/chat/completions", post(openai_route))
+        .route("/v1/messages", post(anthropic_route))
+        .route("/v1beta/models/{*rest}", post(gemini_route))
+        .route("/v1/models/{*rest}", post(gemini_route))
+        .route("/v1/models", get(list_models))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(shared)
+}
+
+/// Waits out the latency, counts the request and builds the response.
+async fn finish(shared: &Shared, started: Instant, prepared: Prepared) -> Response {
+    if !prepared.latency.is_zero() {
+        tokio::time::sleep(prepared.latency).await;
+    }
+    let elapsed = started.elapsed();
+    shared.record(elapsed, prepared.status.is_client_error());
+    prepared.into_response(elapsed)
+}
+
+fn body_error(rejection: &BytesRejection) -> (StatusCode, String) {
+    (
+        rejection.status(),
+        format!("could not read the request body: {}", rejection.body_text()),
+    )
+}
+
+async fn openai_route(
+    State(shared): State<Arc<Shared>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let prepared = match body {
+        Ok(body) => openai::handle(&shared, &body),
+        Err(rejection) => {
+            let (status, message) = body_error(&rejection);
+            openai::error(status, &message, None, None)
+        }
+    };
+    finish(&shared, started, prepared).await
+}
+
+async fn anthropic_route(
+    State(shared): State<Arc<Shared>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let prepared = match body {
+        Ok(body) => anthropic::handle(&shared, &headers, &body),
+        Err(rejection) => {
+            let (status, message) = body_error(&rejection);
+            anthropic::error(status, &message)
+        }
+    };
+    finish(&shared, started, prepared).await
+}
+
+async fn gemini_route(
+    State(shared): State<Arc<Shared>>,
+    path: Result<Path<String>, PathRejection>,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let prepared = gemini_prepare(&shared, path, &uri, body);
+    finish(&shared, started, prepared).await
+}
+
+fn gemini_prepare(
+    shared: &Shared,
+    path: Result<Path<String>, PathRejection>,
+    uri: &Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> Prepared {
+    let rest = match path {
+        Ok(Path(rest)) => rest,
+        Err(rejection) => {
+            return gemini::error(
+                StatusCode::BAD_REQUEST,
+                &format!("bad model path: {}", rejection.body_text()),
+            );
+        }
+    };
+    let body = match body {
+        Ok(body) => body,
+        Err(rejection) => {
+            let (status, message) = body_error(&rejection);
+            return gemini::error(status, &message);
+        }
+    };
+    let (model, method) = match gemini::split_path(&rest) {
+        Ok(split) => split,
+        Err(prepared) => return prepared,
+    };
+    let sse = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|pair| pair == "alt=sse"));
+    let method = match method {
+        "generateContent" => gemini::Method::Generate,
+        "streamGenerateContent" => gemini::Method::Stream { sse },
+        other => {
+            return gemini::error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "method `{other}` is not served by the mock; expected generateContent or \
+                     streamGenerateContent"
+                ),
+            );
+        }
+    };
+    gemini::handle(shared, model, method, &body)
+}
+
+async fn list_models() -> Response {
+    let body = serde_json::json!({
+        "object": "list",
+        "data": [{"id": "mock", "object": "model", "created": 0, "owned_by": "toolloop"}],
+    });
+    Prepared::json(StatusCode::OK, &body).into_response(Duration::ZERO)
+}
+
+fn error_for_path(path: &str, status: StatusCode, message: &str) -> Prepared {
+    if path.contains("/models/") && !path.contains("chat") {
+        gemini::error(status, message)
+    } else if path.ends_with("/messages") {
+        anthropic::error(status, message)
+    } else {
+        openai::error(status, message, None, None)
+    }
+}
+
+async fn not_found(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    let started = Instant::now();
+    let message = format!(
+        "no such endpoint: {}; the mock serves POST /v1/chat/completions, POST /v1/messages and \
+         POST /v1beta/models/{{model}}:generateContent / :streamGenerateContent",
+        uri.path()
+    );
+    let prepared = error_for_path(uri.path(), StatusCode::NOT_FOUND, &message);
+    finish(&shared, started, prepared).await
+}
+
+async fn method_not_allowed(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
+    let started = Instant::now();
+    let message = format!("{} accepts POST only", uri.path());
+    let prepared = error_for_path(uri.path(), StatusCode::METHOD_NOT_ALLOWED, &message);
+    finish(&shared, started, prepared).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::{Value, json};
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            prop::sample::select(vec![
+                "user",
+                "assistant",
+                "tool",
+                "model",
+                "function",
+                "tool_use",
+                "tool_result",
+                "text",
+                "none",
+                "c1",
+                "c2",
+                "mock:rounds=2,parallel=3",
+                "mock:rounds=x",
+                "é",
+            ])
+            .prop_map(Value::from),
+            ".{0,8}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(5, 64, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::vec(
+                    (
+                        prop::sample::select(vec![
+                            "model",
+                            "messages",
+                            "contents",
+                            "role",
+                            "content",
+                            "parts",
+                            "tool_calls",
+                            "tool_call_id",
+                            "id",
+                            "name",
+                            "function",
+                            "tools",
+                            "tool_use_id",
+                            "type",
+                            "functionCall",
+                            "functionResponse",
+                            "parameters",
+                            "input_schema",
+                            "stream",
+                            "max_tokens",
+                            "functionDeclarations",
+                            "tool_choice",
+                            "toolConfig",
+                        ]),
+                        inner,
+                    ),
+                    0..6,
+                )
+                .prop_map(|pairs| {
+                    Value::Object(pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect())
+                }),
+            ]
+        })
+    }
+
+    fn all_protocols(shared: &Shared, body: &[u8]) -> Vec<StatusCode> {
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let mut statuses = vec![
+            openai::handle(shared, body).status,
+            anthropic::handle(shared, &headers, body).status,
+        ];
+        for method in [
+            gemini::Method::Generate,
+            gemini::Method::Stream { sse: true },
+            gemini::Method::Stream { sse: false },
+        ] {
+            statuses.push(gemini::handle(shared, "mock:rounds=2,parallel=2", method, body).status);
+        }
+        statuses
+    }
+
+    proptest! {
+        #[test]
+        fn never_panics_on_arbitrary_bytes(body in prop::collection::vec(any::<u8>(), 0..256)) {
+            let shared = Shared::new(&MockOptions::default());
+            for status in all_protocols(&shared, &body) {
+                prop_assert!(status == StatusCode::OK || status.is_client_error());
+            }
+        }
+
+        #[test]
+        fn never_panics_on_arbitrary_json(value in json_value(), wrap in any::<bool>()) {
+            let shared = Shared::new(&MockOptions::default());
+            // Half the time, put the value where the handlers look, so deeper code runs.
+            let value = if wrap {
+                json!({"model": "mock:rounds=2,parallel=2", "max_tokens": 5,
+                    "messages": value.clone(), "contents": value})
+            } else {
+                value
+            };
+            let body = value.to_string();
+            for status in all_protocols(&shared, body.as_bytes()) {
+                prop_assert!(status == StatusCode::OK || status.is_client_error());
+            }
+        }
+    }
+
+    #[test]
+    fn every_protocol_serves_the_same_scenario() {
+        let shared = Shared::new(&MockOptions::default());
+        let schema = json!({"type": "object", "properties": {"q": {"type": "string"}}});
+        let openai = json!({"model": "mock:parallel=2", "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"type": "function", "function": {"name": "f", "parameters": schema}}]});
+        let anthropic = json!({"model": "mock:parallel=2", "max_tokens": 5,
+            "messages": [{"role": "user", "content": "hi"}],
+            "tools": [{"name": "f", "input_schema": schema}]});
+        let gemini = json!({"contents": [{"parts": [{"text": "hi"}]}],
+            "tools": [{"functionDeclarations": [{"name": "f", "parameters": schema}]}]});
+        let body = |p: Prepared| match p.payload {
+            response::Payload::Json(bytes) => serde_json::from_slice::<Value>(&bytes).unwrap(),
+            response::Payload::Sse(_) => panic!("not streamed"),
+        };
+        let o = body(openai::handle(&shared, openai.to_string().as_bytes()));
+        let mut headers = HeaderMap::new();
+        headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let a = body(anthropic::handle(
+            &shared,
+            &headers,
+            anthropic.to_string().as_bytes(),
+        ));
+        let g = body(gemini::handle(
+            &shared,
+            "mock:parallel=2",
+            gemini::Method::Generate,
+            gemini.to_string().as_bytes(),
+        ));
+        let args: Value = serde_json::from_str(
+            o["choices"][0]["message"]["tool_calls"][1]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args, json!({"q": "a"}));
+        assert_eq!(a["content"][1]["input"], args);
+        assert_eq!(
+            g["candidates"][0]["content"]["parts"][1]["functionCall"]["args"],
+            args
+        );
+    }
+}

@@ -1,0 +1,350 @@
+//! The scenario engine, free of any wire format: where the conversation stands, whether every
+//! tool call was answered, and what to reply next.
+//!
+//! Protocol modules walk their request, feed [`Progress`] and [`Ledger`], then ask [`plan`] for
+//! the reply and render it in their own shapes.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde_json::Value;
+
+use super::scenario::Scenario;
+
+/// A tool the request offers: its name and parameter schema.
+pub(crate) struct OfferedTool<'a> {
+    pub name: &'a str,
+    pub schema: Option<&'a Value>,
+}
+
+/// Where the current task stands, derived from the request alone (the server keeps no state).
+///
+/// A task starts at a user message. A user message that comes straight after tool results (a
+/// reminder an adapter appended, say) continues the task rather than starting a new one.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Progress {
+    /// Assistant turns with tool calls since the task began.
+    pub rounds: u32,
+    /// Tool results received since the task began.
+    pub results: u32,
+    after_results: bool,
+}
+
+impl Progress {
+    pub fn user_text(&mut self) {
+        if !self.after_results {
+            *self = Progress::default();
+        }
+    }
+
+    pub fn tool_calls(&mut self) {
+        self.rounds = self.rounds.saturating_add(1);
+        self.after_results = false;
+    }
+
+    pub fn tool_result(&mut self) {
+        self.results = self.results.saturating_add(1);
+        self.after_results = true;
+    }
+
+    pub fn assistant_text(&mut self) {
+        self.after_results = false;
+    }
+}
+
+/// What went wrong with the answers to one assistant turn's tool calls.
+#[derive(Debug)]
+pub(crate) enum Problem<'a> {
+    /// A result names a call the turn did not make.
+    Unknown(&'a str),
+    /// A call was answered more than once.
+    Twice(&'a str),
+    /// Calls left without a result.
+    Missing(Vec<&'a str>),
+    /// Two calls in one turn share an id.
+    DuplicateId(&'a str),
+}
+
+struct Slot<'a> {
+    key: &'a str,
+    name: &'a str,
+    answered: bool,
+}
+
+/// The calls of the assistant turn being answered, and which have their result.
+#[derive(Default)]
+pub(crate) struct Ledger<'a> {
+    slots: Vec<Slot<'a>>,
+    /// Index of the message that made the calls.
+    pub turn: usize,
+}
+
+impl<'a> Ledger<'a> {
+    /// True while an assistant turn's calls are waiting for results.
+    pub fn is_open(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    /// Starts a turn's calls `(key, name)`, keyed by id, or by name where the wire has no ids
+    /// (`unique_keys` false).
+    pub fn open(
+        &mut self,
+        turn: usize,
+        calls: impl Iterator<Item = (&'a str, &'a str)>,
+        unique_keys: bool,
+    ) -> Result<(), Problem<'a>> {
+        self.slots.clear();
+        self.turn = turn;
+        for (key, name) in calls {
+            if unique_keys && self.slots.iter().any(|s| s.key == key) {
+                return Err(Problem::DuplicateId(key));
+            }
+            self.slots.push(Slot {
+                key,
+                name,
+                answered: false,
+            });
+        }
+        Ok(())
+    }
+
+    /// Records the result for the call with this id.
+    pub fn answer(&mut self, id: &'a str) -> Result<(), Problem<'a>> {
+        match self.slots.iter_mut().find(|s| s.key == id) {
+            None => Err(Problem::Unknown(id)),
+            Some(slot) if slot.answered => Err(Problem::Twice(id)),
+            Some(slot) => {
+                slot.answered = true;
+                Ok(())
+            }
+        }
+    }
+
+    /// Records a result by function name: it answers the first unanswered call of that name.
+    pub fn answer_by_name(&mut self, name: &'a str) -> Result<(), Problem<'a>> {
+        if let Some(slot) = self
+            .slots
+            .iter_mut()
+            .find(|s| s.name == name && !s.answered)
+        {
+            slot.answered = true;
+            return Ok(());
+        }
+        if self.slots.iter().any(|s| s.name == name) {
+            Err(Problem::Twice(name))
+        } else {
+            Err(Problem::Unknown(name))
+        }
+    }
+
+    /// Ends the turn: every call must have its result.
+    pub fn close(&mut self) -> Result<(), Problem<'a>> {
+        let missing: Vec<&'a str> = self
+            .slots
+            .iter()
+            .filter(|s| !s.answered)
+            .map(|s| s.key)
+            .collect();
+        self.slots.clear();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(Problem::Missing(missing))
+        }
+    }
+}
+
+/// One tool call the mock makes.
+pub(crate) struct Call<'a> {
+    pub id: String,
+    pub name: &'a str,
+    pub arguments: Value,
+    /// `arguments` as JSON text.
+    pub arguments_json: String,
+}
+
+/// What the mock answers.
+pub(crate) enum Reply<'a> {
+    Calls(Vec<Call<'a>>),
+    Text(String),
+}
+
+/// The next reply: the next round of calls while rounds remain and tools are offered, else the
+/// final answer, which says how many tool results the task received.
+///
+/// Calls go round-robin over `tools` across the whole task; ids are `{id_prefix}` plus a
+/// server-wide counter, so they are unique for the server's lifetime (`id_prefix` empty: no ids).
+pub(crate) fn plan<'a>(
+    scenario: &Scenario,
+    tools: &[OfferedTool<'a>],
+    progress: Progress,
+    id_prefix: &str,
+    ids: &AtomicU64,
+) -> Reply<'a> {
+    if progress.rounds >= scenario.rounds || tools.is_empty() {
+        let text = format!(
+            "Done. I saw {} tool results in {} rounds.",
+            progress.results, progress.rounds
+        );
+        return Reply::Text(text);
+    }
+    let parallel = scenario.parallel as usize;
+    let first = ids.fetch_add(parallel as u64, Ordering::Relaxed);
+    let start = progress.rounds as usize * parallel;
+    let calls = (0..parallel)
+        .map(|i| {
+            let tool = &tools[(start + i) % tools.len()];
+            let mut arguments = tool.schema.map(crate::schema::sample).unwrap_or_default();
+            if !arguments.is_object() {
+                arguments = Value::Object(Default::default());
+            }
+            let arguments_json = arguments.to_string();
+            let id = if id_prefix.is_empty() {
+                String::new()
+            } else {
+                format!("{id_prefix}{:016x}", first.wrapping_add(i as u64))
+            };
+            Call {
+                id,
+                name: tool.name,
+                arguments,
+                arguments_json,
+            }
+        })
+        .collect();
+    Reply::Calls(calls)
+}
+
+/// Token counts for a reply: input roughly a quarter of the request's bytes, output a few tokens
+/// per call or per four characters of text.
+pub(crate) fn usage(request_bytes: usize, reply: &Reply<'_>) -> (u64, u64) {
+    let input = (request_bytes / 4).max(1) as u64;
+    let output = match reply {
+        Reply::Text(text) => text.len() / 4 + 1,
+        Reply::Calls(calls) => calls
+            .iter()
+            .map(|c| (c.name.len() + c.arguments_json.len()) / 4 + 3)
+            .sum(),
+    };
+    (input, output as u64)
+}
+
+/// Splits `s` into pieces of at most `max_chars` characters (0: one piece), on char boundaries.
+/// An empty string gives one empty piece.
+pub(crate) fn pieces(s: &str, max_chars: usize) -> impl Iterator<Item = &str> {
+    let mut rest = Some(s);
+    std::iter::from_fn(move || {
+        let current = rest?;
+        if max_chars == 0 {
+            rest = None;
+            return Some(current);
+        }
+        match current.char_indices().nth(max_chars) {
+            Some((cut, _)) => {
+                let (head, tail) = current.split_at(cut);
+                rest = Some(tail);
+                Some(head)
+            }
+            None => {
+                rest = None;
+                Some(current)
+            }
+        }
+    })
+}
+
+/// Lists ids for an error message: `a, b, c`.
+pub(crate) fn join(ids: &[&str]) -> String {
+    ids.join(", ")
+}
+
+/// A borrowed-when-possible string from a request body.
+pub(crate) type Str<'a> = Cow<'a, str>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn pieces_respect_char_boundaries() {
+        let parts: Vec<&str> = pieces("héllo wörld", 4).collect();
+        assert_eq!(parts, ["héll", "o wö", "rld"]);
+        assert_eq!(pieces("", 4).collect::<Vec<_>>(), [""]);
+        assert_eq!(pieces("abc", 0).collect::<Vec<_>>(), ["abc"]);
+        assert_eq!(pieces("abcd", 4).collect::<Vec<_>>(), ["abcd"]);
+    }
+
+    #[test]
+    fn progress_resets_on_a_new_task_but_not_on_a_reminder() {
+        let mut p = Progress::default();
+        p.user_text();
+        p.tool_calls();
+        p.tool_result();
+        p.tool_result();
+        p.user_text(); // reminder after results
+        assert_eq!((p.rounds, p.results), (1, 2));
+        p.tool_calls();
+        p.tool_result();
+        p.assistant_text();
+        p.user_text(); // new question
+        assert_eq!((p.rounds, p.results), (0, 0));
+    }
+
+    #[test]
+    fn ledger_reports_each_problem() {
+        let mut l = Ledger::default();
+        l.open(1, [("a", "f"), ("b", "g")].into_iter(), true)
+            .unwrap();
+        l.answer("a").unwrap();
+        assert!(matches!(l.answer("a"), Err(Problem::Twice("a"))));
+        assert!(matches!(l.answer("z"), Err(Problem::Unknown("z"))));
+        assert!(matches!(l.close(), Err(Problem::Missing(m)) if m == ["b"]));
+        assert!(!l.is_open());
+        assert!(matches!(
+            l.open(3, [("a", "f"), ("a", "g")].into_iter(), true),
+            Err(Problem::DuplicateId("a"))
+        ));
+        l.open(5, [("f", "f"), ("f", "f")].into_iter(), false)
+            .unwrap();
+        l.answer_by_name("f").unwrap();
+        l.answer_by_name("f").unwrap();
+        assert!(matches!(l.answer_by_name("f"), Err(Problem::Twice("f"))));
+        assert!(l.close().is_ok());
+    }
+
+    #[test]
+    fn plan_goes_round_robin_then_answers() {
+        let schema = json!({"type": "object", "properties": {"path": {"type": "string"}}});
+        let tools = [
+            OfferedTool {
+                name: "read",
+                schema: Some(&schema),
+            },
+            OfferedTool {
+                name: "list",
+                schema: None,
+            },
+        ];
+        let scenario = Scenario::from_model("mock:rounds=2,parallel=3").unwrap();
+        let ids = AtomicU64::new(0);
+        let mut p = Progress {
+            rounds: 1,
+            ..Progress::default()
+        };
+        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &ids) else {
+            panic!("expected calls")
+        };
+        let names: Vec<&str> = calls.iter().map(|c| c.name).collect();
+        assert_eq!(names, ["list", "read", "list"]);
+        assert_eq!(calls[1].arguments, json!({"path": "a"}));
+        assert_eq!(calls[0].arguments_json, "{}");
+        assert_ne!(calls[0].id, calls[1].id);
+        p.rounds = 2;
+        p.results = 6;
+        let Reply::Text(text) = plan(&scenario, &tools, p, "call_", &ids) else {
+            panic!("expected text")
+        };
+        assert!(text.contains("6 tool results"), "{text}");
+    }
+}

@@ -1,0 +1,540 @@
+//! OpenAI Chat Completions, server side: `POST /v1/chat/completions`.
+
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::Shared;
+use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces};
+use super::response::{Payload, Prepared, SseWriter};
+use super::scenario::Scenario;
+
+#[derive(Deserialize)]
+struct Request<'a> {
+    #[serde(borrow)]
+    model: Str<'a>,
+    #[serde(borrow)]
+    messages: Vec<InMessage<'a>>,
+    #[serde(default, borrow)]
+    tools: Option<Vec<InTool<'a>>>,
+    #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
+}
+
+#[derive(Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct InMessage<'a> {
+    #[serde(borrow)]
+    role: Str<'a>,
+    #[serde(default, borrow)]
+    tool_calls: Option<Vec<InCall<'a>>>,
+    #[serde(default, borrow)]
+    tool_call_id: Option<Str<'a>>,
+}
+
+#[derive(Deserialize)]
+struct InCall<'a> {
+    #[serde(borrow)]
+    id: Str<'a>,
+    #[serde(borrow)]
+    function: InFunctionRef<'a>,
+}
+
+#[derive(Deserialize)]
+struct InFunctionRef<'a> {
+    #[serde(borrow)]
+    name: Str<'a>,
+}
+
+#[derive(Deserialize)]
+struct InTool<'a> {
+    #[serde(default, borrow)]
+    function: Option<InFunction<'a>>,
+}
+
+#[derive(Deserialize)]
+struct InFunction<'a> {
+    #[serde(borrow)]
+    name: Str<'a>,
+    #[serde(default)]
+    parameters: Option<Value>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+/// An error in OpenAI's shape.
+pub(crate) fn error(
+    status: StatusCode,
+    message: &str,
+    param: Option<&str>,
+    code: Option<&str>,
+) -> Prepared {
+    let kind = match status {
+        StatusCode::NOT_FOUND => "not_found_error",
+        _ => "invalid_request_error",
+    };
+    Prepared::json(
+        status,
+        &ErrorBody {
+            error: ErrorDetail {
+                message,
+                kind,
+                param,
+                code,
+            },
+        },
+    )
+}
+
+fn bad(message: &str, param: Option<&str>) -> Prepared {
+    error(StatusCode::BAD_REQUEST, message, param, None)
+}
+
+/// Answers one request body.
+pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
+    let request: Request<'_> = match serde_json::from_slice(body) {
+        Ok(r) => r,
+        Err(e) => {
+            return bad(
+                &format!("We could not parse the JSON body of your request: {e}"),
+                None,
+            );
+        }
+    };
+    let scenario = match Scenario::from_model(&request.model) {
+        Ok(s) => s,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &e.message,
+                Some("model"),
+                Some("invalid_scenario"),
+            );
+        }
+    };
+    let progress = match walk(&request.messages) {
+        Ok(p) => p,
+        Err(prepared) => return prepared,
+    };
+
+    let named = match &request.tool_choice {
+        Some(Value::String(s)) if s == "none" => {
+            return reply(shared, &request, &scenario, &[], progress, body.len());
+        }
+        Some(choice) => choice.pointer("/function/name").and_then(Value::as_str),
+        None => None,
+    };
+    let tools: Vec<OfferedTool<'_>> = request
+        .tools
+        .iter()
+        .flatten()
+        .filter_map(|t| t.function.as_ref())
+        .filter(|f| named.is_none_or(|n| n == f.name))
+        .map(|f| OfferedTool {
+            name: &f.name,
+            schema: f.parameters.as_ref(),
+        })
+        .collect();
+    reply(shared, &request, &scenario, &tools, progress, body.len())
+}
+
+/// Checks that every tool call is answered exactly once, right after the assistant message that
+/// made it, and works out where the task stands.
+fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
+    if messages.is_empty() {
+        return Err(bad(
+            "Invalid 'messages': empty array. Expected an array with minimum length 1.",
+            Some("messages"),
+        ));
+    }
+    let mut progress = Progress::default();
+    let mut ledger = Ledger::default();
+    for (i, message) in messages.iter().enumerate() {
+        if message.role == "tool" {
+            if !ledger.is_open() {
+                return Err(bad(
+                    &format!(
+                        "Invalid parameter: messages[{i}] has role 'tool' but does not follow an \
+                         assistant message with 'tool_calls' (or the tool messages that answer \
+                         it). A 'tool' message must answer a call of the assistant message \
+                         right before it."
+                    ),
+                    Some(&format!("messages.[{i}].role")),
+                ));
+            }
+            let Some(id) = message.tool_call_id.as_deref() else {
+                return Err(bad(
+                    &format!(
+                        "Missing required parameter: 'messages[{i}].tool_call_id'. A 'tool' \
+                         message must carry the id of the call it answers."
+                    ),
+                    Some(&format!("messages.[{i}].tool_call_id")),
+                ));
+            };
+            if let Err(problem) = ledger.answer(id) {
+                return Err(problem_error(problem, ledger.turn, i));
+            }
+            progress.tool_result();
+            continue;
+        }
+        if ledger.is_open() {
+            let turn = ledger.turn;
+            if let Err(problem) = ledger.close() {
+                return Err(problem_error(problem, turn, i));
+            }
+        }
+        match message.role.as_ref() {
+            "assistant" => match message.tool_calls.as_deref() {
+                Some(calls) if !calls.is_empty() => {
+                    let keys = calls
+                        .iter()
+                        .map(|c| (c.id.as_ref(), c.function.name.as_ref()));
+                    if let Err(problem) = ledger.open(i, keys, true) {
+                        return Err(problem_error(problem, i, i));
+                    }
+                    progress.tool_calls();
+                }
+                _ => progress.assistant_text(),
+            },
+            "user" => progress.user_text(),
+            "system" | "developer" => {}
+            other => {
+                return Err(bad(
+                    &format!(
+                        "Invalid value: '{other}' in messages[{i}].role. Supported values are: \
+                         'system', 'developer', 'user', 'assistant' and 'tool'."
+                    ),
+                    Some(&format!("messages.[{i}].role")),
+                ));
+            }
+        }
+    }
+    if ledger.is_open() {
+        let turn = ledger.turn;
+        if let Err(problem) = ledger.close() {
+            return Err(problem_error(problem, turn, messages.len()));
+        }
+    }
+    Ok(progress)
+}
+
+fn problem_error(problem: Problem<'_>, turn: usize, at: usize) -> Prepared {
+    let message = match problem {
+        Problem::Missing(ids) => format!(
+            "An assistant message with 'tool_calls' must be followed by tool messages \
+             responding to each 'tool_call_id'. The following tool_call_ids of messages[{turn}] \
+             did not have response messages: {}",
+            engine::join(&ids)
+        ),
+        Problem::Unknown(id) => format!(
+            "Invalid parameter: messages[{at}] answers tool_call_id '{id}', which is not a call \
+             of the assistant message messages[{turn}] it follows."
+        ),
+        Problem::Twice(id) => format!(
+            "Invalid parameter: messages[{at}] answers tool_call_id '{id}' a second time; each \
+             call of messages[{turn}] must be answered by exactly one 'tool' message."
+        ),
+        Problem::DuplicateId(id) => format!(
+            "Invalid parameter: two tool calls in messages[{turn}] share the id '{id}'; each \
+             call needs its own id."
+        ),
+    };
+    bad(&message, Some("messages"))
+}
+
+// ---- responses ----
+
+#[derive(Serialize)]
+struct Usage {
+    prompt_tokens: u64,
+    completion_tokens: u64,
+    total_tokens: u64,
+}
+
+impl Usage {
+    fn new((input, output): (u64, u64)) -> Usage {
+        Usage {
+            prompt_tokens: input,
+            completion_tokens: output,
+            total_tokens: input + output,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [Choice<'a>; 1],
+    usage: Usage,
+}
+
+#[derive(Serialize)]
+struct Choice<'a> {
+    index: u32,
+    message: OutMessage<'a>,
+    logprobs: Option<()>,
+    finish_reason: &'static str,
+}
+
+#[derive(Serialize)]
+struct OutMessage<'a> {
+    role: &'static str,
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tool_calls: Vec<OutCall<'a>>,
+    refusal: Option<()>,
+}
+
+#[derive(Serialize)]
+struct OutCall<'a> {
+    id: &'a str,
+    #[serde(rename = "type")]
+    kind: &'static str,
+    function: OutFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct OutFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+#[derive(Serialize)]
+struct Chunk<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: &'a [ChunkChoice<'a>],
+    /// Absent without `include_usage`; `null` on every chunk but the last with it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Option<Usage>>,
+}
+
+#[derive(Serialize)]
+struct ChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize, Default)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<Option<&'a str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tool_calls: Option<[DeltaCall<'a>; 1]>,
+}
+
+#[derive(Serialize)]
+struct DeltaCall<'a> {
+    index: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    kind: Option<&'static str>,
+    function: DeltaFunction<'a>,
+}
+
+#[derive(Serialize)]
+struct DeltaFunction<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    name: Option<&'a str>,
+    arguments: &'a str,
+}
+
+fn reply(
+    shared: &Shared,
+    request: &Request<'_>,
+    scenario: &Scenario,
+    tools: &[OfferedTool<'_>],
+    progress: Progress,
+    body_len: usize,
+) -> Prepared {
+    let reply = engine::plan(scenario, tools, progress, "call_mock", &shared.ids);
+    let usage = engine::usage(body_len, &reply);
+    let id = format!("chatcmpl-mock{:016x}", shared.next_response_id());
+    let created = super::unix_time();
+    let model = request.model.as_ref();
+    let finish_reason = match reply {
+        Reply::Calls(_) => "tool_calls",
+        Reply::Text(_) => "stop",
+    };
+    let payload = if request.stream == Some(true) {
+        let include_usage = request
+            .stream_options
+            .as_ref()
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false);
+        let mut sse = SseWriter::new(false);
+        let usage_field = || include_usage.then_some(None);
+        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
+            let choices = [ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason: finish,
+            }];
+            sse.event(
+                None,
+                &Chunk {
+                    id: &id,
+                    object: "chat.completion.chunk",
+                    created,
+                    model,
+                    choices: &choices,
+                    usage: usage_field(),
+                },
+            );
+        };
+        match &reply {
+            Reply::Text(text) => {
+                chunk(
+                    &mut sse,
+                    Delta {
+                        role: Some("assistant"),
+                        content: Some(Some("")),
+                        ..Delta::default()
+                    },
+                    None,
+                );
+                for piece in pieces(text, scenario.chunk) {
+                    let delta = Delta {
+                        content: Some(Some(piece)),
+                        ..Delta::default()
+                    };
+                    chunk(&mut sse, delta, None);
+                }
+            }
+            Reply::Calls(calls) => {
+                chunk(
+                    &mut sse,
+                    Delta {
+                        role: Some("assistant"),
+                        content: Some(None),
+                        ..Delta::default()
+                    },
+                    None,
+                );
+                for (index, call) in calls.iter().enumerate() {
+                    let open = DeltaCall {
+                        index,
+                        id: Some(&call.id),
+                        kind: Some("function"),
+                        function: DeltaFunction {
+                            name: Some(call.name),
+                            arguments: "",
+                        },
+                    };
+                    let delta = Delta {
+                        tool_calls: Some([open]),
+                        ..Delta::default()
+                    };
+                    chunk(&mut sse, delta, None);
+                    for piece in pieces(&call.arguments_json, scenario.chunk) {
+                        let more = DeltaCall {
+                            index,
+                            id: None,
+                            kind: None,
+                            function: DeltaFunction {
+                                name: None,
+                                arguments: piece,
+                            },
+                        };
+                        let delta = Delta {
+                            tool_calls: Some([more]),
+                            ..Delta::default()
+                        };
+                        chunk(&mut sse, delta, None);
+                    }
+                }
+            }
+        }
+        chunk(&mut sse, Delta::default(), Some(finish_reason));
+        if include_usage {
+            sse.event(
+                None,
+                &Chunk {
+                    id: &id,
+                    object: "chat.completion.chunk",
+                    created,
+                    model,
+                    choices: &[],
+                    usage: Some(Some(Usage::new(usage))),
+                },
+            );
+        }
+        sse.raw(b"[DONE]");
+        Payload::Sse(sse)
+    } else {
+        let (content, tool_calls) = match &reply {
+            Reply::Text(text) => (Some(text.as_str()), Vec::new()),
+            Reply::Calls(calls) => (
+                None,
+                calls
+                    .iter()
+                    .map(|c| OutCall {
+                        id: &c.id,
+                        kind: "function",
+                        function: OutFunction {
+                            name: c.name,
+                            arguments: &c.arguments_json,
+                        },
+                    })
+                    .collect(),
+            ),
+        };
+        let completion = Completion {
+            id: &id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: [Choice {
+                index: 0,
+                message: OutMessage {
+                    role: "assistant",
+                    content,
+                    tool_calls,
+                    refusal: None,
+                },
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: Usage::new(usage),
+        };
+        Payload::Json(super::response::to_vec(&completion))
+    };
+    Prepared {
+        status: StatusCode::OK,
+        payload,
+        latency: shared.latency(scenario),
+        chunk_delay: scenario.chunk_delay,
+    }
+}

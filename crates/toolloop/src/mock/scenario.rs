@@ -1,0 +1,307 @@
+//! The scenario grammar: what the mock does, read from the model name.
+//!
+//! See the [module docs](super) for the grammar and examples.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// The most rounds a scenario may ask for.
+pub const MAX_ROUNDS: u32 = 10_000;
+/// The most parallel calls per round a scenario may ask for.
+pub const MAX_PARALLEL: u32 = 256;
+/// The longest latency or chunk delay a scenario may ask for.
+pub const MAX_DELAY: Duration = Duration::from_secs(600);
+
+/// Keys that later versions of the mock will understand; naming one today gives a clear 400
+/// instead of "unknown key", so that a scenario written for a newer mock fails loudly.
+const RESERVED: &[(&str, &str)] = &[
+    ("faults", "fault injection"),
+    ("seed", "seeded randomness"),
+    ("text_calls", "text-only tool calls in a prompt dialect"),
+];
+
+/// A parsed scenario: how many rounds of tool calls, how wide, how slow.
+///
+/// Build one from a model name with [`Scenario::from_model`] (or `str::parse`), or start from
+/// [`Scenario::default`] and set fields; [`Scenario::model_name`] / `Display` render it back
+/// into a model name the mock accepts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Scenario {
+    /// Rounds of tool calls before the final answer (`rounds=`, default 1).
+    pub rounds: u32,
+    /// Tool calls per round (`parallel=`, default 1).
+    pub parallel: u32,
+    /// Time to wait before answering (`latency=`); `None` uses the server's default.
+    pub latency: Option<Duration>,
+    /// Longest text or argument fragment in one streamed delta, in characters (`chunk=`,
+    /// default 16); 0 sends each text and each call's arguments in one delta.
+    pub chunk: usize,
+    /// Pause between streamed events (`chunk_delay=`, default 0).
+    pub chunk_delay: Duration,
+}
+
+impl Default for Scenario {
+    fn default() -> Self {
+        Scenario {
+            rounds: 1,
+            parallel: 1,
+            latency: None,
+            chunk: 16,
+            chunk_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// A model name the mock could not read as a scenario. `Display` names the key and what was
+/// expected; the server sends it back in a 400.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScenarioError {
+    /// The key at fault, when one is.
+    pub key: Option<String>,
+    /// What was wrong and what was expected.
+    pub message: String,
+}
+
+impl fmt::Display for ScenarioError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for ScenarioError {}
+
+fn error(key: Option<&str>, message: String) -> ScenarioError {
+    ScenarioError {
+        key: key.map(str::to_owned),
+        message: format!("bad mock scenario: {message}"),
+    }
+}
+
+impl Scenario {
+    /// Reads the scenario from a model name: `NAME` or `NAME:key=value,key=value`.
+    ///
+    /// Everything before the first `:` is free (it is usually `mock`); everything after it must
+    /// be `key=value` pairs. A name with no `:` is the default scenario.
+    pub fn from_model(model: &str) -> Result<Scenario, ScenarioError> {
+        let mut scenario = Scenario::default();
+        let Some((_, params)) = model.split_once(':') else {
+            return Ok(scenario);
+        };
+        let mut seen: [bool; 5] = [false; 5];
+        for param in params.split(',') {
+            let param = param.trim();
+            if param.is_empty() {
+                continue;
+            }
+            let Some((key, value)) = param.split_once('=') else {
+                return Err(error(
+                    None,
+                    format!(
+                        "`{param}` in model `{model}` is not `key=value`; expected a name like \
+                         `mock:rounds=3,parallel=2,latency=5ms`"
+                    ),
+                ));
+            };
+            let (key, value) = (key.trim(), value.trim());
+            let slot = match key {
+                "rounds" => {
+                    scenario.rounds = number(key, value, 0, MAX_ROUNDS)?;
+                    0
+                }
+                "parallel" => {
+                    scenario.parallel = number(key, value, 1, MAX_PARALLEL)?;
+                    1
+                }
+                "latency" => {
+                    scenario.latency = Some(duration(key, value)?);
+                    2
+                }
+                "chunk" => {
+                    scenario.chunk = number(key, value, 0, 1_000_000)? as usize;
+                    3
+                }
+                "chunk_delay" => {
+                    scenario.chunk_delay = duration(key, value)?;
+                    4
+                }
+                _ => {
+                    if let Some((_, what)) = RESERVED.iter().find(|(k, _)| *k == key) {
+                        return Err(error(
+                            Some(key),
+                            format!(
+                                "key `{key}` ({what}) is reserved for a later version of the \
+                                 mock and not supported by this one"
+                            ),
+                        ));
+                    }
+                    return Err(error(
+                        Some(key),
+                        format!(
+                            "unknown key `{key}`; expected one of rounds, parallel, latency, \
+                             chunk, chunk_delay"
+                        ),
+                    ));
+                }
+            };
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(error(Some(key), format!("key `{key}` is given twice")));
+            }
+        }
+        Ok(scenario)
+    }
+
+    /// The model name that selects this scenario, e.g. `mock:rounds=3,parallel=2,latency=5ms`.
+    /// Keys left at their default are omitted.
+    pub fn model_name(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl FromStr for Scenario {
+    type Err = ScenarioError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Scenario::from_model(s)
+    }
+}
+
+impl fmt::Display for Scenario {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let default = Scenario::default();
+        f.write_str("mock")?;
+        let mut sep = ':';
+        let mut put = |f: &mut fmt::Formatter<'_>, item: fmt::Arguments<'_>| {
+            let r = write!(f, "{sep}{item}");
+            sep = ',';
+            r
+        };
+        if self.rounds != default.rounds {
+            put(f, format_args!("rounds={}", self.rounds))?;
+        }
+        if self.parallel != default.parallel {
+            put(f, format_args!("parallel={}", self.parallel))?;
+        }
+        if let Some(latency) = self.latency {
+            put(f, format_args!("latency={}us", latency.as_micros()))?;
+        }
+        if self.chunk != default.chunk {
+            put(f, format_args!("chunk={}", self.chunk))?;
+        }
+        if self.chunk_delay != default.chunk_delay {
+            put(
+                f,
+                format_args!("chunk_delay={}us", self.chunk_delay.as_micros()),
+            )?;
+        }
+        Ok(())
+    }
+}
+
+fn number(key: &str, value: &str, min: u32, max: u32) -> Result<u32, ScenarioError> {
+    match value.parse::<u32>() {
+        Ok(n) if (min..=max).contains(&n) => Ok(n),
+        _ => Err(error(
+            Some(key),
+            format!("key `{key}` expects a whole number from {min} to {max}, got `{value}`"),
+        )),
+    }
+}
+
+/// `0`, `250us` (or `µs`), `5ms`, `1.5s`, `2m`.
+fn duration(key: &str, value: &str) -> Result<Duration, ScenarioError> {
+    let bad = || {
+        error(
+            Some(key),
+            format!(
+                "key `{key}` expects a duration such as `0`, `250us`, `5ms`, `1.5s` or `1m` \
+                 (at most 10 minutes), got `{value}`"
+            ),
+        )
+    };
+    let split = value
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(value.len());
+    let (number, unit) = value.split_at(split);
+    let n: f64 = number.parse().map_err(|_| bad())?;
+    let seconds_per_unit = match unit {
+        "" if n == 0.0 => 0.0,
+        "us" | "µs" => 1e-6,
+        "ms" => 1e-3,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => return Err(bad()),
+    };
+    let seconds = n * seconds_per_unit;
+    if !seconds.is_finite() || seconds < 0.0 || seconds > MAX_DELAY.as_secs_f64() {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_without_parameters() {
+        assert_eq!(Scenario::from_model("mock").unwrap(), Scenario::default());
+        assert_eq!(Scenario::from_model("gpt-4o").unwrap(), Scenario::default());
+        assert_eq!(Scenario::from_model("mock:").unwrap(), Scenario::default());
+    }
+
+    #[test]
+    fn reads_every_key() {
+        let s =
+            Scenario::from_model("mock:rounds=3, parallel=2,latency=5ms,chunk=0,chunk_delay=1.5s")
+                .unwrap();
+        assert_eq!(s.rounds, 3);
+        assert_eq!(s.parallel, 2);
+        assert_eq!(s.latency, Some(Duration::from_millis(5)));
+        assert_eq!(s.chunk, 0);
+        assert_eq!(s.chunk_delay, Duration::from_millis(1500));
+        assert_eq!(
+            Scenario::from_model("x:latency=250us").unwrap().latency,
+            Some(Duration::from_micros(250))
+        );
+        assert_eq!(
+            Scenario::from_model("x:latency=0").unwrap().latency,
+            Some(Duration::ZERO)
+        );
+    }
+
+    #[test]
+    fn round_trips_through_the_model_name() {
+        let s = Scenario::from_model("mock:rounds=7,parallel=3,latency=2ms,chunk=4").unwrap();
+        assert_eq!(
+            s.model_name(),
+            "mock:rounds=7,parallel=3,latency=2000us,chunk=4"
+        );
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+        assert_eq!(Scenario::default().model_name(), "mock");
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_expectation() {
+        let e = Scenario::from_model("mock:rounds=x").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("rounds"));
+        assert!(e.message.contains("whole number from 0 to"), "{e}");
+        let e = Scenario::from_model("mock:parallel=0").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("parallel"));
+        let e = Scenario::from_model("mock:wat=1").unwrap_err();
+        assert!(e.message.contains("unknown key `wat`"), "{e}");
+        let e = Scenario::from_model("mock:faults=0.2").unwrap_err();
+        assert!(e.message.contains("reserved"), "{e}");
+        let e = Scenario::from_model("mock:latency=5 parsecs").unwrap_err();
+        assert!(e.message.contains("duration"), "{e}");
+        let e = Scenario::from_model("mock:latency=1h").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("latency"));
+        let e = Scenario::from_model("mock:rounds=1,rounds=2").unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
+        let e = Scenario::from_model("qwen3:8b").unwrap_err();
+        assert!(e.message.contains("not `key=value`"), "{e}");
+        let e = Scenario::from_model("mock:latency=é").unwrap_err();
+        assert!(e.message.contains("duration"), "{e}");
+    }
+}
