@@ -72,7 +72,9 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::TerminalSignal
         | StopReason::TooManyInvalidCalls
         | StopReason::OutputTruncated => ExitCode::from(3),
-        StopReason::Cancelled | StopReason::ModelError => ExitCode::FAILURE,
+        StopReason::Cancelled | StopReason::ModelError | StopReason::StoreFailed => {
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -124,7 +124,10 @@ impl Default for HttpTransport {
 }
 
 fn transport_error(e: reqwest::Error) -> ModelError {
-    let retryable = e.is_connect() || e.is_timeout() || e.is_request() || e.is_body();
+    // A connection that breaks while the body is read shows up as a body or decode error:
+    // retryable (a stream that already delivered output is still never replayed).
+    let retryable =
+        e.is_connect() || e.is_timeout() || e.is_request() || e.is_body() || e.is_decode();
     let mut message = e.to_string();
     let mut source = std::error::Error::source(&e);
     while let Some(s) = source {
