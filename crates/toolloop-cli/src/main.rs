@@ -24,6 +24,18 @@ struct Cli {
 enum Command {
     /// Run the agent on a prompt and print the answer.
     Run(run::RunArgs),
+    /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
+    Mock(MockArgs),
+}
+
+#[derive(clap::Args)]
+struct MockArgs {
+    /// The port (0 picks a free one).
+    #[arg(long, default_value_t = 8089)]
+    port: u16,
+    /// Latency added to every response, in milliseconds, unless the scenario sets its own.
+    #[arg(long, value_name = "MS")]
+    latency: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -41,6 +53,20 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Mock(args) => {
+                let options = toolloop::mock::MockOptions {
+                    port: args.port,
+                    default_latency: args.latency.map(std::time::Duration::from_millis),
+                    ..Default::default()
+                };
+                match toolloop::mock::serve(options).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("toolloop mock: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
         }
     })
 }

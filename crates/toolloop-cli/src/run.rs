@@ -1,7 +1,7 @@
 //! `toolloop run`: one agent run on a prompt.
 
 use crate::EXIT_USAGE;
-use crate::spec::{ProviderOptions, model_from_spec};
+use crate::spec::{ProviderArgs, model_from_args};
 use clap::Args;
 use serde_json::{Value, json};
 use std::io::IsTerminal;
@@ -18,9 +18,8 @@ use toolloop::outcome::{CallStatus, Outcome, StopReason};
 pub struct RunArgs {
     /// What to ask.
     prompt: String,
-    /// The model, as provider:model (`test` runs offline).
-    #[arg(long, env = "TOOLLOOP_MODEL", default_value = "test")]
-    model: String,
+    #[command(flatten)]
+    provider: ProviderArgs,
     /// A system prompt.
     #[arg(long)]
     system: Option<String>,
@@ -42,6 +41,12 @@ pub struct RunArgs {
     /// Stream the model's text as it arrives.
     #[arg(long)]
     stream: bool,
+    /// Sampling temperature.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// The most output tokens per model call.
+    #[arg(long)]
+    max_output_tokens: Option<u32>,
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
@@ -79,7 +84,7 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
-    let model = match model_from_spec(&args.model, &ProviderOptions::default()) {
+    let model = match model_from_args(&args.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
@@ -100,6 +105,12 @@ pub async fn run(args: RunArgs) -> ExitCode {
     }
     if let Some(t) = args.timeout {
         builder = builder.timeout(t);
+    }
+    if let Some(t) = args.temperature {
+        builder = builder.temperature(t);
+    }
+    if let Some(n) = args.max_output_tokens {
+        builder = builder.max_output_tokens(n);
     }
     let agent = match builder.build() {
         Ok(a) => a,

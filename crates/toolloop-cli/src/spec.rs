@@ -1,30 +1,139 @@
-//! `--model <provider:model>`: which model to run.
+//! `--model <provider:model>`: which model to run, and the provider flags.
 
+use clap::Args;
+use serde_json::Value;
 use std::sync::Arc;
-use toolloop::model::Model;
+use toolloop::model::{Model, ModelError};
+use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
+use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::TestModel;
 
-/// What the providers need besides the model spec.
-#[derive(Debug, Clone, Default)]
-pub struct ProviderOptions {}
+/// Provider flags shared by the commands that call a model.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ProviderArgs {
+    /// The model, as provider:model: test, scripted:<file>, openai:<model>,
+    /// anthropic:<model>, gemini:<model>.
+    #[arg(long, env = "TOOLLOOP_MODEL", default_value = "test")]
+    pub model: String,
+    /// Read the API key from this environment variable instead of the provider's usual one.
+    #[arg(long, value_name = "NAME")]
+    pub api_key_env: Option<String>,
+    /// The provider's base URL (any OpenAI-compatible server for openai:…; a mock or proxy).
+    #[arg(long, value_name = "URL")]
+    pub base_url: Option<String>,
+    /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`).
+    #[arg(long, value_name = "JSON", value_parser = parse_extra)]
+    pub extra: Option<Value>,
+}
+
+fn parse_extra(s: &str) -> Result<Value, String> {
+    match serde_json::from_str::<Value>(s) {
+        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(_) => Err("expected a JSON object, like '{\"top_k\": 20}'".into()),
+        Err(e) => Err(format!(
+            "not valid JSON ({e}); expected an object like '{{\"top_k\": 20}}'"
+        )),
+    }
+}
 
 /// The providers `--model` accepts, for error messages.
-pub const KNOWN: &str = "test, scripted:<file>";
+pub const KNOWN: &str = "test, scripted:<file>, openai:<model>, anthropic:<model>, gemini:<model>";
+
+/// Looks up a variable, honouring `--api-key-env` and `--base-url`.
+fn lookup<'a>(
+    args: &'a ProviderArgs,
+    key_vars: &'a [&'a str],
+    url_vars: &'a [&'a str],
+) -> impl Fn(&str) -> Option<String> + 'a {
+    move |name: &str| {
+        if url_vars.contains(&name)
+            && let Some(url) = &args.base_url
+        {
+            return Some(url.clone());
+        }
+        if key_vars.contains(&name)
+            && let Some(var) = &args.api_key_env
+        {
+            return std::env::var(var).ok();
+        }
+        std::env::var(name).ok()
+    }
+}
+
+fn named_key_is_set(args: &ProviderArgs) -> Result<(), String> {
+    if let Some(var) = &args.api_key_env
+        && std::env::var(var).map_or(true, |v| v.trim().is_empty())
+    {
+        return Err(format!(
+            "--api-key-env {var}: the variable is not set (or is empty)"
+        ));
+    }
+    Ok(())
+}
 
 /// Builds the model a spec names.
-pub fn model_from_spec(spec: &str, _opts: &ProviderOptions) -> Result<Arc<dyn Model>, String> {
+pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    let spec = args.model.trim();
     let (provider, rest) = match spec.split_once(':') {
         Some((p, r)) => (p, Some(r)),
         None => (spec, None),
     };
-    match (provider, rest) {
-        ("test", None) => Ok(Arc::new(TestModel::new())),
-        ("scripted", Some(path)) if !path.is_empty() => ScriptedModel::from_file(path)
-            .map(|m| Arc::new(m) as Arc<dyn Model>)
-            .map_err(|e| e.to_string()),
-        _ => Err(format!(
-            "unknown model `{spec}`: expected one of {KNOWN} (provider:model)"
-        )),
+    let need_name = |rest: Option<&str>| -> Result<String, String> {
+        match rest.map(str::trim) {
+            Some(m) if !m.is_empty() => Ok(m.to_string()),
+            _ => Err(format!(
+                "`{spec}` names no model: expected {provider}:<model>"
+            )),
+        }
+    };
+    let cfg_err = |e: ModelError| e.to_string();
+    match provider {
+        "test" if rest.is_none() => Ok(Arc::new(TestModel::new())),
+        "scripted" => {
+            let path = need_name(rest)?;
+            ScriptedModel::from_file(path)
+                .map(|m| Arc::new(m) as Arc<dyn Model>)
+                .map_err(|e| e.to_string())
+        }
+        "openai" => {
+            let model = need_name(rest)?;
+            let mut config = OpenAiConfig::from_vars(
+                &model,
+                args.api_key_env.as_deref(),
+                lookup(args, &[], &["OPENAI_BASE_URL"]),
+            )
+            .map_err(cfg_err)?;
+            config.extra = args.extra.clone();
+            Ok(Arc::new(OpenAiModel::new(config)))
+        }
+        "anthropic" => {
+            let model = need_name(rest)?;
+            named_key_is_set(args)?;
+            let mut config = AnthropicConfig::from_vars(
+                model,
+                lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
+            )
+            .map_err(cfg_err)?;
+            config.extra = args.extra.clone();
+            Ok(Arc::new(AnthropicModel::new(config)))
+        }
+        "gemini" => {
+            let model = need_name(rest)?;
+            named_key_is_set(args)?;
+            let mut config = GeminiConfig::from_vars(
+                model,
+                lookup(
+                    args,
+                    &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+                    &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+                ),
+            )
+            .map_err(cfg_err)?;
+            config.extra = args.extra.clone();
+            Ok(Arc::new(GeminiModel::new(config)))
+        }
+        _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),
     }
 }

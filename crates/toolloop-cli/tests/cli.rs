@@ -149,3 +149,56 @@ fn write_file_is_offered_only_with_allow_write() {
     assert_eq!(last["name"], "write_file");
     assert_eq!(last["success"], true);
 }
+
+/// `toolloop run` against the mock server, for each provider, streamed and not.
+#[test]
+fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(toolloop::mock::start(toolloop::mock::MockOptions::default()))
+        .unwrap();
+    let base = server.base_url();
+    let dir = repo();
+    for (provider, url) in [
+        ("openai", format!("{base}/v1")),
+        ("anthropic", base.clone()),
+        ("gemini", base.clone()),
+    ] {
+        for stream in [false, true] {
+            let model = format!("{provider}:mock:rounds=2,parallel=3");
+            let mut args = vec!["run", "--json", "--model", &model, "--base-url", &url];
+            if stream {
+                args.push("--stream");
+            }
+            args.push("go");
+            let out = Command::new(env!("CARGO_BIN_EXE_toolloop"))
+                .args(&args)
+                .current_dir(dir.path())
+                .env_remove("TOOLLOOP_MODEL")
+                .env_remove("OPENAI_API_KEY")
+                .env_remove("ANTHROPIC_API_KEY")
+                .env_remove("GEMINI_API_KEY")
+                .env_remove("GOOGLE_API_KEY")
+                .output()
+                .unwrap();
+            let what = format!("{provider} stream={stream}");
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{what}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let v = json_of(&out);
+            assert_eq!(v["stop_reason"], "answered", "{what}");
+            assert_eq!(v["rounds"], 3, "{what}");
+            assert_eq!(v["tool_calls"].as_array().unwrap().len(), 6, "{what}");
+            assert_eq!(
+                v["text"], "Done. I saw 6 tool results in 2 rounds.",
+                "{what}"
+            );
+            assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0, "{what}");
+        }
+    }
+    assert_eq!(server.stats().rejected, 0);
+    rt.block_on(server.shutdown());
+}

@@ -171,10 +171,11 @@ impl OpenAiConfig {
     /// A missing key is an error for OpenAI's own API, and when `api_key_env` names a variable
     /// that is not set; other servers (local ones especially) may need no key.
     pub fn from_env(model: &str, api_key_env: Option<&str>) -> Result<Self, ModelError> {
-        Self::from_lookup(model, api_key_env, |name| std::env::var(name).ok())
+        Self::from_vars(model, api_key_env, |name| std::env::var(name).ok())
     }
 
-    fn from_lookup(
+    /// Like [`OpenAiConfig::from_env`], reading variables through `lookup`.
+    pub fn from_vars(
         model: &str,
         api_key_env: Option<&str>,
         lookup: impl Fn(&str) -> Option<String>,
@@ -1408,13 +1409,13 @@ mod tests {
                     .map(|(_, v)| v.to_string())
             }
         };
-        let c = OpenAiConfig::from_lookup("gpt", None, env(&[("OPENAI_API_KEY", "sk-1")])).unwrap();
+        let c = OpenAiConfig::from_vars("gpt", None, env(&[("OPENAI_API_KEY", "sk-1")])).unwrap();
         assert_eq!(c.api_key.as_deref(), Some("sk-1"));
         assert_eq!(c.endpoint(), "https://api.openai.com/v1/chat/completions");
         assert!(!c.rescue_text_tool_calls);
-        let e = OpenAiConfig::from_lookup("gpt", None, env(&[])).unwrap_err();
+        let e = OpenAiConfig::from_vars("gpt", None, env(&[])).unwrap_err();
         assert!(e.to_string().contains("OPENAI_API_KEY"), "{e}");
-        let c = OpenAiConfig::from_lookup(
+        let c = OpenAiConfig::from_vars(
             "llama",
             None,
             env(&[("OPENAI_BASE_URL", "http://127.0.0.1:8080/v1/")]),
@@ -1423,7 +1424,7 @@ mod tests {
         assert_eq!(c.api_key, None);
         assert_eq!(c.endpoint(), "http://127.0.0.1:8080/v1/chat/completions");
         assert_eq!(c.reminder_role, ReminderRole::User);
-        let c = OpenAiConfig::from_lookup(
+        let c = OpenAiConfig::from_vars(
             "x",
             Some("GROQ_API_KEY"),
             env(&[
@@ -1434,7 +1435,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.api_key.as_deref(), Some("gsk"));
-        let e = OpenAiConfig::from_lookup(
+        let e = OpenAiConfig::from_vars(
             "x",
             Some("GROQ_API_KEY"),
             env(&[("OPENAI_BASE_URL", "https://api.groq.com/openai/v1")]),
