@@ -253,6 +253,53 @@ impl HttpTransport {
         .await
     }
 
+    /// POSTs a JSON body and decodes the whole response body with `decode`, with retries.
+    ///
+    /// Besides the failures [`HttpTransport::post`] retries, a 2xx body that `decode` refuses
+    /// and that is not valid JSON (cut short, corrupted, a proxy's error page) is retried like a
+    /// broken connection; after the last attempt, the error is `decode`'s. A decode error on a
+    /// well-formed body is returned at once unless it is itself retryable.
+    pub async fn post_json<T>(
+        &self,
+        url: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+        parse_error: ErrorParser,
+        decode: impl Fn(&[u8]) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        let mut attempt = 0;
+        loop {
+            let read = match self.send_once(url, headers, &body, parse_error).await {
+                Ok(response) => self.read_body(response).await,
+                Err(e) => Err(e),
+            };
+            let (error, retry) = match read {
+                Ok(bytes) => match decode(&bytes) {
+                    Ok(value) => return Ok(value),
+                    Err(e) => {
+                        let retry = e.is_retryable() || !is_json(&bytes);
+                        (e, retry)
+                    }
+                },
+                Err(e) => {
+                    let retry = e.is_retryable();
+                    (e, retry)
+                }
+            };
+            if !retry || attempt >= self.retry.max_retries {
+                return Err(error);
+            }
+            attempt += 1;
+            let hint = match &error {
+                ModelError::Api(a) => a.retry_after,
+                _ => None,
+            };
+            let wait = self.retry.delay(attempt, hint);
+            tracing::debug!(%error, attempt, ?wait, "retrying model call");
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// POSTs a JSON body and returns the response body as a byte stream. Failures before the
     /// response headers are retried; the body's total size is capped like any other.
     pub async fn post_stream(
@@ -342,6 +389,11 @@ where
             }
         }
     }))
+}
+
+/// Whether `bytes` hold one well-formed JSON value.
+fn is_json(bytes: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(bytes).is_ok()
 }
 
 fn is_output(ev: &StreamEvent) -> bool {

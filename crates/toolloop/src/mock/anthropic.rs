@@ -8,8 +8,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Shared;
-use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces};
-use super::response::{Payload, Prepared, SseWriter};
+use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
+use super::fault::{Drawn, FaultKind, Protocol};
+use super::response::{Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
 
 #[derive(Deserialize)]
@@ -154,6 +155,12 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    let fault = shared
+        .faults
+        .draw(&scenario, Protocol::Anthropic, "anthropic", body);
+    if let Some(early) = fault.and_then(|d| Prepared::early_fault(d, &scenario, error)) {
+        return early;
+    }
     let (allow, named) = match &request.tool_choice {
         Some(choice) if choice.kind == "none" => (false, None),
         Some(choice) if choice.kind == "tool" => (true, choice.name.as_deref()),
@@ -172,7 +179,15 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
             schema: t.input_schema.as_ref(),
         })
         .collect();
-    reply(shared, &request, &scenario, &tools, progress, body.len())
+    reply(
+        shared,
+        &request,
+        &scenario,
+        &tools,
+        progress,
+        body.len(),
+        fault,
+    )
 }
 
 /// Checks that every `tool_use` is answered by exactly one `tool_result` in the next user
@@ -379,7 +394,9 @@ fn reply(
     tools: &[OfferedTool<'_>],
     progress: Progress,
     body_len: usize,
+    fault: Option<Drawn>,
 ) -> Prepared {
+    let cut = fault.is_some_and(|d| d.kind == FaultKind::CutCall);
     let reply = engine::plan(scenario, tools, progress, "toolu_mock", &shared.ids);
     let (input_tokens, output_tokens) = engine::usage(body_len, &reply);
     let usage = Usage {
@@ -431,7 +448,11 @@ fn reply(
                         content_block: block,
                     },
                 );
-                for piece in pieces(text, scenario.chunk) {
+                for piece in pieces_with_cut(text, scenario.chunk, cut) {
+                    let Some(piece) = piece else {
+                        sse.mark();
+                        continue;
+                    };
                     let delta = BlockDelta::TextDelta { text: piece };
                     event(
                         &mut sse,
@@ -461,7 +482,12 @@ fn reply(
                             content_block: block,
                         },
                     );
-                    for piece in pieces(&call.arguments_json, scenario.chunk) {
+                    let first = cut && index == 0;
+                    for piece in pieces_with_cut(&call.arguments_json, scenario.chunk, first) {
+                        let Some(piece) = piece else {
+                            sse.mark();
+                            continue;
+                        };
                         let delta = BlockDelta::InputJsonDelta {
                             partial_json: piece,
                         };
@@ -516,10 +542,19 @@ fn reply(
         };
         Payload::Json(super::response::to_vec(&message))
     };
-    Prepared {
-        status: StatusCode::OK,
-        payload,
-        latency: shared.latency(scenario),
-        chunk_delay: scenario.chunk_delay,
+    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
+    match fault {
+        None => prepared,
+        Some(drawn) => {
+            // Where a cut lands in a JSON body: in the first call's input, else in the text.
+            let (after, needle) = match &reply {
+                Reply::Calls(calls) => calls
+                    .first()
+                    .map(|c| (to_vec(&c.name), c.arguments_json.as_bytes().to_vec()))
+                    .unwrap_or_default(),
+                Reply::Text(text) => (Vec::new(), to_vec(text)),
+            };
+            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
+        }
     }
 }

@@ -253,6 +253,30 @@ pub(crate) fn pieces(s: &str, max_chars: usize) -> impl Iterator<Item = &str> {
     })
 }
 
+/// [`pieces`] of `s`, and when `cut`, split in two halves with a `None` between them: where a
+/// `cut_call` fault ends the stream (the halves are split on a char boundary; the first holds
+/// at least one char of a non-empty `s`).
+pub(crate) fn pieces_with_cut(
+    s: &str,
+    max_chars: usize,
+    cut: bool,
+) -> impl Iterator<Item = Option<&str>> {
+    let (head, tail) = if cut {
+        let chars = s.chars().count();
+        let at = s
+            .char_indices()
+            .nth((chars / 2).max(1))
+            .map_or(s.len(), |(i, _)| i);
+        s.split_at(at)
+    } else {
+        (s, "")
+    };
+    pieces(head, max_chars)
+        .map(Some)
+        .chain(cut.then_some(None))
+        .chain(pieces(tail, max_chars).filter(|p| !p.is_empty()).map(Some))
+}
+
 /// Lists ids for an error message: `a, b, c`.
 pub(crate) fn join(ids: &[&str]) -> String {
     ids.join(", ")
@@ -273,6 +297,18 @@ mod tests {
         assert_eq!(pieces("", 4).collect::<Vec<_>>(), [""]);
         assert_eq!(pieces("abc", 0).collect::<Vec<_>>(), ["abc"]);
         assert_eq!(pieces("abcd", 4).collect::<Vec<_>>(), ["abcd"]);
+    }
+
+    #[test]
+    fn pieces_with_cut_mark_the_middle() {
+        let all: Vec<Option<&str>> = pieces_with_cut("abcdef", 2, true).collect();
+        assert_eq!(all, [Some("ab"), Some("c"), None, Some("de"), Some("f")]);
+        let all: Vec<Option<&str>> = pieces_with_cut("{}", 0, true).collect();
+        assert_eq!(all, [Some("{"), None, Some("}")]);
+        let all: Vec<Option<&str>> = pieces_with_cut("é", 0, true).collect();
+        assert_eq!(all, [Some("é"), None]);
+        let all: Vec<Option<&str>> = pieces_with_cut("abc", 0, false).collect();
+        assert_eq!(all, [Some("abc")]);
     }
 
     #[test]

@@ -7,7 +7,8 @@ use serde_json::Value;
 
 use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces};
-use super::response::{Payload, Prepared, SseWriter};
+use super::fault::{Drawn, Protocol};
+use super::response::{Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
 
 /// Which method the path asked for.
@@ -154,6 +155,17 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    // The body does not name the model, and both methods take the same body: the route does.
+    let route = match method {
+        Method::Generate => format!("gemini:{model}:generateContent"),
+        Method::Stream { sse } => format!("gemini:{model}:streamGenerateContent:{sse}"),
+    };
+    let fault = shared
+        .faults
+        .draw(&scenario, Protocol::Gemini, &route, body);
+    if let Some(early) = fault.and_then(|d| Prepared::early_fault(d, &scenario, error)) {
+        return early;
+    }
     let config = request
         .tool_config
         .as_ref()
@@ -195,6 +207,7 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         &tools,
         progress,
         body.len(),
+        fault,
     )
 }
 
@@ -383,6 +396,7 @@ fn reply(
     tools: &[OfferedTool<'_>],
     progress: Progress,
     body_len: usize,
+    fault: Option<Drawn>,
 ) -> Prepared {
     let reply = engine::plan(scenario, tools, progress, "", &shared.ids);
     let (input, output) = engine::usage(body_len, &reply);
@@ -460,10 +474,20 @@ fn reply(
             Payload::Json(out)
         }
     };
-    Prepared {
-        status: StatusCode::OK,
-        payload,
-        latency: shared.latency(scenario),
-        chunk_delay: scenario.chunk_delay,
+    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
+    match fault {
+        None => prepared,
+        Some(drawn) => {
+            // Gemini sends each call whole, in one chunk: a cut lands inside its `args` object
+            // (or the text), in the middle of a line when streamed.
+            let (after, needle) = match &reply {
+                Reply::Calls(calls) => calls
+                    .first()
+                    .map(|c| (to_vec(&c.name), c.arguments_json.as_bytes().to_vec()))
+                    .unwrap_or_default(),
+                Reply::Text(text) => (Vec::new(), to_vec(text)),
+            };
+            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
+        }
     }
 }

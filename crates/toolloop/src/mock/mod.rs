@@ -86,12 +86,15 @@
 //! ```
 
 mod anthropic;
+mod conn;
 mod engine;
+mod fault;
 mod gemini;
 mod openai;
 mod response;
 mod scenario;
 
+pub use fault::{FaultCounts, FaultKind, FaultKinds};
 pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
 
 use std::io;
@@ -103,14 +106,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::{get, post};
-use axum::serve::ListenerExt;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use conn::{ConnHandle, ResettableListener};
+use fault::FaultState;
 use response::Prepared;
 
 /// How to run the mock server.
@@ -139,8 +143,11 @@ impl Default for MockOptions {
 pub struct MockStats {
     /// Requests answered, rejected ones included.
     pub requests: u64,
-    /// Requests answered with a 4xx error (bad scenario, unanswered call, malformed body, …).
+    /// Requests answered with a 4xx error (bad scenario, unanswered call, malformed body, …);
+    /// injected faults are not counted here.
     pub rejected: u64,
+    /// Injected faults, by kind (each counted when its response was started).
+    pub faults: FaultCounts,
     /// Server-side time spent on all requests, from the handler's start to the response head
     /// (latency included, streamed body pacing excluded).
     pub processing: Duration,
@@ -168,6 +175,7 @@ pub(crate) struct Shared {
     rejected: AtomicU64,
     nanos: AtomicU64,
     max_nanos: AtomicU64,
+    pub(crate) faults: FaultState,
 }
 
 impl Shared {
@@ -183,6 +191,7 @@ impl Shared {
             rejected: AtomicU64::new(0),
             nanos: AtomicU64::new(0),
             max_nanos: AtomicU64::new(0),
+            faults: FaultState::default(),
         }
     }
 
@@ -208,6 +217,7 @@ impl Shared {
         MockStats {
             requests: self.requests.load(Ordering::Relaxed),
             rejected: self.rejected.load(Ordering::Relaxed),
+            faults: self.faults.counts(),
             processing: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
         }
@@ -290,9 +300,8 @@ pub async fn start(options: MockOptions) -> io::Result<MockServer> {
     let addr = listener.local_addr()?;
     let shared = Arc::new(Shared::new(&options));
     let app = router(shared.clone(), options.max_body_bytes);
-    let listener = listener.tap_io(|stream| {
-        let _ = stream.set_nodelay(true);
-    });
+    let listener = ResettableListener(listener);
+    let app = app.into_make_service_with_connect_info::<ConnHandle>();
     let (stop, stopped) = oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         axum::serve(listener, app)
@@ -339,13 +348,22 @@ fn router(shared: Arc<Shared>, max_body_bytes: usize) -> Router {
 }
 
 /// Waits out the latency, counts the request and builds the response.
-async fn finish(shared: &Shared, started: Instant, prepared: Prepared) -> Response {
+async fn finish(
+    shared: &Shared,
+    started: Instant,
+    prepared: Prepared,
+    conn: Option<&ConnHandle>,
+) -> Response {
     if !prepared.latency.is_zero() {
         tokio::time::sleep(prepared.latency).await;
     }
     let elapsed = started.elapsed();
-    shared.record(elapsed, prepared.status.is_client_error());
-    prepared.into_response(elapsed)
+    if let Some(kind) = prepared.fault {
+        shared.faults.count(kind);
+    }
+    let rejected = prepared.status.is_client_error() && prepared.fault.is_none();
+    shared.record(elapsed, rejected);
+    prepared.into_response(elapsed, conn)
 }
 
 fn body_error(rejection: &BytesRejection) -> (StatusCode, String) {
@@ -357,6 +375,7 @@ fn body_error(rejection: &BytesRejection) -> (StatusCode, String) {
 
 async fn openai_route(
     State(shared): State<Arc<Shared>>,
+    ConnectInfo(conn): ConnectInfo<ConnHandle>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
@@ -367,11 +386,12 @@ async fn openai_route(
             openai::error(status, &message, None, None)
         }
     };
-    finish(&shared, started, prepared).await
+    finish(&shared, started, prepared, Some(&conn)).await
 }
 
 async fn anthropic_route(
     State(shared): State<Arc<Shared>>,
+    ConnectInfo(conn): ConnectInfo<ConnHandle>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
@@ -383,18 +403,19 @@ async fn anthropic_route(
             anthropic::error(status, &message)
         }
     };
-    finish(&shared, started, prepared).await
+    finish(&shared, started, prepared, Some(&conn)).await
 }
 
 async fn gemini_route(
     State(shared): State<Arc<Shared>>,
+    ConnectInfo(conn): ConnectInfo<ConnHandle>,
     path: Result<Path<String>, PathRejection>,
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
     let started = Instant::now();
     let prepared = gemini_prepare(&shared, path, &uri, body);
-    finish(&shared, started, prepared).await
+    finish(&shared, started, prepared, Some(&conn)).await
 }
 
 fn gemini_prepare(
@@ -447,7 +468,7 @@ async fn list_models() -> Response {
         "object": "list",
         "data": [{"id": "mock", "object": "model", "created": 0, "owned_by": "toolloop"}],
     });
-    Prepared::json(StatusCode::OK, &body).into_response(Duration::ZERO)
+    Prepared::json(StatusCode::OK, &body).into_response(Duration::ZERO, None)
 }
 
 fn error_for_path(path: &str, status: StatusCode, message: &str) -> Prepared {
@@ -468,14 +489,14 @@ async fn not_found(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
         uri.path()
     );
     let prepared = error_for_path(uri.path(), StatusCode::NOT_FOUND, &message);
-    finish(&shared, started, prepared).await
+    finish(&shared, started, prepared, None).await
 }
 
 async fn method_not_allowed(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
     let started = Instant::now();
     let message = format!("{} accepts POST only", uri.path());
     let prepared = error_for_path(uri.path(), StatusCode::METHOD_NOT_ALLOWED, &message);
-    finish(&shared, started, prepared).await
+    finish(&shared, started, prepared, None).await
 }
 
 #[cfg(test)]

@@ -5,8 +5,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::Shared;
-use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces};
-use super::response::{Payload, Prepared, SseWriter};
+use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
+use super::fault::{Drawn, FaultKind, Protocol};
+use super::response::{Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
 
 #[derive(Deserialize)]
@@ -90,8 +91,10 @@ pub(crate) fn error(
     param: Option<&str>,
     code: Option<&str>,
 ) -> Prepared {
-    let kind = match status {
-        StatusCode::NOT_FOUND => "not_found_error",
+    let kind = match status.as_u16() {
+        404 => "not_found_error",
+        429 => "requests",
+        500..=599 => "server_error",
         _ => "invalid_request_error",
     };
     Prepared::json(
@@ -137,10 +140,28 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    let fault = shared
+        .faults
+        .draw(&scenario, Protocol::OpenAi, "openai", body);
+    if let Some(early) = fault.and_then(|d| {
+        Prepared::early_fault(d, &scenario, |status, message| {
+            let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
+            error(status, message, None, code)
+        })
+    }) {
+        return early;
+    }
+    let ctx = Ctx {
+        request: &request,
+        scenario: &scenario,
+        progress,
+        body_len: body.len(),
+        fault,
+    };
 
     let named = match &request.tool_choice {
         Some(Value::String(s)) if s == "none" => {
-            return reply(shared, &request, &scenario, &[], progress, body.len());
+            return reply(shared, &ctx, &[]);
         }
         Some(choice) => choice.pointer("/function/name").and_then(Value::as_str),
         None => None,
@@ -156,7 +177,16 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             schema: f.parameters.as_ref(),
         })
         .collect();
-    reply(shared, &request, &scenario, &tools, progress, body.len())
+    reply(shared, &ctx, &tools)
+}
+
+/// What [`reply`] needs besides the tools.
+struct Ctx<'r, 'a> {
+    request: &'r Request<'a>,
+    scenario: &'r Scenario,
+    progress: Progress,
+    body_len: usize,
+    fault: Option<Drawn>,
 }
 
 /// Checks that every tool call is answered exactly once, right after the assistant message that
@@ -370,16 +400,11 @@ struct DeltaFunction<'a> {
     arguments: &'a str,
 }
 
-fn reply(
-    shared: &Shared,
-    request: &Request<'_>,
-    scenario: &Scenario,
-    tools: &[OfferedTool<'_>],
-    progress: Progress,
-    body_len: usize,
-) -> Prepared {
-    let reply = engine::plan(scenario, tools, progress, "call_mock", &shared.ids);
-    let usage = engine::usage(body_len, &reply);
+fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepared {
+    let (request, scenario) = (ctx.request, ctx.scenario);
+    let cut = ctx.fault.is_some_and(|d| d.kind == FaultKind::CutCall);
+    let reply = engine::plan(scenario, tools, ctx.progress, "call_mock", &shared.ids);
+    let usage = engine::usage(ctx.body_len, &reply);
     let id = format!("chatcmpl-mock{:016x}", shared.next_response_id());
     let created = super::unix_time();
     let model = request.model.as_ref();
@@ -425,7 +450,11 @@ fn reply(
                     },
                     None,
                 );
-                for piece in pieces(text, scenario.chunk) {
+                for piece in pieces_with_cut(text, scenario.chunk, cut) {
+                    let Some(piece) = piece else {
+                        sse.mark();
+                        continue;
+                    };
                     let delta = Delta {
                         content: Some(Some(piece)),
                         ..Delta::default()
@@ -458,7 +487,13 @@ fn reply(
                         ..Delta::default()
                     };
                     chunk(&mut sse, delta, None);
-                    for piece in pieces(&call.arguments_json, scenario.chunk) {
+                    for piece in
+                        pieces_with_cut(&call.arguments_json, scenario.chunk, cut && index == 0)
+                    {
+                        let Some(piece) = piece else {
+                            sse.mark();
+                            continue;
+                        };
                         let more = DeltaCall {
                             index,
                             id: None,
@@ -531,10 +566,20 @@ fn reply(
         };
         Payload::Json(super::response::to_vec(&completion))
     };
-    Prepared {
-        status: StatusCode::OK,
-        payload,
-        latency: shared.latency(scenario),
-        chunk_delay: scenario.chunk_delay,
+    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
+    match ctx.fault {
+        None => prepared,
+        Some(drawn) => {
+            // Where a cut lands in a JSON body: in the first call's arguments (a JSON string on
+            // this wire), else in the text.
+            let (after, needle) = match &reply {
+                Reply::Calls(calls) => calls
+                    .first()
+                    .map(|c| (to_vec(&c.name), to_vec(&c.arguments_json)))
+                    .unwrap_or_default(),
+                Reply::Text(text) => (Vec::new(), to_vec(text)),
+            };
+            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
+        }
     }
 }

@@ -3,9 +3,13 @@
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use serde::Serialize;
+
+use super::conn::ConnHandle;
+use super::fault::{self, Drawn, FaultKind};
+use super::scenario::Scenario;
 
 /// A reply ready to send, built by a protocol module.
 pub(crate) struct Prepared {
@@ -15,6 +19,23 @@ pub(crate) struct Prepared {
     pub latency: Duration,
     /// Waited between SSE events.
     pub chunk_delay: Duration,
+    /// Extra response headers (a 429's `Retry-After`).
+    pub headers: Vec<(&'static str, String)>,
+    /// The injected fault this response carries, if any.
+    pub fault: Option<FaultKind>,
+    /// Where the connection is reset, if it is.
+    pub reset: Reset,
+}
+
+/// Whether and where a fault resets the connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Reset {
+    #[default]
+    No,
+    /// Before any byte of the response.
+    Before,
+    /// After this many bytes of the body.
+    InBody(usize),
 }
 
 pub(crate) enum Payload {
@@ -30,14 +51,132 @@ impl Prepared {
             payload: Payload::Json(to_vec(value)),
             latency: Duration::ZERO,
             chunk_delay: Duration::ZERO,
+            headers: Vec::new(),
+            fault: None,
+            reset: Reset::No,
         }
     }
 
+    /// A reply with status 200, this payload, the scenario's pacing and no fault.
+    pub fn ok(payload: Payload, latency: Duration, chunk_delay: Duration) -> Prepared {
+        Prepared {
+            status: StatusCode::OK,
+            payload,
+            latency,
+            chunk_delay,
+            headers: Vec::new(),
+            fault: None,
+            reset: Reset::No,
+        }
+    }
+
+    /// Applies a fault drawn for this reply that does not replace it by an error: `reset`,
+    /// `reset_body`, `cut_call` (cut in the middle of `cut_needle`, found after `cut_after`, or
+    /// at the SSE writer's mark), `malformed_json` and `slow`. Error faults are the protocol
+    /// module's business (their bodies have its shape).
+    pub fn with_fault(
+        mut self,
+        drawn: Drawn,
+        slow_delay: Duration,
+        cut_after: &[u8],
+        cut_needle: &[u8],
+    ) -> Prepared {
+        self.fault = Some(drawn.kind);
+        match drawn.kind {
+            FaultKind::Reset => self.reset = Reset::Before,
+            FaultKind::ResetBody => {
+                let len = match &self.payload {
+                    Payload::Json(bytes) => bytes.len(),
+                    Payload::Sse(sse) => sse.buf.len(),
+                };
+                self.reset = Reset::InBody(fault::reset_point(len, drawn.aux));
+            }
+            FaultKind::CutCall => match &mut self.payload {
+                Payload::Json(bytes) => {
+                    let at = fault::cut_point(bytes, cut_after, cut_needle);
+                    bytes.truncate(at);
+                }
+                Payload::Sse(sse) => sse.cut(cut_after, cut_needle),
+            },
+            FaultKind::MalformedJson => match &mut self.payload {
+                Payload::Json(bytes) => *bytes = fault::malform(bytes),
+                Payload::Sse(sse) => sse.malform(),
+            },
+            FaultKind::Slow => self.latency = self.latency.saturating_add(slow_delay),
+            // Error faults are rendered by the protocol modules.
+            _ => {}
+        }
+        self
+    }
+
+    /// The reply for a fault that replaces the response: an error status, built by the protocol
+    /// module's `error` (its body shape), or a reset before the response. `None` for the faults
+    /// applied to a built reply ([`Prepared::with_fault`]).
+    pub fn early_fault(
+        drawn: Drawn,
+        scenario: &Scenario,
+        error: impl Fn(StatusCode, &str) -> Prepared,
+    ) -> Option<Prepared> {
+        let what = match drawn.kind {
+            FaultKind::RateLimited => "rate limit reached",
+            FaultKind::ServerError => "internal server error",
+            FaultKind::Unavailable => "the service is unavailable",
+            FaultKind::Overloaded => "overloaded",
+            FaultKind::Reset => {
+                let mut p = Prepared::json(StatusCode::OK, &());
+                p.fault = Some(FaultKind::Reset);
+                p.reset = Reset::Before;
+                return Some(p);
+            }
+            _ => return None,
+        };
+        let status = StatusCode::from_u16(drawn.kind.status()?).ok()?;
+        let mut headers = Vec::new();
+        let mut message = format!(
+            "{what} (a fault injected by the mock: faults={}, seed={})",
+            f64::from(scenario.faults) / 1e6,
+            scenario.seed
+        );
+        if drawn.kind == FaultKind::RateLimited {
+            let wait = scenario.retry_after;
+            headers.push(("retry-after-ms", wait.as_millis().to_string()));
+            headers.push(("retry-after", wait.as_secs_f64().ceil().to_string()));
+            message.push_str(&format!("; retry after {} ms", wait.as_millis()));
+        }
+        Some(error(status, &message).as_fault(drawn.kind, headers))
+    }
+
+    /// Marks an error reply as an injected fault, with its extra headers.
+    pub fn as_fault(mut self, kind: FaultKind, headers: Vec<(&'static str, String)>) -> Prepared {
+        self.fault = Some(kind);
+        self.headers = headers;
+        self
+    }
+
     /// The HTTP response, with a `Server-Timing` header giving the server's processing time.
-    pub fn into_response(self, processing: Duration) -> Response {
+    pub fn into_response(self, processing: Duration, conn: Option<&ConnHandle>) -> Response {
+        if let (Reset::Before, Some(conn)) = (self.reset, conn) {
+            conn.reset();
+        }
+        let reset_at = match (self.reset, conn) {
+            (Reset::InBody(at), Some(conn)) => Some((at, conn.clone())),
+            _ => None,
+        };
         let (content_type, body) = match self.payload {
-            Payload::Json(bytes) => ("application/json", Body::from(bytes)),
-            Payload::Sse(writer) => ("text/event-stream", writer.into_body(self.chunk_delay)),
+            Payload::Json(bytes) => {
+                let body = match reset_at {
+                    Some((at, conn)) => reset_body(Bytes::from(bytes), at, conn),
+                    None => Body::from(bytes),
+                };
+                ("application/json", body)
+            }
+            Payload::Sse(writer) => {
+                let body = match reset_at {
+                    Some((at, conn)) => reset_body(Bytes::from(writer.buf), at, conn),
+                    None => writer.into_body(self.chunk_delay),
+                };
+                ("text/event-stream", body)
+            }
         };
         let mut response = Response::new(body);
         *response.status_mut() = self.status;
@@ -50,8 +189,38 @@ impl Prepared {
         if let Ok(value) = HeaderValue::from_str(&timing) {
             headers.insert("server-timing", value);
         }
+        for (name, value) in self.headers {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
         response
     }
+}
+
+/// A body that sends its first `at` bytes, then resets the connection.
+fn reset_body(bytes: Bytes, at: usize, conn: ConnHandle) -> Body {
+    let head = bytes.slice(..at.min(bytes.len()));
+    let stream = futures::stream::unfold(Some(head), move |head| {
+        let conn = conn.clone();
+        async move {
+            match head {
+                Some(head) => Some((Ok(head), None)),
+                None => {
+                    // Give the server a moment to put the head on the wire, so that the reset
+                    // comes during the body rather than before it.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    conn.reset();
+                    let error = std::io::Error::new(
+                        std::io::ErrorKind::ConnectionReset,
+                        "connection reset by the mock (fault injection)",
+                    );
+                    Some((Err(error), None))
+                }
+            }
+        }
+    });
+    Body::from_stream(stream)
 }
 
 /// Serializes into a fresh buffer. Serializing the mock's own response types cannot fail
@@ -68,6 +237,8 @@ pub(crate) struct SseWriter {
     buf: Vec<u8>,
     ends: Vec<usize>,
     separator: &'static [u8],
+    /// Where a `cut_call` fault ends the stream (see [`SseWriter::mark`]).
+    mark: Option<usize>,
 }
 
 impl SseWriter {
@@ -77,7 +248,45 @@ impl SseWriter {
             buf: Vec::with_capacity(1024),
             ends: Vec::with_capacity(16),
             separator: if crlf { b"\r\n\r\n" } else { b"\n\n" },
+            mark: None,
         }
+    }
+
+    /// Marks the end of the events written so far as where a `cut_call` fault ends the stream
+    /// (the first mark wins).
+    pub fn mark(&mut self) {
+        if self.mark.is_none() {
+            self.mark = Some(self.buf.len());
+        }
+    }
+
+    /// Ends the stream at the mark, else in the middle of `needle` (found after `after`), else
+    /// halfway through.
+    fn cut(&mut self, after: &[u8], needle: &[u8]) {
+        let at = match self.mark {
+            Some(at) => at,
+            None => fault::cut_point(&self.buf, after, needle),
+        };
+        self.buf.truncate(at);
+        self.ends.retain(|&end| end <= at);
+        if self.ends.last() != Some(&at) {
+            self.ends.push(at);
+        }
+    }
+
+    /// Puts an event whose data is not JSON before the others.
+    fn malform(&mut self) {
+        let mut event = b"data: ".to_vec();
+        event.extend_from_slice(fault::MALFORMED_OBJECT);
+        event.extend_from_slice(b"\"rest\":}");
+        event.extend_from_slice(self.separator);
+        let shift = event.len();
+        event.extend_from_slice(&self.buf);
+        self.buf = event;
+        for end in &mut self.ends {
+            *end += shift;
+        }
+        self.ends.insert(0, shift);
     }
 
     /// Writes one event: an optional `event:` line and a `data:` line holding `data` as JSON.

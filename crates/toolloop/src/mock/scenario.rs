@@ -6,6 +6,8 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::fault::{FaultKind, FaultKinds};
+
 /// The most rounds a scenario may ask for.
 pub const MAX_ROUNDS: u32 = 10_000;
 /// The most parallel calls per round a scenario may ask for.
@@ -15,11 +17,11 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// Keys that later versions of the mock will understand; naming one today gives a clear 400
 /// instead of "unknown key", so that a scenario written for a newer mock fails loudly.
-const RESERVED: &[(&str, &str)] = &[
-    ("faults", "fault injection"),
-    ("seed", "seeded randomness"),
-    ("text_calls", "text-only tool calls in a prompt dialect"),
-];
+const RESERVED: &[(&str, &str)] = &[("text_calls", "text-only tool calls in a prompt dialect")];
+
+/// The keys a scenario understands, for error messages.
+const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
+                    retry_after, slow_delay";
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -40,6 +42,18 @@ pub struct Scenario {
     pub chunk: usize,
     /// Pause between streamed events (`chunk_delay=`, default 0).
     pub chunk_delay: Duration,
+    /// Share of responses that are faults, in parts per million (`faults=0.2` gives 200000;
+    /// default 0, no faults).
+    pub faults: u32,
+    /// Seed of the fault draws (`seed=`, default 0).
+    pub seed: u64,
+    /// Kinds of faults to draw from (`fault_kinds=429+reset`, default all).
+    pub fault_kinds: FaultKinds,
+    /// The wait a 429 fault asks for (`retry_after=`, default 1 s): `retry-after-ms` exactly,
+    /// `Retry-After` in whole seconds, rounded up.
+    pub retry_after: Duration,
+    /// How late a `slow` fault's response head comes (`slow_delay=`, default 1 s).
+    pub slow_delay: Duration,
 }
 
 impl Default for Scenario {
@@ -50,6 +64,11 @@ impl Default for Scenario {
             latency: None,
             chunk: 16,
             chunk_delay: Duration::ZERO,
+            faults: 0,
+            seed: 0,
+            fault_kinds: FaultKinds::ALL,
+            retry_after: Duration::from_secs(1),
+            slow_delay: Duration::from_secs(1),
         }
     }
 }
@@ -89,7 +108,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 5] = [false; 5];
+        let mut seen: [bool; 10] = [false; 10];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -126,6 +145,34 @@ impl Scenario {
                     scenario.chunk_delay = duration(key, value)?;
                     4
                 }
+                "faults" => {
+                    scenario.faults = share(key, value)?;
+                    5
+                }
+                "seed" => {
+                    scenario.seed = value.parse().map_err(|_| {
+                        error(
+                            Some(key),
+                            format!(
+                                "key `{key}` expects a whole number from 0 to {}, got `{value}`",
+                                u64::MAX
+                            ),
+                        )
+                    })?;
+                    6
+                }
+                "fault_kinds" => {
+                    scenario.fault_kinds = kinds(key, value)?;
+                    7
+                }
+                "retry_after" => {
+                    scenario.retry_after = duration(key, value)?;
+                    8
+                }
+                "slow_delay" => {
+                    scenario.slow_delay = duration(key, value)?;
+                    9
+                }
                 _ => {
                     if let Some((_, what)) = RESERVED.iter().find(|(k, _)| *k == key) {
                         return Err(error(
@@ -138,10 +185,7 @@ impl Scenario {
                     }
                     return Err(error(
                         Some(key),
-                        format!(
-                            "unknown key `{key}`; expected one of rounds, parallel, latency, \
-                             chunk, chunk_delay"
-                        ),
+                        format!("unknown key `{key}`; expected one of {KEYS}"),
                     ));
                 }
             };
@@ -195,6 +239,28 @@ impl fmt::Display for Scenario {
                 format_args!("chunk_delay={}us", self.chunk_delay.as_micros()),
             )?;
         }
+        if self.faults != default.faults {
+            let share = f64::from(self.faults) / 1e6;
+            put(f, format_args!("faults={share}"))?;
+        }
+        if self.seed != default.seed {
+            put(f, format_args!("seed={}", self.seed))?;
+        }
+        if self.fault_kinds != default.fault_kinds {
+            put(f, format_args!("fault_kinds={}", self.fault_kinds))?;
+        }
+        if self.retry_after != default.retry_after {
+            put(
+                f,
+                format_args!("retry_after={}us", self.retry_after.as_micros()),
+            )?;
+        }
+        if self.slow_delay != default.slow_delay {
+            put(
+                f,
+                format_args!("slow_delay={}us", self.slow_delay.as_micros()),
+            )?;
+        }
         Ok(())
     }
 }
@@ -207,6 +273,64 @@ fn number(key: &str, value: &str, min: u32, max: u32) -> Result<u32, ScenarioErr
             format!("key `{key}` expects a whole number from {min} to {max}, got `{value}`"),
         )),
     }
+}
+
+/// A share from 0 to 1 (`0.2`) or a percentage (`20%`), in parts per million.
+fn share(key: &str, value: &str) -> Result<u32, ScenarioError> {
+    let bad = || {
+        error(
+            Some(key),
+            format!(
+                "key `{key}` expects a share of responses from 0 to 1 (`0.2`) or a percentage \
+                 (`20%`), got `{value}`"
+            ),
+        )
+    };
+    let (number, scale) = match value.strip_suffix('%') {
+        Some(n) => (n.trim(), 1e4),
+        None => (value, 1e6),
+    };
+    if !number.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return Err(bad());
+    }
+    let n: f64 = number.parse().map_err(|_| bad())?;
+    let ppm = (n * scale).round();
+    if !ppm.is_finite() || !(0.0..=1e6).contains(&ppm) {
+        return Err(bad());
+    }
+    Ok(ppm as u32)
+}
+
+/// `all`, or kind names joined with `+`: `429+500+reset_body`.
+fn kinds(key: &str, value: &str) -> Result<FaultKinds, ScenarioError> {
+    if value == "all" {
+        return Ok(FaultKinds::ALL);
+    }
+    let names = || {
+        FaultKind::ALL
+            .iter()
+            .map(|k| k.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut set = FaultKinds::NONE;
+    for name in value.split('+') {
+        let name = name.trim();
+        match FaultKind::from_name(name) {
+            Some(kind) => set = set.with(kind),
+            None => {
+                return Err(error(
+                    Some(key),
+                    format!(
+                        "key `{key}` expects `all` or fault kinds joined with `+` (such as \
+                         `429+500+reset_body`); `{name}` is not one of {}",
+                        names()
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(set)
 }
 
 /// `0`, `250us` (or `µs`), `5ms`, `1.5s`, `2m`.
@@ -272,6 +396,45 @@ mod tests {
     }
 
     #[test]
+    fn reads_the_fault_keys() {
+        let s = Scenario::from_model(
+            "mock:rounds=3,parallel=2,faults=0.2,seed=7,fault_kinds=429+500+reset_body,\
+             retry_after=20ms,slow_delay=300ms",
+        )
+        .unwrap();
+        assert_eq!(s.faults, 200_000);
+        assert_eq!(s.seed, 7);
+        let kinds: Vec<FaultKind> = s.fault_kinds.iter().collect();
+        assert_eq!(
+            kinds,
+            [
+                FaultKind::RateLimited,
+                FaultKind::ServerError,
+                FaultKind::ResetBody
+            ]
+        );
+        assert_eq!(s.retry_after, Duration::from_millis(20));
+        assert_eq!(s.slow_delay, Duration::from_millis(300));
+        assert_eq!(
+            Scenario::from_model("m:faults=20%").unwrap().faults,
+            200_000
+        );
+        assert_eq!(
+            Scenario::from_model("m:faults=1").unwrap().faults,
+            1_000_000
+        );
+        assert_eq!(Scenario::from_model("m:faults=0.5%").unwrap().faults, 5_000);
+        let all = Scenario::from_model("m:fault_kinds=all").unwrap();
+        assert_eq!(all.fault_kinds, FaultKinds::ALL);
+        assert_eq!(
+            s.model_name(),
+            "mock:rounds=3,parallel=2,faults=0.2,seed=7,fault_kinds=429+500+reset_body,\
+             retry_after=20000us,slow_delay=300000us"
+        );
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+    }
+
+    #[test]
     fn round_trips_through_the_model_name() {
         let s = Scenario::from_model("mock:rounds=7,parallel=3,latency=2ms,chunk=4").unwrap();
         assert_eq!(
@@ -291,8 +454,24 @@ mod tests {
         assert_eq!(e.key.as_deref(), Some("parallel"));
         let e = Scenario::from_model("mock:wat=1").unwrap_err();
         assert!(e.message.contains("unknown key `wat`"), "{e}");
-        let e = Scenario::from_model("mock:faults=0.2").unwrap_err();
+        let e = Scenario::from_model("mock:text_calls=1").unwrap_err();
         assert!(e.message.contains("reserved"), "{e}");
+        let e = Scenario::from_model("mock:faults=1.5").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("faults"));
+        assert!(e.message.contains("from 0 to 1"), "{e}");
+        for bad in ["-0.1", "x", "nan", "inf", "120%", "", "+0.5"] {
+            let e = Scenario::from_model(&format!("mock:faults={bad}")).unwrap_err();
+            assert_eq!(e.key.as_deref(), Some("faults"), "{bad}");
+        }
+        let e = Scenario::from_model("mock:seed=-1").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("seed"));
+        let e = Scenario::from_model("mock:fault_kinds=429+404").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("fault_kinds"));
+        assert!(e.message.contains("`404` is not one of 429, 500"), "{e}");
+        let e = Scenario::from_model("mock:fault_kinds=").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("fault_kinds"));
+        let e = Scenario::from_model("mock:faults=0.1,faults=0.2").unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
         let e = Scenario::from_model("mock:latency=5 parsecs").unwrap_err();
         assert!(e.message.contains("duration"), "{e}");
         let e = Scenario::from_model("mock:latency=1h").unwrap_err();

@@ -177,17 +177,16 @@ impl Model for AnthropicModel {
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = build_request_body(request, &self.config, false);
-        let bytes = self
-            .config
+        self.config
             .transport
-            .post(
+            .post_json(
                 &self.config.messages_url(),
                 &self.config.headers()?,
                 body.to_string().into(),
                 parse_error,
+                decode_message_body,
             )
-            .await?;
-        decode_message_body(&bytes)
+            .await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
@@ -796,11 +795,16 @@ impl StreamDecoder {
         let v: Value = match serde_json::from_str(data) {
             Ok(v) => v,
             Err(e) => {
+                // Corrupted or cut short on the way: as retryable as a broken connection (never
+                // replayed once output was delivered).
                 self.failed = true;
-                out.push(Err(ModelError::InvalidResponse(format!(
-                    "a Messages stream event is not JSON ({e}): {}",
-                    snippet(data.as_bytes(), 300)
-                ))));
+                out.push(Err(ModelError::Transport {
+                    message: format!(
+                        "a Messages stream event is not JSON ({e}): {}",
+                        snippet(data.as_bytes(), 300)
+                    ),
+                    retryable: true,
+                }));
                 return out;
             }
         };

@@ -183,17 +183,16 @@ impl Model for GeminiModel {
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = build_request_body(request, &self.config, false);
-        let bytes = self
-            .config
+        self.config
             .transport
-            .post(
+            .post_json(
                 &self.config.generate_url(self.model_for(request)),
                 &self.config.headers()?,
                 body.to_string().into(),
                 parse_error,
+                decode_body,
             )
-            .await?;
-        decode_body(&bytes)
+            .await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
@@ -819,11 +818,16 @@ impl SseDecode for ChunkDecoder {
         match serde_json::from_str::<Value>(data) {
             Ok(v) => self.chunk(&v),
             Err(e) => {
+                // Corrupted or cut short on the way (a chunk cut in the middle of a line): as
+                // retryable as a broken connection (never replayed once output was delivered).
                 self.failed = true;
-                vec![Err(ModelError::InvalidResponse(format!(
-                    "a Gemini stream chunk is not JSON ({e}): {}",
-                    snippet(data.as_bytes(), 300)
-                )))]
+                vec![Err(ModelError::Transport {
+                    message: format!(
+                        "a Gemini stream chunk is not JSON ({e}): {}",
+                        snippet(data.as_bytes(), 300)
+                    ),
+                    retryable: true,
+                })]
             }
         }
     }

@@ -333,13 +333,18 @@ impl Model for OpenAiModel {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = self.prepare(request, false)?;
         let inner = &self.inner;
-        let bytes = inner
+        inner
             .config
             .transport
-            .post(&inner.url, &inner.headers(), body, parse_error)
+            .post_json(
+                &inner.url,
+                &inner.headers(),
+                body,
+                parse_error,
+                decode_response,
+            )
             .await
-            .map_err(classify)?;
-        decode_response(&bytes).map_err(classify)
+            .map_err(classify)
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
@@ -836,12 +841,15 @@ impl ChunkDecoder {
             self.end(out);
             return Ok(());
         }
-        let v: Value = serde_json::from_str(data).map_err(|e| {
-            ModelError::InvalidResponse(format!(
+        // A 2xx stream with an event that is not JSON was corrupted or cut short on the way:
+        // as retryable as a broken connection (never replayed once output was delivered).
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
+            message: format!(
                 "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
                  got: {}",
                 preview(data)
-            ))
+            ),
+            retryable: true,
         })?;
         let has_error = v.get("error").is_some_and(|e| !e.is_null());
         if has_error || ev.event.as_deref() == Some("error") {
