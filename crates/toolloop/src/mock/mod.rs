@@ -146,7 +146,7 @@ pub struct MockStats {
     /// Requests answered with a 4xx error (bad scenario, unanswered call, malformed body, …);
     /// injected faults are not counted here.
     pub rejected: u64,
-    /// Injected faults, by kind (each counted when its response was started).
+    /// Injected faults, by kind (each counted once decided, before any wait).
     pub faults: FaultCounts,
     /// Server-side time spent on all requests, from the handler's start to the response head
     /// (latency included, streamed body pacing excluded).
@@ -354,13 +354,14 @@ async fn finish(
     prepared: Prepared,
     conn: Option<&ConnHandle>,
 ) -> Response {
+    // Counted before the wait: a client may give up on a slow response, which drops this.
+    if let Some(kind) = prepared.fault {
+        shared.faults.count(kind);
+    }
     if !prepared.latency.is_zero() {
         tokio::time::sleep(prepared.latency).await;
     }
     let elapsed = started.elapsed();
-    if let Some(kind) = prepared.fault {
-        shared.faults.count(kind);
-    }
     let rejected = prepared.status.is_client_error() && prepared.fault.is_none();
     shared.record(elapsed, rejected);
     prepared.into_response(elapsed, conn)
