@@ -279,6 +279,7 @@ fn memory(n: usize, rounds: usize) {
         (peak, base, transcript)
     });
     let _ = child.kill();
+    let _ = child.wait();
     let per_loop = peak.saturating_sub(base) as f64 / n as f64;
     println!(
         "memory: {n} loops in flight: live heap {:.1} MiB -> peak {:.1} MiB; {:.1} KiB per in-flight loop (its final transcript is {:.1} KiB as JSON), so {:.1} KiB besides the transcript; process peak RSS {} KiB",
