@@ -450,7 +450,33 @@ impl Agent {
         if !self.config.stream {
             return self.model.complete(&request).await;
         }
-        let mut stream = self.model.stream(&request).await?;
+        let mut attempt = 1;
+        loop {
+            match self.stream_once(&request, round, sink).await {
+                Err(ModelError::StreamInterrupted(reason))
+                    if attempt <= self.config.stream_restarts =>
+                {
+                    attempt += 1;
+                    if let Some(sink) = sink {
+                        sink(&Event::ModelRetry {
+                            round,
+                            attempt,
+                            reason,
+                        });
+                    }
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn stream_once(
+        &self,
+        request: &ModelRequest<'_>,
+        round: u32,
+        sink: Option<&EventHandler>,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut stream = self.model.stream(request).await?;
         let mut acc = Accumulator::new();
         while let Some(event) = stream.next().await {
             let event = event?;

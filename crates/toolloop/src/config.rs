@@ -12,6 +12,7 @@
 //! | [`LoopConfig::tool_retries`] | 2 | `retryFailedTools` / `maxToolRetries` (000) |
 //! | [`LoopConfig::max_result_chars`] | 4000 | `maxToolResultSize` (004) |
 //! | [`LoopConfig::on_truncated_call`] | stop | — |
+//! | [`LoopConfig::stream_restarts`] | 2 | — |
 //! | [`Hooks::stop_when`] | none | `CheckTerminal` (002) |
 //! | [`Hooks::on_round_limit`] | none | `OnIterationLimit` (002) |
 //! | [`Hooks::reminders`] | none | `reminderChannel` (001) |
@@ -108,6 +109,15 @@ pub struct LoopConfig {
     pub on_truncated_call: TruncatedCallPolicy,
     /// Stream model responses (text deltas become events). Transcripts are identical either way.
     pub stream: bool,
+    /// How often a model call whose stream broke after delivering output is made again from
+    /// the same state (default 2). Its partial output is dropped, and a `model_retry` event
+    /// tells listeners to discard the text deltas of the broken attempt.
+    #[serde(default = "default_stream_restarts")]
+    pub stream_restarts: u32,
+}
+
+fn default_stream_restarts() -> u32 {
+    2
 }
 
 impl Default for LoopConfig {
@@ -127,6 +137,7 @@ impl Default for LoopConfig {
             max_result_chars: 4000,
             on_truncated_call: TruncatedCallPolicy::Stop,
             stream: false,
+            stream_restarts: default_stream_restarts(),
         }
     }
 }

@@ -56,6 +56,16 @@ pub enum Event {
         /// Messages sent.
         message_count: usize,
     },
+    /// A model call's stream broke after delivering output and the call is made again; the
+    /// text deltas of the broken attempt are void.
+    ModelRetry {
+        /// The round.
+        round: u32,
+        /// The attempt about to be made (2 for the first restart).
+        attempt: u32,
+        /// What broke.
+        reason: String,
+    },
     /// Streamed text.
     TextDelta {
         /// The round.

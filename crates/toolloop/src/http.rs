@@ -384,6 +384,11 @@ where
                         continue;
                     }
                     st.done = true;
+                    let e = if st.delivered && e.is_retryable() {
+                        ModelError::StreamInterrupted(e.to_string())
+                    } else {
+                        e
+                    };
                     return Some((Err(e), st));
                 }
             }
@@ -468,6 +473,6 @@ mod tests {
         assert_eq!(opens.load(Ordering::SeqCst), 2);
         assert_eq!(items.len(), 2);
         assert!(matches!(items[0], Ok(StreamEvent::TextDelta(_))));
-        assert!(items[1].is_err());
+        assert!(matches!(items[1], Err(ModelError::StreamInterrupted(_))));
     }
 }

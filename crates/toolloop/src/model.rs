@@ -255,6 +255,11 @@ pub enum ModelError {
         /// Whether trying again may succeed.
         retryable: bool,
     },
+    /// A streamed response broke after it had delivered output. The transport never replays
+    /// such a stream; the loop may restart the model call (see
+    /// [`crate::config::LoopConfig::stream_restarts`]).
+    #[error("the stream broke after delivering output: {0}")]
+    StreamInterrupted(String),
     /// The response could not be understood.
     #[error("invalid response from the provider: {0}")]
     InvalidResponse(String),

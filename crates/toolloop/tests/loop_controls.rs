@@ -1062,3 +1062,81 @@ async fn transcripts_round_trip_through_json() {
     let back: Outcome = serde_json::from_str(&outcome_json).unwrap();
     assert_eq!(back, out);
 }
+
+/// A model whose stream breaks after some output on its first `breaks` calls.
+struct Breaking {
+    breaks: AtomicU32,
+}
+
+#[async_trait::async_trait]
+impl Model for Breaking {
+    fn name(&self) -> &str {
+        "breaking"
+    }
+    async fn complete(&self, _r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        Ok(ModelResponse::text("whole answer"))
+    }
+    async fn stream(
+        &self,
+        _r: &ModelRequest<'_>,
+    ) -> Result<toolloop::model::EventStream, ModelError> {
+        use toolloop::stream::StreamEvent;
+        let broken = self
+            .breaks
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        let events: Vec<Result<StreamEvent, ModelError>> = if broken {
+            vec![
+                Ok(StreamEvent::TextDelta("partial ".into())),
+                Err(ModelError::StreamInterrupted("connection reset".into())),
+            ]
+        } else {
+            vec![
+                Ok(StreamEvent::TextDelta("whole answer".into())),
+                Ok(StreamEvent::Finish(FinishReason::Stop)),
+            ]
+        };
+        Ok(Box::pin(futures::stream::iter(events)))
+    }
+}
+
+#[tokio::test]
+async fn a_stream_broken_after_output_restarts_the_model_call_within_its_budget() {
+    let retries = Arc::new(AtomicU32::new(0));
+    let r2 = retries.clone();
+    let agent = builder(Breaking {
+        breaks: AtomicU32::new(2),
+    })
+    .stream(true)
+    .on_event(move |e| {
+        if let Event::ModelRetry { .. } = e {
+            r2.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(
+        out.text.as_deref(),
+        Some("whole answer"),
+        "no partial text kept"
+    );
+    assert_eq!(retries.load(Ordering::SeqCst), 2);
+    assert_eq!(out.rounds, 1, "a restart is not a new round");
+
+    let agent = builder(Breaking {
+        breaks: AtomicU32::new(3),
+    })
+    .stream(true)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::ModelError);
+    assert!(
+        out.error
+            .unwrap()
+            .message
+            .contains("broke after delivering output")
+    );
+}

@@ -500,7 +500,7 @@ async fn a_stream_that_delivered_text_then_broke_is_not_replayed() {
         "{items:?}"
     );
     assert!(
-        matches!(items.last(), Some(Err(ModelError::Transport { .. }))),
+        matches!(items.last(), Some(Err(ModelError::StreamInterrupted(_)))),
         "{items:?}"
     );
     assert_eq!(items.len(), 2);

@@ -1,0 +1,293 @@
+//! N concurrent loops of R rounds against the mock server on loopback, over the OpenAI adapter
+//! and real HTTP.
+//!
+//! Reports, for each N:
+//! - the raw ceiling: the mock's request rate with a bare HTTP client sending N concurrent
+//!   streams of prebuilt requests (no loop, no adapter), measured in the same run;
+//! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling;
+//! - at N=1, the loop's own cost per round: client time per round minus the server's
+//!   processing time per request;
+//! - memory per in-flight loop: the peak of live heap bytes (counted by the allocator) with N
+//!   loops in flight, over the baseline before they start, divided by N, beside the size of a
+//!   loop's final transcript; the mock runs in a child process, with latency so that every loop
+//!   is in flight at once, so only the client's memory counts.
+//!
+//! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use toolloop::agent::Agent;
+use toolloop::message::Message;
+use toolloop::mock::{MockOptions, start};
+use toolloop::model::{ModelRequest, ModelSettings, ToolSpec};
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, build_request_body};
+use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
+
+const PARALLEL: usize = 2;
+
+/// Counts live heap bytes, and their peak, so memory per loop is measured exactly rather than
+/// through the allocator's reuse of freed pages.
+struct Counting;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(now, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+struct Echo {
+    schema: Value,
+}
+
+#[async_trait]
+impl Tool for Echo {
+    fn name(&self) -> &str {
+        "echo"
+    }
+    fn description(&self) -> &str {
+        "Echoes its input."
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    fn parallel_safe(&self) -> bool {
+        true
+    }
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        Ok(ToolOutput::data(args))
+    }
+}
+
+fn echo() -> Echo {
+    Echo {
+        schema: json!({"type": "object", "properties": {"text": {"type": "string", "examples": ["hello"]}}, "required": ["text"]}),
+    }
+}
+
+fn agent(base_url: &str, scenario: &str, rounds: usize) -> Agent {
+    let mut config = OpenAiConfig::new(scenario).with_base_url(base_url);
+    config.transport.retry.max_retries = 0;
+    Agent::builder(OpenAiModel::new(config))
+        .tool(echo())
+        .max_rounds(rounds as u32 + 1)
+        .max_tool_calls(((rounds + 1) * PARALLEL) as u32)
+        .build()
+        .expect("one tool")
+}
+
+fn rss_kib(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with(field))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The raw ceiling: `n` concurrent clients each sending `per` prebuilt first-round requests.
+async fn raw_rate(url: &str, scenario: &str, n: usize, per: usize) -> f64 {
+    let messages = [Message::user("go")];
+    let tools = [ToolSpec {
+        name: "echo".into(),
+        description: "Echoes its input.".into(),
+        parameters: echo().schema,
+    }];
+    let settings = ModelSettings::default();
+    let req = ModelRequest {
+        messages: &messages,
+        reminders: &[],
+        tools: &tools,
+        settings: &settings,
+    };
+    let body = build_request_body(&req, &OpenAiConfig::new(scenario), false).to_string();
+    let body = bytes::Bytes::from(body);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(n)
+        .build()
+        .expect("client");
+    let endpoint = format!("{url}/chat/completions");
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let client = client.clone();
+            let body = body.clone();
+            let endpoint = endpoint.clone();
+            tokio::spawn(async move {
+                for _ in 0..per {
+                    let r = client
+                        .post(&endpoint)
+                        .header("content-type", "application/json")
+                        .body(body.clone())
+                        .send()
+                        .await
+                        .expect("mock answers");
+                    assert!(r.status().is_success());
+                    r.bytes().await.expect("body");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.expect("task");
+    }
+    (n * per) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// Serves the mock in this process (child mode) and prints its base URL.
+fn serve_child() {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let server = start(MockOptions::default()).await.expect("mock starts");
+        println!("{}", server.base_url());
+        std::future::pending::<()>().await;
+    });
+}
+
+fn main() {
+    if std::env::var_os("TOOLLOOP_BENCH_CHILD").is_some() {
+        return serve_child();
+    }
+    let args: Vec<usize> = std::env::args()
+        .skip(1)
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    let big_n = args.first().copied().unwrap_or(1000);
+    let rounds = args.get(1).copied().unwrap_or(5);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let server = start(MockOptions::default()).await.expect("mock starts");
+        let url = format!("{}/v1", server.base_url());
+        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL}");
+        // warm up connections and allocators
+        raw_rate(&url, &scenario, 8, 50).await;
+        let a = agent(&url, &scenario, rounds);
+        futures::future::join_all((0..8).map(|_| a.prompt("go"))).await;
+
+        println!("mock_loops: R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), OpenAI adapter over loopback HTTP");
+        println!(
+            "{:>6} {:>12} {:>10} {:>12} {:>10}",
+            "N", "ceiling r/s", "loops/s", "rounds/s", "of ceiling"
+        );
+        let mut own_cost = None;
+        for n in [1usize, 100, big_n] {
+            let per = ((rounds + 1) * 200 / n).max(rounds + 1);
+            let ceiling = raw_rate(&url, &scenario, n, per).await;
+            let reps = (2000 / (n * (rounds + 1))).max(1);
+            let before = server.stats();
+            let start = Instant::now();
+            let mut done = 0usize;
+            for _ in 0..reps {
+                let outs = futures::future::join_all((0..n).map(|_| a.prompt("go"))).await;
+                for o in &outs {
+                    assert_eq!(o.rounds as usize, rounds + 1, "{:?}", o.error);
+                }
+                done += outs.len();
+            }
+            let elapsed = start.elapsed();
+            let after = server.stats();
+            let total_rounds = done * (rounds + 1);
+            let rps = total_rounds as f64 / elapsed.as_secs_f64();
+            println!(
+                "{n:>6} {ceiling:>12.0} {:>10.1} {rps:>12.0} {:>9.0}%",
+                done as f64 / elapsed.as_secs_f64(),
+                100.0 * rps / ceiling
+            );
+            if n == 1 {
+                let requests = (after.requests - before.requests).max(1);
+                let server_per = (after.processing - before.processing) / requests as u32;
+                let client_per = elapsed / total_rounds as u32;
+                let raw_per = Duration::from_secs_f64(1.0 / ceiling);
+                own_cost = Some((client_per, server_per, raw_per));
+            }
+        }
+        if let Some((client, server_t, raw)) = own_cost {
+            println!(
+                "N=1 per round: client {:.1} µs, server {:.1} µs, own cost (client - server) {:.1} µs; a bare HTTP request takes {:.1} µs, so the loop adds {:.1} µs over it",
+                client.as_secs_f64() * 1e6,
+                server_t.as_secs_f64() * 1e6,
+                client.saturating_sub(server_t).as_secs_f64() * 1e6,
+                raw.as_secs_f64() * 1e6,
+                client.saturating_sub(raw).as_secs_f64() * 1e6,
+            );
+        }
+        server.shutdown().await;
+    });
+    memory(big_n, rounds);
+}
+
+/// Memory per in-flight loop, with the mock in a child process so only the loops count.
+fn memory(n: usize, rounds: usize) {
+    let exe = std::env::current_exe().expect("own path");
+    let mut child = Command::new(exe)
+        .env("TOOLLOOP_BENCH_CHILD", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("child starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("child prints its URL");
+    let url = format!("{}/v1", line.trim());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let (peak, base, transcript) = rt.block_on(async move {
+        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},latency=300ms");
+        let a = agent(&url, &scenario, rounds);
+        // warm up with the same concurrency, so connection pools exist
+        futures::future::join_all((0..n).map(|_| a.prompt("go"))).await;
+        let base = LIVE.load(Ordering::Relaxed);
+        PEAK.store(base, Ordering::Relaxed);
+        // Each outcome is measured and dropped as it arrives, so the peak is the loops in flight.
+        let mut running: futures::stream::FuturesUnordered<_> =
+            (0..n).map(|_| a.prompt("go")).collect();
+        let mut transcript_sum = 0usize;
+        let mut finished = 0usize;
+        while let Some(o) = futures::StreamExt::next(&mut running).await {
+            transcript_sum += serde_json::to_string(&o.messages).map_or(0, |s| s.len());
+            finished += 1;
+        }
+        let peak = PEAK.load(Ordering::Relaxed);
+        let transcript = transcript_sum / finished.max(1);
+        (peak, base, transcript)
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let per_loop = peak.saturating_sub(base) as f64 / n as f64;
+    println!(
+        "memory: {n} loops in flight: live heap {:.1} MiB -> peak {:.1} MiB; {:.1} KiB per in-flight loop (its final transcript is {:.1} KiB as JSON), so {:.1} KiB besides the transcript; process peak RSS {} KiB",
+        base as f64 / 1048576.0,
+        peak as f64 / 1048576.0,
+        per_loop / 1024.0,
+        transcript as f64 / 1024.0,
+        (per_loop - transcript as f64).max(0.0) / 1024.0,
+        rss_kib("VmHWM:"),
+    );
+}
