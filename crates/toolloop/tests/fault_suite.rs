@@ -6,6 +6,7 @@
 #![cfg(all(feature = "mock", feature = "http"))]
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -13,6 +14,7 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use toolloop::agent::Agent;
 use toolloop::config::LoopConfig;
+use toolloop::event::Event;
 use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::Message;
 use toolloop::mock::{FaultKind, MockOptions, start};
@@ -36,8 +38,14 @@ struct Query {
     q: String,
 }
 
-/// Executions per call id, over every loop.
-type Executions = Arc<Mutex<HashMap<String, u32>>>;
+/// What the suite counts while the loops run.
+#[derive(Default)]
+struct Counters {
+    /// Executions per call id, over every loop.
+    executions: Mutex<HashMap<String, u32>>,
+    /// Model calls whose stream broke after output and were started again.
+    restarts: AtomicU64,
+}
 
 fn transport() -> HttpTransport {
     let mut t = HttpTransport::new();
@@ -58,42 +66,43 @@ fn loop_agent(
     base: &str,
     scenario: &str,
     stream: bool,
-    executions: &Executions,
+    counters: &Arc<Counters>,
 ) -> Agent {
     match protocol {
         0 => {
             let mut c = OpenAiConfig::new(scenario).with_base_url(format!("{base}/v1"));
             c.api_key = Some("test".into());
             c.transport = transport();
-            agent(OpenAiModel::new(c), stream, executions)
+            agent(OpenAiModel::new(c), stream, counters)
         }
         1 => {
             let mut c = AnthropicConfig::new(scenario);
             c.base_url = base.to_string();
             c.api_key = Some("test".into());
             c.transport = transport();
-            agent(AnthropicModel::new(c), stream, executions)
+            agent(AnthropicModel::new(c), stream, counters)
         }
         _ => {
             let mut c = GeminiConfig::new(scenario);
             c.base_url = base.to_string();
             c.api_key = Some("test".into());
             c.transport = transport();
-            agent(GeminiModel::new(c), stream, executions)
+            agent(GeminiModel::new(c), stream, counters)
         }
     }
 }
 
-fn agent(model: impl Model + 'static, stream: bool, executions: &Executions) -> Agent {
+fn agent(model: impl Model + 'static, stream: bool, counters: &Arc<Counters>) -> Agent {
     let tool = |name: &'static str| {
-        let executions = executions.clone();
+        let counters = counters.clone();
         tool_fn(
             name,
             "Looks something up.",
             move |query: Query, ctx: ToolContext| {
-                let executions = executions.clone();
+                let counters = counters.clone();
                 async move {
-                    *executions
+                    *counters
+                        .executions
                         .lock()
                         .unwrap()
                         .entry(ctx.call_id.clone())
@@ -107,12 +116,23 @@ fn agent(model: impl Model + 'static, stream: bool, executions: &Executions) -> 
         stream,
         // The mock asks for the same calls every round; they are not the loop's concern here.
         detect_duplicates: false,
+        // A stream that broke after output is started again; at this fault rate, more than
+        // twice in a row on one call is rare but possible.
+        stream_restarts: 5,
         ..LoopConfig::default()
     };
     Agent::builder(model)
         .tool(tool("lookup"))
         .tool(tool("fetch"))
         .config(config)
+        .on_event({
+            let counters = counters.clone();
+            move |event| {
+                if matches!(event, Event::ModelRetry { .. }) {
+                    counters.restarts.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
         .build()
         .expect("agent builds")
 }
@@ -190,12 +210,12 @@ async fn concurrent_loops_survive_a_fifth_of_faults() {
         "mock:rounds={ROUNDS},parallel={PARALLEL},faults=0.2,seed=7,retry_after=5ms,\
          slow_delay=1s"
     );
-    let executions: Executions = Arc::default();
+    let counters = Arc::new(Counters::default());
 
     let loops = (0..LOOPS).map(|i| {
         let protocol = i % 3;
         let stream = (i / 3) % 2 == 1;
-        let agent = loop_agent(protocol, &base, &scenario, stream, &executions);
+        let agent = loop_agent(protocol, &base, &scenario, stream, &counters);
         async move {
             // A prompt of its own gives each loop its own fault draws.
             let outcome = agent
@@ -210,10 +230,11 @@ async fn concurrent_loops_survive_a_fifth_of_faults() {
 
     let stats = server.stats();
     let elapsed = started.elapsed();
-    let counts = executions.lock().unwrap().clone();
+    let counts = counters.executions.lock().unwrap().clone();
+    let restarts = counters.restarts.load(Ordering::Relaxed);
     println!(
         "fault suite: {LOOPS} loops ({} requests) in {elapsed:.2?}; {} faults injected ({:.1} % \
-         of requests): {}",
+         of requests): {}; {restarts} streamed model calls restarted after output",
         stats.requests,
         stats.faults.total(),
         100.0 * stats.faults.total() as f64 / stats.requests.max(1) as f64,
@@ -252,6 +273,7 @@ async fn concurrent_loops_survive_a_fifth_of_faults() {
     }
     let share = stats.faults.total() as f64 / stats.requests as f64;
     assert!((0.12..0.30).contains(&share), "fault share {share}");
+    assert!(restarts > 0, "no stream broke after output");
     assert!(elapsed < BOUND);
     server.shutdown().await;
 }

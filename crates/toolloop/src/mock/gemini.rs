@@ -199,16 +199,19 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
             schema: schema.as_ref(),
         })
         .collect();
-    reply(
-        shared,
-        model,
-        method,
-        &scenario,
-        &tools,
+    let turn = Turn {
         progress,
-        body.len(),
+        body_len: body.len(),
         fault,
-    )
+    };
+    reply(shared, model, method, &scenario, &tools, turn)
+}
+
+/// Where the conversation stands, the request's size, and the fault drawn for the reply.
+struct Turn {
+    progress: Progress,
+    body_len: usize,
+    fault: Option<Drawn>,
 }
 
 fn lowercase_types(schema: &mut Value, depth: usize) {
@@ -394,9 +397,11 @@ fn reply(
     method: Method,
     scenario: &Scenario,
     tools: &[OfferedTool<'_>],
-    progress: Progress,
-    body_len: usize,
-    fault: Option<Drawn>,
+    Turn {
+        progress,
+        body_len,
+        fault,
+    }: Turn,
 ) -> Prepared {
     let reply = engine::plan(scenario, tools, progress, "", &shared.ids);
     let (input, output) = engine::usage(body_len, &reply);

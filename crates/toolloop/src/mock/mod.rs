@@ -28,12 +28,17 @@
 //! | `latency` | duration | the server's `default_latency`, else 0 | wait before each response |
 //! | `chunk` | 0 to 1000000 | 16 | longest text or argument fragment per streamed delta, in characters; 0 = whole |
 //! | `chunk_delay` | duration | 0 | pause between streamed events |
+//! | `faults` | share `0` to `1` (`0.2`), or percentage (`20%`) | 0 | share of responses that are faults (see below) |
+//! | `seed` | 0 to 2⁶⁴−1 | 0 | seed of the fault draws |
+//! | `fault_kinds` | `all`, or kinds joined with `+` | `all` | kinds of faults drawn |
+//! | `retry_after` | duration | 1s | the wait a `429` fault asks for |
+//! | `slow_delay` | duration | 1s | how late a `slow` fault's response head comes |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
-//! key given twice, or a bad value gives HTTP 400 naming the key and what was expected. The keys
-//! `faults`, `seed` and `text_calls` are reserved for later versions (fault injection, seeded
-//! randomness, text-only tool calls) and give a 400 saying so.
+//! key given twice, or a bad value gives HTTP 400 naming the key and what was expected. The key
+//! `text_calls` is reserved for a later version (text-only tool calls) and gives a 400 saying
+//! so.
 //!
 //! Examples:
 //!
@@ -41,6 +46,8 @@
 //! - `mock:rounds=3,parallel=2`: three rounds of two parallel calls, then the answer.
 //! - `mock:rounds=0`: answers at once.
 //! - `mock:rounds=5,latency=20ms,chunk=4,chunk_delay=10ms`: slow, finely streamed; good for demos.
+//! - `mock:rounds=3,parallel=2,faults=0.2,seed=7`: a fifth of the responses are faults of any kind.
+//! - `mock:faults=20%,fault_kinds=429+500+reset_body,retry_after=50ms`: only those kinds.
 //!
 //! # What a scenario does
 //!
@@ -58,6 +65,32 @@
 //!
 //! Usage: input tokens are a quarter of the request's size in bytes, output tokens a few per
 //! call or per four characters of text, so clients can sum them.
+//!
+//! # Fault injection
+//!
+//! With `faults=` above 0, that share of the responses the mock would give are faults instead,
+//! of a kind drawn from `fault_kinds` ([`FaultKind`] names them):
+//!
+//! | kind | what the client gets |
+//! |---|---|
+//! | `429` | HTTP 429 in the protocol's error shape, with `retry-after-ms` (the `retry_after` wait) and `Retry-After` (whole seconds, rounded up) |
+//! | `500`, `503` | HTTP 500 or 503 in the protocol's error shape |
+//! | `529` | HTTP 529 `overloaded_error`; drawn on the Anthropic API only (elsewhere it is left out of the draw) |
+//! | `reset` | the connection is reset (RST) before any byte of the response |
+//! | `reset_body` | status 200 and part of the body (cut at a point drawn from the seed), then a reset |
+//! | `cut_call` | the body ends cleanly in the middle of the first tool call's arguments, or of the text when the reply has no call: an OpenAI or Anthropic stream stops after the event holding half the arguments; a Gemini stream, which sends calls whole, stops in the middle of that chunk's line; a JSON body is cut there |
+//! | `malformed_json` | status 200 and a body that is not valid JSON (`{"mock_fault":malformed,…`); a stream's first event is not JSON |
+//! | `slow` | the response head comes `slow_delay` late |
+//!
+//! Faults strike only requests the mock accepts: a request with a broken conversation still gets
+//! its 400. Draws are reproducible. A request's key is a hash of its route, its model and its
+//! body, with the counters of the mock's call ids masked (they change from one server run to
+//! the next); the server counts how many times it has seen each key, and attempt `n` of key `k`
+//! is a fault when a hash of `(seed, k, n)` falls below the share. So a retried request draws
+//! anew and can succeed, and a client that sends the same requests meets the same faults on
+//! every run. Requests with identical bodies share their count: give concurrent conversations
+//! different text to give them their own draws. [`MockStats::faults`] counts the faults sent,
+//! by kind; they are not counted as rejected.
 //!
 //! # What it checks
 //!
@@ -355,14 +388,14 @@ async fn finish(
     conn: Option<&ConnHandle>,
 ) -> Response {
     // Counted before the wait: a client may give up on a slow response, which drops this.
-    if let Some(kind) = prepared.fault {
+    if let Some(kind) = prepared.fault() {
         shared.faults.count(kind);
     }
     if !prepared.latency.is_zero() {
         tokio::time::sleep(prepared.latency).await;
     }
     let elapsed = started.elapsed();
-    let rejected = prepared.status.is_client_error() && prepared.fault.is_none();
+    let rejected = prepared.status.is_client_error() && prepared.fault().is_none();
     shared.record(elapsed, rejected);
     prepared.into_response(elapsed, conn)
 }

@@ -19,11 +19,17 @@ pub(crate) struct Prepared {
     pub latency: Duration,
     /// Waited between SSE events.
     pub chunk_delay: Duration,
+    /// The injected fault this response carries, if any (boxed: most responses carry none).
+    pub injected: Option<Box<Injected>>,
+}
+
+/// An injected fault on a response.
+#[derive(Debug, Clone)]
+pub(crate) struct Injected {
+    pub kind: FaultKind,
     /// Extra response headers (a 429's `Retry-After`).
     pub headers: Vec<(&'static str, String)>,
-    /// The injected fault this response carries, if any.
-    pub fault: Option<FaultKind>,
-    /// Where the connection is reset, if it is.
+    /// Whether and where the connection is reset.
     pub reset: Reset,
 }
 
@@ -51,9 +57,7 @@ impl Prepared {
             payload: Payload::Json(to_vec(value)),
             latency: Duration::ZERO,
             chunk_delay: Duration::ZERO,
-            headers: Vec::new(),
-            fault: None,
-            reset: Reset::No,
+            injected: None,
         }
     }
 
@@ -64,9 +68,7 @@ impl Prepared {
             payload,
             latency,
             chunk_delay,
-            headers: Vec::new(),
-            fault: None,
-            reset: Reset::No,
+            injected: None,
         }
     }
 
@@ -81,15 +83,19 @@ impl Prepared {
         cut_after: &[u8],
         cut_needle: &[u8],
     ) -> Prepared {
-        self.fault = Some(drawn.kind);
+        let mut injected = Injected {
+            kind: drawn.kind,
+            headers: Vec::new(),
+            reset: Reset::No,
+        };
         match drawn.kind {
-            FaultKind::Reset => self.reset = Reset::Before,
+            FaultKind::Reset => injected.reset = Reset::Before,
             FaultKind::ResetBody => {
                 let len = match &self.payload {
                     Payload::Json(bytes) => bytes.len(),
                     Payload::Sse(sse) => sse.buf.len(),
                 };
-                self.reset = Reset::InBody(fault::reset_point(len, drawn.aux));
+                injected.reset = Reset::InBody(fault::reset_point(len, drawn.aux));
             }
             FaultKind::CutCall => match &mut self.payload {
                 Payload::Json(bytes) => {
@@ -106,7 +112,13 @@ impl Prepared {
             // Error faults are rendered by the protocol modules.
             _ => {}
         }
+        self.injected = Some(Box::new(injected));
         self
+    }
+
+    /// The kind of the injected fault this response carries, if any.
+    pub fn fault(&self) -> Option<FaultKind> {
+        self.injected.as_ref().map(|i| i.kind)
     }
 
     /// The reply for a fault that replaces the response: an error status, built by the protocol
@@ -124,8 +136,11 @@ impl Prepared {
             FaultKind::Overloaded => "overloaded",
             FaultKind::Reset => {
                 let mut p = Prepared::json(StatusCode::OK, &());
-                p.fault = Some(FaultKind::Reset);
-                p.reset = Reset::Before;
+                p.injected = Some(Box::new(Injected {
+                    kind: FaultKind::Reset,
+                    headers: Vec::new(),
+                    reset: Reset::Before,
+                }));
                 return Some(p);
             }
             _ => return None,
@@ -143,22 +158,33 @@ impl Prepared {
             headers.push(("retry-after", wait.as_secs_f64().ceil().to_string()));
             message.push_str(&format!("; retry after {} ms", wait.as_millis()));
         }
-        Some(error(status, &message).as_fault(drawn.kind, headers))
+        Some(error(status, &message).marked_fault(drawn.kind, headers))
     }
 
     /// Marks an error reply as an injected fault, with its extra headers.
-    pub fn as_fault(mut self, kind: FaultKind, headers: Vec<(&'static str, String)>) -> Prepared {
-        self.fault = Some(kind);
-        self.headers = headers;
+    pub fn marked_fault(
+        mut self,
+        kind: FaultKind,
+        headers: Vec<(&'static str, String)>,
+    ) -> Prepared {
+        self.injected = Some(Box::new(Injected {
+            kind,
+            headers,
+            reset: Reset::No,
+        }));
         self
     }
 
     /// The HTTP response, with a `Server-Timing` header giving the server's processing time.
     pub fn into_response(self, processing: Duration, conn: Option<&ConnHandle>) -> Response {
-        if let (Reset::Before, Some(conn)) = (self.reset, conn) {
+        let (reset, extra_headers) = match self.injected {
+            Some(injected) => (injected.reset, injected.headers),
+            None => (Reset::No, Vec::new()),
+        };
+        if let (Reset::Before, Some(conn)) = (reset, conn) {
             conn.reset();
         }
-        let reset_at = match (self.reset, conn) {
+        let reset_at = match (reset, conn) {
             (Reset::InBody(at), Some(conn)) => Some((at, conn.clone())),
             _ => None,
         };
@@ -189,7 +215,7 @@ impl Prepared {
         if let Ok(value) = HeaderValue::from_str(&timing) {
             headers.insert("server-timing", value);
         }
-        for (name, value) in self.headers {
+        for (name, value) in extra_headers {
             if let Ok(value) = HeaderValue::from_str(&value) {
                 headers.insert(HeaderName::from_static(name), value);
             }
@@ -237,8 +263,8 @@ pub(crate) struct SseWriter {
     buf: Vec<u8>,
     ends: Vec<usize>,
     separator: &'static [u8],
-    /// Where a `cut_call` fault ends the stream (see [`SseWriter::mark`]).
-    mark: Option<usize>,
+    /// Where a `cut_call` fault ends the stream (see [`SseWriter::mark`]); 0 for nowhere.
+    mark: usize,
 }
 
 impl SseWriter {
@@ -248,15 +274,15 @@ impl SseWriter {
             buf: Vec::with_capacity(1024),
             ends: Vec::with_capacity(16),
             separator: if crlf { b"\r\n\r\n" } else { b"\n\n" },
-            mark: None,
+            mark: 0,
         }
     }
 
     /// Marks the end of the events written so far as where a `cut_call` fault ends the stream
     /// (the first mark wins).
     pub fn mark(&mut self) {
-        if self.mark.is_none() {
-            self.mark = Some(self.buf.len());
+        if self.mark == 0 {
+            self.mark = self.buf.len();
         }
     }
 
@@ -264,8 +290,8 @@ impl SseWriter {
     /// halfway through.
     fn cut(&mut self, after: &[u8], needle: &[u8]) {
         let at = match self.mark {
-            Some(at) => at,
-            None => fault::cut_point(&self.buf, after, needle),
+            0 => fault::cut_point(&self.buf, after, needle),
+            at => at,
         };
         self.buf.truncate(at);
         self.ends.retain(|&end| end <= at);
