@@ -497,3 +497,152 @@ async fn the_same_seed_gives_the_same_faults() {
     let (other, _) = run_sequence("mock:faults=0.4,seed=8,slow_delay=1ms", 24, 6).await;
     assert_ne!(first, other, "another seed, other faults");
 }
+
+mod clients {
+    //! The provider adapters against each kind of fault: a complete call always gets through
+    //! (the transport retries), a streamed call gets through or, when the stream broke after
+    //! output, says so with `StreamInterrupted` (the loop starts such calls again).
+
+    use super::*;
+    use futures::StreamExt;
+    use toolloop::http::{HttpTransport, RetryPolicy};
+    use toolloop::message::Message;
+    use toolloop::model::{Model, ModelError, ModelRequest, ModelSettings, ToolSpec};
+    use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
+    use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
+    use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+    use toolloop::stream::Accumulator;
+
+    fn transport() -> HttpTransport {
+        let mut t = HttpTransport::new();
+        t.retry = RetryPolicy {
+            max_retries: 12,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(10),
+        };
+        t.first_byte_timeout = Duration::from_millis(150);
+        t
+    }
+
+    fn model(proto: Proto, base: &str, scenario: &str) -> Box<dyn Model> {
+        match proto {
+            Proto::OpenAi => {
+                let mut c = OpenAiConfig::new(scenario).with_base_url(format!("{base}/v1"));
+                c.transport = transport();
+                Box::new(OpenAiModel::new(c))
+            }
+            Proto::Anthropic => {
+                let mut c = AnthropicConfig::new(scenario);
+                c.base_url = base.into();
+                c.transport = transport();
+                Box::new(AnthropicModel::new(c))
+            }
+            Proto::Gemini => {
+                let mut c = GeminiConfig::new(scenario);
+                c.base_url = base.into();
+                c.transport = transport();
+                Box::new(GeminiModel::new(c))
+            }
+        }
+    }
+
+    /// One call, complete or streamed; `Ok(None)` when a stream broke after output.
+    async fn call(model: &dyn Model, prompt: &str, stream: bool) -> Result<Option<String>, String> {
+        let messages = [Message::user(prompt)];
+        let tools = [ToolSpec {
+            name: "lookup".into(),
+            description: "Looks something up.".into(),
+            parameters: schema(),
+        }];
+        let settings = ModelSettings::default();
+        let request = ModelRequest {
+            messages: &messages,
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        let response = if stream {
+            let mut events = model.stream(&request).await.map_err(|e| e.to_string())?;
+            let mut acc = Accumulator::new();
+            while let Some(event) = events.next().await {
+                match event {
+                    Ok(event) => acc.push(event),
+                    Err(ModelError::StreamInterrupted(_)) => return Ok(None),
+                    Err(e) => return Err(e.to_string()),
+                }
+            }
+            acc.finish()
+        } else {
+            model.complete(&request).await.map_err(|e| e.to_string())?
+        };
+        let call = response
+            .tool_calls
+            .first()
+            .ok_or_else(|| format!("no tool call in {response:?}"))?;
+        Ok(Some(call.arguments.to_string()))
+    }
+
+    /// Calls with `kind` faults: `(kind, proto, stream, outcome)` for each.
+    async fn calls_with(
+        base: String,
+        kind: FaultKind,
+        proto: Proto,
+    ) -> Vec<(FaultKind, Proto, bool, Result<Option<String>, String>)> {
+        let scenario =
+            format!("mock:faults=0.5,seed=3,fault_kinds={kind},retry_after=2ms,slow_delay=1s");
+        let model = model(proto, &base, &scenario);
+        let mut out = Vec::new();
+        for stream in [false, true] {
+            for n in 0..6 {
+                let prompt = format!("{kind} {n}");
+                out.push((
+                    kind,
+                    proto,
+                    stream,
+                    call(model.as_ref(), &prompt, stream).await,
+                ));
+            }
+        }
+        out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_adapter_gets_through_every_kind_of_fault() {
+        let server = server().await;
+        let base = server.base_url();
+        let runs = FaultKind::ALL.into_iter().flat_map(|kind| {
+            PROTOS
+                .into_iter()
+                .filter(move |p| kind != FaultKind::Overloaded || *p == Proto::Anthropic)
+                .map(move |proto| (kind, proto))
+        });
+        let results = futures::future::join_all(
+            runs.map(|(kind, proto)| calls_with(base.clone(), kind, proto)),
+        )
+        .await;
+        let mut interrupted = 0;
+        for (kind, proto, stream, result) in results.into_iter().flatten() {
+            match result {
+                Ok(Some(args)) => assert_eq!(args, ARGS, "{kind} {proto:?} stream={stream}"),
+                Ok(None) => {
+                    assert!(stream, "only a stream can break after output");
+                    assert!(
+                        matches!(kind, FaultKind::ResetBody | FaultKind::CutCall),
+                        "{kind} {proto:?} broke a stream after output"
+                    );
+                    interrupted += 1;
+                }
+                Err(e) => panic!("{kind} {proto:?} stream={stream}: {e}"),
+            }
+        }
+        let stats = server.stats();
+        for kind in FaultKind::ALL {
+            assert!(stats.faults.get(kind) > 0, "no {kind}: {}", stats.faults);
+        }
+        assert!(interrupted > 0, "some streams broke after output");
+        println!(
+            "{} requests, faults: {}, {interrupted} streams interrupted after output",
+            stats.requests, stats.faults
+        );
+    }
+}

@@ -359,7 +359,8 @@ pub async fn serve(options: MockOptions) -> io::Result<()> {
         "toolloop mock listening on {base}\n  OpenAI:    {base}/v1 (POST /v1/chat/completions)\n  \
          Anthropic: {base} (POST /v1/messages)\n  Gemini:    {base} (POST \
          /v1beta/models/MODEL:generateContent)\n  model names pick the scenario, e.g. \
-         mock:rounds=3,parallel=2,latency=5ms; Ctrl-C stops"
+         mock:rounds=3,parallel=2,latency=5ms; add faults=0.2,seed=7 for a fifth of faults; \
+         Ctrl-C stops"
     );
     tokio::signal::ctrl_c().await?;
     server.shutdown().await;
