@@ -1,5 +1,6 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
+mod progress;
 mod run;
 mod spec;
 

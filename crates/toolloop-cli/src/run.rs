@@ -1,18 +1,19 @@
 //! `toolloop run`: one agent run on a prompt.
 
 use crate::EXIT_USAGE;
+use crate::progress::Progress;
 use crate::spec::{ProviderArgs, model_from_args};
 use clap::Args;
 use serde_json::{Value, json};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::AgentBuilder;
-use toolloop::event::Event;
 use toolloop::message::Message;
-use toolloop::outcome::{CallStatus, Outcome, StopReason};
+use toolloop::outcome::{Outcome, StopReason};
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
@@ -92,14 +93,18 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return usage_error(format!("--root {}: {e}", args.root.display())),
     };
-    let progress = std::io::stderr().is_terminal() && !args.json;
     let stream_text = args.stream && !args.json;
+    let progress = Arc::new(Progress::new(
+        std::io::stderr().is_terminal() && !args.json,
+        stream_text,
+    ));
+    let shown = progress.clone();
     let mut builder = AgentBuilder::new(model)
         .tools(tools)
         .max_rounds(args.max_rounds)
         .max_tool_calls(args.max_tool_calls)
         .stream(args.stream)
-        .on_event(move |e| report(e, progress, stream_text));
+        .on_event(move |e| shown.event(e));
     if let Some(system) = &args.system {
         builder = builder.system(system.clone());
     }
@@ -126,6 +131,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
     let outcome = agent
         .run_cancellable(vec![Message::user(args.prompt.clone())], cancel)
         .await;
+    progress.finish();
     if args.json {
         println!("{}", outcome_json(&outcome));
     } else {
@@ -152,39 +158,6 @@ pub async fn run(args: RunArgs) -> ExitCode {
         }
     }
     exit_code(outcome.stop_reason)
-}
-
-/// Progress lines on stderr, and streamed text on stdout.
-fn report(event: &Event, progress: bool, stream_text: bool) {
-    use std::io::Write;
-    match event {
-        Event::TextDelta { text, .. } if stream_text => {
-            let mut out = std::io::stdout().lock();
-            let _ = out.write_all(text.as_bytes());
-            let _ = out.flush();
-        }
-        Event::RoundStarted { round, .. } if progress => eprintln!("· round {round}"),
-        Event::ToolFinished {
-            name,
-            status,
-            duration_ms,
-            ..
-        } if progress => {
-            let mark = if *status == CallStatus::Ok {
-                "✓"
-            } else {
-                "✗"
-            };
-            eprintln!("  {mark} {name} ({duration_ms} ms)");
-        }
-        Event::DuplicateDetected { call, .. } if progress => {
-            eprintln!("  ↻ {} skipped: duplicate call", call.name)
-        }
-        Event::InvalidToolCall { call, reason, .. } if progress => {
-            eprintln!("  ✗ {} invalid: {reason}", call.name)
-        }
-        _ => {}
-    }
 }
 
 /// The outcome as the `--json` object.

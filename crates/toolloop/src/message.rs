@@ -261,7 +261,81 @@ pub fn new_call_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    fn json_value() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            ".*".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(3, 24, 4, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+                proptest::collection::btree_map(".*", inner, 0..4)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn message() -> impl Strategy<Value = Message> {
+        let call = (
+            ".*",
+            ".*",
+            json_value(),
+            proptest::option::of(".*"),
+            proptest::option::of(json_value()),
+        )
+            .prop_map(
+                |(id, name, arguments, invalid_arguments, provider_data)| ToolCall {
+                    id,
+                    name,
+                    arguments,
+                    invalid_arguments,
+                    provider_data,
+                },
+            );
+        let part =
+            (".*", json_value()).prop_map(|(provider, data)| ProviderPart { provider, data });
+        prop_oneof![
+            ".*".prop_map(Message::system),
+            ".*".prop_map(Message::user),
+            (
+                proptest::option::of(".*"),
+                proptest::collection::vec(call, 0..3),
+                proptest::collection::vec(part, 0..2)
+            )
+                .prop_map(|(text, tool_calls, parts)| Message::Assistant(
+                    AssistantMessage {
+                        text,
+                        tool_calls,
+                        parts
+                    }
+                )),
+            (".*", ".*", ".*", any::<bool>()).prop_map(|(call_id, name, content, is_error)| {
+                Message::Tool(ToolResult {
+                    call_id,
+                    name,
+                    content,
+                    is_error,
+                })
+            }),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn transcripts_load_back_identical(messages in proptest::collection::vec(message(), 0..6)) {
+            let json = serde_json::to_string(&messages).unwrap();
+            let back: Vec<Message> = serde_json::from_str(&json).unwrap();
+            prop_assert_eq!(back, messages);
+        }
+    }
 
     #[test]
     fn arguments_parse_quirks() {
