@@ -84,6 +84,7 @@ pub struct ToolCall {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub invalid_arguments: Option<String>,
     /// Opaque provider data attached to this call (a Gemini thought signature, for example).
+    /// A JSON `null` here reads back as `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provider_data: Option<Value>,
 }
