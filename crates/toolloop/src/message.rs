@@ -285,12 +285,14 @@ mod tests {
     }
 
     fn message() -> impl Strategy<Value = Message> {
+        // A JSON `null` as provider data reads back as none.
+        let data = json_value().prop_filter("not null", |v| !v.is_null());
         let call = (
             ".*",
             ".*",
             json_value(),
             proptest::option::of(".*"),
-            proptest::option::of(json_value()),
+            proptest::option::of(data),
         )
             .prop_map(
                 |(id, name, arguments, invalid_arguments, provider_data)| ToolCall {
