@@ -24,20 +24,20 @@
 //! Usage: `input_tokens` is Anthropic's `input_tokens` plus `cache_read_input_tokens` plus
 //! `cache_creation_input_tokens` (toolloop's [`Usage`] counts cached tokens as input).
 
-use crate::http::{ByteStream, HttpTransport, resilient_stream, retryable_status};
+use crate::http::{HttpTransport, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse, ToolChoice,
 };
 use crate::providers::Decoded;
-use crate::sse::{SseDecoder, SseEvent};
-use crate::stream::{Accumulator, StreamEvent};
+use crate::providers::wire::{self, SseDecode, json_number, merge_extras, snippet};
+use crate::sse::SseEvent;
+use crate::stream::StreamEvent;
 use crate::usage::Usage;
 use async_trait::async_trait;
-use futures::StreamExt;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 
 /// The provider name on [`ProviderPart`]s this adapter produces.
 pub const PROVIDER: &str = "anthropic";
@@ -190,27 +190,16 @@ impl Model for AnthropicModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body: bytes::Bytes = build_request_body(request, &self.config, true)
-            .to_string()
-            .into();
-        let headers = self.config.headers()?;
-        let url = self.config.messages_url();
-        let transport = self.config.transport.clone();
-        let policy = transport.retry.clone();
-        Ok(resilient_stream(policy, move || {
-            let (transport, url, headers, body) = (
-                transport.clone(),
-                url.clone(),
-                headers.clone(),
-                body.clone(),
-            );
-            async move {
-                let bytes = transport
-                    .post_stream(&url, &headers, body, parse_error)
-                    .await?;
-                Ok(event_stream(bytes, StreamDecoder::default()))
-            }
-        }))
+        let body = build_request_body(request, &self.config, true).to_string();
+        wire::open_sse_stream(
+            &self.config.transport,
+            self.config.messages_url(),
+            self.config.headers()?,
+            body.into(),
+            parse_error,
+            StreamDecoder::default,
+        )
+        .await
     }
 }
 
@@ -359,31 +348,6 @@ fn mark_turn(turn: &mut Turn) -> bool {
     }
 }
 
-pub(crate) fn json_number(x: f32) -> Value {
-    // Through the shortest decimal text, so 0.7f32 is sent as 0.7 and not 0.699999988079071.
-    let f = format!("{x}").parse::<f64>().unwrap_or(f64::from(x));
-    serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
-}
-
-/// Merges `extra` into `base`: objects recursively, anything else replaced.
-pub(crate) fn merge_json(base: &mut Value, extra: &Value) {
-    match (base, extra) {
-        (Value::Object(b), Value::Object(e)) => {
-            for (k, v) in e {
-                match b.get_mut(k) {
-                    Some(existing) if existing.is_object() && v.is_object() => {
-                        merge_json(existing, v)
-                    }
-                    _ => {
-                        b.insert(k.clone(), v.clone());
-                    }
-                }
-            }
-        }
-        (b, e) => *b = e.clone(),
-    }
-}
-
 /// The Messages request body for `req`.
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
     let mut system: Vec<Value> = Vec::new();
@@ -523,12 +487,10 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
         body.insert("stream".into(), json!(true));
     }
     let mut body = Value::Object(body);
-    for extra in [config.extra.as_ref(), req.settings.extra.as_ref()]
-        .into_iter()
-        .flatten()
-    {
-        merge_json(&mut body, extra);
-    }
+    merge_extras(
+        &mut body,
+        [config.extra.as_ref(), req.settings.extra.as_ref()],
+    );
     body
 }
 
@@ -609,16 +571,6 @@ fn error_type_for_status(status: u16) -> Option<&'static str> {
 
 fn retryable_type(t: &str) -> bool {
     matches!(t, "overloaded_error" | "rate_limit_error" | "api_error")
-}
-
-/// The first `max` characters of a body, for error messages.
-pub(crate) fn snippet(body: &[u8], max: usize) -> String {
-    let text = String::from_utf8_lossy(body);
-    let text = text.trim();
-    match text.char_indices().nth(max) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
 }
 
 /// Turns an Anthropic error response (`{"type":"error","error":{"type","message"}}`) into an
@@ -777,37 +729,23 @@ struct StreamDecoder {
     stopped: bool,
     calls: usize,
     reported_calls: usize,
-    failed: bool,
 }
 
-pub(crate) type Out = Vec<Result<StreamEvent, ModelError>>;
-
-impl StreamDecoder {
-    fn event(&mut self, ev: &SseEvent) -> Out {
-        let mut out = Vec::new();
-        if self.failed {
-            return out;
-        }
+impl SseDecode for StreamDecoder {
+    fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
         let data = ev.data.trim();
         if data.is_empty() {
-            return out;
+            return Ok(());
         }
-        let v: Value = match serde_json::from_str(data) {
-            Ok(v) => v,
-            Err(e) => {
-                // Corrupted or cut short on the way: as retryable as a broken connection (never
-                // replayed once output was delivered).
-                self.failed = true;
-                out.push(Err(ModelError::Transport {
-                    message: format!(
-                        "a Messages stream event is not JSON ({e}): {}",
-                        snippet(data.as_bytes(), 300)
-                    ),
-                    retryable: true,
-                }));
-                return out;
-            }
-        };
+        // A corrupted or cut-short event is as retryable as a broken connection (never
+        // replayed once output was delivered).
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
+            message: format!(
+                "a Messages stream event is not JSON ({e}): {}",
+                snippet(data.as_bytes(), 300)
+            ),
+            retryable: true,
+        })?;
         let kind = v["type"]
             .as_str()
             .or(ev.event.as_deref())
@@ -817,17 +755,21 @@ impl StreamDecoder {
             "message_start" => {
                 if let Some(u) = v.pointer("/message/usage").filter(|u| u.is_object()) {
                     self.usage.update(u);
-                    out.push(Ok(StreamEvent::Usage(self.usage.usage())));
+                    out.push(StreamEvent::Usage(self.usage.usage()));
                 }
             }
             "content_block_start" => {
                 let (Some(index), Some(block)) = (index, v.get("content_block")) else {
-                    return self.fail("a content_block_start event without index or block");
+                    return Err(ModelError::InvalidResponse(
+                        "unexpected Messages stream: a content_block_start event without index \
+                         or block"
+                            .into(),
+                    ));
                 };
                 let state = match block["type"].as_str() {
                     Some("text") => {
                         if let Some(t) = block["text"].as_str().filter(|t| !t.is_empty()) {
-                            out.push(Ok(StreamEvent::TextDelta(t.to_string())));
+                            out.push(StreamEvent::TextDelta(t.to_string()));
                         }
                         Block::Text
                     }
@@ -850,7 +792,7 @@ impl StreamDecoder {
                     },
                 };
                 if let Some(old) = self.blocks.insert(index, state) {
-                    self.close(old, true, &mut out);
+                    self.close(old, true, out);
                 }
             }
             "content_block_delta" => {
@@ -859,7 +801,7 @@ impl StreamDecoder {
                 match (delta["type"].as_str(), block) {
                     (Some("text_delta"), _) => {
                         if let Some(t) = delta["text"].as_str().filter(|t| !t.is_empty()) {
-                            out.push(Ok(StreamEvent::TextDelta(t.to_string())));
+                            out.push(StreamEvent::TextDelta(t.to_string()));
                         }
                     }
                     (Some("input_json_delta"), Some(block)) => {
@@ -876,17 +818,17 @@ impl StreamDecoder {
                                 if !fragment.is_empty() {
                                     if !*started {
                                         *started = true;
-                                        out.push(Ok(StreamEvent::ToolCallStart {
+                                        out.push(StreamEvent::ToolCallStart {
                                             index: *index,
                                             id: id.clone(),
                                             name: name.clone(),
-                                        }));
+                                        });
                                     }
                                     *args_seen = true;
-                                    out.push(Ok(StreamEvent::ToolCallDelta {
+                                    out.push(StreamEvent::ToolCallDelta {
                                         index: *index,
                                         arguments: fragment.to_string(),
-                                    }));
+                                    });
                                 }
                             }
                             Block::Other { json, .. } => json.push_str(fragment),
@@ -909,7 +851,7 @@ impl StreamDecoder {
             }
             "content_block_stop" => {
                 if let Some(block) = index.and_then(|i| self.blocks.remove(&i)) {
-                    self.close(block, true, &mut out);
+                    self.close(block, true, out);
                 }
             }
             "message_delta" => {
@@ -918,30 +860,40 @@ impl StreamDecoder {
                 }
                 if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                     self.usage.update(u);
-                    out.push(Ok(StreamEvent::Usage(self.usage.usage())));
+                    out.push(StreamEvent::Usage(self.usage.usage()));
                 }
             }
             "message_stop" => self.stopped = true,
-            "error" => {
-                self.failed = true;
-                out.push(Err(ModelError::Api(stream_error(&v))));
-            }
+            "error" => return Err(ModelError::Api(stream_error(&v))),
             _ => {} // ping, and event types added later
         }
-        out
+        Ok(())
     }
 
-    fn fail(&mut self, what: &str) -> Out {
-        self.failed = true;
-        vec![Err(ModelError::InvalidResponse(format!(
-            "unexpected Messages stream: {what}"
-        )))]
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        let open = std::mem::take(&mut self.blocks);
+        for (_, block) in open {
+            self.close(block, false, out);
+        }
+        if !self.stopped && self.stop_reason.is_none() {
+            return Err(ModelError::Transport {
+                message: "the Messages stream ended before message_stop".into(),
+                retryable: true,
+            });
+        }
+        out.push(StreamEvent::Finish(finish_reason(
+            self.stop_reason.as_deref(),
+            self.reported_calls > 0,
+        )));
+        Ok(())
     }
+}
 
+impl StreamDecoder {
     /// Ends a block. `complete` is false for a block the stream never closed (cut by
     /// `max_tokens`): a call that received argument text is reported with it (incomplete, so it
     /// will not parse and will not run); one that received none is left out.
-    fn close(&mut self, block: Block, complete: bool, out: &mut Out) {
+    fn close(&mut self, block: Block, complete: bool, out: &mut Vec<StreamEvent>) {
         match block {
             Block::Text => {}
             Block::ToolUse {
@@ -957,18 +909,18 @@ impl StreamDecoder {
                     if !complete {
                         return;
                     }
-                    out.push(Ok(StreamEvent::ToolCallStart { index, id, name }));
+                    out.push(StreamEvent::ToolCallStart { index, id, name });
                 }
                 if !args_seen && initial.as_object().is_some_and(|o| !o.is_empty()) {
-                    out.push(Ok(StreamEvent::ToolCallDelta {
+                    out.push(StreamEvent::ToolCallDelta {
                         index,
                         arguments: initial.to_string(),
-                    }));
+                    });
                 }
                 if let Some(data) = extras {
-                    out.push(Ok(StreamEvent::ToolCallData { index, data }));
+                    out.push(StreamEvent::ToolCallData { index, data });
                 }
-                out.push(Ok(StreamEvent::ToolCallEnd { index }));
+                out.push(StreamEvent::ToolCallEnd { index });
                 self.reported_calls += 1;
             }
             Block::Other { mut block, json } => {
@@ -977,176 +929,26 @@ impl StreamDecoder {
                         block["input"] = input;
                     }
                 }
-                out.push(Ok(StreamEvent::Part(ProviderPart {
+                out.push(StreamEvent::Part(ProviderPart {
                     provider: PROVIDER.into(),
                     data: block,
-                })));
+                }));
             }
         }
-    }
-
-    fn finish(&mut self) -> Out {
-        let mut out = Vec::new();
-        if self.failed {
-            return out;
-        }
-        let open = std::mem::take(&mut self.blocks);
-        for (_, block) in open {
-            self.close(block, false, &mut out);
-        }
-        if !self.stopped && self.stop_reason.is_none() {
-            out.push(Err(ModelError::Transport {
-                message: "the Messages stream ended before message_stop".into(),
-                retryable: true,
-            }));
-            return out;
-        }
-        out.push(Ok(StreamEvent::Finish(finish_reason(
-            self.stop_reason.as_deref(),
-            self.reported_calls > 0,
-        ))));
-        out
-    }
-}
-
-/// A decoder of one provider's stream events (shared by the adapters of this module tree).
-pub(crate) trait SseDecode: Send + 'static {
-    /// The events one SSE event gives; an `Err` ends the stream.
-    fn event(&mut self, ev: &SseEvent) -> Out;
-    /// The events due when the body ends.
-    fn finish(&mut self) -> Out;
-}
-
-impl SseDecode for StreamDecoder {
-    fn event(&mut self, ev: &SseEvent) -> Out {
-        StreamDecoder::event(self, ev)
-    }
-    fn finish(&mut self) -> Out {
-        StreamDecoder::finish(self)
-    }
-}
-
-/// Decodes an SSE byte stream into events with `decoder`.
-pub(crate) fn event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> EventStream {
-    struct State<D> {
-        bytes: ByteStream,
-        sse: SseDecoder,
-        decoder: D,
-        pending: VecDeque<Result<StreamEvent, ModelError>>,
-        ended: bool,
-    }
-    let state = State {
-        bytes,
-        sse: SseDecoder::new(),
-        decoder,
-        pending: VecDeque::new(),
-        ended: false,
-    };
-    Box::pin(futures::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(item) = st.pending.pop_front() {
-                if item.is_err() {
-                    st.pending.clear();
-                    st.ended = true;
-                }
-                return Some((item, st));
-            }
-            if st.ended {
-                return None;
-            }
-            match st.bytes.next().await {
-                Some(Ok(chunk)) => {
-                    for ev in st.sse.push(&chunk) {
-                        st.pending.extend(st.decoder.event(&ev));
-                    }
-                }
-                Some(Err(e)) => {
-                    st.pending.push_back(Err(e));
-                }
-                None => {
-                    if let Some(ev) = st.sse.finish() {
-                        st.pending.extend(st.decoder.event(&ev));
-                    }
-                    st.pending.extend(st.decoder.finish());
-                    st.ended = true;
-                }
-            }
-        }
-    }))
-}
-
-/// A response, with the error that ended it early (then the response holds what came before).
-pub(crate) type Partial = (ModelResponse, Option<ModelError>);
-
-/// Runs a whole recorded SSE body through `decoder`.
-pub(crate) fn decode_sse_body<D: SseDecode>(body: &[u8], mut decoder: D) -> Partial {
-    let mut acc = Accumulator::new();
-    let feed = |events: Out, acc: &mut Accumulator| -> Result<(), ModelError> {
-        for e in events {
-            acc.push(e?);
-        }
-        Ok(())
-    };
-    let mut sse = SseDecoder::new();
-    let mut result = Ok(());
-    for ev in sse.push(body) {
-        result = feed(decoder.event(&ev), &mut acc);
-        if result.is_err() {
-            break;
-        }
-    }
-    if result.is_ok() {
-        if let Some(ev) = sse.finish() {
-            result = feed(decoder.event(&ev), &mut acc);
-        }
-    }
-    if result.is_ok() {
-        result = feed(decoder.finish(), &mut acc);
-    }
-    (acc.finish(), result.err())
-}
-
-/// A [`Decoded`] from a decoding result.
-pub(crate) fn decoded(status: u16, (response, error): Partial) -> Decoded {
-    Decoded {
-        response,
-        error: error.map(|e| as_api_error(status, e)),
     }
 }
 
 /// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
 /// whether the body is an SSE stream. Used by the conformance tests.
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    if !(200..300).contains(&status) {
-        return Decoded {
-            response: ModelResponse::default(),
-            error: Some(parse_error(status, &HeaderMap::new(), body)),
-        };
-    }
-    let result = if stream {
-        decode_sse_body(body, StreamDecoder::default())
-    } else {
-        match decode_message_body(body) {
-            Ok(r) => (r, None),
-            Err(e) => (ModelResponse::default(), Some(e)),
-        }
-    };
-    decoded(status, result)
-}
-
-/// An error as an [`ApiError`], for [`Decoded`].
-pub(crate) fn as_api_error(status: u16, e: ModelError) -> ApiError {
-    match e {
-        ModelError::Api(a) => a,
-        other => ApiError {
-            status,
-            error_type: Some("invalid_response".into()),
-            code: None,
-            retryable: other.is_retryable(),
-            message: other.to_string(),
-            retry_after: None,
-        },
-    }
+    wire::decode_recorded(
+        status,
+        body,
+        stream,
+        parse_error,
+        StreamDecoder::default(),
+        |body| wire::whole(decode_message_body(body)),
+    )
 }
 
 #[cfg(test)]

@@ -24,18 +24,15 @@
 //! model must do instead. Errors come from the `{"error": {code, message, status, details}}`
 //! body; a `google.rpc.RetryInfo` detail's `retryDelay` becomes the wait before a retry.
 
-use super::anthropic::{
-    Out, Partial, SseDecode, decode_sse_body, decoded, event_stream, json_number, merge_json,
-    snippet,
-};
-use crate::http::{HttpTransport, resilient_stream, retryable_status};
+use crate::http::{HttpTransport, retryable_status};
 use crate::message::{AssistantMessage, Message, ProviderPart, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse, ToolChoice,
 };
 use crate::providers::Decoded;
+use crate::providers::wire::{self, Partial, SseDecode, json_number, merge_extras, snippet};
 use crate::sse::SseEvent;
-use crate::stream::{Accumulator, StreamEvent};
+use crate::stream::StreamEvent;
 use crate::usage::Usage;
 use async_trait::async_trait;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
@@ -196,27 +193,16 @@ impl Model for GeminiModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body: bytes::Bytes = build_request_body(request, &self.config, true)
-            .to_string()
-            .into();
-        let headers = self.config.headers()?;
-        let url = self.config.stream_url(self.model_for(request));
-        let transport = self.config.transport.clone();
-        let policy = transport.retry.clone();
-        Ok(resilient_stream(policy, move || {
-            let (transport, url, headers, body) = (
-                transport.clone(),
-                url.clone(),
-                headers.clone(),
-                body.clone(),
-            );
-            async move {
-                let bytes = transport
-                    .post_stream(&url, &headers, body, parse_error)
-                    .await?;
-                Ok(event_stream(bytes, ChunkDecoder::default()))
-            }
-        }))
+        let body = build_request_body(request, &self.config, true).to_string();
+        wire::open_sse_stream(
+            &self.config.transport,
+            self.config.stream_url(self.model_for(request)),
+            self.config.headers()?,
+            body.into(),
+            parse_error,
+            ChunkDecoder::default,
+        )
+        .await
     }
 }
 
@@ -492,12 +478,10 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
         body.insert("generationConfig".into(), Value::Object(generation));
     }
     let mut body = Value::Object(body);
-    for extra in [config.extra.as_ref(), req.settings.extra.as_ref()]
-        .into_iter()
-        .flatten()
-    {
-        merge_json(&mut body, extra);
-    }
+    merge_extras(
+        &mut body,
+        [config.extra.as_ref(), req.settings.extra.as_ref()],
+    );
     body
 }
 
@@ -652,20 +636,19 @@ struct ChunkDecoder {
     seen_chunk: bool,
     /// Consecutive streamed thought fragments, joined into one part.
     thought: Option<Value>,
-    failed: bool,
 }
 
 impl ChunkDecoder {
-    fn flush_thought(&mut self, out: &mut Out) {
+    fn flush_thought(&mut self, out: &mut Vec<StreamEvent>) {
         if let Some(data) = self.thought.take() {
-            out.push(Ok(StreamEvent::Part(ProviderPart {
+            out.push(StreamEvent::Part(ProviderPart {
                 provider: PROVIDER.into(),
                 data,
-            })));
+            }));
         }
     }
 
-    fn part(&mut self, part: &Value, out: &mut Out) {
+    fn part(&mut self, part: &Value, out: &mut Vec<StreamEvent>) {
         let signature = part.get("thoughtSignature").cloned();
         if let Some(fc) = part.get("functionCall") {
             self.flush_thought(out);
@@ -673,19 +656,19 @@ impl ChunkDecoder {
             self.calls += 1;
             let wire_id = fc["id"].as_str().filter(|s| !s.is_empty());
             let id = wire_id.map_or_else(new_call_id, str::to_string);
-            out.push(Ok(StreamEvent::ToolCallStart {
+            out.push(StreamEvent::ToolCallStart {
                 index,
                 id: Some(id),
                 name: fc["name"].as_str().unwrap_or("").to_string(),
-            }));
+            });
             let args = match &fc["args"] {
                 Value::Null => "{}".to_string(),
                 v => v.to_string(),
             };
-            out.push(Ok(StreamEvent::ToolCallDelta {
+            out.push(StreamEvent::ToolCallDelta {
                 index,
                 arguments: args,
-            }));
+            });
             let mut data = Map::new();
             if let Some(sig) = signature {
                 data.insert("thoughtSignature".into(), sig);
@@ -694,12 +677,12 @@ impl ChunkDecoder {
                 data.insert("id".into(), json!(id));
             }
             if !data.is_empty() {
-                out.push(Ok(StreamEvent::ToolCallData {
+                out.push(StreamEvent::ToolCallData {
                     index,
                     data: json!({PROVIDER: data}),
-                }));
+                });
             }
-            out.push(Ok(StreamEvent::ToolCallEnd { index }));
+            out.push(StreamEvent::ToolCallEnd { index });
             return;
         }
         let is_thought = part["thought"] == true;
@@ -720,34 +703,29 @@ impl ChunkDecoder {
             Some(text) => {
                 self.flush_thought(out);
                 if !text.is_empty() {
-                    out.push(Ok(StreamEvent::TextDelta(text.to_string())));
+                    out.push(StreamEvent::TextDelta(text.to_string()));
                 }
                 if let Some(sig) = signature {
-                    out.push(Ok(StreamEvent::Part(ProviderPart {
+                    out.push(StreamEvent::Part(ProviderPart {
                         provider: PROVIDER.into(),
                         data: json!({"thoughtSignature": sig}),
-                    })));
+                    }));
                 }
             }
             None => {
                 self.flush_thought(out);
-                out.push(Ok(StreamEvent::Part(ProviderPart {
+                out.push(StreamEvent::Part(ProviderPart {
                     provider: PROVIDER.into(),
                     data: part.clone(),
-                })));
+                }));
             }
         }
     }
 
-    fn chunk(&mut self, v: &Value) -> Out {
-        let mut out = Vec::new();
-        if self.failed {
-            return out;
-        }
+    /// Decodes one `GenerateContentResponse` chunk.
+    fn chunk(&mut self, v: &Value, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
         if let Some(error) = v.get("error").filter(|e| e.is_object()) {
-            self.failed = true;
-            out.push(Err(ModelError::Api(api_error(200, error))));
-            return out;
+            return Err(ModelError::Api(api_error(200, error)));
         }
         self.seen_chunk = true;
         if v.pointer("/promptFeedback/blockReason").is_some() {
@@ -759,7 +737,7 @@ impl ChunkDecoder {
                 .and_then(Value::as_array)
             {
                 for part in parts {
-                    self.part(part, &mut out);
+                    self.part(part, out);
                 }
             }
             if let Some(r) = candidate["finishReason"].as_str() {
@@ -770,31 +748,27 @@ impl ChunkDecoder {
             }
         }
         if let Some(meta) = v.get("usageMetadata").filter(|m| m.is_object()) {
-            out.push(Ok(StreamEvent::Usage(usage(meta))));
+            out.push(StreamEvent::Usage(usage(meta)));
         }
-        out
+        Ok(())
     }
 
-    fn end(&mut self) -> Out {
-        let mut out = Vec::new();
-        if self.failed {
-            return out;
-        }
-        self.flush_thought(&mut out);
+    /// The closing events, after the last chunk.
+    fn end(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        self.flush_thought(out);
         if self.blocked && self.finish_reason.is_none() {
-            out.push(Ok(StreamEvent::Finish(FinishReason::ContentFilter)));
-            return out;
+            out.push(StreamEvent::Finish(FinishReason::ContentFilter));
+            return Ok(());
         }
         if self.finish_reason.is_none() {
-            out.push(Err(ModelError::Transport {
+            return Err(ModelError::Transport {
                 message: if self.seen_chunk {
                     "the Gemini stream ended before a finishReason".into()
                 } else {
                     "the Gemini response holds no candidate".into()
                 },
                 retryable: true,
-            }));
-            return out;
+            });
         }
         let (reason, malformed) = finish(
             self.finish_reason.as_deref(),
@@ -802,38 +776,33 @@ impl ChunkDecoder {
             self.calls > 0,
         );
         if let Some(why) = malformed {
-            out.push(Ok(StreamEvent::MalformedCall(why)));
+            out.push(StreamEvent::MalformedCall(why));
         }
-        out.push(Ok(StreamEvent::Finish(reason)));
-        out
+        out.push(StreamEvent::Finish(reason));
+        Ok(())
     }
 }
 
 impl SseDecode for ChunkDecoder {
-    fn event(&mut self, ev: &SseEvent) -> Out {
+    fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
         let data = ev.data.trim();
-        if data.is_empty() || data == "[DONE]" || self.failed {
-            return Vec::new();
+        if data.is_empty() || data == "[DONE]" {
+            return Ok(());
         }
-        match serde_json::from_str::<Value>(data) {
-            Ok(v) => self.chunk(&v),
-            Err(e) => {
-                // Corrupted or cut short on the way (a chunk cut in the middle of a line): as
-                // retryable as a broken connection (never replayed once output was delivered).
-                self.failed = true;
-                vec![Err(ModelError::Transport {
-                    message: format!(
-                        "a Gemini stream chunk is not JSON ({e}): {}",
-                        snippet(data.as_bytes(), 300)
-                    ),
-                    retryable: true,
-                })]
-            }
-        }
+        // A chunk corrupted or cut short on the way (in the middle of a line) is as retryable as a
+        // broken connection (never replayed once output was delivered).
+        let v = serde_json::from_str::<Value>(data).map_err(|e| ModelError::Transport {
+            message: format!(
+                "a Gemini stream chunk is not JSON ({e}): {}",
+                snippet(data.as_bytes(), 300)
+            ),
+            retryable: true,
+        })?;
+        self.chunk(&v, out)
     }
 
-    fn finish(&mut self) -> Out {
-        self.end()
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        self.end(out)
     }
 }
 
@@ -854,20 +823,12 @@ fn decode_chunks(chunks: &[Value]) -> Partial {
         })
         .collect();
     let mut decoder = ChunkDecoder::default();
-    let mut acc = Accumulator::new();
-    let events = chunks
+    let mut events = Vec::new();
+    let result = chunks
         .into_iter()
-        .flat_map(|c| decoder.chunk(c))
-        .collect::<Vec<_>>()
-        .into_iter()
-        .chain(decoder.end());
-    for e in events {
-        match e {
-            Ok(ev) => acc.push(ev),
-            Err(e) => return (acc.finish(), Some(e)),
-        }
-    }
-    (acc.finish(), None)
+        .try_for_each(|c| decoder.chunk(c, &mut events))
+        .and_then(|()| decoder.end(&mut events));
+    wire::accumulate(events, result)
 }
 
 fn decode_body(body: &[u8]) -> Result<ModelResponse, ModelError> {
@@ -883,16 +844,13 @@ fn decode_body(body: &[u8]) -> Result<ModelResponse, ModelError> {
 /// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
 /// whether the body is an SSE stream (`alt=sse`). Used by the conformance tests.
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    if !(200..300).contains(&status) {
-        return Decoded {
-            response: ModelResponse::default(),
-            error: Some(parse_error(status, &HeaderMap::new(), body)),
-        };
-    }
-    let result = if stream {
-        decode_sse_body(body, ChunkDecoder::default())
-    } else {
-        match serde_json::from_slice::<Value>(body) {
+    wire::decode_recorded(
+        status,
+        body,
+        stream,
+        parse_error,
+        ChunkDecoder::default(),
+        |body| match serde_json::from_slice::<Value>(body) {
             Ok(v) => decode_chunks(std::slice::from_ref(&v)),
             Err(e) => (
                 ModelResponse::default(),
@@ -900,9 +858,8 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
                     "the Gemini response is not JSON ({e})"
                 ))),
             ),
-        }
-    };
-    decoded(status, result)
+        },
+    )
 }
 
 #[cfg(test)]

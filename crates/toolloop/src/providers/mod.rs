@@ -12,6 +12,8 @@ pub mod gemini;
 pub mod openai;
 pub mod scripted;
 pub mod test_model;
+#[cfg(feature = "http")]
+pub(crate) mod wire;
 
 /// What an adapter makes of one recorded response body: the response, and the error the body
 /// reported (an HTTP error body, or an error event inside a stream). Used by the conformance

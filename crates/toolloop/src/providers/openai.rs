@@ -72,16 +72,16 @@ use crate::model::{
     ModelSettings, ToolChoice,
 };
 use crate::providers::Decoded;
-use crate::sse::{SseDecoder, SseEvent};
-use crate::stream::{Accumulator, StreamEvent};
+use crate::providers::wire::{self, SseDecode, json_number};
+use crate::sse::SseEvent;
+use crate::stream::StreamEvent;
 use crate::usage::Usage;
 use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
-use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 /// OpenAI's own API.
 pub const DEFAULT_BASE_URL: &str = "https://api.openai.com/v1";
@@ -312,16 +312,6 @@ impl Inner {
     fn headers(&self) -> HeaderMap {
         self.headers.clone().unwrap_or_default()
     }
-
-    async fn open_stream(self: Arc<Self>, body: Bytes) -> Result<EventStream, ModelError> {
-        let bytes = self
-            .config
-            .transport
-            .post_stream(&self.url, &self.headers(), body, parse_error)
-            .await
-            .map_err(classify)?;
-        Ok(decode_byte_stream(bytes))
-    }
 }
 
 #[async_trait]
@@ -349,75 +339,19 @@ impl Model for OpenAiModel {
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let body = self.prepare(request, true)?;
-        // The first attempt is opened here, so that an HTTP error is returned by this call; the
-        // opener hands it out once, and opens anew if the stream fails before any output.
-        let first = self.inner.clone().open_stream(body.clone()).await?;
-        let first = Arc::new(Mutex::new(Some(first)));
-        let inner = self.inner.clone();
-        let policy = inner.config.transport.retry.clone();
-        Ok(crate::http::resilient_stream(policy, move || {
-            let ready = first.lock().ok().and_then(|mut f| f.take());
-            let inner = inner.clone();
-            let body = body.clone();
-            async move {
-                match ready {
-                    Some(s) => Ok(s),
-                    None => inner.open_stream(body).await,
-                }
-            }
-        }))
+        let inner = &self.inner;
+        let stream = wire::open_sse_stream(
+            &inner.config.transport,
+            inner.url.clone(),
+            inner.headers(),
+            body,
+            parse_error,
+            || ChunkDecoder::new(200),
+        )
+        .await
+        .map_err(classify)?;
+        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
-}
-
-/// Turns an SSE byte stream into events. Events that arrived before an error are delivered
-/// first, then the error, then nothing more.
-fn decode_byte_stream(bytes: crate::http::ByteStream) -> EventStream {
-    struct State {
-        bytes: crate::http::ByteStream,
-        decoder: ChunkDecoder,
-        pending: VecDeque<Result<StreamEvent, ModelError>>,
-        ended: bool,
-    }
-    let state = State {
-        bytes,
-        decoder: ChunkDecoder::new(200),
-        pending: VecDeque::new(),
-        ended: false,
-    };
-    Box::pin(futures::stream::unfold(state, |mut st| async move {
-        loop {
-            if let Some(item) = st.pending.pop_front() {
-                return Some((item, st));
-            }
-            if st.ended {
-                return None;
-            }
-            let mut out = Vec::new();
-            let result = match st.bytes.next().await {
-                Some(Ok(chunk)) => st.decoder.push(&chunk, &mut out),
-                // A transport failure while reading a 2xx body is a broken connection (reqwest
-                // reports it as a decode error): worth reopening if nothing was delivered yet,
-                // which `resilient_stream` decides.
-                Some(Err(ModelError::Transport { message, .. })) => Err(ModelError::Transport {
-                    message: format!("the stream broke: {message}"),
-                    retryable: true,
-                }),
-                Some(Err(e)) => Err(e),
-                None => {
-                    st.ended = true;
-                    st.decoder.finish(&mut out)
-                }
-            };
-            st.pending.extend(out.into_iter().map(Ok));
-            if st.decoder.done {
-                st.ended = true;
-            }
-            if let Err(e) = result {
-                st.ended = true;
-                st.pending.push_back(Err(classify(e)));
-            }
-        }
-    }))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -498,9 +432,7 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream:
         }
     }
     if let Some(t) = settings.temperature {
-        // f32 -> f64 by way of the shortest decimal form: 0.7 stays 0.7 on the wire.
-        let t: f64 = t.to_string().parse().unwrap_or(f64::from(t));
-        body.insert("temperature".into(), json!(t));
+        body.insert("temperature".into(), json_number(t));
     }
     if let Some(n) = settings.max_output_tokens {
         let field = if openai {
@@ -775,7 +707,6 @@ struct Slot {
 /// indices count from 0 in order of first appearance, whatever the server's indices were.
 #[derive(Debug)]
 struct ChunkDecoder {
-    sse: SseDecoder,
     /// HTTP status, reported with an in-stream error.
     status: u16,
     slots: Vec<Slot>,
@@ -791,7 +722,6 @@ struct ChunkDecoder {
 impl ChunkDecoder {
     fn new(status: u16) -> Self {
         ChunkDecoder {
-            sse: SseDecoder::new(),
             status,
             slots: Vec::new(),
             choice: None,
@@ -800,84 +730,6 @@ impl ChunkDecoder {
             refusal: String::new(),
             done: false,
         }
-    }
-
-    /// Adds bytes; the events they complete go to `out`, also when an error follows them.
-    fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
-        for ev in self.sse.push(bytes) {
-            self.event(ev, out)?;
-        }
-        Ok(())
-    }
-
-    /// Ends the input.
-    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
-        if let Some(ev) = self.sse.finish() {
-            self.event(ev, out)?;
-        }
-        if !self.done {
-            if self.finish.is_none() {
-                return Err(ModelError::Transport {
-                    message: "the stream ended before the response was complete (no \
-                              finish_reason and no [DONE] marker)"
-                        .into(),
-                    retryable: true,
-                });
-            }
-            self.end(out);
-        }
-        Ok(())
-    }
-
-    fn event(&mut self, ev: SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
-        if self.done {
-            return Ok(());
-        }
-        let data = ev.data.trim();
-        if data.is_empty() {
-            return Ok(());
-        }
-        if data == "[DONE]" {
-            self.end(out);
-            return Ok(());
-        }
-        // A 2xx stream with an event that is not JSON was corrupted or cut short on the way:
-        // as retryable as a broken connection (never replayed once output was delivered).
-        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
-            message: format!(
-                "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
-                 got: {}",
-                preview(data)
-            ),
-            retryable: true,
-        })?;
-        let has_error = v.get("error").is_some_and(|e| !e.is_null());
-        if has_error || ev.event.as_deref() == Some("error") {
-            if self.finish.is_none() {
-                return Err(ModelError::Api(api_error_from_value(self.status, &v, None)));
-            }
-            // After a finish_reason, an error chunk only restates why the generation ended
-            // (OpenRouter's "Token limit reached" after `length`); its usage still counts.
-            tracing::debug!(chunk = %preview(data), "error chunk after the finish, ignored");
-        }
-        if let Some(u) = usage_of(&v) {
-            out.push(StreamEvent::Usage(u));
-        }
-        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
-            for c in choices {
-                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                if *self.choice.get_or_insert(idx) != idx {
-                    continue;
-                }
-                if let Some(delta) = c.get("delta").or_else(|| c.get("message")) {
-                    self.delta(delta, out);
-                }
-                if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
-                    self.finish = Some(map_finish(f));
-                }
-            }
-        }
-        Ok(())
     }
 
     fn delta(&mut self, d: &Value, out: &mut Vec<StreamEvent>) {
@@ -1006,6 +858,78 @@ impl ChunkDecoder {
     }
 }
 
+impl SseDecode for ChunkDecoder {
+    fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        if self.done {
+            return Ok(());
+        }
+        let data = ev.data.trim();
+        if data.is_empty() {
+            return Ok(());
+        }
+        if data == "[DONE]" {
+            self.end(out);
+            return Ok(());
+        }
+        // A 2xx stream with an event that is not JSON was corrupted or cut short on the way:
+        // as retryable as a broken connection (never replayed once output was delivered).
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
+            message: format!(
+                "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
+                 got: {}",
+                preview(data)
+            ),
+            retryable: true,
+        })?;
+        let has_error = v.get("error").is_some_and(|e| !e.is_null());
+        if has_error || ev.event.as_deref() == Some("error") {
+            if self.finish.is_none() {
+                return Err(ModelError::Api(api_error_from_value(self.status, &v, None)));
+            }
+            // After a finish_reason, an error chunk only restates why the generation ended
+            // (OpenRouter's "Token limit reached" after `length`); its usage still counts.
+            tracing::debug!(chunk = %preview(data), "error chunk after the finish, ignored");
+        }
+        if let Some(u) = usage_of(&v) {
+            out.push(StreamEvent::Usage(u));
+        }
+        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for c in choices {
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                if *self.choice.get_or_insert(idx) != idx {
+                    continue;
+                }
+                if let Some(delta) = c.get("delta").or_else(|| c.get("message")) {
+                    self.delta(delta, out);
+                }
+                if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
+                    self.finish = Some(map_finish(f));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        if !self.done {
+            if self.finish.is_none() {
+                return Err(ModelError::Transport {
+                    message: "the stream ended before the response was complete (no \
+                              finish_reason and no [DONE] marker)"
+                        .into(),
+                    retryable: true,
+                });
+            }
+            self.end(out);
+        }
+        Ok(())
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------------------------
@@ -1130,11 +1054,7 @@ fn classify(e: ModelError) -> ModelError {
 
 /// A short, char-boundary-safe excerpt of external text for error messages.
 fn preview(text: &str) -> String {
-    const MAX: usize = 300;
-    match text.char_indices().nth(MAX) {
-        Some((cut, _)) => format!("{}…", &text[..cut]),
-        None => text.to_string(),
-    }
+    wire::preview(text, 300)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1145,57 +1065,14 @@ fn preview(text: &str) -> String {
 /// and whether it is an SSE stream. A non-2xx status, an error object in a 200 body, or an error
 /// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    let failed = |error: ApiError, response: ModelResponse| Decoded {
-        response: ModelResponse {
-            finish_reason: FinishReason::Error,
-            ..response
-        },
-        error: Some(error),
-    };
-    if !(200..300).contains(&status) {
-        return failed(
-            parse_error(status, &HeaderMap::new(), body),
-            ModelResponse::default(),
-        );
-    }
-    let as_api = |e: ModelError| match e {
-        ModelError::Api(a) => a,
-        other => ApiError {
-            status,
-            error_type: Some("invalid_response".into()),
-            code: None,
-            message: other.to_string(),
-            retryable: other.is_retryable(),
-            retry_after: None,
-        },
-    };
-    if stream {
-        let mut decoder = ChunkDecoder::new(status);
-        let mut events = Vec::new();
-        let result = decoder
-            .push(body, &mut events)
-            .and_then(|()| decoder.finish(&mut events));
-        let mut acc = Accumulator::new();
-        for e in events {
-            acc.push(e);
-        }
-        let response = acc.finish();
-        match result {
-            Ok(()) => Decoded {
-                response,
-                error: None,
-            },
-            Err(e) => failed(as_api(e), response),
-        }
-    } else {
-        match decode_response(body) {
-            Ok(response) => Decoded {
-                response,
-                error: None,
-            },
-            Err(e) => failed(as_api(e), ModelResponse::default()),
-        }
-    }
+    wire::decode_recorded(
+        status,
+        body,
+        stream,
+        parse_error,
+        ChunkDecoder::new(status),
+        |body| wire::whole(decode_response(body)),
+    )
 }
 
 #[cfg(test)]
@@ -1660,7 +1537,7 @@ mod tests {
     /// Decodes `body` fed in the given pieces, as events (so ids made up for missing ones do not
     /// differ between runs).
     fn events_in_pieces(body: &[u8], cuts: &[usize]) -> (Vec<StreamEvent>, Option<String>) {
-        let mut d = ChunkDecoder::new(200);
+        let mut d = wire::SseReader::new(ChunkDecoder::new(200));
         let mut out = Vec::new();
         let mut last = 0;
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();

@@ -1,0 +1,518 @@
+//! Provider-neutral plumbing shared by the HTTP adapters: opening a streamed call, turning a
+//! Server-Sent Events body into [`StreamEvent`]s (live, or recorded for the conformance tests),
+//! and small JSON and message helpers.
+//!
+//! What the events and error bodies of a provider mean stays in its adapter (an [`SseDecode`]
+//! implementation and an [`ErrorParser`]); this module only carries bytes, events and errors
+//! between the transport, that decoder and the caller.
+
+use crate::http::{ByteStream, ErrorParser, HttpTransport, resilient_stream};
+use crate::model::{ApiError, EventStream, FinishReason, ModelError, ModelResponse};
+use crate::providers::Decoded;
+use crate::sse::{SseDecoder, SseEvent};
+use crate::stream::{Accumulator, StreamEvent};
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::header::HeaderMap;
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// What one provider's stream events mean: turns SSE events into [`StreamEvent`]s.
+pub(crate) trait SseDecode: Send + 'static {
+    /// Decodes one SSE event, pushing the events it completes to `out`. An error ends the
+    /// stream; the events pushed before it are still delivered, first.
+    fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
+
+    /// The body ended: pushes the closing events, or says why the response is incomplete.
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
+
+    /// Whether the response is already complete, closing events pushed (OpenAI's `[DONE]`):
+    /// the rest of the body is not read and [`SseDecode::finish`] is not called.
+    fn done(&self) -> bool {
+        false
+    }
+}
+
+/// An SSE body being read: the event framing and a provider's decoder.
+pub(crate) struct SseReader<D> {
+    sse: SseDecoder,
+    decoder: D,
+}
+
+impl<D: SseDecode> SseReader<D> {
+    /// A reader at the start of a body.
+    pub(crate) fn new(decoder: D) -> Self {
+        SseReader {
+            sse: SseDecoder::new(),
+            decoder,
+        }
+    }
+
+    /// Adds bytes; the events they complete go to `out`, also when an error follows them.
+    pub(crate) fn push(
+        &mut self,
+        bytes: &[u8],
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        for ev in self.sse.push(bytes) {
+            self.decoder.event(&ev, out)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the body: decodes a last event left without its blank line, then the decoder's
+    /// closing events.
+    pub(crate) fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        if self.decoder.done() {
+            return Ok(());
+        }
+        if let Some(ev) = self.sse.finish() {
+            self.decoder.event(&ev, out)?;
+        }
+        self.decoder.finish(out)
+    }
+
+    /// Whether the response is complete before the body ended.
+    pub(crate) fn done(&self) -> bool {
+        self.decoder.done()
+    }
+}
+
+/// A transport failure while a 2xx body is read is a broken connection (reqwest reports it as a
+/// body or decode error): retryable, so that [`resilient_stream`] opens the stream again when
+/// nothing was delivered yet. Other errors (a body over the size limit) are kept.
+fn broken(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Transport { message, .. } => ModelError::Transport {
+            message: format!("the stream broke: {message}"),
+            retryable: true,
+        },
+        other => other,
+    }
+}
+
+/// Decodes an SSE response body with `decoder`. Events that arrived before an error are
+/// delivered first, then the error, then nothing more.
+pub(crate) fn sse_event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> EventStream {
+    struct State<D> {
+        bytes: ByteStream,
+        reader: SseReader<D>,
+        pending: VecDeque<Result<StreamEvent, ModelError>>,
+        ended: bool,
+    }
+    let state = State {
+        bytes,
+        reader: SseReader::new(decoder),
+        pending: VecDeque::new(),
+        ended: false,
+    };
+    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(item) = st.pending.pop_front() {
+                return Some((item, st));
+            }
+            if st.ended {
+                return None;
+            }
+            let mut out = Vec::new();
+            let result = match st.bytes.next().await {
+                Some(Ok(chunk)) => st.reader.push(&chunk, &mut out),
+                Some(Err(e)) => Err(broken(e)),
+                None => {
+                    st.ended = true;
+                    st.reader.finish(&mut out)
+                }
+            };
+            st.pending.extend(out.into_iter().map(Ok));
+            if st.reader.done() {
+                st.ended = true;
+            }
+            if let Err(e) = result {
+                st.ended = true;
+                st.pending.push_back(Err(e));
+            }
+        }
+    }))
+}
+
+/// Everything needed to open one streamed call, again if need be.
+struct Opener<F> {
+    transport: HttpTransport,
+    url: String,
+    headers: HeaderMap,
+    body: Bytes,
+    parse_error: ErrorParser,
+    make_decoder: F,
+}
+
+impl<D: SseDecode, F: Fn() -> D> Opener<F> {
+    async fn open(&self) -> Result<EventStream, ModelError> {
+        let bytes = self
+            .transport
+            .post_stream(
+                &self.url,
+                &self.headers,
+                self.body.clone(),
+                self.parse_error,
+            )
+            .await?;
+        Ok(sse_event_stream(bytes, (self.make_decoder)()))
+    }
+}
+
+/// Opens a streamed call: POSTs `body` to `url` and decodes the SSE reply with a decoder made
+/// by `make_decoder`. The first attempt is made before this returns, so an HTTP error (after the
+/// transport's retries) is this call's error; a stream that fails with a retryable error before
+/// delivering output is opened again ([`resilient_stream`]), one that already delivered output
+/// never is.
+pub(crate) async fn open_sse_stream<D, F>(
+    transport: &HttpTransport,
+    url: String,
+    headers: HeaderMap,
+    body: Bytes,
+    parse_error: ErrorParser,
+    make_decoder: F,
+) -> Result<EventStream, ModelError>
+where
+    D: SseDecode,
+    F: Fn() -> D + Send + Sync + 'static,
+{
+    let opener = Arc::new(Opener {
+        transport: transport.clone(),
+        url,
+        headers,
+        body,
+        parse_error,
+        make_decoder,
+    });
+    // The opener hands the first stream out once, and opens anew after a failure.
+    let first = Mutex::new(Some(opener.open().await?));
+    let policy = opener.transport.retry.clone();
+    Ok(resilient_stream(policy, move || {
+        let ready = first.lock().ok().and_then(|mut f| f.take());
+        let opener = opener.clone();
+        async move {
+            match ready {
+                Some(stream) => Ok(stream),
+                None => opener.open().await,
+            }
+        }
+    }))
+}
+
+/// A response, with the error that ended it early (then the response holds what came before).
+pub(crate) type Partial = (ModelResponse, Option<ModelError>);
+
+/// The response `events` make, with the error that ended them, if any.
+pub(crate) fn accumulate(events: Vec<StreamEvent>, result: Result<(), ModelError>) -> Partial {
+    let mut acc = Accumulator::new();
+    for e in events {
+        acc.push(e);
+    }
+    (acc.finish(), result.err())
+}
+
+/// A complete response's decoding result as a [`Partial`]: nothing arrived before an error.
+pub(crate) fn whole(result: Result<ModelResponse, ModelError>) -> Partial {
+    match result {
+        Ok(r) => (r, None),
+        Err(e) => (ModelResponse::default(), Some(e)),
+    }
+}
+
+/// Runs a whole recorded SSE body through `decoder`.
+pub(crate) fn decode_sse_body<D: SseDecode>(body: &[u8], decoder: D) -> Partial {
+    let mut reader = SseReader::new(decoder);
+    let mut events = Vec::new();
+    let result = reader
+        .push(body, &mut events)
+        .and_then(|()| reader.finish(&mut events));
+    accumulate(events, result)
+}
+
+/// Decodes one recorded response body as an adapter does (the conformance tests): a non-2xx
+/// `status` gives `parse_error`'s error, a 2xx SSE body (`stream`) goes through `decoder`, and a
+/// 2xx complete body through `complete`. When the body reports an error, [`Decoded::error`] holds
+/// it, [`Decoded::response`] what arrived before it, with [`FinishReason::Error`].
+pub(crate) fn decode_recorded<D: SseDecode>(
+    status: u16,
+    body: &[u8],
+    stream: bool,
+    parse_error: ErrorParser,
+    decoder: D,
+    complete: impl FnOnce(&[u8]) -> Partial,
+) -> Decoded {
+    let (response, error) = if !(200..300).contains(&status) {
+        let error = parse_error(status, &HeaderMap::new(), body);
+        (ModelResponse::default(), Some(error))
+    } else {
+        let (response, error) = if stream {
+            decode_sse_body(body, decoder)
+        } else {
+            complete(body)
+        };
+        (response, error.map(|e| as_api_error(status, e)))
+    };
+    match error {
+        None => Decoded {
+            response,
+            error: None,
+        },
+        Some(error) => Decoded {
+            response: ModelResponse {
+                finish_reason: FinishReason::Error,
+                ..response
+            },
+            error: Some(error),
+        },
+    }
+}
+
+/// An error as an [`ApiError`], for [`Decoded`]: an API error as it is, anything else as an
+/// `invalid_response` error with the error's text.
+pub(crate) fn as_api_error(status: u16, e: ModelError) -> ApiError {
+    match e {
+        ModelError::Api(a) => a,
+        other => ApiError {
+            status,
+            error_type: Some("invalid_response".into()),
+            code: None,
+            retryable: other.is_retryable(),
+            message: other.to_string(),
+            retry_after: None,
+        },
+    }
+}
+
+/// A JSON number for an `f32` setting, through its shortest decimal text, so that 0.7f32 is sent
+/// as 0.7 and not 0.699999988079071. A value JSON cannot hold (NaN, infinity) is `null`.
+pub(crate) fn json_number(x: f32) -> Value {
+    let f = format!("{x}").parse::<f64>().unwrap_or(f64::from(x));
+    serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
+}
+
+/// Merges request-body extras (an adapter's, then the settings') into `body`, in order:
+/// objects recursively, anything else replaced.
+pub(crate) fn merge_extras<'a>(
+    body: &mut Value,
+    extras: impl IntoIterator<Item = Option<&'a Value>>,
+) {
+    for extra in extras.into_iter().flatten() {
+        merge_json(body, extra);
+    }
+}
+
+/// Merges `extra` into `base`: objects recursively, anything else replaced.
+fn merge_json(base: &mut Value, extra: &Value) {
+    match (base, extra) {
+        (Value::Object(b), Value::Object(e)) => {
+            for (k, v) in e {
+                match b.get_mut(k) {
+                    Some(existing) if existing.is_object() && v.is_object() => {
+                        merge_json(existing, v)
+                    }
+                    _ => {
+                        b.insert(k.clone(), v.clone());
+                    }
+                }
+            }
+        }
+        (b, e) => *b = e.clone(),
+    }
+}
+
+/// The first `max` characters of external text, cut on a char boundary (`…` marks a cut), for
+/// error messages.
+pub(crate) fn preview(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// The first `max` characters of a body (lossy UTF-8, trimmed), for error messages.
+pub(crate) fn snippet(body: &[u8], max: usize) -> String {
+    preview(String::from_utf8_lossy(body).trim(), max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each event's data is text; `bad` is an error, `end` completes the response early.
+    #[derive(Default)]
+    struct Echo {
+        done: bool,
+    }
+
+    impl SseDecode for Echo {
+        fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+            match ev.data.as_str() {
+                "bad" => Err(ModelError::InvalidResponse("bad event".into())),
+                "end" => {
+                    self.done = true;
+                    out.push(StreamEvent::Finish(FinishReason::Stop));
+                    Ok(())
+                }
+                text => {
+                    out.push(StreamEvent::TextDelta(text.to_string()));
+                    Ok(())
+                }
+            }
+        }
+
+        fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+            out.push(StreamEvent::Finish(FinishReason::Length));
+            Ok(())
+        }
+
+        fn done(&self) -> bool {
+            self.done
+        }
+    }
+
+    fn body(chunks: Vec<Result<&'static str, ModelError>>) -> ByteStream {
+        Box::pin(futures::stream::iter(
+            chunks
+                .into_iter()
+                .map(|c| c.map(|s| Bytes::from_static(s.as_bytes()))),
+        ))
+    }
+
+    async fn collect(bytes: ByteStream) -> Vec<Result<StreamEvent, ModelError>> {
+        sse_event_stream(bytes, Echo::default()).collect().await
+    }
+
+    fn text(item: &Result<StreamEvent, ModelError>) -> Option<&str> {
+        match item {
+            Ok(StreamEvent::TextDelta(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn events_before_an_error_come_first_then_the_error_then_nothing() {
+        let items = collect(body(vec![Ok(
+            "data: a\n\ndata: b\n\ndata: bad\n\ndata: c\n\n",
+        )]))
+        .await;
+        assert_eq!(items.len(), 3, "{items:?}");
+        assert_eq!((text(&items[0]), text(&items[1])), (Some("a"), Some("b")));
+        assert!(matches!(&items[2], Err(ModelError::InvalidResponse(m)) if m == "bad event"));
+    }
+
+    #[tokio::test]
+    async fn a_transport_failure_while_reading_is_a_retryable_broken_connection() {
+        let cut = ModelError::Transport {
+            message: "connection reset".into(),
+            retryable: false,
+        };
+        let items = collect(body(vec![Ok("data: a\n\nda"), Err(cut), Ok("data: b\n\n")])).await;
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert_eq!(text(&items[0]), Some("a"));
+        match &items[1] {
+            Err(ModelError::Transport { message, retryable }) => {
+                assert!(*retryable);
+                assert_eq!(message, "the stream broke: connection reset");
+            }
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+        // Other errors are passed on as they are.
+        let items = collect(body(vec![Err(ModelError::BodyTooLarge { limit: 1 })])).await;
+        assert!(matches!(
+            items[..],
+            [Err(ModelError::BodyTooLarge { limit: 1 })]
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_body_end_finishes_and_an_early_end_stops_reading() {
+        // A last event without its blank line is still decoded, then `finish`.
+        let items = collect(body(vec![Ok("data: a\n\ndata: b")])).await;
+        assert_eq!(items.len(), 3, "{items:?}");
+        assert_eq!(text(&items[1]), Some("b"));
+        assert!(matches!(
+            items[2],
+            Ok(StreamEvent::Finish(FinishReason::Length))
+        ));
+        // After `end`, the rest is not read (the error is never seen) and `finish` is not called.
+        let items = collect(body(vec![Ok("data: end\n\n"), Ok("data: bad\n\n")])).await;
+        assert_eq!(items.len(), 1, "{items:?}");
+        assert!(matches!(
+            items[0],
+            Ok(StreamEvent::Finish(FinishReason::Stop))
+        ));
+    }
+
+    fn teapot(status: u16, _: &HeaderMap, body: &[u8]) -> ApiError {
+        ApiError {
+            status,
+            error_type: Some("teapot".into()),
+            code: None,
+            message: String::from_utf8_lossy(body).into_owned(),
+            retryable: false,
+            retry_after: None,
+        }
+    }
+
+    #[test]
+    fn recorded_bodies() {
+        let never = |_: &[u8]| -> Partial { panic!("not a complete body") };
+        let d = decode_recorded(
+            418,
+            b"short and stout",
+            false,
+            teapot,
+            Echo::default(),
+            never,
+        );
+        let e = d.error.unwrap();
+        assert_eq!((e.status, e.message.as_str()), (418, "short and stout"));
+        assert_eq!(d.response.finish_reason, FinishReason::Error);
+
+        let d = decode_recorded(
+            200,
+            b"data: hi\n\ndata: bad\n\n",
+            true,
+            teapot,
+            Echo::default(),
+            never,
+        );
+        assert_eq!(d.response.text.as_deref(), Some("hi"));
+        assert_eq!(d.response.finish_reason, FinishReason::Error);
+        let e = d.error.unwrap();
+        assert_eq!(e.error_type.as_deref(), Some("invalid_response"));
+        assert!(e.message.contains("bad event"), "{}", e.message);
+
+        let d = decode_recorded(200, b"data: hi\n\n", true, teapot, Echo::default(), never);
+        assert_eq!(d.error, None);
+        assert_eq!(d.response.finish_reason, FinishReason::Length);
+
+        let d = decode_recorded(200, b"{}", false, teapot, Echo::default(), |b| {
+            whole(Err(ModelError::InvalidResponse(format!(
+                "{} bytes",
+                b.len()
+            ))))
+        });
+        assert!(d.error.unwrap().message.contains("2 bytes"));
+    }
+
+    #[test]
+    fn json_helpers() {
+        assert_eq!(json_number(0.7).to_string(), "0.7");
+        assert_eq!(json_number(f32::NAN), Value::Null);
+        let mut base = serde_json::json!({"a": {"x": 1, "y": 2}, "b": [1], "c": 3});
+        merge_json(
+            &mut base,
+            &serde_json::json!({"a": {"y": 20, "z": 30}, "b": [2], "d": 4}),
+        );
+        assert_eq!(
+            base,
+            serde_json::json!({"a": {"x": 1, "y": 20, "z": 30}, "b": [2], "c": 3, "d": 4})
+        );
+        assert_eq!(preview("ééé", 2), "éé…");
+        assert_eq!(preview("éé", 2), "éé");
+        assert_eq!(snippet(b"  \xffabc \n", 10), "\u{fffd}abc");
+    }
+}
