@@ -3,7 +3,8 @@
 //!
 //! Reports, for each N:
 //! - the raw ceiling: the mock's request rate with a bare HTTP client sending N concurrent
-//!   streams of prebuilt requests (no loop, no adapter), measured in the same run;
+//!   streams of the very request bodies a loop sends (recorded from one run), with no loop and
+//!   no adapter, measured in the same run;
 //! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling;
 //! - at N=1, the loop's own cost per round: client time per round minus the server's
 //!   processing time per request;
@@ -19,7 +20,8 @@ use serde_json::{Value, json};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::{Duration, Instant};
 use toolloop::agent::Agent;
 use toolloop::message::Message;
@@ -34,21 +36,26 @@ const PARALLEL: usize = 2;
 /// through the allocator's reuse of freed pages.
 struct Counting;
 
-static LIVE: AtomicUsize = AtomicUsize::new(0);
-static PEAK: AtomicUsize = AtomicUsize::new(0);
+static LIVE: AtomicIsize = AtomicIsize::new(0);
+static PEAK: AtomicIsize = AtomicIsize::new(0);
+/// Counting is on only in the memory phase, so the throughput phases run at full speed.
+static COUNTING: AtomicBool = AtomicBool::new(false);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = unsafe { System.alloc(layout) };
-        if !p.is_null() {
-            let now = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+        if !p.is_null() && COUNTING.load(Ordering::Relaxed) {
+            let size = layout.size() as isize;
+            let now = LIVE.fetch_add(size, Ordering::Relaxed) + size;
             PEAK.fetch_max(now, Ordering::Relaxed);
         }
         p
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
         unsafe { System.dealloc(ptr, layout) };
-        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+        if COUNTING.load(Ordering::Relaxed) {
+            LIVE.fetch_sub(layout.size() as isize, Ordering::Relaxed);
+        }
     }
 }
 
@@ -107,23 +114,58 @@ fn rss_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
-/// The raw ceiling: `n` concurrent clients each sending `per` prebuilt first-round requests.
-async fn raw_rate(url: &str, scenario: &str, n: usize, per: usize) -> f64 {
-    let messages = [Message::user("go")];
-    let tools = [ToolSpec {
-        name: "echo".into(),
-        description: "Echoes its input.".into(),
-        parameters: echo().schema,
-    }];
-    let settings = ModelSettings::default();
-    let req = ModelRequest {
-        messages: &messages,
-        reminders: &[],
-        tools: &tools,
-        settings: &settings,
+/// Records the request bodies a loop sends, so the raw ceiling replays exactly the same requests.
+struct Recorder {
+    inner: OpenAiModel,
+    config: OpenAiConfig,
+    bodies: std::sync::Mutex<Vec<bytes::Bytes>>,
+}
+
+#[async_trait]
+impl toolloop::model::Model for Recorder {
+    fn name(&self) -> &str {
+        "recorder"
+    }
+    async fn complete(
+        &self,
+        r: &ModelRequest<'_>,
+    ) -> Result<toolloop::model::ModelResponse, toolloop::model::ModelError> {
+        let body = build_request_body(r, &self.config, false).to_string();
+        if let Ok(mut b) = self.bodies.lock() {
+            b.push(body.into());
+        }
+        self.inner.complete(r).await
+    }
+}
+
+/// The request bodies of one whole run, in order.
+async fn one_run_bodies(url: &str, scenario: &str, rounds: usize) -> Vec<bytes::Bytes> {
+    let config = OpenAiConfig::new(scenario).with_base_url(url);
+    let recorder = Recorder {
+        inner: OpenAiModel::new(config.clone()),
+        config,
+        bodies: std::sync::Mutex::new(Vec::new()),
     };
-    let body = build_request_body(&req, &OpenAiConfig::new(scenario), false).to_string();
-    let body = bytes::Bytes::from(body);
+    let recorder = Arc::new(recorder);
+    let agent = toolloop::agent::AgentBuilder::new(recorder.clone())
+        .tool(echo())
+        .max_rounds(rounds as u32 + 1)
+        .max_tool_calls(((rounds + 1) * PARALLEL) as u32)
+        .build()
+        .expect("one tool");
+    let out = agent.prompt("go").await;
+    assert_eq!(out.rounds as usize, rounds + 1, "{:?}", out.error);
+    let bodies = recorder
+        .bodies
+        .lock()
+        .map(|b| b.clone())
+        .unwrap_or_default();
+    bodies
+}
+
+/// The raw ceiling: `n` concurrent clients, each replaying the request bodies of a whole run
+/// `per` times with a bare HTTP client (no loop, no adapter).
+async fn raw_rate(url: &str, bodies: &[bytes::Bytes], n: usize, per: usize) -> f64 {
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(n)
         .build()
@@ -133,19 +175,21 @@ async fn raw_rate(url: &str, scenario: &str, n: usize, per: usize) -> f64 {
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let client = client.clone();
-            let body = body.clone();
+            let bodies = bodies.to_vec();
             let endpoint = endpoint.clone();
             tokio::spawn(async move {
                 for _ in 0..per {
-                    let r = client
-                        .post(&endpoint)
-                        .header("content-type", "application/json")
-                        .body(body.clone())
-                        .send()
-                        .await
-                        .expect("mock answers");
-                    assert!(r.status().is_success());
-                    r.bytes().await.expect("body");
+                    for body in &bodies {
+                        let r = client
+                            .post(&endpoint)
+                            .header("content-type", "application/json")
+                            .body(body.clone())
+                            .send()
+                            .await
+                            .expect("mock answers");
+                        assert!(r.status().is_success());
+                        r.bytes().await.expect("body");
+                    }
                 }
             })
         })
@@ -153,7 +197,7 @@ async fn raw_rate(url: &str, scenario: &str, n: usize, per: usize) -> f64 {
     for t in tasks {
         t.await.expect("task");
     }
-    (n * per) as f64 / start.elapsed().as_secs_f64()
+    (n * per * bodies.len()) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// Serves the mock in this process (child mode) and prints its base URL.
@@ -184,8 +228,9 @@ fn main() {
         let server = start(MockOptions::default()).await.expect("mock starts");
         let url = format!("{}/v1", server.base_url());
         let scenario = format!("mock:rounds={rounds},parallel={PARALLEL}");
+        let bodies = one_run_bodies(&url, &scenario, rounds).await;
         // warm up connections and allocators
-        raw_rate(&url, &scenario, 8, 50).await;
+        raw_rate(&url, &bodies, 8, 10).await;
         let a = agent(&url, &scenario, rounds);
         futures::future::join_all((0..8).map(|_| a.prompt("go"))).await;
 
@@ -196,18 +241,25 @@ fn main() {
         );
         let mut own_cost = None;
         for n in [1usize, 100, big_n] {
-            let per = ((rounds + 1) * 200 / n).max(rounds + 1);
-            let ceiling = raw_rate(&url, &scenario, n, per).await;
+            let per = (200 / n).max(1);
+            let ceiling = raw_rate(&url, &bodies, n, per).await;
             let reps = (2000 / (n * (rounds + 1))).max(1);
             let before = server.stats();
             let start = Instant::now();
             let mut done = 0usize;
             for _ in 0..reps {
-                let outs = futures::future::join_all((0..n).map(|_| a.prompt("go"))).await;
-                for o in &outs {
+                // Each loop is a task on the runtime's workers, like the raw clients.
+                let tasks: Vec<_> = (0..n)
+                    .map(|_| {
+                        let a = a.clone();
+                        tokio::spawn(async move { a.prompt("go").await })
+                    })
+                    .collect();
+                for t in tasks {
+                    let o = t.await.expect("loop task");
                     assert_eq!(o.rounds as usize, rounds + 1, "{:?}", o.error);
+                    done += 1;
                 }
-                done += outs.len();
             }
             let elapsed = start.elapsed();
             let after = server.stats();
@@ -226,6 +278,41 @@ fn main() {
                 own_cost = Some((client_per, server_per, raw_per));
             }
         }
+        // The adapter alone: the first request of a run, through OpenAiModel::complete.
+        let adapter_per = {
+            let mut config = OpenAiConfig::new(scenario.as_str()).with_base_url(&url);
+            config.transport.retry.max_retries = 0;
+            let model = OpenAiModel::new(config);
+            let n = 2000;
+            tokio::spawn(async move {
+                let messages = [Message::user("go")];
+                let tools = [ToolSpec {
+                    name: "echo".into(),
+                    description: "Echoes its input.".into(),
+                    parameters: echo().schema,
+                }];
+                let settings = ModelSettings::default();
+                let req = ModelRequest {
+                    messages: &messages,
+                    reminders: &[],
+                    tools: &tools,
+                    settings: &settings,
+                };
+                let start = Instant::now();
+                for _ in 0..n {
+                    toolloop::model::Model::complete(&model, &req)
+                        .await
+                        .expect("mock answers");
+                }
+                start.elapsed() / n
+            })
+            .await
+            .expect("task")
+        };
+        println!(
+            "N=1: one adapter call (OpenAiModel::complete, first request) takes {:.1} µs",
+            adapter_per.as_secs_f64() * 1e6
+        );
         if let Some((client, server_t, raw)) = own_cost {
             println!(
                 "N=1 per round: client {:.1} µs, server {:.1} µs, own cost (client - server) {:.1} µs; a bare HTTP request takes {:.1} µs, so the loop adds {:.1} µs over it",
@@ -263,8 +350,12 @@ fn memory(n: usize, rounds: usize) {
         let a = agent(&url, &scenario, rounds);
         // warm up with the same concurrency, so connection pools exist
         futures::future::join_all((0..n).map(|_| a.prompt("go"))).await;
-        let base = LIVE.load(Ordering::Relaxed);
-        PEAK.store(base, Ordering::Relaxed);
+        // Count from zero: frees of memory allocated before counting began may take LIVE below
+        // zero, which only makes the figure conservative (the peak is over the same baseline).
+        LIVE.store(0, Ordering::Relaxed);
+        PEAK.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        let base = 0isize;
         // Each outcome is measured and dropped as it arrives, so the peak is the loops in flight.
         let mut running: futures::stream::FuturesUnordered<_> =
             (0..n).map(|_| a.prompt("go")).collect();
@@ -274,17 +365,17 @@ fn memory(n: usize, rounds: usize) {
             transcript_sum += serde_json::to_string(&o.messages).map_or(0, |s| s.len());
             finished += 1;
         }
+        COUNTING.store(false, Ordering::Relaxed);
         let peak = PEAK.load(Ordering::Relaxed);
         let transcript = transcript_sum / finished.max(1);
         (peak, base, transcript)
     });
     let _ = child.kill();
     let _ = child.wait();
-    let per_loop = peak.saturating_sub(base) as f64 / n as f64;
+    let per_loop = (peak - base).max(0) as f64 / n as f64;
     println!(
-        "memory: {n} loops in flight: live heap {:.1} MiB -> peak {:.1} MiB; {:.1} KiB per in-flight loop (its final transcript is {:.1} KiB as JSON), so {:.1} KiB besides the transcript; process peak RSS {} KiB",
-        base as f64 / 1048576.0,
-        peak as f64 / 1048576.0,
+        "memory: {n} loops in flight: live heap grew by at most {:.1} MiB; {:.1} KiB per in-flight loop (its final transcript is {:.1} KiB as JSON), so {:.1} KiB besides the transcript; process peak RSS {} KiB",
+        (peak - base) as f64 / 1048576.0,
         per_loop / 1024.0,
         transcript as f64 / 1024.0,
         (per_loop - transcript as f64).max(0.0) / 1024.0,
