@@ -155,12 +155,11 @@ async fn one_run_bodies(url: &str, scenario: &str, rounds: usize) -> Vec<bytes::
         .expect("one tool");
     let out = agent.prompt("go").await;
     assert_eq!(out.rounds as usize, rounds + 1, "{:?}", out.error);
-    let bodies = recorder
+    recorder
         .bodies
         .lock()
         .map(|b| b.clone())
-        .unwrap_or_default();
-    bodies
+        .unwrap_or_default()
 }
 
 /// The raw ceiling: `n` concurrent clients, each replaying the request bodies of a whole run
