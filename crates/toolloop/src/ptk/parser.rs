@@ -367,6 +367,14 @@ fn first_char_len(s: &str) -> usize {
     s.chars().next().map_or(1, char::len_utf8)
 }
 
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
 fn ws_len(s: &str) -> usize {
     s.len() - s.trim_start().len()
 }
@@ -883,7 +891,15 @@ fn bare(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
         Err(Seq::NeedMore) => Decision::NeedMore,
         Err(Seq::Bad(e)) => {
             // Broken JSON: an attempted call only if it starts like one.
-            let head_end = line_end(s, 0, true).unwrap_or(s.len());
+            // Judged on the first line (at most HEAD bytes), so the verdict does not depend on
+            // how much of the reply has arrived.
+            const HEAD: usize = 400;
+            let head_end = match s.find('\n') {
+                Some(i) if i < HEAD => i,
+                _ if s.len() >= HEAD => floor_char_boundary(s, HEAD),
+                _ if eof => s.len(),
+                _ => return Decision::NeedMore,
+            };
             if !looks_like_call(&s[..head_end], tools) {
                 return Decision::Text(1);
             }
