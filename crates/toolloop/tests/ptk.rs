@@ -363,6 +363,29 @@ proptest! {
         prop_assert_eq!(chunked, whole, "reply: {:?}", reply);
     }
 
+    /// Calls longer than the parser's eager limit (so held calls wait behind their gates) stream
+    /// the same in any chunks.
+    #[test]
+    fn long_calls_stream_the_same_in_any_chunks(
+        d in dialect(), calls in calls(), pad in proptest::collection::vec(json_string(), 40..60),
+        before in prose(), cuts in proptest::collection::vec(any::<usize>(), 0..60),
+    ) {
+        let pad = pad.concat() + &"x".repeat(600);
+        let calls: Vec<(String, Value)> = calls
+            .into_iter()
+            .map(|(n, mut a)| {
+                a["zz_pad"] = Value::String(pad.clone());
+                (n, a)
+            })
+            .collect();
+        let tools = tools_for(&calls);
+        let reply = format!("{before}\n{}\nafter", write_calls(d, &tool_calls(&calls)));
+        let whole = meaning_of_reply(&parse_reply(&reply, &tools));
+        let got: Vec<(String, Value)> = whole.calls.iter().map(|c| (c.0.clone(), c.1.clone())).collect();
+        prop_assert_eq!(got, calls);
+        prop_assert_eq!(meaning_of_events(&stream_events(&cut(&reply, &cuts), &tools)), whole);
+    }
+
     /// Character by character, too (the hardest split).
     #[test]
     fn char_by_char_streaming_agrees(d in dialect(), calls in calls(), before in prose()) {
@@ -711,4 +734,35 @@ async fn inner_stream_errors_pass_through() {
     assert_eq!(events.len(), 2);
     assert!(matches!(&events[0], Ok(StreamEvent::TextDelta(t)) if t == "hi"));
     assert!(events[1].is_err());
+}
+
+/// A large call (a whole file as an argument) streamed in small deltas, in every dialect.
+#[test]
+fn large_call_streams_in_small_chunks() {
+    let line = "fn main() -> Result<(), E> { let x = [1, 2]; if a > b { return; } }\n";
+    let content = line.repeat(100_000 / line.len());
+    let calls = vec![(
+        "write_file".to_string(),
+        json!({"path": "big.rs", "content": content}),
+    )];
+    let tools = tools_for(&calls);
+    for d in Dialect::ALL {
+        let reply = format!("Writing.\n{}\nDone.", write_calls(d, &tool_calls(&calls)));
+        let chunks: Vec<String> = reply
+            .as_bytes()
+            .chunks(16)
+            .map(|c| String::from_utf8(c.to_vec()).expect("ASCII"))
+            .collect();
+        let started = std::time::Instant::now();
+        let got = meaning_of_events(&stream_events(&chunks, &tools));
+        let elapsed = started.elapsed();
+        assert_eq!(got.calls.len(), 1, "{d}");
+        assert_eq!(got.calls[0].1, calls[0].1, "{d}");
+        assert_eq!(got.text.as_deref(), Some("Writing.\nDone."), "{d}");
+        eprintln!(
+            "{d}: {} bytes in {} chunks: {elapsed:?}",
+            reply.len(),
+            chunks.len()
+        );
+    }
 }

@@ -124,6 +124,110 @@ enum Opener {
     Bare,
 }
 
+/// What must arrive before a held call is worth examining again. Re-examining costs time
+/// linear in the held text, so a long call streamed in small deltas would cost quadratic time
+/// without this. A gate only ever delays a decision (which depends on the text alone, never on
+/// when it is made), and `finish` always decides, so gates cannot change any result.
+#[derive(Debug)]
+struct Gate {
+    /// The buffer length the gate has seen.
+    len: usize,
+    kind: GateKind,
+}
+
+#[derive(Debug)]
+enum GateKind {
+    /// Examine on every delta.
+    Always,
+    /// Wait for this closing tag.
+    Close(&'static str),
+    /// Wait for a backtick (the end of a code fence).
+    Backtick,
+    /// Wait until the JSON brackets are balanced again (outside strings).
+    Json {
+        depth: i64,
+        quote: Option<u8>,
+        escaped: bool,
+    },
+}
+
+impl Gate {
+    fn new(kind: GateKind, len: usize) -> Self {
+        Gate { len, kind }
+    }
+
+    fn for_held(opener: Opener, buf: &[u8]) -> Self {
+        if buf.len() <= EAGER_LIMIT {
+            return Gate::new(GateKind::Always, buf.len());
+        }
+        let kind = match opener {
+            Opener::Ptk => GateKind::Close("</ptk_call>"),
+            Opener::ToolCall => GateKind::Close("</tool_call>"),
+            Opener::Function => GateKind::Close("</function>"),
+            Opener::Fence => GateKind::Backtick,
+            Opener::ToolCalls | Opener::PythonTag | Opener::Bare => {
+                let mut gate = Gate::new(
+                    GateKind::Json {
+                        depth: 0,
+                        quote: None,
+                        escaped: false,
+                    },
+                    0,
+                );
+                gate.advance(buf);
+                return gate;
+            }
+            Opener::Strip => GateKind::Always,
+        };
+        Gate::new(kind, buf.len())
+    }
+
+    /// Takes in the bytes after `len`; returns whether the held text should be examined.
+    fn advance(&mut self, buf: &[u8]) -> bool {
+        let from = self.len.min(buf.len());
+        self.len = buf.len();
+        match &mut self.kind {
+            GateKind::Always => true,
+            GateKind::Backtick => buf[from..].contains(&b'`'),
+            GateKind::Close(close) => {
+                let start = from.saturating_sub(close.len() - 1);
+                buf[start..]
+                    .windows(close.len())
+                    .any(|w| w.eq_ignore_ascii_case(close.as_bytes()))
+            }
+            GateKind::Json {
+                depth,
+                quote,
+                escaped,
+            } => {
+                let mut wake = false;
+                for &b in &buf[from..] {
+                    if let Some(q) = *quote {
+                        if *escaped {
+                            *escaped = false;
+                        } else if b == b'\\' {
+                            *escaped = true;
+                        } else if b == q {
+                            *quote = None;
+                        }
+                        continue;
+                    }
+                    match b {
+                        b'{' | b'[' => *depth += 1,
+                        b'}' | b']' => *depth -= 1,
+                        b'"' | b'\'' if *depth > 0 => *quote = Some(b),
+                        _ => {}
+                    }
+                    if *depth <= 0 {
+                        wake = true;
+                    }
+                }
+                wake
+            }
+        }
+    }
+}
+
 const OPENERS: &[(&str, Opener)] = &[
     ("<ptk_call", Opener::Ptk),
     ("<tool_call", Opener::ToolCall),
@@ -161,8 +265,9 @@ pub(crate) struct Scanner {
     after_call: bool,
     /// Whitespace held back at the end of the emitted text.
     pending_ws: String,
-    /// The buffer length when the front was last found undecidable.
-    held_len: Option<usize>,
+    /// Set while the front of the buffer is undecided: what must arrive before it is worth
+    /// examining again.
+    gate: Option<Gate>,
 }
 
 impl Scanner {
@@ -174,7 +279,7 @@ impl Scanner {
             started: false,
             after_call: false,
             pending_ws: String::new(),
-            held_len: None,
+            gate: None,
         }
     }
 
@@ -184,14 +289,10 @@ impl Scanner {
         }
         let old = self.buf.len();
         self.buf.push_str(delta);
-        if let Some(held) = self.held_len
-            && held == old
-            && old > EAGER_LIMIT
-            && !delta
-                .bytes()
-                .any(|b| matches!(b, b'>' | b'}' | b']' | b'`' | b'\n' | b';'))
+        if let Some(gate) = self.gate.as_mut()
+            && gate.len == old
+            && !gate.advance(self.buf.as_bytes())
         {
-            self.held_len = Some(self.buf.len());
             return;
         }
         self.run(false, out);
@@ -203,7 +304,7 @@ impl Scanner {
     }
 
     fn run(&mut self, eof: bool, out: &mut Vec<Piece>) {
-        self.held_len = None;
+        self.gate = None;
         while !self.buf.is_empty() {
             let (pos, opener) = match self.find_opener(eof) {
                 Found::At(pos, opener) => (pos, Some(opener)),
@@ -216,7 +317,7 @@ impl Scanner {
             }
             let Some(opener) = opener else {
                 // A possible opener is cut off at the end of the buffer.
-                self.held_len = Some(self.buf.len());
+                self.gate = Some(Gate::new(GateKind::Always, self.buf.len()));
                 return;
             };
             let decision = self.decide(opener, eof);
@@ -227,7 +328,7 @@ impl Scanner {
                     self.take_text(n, out);
                 }
                 Decision::NeedMore => {
-                    self.held_len = Some(self.buf.len());
+                    self.gate = Some(Gate::for_held(opener, self.buf.as_bytes()));
                     return;
                 }
                 Decision::Text(n) => self.take_text(n.max(1), out),
@@ -501,6 +602,10 @@ fn tagged(s: &str, eof: bool, tools: &[ToolSpec], tag: Tag) -> Decision {
     };
     let body = &s[open_end..];
     let close = tag.close();
+    if !eof && find_ci(body, close).is_none() {
+        // Without a closing tag every rule below waits for more.
+        return Decision::NeedMore;
+    }
 
     // A JSON body is read first, so that a closing tag inside a JSON string does not end it.
     let lead = ws_len(body);
