@@ -38,7 +38,9 @@ fn from_events(events: &[StreamEvent]) -> Meaning {
     for e in events {
         match e {
             StreamEvent::TextDelta(t) => text.push_str(t),
-            StreamEvent::ToolCallStart { name, .. } => calls.push((name.clone(), String::new(), false)),
+            StreamEvent::ToolCallStart { name, .. } => {
+                calls.push((name.clone(), String::new(), false))
+            }
             StreamEvent::ToolCallDelta { index, arguments } => calls[*index].1.push_str(arguments),
             StreamEvent::ToolCallData { index, .. } => calls[*index].2 = true,
             StreamEvent::Part(_) => malformed += 1,
@@ -57,7 +59,11 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let text = String::from_utf8_lossy(rest);
-    let tools = if ctl & 1 == 1 { vec![read_file()] } else { Vec::new() };
+    let tools = if ctl & 1 == 1 {
+        vec![read_file()]
+    } else {
+        Vec::new()
+    };
 
     // The whole reply at once.
     let whole = parse_reply(&text, &tools);
@@ -82,11 +88,16 @@ fuzz_target!(|data: &[u8]| {
         events.extend(parser.push(&chunk));
     }
     events.extend(parser.finish());
-    assert_eq!(from_events(&events), expected, "chunked stream disagrees with parse_reply");
+    assert_eq!(
+        from_events(&events),
+        expected,
+        "chunked stream disagrees with parse_reply"
+    );
 
     // Tolerant JSON: never panics, and what it returns is real JSON.
     if let Ok((value, _)) = json_repair::parse(&text) {
-        let again: Value = serde_json::from_str(&value.to_string()).expect("repaired JSON re-parses");
+        let again: Value =
+            serde_json::from_str(&value.to_string()).expect("repaired JSON re-parses");
         assert_eq!(again, value);
     }
     if let Ok(p) = json_repair::parse_prefix(&text) {
@@ -98,7 +109,11 @@ fuzz_target!(|data: &[u8]| {
         let props: Map<String, Value> = call
             .arguments
             .as_object()
-            .map(|m| m.iter().map(|(k, v)| (k.clone(), json!({"type": type_of(v)}))).collect())
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| (k.clone(), json!({"type": type_of(v)})))
+                    .collect()
+            })
             .unwrap_or_default();
         let spec = ToolSpec {
             name: call.name.clone(),

@@ -468,6 +468,11 @@ fn first_char_len(s: &str) -> usize {
     s.chars().next().map_or(1, char::len_utf8)
 }
 
+/// A name written in a tag (`<function= "f" >`): without spaces and quotes around it.
+fn clean_name(raw: &str) -> &str {
+    raw.trim().trim_matches(|c| c == '"' || c == '\'').trim()
+}
+
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i = i.min(s.len());
     while !s.is_char_boundary(i) {
@@ -587,7 +592,7 @@ fn tagged(s: &str, eof: bool, tools: &[ToolSpec], tag: Tag) -> Decision {
         }
         Tag::Function => match after.find('>') {
             Some(gt) if gt <= 200 && !after[..gt].contains('\n') => {
-                let name = after[..gt].trim().trim_matches(|c| c == '"' || c == '\'');
+                let name = clean_name(&after[..gt]);
                 if name.is_empty() {
                     return Decision::Text(1);
                 }
@@ -1283,7 +1288,7 @@ fn parse_functions(text: &str, tools: &[ToolSpec]) -> Result<Vec<ParsedCall>, St
         let Some(gt) = after.find('>') else {
             return Err("the <function=NAME> tag is not closed with `>`".into());
         };
-        let name = after[..gt].trim().trim_matches(|c| c == '"' || c == '\'');
+        let name = clean_name(&after[..gt]);
         if name.is_empty() {
             return Err("<function=> has no tool name".into());
         }
@@ -1341,7 +1346,7 @@ fn parse_function_content(
         let Some(gt) = after.find('>') else {
             return Err("a <parameter=NAME> tag is not closed with `>`".into());
         };
-        let pname = after[..gt].trim().trim_matches(|c| c == '"' || c == '\'');
+        let pname = clean_name(&after[..gt]);
         if pname.is_empty() {
             return Err(format!("a <parameter=> of <function={name}> has no name"));
         }
@@ -1575,6 +1580,26 @@ mod tests {
             &[],
         );
         assert_eq!(r.calls[0].arguments, json!({"n": 7, "s": "hi"}));
+    }
+
+    #[test]
+    fn names_in_tags_are_cleaned_like_json_names() {
+        // Found by fuzzing: a quoted name with a space inside the quotes.
+        let r = parse_reply("<function=\" f\">{}</function>", &[]);
+        assert_eq!(r.calls[0].name, "f");
+        let back = parse_reply(
+            &super::super::write_call(Dialect::Ptk, &r.calls[0].name, &json!({})),
+            &[],
+        );
+        assert_eq!(back.calls[0].name, "f");
+        let r = parse_reply(
+            "<tool_call><function='g'><parameter= \"p\" >1</parameter></function></tool_call>",
+            &[],
+        );
+        assert_eq!(
+            (r.calls[0].name.as_str(), &r.calls[0].arguments),
+            ("g", &json!({"p": 1}))
+        );
     }
 
     #[test]
