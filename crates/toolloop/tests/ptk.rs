@@ -766,3 +766,28 @@ fn large_call_streams_in_small_chunks() {
         );
     }
 }
+
+/// Replies the fuzzer found disagreeing once, streamed in every small chunk size.
+#[test]
+fn fuzz_findings_stream_the_same() {
+    let cases = [
+        "[TOOL_CALLS]read_file[ARGS]3333333\",\u{f6} :\\\" {\"ptext\"}\n",
+        "[TOOL_CALLS]read_file[ARGS]None\n",
+        "<|python_tag|>{\"name\": \"read_file\", \"parameters\": {}}; 12",
+        "<function=\" f\">{}</function>",
+        "{\"tool\": \"read_file\"[\"args\": {\"path\": \"a\"}```",
+    ];
+    let tools = [read_file_tool()];
+    for reply in cases {
+        let whole = meaning_of_reply(&parse_reply(reply, &tools));
+        let chars: Vec<char> = reply.chars().collect();
+        for step in 1..=8 {
+            let chunks: Vec<String> = chars.chunks(step).map(|c| c.iter().collect()).collect();
+            assert_eq!(
+                meaning_of_events(&stream_events(&chunks, &tools)),
+                whole,
+                "{reply:?} in chunks of {step}"
+            );
+        }
+    }
+}

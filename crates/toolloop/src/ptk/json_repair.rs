@@ -54,13 +54,32 @@ pub struct Parsed {
 }
 
 /// Reads one JSON value at the start of `text` (after whitespace), leaving whatever follows it.
+///
+/// `text` may be the first part of a longer text: a value whose end cannot be known yet (a
+/// number or a word running to the end of `text`) is [`JsonError::Incomplete`], so the answer
+/// never changes when more text arrives. See [`parse_prefix_final`] when `text` is all there is.
 pub fn parse_prefix(text: &str) -> Result<Parsed, JsonError> {
+    prefix(text, false)
+}
+
+/// Like [`parse_prefix`], for a text known to be complete: a number or word at its very end is
+/// taken as it is.
+pub fn parse_prefix_final(text: &str) -> Result<Parsed, JsonError> {
+    prefix(text, true)
+}
+
+fn prefix(text: &str, complete: bool) -> Result<Parsed, JsonError> {
     let mut strict = serde_json::Deserializer::from_str(text).into_iter::<Value>();
     match strict.next() {
         Some(Ok(value)) => {
+            let end = strict.byte_offset();
+            let scalar = !(value.is_object() || value.is_array() || value.is_string());
+            if scalar && !complete && end == text.len() {
+                return Err(JsonError::Incomplete);
+            }
             return Ok(Parsed {
                 value,
-                end: strict.byte_offset(),
+                end,
                 repaired: false,
             });
         }
@@ -71,6 +90,7 @@ pub fn parse_prefix(text: &str) -> Result<Parsed, JsonError> {
         s: text.as_bytes(),
         text,
         pos: 0,
+        complete,
     };
     p.skip_ws()?;
     let value = p.value(0)?;
@@ -85,12 +105,13 @@ pub fn parse_prefix(text: &str) -> Result<Parsed, JsonError> {
 /// but whitespace after the value. Returns the value and whether it needed a repair.
 pub fn parse(text: &str) -> Result<(Value, bool), JsonError> {
     let (body, fenced) = strip_fence(text);
-    let parsed = parse_prefix(body)?;
+    let parsed = parse_prefix_final(body)?;
     let rest = &body[parsed.end..];
     let mut tail = Lenient {
         s: rest.as_bytes(),
         text: rest,
         pos: 0,
+        complete: true,
     };
     // Comments after the value are tolerated; anything else is an error.
     match tail.skip_ws() {
@@ -133,6 +154,8 @@ struct Lenient<'a> {
     s: &'a [u8],
     text: &'a str,
     pos: usize,
+    /// Whether the text is all there is (else a number or word at its end may go on).
+    complete: bool,
 }
 
 type R<T> = Result<T, JsonError>;
@@ -187,13 +210,13 @@ impl<'a> Lenient<'a> {
             Some(c) if c.is_ascii_alphabetic() => {
                 let word = self.word();
                 let at_end = self.pos == self.s.len();
+                if at_end && !self.complete {
+                    return Err(JsonError::Incomplete);
+                }
                 match word {
                     "true" | "True" => Ok(Value::Bool(true)),
                     "false" | "False" => Ok(Value::Bool(false)),
                     "null" | "None" => Ok(Value::Null),
-                    _ if at_end && is_literal_prefix(word) => {
-                        Err(JsonError::Incomplete)
-                    }
                     _ => {
                         self.pos -= word.len();
                         self.invalid(format!(
@@ -232,7 +255,7 @@ impl<'a> Lenient<'a> {
                 break;
             }
         }
-        if self.pos == self.s.len() {
+        if self.pos == self.s.len() && !self.complete {
             return Err(JsonError::Incomplete);
         }
         let token = &self.text[start..self.pos];
@@ -430,12 +453,6 @@ impl<'a> Lenient<'a> {
     }
 }
 
-fn is_literal_prefix(word: &str) -> bool {
-    ["true", "false", "null", "True", "False", "None"]
-        .iter()
-        .any(|l| l.starts_with(word))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -508,6 +525,18 @@ mod tests {
         assert_eq!(p.end, 9);
         let p = parse_prefix("{'a': 1} tail").unwrap();
         assert_eq!((p.end, p.repaired), (8, true));
+    }
+
+    #[test]
+    fn a_value_running_to_the_end_may_go_on() {
+        // Found by fuzzing: "333" then "\"" must not read as 333 early.
+        assert_eq!(parse_prefix("333"), Err(JsonError::Incomplete));
+        assert_eq!(parse_prefix("None"), Err(JsonError::Incomplete));
+        assert_eq!(parse_prefix_final("333").map(|p| p.value), Ok(json!(333)));
+        assert_eq!(parse("None"), Ok((json!(null), true)));
+        assert_eq!(parse("7"), Ok((json!(7), false)));
+        let p = parse_prefix("333 ").unwrap();
+        assert_eq!((p.value, p.end), (json!(333), 3));
     }
 
     #[test]

@@ -473,6 +473,16 @@ fn clean_name(raw: &str) -> &str {
     raw.trim().trim_matches(|c| c == '"' || c == '\'').trim()
 }
 
+/// One JSON value at the start of `s`; at the end of the reply, a number or word running to
+/// its end is final.
+fn read_json(s: &str, eof: bool) -> Result<json_repair::Parsed, JsonError> {
+    if eof {
+        json_repair::parse_prefix_final(s)
+    } else {
+        json_repair::parse_prefix(s)
+    }
+}
+
 fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i = i.min(s.len());
     while !s.is_char_boundary(i) {
@@ -616,7 +626,7 @@ fn tagged(s: &str, eof: bool, tools: &[ToolSpec], tag: Tag) -> Decision {
     let lead = ws_len(body);
     let jb = &body[lead..];
     if jb.starts_with('{') || jb.starts_with('[') {
-        match json_repair::parse_prefix(jb) {
+        match read_json(jb, eof) {
             Ok(p) => {
                 let after = &jb[p.end..];
                 let w = ws_len(after);
@@ -747,7 +757,7 @@ fn parse_body(
     let mut calls = Vec::new();
     let mut rest = body;
     while !rest.is_empty() {
-        let p = json_repair::parse_prefix(rest).map_err(|e| {
+        let p = json_repair::parse_prefix_final(rest).map_err(|e| {
             (
                 dialect,
                 match e {
@@ -839,7 +849,7 @@ fn mistral(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
         );
     };
     let json = &s[json_start..];
-    match json_repair::parse_prefix(json) {
+    match read_json(json, eof) {
         Ok(p) => {
             let end = json_start + p.end;
             let result = match name {
@@ -892,7 +902,7 @@ fn call_sequence(
     tools: &[ToolSpec],
     shape: Shape,
 ) -> Result<(usize, Vec<ParsedCall>, Option<String>), Seq> {
-    let p = match json_repair::parse_prefix(s) {
+    let p = match read_json(s, eof) {
         Ok(p) => p,
         Err(JsonError::Incomplete) if !eof => return Err(Seq::NeedMore),
         Err(e) => return Err(Seq::Bad(e)),
@@ -927,7 +937,7 @@ fn call_sequence(
         if !next.starts_with('{') {
             break;
         }
-        match json_repair::parse_prefix(next) {
+        match read_json(next, eof) {
             Ok(q) => match calls_from_value(q.value, q.repaired, Dialect::Llama3, shape, tools) {
                 Ok(more) => {
                     calls.extend(more);
@@ -1055,7 +1065,7 @@ fn fence(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
         Some(_) => return Decision::Text(3),
     }
     let json = &body[lead..];
-    match json_repair::parse_prefix(json) {
+    match read_json(json, eof) {
         Ok(p) => {
             let after = &json[p.end..];
             let w = ws_len(after);
