@@ -776,6 +776,8 @@ fn fuzz_findings_stream_the_same() {
         "<|python_tag|>{\"name\": \"read_file\", \"parameters\": {}}; 12",
         "<function=\" f\">{}</function>",
         "{\"tool\": \"read_file\"[\"args\": {\"path\": \"a\"}```",
+        "text\n```json\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\r\n{\"name\": 1}\n```\n<PTK_CALL>",
+        "[TOOL_CALLS]read_file[CALL_ID]0123456789012345678901234567890123456789012345678901234567890[ARGS]{}",
     ];
     let tools = [read_file_tool()];
     for reply in cases {

@@ -819,7 +819,9 @@ fn mistral(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
             let id_part = &tail["[CALL_ID]".len()..];
             match find_ci(id_part, "[ARGS]") {
                 Some(i) if i <= 64 => start + n + w2 + "[CALL_ID]".len() + i + "[ARGS]".len(),
-                None if !eof && id_part.len() < 64 => return Decision::NeedMore,
+                None if !eof && id_part.len() < 64 + "[ARGS]".len() => {
+                    return Decision::NeedMore;
+                }
                 _ => {
                     return mistral_miss(s, start, eof, "a [CALL_ID] must be followed by [ARGS]");
                 }
@@ -1042,11 +1044,12 @@ fn bare(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
 /// A fenced code block that may hold a call.
 fn fence(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
     let after = &s[3..];
-    let Some(nl) = after.find('\n') else {
-        if !eof && after.len() <= 40 {
-            return Decision::NeedMore;
-        }
-        return Decision::Text(3);
+    // The info string must end within 40 bytes (judged on those bytes alone, so the verdict
+    // does not depend on how much has arrived).
+    let nl = match after.find('\n') {
+        Some(i) if i <= 40 => i,
+        None if !eof && after.len() <= 40 => return Decision::NeedMore,
+        _ => return Decision::Text(3),
     };
     let info = after[..nl].trim().to_ascii_lowercase();
     if !matches!(
