@@ -1,0 +1,1753 @@
+//! Reading tool calls out of a model's text, in every [`Dialect`].
+//!
+//! One incremental scanner does the work for both the complete and the streamed case:
+//! [`parse_reply`] feeds it the whole reply at once, [`StreamParser`](super::StreamParser) feeds
+//! it deltas. The scanner only decides about a piece of text once no later text can change the
+//! decision, so both give the same result however the reply is cut.
+//!
+//! What it recognises (tags are matched without regard to ASCII case):
+//! - `<PTK_CALL>…</PTK_CALL>` and `<tool_call>…</tool_call>` holding JSON (one call, an array of
+//!   calls, or several objects) or Qwen3-Coder `<function=…>` XML;
+//! - `<function=NAME>…</function>` on its own (Qwen3-Coder parameters, or a JSON object as
+//!   Llama 3.1 writes it);
+//! - `[TOOL_CALLS]` followed by a JSON array, an object, or `NAME[ARGS]{…}` (with an optional
+//!   `[CALL_ID]…`);
+//! - `<|python_tag|>` followed by JSON objects separated by `;`;
+//! - a fenced ```` ```json ```` block holding a call object (or an array of them);
+//! - a bare JSON call object at the start of a line (Llama 3 without its tag).
+//!
+//! A closing tag missing at the very end of the reply is tolerated. Stray closing tags and
+//! Llama end-of-message tokens are dropped. Fenced and bare JSON count as calls only when shaped
+//! exactly like a call (a name key and an arguments key) and naming a known tool, so JSON shown
+//! to the user stays text.
+
+use super::dialect::Dialect;
+use super::json_repair::{self, JsonError};
+use crate::model::ToolSpec;
+use serde_json::{Map, Value};
+
+/// One tool call read from text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ParsedCall {
+    /// The tool's name.
+    pub name: String,
+    /// The arguments (always a JSON object).
+    pub arguments: Value,
+    /// Whether the call's text needed a repair (tolerant JSON, a missing `>`, flattened
+    /// arguments) to be read.
+    pub repaired: bool,
+    /// The dialect the call was written in.
+    pub dialect: Dialect,
+}
+
+/// What a reply holds.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ParsedReply {
+    /// The text around the calls, trimmed, with the pieces between calls joined by a newline;
+    /// `None` when there is none.
+    pub text: Option<String>,
+    /// The calls, in order.
+    pub calls: Vec<ParsedCall>,
+    /// Set when the reply holds something that looks like an attempted call but does not parse:
+    /// what was wrong and the exact format expected (addressed to the model).
+    pub near_miss: Option<String>,
+    /// The raw text of each attempted call that did not parse, in order.
+    pub malformed: Vec<String>,
+}
+
+/// Reads the text and tool calls out of a complete reply. `tools` gives the schemas that convert
+/// Qwen3-Coder parameter values and the names that make bare or fenced JSON count as a call
+/// (with no tools, any call-shaped JSON counts).
+pub fn parse_reply(text: &str, tools: &[ToolSpec]) -> ParsedReply {
+    let mut scanner = Scanner::new(tools);
+    let mut pieces = Vec::new();
+    scanner.push(text, &mut pieces);
+    scanner.finish(&mut pieces);
+    let mut reply = ParsedReply::default();
+    let mut out_text = String::new();
+    let mut misses: Vec<String> = Vec::new();
+    for piece in pieces {
+        match piece {
+            Piece::Text(t) => out_text.push_str(&t),
+            Piece::Call(c) => reply.calls.push(c),
+            Piece::NearMiss { explanation, raw } => {
+                misses.push(explanation);
+                reply.malformed.push(raw);
+            }
+        }
+    }
+    reply.text = (!out_text.is_empty()).then_some(out_text);
+    reply.near_miss = (!misses.is_empty()).then(|| misses.join("\n\n"));
+    reply
+}
+
+/// One decided piece of a reply.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Piece {
+    /// User-visible text.
+    Text(String),
+    /// A complete call.
+    Call(ParsedCall),
+    /// An attempted call that does not parse.
+    NearMiss {
+        /// What was wrong, and the format expected.
+        explanation: String,
+        /// The text of the attempt.
+        raw: String,
+    },
+}
+
+/// What to do with the text at the front of the buffer.
+#[derive(Debug)]
+enum Decision {
+    /// The text so far cannot decide it.
+    NeedMore,
+    /// These many bytes are plain text.
+    Text(usize),
+    /// These many bytes are dropped.
+    Strip(usize),
+    /// These many bytes hold these calls.
+    Calls(usize, Vec<ParsedCall>),
+    /// These many bytes are an attempted call that does not parse.
+    Miss(usize, String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Opener {
+    Ptk,
+    ToolCall,
+    Function,
+    ToolCalls,
+    PythonTag,
+    Fence,
+    Strip,
+    Bare,
+}
+
+/// What must arrive before a held call is worth examining again. Re-examining costs time
+/// linear in the held text, so a long call streamed in small deltas would cost quadratic time
+/// without this. A gate only ever delays a decision (which depends on the text alone, never on
+/// when it is made), and `finish` always decides, so gates cannot change any result.
+#[derive(Debug)]
+struct Gate {
+    /// The buffer length the gate has seen.
+    len: usize,
+    kind: GateKind,
+}
+
+#[derive(Debug)]
+enum GateKind {
+    /// Examine on every delta.
+    Always,
+    /// Wait for this closing tag.
+    Close(&'static str),
+    /// Wait for a backtick (the end of a code fence).
+    Backtick,
+    /// Wait until the JSON brackets are balanced again (outside strings).
+    Json {
+        depth: i64,
+        quote: Option<u8>,
+        escaped: bool,
+    },
+}
+
+impl Gate {
+    fn new(kind: GateKind, len: usize) -> Self {
+        Gate { len, kind }
+    }
+
+    fn for_held(opener: Opener, buf: &[u8]) -> Self {
+        if buf.len() <= EAGER_LIMIT {
+            return Gate::new(GateKind::Always, buf.len());
+        }
+        let kind = match opener {
+            Opener::Ptk => GateKind::Close("</ptk_call>"),
+            Opener::ToolCall => GateKind::Close("</tool_call>"),
+            Opener::Function => GateKind::Close("</function>"),
+            Opener::Fence => GateKind::Backtick,
+            Opener::ToolCalls | Opener::PythonTag | Opener::Bare => {
+                let mut gate = Gate::new(
+                    GateKind::Json {
+                        depth: 0,
+                        quote: None,
+                        escaped: false,
+                    },
+                    0,
+                );
+                gate.advance(buf);
+                return gate;
+            }
+            Opener::Strip => GateKind::Always,
+        };
+        Gate::new(kind, buf.len())
+    }
+
+    /// Takes in the bytes after `len`; returns whether the held text should be examined.
+    fn advance(&mut self, buf: &[u8]) -> bool {
+        let from = self.len.min(buf.len());
+        self.len = buf.len();
+        match &mut self.kind {
+            GateKind::Always => true,
+            GateKind::Backtick => buf[from..].contains(&b'`'),
+            GateKind::Close(close) => {
+                let start = from.saturating_sub(close.len() - 1);
+                buf[start..]
+                    .windows(close.len())
+                    .any(|w| w.eq_ignore_ascii_case(close.as_bytes()))
+            }
+            GateKind::Json {
+                depth,
+                quote,
+                escaped,
+            } => {
+                let mut wake = false;
+                for &b in &buf[from..] {
+                    if let Some(q) = *quote {
+                        if *escaped {
+                            *escaped = false;
+                        } else if b == b'\\' {
+                            *escaped = true;
+                        } else if b == q {
+                            *quote = None;
+                        }
+                        continue;
+                    }
+                    match b {
+                        b'{' | b'[' => *depth += 1,
+                        b'}' | b']' => *depth -= 1,
+                        b'"' | b'\'' if *depth > 0 => *quote = Some(b),
+                        _ => {}
+                    }
+                    if *depth <= 0 {
+                        wake = true;
+                    }
+                }
+                wake
+            }
+        }
+    }
+}
+
+const OPENERS: &[(&str, Opener)] = &[
+    ("<ptk_call", Opener::Ptk),
+    ("<tool_call", Opener::ToolCall),
+    ("<function=", Opener::Function),
+    ("<|python_tag|>", Opener::PythonTag),
+    ("</ptk_call>", Opener::Strip),
+    ("</tool_call>", Opener::Strip),
+    ("<|eom_id|>", Opener::Strip),
+    ("<|eot_id|>", Opener::Strip),
+    ("[tool_calls]", Opener::ToolCalls),
+    ("```", Opener::Fence),
+];
+
+/// Keys that name the tool in a call object, in order of preference.
+const NAME_KEYS: &[&str] = &["tool", "name", "tool_name", "function"];
+/// Keys that hold the arguments, in order of preference.
+const ARG_KEYS: &[&str] = &["args", "arguments", "parameters", "input", "params"];
+/// Other keys a call object may carry.
+const EXTRA_KEYS: &[&str] = &["reasoning", "id", "type", "thought", "thoughts", "call_id"];
+
+/// A new held text is re-examined at once while it is short; past this length, only when a
+/// character that can end a call arrives (a pure speed-up: decisions never depend on timing).
+const EAGER_LIMIT: usize = 512;
+
+/// The incremental scanner shared by [`parse_reply`] and the stream parser.
+#[derive(Debug)]
+pub(crate) struct Scanner {
+    tools: Vec<ToolSpec>,
+    buf: String,
+    /// Whether `buf` starts at the beginning of a line (only spaces since the last newline).
+    line_start: bool,
+    /// Whether any text has been emitted.
+    started: bool,
+    /// Whether a call came after the last emitted text.
+    after_call: bool,
+    /// Whitespace held back at the end of the emitted text.
+    pending_ws: String,
+    /// Set while the front of the buffer is undecided: what must arrive before it is worth
+    /// examining again.
+    gate: Option<Gate>,
+}
+
+impl Scanner {
+    pub(crate) fn new(tools: &[ToolSpec]) -> Self {
+        Scanner {
+            tools: tools.to_vec(),
+            buf: String::new(),
+            line_start: true,
+            started: false,
+            after_call: false,
+            pending_ws: String::new(),
+            gate: None,
+        }
+    }
+
+    pub(crate) fn push(&mut self, delta: &str, out: &mut Vec<Piece>) {
+        if delta.is_empty() {
+            return;
+        }
+        let old = self.buf.len();
+        self.buf.push_str(delta);
+        if let Some(gate) = self.gate.as_mut()
+            && gate.len == old
+            && !gate.advance(self.buf.as_bytes())
+        {
+            return;
+        }
+        self.run(false, out);
+    }
+
+    pub(crate) fn finish(&mut self, out: &mut Vec<Piece>) {
+        self.run(true, out);
+        self.pending_ws.clear();
+    }
+
+    fn run(&mut self, eof: bool, out: &mut Vec<Piece>) {
+        self.gate = None;
+        while !self.buf.is_empty() {
+            let (pos, opener) = match self.find_opener(eof) {
+                Found::At(pos, opener) => (pos, Some(opener)),
+                Found::Hold(pos) => (pos, None),
+                Found::Nothing => (self.buf.len(), None),
+            };
+            if pos > 0 {
+                self.take_text(pos, out);
+                continue;
+            }
+            let Some(opener) = opener else {
+                // A possible opener is cut off at the end of the buffer.
+                self.gate = Some(Gate::new(GateKind::Always, self.buf.len()));
+                return;
+            };
+            let decision = self.decide(opener, eof);
+            match decision {
+                Decision::NeedMore if eof => {
+                    // Cannot happen (every rule decides at the end); fall back to text.
+                    let n = first_char_len(&self.buf);
+                    self.take_text(n, out);
+                }
+                Decision::NeedMore => {
+                    self.gate = Some(Gate::for_held(opener, self.buf.as_bytes()));
+                    return;
+                }
+                Decision::Text(n) => self.take_text(n.max(1), out),
+                Decision::Strip(n) => {
+                    self.drain(n.max(1));
+                }
+                Decision::Calls(n, calls) => {
+                    self.drain(n.max(1));
+                    self.mark_call();
+                    out.extend(calls.into_iter().map(Piece::Call));
+                }
+                Decision::Miss(n, explanation) => {
+                    let raw = self.drain(n.max(1));
+                    self.mark_call();
+                    out.push(Piece::NearMiss { explanation, raw });
+                }
+            }
+        }
+    }
+
+    /// Removes `n` bytes from the front (widened to a char boundary), keeping track of lines.
+    fn drain(&mut self, n: usize) -> String {
+        let mut n = n.min(self.buf.len());
+        while !self.buf.is_char_boundary(n) {
+            n += 1;
+        }
+        let taken: String = self.buf.drain(..n).collect();
+        match taken.rfind('\n') {
+            Some(i) => self.line_start = taken[i + 1..].bytes().all(|b| b == b' ' || b == b'\t'),
+            None => {
+                self.line_start = self.line_start && taken.bytes().all(|b| b == b' ' || b == b'\t');
+            }
+        }
+        taken
+    }
+
+    fn mark_call(&mut self) {
+        self.pending_ws.clear();
+        if self.started {
+            self.after_call = true;
+        }
+    }
+
+    fn take_text(&mut self, n: usize, out: &mut Vec<Piece>) {
+        let text = self.drain(n);
+        let body_end = text.trim_end().len();
+        let (body, trailing) = text.split_at(body_end);
+        if body.is_empty() {
+            if self.started && !self.after_call {
+                self.pending_ws.push_str(trailing);
+            }
+            return;
+        }
+        let mut emitted = String::new();
+        let body = if !self.started {
+            self.started = true;
+            body.trim_start()
+        } else if self.after_call {
+            self.after_call = false;
+            emitted.push('\n');
+            body.trim_start()
+        } else {
+            emitted.push_str(&self.pending_ws);
+            body
+        };
+        self.pending_ws.clear();
+        emitted.push_str(body);
+        self.pending_ws.push_str(trailing);
+        out.push(Piece::Text(emitted));
+    }
+
+    fn find_opener(&self, eof: bool) -> Found {
+        let bytes = self.buf.as_bytes();
+        for (i, &b) in bytes.iter().enumerate() {
+            match b {
+                b'<' | b'[' | b'`' => {
+                    let rest = &bytes[i..];
+                    for &(lit, opener) in OPENERS {
+                        let lit = lit.as_bytes();
+                        if lit[0] != b.to_ascii_lowercase() {
+                            continue;
+                        }
+                        if rest.len() >= lit.len() {
+                            if rest[..lit.len()].eq_ignore_ascii_case(lit) {
+                                return Found::At(i, opener);
+                            }
+                        } else if !eof && rest.eq_ignore_ascii_case(&lit[..rest.len()]) {
+                            return Found::Hold(i);
+                        }
+                    }
+                }
+                b'{' if self.is_line_start(i) => return Found::At(i, Opener::Bare),
+                _ => {}
+            }
+        }
+        Found::Nothing
+    }
+
+    fn is_line_start(&self, i: usize) -> bool {
+        let before = &self.buf.as_bytes()[..i];
+        match before.iter().rposition(|&b| b == b'\n') {
+            Some(nl) => before[nl + 1..].iter().all(|&b| b == b' ' || b == b'\t'),
+            None => self.line_start && before.iter().all(|&b| b == b' ' || b == b'\t'),
+        }
+    }
+
+    fn decide(&self, opener: Opener, eof: bool) -> Decision {
+        let s = self.buf.as_str();
+        let tools = &self.tools;
+        match opener {
+            Opener::Strip => Decision::Strip(
+                OPENERS
+                    .iter()
+                    .filter(|(_, o)| *o == Opener::Strip)
+                    .map(|(lit, _)| *lit)
+                    .find(|lit| starts_with_ci(s, lit))
+                    .map_or(1, str::len),
+            ),
+            Opener::Ptk => tagged(s, eof, tools, Tag::Ptk),
+            Opener::ToolCall => tagged(s, eof, tools, Tag::ToolCall),
+            Opener::Function => tagged(s, eof, tools, Tag::Function),
+            Opener::ToolCalls => mistral(s, eof, tools),
+            Opener::PythonTag => python_tag(s, eof, tools),
+            Opener::Fence => fence(s, eof, tools),
+            Opener::Bare => bare(s, eof, tools),
+        }
+    }
+}
+
+enum Found {
+    At(usize, Opener),
+    Hold(usize),
+    Nothing,
+}
+
+fn first_char_len(s: &str) -> usize {
+    s.chars().next().map_or(1, char::len_utf8)
+}
+
+/// A name written in a tag (`<function= "f" >`): without spaces and quotes around it.
+fn clean_name(raw: &str) -> &str {
+    raw.trim().trim_matches(|c| c == '"' || c == '\'').trim()
+}
+
+/// One JSON value at the start of `s`; at the end of the reply, a number or word running to
+/// its end is final.
+fn read_json(s: &str, eof: bool) -> Result<json_repair::Parsed, JsonError> {
+    if eof {
+        json_repair::parse_prefix_final(s)
+    } else {
+        json_repair::parse_prefix(s)
+    }
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    i = i.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+fn ws_len(s: &str) -> usize {
+    s.len() - s.trim_start().len()
+}
+
+fn starts_with_ci(s: &str, lit: &str) -> bool {
+    s.len() >= lit.len() && s.as_bytes()[..lit.len()].eq_ignore_ascii_case(lit.as_bytes())
+}
+
+/// Whether `s` is a proper prefix of `lit` (ignoring ASCII case).
+fn is_prefix_ci(s: &str, lit: &str) -> bool {
+    s.len() < lit.len()
+        && s.as_bytes()
+            .eq_ignore_ascii_case(&lit.as_bytes()[..s.len()])
+}
+
+fn find_ci(hay: &str, needle: &str) -> Option<usize> {
+    let n = needle.len();
+    if hay.len() < n {
+        return None;
+    }
+    hay.as_bytes()
+        .windows(n)
+        .position(|w| w.eq_ignore_ascii_case(needle.as_bytes()))
+}
+
+/// The end of the line containing byte `from` (just past its newline), or `None` when the line
+/// is not finished yet.
+fn line_end(s: &str, from: usize, eof: bool) -> Option<usize> {
+    let from = from.min(s.len());
+    match s.as_bytes()[from..].iter().position(|&b| b == b'\n') {
+        Some(i) => Some(from + i + 1),
+        None if eof => Some(s.len()),
+        None => None,
+    }
+}
+
+fn miss(dialect: Dialect, what: impl std::fmt::Display) -> String {
+    format!(
+        "Your tool call could not be read: {what}. Write each tool call exactly like this:\n{}\nThe arguments must be one JSON object with double-quoted keys and strings.",
+        dialect.format()
+    )
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Tag {
+    Ptk,
+    ToolCall,
+    Function,
+}
+
+impl Tag {
+    fn open(self) -> &'static str {
+        match self {
+            Tag::Ptk => "<PTK_CALL>",
+            Tag::ToolCall => "<tool_call>",
+            Tag::Function => "<function=",
+        }
+    }
+
+    fn close(self) -> &'static str {
+        match self {
+            Tag::Ptk => "</PTK_CALL>",
+            Tag::ToolCall => "</tool_call>",
+            Tag::Function => "</function>",
+        }
+    }
+
+    fn dialect(self) -> Dialect {
+        match self {
+            Tag::Ptk => Dialect::Ptk,
+            Tag::ToolCall => Dialect::Hermes,
+            Tag::Function => Dialect::Qwen3Coder,
+        }
+    }
+}
+
+/// `<PTK_CALL>`, `<tool_call>` or `<function=NAME>`, up to the closing tag.
+fn tagged(s: &str, eof: bool, tools: &[ToolSpec], tag: Tag) -> Decision {
+    let lit_len = match tag {
+        Tag::Ptk => "<ptk_call".len(),
+        Tag::ToolCall => "<tool_call".len(),
+        Tag::Function => "<function=".len(),
+    };
+    let after = &s[lit_len..];
+    let mut repaired = false;
+    let mut function_name = None;
+    let open_end = match tag {
+        Tag::Ptk | Tag::ToolCall => {
+            let w = ws_len(after);
+            match after[w..].bytes().next() {
+                None if !eof => return Decision::NeedMore,
+                None => {
+                    return Decision::Miss(
+                        s.len(),
+                        miss(
+                            tag.dialect(),
+                            format!("the reply ends inside an unfinished {}", tag.open()),
+                        ),
+                    );
+                }
+                Some(b'>') => lit_len + w + 1,
+                Some(b'{' | b'[') => {
+                    repaired = true;
+                    lit_len + w
+                }
+                // `<tool_calls>`, `<tool_call_id>`…: not our tag.
+                Some(_) => return Decision::Text(1),
+            }
+        }
+        Tag::Function => match after.find('>') {
+            Some(gt) if gt <= 200 && !after[..gt].contains('\n') => {
+                let name = clean_name(&after[..gt]);
+                if name.is_empty() {
+                    return Decision::Text(1);
+                }
+                function_name = Some(name.to_string());
+                lit_len + gt + 1
+            }
+            None if !eof && after.len() <= 200 && !after.contains('\n') => {
+                return Decision::NeedMore;
+            }
+            _ => return Decision::Text(1),
+        },
+    };
+    let body = &s[open_end..];
+    let close = tag.close();
+    if !eof && find_ci(body, close).is_none() {
+        // Without a closing tag every rule below waits for more.
+        return Decision::NeedMore;
+    }
+
+    // A JSON body is read first, so that a closing tag inside a JSON string does not end it.
+    let lead = ws_len(body);
+    let jb = &body[lead..];
+    if jb.starts_with('{') || jb.starts_with('[') {
+        match read_json(jb, eof) {
+            Ok(p) => {
+                let after = &jb[p.end..];
+                let w = ws_len(after);
+                let rest = &after[w..];
+                let end = open_end + lead + p.end + w;
+                if starts_with_ci(rest, close) {
+                    return finish_json_call(
+                        p.value,
+                        p.repaired || repaired,
+                        end + close.len(),
+                        tag,
+                        function_name,
+                        tools,
+                    );
+                }
+                if eof && find_ci(rest, close).is_none() && !is_prefix_ci(rest, close) {
+                    // The closing tag is missing and text follows: the call ends with its JSON.
+                    return finish_json_call(
+                        p.value,
+                        p.repaired || repaired,
+                        end,
+                        tag,
+                        function_name,
+                        tools,
+                    );
+                }
+                if rest.is_empty() || is_prefix_ci(rest, close) {
+                    if !eof {
+                        return Decision::NeedMore;
+                    }
+                    {
+                        // The closing tag is missing (or cut short) at the very end of the reply.
+                        return finish_json_call(
+                            p.value,
+                            p.repaired || repaired,
+                            s.len(),
+                            tag,
+                            function_name,
+                            tools,
+                        );
+                    }
+                }
+            }
+            Err(JsonError::Incomplete) if !eof => return Decision::NeedMore,
+            Err(_) => {}
+        }
+    }
+
+    // Otherwise the body runs to the first closing tag (or to the end of the reply).
+    let (inner, end, closed) = match find_ci(body, close) {
+        Some(c) => (&body[..c], open_end + c + close.len(), true),
+        None if !eof => return Decision::NeedMore,
+        None => (body, s.len(), false),
+    };
+    match parse_body(inner, tag, function_name.as_deref(), tools) {
+        Ok(mut calls) => {
+            if repaired {
+                calls.iter_mut().for_each(|c| c.repaired = true);
+            }
+            Decision::Calls(end, calls)
+        }
+        Err((dialect, why)) => {
+            let why = if !closed && inner.trim().is_empty() {
+                format!("the reply ends inside an unfinished {}", tag.open())
+            } else if closed {
+                why
+            } else {
+                format!("{why} (and the closing {close} tag is missing)")
+            };
+            Decision::Miss(end, miss(dialect, why))
+        }
+    }
+}
+
+fn finish_json_call(
+    value: Value,
+    repaired: bool,
+    end: usize,
+    tag: Tag,
+    function_name: Option<String>,
+    tools: &[ToolSpec],
+) -> Decision {
+    let result = match (tag, function_name) {
+        (Tag::Function, Some(name)) => args_object(value, repaired)
+            .map(|(arguments, repaired)| {
+                vec![ParsedCall {
+                    name,
+                    arguments,
+                    repaired,
+                    dialect: Dialect::Llama3,
+                }]
+            })
+            .map_err(|e| miss(Dialect::Qwen3Coder, e)),
+        _ => calls_from_value(value, repaired, tag.dialect(), Shape::Tagged, tools)
+            .map_err(|e| miss(tag.dialect(), e)),
+    };
+    match result {
+        Ok(calls) => Decision::Calls(end, calls),
+        Err(why) => Decision::Miss(end, why),
+    }
+}
+
+/// The inside of a tag: JSON (one or more values) or Qwen3-Coder XML.
+fn parse_body(
+    inner: &str,
+    tag: Tag,
+    function_name: Option<&str>,
+    tools: &[ToolSpec],
+) -> Result<Vec<ParsedCall>, (Dialect, String)> {
+    if let (Tag::Function, Some(name)) = (tag, function_name) {
+        return parse_function_content(name, inner, tools)
+            .map(|c| vec![c])
+            .map_err(|e| (Dialect::Qwen3Coder, e));
+    }
+    let t = inner.trim();
+    if starts_with_ci(t, "<function=") {
+        return parse_functions(t, tools).map_err(|e| (Dialect::Qwen3Coder, e));
+    }
+    let dialect = tag.dialect();
+    let (body, fenced) = json_repair::strip_fence(t);
+    let body = body.trim();
+    if body.is_empty() {
+        return Err((
+            dialect,
+            format!("{} holds nothing; it must hold a JSON object", tag.open()),
+        ));
+    }
+    let mut calls = Vec::new();
+    let mut rest = body;
+    while !rest.is_empty() {
+        let p = json_repair::parse_prefix_final(rest).map_err(|e| {
+            (
+                dialect,
+                match e {
+                    JsonError::Incomplete => format!(
+                        "the JSON inside {} ends too early (an unclosed brace, bracket or string)",
+                        tag.open()
+                    ),
+                    JsonError::Invalid { message, .. } => {
+                        format!("the JSON inside {} is not valid: {message}", tag.open())
+                    }
+                },
+            )
+        })?;
+        let found = calls_from_value(p.value, p.repaired || fenced, dialect, Shape::Tagged, tools)
+            .map_err(|e| (dialect, e))?;
+        calls.extend(found);
+        rest = rest[p.end..].trim_start();
+        rest = rest
+            .strip_prefix(',')
+            .or_else(|| rest.strip_prefix(';'))
+            .unwrap_or(rest)
+            .trim_start();
+    }
+    Ok(calls)
+}
+
+/// `[TOOL_CALLS]` followed by a JSON array or object, or by `NAME[ARGS]{…}`.
+fn mistral(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
+    let lit = "[TOOL_CALLS]".len();
+    let w = ws_len(&s[lit..]);
+    let start = lit + w;
+    let rest = &s[start..];
+    let Some(first) = rest.bytes().next() else {
+        if !eof {
+            return Decision::NeedMore;
+        }
+        return Decision::Miss(
+            s.len(),
+            miss(Dialect::Mistral, "nothing follows [TOOL_CALLS]"),
+        );
+    };
+    let (json_start, name) = if first == b'[' || first == b'{' {
+        (start, None)
+    } else if first.is_ascii_alphanumeric() || first == b'_' {
+        let n = rest
+            .bytes()
+            .position(|b| !(b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.')))
+            .unwrap_or(rest.len());
+        if n == rest.len() && !eof {
+            return Decision::NeedMore;
+        }
+        let name = rest[..n].to_string();
+        let after = &rest[n..];
+        let w2 = ws_len(after);
+        let tail = &after[w2..];
+        let args_at = if starts_with_ci(tail, "[ARGS]") {
+            start + n + w2 + "[ARGS]".len()
+        } else if starts_with_ci(tail, "[CALL_ID]") {
+            let id_part = &tail["[CALL_ID]".len()..];
+            match find_ci(id_part, "[ARGS]") {
+                Some(i) if i <= 64 => start + n + w2 + "[CALL_ID]".len() + i + "[ARGS]".len(),
+                None if !eof && id_part.len() < 64 + "[ARGS]".len() => {
+                    return Decision::NeedMore;
+                }
+                _ => {
+                    return mistral_miss(s, start, eof, "a [CALL_ID] must be followed by [ARGS]");
+                }
+            }
+        } else if tail.starts_with('{') {
+            start + n + w2
+        } else if !eof && (is_prefix_ci(tail, "[ARGS]") || is_prefix_ci(tail, "[CALL_ID]")) {
+            return Decision::NeedMore;
+        } else {
+            return mistral_miss(
+                s,
+                start,
+                eof,
+                format!(
+                    "after [TOOL_CALLS]{name} comes [ARGS] and then the arguments as a JSON object"
+                ),
+            );
+        };
+        let a = args_at + ws_len(&s[args_at..]);
+        (a, Some(name))
+    } else {
+        return mistral_miss(
+            s,
+            start,
+            eof,
+            "[TOOL_CALLS] must be followed by the tool name and [ARGS], or by a JSON array of calls",
+        );
+    };
+    let json = &s[json_start..];
+    match read_json(json, eof) {
+        Ok(p) => {
+            let end = json_start + p.end;
+            let result = match name {
+                Some(name) => args_object(p.value, p.repaired).map(|(arguments, repaired)| {
+                    vec![ParsedCall {
+                        name,
+                        arguments,
+                        repaired,
+                        dialect: Dialect::Mistral,
+                    }]
+                }),
+                None => {
+                    calls_from_value(p.value, p.repaired, Dialect::Mistral, Shape::Tagged, tools)
+                }
+            };
+            match result {
+                Ok(calls) => Decision::Calls(end, calls),
+                Err(why) => Decision::Miss(end, miss(Dialect::Mistral, why)),
+            }
+        }
+        Err(JsonError::Incomplete) if !eof => Decision::NeedMore,
+        Err(JsonError::Incomplete) => Decision::Miss(
+            s.len(),
+            miss(
+                Dialect::Mistral,
+                "the JSON after [TOOL_CALLS] ends too early",
+            ),
+        ),
+        Err(JsonError::Invalid { offset, message }) => mistral_miss(
+            s,
+            json_start + offset,
+            eof,
+            format!("the JSON after [TOOL_CALLS] is not valid: {message}"),
+        ),
+    }
+}
+
+fn mistral_miss(s: &str, from: usize, eof: bool, why: impl std::fmt::Display) -> Decision {
+    match line_end(s, from, eof) {
+        Some(end) => Decision::Miss(end, miss(Dialect::Mistral, why)),
+        None => Decision::NeedMore,
+    }
+}
+
+/// Reads call objects separated by `;` (Llama 3), the first at the start of `s`. Followers
+/// that are not calls end the sequence before their `;`.
+fn call_sequence(
+    s: &str,
+    eof: bool,
+    tools: &[ToolSpec],
+    shape: Shape,
+) -> Result<(usize, Vec<ParsedCall>, Option<String>), Seq> {
+    let p = match read_json(s, eof) {
+        Ok(p) => p,
+        Err(JsonError::Incomplete) if !eof => return Err(Seq::NeedMore),
+        Err(e) => return Err(Seq::Bad(e)),
+    };
+    let mut end = p.end;
+    let (mut calls, first_error) =
+        match calls_from_value(p.value, p.repaired, Dialect::Llama3, shape, tools) {
+            Ok(c) => (c, None),
+            Err(e) => return Ok((end, Vec::new(), Some(e))),
+        };
+    loop {
+        let rest = &s[end..];
+        let w = ws_len(rest);
+        let Some(b) = rest[w..].bytes().next() else {
+            if eof {
+                break;
+            }
+            return Err(Seq::NeedMore);
+        };
+        if b != b';' {
+            break;
+        }
+        let after = &rest[w + 1..];
+        let w2 = ws_len(after);
+        let next = &after[w2..];
+        if next.is_empty() {
+            if eof {
+                break;
+            }
+            return Err(Seq::NeedMore);
+        }
+        if !next.starts_with('{') {
+            break;
+        }
+        match read_json(next, eof) {
+            Ok(q) => match calls_from_value(q.value, q.repaired, Dialect::Llama3, shape, tools) {
+                Ok(more) => {
+                    calls.extend(more);
+                    end += w + 1 + w2 + q.end;
+                }
+                Err(_) => break,
+            },
+            Err(JsonError::Incomplete) if !eof => return Err(Seq::NeedMore),
+            Err(_) => break,
+        }
+    }
+    Ok((end, calls, first_error))
+}
+
+enum Seq {
+    NeedMore,
+    Bad(JsonError),
+}
+
+/// `<|python_tag|>` followed by JSON calls.
+fn python_tag(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
+    let lit = "<|python_tag|>".len();
+    let start = lit + ws_len(&s[lit..]);
+    let rest = &s[start..];
+    match rest.bytes().next() {
+        None if !eof => return Decision::NeedMore,
+        None => return Decision::Strip(s.len()),
+        Some(b'{' | b'[') => {}
+        Some(_) => {
+            return match line_end(s, start, eof) {
+                Some(end) => Decision::Miss(
+                    end,
+                    miss(
+                        Dialect::Llama3,
+                        "<|python_tag|> must be followed by a JSON object with \"name\" and \"parameters\"",
+                    ),
+                ),
+                None => Decision::NeedMore,
+            };
+        }
+    }
+    match call_sequence(rest, eof, tools, Shape::Tagged) {
+        Ok((end, calls, None)) => Decision::Calls(start + end, calls),
+        Ok((end, _, Some(why))) => Decision::Miss(start + end, miss(Dialect::Llama3, why)),
+        Err(Seq::NeedMore) => Decision::NeedMore,
+        Err(Seq::Bad(e)) => {
+            let from = match &e {
+                JsonError::Invalid { offset, .. } => start + offset,
+                JsonError::Incomplete => s.len(),
+            };
+            match line_end(s, from, eof) {
+                Some(end) => Decision::Miss(
+                    end,
+                    miss(
+                        Dialect::Llama3,
+                        format!("the JSON after <|python_tag|> is not valid: {e}"),
+                    ),
+                ),
+                None => Decision::NeedMore,
+            }
+        }
+    }
+}
+
+/// A bare JSON object at the start of a line.
+fn bare(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
+    match call_sequence(s, eof, tools, Shape::Strict) {
+        Ok((end, calls, None)) => Decision::Calls(end, calls),
+        // JSON that is not a call: text, shown as it is.
+        Ok((end, _, Some(_))) => Decision::Text(end),
+        Err(Seq::NeedMore) => Decision::NeedMore,
+        Err(Seq::Bad(e)) => {
+            // Broken JSON: an attempted call only if it starts like one.
+            // Judged on the first line (at most HEAD bytes), so the verdict does not depend on
+            // how much of the reply has arrived.
+            const HEAD: usize = 400;
+            let head_end = match s.find('\n') {
+                Some(i) if i < HEAD => i,
+                _ if s.len() >= HEAD => floor_char_boundary(s, HEAD),
+                _ if eof => s.len(),
+                _ => return Decision::NeedMore,
+            };
+            if !looks_like_call(&s[..head_end], tools) {
+                return Decision::Text(1);
+            }
+            let end = match s.find("\n\n") {
+                Some(i) => i,
+                None if eof => s.len(),
+                None => return Decision::NeedMore,
+            };
+            Decision::Miss(
+                end,
+                miss(
+                    Dialect::Llama3,
+                    format!("the JSON of the call is not valid: {e}"),
+                ),
+            )
+        }
+    }
+}
+
+/// A fenced code block that may hold a call.
+fn fence(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
+    let after = &s[3..];
+    // The info string must end within 40 bytes (judged on those bytes alone, so the verdict
+    // does not depend on how much has arrived).
+    let nl = match after.find('\n') {
+        Some(i) if i <= 40 => i,
+        None if !eof && after.len() <= 40 => return Decision::NeedMore,
+        _ => return Decision::Text(3),
+    };
+    let info = after[..nl].trim().to_ascii_lowercase();
+    if !matches!(
+        info.as_str(),
+        "" | "json" | "json5" | "jsonc" | "tool_call" | "tool_code" | "tool"
+    ) {
+        return Decision::Text(3);
+    }
+    let body_start = 3 + nl + 1;
+    let body = &s[body_start..];
+    let lead = ws_len(body);
+    match body[lead..].bytes().next() {
+        None if !eof => return Decision::NeedMore,
+        None => return Decision::Text(3),
+        Some(b'{' | b'[') => {}
+        Some(_) => return Decision::Text(3),
+    }
+    let json = &body[lead..];
+    match read_json(json, eof) {
+        Ok(p) => {
+            let after = &json[p.end..];
+            let w = ws_len(after);
+            let rest = &after[w..];
+            let close_at = body_start + lead + p.end + w;
+            if rest.starts_with("```") || (eof && rest.is_empty()) {
+                let end = if rest.is_empty() {
+                    s.len()
+                } else {
+                    close_at + 3
+                };
+                return match calls_from_value(
+                    p.value,
+                    p.repaired,
+                    Dialect::FencedJson,
+                    Shape::Strict,
+                    tools,
+                ) {
+                    Ok(calls) => Decision::Calls(end, calls),
+                    Err(_) => Decision::Text(end),
+                };
+            }
+            if !eof && (rest.is_empty() || is_prefix_ci(rest, "```")) {
+                return Decision::NeedMore;
+            }
+        }
+        Err(JsonError::Incomplete) if !eof => return Decision::NeedMore,
+        Err(_) => {}
+    }
+    // Not a single value up to the fence: read everything up to the closing fence.
+    let (inner, end) = match body.find("```") {
+        Some(c) => (&body[..c], body_start + c + 3),
+        None if !eof => return Decision::NeedMore,
+        None => (body, s.len()),
+    };
+    match json_repair::parse(inner) {
+        Ok((value, repaired)) => {
+            match calls_from_value(value, repaired, Dialect::FencedJson, Shape::Strict, tools) {
+                Ok(calls) => Decision::Calls(end, calls),
+                Err(_) => Decision::Text(end),
+            }
+        }
+        Err(e) if looks_like_call(inner, tools) => Decision::Miss(
+            end,
+            miss(
+                Dialect::FencedJson,
+                format!("the JSON in the code block is not valid: {e}"),
+            ),
+        ),
+        Err(_) => Decision::Text(end),
+    }
+}
+
+/// Whether broken JSON text starts like a call: a name key, an arguments key, and (when tools
+/// are known) a known tool's name.
+fn looks_like_call(text: &str, tools: &[ToolSpec]) -> bool {
+    let head: String = text.chars().take(400).collect();
+    let has_key = |keys: &[&str]| {
+        keys.iter().any(|k| {
+            head.contains(&format!("\"{k}\""))
+                || head.contains(&format!("'{k}'"))
+                || head.contains(&format!("{k}:"))
+        })
+    };
+    has_key(&["tool", "name"])
+        && has_key(ARG_KEYS)
+        && (tools.is_empty() || tools.iter().any(|t| head.contains(t.name.as_str())))
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Shape {
+    /// Inside a call tag: any call-like object.
+    Tagged,
+    /// Bare or fenced JSON: exactly a name key and an arguments key, naming a known tool.
+    Strict,
+}
+
+fn calls_from_value(
+    value: Value,
+    repaired: bool,
+    dialect: Dialect,
+    shape: Shape,
+    tools: &[ToolSpec],
+) -> Result<Vec<ParsedCall>, String> {
+    match value {
+        Value::Array(items) => {
+            if items.is_empty() {
+                return Err("the list of calls is empty".into());
+            }
+            items
+                .into_iter()
+                .map(|item| match item {
+                    Value::Object(map) => call_from_object(map, repaired, dialect, shape, tools),
+                    other => Err(format!(
+                        "each call must be a JSON object, found {}",
+                        kind(&other)
+                    )),
+                })
+                .collect()
+        }
+        Value::Object(map) => {
+            call_from_object(map, repaired, dialect, shape, tools).map(|c| vec![c])
+        }
+        other => Err(format!(
+            "expected a JSON object with the tool name and its arguments, found {}",
+            kind(&other)
+        )),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+fn call_from_object(
+    mut map: Map<String, Value>,
+    repaired: bool,
+    dialect: Dialect,
+    shape: Shape,
+    tools: &[ToolSpec],
+) -> Result<ParsedCall, String> {
+    // OpenAI's nesting: {"type": "function", "function": {"name": …, "arguments": …}}.
+    if let Some(Value::Object(inner)) = map.get("function")
+        && NAME_KEYS.iter().any(|k| inner.contains_key(*k))
+    {
+        let extra = map
+            .keys()
+            .any(|k| k != "function" && !EXTRA_KEYS.contains(&k.as_str()));
+        if shape == Shape::Strict && extra {
+            return Err("unexpected keys next to \"function\"".into());
+        }
+        let Some(Value::Object(inner)) = map.remove("function") else {
+            return Err("\"function\" must be an object".into());
+        };
+        return call_from_object(inner, repaired, dialect, shape, tools);
+    }
+    let name_key = NAME_KEYS.iter().find(|k| map.contains_key(**k));
+    let Some(name_key) = name_key else {
+        return Err(format!(
+            "the call has no tool name: expected a \"{}\" key holding the tool's name",
+            name_key_for(dialect)
+        ));
+    };
+    let name = match map.remove(*name_key) {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.trim().to_string(),
+        _ => {
+            return Err(format!(
+                "\"{name_key}\" must hold the tool's name as a non-empty string"
+            ));
+        }
+    };
+    let args_key = ARG_KEYS.iter().find(|k| map.contains_key(**k)).copied();
+    if shape == Shape::Strict {
+        let known = tools.is_empty() || tools.iter().any(|t| t.name == name);
+        let only_call_keys = map
+            .keys()
+            .all(|k| ARG_KEYS.contains(&k.as_str()) || EXTRA_KEYS.contains(&k.as_str()));
+        if args_key.is_none() || !known || !only_call_keys {
+            return Err("not a call".into());
+        }
+    }
+    let (arguments, repaired) = match args_key {
+        Some(key) => {
+            let raw = map.remove(key).unwrap_or(Value::Null);
+            args_object(raw, repaired).map_err(|e| format!("for the tool \"{name}\": {e}"))?
+        }
+        None => {
+            // Arguments written next to the name instead of inside an arguments object.
+            for k in EXTRA_KEYS {
+                map.remove(*k);
+            }
+            let flattened = !map.is_empty();
+            (Value::Object(map), repaired || flattened)
+        }
+    };
+    Ok(ParsedCall {
+        name,
+        arguments,
+        repaired,
+        dialect,
+    })
+}
+
+fn name_key_for(dialect: Dialect) -> &'static str {
+    match dialect {
+        Dialect::Ptk => "tool",
+        _ => "name",
+    }
+}
+
+/// The arguments as an object: `null` and `""` mean `{}`, a string holding JSON is decoded.
+fn args_object(value: Value, repaired: bool) -> Result<(Value, bool), String> {
+    match value {
+        Value::Object(_) => Ok((value, repaired)),
+        Value::Null => Ok((Value::Object(Map::new()), repaired)),
+        Value::String(s) if s.trim().is_empty() => Ok((Value::Object(Map::new()), repaired)),
+        Value::String(s) => match json_repair::parse(&s) {
+            Ok((v @ Value::Object(_), r)) => Ok((v, repaired || r)),
+            _ => Err(format!(
+                "the arguments must be a JSON object, found the string {}",
+                Value::String(s)
+            )),
+        },
+        other => Err(format!(
+            "the arguments must be a JSON object, found {}",
+            kind(&other)
+        )),
+    }
+}
+
+/// One or more `<function=NAME>…</function>` blocks.
+fn parse_functions(text: &str, tools: &[ToolSpec]) -> Result<Vec<ParsedCall>, String> {
+    let mut calls = Vec::new();
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        if !starts_with_ci(rest, "<function=") {
+            return Err(format!(
+                "expected <function=NAME> inside <tool_call>, found `{}`",
+                rest.chars().take(40).collect::<String>()
+            ));
+        }
+        let after = &rest["<function=".len()..];
+        let Some(gt) = after.find('>') else {
+            return Err("the <function=NAME> tag is not closed with `>`".into());
+        };
+        let name = clean_name(&after[..gt]);
+        if name.is_empty() {
+            return Err("<function=> has no tool name".into());
+        }
+        let body = &after[gt + 1..];
+        let (content, next) = match find_ci(body, "</function>") {
+            Some(c) => (&body[..c], &body[c + "</function>".len()..]),
+            None => (body, ""),
+        };
+        calls.push(parse_function_content(name, content, tools)?);
+        rest = next.trim();
+    }
+    if calls.is_empty() {
+        return Err("<tool_call> holds no <function=NAME> block".into());
+    }
+    Ok(calls)
+}
+
+/// The inside of `<function=NAME>`: `<parameter=P>` blocks, or a JSON object.
+fn parse_function_content(
+    name: &str,
+    content: &str,
+    tools: &[ToolSpec],
+) -> Result<ParsedCall, String> {
+    let t = content.trim();
+    if t.starts_with('{') {
+        let (value, repaired) = json_repair::parse(t)
+            .map_err(|e| format!("the JSON arguments of <function={name}> are not valid: {e}"))?;
+        let (arguments, repaired) = args_object(value, repaired)?;
+        return Ok(ParsedCall {
+            name: name.to_string(),
+            arguments,
+            repaired,
+            dialect: Dialect::Llama3,
+        });
+    }
+    let schema = tools
+        .iter()
+        .find(|t| t.name == name)
+        .and_then(|t| t.parameters.get("properties"));
+    let mut args = Map::new();
+    let mut repaired = false;
+    let mut rest = content;
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        if !starts_with_ci(rest, "<parameter=") {
+            return Err(format!(
+                "expected <parameter=NAME> inside <function={name}>, found `{}`",
+                rest.chars().take(40).collect::<String>()
+            ));
+        }
+        let after = &rest["<parameter=".len()..];
+        let Some(gt) = after.find('>') else {
+            return Err("a <parameter=NAME> tag is not closed with `>`".into());
+        };
+        let pname = clean_name(&after[..gt]);
+        if pname.is_empty() {
+            return Err(format!("a <parameter=> of <function={name}> has no name"));
+        }
+        let value_part = &after[gt + 1..];
+        let close = find_ci(value_part, "</parameter>");
+        let next_param = find_ci(value_part, "<parameter=");
+        let (raw, consumed) = match (close, next_param) {
+            (Some(c), n) if n.is_none_or(|n| c < n) => (&value_part[..c], c + "</parameter>".len()),
+            (_, Some(n)) => {
+                repaired = true;
+                (&value_part[..n], n)
+            }
+            (_, None) => {
+                repaired = true;
+                (value_part, value_part.len())
+            }
+        };
+        let param_schema = schema.and_then(|s| s.get(pname));
+        args.insert(pname.to_string(), convert_param(raw, param_schema));
+        rest = &value_part[consumed..];
+    }
+    Ok(ParsedCall {
+        name: name.to_string(),
+        arguments: Value::Object(args),
+        repaired,
+        dialect: Dialect::Qwen3Coder,
+    })
+}
+
+/// A Qwen3-Coder parameter value: one newline after the opening tag and one before the closing
+/// tag belong to the format, not the value.
+fn strip_param_newlines(raw: &str) -> &str {
+    let v = raw
+        .strip_prefix("\r\n")
+        .or_else(|| raw.strip_prefix('\n'))
+        .unwrap_or(raw);
+    v.strip_suffix('\n').unwrap_or(v)
+}
+
+/// Converts a Qwen3-Coder parameter's text through its JSON Schema.
+fn convert_param(raw: &str, schema: Option<&Value>) -> Value {
+    let text = strip_param_newlines(raw);
+    let t = text.trim();
+    let mut nullable = false;
+    let ty: Option<&str> = match schema.and_then(|s| s.get("type")) {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Array(types)) => {
+            nullable = types.iter().any(|t| t == "null");
+            types
+                .iter()
+                .filter_map(Value::as_str)
+                .find(|t| *t != "null")
+        }
+        _ => None,
+    };
+    if nullable && t == "null" {
+        return Value::Null;
+    }
+    let any = || match serde_json::from_str::<Value>(t) {
+        Ok(v) if !v.is_string() => v,
+        _ => Value::String(text.to_string()),
+    };
+    match ty {
+        Some("string") => Value::String(text.to_string()),
+        Some("integer") => {
+            if let Ok(i) = t.parse::<i64>() {
+                Value::from(i)
+            } else if let Ok(u) = t.parse::<u64>() {
+                Value::from(u)
+            } else {
+                any()
+            }
+        }
+        Some("number") => match serde_json::from_str::<Value>(t) {
+            Ok(v @ Value::Number(_)) => v,
+            _ => any(),
+        },
+        Some("boolean") => match t.to_ascii_lowercase().as_str() {
+            "true" => Value::Bool(true),
+            "false" => Value::Bool(false),
+            _ => any(),
+        },
+        Some("null") if t == "null" || t.is_empty() => Value::Null,
+        Some("object" | "array") => match json_repair::parse(t) {
+            Ok((v, _)) => v,
+            Err(_) => Value::String(text.to_string()),
+        },
+        _ => any(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn tool(name: &str, props: Value) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            description: format!("the {name} tool"),
+            parameters: json!({"type": "object", "properties": props}),
+        }
+    }
+
+    fn tools() -> Vec<ToolSpec> {
+        vec![
+            tool(
+                "read_file",
+                json!({"path": {"type": "string"}, "limit": {"type": "integer"}}),
+            ),
+            tool(
+                "get_weather",
+                json!({"city": {"type": "string"}, "days": {"type": "integer"}, "metric": {"type": "boolean"},
+                       "tags": {"type": "array"}, "ratio": {"type": ["number", "null"]}}),
+            ),
+        ]
+    }
+
+    fn one(text: &str) -> ParsedReply {
+        parse_reply(text, &tools())
+    }
+
+    fn names_args(r: &ParsedReply) -> Vec<(String, Value)> {
+        r.calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn seed_ptk_call_with_text_before() {
+        let r = one(
+            "I'll read the package.json file.\n<PTK_CALL>\n{\n  \"tool\": \"read_file\",\n  \"args\": {\"path\": \"package.json\"},\n  \"reasoning\": \"Need to read package.json to get version\"\n}\n</PTK_CALL>",
+        );
+        assert_eq!(r.text.as_deref(), Some("I'll read the package.json file."));
+        assert_eq!(
+            names_args(&r),
+            vec![("read_file".into(), json!({"path": "package.json"}))]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Ptk);
+        assert!(!r.calls[0].repaired);
+        assert_eq!(r.near_miss, None);
+    }
+
+    #[test]
+    fn hermes_several_calls_and_text_after() {
+        let r = one(
+            "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}\n</tool_call>\nDone.",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![
+                ("get_weather".into(), json!({"city": "Paris"})),
+                ("read_file".into(), json!({"path": "a"}))
+            ]
+        );
+        assert_eq!(r.text.as_deref(), Some("Done."));
+        assert_eq!(r.calls[0].dialect, Dialect::Hermes);
+    }
+
+    #[test]
+    fn mistral_array_and_args_forms() {
+        let r = one(
+            "[TOOL_CALLS] [{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, \"id\": \"abc123def\"}, {\"name\": \"read_file\", \"arguments\": {\"path\": \"x\"}}]",
+        );
+        assert_eq!(r.calls.len(), 2);
+        assert_eq!(r.calls[1].arguments, json!({"path": "x"}));
+        let r = one(
+            "Checking.[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Paris\"}[TOOL_CALLS]read_file[ARGS]{\"path\": \"y\"}",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![
+                ("get_weather".into(), json!({"city": "Paris"})),
+                ("read_file".into(), json!({"path": "y"}))
+            ]
+        );
+        assert_eq!(r.text.as_deref(), Some("Checking."));
+        let r = one("[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{\"city\": \"Oslo\"}");
+        assert_eq!(
+            names_args(&r),
+            vec![("get_weather".into(), json!({"city": "Oslo"}))]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Mistral);
+    }
+
+    #[test]
+    fn llama3_json_with_and_without_python_tag() {
+        let r = one(
+            "<|python_tag|>{\"name\": \"get_weather\", \"parameters\": {\"city\": \"SF\"}}; {\"name\": \"read_file\", \"parameters\": {\"path\": \"b\"}}<|eom_id|>",
+        );
+        assert_eq!(r.calls.len(), 2, "{r:?}");
+        assert_eq!(r.calls[0].arguments, json!({"city": "SF"}));
+        assert_eq!(r.text, None);
+        let r = one("{\"name\": \"get_weather\", \"parameters\": {\"city\": \"SF\"}}");
+        assert_eq!(
+            names_args(&r),
+            vec![("get_weather".into(), json!({"city": "SF"}))]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Llama3);
+        // JSON for the user (not a known tool, not call-shaped) stays text.
+        let r = one("{\"name\": \"Bob\", \"age\": 3}");
+        assert!(r.calls.is_empty());
+        assert_eq!(r.text.as_deref(), Some("{\"name\": \"Bob\", \"age\": 3}"));
+        let r = one("{\"name\": \"unknown_tool\", \"parameters\": {}}");
+        assert!(r.calls.is_empty() && r.near_miss.is_none());
+    }
+
+    #[test]
+    fn qwen3_coder_xml_converts_through_the_schema() {
+        let r = one(
+            "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=ratio>\nnull\n</parameter>\n</function>\n</tool_call>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![(
+                "get_weather".into(),
+                json!({"city": "San Francisco", "days": 3, "metric": true, "tags": ["a", "b"], "ratio": null})
+            )]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Qwen3Coder);
+        assert_eq!(r.text.as_deref(), Some("Let me check."));
+        // A string parameter that looks like a number stays a string.
+        let r = one(
+            "<tool_call><function=read_file><parameter=path>42</parameter><parameter=limit>10</parameter></function></tool_call>",
+        );
+        assert_eq!(r.calls[0].arguments, json!({"path": "42", "limit": 10}));
+        // Without the wrapper, and without a schema.
+        let r = parse_reply(
+            "<function=other>\n<parameter=n>\n7\n</parameter>\n<parameter=s>\nhi\n</parameter>\n</function>",
+            &[],
+        );
+        assert_eq!(r.calls[0].arguments, json!({"n": 7, "s": "hi"}));
+    }
+
+    #[test]
+    fn names_in_tags_are_cleaned_like_json_names() {
+        // Found by fuzzing: a quoted name with a space inside the quotes.
+        let r = parse_reply("<function=\" f\">{}</function>", &[]);
+        assert_eq!(r.calls[0].name, "f");
+        let back = parse_reply(
+            &super::super::write_call(Dialect::Ptk, &r.calls[0].name, &json!({})),
+            &[],
+        );
+        assert_eq!(back.calls[0].name, "f");
+        let r = parse_reply(
+            "<tool_call><function='g'><parameter= \"p\" >1</parameter></function></tool_call>",
+            &[],
+        );
+        assert_eq!(
+            (r.calls[0].name.as_str(), &r.calls[0].arguments),
+            ("g", &json!({"p": 1}))
+        );
+    }
+
+    #[test]
+    fn llama31_function_tag_with_json() {
+        let r = one("<function=get_weather>{\"city\": \"Rome\"}</function>");
+        assert_eq!(
+            names_args(&r),
+            vec![("get_weather".into(), json!({"city": "Rome"}))]
+        );
+    }
+
+    #[test]
+    fn fenced_json_calls_and_plain_code_blocks() {
+        let r = one(
+            "Sure.\n```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"c\"}}\n```\n",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![("read_file".into(), json!({"path": "c"}))]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::FencedJson);
+        assert_eq!(r.text.as_deref(), Some("Sure."));
+        let code = "Here:\n```json\n{\"version\": \"1.2.3\"}\n```\nand\n```rust\nfn main() {}\n```";
+        let r = one(code);
+        assert!(r.calls.is_empty());
+        assert_eq!(r.text.as_deref(), Some(code));
+    }
+
+    #[test]
+    fn repairs_are_marked() {
+        let r = one(
+            "<PTK_CALL>{'tool': 'read_file', 'args': {path: 'a.txt', 'limit': None,},}</PTK_CALL>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![("read_file".into(), json!({"path": "a.txt", "limit": null}))]
+        );
+        assert!(r.calls[0].repaired);
+        let r = one(
+            "<PTK_CALL>```json\n{\"tool\": \"read_file\", \"args\": {\"path\": \"a\"}}\n```</PTK_CALL>",
+        );
+        assert!(r.calls[0].repaired, "{r:?}");
+        // Arguments flattened next to the name.
+        let r = one("<tool_call>{\"name\": \"read_file\", \"path\": \"z\"}</tool_call>");
+        assert_eq!(r.calls[0].arguments, json!({"path": "z"}));
+        assert!(r.calls[0].repaired);
+        // Double-encoded arguments are decoded, as servers send them.
+        let r = one(
+            "<tool_call>{\"name\": \"read_file\", \"arguments\": \"{\\\"path\\\": \\\"q\\\"}\"}</tool_call>",
+        );
+        assert_eq!(r.calls[0].arguments, json!({"path": "q"}));
+    }
+
+    #[test]
+    fn missing_closing_tag_at_the_end_is_tolerated() {
+        let r = one("<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"}}");
+        assert_eq!(
+            names_args(&r),
+            vec![("read_file".into(), json!({"path": "a"}))]
+        );
+        let r = one("<PTK_CALL>{\"tool\": \"read_file\", \"args\": {}}\nthen text");
+        assert_eq!(r.calls.len(), 1, "{r:?}");
+    }
+
+    #[test]
+    fn closing_tag_inside_a_json_string_does_not_end_the_call() {
+        let r = one(
+            "<PTK_CALL>{\"tool\": \"read_file\", \"args\": {\"path\": \"</PTK_CALL>\"}}</PTK_CALL>",
+        );
+        assert_eq!(r.calls[0].arguments, json!({"path": "</PTK_CALL>"}));
+        assert_eq!(r.text, None);
+    }
+
+    #[test]
+    fn near_misses_explain_the_format() {
+        let cases = [
+            (
+                "<PTK_CALL>{\"tool\": \"read_file\", \"args\": {\"path\": @}}</PTK_CALL>",
+                "<PTK_CALL>",
+            ),
+            (
+                "<PTK_CALL>{\"args\": {\"path\": \"a\"}}</PTK_CALL>",
+                "\"tool\"",
+            ),
+            (
+                "<PTK_CALL>{\"tool\": \"read_file\", \"args\": [1]}</PTK_CALL>",
+                "JSON object",
+            ),
+            (
+                "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"\n",
+                "<tool_call>",
+            ),
+            ("[TOOL_CALLS]read_file(path=a)\n", "[ARGS]"),
+            (
+                "```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\" \"x\": ]}\n```",
+                "```json",
+            ),
+            (
+                "{\"name\": \"read_file\", \"arguments\": {\"path\": oops}}",
+                "\"parameters\"",
+            ),
+            (
+                "<tool_call><function=read_file><parameter=path>a</parameter>junk</function></tool_call>",
+                "<parameter=",
+            ),
+            ("I will call it now: <PTK_CALL>", "unfinished"),
+        ];
+        for (text, expect) in cases {
+            let r = one(text);
+            assert!(r.calls.is_empty(), "{text}: {r:?}");
+            let why = r
+                .near_miss
+                .unwrap_or_else(|| panic!("no near miss for {text}"));
+            assert!(why.contains(expect), "{text}: {why}");
+            assert!(why.contains("exactly like this"), "{why}");
+            assert_eq!(r.malformed.len(), 1, "{text}");
+        }
+    }
+
+    #[test]
+    fn prose_is_left_alone() {
+        for text in [
+            "a < b and c > d, [1, 2] and `code` and {braces}",
+            "Use the <b>bold</b> tag; the array [TOOL] is fine.",
+            "{ this is not json }",
+            "",
+        ] {
+            let r = one(text);
+            assert!(r.calls.is_empty() && r.near_miss.is_none(), "{text}: {r:?}");
+            assert_eq!(r.text.as_deref().unwrap_or(""), text.trim());
+        }
+        // Stray closing tags and end tokens are dropped.
+        assert_eq!(
+            one("done</tool_call><|eot_id|>").text.as_deref(),
+            Some("done")
+        );
+    }
+}
