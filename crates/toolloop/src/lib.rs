@@ -33,7 +33,13 @@
 //! - [`message`]: the message model; [`model`]: the [`model::Model`] trait; [`stream`]: stream
 //!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tools`]: built-in tools.
-//! - [`providers`]: the adapters (offline `test` and `scripted` models, HTTP providers).
+//! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
+//!   compatible server), Anthropic and Gemini over [`http`] and [`sse`]; [`ptk`]: prompt-based
+//!   tool calling for models without native support.
+//! - [`journal`]: the run log that makes runs resumable after a crash.
+//! - [`mock`]: a mock provider server for tests, demos and benchmarks.
+//! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
+//!   serialized and capped.
 #![warn(missing_docs)]
 
 pub mod agent;
