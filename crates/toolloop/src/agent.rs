@@ -531,17 +531,9 @@ impl Agent {
         };
         let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
         while let Some((index, done)) = results.next().await {
+            // Each job logged its own `tool_finished` record: waiting on a write here would stop
+            // polling the other calls of the batch, which may hold what that write needs.
             let (result, duration_ms, attempts) = done?;
-            if log.is_some() {
-                let record = Record::ToolFinished {
-                    round,
-                    index,
-                    result: result.clone(),
-                    duration_ms,
-                    attempts,
-                };
-                write(log, record).await?;
-            }
             machine.tool_finished(index, result, duration_ms, attempts);
             if let Some(sink) = sink {
                 for e in machine.take_events() {
@@ -651,7 +643,20 @@ impl ToolJob {
                         .saturating_mul(1 << (attempt - 1).min(10));
                     tokio::time::sleep(backoff).await;
                 }
-                r => return Ok((r, started.elapsed().as_millis() as u64, attempt)),
+                result => {
+                    let duration_ms = started.elapsed().as_millis() as u64;
+                    if self.log.is_some() {
+                        let record = Record::ToolFinished {
+                            round: self.round,
+                            index: self.index,
+                            result: result.clone(),
+                            duration_ms,
+                            attempts: attempt,
+                        };
+                        write(&self.log, record).await?;
+                    }
+                    return Ok((result, duration_ms, attempt));
+                }
             }
         }
     }
