@@ -58,6 +58,7 @@ pub mod stream;
 pub mod tool;
 pub mod toolbox;
 pub mod tools;
+pub mod transcript;
 pub mod usage;
 
 /// The README's examples, compiled and run as doc-tests.
