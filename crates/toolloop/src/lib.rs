@@ -34,6 +34,9 @@
 //!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tools`]: built-in tools.
 //! - [`providers`]: the adapters (offline `test` and `scripted` models, HTTP providers).
+//! - [`journal`]: the run log, for resuming runs; `store` (features `sqlite`, `postgres`):
+//!   sessions and run logs in SQLite or PostgreSQL; [`transcript`]: checking and repairing
+//!   stored transcripts.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -54,6 +57,8 @@ pub mod ptk;
 pub mod result;
 pub mod schema;
 pub mod sse;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod store;
 pub mod stream;
 pub mod tool;
 pub mod toolbox;
