@@ -792,10 +792,7 @@ impl Store {
         let Some(summary) = summary else {
             return Ok(None);
         };
-        let (messages, repairs) = self
-            .load_session_messages(name)
-            .await?
-            .unwrap_or_default();
+        let (messages, repairs) = self.load_session_messages(name).await?.unwrap_or_default();
         Ok(Some(Session {
             summary,
             messages,

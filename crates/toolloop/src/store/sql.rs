@@ -127,8 +127,7 @@ pub(super) fn one_session() -> String {
 }
 
 /// `$1` name.
-pub(super) const SESSION_MESSAGES: &str =
-    "SELECT messages FROM toolloop_sessions WHERE name = $1";
+pub(super) const SESSION_MESSAGES: &str = "SELECT messages FROM toolloop_sessions WHERE name = $1";
 
 /// `$1` name: the session's run log, leases, runs, then the session.
 pub(super) const DELETE_SESSION: [&str; 4] = [
