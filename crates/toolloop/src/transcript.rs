@@ -125,9 +125,14 @@ pub fn repair_transcript(messages: &mut Vec<Message>) -> Vec<String> {
                 out.push(Message::Assistant(turn));
                 out.append(&mut answered_results);
                 // Results of the block that were not used: orphans or duplicates.
-                for j in block_start..block_end {
+                for (j, m) in original
+                    .iter()
+                    .enumerate()
+                    .take(block_end)
+                    .skip(block_start)
+                {
                     if !used.contains(&j)
-                        && let Message::Tool(r) = &original[j]
+                        && let Message::Tool(r) = m
                     {
                         used.insert(j);
                         repairs.push(drop_note(j, r, &answered));

@@ -184,6 +184,9 @@ pub struct Session {
     pub repairs: Vec<String>,
 }
 
+/// Called with a run id once the run's first record is durable.
+pub type OnStarted = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// What a journal made by [`Store::run_journal`] attaches to the runs it starts.
 #[derive(Clone, Default)]
 pub struct RunTags {
@@ -192,7 +195,7 @@ pub struct RunTags {
     /// Anything the application needs to resume the run (its configuration, say), as JSON.
     pub meta: Option<Value>,
     /// Called with the run id once the run's first record is durable.
-    pub on_started: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub on_started: Option<OnStarted>,
 }
 
 impl RunTags {
@@ -472,7 +475,28 @@ impl Store {
             .map(|h| h.holder.clone())
     }
 
+    /// Appends on a task of its own: the append completes (and frees the run's append lock)
+    /// even when the caller is not polled meanwhile. A driver that runs tool calls as a
+    /// stream and logs one call's end before polling the others would otherwise wait on a lock
+    /// held by a call it is not polling.
     async fn append_tagged(
+        &self,
+        run_id: &str,
+        record: &Record,
+        tags: &RunTags,
+    ) -> Result<(), JournalError> {
+        let (store, run, rec, tags) = (
+            self.clone(),
+            run_id.to_string(),
+            record.clone(),
+            tags.clone(),
+        );
+        tokio::spawn(async move { store.append_now(&run, &rec, &tags).await })
+            .await
+            .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
+    }
+
+    async fn append_now(
         &self,
         run_id: &str,
         record: &Record,
