@@ -1,8 +1,12 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
+mod chat;
+mod durable;
 mod progress;
 mod run;
+mod sessions;
 mod spec;
+mod testtool;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -25,6 +29,15 @@ struct Cli {
 enum Command {
     /// Run the agent on a prompt and print the answer.
     Run(run::RunArgs),
+    /// Chat in a session: each line is a run; the history is kept in the store.
+    Chat(chat::ChatArgs),
+    /// List, show or remove sessions (named conversations kept in the store).
+    #[command(subcommand)]
+    Sessions(sessions::SessionsCommand),
+    /// List logged runs and where they stand (finished, running, interrupted).
+    Runs(sessions::RunsArgs),
+    /// Continue a run that stopped before its end (a crash, a kill), from its last durable step.
+    Resume(sessions::ResumeArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
 }
@@ -54,6 +67,10 @@ fn main() -> ExitCode {
     runtime.block_on(async {
         match cli.command {
             Command::Run(args) => run::run(args).await,
+            Command::Chat(args) => chat::chat(args).await,
+            Command::Sessions(command) => sessions::sessions(command).await,
+            Command::Runs(args) => sessions::runs(args).await,
+            Command::Resume(args) => sessions::resume(args).await,
             Command::Mock(args) => {
                 let options = toolloop::mock::MockOptions {
                     port: args.port,

@@ -12,10 +12,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::AgentBuilder;
-use toolloop::message::Message;
 use toolloop::outcome::{Outcome, StopReason};
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunArgs {
     /// What to ask.
     prompt: String,
@@ -51,9 +50,12 @@ pub struct RunArgs {
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    #[serde(default)]
+    pub durable: crate::durable::DurableArgs,
 }
 
-fn parse_seconds(s: &str) -> Result<Duration, String> {
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     let secs: f64 = s
         .parse()
         .map_err(|_| format!("`{s}` is not a number of seconds"))?;
@@ -85,6 +87,18 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
 }
 
 pub async fn run(args: RunArgs) -> ExitCode {
+    let cancel = CancellationToken::new();
+    let on_ctrl_c = cancel.clone();
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            on_ctrl_c.cancel();
+        }
+    });
+    run_with(args, cancel).await
+}
+
+/// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
+pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
     let model = match model_from_args(&args.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
@@ -93,6 +107,7 @@ pub async fn run(args: RunArgs) -> ExitCode {
         Ok(t) => t,
         Err(e) => return usage_error(format!("--root {}: {e}", args.root.display())),
     };
+    let tools = crate::testtool::tools(tools);
     let stream_text = args.stream && !args.json;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json,
@@ -117,20 +132,19 @@ pub async fn run(args: RunArgs) -> ExitCode {
     if let Some(n) = args.max_output_tokens {
         builder = builder.max_output_tokens(n);
     }
+    let durable = match crate::durable::Durable::open(&args.durable, &args).await {
+        Ok(d) => d,
+        Err(code) => return code,
+    };
+    builder = builder.journal(durable.journal());
     let agent = match builder.build() {
         Ok(a) => a,
         Err(e) => return usage_error(e),
     };
-    let cancel = CancellationToken::new();
-    let on_ctrl_c = cancel.clone();
-    tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            on_ctrl_c.cancel();
-        }
-    });
-    let outcome = agent
-        .run_cancellable(vec![Message::user(args.prompt.clone())], cancel)
-        .await;
+    let outcome = match durable.run(&agent, args.prompt.clone(), cancel).await {
+        Ok(o) => o,
+        Err(code) => return code,
+    };
     progress.finish();
     if args.json {
         println!("{}", outcome_json(&outcome));
@@ -190,6 +204,7 @@ pub fn outcome_json(o: &Outcome) -> Value {
         "usage": o.usage,
         "cost": o.cost,
         "duration_ms": o.duration_ms,
+        "run_id": o.run_id,
     });
     if let Some(e) = &o.error {
         v["error"] = json!({"code": e.code, "message": e.message});

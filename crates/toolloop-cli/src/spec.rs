@@ -11,7 +11,7 @@ use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::TestModel;
 
 /// Provider flags shared by the commands that call a model.
-#[derive(Args, Debug, Clone, Default)]
+#[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProviderArgs {
     /// The model, as provider:model: test, scripted:<file>, openai:<model>,
     /// anthropic:<model>, gemini:<model>.

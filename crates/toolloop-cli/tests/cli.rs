@@ -4,10 +4,18 @@ use serde_json::Value;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// Every run is logged to the store: keep these tests' runs out of the user's data directory.
+fn test_store() -> String {
+    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
+    let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
+    dir.path().join("store.db").to_string_lossy().into_owned()
+}
+
 fn toolloop(args: &[&str], dir: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_toolloop"))
         .args(args)
         .current_dir(dir)
+        .env("TOOLLOOP_STORE", test_store())
         .env_remove("TOOLLOOP_MODEL")
         .output()
         .expect("the binary runs")
@@ -174,6 +182,7 @@ fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
             let out = Command::new(env!("CARGO_BIN_EXE_toolloop"))
                 .args(&args)
                 .current_dir(dir.path())
+                .env("TOOLLOOP_STORE", test_store())
                 .env_remove("TOOLLOOP_MODEL")
                 .env_remove("OPENAI_API_KEY")
                 .env_remove("ANTHROPIC_API_KEY")

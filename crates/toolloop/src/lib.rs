@@ -36,7 +36,9 @@
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
 //!   compatible server), Anthropic and Gemini over [`http`] and [`sse`]; [`ptk`]: prompt-based
 //!   tool calling for models without native support.
-//! - [`journal`]: the run log that makes runs resumable after a crash.
+//! - [`journal`]: the run log that makes runs resumable after a crash; `store` (features
+//!   `sqlite`, `postgres`): sessions and run logs in SQLite or PostgreSQL; [`transcript`]:
+//!   checking and repairing stored transcripts.
 //! - [`mock`]: a mock provider server for tests, demos and benchmarks.
 //! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
 //!   serialized and capped.
@@ -60,10 +62,13 @@ pub mod ptk;
 pub mod result;
 pub mod schema;
 pub mod sse;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub mod store;
 pub mod stream;
 pub mod tool;
 pub mod toolbox;
 pub mod tools;
+pub mod transcript;
 pub mod usage;
 
 /// The README's examples, compiled and run as doc-tests.

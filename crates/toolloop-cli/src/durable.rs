@@ -1,0 +1,207 @@
+//! Every run the command makes is logged to the store, so it can be resumed; `--session`
+//! continues a named conversation.
+
+use crate::EXIT_USAGE;
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::Agent;
+use toolloop::journal::{Journal, JournalError};
+use toolloop::message::Message;
+use toolloop::outcome::Outcome;
+use toolloop::store::{RunTags, Store};
+
+/// `--store`, shared by every command that uses the store.
+#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StoreArgs {
+    /// Where sessions and run logs live: a SQLite file, or a postgres:// URL.
+    /// Default: $XDG_DATA_HOME/toolloop/toolloop.db (~/.local/share/toolloop/toolloop.db).
+    #[arg(long, env = "TOOLLOOP_STORE", value_name = "PATH|URL")]
+    pub store: Option<String>,
+}
+
+/// The store flags of `toolloop run`.
+#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DurableArgs {
+    #[command(flatten)]
+    #[serde(default)]
+    pub store: StoreArgs,
+    /// Continue this conversation (created on first use); its history is kept in the store.
+    #[arg(long, value_name = "NAME")]
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Set by `toolloop resume`: the run to continue instead of starting one.
+    #[arg(skip)]
+    #[serde(default)]
+    pub resume: Option<String>,
+}
+
+/// Opens the store the flags name (one per location per process).
+pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
+    static OPEN: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
+    let location = match &args.store {
+        Some(s) if !s.trim().is_empty() => s.trim().to_string(),
+        _ => match Store::default_location() {
+            Some(p) => p.to_string_lossy().into_owned(),
+            None => {
+                eprintln!(
+                    "toolloop: no store: set --store <path|postgres://…> (or TOOLLOOP_STORE), \
+                     or HOME / XDG_DATA_HOME for the default location"
+                );
+                return Err(ExitCode::from(EXIT_USAGE));
+            }
+        },
+    };
+    if let Some(s) = OPEN
+        .lock()
+        .ok()
+        .and_then(|m| m.as_ref().and_then(|m| m.get(&location).cloned()))
+    {
+        return Ok(s);
+    }
+    match Store::open(&location).await {
+        Ok(store) => {
+            if let Ok(mut m) = OPEN.lock() {
+                m.get_or_insert_with(HashMap::new)
+                    .insert(location, store.clone());
+            }
+            Ok(store)
+        }
+        Err(e) => {
+            eprintln!("toolloop: {e}; choose another with --store <path|postgres://…>");
+            Err(ExitCode::FAILURE)
+        }
+    }
+}
+
+/// A run's link to the store.
+pub struct Durable {
+    store: Store,
+    session: Option<String>,
+    resume: Option<String>,
+    meta: Value,
+}
+
+impl Durable {
+    /// Opens the store for a run. `args` is the run's whole configuration, kept with the run
+    /// so `toolloop resume` can rebuild the same agent.
+    pub async fn open<T: Serialize>(durable: &DurableArgs, args: &T) -> Result<Self, ExitCode> {
+        let store = open_store(&durable.store).await?;
+        Ok(Durable {
+            store,
+            session: durable.session.clone(),
+            resume: durable.resume.clone(),
+            meta: run_meta(args),
+        })
+    }
+
+    /// The journal the agent logs to.
+    pub fn journal(&self) -> Arc<dyn Journal> {
+        self.store.run_journal(RunTags {
+            session: self.session.clone(),
+            meta: Some(self.meta.clone()),
+            on_started: None,
+        })
+    }
+
+    /// Runs the prompt (after the session's history), or resumes the run `toolloop resume`
+    /// named; saves the outcome and the session's transcript.
+    pub async fn run(
+        &self,
+        agent: &Agent,
+        prompt: String,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, ExitCode> {
+        let outcome = match &self.resume {
+            Some(run_id) => agent.resume(run_id, cancel).await.map_err(|e| {
+                eprintln!("toolloop: {e}");
+                match e {
+                    JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
+                    _ => ExitCode::FAILURE,
+                }
+            })?,
+            None => {
+                let mut messages = match &self.session {
+                    Some(name) => match self.store.session(name).await {
+                        Ok(Some(s)) => {
+                            for r in &s.repairs {
+                                eprintln!("toolloop: session {name}: repaired: {r}");
+                            }
+                            s.messages
+                        }
+                        Ok(None) => Vec::new(),
+                        Err(e) => {
+                            eprintln!("toolloop: {e}");
+                            return Err(ExitCode::FAILURE);
+                        }
+                    },
+                    None => Vec::new(),
+                };
+                messages.push(Message::user(prompt));
+                agent.run_cancellable(messages, cancel).await
+            }
+        };
+        if let Some(run_id) = &outcome.run_id
+            && let Err(e) = self.store.save_outcome(run_id, &outcome).await
+        {
+            eprintln!("toolloop: the run finished, but saving it failed: {e}");
+        }
+        Ok(outcome)
+    }
+}
+
+/// The configuration kept with a run: everything but the prompt, the output format and the
+/// store flags; the file tools' root made absolute.
+fn run_meta<T: Serialize>(args: &T) -> Value {
+    let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut meta {
+        for k in ["prompt", "json", "durable"] {
+            m.remove(k);
+        }
+        if let Some(root) = m.get("root").and_then(Value::as_str)
+            && let Ok(abs) = std::path::Path::new(root).canonicalize()
+        {
+            m.insert("root".into(), Value::String(abs.to_string_lossy().into()));
+        }
+    }
+    meta
+}
+
+/// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
+pub fn format_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(format_ms(0), "1970-01-01 00:00:00");
+        assert_eq!(format_ms(951_782_400_000), "2000-02-29 00:00:00");
+        assert_eq!(format_ms(1_700_000_000_000), "2023-11-14 22:13:20");
+    }
+}

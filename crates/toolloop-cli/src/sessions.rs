@@ -1,0 +1,298 @@
+//! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
+
+use crate::EXIT_USAGE;
+use crate::durable::{DurableArgs, StoreArgs, format_ms, open_store};
+use crate::run::RunArgs;
+use clap::{Args, Subcommand};
+use serde_json::{Value, json};
+use std::process::ExitCode;
+use toolloop::message::Message;
+
+#[derive(Subcommand, Debug)]
+pub enum SessionsCommand {
+    /// List sessions: name, messages, runs, last update.
+    List {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a session's transcript (repaired if the stored one was not valid) and its runs.
+    Show {
+        /// The session.
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Print JSON: the summary, the messages, the repairs and the runs.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove a session with its runs and their logs.
+    Rm {
+        /// The session.
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct RunsArgs {
+    /// Only the runs of this session.
+    #[arg(long, value_name = "NAME")]
+    session: Option<String>,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ResumeArgs {
+    /// The run to continue (`toolloop runs` lists them).
+    run_id: String,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// Print the outcome as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
+    eprintln!("toolloop: {message}");
+    code
+}
+
+pub async fn sessions(command: SessionsCommand) -> ExitCode {
+    match command {
+        SessionsCommand::List { store, json } => {
+            let store = match open_store(&store).await {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            let list = match store.sessions().await {
+                Ok(l) => l,
+                Err(e) => return fail(e, ExitCode::FAILURE),
+            };
+            if json {
+                println!("{}", json!(list));
+            } else if list.is_empty() {
+                eprintln!("no sessions in {}", store.location());
+            } else {
+                println!(
+                    "{:<28} {:>8} {:>5}  {:<19}",
+                    "SESSION", "MESSAGES", "RUNS", "UPDATED (UTC)"
+                );
+                for s in list {
+                    println!(
+                        "{:<28} {:>8} {:>5}  {}",
+                        s.name,
+                        s.message_count,
+                        s.runs,
+                        format_ms(s.updated_ms)
+                    );
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        SessionsCommand::Show { name, store, json } => {
+            let store = match open_store(&store).await {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            let session = match store.session(&name).await {
+                Ok(Some(s)) => s,
+                Ok(None) => {
+                    return fail(
+                        format!("no session named `{name}`"),
+                        ExitCode::from(EXIT_USAGE),
+                    );
+                }
+                Err(e) => return fail(e, ExitCode::FAILURE),
+            };
+            let runs = store.runs(Some(&name)).await.unwrap_or_default();
+            if json {
+                println!(
+                    "{}",
+                    json!({
+                        "name": session.summary.name,
+                        "message_count": session.summary.message_count,
+                        "created_ms": session.summary.created_ms,
+                        "updated_ms": session.summary.updated_ms,
+                        "messages": session.messages,
+                        "repairs": session.repairs,
+                        "runs": runs,
+                    })
+                );
+                return ExitCode::SUCCESS;
+            }
+            println!(
+                "session {} · {} messages · {} runs · updated {} UTC",
+                session.summary.name,
+                session.summary.message_count,
+                session.summary.runs,
+                format_ms(session.summary.updated_ms)
+            );
+            for r in &session.repairs {
+                println!("  (repaired: {r})");
+            }
+            for m in &session.messages {
+                print_message(m);
+            }
+            ExitCode::SUCCESS
+        }
+        SessionsCommand::Rm { name, store } => {
+            let store = match open_store(&store).await {
+                Ok(s) => s,
+                Err(code) => return code,
+            };
+            match store.remove_session(&name).await {
+                Ok(true) => {
+                    eprintln!("removed session {name}");
+                    ExitCode::SUCCESS
+                }
+                Ok(false) => fail(
+                    format!("no session named `{name}`"),
+                    ExitCode::from(EXIT_USAGE),
+                ),
+                Err(e) => fail(e, ExitCode::FAILURE),
+            }
+        }
+    }
+}
+
+/// Prints a line, ignoring a closed stdout (`| head`).
+fn out(line: String) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{line}");
+}
+
+fn print_message(m: &Message) {
+    let one_line = |s: &str| -> String {
+        let flat: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+        if flat.chars().count() > 160 {
+            format!("{}…", flat.chars().take(160).collect::<String>())
+        } else {
+            flat
+        }
+    };
+    match m {
+        Message::System { content } => out(format!("system: {}", one_line(content))),
+        Message::User { content } => out(format!("user: {}", one_line(content))),
+        Message::Assistant(a) => {
+            if let Some(t) = &a.text
+                && !t.is_empty()
+            {
+                out(format!("assistant: {}", one_line(t)));
+            }
+            for c in &a.tool_calls {
+                out(format!(
+                    "assistant → {}({}) [{}]",
+                    c.name,
+                    one_line(&c.arguments.to_string()),
+                    c.id
+                ));
+            }
+        }
+        Message::Tool(r) => {
+            let mark = if r.is_error { "✗" } else { "✓" };
+            out(format!(
+                "tool {mark} {} [{}]: {}",
+                r.name,
+                r.call_id,
+                one_line(&r.content)
+            ));
+        }
+    }
+}
+
+pub async fn runs(args: RunsArgs) -> ExitCode {
+    let store = match open_store(&args.store).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let runs = match store.runs(args.session.as_deref()).await {
+        Ok(r) => r,
+        Err(e) => return fail(e, ExitCode::FAILURE),
+    };
+    if args.json {
+        println!("{}", json!(runs));
+        return ExitCode::SUCCESS;
+    }
+    if runs.is_empty() {
+        eprintln!("no runs in {}", store.location());
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "{:<30} {:<12} {:<16} {:>7}  {:<19}  SESSION",
+        "RUN", "STATUS", "STOP REASON", "RECORDS", "STARTED (UTC)"
+    );
+    for r in runs {
+        let reason = r
+            .stop_reason
+            .and_then(|s| serde_json::to_value(s).ok())
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_else(|| "-".into());
+        println!(
+            "{:<30} {:<12} {:<16} {:>7}  {:<19}  {}",
+            r.run_id,
+            r.status.as_str(),
+            reason,
+            r.records,
+            format_ms(r.created_ms),
+            r.session.as_deref().unwrap_or("-")
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// Rebuilds the run's agent from the configuration kept with it, and continues the run.
+pub async fn resume(args: ResumeArgs) -> ExitCode {
+    let store = match open_store(&args.store).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    let (session, meta) = match store.run_tags(&args.run_id).await {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return fail(
+                format!("no run with id {} in {}", args.run_id, store.location()),
+                ExitCode::from(EXIT_USAGE),
+            );
+        }
+        Err(e) => return fail(e, ExitCode::FAILURE),
+    };
+    let Some(Value::Object(mut config)) = meta else {
+        return fail(
+            format!(
+                "run {} was not started by the toolloop command (it has no saved configuration); \
+                 resume it from the program that started it",
+                args.run_id
+            ),
+            ExitCode::from(EXIT_USAGE),
+        );
+    };
+    config.insert("prompt".into(), Value::String(String::new()));
+    config.insert("json".into(), Value::Bool(args.json));
+    let durable = DurableArgs {
+        store: args.store,
+        session,
+        resume: Some(args.run_id.clone()),
+    };
+    config.insert("durable".into(), json!(durable));
+    let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
+        Ok(a) => a,
+        Err(e) => {
+            return fail(
+                format!(
+                    "the saved configuration of run {} does not load: {e}",
+                    args.run_id
+                ),
+                ExitCode::FAILURE,
+            );
+        }
+    };
+    crate::run::run(run_args).await
+}

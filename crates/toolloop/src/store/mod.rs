@@ -1,0 +1,1075 @@
+//! The store: sessions and durable runs in SQLite (the embedded default) or PostgreSQL (for
+//! several machines), one implementation over both (sqlx), migrations included.
+//!
+//! Features: `sqlite` and `postgres` (either or both).
+//!
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use toolloop::agent::Agent;
+//! use toolloop::message::Message;
+//! use toolloop::providers::test_model::TestModel;
+//! use toolloop::store::{RunTags, Store};
+//!
+//! let store = Store::open("/tmp/toolloop.db").await?; // or "postgres://user@host/db"
+//! let mut messages = store.session_messages("demo").await?; // checked and repaired
+//! messages.push(Message::user("What changed?"));
+//! let agent = Agent::builder(TestModel::new())
+//!     .journal(store.run_journal(RunTags::session("demo")))
+//!     .build()?;
+//! let outcome = agent.run(messages).await;
+//! // The transcript goes back to the session; a crashed run is continued with
+//! // `agent.resume(run_id, cancel)` and saved the same way.
+//! store.save_outcome(outcome.run_id.as_deref().unwrap_or_default(), &outcome).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What is stored
+//!
+//! - **Runs and their log.** [`Store`] implements [`Journal`]: each [`Record`] is appended in a
+//!   transaction that has committed when `append` returns. SQLite runs in WAL mode with
+//!   `synchronous=FULL`: every commit is fsynced, so a record survives a power cut as well as a
+//!   killed process (`NORMAL` would only survive the latter, and a record lost to a power cut
+//!   after its tool ran is a side effect repeated on resume; one fsync per step is small next to
+//!   a model call). PostgreSQL commits are durable by default.
+//! - **Leases.** [`Journal::acquire`] takes a run for a holder: the lease names the holder's
+//!   host, process and process start time, and has an expiry the store renews in the background
+//!   (every third of [`Store::with_lease_ttl`], 30 s by default) while the run goes on. Another
+//!   process gets [`JournalError::Locked`] while the holder lives; once the lease expires, or at
+//!   once when the holder is provably dead (same host and boot, process gone), the run can be
+//!   taken over. Appends are fenced: a holder whose lease was taken over cannot write another
+//!   record.
+//! - **Sessions.** A session is a named conversation: [`Store::session_messages`] loads its
+//!   transcript (checked and repaired with [`crate::transcript::repair_transcript`], so the
+//!   next request is valid for every provider), [`Store::save_session`] or
+//!   [`Store::save_outcome`] saves it after a run. Runs tagged with a session (see
+//!   [`Store::run_journal`]) are listed with it. The last save wins: two runs on one session at
+//!   the same time do not merge.
+//!
+//! # Where
+//!
+//! [`Store::open`] takes a path (SQLite; `sqlite:` prefix optional; parent directories are
+//! created) or a `postgres://` / `postgresql://` URL. [`Store::default_location`] is
+//! `$XDG_DATA_HOME/toolloop/toolloop.db`, else `~/.local/share/toolloop/toolloop.db`.
+
+mod lease;
+mod sql;
+
+use crate::journal::{Journal, JournalError, Record};
+use crate::message::Message;
+use crate::outcome::{Outcome, StopReason};
+use crate::transcript::repair_transcript;
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::Row;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!("the store needs the `sqlite` or the `postgres` feature");
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be opened (bad location, unreachable server, failed migration).
+    #[error("cannot open the store {location}: {message}")]
+    Open {
+        /// The location (a PostgreSQL password is hidden).
+        location: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// A query failed.
+    #[error("store error while {doing}: {message}")]
+    Database {
+        /// What the store was doing.
+        doing: String,
+        /// The database's message.
+        message: String,
+    },
+    /// Stored data did not parse.
+    #[error("stored data is damaged ({what}): {message}")]
+    Corrupt {
+        /// What was read.
+        what: String,
+        /// What did not fit.
+        message: String,
+    },
+}
+
+impl From<StoreError> for JournalError {
+    fn from(e: StoreError) -> Self {
+        JournalError::Store(e.to_string())
+    }
+}
+
+fn db(doing: impl Into<String>) -> impl FnOnce(sqlx::Error) -> StoreError {
+    let doing = doing.into();
+    move |e| StoreError::Database {
+        doing,
+        message: e.to_string(),
+    }
+}
+
+/// What the store knows of a run.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct RunSummary {
+    /// The run id.
+    pub run_id: String,
+    /// The session it belongs to.
+    pub session: Option<String>,
+    /// Where it stands.
+    pub status: RunStatus,
+    /// How it ended, once [`Store::save_outcome`] recorded it.
+    pub stop_reason: Option<StopReason>,
+    /// Records in its log.
+    pub records: i64,
+    /// When it started (Unix milliseconds).
+    pub created_ms: i64,
+    /// When its last record was written (Unix milliseconds).
+    pub updated_ms: i64,
+    /// Who holds it, while someone does.
+    pub holder: Option<String>,
+}
+
+/// Where a run stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Its log ends with the run's end.
+    Finished,
+    /// A live process holds it.
+    Running,
+    /// It stopped before its end (a crash): it can be resumed.
+    Interrupted,
+}
+
+impl RunStatus {
+    /// `finished`, `running` or `interrupted`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Finished => "finished",
+            RunStatus::Running => "running",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+/// A session in the list.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct SessionSummary {
+    /// Its name.
+    pub name: String,
+    /// Messages in its transcript.
+    pub message_count: i64,
+    /// Runs made in it.
+    pub runs: i64,
+    /// When it was created (Unix milliseconds).
+    pub created_ms: i64,
+    /// When its transcript was last saved (Unix milliseconds).
+    pub updated_ms: i64,
+}
+
+/// A session with its transcript.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Session {
+    /// Name, counts and times.
+    pub summary: SessionSummary,
+    /// The transcript, repaired.
+    pub messages: Vec<Message>,
+    /// What the repair changed (empty when the stored transcript was valid).
+    pub repairs: Vec<String>,
+}
+
+/// Called with a run id once the run's first record is durable.
+pub type OnStarted = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// What a journal made by [`Store::run_journal`] attaches to the runs it starts.
+#[derive(Clone, Default)]
+pub struct RunTags {
+    /// The session the run belongs to.
+    pub session: Option<String>,
+    /// Anything the application needs to resume the run (its configuration, say), as JSON.
+    pub meta: Option<Value>,
+    /// Called with the run id once the run's first record is durable.
+    pub on_started: Option<OnStarted>,
+}
+
+impl RunTags {
+    /// Tags for a run in `session`.
+    pub fn session(name: impl Into<String>) -> Self {
+        RunTags {
+            session: Some(name.into()),
+            ..RunTags::default()
+        }
+    }
+}
+
+impl std::fmt::Debug for RunTags {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunTags")
+            .field("session", &self.session)
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
+    }
+}
+
+#[derive(Clone)]
+enum Pool {
+    #[cfg(feature = "sqlite")]
+    Sqlite(sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(sqlx::PgPool),
+}
+
+/// Runs `$body` with `$p` bound to the concrete pool: one text, two drivers.
+macro_rules! on_pool {
+    ($pool:expr, $p:ident => $body:expr) => {
+        match $pool {
+            #[cfg(feature = "sqlite")]
+            Pool::Sqlite($p) => $body,
+            #[cfg(feature = "postgres")]
+            Pool::Postgres($p) => $body,
+        }
+    };
+}
+
+struct Held {
+    holder: String,
+    heartbeat: tokio::task::AbortHandle,
+}
+
+struct Inner {
+    pool: Pool,
+    location: String,
+    lease_ttl: Duration,
+    held: Mutex<HashMap<String, Held>>,
+    append_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Ok(held) = self.held.lock() {
+            for h in held.values() {
+                h.heartbeat.abort();
+            }
+        }
+    }
+}
+
+/// Sessions and run logs in SQLite or PostgreSQL. Cheap to clone.
+#[derive(Clone)]
+pub struct Store {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store")
+            .field("location", &self.inner.location)
+            .finish_non_exhaustive()
+    }
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// A PostgreSQL URL with its password replaced by `***`.
+fn redact(location: &str) -> String {
+    let Some((scheme, rest)) = location.split_once("://") else {
+        return location.to_string();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
+            None => location.to_string(),
+        },
+        None => location.to_string(),
+    }
+}
+
+fn is_postgres(location: &str) -> bool {
+    location.starts_with("postgres://") || location.starts_with("postgresql://")
+}
+
+impl Store {
+    /// The default SQLite file: `$XDG_DATA_HOME/toolloop/toolloop.db`, else
+    /// `$HOME/.local/share/toolloop/toolloop.db`; `None` when neither variable is set.
+    pub fn default_location() -> Option<PathBuf> {
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| {
+                std::env::var_os("HOME")
+                    .filter(|v| !v.is_empty())
+                    .map(|h| PathBuf::from(h).join(".local").join("share"))
+            })?;
+        Some(base.join("toolloop").join("toolloop.db"))
+    }
+
+    /// Opens (and creates, and migrates) the store at `location`: a SQLite path, optionally
+    /// prefixed with `sqlite:`, or a `postgres://` URL.
+    pub async fn open(location: &str) -> Result<Store, StoreError> {
+        let shown = redact(location);
+        let open_err = |message: String| StoreError::Open {
+            location: shown.clone(),
+            message,
+        };
+        let pool = if is_postgres(location) {
+            Self::open_postgres(location).await.map_err(open_err)?
+        } else {
+            let path = location.strip_prefix("sqlite:").unwrap_or(location);
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.trim().is_empty() {
+                return Err(open_err(
+                    "empty path: expected a file path or a postgres:// URL".into(),
+                ));
+            }
+            Self::open_sqlite(PathBuf::from(path))
+                .await
+                .map_err(open_err)?
+        };
+        // Several processes may open a new store at once; a migration that lost the race is
+        // tried again and then finds the tables in place.
+        let migrator = sqlx::migrate::Migrator::new(sql::Migrations)
+            .await
+            .map_err(|e| open_err(format!("migrations: {e}")))?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let ran = on_pool!(&pool, p => migrator.run(p).await);
+            match ran {
+                Ok(()) => break,
+                Err(_) if attempt < 4 => {
+                    tokio::time::sleep(Duration::from_millis(50 * attempt)).await
+                }
+                Err(e) => return Err(open_err(format!("migrating the schema: {e}"))),
+            }
+        }
+        Ok(Store {
+            inner: Arc::new(Inner {
+                pool,
+                location: shown,
+                lease_ttl: Duration::from_secs(30),
+                held: Mutex::new(HashMap::new()),
+                append_locks: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+
+    #[cfg(feature = "sqlite")]
+    async fn open_sqlite(path: PathBuf) -> Result<Pool, String> {
+        use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+        if let Some(dir) = path.parent()
+            && !dir.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_secs(15))
+            .foreign_keys(true);
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let pool = sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options.clone())
+                .await;
+            match pool {
+                Ok(p) => return Ok(Pool::Sqlite(p)),
+                // Switching a new file to WAL needs a lock that is not waited for.
+                Err(_) if attempt < 5 => {
+                    tokio::time::sleep(Duration::from_millis(40 * attempt)).await
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    async fn open_sqlite(_path: PathBuf) -> Result<Pool, String> {
+        Err("this build has no SQLite support (feature `sqlite`); use a postgres:// URL".into())
+    }
+
+    #[cfg(feature = "postgres")]
+    async fn open_postgres(url: &str) -> Result<Pool, String> {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(5)
+            .acquire_timeout(Duration::from_secs(15))
+            .connect(url)
+            .await
+            .map(Pool::Postgres)
+            .map_err(|e| e.to_string())
+    }
+
+    #[cfg(not(feature = "postgres"))]
+    async fn open_postgres(_url: &str) -> Result<Pool, String> {
+        Err("this build has no PostgreSQL support (feature `postgres`)".into())
+    }
+
+    /// Sets how long a lease lasts without renewal (default 30 s; renewed every third of it).
+    /// A holder that dies on another host blocks its run for at most this long.
+    pub fn with_lease_ttl(self, ttl: Duration) -> Store {
+        let ttl = ttl.max(Duration::from_millis(300));
+        match Arc::try_unwrap(self.inner) {
+            Ok(mut inner) => {
+                inner.lease_ttl = ttl;
+                Store {
+                    inner: Arc::new(inner),
+                }
+            }
+            Err(inner) => Store {
+                inner: Arc::new(Inner {
+                    pool: inner.pool.clone(),
+                    location: inner.location.clone(),
+                    lease_ttl: ttl,
+                    held: Mutex::new(HashMap::new()),
+                    append_locks: Mutex::new(HashMap::new()),
+                }),
+            },
+        }
+    }
+
+    /// Where the store is (a PostgreSQL password is hidden).
+    pub fn location(&self) -> &str {
+        &self.inner.location
+    }
+
+    /// A journal over this store that tags the runs it starts (session, application metadata)
+    /// and reports their ids. The store itself is a journal with no tags.
+    pub fn run_journal(&self, tags: RunTags) -> Arc<dyn Journal> {
+        Arc::new(RunJournal {
+            store: self.clone(),
+            tags,
+        })
+    }
+
+    fn append_lock(&self, run_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .inner
+            .append_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        locks.entry(run_id.to_string()).or_default().clone()
+    }
+
+    fn holder_of(&self, run_id: &str) -> Option<String> {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(run_id)
+            .map(|h| h.holder.clone())
+    }
+
+    /// Appends on a task of its own: the append completes (and frees the run's append lock)
+    /// even when the caller is not polled meanwhile. A driver that runs tool calls as a
+    /// stream and logs one call's end before polling the others would otherwise wait on a lock
+    /// held by a call it is not polling.
+    async fn append_tagged(
+        &self,
+        run_id: &str,
+        record: &Record,
+        tags: &RunTags,
+    ) -> Result<(), JournalError> {
+        let (store, run, rec, tags) = (
+            self.clone(),
+            run_id.to_string(),
+            record.clone(),
+            tags.clone(),
+        );
+        tokio::spawn(async move { store.append_now(&run, &rec, &tags).await })
+            .await
+            .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
+    }
+
+    async fn append_now(
+        &self,
+        run_id: &str,
+        record: &Record,
+        tags: &RunTags,
+    ) -> Result<(), JournalError> {
+        let body = serde_json::to_string(record)
+            .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))?;
+        let kind = serde_json::to_value(record)
+            .ok()
+            .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_string))
+            .unwrap_or_default();
+        let started = matches!(record, Record::Started { .. });
+        let finished = matches!(record, Record::Finished);
+        let meta = tags.meta.as_ref().map(Value::to_string);
+        let holder = self.holder_of(run_id);
+        let lock = self.append_lock(run_id);
+        let _guard = lock.lock().await;
+        let now = now_ms();
+        let inserted = on_pool!(&self.inner.pool, p => {
+            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            if started {
+                sqlx::query(sql::INSERT_RUN)
+                    .bind(run_id)
+                    .bind(tags.session.as_deref())
+                    .bind(meta.as_deref())
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("recording a new run"))?;
+                if let Some(session) = &tags.session {
+                    sqlx::query(sql::ENSURE_SESSION)
+                        .bind(session)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db("creating the session"))?;
+                }
+            }
+            let insert = match &holder {
+                Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
+                    .bind(run_id)
+                    .bind(&kind)
+                    .bind(&body)
+                    .bind(now)
+                    .bind(h),
+                None => sqlx::query(sql::INSERT_RECORD)
+                    .bind(run_id)
+                    .bind(&kind)
+                    .bind(&body)
+                    .bind(now),
+            };
+            let n = insert
+                .execute(&mut *tx)
+                .await
+                .map_err(db("appending a record"))?
+                .rows_affected();
+            if n == 1 {
+                sqlx::query(sql::TOUCH_RUN)
+                    .bind(run_id)
+                    .bind(now)
+                    .bind(finished)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("updating the run"))?;
+                tx.commit().await.map_err(db("committing a record"))?;
+            }
+            Ok::<bool, StoreError>(n == 1)
+        })?;
+        if !inserted {
+            let holder = self
+                .current_holder(run_id)
+                .await
+                .unwrap_or_else(|| "nobody".into());
+            return Err(JournalError::Locked {
+                run_id: run_id.to_string(),
+                holder: format!("{holder}; this process lost its lease and stopped writing"),
+            });
+        }
+        if started && let Some(f) = &tags.on_started {
+            f(run_id);
+        }
+        Ok(())
+    }
+
+    async fn current_holder(&self, run_id: &str) -> Option<String> {
+        on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::SELECT_LEASE)
+                .bind(run_id)
+                .fetch_optional(p)
+                .await
+                .ok()
+                .flatten()
+                .and_then(|row| row.try_get::<String, _>("holder").ok())
+        })
+    }
+
+    /// Takes the lease, or finds who holds it. `Ok(None)`: taken.
+    async fn try_acquire(&self, run_id: &str, holder: &str) -> Result<Option<String>, StoreError> {
+        let me = lease::me();
+        let ttl = self.inner.lease_ttl.as_millis() as i64;
+        for _ in 0..8 {
+            let now = now_ms();
+            let taken = on_pool!(&self.inner.pool, p => {
+                sqlx::query(sql::INSERT_LEASE)
+                    .bind(run_id)
+                    .bind(holder)
+                    .bind(&me.host)
+                    .bind(me.pid)
+                    .bind(&me.start)
+                    .bind(now + ttl)
+                    .execute(p)
+                    .await
+                    .map_err(db("taking a lease"))?
+                    .rows_affected()
+            });
+            if taken == 1 {
+                return Ok(None);
+            }
+            let row = on_pool!(&self.inner.pool, p => {
+                sqlx::query(sql::SELECT_LEASE)
+                    .bind(run_id)
+                    .fetch_optional(p)
+                    .await
+                    .map_err(db("reading a lease"))?
+                    .map(|row| -> Result<_, sqlx::Error> {
+                        Ok((
+                            row.try_get::<String, _>("holder")?,
+                            row.try_get::<String, _>("host")?,
+                            row.try_get::<i64, _>("pid")?,
+                            row.try_get::<String, _>("pid_start")?,
+                            row.try_get::<i64, _>("expires_ms")?,
+                        ))
+                    })
+                    .transpose()
+                    .map_err(db("reading a lease"))?
+            });
+            let Some((old_holder, host, pid, start, expires)) = row else {
+                continue; // released meanwhile
+            };
+            let ours = old_holder == holder;
+            let free = expires <= now || lease::is_gone(&host, pid, &start);
+            if !ours && !free {
+                let host_name = host.split('/').next().unwrap_or(&host).to_string();
+                return Ok(Some(format!("{old_holder} on {host_name}")));
+            }
+            let moved = on_pool!(&self.inner.pool, p => {
+                sqlx::query(sql::TAKE_OVER_LEASE)
+                    .bind(run_id)
+                    .bind(holder)
+                    .bind(&me.host)
+                    .bind(me.pid)
+                    .bind(&me.start)
+                    .bind(now + ttl)
+                    .bind(&old_holder)
+                    .bind(expires)
+                    .execute(p)
+                    .await
+                    .map_err(db("taking over a lease"))?
+                    .rows_affected()
+            });
+            if moved == 1 {
+                if !ours {
+                    tracing::info!(run_id, previous = %old_holder, "took over the lease of a stopped holder");
+                }
+                return Ok(None);
+            }
+        }
+        Err(StoreError::Database {
+            doing: "taking a lease".into(),
+            message: "the lease kept changing hands; try again".into(),
+        })
+    }
+
+    fn start_heartbeat(&self, run_id: &str, holder: &str) {
+        let pool = self.inner.pool.clone();
+        let ttl = self.inner.lease_ttl;
+        let (run, who) = (run_id.to_string(), holder.to_string());
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(ttl / 3).await;
+                let expires = now_ms() + ttl.as_millis() as i64;
+                let renewed: Result<u64, sqlx::Error> = on_pool!(&pool, p => {
+                    sqlx::query(sql::RENEW_LEASE)
+                        .bind(&run)
+                        .bind(&who)
+                        .bind(expires)
+                        .execute(p)
+                        .await
+                        .map(|r| r.rows_affected())
+                });
+                match renewed {
+                    Ok(0) => {
+                        tracing::warn!(run_id = %run, "the run's lease was taken over");
+                        break;
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(run_id = %run, "cannot renew the lease: {e}"),
+                }
+            }
+        });
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(old) = held.insert(
+            run_id.to_string(),
+            Held {
+                holder: holder.to_string(),
+                heartbeat: task.abort_handle(),
+            },
+        ) {
+            old.heartbeat.abort();
+        }
+    }
+
+    /// Loads a session's transcript, checked and repaired (see [`crate::transcript`]); empty
+    /// when there is no such session.
+    pub async fn session_messages(&self, name: &str) -> Result<Vec<Message>, StoreError> {
+        Ok(self
+            .load_session_messages(name)
+            .await?
+            .map(|(m, _)| m)
+            .unwrap_or_default())
+    }
+
+    async fn load_session_messages(
+        &self,
+        name: &str,
+    ) -> Result<Option<(Vec<Message>, Vec<String>)>, StoreError> {
+        let text: Option<String> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_scalar(sql::SESSION_MESSAGES)
+                .bind(name)
+                .fetch_optional(p)
+                .await
+                .map_err(db("loading a session"))?
+        });
+        let Some(text) = text else { return Ok(None) };
+        let mut messages: Vec<Message> =
+            serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
+                what: format!("the transcript of session `{name}`"),
+                message: e.to_string(),
+            })?;
+        let repairs = repair_transcript(&mut messages);
+        for r in &repairs {
+            tracing::warn!(session = name, "repaired the stored transcript: {r}");
+        }
+        Ok(Some((messages, repairs)))
+    }
+
+    /// Saves a session's transcript (creating the session), replacing what was there.
+    pub async fn save_session(&self, name: &str, messages: &[Message]) -> Result<(), StoreError> {
+        let text = serde_json::to_string(messages).map_err(|e| StoreError::Corrupt {
+            what: "a transcript to save".into(),
+            message: e.to_string(),
+        })?;
+        let now = now_ms();
+        on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::SAVE_SESSION)
+                .bind(name)
+                .bind(&text)
+                .bind(messages.len() as i64)
+                .bind(now)
+                .execute(p)
+                .await
+                .map_err(db("saving a session"))?;
+        });
+        Ok(())
+    }
+
+    /// Records how a run ended and, when the run belongs to a session, saves its transcript
+    /// there.
+    pub async fn save_outcome(&self, run_id: &str, outcome: &Outcome) -> Result<(), StoreError> {
+        let reason = serde_json::to_value(outcome.stop_reason)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string));
+        let now = now_ms();
+        on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::SET_STOP_REASON)
+                .bind(run_id)
+                .bind(reason)
+                .bind(now)
+                .execute(p)
+                .await
+                .map_err(db("recording a run's outcome"))?;
+        });
+        if let Some((Some(session), _)) = self.run_tags(run_id).await? {
+            self.save_session(&session, &outcome.messages).await?;
+        }
+        Ok(())
+    }
+
+    /// Every session, most recently updated first.
+    pub async fn sessions(&self) -> Result<Vec<SessionSummary>, StoreError> {
+        let rows = on_pool!(&self.inner.pool, p => {
+            sqlx::query(&sql::list_sessions())
+                .fetch_all(p)
+                .await
+                .map_err(db("listing sessions"))?
+                .iter()
+                .map(session_summary)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading sessions"))?
+        });
+        Ok(rows)
+    }
+
+    /// One session with its transcript (repaired), or `None`.
+    pub async fn session(&self, name: &str) -> Result<Option<Session>, StoreError> {
+        let summary = on_pool!(&self.inner.pool, p => {
+            sqlx::query(&sql::one_session())
+                .bind(name)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a session"))?
+                .as_ref()
+                .map(session_summary)
+                .transpose()
+                .map_err(db("reading a session"))?
+        });
+        let Some(summary) = summary else {
+            return Ok(None);
+        };
+        let (messages, repairs) = self.load_session_messages(name).await?.unwrap_or_default();
+        Ok(Some(Session {
+            summary,
+            messages,
+            repairs,
+        }))
+    }
+
+    /// Removes a session with its runs and their logs. Returns whether it existed.
+    pub async fn remove_session(&self, name: &str) -> Result<bool, StoreError> {
+        let existed = on_pool!(&self.inner.pool, p => {
+            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            let mut n = 0;
+            for q in sql::DELETE_SESSION {
+                n += sqlx::query(q)
+                    .bind(name)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("removing a session"))?
+                    .rows_affected();
+            }
+            tx.commit().await.map_err(db("removing a session"))?;
+            n > 0
+        });
+        Ok(existed)
+    }
+
+    /// Runs, oldest first: all of them, or those of one session.
+    pub async fn runs(&self, session: Option<&str>) -> Result<Vec<RunSummary>, StoreError> {
+        let now = now_ms();
+        let rows = on_pool!(&self.inner.pool, p => {
+            sqlx::query(&sql::list_runs())
+                .bind(session)
+                .fetch_all(p)
+                .await
+                .map_err(db("listing runs"))?
+                .iter()
+                .map(|r| run_summary(r, now))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db("reading runs"))?
+        });
+        Ok(rows)
+    }
+
+    /// One run, or `None`.
+    pub async fn run(&self, run_id: &str) -> Result<Option<RunSummary>, StoreError> {
+        let now = now_ms();
+        let row = on_pool!(&self.inner.pool, p => {
+            sqlx::query(&sql::one_run())
+                .bind(run_id)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a run"))?
+                .as_ref()
+                .map(|r| run_summary(r, now))
+                .transpose()
+                .map_err(db("reading a run"))?
+        });
+        Ok(row)
+    }
+
+    /// A run's session and application metadata (see [`RunTags`]); `None` when there is no
+    /// such run.
+    pub async fn run_tags(
+        &self,
+        run_id: &str,
+    ) -> Result<Option<(Option<String>, Option<Value>)>, StoreError> {
+        let row = on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::RUN_META)
+                .bind(run_id)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a run"))?
+                .map(|row| -> Result<_, sqlx::Error> {
+                    Ok((
+                        row.try_get::<Option<String>, _>("session")?,
+                        row.try_get::<Option<String>, _>("meta")?,
+                    ))
+                })
+                .transpose()
+                .map_err(db("reading a run"))?
+        });
+        let Some((session, meta)) = row else {
+            return Ok(None);
+        };
+        let meta = meta
+            .map(|m| serde_json::from_str::<Value>(&m))
+            .transpose()
+            .map_err(|e| StoreError::Corrupt {
+                what: format!("the metadata of run {run_id}"),
+                message: e.to_string(),
+            })?;
+        Ok(Some((session, meta)))
+    }
+}
+
+fn session_summary<R: Row>(row: &R) -> Result<SessionSummary, sqlx::Error>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(SessionSummary {
+        name: row.try_get("name")?,
+        message_count: row.try_get("message_count")?,
+        runs: row.try_get("runs")?,
+        created_ms: row.try_get("created_ms")?,
+        updated_ms: row.try_get("updated_ms")?,
+    })
+}
+
+fn run_summary<R: Row>(row: &R, now: i64) -> Result<RunSummary, sqlx::Error>
+where
+    for<'a> &'a str: sqlx::ColumnIndex<R>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<String>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Option<i64>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let finished: bool = row.try_get("finished")?;
+    let holder: Option<String> = row.try_get("holder")?;
+    let host: Option<String> = row.try_get("host")?;
+    let pid: Option<i64> = row.try_get("pid")?;
+    let start: Option<String> = row.try_get("pid_start")?;
+    let expires: Option<i64> = row.try_get("expires_ms")?;
+    let live = match (&holder, &host, pid, &start, expires) {
+        (Some(_), Some(host), Some(pid), Some(start), Some(expires)) => {
+            expires > now && !lease::is_gone(host, pid, start)
+        }
+        _ => false,
+    };
+    let status = if finished {
+        RunStatus::Finished
+    } else if live {
+        RunStatus::Running
+    } else {
+        RunStatus::Interrupted
+    };
+    let stop_reason: Option<String> = row.try_get("stop_reason")?;
+    Ok(RunSummary {
+        run_id: row.try_get("run_id")?,
+        session: row.try_get("session")?,
+        status,
+        stop_reason: stop_reason.and_then(|s| serde_json::from_value(Value::String(s)).ok()),
+        records: row.try_get("records")?,
+        created_ms: row.try_get("created_ms")?,
+        updated_ms: row.try_get("updated_ms")?,
+        holder: if live { holder } else { None },
+    })
+}
+
+#[async_trait]
+impl Journal for Store {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.append_tagged(run_id, record, &RunTags::default())
+            .await
+    }
+
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        let bodies: Vec<String> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_scalar(sql::LOAD_RECORDS)
+                .bind(run_id)
+                .fetch_all(p)
+                .await
+                .map_err(db("loading a run log"))?
+        });
+        if bodies.is_empty() {
+            return Err(JournalError::NotFound(run_id.to_string()));
+        }
+        bodies
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                serde_json::from_str::<Record>(b).map_err(|e| JournalError::Corrupt {
+                    run_id: run_id.to_string(),
+                    message: format!("record {} does not parse: {e}", i + 1),
+                })
+            })
+            .collect()
+    }
+
+    async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        match self.try_acquire(run_id, holder).await? {
+            None => {
+                self.start_heartbeat(run_id, holder);
+                Ok(())
+            }
+            Some(other) => Err(JournalError::Locked {
+                run_id: run_id.to_string(),
+                holder: other,
+            }),
+        }
+    }
+
+    async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        {
+            let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+            if held.get(run_id).is_some_and(|h| h.holder == holder)
+                && let Some(h) = held.remove(run_id)
+            {
+                h.heartbeat.abort();
+            }
+        }
+        self.inner
+            .append_locks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(run_id);
+        on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::DELETE_LEASE)
+                .bind(run_id)
+                .bind(holder)
+                .execute(p)
+                .await
+                .map_err(db("releasing a lease"))?;
+        });
+        Ok(())
+    }
+}
+
+/// A journal over a [`Store`] that tags the runs it starts; see [`Store::run_journal`].
+struct RunJournal {
+    store: Store,
+    tags: RunTags,
+}
+
+#[async_trait]
+impl Journal for RunJournal {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.store.append_tagged(run_id, record, &self.tags).await
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.store.load(run_id).await
+    }
+    async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        self.store.acquire(run_id, holder).await
+    }
+    async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        self.store.release(run_id, holder).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_hidden() {
+        assert_eq!(
+            redact("postgres://me:secret@db:5432/x"),
+            "postgres://me:***@db:5432/x"
+        );
+        assert_eq!(redact("postgres://me@db/x"), "postgres://me@db/x");
+        assert_eq!(redact("/tmp/a.db"), "/tmp/a.db");
+    }
+}

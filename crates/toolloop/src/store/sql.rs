@@ -1,0 +1,140 @@
+//! Every SQL statement of the store, in one place. The same text runs on SQLite and
+//! PostgreSQL: `$n` parameters, `ON CONFLICT`, `BIGINT` milliseconds, JSON as `TEXT`.
+
+use sqlx::migrate::{Migration, MigrationSource, MigrationType};
+use std::borrow::Cow;
+
+/// The migrations, embedded in the binary.
+#[derive(Debug)]
+pub(super) struct Migrations;
+
+impl MigrationSource<'static> for Migrations {
+    fn resolve(
+        self,
+    ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
+        Box::pin(async {
+            Ok(vec![Migration::new(
+                1,
+                Cow::Borrowed("toolloop runs, records, leases and sessions"),
+                MigrationType::Simple,
+                Cow::Borrowed(include_str!("migrations/0001_init.sql")),
+                false,
+            )])
+        })
+    }
+}
+
+// ---- runs and records ----
+
+/// `$1` run id, `$2` session, `$3` meta, `$4` now.
+pub(super) const INSERT_RUN: &str = "INSERT INTO toolloop_runs \
+     (run_id, session, meta, records, finished, created_ms, updated_ms) \
+     VALUES ($1, $2, $3, 0, FALSE, $4, $4) ON CONFLICT (run_id) DO NOTHING";
+
+/// `$1` run id, `$2` kind, `$3` body, `$4` now.
+pub(super) const INSERT_RECORD: &str = "INSERT INTO toolloop_records \
+     (run_id, seq, kind, body, created_ms) \
+     SELECT $1, COALESCE((SELECT MAX(seq) FROM toolloop_records WHERE run_id = $1), 0) + 1, \
+     $2, $3, $4";
+
+/// Like [`INSERT_RECORD`], only while `$5` holds the run's lease (fencing: a holder whose lease
+/// was taken over cannot write).
+pub(super) const INSERT_RECORD_FENCED: &str = "INSERT INTO toolloop_records \
+     (run_id, seq, kind, body, created_ms) \
+     SELECT $1, COALESCE((SELECT MAX(seq) FROM toolloop_records WHERE run_id = $1), 0) + 1, \
+     $2, $3, $4 \
+     WHERE EXISTS (SELECT 1 FROM toolloop_leases WHERE run_id = $1 AND holder = $5)";
+
+/// `$1` run id, `$2` now, `$3` whether this record finishes the run.
+pub(super) const TOUCH_RUN: &str = "UPDATE toolloop_runs \
+     SET records = records + 1, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
+
+/// `$1` run id.
+pub(super) const LOAD_RECORDS: &str =
+    "SELECT body FROM toolloop_records WHERE run_id = $1 ORDER BY seq";
+
+/// `$1` run id, `$2` stop reason, `$3` now.
+pub(super) const SET_STOP_REASON: &str =
+    "UPDATE toolloop_runs SET stop_reason = $2, updated_ms = $3 WHERE run_id = $1";
+
+const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.records, r.finished, r.stop_reason, \
+     r.created_ms, r.updated_ms, l.holder, l.host, l.pid, l.pid_start, l.expires_ms \
+     FROM toolloop_runs r LEFT JOIN toolloop_leases l ON l.run_id = r.run_id";
+
+/// `$1` session, or NULL for every run.
+pub(super) fn list_runs() -> String {
+    format!("{RUN_COLUMNS} WHERE ($1 IS NULL OR r.session = $1) ORDER BY r.created_ms, r.run_id")
+}
+
+/// `$1` run id.
+pub(super) fn one_run() -> String {
+    format!("{RUN_COLUMNS} WHERE r.run_id = $1")
+}
+
+/// `$1` run id.
+pub(super) const RUN_META: &str = "SELECT session, meta FROM toolloop_runs WHERE run_id = $1";
+
+// ---- leases ----
+
+/// `$1` run id, `$2` holder, `$3` host, `$4` pid, `$5` pid start, `$6` expiry.
+pub(super) const INSERT_LEASE: &str = "INSERT INTO toolloop_leases \
+     (run_id, holder, host, pid, pid_start, expires_ms) VALUES ($1, $2, $3, $4, $5, $6) \
+     ON CONFLICT (run_id) DO NOTHING";
+
+/// `$1` run id.
+pub(super) const SELECT_LEASE: &str =
+    "SELECT holder, host, pid, pid_start, expires_ms FROM toolloop_leases WHERE run_id = $1";
+
+/// Takes a lease over, only if it is still the one that was read (`$7` holder, `$8` expiry):
+/// of two processes racing for a dead holder's run, one wins.
+pub(super) const TAKE_OVER_LEASE: &str = "UPDATE toolloop_leases \
+     SET holder = $2, host = $3, pid = $4, pid_start = $5, expires_ms = $6 \
+     WHERE run_id = $1 AND holder = $7 AND expires_ms = $8";
+
+/// `$1` run id, `$2` holder, `$3` new expiry.
+pub(super) const RENEW_LEASE: &str =
+    "UPDATE toolloop_leases SET expires_ms = $3 WHERE run_id = $1 AND holder = $2";
+
+/// `$1` run id, `$2` holder.
+pub(super) const DELETE_LEASE: &str =
+    "DELETE FROM toolloop_leases WHERE run_id = $1 AND holder = $2";
+
+// ---- sessions ----
+
+/// `$1` name, `$2` now.
+pub(super) const ENSURE_SESSION: &str = "INSERT INTO toolloop_sessions \
+     (name, messages, message_count, created_ms, updated_ms) VALUES ($1, '[]', 0, $2, $2) \
+     ON CONFLICT (name) DO NOTHING";
+
+/// `$1` name, `$2` messages, `$3` count, `$4` now.
+pub(super) const SAVE_SESSION: &str = "INSERT INTO toolloop_sessions \
+     (name, messages, message_count, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $4) \
+     ON CONFLICT (name) DO UPDATE SET messages = excluded.messages, \
+     message_count = excluded.message_count, updated_ms = excluded.updated_ms";
+
+const SESSION_COLUMNS: &str = "SELECT s.name, s.message_count, s.created_ms, s.updated_ms, \
+     (SELECT COUNT(*) FROM toolloop_runs r WHERE r.session = s.name) AS runs \
+     FROM toolloop_sessions s";
+
+/// Every session, most recently updated first.
+pub(super) fn list_sessions() -> String {
+    format!("{SESSION_COLUMNS} ORDER BY s.updated_ms DESC, s.name")
+}
+
+/// `$1` name.
+pub(super) fn one_session() -> String {
+    format!("{SESSION_COLUMNS} WHERE s.name = $1")
+}
+
+/// `$1` name.
+pub(super) const SESSION_MESSAGES: &str = "SELECT messages FROM toolloop_sessions WHERE name = $1";
+
+/// `$1` name: the session's run log, leases, runs, then the session.
+pub(super) const DELETE_SESSION: [&str; 4] = [
+    "DELETE FROM toolloop_records WHERE run_id IN \
+     (SELECT run_id FROM toolloop_runs WHERE session = $1)",
+    "DELETE FROM toolloop_leases WHERE run_id IN \
+     (SELECT run_id FROM toolloop_runs WHERE session = $1)",
+    "DELETE FROM toolloop_runs WHERE session = $1",
+    "DELETE FROM toolloop_sessions WHERE name = $1",
+];

@@ -1,0 +1,444 @@
+//! The store on SQLite, and on PostgreSQL when `TOOLLOOP_TEST_POSTGRES` names a database
+//! (`.ci/run` always sets it; without it the PostgreSQL half is skipped with a note).
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::Agent;
+use toolloop::journal::{Journal, JournalError, Record, new_run_id};
+use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
+use toolloop::model::ModelResponse;
+use toolloop::outcome::{CallStatus, StopReason};
+use toolloop::providers::scripted::ScriptedModel;
+use toolloop::store::{RunStatus, RunTags, Store};
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+
+/// The stores to test: a fresh SQLite file, and PostgreSQL when configured.
+async fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, Store)> {
+    let path = dir.path().join("nested").join("store.db");
+    let mut out = vec![(
+        "sqlite",
+        Store::open(path.to_str().unwrap())
+            .await
+            .expect("sqlite opens"),
+    )];
+    match std::env::var("TOOLLOOP_TEST_POSTGRES") {
+        Ok(url) if !url.trim().is_empty() => out.push((
+            "postgres",
+            Store::open(&url)
+                .await
+                .expect("TOOLLOOP_TEST_POSTGRES opens"),
+        )),
+        _ => eprintln!("note: TOOLLOOP_TEST_POSTGRES is not set; PostgreSQL store tests skipped"),
+    }
+    out
+}
+
+/// A name unique to this test process and call, so tests can share one PostgreSQL database.
+fn unique(prefix: &str) -> String {
+    format!("{prefix}-{}", new_run_id())
+}
+
+struct Charge {
+    effects: Arc<Mutex<HashMap<String, u32>>>,
+    schema: Value,
+}
+
+#[async_trait]
+impl Tool for Charge {
+    fn name(&self) -> &str {
+        "charge"
+    }
+    fn description(&self) -> &str {
+        "Charges a card."
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    fn side_effect(&self) -> SideEffect {
+        SideEffect::SideEffecting
+    }
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        *self
+            .effects
+            .lock()
+            .unwrap()
+            .entry(ctx.idempotency_key.clone())
+            .or_default() += 1;
+        Ok(ToolOutput::text(format!("charged {}", args["amount"])))
+    }
+}
+
+fn script() -> Vec<ModelResponse> {
+    let c = |id: &str, amount: u32| ToolCall {
+        id: id.into(),
+        name: "charge".into(),
+        arguments: json!({"amount": amount}),
+        invalid_arguments: None,
+        provider_data: None,
+    };
+    vec![
+        ModelResponse::tool_calls(vec![c("a", 1), c("b", 2)]),
+        ModelResponse::tool_calls(vec![c("c", 3)]),
+        ModelResponse::text("charged three times"),
+    ]
+}
+
+fn agent(
+    model: ScriptedModel,
+    journal: Arc<dyn Journal>,
+    effects: Arc<Mutex<HashMap<String, u32>>>,
+) -> Agent {
+    Agent::builder(model)
+        .tool(Charge {
+            effects,
+            schema: json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
+        })
+        .journal(journal)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_logged_run_is_listed_with_its_session_and_its_log_replays() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let session = unique("s");
+        let started = Arc::new(Mutex::new(Vec::<String>::new()));
+        let seen = started.clone();
+        let tags = RunTags {
+            session: Some(session.clone()),
+            meta: Some(json!({"model": "scripted"})),
+            on_started: Some(Arc::new(move |id: &str| {
+                seen.lock().unwrap().push(id.into())
+            })),
+        };
+        let effects = Arc::new(Mutex::new(HashMap::new()));
+        let out = agent(
+            ScriptedModel::new(script()),
+            store.run_journal(tags),
+            effects.clone(),
+        )
+        .prompt("charge")
+        .await;
+        assert_eq!(out.stop_reason, StopReason::Answered, "{kind}");
+        let run_id = out.run_id.clone().unwrap();
+        assert_eq!(*started.lock().unwrap(), vec![run_id.clone()], "{kind}");
+        store.save_outcome(&run_id, &out).await.unwrap();
+
+        let records = store.load(&run_id).await.unwrap();
+        assert!(
+            matches!(records.first(), Some(Record::Started { .. })),
+            "{kind}"
+        );
+        assert!(matches!(records.last(), Some(Record::Finished)), "{kind}");
+        let runs = store.runs(Some(&session)).await.unwrap();
+        assert_eq!(runs.len(), 1, "{kind}");
+        assert_eq!(runs[0].run_id, run_id);
+        assert_eq!(runs[0].status, RunStatus::Finished, "{kind}");
+        assert_eq!(runs[0].stop_reason, Some(StopReason::Answered), "{kind}");
+        assert_eq!(runs[0].records, records.len() as i64, "{kind}");
+        assert!(runs[0].holder.is_none(), "{kind}: the lease was released");
+        let (s, meta) = store.run_tags(&run_id).await.unwrap().unwrap();
+        assert_eq!(s.as_deref(), Some(session.as_str()));
+        assert_eq!(meta, Some(json!({"model": "scripted"})));
+
+        // The session holds the transcript; a second run continues it.
+        let mut messages = store.session_messages(&session).await.unwrap();
+        assert_eq!(messages, out.messages, "{kind}");
+        messages.push(Message::user("again"));
+        let out2 = agent(
+            ScriptedModel::new(vec![ModelResponse::text("done again")]),
+            store.run_journal(RunTags::session(session.clone())),
+            effects.clone(),
+        )
+        .run(messages)
+        .await;
+        store
+            .save_outcome(out2.run_id.as_deref().unwrap(), &out2)
+            .await
+            .unwrap();
+        let shown = store.session(&session).await.unwrap().unwrap();
+        assert_eq!(shown.summary.runs, 2, "{kind}");
+        assert_eq!(shown.summary.message_count, out2.messages.len() as i64);
+        assert!(shown.repairs.is_empty());
+        assert!(
+            store
+                .sessions()
+                .await
+                .unwrap()
+                .iter()
+                .any(|s| s.name == session && s.runs == 2)
+        );
+        // A finished run resumes to the same outcome, running nothing again.
+        let again = agent(
+            ScriptedModel::new(vec![]),
+            Arc::new(store.clone()),
+            effects.clone(),
+        )
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .unwrap();
+        assert_eq!(again.messages, out.messages, "{kind}");
+        assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3, "{kind}");
+
+        assert!(store.remove_session(&session).await.unwrap());
+        assert!(store.session(&session).await.unwrap().is_none());
+        assert!(store.runs(Some(&session)).await.unwrap().is_empty());
+        assert!(matches!(
+            store.load(&run_id).await,
+            Err(JournalError::NotFound(_))
+        ));
+        assert!(!store.remove_session(&session).await.unwrap());
+    }
+}
+
+#[tokio::test]
+async fn a_run_cut_at_every_record_resumes_from_the_store_with_each_effect_at_most_once() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let effects = Arc::new(Mutex::new(HashMap::new()));
+        let full = agent(
+            ScriptedModel::new(script()),
+            Arc::new(store.clone()),
+            effects.clone(),
+        )
+        .prompt("charge")
+        .await;
+        let records = store.load(full.run_id.as_deref().unwrap()).await.unwrap();
+        for cut in 1..records.len() {
+            // A new run holding the first `cut` records: the process died right after them.
+            let run_id = new_run_id();
+            for r in &records[..cut] {
+                store.append(&run_id, r).await.unwrap();
+            }
+            let effects: Arc<Mutex<HashMap<String, u32>>> = Arc::default();
+            let mut started = 0;
+            for r in &records[..cut] {
+                if let Record::ToolStarted { call_id, .. } = r {
+                    // the call ran before the crash
+                    effects
+                        .lock()
+                        .unwrap()
+                        .insert(format!("{run_id}/{call_id}"), 1);
+                    started += 1;
+                }
+            }
+            let responded = records[..cut]
+                .iter()
+                .filter(|r| matches!(r, Record::ModelResponded { .. }))
+                .count();
+            assert_eq!(
+                store
+                    .runs(None)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .find(|r| r.run_id == run_id)
+                    .map(|r| r.status),
+                if cut == records.len() {
+                    Some(RunStatus::Finished)
+                } else {
+                    Some(RunStatus::Interrupted)
+                },
+                "{kind} cut {cut}"
+            );
+            let model = ScriptedModel::new(script()[responded.min(3)..].to_vec());
+            let resumed = agent(model, Arc::new(store.clone()), effects.clone())
+                .resume(&run_id, CancellationToken::new())
+                .await
+                .unwrap_or_else(|e| panic!("{kind} cut {cut}: {e}"));
+            assert_eq!(
+                resumed.stop_reason,
+                StopReason::Answered,
+                "{kind} cut {cut}"
+            );
+            for (key, n) in effects.lock().unwrap().iter() {
+                assert_eq!(*n, 1, "{kind} cut {cut}: {key} happened {n} times");
+            }
+            let effects = effects.lock().unwrap().clone();
+            for c in &resumed.tool_calls {
+                let key = format!("{run_id}/{}", c.call.id);
+                match c.status {
+                    CallStatus::Ok => assert_eq!(effects.get(&key), Some(&1)),
+                    CallStatus::Unknown => assert!(effects.contains_key(&key)),
+                    other => panic!("{kind} cut {cut}: call {} ended {other:?}", c.call.id),
+                }
+            }
+            assert!(effects.len() >= started);
+            assert_eq!(
+                store
+                    .runs(None)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .find(|r| r.run_id == run_id)
+                    .map(|r| r.status),
+                Some(RunStatus::Finished),
+                "{kind} cut {cut}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_live_lease_excludes_others_and_an_expired_one_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let run_id = new_run_id();
+        store.acquire(&run_id, "holder A").await.unwrap();
+        // Taking it again as the same holder is fine; anyone else is refused.
+        store.acquire(&run_id, "holder A").await.unwrap();
+        let err = store.acquire(&run_id, "holder B").await.unwrap_err();
+        match &err {
+            JournalError::Locked { holder, .. } => {
+                assert!(holder.contains("holder A"), "{kind}: {err}")
+            }
+            other => panic!("{kind}: {other}"),
+        }
+        assert!(err.to_string().contains("held by another process"));
+        store.release(&run_id, "holder A").await.unwrap();
+        store.acquire(&run_id, "holder B").await.unwrap();
+        store.release(&run_id, "holder B").await.unwrap();
+
+        // A holder whose renewals stop (its store is gone) loses the lease when it expires;
+        // this process is alive, so only the expiry frees it.
+        let location = store.location().to_string();
+        let location = if kind == "sqlite" {
+            location
+        } else {
+            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+        };
+        let short = Store::open(&location)
+            .await
+            .unwrap()
+            .with_lease_ttl(Duration::from_millis(400));
+        let run_id = new_run_id();
+        short.acquire(&run_id, "short-lived").await.unwrap();
+        short
+            .append(&run_id, &Record::Started { messages: vec![] })
+            .await
+            .unwrap();
+        // Renewed while it lives:
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        assert!(
+            matches!(
+                store.acquire(&run_id, "taker").await,
+                Err(JournalError::Locked { .. })
+            ),
+            "{kind}: a renewed lease holds"
+        );
+        drop(short);
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        store.acquire(&run_id, "taker").await.unwrap();
+        assert_eq!(
+            store.run(&run_id).await.unwrap().unwrap().status,
+            RunStatus::Running,
+            "{kind}"
+        );
+        store.release(&run_id, "taker").await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_holder_that_lost_its_lease_cannot_write() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let location = if kind == "sqlite" {
+            store.location().to_string()
+        } else {
+            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+        };
+        let stale = Store::open(&location).await.unwrap();
+        let run2 = new_run_id();
+        stale.acquire(&run2, "stale").await.unwrap();
+        stale
+            .append(&run2, &Record::Started { messages: vec![] })
+            .await
+            .unwrap();
+        // Another process frees the lease (as when it expired) and takes the run.
+        store.release(&run2, "stale").await.unwrap();
+        store.acquire(&run2, "thief").await.unwrap();
+        let err = stale
+            .append(&run2, &Record::ModelRequested { round: 1 })
+            .await
+            .unwrap_err();
+        assert!(matches!(err, JournalError::Locked { .. }), "{kind}: {err}");
+        assert!(err.to_string().contains("thief"), "{kind}: {err}");
+        assert_eq!(store.load(&run2).await.unwrap().len(), 1, "{kind}");
+        store.release(&run2, "thief").await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_broken_stored_transcript_loads_repaired() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let session = unique("broken");
+        let call = ToolCall {
+            id: "c1".into(),
+            name: "charge".into(),
+            arguments: json!({}),
+            invalid_arguments: None,
+            provider_data: None,
+        };
+        let broken = vec![
+            Message::user("charge"),
+            Message::Assistant(AssistantMessage {
+                text: None,
+                tool_calls: vec![call],
+                parts: vec![],
+            }),
+            Message::Tool(ToolResult {
+                call_id: "zz".into(),
+                name: "charge".into(),
+                content: "orphan".into(),
+                is_error: false,
+            }),
+        ];
+        store.save_session(&session, &broken).await.unwrap();
+        let loaded = store.session(&session).await.unwrap().unwrap();
+        assert_eq!(loaded.repairs.len(), 2, "{kind}: {:?}", loaded.repairs);
+        assert_eq!(loaded.messages.len(), 3);
+        let Message::Tool(r) = &loaded.messages[2] else {
+            panic!("{kind}: {:?}", loaded.messages)
+        };
+        assert_eq!(r.call_id, "c1");
+        assert!(r.is_error);
+        assert_eq!(
+            store.session_messages(&session).await.unwrap(),
+            loaded.messages
+        );
+        assert!(
+            store
+                .session_messages(&unique("none"))
+                .await
+                .unwrap()
+                .is_empty()
+        );
+        store.remove_session(&session).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn bad_locations_fail_with_a_clear_error() {
+    let err = Store::open("").await.unwrap_err().to_string();
+    assert!(err.contains("empty path"), "{err}");
+    let err = Store::open("postgres://nobody:secret@127.0.0.1:1/none")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot open the store"), "{err}");
+    assert!(!err.contains("secret"), "the password is hidden: {err}");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let err = Store::open(file.join("db").to_str().unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot open the store"), "{err}");
+}
