@@ -126,6 +126,7 @@ mod gemini;
 mod openai;
 mod response;
 mod scenario;
+mod text;
 
 pub use fault::{FaultCounts, FaultKind, FaultKinds};
 pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};

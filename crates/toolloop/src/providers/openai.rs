@@ -53,6 +53,10 @@
 //! assistant's `refusal` field. Gemini's `extra_content` (thought signatures) is kept on the
 //! message and on each tool call and sent back unchanged.
 //!
+//! Servers other than OpenAI's own let a call slip into `content` when their tool parser misses
+//! it (Ollama, vLLM): with [`OpenAiConfig::rescue_text_tool_calls`] (on by default for them),
+//! such calls are recovered as tool calls, complete or streamed, through [`Rescue`].
+//!
 //! Invalid argument JSON from the model is never replayed: the assistant turn carries the always
 //! valid [`ToolCall::arguments`] value, and the loop reports the parse error in the tool result.
 //!
@@ -69,10 +73,11 @@ use crate::http::{HttpTransport, retry_after, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
-    ModelSettings, ToolChoice,
+    ModelSettings, ToolChoice, ToolSpec,
 };
 use crate::providers::Decoded;
 use crate::providers::wire::{self, SseDecode, json_number};
+use crate::ptk::Rescue;
 use crate::sse::SseEvent;
 use crate::stream::StreamEvent;
 use crate::usage::Usage;
@@ -117,9 +122,14 @@ pub struct OpenAiConfig {
     pub transport: HttpTransport,
     /// Where transient reminders go (default: `System` for OpenAI's own API, `User` elsewhere).
     pub reminder_role: ReminderRole,
-    /// Whether to recover tool calls that a model wrote as text instead of using the API's tool
-    /// calls (default: on for servers other than OpenAI's own API). Stored for the text-call
-    /// rescue; this adapter does not act on it yet.
+    /// Whether to recover tool calls that a model wrote in its text instead of the API's
+    /// `tool_calls` (default: on for servers other than OpenAI's own API). When on and the
+    /// request offers tools, the text of each response, complete or streamed, goes through
+    /// [`Rescue`]: calls written in any prompt dialect (`<tool_call>…`, `[TOOL_CALLS]…`,
+    /// `<PTK_CALL>…`, a fenced JSON call, …) become tool calls with fresh ids and
+    /// `provider_data` `{"rescued": true}`, when the response carried no native call; the text
+    /// around them stays text, no fragment of a call tag reaches the stream's text deltas, and
+    /// an attempted call that does not parse stays text (never an error).
     pub rescue_text_tool_calls: bool,
 }
 
@@ -283,6 +293,11 @@ impl OpenAiModel {
         &self.inner.config
     }
 
+    /// Whether calls written as text are rescued from the responses to this request.
+    fn rescues(&self, request: &ModelRequest<'_>) -> bool {
+        self.inner.config.rescue_text_tool_calls && !request.tools.is_empty()
+    }
+
     fn prepare(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
         check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
         check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
@@ -323,7 +338,7 @@ impl Model for OpenAiModel {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = self.prepare(request, false)?;
         let inner = &self.inner;
-        inner
+        let response = inner
             .config
             .transport
             .post_json(
@@ -334,19 +349,30 @@ impl Model for OpenAiModel {
                 decode_response,
             )
             .await
-            .map_err(classify)
+            .map_err(classify)?;
+        Ok(if self.rescues(request) {
+            Rescue::apply(response, request.tools)
+        } else {
+            response
+        })
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let body = self.prepare(request, true)?;
         let inner = &self.inner;
+        let rescue_tools: Option<Arc<[ToolSpec]>> =
+            self.rescues(request).then(|| Arc::from(request.tools));
         let stream = wire::open_sse_stream(
             &inner.config.transport,
             inner.url.clone(),
             inner.headers(),
             body,
             parse_error,
-            || ChunkDecoder::new(200),
+            move || {
+                let mut decoder = ChunkDecoder::new(200);
+                decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+                decoder
+            },
         )
         .await
         .map_err(classify)?;
@@ -715,6 +741,8 @@ struct ChunkDecoder {
     finish: Option<FinishReason>,
     reasoning: String,
     refusal: String,
+    /// The text-call rescue, when on for this request.
+    rescue: Option<Rescue>,
     /// `[DONE]` or the end was reached and the closing events emitted.
     done: bool,
 }
@@ -728,13 +756,17 @@ impl ChunkDecoder {
             finish: None,
             reasoning: String::new(),
             refusal: String::new(),
+            rescue: None,
             done: false,
         }
     }
 
     fn delta(&mut self, d: &Value, out: &mut Vec<StreamEvent>) {
         if let Some(t) = content_text(d.get("content")).filter(|t| !t.is_empty()) {
-            out.push(StreamEvent::TextDelta(t));
+            match self.rescue.as_mut() {
+                Some(rescue) => out.extend(rescue.push(&t)),
+                None => out.push(StreamEvent::TextDelta(t)),
+            }
         }
         if let Some(r) = d.get("reasoning_content").and_then(Value::as_str) {
             self.reasoning.push_str(r);
@@ -848,12 +880,18 @@ impl ChunkDecoder {
                 }));
             }
         }
+        let mut rescued = 0;
+        if let Some(rescue) = self.rescue.take() {
+            let (events, n) = rescue.finish(!self.slots.is_empty());
+            out.extend(events);
+            rescued = n;
+        }
         for index in 0..self.slots.len() {
             out.push(StreamEvent::ToolCallEnd { index });
         }
         out.push(StreamEvent::Finish(settle_finish(
             self.finish,
-            !self.slots.is_empty(),
+            !self.slots.is_empty() || rescued > 0,
         )));
     }
 }
