@@ -26,7 +26,7 @@ pub struct ProviderArgs {
     pub base_url: Option<String>,
     /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`).
     #[arg(long, value_name = "JSON", value_parser = parse_extra)]
-    pub extra: Option<Value>,
+    pub extra: Option<Box<Value>>,
     /// How tools are offered: native (the API's tool calling), prompt (the catalog in the
     /// system prompt, calls read from the text, for models without tool support) or auto
     /// (native, switching to prompt for the rest of the run when the server refuses tools).
@@ -54,9 +54,9 @@ fn parse_dialect(s: &str) -> Result<Dialect, String> {
     s.parse::<Dialect>().map_err(|e| e.to_string())
 }
 
-fn parse_extra(s: &str) -> Result<Value, String> {
+fn parse_extra(s: &str) -> Result<Box<Value>, String> {
     match serde_json::from_str::<Value>(s) {
-        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(v @ Value::Object(_)) => Ok(Box::new(v)),
         Ok(_) => Err("expected a JSON object, like '{\"top_k\": 20}'".into()),
         Err(e) => Err(format!(
             "not valid JSON ({e}); expected an object like '{{\"top_k\": 20}}'"
@@ -141,7 +141,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 lookup(args, &[], &["OPENAI_BASE_URL"]),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "anthropic" => {
@@ -152,7 +152,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -167,7 +167,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 ),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),
