@@ -1589,6 +1589,103 @@ mod tests {
         (out, result.err().map(|e| e.to_string()))
     }
 
+    /// Decodes a stream whose content is `text` cut at `cuts`, with the rescue on for `tools`.
+    fn rescued_stream(
+        text: &str,
+        cuts: &[usize],
+        tools: &[ToolSpec],
+    ) -> (ModelResponse, Vec<String>) {
+        let chars: Vec<char> = text.chars().collect();
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut last = 0;
+        for c in cuts.into_iter().chain([chars.len()]) {
+            if c > last {
+                let piece: String = chars[last..c].iter().collect();
+                chunks.push(json!({"choices":[{"index":0,"delta":{"content": piece}}]}));
+            }
+            last = c;
+        }
+        chunks.push(json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}));
+        let body = sse(&chunks);
+        let mut decoder = ChunkDecoder::new(200);
+        decoder.rescue = Some(Rescue::new(tools));
+        let mut reader = wire::SseReader::new(decoder);
+        let mut events = Vec::new();
+        reader.push(body.as_bytes(), &mut events).unwrap();
+        reader.finish(&mut events).unwrap();
+        let deltas = events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::TextDelta(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut acc = crate::stream::Accumulator::new();
+        events.into_iter().for_each(|e| acc.push(e));
+        (acc.finish(), deltas)
+    }
+
+    fn without_ids(mut r: ModelResponse) -> ModelResponse {
+        r.tool_calls.iter_mut().for_each(|c| c.id.clear());
+        r
+    }
+
+    const LEAKED: &[&str] = &[
+        "Let me look.\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call>\n<tool_call>{\"name\": \"read\", \"arguments\": {'path': 'b',}}</tool_call>",
+        "[TOOL_CALLS]read[ARGS]{\"path\": \"x\"}",
+        "Sure: <PTK_CALL>{\"tool\": \"read\", \"args\": {\"path\": \"é\"}}</PTK_CALL> done.",
+        "```json\n{\"name\": \"read\", \"arguments\": {\"path\": \"c\"}}\n```",
+        "Use <tool_call> tags, like <tool_call>{oops</tool_call>, to call.",
+        "Just text, with a < sign and [brackets].",
+    ];
+
+    proptest! {
+        #[test]
+        fn rescued_streams_decode_like_the_complete_body(
+            which in 0..LEAKED.len(),
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+        ) {
+            let text = LEAKED[which];
+            let tools = [ToolSpec {
+                name: "read".into(),
+                description: "Reads".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            }];
+            let body = json!({"choices":[{"index":0,"finish_reason":"stop",
+                "message":{"role":"assistant","content": text}}]});
+            let complete = Rescue::apply(decode_response(body.to_string().as_bytes()).unwrap(), &tools);
+            let (streamed, deltas) = rescued_stream(text, &cuts, &tools);
+            prop_assert_eq!(without_ids(streamed), without_ids(complete.clone()));
+            if which < 4 {
+                for d in &deltas {
+                    prop_assert!(
+                        !d.contains(['<', '[', '`', '{', '}']),
+                        "a call fragment streamed: {:?}",
+                        deltas
+                    );
+                }
+                prop_assert!(!complete.tool_calls.is_empty());
+                prop_assert_eq!(complete.finish_reason, FinishReason::ToolCalls);
+                for c in &complete.tool_calls {
+                    prop_assert_eq!(c.provider_data.as_ref().and_then(|d| d.get("rescued")), Some(&json!(true)));
+                }
+            } else {
+                // A near miss stays text, never an error; plain text is left as it is.
+                prop_assert!(complete.tool_calls.is_empty());
+                prop_assert_eq!(complete.malformed_call.clone(), None);
+                prop_assert_eq!(complete.finish_reason, FinishReason::Stop);
+                let got = complete.text.clone().unwrap_or_default();
+                if which == 4 {
+                    prop_assert!(got.contains("<tool_call>{oops</tool_call>"), "{}", got);
+                } else {
+                    prop_assert_eq!(got, text);
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn any_chunking_decodes_like_one_chunk(

@@ -20,7 +20,10 @@ use serde_json::{Value, json};
 ///
 /// Only real calls are rescued: an attempted call that does not parse (a near miss) is put back
 /// into the text as it was written, never turned into an error, since a model answering in
-/// natural language may well show a tag. Whitespace at the edges of the text is trimmed.
+/// natural language may well show a tag. Whitespace at the edges of the text, and around calls
+/// and near misses, is normalized as [`parse_reply`](super::parse_reply) does (trimmed, pieces
+/// separated by a newline); text with nothing that looks like a call is left as it is, but for
+/// the trimming.
 ///
 /// [`Rescue::apply`] does the same to a complete response, so a complete and a streamed response
 /// give the same transcript. With no tools offered, nothing is rescued and the text passes
