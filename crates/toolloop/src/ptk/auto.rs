@@ -117,3 +117,110 @@ impl Model for Auto {
         self.prompted.stream(request).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Message;
+    use crate::model::{ModelSettings, ToolSpec};
+    use crate::stream::StreamEvent;
+    use serde_json::json;
+    use std::sync::Mutex;
+
+    /// Refuses any request with tools (as an opening error, or as the stream's first event),
+    /// answers the others with a `<PTK_CALL>` reply; records how many tools each request had.
+    struct Server {
+        in_stream: bool,
+        seen: Mutex<Vec<usize>>,
+    }
+
+    impl Server {
+        fn check(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            self.seen.lock().unwrap().push(request.tools.len());
+            if request.tools.is_empty() {
+                Ok(ModelResponse::text(
+                    "<PTK_CALL>{\"tool\": \"f\", \"args\": {}}</PTK_CALL>",
+                ))
+            } else {
+                Err(ModelError::ToolsUnsupported(
+                    "model does not support tools".into(),
+                ))
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Model for Server {
+        fn name(&self) -> &str {
+            "server"
+        }
+
+        async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            self.check(r)
+        }
+
+        async fn stream(&self, r: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+            let events: Vec<Result<StreamEvent, ModelError>> = match self.check(r) {
+                Ok(response) => response.into_events().into_iter().map(Ok).collect(),
+                Err(e) if self.in_stream => vec![Err(e)],
+                Err(e) => return Err(e),
+            };
+            Ok(Box::pin(futures::stream::iter(events)))
+        }
+    }
+
+    #[tokio::test]
+    async fn falls_back_once_and_stays_prompted() {
+        let tools = [ToolSpec {
+            name: "f".into(),
+            description: "F".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let messages = [Message::user("go")];
+        let settings = ModelSettings::default();
+        let request = ModelRequest {
+            messages: &messages,
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        for (streamed, in_stream) in [(false, false), (true, false), (true, true)] {
+            let server = Arc::new(Server {
+                in_stream,
+                seen: Mutex::new(Vec::new()),
+            });
+            let auto = Auto::new(server.clone(), Dialect::Ptk);
+            for _ in 0..2 {
+                let response = if streamed {
+                    ModelResponse::from_stream(auto.stream(&request).await.unwrap())
+                        .await
+                        .unwrap()
+                } else {
+                    auto.complete(&request).await.unwrap()
+                };
+                assert_eq!(response.tool_calls.len(), 1);
+                assert_eq!(response.tool_calls[0].name, "f");
+                assert!(auto.is_prompted());
+            }
+            // One refused native request, then prompt-based requests only.
+            assert_eq!(*server.seen.lock().unwrap(), [1, 0, 0]);
+        }
+        // Other errors pass through, and do not switch.
+        struct Down;
+        #[async_trait]
+        impl Model for Down {
+            fn name(&self) -> &str {
+                "down"
+            }
+            async fn complete(&self, _: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+                Err(ModelError::Other("down".into()))
+            }
+        }
+        let auto = Auto::new(Arc::new(Down), Dialect::Ptk);
+        assert!(matches!(
+            auto.complete(&request).await,
+            Err(ModelError::Other(_))
+        ));
+        assert!(!auto.is_prompted());
+    }
+}
