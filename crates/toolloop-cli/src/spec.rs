@@ -1,6 +1,6 @@
 //! `--model <provider:model>`: which model to run, and the provider flags.
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use serde_json::Value;
 use std::sync::Arc;
 use toolloop::model::{Model, ModelError};
@@ -9,6 +9,7 @@ use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::TestModel;
+use toolloop::ptk::{Auto, Dialect, Prompted};
 
 /// Provider flags shared by the commands that call a model.
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
@@ -25,12 +26,37 @@ pub struct ProviderArgs {
     pub base_url: Option<String>,
     /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`).
     #[arg(long, value_name = "JSON", value_parser = parse_extra)]
-    pub extra: Option<Value>,
+    pub extra: Option<Box<Value>>,
+    /// How tools are offered: native (the API's tool calling), prompt (the catalog in the
+    /// system prompt, calls read from the text, for models without tool support) or auto
+    /// (native, switching to prompt for the rest of the run when the server refuses tools).
+    #[arg(long, value_enum, value_name = "PROTOCOL", default_value_t = ToolProtocol::Native)]
+    pub tool_protocol: ToolProtocol,
+    /// The format prompt-based tool calling teaches the model: ptk, hermes, mistral, llama3,
+    /// qwen3-coder or json (replies are read in every format).
+    #[arg(long, value_name = "DIALECT", default_value = "ptk", value_parser = parse_dialect)]
+    pub dialect: Dialect,
 }
 
-fn parse_extra(s: &str) -> Result<Value, String> {
+/// How tools are offered to the model (`--tool-protocol`).
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ToolProtocol {
+    /// The API's own tool calling.
+    #[default]
+    Native,
+    /// Prompt-based tool calling, whatever the model supports.
+    Prompt,
+    /// Native, falling back to prompt-based when the server refuses the `tools` parameter.
+    Auto,
+}
+
+fn parse_dialect(s: &str) -> Result<Dialect, String> {
+    s.parse::<Dialect>().map_err(|e| e.to_string())
+}
+
+fn parse_extra(s: &str) -> Result<Box<Value>, String> {
     match serde_json::from_str::<Value>(s) {
-        Ok(v @ Value::Object(_)) => Ok(v),
+        Ok(v @ Value::Object(_)) => Ok(Box::new(v)),
         Ok(_) => Err("expected a JSON object, like '{\"top_k\": 20}'".into()),
         Err(e) => Err(format!(
             "not valid JSON ({e}); expected an object like '{{\"top_k\": 20}}'"
@@ -73,8 +99,18 @@ fn named_key_is_set(args: &ProviderArgs) -> Result<(), String> {
     Ok(())
 }
 
-/// Builds the model a spec names.
+/// Builds the model a spec names, with the tool protocol asked for.
 pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    let model = provider_model(args)?;
+    Ok(match args.tool_protocol {
+        ToolProtocol::Native => model,
+        ToolProtocol::Prompt => Arc::new(Prompted::new(model, args.dialect)),
+        ToolProtocol::Auto => Arc::new(Auto::new(model, args.dialect)),
+    })
+}
+
+/// The provider's model, as the spec names it.
+fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let spec = args.model.trim();
     let (provider, rest) = match spec.split_once(':') {
         Some((p, r)) => (p, Some(r)),
@@ -105,7 +141,7 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 lookup(args, &[], &["OPENAI_BASE_URL"]),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "anthropic" => {
@@ -116,7 +152,7 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -131,7 +167,7 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
                 ),
             )
             .map_err(cfg_err)?;
-            config.extra = args.extra.clone();
+            config.extra = args.extra.as_deref().cloned();
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),

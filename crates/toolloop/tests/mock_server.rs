@@ -945,7 +945,7 @@ async fn bad_scenarios_are_rejected_by_every_protocol() {
         ("mock:parallel=0", "parallel"),
         ("mock:latency=fast", "latency"),
         ("mock:colour=blue", "unknown key `colour`"),
-        ("mock:text_calls=1", "reserved"),
+        ("mock:text_calls=1", "expects a dialect"),
         ("mock:faults=1.5", "faults"),
         ("mock:fault_kinds=404", "fault_kinds"),
         ("mock:rounds", "not `key=value`"),

@@ -151,6 +151,12 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(s) => s,
         Err(e) => return bad(&format!("model: {}", e.message)),
     };
+    if scenario.text_calls.is_some() {
+        return bad(
+            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+             OpenAI-compatible route only (POST /v1/chat/completions)",
+        );
+    }
     let progress = match walk(&request.messages) {
         Ok(p) => p,
         Err(prepared) => return prepared,

@@ -151,6 +151,12 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         Ok(s) => s,
         Err(e) => return bad(&format!("model: {}", e.message)),
     };
+    if scenario.text_calls.is_some() {
+        return bad(
+            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+             OpenAI-compatible route only (POST /v1/chat/completions)",
+        );
+    }
     let progress = match walk(&request.contents) {
         Ok(p) => p,
         Err(prepared) => return prepared,

@@ -33,12 +33,12 @@
 //! | `fault_kinds` | `all`, or kinds joined with `+` | `all` | kinds of faults drawn |
 //! | `retry_after` | duration | 1s | the wait a `429` fault asks for |
 //! | `slow_delay` | duration | 1s | how late a `slow` fault's response head comes |
+//! | `text_calls` | a dialect: `ptk`, `hermes`, `mistral`, `llama3`, `qwen3-coder`, `json` | off | text-only mode: calls written in the reply's content in that dialect (see below); OpenAI route only |
+//! | `accept_tools` | `true` or `false` | `false` | with `text_calls`: accept requests that carry `tools` (still writing calls as text) |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
-//! key given twice, or a bad value gives HTTP 400 naming the key and what was expected. The key
-//! `text_calls` is reserved for a later version (text-only tool calls) and gives a 400 saying
-//! so.
+//! key given twice, or a bad value gives HTTP 400 naming the key and what was expected.
 //!
 //! Examples:
 //!
@@ -48,6 +48,10 @@
 //! - `mock:rounds=5,latency=20ms,chunk=4,chunk_delay=10ms`: slow, finely streamed; good for demos.
 //! - `mock:rounds=3,parallel=2,faults=0.2,seed=7`: a fifth of the responses are faults of any kind.
 //! - `mock:faults=20%,fault_kinds=429+500+reset_body,retry_after=50ms`: only those kinds.
+//! - `mock:text_calls=hermes,rounds=2,parallel=3`: a model without tool support, for
+//!   prompt-based tool calling (`--tool-protocol prompt` or `auto`).
+//! - `mock:text_calls=mistral,accept_tools=true`: a server whose tool parser misses the model's
+//!   calls and leaks them into `content` (for the OpenAI adapter's rescue).
 //!
 //! # What a scenario does
 //!
@@ -62,6 +66,35 @@
 //!
 //! `tool_choice` `none` (Gemini: function calling mode `NONE`) makes it answer at once; a named
 //! tool (Gemini: `allowedFunctionNames`) restricts the calls to it.
+//!
+//! # Text-only mode
+//!
+//! `text_calls=<dialect>` plays a model without native tool calling, behind an
+//! OpenAI-compatible server (Anthropic and Gemini routes answer 400). Its rounds and checks are
+//! the same, in text:
+//!
+//! - **Calls** are written in the reply's `content` with [`crate::ptk::write_calls`], after a
+//!   sentence naming them (`I'll call read_file, list_dir.`), with `finish_reason` `stop` and no
+//!   `tool_calls`; streamed, the content comes in `chunk`-character deltas like any text, so
+//!   call tags are split across deltas.
+//! - **Tools**: a request carrying a non-empty `tools` parameter is refused with Ollama's answer,
+//!   HTTP 400 `registry.ollama.ai/library/<model> does not support tools` (so that a client's
+//!   fallback kicks in; the refusal counts as rejected in [`MockStats`]), unless
+//!   `accept_tools=true`, in which case those tools and their schemas are used. Without a
+//!   `tools` parameter, the tools are read from the catalog that the client wrote into its
+//!   system prompt ([`crate::ptk::render_system_prompt`]): each `## NAME` section and its
+//!   parameter lines. The arguments are the required parameters and those with a default,
+//!   sampled from their types (`"a"`, `0`, …, the default, the first enum value); for the tool
+//!   that the catalog's example call names, the example's arguments, which the client built from
+//!   the real schema. No catalog, no tools: the mock answers at once.
+//! - **History**: an assistant message without `tool_calls` whose text holds calls (read with
+//!   [`crate::ptk::parse_reply`]) is a round of calls. The message right after it must be a user
+//!   message starting `PTK_RESULT:`, holding one `PTK_RESULT: NAME (call id: ID)` header line
+//!   (`, error)` for a failed call) per call: every call answered exactly once, matched by name
+//!   (the text form has no ids; a call id may appear only once). Results that answer no call,
+//!   answer one twice, are missing, or whose header does not read give a 400 naming the message
+//!   and the calls. Native `tool_calls` and `tool` messages (what a client sends back after
+//!   rescuing the calls, with `accept_tools=true`) are checked as in native mode.
 //!
 //! Usage: input tokens are a quarter of the request's size in bytes, output tokens a few per
 //! call or per four characters of text, so clients can sum them.
@@ -126,6 +159,7 @@ mod gemini;
 mod openai;
 mod response;
 mod scenario;
+mod text;
 
 pub use fault::{FaultCounts, FaultKind, FaultKinds};
 pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
@@ -559,6 +593,10 @@ mod tests {
                 "c2",
                 "mock:rounds=2,parallel=3",
                 "mock:rounds=x",
+                "mock:text_calls=hermes,parallel=2",
+                "PTK_RESULT: f (call id: c1)\nok",
+                "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                "# Tools\n\nYou have access to these tools:\n\n## f\nParameters:\n  - q: string (required)\n",
                 "é",
             ])
             .prop_map(Value::from),
@@ -632,11 +670,13 @@ mod tests {
         }
 
         #[test]
-        fn never_panics_on_arbitrary_json(value in json_value(), wrap in any::<bool>()) {
+        fn never_panics_on_arbitrary_json(value in json_value(), wrap in 0..3u8) {
             let shared = Shared::new(&MockOptions::default());
-            // Half the time, put the value where the handlers look, so deeper code runs.
-            let value = if wrap {
-                json!({"model": "mock:rounds=2,parallel=2", "max_tokens": 5,
+            // Most of the time, put the value where the handlers look, so deeper code runs (in
+            // native and in text-only mode).
+            let model = if wrap == 1 { "mock:rounds=2,parallel=2" } else { "mock:text_calls=ptk" };
+            let value = if wrap > 0 {
+                json!({"model": model, "max_tokens": 5,
                     "messages": value.clone(), "contents": value})
             } else {
                 value

@@ -9,6 +9,9 @@ use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pi
 use super::fault::{Drawn, FaultKind, Protocol};
 use super::response::{Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
+use super::text::{self, CatalogTool};
+use crate::model::ToolSpec;
+use crate::ptk;
 
 #[derive(Deserialize)]
 struct Request<'a> {
@@ -40,6 +43,23 @@ struct InMessage<'a> {
     tool_calls: Option<Vec<InCall<'a>>>,
     #[serde(default, borrow)]
     tool_call_id: Option<Str<'a>>,
+    /// Read in text-only mode only.
+    #[serde(default)]
+    content: Option<Value>,
+}
+
+impl InMessage<'_> {
+    /// The text of `content`: a string, or the `text` parts of an array.
+    fn text(&self) -> String {
+        match &self.content {
+            Some(Value::String(s)) => s.clone(),
+            Some(Value::Array(parts)) => parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Value::as_str))
+                .collect(),
+            _ => String::new(),
+        }
+    }
 }
 
 #[derive(Deserialize)]
@@ -136,7 +156,48 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             );
         }
     };
-    let progress = match walk(&request.messages) {
+    let offers_tools = request.tools.as_ref().is_some_and(|t| !t.is_empty());
+    if scenario.text_calls.is_some() && !scenario.accept_tools && offers_tools {
+        // What Ollama answers for a model without tool support.
+        let message = format!(
+            "registry.ollama.ai/library/{} does not support tools",
+            request.model
+        );
+        return error(StatusCode::BAD_REQUEST, &message, None, None);
+    }
+    // Text-only mode without a `tools` parameter: the tools are those of the catalog the client
+    // wrote into its system prompt.
+    let catalog: Vec<CatalogTool> = match scenario.text_calls {
+        Some(_) if !offers_tools => request
+            .messages
+            .iter()
+            .filter(|m| m.role == "system" || m.role == "developer")
+            .map(|m| text::read_catalog(&m.text()))
+            .find(|tools| !tools.is_empty())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let text_mode = scenario.text_calls.map(|_| {
+        if offers_tools {
+            request
+                .tools
+                .iter()
+                .flatten()
+                .filter_map(|t| t.function.as_ref())
+                .map(|f| ToolSpec {
+                    name: f.name.to_string(),
+                    description: String::new(),
+                    parameters: f
+                        .parameters
+                        .clone()
+                        .unwrap_or_else(|| serde_json::json!({})),
+                })
+                .collect()
+        } else {
+            catalog.iter().map(|t| t.spec.clone()).collect::<Vec<_>>()
+        }
+    });
+    let progress = match walk(&request.messages, text_mode.as_deref()) {
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
@@ -166,7 +227,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Some(choice) => choice.pointer("/function/name").and_then(Value::as_str),
         None => None,
     };
-    let tools: Vec<OfferedTool<'_>> = request
+    let mut tools: Vec<OfferedTool<'_>> = request
         .tools
         .iter()
         .flatten()
@@ -177,6 +238,10 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             schema: f.parameters.as_ref(),
         })
         .collect();
+    tools.extend(catalog.iter().map(|t| OfferedTool {
+        name: &t.spec.name,
+        schema: Some(&t.arguments),
+    }));
     reply(shared, &ctx, &tools)
 }
 
@@ -191,16 +256,94 @@ struct Ctx<'r, 'a> {
 
 /// Checks that every tool call is answered exactly once, right after the assistant message that
 /// made it, and works out where the task stands.
-fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
+///
+/// In text-only mode (`text_tools` given: the tools the calls are read with), an assistant
+/// message may also make its calls in its text (read with [`ptk::parse_reply`]), and a user
+/// message starting `PTK_RESULT:` answers them, one `PTK_RESULT: NAME (call id: ID)` header per
+/// call: every call must be answered exactly once, by name, in the message right after it.
+fn walk(messages: &[InMessage<'_>], text_tools: Option<&[ToolSpec]>) -> Result<Progress, Prepared> {
     if messages.is_empty() {
         return Err(bad(
             "Invalid 'messages': empty array. Expected an array with minimum length 1.",
             Some("messages"),
         ));
     }
+    // The texts, and the names of the calls written in assistant texts (text-only mode).
+    let texts: Vec<String> = match text_tools {
+        Some(_) => messages.iter().map(InMessage::text).collect(),
+        None => Vec::new(),
+    };
+    let text_calls: Vec<Vec<String>> = match text_tools {
+        Some(tools) => messages
+            .iter()
+            .zip(&texts)
+            .map(|(m, t)| {
+                if m.role == "assistant" && m.tool_calls.as_ref().is_none_or(Vec::is_empty) {
+                    ptk::parse_reply(t, tools)
+                        .calls
+                        .into_iter()
+                        .map(|c| c.name)
+                        .collect()
+                } else {
+                    Vec::new()
+                }
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let mut progress = Progress::default();
     let mut ledger = Ledger::default();
+    let mut ledger_is_text = false;
     for (i, message) in messages.iter().enumerate() {
+        if let Some(text) = texts
+            .get(i)
+            .filter(|t| message.role == "user" && text::is_results(t))
+        {
+            if !(ledger.is_open() && ledger_is_text) {
+                return Err(bad(
+                    &format!(
+                        "Invalid parameter: messages[{i}] holds tool results ({}) but does not \
+                         follow an assistant message that wrote tool calls in its text. A \
+                         results message must answer the calls of the assistant message right \
+                         before it.",
+                        text::RESULT
+                    ),
+                    Some(&format!("messages.[{i}].content")),
+                ));
+            }
+            let turn = ledger.turn;
+            let headers = text::result_headers(text).map_err(|line| {
+                bad(
+                    &format!(
+                        "Invalid parameter: messages[{i}] has a result header that does not \
+                         read: `{line}`; expected `{} NAME (call id: ID)`.",
+                        text::RESULT
+                    ),
+                    Some(&format!("messages.[{i}].content")),
+                )
+            })?;
+            let mut ids: Vec<&str> = Vec::new();
+            for (name, id) in headers {
+                if ids.contains(&id) {
+                    return Err(bad(
+                        &format!(
+                            "Invalid parameter: messages[{i}] answers call id '{id}' twice; \
+                             each call of messages[{turn}] must be answered exactly once."
+                        ),
+                        Some("messages"),
+                    ));
+                }
+                ids.push(id);
+                if let Err(problem) = ledger.answer_by_name(name) {
+                    return Err(text_problem_error(problem, turn, i));
+                }
+                progress.tool_result();
+            }
+            if let Err(problem) = ledger.close() {
+                return Err(text_problem_error(problem, turn, i));
+            }
+            continue;
+        }
         if message.role == "tool" {
             if !ledger.is_open() {
                 return Err(bad(
@@ -231,7 +374,11 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
         if ledger.is_open() {
             let turn = ledger.turn;
             if let Err(problem) = ledger.close() {
-                return Err(problem_error(problem, turn, i));
+                return Err(if ledger_is_text {
+                    text_problem_error(problem, turn, i)
+                } else {
+                    problem_error(problem, turn, i)
+                });
             }
         }
         match message.role.as_ref() {
@@ -243,9 +390,20 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
                     if let Err(problem) = ledger.open(i, keys, true) {
                         return Err(problem_error(problem, i, i));
                     }
+                    ledger_is_text = false;
                     progress.tool_calls();
                 }
-                _ => progress.assistant_text(),
+                _ => match text_calls.get(i).filter(|c| !c.is_empty()) {
+                    Some(names) => {
+                        let keys = names.iter().map(|n| (n.as_str(), n.as_str()));
+                        if let Err(problem) = ledger.open(i, keys, false) {
+                            return Err(text_problem_error(problem, i, i));
+                        }
+                        ledger_is_text = true;
+                        progress.tool_calls();
+                    }
+                    None => progress.assistant_text(),
+                },
             },
             "user" => progress.user_text(),
             "system" | "developer" => {}
@@ -263,10 +421,39 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
     if ledger.is_open() {
         let turn = ledger.turn;
         if let Err(problem) = ledger.close() {
-            return Err(problem_error(problem, turn, messages.len()));
+            return Err(if ledger_is_text {
+                text_problem_error(problem, turn, messages.len())
+            } else {
+                problem_error(problem, turn, messages.len())
+            });
         }
     }
     Ok(progress)
+}
+
+/// The error for calls written as text that were not answered exactly once.
+fn text_problem_error(problem: Problem<'_>, turn: usize, at: usize) -> Prepared {
+    let message = match problem {
+        Problem::Missing(names) => format!(
+            "The tool calls written in the text of messages[{turn}] must be answered by the \
+             message right after it, one `{} NAME (call id: ID)` block per call; these calls \
+             got no result: {}",
+            text::RESULT,
+            engine::join(&names)
+        ),
+        Problem::Unknown(name) => format!(
+            "Invalid parameter: messages[{at}] answers a call of `{name}`, which the text of \
+             messages[{turn}] did not call."
+        ),
+        Problem::Twice(name) => format!(
+            "Invalid parameter: messages[{at}] answers more calls of `{name}` than the text of \
+             messages[{turn}] made; each call must be answered exactly once."
+        ),
+        Problem::DuplicateId(id) => {
+            format!("Invalid parameter: two tool calls in messages[{turn}] share the id '{id}'.")
+        }
+    };
+    bad(&message, Some("messages"))
 }
 
 fn problem_error(problem: Problem<'_>, turn: usize, at: usize) -> Prepared {
@@ -404,6 +591,10 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
     let (request, scenario) = (ctx.request, ctx.scenario);
     let cut = ctx.fault.is_some_and(|d| d.kind == FaultKind::CutCall);
     let reply = engine::plan(scenario, tools, ctx.progress, "call_mock", &shared.ids);
+    let reply = match scenario.text_calls {
+        Some(dialect) => text::as_text(reply, dialect),
+        None => reply,
+    };
     let usage = engine::usage(ctx.body_len, &reply);
     let id = format!("chatcmpl-mock{:016x}", shared.next_response_id());
     let created = super::unix_time();

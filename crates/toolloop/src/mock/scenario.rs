@@ -7,6 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::fault::{FaultKind, FaultKinds};
+use crate::ptk::Dialect;
 
 /// The most rounds a scenario may ask for.
 pub const MAX_ROUNDS: u32 = 10_000;
@@ -15,13 +16,9 @@ pub const MAX_PARALLEL: u32 = 256;
 /// The longest latency or chunk delay a scenario may ask for.
 pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
-/// Keys that later versions of the mock will understand; naming one today gives a clear 400
-/// instead of "unknown key", so that a scenario written for a newer mock fails loudly.
-const RESERVED: &[(&str, &str)] = &[("text_calls", "text-only tool calls in a prompt dialect")];
-
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
-                    retry_after, slow_delay";
+                    retry_after, slow_delay, text_calls, accept_tools";
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -54,6 +51,13 @@ pub struct Scenario {
     pub retry_after: Duration,
     /// How late a `slow` fault's response head comes (`slow_delay=`, default 1 s).
     pub slow_delay: Duration,
+    /// Text-only mode (`text_calls=<dialect>`, default off): the mock writes its tool calls in
+    /// the content of its replies, in this dialect, instead of native tool calls, and reads the
+    /// calls' results back from the conversation's text (`PTK_RESULT:` messages).
+    pub text_calls: Option<Dialect>,
+    /// In text-only mode, accept requests that carry a `tools` parameter (`accept_tools=true`,
+    /// default false: such requests get the 400 a server without tool support gives).
+    pub accept_tools: bool,
 }
 
 impl Default for Scenario {
@@ -69,6 +73,8 @@ impl Default for Scenario {
             fault_kinds: FaultKinds::ALL,
             retry_after: Duration::from_secs(1),
             slow_delay: Duration::from_secs(1),
+            text_calls: None,
+            accept_tools: false,
         }
     }
 }
@@ -108,7 +114,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 10] = [false; 10];
+        let mut seen: [bool; 12] = [false; 12];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -173,16 +179,26 @@ impl Scenario {
                     scenario.slow_delay = duration(key, value)?;
                     9
                 }
+                "text_calls" => {
+                    scenario.text_calls = Some(value.parse().map_err(|e| {
+                        error(Some(key), format!("key `{key}` expects a dialect: {e}"))
+                    })?);
+                    10
+                }
+                "accept_tools" => {
+                    scenario.accept_tools = match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => {
+                            return Err(error(
+                                Some(key),
+                                format!("key `{key}` expects `true` or `false`, got `{value}`"),
+                            ));
+                        }
+                    };
+                    11
+                }
                 _ => {
-                    if let Some((_, what)) = RESERVED.iter().find(|(k, _)| *k == key) {
-                        return Err(error(
-                            Some(key),
-                            format!(
-                                "key `{key}` ({what}) is reserved for a later version of the \
-                                 mock and not supported by this one"
-                            ),
-                        ));
-                    }
                     return Err(error(
                         Some(key),
                         format!("unknown key `{key}`; expected one of {KEYS}"),
@@ -192,6 +208,14 @@ impl Scenario {
             if std::mem::replace(&mut seen[slot], true) {
                 return Err(error(Some(key), format!("key `{key}` is given twice")));
             }
+        }
+        if scenario.accept_tools && scenario.text_calls.is_none() {
+            return Err(error(
+                Some("accept_tools"),
+                "key `accept_tools` only applies to text-only mode; give `text_calls=<dialect>` \
+                 too"
+                .into(),
+            ));
         }
         Ok(scenario)
     }
@@ -260,6 +284,12 @@ impl fmt::Display for Scenario {
                 f,
                 format_args!("slow_delay={}us", self.slow_delay.as_micros()),
             )?;
+        }
+        if let Some(dialect) = self.text_calls {
+            put(f, format_args!("text_calls={dialect}"))?;
+        }
+        if self.accept_tools {
+            put(f, format_args!("accept_tools=true"))?;
         }
         Ok(())
     }
@@ -443,6 +473,14 @@ mod tests {
         );
         assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
         assert_eq!(Scenario::default().model_name(), "mock");
+        let s = Scenario::from_model("mock:text_calls=Qwen3-Coder,accept_tools=true").unwrap();
+        assert_eq!(s.text_calls, Some(Dialect::Qwen3Coder));
+        assert!(s.accept_tools);
+        assert_eq!(
+            s.model_name(),
+            "mock:text_calls=qwen3-coder,accept_tools=true"
+        );
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
     }
 
     #[test]
@@ -455,7 +493,12 @@ mod tests {
         let e = Scenario::from_model("mock:wat=1").unwrap_err();
         assert!(e.message.contains("unknown key `wat`"), "{e}");
         let e = Scenario::from_model("mock:text_calls=1").unwrap_err();
-        assert!(e.message.contains("reserved"), "{e}");
+        assert_eq!(e.key.as_deref(), Some("text_calls"));
+        assert!(e.message.contains("qwen3-coder"), "{e}");
+        let e = Scenario::from_model("mock:accept_tools=true").unwrap_err();
+        assert!(e.message.contains("text_calls"), "{e}");
+        let e = Scenario::from_model("mock:text_calls=ptk,accept_tools=yes").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("accept_tools"));
         let e = Scenario::from_model("mock:faults=1.5").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("faults"));
         assert!(e.message.contains("from 0 to 1"), "{e}");

@@ -53,6 +53,10 @@
 //! assistant's `refusal` field. Gemini's `extra_content` (thought signatures) is kept on the
 //! message and on each tool call and sent back unchanged.
 //!
+//! Servers other than OpenAI's own let a call slip into `content` when their tool parser misses
+//! it (Ollama, vLLM): with [`OpenAiConfig::rescue_text_tool_calls`] (on by default for them),
+//! such calls are recovered as tool calls, complete or streamed, through [`Rescue`].
+//!
 //! Invalid argument JSON from the model is never replayed: the assistant turn carries the always
 //! valid [`ToolCall::arguments`] value, and the loop reports the parse error in the tool result.
 //!
@@ -69,10 +73,11 @@ use crate::http::{HttpTransport, retry_after, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
-    ModelSettings, ToolChoice,
+    ModelSettings, ToolChoice, ToolSpec,
 };
 use crate::providers::Decoded;
 use crate::providers::wire::{self, SseDecode, json_number};
+use crate::ptk::Rescue;
 use crate::sse::SseEvent;
 use crate::stream::StreamEvent;
 use crate::usage::Usage;
@@ -117,9 +122,14 @@ pub struct OpenAiConfig {
     pub transport: HttpTransport,
     /// Where transient reminders go (default: `System` for OpenAI's own API, `User` elsewhere).
     pub reminder_role: ReminderRole,
-    /// Whether to recover tool calls that a model wrote as text instead of using the API's tool
-    /// calls (default: on for servers other than OpenAI's own API). Stored for the text-call
-    /// rescue; this adapter does not act on it yet.
+    /// Whether to recover tool calls that a model wrote in its text instead of the API's
+    /// `tool_calls` (default: on for servers other than OpenAI's own API). When on and the
+    /// request offers tools, the text of each response, complete or streamed, goes through
+    /// [`Rescue`]: calls written in any prompt dialect (`<tool_call>…`, `[TOOL_CALLS]…`,
+    /// `<PTK_CALL>…`, a fenced JSON call, …) become tool calls with fresh ids and
+    /// `provider_data` `{"rescued": true}`, when the response carried no native call; the text
+    /// around them stays text, no fragment of a call tag reaches the stream's text deltas, and
+    /// an attempted call that does not parse stays text (never an error).
     pub rescue_text_tool_calls: bool,
 }
 
@@ -283,6 +293,11 @@ impl OpenAiModel {
         &self.inner.config
     }
 
+    /// Whether calls written as text are rescued from the responses to this request.
+    fn rescues(&self, request: &ModelRequest<'_>) -> bool {
+        self.inner.config.rescue_text_tool_calls && !request.tools.is_empty()
+    }
+
     fn prepare(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
         check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
         check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
@@ -323,7 +338,7 @@ impl Model for OpenAiModel {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = self.prepare(request, false)?;
         let inner = &self.inner;
-        inner
+        let response = inner
             .config
             .transport
             .post_json(
@@ -334,19 +349,30 @@ impl Model for OpenAiModel {
                 decode_response,
             )
             .await
-            .map_err(classify)
+            .map_err(classify)?;
+        Ok(if self.rescues(request) {
+            Rescue::apply(response, request.tools)
+        } else {
+            response
+        })
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let body = self.prepare(request, true)?;
         let inner = &self.inner;
+        let rescue_tools: Option<Arc<[ToolSpec]>> =
+            self.rescues(request).then(|| Arc::from(request.tools));
         let stream = wire::open_sse_stream(
             &inner.config.transport,
             inner.url.clone(),
             inner.headers(),
             body,
             parse_error,
-            || ChunkDecoder::new(200),
+            move || {
+                let mut decoder = ChunkDecoder::new(200);
+                decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+                decoder
+            },
         )
         .await
         .map_err(classify)?;
@@ -715,6 +741,8 @@ struct ChunkDecoder {
     finish: Option<FinishReason>,
     reasoning: String,
     refusal: String,
+    /// The text-call rescue, when on for this request.
+    rescue: Option<Rescue>,
     /// `[DONE]` or the end was reached and the closing events emitted.
     done: bool,
 }
@@ -728,13 +756,17 @@ impl ChunkDecoder {
             finish: None,
             reasoning: String::new(),
             refusal: String::new(),
+            rescue: None,
             done: false,
         }
     }
 
     fn delta(&mut self, d: &Value, out: &mut Vec<StreamEvent>) {
         if let Some(t) = content_text(d.get("content")).filter(|t| !t.is_empty()) {
-            out.push(StreamEvent::TextDelta(t));
+            match self.rescue.as_mut() {
+                Some(rescue) => out.extend(rescue.push(&t)),
+                None => out.push(StreamEvent::TextDelta(t)),
+            }
         }
         if let Some(r) = d.get("reasoning_content").and_then(Value::as_str) {
             self.reasoning.push_str(r);
@@ -848,12 +880,18 @@ impl ChunkDecoder {
                 }));
             }
         }
+        let mut rescued = 0;
+        if let Some(rescue) = self.rescue.take() {
+            let (events, n) = rescue.finish(!self.slots.is_empty());
+            out.extend(events);
+            rescued = n;
+        }
         for index in 0..self.slots.len() {
             out.push(StreamEvent::ToolCallEnd { index });
         }
         out.push(StreamEvent::Finish(settle_finish(
             self.finish,
-            !self.slots.is_empty(),
+            !self.slots.is_empty() || rescued > 0,
         )));
     }
 }
@@ -1549,6 +1587,103 @@ mod tests {
         }
         let result = result.and_then(|()| d.finish(&mut out));
         (out, result.err().map(|e| e.to_string()))
+    }
+
+    /// Decodes a stream whose content is `text` cut at `cuts`, with the rescue on for `tools`.
+    fn rescued_stream(
+        text: &str,
+        cuts: &[usize],
+        tools: &[ToolSpec],
+    ) -> (ModelResponse, Vec<String>) {
+        let chars: Vec<char> = text.chars().collect();
+        let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (chars.len() + 1)).collect();
+        cuts.sort_unstable();
+        let mut chunks = Vec::new();
+        let mut last = 0;
+        for c in cuts.into_iter().chain([chars.len()]) {
+            if c > last {
+                let piece: String = chars[last..c].iter().collect();
+                chunks.push(json!({"choices":[{"index":0,"delta":{"content": piece}}]}));
+            }
+            last = c;
+        }
+        chunks.push(json!({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}));
+        let body = sse(&chunks);
+        let mut decoder = ChunkDecoder::new(200);
+        decoder.rescue = Some(Rescue::new(tools));
+        let mut reader = wire::SseReader::new(decoder);
+        let mut events = Vec::new();
+        reader.push(body.as_bytes(), &mut events).unwrap();
+        reader.finish(&mut events).unwrap();
+        let deltas = events
+            .iter()
+            .filter_map(|e| match e {
+                StreamEvent::TextDelta(t) => Some(t.clone()),
+                _ => None,
+            })
+            .collect();
+        let mut acc = crate::stream::Accumulator::new();
+        events.into_iter().for_each(|e| acc.push(e));
+        (acc.finish(), deltas)
+    }
+
+    fn without_ids(mut r: ModelResponse) -> ModelResponse {
+        r.tool_calls.iter_mut().for_each(|c| c.id.clear());
+        r
+    }
+
+    const LEAKED: &[&str] = &[
+        "Let me look.\n<tool_call>\n{\"name\": \"read\", \"arguments\": {\"path\": \"a.txt\"}}\n</tool_call>\n<tool_call>{\"name\": \"read\", \"arguments\": {'path': 'b',}}</tool_call>",
+        "[TOOL_CALLS]read[ARGS]{\"path\": \"x\"}",
+        "Sure: <PTK_CALL>{\"tool\": \"read\", \"args\": {\"path\": \"é\"}}</PTK_CALL> done.",
+        "```json\n{\"name\": \"read\", \"arguments\": {\"path\": \"c\"}}\n```",
+        "Use <tool_call> tags, like <tool_call>{oops</tool_call>, to call.",
+        "Just text, with a < sign and [brackets].",
+    ];
+
+    proptest! {
+        #[test]
+        fn rescued_streams_decode_like_the_complete_body(
+            which in 0..LEAKED.len(),
+            cuts in proptest::collection::vec(0usize..400, 0..12),
+        ) {
+            let text = LEAKED[which];
+            let tools = [ToolSpec {
+                name: "read".into(),
+                description: "Reads".into(),
+                parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+            }];
+            let body = json!({"choices":[{"index":0,"finish_reason":"stop",
+                "message":{"role":"assistant","content": text}}]});
+            let complete = Rescue::apply(decode_response(body.to_string().as_bytes()).unwrap(), &tools);
+            let (streamed, deltas) = rescued_stream(text, &cuts, &tools);
+            prop_assert_eq!(without_ids(streamed), without_ids(complete.clone()));
+            if which < 4 {
+                for d in &deltas {
+                    prop_assert!(
+                        !d.contains(['<', '[', '`', '{', '}']),
+                        "a call fragment streamed: {:?}",
+                        deltas
+                    );
+                }
+                prop_assert!(!complete.tool_calls.is_empty());
+                prop_assert_eq!(complete.finish_reason, FinishReason::ToolCalls);
+                for c in &complete.tool_calls {
+                    prop_assert_eq!(c.provider_data.as_ref().and_then(|d| d.get("rescued")), Some(&json!(true)));
+                }
+            } else {
+                // A near miss stays text, never an error; plain text is left as it is.
+                prop_assert!(complete.tool_calls.is_empty());
+                prop_assert_eq!(complete.malformed_call.clone(), None);
+                prop_assert_eq!(complete.finish_reason, FinishReason::Stop);
+                let got = complete.text.clone().unwrap_or_default();
+                if which == 4 {
+                    prop_assert!(got.contains("<tool_call>{oops</tool_call>"), "{}", got);
+                } else {
+                    prop_assert_eq!(got, text);
+                }
+            }
+        }
     }
 
     proptest! {

@@ -11,6 +11,11 @@
 //! ([`json_repair`]) and the repaired calls marked; an attempted call that does not parse is a
 //! near miss, reported with the exact format expected rather than taken as the answer.
 //!
+//! [`Auto`] uses a model's native tool calling and switches to [`Prompted`] for good once the
+//! server refuses the `tools` parameter. [`Rescue`] recovers the calls that a model behind a
+//! native API wrote in its text instead (the OpenAI adapter uses it; see
+//! [`OpenAiConfig::rescue_text_tool_calls`](crate::providers::openai::OpenAiConfig::rescue_text_tool_calls)).
+//!
 //! ```
 //! use toolloop::ptk::{parse_reply, Dialect, write_call};
 //! use serde_json::json;
@@ -26,17 +31,21 @@
 //! ```
 
 mod adapter;
+mod auto;
 mod dialect;
 pub mod json_repair;
 mod parser;
 mod render;
+mod rescue;
 mod stream;
 
 pub use adapter::Prompted;
+pub use auto::Auto;
 pub use dialect::{Dialect, UnknownDialect};
 pub use parser::{ParsedCall, ParsedReply, parse_reply};
 pub use render::{
     PTK_PROVIDER, escape_content, render_assistant, render_messages, render_result,
     render_system_prompt, write_call, write_calls,
 };
+pub use rescue::Rescue;
 pub use stream::StreamParser;

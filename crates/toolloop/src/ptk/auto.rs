@@ -1,0 +1,226 @@
+//! Native tool calling with a fallback to prompt-based calling.
+
+use super::adapter::Prompted;
+use super::dialect::Dialect;
+use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use async_trait::async_trait;
+use futures::StreamExt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Native tool calling first, prompt-based calling once the server refuses it.
+///
+/// Each call goes to the wrapped model as it is, `tools` and all. When the server rejects the
+/// tool catalog ([`ModelError::ToolsUnsupported`]: Ollama's "does not support tools", vLLM
+/// without `--enable-auto-tool-choice`, llama.cpp without `--jinja`, …), the same call is made
+/// again through a [`Prompted`] adapter over the same model, and every later call of this
+/// instance goes straight to it: once a server has said it takes no tools, asking again would
+/// only cost a failed request per round. The switch is logged (at `warn`) once.
+///
+/// A streamed call falls back too, whether the refusal comes as the stream's opening error or as
+/// its first event. Other errors pass through unchanged.
+///
+/// ```
+/// use std::sync::Arc;
+/// use toolloop::model::Model;
+/// use toolloop::providers::test_model::TestModel;
+/// use toolloop::ptk::{Auto, Dialect};
+///
+/// let model = Auto::new(Arc::new(TestModel::new()), Dialect::Ptk);
+/// assert!(!model.is_prompted());
+/// assert_eq!(model.name(), "test");
+/// ```
+pub struct Auto {
+    native: Arc<dyn Model>,
+    prompted: Prompted,
+    fell_back: AtomicBool,
+}
+
+impl Auto {
+    /// Wraps `inner`; `dialect` is taught if the server turns out to refuse tools.
+    pub fn new(inner: Arc<dyn Model>, dialect: Dialect) -> Self {
+        Auto {
+            prompted: Prompted::new(inner.clone(), dialect),
+            native: inner,
+            fell_back: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether this instance has switched to prompt-based calling.
+    pub fn is_prompted(&self) -> bool {
+        self.fell_back.load(Ordering::Relaxed)
+    }
+
+    /// The dialect taught after the fallback.
+    pub fn dialect(&self) -> Dialect {
+        self.prompted.dialect()
+    }
+
+    /// The wrapped model.
+    pub fn inner(&self) -> &Arc<dyn Model> {
+        &self.native
+    }
+
+    fn fall_back(&self, why: &str) {
+        if !self.fell_back.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                model = self.native.name(),
+                dialect = %self.prompted.dialect(),
+                "the server refused native tool calling ({why}); using prompt-based tool calling \
+                 from now on"
+            );
+        }
+    }
+}
+
+impl std::fmt::Debug for Auto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auto")
+            .field("inner", &self.native.name())
+            .field("dialect", &self.prompted.dialect())
+            .field("prompted", &self.is_prompted())
+            .finish()
+    }
+}
+
+#[async_trait]
+impl Model for Auto {
+    fn name(&self) -> &str {
+        self.native.name()
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if !self.is_prompted() {
+            match self.native.complete(request).await {
+                Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
+                other => return other,
+            }
+        }
+        self.prompted.complete(request).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        if !self.is_prompted() {
+            match self.native.stream(request).await {
+                Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
+                Err(e) => return Err(e),
+                Ok(mut stream) => match stream.next().await {
+                    Some(Err(ModelError::ToolsUnsupported(why))) => self.fall_back(&why),
+                    Some(first) => {
+                        let rest = futures::stream::iter([first]).chain(stream);
+                        return Ok(Box::pin(rest));
+                    }
+                    None => return Ok(Box::pin(futures::stream::empty())),
+                },
+            }
+        }
+        self.prompted.stream(request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::Message;
+    use crate::model::{ModelSettings, ToolSpec};
+    use crate::stream::StreamEvent;
+    use serde_json::json;
+    use std::sync::Mutex;
+
+    /// Refuses any request with tools (as an opening error, or as the stream's first event),
+    /// answers the others with a `<PTK_CALL>` reply; records how many tools each request had.
+    struct Server {
+        in_stream: bool,
+        seen: Mutex<Vec<usize>>,
+    }
+
+    impl Server {
+        fn check(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            self.seen.lock().unwrap().push(request.tools.len());
+            if request.tools.is_empty() {
+                Ok(ModelResponse::text(
+                    "<PTK_CALL>{\"tool\": \"f\", \"args\": {}}</PTK_CALL>",
+                ))
+            } else {
+                Err(ModelError::ToolsUnsupported(
+                    "model does not support tools".into(),
+                ))
+            }
+        }
+    }
+
+    #[async_trait]
+    impl Model for Server {
+        fn name(&self) -> &str {
+            "server"
+        }
+
+        async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+            self.check(r)
+        }
+
+        async fn stream(&self, r: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+            let events: Vec<Result<StreamEvent, ModelError>> = match self.check(r) {
+                Ok(response) => response.into_events().into_iter().map(Ok).collect(),
+                Err(e) if self.in_stream => vec![Err(e)],
+                Err(e) => return Err(e),
+            };
+            Ok(Box::pin(futures::stream::iter(events)))
+        }
+    }
+
+    #[tokio::test]
+    async fn falls_back_once_and_stays_prompted() {
+        let tools = [ToolSpec {
+            name: "f".into(),
+            description: "F".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let messages = [Message::user("go")];
+        let settings = ModelSettings::default();
+        let request = ModelRequest {
+            messages: &messages,
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        for (streamed, in_stream) in [(false, false), (true, false), (true, true)] {
+            let server = Arc::new(Server {
+                in_stream,
+                seen: Mutex::new(Vec::new()),
+            });
+            let auto = Auto::new(server.clone(), Dialect::Ptk);
+            for _ in 0..2 {
+                let response = if streamed {
+                    ModelResponse::from_stream(auto.stream(&request).await.unwrap())
+                        .await
+                        .unwrap()
+                } else {
+                    auto.complete(&request).await.unwrap()
+                };
+                assert_eq!(response.tool_calls.len(), 1);
+                assert_eq!(response.tool_calls[0].name, "f");
+                assert!(auto.is_prompted());
+            }
+            // One refused native request, then prompt-based requests only.
+            assert_eq!(*server.seen.lock().unwrap(), [1, 0, 0]);
+        }
+        // Other errors pass through, and do not switch.
+        struct Down;
+        #[async_trait]
+        impl Model for Down {
+            fn name(&self) -> &str {
+                "down"
+            }
+            async fn complete(&self, _: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+                Err(ModelError::Other("down".into()))
+            }
+        }
+        let auto = Auto::new(Arc::new(Down), Dialect::Ptk);
+        assert!(matches!(
+            auto.complete(&request).await,
+            Err(ModelError::Other(_))
+        ));
+        assert!(!auto.is_prompted());
+    }
+}
