@@ -39,7 +39,10 @@ pub struct ProviderArgs {
 }
 
 /// How tools are offered to the model (`--tool-protocol`).
-#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(
+    ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "snake_case")]
 pub enum ToolProtocol {
     /// The API's own tool calling.
     #[default]

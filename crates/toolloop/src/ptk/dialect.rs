@@ -5,24 +5,35 @@ use std::str::FromStr;
 
 /// A text format for tool calls. The parser reads every dialect; the dialect chosen for a model
 /// is the one its prompt teaches and the one its past calls are written back in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+///
+/// Its serde form is its name (`"ptk"`, `"hermes"`, `"mistral"`, `"llama3"`, `"qwen3-coder"`,
+/// `"json"`).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum Dialect {
     /// Seed 000's format (the default):
     /// `<PTK_CALL>{"tool": "NAME", "args": {…}, "reasoning": "…"}</PTK_CALL>`.
     #[default]
+    #[serde(rename = "ptk")]
     Ptk,
     /// Hermes / Qwen 2.5: `<tool_call>{"name": "NAME", "arguments": {…}}</tool_call>`.
+    #[serde(rename = "hermes")]
     Hermes,
     /// Mistral: `[TOOL_CALLS]NAME[ARGS]{…}` (v11+ tokenizers), and the older
     /// `[TOOL_CALLS][{"name": "NAME", "arguments": {…}}]` JSON array.
+    #[serde(rename = "mistral")]
     Mistral,
     /// Llama 3.x JSON: `{"name": "NAME", "parameters": {…}}`, optionally after `<|python_tag|>`.
+    #[serde(rename = "llama3")]
     Llama3,
     /// Qwen3-Coder XML:
     /// `<tool_call><function=NAME><parameter=P>value</parameter></function></tool_call>`, with
     /// values converted through the tool's JSON Schema.
+    #[serde(rename = "qwen3-coder")]
     Qwen3Coder,
     /// A fenced JSON block: ```` ```json {"name": "NAME", "arguments": {…}} ``` ````.
+    #[serde(rename = "json")]
     FencedJson,
 }
 
@@ -111,6 +122,10 @@ mod tests {
     fn names_round_trip() {
         for d in Dialect::ALL {
             assert_eq!(d.to_string().parse::<Dialect>(), Ok(d));
+            // the serde form is the same name
+            let json = serde_json::to_string(&d).unwrap();
+            assert_eq!(json, format!("\"{d}\""));
+            assert_eq!(serde_json::from_str::<Dialect>(&json).unwrap(), d);
         }
         assert_eq!("Qwen3_Coder".parse::<Dialect>(), Ok(Dialect::Qwen3Coder));
         let e = "xml".parse::<Dialect>().unwrap_err();
