@@ -11,6 +11,11 @@ mod testtool;
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
+/// mimalloc: many concurrent loops allocate from many threads, where it beats the system
+/// allocator.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Exit code for bad usage or configuration.
 pub const EXIT_USAGE: u8 = 2;
 

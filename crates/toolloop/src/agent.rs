@@ -303,6 +303,7 @@ impl Agent {
     ) -> Outcome {
         let started = Instant::now();
         let deadline = self.config.timeout.map(|t| tokio::time::Instant::now() + t);
+        machine.set_events(sink.is_some());
         let emit = |machine: &mut Machine| {
             if let Some(sink) = &sink {
                 for e in machine.take_events() {

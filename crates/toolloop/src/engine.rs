@@ -29,6 +29,15 @@ use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+/// Records an event, building it only when events are on.
+macro_rules! emit {
+    ($machine:expr, $event:expr) => {
+        if $machine.events_on {
+            $machine.events.push($event);
+        }
+    };
+}
+
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
@@ -158,6 +167,7 @@ pub struct Machine {
     toolbox: Arc<Toolbox>,
     state: LoopState,
     events: Vec<Event>,
+    events_on: bool,
 }
 
 impl std::fmt::Debug for Machine {
@@ -201,10 +211,14 @@ impl Machine {
                 phase: Phase::Ready,
             },
             events: Vec::new(),
+            events_on: true,
         };
-        m.events.push(Event::RunStarted {
-            message_count: m.state.messages.len(),
-        });
+        emit!(
+            m,
+            Event::RunStarted {
+                message_count: m.state.messages.len(),
+            }
+        );
         m
     }
 
@@ -221,6 +235,16 @@ impl Machine {
             toolbox,
             state,
             events: Vec::new(),
+            events_on: true,
+        }
+    }
+
+    /// Turns event recording on or off (on by default). A driver with no listener turns it off,
+    /// so that no event is built for nobody.
+    pub fn set_events(&mut self, on: bool) {
+        self.events_on = on;
+        if !on {
+            self.events.clear();
         }
     }
 
@@ -324,10 +348,13 @@ impl Machine {
                     .as_ref()
                     .map(|f| f(view))
                     .unwrap_or_default();
-                self.events.push(Event::RoundStarted {
-                    round: self.state.round,
-                    message_count: self.state.messages.len() + reminders.len(),
-                });
+                emit!(
+                    self,
+                    Event::RoundStarted {
+                        round: self.state.round,
+                        message_count: self.state.messages.len() + reminders.len(),
+                    }
+                );
                 self.state.phase = Phase::AwaitingModel {
                     reminders: reminders.clone(),
                 };
@@ -424,10 +451,13 @@ impl Machine {
                 }));
             self.round_finished_event(finish_reason, usage);
             if let Some(reason) = malformed_call {
-                self.events.push(Event::MalformedToolCall {
-                    round,
-                    reason: reason.clone(),
-                });
+                emit!(
+                    self,
+                    Event::MalformedToolCall {
+                        round,
+                        reason: reason.clone(),
+                    }
+                );
                 self.state.messages.push(Message::user(reason.clone()));
                 self.state.consecutive_invalid += 1;
                 self.state.phase = Phase::Ready;
@@ -443,10 +473,13 @@ impl Machine {
         let mut strict_stop = false;
         let truncated = finish_reason == FinishReason::Length;
         for call in &tool_calls {
-            self.events.push(Event::ToolCallRequested {
-                round,
-                call: call.clone(),
-            });
+            emit!(
+                self,
+                Event::ToolCallRequested {
+                    round,
+                    call: call.clone(),
+                }
+            );
             if call
                 .provider_data
                 .as_ref()
@@ -454,10 +487,13 @@ impl Machine {
                 .and_then(|v| v.as_bool())
                 == Some(true)
             {
-                self.events.push(Event::ToolCallRepaired {
-                    round,
-                    call: call.clone(),
-                });
+                emit!(
+                    self,
+                    Event::ToolCallRepaired {
+                        round,
+                        call: call.clone(),
+                    }
+                );
             }
             let mut slot = Slot {
                 call: call.clone(),
@@ -491,11 +527,14 @@ impl Machine {
                      arguments were complete. Make the call again with shorter arguments.",
                     call.name
                 );
-                self.events.push(Event::InvalidToolCall {
-                    round,
-                    call: call.clone(),
-                    reason: why.clone(),
-                });
+                emit!(
+                    self,
+                    Event::InvalidToolCall {
+                        round,
+                        call: call.clone(),
+                        reason: why.clone(),
+                    }
+                );
                 settle(
                     &mut slot,
                     CallStatus::Truncated,
@@ -505,11 +544,14 @@ impl Machine {
                 continue;
             }
             if let Some(reason) = self.invalid_reason(call) {
-                self.events.push(Event::InvalidToolCall {
-                    round,
-                    call: call.clone(),
-                    reason: reason.clone(),
-                });
+                emit!(
+                    self,
+                    Event::InvalidToolCall {
+                        round,
+                        call: call.clone(),
+                        reason: reason.clone(),
+                    }
+                );
                 settle(
                     &mut slot,
                     CallStatus::Invalid,
@@ -522,10 +564,13 @@ impl Machine {
                 continue;
             }
             if self.config.detect_duplicates && self.is_duplicate(call, &slots) {
-                self.events.push(Event::DuplicateDetected {
-                    round,
-                    call: call.clone(),
-                });
+                emit!(
+                    self,
+                    Event::DuplicateDetected {
+                        round,
+                        call: call.clone(),
+                    }
+                );
                 settle(
                     &mut slot,
                     CallStatus::Duplicate,
@@ -656,14 +701,17 @@ impl Machine {
         slot.duration_ms = duration_ms;
         slot.attempts = attempts;
         self.state.tool_calls_executed += 1;
-        self.events.push(Event::ToolFinished {
-            round,
-            call_id: slot.call.id.clone(),
-            name: slot.call.name.clone(),
-            success: status == CallStatus::Ok,
-            status,
-            duration_ms,
-        });
+        emit!(
+            self,
+            Event::ToolFinished {
+                round,
+                call_id: slot.call.id.clone(),
+                name: slot.call.name.clone(),
+                success: status == CallStatus::Ok,
+                status,
+                duration_ms,
+            }
+        );
     }
 
     /// A call that was in flight at a crash has side effects and is not run again: it gets an
@@ -685,14 +733,17 @@ impl Machine {
              changes the world, so it was not run again. It may or may not have taken effect; \
              check before calling it again.",
         ));
-        self.events.push(Event::ToolFinished {
-            round,
-            call_id: slot.call.id.clone(),
-            name: slot.call.name.clone(),
-            success: false,
-            status: CallStatus::Unknown,
-            duration_ms: 0,
-        });
+        emit!(
+            self,
+            Event::ToolFinished {
+                round,
+                call_id: slot.call.id.clone(),
+                name: slot.call.name.clone(),
+                success: false,
+                status: CallStatus::Unknown,
+                duration_ms: 0,
+            }
+        );
     }
 
     /// Rebuilds a machine from a run's records (see [`crate::journal`]). Returns the machine and
@@ -850,12 +901,15 @@ impl Machine {
     }
 
     fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Usage) {
-        self.events.push(Event::RoundFinished {
-            round: self.state.round,
-            finish_reason,
-            usage,
-            total_usage: self.state.usage,
-        });
+        emit!(
+            self,
+            Event::RoundFinished {
+                round: self.state.round,
+                finish_reason,
+                usage,
+                total_usage: self.state.usage,
+            }
+        );
     }
 
     /// Appends the round's results in call order, records the calls, and runs the terminal
