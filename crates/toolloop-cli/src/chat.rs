@@ -6,13 +6,9 @@
 //! Ctrl-C within two seconds, or Ctrl-C at the prompt, quits. End of input (Ctrl-D) quits too.
 
 use crate::durable::{DurableArgs, StoreArgs, format_ms};
-use crate::run::{RunArgs, parse_seconds};
-use crate::spec::ProviderArgs;
+use crate::run::{AgentArgs, RunArgs};
 use clap::Args;
-use serde::Serialize;
-use serde_json::{Value, json};
 use std::io::IsTerminal;
-use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -20,44 +16,15 @@ use tokio_util::sync::CancellationToken;
 /// How soon a second Ctrl-C must follow the first to quit.
 const QUIT_WINDOW: Duration = Duration::from_secs(2);
 
-#[derive(Args, Debug, Serialize)]
+#[derive(Args, Debug)]
 pub struct ChatArgs {
     /// The session to continue (created on first use). Default: a new one, named by the time.
     #[arg(long, value_name = "NAME")]
-    #[serde(skip)]
     session: Option<String>,
     #[command(flatten)]
-    #[serde(skip)]
     store: StoreArgs,
     #[command(flatten)]
-    provider: ProviderArgs,
-    /// A system prompt.
-    #[arg(long)]
-    system: Option<String>,
-    /// Model calls per message.
-    #[arg(long, default_value_t = 10)]
-    max_rounds: u32,
-    /// Tool executions per message.
-    #[arg(long, default_value_t = 20)]
-    max_tool_calls: u32,
-    /// Wall-clock limit per message, in seconds.
-    #[arg(long, value_parser = parse_seconds)]
-    timeout: Option<Duration>,
-    /// The directory the file tools may use.
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
-    /// Offer the write_file tool.
-    #[arg(long)]
-    allow_write: bool,
-    /// Stream the model's text as it arrives.
-    #[arg(long)]
-    stream: bool,
-    /// Sampling temperature.
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// The most output tokens per model call.
-    #[arg(long)]
-    max_output_tokens: Option<u32>,
+    agent: AgentArgs,
 }
 
 pub async fn chat(args: ChatArgs) -> ExitCode {
@@ -76,7 +43,7 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
     if let Err(code) = crate::durable::open_store(&args.store).await {
         return code;
     }
-    if let Err(e) = crate::spec::model_from_args(&args.provider) {
+    if let Err(e) = crate::spec::model_from_args(&args.agent.provider) {
         eprintln!("toolloop: {e}");
         return ExitCode::from(crate::EXIT_USAGE);
     }
@@ -95,10 +62,6 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
     });
     let mut lines = stdin_lines();
     let mut last_interrupt: Option<Instant> = None;
-    let base = match serde_json::to_value(&args) {
-        Ok(Value::Object(m)) => m,
-        _ => return ExitCode::FAILURE,
-    };
     loop {
         if interactive {
             eprint!("> ");
@@ -129,21 +92,15 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
         if prompt == "/exit" || prompt == "/quit" {
             return ExitCode::SUCCESS;
         }
-        let mut config = base.clone();
-        config.insert("prompt".into(), Value::String(prompt.to_string()));
-        config.insert("json".into(), Value::Bool(false));
-        let durable = DurableArgs {
-            store: args.store.clone(),
-            session: Some(session.clone()),
-            resume: None,
-        };
-        config.insert("durable".into(), json!(durable));
-        let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!("toolloop: internal error building the run: {e}");
-                return ExitCode::FAILURE;
-            }
+        let run_args = RunArgs {
+            prompt: prompt.to_string(),
+            agent: args.agent.clone(),
+            json: false,
+            durable: DurableArgs {
+                store: args.store.clone(),
+                session: Some(session.clone()),
+                resume: None,
+            },
         };
         let cancel = CancellationToken::new();
         let run = crate::run::run_with(run_args, cancel.clone());

@@ -14,42 +14,52 @@ use tokio_util::sync::CancellationToken;
 use toolloop::agent::AgentBuilder;
 use toolloop::outcome::{Outcome, StopReason};
 
+/// What a run needs besides its prompt: the model and the loop's settings (shared by `run`
+/// and `chat`, and saved with each run so that `resume` can rebuild the agent).
+#[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct AgentArgs {
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub provider: ProviderArgs,
+    /// A system prompt.
+    #[arg(long)]
+    pub system: Option<String>,
+    /// Model calls per run.
+    #[arg(long, default_value_t = 10)]
+    pub max_rounds: u32,
+    /// Tool executions per run.
+    #[arg(long, default_value_t = 20)]
+    pub max_tool_calls: u32,
+    /// Wall-clock limit for the run, in seconds.
+    #[arg(long, value_parser = parse_seconds)]
+    pub timeout: Option<Duration>,
+    /// The directory the file tools may use.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+    /// Offer the write_file tool.
+    #[arg(long)]
+    pub allow_write: bool,
+    /// Stream the model's text as it arrives.
+    #[arg(long)]
+    pub stream: bool,
+    /// Sampling temperature.
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// The most output tokens per model call.
+    #[arg(long)]
+    pub max_output_tokens: Option<u32>,
+}
+
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunArgs {
     /// What to ask.
-    prompt: String,
+    pub prompt: String,
     #[command(flatten)]
-    provider: ProviderArgs,
-    /// A system prompt.
-    #[arg(long)]
-    system: Option<String>,
-    /// Model calls per run.
-    #[arg(long, default_value_t = 10)]
-    max_rounds: u32,
-    /// Tool executions per run.
-    #[arg(long, default_value_t = 20)]
-    max_tool_calls: u32,
-    /// Wall-clock limit for the run, in seconds.
-    #[arg(long, value_parser = parse_seconds)]
-    timeout: Option<Duration>,
-    /// The directory the file tools may use.
-    #[arg(long, default_value = ".")]
-    root: PathBuf,
-    /// Offer the write_file tool.
-    #[arg(long)]
-    allow_write: bool,
-    /// Stream the model's text as it arrives.
-    #[arg(long)]
-    stream: bool,
-    /// Sampling temperature.
-    #[arg(long)]
-    temperature: Option<f32>,
-    /// The most output tokens per model call.
-    #[arg(long)]
-    max_output_tokens: Option<u32>,
+    #[serde(flatten)]
+    pub agent: AgentArgs,
     /// Print the outcome as one JSON object.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     #[command(flatten)]
     #[serde(default)]
     pub durable: crate::durable::DurableArgs,
@@ -99,16 +109,16 @@ pub async fn run(args: RunArgs) -> ExitCode {
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
 pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
-    let model = match model_from_args(&args.provider) {
+    let model = match model_from_args(&args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
-    let tools = match toolloop::tools::fs::builtin_tools(&args.root, args.allow_write) {
+    let tools = match toolloop::tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
         Ok(t) => t,
-        Err(e) => return usage_error(format!("--root {}: {e}", args.root.display())),
+        Err(e) => return usage_error(format!("--root {}: {e}", args.agent.root.display())),
     };
     let tools = crate::testtool::tools(tools);
-    let stream_text = args.stream && !args.json;
+    let stream_text = args.agent.stream && !args.json;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json,
         stream_text,
@@ -116,20 +126,20 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
     let shown = progress.clone();
     let mut builder = AgentBuilder::new(model)
         .tools(tools)
-        .max_rounds(args.max_rounds)
-        .max_tool_calls(args.max_tool_calls)
-        .stream(args.stream)
+        .max_rounds(args.agent.max_rounds)
+        .max_tool_calls(args.agent.max_tool_calls)
+        .stream(args.agent.stream)
         .on_event(move |e| shown.event(e));
-    if let Some(system) = &args.system {
+    if let Some(system) = &args.agent.system {
         builder = builder.system(system.clone());
     }
-    if let Some(t) = args.timeout {
+    if let Some(t) = args.agent.timeout {
         builder = builder.timeout(t);
     }
-    if let Some(t) = args.temperature {
+    if let Some(t) = args.agent.temperature {
         builder = builder.temperature(t);
     }
-    if let Some(n) = args.max_output_tokens {
+    if let Some(n) = args.agent.max_output_tokens {
         builder = builder.max_output_tokens(n);
     }
     let durable = match crate::durable::Durable::open(&args.durable, &args).await {
