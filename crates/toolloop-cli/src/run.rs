@@ -177,7 +177,10 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
                 .unwrap_or_default();
             eprintln!(
                 "toolloop: stopped: {}{signal}{why}",
-                serde_json::to_value(outcome.stop_reason).unwrap_or(Value::Null)
+                serde_json::to_value(outcome.stop_reason)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
             );
         }
     }
