@@ -1,41 +1,7 @@
 //! The `toolloop` command, run as a user would.
 
-use serde_json::Value;
-use std::path::Path;
-use std::process::{Command, Output};
-
-/// Every run is logged to the store: keep these tests' runs out of the user's data directory.
-fn test_store() -> String {
-    static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
-    let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
-    dir.path().join("store.db").to_string_lossy().into_owned()
-}
-
-fn toolloop(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_toolloop"))
-        .args(args)
-        .current_dir(dir)
-        .env("TOOLLOOP_STORE", test_store())
-        .env_remove("TOOLLOOP_MODEL")
-        .output()
-        .expect("the binary runs")
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn repo() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("README.md"), "# Demo\n\nversion 1.2.3\n").unwrap();
-    dir
-}
+mod common;
+use common::{json_of, repo, toolloop};
 
 #[test]
 fn test_model_runs_offline_and_answers() {
@@ -179,17 +145,7 @@ fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
                 args.push("--stream");
             }
             args.push("go");
-            let out = Command::new(env!("CARGO_BIN_EXE_toolloop"))
-                .args(&args)
-                .current_dir(dir.path())
-                .env("TOOLLOOP_STORE", test_store())
-                .env_remove("TOOLLOOP_MODEL")
-                .env_remove("OPENAI_API_KEY")
-                .env_remove("ANTHROPIC_API_KEY")
-                .env_remove("GEMINI_API_KEY")
-                .env_remove("GOOGLE_API_KEY")
-                .output()
-                .unwrap();
+            let out = toolloop(&args, dir.path());
             let what = format!("{provider} stream={stream}");
             assert_eq!(
                 out.status.code(),

@@ -6,11 +6,14 @@
 //! that appends its idempotency key to a file, then waits. The model is the mock server (OpenAI
 //! API), which also checks every request's transcript (each call answered exactly once).
 
+mod common;
+use common::json_of;
+
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use toolloop::message::Message;
 use toolloop::store::{RunStatus, Store};
@@ -105,16 +108,6 @@ fn effect_counts(path: &Path) -> HashMap<String, u32> {
         }
     }
     counts
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
 }
 
 fn mock(rt: &tokio::runtime::Runtime) -> toolloop::mock::MockServer {

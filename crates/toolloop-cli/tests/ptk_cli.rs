@@ -1,39 +1,14 @@
 //! `toolloop run --tool-protocol prompt|auto` and the OpenAI rescue, against the mock's
 //! text-only mode over real HTTP.
 
+mod common;
+use common::{json_of, repo, toolloop};
+
 use serde_json::Value;
 use std::path::Path;
-use std::process::{Command, Output};
 use toolloop::mock::{MockOptions, MockServer};
 
 const DIALECTS: [&str; 6] = ["ptk", "hermes", "mistral", "llama3", "qwen3-coder", "json"];
-
-fn toolloop(args: &[&str], dir: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_toolloop"))
-        .args(args)
-        .current_dir(dir)
-        .env_remove("TOOLLOOP_MODEL")
-        .env_remove("OPENAI_API_KEY")
-        .env_remove("OPENAI_BASE_URL")
-        .output()
-        .expect("the binary runs")
-}
-
-fn json_of(out: &Output) -> Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!(
-            "stdout is not JSON ({e}): {}\nstderr: {}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
-
-fn repo() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("README.md"), "# Demo\n\nversion 1.2.3\n").unwrap();
-    dir
-}
 
 struct Mock {
     rt: tokio::runtime::Runtime,
