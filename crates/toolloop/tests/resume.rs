@@ -1,82 +1,20 @@
 //! Runs logged to a journal survive being cut off at any record and resumed.
 
+mod common;
+use common::{Charge, agent, script};
+
 use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::{Agent, InFlightDecision};
 use toolloop::journal::{Journal, JournalError, MemoryJournal, Record};
-use toolloop::message::{Message, ToolCall};
-use toolloop::model::ModelResponse;
+use toolloop::message::Message;
 use toolloop::outcome::{CallStatus, StopReason};
 use toolloop::providers::scripted::ScriptedModel;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
-
-/// A side-effecting tool that counts its effects by idempotency key.
-struct Charge {
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-    side_effect: SideEffect,
-    schema: Value,
-}
-
-#[async_trait]
-impl Tool for Charge {
-    fn name(&self) -> &str {
-        "charge"
-    }
-    fn description(&self) -> &str {
-        "Charges a card."
-    }
-    fn parameters(&self) -> &Value {
-        &self.schema
-    }
-    fn side_effect(&self) -> SideEffect {
-        self.side_effect
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        *self
-            .effects
-            .lock()
-            .unwrap()
-            .entry(ctx.idempotency_key.clone())
-            .or_default() += 1;
-        Ok(ToolOutput::text(format!("charged {}", args["amount"])))
-    }
-}
-
-fn script() -> Vec<ModelResponse> {
-    let c = |id: &str, amount: u32| ToolCall {
-        id: id.into(),
-        name: "charge".into(),
-        arguments: json!({"amount": amount}),
-        invalid_arguments: None,
-        provider_data: None,
-    };
-    vec![
-        ModelResponse::tool_calls(vec![c("a", 1), c("b", 2)]),
-        ModelResponse::tool_calls(vec![c("c", 3)]),
-        ModelResponse::text("charged three times"),
-    ]
-}
-
-fn agent(
-    model: ScriptedModel,
-    journal: Arc<dyn Journal>,
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-    side_effect: SideEffect,
-) -> Agent {
-    Agent::builder(model)
-        .tool(Charge {
-            effects,
-            side_effect,
-            schema: json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
-        })
-        .journal(journal)
-        .build()
-        .unwrap()
-}
+use toolloop::tool::SideEffect;
 
 /// A model that answers from the script by round (the number of assistant turns so far), so
 /// a resumed run gets the same answers as the original.

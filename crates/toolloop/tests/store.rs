@@ -1,6 +1,14 @@
 //! The store on SQLite, and on PostgreSQL when `TOOLLOOP_TEST_POSTGRES` names a database
 //! (`.ci/run` always sets it; without it the PostgreSQL half is skipped with a note).
 
+mod common;
+use common::script;
+
+/// The charge agent of the shared fixture, with a side-effecting tool.
+fn agent(model: ScriptedModel, journal: Arc<dyn Journal>, effects: common::Effects) -> Agent {
+    common::agent(model, journal, effects, SideEffect::SideEffecting)
+}
+
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -40,66 +48,6 @@ async fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, Store)> {
 /// A name unique to this test process and call, so tests can share one PostgreSQL database.
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", new_run_id())
-}
-
-struct Charge {
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-    schema: Value,
-}
-
-#[async_trait]
-impl Tool for Charge {
-    fn name(&self) -> &str {
-        "charge"
-    }
-    fn description(&self) -> &str {
-        "Charges a card."
-    }
-    fn parameters(&self) -> &Value {
-        &self.schema
-    }
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::SideEffecting
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        *self
-            .effects
-            .lock()
-            .unwrap()
-            .entry(ctx.idempotency_key.clone())
-            .or_default() += 1;
-        Ok(ToolOutput::text(format!("charged {}", args["amount"])))
-    }
-}
-
-fn script() -> Vec<ModelResponse> {
-    let c = |id: &str, amount: u32| ToolCall {
-        id: id.into(),
-        name: "charge".into(),
-        arguments: json!({"amount": amount}),
-        invalid_arguments: None,
-        provider_data: None,
-    };
-    vec![
-        ModelResponse::tool_calls(vec![c("a", 1), c("b", 2)]),
-        ModelResponse::tool_calls(vec![c("c", 3)]),
-        ModelResponse::text("charged three times"),
-    ]
-}
-
-fn agent(
-    model: ScriptedModel,
-    journal: Arc<dyn Journal>,
-    effects: Arc<Mutex<HashMap<String, u32>>>,
-) -> Agent {
-    Agent::builder(model)
-        .tool(Charge {
-            effects,
-            schema: json!({"type": "object", "properties": {"amount": {"type": "integer"}}}),
-        })
-        .journal(journal)
-        .build()
-        .unwrap()
 }
 
 #[tokio::test]
