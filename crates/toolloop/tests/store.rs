@@ -9,8 +9,7 @@ fn agent(model: ScriptedModel, journal: Arc<dyn Journal>, effects: common::Effec
     common::agent(model, journal, effects, SideEffect::SideEffecting)
 }
 
-use async_trait::async_trait;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,7 +21,7 @@ use toolloop::model::ModelResponse;
 use toolloop::outcome::{CallStatus, StopReason};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::store::{RunStatus, RunTags, Store};
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use toolloop::tool::SideEffect;
 
 /// The stores to test: a fresh SQLite file, and PostgreSQL when configured.
 async fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, Store)> {
