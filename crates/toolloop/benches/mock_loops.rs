@@ -27,7 +27,7 @@ use std::time::Instant;
 use toolloop::agent::Agent;
 use toolloop::mock::{MockOptions, start};
 use toolloop::model::ModelRequest;
-use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, build_request_body};
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, WireRequest};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 const PARALLEL: usize = 2;
@@ -131,7 +131,7 @@ impl toolloop::model::Model for Recorder {
         &self,
         r: &ModelRequest<'_>,
     ) -> Result<toolloop::model::ModelResponse, toolloop::model::ModelError> {
-        let body = build_request_body(r, &self.config, false).to_string();
+        let body = serde_json::to_vec(&WireRequest::new(r, &self.config, false)).expect("body");
         if let Ok(mut b) = self.bodies.lock() {
             b.push(body.into());
         }
@@ -163,13 +163,23 @@ async fn one_run_bodies(url: &str, scenario: &str, rounds: usize) -> Vec<bytes::
         .unwrap_or_default()
 }
 
-/// The raw ceiling: `n` concurrent clients, each replaying the request bodies of a whole run
-/// `per` times with a bare HTTP client (no loop, no adapter).
-async fn raw_rate(url: &str, bodies: &[bytes::Bytes], n: usize, per: usize) -> f64 {
-    let client = reqwest::Client::builder()
+/// A bare HTTP client that keeps up to `n` idle connections, like the loop's transport.
+fn bare_client(n: usize) -> reqwest::Client {
+    reqwest::Client::builder()
         .pool_max_idle_per_host(n)
         .build()
-        .expect("client");
+        .expect("client")
+}
+
+/// The raw ceiling: `n` concurrent tasks on one bare HTTP client (no loop, no adapter), each
+/// replaying the request bodies of a whole run `per` times.
+async fn raw_rate(
+    client: &reqwest::Client,
+    url: &str,
+    bodies: &[bytes::Bytes],
+    n: usize,
+    per: usize,
+) -> f64 {
     let endpoint = format!("{url}/chat/completions");
     let start = Instant::now();
     let tasks: Vec<_> = (0..n)
@@ -212,16 +222,17 @@ fn own_cost(rounds: usize) {
     rt.block_on(async move {
         let server = start(MockOptions::default()).await.expect("mock starts");
         let url = format!("{}/v1", server.base_url());
-        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL}");
+        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
         let bodies = one_run_bodies(&url, &scenario, rounds).await;
         let a = agent(&url, &scenario, rounds);
         let runs = 400;
         // warm up
-        raw_rate(&url, &bodies, 1, 50).await;
+        let client = bare_client(1);
+        raw_rate(&client, &url, &bodies, 1, 50).await;
         for _ in 0..50 {
             a.prompt("go").await;
         }
-        let raw = raw_rate(&url, &bodies, 1, runs).await;
+        let raw = raw_rate(&client, &url, &bodies, 1, runs).await;
         let before = server.stats();
         let start = Instant::now();
         for _ in 0..runs {
@@ -272,14 +283,19 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // `loop` or `raw` after N and R runs only that side at N for about 20 s, for a profiler.
+    if let Some(side) = std::env::args().skip(1).find(|a| a == "loop" || a == "raw") {
+        return rt.block_on(profile_side(side == "loop", big_n, rounds));
+    }
     own_cost(rounds);
     rt.block_on(async move {
         let server = start(MockOptions::default()).await.expect("mock starts");
         let url = format!("{}/v1", server.base_url());
-        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL}");
+        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
         let bodies = one_run_bodies(&url, &scenario, rounds).await;
         // warm up connections and allocators
-        raw_rate(&url, &bodies, 8, 10).await;
+        let client = bare_client(big_n);
+        raw_rate(&client, &url, &bodies, 8, 10).await;
         let a = agent(&url, &scenario, rounds);
         futures::future::join_all((0..8).map(|_| a.prompt("go"))).await;
 
@@ -295,7 +311,7 @@ fn main() {
             let mut best = (0.0f64, 0.0f64);
             for _ in 0..3 {
                 let per = (600 / n).max(2);
-                ceiling = ceiling.max(raw_rate(&url, &bodies, n, per).await);
+                ceiling = ceiling.max(raw_rate(&client, &url, &bodies, n, per).await);
                 let reps = (3000 / (n * (rounds + 1))).max(2);
                 let start = Instant::now();
                 let mut done = 0usize;
@@ -330,6 +346,41 @@ fn main() {
     memory(big_n, rounds);
 }
 
+/// Runs only the loops (or only the bare client) at `n` for about 20 s, so a profiler sees one
+/// side; prints its rounds/s.
+async fn profile_side(looping: bool, n: usize, rounds: usize) {
+    let server = start(MockOptions::default()).await.expect("mock starts");
+    let url = format!("{}/v1", server.base_url());
+    let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
+    let bodies = one_run_bodies(&url, &scenario, rounds).await;
+    let a = agent(&url, &scenario, rounds);
+    let client = bare_client(n);
+    let start = Instant::now();
+    let mut done = 0usize;
+    while start.elapsed().as_secs() < 20 {
+        if looping {
+            let tasks: Vec<_> = (0..n)
+                .map(|_| {
+                    let a = a.clone();
+                    tokio::spawn(async move { a.prompt("go").await })
+                })
+                .collect();
+            for t in tasks {
+                t.await.expect("loop task");
+            }
+        } else {
+            raw_rate(&client, &url, &bodies, n, 1).await;
+        }
+        done += n * (rounds + 1);
+    }
+    let side = if looping { "loop" } else { "bare client" };
+    println!(
+        "{side}: {:.0} rounds/s at N={n}",
+        done as f64 / start.elapsed().as_secs_f64()
+    );
+    server.shutdown().await;
+}
+
 /// Memory per in-flight loop, with the mock in a child process so only the loops count.
 fn memory(n: usize, rounds: usize) {
     let exe = std::env::current_exe().expect("own path");
@@ -348,7 +399,8 @@ fn memory(n: usize, rounds: usize) {
         .build()
         .expect("runtime");
     let (peak, base, transcript) = rt.block_on(async move {
-        let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},latency=300ms");
+        let scenario =
+            format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true,latency=300ms");
         let a = agent(&url, &scenario, rounds);
         // warm up with the same concurrency, so connection pools exist
         futures::future::join_all((0..n).map(|_| a.prompt("go"))).await;

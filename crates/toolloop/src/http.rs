@@ -196,11 +196,12 @@ impl HttpTransport {
     /// Reads a whole body, refusing one larger than the limit.
     async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, ModelError> {
         let limit = self.max_body_bytes;
-        if response
-            .content_length()
-            .is_some_and(|n| n as usize > limit)
-        {
-            return Err(ModelError::BodyTooLarge { limit });
+        match response.content_length() {
+            Some(n) if n as usize > limit => return Err(ModelError::BodyTooLarge { limit }),
+            // A declared length within the limit: the body can be no longer (hyper stops at the
+            // length), so it is collected whole, without copying chunk by chunk.
+            Some(_) => return response.bytes().await.map_err(transport_error),
+            None => {}
         }
         let mut stream = response.bytes_stream();
         let mut buf = Vec::new();

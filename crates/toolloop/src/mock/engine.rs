@@ -198,6 +198,13 @@ pub(crate) fn plan<'a>(
             if !arguments.is_object() {
                 arguments = Value::Object(Default::default());
             }
+            if scenario.distinct
+                && let Some(Value::String(text)) = arguments
+                    .as_object_mut()
+                    .and_then(|o| o.values_mut().find(|v| v.is_string()))
+            {
+                text.push_str(&format!(" #{}", start + i + 1));
+            }
             let arguments_json = arguments.to_string();
             let id = if id_prefix.is_empty() {
                 String::new()
@@ -382,5 +389,27 @@ mod tests {
             panic!("expected text")
         };
         assert!(text.contains("6 tool results"), "{text}");
+    }
+
+    #[test]
+    fn distinct_calls_number_their_first_string_argument() {
+        let schema = json!({"type": "object", "properties": {
+            "n": {"type": "integer"}, "path": {"type": "string"}}});
+        let tools = [OfferedTool {
+            name: "read",
+            schema: Some(&schema),
+        }];
+        let scenario = Scenario::from_model("mock:rounds=3,parallel=2,distinct=true").unwrap();
+        let p = Progress {
+            rounds: 1,
+            ..Progress::default()
+        };
+        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &AtomicU64::new(0)) else {
+            panic!("expected calls")
+        };
+        let paths: Vec<&Value> = calls.iter().map(|c| &c.arguments["path"]).collect();
+        assert_eq!(paths, [&json!("a #3"), &json!("a #4")]);
+        assert_eq!(calls[0].arguments["n"], json!(0));
+        assert!(calls[1].arguments_json.contains("a #4"));
     }
 }

@@ -35,6 +35,7 @@
 //! | `slow_delay` | duration | 1s | how late a `slow` fault's response head comes |
 //! | `text_calls` | a dialect: `ptk`, `hermes`, `mistral`, `llama3`, `qwen3-coder`, `json` | off | text-only mode: calls written in the reply's content in that dialect (see below); OpenAI route only |
 //! | `accept_tools` | `true` or `false` | `false` | with `text_calls`: accept requests that carry `tools` (still writing calls as text) |
+//! | `distinct` | `true` or `false` | `false` | every call's arguments differ: the first string argument gets ` #N` appended (N the call's number in the task), so duplicate-call detection lets every call run |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a

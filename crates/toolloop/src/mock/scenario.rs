@@ -18,7 +18,7 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
-                    retry_after, slow_delay, text_calls, accept_tools";
+                    retry_after, slow_delay, text_calls, accept_tools, distinct";
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -58,6 +58,10 @@ pub struct Scenario {
     /// In text-only mode, accept requests that carry a `tools` parameter (`accept_tools=true`,
     /// default false: such requests get the 400 a server without tool support gives).
     pub accept_tools: bool,
+    /// Make every call's arguments differ (`distinct=true`, default false): the first string
+    /// argument of each call gets ` #N` appended, N the call's number in the task, so a loop's
+    /// duplicate-call detection lets every call run.
+    pub distinct: bool,
 }
 
 impl Default for Scenario {
@@ -75,6 +79,7 @@ impl Default for Scenario {
             slow_delay: Duration::from_secs(1),
             text_calls: None,
             accept_tools: false,
+            distinct: false,
         }
     }
 }
@@ -114,7 +119,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 12] = [false; 12];
+        let mut seen: [bool; 13] = [false; 13];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -186,17 +191,12 @@ impl Scenario {
                     10
                 }
                 "accept_tools" => {
-                    scenario.accept_tools = match value {
-                        "true" => true,
-                        "false" => false,
-                        _ => {
-                            return Err(error(
-                                Some(key),
-                                format!("key `{key}` expects `true` or `false`, got `{value}`"),
-                            ));
-                        }
-                    };
+                    scenario.accept_tools = boolean(key, value)?;
                     11
+                }
+                "distinct" => {
+                    scenario.distinct = boolean(key, value)?;
+                    12
                 }
                 _ => {
                     return Err(error(
@@ -291,7 +291,21 @@ impl fmt::Display for Scenario {
         if self.accept_tools {
             put(f, format_args!("accept_tools=true"))?;
         }
+        if self.distinct {
+            put(f, format_args!("distinct=true"))?;
+        }
         Ok(())
+    }
+}
+
+fn boolean(key: &str, value: &str) -> Result<bool, ScenarioError> {
+    match value {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        _ => Err(error(
+            Some(key),
+            format!("key `{key}` expects `true` or `false`, got `{value}`"),
+        )),
     }
 }
 

@@ -85,7 +85,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
-use serde_json::{Map, Value, json};
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::{Value, json};
 use std::sync::Arc;
 
 /// OpenAI's own API.
@@ -305,7 +307,7 @@ impl OpenAiModel {
             .headers
             .as_ref()
             .map_err(|e| ModelError::Config(e.clone()))?;
-        let body = build_request_body(request, &self.inner.config, stream);
+        let body = WireRequest::new(request, &self.inner.config, stream);
         serde_json::to_vec(&body)
             .map(Bytes::from)
             .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
@@ -384,7 +386,8 @@ impl Model for OpenAiModel {
 // Requests
 // ---------------------------------------------------------------------------------------------
 
-/// The JSON body of one Chat Completions request.
+/// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
+/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree).
 ///
 /// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
 /// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
@@ -392,130 +395,224 @@ impl Model for OpenAiModel {
 /// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
 /// a JSON object is ignored here ([`OpenAiModel`] refuses it with a clear error).
 pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream: bool) -> Value {
-    let settings: &ModelSettings = req.settings;
-    let openai = config.is_openai();
-    let mut messages: Vec<Value> = req.messages.iter().map(wire_message).collect();
+    // Serializing into a value cannot fail: every map key is a string.
+    serde_json::to_value(WireRequest::new(req, config, stream)).unwrap_or(Value::Null)
+}
 
-    let reminders: Vec<String> = req.wrapped_reminders().collect();
-    if !reminders.is_empty() {
-        match config.reminder_role {
+/// A Chat Completions request body that serializes straight from the conversation, borrowing
+/// it; [`build_request_body`] is the same body as a JSON value.
+pub struct WireRequest<'a> {
+    req: &'a ModelRequest<'a>,
+    config: &'a OpenAiConfig,
+    stream: bool,
+    /// The extras' fields, later ones replacing earlier ones; they go last and replace any field
+    /// of the same name.
+    extras: Vec<(&'a str, &'a Value)>,
+}
+
+impl<'a> WireRequest<'a> {
+    /// The body of `req` for a server configured by `config`, streamed or not.
+    pub fn new(req: &'a ModelRequest<'a>, config: &'a OpenAiConfig, stream: bool) -> Self {
+        let mut extras: Vec<(&str, &Value)> = Vec::new();
+        for extra in [config.extra.as_ref(), req.settings.extra.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Value::Object(fields) = extra {
+                for (k, v) in fields {
+                    match extras.iter_mut().find(|(name, _)| name == k) {
+                        Some(slot) => slot.1 = v,
+                        None => extras.push((k, v)),
+                    }
+                }
+            }
+        }
+        WireRequest {
+            req,
+            config,
+            stream,
+            extras,
+        }
+    }
+
+    /// Writes one field, unless an extra replaces it.
+    fn field<M: SerializeMap, T: Serialize + ?Sized>(
+        &self,
+        map: &mut M,
+        name: &str,
+        value: &T,
+    ) -> Result<(), M::Error> {
+        if self.extras.iter().any(|(extra, _)| *extra == name) {
+            Ok(())
+        } else {
+            map.serialize_entry(name, value)
+        }
+    }
+}
+
+impl Serialize for WireRequest<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let settings: &ModelSettings = self.req.settings;
+        let mut map = s.serialize_map(None)?;
+        let model = settings.model.as_deref().unwrap_or(&self.config.model);
+        self.field(&mut map, "model", model)?;
+        let messages = WireMessages {
+            req: self.req,
+            role: self.config.reminder_role,
+        };
+        self.field(&mut map, "messages", &messages)?;
+        if !self.req.tools.is_empty() {
+            self.field(&mut map, "tools", &WireTools(self.req.tools))?;
+            // `auto` is every server's default; leaving it out keeps servers that reject an
+            // explicit `auto` (vLLM without --enable-auto-tool-choice) working when the model
+            // calls no tools.
+            match &settings.tool_choice {
+                ToolChoice::Auto => {}
+                ToolChoice::None => self.field(&mut map, "tool_choice", "none")?,
+                ToolChoice::Required => self.field(&mut map, "tool_choice", "required")?,
+                ToolChoice::Tool(name) => {
+                    let choice = json!({"type": "function", "function": {"name": name}});
+                    self.field(&mut map, "tool_choice", &choice)?
+                }
+            }
+        }
+        if let Some(t) = settings.temperature {
+            self.field(&mut map, "temperature", &json_number(t))?;
+        }
+        if let Some(n) = settings.max_output_tokens {
+            let name = if self.config.is_openai() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            self.field(&mut map, name, &n)?;
+        }
+        if self.stream {
+            self.field(&mut map, "stream", &true)?;
+            let options = json!({"include_usage": true});
+            self.field(&mut map, "stream_options", &options)?;
+        }
+        for (name, value) in &self.extras {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+/// The `messages` array: the conversation, then the reminders.
+struct WireMessages<'a> {
+    req: &'a ModelRequest<'a>,
+    role: ReminderRole,
+}
+
+impl Serialize for WireMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let messages = self.req.messages;
+        let reminders: Vec<String> = self.req.wrapped_reminders().collect();
+        let mut seq = s.serialize_seq(None)?;
+        match self.role {
+            _ if reminders.is_empty() => {
+                for m in messages {
+                    seq.serialize_element(&WireMessage(m))?;
+                }
+            }
             ReminderRole::System => {
-                for r in reminders {
-                    messages.push(json!({"role": "system", "content": r}));
+                for m in messages {
+                    seq.serialize_element(&WireMessage(m))?;
+                }
+                for r in &reminders {
+                    seq.serialize_element(&Plain {
+                        role: "system",
+                        content: r,
+                    })?;
                 }
             }
             ReminderRole::User => {
                 let joined = reminders.join("\n");
-                let last_is_user = messages
-                    .last()
-                    .is_some_and(|m| m["role"] == "user" && m["content"].is_string());
-                match messages.last_mut() {
-                    Some(Value::Object(last)) if last_is_user => {
-                        let content = last
-                            .get("content")
-                            .and_then(Value::as_str)
-                            .unwrap_or_default();
-                        let merged = format!("{content}\n\n{joined}");
-                        last.insert("content".into(), Value::String(merged));
-                    }
-                    _ => messages.push(json!({"role": "user", "content": joined})),
+                // Appended to a last user turn, so that no two user turns follow each other.
+                let (head, last_user) = match messages.split_last() {
+                    Some((Message::User { content }, head)) => (head, Some(content)),
+                    _ => (messages, None),
+                };
+                for m in head {
+                    seq.serialize_element(&WireMessage(m))?;
                 }
+                let content = match last_user {
+                    Some(content) => format!("{content}\n\n{joined}"),
+                    None => joined,
+                };
+                seq.serialize_element(&Plain {
+                    role: "user",
+                    content: &content,
+                })?;
             }
         }
+        seq.end()
     }
-
-    let mut body = Map::new();
-    let model = settings.model.as_deref().unwrap_or(&config.model);
-    body.insert("model".into(), json!(model));
-    body.insert("messages".into(), Value::Array(messages));
-    if !req.tools.is_empty() {
-        let tools: Vec<Value> = req
-            .tools
-            .iter()
-            .map(|t| {
-                json!({"type": "function", "function": {
-                    "name": t.name, "description": t.description, "parameters": t.parameters,
-                }})
-            })
-            .collect();
-        body.insert("tools".into(), Value::Array(tools));
-        // `auto` is every server's default; leaving it out keeps servers that reject an explicit
-        // `auto` (vLLM without --enable-auto-tool-choice) working when the model calls no tools.
-        match &settings.tool_choice {
-            ToolChoice::Auto => {}
-            ToolChoice::None => {
-                body.insert("tool_choice".into(), json!("none"));
-            }
-            ToolChoice::Required => {
-                body.insert("tool_choice".into(), json!("required"));
-            }
-            ToolChoice::Tool(name) => {
-                body.insert(
-                    "tool_choice".into(),
-                    json!({"type": "function", "function": {"name": name}}),
-                );
-            }
-        }
-    }
-    if let Some(t) = settings.temperature {
-        body.insert("temperature".into(), json_number(t));
-    }
-    if let Some(n) = settings.max_output_tokens {
-        let field = if openai {
-            "max_completion_tokens"
-        } else {
-            "max_tokens"
-        };
-        body.insert(field.into(), json!(n));
-    }
-    if stream {
-        body.insert("stream".into(), json!(true));
-        body.insert("stream_options".into(), json!({"include_usage": true}));
-    }
-    for extra in [config.extra.as_ref(), settings.extra.as_ref()]
-        .into_iter()
-        .flatten()
-    {
-        if let Value::Object(fields) = extra {
-            for (k, v) in fields {
-                body.insert(k.clone(), v.clone());
-            }
-        }
-    }
-    Value::Object(body)
 }
 
-fn wire_message(message: &Message) -> Value {
-    match message {
-        Message::System { content } => json!({"role": "system", "content": content}),
-        Message::User { content } => json!({"role": "user", "content": content}),
-        Message::Tool(r) => {
-            json!({"role": "tool", "tool_call_id": r.call_id, "content": r.content})
-        }
-        Message::Assistant(a) => {
-            let mut m = Map::new();
-            m.insert("role".into(), json!("assistant"));
-            let text = a.text.as_deref().filter(|t| !t.is_empty());
-            let content = match text {
-                Some(t) => json!(t),
-                None if !a.tool_calls.is_empty() => Value::Null,
-                None => json!(""),
-            };
-            m.insert("content".into(), content);
-            if !a.tool_calls.is_empty() {
-                let calls: Vec<Value> = a.tool_calls.iter().map(wire_tool_call).collect();
-                m.insert("tool_calls".into(), Value::Array(calls));
+/// A message that is only a role and text.
+#[derive(Serialize)]
+struct Plain<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+/// One message of the conversation on the wire.
+struct WireMessage<'a>(&'a Message);
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Message::System { content } => Plain {
+                role: "system",
+                content,
             }
-            for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
-                if let Value::Object(fields) = &part.data {
-                    for (k, v) in fields {
-                        if REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
-                            m.insert(k.clone(), v.clone());
+            .serialize(s),
+            Message::User { content } => Plain {
+                role: "user",
+                content,
+            }
+            .serialize(s),
+            Message::Tool(r) => {
+                let mut map = s.serialize_map(Some(3))?;
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", &r.call_id)?;
+                map.serialize_entry("content", &r.content)?;
+                map.end()
+            }
+            Message::Assistant(a) => {
+                let mut map = s.serialize_map(None)?;
+                map.serialize_entry("role", "assistant")?;
+                match a.text.as_deref().filter(|t| !t.is_empty()) {
+                    Some(t) => map.serialize_entry("content", t)?,
+                    None if !a.tool_calls.is_empty() => map.serialize_entry("content", &())?,
+                    None => map.serialize_entry("content", "")?,
+                }
+                if !a.tool_calls.is_empty() {
+                    let calls: Vec<WireToolCall> = a.tool_calls.iter().map(WireToolCall).collect();
+                    map.serialize_entry("tool_calls", &calls)?;
+                }
+                // This adapter's own parts, a later one replacing an earlier field.
+                let mut replayed: Vec<(&str, &Value)> = Vec::new();
+                for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+                    if let Value::Object(fields) = &part.data {
+                        for (k, v) in fields {
+                            if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
+                                continue;
+                            }
+                            match replayed.iter_mut().find(|(name, _)| name == k) {
+                                Some(slot) => slot.1 = v,
+                                None => replayed.push((k, v)),
+                            }
                         }
                     }
                 }
+                for (k, v) in replayed {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
             }
-            Value::Object(m)
         }
     }
 }
@@ -523,30 +620,217 @@ fn wire_message(message: &Message) -> Value {
 /// Assistant-message fields kept in this adapter's parts and sent back.
 const REPLAYED_MESSAGE_FIELDS: &[&str] = &["reasoning_content", "refusal", "extra_content"];
 
-fn wire_tool_call(call: &ToolCall) -> Value {
-    // `arguments` is always valid JSON; the model's invalid text (`invalid_arguments`) is never
-    // sent back, because strict servers reject the whole request over it.
-    let mut c = json!({
-        "id": call.id,
-        "type": "function",
-        "function": {"name": call.name, "arguments": call.arguments.to_string()},
-    });
-    if let Some(extra) = call
-        .provider_data
-        .as_ref()
-        .and_then(|d| d.get("extra_content"))
-        && let Value::Object(obj) = &mut c
-    {
-        obj.insert("extra_content".into(), extra.clone());
+/// One tool call of an assistant turn on the wire.
+///
+/// `arguments` is always valid JSON; the model's invalid text (`invalid_arguments`) is never sent
+/// back, because strict servers reject the whole request over it.
+struct WireToolCall<'a>(&'a ToolCall);
+
+impl Serialize for WireToolCall<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let call = self.0;
+        let extra = call
+            .provider_data
+            .as_ref()
+            .and_then(|d| d.get("extra_content"));
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("id", &call.id)?;
+        map.serialize_entry("type", "function")?;
+        map.serialize_entry(
+            "function",
+            &WireFunction {
+                name: &call.name,
+                // `to_string` on a value goes through the formatter, several times slower.
+                arguments: &serde_json::to_string(&call.arguments).unwrap_or_default(),
+            },
+        )?;
+        if let Some(extra) = extra {
+            map.serialize_entry("extra_content", extra)?;
+        }
+        map.end()
     }
-    c
+}
+
+#[derive(Serialize)]
+struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// The `tools` array.
+struct WireTools<'a>(&'a [ToolSpec]);
+
+impl Serialize for WireTools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            description: &'a str,
+            parameters: &'a Value,
+        }
+        #[derive(Serialize)]
+        struct Tool<'a> {
+            r#type: &'a str,
+            function: Function<'a>,
+        }
+        s.collect_seq(self.0.iter().map(|t| Tool {
+            r#type: "function",
+            function: Function {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters,
+            },
+        }))
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Complete responses
 // ---------------------------------------------------------------------------------------------
 
+/// Decodes a complete response: through typed, borrowing structures when the body has the usual
+/// shape, and through a JSON value otherwise (every quirk, and errors that say what was wrong).
+/// Both give the same response for any body the first accepts.
 fn decode_response(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    match typed::decode(body) {
+        Some(response) => Ok(response),
+        None => decode_value(body),
+    }
+}
+
+/// The typed fast path of [`decode_response`].
+mod typed {
+    use super::{
+        PROVIDER, ProviderPart, REPLAYED_MESSAGE_FIELDS, ToolCall, map_finish, new_call_id,
+        parse_usage, settle_finish,
+    };
+    use crate::model::ModelResponse;
+    use serde::Deserialize;
+    use serde::de::IgnoredAny;
+    use serde_json::{Value, json};
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    struct Completion<'a> {
+        #[serde(default)]
+        error: Option<IgnoredAny>,
+        #[serde(borrow)]
+        choices: Vec<Choice<'a>>,
+        #[serde(default)]
+        usage: Option<Value>,
+        #[serde(default)]
+        x_groq: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(default)]
+        index: Option<u64>,
+        #[serde(default, borrow)]
+        message: Option<Message<'a>>,
+        #[serde(default, borrow)]
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(default, borrow)]
+        content: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        tool_calls: Option<Vec<Call<'a>>>,
+        #[serde(default)]
+        reasoning_content: Option<Value>,
+        #[serde(default)]
+        refusal: Option<Value>,
+        #[serde(default)]
+        extra_content: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(default, borrow)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        function: Function<'a>,
+        #[serde(default)]
+        extra_content: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Cow<'a, str>,
+        #[serde(default, borrow)]
+        arguments: Option<Cow<'a, str>>,
+    }
+
+    /// The response, or `None` when the body is not of the usual shape (or is an error).
+    pub(super) fn decode(body: &[u8]) -> Option<ModelResponse> {
+        let c: Completion = serde_json::from_slice(body).ok()?;
+        if c.error.is_some() {
+            return None;
+        }
+        let usage = match (&c.usage, &c.x_groq) {
+            (Some(u @ Value::Object(_)), _) => Some(parse_usage(u)),
+            (_, Some(x)) => x.get("usage").filter(|u| u.is_object()).map(parse_usage),
+            _ => None,
+        };
+        let index = c
+            .choices
+            .iter()
+            .position(|c| c.index.unwrap_or(0) == 0)
+            .unwrap_or(0);
+        let choice = c.choices.into_iter().nth(index)?;
+        let mut response = ModelResponse {
+            text: None,
+            finish_reason: settle_finish(None, false),
+            tool_calls: Vec::new(),
+            usage,
+            parts: Vec::new(),
+            malformed_call: None,
+        };
+        if let Some(msg) = choice.message {
+            response.text = msg.content.filter(|t| !t.is_empty()).map(Cow::into_owned);
+            let replayed = [msg.reasoning_content, msg.refusal, msg.extra_content];
+            for (field, value) in REPLAYED_MESSAGE_FIELDS.iter().zip(replayed) {
+                let kept = match &value {
+                    Some(Value::String(s)) => !s.is_empty(),
+                    Some(Value::Null) | None => false,
+                    Some(_) => true,
+                };
+                if let (true, Some(value)) = (kept, value) {
+                    response.parts.push(ProviderPart {
+                        provider: PROVIDER.into(),
+                        data: json!({ *field: value }),
+                    });
+                }
+            }
+            for call in msg.tool_calls.unwrap_or_default() {
+                if call.function.name.is_empty() {
+                    // The value path says which call and why.
+                    return None;
+                }
+                let id = call
+                    .id
+                    .filter(|id| !id.is_empty())
+                    .map_or_else(new_call_id, Cow::into_owned);
+                let raw = call.function.arguments.unwrap_or_default();
+                let mut tool_call =
+                    ToolCall::from_raw_arguments(id, call.function.name.into_owned(), &raw);
+                if let Some(x) = call.extra_content.filter(|x| !x.is_null()) {
+                    tool_call.provider_data = Some(json!({ "extra_content": x }));
+                }
+                response.tool_calls.push(tool_call);
+            }
+        }
+        let finish = choice.finish_reason.as_deref().map(map_finish);
+        response.finish_reason = settle_finish(finish, !response.tool_calls.is_empty());
+        Some(response)
+    }
+}
+
+/// The value path of [`decode_response`].
+fn decode_value(body: &[u8]) -> Result<ModelResponse, ModelError> {
     let v: Value = serde_json::from_slice(body).map_err(|e| {
         ModelError::InvalidResponse(format!(
             "the response body is not JSON ({e}); expected a chat.completion object, got: {}",
@@ -700,18 +984,25 @@ fn usage_of(v: &Value) -> Option<Usage> {
 }
 
 fn parse_usage(u: &Value) -> Usage {
-    let cache_read = as_count(u.pointer("/prompt_tokens_details/cached_tokens"))
-        .or_else(|| as_count(u.get("cached_tokens")))
-        .or_else(|| as_count(u.get("prompt_cache_hit_tokens")))
-        .or_else(|| as_count(u.get("num_cached_tokens")))
-        .unwrap_or(0);
+    // Chained lookups: `pointer` allocates for every path segment.
+    let cache_read = as_count(
+        u.get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens")),
+    )
+    .or_else(|| as_count(u.get("cached_tokens")))
+    .or_else(|| as_count(u.get("prompt_cache_hit_tokens")))
+    .or_else(|| as_count(u.get("num_cached_tokens")))
+    .unwrap_or(0);
     Usage {
         input_tokens: as_count(u.get("prompt_tokens")).unwrap_or(0),
         output_tokens: as_count(u.get("completion_tokens")).unwrap_or(0),
         cache_read_tokens: cache_read,
         cache_write_tokens: 0,
-        reasoning_tokens: as_count(u.pointer("/completion_tokens_details/reasoning_tokens"))
-            .unwrap_or(0),
+        reasoning_tokens: as_count(
+            u.get("completion_tokens_details")
+                .and_then(|d| d.get("reasoning_tokens")),
+        )
+        .unwrap_or(0),
     }
 }
 
@@ -1540,11 +1831,11 @@ mod tests {
         assert_eq!((u.input_tokens, u.cache_read_tokens), (1187, 1152));
         // The reasoning goes back to the server on the next turn.
         let msg = Message::Assistant(r.to_message());
-        assert!(wire_message(&msg)["reasoning_content"].is_string());
+        assert!(serde_json::to_value(WireMessage(&msg)).unwrap()["reasoning_content"].is_string());
         // Gemini's thought signature on a tool call survives the round trip.
         let body = br#"{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"},"extra_content":{"google":{"thought_signature":"sig"}}}]}}]}"#;
         let r = decode_response(body).unwrap();
-        let wire = wire_message(&Message::Assistant(r.to_message()));
+        let wire = serde_json::to_value(WireMessage(&Message::Assistant(r.to_message()))).unwrap();
         assert_eq!(
             wire["tool_calls"][0]["extra_content"]["google"]["thought_signature"],
             "sig"
@@ -1630,6 +1921,168 @@ mod tests {
     fn without_ids(mut r: ModelResponse) -> ModelResponse {
         r.tool_calls.iter_mut().for_each(|c| c.id.clear());
         r
+    }
+
+    /// The typed path, where it accepts a body, decodes it as the value path does.
+    fn paths_agree(body: &[u8]) -> Result<bool, String> {
+        let Some(fast) = typed::decode(body) else {
+            return Ok(false);
+        };
+        match decode_value(body) {
+            Ok(slow) if without_ids(fast.clone()) == without_ids(slow.clone()) => Ok(true),
+            other => Err(format!(
+                "typed {fast:?}\nvalue {other:?}\nbody {}",
+                String::from_utf8_lossy(body)
+            )),
+        }
+    }
+
+    #[test]
+    fn typed_and_value_decoding_agree_on_the_corpus() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+        let mut typed = 0;
+        for case in std::fs::read_dir(&dir).unwrap() {
+            let case = case.unwrap().path();
+            let Ok(meta) = std::fs::read(case.join("meta.json")) else {
+                continue;
+            };
+            let meta: Value = serde_json::from_slice(&meta).unwrap();
+            if meta["api"] != "openai-chat" || meta["stream"] == true {
+                continue;
+            }
+            let file = meta["response_file"].as_str().unwrap_or("response.json");
+            let body = std::fs::read(case.join(file)).unwrap();
+            match paths_agree(&body) {
+                Ok(took) => typed += usize::from(took),
+                Err(e) => panic!("{}: {e}", case.display()),
+            }
+        }
+        // Every successful complete reply in the corpus has the usual shape.
+        assert!(
+            typed >= 12,
+            "the typed path took only {typed} corpus bodies"
+        );
+    }
+
+    /// Completion bodies built from the usual fields, each absent, of the right type, or odd:
+    /// null, of the wrong type, empty, escaped.
+    fn completion_body() -> BoxedStrategy<String> {
+        let odd = proptest::sample::select(vec![
+            "null",
+            "0",
+            "1",
+            "-1",
+            "0.0",
+            "\"\"",
+            "\"x\\n\\u00e9\"",
+            "{}",
+            "[]",
+            "{\"a\":1}",
+            "[{\"type\":\"text\",\"text\":\"hi\"}]",
+        ])
+        .prop_map(str::to_string)
+        .boxed();
+        let pick = |good: &[&'static str]| {
+            let good = proptest::sample::select(good.to_vec()).prop_map(str::to_string);
+            prop_oneof![12 => good, 1 => odd.clone()].boxed()
+        };
+        let object = |fields: Vec<(&'static str, BoxedStrategy<String>)>| {
+            let fields: Vec<_> = fields
+                .into_iter()
+                .map(|(k, v)| {
+                    proptest::option::weighted(0.85, v.prop_map(move |v| format!("\"{k}\":{v}")))
+                })
+                .collect();
+            fields
+                .prop_map(|f| {
+                    format!(
+                        "{{{}}}",
+                        f.into_iter().flatten().collect::<Vec<_>>().join(",")
+                    )
+                })
+                .boxed()
+        };
+        let array = |item: BoxedStrategy<String>| {
+            proptest::collection::vec(item, 0..3)
+                .prop_map(|items| format!("[{}]", items.join(",")))
+                .boxed()
+        };
+        let either =
+            |good: BoxedStrategy<String>| prop_oneof![12 => good, 1 => odd.clone()].boxed();
+        let function = object(vec![
+            (
+                "name",
+                pick(&["\"read\"", "\"read\"", "\"\"", "\"r\\u00e9ad\""]),
+            ),
+            (
+                "arguments",
+                pick(&[
+                    "\"{\\\"a\\\":1}\"",
+                    "\"\"",
+                    "{\"a\":1}",
+                    "\"{bad\"",
+                    "\"\\\"{}\\\"\"",
+                ]),
+            ),
+        ]);
+        let call = object(vec![
+            ("id", pick(&["\"call_1\"", "\"\"", "\"call_\\u00e9\""])),
+            ("type", pick(&["\"function\""])),
+            ("function", either(function)),
+            (
+                "extra_content",
+                pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+            ),
+        ]);
+        let message = object(vec![
+            ("role", pick(&["\"assistant\""])),
+            ("content", pick(&["\"hi\"", "\"\"", "\"a\\\"b\""])),
+            ("tool_calls", either(array(call))),
+            ("reasoning_content", pick(&["\"why\"", "\"\""])),
+            ("refusal", pick(&["\"no\"", "\"\""])),
+            ("extra_content", pick(&["{\"k\":1}"])),
+        ]);
+        let choice = object(vec![
+            ("index", pick(&["0", "1"])),
+            ("message", either(message)),
+            (
+                "finish_reason",
+                pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "\"odd\""]),
+            ),
+        ]);
+        let usage = "{\"prompt_tokens\":3,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":1}}";
+        let groq = "{\"usage\":{\"prompt_tokens\":5}}";
+        object(vec![
+            ("id", pick(&["\"chatcmpl-1\""])),
+            ("choices", either(array(choice))),
+            ("usage", pick(&[usage])),
+            ("x_groq", pick(&[groq])),
+            (
+                "error",
+                pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
+            ),
+        ])
+    }
+
+    #[test]
+    fn typed_decoding_agrees_with_the_value_path() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let strategy = completion_body();
+        let (mut typed, cases) = (0, 3000);
+        for _ in 0..cases {
+            let body = strategy.new_tree(&mut runner).unwrap().current();
+            match paths_agree(body.as_bytes()) {
+                Ok(took) => typed += usize::from(took),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // The bodies must exercise the typed path, not only the fallback.
+        assert!(
+            typed * 8 > cases,
+            "the typed path took only {typed} of {cases} bodies"
+        );
     }
 
     const LEAKED: &[&str] = &[
