@@ -27,7 +27,7 @@ use std::time::Instant;
 use toolloop::agent::Agent;
 use toolloop::mock::{MockOptions, start};
 use toolloop::model::ModelRequest;
-use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, WireRequest};
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 const PARALLEL: usize = 2;
@@ -118,7 +118,6 @@ fn rss_kib(field: &str) -> u64 {
 /// Records the request bodies a loop sends, so the raw ceiling replays exactly the same requests.
 struct Recorder {
     inner: OpenAiModel,
-    config: OpenAiConfig,
     bodies: std::sync::Mutex<Vec<bytes::Bytes>>,
 }
 
@@ -131,9 +130,9 @@ impl toolloop::model::Model for Recorder {
         &self,
         r: &ModelRequest<'_>,
     ) -> Result<toolloop::model::ModelResponse, toolloop::model::ModelError> {
-        let body = serde_json::to_vec(&WireRequest::new(r, &self.config, false)).expect("body");
+        let body = self.inner.request_body(r, false).expect("body");
         if let Ok(mut b) = self.bodies.lock() {
-            b.push(body.into());
+            b.push(body);
         }
         self.inner.complete(r).await
     }
@@ -143,8 +142,7 @@ impl toolloop::model::Model for Recorder {
 async fn one_run_bodies(url: &str, scenario: &str, rounds: usize) -> Vec<bytes::Bytes> {
     let config = OpenAiConfig::new(scenario).with_base_url(url);
     let recorder = Recorder {
-        inner: OpenAiModel::new(config.clone()),
-        config,
+        inner: OpenAiModel::new(config),
         bodies: std::sync::Mutex::new(Vec::new()),
     };
     let recorder = Arc::new(recorder);

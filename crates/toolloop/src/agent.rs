@@ -10,7 +10,9 @@ use crate::engine::{Batch, Interrupt, Machine, Step};
 use crate::event::Event;
 use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
-use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolChoice};
+use crate::model::{
+    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, PrefixCache, ToolChoice,
+};
 use crate::outcome::Outcome;
 use crate::price::PriceTable;
 use crate::stream::{Accumulator, StreamEvent};
@@ -314,6 +316,8 @@ impl Agent {
             }
         };
         let mut store_error: Option<String> = None;
+        // The transcript only grows during a run, so adapters may reuse their encoding of it.
+        let prefix_cache = PrefixCache::new();
         loop {
             emit(&mut machine);
             match machine.next_step() {
@@ -330,6 +334,7 @@ impl Agent {
                         reminders: &reminders,
                         tools: self.toolbox.specs(),
                         settings: &self.settings,
+                        prefix_cache: Some(&prefix_cache),
                     };
                     let call = self.call_model(request, round, sink.as_ref());
                     match guard(call, &cancel, deadline).await {

@@ -652,8 +652,7 @@ impl Machine {
         if window == 0 {
             return false;
         }
-        let key = call.canonical_arguments();
-        let same = |c: &ToolCall| c.name == call.name && c.canonical_arguments() == key;
+        let same = |c: &ToolCall| c.name == call.name && c.same_arguments(call);
         this_round
             .iter()
             .rev()

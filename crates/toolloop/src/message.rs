@@ -183,7 +183,18 @@ impl ToolCall {
         }
     }
 
-    /// The arguments in canonical form (object keys sorted, no spaces), used to compare calls.
+    /// Whether two calls have the same arguments: equal JSON values (object key order does not
+    /// matter), or the same invalid argument text. Agrees with comparing
+    /// [`ToolCall::canonical_arguments`], without writing either out.
+    pub fn same_arguments(&self, other: &ToolCall) -> bool {
+        match (&self.invalid_arguments, &other.invalid_arguments) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.arguments == other.arguments,
+            _ => false,
+        }
+    }
+
+    /// The arguments in canonical form (object keys sorted, no spaces).
     pub fn canonical_arguments(&self) -> String {
         match &self.invalid_arguments {
             Some(raw) => format!("invalid:{raw}"),
@@ -220,7 +231,7 @@ pub fn canonical_json(value: &Value) -> String {
                     if i > 0 {
                         out.push(',');
                     }
-                    out.push_str(&Value::String(k.clone()).to_string());
+                    push_json(k, out);
                     out.push(':');
                     write(&map[k], out);
                 }
@@ -236,8 +247,13 @@ pub fn canonical_json(value: &Value) -> String {
                 }
                 out.push(']');
             }
-            other => out.push_str(&other.to_string()),
+            other => push_json(other, out),
         }
+    }
+    // `serde_json::to_string` writes straight to a buffer; `Value::to_string` goes through the
+    // formatter, several times slower.
+    fn push_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut String) {
+        out.push_str(&serde_json::to_string(value).unwrap_or_default());
     }
     let mut out = String::new();
     write(value, &mut out);
@@ -357,6 +373,42 @@ mod tests {
     fn canonical_json_sorts_keys() {
         let v = json!({"b": [1, {"d": 1, "c": 2}], "a": "x"});
         assert_eq!(canonical_json(&v), r#"{"a":"x","b":[1,{"c":2,"d":1}]}"#);
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn same_arguments_agrees_with_canonical_forms(
+            a in arguments(), b in arguments(), swap in proptest::bool::ANY,
+        ) {
+            let call = |raw: &str| ToolCall::from_raw_arguments("c".into(), "t".into(), raw);
+            let (x, y) = (call(&a), call(if swap { &a } else { &b }));
+            proptest::prop_assert_eq!(
+                x.same_arguments(&y),
+                x.canonical_arguments() == y.canonical_arguments()
+            );
+        }
+    }
+
+    /// Argument texts: objects whose keys come in any order, scalars, and invalid text.
+    fn arguments() -> impl proptest::strategy::Strategy<Value = String> {
+        use proptest::prelude::*;
+        let scalar = prop_oneof![
+            Just("1".to_string()),
+            Just("1.0".to_string()),
+            Just("\"1\"".to_string()),
+            Just("null".to_string()),
+            Just("[1,{\"a\":2}]".to_string()),
+        ];
+        prop_oneof![
+            4 => proptest::collection::vec((proptest::sample::select(vec!["a", "b", "c"]), scalar.clone()), 0..4)
+                .prop_map(|fields| {
+                    let inner: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                    format!("{{{}}}", inner.join(","))
+                }),
+            1 => scalar,
+            1 => Just("{oops".to_string()),
+            1 => Just("{\"a\":".to_string()),
+        ]
     }
 
     #[test]

@@ -47,6 +47,56 @@ pub struct ModelRequest<'a> {
     pub tools: &'a [ToolSpec],
     /// Model name, temperature, limits, tool choice.
     pub settings: &'a ModelSettings,
+    /// Where an adapter may keep its encoding of the conversation between the requests of one
+    /// run, so that each request encodes only the messages added since the last one. `None`
+    /// (always correct) encodes everything. See [`PrefixCache`] for the promise that comes with
+    /// it.
+    pub prefix_cache: Option<&'a PrefixCache>,
+}
+
+/// Memory, for one run, of how an adapter encoded the conversation so far, so that a request
+/// costs the messages added since the last one rather than the whole history.
+///
+/// The [`Agent`](crate::agent::Agent) creates one per run and passes it in every request of
+/// that run. Whoever passes one promises that each request's `messages` begin with the previous
+/// request's `messages`, unchanged (the loop only ever appends). A wrapper that rewrites the
+/// conversation before calling an inner model (as [`Prompted`](crate::ptk::Prompted) does)
+/// passes `None`. An adapter keeps what it needs here and checks, before using it, that it is
+/// its own, that the conversation did not shrink, and that the last message it remembers is
+/// unchanged; otherwise it encodes everything.
+#[derive(Default)]
+pub struct PrefixCache {
+    slot: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
+}
+
+impl PrefixCache {
+    /// An empty cache.
+    pub fn new() -> Self {
+        PrefixCache::default()
+    }
+
+    /// Takes what an adapter left here, if it is a `T`.
+    pub fn take<T: std::any::Any + Send>(&self) -> Option<T> {
+        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.take()?.downcast::<T>() {
+            Ok(value) => Some(*value),
+            Err(other) => {
+                *slot = Some(other);
+                None
+            }
+        }
+    }
+
+    /// Leaves `value` here for the next request, replacing anything else.
+    pub fn put<T: std::any::Any + Send>(&self, value: T) {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(value));
+    }
+}
+
+impl std::fmt::Debug for PrefixCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PrefixCache")
+    }
 }
 
 impl ModelRequest<'_> {

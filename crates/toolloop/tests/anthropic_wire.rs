@@ -134,6 +134,7 @@ fn request<'a>(
         reminders: &[],
         tools,
         settings,
+        prefix_cache: None,
     }
 }
 

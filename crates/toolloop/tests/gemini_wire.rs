@@ -129,6 +129,7 @@ fn request<'a>(
         reminders: &[],
         tools,
         settings,
+        prefix_cache: None,
     }
 }
 

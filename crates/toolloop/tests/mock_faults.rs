@@ -560,6 +560,7 @@ mod clients {
             reminders: &[],
             tools: &tools,
             settings: &settings,
+            prefix_cache: None,
         };
         let response = if stream {
             let mut events = model.stream(&request).await.map_err(|e| e.to_string())?;

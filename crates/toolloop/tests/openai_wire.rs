@@ -137,6 +137,7 @@ async fn call(model: &OpenAiModel, stream: bool) -> Result<ModelResponse, ModelE
         reminders: &[],
         tools: &tools,
         settings: &settings,
+        prefix_cache: None,
     };
     if stream {
         ModelResponse::from_stream(model.stream(&req).await?).await
@@ -492,6 +493,7 @@ async fn a_stream_that_delivered_text_then_broke_is_not_replayed() {
         reminders: &[],
         tools: &[],
         settings: &settings,
+        prefix_cache: None,
     };
     let items: Vec<_> = model.stream(&req).await.unwrap().collect().await;
     assert_eq!(server.count.load(Ordering::SeqCst), 1, "never replayed");
@@ -592,6 +594,7 @@ async fn the_next_turn_replays_calls_and_results_validly() {
         reminders: &reminders,
         tools: &tools,
         settings: &settings,
+        prefix_cache: None,
     };
     let r = model.complete(&req).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("It is sunny."));

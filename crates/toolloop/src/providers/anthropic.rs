@@ -1000,6 +1000,7 @@ mod tests {
             reminders,
             tools,
             settings: &settings,
+            prefix_cache: None,
         };
         build_request_body(&req, cfg, false)
     }
@@ -1308,6 +1309,7 @@ mod tests {
             reminders: &[],
             tools: &tools,
             settings: &settings,
+            prefix_cache: None,
         };
         let b = build_request_body(&req, &cfg, true);
         assert_eq!(b["model"], "claude-other");

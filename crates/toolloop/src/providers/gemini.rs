@@ -875,6 +875,7 @@ mod tests {
             reminders,
             tools,
             settings: &settings,
+            prefix_cache: None,
         };
         build_request_body(&req, &GeminiConfig::new("gemini-test"), false)
     }
@@ -1040,6 +1041,7 @@ mod tests {
             reminders: &[],
             tools: &tools,
             settings: &settings,
+            prefix_cache: None,
         };
         let v = build_request_body(&req, &GeminiConfig::new("m"), true);
         assert_eq!(

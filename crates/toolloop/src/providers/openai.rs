@@ -73,7 +73,7 @@ use crate::http::{HttpTransport, retry_after, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
-    ModelSettings, ToolChoice, ToolSpec,
+    ModelSettings, PrefixCache, ToolChoice, ToolSpec,
 };
 use crate::providers::Decoded;
 use crate::providers::wire::{self, SseDecode, json_number};
@@ -300,7 +300,14 @@ impl OpenAiModel {
         self.inner.config.rescue_text_tool_calls && !request.tools.is_empty()
     }
 
-    fn prepare(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+    /// The exact body this model sends for `request` (streamed or not), after checking the
+    /// configuration. With a [`PrefixCache`] in the request, the messages encoded for the run's
+    /// previous request are reused and the cache is updated, as in a real call.
+    pub fn request_body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Bytes, ModelError> {
         check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
         check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
         self.inner
@@ -308,9 +315,13 @@ impl OpenAiModel {
             .as_ref()
             .map_err(|e| ModelError::Config(e.clone()))?;
         let body = WireRequest::new(request, &self.inner.config, stream);
-        serde_json::to_vec(&body)
-            .map(Bytes::from)
-            .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
+        let owner = Arc::as_ptr(&self.inner) as usize;
+        match request.prefix_cache {
+            Some(cache) => body.to_vec_cached(cache, owner),
+            None => serde_json::to_vec(&body),
+        }
+        .map(Bytes::from)
+        .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
     }
 }
 
@@ -338,7 +349,7 @@ impl Model for OpenAiModel {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.prepare(request, false)?;
+        let body = self.request_body(request, false)?;
         let inner = &self.inner;
         let response = inner
             .config
@@ -360,7 +371,7 @@ impl Model for OpenAiModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.prepare(request, true)?;
+        let body = self.request_body(request, true)?;
         let inner = &self.inner;
         let rescue_tools: Option<Arc<[ToolSpec]>> =
             self.rescues(request).then(|| Arc::from(request.tools));
@@ -408,6 +419,8 @@ pub struct WireRequest<'a> {
     /// The extras' fields, later ones replacing earlier ones; they go last and replace any field
     /// of the same name.
     extras: Vec<(&'a str, &'a Value)>,
+    /// Leave `messages` out (the cached encoding writes them itself).
+    skip_messages: bool,
 }
 
 impl<'a> WireRequest<'a> {
@@ -432,6 +445,7 @@ impl<'a> WireRequest<'a> {
             config,
             stream,
             extras,
+            skip_messages: false,
         }
     }
 
@@ -456,11 +470,13 @@ impl Serialize for WireRequest<'_> {
         let mut map = s.serialize_map(None)?;
         let model = settings.model.as_deref().unwrap_or(&self.config.model);
         self.field(&mut map, "model", model)?;
-        let messages = WireMessages {
-            req: self.req,
-            role: self.config.reminder_role,
-        };
-        self.field(&mut map, "messages", &messages)?;
+        if !self.skip_messages {
+            let messages = WireMessages {
+                req: self.req,
+                role: self.config.reminder_role,
+            };
+            self.field(&mut map, "messages", &messages)?;
+        }
         if !self.req.tools.is_empty() {
             self.field(&mut map, "tools", &WireTools(self.req.tools))?;
             // `auto` is every server's default; leaving it out keeps servers that reject an
@@ -505,49 +521,120 @@ struct WireMessages<'a> {
     role: ReminderRole,
 }
 
-impl Serialize for WireMessages<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+impl<'a> WireMessages<'a> {
+    /// The messages sent as they are (all of them, or all but a last user turn that the
+    /// reminders are appended to), and what follows them: `(role, content)` messages.
+    fn split(&self) -> (&'a [Message], Vec<(&'static str, String)>) {
         let messages = self.req.messages;
         let reminders: Vec<String> = self.req.wrapped_reminders().collect();
-        let mut seq = s.serialize_seq(None)?;
+        if reminders.is_empty() {
+            return (messages, Vec::new());
+        }
         match self.role {
-            _ if reminders.is_empty() => {
-                for m in messages {
-                    seq.serialize_element(&WireMessage(m))?;
-                }
-            }
-            ReminderRole::System => {
-                for m in messages {
-                    seq.serialize_element(&WireMessage(m))?;
-                }
-                for r in &reminders {
-                    seq.serialize_element(&Plain {
-                        role: "system",
-                        content: r,
-                    })?;
-                }
-            }
+            ReminderRole::System => (
+                messages,
+                reminders.into_iter().map(|r| ("system", r)).collect(),
+            ),
             ReminderRole::User => {
                 let joined = reminders.join("\n");
                 // Appended to a last user turn, so that no two user turns follow each other.
-                let (head, last_user) = match messages.split_last() {
-                    Some((Message::User { content }, head)) => (head, Some(content)),
-                    _ => (messages, None),
-                };
-                for m in head {
-                    seq.serialize_element(&WireMessage(m))?;
+                match messages.split_last() {
+                    Some((Message::User { content }, head)) => {
+                        (head, vec![("user", format!("{content}\n\n{joined}"))])
+                    }
+                    _ => (messages, vec![("user", joined)]),
                 }
-                let content = match last_user {
-                    Some(content) => format!("{content}\n\n{joined}"),
-                    None => joined,
-                };
-                seq.serialize_element(&Plain {
-                    role: "user",
-                    content: &content,
-                })?;
             }
         }
+    }
+}
+
+impl Serialize for WireMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (head, tail) = self.split();
+        let mut seq = s.serialize_seq(Some(head.len() + tail.len()))?;
+        for m in head {
+            seq.serialize_element(&WireMessage(m))?;
+        }
+        for (role, content) in &tail {
+            seq.serialize_element(&Plain { role, content })?;
+        }
         seq.end()
+    }
+}
+
+/// What [`OpenAiModel`] keeps in a [`PrefixCache`]: the encoding of the first `count` messages.
+struct EncodedPrefix {
+    /// The adapter that wrote it.
+    owner: usize,
+    count: usize,
+    /// The last of those messages, to check that the conversation still begins with them.
+    last: Message,
+    /// Their encodings, joined by commas.
+    json: Vec<u8>,
+}
+
+impl WireRequest<'_> {
+    /// The body, reusing the encoding of the conversation's beginning kept in `cache` by the
+    /// adapter `owner`, and leaving the longer one there. Gives the same bytes as serializing
+    /// `self`, but with `messages` first.
+    fn to_vec_cached(&self, cache: &PrefixCache, owner: usize) -> serde_json::Result<Vec<u8>> {
+        if self.extras.iter().any(|(name, _)| *name == "messages") {
+            return serde_json::to_vec(self);
+        }
+        let messages = WireMessages {
+            req: self.req,
+            role: self.config.reminder_role,
+        };
+        let (head, tail) = messages.split();
+        let mut prefix = match cache.take::<EncodedPrefix>() {
+            Some(p)
+                if p.owner == owner
+                    && p.count > 0
+                    && p.count <= head.len()
+                    && head[p.count - 1] == p.last =>
+            {
+                p
+            }
+            _ => EncodedPrefix {
+                owner,
+                count: 0,
+                last: Message::user(""),
+                json: Vec::new(),
+            },
+        };
+        for m in &head[prefix.count..] {
+            if !prefix.json.is_empty() {
+                prefix.json.push(b',');
+            }
+            serde_json::to_writer(&mut prefix.json, &WireMessage(m))?;
+        }
+        let rest = serde_json::to_vec(&WireRequest {
+            skip_messages: true,
+            extras: self.extras.clone(),
+            ..*self
+        })?;
+        let mut body = Vec::with_capacity(prefix.json.len() + rest.len() + 64);
+        body.extend_from_slice(b"{\"messages\":[");
+        body.extend_from_slice(&prefix.json);
+        for (role, content) in &tail {
+            if body.last() != Some(&b'[') {
+                body.push(b',');
+            }
+            serde_json::to_writer(&mut body, &Plain { role, content })?;
+        }
+        body.push(b']');
+        // `rest` is `{}` or `{…}`: its fields follow the messages.
+        if rest.len() > 2 {
+            body.push(b',');
+        }
+        body.extend_from_slice(&rest[1..]);
+        if let Some(last) = head.last() {
+            prefix.count = head.len();
+            prefix.last = last.clone();
+            cache.put(prefix);
+        }
+        Ok(body)
     }
 }
 
@@ -1456,6 +1543,87 @@ mod tests {
         ]
     }
 
+    /// One step of a growing conversation, for the prefix-cache property.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Append this message of [`conversation`] (by index, cycling).
+        Append(usize),
+        /// Set the number of reminders for the next requests.
+        Reminders(usize),
+        /// Break the promise: change the last message (the cache must notice).
+        EditLast,
+        /// Drop the last message (the cache must notice).
+        Shrink,
+        /// Use the other of two models with the same cache (the cache must not be shared).
+        SwapModel,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0usize..5).prop_map(Step::Append),
+            2 => (0usize..3).prop_map(Step::Reminders),
+            1 => Just(Step::EditLast),
+            1 => Just(Step::Shrink),
+            1 => Just(Step::SwapModel),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn cached_encoding_is_the_full_encoding(
+            steps in proptest::collection::vec(step(), 1..24),
+            user_role in proptest::bool::ANY,
+            stream in proptest::bool::ANY,
+            extra in proptest::bool::ANY,
+        ) {
+            let template = conversation();
+            let mut configs = [
+                OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"),
+                OpenAiConfig::new("m2").with_base_url("http://127.0.0.1:1/v1"),
+            ];
+            for c in &mut configs {
+                c.reminder_role = if user_role { ReminderRole::User } else { ReminderRole::System };
+                c.extra = extra.then(|| json!({"top_k": 20, "model": "other"}));
+            }
+            let models = configs.clone().map(OpenAiModel::new);
+            let tools = [ToolSpec {
+                name: "read".into(),
+                description: "Reads".into(),
+                parameters: json!({"type": "object"}),
+            }];
+            let settings = settings();
+            let cache = PrefixCache::new();
+            let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
+            for step in steps {
+                match step {
+                    Step::Append(i) => messages.push(template[i % template.len()].clone()),
+                    Step::Reminders(n) => reminders = (0..n).map(|i| format!("r{i}")).collect(),
+                    Step::EditLast => {
+                        if let Some(Message::User { content } | Message::System { content }) = messages.last_mut() {
+                            content.push('!');
+                        } else {
+                            messages.push(Message::user("edited"));
+                        }
+                    }
+                    Step::Shrink => {
+                        messages.pop();
+                    }
+                    Step::SwapModel => which = 1 - which,
+                }
+                let request = ModelRequest {
+                    messages: &messages,
+                    reminders: &reminders,
+                    tools: &tools,
+                    settings: &settings,
+                    prefix_cache: Some(&cache),
+                };
+                let cached = models[which].request_body(&request, stream).unwrap();
+                let cached: Value = serde_json::from_slice(&cached).unwrap();
+                prop_assert_eq!(cached, build_request_body(&request, &configs[which], stream));
+            }
+        }
+    }
+
     fn body(
         messages: &[Message],
         reminders: &[String],
@@ -1472,6 +1640,7 @@ mod tests {
             reminders,
             tools: &tools,
             settings: s,
+            prefix_cache: None,
         };
         build_request_body(&req, config, false)
     }
@@ -1588,6 +1757,7 @@ mod tests {
             reminders: &[],
             tools: &tools,
             settings: &s,
+            prefix_cache: None,
         };
         let b = build_request_body(&req, &config, true);
         assert_eq!(b["max_completion_tokens"], 100);

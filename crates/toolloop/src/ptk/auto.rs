@@ -183,6 +183,7 @@ mod tests {
             reminders: &[],
             tools: &tools,
             settings: &settings,
+            prefix_cache: None,
         };
         for (streamed, in_stream) in [(false, false), (true, false), (true, true)] {
             let server = Arc::new(Server {
