@@ -351,16 +351,14 @@ impl Model for OpenAiModel {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = self.request_body(request, false)?;
         let inner = &self.inner;
+        let headers = inner
+            .headers
+            .as_ref()
+            .map_err(|e| ModelError::Config(e.clone()))?;
         let response = inner
             .config
             .transport
-            .post_json(
-                &inner.url,
-                &inner.headers(),
-                body,
-                parse_error,
-                decode_response,
-            )
+            .post_json(&inner.url, headers, body, parse_error, decode_response)
             .await
             .map_err(classify)?;
         Ok(if self.rescues(request) {
@@ -792,6 +790,7 @@ mod typed {
         parse_usage, settle_finish,
     };
     use crate::model::ModelResponse;
+    use crate::usage::Usage;
     use serde::Deserialize;
     use serde::de::IgnoredAny;
     use serde_json::{Value, json};
@@ -802,11 +801,62 @@ mod typed {
         #[serde(default)]
         error: Option<IgnoredAny>,
         #[serde(borrow)]
-        choices: Vec<Choice<'a>>,
+        choices: Vec<Obj<Choice<'a>>>,
         #[serde(default)]
-        usage: Option<Value>,
+        usage: Option<Obj<WireUsage>>,
         #[serde(default)]
         x_groq: Option<Value>,
+    }
+
+    /// A usage object of whole counts (anything else goes the value path).
+    #[derive(Deserialize)]
+    struct WireUsage {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_tokens_details: Option<Obj<Details>>,
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_cache_hit_tokens: Option<u64>,
+        #[serde(default)]
+        num_cached_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens_details: Option<Obj<Details>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+        #[serde(default)]
+        reasoning_tokens: Option<u64>,
+    }
+
+    impl WireUsage {
+        fn usage(&self) -> Usage {
+            let cache_read = self
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.0.cached_tokens)
+                .or(self.cached_tokens)
+                .or(self.prompt_cache_hit_tokens)
+                .or(self.num_cached_tokens)
+                .unwrap_or(0);
+            Usage {
+                input_tokens: self.prompt_tokens.unwrap_or(0),
+                output_tokens: self.completion_tokens.unwrap_or(0),
+                cache_read_tokens: cache_read,
+                cache_write_tokens: 0,
+                reasoning_tokens: self
+                    .completion_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.0.reasoning_tokens)
+                    .unwrap_or(0),
+            }
+        }
     }
 
     #[derive(Deserialize)]
@@ -814,7 +864,7 @@ mod typed {
         #[serde(default)]
         index: Option<u64>,
         #[serde(default, borrow)]
-        message: Option<Message<'a>>,
+        message: Option<Obj<Message<'a>>>,
         #[serde(default, borrow)]
         finish_reason: Option<Cow<'a, str>>,
     }
@@ -824,7 +874,7 @@ mod typed {
         #[serde(default, borrow)]
         content: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
-        tool_calls: Option<Vec<Call<'a>>>,
+        tool_calls: Option<Vec<Obj<Call<'a>>>>,
         #[serde(default)]
         reasoning_content: Option<Value>,
         #[serde(default)]
@@ -838,7 +888,7 @@ mod typed {
         #[serde(default, borrow)]
         id: Option<Cow<'a, str>>,
         #[serde(borrow)]
-        function: Function<'a>,
+        function: Obj<Function<'a>>,
         #[serde(default)]
         extra_content: Option<Value>,
     }
@@ -851,23 +901,42 @@ mod typed {
         arguments: Option<Cow<'a, str>>,
     }
 
+    /// A value that must be a JSON object: a derived `Deserialize` would also take an array.
+    struct Obj<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Only<T>(std::marker::PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+                type Value = T;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                }
+            }
+            d.deserialize_map(Only(std::marker::PhantomData)).map(Obj)
+        }
+    }
+
     /// The response, or `None` when the body is not of the usual shape (or is an error).
     pub(super) fn decode(body: &[u8]) -> Option<ModelResponse> {
-        let c: Completion = serde_json::from_slice(body).ok()?;
+        let Obj(c): Obj<Completion> = serde_json::from_slice(body).ok()?;
         if c.error.is_some() {
             return None;
         }
         let usage = match (&c.usage, &c.x_groq) {
-            (Some(u @ Value::Object(_)), _) => Some(parse_usage(u)),
-            (_, Some(x)) => x.get("usage").filter(|u| u.is_object()).map(parse_usage),
-            _ => None,
+            (Some(u), _) => Some(u.0.usage()),
+            (None, Some(x)) => x.get("usage").filter(|u| u.is_object()).map(parse_usage),
+            (None, None) => None,
         };
         let index = c
             .choices
             .iter()
-            .position(|c| c.index.unwrap_or(0) == 0)
+            .position(|c| c.0.index.unwrap_or(0) == 0)
             .unwrap_or(0);
-        let choice = c.choices.into_iter().nth(index)?;
+        let Obj(choice) = c.choices.into_iter().nth(index)?;
         let mut response = ModelResponse {
             text: None,
             finish_reason: settle_finish(None, false),
@@ -876,7 +945,7 @@ mod typed {
             parts: Vec::new(),
             malformed_call: None,
         };
-        if let Some(msg) = choice.message {
+        if let Some(Obj(msg)) = choice.message {
             response.text = msg.content.filter(|t| !t.is_empty()).map(Cow::into_owned);
             let replayed = [msg.reasoning_content, msg.refusal, msg.extra_content];
             for (field, value) in REPLAYED_MESSAGE_FIELDS.iter().zip(replayed) {
@@ -892,8 +961,8 @@ mod typed {
                     });
                 }
             }
-            for call in msg.tool_calls.unwrap_or_default() {
-                if call.function.name.is_empty() {
+            for Obj(call) in msg.tool_calls.unwrap_or_default() {
+                if call.function.0.name.is_empty() {
                     // The value path says which call and why.
                     return None;
                 }
@@ -901,9 +970,9 @@ mod typed {
                     .id
                     .filter(|id| !id.is_empty())
                     .map_or_else(new_call_id, Cow::into_owned);
-                let raw = call.function.arguments.unwrap_or_default();
+                let raw = call.function.0.arguments.unwrap_or_default();
                 let mut tool_call =
-                    ToolCall::from_raw_arguments(id, call.function.name.into_owned(), &raw);
+                    ToolCall::from_raw_arguments(id, call.function.0.name.into_owned(), &raw);
                 if let Some(x) = call.extra_content.filter(|x| !x.is_null()) {
                     tool_call.provider_data = Some(json!({ "extra_content": x }));
                 }
@@ -2149,6 +2218,7 @@ mod tests {
             "[]",
             "{\"a\":1}",
             "[{\"type\":\"text\",\"text\":\"hi\"}]",
+            "[\"hi\",[]]",
         ])
         .prop_map(str::to_string)
         .boxed();
@@ -2220,12 +2290,26 @@ mod tests {
                 pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "\"odd\""]),
             ),
         ]);
-        let usage = "{\"prompt_tokens\":3,\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":1}}";
+        let usage = object(vec![
+            ("prompt_tokens", pick(&["3", "3", "3", "3.0"])),
+            ("completion_tokens", pick(&["2"])),
+            (
+                "prompt_tokens_details",
+                pick(&["{\"cached_tokens\":1}", "{\"cached_tokens\":null}", "null"]),
+            ),
+            ("cached_tokens", pick(&["4"])),
+            ("prompt_cache_hit_tokens", pick(&["5"])),
+            ("num_cached_tokens", pick(&["6"])),
+            (
+                "completion_tokens_details",
+                pick(&["{\"reasoning_tokens\":7}", "{}"]),
+            ),
+        ]);
         let groq = "{\"usage\":{\"prompt_tokens\":5}}";
         object(vec![
             ("id", pick(&["\"chatcmpl-1\""])),
             ("choices", either(array(choice))),
-            ("usage", pick(&[usage])),
+            ("usage", either(usage)),
             ("x_groq", pick(&[groq])),
             (
                 "error",
@@ -2250,7 +2334,7 @@ mod tests {
         }
         // The bodies must exercise the typed path, not only the fallback.
         assert!(
-            typed * 8 > cases,
+            typed * 12 > cases,
             "the typed path took only {typed} of {cases} bodies"
         );
     }
