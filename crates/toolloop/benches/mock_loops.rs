@@ -5,7 +5,10 @@
 //! - the raw ceiling: the mock's request rate with a bare HTTP client sending N concurrent
 //!   streams of the very request bodies a loop sends (recorded from one run), with no loop and
 //!   no adapter, measured in the same run;
-//! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling;
+//! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling. Each side
+//!   runs N workers that repeat whole runs for a fixed time (so both sides are measured in a
+//!   steady state, with no barrier between runs), after a warm-up at the same N; the sides
+//!   alternate three times and the best trial of each counts;
 //! - at N=1, on one thread, the loop's own cost per round: client time per round minus the
 //!   server's processing time per request, beside a bare HTTP request of the same bodies;
 //! - memory per in-flight loop: the peak of live heap bytes (counted by the allocator) with N
@@ -31,6 +34,8 @@ use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 const PARALLEL: usize = 2;
+/// How long each throughput trial runs.
+const TRIAL_SECS: f64 = 2.0;
 
 /// Counts live heap bytes, and their peak, so memory per loop is measured exactly rather than
 /// through the allocator's reuse of freed pages. Allocation itself is mimalloc's, as in the
@@ -178,18 +183,48 @@ async fn raw_rate(
     n: usize,
     per: usize,
 ) -> f64 {
-    let endpoint = format!("{url}/chat/completions");
     let start = Instant::now();
+    let done = raw_workers(client, url, bodies, n, Work::Runs(per)).await;
+    done as f64 / start.elapsed().as_secs_f64()
+}
+
+/// How much each worker does: a number of whole runs, or whole runs until a moment.
+#[derive(Clone, Copy)]
+enum Work {
+    Runs(usize),
+    Until(Instant),
+}
+
+impl Work {
+    fn more(self, done_runs: usize) -> bool {
+        match self {
+            Work::Runs(n) => done_runs < n,
+            Work::Until(end) => Instant::now() < end,
+        }
+    }
+}
+
+/// `n` bare-client workers replaying a run's bodies; gives the requests made.
+async fn raw_workers(
+    client: &reqwest::Client,
+    url: &str,
+    bodies: &[bytes::Bytes],
+    n: usize,
+    work: Work,
+) -> usize {
+    // Parsed once, as the loop's transport does.
+    let endpoint = reqwest::Url::parse(&format!("{url}/chat/completions")).expect("a URL");
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let client = client.clone();
             let bodies = bodies.to_vec();
             let endpoint = endpoint.clone();
             tokio::spawn(async move {
-                for _ in 0..per {
+                let mut runs = 0;
+                while work.more(runs) {
                     for body in &bodies {
                         let r = client
-                            .post(&endpoint)
+                            .post(endpoint.clone())
                             .header("content-type", "application/json")
                             .body(body.clone())
                             .send()
@@ -198,14 +233,48 @@ async fn raw_rate(
                         assert!(r.status().is_success());
                         r.bytes().await.expect("body");
                     }
+                    runs += 1;
                 }
+                runs * bodies.len()
             })
         })
         .collect();
+    let mut done = 0;
     for t in tasks {
-        t.await.expect("task");
+        done += t.await.expect("task");
     }
-    (n * per * bodies.len()) as f64 / start.elapsed().as_secs_f64()
+    done
+}
+
+/// `n` workers each running whole loops, one after another; gives the rounds made.
+async fn loop_workers(a: &Agent, n: usize, rounds: usize, work: Work) -> usize {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut runs = 0;
+                while work.more(runs) {
+                    let o = a.prompt("go").await;
+                    assert_eq!(o.rounds as usize, rounds + 1, "{:?}", o.error);
+                    runs += 1;
+                }
+                runs * (rounds + 1)
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.expect("loop task");
+    }
+    done
+}
+
+/// Rounds (or requests) per second of `side` run by `n` workers for about `secs` seconds.
+async fn sustained<F: Future<Output = usize>>(secs: f64, side: impl FnOnce(Work) -> F) -> f64 {
+    let start = Instant::now();
+    let end = start + std::time::Duration::from_secs_f64(secs);
+    let done = side(Work::Until(end)).await;
+    done as f64 / start.elapsed().as_secs_f64()
 }
 
 /// The loop's own cost per round at N=1, on one thread (client, server and the kernel's loopback
@@ -291,11 +360,8 @@ fn main() {
         let url = format!("{}/v1", server.base_url());
         let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
         let bodies = one_run_bodies(&url, &scenario, rounds).await;
-        // warm up connections and allocators
         let client = bare_client(big_n);
-        raw_rate(&client, &url, &bodies, 8, 10).await;
         let a = agent(&url, &scenario, rounds);
-        futures::future::join_all((0..8).map(|_| a.prompt("go"))).await;
 
         println!("mock_loops: R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), OpenAI adapter over loopback HTTP");
         println!(
@@ -303,37 +369,18 @@ fn main() {
             "N", "ceiling r/s", "loops/s", "rounds/s", "of ceiling"
         );
         for n in [1usize, 100, big_n] {
-            // Alternate ceiling and loop trials and keep the best of each, so a burst of noise
-            // on the machine does not decide the ratio.
-            let mut ceiling: f64 = 0.0;
-            let mut best = (0.0f64, 0.0f64);
+            // Warm up both sides at this concurrency (connections, allocator pages), then run
+            // each side's workers steadily for a while, alternating sides, and keep the best of
+            // each, so that a burst of noise on the machine does not decide the ratio.
+            raw_workers(&client, &url, &bodies, n, Work::Runs(1)).await;
+            loop_workers(&a, n, rounds, Work::Runs(1)).await;
+            let (mut ceiling, mut rps) = (0.0f64, 0.0f64);
             for _ in 0..3 {
-                let per = (600 / n).max(2);
-                ceiling = ceiling.max(raw_rate(&client, &url, &bodies, n, per).await);
-                let reps = (3000 / (n * (rounds + 1))).max(2);
-                let start = Instant::now();
-                let mut done = 0usize;
-                for _ in 0..reps {
-                    // Each loop is a task on the runtime's workers, like the raw clients.
-                    let tasks: Vec<_> = (0..n)
-                        .map(|_| {
-                            let a = a.clone();
-                            tokio::spawn(async move { a.prompt("go").await })
-                        })
-                        .collect();
-                    for t in tasks {
-                        let o = t.await.expect("loop task");
-                        assert_eq!(o.rounds as usize, rounds + 1, "{:?}", o.error);
-                        done += 1;
-                    }
-                }
-                let secs = start.elapsed().as_secs_f64();
-                let loops = done as f64 / secs;
-                if loops > best.0 {
-                    best = (loops, (done * (rounds + 1)) as f64 / secs);
-                }
+                let raw = sustained(TRIAL_SECS, |w| raw_workers(&client, &url, &bodies, n, w));
+                ceiling = ceiling.max(raw.await);
+                rps = rps.max(sustained(TRIAL_SECS, |w| loop_workers(&a, n, rounds, w)).await);
             }
-            let (loops, rps) = best;
+            let loops = rps / (rounds + 1) as f64;
             println!(
                 "{n:>6} {ceiling:>12.0} {loops:>10.1} {rps:>12.0} {:>9.0}%",
                 100.0 * rps / ceiling
@@ -353,29 +400,13 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let bodies = one_run_bodies(&url, &scenario, rounds).await;
     let a = agent(&url, &scenario, rounds);
     let client = bare_client(n);
-    let start = Instant::now();
-    let mut done = 0usize;
-    while start.elapsed().as_secs() < 20 {
-        if looping {
-            let tasks: Vec<_> = (0..n)
-                .map(|_| {
-                    let a = a.clone();
-                    tokio::spawn(async move { a.prompt("go").await })
-                })
-                .collect();
-            for t in tasks {
-                t.await.expect("loop task");
-            }
-        } else {
-            raw_rate(&client, &url, &bodies, n, 1).await;
-        }
-        done += n * (rounds + 1);
-    }
+    let rate = if looping {
+        sustained(20.0, |w| loop_workers(&a, n, rounds, w)).await
+    } else {
+        sustained(20.0, |w| raw_workers(&client, &url, &bodies, n, w)).await
+    };
     let side = if looping { "loop" } else { "bare client" };
-    println!(
-        "{side}: {:.0} rounds/s at N={n}",
-        done as f64 / start.elapsed().as_secs_f64()
-    );
+    println!("{side}: {rate:.0} rounds/s at N={n}");
     server.shutdown().await;
 }
 

@@ -14,7 +14,7 @@ use crate::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, PrefixCache, ToolChoice,
 };
 use crate::outcome::Outcome;
-use crate::price::PriceTable;
+use crate::price::{Price, PriceTable};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::toolbox::{Toolbox, ToolboxError};
@@ -39,7 +39,8 @@ pub struct Agent {
     hooks: Hooks,
     settings: Arc<ModelSettings>,
     system: Option<Arc<str>>,
-    prices: Arc<PriceTable>,
+    /// The model's price, looked up once when the agent is built.
+    price: Option<Arc<Price>>,
     on_event: Option<EventHandler>,
     journal: Option<Arc<dyn Journal>>,
     on_in_flight: Option<OnInFlight>,
@@ -318,6 +319,9 @@ impl Agent {
         let mut store_error: Option<String> = None;
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
         let prefix_cache = PrefixCache::new();
+        // Cancelled, with the tools' work, when the run is interrupted; the caller's token is
+        // left alone.
+        let tool_cancel = cancel.child_token();
         loop {
             emit(&mut machine);
             match machine.next_step() {
@@ -341,7 +345,7 @@ impl Agent {
                         Ok(Ok(response)) => {
                             let cost = response
                                 .usage
-                                .and_then(|u| self.prices.cost(self.model_name(), &u));
+                                .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)));
                             let record = log.as_ref().map(|_| Record::ModelResponded {
                                 round,
                                 response: response.clone(),
@@ -392,7 +396,6 @@ impl Agent {
                     }
                 }
                 Step::RunTools(batches) => {
-                    let tool_cancel = cancel.child_token();
                     for batch in batches {
                         let run = self.run_batch(
                             &mut machine,
@@ -438,13 +441,6 @@ impl Agent {
             });
         }
         outcome
-    }
-
-    fn model_name(&self) -> &str {
-        self.settings
-            .model
-            .as_deref()
-            .unwrap_or_else(|| self.model.name())
     }
 
     async fn call_model(
@@ -513,19 +509,18 @@ impl Agent {
         let jobs: Vec<_> = batch
             .calls
             .iter()
-            .filter_map(|&i| machine.round_call(i).map(|c| (i, c.clone())))
+            .filter_map(|&i| machine.shared_round_call(i).map(|c| (i, c)))
             .map(|(index, call)| {
-                let tool = self.toolbox.get(&call.name).cloned();
                 let job = ToolJob {
                     round,
                     index,
-                    tool,
+                    tool: self.toolbox.get(&call.name),
                     call,
-                    cancel: cancel.clone(),
+                    cancel,
                     deadline,
-                    config: self.config.clone(),
-                    sink: sink.clone(),
-                    log: log.clone(),
+                    config: &self.config,
+                    sink,
+                    log,
                 };
                 job.run().map(move |r| (index, r))
             })
@@ -570,22 +565,24 @@ async fn write(log: &Option<RunLog>, record: Record) -> Result<(), String> {
     }
 }
 
-struct ToolJob {
+/// One call to run. It borrows what the run shares (nothing shared by every run is touched per
+/// call) and holds the call itself through the machine's `Arc`.
+struct ToolJob<'a> {
     round: u32,
     index: usize,
-    tool: Option<Arc<dyn Tool>>,
-    call: ToolCall,
-    cancel: CancellationToken,
+    tool: Option<&'a Arc<dyn Tool>>,
+    call: Arc<ToolCall>,
+    cancel: &'a CancellationToken,
     deadline: Option<tokio::time::Instant>,
-    config: Arc<LoopConfig>,
-    sink: Option<EventHandler>,
-    log: Option<RunLog>,
+    config: &'a LoopConfig,
+    sink: &'a Option<EventHandler>,
+    log: &'a Option<RunLog>,
 }
 
 /// A finished call: its result, duration in milliseconds and attempts; or a run-log failure.
 type JobResult = Result<(Result<ToolOutput, ToolError>, u64, u32), String>;
 
-impl ToolJob {
+impl ToolJob<'_> {
     async fn run(self) -> JobResult {
         let started = Instant::now();
         let Some(tool) = self.tool else {
@@ -593,20 +590,18 @@ impl ToolJob {
             return Ok((Err(e), 0, 0));
         };
         // The intent is durable before the call runs.
-        let intent = Record::ToolStarted {
-            round: self.round,
-            index: self.index,
-            call_id: self.call.id.clone(),
-        };
-        write(&self.log, intent).await?;
-        let idempotency_key = match &self.log {
-            Some(log) => format!("{}/{}", log.run_id, self.call.id),
-            None => self.call.id.clone(),
-        };
+        if self.log.is_some() {
+            let intent = Record::ToolStarted {
+                round: self.round,
+                index: self.index,
+                call_id: self.call.id.clone(),
+            };
+            write(self.log, intent).await?;
+        }
         let mut attempt = 0;
         loop {
             attempt += 1;
-            if let Some(sink) = &self.sink {
+            if let Some(sink) = self.sink {
                 sink(&Event::ToolStarted {
                     round: self.round,
                     call_id: self.call.id.clone(),
@@ -614,13 +609,17 @@ impl ToolJob {
                     attempt,
                 });
             }
+            let idempotency_key = match self.log {
+                Some(log) => format!("{}/{}", log.run_id, self.call.id),
+                None => self.call.id.clone(),
+            };
             let ctx = ToolContext {
                 call_id: self.call.id.clone(),
                 tool_name: self.call.name.clone(),
                 cancel: self.cancel.clone(),
                 deadline: self.deadline,
                 attempt,
-                idempotency_key: idempotency_key.clone(),
+                idempotency_key,
             };
             let call = AssertUnwindSafe(tool.call(self.call.arguments.clone(), ctx)).catch_unwind();
             let result = match self.config.tool_timeout {
@@ -659,7 +658,7 @@ impl ToolJob {
                             duration_ms,
                             attempts: attempt,
                         };
-                        write(&self.log, record).await?;
+                        write(self.log, record).await?;
                     }
                     return Ok((result, duration_ms, attempt));
                 }
@@ -850,6 +849,12 @@ impl AgentBuilder {
         if let Some(e) = self.error {
             return Err(e);
         }
+        let model_name = self
+            .settings
+            .model
+            .as_deref()
+            .unwrap_or_else(|| self.model.name());
+        let price = self.prices.get(model_name).cloned().map(Arc::new);
         Ok(Agent {
             model: self.model,
             toolbox: Arc::new(self.toolbox),
@@ -857,7 +862,7 @@ impl AgentBuilder {
             hooks: self.hooks,
             settings: Arc::new(self.settings),
             system: self.system.map(Arc::from),
-            prices: Arc::new(self.prices),
+            price,
             on_event: self.on_event,
             journal: self.journal,
             on_in_flight: self.on_in_flight,

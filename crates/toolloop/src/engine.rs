@@ -82,8 +82,8 @@ pub enum Interrupt {
 /// One call of the current round.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Slot {
-    /// The call.
-    pub call: ToolCall,
+    /// The call (shared with the driver while it runs).
+    pub call: Arc<ToolCall>,
     /// Whether it is to run (`false`: it was settled without running).
     pub run: bool,
     /// Whether it may run alongside other parallel-safe calls.
@@ -281,7 +281,16 @@ impl Machine {
     /// Call `index` of the current round.
     pub fn round_call(&self, index: usize) -> Option<&ToolCall> {
         match &self.state.phase {
-            Phase::Tools { slots, .. } => slots.get(index).map(|s| &s.call),
+            Phase::Tools { slots, .. } => slots.get(index).map(|s| &*s.call),
+            _ => None,
+        }
+    }
+
+    /// Call `index` of the current round, shared: a driver can hold it while it reports results
+    /// to the machine.
+    pub fn shared_round_call(&self, index: usize) -> Option<Arc<ToolCall>> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots.get(index).map(|s| s.call.clone()),
             _ => None,
         }
     }
@@ -496,7 +505,7 @@ impl Machine {
                 );
             }
             let mut slot = Slot {
-                call: call.clone(),
+                call: Arc::new(call.clone()),
                 run: false,
                 parallel_safe: false,
                 status: None,
@@ -657,7 +666,7 @@ impl Machine {
             .iter()
             .rev()
             .filter(|s| s.run)
-            .map(|s| &s.call)
+            .map(|s| &*s.call)
             .chain(
                 self.state
                     .calls
@@ -927,8 +936,7 @@ impl Machine {
         let mut truncated = false;
         let mut over_budget = false;
         for slot in &slots {
-            let status = slot.status.unwrap_or(CallStatus::Cancelled);
-            match status {
+            match slot.status.unwrap_or(CallStatus::Cancelled) {
                 CallStatus::Ok | CallStatus::Failed => self.state.consecutive_invalid = 0,
                 CallStatus::Invalid => {
                     self.state.consecutive_invalid += 1;
@@ -947,9 +955,30 @@ impl Machine {
                 _ => {}
             }
             over_budget |= slot.over_budget;
+        }
+        // What ends the run, decided while the round's calls are at hand: the strict policy's
+        // first invalid call, then a terminal tool's signal, then `stop_when`.
+        let strict = match (invalid_code, self.config.invalid_calls) {
+            (Some(code), InvalidCallPolicy::Strict) if interrupted.is_none() => {
+                let message = slots
+                    .iter()
+                    .find(|s| s.status == Some(CallStatus::Invalid))
+                    .and_then(|s| s.content.clone())
+                    .unwrap_or_default();
+                Some(RunError { code, message })
+            }
+            _ => None,
+        };
+        let signal = if interrupted.is_none() && strict.is_none() {
+            self.round_signal(&slots)
+        } else {
+            None
+        };
+        // The calls move into the history; each result goes to the transcript and the history.
+        for slot in slots {
+            let status = slot.status.unwrap_or(CallStatus::Cancelled);
             let content = slot
                 .content
-                .clone()
                 .unwrap_or_else(|| result::error_content("Not run."));
             self.state.messages.push(Message::Tool(ToolResult {
                 call_id: slot.call.id.clone(),
@@ -959,7 +988,7 @@ impl Machine {
             }));
             self.state.calls.push(ExecutedCall {
                 round,
-                call: slot.call.clone(),
+                call: Arc::unwrap_or_clone(slot.call),
                 status,
                 content,
                 duration_ms: slot.duration_ms,
@@ -970,43 +999,10 @@ impl Machine {
         if interrupted.is_some() {
             return;
         }
-
-        // Strict policy: the first invalid call stops the run.
-        if let (Some(code), InvalidCallPolicy::Strict) = (invalid_code, self.config.invalid_calls) {
-            let message = slots
-                .iter()
-                .find(|s| s.status == Some(CallStatus::Invalid))
-                .and_then(|s| s.content.clone())
-                .unwrap_or_default();
-            self.finish(
-                StopReason::TooManyInvalidCalls,
-                None,
-                Some(RunError { code, message }),
-            );
+        if let Some(error) = strict {
+            self.finish(StopReason::TooManyInvalidCalls, None, Some(error));
             return;
         }
-        // Terminal tools, then stop_when.
-        let terminal_signal = slots.iter().find_map(|s| match &s.output {
-            Some(Ok(out)) => out.signal.clone().or_else(|| {
-                self.toolbox
-                    .get(&s.call.name)
-                    .filter(|t| t.terminal())
-                    .map(|_| s.call.name.clone())
-            }),
-            _ => None,
-        });
-        let signal = terminal_signal.or_else(|| {
-            self.hooks.stop_when.as_ref().and_then(|f| {
-                let calls: Vec<RoundCall<'_>> = slots
-                    .iter()
-                    .map(|s| RoundCall {
-                        call: &s.call,
-                        result: s.output.as_ref(),
-                    })
-                    .collect();
-                f(&calls)
-            })
-        });
         if let Some(signal) = signal {
             self.finish(StopReason::TerminalSignal, None, None);
             self.set_signal(signal);
@@ -1042,6 +1038,31 @@ impl Machine {
         }
         let code = invalid_code.unwrap_or(ErrorCode::InvalidToolCall);
         self.check_invalid_budget(code, "the model kept making invalid tool calls");
+    }
+
+    /// The signal that ends the run after this round: a terminal tool's, or `stop_when`'s.
+    fn round_signal(&self, slots: &[Slot]) -> Option<String> {
+        let terminal = slots.iter().find_map(|s| match &s.output {
+            Some(Ok(out)) => out.signal.clone().or_else(|| {
+                self.toolbox
+                    .get(&s.call.name)
+                    .filter(|t| t.terminal())
+                    .map(|_| s.call.name.clone())
+            }),
+            _ => None,
+        });
+        terminal.or_else(|| {
+            self.hooks.stop_when.as_ref().and_then(|f| {
+                let calls: Vec<RoundCall<'_>> = slots
+                    .iter()
+                    .map(|s| RoundCall {
+                        call: &s.call,
+                        result: s.output.as_ref(),
+                    })
+                    .collect();
+                f(&calls)
+            })
+        })
     }
 
     fn check_invalid_budget(&mut self, code: ErrorCode, what: &str) {

@@ -105,6 +105,47 @@ pub type ErrorParser = fn(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiE
 /// A byte stream of a response body.
 pub type ByteStream = BoxStream<'static, Result<Bytes, ModelError>>;
 
+/// Where a request goes: a URL parsed once, when an adapter is built, rather than at every
+/// request. A URL that does not parse is kept as text, and sending to it fails as it would
+/// have (reqwest's own error).
+#[derive(Debug, Clone)]
+pub struct Endpoint {
+    text: String,
+    url: Option<reqwest::Url>,
+}
+
+impl Endpoint {
+    /// Parses `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        let text = url.into();
+        let url = reqwest::Url::parse(&text).ok();
+        Endpoint { text, url }
+    }
+
+    /// The URL as given.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+}
+
+impl From<String> for Endpoint {
+    fn from(url: String) -> Self {
+        Endpoint::new(url)
+    }
+}
+
+impl From<&str> for Endpoint {
+    fn from(url: &str) -> Self {
+        Endpoint::new(url)
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
 /// The HTTP client with its retry policy and limits.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
@@ -156,14 +197,16 @@ impl HttpTransport {
 
     async fn send_once(
         &self,
-        url: &str,
+        url: &Endpoint,
         headers: &HeaderMap,
         body: &Bytes,
         parse_error: ErrorParser,
     ) -> Result<reqwest::Response, ModelError> {
-        let request = self
-            .client
-            .post(url)
+        let builder = match &url.url {
+            Some(parsed) => self.client.post(parsed.clone()),
+            None => self.client.post(&url.text),
+        };
+        let request = builder
             .headers(headers.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone())
@@ -242,7 +285,7 @@ impl HttpTransport {
     /// POSTs a JSON body and returns the whole response body, with retries.
     pub async fn post(
         &self,
-        url: &str,
+        url: &Endpoint,
         headers: &HeaderMap,
         body: Bytes,
         parse_error: ErrorParser,
@@ -262,7 +305,7 @@ impl HttpTransport {
     /// well-formed body is returned at once unless it is itself retryable.
     pub async fn post_json<T>(
         &self,
-        url: &str,
+        url: &Endpoint,
         headers: &HeaderMap,
         body: Bytes,
         parse_error: ErrorParser,
@@ -305,7 +348,7 @@ impl HttpTransport {
     /// response headers are retried; the body's total size is capped like any other.
     pub async fn post_stream(
         &self,
-        url: &str,
+        url: &Endpoint,
         headers: &HeaderMap,
         body: Bytes,
         parse_error: ErrorParser,

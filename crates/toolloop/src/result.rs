@@ -2,7 +2,6 @@
 //! capped in length, keeping the head and the tail.
 
 use crate::tool::{ToolError, ToolOutput};
-use serde_json::Value;
 
 /// Serializes a result as `{"success": …, "message": …, "data": …}`, in that key order
 /// (`data` left out when there is none).
@@ -11,19 +10,22 @@ pub fn serialize(result: &Result<ToolOutput, ToolError>) -> String {
         Ok(o) => (true, &o.message, &o.data),
         Err(e) => (false, &e.message, &e.data),
     };
-    let mut out = String::with_capacity(32 + message.len());
-    out.push_str(if success {
-        "{\"success\":true,\"message\":"
+    // Written through `io::Write` into bytes: several times faster than a value's `Display`.
+    let mut out = Vec::with_capacity(64 + message.len());
+    out.extend_from_slice(if success {
+        b"{\"success\":true,\"message\":"
     } else {
-        "{\"success\":false,\"message\":"
+        b"{\"success\":false,\"message\":"
     });
-    out.push_str(&Value::String(message.clone()).to_string());
+    // Writing a string or a value into a `Vec` cannot fail.
+    let _ = serde_json::to_writer(&mut out, message);
     if let Some(d) = data {
-        out.push_str(",\"data\":");
-        out.push_str(&d.to_string());
+        out.extend_from_slice(b",\"data\":");
+        let _ = serde_json::to_writer(&mut out, d);
     }
-    out.push('}');
-    out
+    out.push(b'}');
+    // serde_json writes UTF-8 only.
+    String::from_utf8(out).unwrap_or_default()
 }
 
 /// An error result with just a message.
@@ -34,7 +36,8 @@ pub fn error_content(message: &str) -> String {
 /// Caps `content` at `max_chars` characters, keeping the head and the tail with a marker in
 /// between saying how many characters were cut. `max_chars == 0` means no cap.
 pub fn cap(content: String, max_chars: usize) -> String {
-    if max_chars == 0 {
+    // No more bytes than the cap: no more characters either.
+    if max_chars == 0 || content.len() <= max_chars {
         return content;
     }
     let total = content.chars().count();
@@ -66,7 +69,7 @@ pub fn cap(content: String, max_chars: usize) -> String {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use serde_json::json;
+    use serde_json::{Value, json};
 
     #[test]
     fn serializes_seed_shape() {
@@ -98,6 +101,21 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn serialized_results_read_back(message in ".{0,40}", text in ".{0,40}", ok in any::<bool>(), with_data in any::<bool>()) {
+            let data = with_data.then(|| json!({"text": text, "n": [1, 2.5, null]}));
+            let result = if ok {
+                Ok(ToolOutput { message: message.clone(), data: data.clone(), ..ToolOutput::text("") })
+            } else {
+                Err(ToolError { message: message.clone(), data: data.clone(), ..ToolError::new("") })
+            };
+            let mut expected = json!({"success": ok, "message": message});
+            if let Some(d) = data {
+                expected["data"] = d;
+            }
+            prop_assert_eq!(serde_json::from_str::<Value>(&serialize(&result)).unwrap(), expected);
+        }
+
         #[test]
         fn cap_never_exceeds_and_respects_char_boundaries(s in ".{0,300}", max in 45usize..200) {
             let c = cap(s.clone(), max);

@@ -3,7 +3,6 @@
 use crate::model::ToolSpec;
 use crate::tool::Tool;
 use serde_json::Value;
-use std::collections::HashMap;
 use std::sync::Arc;
 
 /// Why a tool could not be added.
@@ -36,7 +35,9 @@ struct Entry {
 #[derive(Default)]
 pub struct Toolbox {
     entries: Vec<Entry>,
-    by_name: HashMap<String, usize>,
+    /// Looked up several times per call: a fast hash, not a DoS-resistant one (the names are
+    /// the program's own).
+    by_name: foldhash::HashMap<String, usize>,
     specs: Vec<ToolSpec>,
 }
 
@@ -124,8 +125,11 @@ impl Toolbox {
         let Some(&i) = self.by_name.get(name) else {
             return Err(format!("unknown tool `{name}`"));
         };
-        let problems: Vec<String> = self.entries[i]
-            .validator
+        let validator = &self.entries[i].validator;
+        if validator.is_valid(args) {
+            return Ok(());
+        }
+        let problems: Vec<String> = validator
             .iter_errors(args)
             .take(5)
             .map(|e| {

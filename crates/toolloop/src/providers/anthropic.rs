@@ -180,7 +180,7 @@ impl Model for AnthropicModel {
         self.config
             .transport
             .post_json(
-                &self.config.messages_url(),
+                &self.config.messages_url().into(),
                 &self.config.headers()?,
                 body.to_string().into(),
                 parse_error,
@@ -193,7 +193,7 @@ impl Model for AnthropicModel {
         let body = build_request_body(request, &self.config, true).to_string();
         wire::open_sse_stream(
             &self.config.transport,
-            self.config.messages_url(),
+            self.config.messages_url().into(),
             self.config.headers()?,
             body.into(),
             parse_error,

@@ -183,7 +183,7 @@ impl Model for GeminiModel {
         self.config
             .transport
             .post_json(
-                &self.config.generate_url(self.model_for(request)),
+                &self.config.generate_url(self.model_for(request)).into(),
                 &self.config.headers()?,
                 body.to_string().into(),
                 parse_error,
@@ -196,7 +196,7 @@ impl Model for GeminiModel {
         let body = build_request_body(request, &self.config, true).to_string();
         wire::open_sse_stream(
             &self.config.transport,
-            self.config.stream_url(self.model_for(request)),
+            self.config.stream_url(self.model_for(request)).into(),
             self.config.headers()?,
             body.into(),
             parse_error,

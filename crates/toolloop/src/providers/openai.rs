@@ -69,7 +69,7 @@
 //! --jinja flag", …) becomes [`ModelError::ToolsUnsupported`], the signal for falling back to
 //! prompt-based tool calling.
 
-use crate::http::{HttpTransport, retry_after, retryable_status};
+use crate::http::{Endpoint, HttpTransport, retry_after, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
@@ -256,7 +256,7 @@ pub struct OpenAiModel {
 #[derive(Debug)]
 struct Inner {
     config: OpenAiConfig,
-    url: String,
+    url: Endpoint,
     headers: Result<HeaderMap, String>,
 }
 
@@ -280,7 +280,7 @@ impl OpenAiModel {
                 ),
             },
         };
-        let url = config.endpoint();
+        let url = Endpoint::new(config.endpoint());
         OpenAiModel {
             inner: Arc::new(Inner {
                 config,
@@ -419,6 +419,8 @@ pub struct WireRequest<'a> {
     extras: Vec<(&'a str, &'a Value)>,
     /// Leave `messages` out (the cached encoding writes them itself).
     skip_messages: bool,
+    /// Leave `tools` out (the cached encoding writes them itself).
+    skip_tools: bool,
 }
 
 impl<'a> WireRequest<'a> {
@@ -444,6 +446,7 @@ impl<'a> WireRequest<'a> {
             stream,
             extras,
             skip_messages: false,
+            skip_tools: false,
         }
     }
 
@@ -476,7 +479,9 @@ impl Serialize for WireRequest<'_> {
             self.field(&mut map, "messages", &messages)?;
         }
         if !self.req.tools.is_empty() {
-            self.field(&mut map, "tools", &WireTools(self.req.tools))?;
+            if !self.skip_tools {
+                self.field(&mut map, "tools", &WireTools(self.req.tools))?;
+            }
             // `auto` is every server's default; leaving it out keeps servers that reject an
             // explicit `auto` (vLLM without --enable-auto-tool-choice) working when the model
             // calls no tools.
@@ -561,7 +566,8 @@ impl Serialize for WireMessages<'_> {
     }
 }
 
-/// What [`OpenAiModel`] keeps in a [`PrefixCache`]: the encoding of the first `count` messages.
+/// What [`OpenAiModel`] keeps in a [`PrefixCache`]: the encoding of the first `count` messages,
+/// and of the tool catalog.
 struct EncodedPrefix {
     /// The adapter that wrote it.
     owner: usize,
@@ -570,12 +576,29 @@ struct EncodedPrefix {
     last: Message,
     /// Their encodings, joined by commas.
     json: Vec<u8>,
+    /// The tool catalog last encoded (compared, not trusted: a catalog may change between
+    /// requests), and its encoding as the value of `tools`; empty when none is kept.
+    tools: Vec<ToolSpec>,
+    tools_json: Vec<u8>,
+}
+
+impl EncodedPrefix {
+    fn empty(owner: usize) -> Self {
+        EncodedPrefix {
+            owner,
+            count: 0,
+            last: Message::user(""),
+            json: Vec::new(),
+            tools: Vec::new(),
+            tools_json: Vec::new(),
+        }
+    }
 }
 
 impl WireRequest<'_> {
-    /// The body, reusing the encoding of the conversation's beginning kept in `cache` by the
-    /// adapter `owner`, and leaving the longer one there. Gives the same bytes as serializing
-    /// `self`, but with `messages` first.
+    /// The body, reusing the encoding of the conversation's beginning (and of the tool catalog,
+    /// when it is unchanged) kept in `cache` by the adapter `owner`, and leaving the longer one
+    /// there. Gives the same JSON as serializing `self`, with `messages` (and `tools`) first.
     fn to_vec_cached(&self, cache: &PrefixCache, owner: usize) -> serde_json::Result<Vec<u8>> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
             return serde_json::to_vec(self);
@@ -586,33 +609,41 @@ impl WireRequest<'_> {
         };
         let (head, tail) = messages.split();
         let mut prefix = match cache.take::<EncodedPrefix>() {
-            Some(p)
-                if p.owner == owner
-                    && p.count > 0
-                    && p.count <= head.len()
-                    && head[p.count - 1] == p.last =>
-            {
-                p
-            }
-            _ => EncodedPrefix {
-                owner,
-                count: 0,
-                last: Message::user(""),
-                json: Vec::new(),
-            },
+            Some(p) if p.owner == owner => p,
+            _ => EncodedPrefix::empty(owner),
         };
+        let reusable =
+            prefix.count > 0 && prefix.count <= head.len() && head[prefix.count - 1] == prefix.last;
+        if !reusable {
+            prefix.count = 0;
+            prefix.json.clear();
+        }
         for m in &head[prefix.count..] {
             if !prefix.json.is_empty() {
                 prefix.json.push(b',');
             }
             serde_json::to_writer(&mut prefix.json, &WireMessage(m))?;
         }
+        let tools = self.req.tools;
+        let cache_tools =
+            !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
+        if cache_tools && (prefix.tools_json.is_empty() || prefix.tools != tools) {
+            prefix.tools_json.clear();
+            serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
+            prefix.tools = tools.to_vec();
+        }
         let rest = serde_json::to_vec(&WireRequest {
             skip_messages: true,
+            skip_tools: cache_tools,
             extras: self.extras.clone(),
             ..*self
         })?;
-        let mut body = Vec::with_capacity(prefix.json.len() + rest.len() + 64);
+        let tools_len = if cache_tools {
+            prefix.tools_json.len() + 10
+        } else {
+            0
+        };
+        let mut body = Vec::with_capacity(prefix.json.len() + tools_len + rest.len() + 64);
         body.extend_from_slice(b"{\"messages\":[");
         body.extend_from_slice(&prefix.json);
         for (role, content) in &tail {
@@ -622,16 +653,28 @@ impl WireRequest<'_> {
             serde_json::to_writer(&mut body, &Plain { role, content })?;
         }
         body.push(b']');
-        // `rest` is `{}` or `{…}`: its fields follow the messages.
+        if cache_tools {
+            body.extend_from_slice(b",\"tools\":");
+            body.extend_from_slice(&prefix.tools_json);
+        }
+        // `rest` is `{}` or `{…}`: its fields follow.
         if rest.len() > 2 {
             body.push(b',');
         }
         body.extend_from_slice(&rest[1..]);
-        if let Some(last) = head.last() {
-            prefix.count = head.len();
-            prefix.last = last.clone();
-            cache.put(prefix);
+        match head.last() {
+            Some(last) => {
+                if prefix.count != head.len() {
+                    prefix.last = last.clone();
+                }
+                prefix.count = head.len();
+            }
+            None => {
+                prefix.count = 0;
+                prefix.json.clear();
+            }
         }
+        cache.put(prefix);
         Ok(body)
     }
 }
@@ -922,7 +965,9 @@ mod typed {
 
     /// The response, or `None` when the body is not of the usual shape (or is an error).
     pub(super) fn decode(body: &[u8]) -> Option<ModelResponse> {
-        let Obj(c): Obj<Completion> = serde_json::from_slice(body).ok()?;
+        // One check of the whole body is cheaper than serde_json's check of each string.
+        let body = std::str::from_utf8(body).ok()?;
+        let Obj(c): Obj<Completion> = serde_json::from_str(body).ok()?;
         if c.error.is_some() {
             return None;
         }
@@ -1625,6 +1670,8 @@ mod tests {
         Shrink,
         /// Use the other of two models with the same cache (the cache must not be shared).
         SwapModel,
+        /// Offer another tool catalog (none, one tool, or that tool described differently).
+        Tools(usize),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -1634,6 +1681,7 @@ mod tests {
             1 => Just(Step::EditLast),
             1 => Just(Step::Shrink),
             1 => Just(Step::SwapModel),
+            1 => (0usize..3).prop_map(Step::Tools),
         ]
     }
 
@@ -1643,7 +1691,7 @@ mod tests {
             steps in proptest::collection::vec(step(), 1..24),
             user_role in proptest::bool::ANY,
             stream in proptest::bool::ANY,
-            extra in proptest::bool::ANY,
+            extra in 0usize..3,
         ) {
             let template = conversation();
             let mut configs = [
@@ -1652,14 +1700,20 @@ mod tests {
             ];
             for c in &mut configs {
                 c.reminder_role = if user_role { ReminderRole::User } else { ReminderRole::System };
-                c.extra = extra.then(|| json!({"top_k": 20, "model": "other"}));
+                c.extra = match extra {
+                    0 => None,
+                    1 => Some(json!({"top_k": 20, "model": "other"})),
+                    _ => Some(json!({"tools": [{"type": "function", "function": {"name": "x"}}]})),
+                };
             }
             let models = configs.clone().map(OpenAiModel::new);
-            let tools = [ToolSpec {
+            let catalog = |description: &str| vec![ToolSpec {
                 name: "read".into(),
-                description: "Reads".into(),
+                description: description.into(),
                 parameters: json!({"type": "object"}),
             }];
+            let catalogs = [catalog("Reads"), Vec::new(), catalog("Reads \"quoted\"")];
+            let mut tools = &catalogs[0];
             let settings = settings();
             let cache = PrefixCache::new();
             let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
@@ -1678,11 +1732,12 @@ mod tests {
                         messages.pop();
                     }
                     Step::SwapModel => which = 1 - which,
+                    Step::Tools(i) => tools = &catalogs[i],
                 }
                 let request = ModelRequest {
                     messages: &messages,
                     reminders: &reminders,
-                    tools: &tools,
+                    tools,
                     settings: &settings,
                     prefix_cache: Some(&cache),
                 };

@@ -6,7 +6,7 @@
 //! implementation and an [`ErrorParser`]); this module only carries bytes, events and errors
 //! between the transport, that decoder and the caller.
 
-use crate::http::{ByteStream, ErrorParser, HttpTransport, resilient_stream};
+use crate::http::{ByteStream, Endpoint, ErrorParser, HttpTransport, resilient_stream};
 use crate::model::{ApiError, EventStream, FinishReason, ModelError, ModelResponse};
 use crate::providers::Decoded;
 use crate::sse::{SseDecoder, SseEvent};
@@ -139,7 +139,7 @@ pub(crate) fn sse_event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> E
 /// Everything needed to open one streamed call, again if need be.
 struct Opener<F> {
     transport: HttpTransport,
-    url: String,
+    url: Endpoint,
     headers: HeaderMap,
     body: Bytes,
     parse_error: ErrorParser,
@@ -168,7 +168,7 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
 /// never is.
 pub(crate) async fn open_sse_stream<D, F>(
     transport: &HttpTransport,
-    url: String,
+    url: Endpoint,
     headers: HeaderMap,
     body: Bytes,
     parse_error: ErrorParser,
