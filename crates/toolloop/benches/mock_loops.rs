@@ -7,8 +7,9 @@
 //!   no adapter, measured in the same run;
 //! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling. Each side
 //!   runs N workers that repeat whole runs for a fixed time (so both sides are measured in a
-//!   steady state, with no barrier between runs), after a warm-up at the same N; the sides
-//!   alternate three times and the best trial of each counts;
+//!   steady state, with no barrier between runs), after a warm-up at the same N. A ceiling
+//!   trial and a loop trial run one after the other, five times; the ratio reported is the
+//!   median pair's (its ceiling and rates are shown), with the range over the pairs;
 //! - at N=1, on one thread, the loop's own cost per round: client time per round minus the
 //!   server's processing time per request, beside a bare HTTP request of the same bodies;
 //! - memory per in-flight loop: the peak of live heap bytes (counted by the allocator) with N
@@ -34,8 +35,9 @@ use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
 
 const PARALLEL: usize = 2;
-/// How long each throughput trial runs.
-const TRIAL_SECS: f64 = 2.0;
+/// How long each throughput trial runs, and how many pairs of trials there are.
+const TRIAL_SECS: f64 = 1.5;
+const TRIALS: usize = 5;
 
 /// Counts live heap bytes, and their peak, so memory per loop is measured exactly rather than
 /// through the allocator's reuse of freed pages. Allocation itself is mimalloc's, as in the
@@ -370,20 +372,27 @@ fn main() {
         );
         for n in [1usize, 100, big_n] {
             // Warm up both sides at this concurrency (connections, allocator pages), then run
-            // each side's workers steadily for a while, alternating sides, and keep the best of
-            // each, so that a burst of noise on the machine does not decide the ratio.
+            // each side's workers steadily for a while, a ceiling trial and a loop trial one
+            // after the other, several times. The ratio is the median of each pair's ratio, so
+            // that the machine's load, which drifts, weighs on both sides of a ratio alike.
             raw_workers(&client, &url, &bodies, n, Work::Runs(1)).await;
             loop_workers(&a, n, rounds, Work::Runs(1)).await;
-            let (mut ceiling, mut rps) = (0.0f64, 0.0f64);
-            for _ in 0..3 {
+            let mut pairs = Vec::new();
+            for _ in 0..TRIALS {
                 let raw = sustained(TRIAL_SECS, |w| raw_workers(&client, &url, &bodies, n, w));
-                ceiling = ceiling.max(raw.await);
-                rps = rps.max(sustained(TRIAL_SECS, |w| loop_workers(&a, n, rounds, w)).await);
+                let ceiling = raw.await;
+                let rps = sustained(TRIAL_SECS, |w| loop_workers(&a, n, rounds, w)).await;
+                pairs.push((rps / ceiling, ceiling, rps));
             }
+            pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let (ratio, ceiling, rps) = pairs[pairs.len() / 2];
+            let (low, high) = (pairs[0].0, pairs[pairs.len() - 1].0);
             let loops = rps / (rounds + 1) as f64;
             println!(
-                "{n:>6} {ceiling:>12.0} {loops:>10.1} {rps:>12.0} {:>9.0}%",
-                100.0 * rps / ceiling
+                "{n:>6} {ceiling:>12.0} {loops:>10.1} {rps:>12.0} {:>9.0}%   (pairs: {:.0}–{:.0}%)",
+                100.0 * ratio,
+                100.0 * low,
+                100.0 * high,
             );
         }
         server.shutdown().await;

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::time::Duration;
 
 /// A stream of events from one model call.
@@ -59,11 +60,12 @@ pub struct ModelRequest<'a> {
 ///
 /// The [`Agent`](crate::agent::Agent) creates one per run and passes it in every request of
 /// that run. Whoever passes one promises that each request's `messages` begin with the previous
-/// request's `messages`, unchanged (the loop only ever appends). A wrapper that rewrites the
-/// conversation before calling an inner model (as [`Prompted`](crate::ptk::Prompted) does)
-/// passes `None`. An adapter keeps what it needs here and checks, before using it, that it is
-/// its own, that the conversation did not shrink, and that the last message it remembers is
-/// unchanged; otherwise it encodes everything.
+/// request's `messages`, unchanged (the loop only ever appends), and that the tool catalog stays
+/// the same. A wrapper that rewrites the conversation before calling an inner model (as
+/// [`Prompted`](crate::ptk::Prompted) does) passes `None`. An adapter keeps what it needs here
+/// and checks, before using it, that it is its own, that the conversation did not shrink, and
+/// that the last message it remembers and the catalog are unchanged (by
+/// [`message_fingerprint`] and [`catalog_fingerprint`]); otherwise it encodes everything.
 #[derive(Default)]
 pub struct PrefixCache {
     slot: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
@@ -76,10 +78,10 @@ impl PrefixCache {
     }
 
     /// Takes what an adapter left here, if it is a `T`.
-    pub fn take<T: std::any::Any + Send>(&self) -> Option<T> {
+    pub fn take<T: std::any::Any + Send>(&self) -> Option<Box<T>> {
         let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
         match slot.take()?.downcast::<T>() {
-            Ok(value) => Some(*value),
+            Ok(value) => Some(value),
             Err(other) => {
                 *slot = Some(other);
                 None
@@ -88,8 +90,76 @@ impl PrefixCache {
     }
 
     /// Leaves `value` here for the next request, replacing anything else.
-    pub fn put<T: std::any::Any + Send>(&self, value: T) {
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(Box::new(value));
+    pub fn put<T: std::any::Any + Send>(&self, value: Box<T>) {
+        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
+    }
+}
+
+/// A 64-bit fingerprint of a message (every field, arguments included), for an adapter's
+/// [`PrefixCache`] check that the message it remembers is unchanged without keeping a copy.
+pub fn message_fingerprint(message: &Message) -> u64 {
+    let mut h = fingerprint_hasher();
+    match message {
+        Message::System { content } => (0u8, content).hash(&mut h),
+        Message::User { content } => (1u8, content).hash(&mut h),
+        Message::Tool(r) => (2u8, &r.call_id, &r.name, &r.content, r.is_error).hash(&mut h),
+        Message::Assistant(a) => {
+            (3u8, &a.text, a.tool_calls.len(), a.parts.len()).hash(&mut h);
+            for c in &a.tool_calls {
+                (&c.id, &c.name, &c.invalid_arguments).hash(&mut h);
+                hash_value(&c.arguments, &mut h);
+                match &c.provider_data {
+                    Some(d) => hash_value(d, &mut h),
+                    None => h.write_u8(0xff),
+                }
+            }
+            for p in &a.parts {
+                p.provider.hash(&mut h);
+                hash_value(&p.data, &mut h);
+            }
+        }
+    }
+    h.finish()
+}
+
+/// A 64-bit fingerprint of a tool catalog (names, descriptions and schemas), for an adapter's
+/// [`PrefixCache`] check that the catalog it encoded is unchanged.
+pub fn catalog_fingerprint(tools: &[ToolSpec]) -> u64 {
+    let mut h = fingerprint_hasher();
+    tools.len().hash(&mut h);
+    for t in tools {
+        (&t.name, &t.description).hash(&mut h);
+        hash_value(&t.parameters, &mut h);
+    }
+    h.finish()
+}
+
+fn fingerprint_hasher() -> impl Hasher {
+    foldhash::fast::FixedState::with_seed(0x746f_6f6c_6c6f_6f70).build_hasher()
+}
+
+/// Feeds a JSON value to `h`, walking it (no encoding, no allocation).
+fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
+    match v {
+        Value::Null => h.write_u8(0),
+        Value::Bool(b) => (1u8, *b).hash(h),
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => (2u8, u).hash(h),
+            (None, Some(i)) => (3u8, i).hash(h),
+            (None, None) => (4u8, n.as_f64().map(f64::to_bits)).hash(h),
+        },
+        Value::String(s) => (5u8, s).hash(h),
+        Value::Array(items) => {
+            (6u8, items.len()).hash(h);
+            items.iter().for_each(|i| hash_value(i, h));
+        }
+        Value::Object(map) => {
+            (7u8, map.len()).hash(h);
+            for (k, v) in map {
+                k.hash(h);
+                hash_value(v, h);
+            }
+        }
     }
 }
 
@@ -363,6 +433,98 @@ mod opt_millis {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn fingerprints_follow_every_field() {
+        let mut call = ToolCall::new("read", json!({"path": "a", "n": [1, -2, 2.5, null, true]}));
+        call.provider_data = Some(json!({"sig": "x"}));
+        let assistant = Message::Assistant(AssistantMessage {
+            text: Some("t".into()),
+            tool_calls: vec![call],
+            parts: vec![ProviderPart {
+                provider: "p".into(),
+                data: json!({"k": 1}),
+            }],
+        });
+        let edits: Vec<fn(&mut Message)> = vec![
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.text = None;
+                }
+            },
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.tool_calls[0].arguments["n"][1] = json!(2);
+                }
+            },
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.tool_calls[0].arguments["n"][2] = json!(2.25);
+                }
+            },
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.tool_calls[0].id.push('!');
+                }
+            },
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.tool_calls[0].provider_data = None;
+                }
+            },
+            |m| {
+                if let Message::Assistant(a) = m {
+                    a.parts[0].data = json!({"k": "1"});
+                }
+            },
+        ];
+        let base = message_fingerprint(&assistant);
+        assert_eq!(base, message_fingerprint(&assistant.clone()));
+        for (i, edit) in edits.iter().enumerate() {
+            let mut m = assistant.clone();
+            edit(&mut m);
+            assert_ne!(message_fingerprint(&m), base, "edit {i} went unnoticed");
+        }
+        let tool = |content: &str, is_error| {
+            Message::Tool(crate::message::ToolResult {
+                call_id: "c".into(),
+                name: "read".into(),
+                content: content.into(),
+                is_error,
+            })
+        };
+        assert_ne!(
+            message_fingerprint(&tool("x", false)),
+            message_fingerprint(&tool("x", true))
+        );
+        assert_ne!(
+            message_fingerprint(&tool("x", false)),
+            message_fingerprint(&tool("y", false))
+        );
+        assert_ne!(
+            message_fingerprint(&Message::user("a")),
+            message_fingerprint(&Message::system("a"))
+        );
+
+        let spec = |description: &str, parameters: Value| ToolSpec {
+            name: "read".into(),
+            description: description.into(),
+            parameters,
+        };
+        let catalog = [spec("Reads", json!({"type": "object"}))];
+        assert_eq!(
+            catalog_fingerprint(&catalog),
+            catalog_fingerprint(&catalog.clone())
+        );
+        for other in [
+            vec![],
+            vec![spec("Reads!", json!({"type": "object"}))],
+            vec![spec("Reads", json!({"type": "array"}))],
+            vec![catalog[0].clone(), catalog[0].clone()],
+        ] {
+            assert_ne!(catalog_fingerprint(&catalog), catalog_fingerprint(&other));
+        }
+    }
 
     #[tokio::test]
     async fn response_survives_events_and_back() {

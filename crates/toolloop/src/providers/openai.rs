@@ -73,7 +73,7 @@ use crate::http::{Endpoint, HttpTransport, retry_after, retryable_status};
 use crate::message::{Message, ProviderPart, ToolCall, new_call_id};
 use crate::model::{
     ApiError, EventStream, FinishReason, Model, ModelError, ModelRequest, ModelResponse,
-    ModelSettings, PrefixCache, ToolChoice, ToolSpec,
+    ModelSettings, PrefixCache, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
 use crate::providers::Decoded;
 use crate::providers::wire::{self, SseDecode, json_number};
@@ -317,10 +317,9 @@ impl OpenAiModel {
         let body = WireRequest::new(request, &self.inner.config, stream);
         let owner = Arc::as_ptr(&self.inner) as usize;
         match request.prefix_cache {
-            Some(cache) => body.to_vec_cached(cache, owner),
-            None => serde_json::to_vec(&body),
+            Some(cache) => body.encode_cached(cache, owner),
+            None => serde_json::to_vec(&body).map(Bytes::from),
         }
-        .map(Bytes::from)
         .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
     }
 }
@@ -566,42 +565,47 @@ impl Serialize for WireMessages<'_> {
     }
 }
 
-/// What [`OpenAiModel`] keeps in a [`PrefixCache`]: the encoding of the first `count` messages,
-/// and of the tool catalog.
+/// What [`OpenAiModel`] keeps in a [`PrefixCache`]: the run's previous request body, whose
+/// beginning encodes the conversation's first `count` messages, and the tool catalog's encoding.
 struct EncodedPrefix {
     /// The adapter that wrote it.
     owner: usize,
+    /// How many messages `body[..end]` encodes, and the fingerprint of the last of them (to
+    /// check that the conversation still begins with them).
     count: usize,
-    /// The last of those messages, to check that the conversation still begins with them.
-    last: Message,
-    /// Their encodings, joined by commas.
-    json: Vec<u8>,
-    /// The tool catalog last encoded (compared, not trusted: a catalog may change between
-    /// requests), and its encoding as the value of `tools`; empty when none is kept.
-    tools: Vec<ToolSpec>,
+    last: u64,
+    /// The previous body: `{"messages":[` and those messages' encodings, then the rest. Its
+    /// buffer is reused for the next body when nothing else holds it any more.
+    body: Bytes,
+    end: usize,
+    /// The fingerprint of the catalog encoded in `tools_json` (empty: none kept).
+    catalog: u64,
     tools_json: Vec<u8>,
 }
 
 impl EncodedPrefix {
-    fn empty(owner: usize) -> Self {
-        EncodedPrefix {
+    fn empty(owner: usize) -> Box<Self> {
+        Box::new(EncodedPrefix {
             owner,
             count: 0,
-            last: Message::user(""),
-            json: Vec::new(),
-            tools: Vec::new(),
+            last: 0,
+            body: Bytes::new(),
+            end: 0,
+            catalog: 0,
             tools_json: Vec::new(),
-        }
+        })
     }
 }
 
 impl WireRequest<'_> {
-    /// The body, reusing the encoding of the conversation's beginning (and of the tool catalog,
-    /// when it is unchanged) kept in `cache` by the adapter `owner`, and leaving the longer one
-    /// there. Gives the same JSON as serializing `self`, with `messages` (and `tools`) first.
-    fn to_vec_cached(&self, cache: &PrefixCache, owner: usize) -> serde_json::Result<Vec<u8>> {
+    /// The body, reusing the encoding of the conversation's beginning (and of the tool catalog)
+    /// kept in `cache` by the adapter `owner`: the previous body's buffer is truncated after
+    /// those messages and the new ones are appended, so neither the beginning nor the buffer is
+    /// made again. Gives the same JSON as serializing `self`, with `messages` (and `tools`)
+    /// first.
+    fn encode_cached(&self, cache: &PrefixCache, owner: usize) -> serde_json::Result<Bytes> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
-            return serde_json::to_vec(self);
+            return serde_json::to_vec(self).map(Bytes::from);
         }
         let messages = WireMessages {
             req: self.req,
@@ -612,68 +616,81 @@ impl WireRequest<'_> {
             Some(p) if p.owner == owner => p,
             _ => EncodedPrefix::empty(owner),
         };
-        let reusable =
-            prefix.count > 0 && prefix.count <= head.len() && head[prefix.count - 1] == prefix.last;
-        if !reusable {
-            prefix.count = 0;
-            prefix.json.clear();
-        }
-        for m in &head[prefix.count..] {
-            if !prefix.json.is_empty() {
-                prefix.json.push(b',');
+        let reusable = prefix.count > 0
+            && prefix.count <= head.len()
+            && message_fingerprint(&head[prefix.count - 1]) == prefix.last;
+        let previous = std::mem::take(&mut prefix.body);
+        // The previous body's buffer, when nothing else holds it any more (no copy either way).
+        let mut buf: Vec<u8> = match (reusable, previous.try_into_mut()) {
+            (true, Ok(mine)) => {
+                let mut mine = Vec::from(mine);
+                mine.truncate(prefix.end);
+                mine
             }
-            serde_json::to_writer(&mut prefix.json, &WireMessage(m))?;
+            (true, Err(shared)) => {
+                let mut b = Vec::with_capacity(shared.len() + 1024);
+                b.extend_from_slice(&shared[..prefix.end]);
+                b
+            }
+            (false, reclaimed) => {
+                let mut b = reclaimed.map(Vec::from).unwrap_or_default();
+                b.clear();
+                b.extend_from_slice(b"{\"messages\":[");
+                prefix.count = 0;
+                b
+            }
+        };
+        for m in &head[prefix.count..] {
+            if buf.last() != Some(&b'[') {
+                buf.push(b',');
+            }
+            serde_json::to_writer(&mut buf, &WireMessage(m))?;
         }
+        prefix.end = buf.len();
+        if let Some(last) = head.last()
+            && prefix.count != head.len()
+        {
+            prefix.last = message_fingerprint(last);
+        }
+        prefix.count = head.len();
+        for (role, content) in &tail {
+            if buf.last() != Some(&b'[') {
+                buf.push(b',');
+            }
+            serde_json::to_writer(&mut buf, &Plain { role, content })?;
+        }
+        buf.push(b']');
         let tools = self.req.tools;
         let cache_tools =
             !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
-        if cache_tools && (prefix.tools_json.is_empty() || prefix.tools != tools) {
-            prefix.tools_json.clear();
-            serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
-            prefix.tools = tools.to_vec();
+        if cache_tools {
+            let catalog = catalog_fingerprint(tools);
+            if prefix.tools_json.is_empty() || prefix.catalog != catalog {
+                prefix.tools_json.clear();
+                serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
+                prefix.catalog = catalog;
+            }
+            buf.extend_from_slice(b",\"tools\":");
+            buf.extend_from_slice(&prefix.tools_json);
         }
-        let rest = serde_json::to_vec(&WireRequest {
+        // The other fields, written as an object whose `{` becomes the comma after `messages`
+        // (or, when there are none, whose `{}` becomes the closing brace).
+        let at = buf.len();
+        let rest = WireRequest {
             skip_messages: true,
             skip_tools: cache_tools,
             extras: self.extras.clone(),
             ..*self
-        })?;
-        let tools_len = if cache_tools {
-            prefix.tools_json.len() + 10
-        } else {
-            0
         };
-        let mut body = Vec::with_capacity(prefix.json.len() + tools_len + rest.len() + 64);
-        body.extend_from_slice(b"{\"messages\":[");
-        body.extend_from_slice(&prefix.json);
-        for (role, content) in &tail {
-            if body.last() != Some(&b'[') {
-                body.push(b',');
-            }
-            serde_json::to_writer(&mut body, &Plain { role, content })?;
+        serde_json::to_writer(&mut buf, &rest)?;
+        if buf.len() - at > 2 {
+            buf[at] = b',';
+        } else {
+            buf.truncate(at);
+            buf.push(b'}');
         }
-        body.push(b']');
-        if cache_tools {
-            body.extend_from_slice(b",\"tools\":");
-            body.extend_from_slice(&prefix.tools_json);
-        }
-        // `rest` is `{}` or `{…}`: its fields follow.
-        if rest.len() > 2 {
-            body.push(b',');
-        }
-        body.extend_from_slice(&rest[1..]);
-        match head.last() {
-            Some(last) => {
-                if prefix.count != head.len() {
-                    prefix.last = last.clone();
-                }
-                prefix.count = head.len();
-            }
-            None => {
-                prefix.count = 0;
-                prefix.json.clear();
-            }
-        }
+        let body = Bytes::from(buf);
+        prefix.body = body.clone();
         cache.put(prefix);
         Ok(body)
     }
@@ -1692,6 +1709,7 @@ mod tests {
             user_role in proptest::bool::ANY,
             stream in proptest::bool::ANY,
             extra in 0usize..3,
+            keep in proptest::collection::vec(proptest::bool::ANY, 24),
         ) {
             let template = conversation();
             let mut configs = [
@@ -1717,7 +1735,10 @@ mod tests {
             let settings = settings();
             let cache = PrefixCache::new();
             let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
-            for step in steps {
+            // Bodies still held elsewhere (as by a transport retrying): their buffer must not be
+            // reused.
+            let mut held = Vec::new();
+            for (i, step) in steps.into_iter().enumerate() {
                 match step {
                     Step::Append(i) => messages.push(template[i % template.len()].clone()),
                     Step::Reminders(n) => reminders = (0..n).map(|i| format!("r{i}")).collect(),
@@ -1741,8 +1762,14 @@ mod tests {
                     settings: &settings,
                     prefix_cache: Some(&cache),
                 };
-                let cached = models[which].request_body(&request, stream).unwrap();
-                let cached: Value = serde_json::from_slice(&cached).unwrap();
+                let body = models[which].request_body(&request, stream).unwrap();
+                let cached: Value = serde_json::from_slice(&body).unwrap();
+                if keep[i] {
+                    held.push((body.clone(), cached.clone()));
+                }
+                for (body, value) in &held {
+                    prop_assert_eq!(&serde_json::from_slice::<Value>(body).unwrap(), value);
+                }
                 prop_assert_eq!(cached, build_request_body(&request, &configs[which], stream));
             }
         }
