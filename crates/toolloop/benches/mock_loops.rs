@@ -219,7 +219,12 @@ async fn raw_workers(
     let tasks: Vec<_> = (0..n)
         .map(|_| {
             let client = client.clone();
-            let bodies = bodies.to_vec();
+            // Its own copy, as a client of distinct conversations has: bodies shared by every
+            // worker would stay in the cache, which no real client's bodies do.
+            let bodies: Vec<bytes::Bytes> = bodies
+                .iter()
+                .map(|b| bytes::Bytes::copy_from_slice(b))
+                .collect();
             let endpoint = endpoint.clone();
             tokio::spawn(async move {
                 let mut runs = 0;

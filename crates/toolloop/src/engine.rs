@@ -325,7 +325,7 @@ impl Machine {
                     self.finish_round(None);
                     return self.next_step();
                 }
-                Step::RunTools(self.schedule(slots, &pending))
+                Step::RunTools(self.schedule(slots, pending))
             }
             Phase::Ready => {
                 if self.state.round >= self.state.round_limit {
@@ -375,7 +375,7 @@ impl Machine {
         }
     }
 
-    fn schedule(&self, slots: &[Slot], pending: &[usize]) -> Vec<Batch> {
+    fn schedule(&self, slots: &[Slot], pending: Vec<usize>) -> Vec<Batch> {
         let max_parallel = self.config.max_parallel.max(1);
         if max_parallel == 1 {
             return pending
@@ -391,7 +391,7 @@ impl Machine {
                 if pending.len() > 1 && pending.iter().all(|&i| slots[i].parallel_safe) {
                     vec![Batch {
                         parallel: true,
-                        calls: pending.to_vec(),
+                        calls: pending,
                     }]
                 } else {
                     pending
@@ -404,8 +404,15 @@ impl Machine {
                 }
             }
             ParallelMode::Mixed => {
+                if pending.len() > 1 && pending.iter().all(|&i| slots[i].parallel_safe) {
+                    // One batch of them all, as the loop below would make.
+                    return vec![Batch {
+                        parallel: true,
+                        calls: pending,
+                    }];
+                }
                 let mut batches: Vec<Batch> = Vec::new();
-                for &i in pending {
+                for i in pending {
                     let safe = slots[i].parallel_safe;
                     match batches.last_mut() {
                         Some(b) if safe && b.parallel => b.calls.push(i),

@@ -206,8 +206,11 @@ impl HttpTransport {
             Some(parsed) => self.client.post(parsed.clone()),
             None => self.client.post(&url.text),
         };
+        // Header by header: cloning the whole map would allocate it again for every request.
+        let builder = headers.iter().fold(builder, |b, (name, value)| {
+            b.header(name.clone(), value.clone())
+        });
         let request = builder
-            .headers(headers.clone())
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone())
             .send();

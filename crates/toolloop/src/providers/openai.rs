@@ -781,14 +781,31 @@ impl Serialize for WireToolCall<'_> {
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("id", &call.id)?;
         map.serialize_entry("type", "function")?;
-        map.serialize_entry(
-            "function",
-            &WireFunction {
-                name: &call.name,
-                // `to_string` on a value goes through the formatter, several times slower.
-                arguments: &serde_json::to_string(&call.arguments).unwrap_or_default(),
-            },
-        )?;
+        // The arguments as JSON text, written into a buffer kept for the purpose (`to_string` on
+        // a value goes through the formatter, several times slower, and a fresh string each
+        // time would be an allocation per call).
+        thread_local! {
+            static TEXT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        TEXT.with(|text| {
+            let mut text = text.try_borrow_mut().map_err(serde::ser::Error::custom)?;
+            text.clear();
+            serde_json::to_writer(&mut *text, &call.arguments)
+                .map_err(serde::ser::Error::custom)?;
+            let arguments = std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?;
+            let written = map.serialize_entry(
+                "function",
+                &WireFunction {
+                    name: &call.name,
+                    arguments,
+                },
+            );
+            // A very large argument does not stay held by the thread.
+            if text.capacity() > 64 * 1024 {
+                *text = Vec::new();
+            }
+            written
+        })?;
         if let Some(extra) = extra {
             map.serialize_entry("extra_content", extra)?;
         }

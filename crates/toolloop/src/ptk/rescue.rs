@@ -118,6 +118,32 @@ impl Rescue {
         let Some(text) = response.text.take() else {
             return response;
         };
+        if !tools.is_empty() && !text.bytes().any(|b| matches!(b, b'<' | b'[' | b'`' | b'{')) {
+            // Nothing in the text can open a call: only the edges' whitespace changes, as the
+            // parser would change it (a property test holds the two equal).
+            response.text = Self::trimmed(text);
+            return response;
+        }
+        response.text = Some(text);
+        Self::apply_parsed(response, tools)
+    }
+
+    /// `text` with the whitespace at its edges trimmed as the parser trims it.
+    fn trimmed(text: String) -> Option<String> {
+        let t = text.trim();
+        if t.is_empty() {
+            None
+        } else if t.len() == text.len() {
+            Some(text)
+        } else {
+            Some(t.to_string())
+        }
+    }
+
+    fn apply_parsed(mut response: ModelResponse, tools: &[ToolSpec]) -> ModelResponse {
+        let Some(text) = response.text.take() else {
+            return response;
+        };
         let mut rescue = Rescue::new(tools);
         let mut events = rescue.push(&text);
         let (rest, rescued) = rescue.finish(!response.tool_calls.is_empty());
@@ -139,6 +165,21 @@ impl Rescue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn text_with_no_opener_skips_the_parser_and_ends_the_same(
+            text in "[ \t\r\n\u{a0}\u{2003}\u{0b}\u{0c}a-zA-Z0-9.,!?:;()'\"=/-]{0,40}",
+        ) {
+            let tools = tools();
+            let fast = Rescue::apply(ModelResponse::text(text.clone()), &tools);
+            let parsed = Rescue::apply_parsed(ModelResponse::text(text), &tools);
+            prop_assert_eq!(fast.text, parsed.text);
+            prop_assert_eq!(fast.tool_calls, parsed.tool_calls);
+            prop_assert_eq!(fast.finish_reason, parsed.finish_reason);
+        }
+    }
 
     fn tools() -> Vec<ToolSpec> {
         vec![ToolSpec {
