@@ -3,8 +3,9 @@
 //!
 //! Reports, for each N:
 //! - the raw ceiling: the mock's request rate with a bare HTTP client sending N concurrent
-//!   streams of the very request bodies a loop sends (recorded from one run), with no loop and
-//!   no adapter, measured in the same run;
+//!   streams of the very request bodies a loop sends (recorded from one run; each stream holds
+//!   its own copy, as a client of distinct conversations would), with no loop and no adapter,
+//!   measured in the same run;
 //! - loops/s and rounds/s of the real loop, and rounds/s as a ratio to the ceiling. Each side
 //!   runs N workers that repeat whole runs for a fixed time (so both sides are measured in a
 //!   steady state, with no barrier between runs), after a warm-up at the same N. A ceiling
