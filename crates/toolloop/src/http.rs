@@ -140,12 +140,6 @@ impl From<&str> for Endpoint {
     }
 }
 
-impl std::fmt::Display for Endpoint {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.text)
-    }
-}
-
 /// The HTTP client with its retry policy and limits.
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
@@ -458,6 +452,31 @@ mod tests {
     use reqwest::header::HeaderValue;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU32, Ordering};
+
+    #[tokio::test]
+    async fn an_endpoint_that_does_not_parse_fails_the_call_without_a_retry() {
+        let good = Endpoint::new("http://127.0.0.1:1/v1/chat/completions");
+        assert!(good.url.is_some());
+        let bad = Endpoint::from("not a url");
+        assert!(bad.url.is_none());
+        assert_eq!(bad.as_str(), "not a url");
+        let never = |_: u16, _: &HeaderMap, _: &[u8]| -> ApiError { unreachable!() };
+        let transport = HttpTransport::new();
+        let started = std::time::Instant::now();
+        let e = transport
+            .post(&bad, &HeaderMap::new(), Bytes::from_static(b"{}"), never)
+            .await
+            .expect_err("no request can be made");
+        match e {
+            ModelError::Transport { retryable, message } => {
+                assert!(!retryable, "{message}");
+                assert!(message.contains("builder"), "{message}");
+            }
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+        // Not retried: no backoff was waited for.
+        assert!(started.elapsed() < Duration::from_millis(400));
+    }
 
     #[test]
     fn retry_after_headers() {
