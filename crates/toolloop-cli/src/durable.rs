@@ -13,7 +13,7 @@ use toolloop::agent::Agent;
 use toolloop::journal::{Journal, JournalError};
 use toolloop::message::Message;
 use toolloop::outcome::Outcome;
-use toolloop::store::{RunTags, Store};
+use toolloop_store::{RunTags, Store};
 
 /// `--store`, shared by every command that uses the store.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]

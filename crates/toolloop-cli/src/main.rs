@@ -77,12 +77,12 @@ fn main() -> ExitCode {
             Command::Runs(args) => sessions::runs(args).await,
             Command::Resume(args) => sessions::resume(args).await,
             Command::Mock(args) => {
-                let options = toolloop::mock::MockOptions {
+                let options = toolloop_mock::MockOptions {
                     port: args.port,
                     default_latency: args.latency.map(std::time::Duration::from_millis),
                     ..Default::default()
                 };
-                match toolloop::mock::serve(options).await {
+                match toolloop_mock::serve(options).await {
                     Ok(()) => ExitCode::SUCCESS,
                     Err(e) => {
                         eprintln!("toolloop mock: {e}");

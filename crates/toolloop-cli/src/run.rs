@@ -113,7 +113,7 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
-    let tools = match toolloop::tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
+    let tools = match toolloop_tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
         Ok(t) => t,
         Err(e) => return usage_error(format!("--root {}: {e}", args.agent.root.display())),
     };

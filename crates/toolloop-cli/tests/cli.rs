@@ -129,7 +129,7 @@ fn write_file_is_offered_only_with_allow_write() {
 fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let server = rt
-        .block_on(toolloop::mock::start(toolloop::mock::MockOptions::default()))
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
         .unwrap();
     let base = server.base_url();
     let dir = repo();

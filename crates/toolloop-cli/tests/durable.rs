@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use toolloop::message::Message;
-use toolloop::store::{RunStatus, Store};
 use toolloop::transcript::check_transcript;
+use toolloop_store::{RunStatus, Store};
 
 const BIN: &str = env!("CARGO_BIN_EXE_toolloop");
 
@@ -110,8 +110,8 @@ fn effect_counts(path: &Path) -> HashMap<String, u32> {
     counts
 }
 
-fn mock(rt: &tokio::runtime::Runtime) -> toolloop::mock::MockServer {
-    rt.block_on(toolloop::mock::start(toolloop::mock::MockOptions::default()))
+fn mock(rt: &tokio::runtime::Runtime) -> toolloop_mock::MockServer {
+    rt.block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
         .unwrap()
 }
 

@@ -6,7 +6,7 @@ use common::{json_of, repo, toolloop};
 
 use serde_json::Value;
 use std::path::Path;
-use toolloop::mock::{MockOptions, MockServer};
+use toolloop_mock::{MockOptions, MockServer};
 
 const DIALECTS: [&str; 6] = ["ptk", "hermes", "mistral", "llama3", "qwen3-coder", "json"];
 
@@ -19,7 +19,7 @@ impl Mock {
     fn start() -> Mock {
         let rt = tokio::runtime::Runtime::new().unwrap();
         let server = rt
-            .block_on(toolloop::mock::start(MockOptions::default()))
+            .block_on(toolloop_mock::start(MockOptions::default()))
             .unwrap();
         Mock { rt, server }
     }

@@ -30,10 +30,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
 use std::time::Instant;
 use toolloop::agent::Agent;
-use toolloop::mock::{MockOptions, start};
 use toolloop::model::ModelRequest;
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use toolloop_mock::{MockOptions, start};
 
 const PARALLEL: usize = 2;
 /// How long each throughput trial runs, and how many pairs of trials there are.

@@ -32,14 +32,19 @@
 //!   [`outcome`]: how a run ended.
 //! - [`message`]: the message model; [`model`]: the [`model::Model`] trait; [`stream`]: stream
 //!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
-//! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tools`]: built-in tools.
+//! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation.
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
 //!   compatible server), Anthropic and Gemini over [`http`] and [`sse`]; [`ptk`]: prompt-based
 //!   tool calling for models without native support.
-//! - [`journal`]: the run log that makes runs resumable after a crash; `store` (features
-//!   `sqlite`, `postgres`): sessions and run logs in SQLite or PostgreSQL; [`transcript`]:
+//! - [`journal`]: the run log that makes runs resumable after a crash; [`transcript`]:
 //!   checking and repairing stored transcripts.
-//! - [`mock`]: a mock provider server for tests, demos and benchmarks.
+//!
+//! Beside this crate, each in its own so that a program compiles only what it uses:
+//! - `toolloop-store`: sessions and run logs in SQLite or PostgreSQL (implements [`journal`]);
+//! - `toolloop-tools`: built-in tools (file tools confined to a root directory);
+//! - `toolloop-mock`: a mock provider server with fault injection, for tests, demos and
+//!   benchmarks;
+//! - `toolloop-cli`: the `toolloop` command.
 //! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
 //!   serialized and capped.
 #![warn(missing_docs)]
@@ -52,8 +57,6 @@ pub mod event;
 pub mod http;
 pub mod journal;
 pub mod message;
-#[cfg(feature = "mock")]
-pub mod mock;
 pub mod model;
 pub mod outcome;
 pub mod price;
@@ -62,12 +65,9 @@ pub mod ptk;
 pub mod result;
 pub mod schema;
 pub mod sse;
-#[cfg(any(feature = "sqlite", feature = "postgres"))]
-pub mod store;
 pub mod stream;
 pub mod tool;
 pub mod toolbox;
-pub mod tools;
 pub mod transcript;
 pub mod usage;
 

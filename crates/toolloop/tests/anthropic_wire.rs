@@ -1,6 +1,6 @@
 //! The Anthropic adapter against a real HTTP server on 127.0.0.1: headers, complete and streamed
 //! round trips, retries on 529 honouring `retry-after`, and error events inside a stream.
-#![cfg(all(feature = "http", feature = "mock"))]
+#![cfg(feature = "http")]
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Response, Uri};

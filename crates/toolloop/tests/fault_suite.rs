@@ -3,7 +3,7 @@
 //! `Retry-After`, 500, 503, 529, connection resets before and during the body, streams cut in
 //! the middle of a tool call, malformed JSON, a slow first byte). Every loop must end with the
 //! right answer and a valid transcript, and no tool call may run twice.
-#![cfg(all(feature = "mock", feature = "http"))]
+#![cfg(feature = "http")]
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,13 +17,13 @@ use toolloop::config::LoopConfig;
 use toolloop::event::Event;
 use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::Message;
-use toolloop::mock::{FaultKind, MockOptions, start};
 use toolloop::model::Model;
 use toolloop::outcome::Outcome;
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+use toolloop_mock::{FaultKind, MockOptions, start};
 
 /// Loops run at once (a multiple of 6: three protocols, streamed and not).
 const LOOPS: usize = 204;

@@ -1,7 +1,7 @@
 //! The Gemini adapter against a real HTTP server on 127.0.0.1: endpoints and key header,
 //! complete and streamed round trips with parallel calls and thought signatures, and the
 //! `RetryInfo` delay honoured on a retry.
-#![cfg(all(feature = "http", feature = "mock"))]
+#![cfg(feature = "http")]
 
 use axum::body::Body;
 use axum::http::{HeaderMap, Response, Uri};

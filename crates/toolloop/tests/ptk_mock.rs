@@ -1,7 +1,7 @@
 //! Prompt-based tool calling end to end, over real HTTP against the mock's text-only mode: every
 //! dialect through the prompted adapter, the automatic fallback, the OpenAI adapter's rescue of
 //! calls written as text, and seed 000's "Tool Calling Flow".
-#![cfg(all(feature = "mock", feature = "http"))]
+#![cfg(feature = "http")]
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 use toolloop::agent::{Agent, AgentBuilder};
 use toolloop::event::Event;
 use toolloop::message::Message;
-use toolloop::mock::{MockOptions, MockServer, start};
 use toolloop::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::outcome::{CallStatus, Outcome, StopReason};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::ptk::{Auto, Dialect, Prompted};
 use toolloop::tool::{ToolContext, ToolError, tool_fn};
+use toolloop_mock::{MockOptions, MockServer, start};
 
 async fn server() -> MockServer {
     start(MockOptions::default()).await.expect("mock starts")
@@ -38,7 +38,7 @@ async fn run(model: Arc<dyn Model>, root: &Path, stream: bool) -> (Outcome, Vec<
     let deltas = Arc::new(Mutex::new(Vec::new()));
     let seen = deltas.clone();
     let agent = AgentBuilder::new(model)
-        .tools(toolloop::tools::fs::builtin_tools(root, false).unwrap())
+        .tools(toolloop_tools::fs::builtin_tools(root, false).unwrap())
         .max_rounds(10)
         .max_tool_calls(50)
         .stream(stream)

@@ -61,7 +61,7 @@
 //! reminder, continues the task). The round is the number of assistant turns with tool calls
 //! since then. While the round is below `rounds` and the request offers tools, the reply is
 //! `parallel` tool calls, round-robin over the offered tools (continuing across rounds), with
-//! arguments built by [`crate::schema::sample`] from each tool's schema and ids unique for the
+//! arguments built by [`toolloop::schema::sample`] from each tool's schema and ids unique for the
 //! server's lifetime (`call_mock…` for OpenAI, `toolu_mock…` for Anthropic; Gemini has no ids).
 //! Then the reply is a final text, `Done. I saw N tool results in R rounds.`
 //!
@@ -74,7 +74,7 @@
 //! OpenAI-compatible server (Anthropic and Gemini routes answer 400). Its rounds and checks are
 //! the same, in text:
 //!
-//! - **Calls** are written in the reply's `content` with [`crate::ptk::write_calls`], after a
+//! - **Calls** are written in the reply's `content` with [`toolloop::ptk::write_calls`], after a
 //!   sentence naming them (`I'll call read_file, list_dir.`), with `finish_reason` `stop` and no
 //!   `tool_calls`; streamed, the content comes in `chunk`-character deltas like any text, so
 //!   call tags are split across deltas.
@@ -83,13 +83,13 @@
 //!   fallback kicks in; the refusal counts as rejected in [`MockStats`]), unless
 //!   `accept_tools=true`, in which case those tools and their schemas are used. Without a
 //!   `tools` parameter, the tools are read from the catalog that the client wrote into its
-//!   system prompt ([`crate::ptk::render_system_prompt`]): each `## NAME` section and its
+//!   system prompt ([`toolloop::ptk::render_system_prompt`]): each `## NAME` section and its
 //!   parameter lines. The arguments are the required parameters and those with a default,
 //!   sampled from their types (`"a"`, `0`, …, the default, the first enum value); for the tool
 //!   that the catalog's example call names, the example's arguments, which the client built from
 //!   the real schema. No catalog, no tools: the mock answers at once.
 //! - **History**: an assistant message without `tool_calls` whose text holds calls (read with
-//!   [`crate::ptk::parse_reply`]) is a round of calls. The message right after it must be a user
+//!   [`toolloop::ptk::parse_reply`]) is a round of calls. The message right after it must be a user
 //!   message starting `PTK_RESULT:`, holding one `PTK_RESULT: NAME (call id: ID)` header line
 //!   (`, error)` for a failed call) per call: every call answered exactly once, matched by name
 //!   (the text form has no ids; a call id may appear only once). Results that answer no call,
@@ -140,7 +140,7 @@
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> std::io::Result<()> {
-//! use toolloop::mock::{MockOptions, start};
+//! use toolloop_mock::{MockOptions, start};
 //!
 //! let server = start(MockOptions::default()).await?;
 //! let base_url = server.base_url(); // e.g. http://127.0.0.1:41234

@@ -194,7 +194,10 @@ pub(crate) fn plan<'a>(
     let calls = (0..parallel)
         .map(|i| {
             let tool = &tools[(start + i) % tools.len()];
-            let mut arguments = tool.schema.map(crate::schema::sample).unwrap_or_default();
+            let mut arguments = tool
+                .schema
+                .map(toolloop::schema::sample)
+                .unwrap_or_default();
             if !arguments.is_object() {
                 arguments = Value::Object(Default::default());
             }

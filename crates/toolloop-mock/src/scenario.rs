@@ -7,7 +7,7 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use super::fault::{FaultKind, FaultKinds};
-use crate::ptk::Dialect;
+use toolloop::ptk::Dialect;
 
 /// The most rounds a scenario may ask for.
 pub const MAX_ROUNDS: u32 = 10_000;

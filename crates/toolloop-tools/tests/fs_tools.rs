@@ -8,7 +8,7 @@ use tempfile::TempDir;
 use toolloop::schema::sample;
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use toolloop::toolbox::Toolbox;
-use toolloop::tools::fs::{
+use toolloop_tools::fs::{
     ListDir, READ_MAX_BYTES, ReadFile, SearchFiles, WriteFile, builtin_tools,
 };
 

@@ -12,7 +12,7 @@
 //! symbolic link between the check and the use is outside what these tools guard against.
 //!
 //! ```
-//! use toolloop::tools::fs::builtin_tools;
+//! use toolloop_tools::fs::builtin_tools;
 //!
 //! let dir = tempfile::tempdir()?;
 //! let tools = builtin_tools(dir.path(), false)?;
@@ -23,7 +23,6 @@
 //! # Ok::<(), std::io::Error>(())
 //! ```
 
-use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -35,6 +34,7 @@ use std::io::{self, BufRead, BufReader, Read};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 
 /// The most text `read_file` returns in one call (256 KiB); longer files are read in pages.
 pub const READ_MAX_BYTES: usize = 256 * 1024;

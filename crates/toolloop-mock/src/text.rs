@@ -5,9 +5,9 @@
 use serde_json::{Map, Value, json};
 
 use super::engine::Reply;
-use crate::message::ToolCall;
-use crate::model::ToolSpec;
-use crate::ptk::{self, Dialect};
+use toolloop::message::ToolCall;
+use toolloop::model::ToolSpec;
+use toolloop::ptk::{self, Dialect};
 
 /// The start of the catalog [`ptk::render_system_prompt`] writes.
 const CATALOG: &str = "# Tools\n\nYou have access to these tools:\n";
@@ -23,7 +23,7 @@ pub(crate) const RESULT: &str = "PTK_RESULT:";
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct CatalogTool {
     pub spec: ToolSpec,
-    /// A schema whose sample ([`crate::schema::sample`]) is the arguments: `{"default": args}`.
+    /// A schema whose sample ([`toolloop::schema::sample`]) is the arguments: `{"default": args}`.
     pub arguments: Value,
 }
 
@@ -153,7 +153,7 @@ impl Builder {
             .filter(|(k, _)| self.filled.contains(k))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        let args = crate::schema::sample(&json!({"type": "object", "properties": filled}));
+        let args = toolloop::schema::sample(&json!({"type": "object", "properties": filled}));
         CatalogTool {
             spec: ToolSpec {
                 name: self.name,
@@ -286,12 +286,12 @@ mod tests {
             assert_eq!(read[1].spec.description, "Search.\nTwo lines.");
             // The example call's arguments, for the first tool.
             assert_eq!(
-                crate::schema::sample(&read[0].arguments),
+                toolloop::schema::sample(&read[0].arguments),
                 json!({"path": "package.json", "limit": 20}),
                 "{dialect}"
             );
             assert_eq!(
-                crate::schema::sample(&read[1].arguments),
+                toolloop::schema::sample(&read[1].arguments),
                 json!({"mode": "fast", "n": 3, "q": "a", "filter": {"x": 0}}),
                 "{dialect}"
             );

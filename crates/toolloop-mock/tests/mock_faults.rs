@@ -1,14 +1,13 @@
 //! The mock's fault injection on the wire (raw HTTP on 127.0.0.1): each kind of fault in each
 //! protocol, streamed and not, the counts by kind, and the same faults for the same seed.
-#![cfg(all(feature = "mock", feature = "http"))]
 
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
-use toolloop::mock::{FaultKind, MockOptions, MockServer, start};
 use toolloop::sse::{SseDecoder, SseEvent};
+use toolloop_mock::{FaultKind, MockOptions, MockServer, start};
 
 async fn server() -> MockServer {
     start(MockOptions::default()).await.expect("mock starts")

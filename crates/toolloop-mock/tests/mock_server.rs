@@ -1,15 +1,14 @@
 //! The mock provider server over real HTTP on 127.0.0.1: each protocol driven by hand through
 //! multi-round parallel scenarios (streamed and not), its checks, its grammar errors, latency
 //! and stats.
-#![cfg(all(feature = "mock", feature = "http"))]
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use toolloop::mock::{MockOptions, MockServer, start};
 use toolloop::sse::{SseDecoder, SseEvent};
+use toolloop_mock::{MockOptions, MockServer, start};
 
 async fn server() -> MockServer {
     start(MockOptions::default()).await.expect("mock starts")

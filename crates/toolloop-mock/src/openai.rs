@@ -10,8 +10,8 @@ use super::fault::{Drawn, FaultKind, Protocol};
 use super::response::{Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
 use super::text::{self, CatalogTool};
-use crate::model::ToolSpec;
-use crate::ptk;
+use toolloop::model::ToolSpec;
+use toolloop::ptk;
 
 #[derive(Deserialize)]
 struct Request<'a> {

@@ -9,7 +9,7 @@
 //! use toolloop::agent::Agent;
 //! use toolloop::message::Message;
 //! use toolloop::providers::test_model::TestModel;
-//! use toolloop::store::{RunTags, Store};
+//! use toolloop_store::{RunTags, Store};
 //!
 //! let store = Store::open("/tmp/toolloop.db").await?; // or "postgres://user@host/db"
 //! let mut messages = store.session_messages("demo").await?; // checked and repaired
@@ -41,7 +41,7 @@
 //!   taken over. Appends are fenced: a holder whose lease was taken over cannot write another
 //!   record.
 //! - **Sessions.** A session is a named conversation: [`Store::session_messages`] loads its
-//!   transcript (checked and repaired with [`crate::transcript::repair_transcript`], so the
+//!   transcript (checked and repaired with [`toolloop::transcript::repair_transcript`], so the
 //!   next request is valid for every provider), [`Store::save_session`] or
 //!   [`Store::save_outcome`] saves it after a run. Runs tagged with a session (see
 //!   [`Store::run_journal`]) are listed with it. The last save wins: two runs on one session at
@@ -56,10 +56,6 @@
 mod lease;
 mod sql;
 
-use crate::journal::{Journal, JournalError, Record};
-use crate::message::Message;
-use crate::outcome::{Outcome, StopReason};
-use crate::transcript::repair_transcript;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::Row;
@@ -67,6 +63,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use toolloop::journal::{Journal, JournalError, Record};
+use toolloop::message::Message;
+use toolloop::outcome::{Outcome, StopReason};
+use toolloop::transcript::repair_transcript;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 compile_error!("the store needs the `sqlite` or the `postgres` feature");
@@ -709,7 +709,7 @@ impl Store {
         }
     }
 
-    /// Loads a session's transcript, checked and repaired (see [`crate::transcript`]); empty
+    /// Loads a session's transcript, checked and repaired (see [`toolloop::transcript`]); empty
     /// when there is no such session.
     pub async fn session_messages(&self, name: &str) -> Result<Vec<Message>, StoreError> {
         Ok(self

@@ -1,6 +1,7 @@
 //! The store on SQLite, and on PostgreSQL when `TOOLLOOP_TEST_POSTGRES` names a database
 //! (`.ci/run` always sets it; without it the PostgreSQL half is skipped with a note).
 
+#[path = "../../toolloop/tests/common/mod.rs"]
 mod common;
 use common::script;
 
@@ -20,8 +21,8 @@ use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use toolloop::model::ModelResponse;
 use toolloop::outcome::{CallStatus, StopReason};
 use toolloop::providers::scripted::ScriptedModel;
-use toolloop::store::{RunStatus, RunTags, Store};
 use toolloop::tool::SideEffect;
+use toolloop_store::{RunStatus, RunTags, Store};
 
 /// The stores to test: a fresh SQLite file, and PostgreSQL when configured.
 async fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, Store)> {

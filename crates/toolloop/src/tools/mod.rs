@@ -1,3 +1,0 @@
-//! Built-in tools.
-
-pub mod fs;
