@@ -178,7 +178,7 @@ fn the_openai_rescue_completes_against_a_server_writing_calls_as_text() {
     mock.stop();
 }
 
-/// Seed 000's flow from the command line: the `ptk` dialect, one `read_file` call, its result
+/// The PTK Manager's flow from the command line: the `ptk` dialect, one `read_file` call, its result
 /// sent back as `PTK_RESULT:`, and the final answer.
 #[test]
 fn seed_000_flow_from_the_command_line() {

@@ -804,7 +804,7 @@ impl AgentBuilder {
         self
     }
 
-    /// Seed 002's CheckTerminal: after every call of a round ran, a signal ends the run.
+    /// The Go toolloop's CheckTerminal: after every call of a round ran, a signal ends the run.
     pub fn stop_when(
         mut self,
         f: impl Fn(&[RoundCall<'_>]) -> Option<String> + Send + Sync + 'static,
@@ -813,7 +813,7 @@ impl AgentBuilder {
         self
     }
 
-    /// Seed 002's OnIterationLimit: called at `max_rounds`; it stops (with or without a signal)
+    /// The Go toolloop's OnIterationLimit: called at `max_rounds`; it stops (with or without a signal)
     /// or grants more rounds.
     pub fn on_round_limit(
         mut self,
@@ -823,7 +823,7 @@ impl AgentBuilder {
         self
     }
 
-    /// Seed 001's reminder channel: strings for the next request only.
+    /// The planner loop's reminder channel: strings for the next request only.
     pub fn reminders(
         mut self,
         f: impl Fn(LoopView<'_>) -> Vec<String> + Send + Sync + 'static,

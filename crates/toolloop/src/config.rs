@@ -1,4 +1,4 @@
-//! The loop's limits, policies and hooks, with the seeds' defaults.
+//! The loop's limits, policies and hooks, with defaults from the original designs (see the glossary).
 //!
 //! | control | default | seed name |
 //! | --- | --- | --- |
@@ -33,7 +33,7 @@ pub enum ParallelMode {
     /// that is not parallel-safe runs alone, in its place.
     #[default]
     Mixed,
-    /// Seed 001's rule: the round runs in parallel only when every call in it is parallel-safe,
+    /// The planner loop's rule: the round runs in parallel only when every call in it is parallel-safe,
     /// else everything runs one at a time.
     AllOrNothing,
 }
@@ -49,7 +49,7 @@ pub enum InvalidCallPolicy {
         /// Consecutive invalid calls tolerated.
         budget: u32,
     },
-    /// Stop at the first invalid call with seed 000's code (`TOOL_NOT_FOUND`,
+    /// Stop at the first invalid call with the PTK Manager's code (`TOOL_NOT_FOUND`,
     /// `INVALID_TOOL_CALL`).
     Strict,
 }
@@ -188,11 +188,11 @@ pub type Reminders = Arc<dyn Fn(LoopView<'_>) -> Vec<String> + Send + Sync>;
 /// The loop's callbacks.
 #[derive(Clone, Default)]
 pub struct Hooks {
-    /// Seed 002's CheckTerminal.
+    /// The Go toolloop's CheckTerminal.
     pub stop_when: Option<StopWhen>,
-    /// Seed 002's OnIterationLimit.
+    /// The Go toolloop's OnIterationLimit.
     pub on_round_limit: Option<OnRoundLimit>,
-    /// Seed 001's reminderChannel.
+    /// The planner loop's reminderChannel.
     pub reminders: Option<Reminders>,
 }
 

@@ -1,12 +1,12 @@
 //! One event stream for everything that happens in a run.
 //!
-//! Seed 000's callbacks and seed 004's status stages are a `match` away:
+//! The PTK Manager's callbacks and the AI controller's status stages are a `match` away:
 //!
 //! ```
 //! use toolloop::event::Event;
 //!
 //! // onIteration, onToolCall, onError, onDuplicateDetected:
-//! fn seed000(event: &Event) {
+//! fn ptk_manager_callbacks(event: &Event) {
 //!     match event {
 //!         Event::RoundStarted { round, .. } => println!("iteration {round}"),
 //!         Event::ToolCallRequested { call, .. } => println!("tool call {}", call.name),
@@ -18,7 +18,7 @@
 //!     }
 //! }
 //!
-//! // Seed 004's stages: submitted → streaming → executing → processing → complete / error.
+//! // the AI controller's stages: submitted → streaming → executing → processing → complete / error.
 //! fn stage(event: &Event) -> Option<&'static str> {
 //!     Some(match event {
 //!         Event::RunStarted { .. } => "submitted",
@@ -30,7 +30,7 @@
 //!         _ => return None,
 //!     })
 //! }
-//! # seed000(&Event::RunStarted { message_count: 1 });
+//! # ptk_manager_callbacks(&Event::RunStarted { message_count: 1 });
 //! # assert_eq!(stage(&Event::RunStarted { message_count: 1 }), Some("submitted"));
 //! ```
 
@@ -49,7 +49,7 @@ pub enum Event {
         /// Messages in the conversation at the start.
         message_count: usize,
     },
-    /// A model call is about to be made (seed 004's `ai-turn-start`).
+    /// A model call is about to be made (the AI controller's `ai-turn-start`).
     RoundStarted {
         /// The round (1-based).
         round: u32,
@@ -137,7 +137,7 @@ pub enum Event {
         duration_ms: u64,
     },
     /// A round ended: the model answered and its calls (if any) got results
-    /// (seed 004's `ai-processing-tool-results`).
+    /// (the AI controller's `ai-processing-tool-results`).
     RoundFinished {
         /// The round.
         round: u32,

@@ -3,9 +3,8 @@
 //! answers or a budget ends the run.
 //!
 //! ```
-//! use toolloop::agent::Agent;
 //! use toolloop::providers::scripted::ScriptedModel;
-//! use toolloop::tool::{tool_fn, ToolContext, ToolError, ToolOutput};
+//! use toolloop::{tool_fn, Agent, ToolContext, ToolError, ToolOutput};
 //!
 //! #[derive(serde::Deserialize, schemars::JsonSchema)]
 //! struct Add { a: i64, b: i64 }
@@ -70,6 +69,15 @@ pub mod tool;
 pub mod toolbox;
 pub mod transcript;
 pub mod usage;
+
+pub use agent::{Agent, AgentBuilder};
+pub use config::LoopConfig;
+pub use event::Event;
+pub use message::{Message, ToolCall, ToolResult};
+pub use model::{Model, ModelError, ModelResponse};
+pub use outcome::{Outcome, StopReason};
+pub use tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
+pub use usage::Usage;
 
 /// The README's examples, compiled and run as doc-tests.
 #[doc = include_str!("../../../README.md")]

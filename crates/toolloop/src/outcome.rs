@@ -37,7 +37,7 @@ impl StopReason {
     }
 }
 
-/// Error codes (seed 000's `PTKErrorCode`, plus timeout and cancellation).
+/// Error codes (the PTK Manager's `PTKErrorCode`, plus timeout and cancellation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum ErrorCode {

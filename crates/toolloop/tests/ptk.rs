@@ -1,5 +1,5 @@
 //! Prompt-based tool calling: round trips in every dialect, streaming in arbitrary chunks, and
-//! the prompted adapter running seed 000's flow over a scripted model.
+//! the prompted adapter running the PTK Manager's flow over a scripted model.
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -511,7 +511,7 @@ async fn call(
 
 const SEED_CALL: &str = "I'll read the package.json file.\n<PTK_CALL>\n{\n  \"tool\": \"read_file\",\n  \"args\": {\"path\": \"package.json\"},\n  \"reasoning\": \"Need to read package.json to get version\"\n}\n</PTK_CALL>";
 
-/// Seed 000's "Tool Calling Flow": catalog in the prompt, a `<PTK_CALL>` reply parsed into a
+/// The PTK Manager's "Tool Calling Flow": catalog in the prompt, a `<PTK_CALL>` reply parsed into a
 /// call, the result rendered as `PTK_RESULT:`, the final answer taken as text.
 #[tokio::test]
 async fn seed_tool_calling_flow() {

@@ -1,6 +1,6 @@
 //! Prompt-based tool calling end to end, over real HTTP against the mock's text-only mode: every
 //! dialect through the prompted adapter, the automatic fallback, the OpenAI adapter's rescue of
-//! calls written as text, and seed 000's "Tool Calling Flow".
+//! calls written as text, and the PTK Manager's "Tool Calling Flow".
 #![cfg(feature = "http")]
 
 use async_trait::async_trait;
@@ -291,7 +291,7 @@ struct ReadFileArgs {
     path: String,
 }
 
-/// Seed 000's "Tool Calling Flow" against the mock: the catalog in the system prompt, a
+/// The PTK Manager's "Tool Calling Flow" against the mock: the catalog in the system prompt, a
 /// `<PTK_CALL>` reply, `read_file` run, its result sent back as `PTK_RESULT:`, and a final text
 /// answer.
 #[tokio::test]

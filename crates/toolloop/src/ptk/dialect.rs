@@ -12,7 +12,7 @@ use std::str::FromStr;
     Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
 )]
 pub enum Dialect {
-    /// Seed 000's format (the default):
+    /// The PTK Manager's format (the default):
     /// `<PTK_CALL>{"tool": "NAME", "args": {…}, "reasoning": "…"}</PTK_CALL>`.
     #[default]
     #[serde(rename = "ptk")]
