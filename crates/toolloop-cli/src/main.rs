@@ -6,6 +6,7 @@ mod progress;
 mod run;
 mod sessions;
 mod spec;
+#[cfg(feature = "test-hooks")]
 mod testtool;
 
 use clap::{Parser, Subcommand};

@@ -117,6 +117,7 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
         Ok(t) => t,
         Err(e) => return usage_error(format!("--root {}: {e}", args.agent.root.display())),
     };
+    #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
     let stream_text = args.agent.stream && !args.json;
     let progress = Arc::new(Progress::new(

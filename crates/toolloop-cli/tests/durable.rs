@@ -5,6 +5,10 @@
 //! The agent's tool is the hidden test tool (`TOOLLOOP_TEST_EFFECTS`): a side-effecting call
 //! that appends its idempotency key to a file, then waits. The model is the mock server (OpenAI
 //! API), which also checks every request's transcript (each call answered exactly once).
+//!
+//! The test tool exists only in a binary built with the `test-hooks` feature:
+//! `cargo test --workspace --features toolloop-cli/test-hooks` (the README's test command).
+#![cfg(feature = "test-hooks")]
 
 mod common;
 use common::json_of;
