@@ -41,7 +41,7 @@
 //!   checking and repairing stored transcripts.
 //! - [`mock`]: a mock provider server for tests, demos and benchmarks.
 //! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
-//!   serialized and capped.
+//!   serialized and capped; [`redact`]: keeping API keys out of error messages.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -59,6 +59,7 @@ pub mod outcome;
 pub mod price;
 pub mod providers;
 pub mod ptk;
+pub mod redact;
 pub mod result;
 pub mod schema;
 pub mod sse;
