@@ -205,7 +205,8 @@ impl From<&str> for Endpoint {
 /// [module documentation](self)).
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: reqwest::Client,
+    /// The client, or why it could not be built (each call then fails with that reason).
+    client: Result<reqwest::Client, String>,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// The largest response body accepted (default 32 MiB); a larger one is refused, not buffered.
@@ -343,13 +344,13 @@ fn redirect_error(
 impl HttpTransport {
     /// A transport with the default policy and limits.
     pub fn new() -> Self {
-        // Without redirects: a client that cannot be built so is no client to use.
+        // Never reqwest's default client in its place: that one follows redirects.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .expect("a client with a connect timeout and no redirects can always be built");
+            .map_err(|e| format!("the HTTP client could not be built: {e}"));
         HttpTransport {
             client,
             retry: RetryPolicy::default(),
@@ -368,9 +369,13 @@ impl HttpTransport {
         parse_error: ErrorParser,
         budget: &CallBudget,
     ) -> Result<reqwest::Response, ModelError> {
+        let client = self
+            .client
+            .as_ref()
+            .map_err(|e| ModelError::Config(e.clone()))?;
         let builder = match &url.url {
-            Some(parsed) => self.client.post(parsed.clone()),
-            None => self.client.post(&url.text),
+            Some(parsed) => client.post(parsed.clone()),
+            None => client.post(&url.text),
         };
         // Header by header: cloning the whole map would allocate it again for every request.
         let builder = headers.iter().fold(builder, |b, (name, value)| {
