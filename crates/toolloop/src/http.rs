@@ -1,18 +1,55 @@
 //! The HTTP transport shared by the provider adapters: retries with backoff, `Retry-After`,
-//! a first-byte timeout, and a cap on the size of response bodies.
+//! timeouts, a cap on the size of response bodies, no redirects, and no secrets in errors.
 //!
 //! Retryable failures are HTTP 408, 409, 429, 500, 502, 503, 504 and 529, a connection error or
 //! reset, and a timeout before the first byte. Backoff is exponential with jitter, and a
 //! server's `retry-after-ms` or `Retry-After` wins when present. A stream that has delivered any
 //! output is never replayed ([`resilient_stream`]).
+//!
+//! Not retried, because the same request would get the same answer: a 500 whose body is a
+//! validation error of the request itself ([`rejects_request`]: llama-cpp-python answers a
+//! request it cannot validate with a 500), and any redirect.
+//!
+//! # Redirects
+//!
+//! Model calls never follow a redirect. A redirect to another origin would carry the API key
+//! (reqwest drops `Authorization`, not Anthropic's `x-api-key` or Gemini's `x-goog-api-key`)
+//! and, for a 307 or 308, the whole conversation; a 302 would turn the call into a `GET` whose
+//! reply is taken for the answer. Any 3xx is a [`ModelError::Api`] of type `redirect`, not
+//! retried, naming the status and the target (without its credentials and query).
+//!
+//! # Timeouts
+//!
+//! | what | default | field |
+//! |---|---|---|
+//! | connecting | 30 s | (fixed) |
+//! | the response head, from sending the request | 120 s | [`HttpTransport::first_byte_timeout`] |
+//! | silence while a body or a stream is read | 300 s | [`HttpTransport::idle_timeout`] |
+//! | a stream with no event (nothing, or only keep-alive comments) | 600 s | [`HttpTransport::event_timeout`] |
+//!
+//! A timeout before the first byte is retried once per call, whatever the retry policy allows,
+//! so a server that accepts connections and never answers costs at most two first-byte
+//! timeouts per call (a stream opened again after a break shares that allowance). An idle or
+//! event timeout is not retried: the wait was already long. The event timeout is generous
+//! because reasoning models think for minutes, and some servers send only comments meanwhile.
+//!
+//! # Secrets
+//!
+//! Every text that a server's reply puts into an error (an error body, a redirect's target, a
+//! body that does not decode, a stream's error event) goes through a
+//! [`Redactor`](crate::redact::Redactor) holding the request's credentials (its sensitive
+//! headers, and the credentials in its URL) first, so no error, event, log line or stored record
+//! ever holds the API key.
 
 use crate::model::{ApiError, EventStream, ModelError};
+use crate::redact::{Redactor, redact_url_credentials};
 use crate::stream::StreamEvent;
 use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use reqwest::header::HeaderMap;
+use reqwest::header::{HeaderMap, LOCATION};
 use std::future::Future;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// How often and how patiently to retry.
@@ -84,6 +121,30 @@ pub fn retryable_status(status: u16) -> bool {
     matches!(status, 408 | 409 | 429 | 500 | 502 | 503 | 504 | 529)
 }
 
+/// Whether an HTTP 500 is the server refusing the request itself: a validation error of the
+/// request body, as FastAPI and pydantic word it, which llama-cpp-python's server answers with a
+/// 500 (`1 validation error: {'type': 'string_type', 'loc': ('body', 'messages', 2, 'content'),
+/// …}`) where other servers answer 400 or 422. Sending the same request again would get the same
+/// answer, so it is not retried. Narrow on purpose: only a 500 whose body names a location in
+/// the request `body` (`'loc': ('body', …` or `"loc": ["body", …`); any other 500 is retried.
+pub fn rejects_request(status: u16, body: &[u8]) -> bool {
+    if status != 500 {
+        return false;
+    }
+    let head = &body[..body.len().min(64 * 1024)];
+    let compact: String = String::from_utf8_lossy(head)
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
+    [
+        "'loc':('body'",
+        "\"loc\":[\"body\"",
+        "\\\"loc\\\":[\\\"body\\\"",
+    ]
+    .iter()
+    .any(|p| compact.contains(p))
+}
+
 /// The server's requested wait: `retry-after-ms` (milliseconds), else `Retry-After` in seconds.
 pub fn retry_after(headers: &HeaderMap) -> Option<Duration> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
@@ -140,16 +201,33 @@ impl From<&str> for Endpoint {
     }
 }
 
-/// The HTTP client with its retry policy and limits.
+/// The HTTP client with its retry policy and limits. It never follows redirects (see the
+/// [module documentation](self)).
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
-    client: reqwest::Client,
+    /// The client, or why it could not be built (each call then fails with that reason).
+    client: Result<reqwest::Client, String>,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// The largest response body accepted (default 32 MiB); a larger one is refused, not buffered.
     pub max_body_bytes: usize,
-    /// How long to wait for the response headers (default 120 s).
+    /// How long to wait for the response headers (default 120 s). A call retries this timeout
+    /// once at most, whatever [`HttpTransport::retry`] allows.
     pub first_byte_timeout: Duration,
+    /// The longest silence accepted while a response body, complete or streamed, is read
+    /// (default 300 s); then the call fails, not retried.
+    pub idle_timeout: Duration,
+    /// The longest a streamed response may go without an event (default 600 s): a stream that
+    /// sends only keep-alive comments, or nothing, for that long fails, not retried. Generous
+    /// because reasoning models think for minutes before their first token.
+    pub event_timeout: Duration,
+}
+
+/// What one call has spent of its allowance of first-byte timeouts: the first is retried, a
+/// later one is not.
+#[derive(Debug, Default)]
+pub(crate) struct CallBudget {
+    first_byte_timeouts: AtomicU32,
 }
 
 impl Default for HttpTransport {
@@ -170,22 +248,116 @@ fn transport_error(e: reqwest::Error) -> ModelError {
         message.push_str(&s.to_string());
         source = s.source();
     }
+    // reqwest names the URL, which may carry credentials.
+    let message = redact_url_credentials(&message);
     ModelError::Transport { message, retryable }
+}
+
+/// A duration as people write it: `300 s`, `250 ms`.
+fn human(d: Duration) -> String {
+    if d.subsec_millis() == 0 && d.as_secs() > 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{} ms", d.as_millis())
+    }
+}
+
+/// The error for a body or stream that went silent.
+fn idle_error(idle: Duration) -> ModelError {
+    ModelError::Transport {
+        message: format!(
+            "the server sent nothing for {} while the response was read (idle timeout, \
+             HttpTransport::idle_timeout); not retried",
+            human(idle)
+        ),
+        retryable: false,
+    }
+}
+
+/// The error for a stream that sent no event for `limit`.
+pub(crate) fn no_event_error(limit: Duration) -> ModelError {
+    ModelError::Transport {
+        message: format!(
+            "the stream sent no event for {} (nothing, or only keep-alive comments; \
+             HttpTransport::event_timeout); not retried",
+            human(limit)
+        ),
+        retryable: false,
+    }
+}
+
+/// The next chunk of a body, waiting at most `idle`.
+async fn next_chunk<S>(body: &mut S, idle: Duration) -> Result<Option<Bytes>, ModelError>
+where
+    S: futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
+{
+    match tokio::time::timeout(idle, body.next()).await {
+        Err(_) => Err(idle_error(idle)),
+        Ok(None) => Ok(None),
+        Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
+        Ok(Some(Err(e))) => Err(transport_error(e)),
+    }
+}
+
+/// The error for a redirect: its status and where it pointed (scheme, host, port and path only,
+/// resolved against the request's URL), redacted.
+fn redirect_error(
+    url: &Endpoint,
+    status: u16,
+    response_headers: &HeaderMap,
+    redactor: &Redactor,
+) -> ModelError {
+    let target = response_headers
+        .get(LOCATION)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+        .map(|location| {
+            let resolved = match &url.url {
+                Some(base) => base.join(location.trim()),
+                None => reqwest::Url::parse(location.trim()),
+            };
+            match resolved {
+                Ok(mut target) => {
+                    let _ = target.set_username("");
+                    let _ = target.set_password(None);
+                    target.set_query(None);
+                    target.set_fragment(None);
+                    format!("to {target}")
+                }
+                Err(_) => "to a location that is not a URL".to_string(),
+            }
+        })
+        .unwrap_or_else(|| "without a Location header".to_string());
+    ModelError::Api(ApiError {
+        status,
+        error_type: Some("redirect".into()),
+        code: None,
+        message: redactor.redact(&format!(
+            "the server answered HTTP {status}, a redirect {target}; model calls do not follow \
+             redirects (they would carry the API key and the conversation to another address): \
+             if the new address is trusted, use it as the base URL"
+        )),
+        retryable: false,
+        retry_after: None,
+    })
 }
 
 impl HttpTransport {
     /// A transport with the default policy and limits.
     pub fn new() -> Self {
+        // Never reqwest's default client in its place: that one follows redirects.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))
             .pool_max_idle_per_host(1024)
+            .redirect(reqwest::redirect::Policy::none())
             .build()
-            .unwrap_or_default();
+            .map_err(|e| format!("the HTTP client could not be built: {e}"));
         HttpTransport {
             client,
             retry: RetryPolicy::default(),
             max_body_bytes: 32 * 1024 * 1024,
             first_byte_timeout: Duration::from_secs(120),
+            idle_timeout: Duration::from_secs(300),
+            event_timeout: Duration::from_secs(600),
         }
     }
 
@@ -195,10 +367,15 @@ impl HttpTransport {
         headers: &HeaderMap,
         body: &Bytes,
         parse_error: ErrorParser,
+        budget: &CallBudget,
     ) -> Result<reqwest::Response, ModelError> {
+        let client = self
+            .client
+            .as_ref()
+            .map_err(|e| ModelError::Config(e.clone()))?;
         let builder = match &url.url {
-            Some(parsed) => self.client.post(parsed.clone()),
-            None => self.client.post(&url.text),
+            Some(parsed) => client.post(parsed.clone()),
+            None => client.post(&url.text),
         };
         // Header by header: cloning the whole map would allocate it again for every request.
         let builder = headers.iter().fold(builder, |b, (name, value)| {
@@ -210,12 +387,19 @@ impl HttpTransport {
             .send();
         let response = match tokio::time::timeout(self.first_byte_timeout, request).await {
             Err(_) => {
+                let first = budget.first_byte_timeouts.fetch_add(1, Ordering::Relaxed) == 0;
                 return Err(ModelError::Transport {
                     message: format!(
-                        "no response within {:?} (timeout before the first byte)",
-                        self.first_byte_timeout
+                        "no response within {} (timeout before the first byte, \
+                         HttpTransport::first_byte_timeout){}",
+                        human(self.first_byte_timeout),
+                        if first {
+                            ""
+                        } else {
+                            "; the second one in this call, not retried"
+                        }
                     ),
-                    retryable: true,
+                    retryable: first,
                 });
             }
             Ok(r) => r.map_err(transport_error)?,
@@ -224,45 +408,73 @@ impl HttpTransport {
         if (200..300).contains(&status) {
             return Ok(response);
         }
-        let headers = response.headers().clone();
-        let body = self.read_body(response).await.unwrap_or_default();
-        let mut err = parse_error(status, &headers, &body);
-        if err.retry_after.is_none() {
-            err.retry_after = retry_after(&headers);
+        let redactor = Redactor::for_request(url.as_str(), headers);
+        let response_headers = response.headers().clone();
+        if (300..400).contains(&status) {
+            return Err(redirect_error(url, status, &response_headers, &redactor));
         }
-        Err(ModelError::Api(err))
+        let body = self.read_body(response).await.unwrap_or_default();
+        // Before it is parsed, so that no part of a secret survives a message cut short.
+        let body = redactor.redact_bytes(&body);
+        let mut err = parse_error(status, &response_headers, &body);
+        if err.retry_after.is_none() {
+            err.retry_after = retry_after(&response_headers);
+        }
+        if rejects_request(status, &body) {
+            err.retryable = false;
+        }
+        Err(ModelError::Api(redactor.redact_api_error(err)))
     }
 
-    /// Reads a whole body, refusing one larger than the limit.
+    /// Reads a whole body, refusing one larger than the limit, and one that goes silent for the
+    /// idle timeout.
     async fn read_body(&self, response: reqwest::Response) -> Result<Bytes, ModelError> {
         let limit = self.max_body_bytes;
-        match response.content_length() {
-            Some(n) if n as usize > limit => return Err(ModelError::BodyTooLarge { limit }),
-            // A declared length within the limit: the body can be no longer (hyper stops at the
-            // length), so it is collected whole, without copying chunk by chunk.
-            Some(_) => return response.bytes().await.map_err(transport_error),
-            None => {}
+        let declared = response.content_length();
+        if let Some(n) = declared
+            && n > limit as u64
+        {
+            return Err(ModelError::BodyTooLarge { limit });
         }
         let mut stream = response.bytes_stream();
-        let mut buf = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(transport_error)?;
-            if buf.len() + chunk.len() > limit {
+        // A body that comes in one chunk is returned as it is, without a copy.
+        let mut first: Option<Bytes> = None;
+        let mut buf: Vec<u8> = Vec::new();
+        while let Some(chunk) = next_chunk(&mut stream, self.idle_timeout).await? {
+            let so_far = first.as_ref().map_or(buf.len(), Bytes::len);
+            if so_far + chunk.len() > limit {
                 return Err(ModelError::BodyTooLarge { limit });
             }
-            buf.extend_from_slice(&chunk);
+            match first.take() {
+                None if buf.is_empty() => first = Some(chunk),
+                None => buf.extend_from_slice(&chunk),
+                Some(head) => {
+                    let hint = declared.map_or(0, |n| n as usize);
+                    buf.reserve(hint.max(head.len() + chunk.len()));
+                    buf.extend_from_slice(&head);
+                    buf.extend_from_slice(&chunk);
+                }
+            }
         }
-        Ok(Bytes::from(buf))
+        Ok(first.unwrap_or_else(|| Bytes::from(buf)))
     }
 
-    async fn with_retries<T, F, Fut>(&self, mut attempt_fn: F) -> Result<T, ModelError>
+    async fn with_retries<T, F, Fut>(
+        &self,
+        url: &Endpoint,
+        headers: &HeaderMap,
+        mut attempt_fn: F,
+    ) -> Result<T, ModelError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, ModelError>>,
     {
         let mut attempt = 0;
         loop {
-            match attempt_fn().await {
+            match attempt_fn()
+                .await
+                .map_err(|e| Redactor::for_request(url.as_str(), headers).redact_error(e))
+            {
                 Ok(v) => return Ok(v),
                 Err(e) if e.is_retryable() && attempt < self.retry.max_retries => {
                     attempt += 1;
@@ -287,8 +499,11 @@ impl HttpTransport {
         body: Bytes,
         parse_error: ErrorParser,
     ) -> Result<Bytes, ModelError> {
-        self.with_retries(|| async {
-            let response = self.send_once(url, headers, &body, parse_error).await?;
+        let budget = CallBudget::default();
+        self.with_retries(url, headers, || async {
+            let response = self
+                .send_once(url, headers, &body, parse_error, &budget)
+                .await?;
             self.read_body(response).await
         })
         .await
@@ -308,9 +523,14 @@ impl HttpTransport {
         parse_error: ErrorParser,
         decode: impl Fn(&[u8]) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
+        let budget = CallBudget::default();
+        let redact = |e: ModelError| Redactor::for_request(url.as_str(), headers).redact_error(e);
         let mut attempt = 0;
         loop {
-            let read = match self.send_once(url, headers, &body, parse_error).await {
+            let read = match self
+                .send_once(url, headers, &body, parse_error, &budget)
+                .await
+            {
                 Ok(response) => self.read_body(response).await,
                 Err(e) => Err(e),
             };
@@ -319,12 +539,12 @@ impl HttpTransport {
                     Ok(value) => return Ok(value),
                     Err(e) => {
                         let retry = e.is_retryable() || !is_json(&bytes);
-                        (e, retry)
+                        (redact(e), retry)
                     }
                 },
                 Err(e) => {
                     let retry = e.is_retryable();
-                    (e, retry)
+                    (redact(e), retry)
                 }
             };
             if !retry || attempt >= self.retry.max_retries {
@@ -342,7 +562,8 @@ impl HttpTransport {
     }
 
     /// POSTs a JSON body and returns the response body as a byte stream. Failures before the
-    /// response headers are retried; the body's total size is capped like any other.
+    /// response headers are retried; the body's total size is capped like any other, and a body
+    /// silent for the idle timeout ends with an error.
     pub async fn post_stream(
         &self,
         url: &Endpoint,
@@ -350,19 +571,50 @@ impl HttpTransport {
         body: Bytes,
         parse_error: ErrorParser,
     ) -> Result<ByteStream, ModelError> {
+        self.post_stream_within(url, headers, body, parse_error, &CallBudget::default())
+            .await
+    }
+
+    /// [`HttpTransport::post_stream`], counting first-byte timeouts in `budget` (shared by the
+    /// openings of one streamed call).
+    pub(crate) async fn post_stream_within(
+        &self,
+        url: &Endpoint,
+        headers: &HeaderMap,
+        body: Bytes,
+        parse_error: ErrorParser,
+        budget: &CallBudget,
+    ) -> Result<ByteStream, ModelError> {
         let response = self
-            .with_retries(|| self.send_once(url, headers, &body, parse_error))
+            .with_retries(url, headers, || {
+                self.send_once(url, headers, &body, parse_error, budget)
+            })
             .await?;
         let limit = self.max_body_bytes;
-        let mut seen = 0usize;
-        Ok(Box::pin(response.bytes_stream().map(move |chunk| {
-            let chunk = chunk.map_err(transport_error)?;
-            seen += chunk.len();
-            if seen > limit {
-                return Err(ModelError::BodyTooLarge { limit });
-            }
-            Ok(chunk)
-        })))
+        let idle = self.idle_timeout;
+        let state = (response.bytes_stream(), 0usize, false);
+        Ok(Box::pin(futures::stream::unfold(
+            state,
+            move |(mut body, mut seen, ended)| async move {
+                if ended {
+                    return None;
+                }
+                let item = match next_chunk(&mut body, idle).await {
+                    Ok(None) => return None,
+                    Ok(Some(chunk)) => {
+                        seen += chunk.len();
+                        if seen > limit {
+                            Err(ModelError::BodyTooLarge { limit })
+                        } else {
+                            Ok(chunk)
+                        }
+                    }
+                    Err(e) => Err(e),
+                };
+                let ended = item.is_err();
+                Some((item, (body, seen, ended)))
+            },
+        )))
     }
 }
 

@@ -45,7 +45,7 @@
 //!   benchmarks;
 //! - `toolloop-cli`: the `toolloop` command.
 //! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
-//!   serialized and capped.
+//!   serialized and capped; [`redact`]: keeping API keys out of error messages.
 #![warn(missing_docs)]
 
 pub mod agent;
@@ -61,6 +61,7 @@ pub mod outcome;
 pub mod price;
 pub mod providers;
 pub mod ptk;
+pub mod redact;
 pub mod result;
 pub mod schema;
 pub mod sse;

@@ -35,6 +35,11 @@
 //!   the conversation already ends with a user turn, the reminders are appended to it on the wire,
 //!   so that strict templates never see two user turns in a row.
 //! - The output limit is sent as `max_completion_tokens` to OpenAI and as `max_tokens` elsewhere.
+//! - A request that offers tools says `"tool_choice": "auto"` to other servers, where OpenAI's
+//!   leaves it out (its default): llama-cpp-python's server ignores the tools unless it is said
+//!   ([`OpenAiConfig::explicit_tool_choice`]).
+//! - An assistant turn with tool calls and no text is sent with `"content": ""`, never `null`,
+//!   which llama-cpp-python's server refuses.
 //! - Fields given in [`OpenAiConfig::extra`] and then [`ModelSettings::extra`] are merged into the
 //!   top level of the request body last, so they can add or replace anything
 //!   (`{"top_k": 20}`, `{"reasoning_effort": "low"}`, `{"max_tokens": 512}`).
@@ -133,6 +138,13 @@ pub struct OpenAiConfig {
     /// around them stays text, no fragment of a call tag reaches the stream's text deltas, and
     /// an attempted call that does not parse stays text (never an error).
     pub rescue_text_tool_calls: bool,
+    /// Whether a request that offers tools says `"tool_choice": "auto"` when the choice is
+    /// [`ToolChoice::Auto`], rather than leaving it out (default: on for servers other than
+    /// OpenAI's own API). Leaving it out means `auto` on OpenAI and vLLM, but llama-cpp-python's
+    /// server ignores the tools unless it is said; every compatible server accepts it (vLLM
+    /// without `--enable-auto-tool-choice` refuses it as it refuses tools at all, which
+    /// `--tool-protocol auto` takes as the signal to fall back to prompt-based calling).
+    pub explicit_tool_choice: bool,
 }
 
 impl std::fmt::Debug for OpenAiConfig {
@@ -145,6 +157,7 @@ impl std::fmt::Debug for OpenAiConfig {
             .field("transport", &self.transport)
             .field("reminder_role", &self.reminder_role)
             .field("rescue_text_tool_calls", &self.rescue_text_tool_calls)
+            .field("explicit_tool_choice", &self.explicit_tool_choice)
             .finish()
     }
 }
@@ -160,11 +173,12 @@ impl OpenAiConfig {
             transport: HttpTransport::new(),
             reminder_role: ReminderRole::System,
             rescue_text_tool_calls: false,
+            explicit_tool_choice: false,
         }
     }
 
     /// Sets the base URL and the defaults that depend on it ([`OpenAiConfig::reminder_role`],
-    /// [`OpenAiConfig::rescue_text_tool_calls`]).
+    /// [`OpenAiConfig::rescue_text_tool_calls`], [`OpenAiConfig::explicit_tool_choice`]).
     pub fn with_base_url(mut self, base_url: impl Into<String>) -> Self {
         self.base_url = base_url.into();
         let openai = self.is_openai();
@@ -174,6 +188,7 @@ impl OpenAiConfig {
             ReminderRole::User
         };
         self.rescue_text_tool_calls = !openai;
+        self.explicit_tool_choice = !openai;
         self
     }
 
@@ -481,10 +496,12 @@ impl Serialize for WireRequest<'_> {
             if !self.skip_tools {
                 self.field(&mut map, "tools", &WireTools(self.req.tools))?;
             }
-            // `auto` is every server's default; leaving it out keeps servers that reject an
-            // explicit `auto` (vLLM without --enable-auto-tool-choice) working when the model
-            // calls no tools.
+            // `auto` is sent to the servers that need it said (see
+            // `OpenAiConfig::explicit_tool_choice`).
             match &settings.tool_choice {
+                ToolChoice::Auto if self.config.explicit_tool_choice => {
+                    self.field(&mut map, "tool_choice", "auto")?
+                }
                 ToolChoice::Auto => {}
                 ToolChoice::None => self.field(&mut map, "tool_choice", "none")?,
                 ToolChoice::Required => self.field(&mut map, "tool_choice", "required")?,
@@ -729,11 +746,10 @@ impl Serialize for WireMessage<'_> {
             Message::Assistant(a) => {
                 let mut map = s.serialize_map(None)?;
                 map.serialize_entry("role", "assistant")?;
-                match a.text.as_deref().filter(|t| !t.is_empty()) {
-                    Some(t) => map.serialize_entry("content", t)?,
-                    None if !a.tool_calls.is_empty() => map.serialize_entry("content", &())?,
-                    None => map.serialize_entry("content", "")?,
-                }
+                // Never `null`: llama-cpp-python's server refuses a `null` content with a 500,
+                // and an empty string is accepted everywhere (OpenAI, vLLM, Mistral, Groq,
+                // Ollama, llama.cpp), with or without tool calls.
+                map.serialize_entry("content", a.text.as_deref().unwrap_or(""))?;
                 if !a.tool_calls.is_empty() {
                     let calls: Vec<WireToolCall> = a.tool_calls.iter().map(WireToolCall).collect();
                     map.serialize_entry("tool_calls", &calls)?;
@@ -1825,7 +1841,8 @@ mod tests {
         assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
         assert_eq!(m[1], json!({"role": "user", "content": "read a.txt"}));
         assert_eq!(m[2]["role"], "assistant");
-        assert_eq!(m[2]["content"], Value::Null);
+        // Never `null`: llama-cpp-python's server refuses it.
+        assert_eq!(m[2]["content"], "");
         assert_eq!(
             m[2]["tool_calls"][0],
             json!({"id": "call_1", "type": "function",
@@ -1842,7 +1859,14 @@ mod tests {
         assert_eq!(b["model"], "gpt-x");
         assert_eq!(b["tools"][0]["type"], "function");
         assert_eq!(b["tools"][0]["function"]["name"], "read");
-        assert!(b.get("tool_choice").is_none(), "auto is left out");
+        assert!(
+            b.get("tool_choice").is_none(),
+            "auto is left out for OpenAI"
+        );
+        let other = OpenAiConfig::new("m").with_base_url("http://localhost:8080/v1");
+        let b = body(&conversation(), &[], &other, &settings());
+        assert_eq!(b["tool_choice"], "auto", "and said to other servers");
+        assert_eq!(b["messages"][2]["content"], "");
         assert!(b.get("stream").is_none());
     }
 

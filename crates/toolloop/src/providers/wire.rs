@@ -6,9 +6,12 @@
 //! implementation and an [`ErrorParser`]); this module only carries bytes, events and errors
 //! between the transport, that decoder and the caller.
 
-use crate::http::{ByteStream, Endpoint, ErrorParser, HttpTransport, resilient_stream};
+use crate::http::{
+    ByteStream, CallBudget, Endpoint, ErrorParser, HttpTransport, no_event_error, resilient_stream,
+};
 use crate::model::{ApiError, EventStream, FinishReason, ModelError, ModelResponse};
 use crate::providers::Decoded;
+use crate::redact::Redactor;
 use crate::sse::{SseDecoder, SseEvent};
 use crate::stream::{Accumulator, StreamEvent};
 use bytes::Bytes;
@@ -17,6 +20,7 @@ use reqwest::header::HeaderMap;
 use serde_json::Value;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 /// What one provider's stream events mean: turns SSE events into [`StreamEvent`]s.
 pub(crate) trait SseDecode: Send + 'static {
@@ -38,6 +42,8 @@ pub(crate) trait SseDecode: Send + 'static {
 pub(crate) struct SseReader<D> {
     sse: SseDecoder,
     decoder: D,
+    /// SSE events read so far (comments are not events).
+    events: u64,
 }
 
 impl<D: SseDecode> SseReader<D> {
@@ -46,6 +52,7 @@ impl<D: SseDecode> SseReader<D> {
         SseReader {
             sse: SseDecoder::new(),
             decoder,
+            events: 0,
         }
     }
 
@@ -56,6 +63,7 @@ impl<D: SseDecode> SseReader<D> {
         out: &mut Vec<StreamEvent>,
     ) -> Result<(), ModelError> {
         for ev in self.sse.push(bytes) {
+            self.events += 1;
             self.decoder.event(&ev, out)?;
         }
         Ok(())
@@ -80,32 +88,42 @@ impl<D: SseDecode> SseReader<D> {
 }
 
 /// A transport failure while a 2xx body is read is a broken connection (reqwest reports it as a
-/// body or decode error): retryable, so that [`resilient_stream`] opens the stream again when
-/// nothing was delivered yet. Other errors (a body over the size limit) are kept.
+/// body or decode error, which the transport marks retryable), so that [`resilient_stream`]
+/// opens the stream again when nothing was delivered yet. A failure the transport marked final
+/// (an idle timeout) stays final, and other errors (a body over the size limit) are kept.
 fn broken(e: ModelError) -> ModelError {
     match e {
-        ModelError::Transport { message, .. } => ModelError::Transport {
+        ModelError::Transport { message, retryable } => ModelError::Transport {
             message: format!("the stream broke: {message}"),
-            retryable: true,
+            retryable,
         },
         other => other,
     }
 }
 
 /// Decodes an SSE response body with `decoder`. Events that arrived before an error are
-/// delivered first, then the error, then nothing more.
-pub(crate) fn sse_event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> EventStream {
+/// delivered first, then the error, then nothing more. With `event_timeout`, a body that goes
+/// that long without an SSE event (nothing, or only comments) ends with an error.
+pub(crate) fn sse_event_stream<D: SseDecode>(
+    bytes: ByteStream,
+    decoder: D,
+    event_timeout: Option<Duration>,
+) -> EventStream {
     struct State<D> {
         bytes: ByteStream,
         reader: SseReader<D>,
         pending: VecDeque<Result<StreamEvent, ModelError>>,
         ended: bool,
+        event_timeout: Option<Duration>,
+        deadline: Option<tokio::time::Instant>,
     }
     let state = State {
         bytes,
         reader: SseReader::new(decoder),
         pending: VecDeque::new(),
         ended: false,
+        event_timeout,
+        deadline: event_timeout.map(|t| tokio::time::Instant::now() + t),
     };
     Box::pin(futures::stream::unfold(state, |mut st| async move {
         loop {
@@ -116,14 +134,28 @@ pub(crate) fn sse_event_stream<D: SseDecode>(bytes: ByteStream, decoder: D) -> E
                 return None;
             }
             let mut out = Vec::new();
-            let result = match st.bytes.next().await {
-                Some(Ok(chunk)) => st.reader.push(&chunk, &mut out),
-                Some(Err(e)) => Err(broken(e)),
-                None => {
+            let next = match st.deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, st.bytes.next()).await,
+                None => Ok(st.bytes.next().await),
+            };
+            let events_before = st.reader.events;
+            let result = match next {
+                Err(_) => {
+                    st.ended = true;
+                    Err(no_event_error(st.event_timeout.unwrap_or_default()))
+                }
+                Ok(Some(Ok(chunk))) => st.reader.push(&chunk, &mut out),
+                Ok(Some(Err(e))) => Err(broken(e)),
+                Ok(None) => {
                     st.ended = true;
                     st.reader.finish(&mut out)
                 }
             };
+            if st.reader.events != events_before
+                && let Some(limit) = st.event_timeout
+            {
+                st.deadline = Some(tokio::time::Instant::now() + limit);
+            }
             st.pending.extend(out.into_iter().map(Ok));
             if st.reader.done() {
                 st.ended = true;
@@ -144,20 +176,33 @@ struct Opener<F> {
     body: Bytes,
     parse_error: ErrorParser,
     make_decoder: F,
+    /// First-byte timeouts, counted across the openings of the call.
+    budget: CallBudget,
 }
 
 impl<D: SseDecode, F: Fn() -> D> Opener<F> {
     async fn open(&self) -> Result<EventStream, ModelError> {
         let bytes = self
             .transport
-            .post_stream(
+            .post_stream_within(
                 &self.url,
                 &self.headers,
                 self.body.clone(),
                 self.parse_error,
+                &self.budget,
             )
             .await?;
-        Ok(sse_event_stream(bytes, (self.make_decoder)()))
+        Ok(sse_event_stream(
+            bytes,
+            (self.make_decoder)(),
+            Some(self.transport.event_timeout),
+        ))
+    }
+
+    /// `e` without the request's secrets (a stream's error event, or an event that does not
+    /// decode, may quote them).
+    fn redact(&self, e: ModelError) -> ModelError {
+        Redactor::for_request(self.url.as_str(), &self.headers).redact_error(e)
     }
 }
 
@@ -185,11 +230,13 @@ where
         body,
         parse_error,
         make_decoder,
+        budget: CallBudget::default(),
     });
     // The opener hands the first stream out once, and opens anew after a failure.
     let first = Mutex::new(Some(opener.open().await?));
     let policy = opener.transport.retry.clone();
-    Ok(resilient_stream(policy, move || {
+    let redactor = opener.clone();
+    let stream = resilient_stream(policy, move || {
         let ready = first.lock().ok().and_then(|mut f| f.take());
         let opener = opener.clone();
         async move {
@@ -198,7 +245,10 @@ where
                 None => opener.open().await,
             }
         }
-    }))
+    });
+    Ok(Box::pin(
+        stream.map(move |item| item.map_err(|e| redactor.redact(e))),
+    ))
 }
 
 /// A response, with the error that ended it early (then the response holds what came before).
@@ -381,7 +431,9 @@ mod tests {
     }
 
     async fn collect(bytes: ByteStream) -> Vec<Result<StreamEvent, ModelError>> {
-        sse_event_stream(bytes, Echo::default()).collect().await
+        sse_event_stream(bytes, Echo::default(), None)
+            .collect()
+            .await
     }
 
     fn text(item: &Result<StreamEvent, ModelError>) -> Option<&str> {
@@ -404,9 +456,19 @@ mod tests {
 
     #[tokio::test]
     async fn a_transport_failure_while_reading_is_a_retryable_broken_connection() {
+        // A final failure (an idle timeout) stays final.
+        let stalled = ModelError::Transport {
+            message: "idle".into(),
+            retryable: false,
+        };
+        let items = collect(body(vec![Err(stalled)])).await;
+        assert!(
+            matches!(&items[..], [Err(ModelError::Transport { retryable: false, message })] if message == "the stream broke: idle"),
+            "{items:?}"
+        );
         let cut = ModelError::Transport {
             message: "connection reset".into(),
-            retryable: false,
+            retryable: true,
         };
         let items = collect(body(vec![Ok("data: a\n\nda"), Err(cut), Ok("data: b\n\n")])).await;
         assert_eq!(items.len(), 2, "{items:?}");
