@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::Agent;
-use toolloop::journal::{Journal, JournalError};
+use toolloop::journal::{Journal, JournalError, new_run_id};
 use toolloop::message::Message;
 use toolloop::outcome::Outcome;
-use toolloop::store::{RunTags, Store};
+use toolloop::store::{RunTags, Store, StoreError};
 
 /// `--store`, shared by every command that uses the store.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
@@ -78,69 +78,136 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
     }
 }
 
-/// A run's link to the store.
+/// A run's link to the store. With a session, the session is held (see
+/// [`Store::lock_session`]) from [`Durable::open`] to the end of [`Durable::run`] (or
+/// [`Durable::close`]): runs of one session go one at a time, and a second one is refused with
+/// the holder's name.
 pub struct Durable {
     store: Store,
     session: Option<String>,
     resume: Option<String>,
     meta: Value,
+    /// This process's name in the session's lease, while it holds the session.
+    holder: Option<String>,
+    /// The session's transcript and revision, read under the lease (new runs only).
+    history: Vec<Message>,
+    revision: Option<i64>,
 }
 
 impl Durable {
-    /// Opens the store for a run. `args` is the run's whole configuration, kept with the run
-    /// so `toolloop resume` can rebuild the same agent.
+    /// Opens the store for a run, and takes the run's session. `args` is the run's whole
+    /// configuration, kept with the run so `toolloop resume` can rebuild the same agent.
     pub async fn open<T: Serialize>(durable: &DurableArgs, args: &T) -> Result<Self, ExitCode> {
         let store = open_store(&durable.store).await?;
-        Ok(Durable {
+        let mut this = Durable {
             store,
             session: durable.session.clone(),
             resume: durable.resume.clone(),
             meta: run_meta(args),
-        })
+            holder: None,
+            history: Vec::new(),
+            revision: None,
+        };
+        let Some(name) = this.session.clone() else {
+            return Ok(this);
+        };
+        let lease = format!("lease {}", &new_run_id()[4..]);
+        let holder = match &this.resume {
+            Some(id) => format!("pid {} resuming {id} ({lease})", std::process::id()),
+            None => format!("pid {} ({lease})", std::process::id()),
+        };
+        if let Err(e) = this.store.lock_session(&name, &holder).await {
+            match (&e, &this.resume) {
+                // Two resumes of one run: the run is what is taken.
+                (StoreError::SessionBusy { holder: other, .. }, Some(id))
+                    if other.contains(&format!("resuming {id} ")) =>
+                {
+                    let locked = JournalError::Locked {
+                        run_id: id.clone(),
+                        holder: other.clone(),
+                    };
+                    eprintln!("toolloop: {locked}");
+                }
+                _ => eprintln!("toolloop: {e}"),
+            }
+            return Err(ExitCode::FAILURE);
+        }
+        this.holder = Some(holder);
+        if this.resume.is_none() {
+            match this.store.session(&name).await {
+                Ok(Some(s)) => {
+                    for r in &s.repairs {
+                        eprintln!("toolloop: session {name}: repaired: {r}");
+                    }
+                    this.history = s.messages;
+                    this.revision = Some(s.summary.revision);
+                }
+                Ok(None) => this.revision = Some(0),
+                Err(e) => {
+                    eprintln!("toolloop: {e}");
+                    this.close().await;
+                    return Err(ExitCode::FAILURE);
+                }
+            }
+        }
+        Ok(this)
+    }
+
+    /// Gives the session back (done by [`Durable::run`]; for a run that does not start).
+    pub async fn close(&mut self) {
+        if let (Some(name), Some(holder)) = (&self.session, self.holder.take())
+            && let Err(e) = self.store.unlock_session(name, &holder).await
+        {
+            eprintln!("toolloop: cannot give back session {name}: {e}");
+        }
     }
 
     /// The journal the agent logs to.
     pub fn journal(&self) -> Arc<dyn Journal> {
         self.store.run_journal(RunTags {
             session: self.session.clone(),
+            session_revision: self.revision,
             meta: Some(self.meta.clone()),
             on_started: None,
         })
     }
 
     /// Runs the prompt (after the session's history), or resumes the run `toolloop resume`
-    /// named; saves the outcome and the session's transcript.
+    /// named; saves the outcome and the session's transcript; gives the session back.
     pub async fn run(
-        &self,
+        &mut self,
+        agent: &Agent,
+        prompt: String,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, ExitCode> {
+        let result = self.run_held(agent, prompt, cancel).await;
+        self.close().await;
+        result
+    }
+
+    async fn run_held(
+        &mut self,
         agent: &Agent,
         prompt: String,
         cancel: CancellationToken,
     ) -> Result<Outcome, ExitCode> {
         let outcome = match &self.resume {
-            Some(run_id) => agent.resume(run_id, cancel).await.map_err(|e| {
-                eprintln!("toolloop: {e}");
-                match e {
-                    JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
-                    _ => ExitCode::FAILURE,
+            Some(run_id) => {
+                // Continuing a run whose session has moved on would drop the later turns.
+                if let Err(e) = self.store.check_resume(run_id).await {
+                    eprintln!("toolloop: cannot resume: {e}");
+                    return Err(ExitCode::FAILURE);
                 }
-            })?,
+                agent.resume(run_id, cancel).await.map_err(|e| {
+                    eprintln!("toolloop: {e}");
+                    match e {
+                        JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
+                        _ => ExitCode::FAILURE,
+                    }
+                })?
+            }
             None => {
-                let mut messages = match &self.session {
-                    Some(name) => match self.store.session(name).await {
-                        Ok(Some(s)) => {
-                            for r in &s.repairs {
-                                eprintln!("toolloop: session {name}: repaired: {r}");
-                            }
-                            s.messages
-                        }
-                        Ok(None) => Vec::new(),
-                        Err(e) => {
-                            eprintln!("toolloop: {e}");
-                            return Err(ExitCode::FAILURE);
-                        }
-                    },
-                    None => Vec::new(),
-                };
+                let mut messages = std::mem::take(&mut self.history);
                 messages.push(Message::user(prompt));
                 agent.run_cancellable(messages, cancel).await
             }
@@ -149,6 +216,9 @@ impl Durable {
             && let Err(e) = self.store.save_outcome(run_id, &outcome).await
         {
             eprintln!("toolloop: the run finished, but saving it failed: {e}");
+            if matches!(e, StoreError::SessionMoved { .. }) {
+                return Err(ExitCode::FAILURE);
+            }
         }
         Ok(outcome)
     }

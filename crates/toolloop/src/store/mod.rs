@@ -12,15 +12,22 @@
 //! use toolloop::store::{RunTags, Store};
 //!
 //! let store = Store::open("/tmp/toolloop.db").await?; // or "postgres://user@host/db"
-//! let mut messages = store.session_messages("demo").await?; // checked and repaired
+//! // One run of the session at a time, across processes.
+//! store.lock_session("demo", "worker 1").await?;
+//! let session = store.session("demo").await?; // checked and repaired
+//! let (mut messages, revision) = session
+//!     .map(|s| (s.messages, Some(s.summary.revision)))
+//!     .unwrap_or_default();
 //! messages.push(Message::user("What changed?"));
+//! let tags = RunTags { session_revision: revision, ..RunTags::session("demo") };
 //! let agent = Agent::builder(TestModel::new())
-//!     .journal(store.run_journal(RunTags::session("demo")))
+//!     .journal(store.run_journal(tags))
 //!     .build()?;
 //! let outcome = agent.run(messages).await;
 //! // The transcript goes back to the session; a crashed run is continued with
 //! // `agent.resume(run_id, cancel)` and saved the same way.
 //! store.save_outcome(outcome.run_id.as_deref().unwrap_or_default(), &outcome).await?;
+//! store.unlock_session("demo", "worker 1").await?;
 //! # Ok(())
 //! # }
 //! ```
@@ -40,12 +47,14 @@
 //!   once when the holder is provably dead (same host and boot, process gone), the run can be
 //!   taken over. Appends are fenced: a holder whose lease was taken over cannot write another
 //!   record.
-//! - **Sessions.** A session is a named conversation: [`Store::session_messages`] loads its
+//! - **Sessions.** A session is a named conversation: [`Store::session`] loads its
 //!   transcript (checked and repaired with [`crate::transcript::repair_transcript`], so the
-//!   next request is valid for every provider), [`Store::save_session`] or
-//!   [`Store::save_outcome`] saves it after a run. Runs tagged with a session (see
-//!   [`Store::run_journal`]) are listed with it. The last save wins: two runs on one session at
-//!   the same time do not merge.
+//!   next request is valid for every provider) and its revision, [`Store::save_outcome`]
+//!   saves it after a run. Runs tagged with a session (see [`Store::run_journal`]) are listed
+//!   with it. A turn is never dropped: a run saves its transcript only while the session is
+//!   still at the revision the run started from, and fails with [`StoreError::SessionMoved`]
+//!   otherwise (its turn stays in its log); [`Store::check_resume`] tells before a run is
+//!   continued. [`Store::lock_session`] makes runs of a session go one at a time.
 //!
 //! # Where
 //!
@@ -90,6 +99,27 @@ pub enum StoreError {
         /// The database's message.
         message: String,
     },
+    /// Another live process holds the session (see [`Store::lock_session`]).
+    #[error("session `{session}` is in use by {holder}; try again when that run has finished")]
+    SessionBusy {
+        /// The session.
+        session: String,
+        /// Who holds it (process id and host).
+        holder: String,
+    },
+    /// The session has had turns saved since the run started from it: saving the run's
+    /// transcript, or continuing the run, would drop them.
+    #[error(
+        "session `{session}` has had turns saved since run {run_id} started from it; the run's \
+         turn is not saved to the session, so as not to drop those later turns (it stays in the \
+         run's log)"
+    )]
+    SessionMoved {
+        /// The session.
+        session: String,
+        /// The run.
+        run_id: String,
+    },
     /// Stored data did not parse.
     #[error("stored data is damaged ({what}): {message}")]
     Corrupt {
@@ -121,6 +151,8 @@ pub struct RunSummary {
     pub run_id: String,
     /// The session it belongs to.
     pub session: Option<String>,
+    /// The session's revision (see [`SessionSummary::revision`]) the run started from.
+    pub session_revision: Option<i64>,
     /// Where it stands.
     pub status: RunStatus,
     /// How it ended, once [`Store::save_outcome`] recorded it.
@@ -167,6 +199,9 @@ pub struct SessionSummary {
     pub message_count: i64,
     /// Runs made in it.
     pub runs: i64,
+    /// How many times its transcript was saved: a run saves its turn only while the session is
+    /// still at the revision the run started from.
+    pub revision: i64,
     /// When it was created (Unix milliseconds).
     pub created_ms: i64,
     /// When its transcript was last saved (Unix milliseconds).
@@ -192,6 +227,11 @@ pub type OnStarted = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct RunTags {
     /// The session the run belongs to.
     pub session: Option<String>,
+    /// The session's revision the run starts from: the one read with its transcript
+    /// ([`Store::session`]). When `None`, the revision at the run's first record is used.
+    /// [`Store::save_outcome`] saves the run's transcript only while the session is still at
+    /// that revision.
+    pub session_revision: Option<i64>,
     /// Anything the application needs to resume the run (its configuration, say), as JSON.
     pub meta: Option<Value>,
     /// Called with the run id once the run's first record is durable.
@@ -212,6 +252,7 @@ impl std::fmt::Debug for RunTags {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunTags")
             .field("session", &self.session)
+            .field("session_revision", &self.session_revision)
             .field("meta", &self.meta)
             .finish_non_exhaustive()
     }
@@ -295,6 +336,18 @@ fn redact(location: &str) -> String {
     }
 }
 
+/// A session's key in the lease table (run ids never contain a colon).
+fn session_lease_key(name: &str) -> String {
+    format!("session:{name}")
+}
+
+fn encode_transcript(messages: &[Message]) -> Result<String, StoreError> {
+    serde_json::to_string(messages).map_err(|e| StoreError::Corrupt {
+        what: "a transcript to save".into(),
+        message: e.to_string(),
+    })
+}
+
 fn is_postgres(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
@@ -367,6 +420,23 @@ impl Store {
     #[cfg(feature = "sqlite")]
     async fn open_sqlite(path: PathBuf) -> Result<Pool, String> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+        if path.as_os_str() == ":memory:" {
+            // One connection that never closes: every connection to `:memory:` is a database
+            // of its own, and the database goes when its connection does.
+            let options = SqliteConnectOptions::new()
+                .in_memory(true)
+                .foreign_keys(true);
+            return sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options)
+                .await
+                .map(Pool::Sqlite)
+                .map_err(|e| e.to_string());
+        }
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
@@ -518,14 +588,6 @@ impl Store {
         let inserted = on_pool!(&self.inner.pool, p => {
             let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
             if started {
-                sqlx::query(sql::INSERT_RUN)
-                    .bind(run_id)
-                    .bind(tags.session.as_deref())
-                    .bind(meta.as_deref())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("recording a new run"))?;
                 if let Some(session) = &tags.session {
                     sqlx::query(sql::ENSURE_SESSION)
                         .bind(session)
@@ -534,6 +596,15 @@ impl Store {
                         .await
                         .map_err(db("creating the session"))?;
                 }
+                sqlx::query(sql::INSERT_RUN)
+                    .bind(run_id)
+                    .bind(tags.session.as_deref())
+                    .bind(meta.as_deref())
+                    .bind(now)
+                    .bind(tags.session_revision)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("recording a new run"))?;
             }
             let insert = match &holder {
                 Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
@@ -715,22 +786,25 @@ impl Store {
         Ok(self
             .load_session_messages(name)
             .await?
-            .map(|(m, _)| m)
+            .map(|(m, _, _)| m)
             .unwrap_or_default())
     }
 
+    /// The transcript (repaired), the repairs and the revision.
     async fn load_session_messages(
         &self,
         name: &str,
-    ) -> Result<Option<(Vec<Message>, Vec<String>)>, StoreError> {
-        let text: Option<String> = on_pool!(&self.inner.pool, p => {
-            sqlx::query_scalar(sql::SESSION_MESSAGES)
+    ) -> Result<Option<(Vec<Message>, Vec<String>, i64)>, StoreError> {
+        let row: Option<(String, i64)> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_as(sql::SESSION_MESSAGES)
                 .bind(name)
                 .fetch_optional(p)
                 .await
                 .map_err(db("loading a session"))?
         });
-        let Some(text) = text else { return Ok(None) };
+        let Some((text, revision)) = row else {
+            return Ok(None);
+        };
         let mut messages: Vec<Message> =
             serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
                 what: format!("the transcript of session `{name}`"),
@@ -740,15 +814,14 @@ impl Store {
         for r in &repairs {
             tracing::warn!(session = name, "repaired the stored transcript: {r}");
         }
-        Ok(Some((messages, repairs)))
+        Ok(Some((messages, repairs, revision)))
     }
 
-    /// Saves a session's transcript (creating the session), replacing what was there.
+    /// Saves a session's transcript (creating the session), replacing what was there, whatever
+    /// was saved meanwhile. A run's transcript goes through [`Store::save_outcome`] instead,
+    /// which never drops a turn saved after the run started.
     pub async fn save_session(&self, name: &str, messages: &[Message]) -> Result<(), StoreError> {
-        let text = serde_json::to_string(messages).map_err(|e| StoreError::Corrupt {
-            what: "a transcript to save".into(),
-            message: e.to_string(),
-        })?;
+        let text = encode_transcript(messages)?;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
             sqlx::query(sql::SAVE_SESSION)
@@ -764,23 +837,148 @@ impl Store {
     }
 
     /// Records how a run ended and, when the run belongs to a session, saves its transcript
-    /// there.
+    /// there, in one transaction.
+    ///
+    /// The transcript is saved only while the session is at the revision the run started from
+    /// (see [`RunTags::session_revision`]): when another run saved a turn meanwhile, nothing is
+    /// written and the error is [`StoreError::SessionMoved`] (the run's turn stays in its log).
+    /// A run's outcome is recorded once: called again for a run already recorded (a finished
+    /// run resumed, say), it changes nothing.
     pub async fn save_outcome(&self, run_id: &str, outcome: &Outcome) -> Result<(), StoreError> {
         let reason = serde_json::to_value(outcome.stop_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string));
+        let text = encode_transcript(&outcome.messages)?;
+        let count = outcome.messages.len() as i64;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
+            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            let row = sqlx::query(sql::RUN_META)
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("reading a run"))?
+                .map(|row| -> Result<_, sqlx::Error> {
+                    Ok((
+                        row.try_get::<Option<String>, _>("session")?,
+                        row.try_get::<Option<i64>, _>("session_revision")?,
+                        row.try_get::<Option<String>, _>("stop_reason")?,
+                    ))
+                })
+                .transpose()
+                .map_err(db("reading a run"))?;
+            let Some((session, base, recorded)) = row else {
+                return Ok(());
+            };
+            if recorded.is_some() {
+                return Ok(());
+            }
             sqlx::query(sql::SET_STOP_REASON)
                 .bind(run_id)
                 .bind(reason)
                 .bind(now)
-                .execute(p)
+                .execute(&mut *tx)
                 .await
                 .map_err(db("recording a run's outcome"))?;
+            if let Some(session) = session {
+                let saved = match base {
+                    Some(base) => sqlx::query(sql::SAVE_SESSION_AT)
+                        .bind(&session)
+                        .bind(&text)
+                        .bind(count)
+                        .bind(now)
+                        .bind(base)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db("saving a session"))?
+                        .rows_affected(),
+                    None => 0,
+                };
+                if saved == 0 {
+                    let exists: Option<i64> = sqlx::query_scalar(sql::SESSION_REVISION)
+                        .bind(&session)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db("reading a session"))?;
+                    if exists.is_some() && base.is_some() {
+                        return Err(StoreError::SessionMoved {
+                            session,
+                            run_id: run_id.to_string(),
+                        });
+                    }
+                    // A run from before session revisions, or a session removed meanwhile.
+                    sqlx::query(sql::SAVE_SESSION)
+                        .bind(&session)
+                        .bind(&text)
+                        .bind(count)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db("saving a session"))?;
+                }
+            }
+            tx.commit().await.map_err(db("saving a run's outcome"))?;
         });
-        if let Some((Some(session), _)) = self.run_tags(run_id).await? {
-            self.save_session(&session, &outcome.messages).await?;
+        Ok(())
+    }
+
+    /// Takes session `name` for `holder`, so that its runs go one at a time, across processes
+    /// and (on PostgreSQL) machines: another holder gets [`StoreError::SessionBusy`] while this
+    /// one lives. The lease is renewed in the background and ends with
+    /// [`Store::unlock_session`], when its expiry passes without renewal, or at once when the
+    /// holder is provably dead (see the module docs on leases).
+    pub async fn lock_session(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let key = session_lease_key(name);
+        match self.try_acquire(&key, holder).await? {
+            None => {
+                self.start_heartbeat(&key, holder);
+                Ok(())
+            }
+            Some(other) => Err(StoreError::SessionBusy {
+                session: name.to_string(),
+                holder: other,
+            }),
+        }
+    }
+
+    /// Gives back a session taken with [`Store::lock_session`].
+    pub async fn unlock_session(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        self.release_lease(&session_lease_key(name), holder).await
+    }
+
+    /// Checks that continuing run `run_id` cannot drop turns of its session: fails with
+    /// [`StoreError::SessionMoved`] when the run's turn is not saved yet and its session has had
+    /// other turns saved since the run started. Unknown runs and runs without a session pass.
+    pub async fn check_resume(&self, run_id: &str) -> Result<(), StoreError> {
+        let Some(run) = self.run(run_id).await? else {
+            return Ok(());
+        };
+        let Some(session) = &run.session else {
+            return Ok(());
+        };
+        if run.stop_reason.is_some() {
+            return Ok(());
+        }
+        let current: Option<i64> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_scalar(sql::SESSION_REVISION)
+                .bind(session)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a session"))?
+        });
+        let moved = match (run.session_revision, current) {
+            (_, None) => false,
+            (Some(base), Some(now)) => now != base,
+            // A run from before session revisions: a later run saved its turn.
+            (None, Some(_)) => self.runs(Some(session)).await?.iter().any(|r| {
+                r.run_id != run.run_id && r.created_ms >= run.created_ms && r.stop_reason.is_some()
+            }),
+        };
+        if moved {
+            return Err(StoreError::SessionMoved {
+                session: session.clone(),
+                run_id: run_id.to_string(),
+            });
         }
         Ok(())
     }
@@ -813,10 +1011,14 @@ impl Store {
                 .transpose()
                 .map_err(db("reading a session"))?
         });
-        let Some(summary) = summary else {
+        let Some(mut summary) = summary else {
             return Ok(None);
         };
-        let (messages, repairs) = self.load_session_messages(name).await?.unwrap_or_default();
+        let (messages, repairs, revision) =
+            self.load_session_messages(name).await?.unwrap_or_default();
+        // The revision the transcript was read at (a save may have come in between).
+        summary.revision = revision;
+        summary.message_count = messages.len() as i64;
         Ok(Some(Session {
             summary,
             messages,
@@ -922,6 +1124,7 @@ where
         name: row.try_get("name")?,
         message_count: row.try_get("message_count")?,
         runs: row.try_get("runs")?,
+        revision: row.try_get("revision")?,
         created_ms: row.try_get("created_ms")?,
         updated_ms: row.try_get("updated_ms")?,
     })
@@ -959,6 +1162,7 @@ where
     Ok(RunSummary {
         run_id: row.try_get("run_id")?,
         session: row.try_get("session")?,
+        session_revision: row.try_get("session_revision")?,
         status,
         stop_reason: stop_reason.and_then(|s| serde_json::from_value(Value::String(s)).ok()),
         records: row.try_get("records")?,
@@ -1012,6 +1216,13 @@ impl Journal for Store {
     }
 
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        Ok(self.release_lease(run_id, holder).await?)
+    }
+}
+
+impl Store {
+    /// Ends a lease this process holds (a run's, or a session's).
+    async fn release_lease(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
         {
             let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
             if held.get(run_id).is_some_and(|h| h.holder == holder)
