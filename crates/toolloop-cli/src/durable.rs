@@ -224,13 +224,28 @@ impl Durable {
     }
 }
 
+/// The key of a run's configuration that lists the fields whose credentials were removed.
+pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
+
 /// The configuration kept with a run: everything but the prompt, the output format and the
-/// store flags; the file tools' root made absolute.
+/// store flags; the file tools' root made absolute. No secret is kept: a URL's user name,
+/// password, query and fragment (`https://user:pass@host/v1?key=…`) are removed, and the
+/// fields they were removed from listed under [`CREDENTIALS_REMOVED`], so that `toolloop
+/// resume` asks for them again.
 fn run_meta<T: Serialize>(args: &T) -> Value {
     let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut meta {
         for k in ["prompt", "json", "durable"] {
             m.remove(k);
+        }
+        let mut removed = Vec::new();
+        for (k, v) in m.iter_mut() {
+            if strip_credentials(v) {
+                removed.push(Value::String(k.clone()));
+            }
+        }
+        if !removed.is_empty() {
+            m.insert(CREDENTIALS_REMOVED.into(), Value::Array(removed));
         }
         if let Some(root) = m.get("root").and_then(Value::as_str)
             && let Ok(abs) = std::path::Path::new(root).canonicalize()
@@ -239,6 +254,39 @@ fn run_meta<T: Serialize>(args: &T) -> Value {
         }
     }
     meta
+}
+
+/// Removes what may be a credential from every URL in `v` (a user name, a password, a query,
+/// a fragment); whether anything was removed. A string with `://` that does not parse as a URL
+/// is dropped whole.
+fn strip_credentials(v: &mut Value) -> bool {
+    match v {
+        Value::String(s) if s.contains("://") => {
+            let Ok(mut url) = url::Url::parse(s) else {
+                *v = Value::Null;
+                return true;
+            };
+            let secret = !url.username().is_empty()
+                || url.password().is_some()
+                || url.query().is_some()
+                || url.fragment().is_some();
+            if secret {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.set_query(None);
+                url.set_fragment(None);
+                *v = Value::String(url.to_string());
+            }
+            secret
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |any, i| strip_credentials(i) | any),
+        Value::Object(m) => m
+            .values_mut()
+            .fold(false, |any, i| strip_credentials(i) | any),
+        _ => false,
+    }
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
@@ -267,6 +315,24 @@ pub fn format_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_removed_from_urls() {
+        let mut v = serde_json::json!({
+            "base_url": "http://me:hunter2@127.0.0.1:8080/v1?key=sekrit#frag",
+            "plain": "http://127.0.0.1:8080/v1",
+            "nested": {"list": ["https://tok@host/x"]},
+            "text": "not a url",
+        });
+        assert!(strip_credentials(&mut v));
+        let text = v.to_string();
+        assert!(!text.contains("hunter2") && !text.contains("sekrit") && !text.contains("tok@"));
+        assert_eq!(v["base_url"], "http://127.0.0.1:8080/v1");
+        assert_eq!(v["plain"], "http://127.0.0.1:8080/v1");
+        assert_eq!(v["nested"]["list"][0], "https://host/x");
+        let mut plain = serde_json::json!({"base_url": "http://127.0.0.1/v1", "n": 3});
+        assert!(!strip_credentials(&mut plain));
+    }
 
     #[test]
     fn dates() {

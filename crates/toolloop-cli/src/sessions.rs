@@ -58,6 +58,10 @@ pub struct ResumeArgs {
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
+    /// The provider's base URL, in place of the one the run started with. Needed when that
+    /// one held credentials (user:password@, or a query such as ?key=), which are never stored.
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
 }
 
 fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
@@ -274,6 +278,39 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
             ExitCode::from(EXIT_USAGE),
         );
     };
+    // Credentials were not stored with the run: they must be given again.
+    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
+        Some(Value::Array(fields)) => fields
+            .iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = &args.base_url {
+        config.insert("base_url".into(), Value::String(url.clone()));
+        removed.retain(|f| f != "base_url");
+    }
+    if !removed.is_empty() {
+        let flags: Vec<String> = removed
+            .iter()
+            .map(|f| format!("--{}", f.replace('_', "-")))
+            .collect();
+        return fail(
+            format!(
+                "run {id} was started with credentials in {flags} (a user name or password, or \
+                 query parameters such as ?key=), which are never stored; give the full value \
+                 again: toolloop resume {id} {example}",
+                id = args.run_id,
+                flags = flags.join(", "),
+                example = flags
+                    .iter()
+                    .map(|f| format!("{f} <URL>"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            ExitCode::from(EXIT_USAGE),
+        );
+    }
     config.insert("prompt".into(), Value::String(String::new()));
     config.insert("json".into(), Value::Bool(args.json));
     let durable = DurableArgs {

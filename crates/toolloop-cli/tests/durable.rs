@@ -781,3 +781,119 @@ fn an_in_memory_store_works_for_one_process() {
     // Nothing was written next to it.
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
+
+/// Every byte the store keeps: the SQLite files, or on PostgreSQL the runs' saved
+/// configurations and logs.
+fn stored_text(
+    kind: &str,
+    location: &str,
+    store: &Store,
+    rt: &tokio::runtime::Runtime,
+    runs: &[String],
+) -> String {
+    if kind == "sqlite" {
+        let mut all = Vec::new();
+        let path = Path::new(location);
+        for entry in std::fs::read_dir(path.parent().unwrap()).unwrap() {
+            let p = entry.unwrap().path();
+            if p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(path.file_name().unwrap().to_str().unwrap())
+            {
+                all.extend(std::fs::read(p).unwrap());
+            }
+        }
+        return String::from_utf8_lossy(&all).into_owned();
+    }
+    let mut text = String::new();
+    for id in runs {
+        let (_, meta) = rt.block_on(store.run_tags(id)).unwrap().unwrap();
+        text.push_str(&meta.unwrap().to_string());
+        for r in rt
+            .block_on(toolloop::journal::Journal::load(store, id))
+            .unwrap()
+        {
+            text.push_str(&serde_json::to_string(&r).unwrap());
+        }
+    }
+    text
+}
+
+#[test]
+fn credentials_in_urls_are_never_stored_and_resume_asks_for_them() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt);
+    let port = server.base_url().rsplit(':').next().unwrap().to_string();
+    let secret_url = format!("http://me:hunter2@127.0.0.1:{port}/v1");
+    let keyed_url = format!("http://127.0.0.1:{port}/v1?key=sekrit");
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, location) in locations(dir.path()) {
+        let effects = dir.path().join(format!("secret-{kind}.txt"));
+        let env = Env {
+            store: &location,
+            effects: &effects,
+            effect_ms: 5_000,
+            base_url: &secret_url,
+            cwd: dir.path(),
+        };
+        let store = rt.block_on(Store::open(&location)).unwrap();
+        let session = unique("secret");
+        let interrupted = interrupted_run(&env, "openai:mock:rounds=1", &session, &store, &rt);
+        // A key in the query (the request fails: the mock knows no such path).
+        let keyed_env = Env {
+            base_url: &keyed_url,
+            ..env
+        };
+        let keyed_session = unique("keyed");
+        let out = command(
+            &keyed_env,
+            &run_args("openai:mock:rounds=0", &keyed_env, &keyed_session),
+        )
+        .output()
+        .unwrap();
+        let keyed_run = json_of(&out)["run_id"].as_str().unwrap().to_string();
+        let env = Env {
+            base_url: &secret_url,
+            ..keyed_env
+        };
+
+        let text = stored_text(
+            kind,
+            &location,
+            &store,
+            &rt,
+            &[interrupted.clone(), keyed_run],
+        );
+        assert!(!text.is_empty(), "{kind}");
+        for secret in ["hunter2", "sekrit", "//me"] {
+            assert!(!text.contains(secret), "{kind}: `{secret}` is in the store");
+        }
+
+        // Resume needs the URL again, and says so.
+        let out = command(&env, &["resume", "--json", &interrupted])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{kind}: {err}");
+        assert!(
+            err.contains("--base-url") && err.contains("never stored"),
+            "{kind}: {err}"
+        );
+        let out = command(
+            &env,
+            &["resume", "--json", &interrupted, "--base-url", &secret_url],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(json_of(&out)["stop_reason"], "answered", "{kind}");
+        let text = stored_text(kind, &location, &store, &rt, &[interrupted.clone()]);
+        assert!(!text.contains("hunter2"), "{kind}: stored on resume");
+    }
+    rt.block_on(server.shutdown());
+}
