@@ -13,7 +13,7 @@ use toolloop::agent::Agent;
 use toolloop::journal::{Journal, JournalError, new_run_id};
 use toolloop::message::Message;
 use toolloop::outcome::Outcome;
-use toolloop::store::{RunTags, Store, StoreError};
+use toolloop::store::{Durability, RunTags, Store, StoreError};
 
 /// `--store`, shared by every command that uses the store.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
@@ -34,15 +34,63 @@ pub struct DurableArgs {
     #[arg(long, value_name = "NAME")]
     #[serde(default)]
     pub session: Option<String>,
+    /// How far the run's log survives a crash: `process` (a killed command loses nothing
+    /// written; a power cut may lose the last steps), `power` (each step is on disk before the
+    /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
+    /// resumed; the same as --no-store).
+    #[arg(
+        long,
+        value_enum,
+        env = "TOOLLOOP_DURABILITY",
+        value_name = "MODE",
+        default_value_t = DurabilityArg::Process
+    )]
+    #[serde(default)]
+    pub durability: DurabilityArg,
+    /// Write nothing to the store (an ephemeral run that cannot be resumed; the same as
+    /// --durability none).
+    #[arg(long, conflicts_with = "session")]
+    #[serde(default)]
+    pub no_store: bool,
     /// Set by `toolloop resume`: the run to continue instead of starting one.
     #[arg(skip)]
     #[serde(default)]
     pub resume: Option<String>,
 }
 
+/// `--durability`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityArg {
+    /// Survives the command being killed (SQLite: synchronous=NORMAL).
+    #[default]
+    Process,
+    /// Survives a power cut (SQLite: synchronous=FULL, one fsync per step).
+    Power,
+    /// Nothing is written.
+    None,
+}
+
+impl DurabilityArg {
+    /// The store's durability; `None` for `none`.
+    pub fn store(self) -> Option<Durability> {
+        match self {
+            DurabilityArg::Process => Some(Durability::Process),
+            DurabilityArg::Power => Some(Durability::PowerCut),
+            DurabilityArg::None => None,
+        }
+    }
+}
+
 /// Opens the store the flags name (one per location per process).
 pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
-    static OPEN: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
+    open_store_with(args, Durability::default()).await
+}
+
+/// Opens the store the flags name with the durability given (one per location and durability
+/// per process).
+pub async fn open_store_with(args: &StoreArgs, durability: Durability) -> Result<Store, ExitCode> {
+    static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
     let location = match &args.store {
         Some(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => match Store::default_location() {
@@ -56,18 +104,19 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
             }
         },
     };
+    let key = (location, durability);
     if let Some(s) = OPEN
         .lock()
         .ok()
-        .and_then(|m| m.as_ref().and_then(|m| m.get(&location).cloned()))
+        .and_then(|m| m.as_ref().and_then(|m| m.get(&key).cloned()))
     {
         return Ok(s);
     }
-    match Store::open(&location).await {
+    match Store::open_with(&key.0, durability).await {
         Ok(store) => {
             if let Ok(mut m) = OPEN.lock() {
                 m.get_or_insert_with(HashMap::new)
-                    .insert(location, store.clone());
+                    .insert(key, store.clone());
             }
             Ok(store)
         }
@@ -83,7 +132,8 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
 /// [`Durable::close`]): runs of one session go one at a time, and a second one is refused with
 /// the holder's name.
 pub struct Durable {
-    store: Store,
+    /// `None` with --no-store.
+    store: Option<Store>,
     session: Option<String>,
     resume: Option<String>,
     meta: Value,
@@ -98,9 +148,30 @@ impl Durable {
     /// Opens the store for a run, and takes the run's session. `args` is the run's whole
     /// configuration, kept with the run so `toolloop resume` can rebuild the same agent.
     pub async fn open<T: Serialize>(durable: &DurableArgs, args: &T) -> Result<Self, ExitCode> {
-        let store = open_store(&durable.store).await?;
+        let durability = match durable.durability.store() {
+            Some(d) if !durable.no_store => d,
+            _ => {
+                if durable.session.is_some() || durable.resume.is_some() {
+                    eprintln!(
+                        "toolloop: --durability none (--no-store) writes nothing, so it cannot \
+                         go with --session or resume; use --durability process or power"
+                    );
+                    return Err(ExitCode::from(EXIT_USAGE));
+                }
+                return Ok(Durable {
+                    store: None,
+                    session: None,
+                    resume: None,
+                    meta: Value::Null,
+                    holder: None,
+                    history: Vec::new(),
+                    revision: None,
+                });
+            }
+        };
+        let store = open_store_with(&durable.store, durability).await?;
         let mut this = Durable {
-            store,
+            store: Some(store.clone()),
             session: durable.session.clone(),
             resume: durable.resume.clone(),
             meta: run_meta(args),
@@ -116,7 +187,7 @@ impl Durable {
             Some(id) => format!("pid {} resuming {id} ({lease})", std::process::id()),
             None => format!("pid {} ({lease})", std::process::id()),
         };
-        if let Err(e) = this.store.lock_session(&name, &holder).await {
+        if let Err(e) = store.lock_session(&name, &holder).await {
             match (&e, &this.resume) {
                 // Two resumes of one run: the run is what is taken.
                 (StoreError::SessionBusy { holder: other, .. }, Some(id))
@@ -134,7 +205,7 @@ impl Durable {
         }
         this.holder = Some(holder);
         if this.resume.is_none() {
-            match this.store.session(&name).await {
+            match store.session(&name).await {
                 Ok(Some(s)) => {
                     for r in &s.repairs {
                         eprintln!("toolloop: session {name}: repaired: {r}");
@@ -155,21 +226,22 @@ impl Durable {
 
     /// Gives the session back (done by [`Durable::run`]; for a run that does not start).
     pub async fn close(&mut self) {
-        if let (Some(name), Some(holder)) = (&self.session, self.holder.take())
-            && let Err(e) = self.store.unlock_session(name, &holder).await
+        if let (Some(store), Some(name), Some(holder)) =
+            (&self.store, &self.session, self.holder.take())
+            && let Err(e) = store.unlock_session(name, &holder).await
         {
             eprintln!("toolloop: cannot give back session {name}: {e}");
         }
     }
 
-    /// The journal the agent logs to.
-    pub fn journal(&self) -> Arc<dyn Journal> {
-        self.store.run_journal(RunTags {
+    /// The journal the agent logs to; `None` with --no-store.
+    pub fn journal(&self) -> Option<Arc<dyn Journal>> {
+        Some(self.store.as_ref()?.run_journal(RunTags {
             session: self.session.clone(),
             session_revision: self.revision,
             meta: Some(self.meta.clone()),
             on_started: None,
-        })
+        }))
     }
 
     /// Runs the prompt (after the session's history), or resumes the run `toolloop resume`
@@ -191,10 +263,10 @@ impl Durable {
         prompt: String,
         cancel: CancellationToken,
     ) -> Result<Outcome, ExitCode> {
-        let outcome = match &self.resume {
-            Some(run_id) => {
+        let outcome = match (&self.resume, &self.store) {
+            (Some(run_id), Some(store)) => {
                 // Continuing a run whose session has moved on would drop the later turns.
-                if let Err(e) = self.store.check_resume(run_id).await {
+                if let Err(e) = store.check_resume(run_id).await {
                     eprintln!("toolloop: cannot resume: {e}");
                     return Err(ExitCode::FAILURE);
                 }
@@ -206,14 +278,14 @@ impl Durable {
                     }
                 })?
             }
-            None => {
+            _ => {
                 let mut messages = std::mem::take(&mut self.history);
                 messages.push(Message::user(prompt));
                 agent.run_cancellable(messages, cancel).await
             }
         };
-        if let Some(run_id) = &outcome.run_id
-            && let Err(e) = self.store.save_outcome(run_id, &outcome).await
+        if let (Some(run_id), Some(store)) = (&outcome.run_id, &self.store)
+            && let Err(e) = store.save_outcome(run_id, &outcome).await
         {
             eprintln!("toolloop: the run finished, but saving it failed: {e}");
             if matches!(e, StoreError::SessionMoved { .. }) {

@@ -146,7 +146,9 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
         Ok(d) => d,
         Err(code) => return code,
     };
-    builder = builder.journal(durable.journal());
+    if let Some(journal) = durable.journal() {
+        builder = builder.journal(journal);
+    }
     let agent = match builder.build() {
         Ok(a) => a,
         Err(e) => {

@@ -1,7 +1,7 @@
 //! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
 
 use crate::EXIT_USAGE;
-use crate::durable::{DurableArgs, StoreArgs, format_ms, open_store};
+use crate::durable::{DurabilityArg, DurableArgs, StoreArgs, format_ms, open_store};
 use crate::run::RunArgs;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
@@ -58,6 +58,16 @@ pub struct ResumeArgs {
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
+    /// How far the continued run's log survives a crash: process or power (see `toolloop run
+    /// --help`).
+    #[arg(
+        long,
+        value_enum,
+        env = "TOOLLOOP_DURABILITY",
+        value_name = "MODE",
+        default_value_t = DurabilityArg::Process
+    )]
+    durability: DurabilityArg,
     /// The provider's base URL, in place of the one the run started with. Needed when that
     /// one held credentials (user:password@, or a query such as ?key=), which are never stored.
     #[arg(long, value_name = "URL")]
@@ -316,6 +326,8 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
     let durable = DurableArgs {
         store: args.store,
         session,
+        durability: args.durability,
+        no_store: false,
         resume: Some(args.run_id.clone()),
     };
     config.insert("durable".into(), json!(durable));

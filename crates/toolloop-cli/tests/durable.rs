@@ -897,3 +897,58 @@ fn credentials_in_urls_are_never_stored_and_resume_asks_for_them() {
     }
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn no_store_writes_nothing_and_power_durability_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("never").join("store.db");
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .env("TOOLLOOP_STORE", &store)
+            .env_remove("TOOLLOOP_MODEL")
+            .env_remove("TOOLLOOP_DURABILITY")
+            .output()
+            .unwrap()
+    };
+    for flags in [&["--no-store"][..], &["--durability", "none"][..]] {
+        let mut args = vec!["run", "--json"];
+        args.extend_from_slice(flags);
+        args.push("hello");
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = json_of(&out);
+        assert_eq!(v["stop_reason"], "answered");
+        assert!(v["run_id"].is_null(), "{v}");
+        assert!(!store.parent().unwrap().exists(), "{flags:?} wrote nothing");
+        // A session lives in the store: refused.
+        let mut args = vec!["run", "--session", "s"];
+        args.extend_from_slice(flags);
+        args.push("hello");
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2));
+    }
+    let out = run(&[
+        "run",
+        "--json",
+        "--durability",
+        "power",
+        "--session",
+        "p",
+        "hello",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(store.exists());
+    let out = run(&["run", "--durability", "sometimes", "hello"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--durability"));
+}

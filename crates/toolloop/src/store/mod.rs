@@ -34,12 +34,17 @@
 //!
 //! # What is stored
 //!
-//! - **Runs and their log.** [`Store`] implements [`Journal`]: each [`Record`] is appended in a
-//!   transaction that has committed when `append` returns. SQLite runs in WAL mode with
-//!   `synchronous=FULL`: every commit is fsynced, so a record survives a power cut as well as a
-//!   killed process (`NORMAL` would only survive the latter, and a record lost to a power cut
-//!   after its tool ran is a side effect repeated on resume; one fsync per step is small next to
-//!   a model call). PostgreSQL commits are durable by default.
+//! - **Runs and their log.** [`Store`] implements [`Journal`]: the records a step writes
+//!   together ([`Journal::append_all`]) go in one transaction, committed when the call returns.
+//!   How far a commit survives is the store's [`Durability`]: with
+//!   [`Durability::Process`] (the default) a killed process loses nothing committed, and a
+//!   power cut or an operating-system crash may lose the last commits; with
+//!   [`Durability::PowerCut`] a commit is on disk when it returns. On SQLite (WAL mode) these are
+//!   `synchronous=NORMAL` (no fsync per commit; the log is synced at checkpoints) and
+//!   `synchronous=FULL` (one fsync per commit). PostgreSQL commits are as durable as the
+//!   server's settings make them (by default on disk) in both modes. A record lost to a power
+//!   cut after its tool ran is a side effect repeated on resume: choose
+//!   [`Durability::PowerCut`] for tools whose effects must never repeat after a machine crash.
 //! - **Leases.** [`Journal::acquire`] takes a run for a holder: the lease names the holder's
 //!   host, process and process start time, and has an expiry the store renews in the background
 //!   (every third of [`Store::with_lease_ttl`], 30 s by default) while the run goes on. Another
@@ -79,6 +84,21 @@ use std::time::Duration;
 
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 compile_error!("the store needs the `sqlite` or the `postgres` feature");
+
+/// How far a store's commits survive (see the module docs).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// A commit survives the process being killed; a power cut or an operating-system crash
+    /// may lose the last ones. SQLite: WAL with `synchronous=NORMAL`.
+    #[default]
+    Process,
+    /// A commit is on disk when it returns: it survives a power cut too. SQLite: WAL with
+    /// `synchronous=FULL` (one fsync per commit).
+    PowerCut,
+}
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -368,8 +388,14 @@ impl Store {
     }
 
     /// Opens (and creates, and migrates) the store at `location`: a SQLite path, optionally
-    /// prefixed with `sqlite:`, or a `postgres://` URL.
+    /// prefixed with `sqlite:`, `:memory:` (one process's store, gone when it ends), or a
+    /// `postgres://` URL. Commits survive a killed process ([`Durability::Process`]).
     pub async fn open(location: &str) -> Result<Store, StoreError> {
+        Self::open_with(location, Durability::default()).await
+    }
+
+    /// Like [`Store::open`], with the durability of commits chosen.
+    pub async fn open_with(location: &str, durability: Durability) -> Result<Store, StoreError> {
         let shown = redact(location);
         let open_err = |message: String| StoreError::Open {
             location: shown.clone(),
@@ -385,7 +411,7 @@ impl Store {
                     "empty path: expected a file path or a postgres:// URL".into(),
                 ));
             }
-            Self::open_sqlite(PathBuf::from(path))
+            Self::open_sqlite(PathBuf::from(path), durability)
                 .await
                 .map_err(open_err)?
         };
@@ -418,7 +444,7 @@ impl Store {
     }
 
     #[cfg(feature = "sqlite")]
-    async fn open_sqlite(path: PathBuf) -> Result<Pool, String> {
+    async fn open_sqlite(path: PathBuf, durability: Durability) -> Result<Pool, String> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
         if path.as_os_str() == ":memory:" {
             // One connection that never closes: every connection to `:memory:` is a database
@@ -447,7 +473,10 @@ impl Store {
             .filename(&path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(match durability {
+                Durability::Process => SqliteSynchronous::Normal,
+                Durability::PowerCut => SqliteSynchronous::Full,
+            })
             .busy_timeout(Duration::from_secs(15))
             .foreign_keys(true);
         let mut attempt = 0;
@@ -470,7 +499,7 @@ impl Store {
     }
 
     #[cfg(not(feature = "sqlite"))]
-    async fn open_sqlite(_path: PathBuf) -> Result<Pool, String> {
+    async fn open_sqlite(_path: PathBuf, _durability: Durability) -> Result<Pool, String> {
         Err("this build has no SQLite support (feature `sqlite`); use a postgres:// URL".into())
     }
 
@@ -523,7 +552,7 @@ impl Store {
     pub fn run_journal(&self, tags: RunTags) -> Arc<dyn Journal> {
         Arc::new(RunJournal {
             store: self.clone(),
-            tags,
+            tags: Arc::new(tags),
         })
     }
 
@@ -546,41 +575,50 @@ impl Store {
     }
 
     /// Appends on a task of its own: the append completes (and frees the run's append lock)
-    /// even when the caller is not polled meanwhile. A driver that runs tool calls as a
-    /// stream and logs one call's end before polling the others would otherwise wait on a lock
-    /// held by a call it is not polling.
+    /// even when the caller is not polled meanwhile.
     async fn append_tagged(
         &self,
         run_id: &str,
-        record: &Record,
-        tags: &RunTags,
+        records: &[Record],
+        tags: &Arc<RunTags>,
     ) -> Result<(), JournalError> {
-        let (store, run, rec, tags) = (
-            self.clone(),
-            run_id.to_string(),
-            record.clone(),
-            tags.clone(),
-        );
-        tokio::spawn(async move { store.append_now(&run, &rec, &tags).await })
-            .await
-            .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
+        if records.is_empty() {
+            return Ok(());
+        }
+        let encoded = records
+            .iter()
+            .map(|r| {
+                serde_json::to_string(r)
+                    .map(|body| (r.kind(), body))
+                    .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let started = matches!(records.first(), Some(Record::Started { .. }));
+        let finished = records.iter().any(|r| matches!(r, Record::Finished));
+        let (store, run, tags) = (self.clone(), run_id.to_string(), tags.clone());
+        tokio::spawn(async move {
+            store
+                .append_now(&run, &encoded, started, finished, &tags)
+                .await
+        })
+        .await
+        .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
     }
 
+    /// Writes records (kind and body) in one transaction.
     async fn append_now(
         &self,
         run_id: &str,
-        record: &Record,
+        records: &[(&'static str, String)],
+        started: bool,
+        finished: bool,
         tags: &RunTags,
     ) -> Result<(), JournalError> {
-        let body = serde_json::to_string(record)
-            .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))?;
-        let kind = serde_json::to_value(record)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_string))
-            .unwrap_or_default();
-        let started = matches!(record, Record::Started { .. });
-        let finished = matches!(record, Record::Finished);
-        let meta = tags.meta.as_ref().map(Value::to_string);
+        let meta = if started {
+            tags.meta.as_ref().map(Value::to_string)
+        } else {
+            None
+        };
         let holder = self.holder_of(run_id);
         let lock = self.append_lock(run_id);
         let _guard = lock.lock().await;
@@ -606,35 +644,43 @@ impl Store {
                     .await
                     .map_err(db("recording a new run"))?;
             }
-            let insert = match &holder {
-                Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
-                    .bind(run_id)
-                    .bind(&kind)
-                    .bind(&body)
-                    .bind(now)
-                    .bind(h),
-                None => sqlx::query(sql::INSERT_RECORD)
-                    .bind(run_id)
-                    .bind(&kind)
-                    .bind(&body)
-                    .bind(now),
-            };
-            let n = insert
-                .execute(&mut *tx)
-                .await
-                .map_err(db("appending a record"))?
-                .rows_affected();
-            if n == 1 {
+            let mut all = true;
+            for (kind, body) in records {
+                let insert = match &holder {
+                    Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
+                        .bind(run_id)
+                        .bind(*kind)
+                        .bind(body)
+                        .bind(now)
+                        .bind(h),
+                    None => sqlx::query(sql::INSERT_RECORD)
+                        .bind(run_id)
+                        .bind(*kind)
+                        .bind(body)
+                        .bind(now),
+                };
+                let n = insert
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("appending a record"))?
+                    .rows_affected();
+                if n != 1 {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
                 sqlx::query(sql::TOUCH_RUN)
                     .bind(run_id)
                     .bind(now)
                     .bind(finished)
+                    .bind(records.len() as i64)
                     .execute(&mut *tx)
                     .await
                     .map_err(db("updating the run"))?;
-                tx.commit().await.map_err(db("committing a record"))?;
+                tx.commit().await.map_err(db("committing records"))?;
             }
-            Ok::<bool, StoreError>(n == 1)
+            Ok::<bool, StoreError>(all)
         })?;
         if !inserted {
             let holder = self
@@ -1175,8 +1221,13 @@ where
 #[async_trait]
 impl Journal for Store {
     async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
-        self.append_tagged(run_id, record, &RunTags::default())
-            .await
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
+        let tags = NO_TAGS.get_or_init(Default::default);
+        self.append_tagged(run_id, records, tags).await
     }
 
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
@@ -1251,13 +1302,16 @@ impl Store {
 /// A journal over a [`Store`] that tags the runs it starts; see [`Store::run_journal`].
 struct RunJournal {
     store: Store,
-    tags: RunTags,
+    tags: Arc<RunTags>,
 }
 
 #[async_trait]
 impl Journal for RunJournal {
     async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
-        self.store.append_tagged(run_id, record, &self.tags).await
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        self.store.append_tagged(run_id, records, &self.tags).await
     }
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
         self.store.load(run_id).await
@@ -1273,6 +1327,33 @@ impl Journal for RunJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn durability_sets_how_sqlite_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        for (durability, expect) in [(Durability::Process, 1), (Durability::PowerCut, 2)] {
+            let path = dir.path().join(format!("{durability:?}.db"));
+            let store = Store::open_with(path.to_str().unwrap(), durability)
+                .await
+                .unwrap();
+            let Pool::Sqlite(pool) = &store.inner.pool else {
+                unreachable!()
+            };
+            // Every connection of the pool: 1 is NORMAL, 2 is FULL.
+            let mut conns = Vec::new();
+            for _ in 0..3 {
+                conns.push(pool.acquire().await.unwrap());
+            }
+            for c in &mut conns {
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut **c)
+                    .await
+                    .unwrap();
+                assert_eq!(level, expect, "{durability:?}");
+            }
+        }
+    }
 
     #[test]
     fn passwords_are_hidden() {

@@ -57,9 +57,9 @@ pub(super) const INSERT_RECORD_FENCED: &str = "INSERT INTO toolloop_records \
      $2, $3, $4 \
      WHERE EXISTS (SELECT 1 FROM toolloop_leases WHERE run_id = $1 AND holder = $5)";
 
-/// `$1` run id, `$2` now, `$3` whether this record finishes the run.
+/// `$1` run id, `$2` now, `$3` whether these records finish the run, `$4` how many there are.
 pub(super) const TOUCH_RUN: &str = "UPDATE toolloop_runs \
-     SET records = records + 1, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
+     SET records = records + $4, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
 
 /// `$1` run id.
 pub(super) const LOAD_RECORDS: &str =
