@@ -99,7 +99,7 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
             durable: DurableArgs {
                 store: args.store.clone(),
                 session: Some(session.clone()),
-                resume: None,
+                ..DurableArgs::default()
             },
         };
         let cancel = CancellationToken::new();

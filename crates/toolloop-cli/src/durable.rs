@@ -10,10 +10,10 @@ use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::Agent;
-use toolloop::journal::{Journal, JournalError};
+use toolloop::journal::{Journal, JournalError, new_run_id};
 use toolloop::message::Message;
 use toolloop::outcome::Outcome;
-use toolloop_store::{RunTags, Store};
+use toolloop_store::{Durability, RunTags, Store, StoreError};
 
 /// `--store`, shared by every command that uses the store.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
@@ -34,15 +34,63 @@ pub struct DurableArgs {
     #[arg(long, value_name = "NAME")]
     #[serde(default)]
     pub session: Option<String>,
+    /// How far the run's log survives a crash: `process` (a killed command loses nothing
+    /// written; a power cut may lose the last steps), `power` (each step is on disk before the
+    /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
+    /// resumed; the same as --no-store).
+    #[arg(
+        long,
+        value_enum,
+        env = "TOOLLOOP_DURABILITY",
+        value_name = "MODE",
+        default_value_t = DurabilityArg::Process
+    )]
+    #[serde(default)]
+    pub durability: DurabilityArg,
+    /// Write nothing to the store (an ephemeral run that cannot be resumed; the same as
+    /// --durability none).
+    #[arg(long, conflicts_with = "session")]
+    #[serde(default)]
+    pub no_store: bool,
     /// Set by `toolloop resume`: the run to continue instead of starting one.
     #[arg(skip)]
     #[serde(default)]
     pub resume: Option<String>,
 }
 
+/// `--durability`.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DurabilityArg {
+    /// Survives the command being killed (SQLite: synchronous=NORMAL).
+    #[default]
+    Process,
+    /// Survives a power cut (SQLite: synchronous=FULL, one fsync per step).
+    Power,
+    /// Nothing is written.
+    None,
+}
+
+impl DurabilityArg {
+    /// The store's durability; `None` for `none`.
+    pub fn store(self) -> Option<Durability> {
+        match self {
+            DurabilityArg::Process => Some(Durability::Process),
+            DurabilityArg::Power => Some(Durability::PowerCut),
+            DurabilityArg::None => None,
+        }
+    }
+}
+
 /// Opens the store the flags name (one per location per process).
 pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
-    static OPEN: Mutex<Option<HashMap<String, Store>>> = Mutex::new(None);
+    open_store_with(args, Durability::default()).await
+}
+
+/// Opens the store the flags name with the durability given (one per location and durability
+/// per process).
+pub async fn open_store_with(args: &StoreArgs, durability: Durability) -> Result<Store, ExitCode> {
+    static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
     let location = match &args.store {
         Some(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => match Store::default_location() {
@@ -56,18 +104,19 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
             }
         },
     };
+    let key = (location, durability);
     if let Some(s) = OPEN
         .lock()
         .ok()
-        .and_then(|m| m.as_ref().and_then(|m| m.get(&location).cloned()))
+        .and_then(|m| m.as_ref().and_then(|m| m.get(&key).cloned()))
     {
         return Ok(s);
     }
-    match Store::open(&location).await {
+    match Store::open_with(&key.0, durability).await {
         Ok(store) => {
             if let Ok(mut m) = OPEN.lock() {
                 m.get_or_insert_with(HashMap::new)
-                    .insert(location, store.clone());
+                    .insert(key, store.clone());
             }
             Ok(store)
         }
@@ -78,89 +127,197 @@ pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
     }
 }
 
-/// A run's link to the store.
+/// A run's link to the store. With a session, the session is held (see
+/// [`Store::lock_session`]) from [`Durable::open`] to the end of [`Durable::run`] (or
+/// [`Durable::close`]): runs of one session go one at a time, and a second one is refused with
+/// the holder's name.
 pub struct Durable {
-    store: Store,
+    /// `None` with --no-store.
+    store: Option<Store>,
     session: Option<String>,
     resume: Option<String>,
     meta: Value,
+    /// This process's name in the session's lease, while it holds the session.
+    holder: Option<String>,
+    /// The session's transcript and revision, read under the lease (new runs only).
+    history: Vec<Message>,
+    revision: Option<i64>,
 }
 
 impl Durable {
-    /// Opens the store for a run. `args` is the run's whole configuration, kept with the run
-    /// so `toolloop resume` can rebuild the same agent.
+    /// Opens the store for a run, and takes the run's session. `args` is the run's whole
+    /// configuration, kept with the run so `toolloop resume` can rebuild the same agent.
     pub async fn open<T: Serialize>(durable: &DurableArgs, args: &T) -> Result<Self, ExitCode> {
-        let store = open_store(&durable.store).await?;
-        Ok(Durable {
-            store,
+        let durability = match durable.durability.store() {
+            Some(d) if !durable.no_store => d,
+            _ => {
+                if durable.session.is_some() || durable.resume.is_some() {
+                    eprintln!(
+                        "toolloop: --durability none (--no-store) writes nothing, so it cannot \
+                         go with --session or resume; use --durability process or power"
+                    );
+                    return Err(ExitCode::from(EXIT_USAGE));
+                }
+                return Ok(Durable {
+                    store: None,
+                    session: None,
+                    resume: None,
+                    meta: Value::Null,
+                    holder: None,
+                    history: Vec::new(),
+                    revision: None,
+                });
+            }
+        };
+        let store = open_store_with(&durable.store, durability).await?;
+        let mut this = Durable {
+            store: Some(store.clone()),
             session: durable.session.clone(),
             resume: durable.resume.clone(),
             meta: run_meta(args),
-        })
+            holder: None,
+            history: Vec::new(),
+            revision: None,
+        };
+        let Some(name) = this.session.clone() else {
+            return Ok(this);
+        };
+        let lease = format!("lease {}", &new_run_id()[4..]);
+        let holder = match &this.resume {
+            Some(id) => format!("pid {} resuming {id} ({lease})", std::process::id()),
+            None => format!("pid {} ({lease})", std::process::id()),
+        };
+        if let Err(e) = store.lock_session(&name, &holder).await {
+            match (&e, &this.resume) {
+                // Two resumes of one run: the run is what is taken.
+                (StoreError::SessionBusy { holder: other, .. }, Some(id))
+                    if other.contains(&format!("resuming {id} ")) =>
+                {
+                    let locked = JournalError::Locked {
+                        run_id: id.clone(),
+                        holder: other.clone(),
+                    };
+                    eprintln!("toolloop: {locked}");
+                }
+                _ => eprintln!("toolloop: {e}"),
+            }
+            return Err(ExitCode::FAILURE);
+        }
+        this.holder = Some(holder);
+        if this.resume.is_none() {
+            match store.session(&name).await {
+                Ok(Some(s)) => {
+                    for r in &s.repairs {
+                        eprintln!("toolloop: session {name}: repaired: {r}");
+                    }
+                    this.history = s.messages;
+                    this.revision = Some(s.summary.revision);
+                }
+                Ok(None) => this.revision = Some(0),
+                Err(e) => {
+                    eprintln!("toolloop: {e}");
+                    this.close().await;
+                    return Err(ExitCode::FAILURE);
+                }
+            }
+        }
+        Ok(this)
     }
 
-    /// The journal the agent logs to.
-    pub fn journal(&self) -> Arc<dyn Journal> {
-        self.store.run_journal(RunTags {
+    /// Gives the session back (done by [`Durable::run`]; for a run that does not start).
+    pub async fn close(&mut self) {
+        if let (Some(store), Some(name), Some(holder)) =
+            (&self.store, &self.session, self.holder.take())
+            && let Err(e) = store.unlock_session(name, &holder).await
+        {
+            eprintln!("toolloop: cannot give back session {name}: {e}");
+        }
+    }
+
+    /// The journal the agent logs to; `None` with --no-store.
+    pub fn journal(&self) -> Option<Arc<dyn Journal>> {
+        Some(self.store.as_ref()?.run_journal(RunTags {
             session: self.session.clone(),
+            session_revision: self.revision,
             meta: Some(self.meta.clone()),
             on_started: None,
-        })
+        }))
     }
 
     /// Runs the prompt (after the session's history), or resumes the run `toolloop resume`
-    /// named; saves the outcome and the session's transcript.
+    /// named; saves the outcome and the session's transcript; gives the session back.
     pub async fn run(
-        &self,
+        &mut self,
         agent: &Agent,
         prompt: String,
         cancel: CancellationToken,
     ) -> Result<Outcome, ExitCode> {
-        let outcome = match &self.resume {
-            Some(run_id) => agent.resume(run_id, cancel).await.map_err(|e| {
-                eprintln!("toolloop: {e}");
-                match e {
-                    JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
-                    _ => ExitCode::FAILURE,
+        let result = self.run_held(agent, prompt, cancel).await;
+        self.close().await;
+        result
+    }
+
+    async fn run_held(
+        &mut self,
+        agent: &Agent,
+        prompt: String,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, ExitCode> {
+        let outcome = match (&self.resume, &self.store) {
+            (Some(run_id), Some(store)) => {
+                // Continuing a run whose session has moved on would drop the later turns.
+                if let Err(e) = store.check_resume(run_id).await {
+                    eprintln!("toolloop: cannot resume: {e}");
+                    return Err(ExitCode::FAILURE);
                 }
-            })?,
-            None => {
-                let mut messages = match &self.session {
-                    Some(name) => match self.store.session(name).await {
-                        Ok(Some(s)) => {
-                            for r in &s.repairs {
-                                eprintln!("toolloop: session {name}: repaired: {r}");
-                            }
-                            s.messages
-                        }
-                        Ok(None) => Vec::new(),
-                        Err(e) => {
-                            eprintln!("toolloop: {e}");
-                            return Err(ExitCode::FAILURE);
-                        }
-                    },
-                    None => Vec::new(),
-                };
+                agent.resume(run_id, cancel).await.map_err(|e| {
+                    eprintln!("toolloop: {e}");
+                    match e {
+                        JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
+                        _ => ExitCode::FAILURE,
+                    }
+                })?
+            }
+            _ => {
+                let mut messages = std::mem::take(&mut self.history);
                 messages.push(Message::user(prompt));
                 agent.run_cancellable(messages, cancel).await
             }
         };
-        if let Some(run_id) = &outcome.run_id
-            && let Err(e) = self.store.save_outcome(run_id, &outcome).await
+        if let (Some(run_id), Some(store)) = (&outcome.run_id, &self.store)
+            && let Err(e) = store.save_outcome(run_id, &outcome).await
         {
             eprintln!("toolloop: the run finished, but saving it failed: {e}");
+            if matches!(e, StoreError::SessionMoved { .. }) {
+                return Err(ExitCode::FAILURE);
+            }
         }
         Ok(outcome)
     }
 }
 
+/// The key of a run's configuration that lists the fields whose credentials were removed.
+pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
+
 /// The configuration kept with a run: everything but the prompt, the output format and the
-/// store flags; the file tools' root made absolute.
+/// store flags; the file tools' root made absolute. No secret is kept: a URL's user name,
+/// password, query and fragment (`https://user:pass@host/v1?key=…`) are removed, and the
+/// fields they were removed from listed under [`CREDENTIALS_REMOVED`], so that `toolloop
+/// resume` asks for them again.
 fn run_meta<T: Serialize>(args: &T) -> Value {
     let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut meta {
         for k in ["prompt", "json", "durable"] {
             m.remove(k);
+        }
+        let mut removed = Vec::new();
+        for (k, v) in m.iter_mut() {
+            if strip_credentials(v) {
+                removed.push(Value::String(k.clone()));
+            }
+        }
+        if !removed.is_empty() {
+            m.insert(CREDENTIALS_REMOVED.into(), Value::Array(removed));
         }
         if let Some(root) = m.get("root").and_then(Value::as_str)
             && let Ok(abs) = std::path::Path::new(root).canonicalize()
@@ -169,6 +326,39 @@ fn run_meta<T: Serialize>(args: &T) -> Value {
         }
     }
     meta
+}
+
+/// Removes what may be a credential from every URL in `v` (a user name, a password, a query,
+/// a fragment); whether anything was removed. A string with `://` that does not parse as a URL
+/// is dropped whole.
+fn strip_credentials(v: &mut Value) -> bool {
+    match v {
+        Value::String(s) if s.contains("://") => {
+            let Ok(mut url) = url::Url::parse(s) else {
+                *v = Value::Null;
+                return true;
+            };
+            let secret = !url.username().is_empty()
+                || url.password().is_some()
+                || url.query().is_some()
+                || url.fragment().is_some();
+            if secret {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.set_query(None);
+                url.set_fragment(None);
+                *v = Value::String(url.to_string());
+            }
+            secret
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |any, i| strip_credentials(i) | any),
+        Value::Object(m) => m
+            .values_mut()
+            .fold(false, |any, i| strip_credentials(i) | any),
+        _ => false,
+    }
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
@@ -197,6 +387,24 @@ pub fn format_ms(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn credentials_are_removed_from_urls() {
+        let mut v = serde_json::json!({
+            "base_url": "http://me:hunter2@127.0.0.1:8080/v1?key=sekrit#frag",
+            "plain": "http://127.0.0.1:8080/v1",
+            "nested": {"list": ["https://tok@host/x"]},
+            "text": "not a url",
+        });
+        assert!(strip_credentials(&mut v));
+        let text = v.to_string();
+        assert!(!text.contains("hunter2") && !text.contains("sekrit") && !text.contains("tok@"));
+        assert_eq!(v["base_url"], "http://127.0.0.1:8080/v1");
+        assert_eq!(v["plain"], "http://127.0.0.1:8080/v1");
+        assert_eq!(v["nested"]["list"][0], "https://host/x");
+        let mut plain = serde_json::json!({"base_url": "http://127.0.0.1/v1", "n": 3});
+        assert!(!strip_credentials(&mut plain));
+    }
 
     #[test]
     fn dates() {

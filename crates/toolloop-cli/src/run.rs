@@ -143,14 +143,19 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
     if let Some(n) = args.agent.max_output_tokens {
         builder = builder.max_output_tokens(n);
     }
-    let durable = match crate::durable::Durable::open(&args.durable, &args).await {
+    let mut durable = match crate::durable::Durable::open(&args.durable, &args).await {
         Ok(d) => d,
         Err(code) => return code,
     };
-    builder = builder.journal(durable.journal());
+    if let Some(journal) = durable.journal() {
+        builder = builder.journal(journal);
+    }
     let agent = match builder.build() {
         Ok(a) => a,
-        Err(e) => return usage_error(e),
+        Err(e) => {
+            durable.close().await;
+            return usage_error(e);
+        }
     };
     let outcome = match durable.run(&agent, args.prompt.clone(), cancel).await {
         Ok(o) => o,

@@ -1,7 +1,7 @@
 //! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
 
 use crate::EXIT_USAGE;
-use crate::durable::{DurableArgs, StoreArgs, format_ms, open_store};
+use crate::durable::{DurabilityArg, DurableArgs, StoreArgs, format_ms, open_store};
 use crate::run::RunArgs;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
@@ -58,6 +58,20 @@ pub struct ResumeArgs {
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
+    /// How far the continued run's log survives a crash: process or power (see `toolloop run
+    /// --help`).
+    #[arg(
+        long,
+        value_enum,
+        env = "TOOLLOOP_DURABILITY",
+        value_name = "MODE",
+        default_value_t = DurabilityArg::Process
+    )]
+    durability: DurabilityArg,
+    /// The provider's base URL, in place of the one the run started with. Needed when that
+    /// one held credentials (user:password@, or a query such as ?key=), which are never stored.
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
 }
 
 fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
@@ -274,11 +288,46 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
             ExitCode::from(EXIT_USAGE),
         );
     };
+    // Credentials were not stored with the run: they must be given again.
+    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
+        Some(Value::Array(fields)) => fields
+            .iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = &args.base_url {
+        config.insert("base_url".into(), Value::String(url.clone()));
+        removed.retain(|f| f != "base_url");
+    }
+    if !removed.is_empty() {
+        let flags: Vec<String> = removed
+            .iter()
+            .map(|f| format!("--{}", f.replace('_', "-")))
+            .collect();
+        return fail(
+            format!(
+                "run {id} was started with credentials in {flags} (a user name or password, or \
+                 query parameters such as ?key=), which are never stored; give the full value \
+                 again: toolloop resume {id} {example}",
+                id = args.run_id,
+                flags = flags.join(", "),
+                example = flags
+                    .iter()
+                    .map(|f| format!("{f} <URL>"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            ExitCode::from(EXIT_USAGE),
+        );
+    }
     config.insert("prompt".into(), Value::String(String::new()));
     config.insert("json".into(), Value::Bool(args.json));
     let durable = DurableArgs {
         store: args.store,
         session,
+        durability: args.durability,
+        no_store: false,
         resume: Some(args.run_id.clone()),
     };
     config.insert("durable".into(), json!(durable));

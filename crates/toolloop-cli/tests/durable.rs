@@ -588,3 +588,371 @@ fn resume_and_sessions_report_unknown_names_clearly() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot open the store"));
     let _: PathBuf = dir.path().to_path_buf();
 }
+
+/// The user messages of a session, in order.
+fn user_turns(store: &Store, rt: &tokio::runtime::Runtime, session: &str) -> Vec<String> {
+    rt.block_on(store.session_messages(session))
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| match m {
+            Message::User { content } => Some(content),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `run --session` with a prompt of its own.
+fn turn_args<'a>(model: &'a str, env: &Env<'a>, session: &'a str, prompt: &'a str) -> Vec<&'a str> {
+    let mut args = run_args(model, env, session);
+    *args.last_mut().unwrap() = prompt;
+    args
+}
+
+#[test]
+fn resuming_an_older_run_never_drops_the_later_turns_of_its_session() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt);
+    let base_url = format!("{}/v1", server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, location) in locations(dir.path()) {
+        let effects = dir.path().join(format!("older-{kind}.txt"));
+        let env = Env {
+            store: &location,
+            effects: &effects,
+            effect_ms: 5_000,
+            base_url: &base_url,
+            cwd: dir.path(),
+        };
+        let store = rt.block_on(Store::open(&location)).unwrap();
+        let session = unique("older");
+        // A run killed in its tool call ("go"), then a later turn that finishes.
+        let interrupted = interrupted_run(&env, "openai:mock:rounds=1", &session, &store, &rt);
+        let later = command(
+            &env,
+            &turn_args("openai:mock:rounds=0", &env, &session, "later"),
+        )
+        .output()
+        .unwrap();
+        assert!(
+            later.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&later.stderr)
+        );
+        let finished = json_of(&later)["run_id"].as_str().unwrap().to_string();
+        assert_eq!(user_turns(&store, &rt, &session), ["later"], "{kind}");
+
+        // Continuing the interrupted run would put the session back before "later": refused.
+        let out = command(&env, &["resume", "--json", &interrupted])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{kind}: {err}");
+        assert!(
+            err.contains(&format!(
+                "session `{session}` has had turns saved since run {interrupted}"
+            )),
+            "{kind}: {err}"
+        );
+        assert_eq!(user_turns(&store, &rt, &session), ["later"], "{kind}");
+        let runs = rt.block_on(store.runs(Some(&session))).unwrap();
+        let run = runs.iter().find(|r| r.run_id == interrupted).unwrap();
+        assert_eq!(run.status, RunStatus::Interrupted, "{kind}: left as it was");
+
+        // Resuming an older finished run gives its outcome and leaves the session alone.
+        let last = command(
+            &env,
+            &turn_args("openai:mock:rounds=0", &env, &session, "last"),
+        )
+        .output()
+        .unwrap();
+        assert!(last.status.success(), "{kind}");
+        let before = rt.block_on(store.session_messages(&session)).unwrap();
+        let out = command(&env, &["resume", "--json", &finished])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(json_of(&out)["run_id"], finished.as_str(), "{kind}");
+        assert_eq!(
+            rt.block_on(store.session_messages(&session)).unwrap(),
+            before,
+            "{kind}: the session keeps every turn"
+        );
+        assert_eq!(
+            user_turns(&store, &rt, &session),
+            ["later", "last"],
+            "{kind}"
+        );
+    }
+    assert_eq!(server.stats().rejected, 0);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn two_runs_of_one_session_at_once_never_lose_a_turn_silently() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt);
+    let base_url = format!("{}/v1", server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, location) in locations(dir.path()) {
+        let effects = dir.path().join(format!("both-{kind}.txt"));
+        let env = Env {
+            store: &location,
+            effects: &effects,
+            effect_ms: 10,
+            base_url: &base_url,
+            cwd: dir.path(),
+        };
+        let store = rt.block_on(Store::open(&location)).unwrap();
+        let session = unique("both");
+        // A slow model keeps the first run going while the second starts.
+        let model = "openai:mock:rounds=0,latency=1500ms";
+        let a = command(&env, &turn_args(model, &env, &session, "alpha"))
+            .spawn()
+            .unwrap();
+        let b = command(&env, &turn_args(model, &env, &session, "beta"))
+            .spawn()
+            .unwrap();
+        let (a, b) = (a.wait_with_output().unwrap(), b.wait_with_output().unwrap());
+        let turns = user_turns(&store, &rt, &session);
+        // Whatever ran to success is in the session; whatever is not was refused loudly.
+        for (prompt, out) in [("alpha", &a), ("beta", &b)] {
+            let err = String::from_utf8_lossy(&out.stderr);
+            if out.status.success() {
+                assert!(
+                    turns.iter().any(|t| t == prompt),
+                    "{kind}: {prompt} lost: {turns:?}"
+                );
+            } else {
+                assert_eq!(out.status.code(), Some(1), "{kind}: {err}");
+                assert!(
+                    err.contains(&format!("session `{session}` is in use by pid")),
+                    "{kind}: {err}"
+                );
+            }
+        }
+        assert_eq!(
+            [&a, &b].iter().filter(|o| o.status.success()).count(),
+            1,
+            "{kind}: one at a time"
+        );
+        // The session is free again: the next turn follows the first.
+        let next = command(
+            &env,
+            &turn_args("openai:mock:rounds=0", &env, &session, "next"),
+        )
+        .output()
+        .unwrap();
+        assert!(
+            next.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&next.stderr)
+        );
+        assert_eq!(user_turns(&store, &rt, &session).len(), 2, "{kind}");
+    }
+    assert_eq!(server.stats().rejected, 0);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn an_in_memory_store_works_for_one_process() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(BIN)
+        .args([
+            "run",
+            "--json",
+            "--store",
+            ":memory:",
+            "--session",
+            "s",
+            "hello",
+        ])
+        .current_dir(dir.path())
+        .env_remove("TOOLLOOP_MODEL")
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(v["stop_reason"], "answered");
+    assert!(v["run_id"].as_str().is_some());
+    // Nothing was written next to it.
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// Every byte the store keeps: the SQLite files, or on PostgreSQL the runs' saved
+/// configurations and logs.
+fn stored_text(
+    kind: &str,
+    location: &str,
+    store: &Store,
+    rt: &tokio::runtime::Runtime,
+    runs: &[String],
+) -> String {
+    if kind == "sqlite" {
+        let mut all = Vec::new();
+        let path = Path::new(location);
+        for entry in std::fs::read_dir(path.parent().unwrap()).unwrap() {
+            let p = entry.unwrap().path();
+            if p.file_name()
+                .unwrap()
+                .to_string_lossy()
+                .starts_with(path.file_name().unwrap().to_str().unwrap())
+            {
+                all.extend(std::fs::read(p).unwrap());
+            }
+        }
+        return String::from_utf8_lossy(&all).into_owned();
+    }
+    let mut text = String::new();
+    for id in runs {
+        let (_, meta) = rt.block_on(store.run_tags(id)).unwrap().unwrap();
+        text.push_str(&meta.unwrap().to_string());
+        for r in rt
+            .block_on(toolloop::journal::Journal::load(store, id))
+            .unwrap()
+        {
+            text.push_str(&serde_json::to_string(&r).unwrap());
+        }
+    }
+    text
+}
+
+#[test]
+fn credentials_in_urls_are_never_stored_and_resume_asks_for_them() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt);
+    let port = server.base_url().rsplit(':').next().unwrap().to_string();
+    let secret_url = format!("http://me:hunter2@127.0.0.1:{port}/v1");
+    let keyed_url = format!("http://127.0.0.1:{port}/v1?key=sekrit");
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, location) in locations(dir.path()) {
+        let effects = dir.path().join(format!("secret-{kind}.txt"));
+        let env = Env {
+            store: &location,
+            effects: &effects,
+            effect_ms: 5_000,
+            base_url: &secret_url,
+            cwd: dir.path(),
+        };
+        let store = rt.block_on(Store::open(&location)).unwrap();
+        let session = unique("secret");
+        let interrupted = interrupted_run(&env, "openai:mock:rounds=1", &session, &store, &rt);
+        // A key in the query (the request fails: the mock knows no such path).
+        let keyed_env = Env {
+            base_url: &keyed_url,
+            ..env
+        };
+        let keyed_session = unique("keyed");
+        let out = command(
+            &keyed_env,
+            &run_args("openai:mock:rounds=0", &keyed_env, &keyed_session),
+        )
+        .output()
+        .unwrap();
+        let keyed_run = json_of(&out)["run_id"].as_str().unwrap().to_string();
+        let env = Env {
+            base_url: &secret_url,
+            ..keyed_env
+        };
+
+        let text = stored_text(
+            kind,
+            &location,
+            &store,
+            &rt,
+            &[interrupted.clone(), keyed_run],
+        );
+        assert!(!text.is_empty(), "{kind}");
+        for secret in ["hunter2", "sekrit", "//me"] {
+            assert!(!text.contains(secret), "{kind}: `{secret}` is in the store");
+        }
+
+        // Resume needs the URL again, and says so.
+        let out = command(&env, &["resume", "--json", &interrupted])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{kind}: {err}");
+        assert!(
+            err.contains("--base-url") && err.contains("never stored"),
+            "{kind}: {err}"
+        );
+        let out = command(
+            &env,
+            &["resume", "--json", &interrupted, "--base-url", &secret_url],
+        )
+        .output()
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(json_of(&out)["stop_reason"], "answered", "{kind}");
+        let text = stored_text(kind, &location, &store, &rt, &[interrupted.clone()]);
+        assert!(!text.contains("hunter2"), "{kind}: stored on resume");
+    }
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn no_store_writes_nothing_and_power_durability_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("never").join("store.db");
+    let run = |args: &[&str]| {
+        Command::new(BIN)
+            .args(args)
+            .current_dir(dir.path())
+            .env("TOOLLOOP_STORE", &store)
+            .env_remove("TOOLLOOP_MODEL")
+            .env_remove("TOOLLOOP_DURABILITY")
+            .output()
+            .unwrap()
+    };
+    for flags in [&["--no-store"][..], &["--durability", "none"][..]] {
+        let mut args = vec!["run", "--json"];
+        args.extend_from_slice(flags);
+        args.push("hello");
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v = json_of(&out);
+        assert_eq!(v["stop_reason"], "answered");
+        assert!(v["run_id"].is_null(), "{v}");
+        assert!(!store.parent().unwrap().exists(), "{flags:?} wrote nothing");
+        // A session lives in the store: refused.
+        let mut args = vec!["run", "--session", "s"];
+        args.extend_from_slice(flags);
+        args.push("hello");
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2));
+    }
+    let out = run(&[
+        "run",
+        "--json",
+        "--durability",
+        "power",
+        "--session",
+        "p",
+        "hello",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(store.exists());
+    let out = run(&["run", "--durability", "sometimes", "hello"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--durability"));
+}

@@ -12,27 +12,39 @@
 //! use toolloop_store::{RunTags, Store};
 //!
 //! let store = Store::open("/tmp/toolloop.db").await?; // or "postgres://user@host/db"
-//! let mut messages = store.session_messages("demo").await?; // checked and repaired
+//! // One run of the session at a time, across processes.
+//! store.lock_session("demo", "worker 1").await?;
+//! let session = store.session("demo").await?; // checked and repaired
+//! let (mut messages, revision) = session
+//!     .map(|s| (s.messages, Some(s.summary.revision)))
+//!     .unwrap_or_default();
 //! messages.push(Message::user("What changed?"));
+//! let tags = RunTags { session_revision: revision, ..RunTags::session("demo") };
 //! let agent = Agent::builder(TestModel::new())
-//!     .journal(store.run_journal(RunTags::session("demo")))
+//!     .journal(store.run_journal(tags))
 //!     .build()?;
 //! let outcome = agent.run(messages).await;
 //! // The transcript goes back to the session; a crashed run is continued with
 //! // `agent.resume(run_id, cancel)` and saved the same way.
 //! store.save_outcome(outcome.run_id.as_deref().unwrap_or_default(), &outcome).await?;
+//! store.unlock_session("demo", "worker 1").await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! # What is stored
 //!
-//! - **Runs and their log.** [`Store`] implements [`Journal`]: each [`Record`] is appended in a
-//!   transaction that has committed when `append` returns. SQLite runs in WAL mode with
-//!   `synchronous=FULL`: every commit is fsynced, so a record survives a power cut as well as a
-//!   killed process (`NORMAL` would only survive the latter, and a record lost to a power cut
-//!   after its tool ran is a side effect repeated on resume; one fsync per step is small next to
-//!   a model call). PostgreSQL commits are durable by default.
+//! - **Runs and their log.** [`Store`] implements [`Journal`]: the records a step writes
+//!   together ([`Journal::append_all`]) go in one transaction, committed when the call returns.
+//!   How far a commit survives is the store's [`Durability`]: with
+//!   [`Durability::Process`] (the default) a killed process loses nothing committed, and a
+//!   power cut or an operating-system crash may lose the last commits; with
+//!   [`Durability::PowerCut`] a commit is on disk when it returns. On SQLite (WAL mode) these are
+//!   `synchronous=NORMAL` (no fsync per commit; the log is synced at checkpoints) and
+//!   `synchronous=FULL` (one fsync per commit). PostgreSQL commits are as durable as the
+//!   server's settings make them (by default on disk) in both modes. A record lost to a power
+//!   cut after its tool ran is a side effect repeated on resume: choose
+//!   [`Durability::PowerCut`] for tools whose effects must never repeat after a machine crash.
 //! - **Leases.** [`Journal::acquire`] takes a run for a holder: the lease names the holder's
 //!   host, process and process start time, and has an expiry the store renews in the background
 //!   (every third of [`Store::with_lease_ttl`], 30 s by default) while the run goes on. Another
@@ -40,12 +52,14 @@
 //!   once when the holder is provably dead (same host and boot, process gone), the run can be
 //!   taken over. Appends are fenced: a holder whose lease was taken over cannot write another
 //!   record.
-//! - **Sessions.** A session is a named conversation: [`Store::session_messages`] loads its
+//! - **Sessions.** A session is a named conversation: [`Store::session`] loads its
 //!   transcript (checked and repaired with [`toolloop::transcript::repair_transcript`], so the
-//!   next request is valid for every provider), [`Store::save_session`] or
-//!   [`Store::save_outcome`] saves it after a run. Runs tagged with a session (see
-//!   [`Store::run_journal`]) are listed with it. The last save wins: two runs on one session at
-//!   the same time do not merge.
+//!   next request is valid for every provider) and its revision, [`Store::save_outcome`]
+//!   saves it after a run. Runs tagged with a session (see [`Store::run_journal`]) are listed
+//!   with it. A turn is never dropped: a run saves its transcript only while the session is
+//!   still at the revision the run started from, and fails with [`StoreError::SessionMoved`]
+//!   otherwise (its turn stays in its log); [`Store::check_resume`] tells before a run is
+//!   continued. [`Store::lock_session`] makes runs of a session go one at a time.
 //!
 //! # Where
 //!
@@ -71,6 +85,21 @@ use toolloop::transcript::repair_transcript;
 #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
 compile_error!("the store needs the `sqlite` or the `postgres` feature");
 
+/// How far a store's commits survive (see the module docs).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum Durability {
+    /// A commit survives the process being killed; a power cut or an operating-system crash
+    /// may lose the last ones. SQLite: WAL with `synchronous=NORMAL`.
+    #[default]
+    Process,
+    /// A commit is on disk when it returns: it survives a power cut too. SQLite: WAL with
+    /// `synchronous=FULL` (one fsync per commit).
+    PowerCut,
+}
+
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
@@ -89,6 +118,27 @@ pub enum StoreError {
         doing: String,
         /// The database's message.
         message: String,
+    },
+    /// Another live process holds the session (see [`Store::lock_session`]).
+    #[error("session `{session}` is in use by {holder}; try again when that run has finished")]
+    SessionBusy {
+        /// The session.
+        session: String,
+        /// Who holds it (process id and host).
+        holder: String,
+    },
+    /// The session has had turns saved since the run started from it: saving the run's
+    /// transcript, or continuing the run, would drop them.
+    #[error(
+        "session `{session}` has had turns saved since run {run_id} started from it; the run's \
+         turn is not saved to the session, so as not to drop those later turns (it stays in the \
+         run's log)"
+    )]
+    SessionMoved {
+        /// The session.
+        session: String,
+        /// The run.
+        run_id: String,
     },
     /// Stored data did not parse.
     #[error("stored data is damaged ({what}): {message}")]
@@ -121,6 +171,8 @@ pub struct RunSummary {
     pub run_id: String,
     /// The session it belongs to.
     pub session: Option<String>,
+    /// The session's revision (see [`SessionSummary::revision`]) the run started from.
+    pub session_revision: Option<i64>,
     /// Where it stands.
     pub status: RunStatus,
     /// How it ended, once [`Store::save_outcome`] recorded it.
@@ -167,6 +219,9 @@ pub struct SessionSummary {
     pub message_count: i64,
     /// Runs made in it.
     pub runs: i64,
+    /// How many times its transcript was saved: a run saves its turn only while the session is
+    /// still at the revision the run started from.
+    pub revision: i64,
     /// When it was created (Unix milliseconds).
     pub created_ms: i64,
     /// When its transcript was last saved (Unix milliseconds).
@@ -192,6 +247,11 @@ pub type OnStarted = Arc<dyn Fn(&str) + Send + Sync>;
 pub struct RunTags {
     /// The session the run belongs to.
     pub session: Option<String>,
+    /// The session's revision the run starts from: the one read with its transcript
+    /// ([`Store::session`]). When `None`, the revision at the run's first record is used.
+    /// [`Store::save_outcome`] saves the run's transcript only while the session is still at
+    /// that revision.
+    pub session_revision: Option<i64>,
     /// Anything the application needs to resume the run (its configuration, say), as JSON.
     pub meta: Option<Value>,
     /// Called with the run id once the run's first record is durable.
@@ -212,6 +272,7 @@ impl std::fmt::Debug for RunTags {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RunTags")
             .field("session", &self.session)
+            .field("session_revision", &self.session_revision)
             .field("meta", &self.meta)
             .finish_non_exhaustive()
     }
@@ -295,6 +356,18 @@ fn redact(location: &str) -> String {
     }
 }
 
+/// A session's key in the lease table (run ids never contain a colon).
+fn session_lease_key(name: &str) -> String {
+    format!("session:{name}")
+}
+
+fn encode_transcript(messages: &[Message]) -> Result<String, StoreError> {
+    serde_json::to_string(messages).map_err(|e| StoreError::Corrupt {
+        what: "a transcript to save".into(),
+        message: e.to_string(),
+    })
+}
+
 fn is_postgres(location: &str) -> bool {
     location.starts_with("postgres://") || location.starts_with("postgresql://")
 }
@@ -315,8 +388,14 @@ impl Store {
     }
 
     /// Opens (and creates, and migrates) the store at `location`: a SQLite path, optionally
-    /// prefixed with `sqlite:`, or a `postgres://` URL.
+    /// prefixed with `sqlite:`, `:memory:` (one process's store, gone when it ends), or a
+    /// `postgres://` URL. Commits survive a killed process ([`Durability::Process`]).
     pub async fn open(location: &str) -> Result<Store, StoreError> {
+        Self::open_with(location, Durability::default()).await
+    }
+
+    /// Like [`Store::open`], with the durability of commits chosen.
+    pub async fn open_with(location: &str, durability: Durability) -> Result<Store, StoreError> {
         let shown = redact(location);
         let open_err = |message: String| StoreError::Open {
             location: shown.clone(),
@@ -332,7 +411,7 @@ impl Store {
                     "empty path: expected a file path or a postgres:// URL".into(),
                 ));
             }
-            Self::open_sqlite(PathBuf::from(path))
+            Self::open_sqlite(PathBuf::from(path), durability)
                 .await
                 .map_err(open_err)?
         };
@@ -365,8 +444,25 @@ impl Store {
     }
 
     #[cfg(feature = "sqlite")]
-    async fn open_sqlite(path: PathBuf) -> Result<Pool, String> {
+    async fn open_sqlite(path: PathBuf, durability: Durability) -> Result<Pool, String> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+        if path.as_os_str() == ":memory:" {
+            // One connection that never closes: every connection to `:memory:` is a database
+            // of its own, and the database goes when its connection does.
+            let options = SqliteConnectOptions::new()
+                .in_memory(true)
+                .foreign_keys(true);
+            return sqlx::sqlite::SqlitePoolOptions::new()
+                .max_connections(1)
+                .min_connections(1)
+                .idle_timeout(None)
+                .max_lifetime(None)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(options)
+                .await
+                .map(Pool::Sqlite)
+                .map_err(|e| e.to_string());
+        }
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
@@ -377,7 +473,10 @@ impl Store {
             .filename(&path)
             .create_if_missing(true)
             .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(match durability {
+                Durability::Process => SqliteSynchronous::Normal,
+                Durability::PowerCut => SqliteSynchronous::Full,
+            })
             .busy_timeout(Duration::from_secs(15))
             .foreign_keys(true);
         let mut attempt = 0;
@@ -400,7 +499,7 @@ impl Store {
     }
 
     #[cfg(not(feature = "sqlite"))]
-    async fn open_sqlite(_path: PathBuf) -> Result<Pool, String> {
+    async fn open_sqlite(_path: PathBuf, _durability: Durability) -> Result<Pool, String> {
         Err("this build has no SQLite support (feature `sqlite`); use a postgres:// URL".into())
     }
 
@@ -453,7 +552,7 @@ impl Store {
     pub fn run_journal(&self, tags: RunTags) -> Arc<dyn Journal> {
         Arc::new(RunJournal {
             store: self.clone(),
-            tags,
+            tags: Arc::new(tags),
         })
     }
 
@@ -476,41 +575,50 @@ impl Store {
     }
 
     /// Appends on a task of its own: the append completes (and frees the run's append lock)
-    /// even when the caller is not polled meanwhile. A driver that runs tool calls as a
-    /// stream and logs one call's end before polling the others would otherwise wait on a lock
-    /// held by a call it is not polling.
+    /// even when the caller is not polled meanwhile.
     async fn append_tagged(
         &self,
         run_id: &str,
-        record: &Record,
-        tags: &RunTags,
+        records: &[Record],
+        tags: &Arc<RunTags>,
     ) -> Result<(), JournalError> {
-        let (store, run, rec, tags) = (
-            self.clone(),
-            run_id.to_string(),
-            record.clone(),
-            tags.clone(),
-        );
-        tokio::spawn(async move { store.append_now(&run, &rec, &tags).await })
-            .await
-            .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
+        if records.is_empty() {
+            return Ok(());
+        }
+        let encoded = records
+            .iter()
+            .map(|r| {
+                serde_json::to_string(r)
+                    .map(|body| (r.kind(), body))
+                    .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let started = matches!(records.first(), Some(Record::Started { .. }));
+        let finished = records.iter().any(|r| matches!(r, Record::Finished));
+        let (store, run, tags) = (self.clone(), run_id.to_string(), tags.clone());
+        tokio::spawn(async move {
+            store
+                .append_now(&run, &encoded, started, finished, &tags)
+                .await
+        })
+        .await
+        .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
     }
 
+    /// Writes records (kind and body) in one transaction.
     async fn append_now(
         &self,
         run_id: &str,
-        record: &Record,
+        records: &[(&'static str, String)],
+        started: bool,
+        finished: bool,
         tags: &RunTags,
     ) -> Result<(), JournalError> {
-        let body = serde_json::to_string(record)
-            .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))?;
-        let kind = serde_json::to_value(record)
-            .ok()
-            .and_then(|v| v.get("kind").and_then(Value::as_str).map(str::to_string))
-            .unwrap_or_default();
-        let started = matches!(record, Record::Started { .. });
-        let finished = matches!(record, Record::Finished);
-        let meta = tags.meta.as_ref().map(Value::to_string);
+        let meta = if started {
+            tags.meta.as_ref().map(Value::to_string)
+        } else {
+            None
+        };
         let holder = self.holder_of(run_id);
         let lock = self.append_lock(run_id);
         let _guard = lock.lock().await;
@@ -518,14 +626,6 @@ impl Store {
         let inserted = on_pool!(&self.inner.pool, p => {
             let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
             if started {
-                sqlx::query(sql::INSERT_RUN)
-                    .bind(run_id)
-                    .bind(tags.session.as_deref())
-                    .bind(meta.as_deref())
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("recording a new run"))?;
                 if let Some(session) = &tags.session {
                     sqlx::query(sql::ENSURE_SESSION)
                         .bind(session)
@@ -534,36 +634,53 @@ impl Store {
                         .await
                         .map_err(db("creating the session"))?;
                 }
-            }
-            let insert = match &holder {
-                Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
+                sqlx::query(sql::INSERT_RUN)
                     .bind(run_id)
-                    .bind(&kind)
-                    .bind(&body)
+                    .bind(tags.session.as_deref())
+                    .bind(meta.as_deref())
                     .bind(now)
-                    .bind(h),
-                None => sqlx::query(sql::INSERT_RECORD)
-                    .bind(run_id)
-                    .bind(&kind)
-                    .bind(&body)
-                    .bind(now),
-            };
-            let n = insert
-                .execute(&mut *tx)
-                .await
-                .map_err(db("appending a record"))?
-                .rows_affected();
-            if n == 1 {
+                    .bind(tags.session_revision)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("recording a new run"))?;
+            }
+            let mut all = true;
+            for (kind, body) in records {
+                let insert = match &holder {
+                    Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
+                        .bind(run_id)
+                        .bind(*kind)
+                        .bind(body)
+                        .bind(now)
+                        .bind(h),
+                    None => sqlx::query(sql::INSERT_RECORD)
+                        .bind(run_id)
+                        .bind(*kind)
+                        .bind(body)
+                        .bind(now),
+                };
+                let n = insert
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("appending a record"))?
+                    .rows_affected();
+                if n != 1 {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
                 sqlx::query(sql::TOUCH_RUN)
                     .bind(run_id)
                     .bind(now)
                     .bind(finished)
+                    .bind(records.len() as i64)
                     .execute(&mut *tx)
                     .await
                     .map_err(db("updating the run"))?;
-                tx.commit().await.map_err(db("committing a record"))?;
+                tx.commit().await.map_err(db("committing records"))?;
             }
-            Ok::<bool, StoreError>(n == 1)
+            Ok::<bool, StoreError>(all)
         })?;
         if !inserted {
             let holder = self
@@ -715,22 +832,25 @@ impl Store {
         Ok(self
             .load_session_messages(name)
             .await?
-            .map(|(m, _)| m)
+            .map(|(m, _, _)| m)
             .unwrap_or_default())
     }
 
+    /// The transcript (repaired), the repairs and the revision.
     async fn load_session_messages(
         &self,
         name: &str,
-    ) -> Result<Option<(Vec<Message>, Vec<String>)>, StoreError> {
-        let text: Option<String> = on_pool!(&self.inner.pool, p => {
-            sqlx::query_scalar(sql::SESSION_MESSAGES)
+    ) -> Result<Option<(Vec<Message>, Vec<String>, i64)>, StoreError> {
+        let row: Option<(String, i64)> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_as(sql::SESSION_MESSAGES)
                 .bind(name)
                 .fetch_optional(p)
                 .await
                 .map_err(db("loading a session"))?
         });
-        let Some(text) = text else { return Ok(None) };
+        let Some((text, revision)) = row else {
+            return Ok(None);
+        };
         let mut messages: Vec<Message> =
             serde_json::from_str(&text).map_err(|e| StoreError::Corrupt {
                 what: format!("the transcript of session `{name}`"),
@@ -740,15 +860,14 @@ impl Store {
         for r in &repairs {
             tracing::warn!(session = name, "repaired the stored transcript: {r}");
         }
-        Ok(Some((messages, repairs)))
+        Ok(Some((messages, repairs, revision)))
     }
 
-    /// Saves a session's transcript (creating the session), replacing what was there.
+    /// Saves a session's transcript (creating the session), replacing what was there, whatever
+    /// was saved meanwhile. A run's transcript goes through [`Store::save_outcome`] instead,
+    /// which never drops a turn saved after the run started.
     pub async fn save_session(&self, name: &str, messages: &[Message]) -> Result<(), StoreError> {
-        let text = serde_json::to_string(messages).map_err(|e| StoreError::Corrupt {
-            what: "a transcript to save".into(),
-            message: e.to_string(),
-        })?;
+        let text = encode_transcript(messages)?;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
             sqlx::query(sql::SAVE_SESSION)
@@ -764,23 +883,148 @@ impl Store {
     }
 
     /// Records how a run ended and, when the run belongs to a session, saves its transcript
-    /// there.
+    /// there, in one transaction.
+    ///
+    /// The transcript is saved only while the session is at the revision the run started from
+    /// (see [`RunTags::session_revision`]): when another run saved a turn meanwhile, nothing is
+    /// written and the error is [`StoreError::SessionMoved`] (the run's turn stays in its log).
+    /// A run's outcome is recorded once: called again for a run already recorded (a finished
+    /// run resumed, say), it changes nothing.
     pub async fn save_outcome(&self, run_id: &str, outcome: &Outcome) -> Result<(), StoreError> {
         let reason = serde_json::to_value(outcome.stop_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string));
+        let text = encode_transcript(&outcome.messages)?;
+        let count = outcome.messages.len() as i64;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
+            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            let row = sqlx::query(sql::RUN_META)
+                .bind(run_id)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db("reading a run"))?
+                .map(|row| -> Result<_, sqlx::Error> {
+                    Ok((
+                        row.try_get::<Option<String>, _>("session")?,
+                        row.try_get::<Option<i64>, _>("session_revision")?,
+                        row.try_get::<Option<String>, _>("stop_reason")?,
+                    ))
+                })
+                .transpose()
+                .map_err(db("reading a run"))?;
+            let Some((session, base, recorded)) = row else {
+                return Ok(());
+            };
+            if recorded.is_some() {
+                return Ok(());
+            }
             sqlx::query(sql::SET_STOP_REASON)
                 .bind(run_id)
                 .bind(reason)
                 .bind(now)
-                .execute(p)
+                .execute(&mut *tx)
                 .await
                 .map_err(db("recording a run's outcome"))?;
+            if let Some(session) = session {
+                let saved = match base {
+                    Some(base) => sqlx::query(sql::SAVE_SESSION_AT)
+                        .bind(&session)
+                        .bind(&text)
+                        .bind(count)
+                        .bind(now)
+                        .bind(base)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db("saving a session"))?
+                        .rows_affected(),
+                    None => 0,
+                };
+                if saved == 0 {
+                    let exists: Option<i64> = sqlx::query_scalar(sql::SESSION_REVISION)
+                        .bind(&session)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db("reading a session"))?;
+                    if exists.is_some() && base.is_some() {
+                        return Err(StoreError::SessionMoved {
+                            session,
+                            run_id: run_id.to_string(),
+                        });
+                    }
+                    // A run from before session revisions, or a session removed meanwhile.
+                    sqlx::query(sql::SAVE_SESSION)
+                        .bind(&session)
+                        .bind(&text)
+                        .bind(count)
+                        .bind(now)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db("saving a session"))?;
+                }
+            }
+            tx.commit().await.map_err(db("saving a run's outcome"))?;
         });
-        if let Some((Some(session), _)) = self.run_tags(run_id).await? {
-            self.save_session(&session, &outcome.messages).await?;
+        Ok(())
+    }
+
+    /// Takes session `name` for `holder`, so that its runs go one at a time, across processes
+    /// and (on PostgreSQL) machines: another holder gets [`StoreError::SessionBusy`] while this
+    /// one lives. The lease is renewed in the background and ends with
+    /// [`Store::unlock_session`], when its expiry passes without renewal, or at once when the
+    /// holder is provably dead (see the module docs on leases).
+    pub async fn lock_session(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        let key = session_lease_key(name);
+        match self.try_acquire(&key, holder).await? {
+            None => {
+                self.start_heartbeat(&key, holder);
+                Ok(())
+            }
+            Some(other) => Err(StoreError::SessionBusy {
+                session: name.to_string(),
+                holder: other,
+            }),
+        }
+    }
+
+    /// Gives back a session taken with [`Store::lock_session`].
+    pub async fn unlock_session(&self, name: &str, holder: &str) -> Result<(), StoreError> {
+        self.release_lease(&session_lease_key(name), holder).await
+    }
+
+    /// Checks that continuing run `run_id` cannot drop turns of its session: fails with
+    /// [`StoreError::SessionMoved`] when the run's turn is not saved yet and its session has had
+    /// other turns saved since the run started. Unknown runs and runs without a session pass.
+    pub async fn check_resume(&self, run_id: &str) -> Result<(), StoreError> {
+        let Some(run) = self.run(run_id).await? else {
+            return Ok(());
+        };
+        let Some(session) = &run.session else {
+            return Ok(());
+        };
+        if run.stop_reason.is_some() {
+            return Ok(());
+        }
+        let current: Option<i64> = on_pool!(&self.inner.pool, p => {
+            sqlx::query_scalar(sql::SESSION_REVISION)
+                .bind(session)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a session"))?
+        });
+        let moved = match (run.session_revision, current) {
+            (_, None) => false,
+            (Some(base), Some(now)) => now != base,
+            // A run from before session revisions: a later run saved its turn.
+            (None, Some(_)) => self.runs(Some(session)).await?.iter().any(|r| {
+                r.run_id != run.run_id && r.created_ms >= run.created_ms && r.stop_reason.is_some()
+            }),
+        };
+        if moved {
+            return Err(StoreError::SessionMoved {
+                session: session.clone(),
+                run_id: run_id.to_string(),
+            });
         }
         Ok(())
     }
@@ -813,10 +1057,14 @@ impl Store {
                 .transpose()
                 .map_err(db("reading a session"))?
         });
-        let Some(summary) = summary else {
+        let Some(mut summary) = summary else {
             return Ok(None);
         };
-        let (messages, repairs) = self.load_session_messages(name).await?.unwrap_or_default();
+        let (messages, repairs, revision) =
+            self.load_session_messages(name).await?.unwrap_or_default();
+        // The revision the transcript was read at (a save may have come in between).
+        summary.revision = revision;
+        summary.message_count = messages.len() as i64;
         Ok(Some(Session {
             summary,
             messages,
@@ -922,6 +1170,7 @@ where
         name: row.try_get("name")?,
         message_count: row.try_get("message_count")?,
         runs: row.try_get("runs")?,
+        revision: row.try_get("revision")?,
         created_ms: row.try_get("created_ms")?,
         updated_ms: row.try_get("updated_ms")?,
     })
@@ -959,6 +1208,7 @@ where
     Ok(RunSummary {
         run_id: row.try_get("run_id")?,
         session: row.try_get("session")?,
+        session_revision: row.try_get("session_revision")?,
         status,
         stop_reason: stop_reason.and_then(|s| serde_json::from_value(Value::String(s)).ok()),
         records: row.try_get("records")?,
@@ -971,8 +1221,13 @@ where
 #[async_trait]
 impl Journal for Store {
     async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
-        self.append_tagged(run_id, record, &RunTags::default())
-            .await
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
+        let tags = NO_TAGS.get_or_init(Default::default);
+        self.append_tagged(run_id, records, tags).await
     }
 
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
@@ -1012,6 +1267,13 @@ impl Journal for Store {
     }
 
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        Ok(self.release_lease(run_id, holder).await?)
+    }
+}
+
+impl Store {
+    /// Ends a lease this process holds (a run's, or a session's).
+    async fn release_lease(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
         {
             let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
             if held.get(run_id).is_some_and(|h| h.holder == holder)
@@ -1040,13 +1302,16 @@ impl Journal for Store {
 /// A journal over a [`Store`] that tags the runs it starts; see [`Store::run_journal`].
 struct RunJournal {
     store: Store,
-    tags: RunTags,
+    tags: Arc<RunTags>,
 }
 
 #[async_trait]
 impl Journal for RunJournal {
     async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
-        self.store.append_tagged(run_id, record, &self.tags).await
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        self.store.append_tagged(run_id, records, &self.tags).await
     }
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
         self.store.load(run_id).await
@@ -1062,6 +1327,33 @@ impl Journal for RunJournal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn durability_sets_how_sqlite_syncs() {
+        let dir = tempfile::tempdir().unwrap();
+        for (durability, expect) in [(Durability::Process, 1), (Durability::PowerCut, 2)] {
+            let path = dir.path().join(format!("{durability:?}.db"));
+            let store = Store::open_with(path.to_str().unwrap(), durability)
+                .await
+                .unwrap();
+            let Pool::Sqlite(pool) = &store.inner.pool else {
+                unreachable!()
+            };
+            // Every connection of the pool: 1 is NORMAL, 2 is FULL.
+            let mut conns = Vec::new();
+            for _ in 0..3 {
+                conns.push(pool.acquire().await.unwrap());
+            }
+            for c in &mut conns {
+                let level: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                    .fetch_one(&mut **c)
+                    .await
+                    .unwrap();
+                assert_eq!(level, expect, "{durability:?}");
+            }
+        }
+    }
 
     #[test]
     fn passwords_are_hidden() {

@@ -13,23 +13,35 @@ impl MigrationSource<'static> for Migrations {
         self,
     ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
         Box::pin(async {
-            Ok(vec![Migration::new(
-                1,
-                Cow::Borrowed("toolloop runs, records, leases and sessions"),
-                MigrationType::Simple,
-                Cow::Borrowed(include_str!("migrations/0001_init.sql")),
-                false,
-            )])
+            Ok(vec![
+                Migration::new(
+                    1,
+                    Cow::Borrowed("toolloop runs, records, leases and sessions"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("migrations/0001_init.sql")),
+                    false,
+                ),
+                Migration::new(
+                    2,
+                    Cow::Borrowed("session revisions"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("migrations/0002_session_revisions.sql")),
+                    false,
+                ),
+            ])
         })
     }
 }
 
 // ---- runs and records ----
 
-/// `$1` run id, `$2` session, `$3` meta, `$4` now.
+/// `$1` run id, `$2` session, `$3` meta, `$4` now, `$5` the session revision the run starts
+/// from (when NULL: the session's revision now).
 pub(super) const INSERT_RUN: &str = "INSERT INTO toolloop_runs \
-     (run_id, session, meta, records, finished, created_ms, updated_ms) \
-     VALUES ($1, $2, $3, 0, FALSE, $4, $4) ON CONFLICT (run_id) DO NOTHING";
+     (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
+     VALUES ($1, $2, $3, 0, FALSE, $4, $4, \
+     COALESCE($5, (SELECT revision FROM toolloop_sessions WHERE name = $2))) \
+     ON CONFLICT (run_id) DO NOTHING";
 
 /// `$1` run id, `$2` kind, `$3` body, `$4` now.
 pub(super) const INSERT_RECORD: &str = "INSERT INTO toolloop_records \
@@ -45,9 +57,9 @@ pub(super) const INSERT_RECORD_FENCED: &str = "INSERT INTO toolloop_records \
      $2, $3, $4 \
      WHERE EXISTS (SELECT 1 FROM toolloop_leases WHERE run_id = $1 AND holder = $5)";
 
-/// `$1` run id, `$2` now, `$3` whether this record finishes the run.
+/// `$1` run id, `$2` now, `$3` whether these records finish the run, `$4` how many there are.
 pub(super) const TOUCH_RUN: &str = "UPDATE toolloop_runs \
-     SET records = records + 1, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
+     SET records = records + $4, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
 
 /// `$1` run id.
 pub(super) const LOAD_RECORDS: &str =
@@ -57,7 +69,8 @@ pub(super) const LOAD_RECORDS: &str =
 pub(super) const SET_STOP_REASON: &str =
     "UPDATE toolloop_runs SET stop_reason = $2, updated_ms = $3 WHERE run_id = $1";
 
-const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.records, r.finished, r.stop_reason, \
+const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.session_revision, r.records, \
+     r.finished, r.stop_reason, \
      r.created_ms, r.updated_ms, l.holder, l.host, l.pid, l.pid_start, l.expires_ms \
      FROM toolloop_runs r LEFT JOIN toolloop_leases l ON l.run_id = r.run_id";
 
@@ -72,7 +85,8 @@ pub(super) fn one_run() -> String {
 }
 
 /// `$1` run id.
-pub(super) const RUN_META: &str = "SELECT session, meta FROM toolloop_runs WHERE run_id = $1";
+pub(super) const RUN_META: &str =
+    "SELECT session, meta, session_revision, stop_reason FROM toolloop_runs WHERE run_id = $1";
 
 // ---- leases ----
 
@@ -106,13 +120,24 @@ pub(super) const ENSURE_SESSION: &str = "INSERT INTO toolloop_sessions \
      (name, messages, message_count, created_ms, updated_ms) VALUES ($1, '[]', 0, $2, $2) \
      ON CONFLICT (name) DO NOTHING";
 
-/// `$1` name, `$2` messages, `$3` count, `$4` now.
+/// `$1` name, `$2` messages, `$3` count, `$4` now. Each save is a new revision.
 pub(super) const SAVE_SESSION: &str = "INSERT INTO toolloop_sessions \
-     (name, messages, message_count, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $4) \
+     (name, messages, message_count, created_ms, updated_ms, revision) \
+     VALUES ($1, $2, $3, $4, $4, 1) \
      ON CONFLICT (name) DO UPDATE SET messages = excluded.messages, \
-     message_count = excluded.message_count, updated_ms = excluded.updated_ms";
+     message_count = excluded.message_count, updated_ms = excluded.updated_ms, \
+     revision = toolloop_sessions.revision + 1";
 
-const SESSION_COLUMNS: &str = "SELECT s.name, s.message_count, s.created_ms, s.updated_ms, \
+/// Like [`SAVE_SESSION`] on an existing session, only while it is still at revision `$5`.
+pub(super) const SAVE_SESSION_AT: &str = "UPDATE toolloop_sessions \
+     SET messages = $2, message_count = $3, updated_ms = $4, revision = revision + 1 \
+     WHERE name = $1 AND revision = $5";
+
+/// `$1` name.
+pub(super) const SESSION_REVISION: &str = "SELECT revision FROM toolloop_sessions WHERE name = $1";
+
+const SESSION_COLUMNS: &str = "SELECT s.name, s.message_count, s.revision, s.created_ms, \
+     s.updated_ms, \
      (SELECT COUNT(*) FROM toolloop_runs r WHERE r.session = s.name) AS runs \
      FROM toolloop_sessions s";
 
@@ -127,7 +152,8 @@ pub(super) fn one_session() -> String {
 }
 
 /// `$1` name.
-pub(super) const SESSION_MESSAGES: &str = "SELECT messages FROM toolloop_sessions WHERE name = $1";
+pub(super) const SESSION_MESSAGES: &str =
+    "SELECT messages, revision FROM toolloop_sessions WHERE name = $1";
 
 /// `$1` name: the session's run log, leases, runs, then the session.
 pub(super) const DELETE_SESSION: [&str; 4] = [

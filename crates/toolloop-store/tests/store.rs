@@ -59,6 +59,7 @@ async fn a_logged_run_is_listed_with_its_session_and_its_log_replays() {
         let seen = started.clone();
         let tags = RunTags {
             session: Some(session.clone()),
+            session_revision: None,
             meta: Some(json!({"model": "scripted"})),
             on_started: Some(Arc::new(move |id: &str| {
                 seen.lock().unwrap().push(id.into())
@@ -389,4 +390,100 @@ async fn bad_locations_fail_with_a_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(err.contains("cannot open the store"), "{err}");
+}
+
+#[tokio::test]
+async fn a_run_never_overwrites_a_turn_saved_after_it_started() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let session = unique("cas");
+        let effects = Arc::new(Mutex::new(HashMap::new()));
+        // Two runs start from the same (empty) session.
+        let tags = || RunTags {
+            session_revision: Some(0),
+            ..RunTags::session(session.clone())
+        };
+        let first = agent(
+            ScriptedModel::new(vec![ModelResponse::text("one")]),
+            store.run_journal(tags()),
+            effects.clone(),
+        )
+        .prompt("first")
+        .await;
+        let second = agent(
+            ScriptedModel::new(vec![ModelResponse::text("two")]),
+            store.run_journal(tags()),
+            effects.clone(),
+        )
+        .prompt("second")
+        .await;
+        let (a, b) = (
+            first.run_id.clone().unwrap(),
+            second.run_id.clone().unwrap(),
+        );
+        store.save_outcome(&b, &second).await.unwrap();
+        let err = store.save_outcome(&a, &first).await.unwrap_err();
+        assert!(
+            matches!(&err, toolloop_store::StoreError::SessionMoved { run_id, .. } if *run_id == a),
+            "{kind}: {err}"
+        );
+        assert_eq!(
+            store.session_messages(&session).await.unwrap(),
+            second.messages,
+            "{kind}"
+        );
+        // Continuing the first run is refused for the same reason; the second is fine.
+        assert!(store.check_resume(&a).await.is_err(), "{kind}");
+        store.check_resume(&b).await.unwrap();
+        // Saving a recorded run again changes nothing.
+        store.save_outcome(&b, &first).await.unwrap();
+        assert_eq!(
+            store.session_messages(&session).await.unwrap(),
+            second.messages,
+            "{kind}"
+        );
+        let shown = store.session(&session).await.unwrap().unwrap();
+        assert_eq!(shown.summary.revision, 1, "{kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_session_is_held_by_one_holder_at_a_time() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let session = unique("held");
+        store.lock_session(&session, "worker a").await.unwrap();
+        let err = store.lock_session(&session, "worker b").await.unwrap_err();
+        assert!(
+            err.to_string()
+                .contains(&format!("session `{session}` is in use by worker a on ")),
+            "{kind}: {err}"
+        );
+        store.unlock_session(&session, "worker a").await.unwrap();
+        store.lock_session(&session, "worker b").await.unwrap();
+        store.unlock_session(&session, "worker b").await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_in_memory_store_keeps_runs_and_sessions() {
+    let store = Store::open(":memory:").await.unwrap();
+    let session = unique("mem");
+    let out = agent(
+        ScriptedModel::new(vec![ModelResponse::text("hi")]),
+        store.run_journal(RunTags::session(session.clone())),
+        Arc::new(Mutex::new(HashMap::new())),
+    )
+    .prompt("hello")
+    .await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    store
+        .save_outcome(out.run_id.as_deref().unwrap(), &out)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.session_messages(&session).await.unwrap(),
+        out.messages
+    );
+    assert_eq!(store.runs(None).await.unwrap().len(), 1);
 }

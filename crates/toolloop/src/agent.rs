@@ -157,11 +157,7 @@ impl Agent {
         let Some(journal) = &self.journal else {
             return Ok(None);
         };
-        let log = RunLog {
-            journal: journal.clone(),
-            run_id: new_run_id(),
-            holder: holder_id(),
-        };
+        let log = RunLog::new(journal.clone(), new_run_id());
         log.journal.acquire(&log.run_id, &log.holder).await?;
         let started = Record::Started {
             messages: machine.messages().to_vec(),
@@ -225,11 +221,7 @@ impl Agent {
             .journal
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
-        let log = RunLog {
-            journal,
-            run_id: run_id.to_string(),
-            holder: holder_id(),
-        };
+        let log = RunLog::new(journal, run_id.to_string());
         log.journal.acquire(run_id, &log.holder).await?;
         let records = match log.journal.load(run_id).await {
             Ok(r) => r,
@@ -270,11 +262,11 @@ impl Agent {
                     .is_some_and(|f| f(&call) == InFlightDecision::Retry),
             };
             if !retry {
-                let record = Record::ToolUnknown {
+                // Goes with the next durable write: decided again if lost.
+                log.soon(Record::ToolUnknown {
                     round: machine.round(),
                     index,
-                };
-                log.journal.append(run_id, &record).await?;
+                });
                 machine.tool_outcome_unknown(index);
             }
         }
@@ -328,11 +320,8 @@ impl Agent {
                 Step::Finished => break,
                 Step::CallModel { round, reminders } => {
                     emit(&mut machine);
-                    if let Err(e) = write(&log, Record::ModelRequested { round }).await {
-                        store_error = Some(e);
-                        machine.interrupt(Interrupt::StoreFailed);
-                        continue;
-                    }
+                    // Not waited for: a call lost to a crash is made again on resume.
+                    soon(&log, || Record::ModelRequested { round });
                     let request = ModelRequest {
                         messages: machine.messages(),
                         reminders: &reminders,
@@ -346,28 +335,25 @@ impl Agent {
                             let cost = response
                                 .usage
                                 .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)));
-                            let record = log.as_ref().map(|_| Record::ModelResponded {
+                            // Durable with the intents of the calls it asks for (or with the
+                            // run's end).
+                            soon(&log, || Record::ModelResponded {
                                 round,
                                 response: response.clone(),
                                 cost,
                             });
-                            if let Some(record) = record
-                                && let Err(e) = write(&log, record).await
-                            {
-                                store_error = Some(e);
-                                machine.interrupt(Interrupt::StoreFailed);
-                                continue;
-                            }
                             machine.model_responded(response, cost);
                         }
                         Ok(Err(e)) => {
-                            let message = e.to_string();
-                            // The failure ends the run either way; logging it is best effort.
-                            let _ = write(&log, Record::ModelFailed { round, message }).await;
+                            // The failure ends the run; it is durable with the run's end.
+                            soon(&log, || Record::ModelFailed {
+                                round,
+                                message: e.to_string(),
+                            });
                             machine.model_failed(&e);
                         }
                         Err(why) => {
-                            let _ = write(&log, Record::Interrupted { why }).await;
+                            soon(&log, || Record::Interrupted { why });
                             machine.interrupt(why);
                         }
                     }
@@ -379,23 +365,20 @@ impl Agent {
                     };
                     match guard(decision, &cancel, deadline).await {
                         Ok(decision) => {
-                            let record = Record::RoundLimitDecided {
+                            // Asked again on resume if lost to a crash.
+                            soon(&log, || Record::RoundLimitDecided {
                                 decision: decision.clone(),
-                            };
-                            if let Err(e) = write(&log, record).await {
-                                store_error = Some(e);
-                                machine.interrupt(Interrupt::StoreFailed);
-                                continue;
-                            }
+                            });
                             machine.round_limit_decided(decision)
                         }
                         Err(why) => {
-                            let _ = write(&log, Record::Interrupted { why }).await;
+                            soon(&log, || Record::Interrupted { why });
                             machine.interrupt(why);
                         }
                     }
                 }
                 Step::RunTools(batches) => {
+                    let mut stopped = false;
                     for batch in batches {
                         let run = self.run_batch(
                             &mut machine,
@@ -412,21 +395,35 @@ impl Agent {
                                 Some(Interrupt::StoreFailed)
                             }
                             Err(why) => {
-                                let _ = write(&log, Record::Interrupted { why }).await;
+                                soon(&log, || Record::Interrupted { why });
                                 Some(why)
                             }
                         };
                         if let Some(why) = interrupted {
                             tool_cancel.cancel();
                             machine.interrupt(why);
+                            stopped = true;
                             break;
                         }
                         emit(&mut machine);
                     }
+                    // The round's results are durable before the next model call.
+                    if !stopped
+                        && let Some(log) = &log
+                        && let Err(e) = log.flush().await
+                    {
+                        store_error = Some(e.to_string());
+                        machine.interrupt(Interrupt::StoreFailed);
+                    }
                 }
             }
         }
-        let _ = write(&log, Record::Finished).await;
+        if let Some(log) = &log {
+            log.soon(Record::Finished);
+            if let Err(e) = log.flush().await {
+                tracing::warn!(run_id = %log.run_id, "the run's end was not logged: {e}");
+            }
+        }
         let mut outcome = machine.into_outcome(started.elapsed().as_millis() as u64);
         if let (Some(e), Some(err)) = (store_error, outcome.error.as_mut()) {
             err.message = format!("{}: {e}", err.message);
@@ -506,12 +503,35 @@ impl Agent {
         log: &Option<RunLog>,
     ) -> Result<(), String> {
         let round = machine.round();
+        let limit = if batch.parallel {
+            self.config.max_parallel.max(1)
+        } else {
+            1
+        };
+        // When every call starts at once, their intents are durable together before any runs;
+        // otherwise each call makes its own durable before it starts.
+        let intents_first = batch.calls.len() <= limit;
+        if intents_first && let Some(log) = log {
+            for &index in &batch.calls {
+                if let Some(call) = machine.round_call(index)
+                    && self.toolbox.get(&call.name).is_some()
+                {
+                    log.soon(Record::ToolStarted {
+                        round,
+                        index,
+                        call_id: call.id.clone(),
+                    });
+                }
+            }
+            log.flush().await.map_err(|e| e.to_string())?;
+        }
         let jobs: Vec<_> = batch
             .calls
             .iter()
             .filter_map(|&i| machine.shared_round_call(i).map(|c| (i, c)))
             .map(|(index, call)| {
                 let job = ToolJob {
+                    intent_logged: intents_first,
                     round,
                     index,
                     tool: self.toolbox.get(&call.name),
@@ -525,15 +545,12 @@ impl Agent {
                 job.run().map(move |r| (index, r))
             })
             .collect();
-        let limit = if batch.parallel {
-            self.config.max_parallel.max(1)
-        } else {
-            1
-        };
         let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
         while let Some((index, done)) = results.next().await {
-            // Each job logged its own `tool_finished` record: waiting on a write here would stop
-            // polling the other calls of the batch, which may hold what that write needs.
+            // Each job queued its own `tool_finished` record; they are durable with the next
+            // batch's intents, or together when the round's calls are over (a result lost to a
+            // crash makes the call "in flight" on resume, never run twice when it has side
+            // effects).
             let (result, duration_ms, attempts) = done?;
             machine.tool_finished(index, result, duration_ms, attempts);
             if let Some(sink) = sink {
@@ -546,28 +563,74 @@ impl Agent {
     }
 }
 
-/// Where a logged run writes its records.
-#[derive(Clone)]
+/// Where a logged run writes its records: queued by [`RunLog::soon`], made durable together by
+/// [`RunLog::flush`]. Flushes of one run go one at a time; a record queued while another flush
+/// is under way goes with the next one, and a flush finds its records already written when an
+/// earlier flush took them. After a failed flush every later one fails: nothing queued after a
+/// lost record is reported durable.
 struct RunLog {
     journal: Arc<dyn Journal>,
     run_id: String,
     holder: String,
+    queued: std::sync::Mutex<Vec<Record>>,
+    flushing: tokio::sync::Mutex<Option<JournalError>>,
 }
 
-async fn write(log: &Option<RunLog>, record: Record) -> Result<(), String> {
-    match log {
-        Some(log) => log
-            .journal
-            .append(&log.run_id, &record)
-            .await
-            .map_err(|e| e.to_string()),
-        None => Ok(()),
+impl RunLog {
+    fn new(journal: Arc<dyn Journal>, run_id: String) -> Self {
+        RunLog {
+            journal,
+            run_id,
+            holder: holder_id(),
+            queued: std::sync::Mutex::new(Vec::new()),
+            flushing: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    /// Queues a record for the next flush.
+    fn soon(&self, record: Record) {
+        self.queued
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(record);
+    }
+
+    /// Makes every queued record durable.
+    async fn flush(&self) -> Result<(), JournalError> {
+        let mut failed = self.flushing.lock().await;
+        if let Some(e) = &*failed {
+            return Err(e.clone());
+        }
+        let records = std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()));
+        if records.is_empty() {
+            return Ok(());
+        }
+        let written = self.journal.append_all(&self.run_id, &records).await;
+        if let Err(e) = &written {
+            *failed = Some(e.clone());
+        }
+        written
+    }
+
+    /// Queues a record and makes it durable, with everything queued before it.
+    async fn now(&self, record: Record) -> Result<(), JournalError> {
+        self.soon(record);
+        self.flush().await
+    }
+}
+
+/// Queues a record when the run is logged (the record is built only then).
+fn soon(log: &Option<RunLog>, record: impl FnOnce() -> Record) {
+    if let Some(log) = log {
+        log.soon(record());
     }
 }
 
 /// One call to run. It borrows what the run shares (nothing shared by every run is touched per
 /// call) and holds the call itself through the machine's `Arc`.
 struct ToolJob<'a> {
+    /// Whether the batch already made this call's intent durable.
+    intent_logged: bool,
     round: u32,
     index: usize,
     tool: Option<&'a Arc<dyn Tool>>,
@@ -590,13 +653,15 @@ impl ToolJob<'_> {
             return Ok((Err(e), 0, 0));
         };
         // The intent is durable before the call runs.
-        if self.log.is_some() {
+        if let Some(log) = self.log
+            && !self.intent_logged
+        {
             let intent = Record::ToolStarted {
                 round: self.round,
                 index: self.index,
                 call_id: self.call.id.clone(),
             };
-            write(self.log, intent).await?;
+            log.now(intent).await.map_err(|e| e.to_string())?;
         }
         let mut attempt = 0;
         loop {
@@ -650,15 +715,14 @@ impl ToolJob<'_> {
                 }
                 result => {
                     let duration_ms = started.elapsed().as_millis() as u64;
-                    if self.log.is_some() {
-                        let record = Record::ToolFinished {
+                    if let Some(log) = self.log {
+                        log.soon(Record::ToolFinished {
                             round: self.round,
                             index: self.index,
                             result: result.clone(),
                             duration_ms,
                             attempts: attempt,
-                        };
-                        write(self.log, record).await?;
+                        });
                     }
                     return Ok((result, duration_ms, attempt));
                 }

@@ -1,10 +1,17 @@
 //! The run log: every step of a run is written before it is acted on, so that a run killed at
 //! any point can be rebuilt and continued.
 //!
-//! The driver appends a [`Record`] before each model call, after each response, before each tool
+//! The driver records a [`Record`] before each model call, after each response, before each tool
 //! call starts and after it finishes, and for every decision and interruption. Replaying the
 //! records into a fresh [`crate::engine::Machine`] rebuilds the loop's state exactly: the
-//! machine is deterministic given its inputs. On resume, model calls that already returned are
+//! machine is deterministic given its inputs.
+//!
+//! Only what must be durable before the driver acts is waited for, and a step's records are
+//! written together ([`Journal::append_all`], one transaction in the store): the run's start;
+//! before a batch of tool calls runs, the model's response and the calls' intents (with the
+//! request record before them); after the batch, the calls' results; and the run's end. A
+//! model call needs no durable record before it is made: a crash during it leaves the round
+//! without a response, and the call is made again on resume. On resume, model calls that already returned are
 //! not made again and tool calls that already finished are not run again; a call that was in
 //! flight is run again when its tool is read-only or idempotent, and reported as "outcome
 //! unknown" when it has side effects (unless a resume policy says otherwise).
@@ -95,6 +102,24 @@ pub enum Record {
     Finished,
 }
 
+impl Record {
+    /// The record's kind, as in its JSON (`started`, `model_requested`, …).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Record::Started { .. } => "started",
+            Record::ModelRequested { .. } => "model_requested",
+            Record::ModelResponded { .. } => "model_responded",
+            Record::ModelFailed { .. } => "model_failed",
+            Record::ToolStarted { .. } => "tool_started",
+            Record::ToolFinished { .. } => "tool_finished",
+            Record::ToolUnknown { .. } => "tool_unknown",
+            Record::RoundLimitDecided { .. } => "round_limit_decided",
+            Record::Interrupted { .. } => "interrupted",
+            Record::Finished => "finished",
+        }
+    }
+}
+
 /// Why the run log failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum JournalError {
@@ -127,6 +152,15 @@ pub enum JournalError {
 pub trait Journal: Send + Sync {
     /// Appends a record; returns once it is durable.
     async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError>;
+    /// Appends records in order; returns once all are durable. The driver writes a step's
+    /// records together through this (see the module docs); a journal that can make them
+    /// durable at once (one transaction) should. The default appends them one by one.
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        for r in records {
+            self.append(run_id, r).await?;
+        }
+        Ok(())
+    }
     /// Every record of a run, in order.
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError>;
     /// Takes the run for `holder`; fails with [`JournalError::Locked`] while another live holder

@@ -238,3 +238,73 @@ async fn a_failing_run_log_stops_the_run_before_acting_and_keeps_the_transcript_
         .collect();
     assert_eq!(ids, ["a", "b"]);
 }
+
+/// A journal that remembers which records were written together.
+#[derive(Default)]
+struct Grouping {
+    inner: MemoryJournal,
+    writes: Mutex<Vec<Vec<&'static str>>>,
+}
+
+#[async_trait]
+impl Journal for Grouping {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        self.writes
+            .lock()
+            .unwrap()
+            .push(records.iter().map(Record::kind).collect());
+        self.inner.append_all(run_id, records).await
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.inner.load(run_id).await
+    }
+}
+
+#[tokio::test]
+async fn a_step_is_written_at_once_and_only_before_it_acts() {
+    let journal = Arc::new(Grouping::default());
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let out = agent(
+        model_for_resume(),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::Idempotent,
+    )
+    .prompt("charge")
+    .await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    let mut writes = journal.writes.lock().unwrap().clone();
+    for w in &mut writes {
+        w.sort();
+    }
+    // The start; per round with calls: the response with the first intent, each result with
+    // the next intent (the charge tool runs one call at a time), the last result; the last
+    // response with the end. No write before a model call.
+    assert_eq!(
+        writes,
+        vec![
+            vec!["started"],
+            vec!["model_requested", "model_responded", "tool_started"],
+            vec!["tool_finished", "tool_started"],
+            vec!["tool_finished"],
+            vec!["model_requested", "model_responded", "tool_started"],
+            vec!["tool_finished"],
+            vec!["finished", "model_requested", "model_responded"],
+        ]
+    );
+    // The log replays to the same outcome.
+    let again = agent(
+        model_for_resume(),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::Idempotent,
+    )
+    .resume(out.run_id.as_deref().unwrap(), CancellationToken::new())
+    .await
+    .unwrap();
+    assert_eq!(again.messages, out.messages);
+    assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
+}
