@@ -520,6 +520,7 @@ mod clients {
             max_delay: Duration::from_millis(10),
         };
         t.first_byte_timeout = Duration::from_millis(150);
+        t.first_byte_retries = 12;
         t
     }
 

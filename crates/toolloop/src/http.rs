@@ -23,13 +23,14 @@
 //! | what | default | field |
 //! |---|---|---|
 //! | connecting | 30 s | (fixed) |
-//! | the response head, from sending the request | 120 s | [`HttpTransport::first_byte_timeout`] |
+//! | the response head, from sending the request | 120 s, retried once | [`HttpTransport::first_byte_timeout`], [`HttpTransport::first_byte_retries`] |
 //! | silence while a body or a stream is read | 300 s | [`HttpTransport::idle_timeout`] |
 //! | a stream with no event (nothing, or only keep-alive comments) | 600 s | [`HttpTransport::event_timeout`] |
 //!
-//! A timeout before the first byte is retried once per call, whatever the retry policy allows,
-//! so a server that accepts connections and never answers costs at most two first-byte
-//! timeouts per call (a stream opened again after a break shares that allowance). An idle or
+//! A timeout before the first byte is retried once per call by default
+//! ([`HttpTransport::first_byte_retries`]), whatever the retry policy allows, so a server that
+//! accepts connections and never answers costs two first-byte timeouts per call, not three (a
+//! stream opened again after a break shares that allowance). An idle or
 //! event timeout is not retried: the wait was already long. The event timeout is generous
 //! because reasoning models think for minutes, and some servers send only comments meanwhile.
 //!
@@ -211,9 +212,12 @@ pub struct HttpTransport {
     pub retry: RetryPolicy,
     /// The largest response body accepted (default 32 MiB); a larger one is refused, not buffered.
     pub max_body_bytes: usize,
-    /// How long to wait for the response headers (default 120 s). A call retries this timeout
-    /// once at most, whatever [`HttpTransport::retry`] allows.
+    /// How long to wait for the response headers (default 120 s).
     pub first_byte_timeout: Duration,
+    /// How many times one call retries a first-byte timeout (default 1), within what
+    /// [`HttpTransport::retry`] allows: a server that accepts connections and never answers
+    /// costs `first_byte_retries + 1` first-byte timeouts per call, not one per retry.
+    pub first_byte_retries: u32,
     /// The longest silence accepted while a response body, complete or streamed, is read
     /// (default 300 s); then the call fails, not retried.
     pub idle_timeout: Duration,
@@ -223,8 +227,7 @@ pub struct HttpTransport {
     pub event_timeout: Duration,
 }
 
-/// What one call has spent of its allowance of first-byte timeouts: the first is retried, a
-/// later one is not.
+/// How many first-byte timeouts one call has met (see [`HttpTransport::first_byte_retries`]).
 #[derive(Debug, Default)]
 pub(crate) struct CallBudget {
     first_byte_timeouts: AtomicU32,
@@ -356,6 +359,7 @@ impl HttpTransport {
             retry: RetryPolicy::default(),
             max_body_bytes: 32 * 1024 * 1024,
             first_byte_timeout: Duration::from_secs(120),
+            first_byte_retries: 1,
             idle_timeout: Duration::from_secs(300),
             event_timeout: Duration::from_secs(600),
         }
@@ -387,19 +391,25 @@ impl HttpTransport {
             .send();
         let response = match tokio::time::timeout(self.first_byte_timeout, request).await {
             Err(_) => {
-                let first = budget.first_byte_timeouts.fetch_add(1, Ordering::Relaxed) == 0;
+                let before = budget.first_byte_timeouts.fetch_add(1, Ordering::Relaxed);
+                let retryable = before < self.first_byte_retries;
+                let why = if retryable {
+                    String::new()
+                } else {
+                    format!(
+                        "; {} in this call, not retried again (HttpTransport::first_byte_retries \
+                         is {})",
+                        before + 1,
+                        self.first_byte_retries
+                    )
+                };
                 return Err(ModelError::Transport {
                     message: format!(
                         "no response within {} (timeout before the first byte, \
-                         HttpTransport::first_byte_timeout){}",
+                         HttpTransport::first_byte_timeout){why}",
                         human(self.first_byte_timeout),
-                        if first {
-                            ""
-                        } else {
-                            "; the second one in this call, not retried"
-                        }
                     ),
-                    retryable: first,
+                    retryable,
                 });
             }
             Ok(r) => r.map_err(transport_error)?,

@@ -56,8 +56,10 @@ fn transport() -> HttpTransport {
         base_delay: Duration::from_millis(2),
         max_delay: Duration::from_millis(20),
     };
-    // Shorter than the mock's slow_delay: a slow first byte times out and is retried.
+    // Shorter than the mock's slow_delay: a slow first byte times out and is retried, as often
+    // as any other fault.
     t.first_byte_timeout = Duration::from_millis(400);
+    t.first_byte_retries = 10;
     t
 }
 
