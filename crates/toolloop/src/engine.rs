@@ -168,6 +168,31 @@ pub struct Machine {
     state: LoopState,
     events: Vec<Event>,
     events_on: bool,
+    /// Fingerprints of the call ids in the conversation (see [`id_key`]), so that checking a new
+    /// call's id costs the same however long the conversation is.
+    call_ids: foldhash::HashSet<u64>,
+}
+
+/// A call id's fingerprint for [`Machine`]'s index of ids (a match is confirmed on the
+/// conversation itself).
+fn id_key(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x6361_6c6c_5f69_6473).hash_one(id)
+}
+
+/// Fingerprints of every call id and result id in `messages`.
+fn conversation_ids(messages: &[Message]) -> foldhash::HashSet<u64> {
+    let mut ids = foldhash::HashSet::default();
+    for m in messages {
+        match m {
+            Message::Assistant(a) => ids.extend(a.tool_calls.iter().map(|c| id_key(&c.id))),
+            Message::Tool(r) => {
+                ids.insert(id_key(&r.call_id));
+            }
+            _ => {}
+        }
+    }
+    ids
 }
 
 impl std::fmt::Debug for Machine {
@@ -179,11 +204,36 @@ impl std::fmt::Debug for Machine {
 }
 
 fn duplicate_warning(name: &str) -> String {
+    let name = result::shorten(name, result::ECHO_CHARS);
     result::error_content(&format!(
         "Not run: `{name}` was already called with these same arguments, and its result is \
          above. Repeating the call looks like a loop: try a different approach, or give your \
          final answer if you have enough information."
     ))
+}
+
+/// Candidate `n` (from 2) for replacing the call id `original`, in its shape: an id of letters
+/// and digits only (some servers accept nothing else, in a fixed length) stays letters and
+/// digits of the same length, its end replaced by `n` in base 36; any other id gets `_n`
+/// appended (`toolu_01A` becomes `toolu_01A_2`); no id at all becomes `call_n`. An id longer
+/// than 64 characters is cut to its first 64 first.
+fn replacement_id(original: &str, n: u64) -> String {
+    let mut suffix = Vec::new();
+    let mut k = n;
+    while k > 0 {
+        suffix.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(k % 36) as usize]);
+        k /= 36;
+    }
+    suffix.reverse();
+    let suffix = String::from_utf8(suffix).unwrap_or_default();
+    let head: String = original.chars().take(64).collect();
+    if head.is_empty() {
+        return format!("call_{suffix}");
+    }
+    if head.bytes().all(|b| b.is_ascii_alphanumeric()) && head.len() > suffix.len() {
+        return format!("{}{suffix}", &head[..head.len() - suffix.len()]);
+    }
+    format!("{head}_{suffix}")
 }
 
 impl Machine {
@@ -195,6 +245,7 @@ impl Machine {
         messages: Vec<Message>,
     ) -> Self {
         let round_limit = config.max_rounds;
+        let call_ids = conversation_ids(&messages);
         let mut m = Machine {
             config,
             hooks,
@@ -212,6 +263,7 @@ impl Machine {
             },
             events: Vec::new(),
             events_on: true,
+            call_ids,
         };
         emit!(
             m,
@@ -233,6 +285,7 @@ impl Machine {
             config,
             hooks,
             toolbox,
+            call_ids: conversation_ids(&state.messages),
             state,
             events: Vec::new(),
             events_on: true,
@@ -450,12 +503,13 @@ impl Machine {
         self.add_cost(if response.usage.is_some() { cost } else { None });
         let ModelResponse {
             text,
-            tool_calls,
+            mut tool_calls,
             finish_reason,
             parts,
             malformed_call,
             ..
         } = response;
+        self.unique_call_ids(&mut tool_calls);
 
         if tool_calls.is_empty() {
             self.state
@@ -467,6 +521,8 @@ impl Machine {
                 }));
             self.round_finished_event(finish_reason, usage);
             if let Some(reason) = malformed_call {
+                // The explanation may quote the server or the model at any length.
+                let reason = result::cap(reason, self.config.max_result_chars);
                 emit!(
                     self,
                     Event::MalformedToolCall {
@@ -478,6 +534,20 @@ impl Machine {
                 self.state.consecutive_invalid += 1;
                 self.state.phase = Phase::Ready;
                 self.check_invalid_budget(ErrorCode::ParseError, &reason);
+                return;
+            }
+            if finish_reason == FinishReason::Length {
+                // An answer the output-token limit cut short is kept, but it is not an answer.
+                self.finish(
+                    StopReason::OutputTruncated,
+                    text,
+                    Some(RunError {
+                        code: ErrorCode::OutputTruncated,
+                        message: "the output-token limit cut the answer short; the partial text \
+                                  is kept. Raise the output limit or ask for a shorter answer"
+                            .into(),
+                    }),
+                );
                 return;
             }
             self.finish(StopReason::Answered, text, None);
@@ -541,7 +611,7 @@ impl Machine {
                 let why = format!(
                     "Not run: the output-token limit cut this call to `{}` short before its \
                      arguments were complete. Make the call again with shorter arguments.",
-                    call.name
+                    result::shorten(&call.name, result::ECHO_CHARS)
                 );
                 emit!(
                     self,
@@ -630,7 +700,73 @@ impl Machine {
         };
     }
 
+    /// Why a call cannot run, if it cannot: in words for the model, the call's name shortened
+    /// and the whole capped at the result limit (the reason becomes the call's result, and an
+    /// argument error may quote the arguments).
+    /// Gives each call an id that no other call of the conversation has: a call whose id is
+    /// empty, repeats an earlier call's id in the same reply, or is already in the conversation
+    /// gets a fresh id made from it (see [`replacement_id`]), and its result will carry that id.
+    /// Every provider's responses come through here, so no transcript ever holds two calls with
+    /// one id (which repairing a reloaded transcript would have to drop). The new ids depend on
+    /// the response and the conversation only, so replaying a run log gives the same ones.
+    ///
+    /// No provider needs the model's own id back once the call and its result carry the same
+    /// new one: the OpenAI and Anthropic APIs match a result to its call within the request
+    /// (Anthropic only asks for `[a-zA-Z0-9_-]` ids, and some OpenAI-compatible servers for
+    /// nine letters and digits: [`replacement_id`] keeps an id's shape), and Gemini's own call
+    /// id is kept apart in the call's provider data and sent back as it came.
+    fn unique_call_ids(&mut self, calls: &mut [ToolCall]) {
+        let index = &self.call_ids;
+        let in_conversation = |messages: &[Message], id: &str| {
+            index.contains(&id_key(id))
+                && messages.iter().any(|m| match m {
+                    Message::Assistant(a) => a.tool_calls.iter().any(|c| c.id == id),
+                    Message::Tool(r) => r.call_id == id,
+                    _ => false,
+                })
+        };
+        let clash = |calls: &[ToolCall], i: usize, messages: &[Message]| {
+            let id = &calls[i].id;
+            id.is_empty() || calls[..i].iter().any(|c| &c.id == id) || in_conversation(messages, id)
+        };
+        let mut replaced = Vec::new();
+        for i in 0..calls.len() {
+            if !clash(calls, i, &self.state.messages) {
+                continue;
+            }
+            let original = std::mem::take(&mut calls[i].id);
+            // The first candidate free of the conversation and of every id of this reply (the
+            // later calls' own ids included, so that they keep theirs).
+            let fresh = (2u64..)
+                .map(|n| replacement_id(&original, n))
+                .find(|id| {
+                    !calls.iter().any(|c| &c.id == id)
+                        && !in_conversation(&self.state.messages, id)
+                })
+                .unwrap_or_default();
+            replaced.push((original, fresh.clone()));
+            calls[i].id = fresh;
+        }
+        self.call_ids.extend(calls.iter().map(|c| id_key(&c.id)));
+        for (original, id) in replaced {
+            emit!(
+                self,
+                Event::CallIdReplaced {
+                    round: self.state.round,
+                    original: result::shorten(&original, result::ECHO_CHARS).into_owned(),
+                    id,
+                }
+            );
+        }
+    }
+
     fn invalid_reason(&self, call: &ToolCall) -> Option<String> {
+        let reason = self.invalid_reason_uncapped(call)?;
+        Some(result::cap(reason, self.config.max_result_chars))
+    }
+
+    fn invalid_reason_uncapped(&self, call: &ToolCall) -> Option<String> {
+        let name = result::shorten(&call.name, result::ECHO_CHARS);
         if self.toolbox.get(&call.name).is_none() {
             let names: Vec<&str> = self.toolbox.names().collect();
             let available = if names.is_empty() {
@@ -639,8 +775,7 @@ impl Machine {
                 names.join(", ")
             };
             return Some(format!(
-                "Unknown tool `{}`. The tools that exist are: {available}.",
-                call.name
+                "Unknown tool `{name}`. The tools that exist are: {available}."
             ));
         }
         if let Some(raw) = &call.invalid_arguments {
@@ -649,15 +784,13 @@ impl Machine {
                 .map(|e| e.to_string())
                 .unwrap_or_else(|| "not a JSON object".into());
             return Some(format!(
-                "The arguments for `{}` are not valid JSON ({err}). Send the arguments as one \
-                 JSON object that matches the tool's schema.",
-                call.name
+                "The arguments for `{name}` are not valid JSON ({err}). Send the arguments as \
+                 one JSON object that matches the tool's schema."
             ));
         }
         if let Err(e) = self.toolbox.validate(&call.name, &call.arguments) {
             return Some(format!(
-                "Invalid arguments for `{}`: {e}. Fix them to match the tool's schema.",
-                call.name
+                "Invalid arguments for `{name}`: {e}. Fix them to match the tool's schema."
             ));
         }
         None
@@ -938,6 +1071,15 @@ impl Machine {
         else {
             return;
         };
+        // Every result the model reads is capped here, whatever settled it: a tool's output, an
+        // error that quotes the model's input, a notice.
+        let max_chars = self.config.max_result_chars;
+        let mut slots = slots;
+        for slot in &mut slots {
+            if let Some(content) = slot.content.take() {
+                slot.content = Some(result::cap(content, max_chars));
+            }
+        }
         let round = self.state.round;
         let mut invalid_code = None;
         let mut truncated = false;

@@ -80,6 +80,17 @@ pub enum Event {
         /// The call.
         call: ToolCall,
     },
+    /// The model gave a call an id that another call already has (in the same reply, or
+    /// earlier in the conversation) or no id at all; the call got a fresh one, which its result
+    /// carries too. Sent before the call's `tool_call_requested`.
+    CallIdReplaced {
+        /// The round.
+        round: u32,
+        /// The id the model gave (shortened when long).
+        original: String,
+        /// The id the call has now.
+        id: String,
+    },
     /// A call was identical to a recent one and was not run.
     DuplicateDetected {
         /// The round.

@@ -22,7 +22,8 @@ pub enum StopReason {
     TerminalSignal,
     /// Too many invalid tool calls in a row (or one, under the strict policy).
     TooManyInvalidCalls,
-    /// The output-token limit cut a tool call short.
+    /// The output-token limit cut the model's turn short: a tool call (never run), or the
+    /// answer (its text is kept in [`Outcome::text`], but it is incomplete).
     OutputTruncated,
     /// The model call failed.
     ModelError,
@@ -63,6 +64,8 @@ pub enum ErrorCode {
     Cancelled,
     /// The run log could not be written.
     StoreFailed,
+    /// The output-token limit cut the model's answer short.
+    OutputTruncated,
 }
 
 /// A failed run's error.
