@@ -195,3 +195,17 @@ fn an_answer_cut_by_the_output_limit_exits_3_and_keeps_its_text() {
     assert!(String::from_utf8_lossy(&out.stdout).contains("The answer is long and"));
     assert!(String::from_utf8_lossy(&out.stderr).contains("output_truncated"));
 }
+
+#[test]
+fn usage_a_model_did_not_report_is_null_in_json_not_zero() {
+    let dir = repo();
+    let script = dir.path().join("nousage.json");
+    std::fs::write(&script, r#"[{"text": "hi"}]"#).unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let out = toolloop(&["run", "--json", "--model", &spec, "x"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let v = json_of(&out);
+    assert_eq!(v["usage"], serde_json::Value::Null);
+    assert_eq!(v["cost"], serde_json::Value::Null);
+    assert_eq!(v["calls_without_usage"], 1);
+}

@@ -119,8 +119,8 @@ pub enum Phase {
     Tools {
         /// Why the model stopped.
         finish_reason: FinishReason,
-        /// This round's usage.
-        usage: Usage,
+        /// This round's usage; `None` when the server did not report it.
+        usage: Option<Usage>,
         /// The calls.
         slots: Vec<Slot>,
     },
@@ -150,8 +150,12 @@ pub struct LoopState {
     pub tool_calls_executed: u32,
     /// Invalid calls in a row.
     pub consecutive_invalid: u32,
-    /// Usage so far.
-    pub usage: Usage,
+    /// Usage summed over the model calls whose server reported it; `None` until one did.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// Model calls that returned without reporting usage (their tokens are not in `usage`).
+    #[serde(default)]
+    pub calls_without_usage: u32,
     /// Cost so far, while every model call's cost was known.
     pub cost: Option<f64>,
     /// Every settled call.
@@ -256,7 +260,8 @@ impl Machine {
                 round_limit,
                 tool_calls_executed: 0,
                 consecutive_invalid: 0,
-                usage: Usage::default(),
+                usage: None,
+                calls_without_usage: 0,
                 cost: Some(0.0),
                 calls: Vec::new(),
                 phase: Phase::Ready,
@@ -498,9 +503,12 @@ impl Machine {
             return;
         }
         let round = self.state.round;
-        let usage = response.usage.unwrap_or_default();
-        self.state.usage += usage;
-        self.add_cost(if response.usage.is_some() { cost } else { None });
+        let usage = response.usage;
+        match usage {
+            Some(u) => *self.state.usage.get_or_insert_with(Usage::default) += u,
+            None => self.state.calls_without_usage += 1,
+        }
+        self.add_cost(if usage.is_some() { cost } else { None });
         let ModelResponse {
             text,
             mut tool_calls,
@@ -1048,7 +1056,7 @@ impl Machine {
         );
     }
 
-    fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Usage) {
+    fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Option<Usage>) {
         emit!(
             self,
             Event::RoundFinished {
@@ -1261,11 +1269,14 @@ impl Machine {
             messages,
             round,
             usage,
+            calls_without_usage,
             cost,
             calls,
             phase,
             ..
         } = self.state;
+        // With no reported usage there is nothing to price: the cost is unknown, not zero.
+        let cost = if usage.is_some() { cost } else { None };
         let Phase::Done {
             stop_reason,
             signal,
@@ -1295,6 +1306,7 @@ impl Machine {
             tool_calls: calls,
             messages,
             usage,
+            calls_without_usage,
             cost,
             duration_ms,
             error,

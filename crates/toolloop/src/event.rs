@@ -154,10 +154,10 @@ pub enum Event {
         round: u32,
         /// Why the model stopped.
         finish_reason: FinishReason,
-        /// This round's usage.
-        usage: Usage,
+        /// This round's usage; `None` when the server did not report it.
+        usage: Option<Usage>,
         /// Usage so far.
-        total_usage: Usage,
+        total_usage: Option<Usage>,
     },
     /// The run ended.
     RunFinished {

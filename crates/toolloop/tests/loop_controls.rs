@@ -830,7 +830,7 @@ async fn the_test_model_calls_each_tool_once_from_its_schema_then_summarizes() {
     let summary: Value = serde_json::from_str(out.text.as_deref().unwrap()).unwrap();
     assert_eq!(summary["rich"]["message"], json!("rich done"));
     assert_eq!(summary["count"]["message"], json!("got a"));
-    assert!(out.usage.input_tokens > 0);
+    assert!(out.usage.unwrap().input_tokens > 0);
     assert_eq!(out.cost, None, "the test model has no price");
 }
 
@@ -859,8 +859,8 @@ async fn usage_and_cost_are_summed_and_unknown_prices_give_unknown_cost() {
         .build()
         .unwrap();
     let out = agent.prompt("go").await;
-    assert_eq!(out.usage.input_tokens, 2_000_000);
-    assert_eq!(out.usage.output_tokens, 1_000_000);
+    assert_eq!(out.usage.unwrap().input_tokens, 2_000_000);
+    assert_eq!(out.usage.unwrap().output_tokens, 1_000_000);
     let cost = out.cost.unwrap();
     assert!((cost - (2.0 * 2.5 + 10.0)).abs() < 1e-9, "{cost}");
 
@@ -870,7 +870,7 @@ async fn usage_and_cost_are_summed_and_unknown_prices_give_unknown_cost() {
         .unwrap();
     let out = agent.prompt("go").await;
     assert_eq!(out.cost, None);
-    assert_eq!(out.usage.input_tokens, 2_000_000);
+    assert_eq!(out.usage.unwrap().input_tokens, 2_000_000);
 }
 
 #[tokio::test]
@@ -1284,4 +1284,67 @@ async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
     )
     .unwrap();
     assert_eq!(machine.messages(), &out.messages[..]);
+}
+
+#[tokio::test]
+async fn usage_a_server_did_not_report_is_unknown_never_zero() {
+    let with_usage = |mut r: ModelResponse| {
+        r.usage = Some(Usage {
+            input_tokens: 100,
+            output_tokens: 10,
+            ..Usage::default()
+        });
+        r
+    };
+    // No call reports usage: usage and cost are unknown, even for a priced model.
+    let agent = builder(
+        scripted(vec![
+            calls(vec![call("count", json!({"key": "a"}))]),
+            ModelResponse::text("done"),
+        ])
+        .named("gpt-4o"),
+    )
+    .tool(counter("count", Arc::new(AtomicU32::new(0))))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.usage, None);
+    assert_eq!(out.calls_without_usage, 2);
+    assert_eq!(out.cost, None);
+    let json = serde_json::to_value(&out).unwrap();
+    assert_eq!(json["usage"], Value::Null);
+    assert_eq!(json["cost"], Value::Null);
+
+    // One of two calls reports: the sum counts what was reported, the cost is unknown.
+    let agent = builder(
+        scripted(vec![
+            with_usage(calls(vec![call("count", json!({"key": "a"}))])),
+            ModelResponse::text("done"),
+        ])
+        .named("gpt-4o"),
+    )
+    .tool(counter("count", Arc::new(AtomicU32::new(0))))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.usage.unwrap().input_tokens, 100);
+    assert_eq!(out.calls_without_usage, 1);
+    assert_eq!(out.cost, None);
+
+    // No model call succeeded: nothing is known, the cost is not 0.
+    let model = ScriptedModel::from_json(r#"[{"error": "HTTP 503"}]"#)
+        .unwrap()
+        .named("gpt-4o");
+    let out = builder(model).build().unwrap().prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::ModelError);
+    assert_eq!(out.usage, None);
+    assert_eq!(out.cost, None);
+
+    // Outcomes written before usage could be unknown still read back.
+    let mut old = serde_json::to_value(&out).unwrap();
+    old["usage"] = json!({"input_tokens": 3, "output_tokens": 1});
+    old.as_object_mut().unwrap().remove("calls_without_usage");
+    let back: Outcome = serde_json::from_value(old).unwrap();
+    assert_eq!(back.usage.unwrap().input_tokens, 3);
+    assert_eq!(back.calls_without_usage, 0);
 }
