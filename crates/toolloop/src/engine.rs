@@ -748,8 +748,7 @@ impl Machine {
             let fresh = (2u64..)
                 .map(|n| replacement_id(&original, n))
                 .find(|id| {
-                    !calls.iter().any(|c| &c.id == id)
-                        && !in_conversation(&self.state.messages, id)
+                    !calls.iter().any(|c| &c.id == id) && !in_conversation(&self.state.messages, id)
                 })
                 .unwrap_or_default();
             replaced.push((original, fresh.clone()));

@@ -76,7 +76,8 @@ pub fn repair_transcript(messages: &mut Vec<Message>) -> Vec<String> {
                     if !first {
                         repairs.push(format!(
                             "message {i}: dropped a second call with id `{}` ({}) from the turn",
-                            short(&c.id), short(&c.name)
+                            short(&c.id),
+                            short(&c.name)
                         ));
                     }
                     first
@@ -187,12 +188,14 @@ fn drop_note(at: usize, r: &ToolResult, answered: &HashSet<String>) -> String {
     if answered.contains(&r.call_id) {
         format!(
             "message {at}: dropped a second result for call `{}` ({})",
-            short(&r.call_id), short(&r.name)
+            short(&r.call_id),
+            short(&r.name)
         )
     } else {
         format!(
             "message {at}: dropped a result for call `{}` ({}) that answers no earlier call",
-            short(&r.call_id), short(&r.name)
+            short(&r.call_id),
+            short(&r.name)
         )
     }
 }

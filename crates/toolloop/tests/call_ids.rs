@@ -82,11 +82,10 @@ async fn repeated_ids_from_a_server_become_unique_ids_on_the_wire() {
                 // Each call's result follows its turn, in order, under the call's id.
                 assert_eq!(messages[i + 1 + k]["role"], "tool");
                 assert_eq!(messages[i + 1 + k]["tool_call_id"], id.as_str());
-                let city = serde_json::from_str::<Value>(
-                    c["function"]["arguments"].as_str().unwrap(),
-                )
-                .unwrap()["city"]
-                    .clone();
+                let city =
+                    serde_json::from_str::<Value>(c["function"]["arguments"].as_str().unwrap())
+                        .unwrap()["city"]
+                        .clone();
                 assert!(
                     messages[i + 1 + k]["content"]
                         .as_str()

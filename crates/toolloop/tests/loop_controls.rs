@@ -1168,8 +1168,7 @@ async fn every_result_is_capped_and_echoed_names_are_shortened() {
         ..LoopConfig::default()
     })
     .on_event(move |e| {
-        if let Event::InvalidToolCall { reason, .. } | Event::MalformedToolCall { reason, .. } = e
-        {
+        if let Event::InvalidToolCall { reason, .. } | Event::MalformedToolCall { reason, .. } = e {
             seen.lock().unwrap().push(reason.clone());
         }
     })
@@ -1213,7 +1212,11 @@ async fn an_answer_cut_by_the_output_limit_is_marked_truncated_with_its_text() {
     );
     let err = out.error.unwrap();
     assert_eq!(err.code, ErrorCode::OutputTruncated);
-    assert!(err.message.contains("output-token limit"), "{}", err.message);
+    assert!(
+        err.message.contains("output-token limit"),
+        "{}",
+        err.message
+    );
     // A complete answer is still an answer.
     let agent = builder(scripted(vec![ModelResponse::text("whole")]))
         .build()
@@ -1238,7 +1241,11 @@ async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
     let seen = replaced.clone();
     let agent = builder(scripted(vec![
         // Twice the same id in one reply.
-        calls(vec![with_id("call_1", "a"), with_id("call_1", "b"), with_id("x-2", "c")]),
+        calls(vec![
+            with_id("call_1", "a"),
+            with_id("call_1", "b"),
+            with_id("x-2", "c"),
+        ]),
         // An id already in the conversation, and a nine-character one used twice.
         calls(vec![
             with_id("call_1", "d"),
@@ -1270,7 +1277,12 @@ async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
     assert_eq!(ids[1], "call_1_2");
     assert_eq!(ids[5].len(), 9, "{ids:?}");
     assert!(ids[5].bytes().all(|b| b.is_ascii_alphanumeric()), "{ids:?}");
-    assert_eq!(replaced.lock().unwrap().len(), 3, "{:?}", replaced.lock().unwrap());
+    assert_eq!(
+        replaced.lock().unwrap().len(),
+        3,
+        "{:?}",
+        replaced.lock().unwrap()
+    );
     assert_valid_transcript(&out.messages);
     // Reloading the transcript drops nothing.
     assert!(check_transcript(&out.messages).is_empty());

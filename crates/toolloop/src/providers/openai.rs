@@ -1012,7 +1012,10 @@ mod typed {
         }
         let usage = match (&c.usage, &c.x_groq) {
             (Some(u), _) => u.0.usage(),
-            (None, Some(x)) => x.get("usage").filter(|u| u.is_object()).and_then(parse_usage),
+            (None, Some(x)) => x
+                .get("usage")
+                .filter(|u| u.is_object())
+                .and_then(parse_usage),
             (None, None) => None,
         };
         let index = c
