@@ -1,12 +1,12 @@
 //! The agent: a model, a toolbox, limits and hooks, and the async driver that runs the loop.
 //!
 //! The driver does the I/O the [`Machine`] asks for: model calls (complete or streamed), tool
-//! calls (in the machine's schedule, with retries, timeouts and cancellation), and the
-//! `on_round_limit` hook. It stops at the run's timeout or cancellation, and a stopped run still
+//! calls (in the machine's schedule, with retries, timeouts and cancellation), and the hooks
+//! (`reminders`, `stop_when`, `on_round_limit`), whose answers it logs before feeding them back. It stops at the run's timeout or cancellation, and a stopped run still
 //! returns everything it gathered.
 
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
-use crate::engine::{Batch, Interrupt, Machine, Step};
+use crate::engine::{Batch, Interrupt, Machine, PhaseError, Step};
 use crate::event::Event;
 use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
@@ -275,7 +275,7 @@ impl Agent {
                     index,
                 };
                 log.journal.append(run_id, &record).await?;
-                machine.tool_outcome_unknown(index);
+                fed(machine.tool_outcome_unknown(index));
             }
         }
         Ok(self
@@ -326,6 +326,40 @@ impl Agent {
             emit(&mut machine);
             match machine.next_step() {
                 Step::Finished => break,
+                Step::GetReminders => {
+                    let reminders = match &self.hooks.reminders {
+                        Some(f) => f(machine.view()),
+                        None => Vec::new(),
+                    };
+                    let record = log.as_ref().map(|_| Record::RemindersGiven {
+                        round: machine.round() + 1,
+                        reminders: reminders.clone(),
+                    });
+                    if let Some(record) = record
+                        && let Err(e) = write(&log, record).await
+                    {
+                        store_error = Some(e);
+                        machine.interrupt(Interrupt::StoreFailed);
+                        continue;
+                    }
+                    fed(machine.reminders_given(reminders));
+                }
+                Step::CheckStop => {
+                    let signal = match &self.hooks.stop_when {
+                        Some(f) => f(&machine.round_calls()),
+                        None => None,
+                    };
+                    let record = Record::StopChecked {
+                        round: machine.round(),
+                        signal: signal.clone(),
+                    };
+                    if let Err(e) = write(&log, record).await {
+                        store_error = Some(e);
+                        machine.interrupt(Interrupt::StoreFailed);
+                        continue;
+                    }
+                    fed(machine.stop_checked(signal));
+                }
                 Step::CallModel { round, reminders } => {
                     emit(&mut machine);
                     if let Err(e) = write(&log, Record::ModelRequested { round }).await {
@@ -358,13 +392,13 @@ impl Agent {
                                 machine.interrupt(Interrupt::StoreFailed);
                                 continue;
                             }
-                            machine.model_responded(response, cost);
+                            fed(machine.model_responded(response, cost));
                         }
                         Ok(Err(e)) => {
                             let message = e.to_string();
                             // The failure ends the run either way; logging it is best effort.
                             let _ = write(&log, Record::ModelFailed { round, message }).await;
-                            machine.model_failed(&e);
+                            fed(machine.model_failed(&e));
                         }
                         Err(why) => {
                             let _ = write(&log, Record::Interrupted { why }).await;
@@ -387,7 +421,7 @@ impl Agent {
                                 machine.interrupt(Interrupt::StoreFailed);
                                 continue;
                             }
-                            machine.round_limit_decided(decision)
+                            fed(machine.round_limit_decided(decision));
                         }
                         Err(why) => {
                             let _ = write(&log, Record::Interrupted { why }).await;
@@ -535,7 +569,7 @@ impl Agent {
             // Each job logged its own `tool_finished` record: waiting on a write here would stop
             // polling the other calls of the batch, which may hold what that write needs.
             let (result, duration_ms, attempts) = done?;
-            machine.tool_finished(index, result, duration_ms, attempts);
+            fed(machine.tool_finished(index, result, duration_ms, attempts));
             if let Some(sink) = sink {
                 for e in machine.take_events() {
                     sink(&e);
@@ -543,6 +577,18 @@ impl Agent {
             }
         }
         Ok(())
+    }
+}
+
+/// Checks an input the driver fed the machine. The driver only feeds what the machine asked
+/// for, so a refusal is a bug in the driver: it fails tests (debug builds) and is logged.
+fn fed(result: Result<(), PhaseError>) {
+    if let Err(e) = result {
+        debug_assert!(
+            false,
+            "the driver fed the loop an input it did not ask for: {e}"
+        );
+        tracing::error!(error = %e, "the driver fed the loop an input it did not ask for");
     }
 }
 

@@ -2,9 +2,11 @@
 //! any point can be rebuilt and continued.
 //!
 //! The driver appends a [`Record`] before each model call, after each response, before each tool
-//! call starts and after it finishes, and for every decision and interruption. Replaying the
-//! records into a fresh [`crate::engine::Machine`] rebuilds the loop's state exactly: the
-//! machine is deterministic given its inputs. On resume, model calls that already returned are
+//! call starts and after it finishes, for every hook's answer (`reminders`, `stop_when`,
+//! `on_round_limit`), and for every interruption. Replaying the records into a fresh
+//! [`crate::engine::Machine`] rebuilds the loop's state exactly: the machine is deterministic
+//! given its inputs, and a hook's answer is an input, so replaying never calls the hooks again
+//! (a hook that answers differently the second time cannot make a log look corrupt). On resume, model calls that already returned are
 //! not made again and tool calls that already finished are not run again; a call that was in
 //! flight is run again when its tool is read-only or idempotent, and reported as "outcome
 //! unknown" when it has side effects (unless a resume policy says otherwise).
@@ -30,6 +32,20 @@ pub enum Record {
     Started {
         /// The conversation at the start (system prompt included).
         messages: Vec<Message>,
+    },
+    /// The `reminders` hook answered, for the round about to start.
+    RemindersGiven {
+        /// The round about to start.
+        round: u32,
+        /// The reminders sent with that round's request.
+        reminders: Vec<String>,
+    },
+    /// `stop_when` answered after every call of the round ran.
+    StopChecked {
+        /// The round.
+        round: u32,
+        /// The signal that ends the run, if it gave one.
+        signal: Option<String>,
     },
     /// A model call is about to be made.
     ModelRequested {
