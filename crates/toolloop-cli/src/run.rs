@@ -221,6 +221,7 @@ pub fn outcome_json(o: &Outcome) -> Value {
         "rounds": o.rounds,
         "tool_calls": calls,
         "usage": o.usage,
+        "calls_without_usage": o.calls_without_usage,
         "cost": o.cost,
         "duration_ms": o.duration_ms,
         "run_id": o.run_id,

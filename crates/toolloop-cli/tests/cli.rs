@@ -167,3 +167,45 @@ fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
     assert_eq!(server.stats().rejected, 0);
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn an_answer_cut_by_the_output_limit_exits_3_and_keeps_its_text() {
+    let dir = repo();
+    let script = dir.path().join("cut.json");
+    std::fs::write(
+        &script,
+        r#"[{"text": "The answer is long and", "finish_reason": "length"}]"#,
+    )
+    .unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let out = toolloop(&["run", "--json", "--model", &spec, "x"], dir.path());
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "output_truncated");
+    assert_eq!(v["text"], "The answer is long and");
+    assert_eq!(v["error"]["code"], "OUTPUT_TRUNCATED");
+    // Without --json: the partial text on stdout, the reason on stderr.
+    let out = toolloop(&["run", "--model", &spec, "x"], dir.path());
+    assert_eq!(out.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("The answer is long and"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("output_truncated"));
+}
+
+#[test]
+fn usage_a_model_did_not_report_is_null_in_json_not_zero() {
+    let dir = repo();
+    let script = dir.path().join("nousage.json");
+    std::fs::write(&script, r#"[{"text": "hi"}]"#).unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let out = toolloop(&["run", "--json", "--model", &spec, "x"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    let v = json_of(&out);
+    assert_eq!(v["usage"], serde_json::Value::Null);
+    assert_eq!(v["cost"], serde_json::Value::Null);
+    assert_eq!(v["calls_without_usage"], 1);
+}

@@ -1,12 +1,12 @@
 //! The agent: a model, a toolbox, limits and hooks, and the async driver that runs the loop.
 //!
 //! The driver does the I/O the [`Machine`] asks for: model calls (complete or streamed), tool
-//! calls (in the machine's schedule, with retries, timeouts and cancellation), and the
-//! `on_round_limit` hook. It stops at the run's timeout or cancellation, and a stopped run still
+//! calls (in the machine's schedule, with retries, timeouts and cancellation), and the hooks
+//! (`reminders`, `stop_when`, `on_round_limit`), whose answers it logs before feeding them back. It stops at the run's timeout or cancellation, and a stopped run still
 //! returns everything it gathered.
 
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
-use crate::engine::{Batch, Interrupt, Machine, Step};
+use crate::engine::{Batch, Interrupt, Machine, PhaseError, Step};
 use crate::event::Event;
 use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
@@ -267,7 +267,7 @@ impl Agent {
                     round: machine.round(),
                     index,
                 });
-                machine.tool_outcome_unknown(index);
+                fed(machine.tool_outcome_unknown(index));
             }
         }
         Ok(self
@@ -318,6 +318,30 @@ impl Agent {
             emit(&mut machine);
             match machine.next_step() {
                 Step::Finished => break,
+                Step::GetReminders => {
+                    let reminders = match &self.hooks.reminders {
+                        Some(f) => f(machine.view()),
+                        None => Vec::new(),
+                    };
+                    // Durable with the round's response: asked again on resume if lost.
+                    soon(&log, || Record::RemindersGiven {
+                        round: machine.round() + 1,
+                        reminders: reminders.clone(),
+                    });
+                    fed(machine.reminders_given(reminders));
+                }
+                Step::CheckStop => {
+                    let signal = match &self.hooks.stop_when {
+                        Some(f) => f(&machine.round_calls()),
+                        None => None,
+                    };
+                    // Durable with the next step's records: asked again on resume if lost.
+                    soon(&log, || Record::StopChecked {
+                        round: machine.round(),
+                        signal: signal.clone(),
+                    });
+                    fed(machine.stop_checked(signal));
+                }
                 Step::CallModel { round, reminders } => {
                     emit(&mut machine);
                     // Not waited for: a call lost to a crash is made again on resume.
@@ -342,7 +366,7 @@ impl Agent {
                                 response: response.clone(),
                                 cost,
                             });
-                            machine.model_responded(response, cost);
+                            fed(machine.model_responded(response, cost));
                         }
                         Ok(Err(e)) => {
                             // The failure ends the run; it is durable with the run's end.
@@ -350,7 +374,7 @@ impl Agent {
                                 round,
                                 message: e.to_string(),
                             });
-                            machine.model_failed(&e);
+                            fed(machine.model_failed(&e));
                         }
                         Err(why) => {
                             soon(&log, || Record::Interrupted { why });
@@ -369,7 +393,7 @@ impl Agent {
                             soon(&log, || Record::RoundLimitDecided {
                                 decision: decision.clone(),
                             });
-                            machine.round_limit_decided(decision)
+                            fed(machine.round_limit_decided(decision));
                         }
                         Err(why) => {
                             soon(&log, || Record::Interrupted { why });
@@ -552,7 +576,7 @@ impl Agent {
             // crash makes the call "in flight" on resume, never run twice when it has side
             // effects).
             let (result, duration_ms, attempts) = done?;
-            machine.tool_finished(index, result, duration_ms, attempts);
+            fed(machine.tool_finished(index, result, duration_ms, attempts));
             if let Some(sink) = sink {
                 for e in machine.take_events() {
                     sink(&e);
@@ -560,6 +584,18 @@ impl Agent {
             }
         }
         Ok(())
+    }
+}
+
+/// Checks an input the driver fed the machine. The driver only feeds what the machine asked
+/// for, so a refusal is a bug in the driver: it fails tests (debug builds) and is logged.
+fn fed(result: Result<(), PhaseError>) {
+    if let Err(e) = result {
+        debug_assert!(
+            false,
+            "the driver fed the loop an input it did not ask for: {e}"
+        );
+        tracing::error!(error = %e, "the driver fed the loop an input it did not ask for");
     }
 }
 

@@ -149,8 +149,8 @@ pub struct LoopView<'a> {
     pub round: u32,
     /// Tool calls executed so far.
     pub tool_calls: u32,
-    /// Usage so far.
-    pub usage: Usage,
+    /// Usage so far, summed over the model calls that reported it (`None` when none did).
+    pub usage: Option<Usage>,
     /// The most recent executed call, if any.
     pub last_call: Option<&'a crate::outcome::ExecutedCall>,
 }

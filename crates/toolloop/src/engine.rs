@@ -1,11 +1,15 @@
 //! The loop as a state machine with no I/O.
 //!
-//! [`Machine::next_step`] says what to do now ([`Step`]): call the model, run these tool calls on
-//! this schedule, ask `on_round_limit`, or nothing more (finished). A driver (see
-//! [`crate::agent`]) does the I/O and reports back with [`Machine::model_responded`],
-//! [`Machine::model_failed`], [`Machine::tool_finished`], [`Machine::round_limit_decided`] or
-//! [`Machine::interrupt`]. The machine's [`LoopState`] is a plain serializable value, so a run can
-//! be saved and rebuilt from it.
+//! [`Machine::next_step`] says what to do now ([`Step`]): ask the `reminders` hook, call the
+//! model, run these tool calls on this schedule, ask `stop_when`, ask `on_round_limit`, or
+//! nothing more (finished). A driver (see [`crate::agent`]) does the I/O, calls the hooks, and
+//! reports back with [`Machine::reminders_given`], [`Machine::model_responded`],
+//! [`Machine::model_failed`], [`Machine::tool_finished`], [`Machine::stop_checked`],
+//! [`Machine::round_limit_decided`] or [`Machine::interrupt`]. The machine never calls user
+//! code: a hook's answer is an input like a model's response, so the run log records it and a
+//! replay uses the recorded answer. An input the machine is not waiting for is refused with a
+//! [`PhaseError`]. The machine's [`LoopState`] is a plain serializable value, so a run can be
+//! saved and rebuilt from it.
 //!
 //! Invariants the machine keeps:
 //! - every tool call gets exactly one result, appended in the model's call order, whatever
@@ -41,6 +45,9 @@ macro_rules! emit {
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
+    /// A round is about to start and a `reminders` hook is set: call it with
+    /// [`Machine::view`] and report its strings with [`Machine::reminders_given`].
+    GetReminders,
     /// Call the model with the conversation ([`Machine::messages`]), the toolbox's specs, and
     /// these transient reminders.
     CallModel {
@@ -51,6 +58,9 @@ pub enum Step {
     },
     /// Run these calls, batch after batch; report each with [`Machine::tool_finished`].
     RunTools(Vec<Batch>),
+    /// Every call of the round ran and a `stop_when` hook is set: call it with
+    /// [`Machine::round_calls`] and report its answer with [`Machine::stop_checked`].
+    CheckStop,
     /// `max_rounds` is reached: ask `on_round_limit` and report with
     /// [`Machine::round_limit_decided`].
     DecideRoundLimit,
@@ -108,6 +118,8 @@ pub struct Slot {
 pub enum Phase {
     /// Ready for the next model call.
     Ready,
+    /// Waiting for the `reminders` hook, before the next round starts.
+    Reminders,
     /// A model call is in flight (resuming repeats it with the same reminders).
     AwaitingModel {
         /// The reminders sent with it.
@@ -119,10 +131,16 @@ pub enum Phase {
     Tools {
         /// Why the model stopped.
         finish_reason: FinishReason,
-        /// This round's usage.
-        usage: Usage,
+        /// This round's usage; `None` when the server did not report it.
+        usage: Option<Usage>,
         /// The calls.
         slots: Vec<Slot>,
+        /// Whether `stop_when` answered for this round.
+        #[serde(default)]
+        stop_checked: bool,
+        /// `stop_when`'s signal, when it gave one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        stop_signal: Option<String>,
     },
     /// The run is over.
     Done {
@@ -135,6 +153,51 @@ pub enum Phase {
         /// The error of a failed run.
         error: Option<RunError>,
     },
+}
+
+impl Phase {
+    /// What the machine is doing, in words.
+    fn describe(&self) -> &'static str {
+        match self {
+            Phase::Ready => "ready for the next round",
+            Phase::Reminders => "waiting for the reminders hook",
+            Phase::AwaitingModel { .. } => "waiting for the model",
+            Phase::RoundLimit => "waiting for on_round_limit",
+            Phase::Tools { .. } => "running the round's tool calls",
+            Phase::Done { .. } => "finished",
+        }
+    }
+}
+
+/// An input the machine was not waiting for (a driver's mistake, or a run log that does not fit
+/// the run). The machine's state is unchanged.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{input}` does not fit here: the loop is {phase}{detail}")]
+pub struct PhaseError {
+    /// The input given (`model_responded`, `tool_finished`, …).
+    pub input: &'static str,
+    /// What the machine was doing.
+    pub phase: &'static str,
+    /// More about the mismatch (which call, say); empty or starting with `; `.
+    pub detail: String,
+}
+
+/// Which hooks the driver has. The machine asks for their answers; it never calls them.
+#[derive(Debug, Clone, Copy, Default)]
+struct HookSet {
+    stop_when: bool,
+    on_round_limit: bool,
+    reminders: bool,
+}
+
+impl From<&Hooks> for HookSet {
+    fn from(h: &Hooks) -> Self {
+        HookSet {
+            stop_when: h.stop_when.is_some(),
+            on_round_limit: h.on_round_limit.is_some(),
+            reminders: h.reminders.is_some(),
+        }
+    }
 }
 
 /// The machine's whole state: serializable, so a run can be saved and rebuilt.
@@ -150,8 +213,12 @@ pub struct LoopState {
     pub tool_calls_executed: u32,
     /// Invalid calls in a row.
     pub consecutive_invalid: u32,
-    /// Usage so far.
-    pub usage: Usage,
+    /// Usage summed over the model calls whose server reported it; `None` until one did.
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// Model calls that returned without reporting usage (their tokens are not in `usage`).
+    #[serde(default)]
+    pub calls_without_usage: u32,
     /// Cost so far, while every model call's cost was known.
     pub cost: Option<f64>,
     /// Every settled call.
@@ -163,11 +230,36 @@ pub struct LoopState {
 /// The loop's state machine.
 pub struct Machine {
     config: Arc<LoopConfig>,
-    hooks: Hooks,
+    hooks: HookSet,
     toolbox: Arc<Toolbox>,
     state: LoopState,
     events: Vec<Event>,
     events_on: bool,
+    /// Fingerprints of the call ids in the conversation (see [`id_key`]), so that checking a new
+    /// call's id costs the same however long the conversation is.
+    call_ids: foldhash::HashSet<u64>,
+}
+
+/// A call id's fingerprint for [`Machine`]'s index of ids (a match is confirmed on the
+/// conversation itself).
+fn id_key(id: &str) -> u64 {
+    use std::hash::BuildHasher;
+    foldhash::fast::FixedState::with_seed(0x6361_6c6c_5f69_6473).hash_one(id)
+}
+
+/// Fingerprints of every call id and result id in `messages`.
+fn conversation_ids(messages: &[Message]) -> foldhash::HashSet<u64> {
+    let mut ids = foldhash::HashSet::default();
+    for m in messages {
+        match m {
+            Message::Assistant(a) => ids.extend(a.tool_calls.iter().map(|c| id_key(&c.id))),
+            Message::Tool(r) => {
+                ids.insert(id_key(&r.call_id));
+            }
+            _ => {}
+        }
+    }
+    ids
 }
 
 impl std::fmt::Debug for Machine {
@@ -179,6 +271,7 @@ impl std::fmt::Debug for Machine {
 }
 
 fn duplicate_warning(name: &str) -> String {
+    let name = result::shorten(name, result::ECHO_CHARS);
     result::error_content(&format!(
         "Not run: `{name}` was already called with these same arguments, and its result is \
          above. Repeating the call looks like a loop: try a different approach, or give your \
@@ -186,8 +279,33 @@ fn duplicate_warning(name: &str) -> String {
     ))
 }
 
+/// Candidate `n` (from 2) for replacing the call id `original`, in its shape: an id of letters
+/// and digits only (some servers accept nothing else, in a fixed length) stays letters and
+/// digits of the same length, its end replaced by `n` in base 36; any other id gets `_n`
+/// appended (`toolu_01A` becomes `toolu_01A_2`); no id at all becomes `call_n`. An id longer
+/// than 64 characters is cut to its first 64 first.
+fn replacement_id(original: &str, n: u64) -> String {
+    let mut suffix = Vec::new();
+    let mut k = n;
+    while k > 0 {
+        suffix.push(b"0123456789abcdefghijklmnopqrstuvwxyz"[(k % 36) as usize]);
+        k /= 36;
+    }
+    suffix.reverse();
+    let suffix = String::from_utf8(suffix).unwrap_or_default();
+    let head: String = original.chars().take(64).collect();
+    if head.is_empty() {
+        return format!("call_{suffix}");
+    }
+    if head.bytes().all(|b| b.is_ascii_alphanumeric()) && head.len() > suffix.len() {
+        return format!("{}{suffix}", &head[..head.len() - suffix.len()]);
+    }
+    format!("{head}_{suffix}")
+}
+
 impl Machine {
-    /// A machine for a new run over `messages`.
+    /// A machine for a new run over `messages`. Of `hooks`, only which ones are set matters:
+    /// the machine asks for their answers with [`Step`]s, and the driver calls them.
     pub fn new(
         config: Arc<LoopConfig>,
         hooks: Hooks,
@@ -195,9 +313,10 @@ impl Machine {
         messages: Vec<Message>,
     ) -> Self {
         let round_limit = config.max_rounds;
+        let call_ids = conversation_ids(&messages);
         let mut m = Machine {
             config,
-            hooks,
+            hooks: HookSet::from(&hooks),
             toolbox,
             state: LoopState {
                 messages,
@@ -205,13 +324,15 @@ impl Machine {
                 round_limit,
                 tool_calls_executed: 0,
                 consecutive_invalid: 0,
-                usage: Usage::default(),
+                usage: None,
+                calls_without_usage: 0,
                 cost: Some(0.0),
                 calls: Vec::new(),
                 phase: Phase::Ready,
             },
             events: Vec::new(),
             events_on: true,
+            call_ids,
         };
         emit!(
             m,
@@ -231,8 +352,9 @@ impl Machine {
     ) -> Self {
         Machine {
             config,
-            hooks,
+            hooks: HookSet::from(&hooks),
             toolbox,
+            call_ids: conversation_ids(&state.messages),
             state,
             events: Vec::new(),
             events_on: true,
@@ -297,8 +419,10 @@ impl Machine {
 
     /// A view for hooks.
     pub fn view(&self) -> LoopView<'_> {
+        // While the reminders hook is asked, the view is of the round about to run.
+        let starting = u32::from(self.state.phase == Phase::Reminders);
         LoopView {
-            round: self.state.round,
+            round: self.state.round + starting,
             tool_calls: self.state.tool_calls_executed,
             usage: self.state.usage,
             last_call: self.state.calls.iter().rev().find(|c| c.status.executed()),
@@ -310,11 +434,16 @@ impl Machine {
         match &self.state.phase {
             Phase::Done { .. } => Step::Finished,
             Phase::RoundLimit => Step::DecideRoundLimit,
+            Phase::Reminders => Step::GetReminders,
             Phase::AwaitingModel { reminders } => Step::CallModel {
                 round: self.state.round,
                 reminders: reminders.clone(),
             },
-            Phase::Tools { slots, .. } => {
+            Phase::Tools {
+                slots,
+                stop_checked,
+                ..
+            } => {
                 let pending: Vec<usize> = slots
                     .iter()
                     .enumerate()
@@ -322,6 +451,9 @@ impl Machine {
                     .map(|(i, _)| i)
                     .collect();
                 if pending.is_empty() {
+                    if self.hooks.stop_when && !*stop_checked && self.stop_when_decides(slots) {
+                        return Step::CheckStop;
+                    }
                     self.finish_round(None);
                     return self.next_step();
                 }
@@ -329,7 +461,7 @@ impl Machine {
             }
             Phase::Ready => {
                 if self.state.round >= self.state.round_limit {
-                    if self.hooks.on_round_limit.is_some() {
+                    if self.hooks.on_round_limit {
                         self.state.phase = Phase::RoundLimit;
                         return Step::DecideRoundLimit;
                     }
@@ -346,33 +478,105 @@ impl Machine {
                     );
                     return Step::Finished;
                 }
-                self.state.round += 1;
-                let view = LoopView {
-                    round: self.state.round,
-                    ..self.view()
-                };
-                let reminders = self
-                    .hooks
-                    .reminders
-                    .as_ref()
-                    .map(|f| f(view))
-                    .unwrap_or_default();
-                emit!(
-                    self,
-                    Event::RoundStarted {
-                        round: self.state.round,
-                        message_count: self.state.messages.len() + reminders.len(),
-                    }
-                );
-                self.state.phase = Phase::AwaitingModel {
-                    reminders: reminders.clone(),
-                };
-                Step::CallModel {
-                    round: self.state.round,
-                    reminders,
+                if self.hooks.reminders {
+                    self.state.phase = Phase::Reminders;
+                    return Step::GetReminders;
                 }
+                self.start_round(Vec::new())
             }
         }
+    }
+
+    fn start_round(&mut self, reminders: Vec<String>) -> Step {
+        self.state.round += 1;
+        emit!(
+            self,
+            Event::RoundStarted {
+                round: self.state.round,
+                message_count: self.state.messages.len() + reminders.len(),
+            }
+        );
+        self.state.phase = Phase::AwaitingModel {
+            reminders: reminders.clone(),
+        };
+        Step::CallModel {
+            round: self.state.round,
+            reminders,
+        }
+    }
+
+    fn phase_error(&self, input: &'static str, detail: String) -> PhaseError {
+        PhaseError {
+            input,
+            phase: self.state.phase.describe(),
+            detail,
+        }
+    }
+
+    /// The `reminders` hook answered ([`Step::GetReminders`]): the round starts with these
+    /// strings sent along with its request.
+    pub fn reminders_given(&mut self, reminders: Vec<String>) -> Result<(), PhaseError> {
+        if self.state.phase != Phase::Reminders {
+            return Err(self.phase_error("reminders_given", String::new()));
+        }
+        self.start_round(reminders);
+        Ok(())
+    }
+
+    /// The calls of the current round and what they returned, for `stop_when`
+    /// ([`Step::CheckStop`]); empty outside a round.
+    pub fn round_calls(&self) -> Vec<RoundCall<'_>> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots
+                .iter()
+                .map(|s| RoundCall {
+                    call: &s.call,
+                    result: s.output.as_ref(),
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `stop_when` answered ([`Step::CheckStop`]): a signal ends the run after this round.
+    pub fn stop_checked(&mut self, signal: Option<String>) -> Result<(), PhaseError> {
+        let asked = match &self.state.phase {
+            Phase::Tools {
+                slots,
+                stop_checked,
+                ..
+            } => {
+                self.hooks.stop_when
+                    && !*stop_checked
+                    && slots.iter().all(|s| !s.run || s.status.is_some())
+                    && self.stop_when_decides(slots)
+            }
+            _ => false,
+        };
+        if !asked {
+            return Err(self.phase_error(
+                "stop_checked",
+                "; stop_when is asked once, after every call of the round ran".into(),
+            ));
+        }
+        if let Phase::Tools {
+            stop_checked,
+            stop_signal,
+            ..
+        } = &mut self.state.phase
+        {
+            *stop_checked = true;
+            *stop_signal = signal;
+        }
+        Ok(())
+    }
+
+    /// Whether `stop_when`'s answer can matter for this round: nothing ends the run before it
+    /// (the strict policy's invalid call, a terminal tool's signal).
+    fn stop_when_decides(&self, slots: &[Slot]) -> bool {
+        let strict = self.config.invalid_calls == InvalidCallPolicy::Strict
+            && slots.iter().any(|s| s.status == Some(CallStatus::Invalid));
+        !strict && self.terminal_signal(slots).is_none()
     }
 
     fn schedule(&self, slots: &[Slot], pending: Vec<usize>) -> Vec<Batch> {
@@ -440,22 +644,30 @@ impl Machine {
     }
 
     /// The model answered. `cost` is this call's cost, `None` when unknown.
-    pub fn model_responded(&mut self, response: ModelResponse, cost: Option<f64>) {
+    pub fn model_responded(
+        &mut self,
+        response: ModelResponse,
+        cost: Option<f64>,
+    ) -> Result<(), PhaseError> {
         if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
-            return;
+            return Err(self.phase_error("model_responded", String::new()));
         }
         let round = self.state.round;
-        let usage = response.usage.unwrap_or_default();
-        self.state.usage += usage;
-        self.add_cost(if response.usage.is_some() { cost } else { None });
+        let usage = response.usage;
+        match usage {
+            Some(u) => *self.state.usage.get_or_insert_with(Usage::default) += u,
+            None => self.state.calls_without_usage += 1,
+        }
+        self.add_cost(if usage.is_some() { cost } else { None });
         let ModelResponse {
             text,
-            tool_calls,
+            mut tool_calls,
             finish_reason,
             parts,
             malformed_call,
             ..
         } = response;
+        self.unique_call_ids(&mut tool_calls);
 
         if tool_calls.is_empty() {
             self.state
@@ -467,6 +679,8 @@ impl Machine {
                 }));
             self.round_finished_event(finish_reason, usage);
             if let Some(reason) = malformed_call {
+                // The explanation may quote the server or the model at any length.
+                let reason = result::cap(reason, self.config.max_result_chars);
                 emit!(
                     self,
                     Event::MalformedToolCall {
@@ -478,10 +692,24 @@ impl Machine {
                 self.state.consecutive_invalid += 1;
                 self.state.phase = Phase::Ready;
                 self.check_invalid_budget(ErrorCode::ParseError, &reason);
-                return;
+                return Ok(());
+            }
+            if finish_reason == FinishReason::Length {
+                // An answer the output-token limit cut short is kept, but it is not an answer.
+                self.finish(
+                    StopReason::OutputTruncated,
+                    text,
+                    Some(RunError {
+                        code: ErrorCode::OutputTruncated,
+                        message: "the output-token limit cut the answer short; the partial text \
+                                  is kept. Raise the output limit or ask for a shorter answer"
+                            .into(),
+                    }),
+                );
+                return Ok(());
             }
             self.finish(StopReason::Answered, text, None);
-            return;
+            return Ok(());
         }
 
         let mut slots = Vec::with_capacity(tool_calls.len());
@@ -541,7 +769,7 @@ impl Machine {
                 let why = format!(
                     "Not run: the output-token limit cut this call to `{}` short before its \
                      arguments were complete. Make the call again with shorter arguments.",
-                    call.name
+                    result::shorten(&call.name, result::ECHO_CHARS)
                 );
                 emit!(
                     self,
@@ -627,10 +855,78 @@ impl Machine {
             finish_reason,
             usage,
             slots,
+            stop_checked: false,
+            stop_signal: None,
         };
+        Ok(())
+    }
+
+    /// Why a call cannot run, if it cannot: in words for the model, the call's name shortened
+    /// and the whole capped at the result limit (the reason becomes the call's result, and an
+    /// argument error may quote the arguments).
+    /// Gives each call an id that no other call of the conversation has: a call whose id is
+    /// empty, repeats an earlier call's id in the same reply, or is already in the conversation
+    /// gets a fresh id made from it (see [`replacement_id`]), and its result will carry that id.
+    /// Every provider's responses come through here, so no transcript ever holds two calls with
+    /// one id (which repairing a reloaded transcript would have to drop). The new ids depend on
+    /// the response and the conversation only, so replaying a run log gives the same ones.
+    ///
+    /// No provider needs the model's own id back once the call and its result carry the same
+    /// new one: the OpenAI and Anthropic APIs match a result to its call within the request
+    /// (Anthropic only asks for `[a-zA-Z0-9_-]` ids, and some OpenAI-compatible servers for
+    /// nine letters and digits: [`replacement_id`] keeps an id's shape), and Gemini's own call
+    /// id is kept apart in the call's provider data and sent back as it came.
+    fn unique_call_ids(&mut self, calls: &mut [ToolCall]) {
+        let index = &self.call_ids;
+        let in_conversation = |messages: &[Message], id: &str| {
+            index.contains(&id_key(id))
+                && messages.iter().any(|m| match m {
+                    Message::Assistant(a) => a.tool_calls.iter().any(|c| c.id == id),
+                    Message::Tool(r) => r.call_id == id,
+                    _ => false,
+                })
+        };
+        let clash = |calls: &[ToolCall], i: usize, messages: &[Message]| {
+            let id = &calls[i].id;
+            id.is_empty() || calls[..i].iter().any(|c| &c.id == id) || in_conversation(messages, id)
+        };
+        let mut replaced = Vec::new();
+        for i in 0..calls.len() {
+            if !clash(calls, i, &self.state.messages) {
+                continue;
+            }
+            let original = std::mem::take(&mut calls[i].id);
+            // The first candidate free of the conversation and of every id of this reply (the
+            // later calls' own ids included, so that they keep theirs).
+            let fresh = (2u64..)
+                .map(|n| replacement_id(&original, n))
+                .find(|id| {
+                    !calls.iter().any(|c| &c.id == id) && !in_conversation(&self.state.messages, id)
+                })
+                .unwrap_or_default();
+            replaced.push((original, fresh.clone()));
+            calls[i].id = fresh;
+        }
+        self.call_ids.extend(calls.iter().map(|c| id_key(&c.id)));
+        for (original, id) in replaced {
+            emit!(
+                self,
+                Event::CallIdReplaced {
+                    round: self.state.round,
+                    original: result::shorten(&original, result::ECHO_CHARS).into_owned(),
+                    id,
+                }
+            );
+        }
     }
 
     fn invalid_reason(&self, call: &ToolCall) -> Option<String> {
+        let reason = self.invalid_reason_uncapped(call)?;
+        Some(result::cap(reason, self.config.max_result_chars))
+    }
+
+    fn invalid_reason_uncapped(&self, call: &ToolCall) -> Option<String> {
+        let name = result::shorten(&call.name, result::ECHO_CHARS);
         if self.toolbox.get(&call.name).is_none() {
             let names: Vec<&str> = self.toolbox.names().collect();
             let available = if names.is_empty() {
@@ -639,8 +935,7 @@ impl Machine {
                 names.join(", ")
             };
             return Some(format!(
-                "Unknown tool `{}`. The tools that exist are: {available}.",
-                call.name
+                "Unknown tool `{name}`. The tools that exist are: {available}."
             ));
         }
         if let Some(raw) = &call.invalid_arguments {
@@ -649,15 +944,13 @@ impl Machine {
                 .map(|e| e.to_string())
                 .unwrap_or_else(|| "not a JSON object".into());
             return Some(format!(
-                "The arguments for `{}` are not valid JSON ({err}). Send the arguments as one \
-                 JSON object that matches the tool's schema.",
-                call.name
+                "The arguments for `{name}` are not valid JSON ({err}). Send the arguments as \
+                 one JSON object that matches the tool's schema."
             ));
         }
         if let Err(e) = self.toolbox.validate(&call.name, &call.arguments) {
             return Some(format!(
-                "Invalid arguments for `{}`: {e}. Fix them to match the tool's schema.",
-                call.name
+                "Invalid arguments for `{name}`: {e}. Fix them to match the tool's schema."
             ));
         }
         None
@@ -693,18 +986,10 @@ impl Machine {
         outcome: Result<ToolOutput, ToolError>,
         duration_ms: u64,
         attempts: u32,
-    ) {
+    ) -> Result<(), PhaseError> {
         let round = self.state.round;
         let max_chars = self.config.max_result_chars;
-        let Phase::Tools { slots, .. } = &mut self.state.phase else {
-            return;
-        };
-        let Some(slot) = slots.get_mut(index) else {
-            return;
-        };
-        if !slot.run || slot.status.is_some() {
-            return;
-        }
+        let slot = Self::pending_slot(&mut self.state.phase, "tool_finished", index)?;
         let status = if outcome.is_ok() {
             CallStatus::Ok
         } else {
@@ -727,21 +1012,44 @@ impl Machine {
                 duration_ms,
             }
         );
+        Ok(())
+    }
+
+    /// Call `index` of the round, when it is to run and has no result yet.
+    fn pending_slot<'a>(
+        phase: &'a mut Phase,
+        input: &'static str,
+        index: usize,
+    ) -> Result<&'a mut Slot, PhaseError> {
+        let described = phase.describe();
+        let error = |detail: String| PhaseError {
+            input,
+            phase: described,
+            detail,
+        };
+        let Phase::Tools { slots, .. } = phase else {
+            return Err(error(format!(
+                "; no round's calls are running (call {index})"
+            )));
+        };
+        let count = slots.len();
+        match slots.get_mut(index) {
+            None => Err(error(format!(
+                "; the round has {count} calls, there is no call {index}"
+            ))),
+            Some(s) if !s.run => Err(error(format!("; call {index} was settled without running"))),
+            Some(s) if s.status.is_some() => {
+                Err(error(format!("; call {index} already has its result")))
+            }
+            Some(s) => Ok(s),
+        }
     }
 
     /// A call that was in flight at a crash has side effects and is not run again: it gets an
     /// "outcome unknown" result the model can read.
-    pub fn tool_outcome_unknown(&mut self, index: usize) {
+    pub fn tool_outcome_unknown(&mut self, index: usize) -> Result<(), PhaseError> {
         let round = self.state.round;
-        let Phase::Tools { slots, .. } = &mut self.state.phase else {
-            return;
-        };
-        let Some(slot) = slots.get_mut(index) else {
-            return;
-        };
-        if !slot.run || slot.status.is_some() {
-            return;
-        }
+        let slot = Self::pending_slot(&mut self.state.phase, "tool_outcome_unknown", index)?;
         slot.status = Some(CallStatus::Unknown);
         slot.content = Some(result::error_content(
             "Outcome unknown: the run stopped while this call was in flight, and the call \
@@ -759,11 +1067,17 @@ impl Machine {
                 duration_ms: 0,
             }
         );
+        Ok(())
     }
 
     /// Rebuilds a machine from a run's records (see [`crate::journal`]). Returns the machine and
     /// the calls of the current round that were started but never finished (in flight at a
     /// crash).
+    ///
+    /// No hook is called: the answers of `reminders`, `stop_when` and `on_round_limit` are
+    /// taken from their records. (Logs written before `reminders` and `stop_when` answers were
+    /// recorded replay as if they gave no reminders and no signal, which is what a run that
+    /// went on did see from `stop_when`.) A record that does not fit the run is an error.
     pub fn replay(
         config: Arc<LoopConfig>,
         hooks: Hooks,
@@ -778,22 +1092,34 @@ impl Machine {
         let mut in_flight: Vec<usize> = Vec::new();
         for (i, record) in iter.enumerate() {
             let at = |what: &str| format!("record {}: {what}", i + 1);
+            let unfit = |e: PhaseError| at(&e.to_string());
             match record {
                 Record::Started { .. } => return Err(at("a second `started`")),
-                Record::ModelRequested { round } => match m.next_step() {
-                    Step::CallModel { round: r, .. } if r == *round => {}
-                    other => {
-                        return Err(at(&format!(
-                            "model call of round {round} requested, but the loop was at {other:?}"
-                        )));
+                Record::RemindersGiven { reminders, .. } => {
+                    m.settle_unrecorded(false)?;
+                    m.reminders_given(reminders.clone()).map_err(unfit)?;
+                }
+                Record::StopChecked { signal, .. } => {
+                    m.stop_checked(signal.clone()).map_err(unfit)?;
+                }
+                Record::ModelRequested { round } => {
+                    m.settle_unrecorded(true)?;
+                    match m.next_step() {
+                        Step::CallModel { round: r, .. } if r == *round => {}
+                        other => {
+                            return Err(at(&format!(
+                                "model call of round {round} requested, but the loop was at \
+                                 {other:?}"
+                            )));
+                        }
                     }
-                },
+                }
                 Record::ModelResponded { response, cost, .. } => {
-                    m.model_responded(response.clone(), *cost)
+                    m.model_responded(response.clone(), *cost).map_err(unfit)?
                 }
-                Record::ModelFailed { message, .. } => {
-                    m.model_failed(&ModelError::Other(message.clone()))
-                }
+                Record::ModelFailed { message, .. } => m
+                    .model_failed(&ModelError::Other(message.clone()))
+                    .map_err(unfit)?,
                 Record::ToolStarted { index, .. } => {
                     if m.round_call(*index).is_none() {
                         return Err(at(&format!("tool call {index} started outside a round")));
@@ -807,18 +1133,20 @@ impl Machine {
                     attempts,
                     ..
                 } => {
-                    m.tool_finished(*index, result.clone(), *duration_ms, *attempts);
+                    m.tool_finished(*index, result.clone(), *duration_ms, *attempts)
+                        .map_err(unfit)?;
                     in_flight.retain(|i| i != index);
                 }
                 Record::ToolUnknown { index, .. } => {
-                    m.tool_outcome_unknown(*index);
+                    m.tool_outcome_unknown(*index).map_err(unfit)?;
                     in_flight.retain(|i| i != index);
                 }
                 Record::RoundLimitDecided { decision } => {
+                    m.settle_unrecorded(false)?;
                     if m.next_step() != Step::DecideRoundLimit {
                         return Err(at("a round-limit decision outside the round limit"));
                     }
-                    m.round_limit_decided(decision.clone());
+                    m.round_limit_decided(decision.clone()).map_err(unfit)?;
                 }
                 Record::Interrupted { why } => m.interrupt(*why),
                 Record::Finished => {}
@@ -828,10 +1156,26 @@ impl Machine {
         Ok((m, in_flight))
     }
 
+    /// During replay, before a record that comes after a hook's answer: a `stop_when` (and,
+    /// with `reminders_too`, a `reminders`) answer the log does not hold was given by a run
+    /// that did not record them; it is taken as no signal (no reminders).
+    fn settle_unrecorded(&mut self, reminders_too: bool) -> Result<(), String> {
+        loop {
+            let fits = |e: PhaseError| e.to_string();
+            match self.next_step() {
+                Step::CheckStop => self.stop_checked(None).map_err(fits)?,
+                Step::GetReminders if reminders_too => {
+                    self.reminders_given(Vec::new()).map_err(fits)?
+                }
+                _ => return Ok(()),
+            }
+        }
+    }
+
     /// The model call failed (after the adapter's retries).
-    pub fn model_failed(&mut self, error: &ModelError) {
-        if matches!(self.state.phase, Phase::Done { .. }) {
-            return;
+    pub fn model_failed(&mut self, error: &ModelError) -> Result<(), PhaseError> {
+        if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
+            return Err(self.phase_error("model_failed", String::new()));
         }
         self.finish(
             StopReason::ModelError,
@@ -841,12 +1185,13 @@ impl Machine {
                 message: error.to_string(),
             }),
         );
+        Ok(())
     }
 
-    /// `on_round_limit` decided.
-    pub fn round_limit_decided(&mut self, decision: RoundLimitDecision) {
+    /// `on_round_limit` decided ([`Step::DecideRoundLimit`]).
+    pub fn round_limit_decided(&mut self, decision: RoundLimitDecision) -> Result<(), PhaseError> {
         if self.state.phase != Phase::RoundLimit {
-            return;
+            return Err(self.phase_error("round_limit_decided", String::new()));
         }
         match decision {
             RoundLimitDecision::Extend(n) if n > 0 => {
@@ -871,9 +1216,10 @@ impl Machine {
                 );
             }
         }
+        Ok(())
     }
 
-    /// Stops the run now. Calls still in flight get a synthetic "cancelled" result, so the
+    /// Stops the run now (a run already finished stays as it is). Calls still in flight get a synthetic "cancelled" result, so the
     /// transcript stays valid.
     pub fn interrupt(&mut self, why: Interrupt) {
         if matches!(self.state.phase, Phase::Done { .. }) {
@@ -915,7 +1261,7 @@ impl Machine {
         );
     }
 
-    fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Usage) {
+    fn round_finished_event(&mut self, finish_reason: FinishReason, usage: Option<Usage>) {
         emit!(
             self,
             Event::RoundFinished {
@@ -934,10 +1280,21 @@ impl Machine {
             finish_reason,
             usage,
             slots,
+            stop_signal,
+            ..
         } = std::mem::replace(&mut self.state.phase, Phase::Ready)
         else {
             return;
         };
+        // Every result the model reads is capped here, whatever settled it: a tool's output, an
+        // error that quotes the model's input, a notice.
+        let max_chars = self.config.max_result_chars;
+        let mut slots = slots;
+        for slot in &mut slots {
+            if let Some(content) = slot.content.take() {
+                slot.content = Some(result::cap(content, max_chars));
+            }
+        }
         let round = self.state.round;
         let mut invalid_code = None;
         let mut truncated = false;
@@ -977,7 +1334,7 @@ impl Machine {
             _ => None,
         };
         let signal = if interrupted.is_none() && strict.is_none() {
-            self.round_signal(&slots)
+            self.terminal_signal(&slots).or(stop_signal)
         } else {
             None
         };
@@ -1047,9 +1404,10 @@ impl Machine {
         self.check_invalid_budget(code, "the model kept making invalid tool calls");
     }
 
-    /// The signal that ends the run after this round: a terminal tool's, or `stop_when`'s.
-    fn round_signal(&self, slots: &[Slot]) -> Option<String> {
-        let terminal = slots.iter().find_map(|s| match &s.output {
+    /// A terminal tool's signal in this round, if any (it ends the run before `stop_when` is
+    /// asked).
+    fn terminal_signal(&self, slots: &[Slot]) -> Option<String> {
+        slots.iter().find_map(|s| match &s.output {
             Some(Ok(out)) => out.signal.clone().or_else(|| {
                 self.toolbox
                     .get(&s.call.name)
@@ -1057,18 +1415,6 @@ impl Machine {
                     .map(|_| s.call.name.clone())
             }),
             _ => None,
-        });
-        terminal.or_else(|| {
-            self.hooks.stop_when.as_ref().and_then(|f| {
-                let calls: Vec<RoundCall<'_>> = slots
-                    .iter()
-                    .map(|s| RoundCall {
-                        call: &s.call,
-                        result: s.output.as_ref(),
-                    })
-                    .collect();
-                f(&calls)
-            })
         })
     }
 
@@ -1119,11 +1465,14 @@ impl Machine {
             messages,
             round,
             usage,
+            calls_without_usage,
             cost,
             calls,
             phase,
             ..
         } = self.state;
+        // With no reported usage there is nothing to price: the cost is unknown, not zero.
+        let cost = if usage.is_some() { cost } else { None };
         let Phase::Done {
             stop_reason,
             signal,
@@ -1153,10 +1502,266 @@ impl Machine {
             tool_calls: calls,
             messages,
             usage,
+            calls_without_usage,
             cost,
             duration_ms,
             error,
             run_id: None,
+        }
+    }
+}
+
+/// The machine driven by hand, with no runtime and no I/O: each test feeds model responses, tool
+/// results and hook answers, and checks the steps the machine asks for.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::tool::{ToolContext, tool_fn};
+    use serde_json::{Value, json};
+
+    /// A machine over one tool, `echo`, and a conversation of one user message.
+    struct Harness {
+        m: Machine,
+    }
+
+    /// Hooks that are set but must never be called: the machine only asks for their answers.
+    fn hooks_never_called() -> Hooks {
+        fn stop_when(_: &[RoundCall<'_>]) -> Option<String> {
+            panic!("the machine called stop_when")
+        }
+        fn on_round_limit(
+            _: LoopView<'_>,
+        ) -> futures::future::BoxFuture<'static, RoundLimitDecision> {
+            panic!("the machine called on_round_limit")
+        }
+        fn reminders(_: LoopView<'_>) -> Vec<String> {
+            panic!("the machine called reminders")
+        }
+        Hooks {
+            stop_when: Some(Arc::new(stop_when)),
+            on_round_limit: Some(Arc::new(on_round_limit)),
+            reminders: Some(Arc::new(reminders)),
+        }
+    }
+
+    impl Harness {
+        fn new(config: LoopConfig, hooks: Hooks, messages: Vec<Message>) -> Self {
+            let mut toolbox = Toolbox::new();
+            toolbox
+                .add(tool_fn(
+                    "echo",
+                    "Echoes.",
+                    |a: Value, _: ToolContext| async move {
+                        Ok::<_, ToolError>(ToolOutput::text(a.to_string()))
+                    },
+                ))
+                .unwrap();
+            let m = Machine::new(Arc::new(config), hooks, Arc::new(toolbox), messages);
+            Harness { m }
+        }
+
+        fn plain() -> Self {
+            Harness::new(
+                LoopConfig::default(),
+                Hooks::default(),
+                vec![Message::user("go")],
+            )
+        }
+
+        fn expect_call_model(&mut self) -> (u32, Vec<String>) {
+            match self.m.next_step() {
+                Step::CallModel { round, reminders } => (round, reminders),
+                other => panic!("expected a model call, got {other:?}"),
+            }
+        }
+
+        fn respond(&mut self, response: ModelResponse) {
+            self.m.model_responded(response, None).unwrap();
+        }
+
+        fn expect_tools(&mut self) -> Vec<usize> {
+            match self.m.next_step() {
+                Step::RunTools(batches) => batches.into_iter().flat_map(|b| b.calls).collect(),
+                other => panic!("expected tool calls, got {other:?}"),
+            }
+        }
+
+        fn finish_tools(&mut self) {
+            for i in self.expect_tools() {
+                self.m
+                    .tool_finished(i, Ok(ToolOutput::text("ok")), 1, 1)
+                    .unwrap();
+            }
+        }
+    }
+
+    fn echo(id: &str, n: i64) -> ToolCall {
+        let mut c = ToolCall::new("echo", json!({ "n": n }));
+        c.id = id.into();
+        c
+    }
+
+    #[test]
+    fn hooks_are_steps_the_driver_answers_and_the_machine_never_calls() {
+        let mut h = Harness::new(
+            LoopConfig::default(),
+            hooks_never_called(),
+            vec![Message::user("go")],
+        );
+        assert_eq!(h.m.next_step(), Step::GetReminders);
+        assert_eq!(h.m.view().round, 1, "the view is of the round about to run");
+        h.m.reminders_given(vec!["be brief".into()]).unwrap();
+        assert_eq!(h.expect_call_model(), (1, vec!["be brief".to_string()]));
+        h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+        h.finish_tools();
+        assert_eq!(h.m.next_step(), Step::CheckStop);
+        let calls = h.m.round_calls();
+        assert_eq!(calls.len(), 1);
+        assert!(matches!(calls[0].result, Some(Ok(_))));
+        h.m.stop_checked(Some("enough".into())).unwrap();
+        assert_eq!(h.m.next_step(), Step::Finished);
+        let out = h.m.into_outcome(0);
+        assert_eq!(out.stop_reason, StopReason::TerminalSignal);
+        assert_eq!(out.signal.as_deref(), Some("enough"));
+    }
+
+    #[test]
+    fn stop_when_without_a_signal_lets_the_run_go_on_and_is_asked_once() {
+        let mut h = Harness::new(
+            LoopConfig::default(),
+            Hooks {
+                reminders: None,
+                ..hooks_never_called()
+            },
+            vec![Message::user("go")],
+        );
+        h.expect_call_model();
+        h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+        h.finish_tools();
+        assert_eq!(h.m.next_step(), Step::CheckStop);
+        h.m.stop_checked(None).unwrap();
+        assert!(h.m.stop_checked(None).is_err(), "asked once");
+        assert_eq!(h.expect_call_model().0, 2);
+    }
+
+    #[test]
+    fn inputs_in_the_wrong_phase_are_refused_and_change_nothing() {
+        let mut h = Harness::plain();
+        let refused = |h: &mut Harness, f: &dyn Fn(&mut Machine) -> Result<(), PhaseError>| {
+            let before = h.m.state().clone();
+            let e = f(&mut h.m).expect_err("refused");
+            assert_eq!(h.m.state(), &before, "{e}");
+            e
+        };
+        let e = refused(&mut h, &|m| {
+            m.model_responded(ModelResponse::text("x"), None)
+        });
+        assert_eq!(e.input, "model_responded");
+        assert!(e.to_string().contains("ready for the next round"), "{e}");
+        refused(&mut h, &|m| {
+            m.tool_finished(0, Ok(ToolOutput::text("x")), 0, 1)
+        });
+        refused(&mut h, &|m| m.model_failed(&ModelError::Other("x".into())));
+
+        h.expect_call_model();
+        refused(&mut h, &|m| m.reminders_given(vec![]));
+        refused(&mut h, &|m| m.stop_checked(None));
+        refused(&mut h, &|m| m.round_limit_decided(RoundLimitDecision::Stop));
+        refused(&mut h, &|m| m.tool_outcome_unknown(0));
+        h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+        refused(&mut h, &|m| {
+            m.model_responded(ModelResponse::text("x"), None)
+        });
+        let e = refused(&mut h, &|m| {
+            m.tool_finished(5, Ok(ToolOutput::text("x")), 0, 1)
+        });
+        assert!(e.to_string().contains("no call 5"), "{e}");
+        h.m.tool_finished(0, Ok(ToolOutput::text("x")), 0, 1)
+            .unwrap();
+        let e = refused(&mut h, &|m| {
+            m.tool_finished(0, Ok(ToolOutput::text("y")), 0, 1)
+        });
+        assert!(e.to_string().contains("already has its result"), "{e}");
+        // No stop_when hook: nothing to answer.
+        refused(&mut h, &|m| m.stop_checked(None));
+        h.expect_call_model();
+        h.respond(ModelResponse::text("done"));
+        refused(&mut h, &|m| {
+            m.model_responded(ModelResponse::text("x"), None)
+        });
+        assert_eq!(h.m.next_step(), Step::Finished);
+    }
+
+    #[test]
+    fn call_ids_are_made_unique_on_arrival() {
+        // An id from the conversation the run starts with, an id repeated in the reply, and no
+        // id at all.
+        let earlier = Message::Assistant(AssistantMessage {
+            text: None,
+            tool_calls: vec![echo("x", 0)],
+            parts: vec![],
+        });
+        let result = Message::Tool(ToolResult {
+            call_id: "x".into(),
+            name: "echo".into(),
+            content: "{}".into(),
+            is_error: false,
+        });
+        let mut h = Harness::new(
+            LoopConfig::default(),
+            Hooks::default(),
+            vec![Message::user("go"), earlier, result],
+        );
+        h.expect_call_model();
+        h.respond(ModelResponse::tool_calls(vec![
+            echo("x", 1),
+            echo("y", 2),
+            echo("y", 3),
+            echo("", 4),
+            echo("x_2", 5),
+        ]));
+        let ids: Vec<String> = (0..5)
+            .map(|i| h.m.round_call(i).unwrap().id.clone())
+            .collect();
+        // `x_2` is the reply's own id, so the first `x` gets the next free one.
+        assert_eq!(ids, ["x_3", "y", "y_2", "call_2", "x_2"]);
+        let replaced: Vec<(String, String)> =
+            h.m.take_events()
+                .filter_map(|e| match e {
+                    Event::CallIdReplaced { original, id, .. } => Some((original, id)),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(replaced.len(), 3, "{replaced:?}");
+        h.finish_tools();
+        h.expect_call_model();
+        h.respond(ModelResponse::text("done"));
+        let out = h.m.into_outcome(0);
+        assert!(crate::transcript::check_transcript(&out.messages).is_empty());
+    }
+
+    #[test]
+    fn replacement_ids_keep_their_shape() {
+        assert_eq!(replacement_id("toolu_01A", 2), "toolu_01A_2");
+        assert_eq!(replacement_id("aB3dE5gH1", 2), "aB3dE5gH2");
+        assert_eq!(replacement_id("aB3dE5gH1", 40), "aB3dE5g14");
+        assert_eq!(replacement_id("", 3), "call_3");
+        assert_eq!(replacement_id(&"z".repeat(1000), 2).len(), 64);
+    }
+
+    #[test]
+    fn a_mixed_round_runs_parallel_safe_calls_together_and_others_alone() {
+        let mut h = Harness::plain();
+        h.expect_call_model();
+        h.respond(ModelResponse::tool_calls(vec![echo("a", 1), echo("b", 2)]));
+        // `echo` is not marked parallel-safe: one batch per call, in the model's order.
+        match h.m.next_step() {
+            Step::RunTools(batches) => {
+                assert_eq!(batches.len(), 2);
+                assert!(batches.iter().all(|b| !b.parallel && b.calls.len() == 1));
+                assert_eq!(batches[0].calls, [0]);
+            }
+            other => panic!("{other:?}"),
         }
     }
 }

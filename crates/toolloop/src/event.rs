@@ -80,6 +80,17 @@ pub enum Event {
         /// The call.
         call: ToolCall,
     },
+    /// The model gave a call an id that another call already has (in the same reply, or
+    /// earlier in the conversation) or no id at all; the call got a fresh one, which its result
+    /// carries too. Sent before the call's `tool_call_requested`.
+    CallIdReplaced {
+        /// The round.
+        round: u32,
+        /// The id the model gave (shortened when long).
+        original: String,
+        /// The id the call has now.
+        id: String,
+    },
     /// A call was identical to a recent one and was not run.
     DuplicateDetected {
         /// The round.
@@ -143,10 +154,10 @@ pub enum Event {
         round: u32,
         /// Why the model stopped.
         finish_reason: FinishReason,
-        /// This round's usage.
-        usage: Usage,
+        /// This round's usage; `None` when the server did not report it.
+        usage: Option<Usage>,
         /// Usage so far.
-        total_usage: Usage,
+        total_usage: Option<Usage>,
     },
     /// The run ended.
     RunFinished {

@@ -1,17 +1,19 @@
 //! The run log: every step of a run is written before it is acted on, so that a run killed at
 //! any point can be rebuilt and continued.
 //!
-//! The driver records a [`Record`] before each model call, after each response, before each tool
-//! call starts and after it finishes, and for every decision and interruption. Replaying the
-//! records into a fresh [`crate::engine::Machine`] rebuilds the loop's state exactly: the
-//! machine is deterministic given its inputs.
+//! The driver records a [`Record`] for the model's responses, each tool call's intent before it
+//! starts and its result after it finishes, every hook's answer (`reminders`, `stop_when`,
+//! `on_round_limit`), and every interruption. Replaying the records into a fresh
+//! [`crate::engine::Machine`] rebuilds the loop's state exactly: the machine is deterministic
+//! given its inputs, and a hook's answer is an input, so replaying never calls the hooks again
+//! (a hook that answers differently the second time cannot make a log look corrupt).
 //!
 //! Only what must be durable before the driver acts is waited for, and a step's records are
 //! written together ([`Journal::append_all`], one transaction in the store): the run's start;
 //! before a batch of tool calls runs, the model's response and the calls' intents (with the
-//! request record before them); after the batch, the calls' results; and the run's end. A
-//! model call needs no durable record before it is made: a crash during it leaves the round
-//! without a response, and the call is made again on resume. On resume, model calls that already returned are
+//! request record and the hooks' answers before them); after the batch, the calls' results; and
+//! the run's end. A model call needs no durable record before it is made: a crash during it
+//! leaves the round without a response, and the call is made again on resume. On resume, model calls that already returned are
 //! not made again and tool calls that already finished are not run again; a call that was in
 //! flight is run again when its tool is read-only or idempotent, and reported as "outcome
 //! unknown" when it has side effects (unless a resume policy says otherwise).
@@ -37,6 +39,20 @@ pub enum Record {
     Started {
         /// The conversation at the start (system prompt included).
         messages: Vec<Message>,
+    },
+    /// The `reminders` hook answered, for the round about to start.
+    RemindersGiven {
+        /// The round about to start.
+        round: u32,
+        /// The reminders sent with that round's request.
+        reminders: Vec<String>,
+    },
+    /// `stop_when` answered after every call of the round ran.
+    StopChecked {
+        /// The round.
+        round: u32,
+        /// The signal that ends the run, if it gave one.
+        signal: Option<String>,
     },
     /// A model call is about to be made.
     ModelRequested {

@@ -22,7 +22,8 @@ pub enum StopReason {
     TerminalSignal,
     /// Too many invalid tool calls in a row (or one, under the strict policy).
     TooManyInvalidCalls,
-    /// The output-token limit cut a tool call short.
+    /// The output-token limit cut the model's turn short: a tool call (never run), or the
+    /// answer (its text is kept in [`Outcome::text`], but it is incomplete).
     OutputTruncated,
     /// The model call failed.
     ModelError,
@@ -63,6 +64,8 @@ pub enum ErrorCode {
     Cancelled,
     /// The run log could not be written.
     StoreFailed,
+    /// The output-token limit cut the model's answer short.
+    OutputTruncated,
 }
 
 /// A failed run's error.
@@ -145,9 +148,16 @@ pub struct Outcome {
     pub tool_calls: Vec<ExecutedCall>,
     /// The whole transcript (the caller's messages plus what this run added).
     pub messages: Vec<Message>,
-    /// Usage summed over every model call.
-    pub usage: Usage,
-    /// Cost in US dollars; `None` when a model had no price.
+    /// Usage summed over the model calls whose server reported it; `None` (JSON `null`) when
+    /// none did, or no model call returned. See [`Outcome::calls_without_usage`].
+    #[serde(default)]
+    pub usage: Option<Usage>,
+    /// Model calls that returned without a usage report. When it is not 0, `usage` leaves
+    /// their tokens out (it is a lower bound) and `cost` is unknown.
+    #[serde(default)]
+    pub calls_without_usage: u32,
+    /// Cost in US dollars; `None` (unknown, never 0) when the model has no price, when a model
+    /// call reported no usage, or when no model call returned.
     pub cost: Option<f64>,
     /// Wall-clock duration in milliseconds.
     pub duration_ms: u64,

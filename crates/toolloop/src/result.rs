@@ -33,6 +33,23 @@ pub fn error_content(message: &str) -> String {
     serialize(&Err(ToolError::new(message)))
 }
 
+/// The most characters of a name (a tool name, a call id) that a message or an event repeats;
+/// see [`shorten`].
+pub const ECHO_CHARS: usize = 64;
+
+/// `text` as a message repeats it: at most `max_chars` characters, and when it is longer, its
+/// head and a note of how many characters were left out. A model's tool name or call id can be
+/// any length; an error message that names it must not grow with it.
+pub fn shorten(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    match text.char_indices().nth(max_chars) {
+        None => std::borrow::Cow::Borrowed(text),
+        Some((end, _)) => {
+            let rest = text[end..].chars().count();
+            std::borrow::Cow::Owned(format!("{}…[{rest} more characters]", &text[..end]))
+        }
+    }
+}
+
 /// Caps `content` at `max_chars` characters, keeping the head and the tail with a marker in
 /// between saying how many characters were cut. `max_chars == 0` means no cap.
 pub fn cap(content: String, max_chars: usize) -> String {
@@ -98,6 +115,15 @@ mod tests {
         assert!(c.contains("[truncated 6040 characters]"), "{c}");
         assert_eq!(cap("short".into(), 4000), "short");
         assert_eq!(cap(s.clone(), 0), s);
+    }
+
+    #[test]
+    fn shorten_keeps_short_text_and_cuts_long_text() {
+        assert_eq!(shorten("read_file", ECHO_CHARS), "read_file");
+        let long = "é".repeat(1000);
+        let s = shorten(&long, 10);
+        assert!(s.starts_with(&"é".repeat(10)), "{s}");
+        assert!(s.ends_with("…[990 more characters]"), "{s}");
     }
 
     proptest! {

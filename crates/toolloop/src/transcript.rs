@@ -76,7 +76,8 @@ pub fn repair_transcript(messages: &mut Vec<Message>) -> Vec<String> {
                     if !first {
                         repairs.push(format!(
                             "message {i}: dropped a second call with id `{}` ({}) from the turn",
-                            c.id, c.name
+                            short(&c.id),
+                            short(&c.name)
                         ));
                     }
                     first
@@ -107,7 +108,7 @@ pub fn repair_transcript(messages: &mut Vec<Message>) -> Vec<String> {
                             if j >= block_end {
                                 repairs.push(format!(
                                     "message {j}: moved the result of call `{}` ({}) up behind its call",
-                                    call.id, call.name
+                                    short(&call.id), short(&call.name)
                                 ));
                             }
                             answered_results.push(Message::Tool(r.clone()));
@@ -115,7 +116,7 @@ pub fn repair_transcript(messages: &mut Vec<Message>) -> Vec<String> {
                         None => {
                             repairs.push(format!(
                                 "message {i}: call `{}` ({}) had no result; added a synthetic \"outcome unknown\" error result",
-                                call.id, call.name
+                                short(&call.id), short(&call.name)
                             ));
                             answered_results.push(synthetic(call.id.clone(), call.name.clone()));
                         }
@@ -187,14 +188,21 @@ fn drop_note(at: usize, r: &ToolResult, answered: &HashSet<String>) -> String {
     if answered.contains(&r.call_id) {
         format!(
             "message {at}: dropped a second result for call `{}` ({})",
-            r.call_id, r.name
+            short(&r.call_id),
+            short(&r.name)
         )
     } else {
         format!(
             "message {at}: dropped a result for call `{}` ({}) that answers no earlier call",
-            r.call_id, r.name
+            short(&r.call_id),
+            short(&r.name)
         )
     }
+}
+
+/// An id or a name as a repair note repeats it (shortened: either can be any length).
+fn short(text: &str) -> std::borrow::Cow<'_, str> {
+    crate::result::shorten(text, crate::result::ECHO_CHARS)
 }
 
 fn synthetic(call_id: String, name: String) -> Message {

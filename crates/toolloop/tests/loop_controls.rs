@@ -830,7 +830,7 @@ async fn the_test_model_calls_each_tool_once_from_its_schema_then_summarizes() {
     let summary: Value = serde_json::from_str(out.text.as_deref().unwrap()).unwrap();
     assert_eq!(summary["rich"]["message"], json!("rich done"));
     assert_eq!(summary["count"]["message"], json!("got a"));
-    assert!(out.usage.input_tokens > 0);
+    assert!(out.usage.unwrap().input_tokens > 0);
     assert_eq!(out.cost, None, "the test model has no price");
 }
 
@@ -859,8 +859,8 @@ async fn usage_and_cost_are_summed_and_unknown_prices_give_unknown_cost() {
         .build()
         .unwrap();
     let out = agent.prompt("go").await;
-    assert_eq!(out.usage.input_tokens, 2_000_000);
-    assert_eq!(out.usage.output_tokens, 1_000_000);
+    assert_eq!(out.usage.unwrap().input_tokens, 2_000_000);
+    assert_eq!(out.usage.unwrap().output_tokens, 1_000_000);
     let cost = out.cost.unwrap();
     assert!((cost - (2.0 * 2.5 + 10.0)).abs() < 1e-9, "{cost}");
 
@@ -870,7 +870,7 @@ async fn usage_and_cost_are_summed_and_unknown_prices_give_unknown_cost() {
         .unwrap();
     let out = agent.prompt("go").await;
     assert_eq!(out.cost, None);
-    assert_eq!(out.usage.input_tokens, 2_000_000);
+    assert_eq!(out.usage.unwrap().input_tokens, 2_000_000);
 }
 
 #[tokio::test]
@@ -1139,4 +1139,224 @@ async fn a_stream_broken_after_output_restarts_the_model_call_within_its_budget(
             .message
             .contains("broke after delivering output")
     );
+}
+
+#[tokio::test]
+async fn every_result_is_capped_and_echoed_names_are_shortened() {
+    let huge = "x".repeat(1_000_000);
+    let count = Arc::new(AtomicU32::new(0));
+    let mut near_miss = ModelResponse::text("<PTK_CALL>oops</PTK_CALL>");
+    near_miss.malformed_call = Some(format!("Your tool call could not be read: {huge}"));
+    near_miss.finish_reason = FinishReason::MalformedToolCall;
+    let reasons = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = reasons.clone();
+    let agent = builder(scripted(vec![
+        near_miss,
+        calls(vec![
+            // An unknown tool whose name is a megabyte.
+            call(&huge, json!({})),
+            // Arguments failing the schema, quoted back by the validator.
+            call("count", json!({"key": [huge.clone()]})),
+            ToolCall::from_raw_arguments("c3".into(), huge.clone(), &format!("{{\"{huge}")),
+        ]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .config(LoopConfig {
+        max_result_chars: 500,
+        invalid_calls: InvalidCallPolicy::Feedback { budget: 10 },
+        ..LoopConfig::default()
+    })
+    .on_event(move |e| {
+        if let Event::InvalidToolCall { reason, .. } | Event::MalformedToolCall { reason, .. } = e {
+            seen.lock().unwrap().push(reason.clone());
+        }
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.tool_calls.len(), 3);
+    for c in &out.tool_calls {
+        assert_eq!(c.status, CallStatus::Invalid);
+        assert!(c.content.chars().count() <= 500, "{}", c.content.len());
+    }
+    assert!(out.tool_calls[0].content.contains("Unknown tool `xxx"));
+    for m in &out.messages {
+        if let Message::Tool(r) = m {
+            assert!(r.content.chars().count() <= 500, "{}", r.content.len());
+        }
+        if let Message::User { content } = m {
+            assert!(content.chars().count() <= 500, "{}", content.len());
+        }
+    }
+    let reasons = reasons.lock().unwrap();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    for r in reasons.iter() {
+        assert!(r.chars().count() <= 500, "{}", r.len());
+    }
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn an_answer_cut_by_the_output_limit_is_marked_truncated_with_its_text() {
+    let mut cut = ModelResponse::text("The three steps are: first, mix; second,");
+    cut.finish_reason = FinishReason::Length;
+    let agent = builder(scripted(vec![cut])).build().unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::OutputTruncated);
+    assert!(!out.success);
+    assert_eq!(
+        out.text.as_deref(),
+        Some("The three steps are: first, mix; second,")
+    );
+    let err = out.error.unwrap();
+    assert_eq!(err.code, ErrorCode::OutputTruncated);
+    assert!(
+        err.message.contains("output-token limit"),
+        "{}",
+        err.message
+    );
+    // A complete answer is still an answer.
+    let agent = builder(scripted(vec![ModelResponse::text("whole")]))
+        .build()
+        .unwrap();
+    assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
+}
+
+#[tokio::test]
+async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
+    use toolloop::config::Hooks;
+    use toolloop::engine::Machine;
+    use toolloop::journal::{Journal, MemoryJournal};
+    use toolloop::transcript::check_transcript;
+    let with_id = |id: &str, key: &str| {
+        let mut c = call("count", json!({ "key": key }));
+        c.id = id.into();
+        c
+    };
+    let count = Arc::new(AtomicU32::new(0));
+    let journal = Arc::new(MemoryJournal::new());
+    let replaced = Arc::new(Mutex::new(Vec::new()));
+    let seen = replaced.clone();
+    let agent = builder(scripted(vec![
+        // Twice the same id in one reply.
+        calls(vec![
+            with_id("call_1", "a"),
+            with_id("call_1", "b"),
+            with_id("x-2", "c"),
+        ]),
+        // An id already in the conversation, and a nine-character one used twice.
+        calls(vec![
+            with_id("call_1", "d"),
+            with_id("aB3dE5gH1", "e"),
+            with_id("aB3dE5gH1", "f"),
+        ]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .journal(journal.clone())
+    .on_event(move |e| {
+        if let Event::CallIdReplaced { original, id, .. } = e {
+            seen.lock().unwrap().push((original.clone(), id.clone()));
+        }
+    })
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(count.load(Ordering::SeqCst), 6, "every call ran");
+    let ids: Vec<&str> = out.tool_calls.iter().map(|c| c.call.id.as_str()).collect();
+    assert_eq!(ids[0], "call_1");
+    assert_eq!(ids[4], "aB3dE5gH1");
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 6, "{ids:?}");
+    // The replacements keep the id's shape.
+    assert_eq!(ids[1], "call_1_2");
+    assert_eq!(ids[5].len(), 9, "{ids:?}");
+    assert!(ids[5].bytes().all(|b| b.is_ascii_alphanumeric()), "{ids:?}");
+    assert_eq!(
+        replaced.lock().unwrap().len(),
+        3,
+        "{:?}",
+        replaced.lock().unwrap()
+    );
+    assert_valid_transcript(&out.messages);
+    // Reloading the transcript drops nothing.
+    assert!(check_transcript(&out.messages).is_empty());
+    // The run log replays to the same transcript.
+    let records = journal.load(out.run_id.as_deref().unwrap()).await.unwrap();
+    let (machine, _) = Machine::replay(
+        Arc::new(agent.config().clone()),
+        Hooks::default(),
+        agent.toolbox().clone(),
+        &records,
+    )
+    .unwrap();
+    assert_eq!(machine.messages(), &out.messages[..]);
+}
+
+#[tokio::test]
+async fn usage_a_server_did_not_report_is_unknown_never_zero() {
+    let with_usage = |mut r: ModelResponse| {
+        r.usage = Some(Usage {
+            input_tokens: 100,
+            output_tokens: 10,
+            ..Usage::default()
+        });
+        r
+    };
+    // No call reports usage: usage and cost are unknown, even for a priced model.
+    let agent = builder(
+        scripted(vec![
+            calls(vec![call("count", json!({"key": "a"}))]),
+            ModelResponse::text("done"),
+        ])
+        .named("gpt-4o"),
+    )
+    .tool(counter("count", Arc::new(AtomicU32::new(0))))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.usage, None);
+    assert_eq!(out.calls_without_usage, 2);
+    assert_eq!(out.cost, None);
+    let json = serde_json::to_value(&out).unwrap();
+    assert_eq!(json["usage"], Value::Null);
+    assert_eq!(json["cost"], Value::Null);
+
+    // One of two calls reports: the sum counts what was reported, the cost is unknown.
+    let agent = builder(
+        scripted(vec![
+            with_usage(calls(vec![call("count", json!({"key": "a"}))])),
+            ModelResponse::text("done"),
+        ])
+        .named("gpt-4o"),
+    )
+    .tool(counter("count", Arc::new(AtomicU32::new(0))))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.usage.unwrap().input_tokens, 100);
+    assert_eq!(out.calls_without_usage, 1);
+    assert_eq!(out.cost, None);
+
+    // No model call succeeded: nothing is known, the cost is not 0.
+    let model = ScriptedModel::from_json(r#"[{"error": "HTTP 503"}]"#)
+        .unwrap()
+        .named("gpt-4o");
+    let out = builder(model).build().unwrap().prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::ModelError);
+    assert_eq!(out.usage, None);
+    assert_eq!(out.cost, None);
+
+    // Outcomes written before usage could be unknown still read back.
+    let mut old = serde_json::to_value(&out).unwrap();
+    old["usage"] = json!({"input_tokens": 3, "output_tokens": 1});
+    old.as_object_mut().unwrap().remove("calls_without_usage");
+    let back: Outcome = serde_json::from_value(old).unwrap();
+    assert_eq!(back.usage.unwrap().input_tokens, 3);
+    assert_eq!(back.calls_without_usage, 0);
 }

@@ -795,3 +795,74 @@ fn fuzz_findings_stream_the_same() {
         }
     }
 }
+
+/// The correction after a call that did not parse teaches the format exactly as the model must
+/// write it, in every dialect: the format is never escaped (only quotes of the model's own text
+/// are).
+#[tokio::test]
+async fn the_correction_after_a_malformed_call_teaches_the_format_unescaped() {
+    use toolloop::agent::Agent;
+    use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+    let cases = [
+        (
+            Dialect::Ptk,
+            "<PTK_CALL>{\"tool\": \"read_file\", \"args\": {\"path\": @}}</PTK_CALL>",
+        ),
+        (
+            Dialect::Hermes,
+            "<tool_call>\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\"\n",
+        ),
+        (Dialect::Mistral, "[TOOL_CALLS]read_file(path=a)\n"),
+        (
+            Dialect::Llama3,
+            "{\"name\": \"read_file\", \"parameters\": {\"path\": oops}}",
+        ),
+        (
+            Dialect::Qwen3Coder,
+            "<tool_call><function=read_file><parameter=path>a</parameter>junk</function></tool_call>",
+        ),
+        (
+            Dialect::FencedJson,
+            "```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\" \"x\": ]}\n```",
+        ),
+    ];
+    for (dialect, broken) in cases {
+        let inner = Scripted::new(&[broken, "done"], 5);
+        let agent = Agent::builder(Prompted::new(inner.clone(), dialect))
+            .tool(tool_fn(
+                "read_file",
+                "Reads a file.",
+                |_: Value, _: ToolContext| async { Ok::<_, ToolError>(ToolOutput::text("x")) },
+            ))
+            .build()
+            .unwrap();
+        let out = agent.prompt("go").await;
+        assert_eq!(out.text.as_deref(), Some("done"), "{dialect}: {out:?}");
+        let seen = inner.seen.lock().unwrap();
+        let msgs = &seen[1].0;
+        let correction = msgs.last().unwrap();
+        assert_eq!(correction.role(), toolloop::message::Role::User, "{msgs:?}");
+        let text = correction.text();
+        assert!(text.contains("exactly like this"), "{dialect}: {text}");
+        let taught = Dialect::ALL
+            .iter()
+            .find(|d| text.contains(d.format()))
+            .unwrap_or_else(|| panic!("{dialect}: no format written as it is in {text}"));
+        assert!(
+            !taught.format().contains('<') || !text.contains("&lt;"),
+            "{dialect}: {text}"
+        );
+        assert!(!text.contains("&#91;"), "{dialect}: {text}");
+        assert!(msgs.iter().any(|m| m.text() == "go"));
+    }
+    // A quote of the model's text in the explanation is escaped, the format is not.
+    let tools = [read_file_tool()];
+    let why = parse_reply(
+        "<tool_call><function=read_file><parameter=path>a</parameter><PTK_CALL>x</function></tool_call>",
+        &tools,
+    )
+    .near_miss
+    .expect("a near miss");
+    assert!(why.contains("found `&lt;PTK_CALL>x"), "{why}");
+    assert!(why.contains(Dialect::Qwen3Coder.format()), "{why}");
+}

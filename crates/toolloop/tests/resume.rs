@@ -308,3 +308,163 @@ async fn a_step_is_written_at_once_and_only_before_it_acts() {
     assert_eq!(again.messages, out.messages);
     assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
 }
+
+/// A model that answers by round (the assistant turns so far) and records the reminders of
+/// every request.
+struct ByRound {
+    reminders: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+#[async_trait]
+impl toolloop::model::Model for ByRound {
+    fn name(&self) -> &str {
+        "by-round"
+    }
+    async fn complete(
+        &self,
+        request: &toolloop::model::ModelRequest<'_>,
+    ) -> Result<toolloop::model::ModelResponse, toolloop::model::ModelError> {
+        use toolloop::model::ModelResponse;
+        self.reminders
+            .lock()
+            .unwrap()
+            .push(request.reminders.to_vec());
+        let turns = request
+            .messages
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant(_)))
+            .count();
+        Ok(match turns {
+            0 | 1 => ModelResponse::tool_calls(vec![toolloop::message::ToolCall::new(
+                "note",
+                json!({ "n": turns }),
+            )]),
+            _ => ModelResponse::text("done"),
+        })
+    }
+}
+
+#[tokio::test]
+async fn hooks_that_answer_differently_the_second_time_do_not_break_a_resume() {
+    use toolloop::tool::{ToolError, ToolOutput, tool_fn};
+    let reminders_seen = Arc::new(Mutex::new(Vec::new()));
+    let reminder_calls = Arc::new(AtomicU32::new(0));
+    let stop_calls = Arc::new(AtomicU32::new(0));
+    let journal = Arc::new(MemoryJournal::new());
+    let (r, s) = (reminder_calls.clone(), stop_calls.clone());
+    let agent = Agent::builder(ByRound {
+        reminders: reminders_seen.clone(),
+    })
+    .tool(tool_fn(
+        "note",
+        "Takes a note.",
+        |_: serde_json::Value, _: toolloop::tool::ToolContext| async {
+            Ok::<_, ToolError>(ToolOutput::text("noted"))
+        },
+    ))
+    .journal(journal.clone())
+    // A different reminder every time it is asked.
+    .reminders(move |_| vec![format!("reminder {}", r.fetch_add(1, Ordering::SeqCst) + 1)])
+    // No signal the first two times, a signal every time after.
+    .stop_when(move |_| (s.fetch_add(1, Ordering::SeqCst) >= 2).then(|| "late".to_string()))
+    .build()
+    .unwrap();
+    let full = agent.prompt("go").await;
+    assert_eq!(full.stop_reason, StopReason::Answered);
+    assert_eq!(full.rounds, 3);
+    assert_eq!(stop_calls.load(Ordering::SeqCst), 2);
+    assert_eq!(reminder_calls.load(Ordering::SeqCst), 3);
+    let run_id = full.run_id.clone().unwrap();
+    let records = journal.load(&run_id).await.unwrap();
+
+    // Cut right after the third model call was requested: the process died during it.
+    let cut = records
+        .iter()
+        .rposition(|r| matches!(r, Record::ModelRequested { round: 3 }))
+        .unwrap()
+        + 1;
+    journal.truncate(&run_id, cut);
+    let resumed = agent
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .expect("the log replays without calling the hooks again");
+    assert_eq!(resumed.stop_reason, StopReason::Answered);
+    assert_eq!(resumed.text.as_deref(), Some("done"));
+    assert_eq!(resumed.messages, full.messages);
+    // Replaying asked no hook; the repeated model call carried the recorded reminders.
+    assert_eq!(stop_calls.load(Ordering::SeqCst), 2);
+    assert_eq!(reminder_calls.load(Ordering::SeqCst), 3);
+    let seen = reminders_seen.lock().unwrap();
+    assert_eq!(seen.last().unwrap(), &vec!["reminder 3".to_string()]);
+
+    // Cut anywhere: the log always replays (a hook asked again at resume may end the run).
+    for cut in 1..records.len() {
+        let journal = Arc::new(MemoryJournal::new());
+        for r in &records[..cut] {
+            journal.append(&run_id, r).await.unwrap();
+        }
+        let agent = Agent::builder(ByRound {
+            reminders: Arc::new(Mutex::new(Vec::new())),
+        })
+        .tool(tool_fn(
+            "note",
+            "Takes a note.",
+            |_: serde_json::Value, _: toolloop::tool::ToolContext| async {
+                Ok::<_, ToolError>(ToolOutput::text("noted"))
+            },
+        ))
+        .journal(journal)
+        .reminders(|_| vec!["other".into()])
+        .stop_when(|_| Some("other".into()))
+        .build()
+        .unwrap();
+        let out = agent
+            .resume(&run_id, CancellationToken::new())
+            .await
+            .unwrap_or_else(|e| panic!("cut at {cut}: {e}"));
+        assert!(out.success, "cut at {cut}: {:?}", out.stop_reason);
+    }
+}
+
+#[tokio::test]
+async fn a_record_that_does_not_fit_the_run_is_refused() {
+    use toolloop::config::{Hooks, LoopConfig};
+    use toolloop::engine::Machine;
+    use toolloop::model::ModelResponse;
+    use toolloop::toolbox::Toolbox;
+    let call = toolloop::message::ToolCall::new("charge", json!({"amount": 1}));
+    let mut toolbox = Toolbox::new();
+    toolbox
+        .add(Charge::new(
+            Arc::new(Mutex::new(HashMap::new())),
+            SideEffect::SideEffecting,
+        ))
+        .unwrap();
+    let records = vec![
+        Record::Started {
+            messages: vec![Message::user("go")],
+        },
+        Record::ModelRequested { round: 1 },
+        Record::ModelResponded {
+            round: 1,
+            response: ModelResponse::tool_calls(vec![call]),
+            cost: None,
+        },
+        // The round has one call: there is no call 3.
+        Record::ToolFinished {
+            round: 1,
+            index: 3,
+            result: Ok(toolloop::tool::ToolOutput::text("x")),
+            duration_ms: 1,
+            attempts: 1,
+        },
+    ];
+    let replayed = Machine::replay(
+        Arc::new(LoopConfig::default()),
+        Hooks::default(),
+        Arc::new(toolbox),
+        &records,
+    );
+    let err = replayed.err().expect("the record is refused");
+    assert!(err.contains("record 3") && err.contains("call 3"), "{err}");
+}

@@ -506,6 +506,8 @@ struct WireUsage {
     cache_read: u64,
     cache_write: u64,
     thinking: u64,
+    /// Whether an input or output count was reported at all.
+    reported: bool,
 }
 
 impl WireUsage {
@@ -513,9 +515,11 @@ impl WireUsage {
         let get = |k: &str| u.get(k).and_then(Value::as_u64);
         if let Some(v) = get("input_tokens") {
             self.input = v;
+            self.reported = true;
         }
         if let Some(v) = get("output_tokens") {
             self.output = v;
+            self.reported = true;
         }
         if let Some(v) = get("cache_read_input_tokens") {
             self.cache_read = v;
@@ -531,14 +535,16 @@ impl WireUsage {
         }
     }
 
-    fn usage(&self) -> Usage {
-        Usage {
+    /// The usage, or `None` when no input or output count was reported (a usage object
+    /// without them reports nothing: its tokens are unknown, not zero).
+    fn usage(&self) -> Option<Usage> {
+        self.reported.then_some(Usage {
             input_tokens: self.input + self.cache_read + self.cache_write,
             output_tokens: self.output,
             cache_read_tokens: self.cache_read,
             cache_write_tokens: self.cache_write,
             reasoning_tokens: self.thinking,
-        }
+        })
     }
 }
 
@@ -668,7 +674,7 @@ pub fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
         last.invalid_arguments = Some(last.arguments.to_string());
         last.arguments = json!({});
     }
-    let usage = v.get("usage").filter(|u| u.is_object()).map(|u| {
+    let usage = v.get("usage").filter(|u| u.is_object()).and_then(|u| {
         let mut w = WireUsage::default();
         w.update(u);
         w.usage()
@@ -755,7 +761,7 @@ impl SseDecode for StreamDecoder {
             "message_start" => {
                 if let Some(u) = v.pointer("/message/usage").filter(|u| u.is_object()) {
                     self.usage.update(u);
-                    out.push(StreamEvent::Usage(self.usage.usage()));
+                    out.extend(self.usage.usage().map(StreamEvent::Usage));
                 }
             }
             "content_block_start" => {
@@ -860,7 +866,7 @@ impl SseDecode for StreamDecoder {
                 }
                 if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
                     self.usage.update(u);
-                    out.push(StreamEvent::Usage(self.usage.usage()));
+                    out.extend(self.usage.usage().map(StreamEvent::Usage));
                 }
             }
             "message_stop" => self.stopped = true,

@@ -567,16 +567,22 @@ pub fn parse_error(status: u16, _headers: &HeaderMap, body: &[u8]) -> ApiError {
     }
 }
 
-fn usage(meta: &Value) -> Usage {
+/// The usage in `usageMetadata`, or `None` when it has neither a prompt nor an output count
+/// (then the tokens are unknown, not zero; a count left out next to the other is zero, as
+/// Gemini leaves zero counts out).
+fn usage(meta: &Value) -> Option<Usage> {
+    if meta.get("promptTokenCount").is_none() && meta.get("candidatesTokenCount").is_none() {
+        return None;
+    }
     let get = |k: &str| meta.get(k).and_then(Value::as_u64).unwrap_or(0);
     let thoughts = get("thoughtsTokenCount");
-    Usage {
+    Some(Usage {
         input_tokens: get("promptTokenCount") + get("toolUsePromptTokenCount"),
         output_tokens: get("candidatesTokenCount") + thoughts,
         cache_read_tokens: get("cachedContentTokenCount"),
         cache_write_tokens: 0,
         reasoning_tokens: thoughts,
-    }
+    })
 }
 
 const MALFORMED_HELP: &str = "Call a function by emitting a function call with the exact name \
@@ -748,7 +754,7 @@ impl ChunkDecoder {
             }
         }
         if let Some(meta) = v.get("usageMetadata").filter(|m| m.is_object()) {
-            out.push(StreamEvent::Usage(usage(meta)));
+            out.extend(usage(meta).map(StreamEvent::Usage));
         }
         Ok(())
     }

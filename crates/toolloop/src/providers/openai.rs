@@ -929,7 +929,12 @@ mod typed {
     }
 
     impl WireUsage {
-        fn usage(&self) -> Usage {
+        /// The usage, or `None` without a prompt or completion count (then the tokens are
+        /// unknown, not zero).
+        fn usage(&self) -> Option<Usage> {
+            if self.prompt_tokens.is_none() && self.completion_tokens.is_none() {
+                return None;
+            }
             let cache_read = self
                 .prompt_tokens_details
                 .as_ref()
@@ -938,7 +943,7 @@ mod typed {
                 .or(self.prompt_cache_hit_tokens)
                 .or(self.num_cached_tokens)
                 .unwrap_or(0);
-            Usage {
+            Some(Usage {
                 input_tokens: self.prompt_tokens.unwrap_or(0),
                 output_tokens: self.completion_tokens.unwrap_or(0),
                 cache_read_tokens: cache_read,
@@ -948,7 +953,7 @@ mod typed {
                     .as_ref()
                     .and_then(|d| d.0.reasoning_tokens)
                     .unwrap_or(0),
-            }
+            })
         }
     }
 
@@ -1022,8 +1027,11 @@ mod typed {
             return None;
         }
         let usage = match (&c.usage, &c.x_groq) {
-            (Some(u), _) => Some(u.0.usage()),
-            (None, Some(x)) => x.get("usage").filter(|u| u.is_object()).map(parse_usage),
+            (Some(u), _) => u.0.usage(),
+            (None, Some(x)) => x
+                .get("usage")
+                .filter(|u| u.is_object())
+                .and_then(parse_usage),
             (None, None) => None,
         };
         let index = c
@@ -1231,10 +1239,17 @@ fn usage_of(v: &Value) -> Option<Usage> {
         .get("usage")
         .filter(|u| u.is_object())
         .or_else(|| v.pointer("/x_groq/usage").filter(|u| u.is_object()))?;
-    Some(parse_usage(u))
+    parse_usage(u)
 }
 
-fn parse_usage(u: &Value) -> Usage {
+/// The usage in a usage object, or `None` without a prompt or completion count (then the
+/// tokens are unknown, not zero).
+fn parse_usage(u: &Value) -> Option<Usage> {
+    let input = as_count(u.get("prompt_tokens"));
+    let output = as_count(u.get("completion_tokens"));
+    if input.is_none() && output.is_none() {
+        return None;
+    }
     // Chained lookups: `pointer` allocates for every path segment.
     let cache_read = as_count(
         u.get("prompt_tokens_details")
@@ -1244,9 +1259,9 @@ fn parse_usage(u: &Value) -> Usage {
     .or_else(|| as_count(u.get("prompt_cache_hit_tokens")))
     .or_else(|| as_count(u.get("num_cached_tokens")))
     .unwrap_or(0);
-    Usage {
-        input_tokens: as_count(u.get("prompt_tokens")).unwrap_or(0),
-        output_tokens: as_count(u.get("completion_tokens")).unwrap_or(0),
+    Some(Usage {
+        input_tokens: input.unwrap_or(0),
+        output_tokens: output.unwrap_or(0),
         cache_read_tokens: cache_read,
         cache_write_tokens: 0,
         reasoning_tokens: as_count(
@@ -1254,7 +1269,7 @@ fn parse_usage(u: &Value) -> Usage {
                 .and_then(|d| d.get("reasoning_tokens")),
         )
         .unwrap_or(0),
-    }
+    })
 }
 
 // ---------------------------------------------------------------------------------------------

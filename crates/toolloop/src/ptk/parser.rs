@@ -23,6 +23,7 @@
 
 use super::dialect::Dialect;
 use super::json_repair::{self, JsonError};
+use super::render::escape_content;
 use crate::model::ToolSpec;
 use serde_json::{Map, Value};
 
@@ -525,6 +526,13 @@ fn line_end(s: &str, from: usize, eof: bool) -> Option<usize> {
         None if eof => Some(s.len()),
         None => None,
     }
+}
+
+/// The model's own text as an explanation quotes it: its first 40 characters, escaped so that
+/// the quote cannot pose as a call when the explanation is sent back (the explanation itself is
+/// not escaped: the format it teaches must read exactly as written).
+fn quote(text: &str) -> String {
+    escape_content(&text.chars().take(40).collect::<String>())
 }
 
 fn miss(dialect: Dialect, what: impl std::fmt::Display) -> String {
@@ -1294,7 +1302,7 @@ fn parse_functions(text: &str, tools: &[ToolSpec]) -> Result<Vec<ParsedCall>, St
         if !starts_with_ci(rest, "<function=") {
             return Err(format!(
                 "expected <function=NAME> inside <tool_call>, found `{}`",
-                rest.chars().take(40).collect::<String>()
+                quote(rest)
             ));
         }
         let after = &rest["<function=".len()..];
@@ -1351,8 +1359,9 @@ fn parse_function_content(
         }
         if !starts_with_ci(rest, "<parameter=") {
             return Err(format!(
-                "expected <parameter=NAME> inside <function={name}>, found `{}`",
-                rest.chars().take(40).collect::<String>()
+                "expected <parameter=NAME> inside <function={}>, found `{}`",
+                quote(name),
+                quote(rest)
             ));
         }
         let after = &rest["<parameter=".len()..];

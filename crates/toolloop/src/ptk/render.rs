@@ -292,16 +292,34 @@ pub fn render_assistant(message: &AssistantMessage, dialect: Dialect) -> String 
     pieces.join("\n")
 }
 
+/// Whether an assistant turn holds a call attempt that did not parse (kept in a `ptk` part).
+fn has_malformed_attempt(message: &AssistantMessage) -> bool {
+    message
+        .parts
+        .iter()
+        .any(|p| p.provider == PTK_PROVIDER && p.data.get("malformed").is_some())
+}
+
 /// Rewrites a transcript for a model without native tools: the catalog joins the first system
 /// message (or becomes one), user text is escaped, past calls become the assistant's own text in
 /// `dialect`, and each run of tool results becomes one user message of `PTK_RESULT:` blocks.
 /// Provider parts other than `ptk`'s are kept for the inner model.
+///
+/// The user message right after a turn whose call attempt did not parse is the loop's
+/// correction (see [`crate::model::ModelResponse::malformed_call`]): it teaches the exact call
+/// format, so it is written as it is (the parts of it that quote the model were escaped when it
+/// was made).
 pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialect) -> Vec<Message> {
     let catalog = render_system_prompt(tools, dialect);
     let mut placed = catalog.is_empty();
     let mut out = Vec::with_capacity(messages.len() + 1);
     let mut results: Vec<String> = Vec::new();
+    let mut after_malformed = false;
     for message in messages {
+        let correction = std::mem::replace(
+            &mut after_malformed,
+            matches!(message, Message::Assistant(a) if has_malformed_attempt(a)),
+        );
         if !matches!(message, Message::Tool(_)) && !results.is_empty() {
             out.push(Message::user(results.join("\n\n")));
             results.clear();
@@ -315,6 +333,7 @@ pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialec
                 )));
             }
             Message::System { .. } => out.push(message.clone()),
+            Message::User { content } if correction => out.push(Message::user(content.clone())),
             Message::User { content } => out.push(Message::user(escape_content(content))),
             Message::Assistant(a) => {
                 let text = render_assistant(a, dialect);
