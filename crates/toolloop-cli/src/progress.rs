@@ -1,12 +1,16 @@
 //! Progress on stderr while a run goes on: a spinner with the current step, and a line for each
 //! tool call and how it ended. Hidden when stderr is not a terminal or when `--json` is given.
 //!
-//! With `--stream` and stdout a terminal, the model's text is shown as it arrives (escaped, see
-//! [`crate::terminal`]); when a stream breaks and the reply is asked for again, the broken
-//! attempt's text is erased, so the terminal ends showing what the transcript holds. The text
-//! then stands in for the spinner (a spinner redrawn on a line that text is being written to
-//! would garble it); the tool lines are still shown. When stdout is not a terminal, nothing is
-//! streamed: the answer is written once it is final (see `run`).
+//! With `--stream`, stdout shows what the transcript holds of the model's replies, and nothing
+//! else:
+//!
+//! - on a terminal, the text is shown as it arrives (escaped, see [`crate::terminal`]); when a
+//!   stream breaks and the reply is asked for again, or the run ends while a reply streams, the
+//!   unfinished attempt's text is erased. The text then stands in for the spinner (a spinner
+//!   redrawn on a line that text is being written to would garble it); the tool lines are still
+//!   shown.
+//! - to a pipe or a file, nothing of a reply is written before it is accepted (its stream ended
+//!   and the loop took it): each reply's text is written whole then, the exact bytes.
 
 use crate::terminal::{Screen, escape};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,23 +28,113 @@ pub struct Progress {
     bar: Option<ProgressBar>,
     /// Where the progress lines go when there is no spinner; `None` shows none.
     lines: Option<Mutex<Out>>,
-    /// The streamed text, when it goes to a terminal.
-    screen: Option<Mutex<Screen<Out>>>,
+    /// The streamed text, if any.
+    text: Option<Mutex<Text>>,
+}
+
+/// Where streamed text goes.
+enum Text {
+    /// A terminal: written as it arrives, erased if abandoned.
+    Screen(Screen<Out>),
+    /// A pipe or a file: each reply's text once accepted.
+    Pipe {
+        out: Out,
+        /// The current attempt's text, not accepted yet.
+        pending: String,
+        /// Whether any text was written.
+        wrote: bool,
+    },
+}
+
+impl Text {
+    fn pipe(out: Out) -> Self {
+        Text::Pipe {
+            out,
+            pending: String::new(),
+            wrote: false,
+        }
+    }
+
+    /// A new attempt at a reply begins (a round, or a retry of its stream).
+    fn begin(&mut self) {
+        match self {
+            Text::Screen(s) => s.begin_attempt(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    fn delta(&mut self, text: &str) {
+        match self {
+            Text::Screen(s) => s.write_text(text),
+            Text::Pipe { pending, .. } => pending.push_str(text),
+        }
+    }
+
+    /// The attempt's stream broke: its text is void.
+    fn retry(&mut self) {
+        match self {
+            Text::Screen(s) => s.erase_attempt(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    /// The reply was accepted into the transcript.
+    fn accept(&mut self) {
+        match self {
+            Text::Screen(s) => s.accept(),
+            Text::Pipe {
+                out,
+                pending,
+                wrote,
+            } => {
+                if !pending.is_empty() {
+                    let _ = out.write_all(pending.as_bytes());
+                    let _ = out.flush();
+                    *wrote = true;
+                    pending.clear();
+                }
+            }
+        }
+    }
+
+    /// The run ended: a reply not accepted is void.
+    fn end(&mut self) {
+        match self {
+            Text::Screen(s) => s.abandon(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    /// Ends the line of text, if one is open.
+    fn end_line(&mut self) {
+        match self {
+            Text::Screen(s) => s.end_line(),
+            Text::Pipe { out, wrote, .. } => {
+                if std::mem::take(wrote) {
+                    let _ = out.write_all(b"\n");
+                    let _ = out.flush();
+                }
+            }
+        }
+    }
 }
 
 impl Progress {
-    /// Progress on stderr when `show`; the model's text streamed to stdout when `stream_text`
-    /// and stdout is a terminal.
+    /// Progress on stderr when `show`; the model's text streamed to stdout when `stream_text`.
     pub fn new(show: bool, stream_text: bool) -> Self {
-        let screen = (stream_text && std::io::stdout().is_terminal()).then(|| {
-            Screen::new(
-                Box::new(std::io::stdout()) as Out,
+        let stdout = || Box::new(std::io::stdout()) as Out;
+        let text = match (stream_text, std::io::stdout().is_terminal()) {
+            (false, _) => None,
+            (true, true) => Some(Text::Screen(Screen::new(
+                stdout(),
                 crate::terminal::stdout_width,
-            )
-        });
-        if !show || screen.is_some() {
+            ))),
+            (true, false) => Some(Text::pipe(stdout())),
+        };
+        let on_screen = matches!(text, Some(Text::Screen(_)));
+        if !show || on_screen {
             let lines = show.then(|| Box::new(std::io::stderr()) as Out);
-            return Self::with_output(lines, screen);
+            return Self::with_output(lines, text);
         }
         let bar = ProgressBar::new_spinner();
         if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
@@ -50,25 +144,25 @@ impl Progress {
         Progress {
             bar: Some(bar),
             lines: None,
-            screen: None,
+            text: text.map(Mutex::new),
         }
     }
 
-    /// Progress lines to `lines` (none when `None`) and streamed text to `screen`, without a
+    /// Progress lines to `lines` (none when `None`) and streamed text to `text`, without a
     /// spinner.
-    fn with_output(lines: Option<Out>, screen: Option<Screen<Out>>) -> Self {
+    fn with_output(lines: Option<Out>, text: Option<Text>) -> Self {
         Progress {
             bar: None,
             lines: lines.map(Mutex::new),
-            screen: screen.map(Mutex::new),
+            text: text.map(Mutex::new),
         }
     }
 
-    fn screen(&self, f: impl FnOnce(&mut Screen<Out>)) {
-        if let Some(screen) = &self.screen
-            && let Ok(mut s) = screen.lock()
+    fn text(&self, f: impl FnOnce(&mut Text)) {
+        if let Some(text) = &self.text
+            && let Ok(mut t) = text.lock()
         {
-            f(&mut s);
+            f(&mut t);
         }
     }
 
@@ -81,7 +175,7 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.println(text);
         } else if let Some(lines) = &self.lines {
-            self.screen(Screen::end_line);
+            self.text(Text::end_line);
             if let Ok(mut out) = lines.lock() {
                 let _ = writeln!(out, "{text}");
                 let _ = out.flush();
@@ -92,9 +186,14 @@ impl Progress {
     /// Updates the display for one event.
     pub fn event(&self, event: &Event) {
         match event {
-            Event::RoundStarted { .. } => self.screen(Screen::begin_attempt),
-            Event::TextDelta { text, .. } => self.screen(|s| s.write_text(text)),
-            Event::ModelRetry { .. } => self.screen(Screen::erase_attempt),
+            Event::RoundStarted { .. } => self.text(Text::begin),
+            Event::TextDelta { text, .. } => self.text(|t| t.delta(text)),
+            Event::ModelRetry { .. } => self.text(Text::retry),
+            // What follows a reply the loop took: its calls, or the end of its round.
+            Event::ToolCallRequested { .. } | Event::RoundFinished { .. } => {
+                self.text(Text::accept)
+            }
+            Event::RunFinished { .. } => self.text(Text::end),
             _ => {}
         }
         if !self.shown() {
@@ -157,7 +256,7 @@ impl Progress {
         }
         if let Event::ModelRetry { .. } = event {
             // The next attempt begins after the line about the retry.
-            self.screen(Screen::begin_attempt);
+            self.text(Text::begin);
         }
     }
 
@@ -172,12 +271,12 @@ impl Progress {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
-        self.screen(Screen::end_line);
+        self.text(Text::end_line);
     }
 
-    /// Whether the answer was streamed to the terminal (and is not to be written again).
+    /// Whether the replies' text was streamed (and the answer is not to be written again).
     pub fn streamed(&self) -> bool {
-        self.screen.is_some()
+        self.text.is_some()
     }
 }
 
@@ -215,7 +314,10 @@ mod tests {
         let tty = Tty::default();
         let lines = show.then(|| Box::new(tty.clone()) as Out);
         let screen = Screen::new(Box::new(tty.clone()) as Out, eighty);
-        (Progress::with_output(lines, Some(screen)), tty)
+        (
+            Progress::with_output(lines, Some(Text::Screen(screen))),
+            tty,
+        )
     }
 
     fn delta(text: &str) -> Event {
@@ -274,6 +376,68 @@ mod tests {
             "Hello \\x1b[2Jwor\r\x1b[JHello world.\n",
             "the first attempt is erased back to the start of the line, then the final text"
         );
+    }
+
+    fn round_finished() -> Event {
+        Event::RoundFinished {
+            round: 1,
+            finish_reason: Default::default(),
+            usage: Default::default(),
+            total_usage: Default::default(),
+        }
+    }
+
+    #[test]
+    fn piped_text_is_written_once_its_reply_is_accepted_and_exact() {
+        let out = Tty::default();
+        let progress = Progress::with_output(None, Some(Text::pipe(Box::new(out.clone()))));
+        progress.event(&Event::RoundStarted {
+            round: 1,
+            message_count: 1,
+        });
+        progress.event(&delta("Let me \x1b[1mlook"));
+        assert_eq!(out.text(), "", "nothing of a reply before it is accepted");
+        progress.event(&Event::ToolCallRequested {
+            round: 1,
+            call: ToolCall::new("read_file", serde_json::json!({})),
+        });
+        progress.event(&Event::RoundStarted {
+            round: 2,
+            message_count: 3,
+        });
+        progress.event(&delta("Hello wor"));
+        progress.event(&Event::ModelRetry {
+            round: 2,
+            attempt: 2,
+            reason: "cut".into(),
+        });
+        progress.event(&delta("Hello world."));
+        progress.event(&round_finished());
+        progress.finish();
+        assert_eq!(out.text(), "Let me \x1b[1mlookHello world.\n");
+    }
+
+    #[test]
+    fn a_reply_cut_by_the_end_of_the_run_is_not_shown() {
+        let out = Tty::default();
+        let mut pipe = Text::pipe(Box::new(out.clone()));
+        pipe.begin();
+        pipe.delta("half a rep");
+        pipe.end();
+        pipe.end_line();
+        assert_eq!(out.text(), "");
+
+        let tty = Tty::default();
+        let mut screen = Text::Screen(Screen::new(Box::new(tty.clone()) as Out, eighty));
+        screen.begin();
+        screen.delta("kept");
+        screen.accept();
+        screen.end_line();
+        screen.begin();
+        screen.delta("half a rep");
+        screen.end();
+        screen.end_line();
+        assert_eq!(tty.text(), "kept\nhalf a rep\r\x1b[J");
     }
 
     #[test]

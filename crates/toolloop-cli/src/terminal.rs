@@ -81,6 +81,9 @@ pub struct Screen<W: Write> {
     rows: usize,
     /// The column where the attempt began.
     start_col: usize,
+    /// Whether the current attempt's text may still be abandoned (it began and its reply was
+    /// not accepted yet).
+    open: bool,
 }
 
 impl<W: Write> Screen<W> {
@@ -92,6 +95,7 @@ impl<W: Write> Screen<W> {
             col: 0,
             rows: 0,
             start_col: 0,
+            open: false,
         }
     }
 
@@ -103,6 +107,21 @@ impl<W: Write> Screen<W> {
     pub fn begin_attempt(&mut self) {
         self.rows = 0;
         self.start_col = self.col;
+        self.open = true;
+    }
+
+    /// The current attempt's reply was accepted: its text stays.
+    pub fn accept(&mut self) {
+        self.open = false;
+    }
+
+    /// Erases the current attempt's text unless its reply was accepted (the run ended while the
+    /// reply was streaming, or its stream broke for good).
+    pub fn abandon(&mut self) {
+        if self.open {
+            self.erase_attempt();
+            self.open = false;
+        }
     }
 
     /// Writes `text`, escaped.

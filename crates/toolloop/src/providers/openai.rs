@@ -1765,8 +1765,9 @@ mod tests {
                 c.reminder_role = if user_role { ReminderRole::User } else { ReminderRole::System };
                 c.extra = match extra {
                     0 => None,
-                    1 => Some(json!({"top_k": 20, "model": "other"})),
-                    _ => Some(json!({"tools": [{"type": "function", "function": {"name": "x"}}]})),
+                    // (`extra` may not set the fields the adapter owns: see OWNED_FIELDS.)
+                    1 => Some(json!({"top_k": 20, "temperature": 0.5})),
+                    _ => Some(json!({"metadata": {"tools": [{"name": "x"}]}})),
                 };
             }
             let models = configs.clone().map(OpenAiModel::new);
