@@ -6,6 +6,7 @@ mod progress;
 mod run;
 mod sessions;
 mod spec;
+mod terminal;
 #[cfg(feature = "test-hooks")]
 mod testtool;
 
@@ -53,8 +54,9 @@ struct MockArgs {
     /// The port (0 picks a free one).
     #[arg(long, default_value_t = 8089)]
     port: u16,
-    /// Latency added to every response, in milliseconds, unless the scenario sets its own.
-    #[arg(long, value_name = "MS")]
+    /// Latency added to every response, in milliseconds (at most 600000, ten minutes), unless
+    /// the scenario sets its own.
+    #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=600_000))]
     latency: Option<u64>,
 }
 

@@ -1,54 +1,205 @@
 //! Progress on stderr while a run goes on: a spinner with the current step, and a line for each
 //! tool call and how it ended. Hidden when stderr is not a terminal or when `--json` is given.
+//!
+//! With `--stream`, stdout shows what the transcript holds of the model's replies, and nothing
+//! else:
+//!
+//! - on a terminal, the text is shown as it arrives (escaped, see [`crate::terminal`]); when a
+//!   stream breaks and the reply is asked for again, or the run ends while a reply streams, the
+//!   unfinished attempt's text is erased. The text then stands in for the spinner (a spinner
+//!   redrawn on a line that text is being written to would garble it); the tool lines are still
+//!   shown.
+//! - to a pipe or a file, nothing of a reply is written before it is accepted (its stream ended
+//!   and the loop took it): each reply's text is written whole then, the exact bytes.
 
+use crate::terminal::{Screen, escape};
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::Write;
+use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
 use std::time::Duration;
 use toolloop::event::Event;
 use toolloop::outcome::CallStatus;
 
+type Out = Box<dyn Write + Send>;
+
 /// Shows a run's progress.
 pub struct Progress {
+    /// The spinner, when shown.
     bar: Option<ProgressBar>,
-    stream_text: bool,
+    /// Where the progress lines go when there is no spinner; `None` shows none.
+    lines: Option<Mutex<Out>>,
+    /// The streamed text, if any.
+    text: Option<Mutex<Text>>,
+}
+
+/// Where streamed text goes.
+enum Text {
+    /// A terminal: written as it arrives, erased if abandoned.
+    Screen(Screen<Out>),
+    /// A pipe or a file: each reply's text once accepted.
+    Pipe {
+        out: Out,
+        /// The current attempt's text, not accepted yet.
+        pending: String,
+        /// Whether any text was written.
+        wrote: bool,
+    },
+}
+
+impl Text {
+    fn pipe(out: Out) -> Self {
+        Text::Pipe {
+            out,
+            pending: String::new(),
+            wrote: false,
+        }
+    }
+
+    /// A new attempt at a reply begins (a round, or a retry of its stream).
+    fn begin(&mut self) {
+        match self {
+            Text::Screen(s) => s.begin_attempt(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    fn delta(&mut self, text: &str) {
+        match self {
+            Text::Screen(s) => s.write_text(text),
+            Text::Pipe { pending, .. } => pending.push_str(text),
+        }
+    }
+
+    /// The attempt's stream broke: its text is void.
+    fn retry(&mut self) {
+        match self {
+            Text::Screen(s) => s.erase_attempt(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    /// The reply was accepted into the transcript.
+    fn accept(&mut self) {
+        match self {
+            Text::Screen(s) => s.accept(),
+            Text::Pipe {
+                out,
+                pending,
+                wrote,
+            } => {
+                if !pending.is_empty() {
+                    let _ = out.write_all(pending.as_bytes());
+                    let _ = out.flush();
+                    *wrote = true;
+                    pending.clear();
+                }
+            }
+        }
+    }
+
+    /// The run ended: a reply not accepted is void.
+    fn end(&mut self) {
+        match self {
+            Text::Screen(s) => s.abandon(),
+            Text::Pipe { pending, .. } => pending.clear(),
+        }
+    }
+
+    /// Ends the line of text, if one is open.
+    fn end_line(&mut self) {
+        match self {
+            Text::Screen(s) => s.end_line(),
+            Text::Pipe { out, wrote, .. } => {
+                if std::mem::take(wrote) {
+                    let _ = out.write_all(b"\n");
+                    let _ = out.flush();
+                }
+            }
+        }
+    }
 }
 
 impl Progress {
-    /// A spinner on stderr when `show`; streamed text goes to stdout when `stream_text`.
+    /// Progress on stderr when `show`; the model's text streamed to stdout when `stream_text`.
     pub fn new(show: bool, stream_text: bool) -> Self {
-        let bar = show.then(|| {
-            let bar = ProgressBar::new_spinner();
-            if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
-                bar.set_style(style);
-            }
-            bar.enable_steady_tick(Duration::from_millis(120));
-            bar
-        });
-        Progress { bar, stream_text }
+        let stdout = || Box::new(std::io::stdout()) as Out;
+        let text = match (stream_text, std::io::stdout().is_terminal()) {
+            (false, _) => None,
+            (true, true) => Some(Text::Screen(Screen::new(
+                stdout(),
+                crate::terminal::stdout_width,
+            ))),
+            (true, false) => Some(Text::pipe(stdout())),
+        };
+        let on_screen = matches!(text, Some(Text::Screen(_)));
+        if !show || on_screen {
+            let lines = show.then(|| Box::new(std::io::stderr()) as Out);
+            return Self::with_output(lines, text);
+        }
+        let bar = ProgressBar::new_spinner();
+        if let Ok(style) = ProgressStyle::with_template("{spinner} {msg} ({elapsed})") {
+            bar.set_style(style);
+        }
+        bar.enable_steady_tick(Duration::from_millis(120));
+        Progress {
+            bar: Some(bar),
+            lines: None,
+            text: text.map(Mutex::new),
+        }
     }
 
+    /// Progress lines to `lines` (none when `None`) and streamed text to `text`, without a
+    /// spinner.
+    fn with_output(lines: Option<Out>, text: Option<Text>) -> Self {
+        Progress {
+            bar: None,
+            lines: lines.map(Mutex::new),
+            text: text.map(Mutex::new),
+        }
+    }
+
+    fn text(&self, f: impl FnOnce(&mut Text)) {
+        if let Some(text) = &self.text
+            && let Ok(mut t) = text.lock()
+        {
+            f(&mut t);
+        }
+    }
+
+    fn shown(&self) -> bool {
+        self.bar.is_some() || self.lines.is_some()
+    }
+
+    /// Writes a line of progress (its parts from the model or a server already escaped).
     fn line(&self, text: String) {
-        match &self.bar {
-            Some(bar) => bar.println(text),
-            None => eprintln!("{text}"),
+        if let Some(bar) = &self.bar {
+            bar.println(text);
+        } else if let Some(lines) = &self.lines {
+            self.text(Text::end_line);
+            if let Ok(mut out) = lines.lock() {
+                let _ = writeln!(out, "{text}");
+                let _ = out.flush();
+            }
         }
     }
 
     /// Updates the display for one event.
     pub fn event(&self, event: &Event) {
         match event {
-            Event::TextDelta { text, .. } if self.stream_text => {
-                let write = || {
-                    let mut out = std::io::stdout().lock();
-                    let _ = out.write_all(text.as_bytes());
-                    let _ = out.flush();
-                };
-                match &self.bar {
-                    Some(bar) => bar.suspend(write),
-                    None => write(),
-                }
+            Event::RoundStarted { .. } => self.text(Text::begin),
+            Event::TextDelta { text, .. } => self.text(|t| t.delta(text)),
+            Event::ModelRetry { .. } => self.text(Text::retry),
+            // What follows a reply the loop took: its calls, or the end of its round.
+            Event::ToolCallRequested { .. } | Event::RoundFinished { .. } => {
+                self.text(Text::accept)
             }
-            _ if self.bar.is_none() => {}
+            Event::RunFinished { .. } => self.text(Text::end),
+            _ => {}
+        }
+        if !self.shown() {
+            return;
+        }
+        match event {
             Event::RoundStarted { round, .. } => {
                 self.set(format!("round {round}: waiting for the model"))
             }
@@ -63,7 +214,10 @@ impl Progress {
                 } else {
                     String::new()
                 };
-                self.set(format!("round {round}: running {name}{again}"))
+                self.set(format!(
+                    "round {round}: running {}{again}",
+                    escape(name, false)
+                ))
             }
             Event::ToolFinished {
                 name,
@@ -80,18 +234,29 @@ impl Progress {
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default();
-                self.line(format!("  {mark} {name} {status} ({duration_ms} ms)"));
+                self.line(format!(
+                    "  {mark} {} {status} ({duration_ms} ms)",
+                    escape(name, false)
+                ));
             }
-            Event::DuplicateDetected { call, .. } => {
-                self.line(format!("  ↻ {} not run: duplicate call", call.name))
-            }
-            Event::InvalidToolCall { call, reason, .. } => {
-                self.line(format!("  ✗ {} invalid: {reason}", call.name))
-            }
+            Event::DuplicateDetected { call, .. } => self.line(format!(
+                "  ↻ {} not run: duplicate call",
+                escape(&call.name, false)
+            )),
+            Event::InvalidToolCall { call, reason, .. } => self.line(format!(
+                "  ✗ {} invalid: {}",
+                escape(&call.name, false),
+                escape(reason, false)
+            )),
             Event::ModelRetry { round, reason, .. } => self.line(format!(
-                "  ↻ round {round}: the stream broke ({reason}); asking again"
+                "  ↻ round {round}: the stream broke ({}); asking again",
+                escape(reason, false)
             )),
             _ => {}
+        }
+        if let Event::ModelRetry { .. } = event {
+            // The next attempt begins after the line about the retry.
+            self.text(Text::begin);
         }
     }
 
@@ -101,10 +266,198 @@ impl Progress {
         }
     }
 
-    /// Removes the spinner.
+    /// Removes the spinner and ends the streamed text's line.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
+        self.text(Text::end_line);
+    }
+
+    /// Whether the replies' text was streamed (and the answer is not to be written again).
+    pub fn streamed(&self) -> bool {
+        self.text.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use toolloop::message::ToolCall;
+
+    /// A fake terminal: everything written to it, stdout and stderr alike, in order.
+    #[derive(Clone, Default)]
+    struct Tty(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Tty {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Tty {
+        fn text(&self) -> String {
+            String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+        }
+    }
+
+    fn eighty() -> usize {
+        80
+    }
+
+    fn on_tty(show: bool) -> (Progress, Tty) {
+        let tty = Tty::default();
+        let lines = show.then(|| Box::new(tty.clone()) as Out);
+        let screen = Screen::new(Box::new(tty.clone()) as Out, eighty);
+        (
+            Progress::with_output(lines, Some(Text::Screen(screen))),
+            tty,
+        )
+    }
+
+    fn delta(text: &str) -> Event {
+        Event::TextDelta {
+            round: 1,
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn tool_names_and_reasons_reach_the_terminal_escaped() {
+        let (progress, tty) = on_tty(true);
+        let name = "evil\x1b]0;owned\x07\x1b[2J";
+        progress.event(&Event::ToolFinished {
+            round: 1,
+            call_id: "c1".into(),
+            name: name.into(),
+            success: false,
+            status: CallStatus::Failed,
+            duration_ms: 3,
+        });
+        progress.event(&Event::InvalidToolCall {
+            round: 1,
+            call: ToolCall::new(name, serde_json::json!({})),
+            reason: "unknown tool\r\x1b[1A".into(),
+        });
+        let shown = tty.text();
+        assert!(!shown.contains('\x1b') && !shown.contains('\x07') && !shown.contains('\r'));
+        assert!(
+            shown.contains("✗ evil\\x1b]0;owned\\x07\\x1b[2J failed (3 ms)"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("invalid: unknown tool\\r\\x1b[1A"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn streamed_text_is_escaped_and_a_broken_attempt_is_erased() {
+        let (progress, tty) = on_tty(false);
+        progress.event(&Event::RoundStarted {
+            round: 1,
+            message_count: 1,
+        });
+        progress.event(&delta("Hello \x1b[2Jwor"));
+        progress.event(&Event::ModelRetry {
+            round: 1,
+            attempt: 2,
+            reason: "connection reset".into(),
+        });
+        progress.event(&delta("Hello world."));
+        progress.finish();
+        assert_eq!(
+            tty.text(),
+            "Hello \\x1b[2Jwor\r\x1b[JHello world.\n",
+            "the first attempt is erased back to the start of the line, then the final text"
+        );
+    }
+
+    fn round_finished() -> Event {
+        Event::RoundFinished {
+            round: 1,
+            finish_reason: Default::default(),
+            usage: Default::default(),
+            total_usage: Default::default(),
+        }
+    }
+
+    #[test]
+    fn piped_text_is_written_once_its_reply_is_accepted_and_exact() {
+        let out = Tty::default();
+        let progress = Progress::with_output(None, Some(Text::pipe(Box::new(out.clone()))));
+        progress.event(&Event::RoundStarted {
+            round: 1,
+            message_count: 1,
+        });
+        progress.event(&delta("Let me \x1b[1mlook"));
+        assert_eq!(out.text(), "", "nothing of a reply before it is accepted");
+        progress.event(&Event::ToolCallRequested {
+            round: 1,
+            call: ToolCall::new("read_file", serde_json::json!({})),
+        });
+        progress.event(&Event::RoundStarted {
+            round: 2,
+            message_count: 3,
+        });
+        progress.event(&delta("Hello wor"));
+        progress.event(&Event::ModelRetry {
+            round: 2,
+            attempt: 2,
+            reason: "cut".into(),
+        });
+        progress.event(&delta("Hello world."));
+        progress.event(&round_finished());
+        progress.finish();
+        assert_eq!(out.text(), "Let me \x1b[1mlookHello world.\n");
+    }
+
+    #[test]
+    fn a_reply_cut_by_the_end_of_the_run_is_not_shown() {
+        let out = Tty::default();
+        let mut pipe = Text::pipe(Box::new(out.clone()));
+        pipe.begin();
+        pipe.delta("half a rep");
+        pipe.end();
+        pipe.end_line();
+        assert_eq!(out.text(), "");
+
+        let tty = Tty::default();
+        let mut screen = Text::Screen(Screen::new(Box::new(tty.clone()) as Out, eighty));
+        screen.begin();
+        screen.delta("kept");
+        screen.accept();
+        screen.end_line();
+        screen.begin();
+        screen.delta("half a rep");
+        screen.end();
+        screen.end_line();
+        assert_eq!(tty.text(), "kept\nhalf a rep\r\x1b[J");
+    }
+
+    #[test]
+    fn the_retry_line_comes_after_the_erased_attempt() {
+        let (progress, tty) = on_tty(true);
+        progress.event(&Event::RoundStarted {
+            round: 1,
+            message_count: 1,
+        });
+        progress.event(&delta("Hel"));
+        progress.event(&Event::ModelRetry {
+            round: 1,
+            attempt: 2,
+            reason: "cut\x1b[H".into(),
+        });
+        progress.event(&delta("Hello."));
+        progress.finish();
+        assert_eq!(
+            tty.text(),
+            "Hel\r\x1b[J  ↻ round 1: the stream broke (cut\\x1b[H); asking again\nHello.\n"
+        );
     }
 }

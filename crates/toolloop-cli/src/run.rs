@@ -5,7 +5,7 @@ use crate::progress::Progress;
 use crate::spec::{ProviderArgs, model_from_args};
 use clap::Args;
 use serde_json::{Value, json};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -24,14 +24,15 @@ pub struct AgentArgs {
     /// A system prompt.
     #[arg(long)]
     pub system: Option<String>,
-    /// Model calls per run.
-    #[arg(long, default_value_t = 10)]
+    /// Model calls per run (at least 1).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_rounds: u32,
-    /// Tool executions per run.
+    /// Tool executions per run (0: the model's tool calls are not run).
     #[arg(long, default_value_t = 20)]
     pub max_tool_calls: u32,
-    /// Wall-clock limit for the run, in seconds.
-    #[arg(long, value_parser = parse_seconds)]
+    /// Wall-clock limit for the run: seconds (`90`, `1.5`) or a duration (`90s`, `2m`, `1h`,
+    /// `1h 30m`); at most 30 days.
+    #[arg(long, value_name = "DURATION", value_parser = parse_timeout)]
     pub timeout: Option<Duration>,
     /// The directory the file tools may use.
     #[arg(long, default_value = ".")]
@@ -42,11 +43,11 @@ pub struct AgentArgs {
     /// Stream the model's text as it arrives.
     #[arg(long)]
     pub stream: bool,
-    /// Sampling temperature.
-    #[arg(long)]
+    /// Sampling temperature, 0 to 2 (Anthropic: 0 to 1).
+    #[arg(long, value_parser = parse_temperature)]
     pub temperature: Option<f32>,
-    /// The most output tokens per model call.
-    #[arg(long)]
+    /// The most output tokens per model call, 1 to 1000000.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_OUTPUT_TOKENS)))]
     pub max_output_tokens: Option<u32>,
 }
 
@@ -65,14 +66,96 @@ pub struct RunArgs {
     pub durable: crate::durable::DurableArgs,
 }
 
-pub fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("`{s}` is not a number of seconds"))?;
-    if !secs.is_finite() || secs <= 0.0 {
-        return Err(format!("expected a positive number of seconds, got `{s}`"));
+/// The longest `--timeout`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+/// The most `--max-output-tokens` (no model writes nearly that many in one reply).
+pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
+
+/// A `--timeout`: a number of seconds, or a duration with units (`90s`, `2m`, `1h 30m`), above
+/// zero and at most [`MAX_TIMEOUT`].
+pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+    const EXPECTED: &str = "expected seconds (`90`, `1.5`) or a duration (`90s`, `2m`, `1h`)";
+    let text = s.trim();
+    let duration = match text.parse::<f64>() {
+        Ok(secs) if !secs.is_finite() || secs <= 0.0 => {
+            return Err(format!("`{s}` is not a positive duration; {EXPECTED}"));
+        }
+        Ok(secs) if secs > MAX_TIMEOUT.as_secs_f64() => None,
+        Ok(secs) => Some(Duration::from_secs_f64(secs)),
+        Err(_) => match humantime::parse_duration(text) {
+            Ok(d) => Some(d),
+            Err(humantime::DurationError::NumberOverflow) => None,
+            Err(e) => return Err(format!("`{s}` is not a duration ({e}); {EXPECTED}")),
+        },
+    };
+    match duration {
+        Some(d) if d.is_zero() => Err(format!("`{s}` is not a positive duration; {EXPECTED}")),
+        Some(d) if d <= MAX_TIMEOUT => Ok(d),
+        _ => Err(format!(
+            "`{s}` is longer than the longest timeout, 30 days ({}s)",
+            MAX_TIMEOUT.as_secs()
+        )),
     }
-    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A `--temperature`: a finite number from 0 to 2.
+pub fn parse_temperature(s: &str) -> Result<f32, String> {
+    let t: f32 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}` is not a number; expected 0 to 2"))?;
+    check_temperature(t)
+}
+
+fn check_temperature(t: f32) -> Result<f32, String> {
+    if t.is_finite() && (0.0..=2.0).contains(&t) {
+        Ok(t)
+    } else {
+        Err(format!(
+            "{t} is out of range; expected a number from 0 to 2"
+        ))
+    }
+}
+
+impl AgentArgs {
+    /// Checks what the flags' parsers check (for a configuration that did not come through
+    /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
+    /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
+    /// note on stderr, so that the run can still be resumed.
+    pub fn check(&mut self) -> Result<(), String> {
+        if self.max_rounds == 0 {
+            return Err("--max-rounds 0: a run needs at least 1 round".into());
+        }
+        if let Some(n) = self.max_output_tokens
+            && !(1..=MAX_OUTPUT_TOKENS).contains(&n)
+        {
+            return Err(format!(
+                "--max-output-tokens {n}: expected 1 to {MAX_OUTPUT_TOKENS}"
+            ));
+        }
+        if let Some(t) = self.temperature {
+            check_temperature(t).map_err(|e| format!("--temperature: {e}"))?;
+            if t > 1.0 && self.provider.model.trim().starts_with("anthropic:") {
+                return Err(format!(
+                    "--temperature {t}: Anthropic accepts a temperature from 0 to 1"
+                ));
+            }
+        }
+        match self.timeout {
+            Some(t) if t.is_zero() => {
+                return Err("--timeout 0: expected a positive duration".into());
+            }
+            Some(t) if t > MAX_TIMEOUT => {
+                eprintln!(
+                    "toolloop: the saved timeout ({}s) is beyond the longest, 30 days: using 30 days",
+                    t.as_secs()
+                );
+                self.timeout = Some(MAX_TIMEOUT);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
 }
 
 fn usage_error(message: impl std::fmt::Display) -> ExitCode {
@@ -108,7 +191,10 @@ pub async fn run(args: RunArgs) -> ExitCode {
 }
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
-pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
+pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode {
+    if let Err(e) = args.agent.check() {
+        return usage_error(e);
+    }
     let model = match model_from_args(&args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
@@ -165,21 +251,27 @@ pub async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
     if args.json {
         println!("{}", outcome_json(&outcome));
     } else {
-        if stream_text {
-            println!();
-        } else if let Some(text) = &outcome.text {
-            println!("{text}");
+        if !progress.streamed()
+            && let Some(text) = &outcome.text
+        {
+            // Written once final: the exact bytes to a pipe or a file, escaped on a terminal.
+            let stdout = std::io::stdout();
+            let text = crate::terminal::for_stdout(text, stdout.is_terminal());
+            let mut out = stdout.lock();
+            let _ = writeln!(out, "{text}");
+            let _ = out.flush();
         }
         if outcome.stop_reason != StopReason::Answered {
+            // The message may quote a server or the model: escaped, as a diagnostic.
             let why = outcome
                 .error
                 .as_ref()
-                .map(|e| format!(": {}", e.message))
+                .map(|e| format!(": {}", crate::terminal::escape(&e.message, false)))
                 .unwrap_or_default();
             let signal = outcome
                 .signal
                 .as_ref()
-                .map(|s| format!(" (signal {s})"))
+                .map(|s| format!(" (signal {})", crate::terminal::escape(s, false)))
                 .unwrap_or_default();
             eprintln!(
                 "toolloop: stopped: {}{signal}{why}",

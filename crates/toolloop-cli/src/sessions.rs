@@ -177,10 +177,13 @@ pub async fn sessions(command: SessionsCommand) -> ExitCode {
     }
 }
 
-/// Prints a line, ignoring a closed stdout (`| head`).
+/// Prints a line, ignoring a closed stdout (`| head`); the model's text in it is escaped on a
+/// terminal.
 fn out(line: String) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stdout().lock(), "{line}");
+    use std::io::{IsTerminal, Write};
+    let stdout = std::io::stdout();
+    let line = crate::terminal::for_stdout(&line, stdout.is_terminal());
+    let _ = writeln!(stdout.lock(), "{line}");
 }
 
 fn print_message(m: &Message) {

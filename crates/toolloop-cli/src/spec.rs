@@ -21,10 +21,12 @@ pub struct ProviderArgs {
     /// Read the API key from this environment variable instead of the provider's usual one.
     #[arg(long, value_name = "NAME")]
     pub api_key_env: Option<String>,
-    /// The provider's base URL (any OpenAI-compatible server for openai:…; a mock or proxy).
+    /// The provider's base URL (any OpenAI-compatible server for openai:…; a mock or proxy): an
+    /// http:// or https:// URL with a host, without a query or fragment.
     #[arg(long, value_name = "URL")]
     pub base_url: Option<String>,
-    /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`).
+    /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`). It may
+    /// not set the fields the run owns (the conversation, the tools, the model, streaming).
     #[arg(long, value_name = "JSON", value_parser = parse_extra)]
     pub extra: Option<Box<Value>>,
     /// How tools are offered: native (the API's tool calling), prompt (the catalog in the
@@ -102,6 +104,41 @@ fn named_key_is_set(args: &ProviderArgs) -> Result<(), String> {
     Ok(())
 }
 
+/// Checks the base URL before anything is sent, naming where it came from: `--base-url`, else
+/// the first of `url_vars` that is set.
+fn check_base_url(args: &ProviderArgs, url_vars: &[&str]) -> Result<(), String> {
+    let (source, url) = match &args.base_url {
+        Some(url) => ("--base-url".to_string(), url.clone()),
+        None => match url_vars.iter().find_map(|var| {
+            std::env::var(var)
+                .ok()
+                .filter(|v| !v.trim().is_empty())
+                .map(|v| (var.to_string(), v))
+        }) {
+            Some(found) => found,
+            None => return Ok(()),
+        },
+    };
+    toolloop::providers::check_base_url(&url).map_err(|e| format!("{source}: {e}"))
+}
+
+/// Refuses an `--extra` that sets a request field the provider's adapter writes itself
+/// (`owned`, the adapter's list).
+fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<(), String> {
+    let Some(Value::Object(fields)) = args.extra.as_deref() else {
+        return Ok(());
+    };
+    match fields.keys().find(|k| owned.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(name) => Err(format!(
+            "--extra may not set `{name}`: the {provider} adapter writes it itself (the \
+             conversation, the tools, the model and streaming belong to the run); the fields it \
+             owns are {}",
+            owned.join(", ")
+        )),
+    }
+}
+
 /// Builds the model a spec names, with the tool protocol asked for.
 pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let model = provider_model(args)?;
@@ -138,6 +175,8 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
         }
         "openai" => {
             let model = need_name(rest)?;
+            check_base_url(args, &["OPENAI_BASE_URL"])?;
+            check_extra(args, "OpenAI", toolloop::providers::openai::OWNED_FIELDS)?;
             let mut config = OpenAiConfig::from_vars(
                 &model,
                 args.api_key_env.as_deref(),
@@ -145,22 +184,32 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             )
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
+            config.validate().map_err(cfg_err)?;
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "anthropic" => {
             let model = need_name(rest)?;
             named_key_is_set(args)?;
+            check_base_url(args, &["ANTHROPIC_BASE_URL"])?;
+            check_extra(
+                args,
+                "Anthropic",
+                toolloop::providers::anthropic::OWNED_FIELDS,
+            )?;
             let mut config = AnthropicConfig::from_vars(
                 model,
                 lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
             )
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
+            config.validate().map_err(cfg_err)?;
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
             let model = need_name(rest)?;
             named_key_is_set(args)?;
+            check_base_url(args, &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"])?;
+            check_extra(args, "Gemini", toolloop::providers::gemini::OWNED_FIELDS)?;
             let mut config = GeminiConfig::from_vars(
                 model,
                 lookup(
@@ -171,6 +220,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             )
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
+            config.validate().map_err(cfg_err)?;
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),

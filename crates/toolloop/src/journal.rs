@@ -129,6 +129,8 @@ impl Record {
             Record::ToolStarted { .. } => "tool_started",
             Record::ToolFinished { .. } => "tool_finished",
             Record::ToolUnknown { .. } => "tool_unknown",
+            Record::RemindersGiven { .. } => "reminders_given",
+            Record::StopChecked { .. } => "stop_checked",
             Record::RoundLimitDecided { .. } => "round_limit_decided",
             Record::Interrupted { .. } => "interrupted",
             Record::Finished => "finished",

@@ -151,6 +151,43 @@ impl AnthropicConfig {
     }
 }
 
+/// The top-level request fields this adapter writes itself: the model, the system prompt, the conversation, the tool catalog and choice, and the streaming mode. An `extra` (the
+/// adapter's or the settings') that sets one is refused with [`ModelError::Config`], by
+/// [`AnthropicConfig::validate`] and by every call.
+pub const OWNED_FIELDS: &[&str] = &[
+    "model",
+    "system",
+    "messages",
+    "tools",
+    "tool_choice",
+    "stream",
+];
+
+/// Refuses extras that set one of the [`OWNED_FIELDS`].
+fn check_extras(
+    config: &AnthropicConfig,
+    request: Option<&ModelRequest<'_>>,
+) -> Result<(), ModelError> {
+    let settings = request.and_then(|r| r.settings.extra.as_ref());
+    for (what, extra) in [
+        ("the adapter's `extra`", config.extra.as_ref()),
+        ("the settings' `extra`", settings),
+    ] {
+        wire::refuse_owned_fields("Anthropic", what, extra, OWNED_FIELDS)?;
+    }
+    Ok(())
+}
+
+impl AnthropicConfig {
+    /// Checks the configuration without sending anything: the base URL (see
+    /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        crate::providers::check_base_url(&self.base_url)
+            .map_err(|e| ModelError::Config(format!("the base URL {e}")))?;
+        check_extras(self, None)
+    }
+}
+
 /// A model behind the Anthropic Messages API.
 #[derive(Debug, Clone)]
 pub struct AnthropicModel {
@@ -176,6 +213,7 @@ impl Model for AnthropicModel {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        check_extras(&self.config, Some(request))?;
         let body = build_request_body(request, &self.config, false);
         self.config
             .transport
@@ -190,6 +228,7 @@ impl Model for AnthropicModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        check_extras(&self.config, Some(request))?;
         let body = build_request_body(request, &self.config, true).to_string();
         wire::open_sse_stream(
             &self.config.transport,

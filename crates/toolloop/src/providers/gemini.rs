@@ -150,6 +150,43 @@ impl GeminiConfig {
     }
 }
 
+/// The top-level request fields this adapter writes itself: the system instruction, the conversation (`contents`) and the tool catalog and configuration, in either spelling the API accepts (the model and the streaming mode are in the URL). An `extra` (the
+/// adapter's or the settings') that sets one is refused with [`ModelError::Config`], by
+/// [`GeminiConfig::validate`] and by every call.
+pub const OWNED_FIELDS: &[&str] = &[
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+    "tools",
+    "toolConfig",
+    "tool_config",
+];
+
+/// Refuses extras that set one of the [`OWNED_FIELDS`].
+fn check_extras(
+    config: &GeminiConfig,
+    request: Option<&ModelRequest<'_>>,
+) -> Result<(), ModelError> {
+    let settings = request.and_then(|r| r.settings.extra.as_ref());
+    for (what, extra) in [
+        ("the adapter's `extra`", config.extra.as_ref()),
+        ("the settings' `extra`", settings),
+    ] {
+        wire::refuse_owned_fields("Gemini", what, extra, OWNED_FIELDS)?;
+    }
+    Ok(())
+}
+
+impl GeminiConfig {
+    /// Checks the configuration without sending anything: the base URL (see
+    /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        crate::providers::check_base_url(&self.base_url)
+            .map_err(|e| ModelError::Config(format!("the base URL {e}")))?;
+        check_extras(self, None)
+    }
+}
+
 /// A model behind the Gemini API.
 #[derive(Debug, Clone)]
 pub struct GeminiModel {
@@ -179,6 +216,7 @@ impl Model for GeminiModel {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        check_extras(&self.config, Some(request))?;
         let body = build_request_body(request, &self.config, false);
         self.config
             .transport
@@ -193,6 +231,7 @@ impl Model for GeminiModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        check_extras(&self.config, Some(request))?;
         let body = build_request_body(request, &self.config, true).to_string();
         wire::open_sse_stream(
             &self.config.transport,

@@ -341,12 +341,40 @@ impl OpenAiModel {
 
 fn check_extra(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
     match extra {
-        None | Some(Value::Object(_)) => Ok(()),
+        None | Some(Value::Object(_)) => refuse_owned_fields(what, extra),
         Some(other) => Err(ModelError::Config(format!(
             "{what} must be a JSON object of top-level request fields (like {{\"top_k\": 20}}), \
              got {}",
             preview(&other.to_string())
         ))),
+    }
+}
+
+/// The top-level request fields this adapter writes itself: the model, the conversation, the
+/// tool catalog and choice, and the streaming mode. An `extra` (the adapter's or the settings')
+/// that sets one is refused with [`ModelError::Config`], by [`OpenAiConfig::validate`] and by
+/// every call.
+pub const OWNED_FIELDS: &[&str] = &[
+    "model",
+    "messages",
+    "tools",
+    "tool_choice",
+    "stream",
+    "stream_options",
+];
+
+fn refuse_owned_fields(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
+    crate::providers::wire::refuse_owned_fields("OpenAI", what, extra, OWNED_FIELDS)
+}
+
+impl OpenAiConfig {
+    /// Checks the configuration without sending anything: the base URL (see
+    /// [`crate::providers::check_base_url`]) and `extra` (a JSON object that sets none of the
+    /// [`OWNED_FIELDS`]).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        crate::providers::check_base_url(&self.base_url)
+            .map_err(|e| ModelError::Config(format!("the base URL {e}")))?;
+        check_extra("the adapter's `extra`", self.extra.as_ref())
     }
 }
 
@@ -1768,8 +1796,9 @@ mod tests {
                 c.reminder_role = if user_role { ReminderRole::User } else { ReminderRole::System };
                 c.extra = match extra {
                     0 => None,
-                    1 => Some(json!({"top_k": 20, "model": "other"})),
-                    _ => Some(json!({"tools": [{"type": "function", "function": {"name": "x"}}]})),
+                    // (`extra` may not set the fields the adapter owns: see OWNED_FIELDS.)
+                    1 => Some(json!({"top_k": 20, "temperature": 0.5})),
+                    _ => Some(json!({"metadata": {"tools": [{"name": "x"}]}})),
                 };
             }
             let models = configs.clone().map(OpenAiModel::new);

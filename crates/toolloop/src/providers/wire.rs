@@ -342,6 +342,29 @@ pub(crate) fn json_number(x: f32) -> Value {
     serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number)
 }
 
+/// Refuses an `extra` (named `what` in the message) that sets one of the request fields the
+/// adapter writes itself (`owned`): merging it would silently replace the conversation, the
+/// tool catalog, the model or the streaming mode that the engine relies on.
+pub(crate) fn refuse_owned_fields(
+    adapter: &str,
+    what: &str,
+    extra: Option<&Value>,
+    owned: &[&str],
+) -> Result<(), ModelError> {
+    let Some(Value::Object(fields)) = extra else {
+        return Ok(());
+    };
+    match fields.keys().find(|k| owned.contains(&k.as_str())) {
+        None => Ok(()),
+        Some(name) => Err(ModelError::Config(format!(
+            "{what} sets `{name}`, which the {adapter} adapter writes itself (the conversation, \
+             the tools, the model and streaming belong to the engine); extra fields may not set \
+             any of: {}",
+            owned.join(", ")
+        ))),
+    }
+}
+
 /// Merges request-body extras (an adapter's, then the settings') into `body`, in order:
 /// objects recursively, anything else replaced.
 pub(crate) fn merge_extras<'a>(
