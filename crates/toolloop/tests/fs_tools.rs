@@ -726,8 +726,11 @@ fn on_runtime<F: std::future::Future<Output = ()>>(test: F) {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(test);
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(test)));
     runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
 }
 
 /// Like [`call`], but fails the test when the call takes longer than 5 seconds.
@@ -1001,36 +1004,62 @@ fn racing_swaps_never_lead_outside_the_root() {
     };
     let outside_before = snapshot(&f.outside);
 
+    // At least this many calls, for at least this long.
     const CALLS: usize = 600;
+    const RACE: std::time::Duration = std::time::Duration::from_millis(2500);
     let stop = AtomicBool::new(false);
-    let swaps = AtomicUsize::new(0);
+    let (swaps, issued) = (AtomicUsize::new(0), AtomicUsize::new(0));
     let (ok_reads, ok_writes) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let leaks = std::sync::Mutex::new(Vec::<String>::new());
     std::thread::scope(|scope| {
+        // The swapping stops even when a check fails.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
         scope.spawn(|| {
-            let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
                 // `flip` becomes a link to outside, then a directory again.
                 let _ = fs::rename(&flip, &stash);
                 let _ = fs::rename(&link, &flip);
-                std::thread::yield_now();
                 let _ = fs::rename(&flip, &link);
                 let _ = fs::rename(&stash, &flip);
-                // A link to outside at the name of a file about to be created.
-                let planted = f.root.join(format!("new_{}.txt", n % CALLS));
-                let _ =
-                    std::os::unix::fs::symlink(f.outside.join(format!("planted_{n}")), &planted);
-                std::thread::yield_now();
-                if fs::symlink_metadata(&planted).is_ok_and(|m| m.is_symlink()) {
-                    let _ = fs::remove_file(&planted);
-                }
-                n += 1;
                 swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        scope.spawn(|| {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                // Links to outside at the names of the files about to be created.
+                let next = issued.load(Ordering::Relaxed);
+                let planted: Vec<_> = (next..next + 12)
+                    .map(|i| f.root.join(format!("new_{i}.txt")))
+                    .collect();
+                for path in &planted {
+                    n += 1;
+                    let _ =
+                        std::os::unix::fs::symlink(f.outside.join(format!("planted_{n}")), path);
+                }
+                for path in &planted {
+                    if fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) {
+                        let _ = fs::remove_file(path);
+                    }
+                }
             }
         });
         on_runtime(async {
             let tools = all_tools(&f.root);
             let tool = |name: &str| tools.iter().find(|t| t.name() == name).unwrap().clone();
-            let calls = (0..CALLS).map(|i| {
+            let started = std::time::Instant::now();
+            let go_on = |i: &usize| {
+                let more = *i < CALLS || started.elapsed() < RACE;
+                std::future::ready(more)
+            };
+            let calls = futures::stream::iter(0..).take_while(go_on).map(|i| {
+                issued.store(i, Ordering::Relaxed);
                 let (name, args) = match i % 6 {
                     0 | 1 => ("read_file", json!({"path": "flip/data.txt"})),
                     2 => ("list_dir", json!({"path": "flip"})),
@@ -1048,14 +1077,16 @@ fn racing_swaps_never_lead_outside_the_root() {
                     ),
                 };
                 let tool = tool(name);
-                let (ok_reads, ok_writes) = (&ok_reads, &ok_writes);
+                let (ok_reads, ok_writes, leaks) = (&ok_reads, &ok_writes, &leaks);
                 async move {
                     if let Ok(out) = call(tool.as_ref(), args.clone()).await {
                         let shown = format!("{} {}", out.message, out.data.unwrap_or_default());
-                        assert!(
-                            !shown.contains("OUTSIDE") && !shown.contains("only_outside"),
-                            "{name} {args} returned something from outside: {shown}"
-                        );
+                        if shown.contains("OUTSIDE") || shown.contains("only_outside") {
+                            leaks
+                                .lock()
+                                .unwrap()
+                                .push(format!("{name} {args}: {shown}"));
+                        }
                         match name {
                             "write_file" => ok_writes.fetch_add(1, Ordering::Relaxed),
                             _ => ok_reads.fetch_add(1, Ordering::Relaxed),
@@ -1063,13 +1094,16 @@ fn racing_swaps_never_lead_outside_the_root() {
                     }
                 }
             });
-            futures::stream::iter(calls)
-                .buffer_unordered(8)
-                .collect::<Vec<()>>()
-                .await;
+            calls.buffer_unordered(8).collect::<Vec<()>>().await;
         });
-        stop.store(true, Ordering::Relaxed);
     });
+    let leaks = leaks.into_inner().unwrap();
+    assert!(
+        leaks.is_empty(),
+        "{} calls returned something from outside, the first: {}",
+        leaks.len(),
+        leaks[0]
+    );
     assert_eq!(
         snapshot(&f.outside),
         outside_before,
