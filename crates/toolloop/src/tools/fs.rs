@@ -4,12 +4,32 @@
 //! Every path a model gives is relative to the root. A path is refused, with a message that says
 //! what was refused and why, when it is absolute, when it has a `..` component, or when it
 //! resolves through a symbolic link (anywhere along the path) to somewhere outside the root.
-//! The root is canonicalized once; an existing path is canonicalized and must stay under it; a
-//! path that does not exist yet (for `write_file`) is checked through its nearest existing
-//! ancestor. Symbolic links that stay inside the root work as usual.
+//! Symbolic links that stay inside the root work as usual.
 //!
-//! The checks happen just before the file is used; a process that swaps a directory for a
-//! symbolic link between the check and the use is outside what these tools guard against.
+//! The root is opened once, and every path is resolved beneath it by directory handles: one
+//! component at a time, each opened relative to the directory before it without following
+//! links (`openat` with `O_NOFOLLOW` on Unix), each link met read and its target resolved the
+//! same way. Files are read through the handle that was checked, and listings are read from
+//! the handle of the directory. A process that swaps a directory for a link to outside while
+//! calls run therefore cannot make a tool read, list or write anything outside the root: the
+//! swapped-in link is checked like any other. `search_files` walks names with the [`ignore`]
+//! crate and resolves each file it reports or reads again beneath the root.
+//!
+//! Only regular files are read or written: a FIFO, socket or device is refused without
+//! waiting on it. `write_file` replaces a file atomically: the content goes to a new file in
+//! the same directory (created exclusively, never through a link), is flushed, gets the
+//! permission bits and owner of the file it replaces, and is renamed over it; the old file is
+//! not read. A new file does not replace a link planted at its name meanwhile. The tools stop
+//! when the run is cancelled or out of time, and the call returns at once.
+//!
+//! Limits: a hard link inside the root to a file outside is the same file, and `read_file`
+//! and `search_files` read it (`write_file` replaces the link and leaves the outside file
+//! alone); replacing a file gives it a new identity, so other hard links to it keep the old
+//! content. A process killed during a write may leave a `.toolloop-*.tmp` file next to the
+//! target. `.gitignore` files are read by path, so a concurrent swap can change which files a
+//! search skips, never what it returns. On systems other than Unix, paths are checked
+//! component by component just before use, which follows the same rules but does not hold
+//! against a concurrent swap.
 //!
 //! ```
 //! use toolloop::tools::fs::builtin_tools;
@@ -247,7 +267,7 @@ fn dangling(raw: &str, link: &str) -> ToolError {
 /// A refusal of something that is not a regular file (`what` says what the tool works on).
 fn not_regular(rel: &str, kind: Kind, what: &str) -> ToolError {
     ToolError::new(format!(
-        "`{rel}` is not a regular file (it is {}); {what}",
+        "`{rel}` is {}, not a regular file; {what}",
         kind.described()
     ))
 }
@@ -639,7 +659,7 @@ impl ListDir {
             }
             Found::Entry { meta, rel, .. } => {
                 return Err(ToolError::new(format!(
-                    "`{rel}` is not a directory (it is {})",
+                    "`{rel}` is {}, not a directory",
                     meta.kind.described()
                 )));
             }
@@ -759,7 +779,8 @@ struct SearchFilesArgs {
 /// when it has a `/`; default `*.md`), `regex` (a [`regex`] searched line by line; optional),
 /// `path` (default `.`), `max_results` (default 100, at most [`SEARCH_MAX_RESULTS`]). The walk
 /// (the [`ignore`] crate) respects `.gitignore` files, skips `.git`, does not follow directory
-/// links and skips links that lead outside the root. A content search skips binary files and
+/// links and skips links that lead outside the root; every file found is resolved again
+/// beneath the root before it is reported or read. A content search skips binary files and
 /// files over [`SEARCH_MAX_FILE_BYTES`]. Parallel-safe, read-only; stops when the run is
 /// cancelled.
 #[derive(Debug, Clone)]
@@ -1017,8 +1038,10 @@ struct WriteFileArgs {
 
 /// `write_file`: writes a UTF-8 text file under the root, creating missing parent directories.
 ///
-/// Arguments: `path`, `content`. Replaces an existing file; writing content the file already
-/// has changes nothing. Not parallel-safe; idempotent.
+/// Arguments: `path`, `content`. Replaces an existing regular file atomically (a new file
+/// renamed over it, with its permission bits and owner), without reading it; writing content
+/// the file already has changes nothing. FIFOs, sockets and devices are refused. Not
+/// parallel-safe; idempotent.
 #[derive(Debug, Clone)]
 pub struct WriteFile {
     root: Root,
@@ -1163,7 +1186,10 @@ fn replace(
     existing: Option<confine::Meta>,
     stop: &CancellationToken,
 ) -> io::Result<bool> {
-    let (temp_name, mut file) = create_temp(parent)?;
+    // Created with the permission bits it will have (or narrower, by the umask), so the new
+    // content is never more visible than the old was.
+    let mode = existing.map_or(0o666, |meta| meta.mode & 0o777);
+    let (temp_name, mut file) = create_temp(parent, mode)?;
     let temp = TempFile {
         parent,
         name: &temp_name,
@@ -1199,7 +1225,7 @@ fn replace(
 }
 
 /// A temporary file in `parent`, created exclusively under a fresh name.
-fn create_temp(parent: &Handle) -> io::Result<(OsString, fs::File)> {
+fn create_temp(parent: &Handle, mode: u32) -> io::Result<(OsString, fs::File)> {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let mut last = None;
     for _ in 0..16 {
@@ -1208,7 +1234,7 @@ fn create_temp(parent: &Handle) -> io::Result<(OsString, fs::File)> {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         ));
-        match parent.create_new(&name, 0o666) {
+        match parent.create_new(&name, mode) {
             Ok(file) => return Ok((name, file)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
             Err(e) => return Err(e),

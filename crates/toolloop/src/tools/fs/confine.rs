@@ -48,7 +48,7 @@ impl Kind {
             Kind::Fifo => "a FIFO (named pipe)",
             Kind::Socket => "a socket",
             Kind::Device => "a device",
-            Kind::Other => "neither a file nor a directory",
+            Kind::Other => "something other than a file or a directory",
         }
     }
 }
@@ -425,6 +425,8 @@ mod sys {
     #[cfg(not(any(target_os = "linux", target_os = "android")))]
     const LOOKUP: OFlags = OFlags::RDONLY;
 
+    // The field types of `stat` differ between systems (`st_mode` is 16 bits on some).
+    #[allow(clippy::unnecessary_cast)]
     fn meta_of(stat: &rustix::fs::Stat) -> Meta {
         let kind = match FileType::from_raw_mode(stat.st_mode as _) {
             FileType::RegularFile => Kind::File,
