@@ -4,12 +4,32 @@
 //! Every path a model gives is relative to the root. A path is refused, with a message that says
 //! what was refused and why, when it is absolute, when it has a `..` component, or when it
 //! resolves through a symbolic link (anywhere along the path) to somewhere outside the root.
-//! The root is canonicalized once; an existing path is canonicalized and must stay under it; a
-//! path that does not exist yet (for `write_file`) is checked through its nearest existing
-//! ancestor. Symbolic links that stay inside the root work as usual.
+//! Symbolic links that stay inside the root work as usual.
 //!
-//! The checks happen just before the file is used; a process that swaps a directory for a
-//! symbolic link between the check and the use is outside what these tools guard against.
+//! The root is opened once, and every path is resolved beneath it by directory handles: one
+//! component at a time, each opened relative to the directory before it without following
+//! links (`openat` with `O_NOFOLLOW` on Unix), each link met read and its target resolved the
+//! same way. Files are read through the handle that was checked, and listings are read from
+//! the handle of the directory. A process that swaps a directory for a link to outside while
+//! calls run therefore cannot make a tool read, list or write anything outside the root: the
+//! swapped-in link is checked like any other. `search_files` walks names with the [`ignore`]
+//! crate and resolves each file it reports or reads again beneath the root.
+//!
+//! Only regular files are read or written: a FIFO, socket or device is refused without
+//! waiting on it. `write_file` replaces a file atomically: the content goes to a new file in
+//! the same directory (created exclusively, never through a link), is flushed, gets the
+//! permission bits and owner of the file it replaces, and is renamed over it; the old file is
+//! not read. A new file does not replace a link planted at its name meanwhile. The tools stop
+//! when the run is cancelled or out of time, and the call returns at once.
+//!
+//! Limits: a hard link inside the root to a file outside is the same file, and `read_file`
+//! and `search_files` read it (`write_file` replaces the link and leaves the outside file
+//! alone); replacing a file gives it a new identity, so other hard links to it keep the old
+//! content. A process killed during a write may leave a `.toolloop-*.tmp` file next to the
+//! target. `.gitignore` files are read by path, so a concurrent swap can change which files a
+//! search skips, never what it returns. On systems other than Unix, paths are checked
+//! component by component just before use, which follows the same rules but does not hold
+//! against a concurrent swap.
 //!
 //! ```
 //! use toolloop_tools::fs::builtin_tools;
@@ -28,11 +48,13 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use std::ffi::{OsStr, OsString};
 use std::fmt::Display;
 use std::fs;
-use std::io::{self, BufRead, BufReader, Read};
-use std::path::{Component, Path, PathBuf};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::path::{Component, Path};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 
@@ -73,51 +95,51 @@ pub fn builtin_tools(root: &Path, allow_write: bool) -> io::Result<Vec<Arc<dyn T
 // Confinement
 // ---------------------------------------------------------------------------------------------
 
-/// A canonical root directory and the path checks against it.
+mod confine;
+
+use confine::{Found, Handle, Kind, Refusal};
+
+/// The opened root directory and the checks of model-given paths against it.
 #[derive(Debug, Clone)]
 struct Root {
-    dir: PathBuf,
-}
-
-/// A path that passed the checks.
-#[derive(Debug)]
-struct Resolved {
-    /// Where to act: the canonical path, or for a path that does not exist yet, the canonical
-    /// nearest existing ancestor joined with the rest.
-    path: PathBuf,
-    /// The path relative to the root, with `/` separators (`.` for the root itself).
-    rel: String,
-    /// Whether the path existed when it was checked.
-    exists: bool,
+    inner: confine::Root,
 }
 
 impl Root {
     fn new(root: &Path) -> io::Result<Root> {
-        let dir = fs::canonicalize(root).map_err(|e| {
+        let cannot = |e: io::Error| {
             io::Error::new(
                 e.kind(),
                 format!("the root `{}` cannot be used: {e}", root.display()),
             )
-        })?;
+        };
+        let dir = fs::canonicalize(root).map_err(cannot)?;
         if !dir.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::NotADirectory,
                 format!("the root `{}` is not a directory", root.display()),
             ));
         }
-        Ok(Root { dir })
+        Ok(Root {
+            inner: confine::Root::open(&dir).map_err(cannot)?,
+        })
+    }
+
+    /// The canonical path of the root.
+    fn dir(&self) -> &Path {
+        &self.inner.dir
     }
 
     fn outside(&self, raw: &str, why: impl Display) -> ToolError {
         ToolError::new(format!(
             "path `{raw}` is outside the root `{}`: {why}",
-            self.dir.display()
+            self.dir().display()
         ))
     }
 
     /// `path` (under the root) relative to the root, with `/` separators.
     fn rel(&self, path: &Path) -> String {
-        let rel = path.strip_prefix(&self.dir).unwrap_or(path);
+        let rel = path.strip_prefix(self.dir()).unwrap_or(path);
         let parts: Vec<String> = rel
             .components()
             .map(|c| c.as_os_str().to_string_lossy().into_owned())
@@ -129,9 +151,10 @@ impl Root {
         }
     }
 
-    /// Checks a path given by the model; see the module docs for the rules.
-    fn resolve(&self, raw: &str) -> Result<Resolved, ToolError> {
+    /// The components of a path given by the model; refuses absolute paths and `..`.
+    fn components<'a>(&self, raw: &'a str) -> Result<Vec<&'a OsStr>, ToolError> {
         let raw_path = Path::new(if raw.is_empty() { "." } else { raw });
+        let mut names = Vec::new();
         for component in raw_path.components() {
             match component {
                 Component::Prefix(_) | Component::RootDir => {
@@ -140,80 +163,84 @@ impl Root {
                 Component::ParentDir => {
                     return Err(self.outside(raw, "`..` is not allowed"));
                 }
-                Component::CurDir | Component::Normal(_) => {}
+                Component::CurDir => {}
+                Component::Normal(name) => names.push(name),
             }
         }
-        let full = self.dir.join(raw_path);
-        match fs::symlink_metadata(&full) {
-            Ok(_) => {
-                let canonical = fs::canonicalize(&full).map_err(|e| {
-                    if e.kind() == io::ErrorKind::NotFound {
-                        ToolError::new(format!(
-                            "path `{raw}` is a symbolic link to something that does not exist"
-                        ))
-                    } else {
-                        ToolError::new(format!("path `{raw}` cannot be resolved: {e}"))
-                    }
-                })?;
-                self.check_inside(raw, &canonical)?;
-                Ok(Resolved {
-                    rel: self.rel(&canonical),
-                    path: canonical,
-                    exists: true,
-                })
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                // The nearest ancestor that exists decides where a new file would land.
-                let mut ancestor = full.as_path();
-                loop {
-                    match ancestor.parent() {
-                        Some(parent) => ancestor = parent,
-                        None => {
-                            return Err(ToolError::new(format!(
-                                "path `{raw}` cannot be resolved: no part of it exists"
-                            )));
-                        }
-                    }
-                    if fs::symlink_metadata(ancestor).is_ok() {
-                        break;
-                    }
+        Ok(names)
+    }
+
+    /// Resolves a path given by the model beneath the root (see the module docs for the
+    /// rules). With `create_dirs`, missing parent directories are created on the way.
+    fn find(&self, raw: &str, create_dirs: bool) -> Result<Found, ToolError> {
+        let names = self.components(raw)?;
+        self.inner
+            .resolve(&names, create_dirs)
+            .map_err(|refusal| match refusal {
+                Refusal::Escape { target } => self.outside(
+                    raw,
+                    format!(
+                        "it resolves through a symbolic link to `{}`",
+                        target.display()
+                    ),
+                ),
+                Refusal::Missing {
+                    via_link: Some(link),
+                    ..
+                } => dangling(raw, &link),
+                Refusal::Missing {
+                    rel,
+                    via_link: None,
+                } => self.missing(&rel),
+                Refusal::NotADirectory { rel, kind } => ToolError::new(format!(
+                    "path `{raw}` cannot be used: `{rel}` is {}, not a directory",
+                    kind.described()
+                )),
+                Refusal::TooManyLinks => ToolError::new(format!(
+                    "path `{raw}` cannot be resolved: it goes through too many symbolic links"
+                )),
+                Refusal::Unstable { rel } => ToolError::new(format!(
+                    "path `{raw}` cannot be resolved: `{rel}` kept changing while it was looked \
+                     up; try again"
+                )),
+                Refusal::Io { rel, error } => {
+                    ToolError::new(format!("path `{raw}` cannot be used: `{rel}`: {error}"))
                 }
-                let canonical = fs::canonicalize(ancestor).map_err(|e| {
-                    let shown = self.rel(ancestor);
-                    if e.kind() == io::ErrorKind::NotFound {
-                        ToolError::new(format!(
-                            "path `{raw}` goes through `{shown}`, a symbolic link to something \
-                             that does not exist"
-                        ))
-                    } else {
-                        ToolError::new(format!("path `{raw}` cannot be resolved: {e}"))
-                    }
-                })?;
-                self.check_inside(raw, &canonical)?;
-                let rest = full.strip_prefix(ancestor).unwrap_or(Path::new(""));
-                let path = canonical.join(rest);
-                Ok(Resolved {
-                    rel: self.rel(&path),
-                    path,
-                    exists: false,
-                })
-            }
-            Err(e) => Err(ToolError::new(format!("path `{raw}` cannot be used: {e}"))),
+            })
+    }
+
+    /// Like [`Root::find`] without creating anything, for a path that must exist.
+    fn existing(&self, raw: &str) -> Result<Found, ToolError> {
+        match self.find(raw, false)? {
+            Found::Missing {
+                via_link: Some(link),
+                ..
+            } => Err(dangling(raw, &link)),
+            Found::Missing { rel, .. } => Err(self.missing(&rel)),
+            found => Ok(found),
         }
+    }
+
+    fn missing(&self, rel: &str) -> ToolError {
+        ToolError::new(format!(
+            "`{rel}` does not exist in the root `{}`; use list_dir or search_files to find the \
+             right path",
+            self.dir().display()
+        ))
     }
 
     fn absolute_refusal(&self, raw: &str, raw_path: &Path) -> ToolError {
         // An absolute path inside the root is still refused, but the message shows the fix.
         let inside = raw_path
-            .strip_prefix(&self.dir)
+            .strip_prefix(self.dir())
             .ok()
             .filter(|rest| !rest.components().any(|c| c == Component::ParentDir));
         match inside {
             Some(rest) => ToolError::new(format!(
                 "path `{raw}` is refused: absolute paths are not allowed; give it relative to \
                  the root `{}`, as `{}`",
-                self.dir.display(),
-                self.rel(&self.dir.join(rest))
+                self.dir().display(),
+                self.rel(&self.dir().join(rest))
             )),
             None => self.outside(
                 raw,
@@ -221,34 +248,47 @@ impl Root {
             ),
         }
     }
+}
 
-    fn check_inside(&self, raw: &str, canonical: &Path) -> Result<(), ToolError> {
-        if canonical.starts_with(&self.dir) {
-            Ok(())
-        } else {
-            Err(self.outside(
-                raw,
-                format!(
-                    "it resolves through a symbolic link to `{}`",
-                    canonical.display()
-                ),
-            ))
-        }
+/// A path that goes through `link`, a symbolic link to nothing.
+fn dangling(raw: &str, link: &str) -> ToolError {
+    let whole = raw.trim_start_matches("./").trim_end_matches('/');
+    if whole == link {
+        ToolError::new(format!(
+            "path `{raw}` is a symbolic link to something that does not exist"
+        ))
+    } else {
+        ToolError::new(format!(
+            "path `{raw}` goes through `{link}`, a symbolic link to something that does not exist"
+        ))
     }
+}
 
-    fn existing(&self, raw: &str) -> Result<Resolved, ToolError> {
-        let resolved = self.resolve(raw)?;
-        if resolved.exists {
-            Ok(resolved)
-        } else {
-            Err(ToolError::new(format!(
-                "`{}` does not exist in the root `{}`; use list_dir or search_files to find \
-                 the right path",
-                resolved.rel,
-                self.dir.display()
-            )))
-        }
+/// A refusal of something that is not a regular file (`what` says what the tool works on).
+fn not_regular(rel: &str, kind: Kind, what: &str) -> ToolError {
+    ToolError::new(format!(
+        "`{rel}` is {}, not a regular file; {what}",
+        kind.described()
+    ))
+}
+
+/// Opens the regular file `name` in `parent` for reading, without following a link and without
+/// waiting, and checks by the handle that a regular file is what was opened.
+fn open_regular(
+    parent: &Handle,
+    name: &OsStr,
+    rel: &str,
+    what: &str,
+) -> Result<(fs::File, u64), ToolError> {
+    let file = parent
+        .open_read(name)
+        .map_err(|e| io_error("open", rel, e))?;
+    let meta = file.metadata().map_err(|e| io_error("open", rel, e))?;
+    let kind = confine::kind_of(&meta.file_type());
+    if kind != Kind::File {
+        return Err(not_regular(rel, kind, what));
     }
+    Ok((file, meta.len()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -261,15 +301,39 @@ fn parse_args<T: DeserializeOwned>(tool: &str, args: Value) -> Result<T, ToolErr
 }
 
 /// Runs blocking file-system work off the async threads.
-async fn blocking<F>(tool: &str, work: F) -> Result<ToolOutput, ToolError>
+///
+/// The call returns as soon as the run is cancelled or its deadline passes, without waiting
+/// for the work; the work is then told to stop (through the token it is given) and stops at
+/// its next check. The work is also told to stop when the call is dropped (a tool timeout).
+async fn blocking<F>(tool: &str, ctx: &ToolContext, work: F) -> Result<ToolOutput, ToolError>
 where
-    F: FnOnce() -> Result<ToolOutput, ToolError> + Send + 'static,
+    F: FnOnce(&CancellationToken) -> Result<ToolOutput, ToolError> + Send + 'static,
 {
-    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-        Err(ToolError::new(format!(
-            "`{tool}` stopped unexpectedly: {e}"
-        )))
-    })
+    let stop = ctx.cancel.child_token();
+    let _stop_when_done = stop.clone().drop_guard();
+    let worker_stop = stop.clone();
+    let worker = tokio::task::spawn_blocking(move || work(&worker_stop));
+    let deadline = async {
+        match ctx.deadline {
+            Some(deadline) => tokio::time::sleep_until(deadline).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        joined = worker => joined.unwrap_or_else(|e| {
+            Err(ToolError::new(format!("`{tool}` stopped unexpectedly: {e}")))
+        }),
+        _ = stop.cancelled() => Err(ToolError::new(format!("`{tool}` was cancelled"))),
+        _ = deadline => Err(ToolError::new(format!(
+            "`{tool}` was stopped: the run's time is up"
+        ))),
+    }
+}
+
+/// The error of work that noticed it was told to stop.
+fn cancelled(tool: &str) -> ToolError {
+    ToolError::new(format!("{tool} was cancelled"))
 }
 
 fn io_error(what: &str, rel: &str, e: io::Error) -> ToolError {
@@ -371,30 +435,38 @@ impl Tool for ReadFile {
     fn side_effect(&self) -> SideEffect {
         SideEffect::ReadOnly
     }
-    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let args: ReadFileArgs = parse_args(self.name(), args)?;
         let this = self.clone();
-        blocking(self.name(), move || this.read(&args)).await
+        blocking(self.name(), &ctx, move |stop| this.read(&args, stop)).await
     }
 }
 
 impl ReadFile {
-    fn read(&self, args: &ReadFileArgs) -> Result<ToolOutput, ToolError> {
-        let target = self.root.existing(&args.path)?;
-        let rel = target.rel.as_str();
-        let meta = fs::metadata(&target.path).map_err(|e| io_error("read", rel, e))?;
-        if meta.is_dir() {
-            return Err(ToolError::new(format!(
-                "`{rel}` is a directory, not a file; use list_dir to see what it holds"
-            )));
-        }
-        if !meta.is_file() {
-            return Err(ToolError::new(format!(
-                "`{rel}` is not a regular file; read_file reads text files only"
-            )));
-        }
-        let size = meta.len();
-        let file = fs::File::open(&target.path).map_err(|e| io_error("open", rel, e))?;
+    fn read(&self, args: &ReadFileArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
+        const WHAT: &str = "read_file reads text files only";
+        let (file, size, rel) = match self.root.existing(&args.path)? {
+            Found::Dir { rel, .. } => {
+                return Err(ToolError::new(format!(
+                    "`{rel}` is a directory, not a file; use list_dir to see what it holds"
+                )));
+            }
+            Found::Entry {
+                parent,
+                name,
+                meta,
+                rel,
+            } => {
+                // Refused before opening: opening some devices does something by itself.
+                if meta.kind != Kind::File {
+                    return Err(not_regular(&rel, meta.kind, WHAT));
+                }
+                let (file, size) = open_regular(&parent, &name, &rel, WHAT)?;
+                (file, size, rel)
+            }
+            Found::Missing { rel, .. } => return Err(self.root.missing(&rel)),
+        };
+        let rel = rel.as_str();
         let mut reader = BufReader::with_capacity(64 * 1024, file);
         let head = reader.fill_buf().map_err(|e| io_error("read", rel, e))?;
         if looks_binary(head) {
@@ -406,7 +478,7 @@ impl ReadFile {
         let read_err = |e| io_error("read", rel, e);
         let mut line_no = 0usize; // lines consumed so far
         while line_no < args.offset {
-            if reader.skip_until(b'\n').map_err(read_err)? == 0 {
+            if skip_line(&mut reader, stop).map_err(read_err)? == 0 {
                 break;
             }
             line_no += 1;
@@ -426,6 +498,9 @@ impl ReadFile {
         let mut cut_line = false;
         let mut buf = Vec::new();
         while lines < limit {
+            if stop.is_cancelled() {
+                return Err(cancelled("read_file"));
+            }
             buf.clear();
             let room = self.max_bytes - content.len();
             let n = (&mut reader)
@@ -449,7 +524,7 @@ impl ReadFile {
                     };
                     content.push_str(text);
                     if buf.last() != Some(&b'\n') {
-                        reader.skip_until(b'\n').map_err(read_err)?;
+                        skip_line(&mut reader, stop).map_err(read_err)?;
                     }
                     cut_line = true;
                     line_no += 1;
@@ -505,6 +580,32 @@ impl ReadFile {
     }
 }
 
+/// Reads past the next line ending (or to the end of the file); the number of bytes passed.
+/// Stops with an error when told to.
+fn skip_line(reader: &mut BufReader<fs::File>, stop: &CancellationToken) -> io::Result<usize> {
+    let mut passed = 0;
+    loop {
+        if stop.is_cancelled() {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
+        }
+        let buf = reader.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(passed);
+        }
+        match buf.iter().position(|b| *b == b'\n') {
+            Some(at) => {
+                reader.consume(at + 1);
+                return Ok(passed + at + 1);
+            }
+            None => {
+                let n = buf.len();
+                reader.consume(n);
+                passed += n;
+            }
+        }
+    }
+}
+
 fn not_utf8(rel: &str, line: usize) -> ToolError {
     ToolError::new(format!(
         "`{rel}` is not UTF-8 text (line {line} has bytes that are not UTF-8); read_file reads \
@@ -548,25 +649,36 @@ impl ListDir {
         }
     }
 
-    fn list(&self, args: &ListDirArgs) -> Result<ToolOutput, ToolError> {
-        let target = self.root.existing(&args.path)?;
-        let rel = target.rel.as_str();
-        if !target.path.is_dir() {
-            return Err(ToolError::new(format!(
-                "`{rel}` is a file, not a directory; use read_file to read it"
-            )));
-        }
+    fn list(&self, args: &ListDirArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
+        let (dir, rel) = match self.root.existing(&args.path)? {
+            Found::Dir { dir, rel } => (dir, rel),
+            Found::Entry { meta, rel, .. } if meta.kind == Kind::File => {
+                return Err(ToolError::new(format!(
+                    "`{rel}` is a file, not a directory; use read_file to read it"
+                )));
+            }
+            Found::Entry { meta, rel, .. } => {
+                return Err(ToolError::new(format!(
+                    "`{rel}` is {}, not a directory",
+                    meta.kind.described()
+                )));
+            }
+            Found::Missing { rel, .. } => return Err(self.root.missing(&rel)),
+        };
+        let rel = rel.as_str();
+        // Listed by the handle: what is listed is the directory that was resolved.
         let mut entries = Vec::new();
-        for entry in fs::read_dir(&target.path).map_err(|e| io_error("list", rel, e))? {
-            let entry = entry.map_err(|e| io_error("list", rel, e))?;
-            let name = entry.file_name().to_string_lossy().into_owned();
-            let (kind, size) = match entry.metadata() {
-                Ok(m) if m.is_symlink() => ("symlink", None),
-                Ok(m) if m.is_dir() => ("dir", None),
-                Ok(m) if m.is_file() => ("file", Some(m.len())),
+        for name in dir.names().map_err(|e| io_error("list", rel, e))? {
+            if stop.is_cancelled() {
+                return Err(cancelled("list_dir"));
+            }
+            let (kind, size) = match dir.lstat(&name).map(|m| (m.kind, m.len)) {
+                Ok((Kind::Symlink, _)) => ("symlink", None),
+                Ok((Kind::Dir, _)) => ("dir", None),
+                Ok((Kind::File, len)) => ("file", Some(len)),
                 _ => ("other", None),
             };
-            entries.push((name, kind, size));
+            entries.push((name.to_string_lossy().into_owned(), kind, size));
         }
         entries.sort_by(|a, b| a.0.cmp(&b.0));
         let total = entries.len();
@@ -621,10 +733,10 @@ impl Tool for ListDir {
     fn side_effect(&self) -> SideEffect {
         SideEffect::ReadOnly
     }
-    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let args: ListDirArgs = parse_args(self.name(), args)?;
         let this = self.clone();
-        blocking(self.name(), move || this.list(&args)).await
+        blocking(self.name(), &ctx, move |stop| this.list(&args, stop)).await
     }
 }
 
@@ -667,7 +779,8 @@ struct SearchFilesArgs {
 /// when it has a `/`; default `*.md`), `regex` (a [`regex`] searched line by line; optional),
 /// `path` (default `.`), `max_results` (default 100, at most [`SEARCH_MAX_RESULTS`]). The walk
 /// (the [`ignore`] crate) respects `.gitignore` files, skips `.git`, does not follow directory
-/// links and skips links that lead outside the root. A content search skips binary files and
+/// links and skips links that lead outside the root; every file found is resolved again
+/// beneath the root before it is reported or read. A content search skips binary files and
 /// files over [`SEARCH_MAX_FILE_BYTES`]. Parallel-safe, read-only; stops when the run is
 /// cancelled.
 #[derive(Debug, Clone)]
@@ -689,12 +802,39 @@ impl SearchFiles {
         }
     }
 
+    /// The regular file a path found by the walk names, resolved again beneath the root
+    /// (following links that stay inside): its directory and name there.
+    fn regular_file(&self, path: &Path) -> Option<(Arc<Handle>, OsString)> {
+        let names: Vec<&OsStr> = path
+            .strip_prefix(self.root.dir())
+            .ok()?
+            .components()
+            .map(|c| match c {
+                Component::Normal(name) => Some(name),
+                _ => None,
+            })
+            .collect::<Option<_>>()?;
+        match self.root.inner.resolve(&names, false) {
+            Ok(Found::Entry {
+                parent, name, meta, ..
+            }) if meta.kind == Kind::File => Some((parent, name)),
+            _ => None,
+        }
+    }
+
     fn search(
         &self,
         args: &SearchFilesArgs,
         cancel: &CancellationToken,
     ) -> Result<ToolOutput, ToolError> {
-        let start = self.root.existing(&args.path)?;
+        let start_rel = match self.root.existing(&args.path)? {
+            Found::Dir { rel, .. } | Found::Entry { rel, .. } | Found::Missing { rel, .. } => rel,
+        };
+        let start_path = if start_rel == "." {
+            self.root.dir().to_path_buf()
+        } else {
+            self.root.dir().join(&start_rel)
+        };
         let glob = globset::GlobBuilder::new(&args.pattern)
             .literal_separator(true)
             .build()
@@ -716,7 +856,10 @@ impl SearchFiles {
         };
         let max = args.max_results.clamp(1, SEARCH_MAX_RESULTS);
 
-        let walker = ignore::WalkBuilder::new(&start.path)
+        // The walk finds names; each file is then resolved again beneath the root and read by
+        // its handle, so a directory swapped for a link during the walk cannot bring in
+        // anything from outside.
+        let walker = ignore::WalkBuilder::new(&start_path)
             .hidden(false)
             .require_git(false)
             .follow_links(false)
@@ -738,19 +881,10 @@ impl SearchFiles {
             let Some(file_type) = entry.file_type() else {
                 continue;
             };
-            let path = entry.path();
-            let source = if file_type.is_symlink() {
-                // Links are reported where they are, read where they lead, and only if that
-                // stays inside the root.
-                match fs::canonicalize(path) {
-                    Ok(target) if target.starts_with(&self.root.dir) && target.is_file() => target,
-                    _ => continue,
-                }
-            } else if file_type.is_file() {
-                path.to_path_buf()
-            } else {
+            if !file_type.is_file() && !file_type.is_symlink() {
                 continue;
-            };
+            }
+            let path = entry.path();
             let rel = self.root.rel(path);
             let selected = if on_path {
                 glob.is_match(&rel)
@@ -760,6 +894,11 @@ impl SearchFiles {
             if !selected {
                 continue;
             }
+            // Links are reported where they are, read where they lead, and only if that stays
+            // inside the root.
+            let Some((parent, name)) = self.regular_file(path) else {
+                continue;
+            };
             let Some(regex) = &regex else {
                 if files.len() == max {
                     truncated = true;
@@ -768,7 +907,7 @@ impl SearchFiles {
                 files.push(rel);
                 continue;
             };
-            let Some(bytes) = read_for_search(&source) else {
+            let Some(bytes) = read_for_search(&parent, &name) else {
                 skipped += 1;
                 continue;
             };
@@ -793,7 +932,7 @@ impl SearchFiles {
             }
         }
 
-        let scope = format!("`{}` under `{}`", args.pattern, start.rel);
+        let scope = format!("`{}` under `{}`", args.pattern, start_rel);
         let mut message = match &args.regex {
             Some(r) if regex.is_some() => format!(
                 "{} matching lines for `{r}` in {} files matching {scope}",
@@ -813,7 +952,7 @@ impl SearchFiles {
             ));
         }
         let mut data = json!({
-            "path": start.rel,
+            "path": start_rel,
             "pattern": args.pattern,
             "files": files,
             "truncated": truncated,
@@ -830,12 +969,18 @@ impl SearchFiles {
 }
 
 /// The content of a file for a content search; `None` for binary, oversize or unreadable files.
-fn read_for_search(path: &Path) -> Option<Vec<u8>> {
-    let meta = fs::metadata(path).ok()?;
-    if meta.len() > SEARCH_MAX_FILE_BYTES {
+fn read_for_search(parent: &Handle, name: &OsStr) -> Option<Vec<u8>> {
+    let (file, size) = open_regular(parent, name, "", "").ok()?;
+    if size > SEARCH_MAX_FILE_BYTES {
         return None;
     }
-    let bytes = fs::read(path).ok()?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(SEARCH_MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    if bytes.len() as u64 > SEARCH_MAX_FILE_BYTES {
+        return None;
+    }
     (!looks_binary(&bytes)).then_some(bytes)
 }
 
@@ -872,8 +1017,7 @@ impl Tool for SearchFiles {
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let args: SearchFilesArgs = parse_args(self.name(), args)?;
         let this = self.clone();
-        let cancel = ctx.cancel.clone();
-        blocking(self.name(), move || this.search(&args, &cancel)).await
+        blocking(self.name(), &ctx, move |stop| this.search(&args, stop)).await
     }
 }
 
@@ -894,8 +1038,10 @@ struct WriteFileArgs {
 
 /// `write_file`: writes a UTF-8 text file under the root, creating missing parent directories.
 ///
-/// Arguments: `path`, `content`. Replaces an existing file; writing content the file already
-/// has changes nothing. Not parallel-safe; idempotent.
+/// Arguments: `path`, `content`. Replaces an existing regular file atomically (a new file
+/// renamed over it, with its permission bits and owner), without reading it; writing content
+/// the file already has changes nothing. FIFOs, sockets and devices are refused. Not
+/// parallel-safe; idempotent.
 #[derive(Debug, Clone)]
 pub struct WriteFile {
     root: Root,
@@ -915,17 +1061,50 @@ impl WriteFile {
         }
     }
 
-    fn write(&self, args: &WriteFileArgs) -> Result<ToolOutput, ToolError> {
-        let target = self.root.resolve(&args.path)?;
-        let rel = target.rel.as_str();
-        let bytes = args.content.len();
-        if target.exists {
-            if target.path.is_dir() {
-                return Err(ToolError::new(format!(
-                    "`{rel}` is a directory; write_file writes files only"
-                )));
-            }
-            if fs::read(&target.path).is_ok_and(|old| old == args.content.as_bytes()) {
+    fn write(
+        &self,
+        args: &WriteFileArgs,
+        stop: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        let content = args.content.as_bytes();
+        let bytes = content.len();
+        // A new file is put in place only if nothing took its name meanwhile; if something
+        // did, the path is resolved again (a link planted there is then checked like any link).
+        for _ in 0..WRITE_ATTEMPTS {
+            let (parent, name, rel, existing) = match self.root.find(&args.path, true)? {
+                Found::Dir { rel, .. } => {
+                    return Err(ToolError::new(format!(
+                        "`{rel}` is a directory; write_file writes files only"
+                    )));
+                }
+                Found::Entry { meta, rel, .. } if meta.kind != Kind::File => {
+                    return Err(not_regular(
+                        &rel,
+                        meta.kind,
+                        "write_file writes regular files only",
+                    ));
+                }
+                Found::Entry {
+                    parent,
+                    name,
+                    meta,
+                    rel,
+                } => (parent, name, rel, Some(meta)),
+                Found::Missing {
+                    via_link: Some(link),
+                    ..
+                } => return Err(dangling(&args.path, &link)),
+                Found::Missing {
+                    parent, name, rel, ..
+                } => (parent, name, rel, None),
+            };
+            let rel = rel.as_str();
+            // Only a file of the same size can already have this content, and then only these
+            // many bytes are compared.
+            if let Some(meta) = existing
+                && meta.len == bytes as u64
+                && has_content(&parent, &name, content, stop)
+            {
                 return Ok(ToolOutput {
                     message: format!("`{rel}` already has this content ({bytes} bytes)"),
                     data: Some(json!({
@@ -934,22 +1113,145 @@ impl WriteFile {
                     signal: None,
                 });
             }
-        } else if let Some(parent) = target.path.parent() {
-            fs::create_dir_all(parent).map_err(|e| {
-                ToolError::new(format!(
-                    "cannot create the parent directories of `{rel}`: {e}"
-                ))
-            })?;
+            match replace(&parent, &name, content, existing, stop) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) if stop.is_cancelled() => {
+                    let _ = e;
+                    return Err(cancelled("write_file"));
+                }
+                Err(e) => return Err(io_error("write", rel, e)),
+            }
+            let (verb, created) = match existing {
+                Some(_) => ("replaced", false),
+                None => ("created", true),
+            };
+            return Ok(ToolOutput {
+                message: format!("{verb} `{rel}` ({bytes} bytes)"),
+                data: Some(json!({
+                    "path": rel, "bytes": bytes, "created": created, "changed": true,
+                })),
+                signal: None,
+            });
         }
-        fs::write(&target.path, &args.content).map_err(|e| io_error("write", rel, e))?;
-        let verb = if target.exists { "replaced" } else { "created" };
-        Ok(ToolOutput {
-            message: format!("{verb} `{rel}` ({bytes} bytes)"),
-            data: Some(json!({
-                "path": rel, "bytes": bytes, "created": !target.exists, "changed": true,
-            })),
-            signal: None,
-        })
+        Err(ToolError::new(format!(
+            "path `{}` kept changing while it was written; try again",
+            args.path
+        )))
+    }
+}
+
+/// How many times `write_file` resolves a path again when its target changed meanwhile.
+const WRITE_ATTEMPTS: usize = 4;
+
+/// Whether the regular file `name` in `parent` holds exactly `content`; reads no more than
+/// `content.len() + 1` bytes of it.
+fn has_content(parent: &Handle, name: &OsStr, content: &[u8], stop: &CancellationToken) -> bool {
+    let Ok((file, size)) = open_regular(parent, name, "", "") else {
+        return false;
+    };
+    if size != content.len() as u64 {
+        return false;
+    }
+    let mut reader = BufReader::with_capacity(64 * 1024, file.take(size + 1));
+    let mut at = 0usize;
+    loop {
+        if stop.is_cancelled() {
+            return false;
+        }
+        let Ok(buf) = reader.fill_buf() else {
+            return false;
+        };
+        if buf.is_empty() {
+            return at == content.len();
+        }
+        let n = buf.len();
+        if content.get(at..at + n) != Some(buf) {
+            return false;
+        }
+        at += n;
+        reader.consume(n);
+    }
+}
+
+/// Puts `content` in place as `name` in `parent`, atomically: it is written to a new file in
+/// the same directory (created exclusively, never through a link), flushed to disk, given the
+/// permission bits (and, where allowed, the owner) of the file it replaces, then renamed over
+/// `name`. When `existing` is `None`, the rename does not replace anything that appeared
+/// meanwhile and `Ok(false)` says so. Nothing is left behind on failure or cancellation.
+fn replace(
+    parent: &Handle,
+    name: &OsStr,
+    content: &[u8],
+    existing: Option<confine::Meta>,
+    stop: &CancellationToken,
+) -> io::Result<bool> {
+    // Created with the permission bits it will have (or narrower, by the umask), so the new
+    // content is never more visible than the old was.
+    let mode = existing.map_or(0o666, |meta| meta.mode & 0o777);
+    let (temp_name, mut file) = create_temp(parent, mode)?;
+    let temp = TempFile {
+        parent,
+        name: &temp_name,
+    };
+    for chunk in content.chunks(1024 * 1024) {
+        if stop.is_cancelled() {
+            return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
+        }
+        file.write_all(chunk)?;
+    }
+    #[cfg(unix)]
+    if let Some(meta) = existing {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some((uid, gid)) = meta.owner {
+            // Only a privileged process may give a file away; otherwise it stays ours.
+            let _ = std::os::unix::fs::fchown(&file, Some(uid), Some(gid));
+        }
+        file.set_permissions(fs::Permissions::from_mode(meta.mode & 0o777))?;
+    }
+    file.sync_all()?;
+    drop(file);
+    if stop.is_cancelled() {
+        return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
+    }
+    match parent.rename(&temp_name, name, existing.is_some()) {
+        Ok(()) => {
+            std::mem::forget(temp);
+            Ok(true)
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A temporary file in `parent`, created exclusively under a fresh name.
+fn create_temp(parent: &Handle, mode: u32) -> io::Result<(OsString, fs::File)> {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut last = None;
+    for _ in 0..16 {
+        let name = OsString::from(format!(
+            ".toolloop-{}-{}.tmp",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        match parent.create_new(&name, mode) {
+            Ok(file) => return Ok((name, file)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| io::Error::other("no free temporary name")))
+}
+
+/// Removes a temporary file when dropped (unless forgotten once renamed into place).
+struct TempFile<'a> {
+    parent: &'a Handle,
+    name: &'a OsStr,
+}
+
+impl Drop for TempFile<'_> {
+    fn drop(&mut self) {
+        let _ = self.parent.remove_file(self.name);
     }
 }
 
@@ -970,9 +1272,9 @@ impl Tool for WriteFile {
     fn side_effect(&self) -> SideEffect {
         SideEffect::Idempotent
     }
-    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let args: WriteFileArgs = parse_args(self.name(), args)?;
         let this = self.clone();
-        blocking(self.name(), move || this.write(&args)).await
+        blocking(self.name(), &ctx, move |stop| this.write(&args, stop)).await
     }
 }

@@ -712,3 +712,405 @@ async fn a_root_reached_through_a_symlink_is_canonicalized() {
     let e = err(&tool, json!({"path": "../secret.txt"})).await;
     assert!(e.contains("`..` is not allowed"), "{e}");
 }
+
+// ------------------------------------------------------------------------------------------
+// Races, special files, atomic writes, cancellation
+// ------------------------------------------------------------------------------------------
+
+/// Runs `test` on its own runtime and does not wait for blocking work it left behind, so a
+/// tool stuck in a system call fails the test instead of hanging it.
+#[cfg(unix)]
+fn on_runtime<F: std::future::Future<Output = ()>>(test: F) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(test)));
+    runtime.shutdown_timeout(std::time::Duration::from_millis(100));
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+/// Like [`call`], but fails the test when the call takes longer than 5 seconds.
+#[cfg(unix)]
+async fn call_quickly(tool: &dyn Tool, args: Value) -> Result<ToolOutput, ToolError> {
+    let limit = std::time::Duration::from_secs(5);
+    match tokio::time::timeout(limit, call(tool, args.clone())).await {
+        Ok(result) => result,
+        Err(_) => panic!("{} {args} did not return within {limit:?}", tool.name()),
+    }
+}
+
+#[cfg(unix)]
+fn mkfifo(path: &Path) {
+    rustix::fs::mkfifoat(
+        rustix::fs::CWD,
+        path,
+        rustix::fs::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+}
+
+#[cfg(unix)]
+#[test]
+fn every_tool_refuses_fifos_and_sockets_without_blocking() {
+    let f = fixture();
+    mkfifo(&f.root.join("pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(f.root.join("sock")).unwrap();
+    on_runtime(async {
+        let tools = all_tools(&f.root);
+        let tool = |name: &str| tools.iter().find(|t| t.name() == name).unwrap().clone();
+        for (path, kind) in [("pipe", "FIFO"), ("sock", "socket")] {
+            for name in ["write_file", "read_file"] {
+                let e = call_quickly(tool(name).as_ref(), args_for(name, path))
+                    .await
+                    .unwrap_err()
+                    .message;
+                assert!(
+                    e.contains(&format!("`{path}` is a {kind}"))
+                        && e.contains("not a regular file"),
+                    "{name} {path}: {e}"
+                );
+            }
+            let e = call_quickly(tool("list_dir").as_ref(), json!({"path": path}))
+                .await
+                .unwrap_err()
+                .message;
+            assert!(e.contains("not a directory") && e.contains(kind), "{e}");
+        }
+        let (_, data) = ok(
+            tool("search_files").as_ref(),
+            json!({"pattern": "*", "regex": "x"}),
+        )
+        .await;
+        let files = data["files"].to_string();
+        assert!(
+            !files.contains("pipe") && !files.contains("sock"),
+            "{files}"
+        );
+    });
+    assert!(
+        std::fs::symlink_metadata(f.root.join("pipe"))
+            .unwrap()
+            .file_type()
+            .is_fifo()
+    );
+}
+
+#[cfg(unix)]
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+#[cfg(unix)]
+#[tokio::test]
+async fn write_file_replaces_atomically_and_keeps_permissions() {
+    use std::io::Read;
+    let f = fixture();
+    let path = f.root.join("src/main.rs");
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o640)).unwrap();
+    let before = fs::metadata(&path).unwrap();
+    // A reader that opened the file before the write goes on reading the old content whole.
+    let mut reader = fs::File::open(&path).unwrap();
+    let tool = WriteFile::new(&f.root).unwrap();
+    let (message, _) = ok(&tool, json!({"path": "src/main.rs", "content": "new\n"})).await;
+    assert!(message.starts_with("replaced"), "{message}");
+    let mut old = String::new();
+    reader.read_to_string(&mut old).unwrap();
+    assert_eq!(old, "fn main() {\n    println!(\"hi\");\n}\n");
+    let after = fs::metadata(&path).unwrap();
+    assert_eq!(fs::read_to_string(&path).unwrap(), "new\n");
+    assert_ne!(after.ino(), before.ino(), "the file was rewritten in place");
+    assert_eq!(after.permissions().mode() & 0o7777, 0o640);
+    assert_eq!((after.uid(), after.gid()), (before.uid(), before.gid()));
+    // No temporary file is left next to it, after a creation either.
+    ok(&tool, json!({"path": "src/made.rs", "content": "made\n"})).await;
+    let mut names: Vec<String> = fs::read_dir(f.root.join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["made.rs", "main.rs", "nested"]);
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn write_file_does_not_write_through_a_hard_link_to_outside() {
+    let f = fixture();
+    fs::hard_link(f.outside.join("secret.txt"), f.root.join("linked.txt")).unwrap();
+    let tool = WriteFile::new(&f.root).unwrap();
+    ok(
+        &tool,
+        json!({"path": "linked.txt", "content": "overwritten\n"}),
+    )
+    .await;
+    assert_eq!(
+        fs::read_to_string(f.root.join("linked.txt")).unwrap(),
+        "overwritten\n"
+    );
+    assert_eq!(
+        fs::read_to_string(f.outside.join("secret.txt")).unwrap(),
+        "top secret\n"
+    );
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn write_file_through_an_inside_link_replaces_the_target_and_keeps_the_link() {
+    let f = fixture();
+    symlink(Path::new("src/main.rs"), &f.root.join("main_link.rs"));
+    let tool = WriteFile::new(&f.root).unwrap();
+    let (_, data) = ok(
+        &tool,
+        json!({"path": "main_link.rs", "content": "linked\n"}),
+    )
+    .await;
+    assert_eq!(data["path"], json!("src/main.rs"));
+    assert!(
+        fs::symlink_metadata(f.root.join("main_link.rs"))
+            .unwrap()
+            .is_symlink()
+    );
+    assert_eq!(
+        fs::read_to_string(f.root.join("src/main.rs")).unwrap(),
+        "linked\n"
+    );
+}
+
+/// Replacing a large file does not read it: the old file is not even opened (watched with
+/// inotify), since the new content goes to a new file renamed over it.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn write_file_does_not_read_the_file_it_replaces() {
+    use rustix::fs::inotify;
+    let f = fixture();
+    let big = f.root.join("big.log");
+    // 4 GiB, sparse: nothing is stored, but reading it whole would take 4 GiB of memory.
+    fs::File::create(&big).unwrap().set_len(4 << 30).unwrap();
+    let watch =
+        inotify::init(inotify::CreateFlags::NONBLOCK | inotify::CreateFlags::CLOEXEC).unwrap();
+    inotify::add_watch(
+        &watch,
+        &big,
+        inotify::WatchFlags::OPEN | inotify::WatchFlags::ACCESS,
+    )
+    .unwrap();
+    let tool = WriteFile::new(&f.root).unwrap();
+    let (message, _) = ok(&tool, json!({"path": "big.log", "content": "small\n"})).await;
+    assert!(message.starts_with("replaced"), "{message}");
+    assert_eq!(fs::read_to_string(&big).unwrap(), "small\n");
+    let mut buf = [std::mem::MaybeUninit::uninit(); 1024];
+    let mut events = inotify::Reader::new(&watch, &mut buf);
+    let mut opened = Vec::new();
+    loop {
+        match events.next() {
+            // (The watch ends with IGNORED once the replaced file is gone.)
+            Ok(event)
+                if event
+                    .events()
+                    .intersects(inotify::ReadFlags::OPEN | inotify::ReadFlags::ACCESS) =>
+            {
+                opened.push(format!("{:?}", event.events()))
+            }
+            Ok(_) => {}
+            Err(rustix::io::Errno::AGAIN) => break,
+            Err(e) => panic!("inotify: {e}"),
+        }
+    }
+    assert!(opened.is_empty(), "the old file was opened: {opened:?}");
+}
+
+/// A read that would take minutes stops when the run is cancelled: the call returns at once
+/// and the file is closed soon after.
+#[cfg(target_os = "linux")]
+#[test]
+fn read_file_stops_when_cancelled() {
+    let f = fixture();
+    let huge = f.root.join("huge.txt");
+    // 1 TiB without a line break (text first, then sparse): skipping to line 2 reads all of it.
+    let mut file = fs::File::create(&huge).unwrap();
+    std::io::Write::write_all(&mut file, &[b'x'; 64 * 1024]).unwrap();
+    file.set_len(1 << 40).unwrap();
+    drop(file);
+    let open_handles = || {
+        fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| fs::read_link(e.unwrap().path()).ok())
+            .filter(|target| target == &huge)
+            .count()
+    };
+    on_runtime(async {
+        let tool = ReadFile::new(&f.root).unwrap();
+        let context = ctx("read_file");
+        let cancel = context.cancel.clone();
+        let started = std::time::Instant::now();
+        let call = tool.call(json!({"path": "huge.txt", "offset": 1}), context);
+        let canceller = async {
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+            cancel.cancel();
+        };
+        let (result, ()) = tokio::join!(
+            tokio::time::timeout(std::time::Duration::from_secs(5), call),
+            canceller
+        );
+        let e = result
+            .expect("the call returns when cancelled")
+            .unwrap_err();
+        assert!(e.message.contains("cancelled"), "{}", e.message);
+        assert!(started.elapsed() < std::time::Duration::from_secs(3));
+    });
+    let started = std::time::Instant::now();
+    while open_handles() > 0 {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(5),
+            "the read went on after the cancellation"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// One thread swaps a directory inside the root for a link to outside and back, and plants
+/// links to outside at the names of files about to be written, while hundreds of calls run.
+/// Nothing from outside is ever returned, and nothing is written outside.
+#[cfg(unix)]
+#[test]
+fn racing_swaps_never_lead_outside_the_root() {
+    use futures::StreamExt;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+    let f = fixture();
+    let flip = f.root.join("flip");
+    let stash = f.root.join("stash");
+    let link = f.root.join("stash_link");
+    fs::create_dir_all(&flip).unwrap();
+    fs::write(flip.join("data.txt"), "inside data\n").unwrap();
+    let away = f.outside.join("away");
+    fs::create_dir_all(&away).unwrap();
+    fs::write(away.join("data.txt"), "OUTSIDE data\n").unwrap();
+    fs::write(away.join("only_outside.txt"), "OUTSIDE only\n").unwrap();
+    symlink(&away, &link);
+    let snapshot = |dir: &Path| {
+        let mut files: Vec<(String, String)> = ignore::WalkBuilder::new(dir)
+            .standard_filters(false)
+            .build()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_type().is_some_and(|t| !t.is_dir()))
+            .map(|e| {
+                let content = fs::read_to_string(e.path()).unwrap_or_default();
+                (e.path().display().to_string(), content)
+            })
+            .collect();
+        files.sort();
+        files
+    };
+    let outside_before = snapshot(&f.outside);
+
+    // At least this many calls, for at least this long.
+    const CALLS: usize = 600;
+    const RACE: std::time::Duration = std::time::Duration::from_millis(2000);
+    let stop = AtomicBool::new(false);
+    let (swaps, issued) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let (ok_reads, ok_writes) = (AtomicUsize::new(0), AtomicUsize::new(0));
+    let leaks = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|scope| {
+        // The swapping stops even when a check fails.
+        struct StopOnDrop<'a>(&'a AtomicBool);
+        impl Drop for StopOnDrop<'_> {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::Relaxed);
+            }
+        }
+        let _stop = StopOnDrop(&stop);
+        scope.spawn(|| {
+            while !stop.load(Ordering::Relaxed) {
+                // `flip` becomes a link to outside, then a directory again.
+                let _ = fs::rename(&flip, &stash);
+                let _ = fs::rename(&link, &flip);
+                let _ = fs::rename(&flip, &link);
+                let _ = fs::rename(&stash, &flip);
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        });
+        scope.spawn(|| {
+            let mut n = 0usize;
+            while !stop.load(Ordering::Relaxed) {
+                // Links to outside at the names of the files about to be created.
+                let next = issued.load(Ordering::Relaxed);
+                let planted: Vec<_> = (next..next + 12)
+                    .map(|i| f.root.join(format!("new_{i}.txt")))
+                    .collect();
+                for path in &planted {
+                    n += 1;
+                    let _ =
+                        std::os::unix::fs::symlink(f.outside.join(format!("planted_{n}")), path);
+                }
+                for path in &planted {
+                    if fs::symlink_metadata(path).is_ok_and(|m| m.is_symlink()) {
+                        let _ = fs::remove_file(path);
+                    }
+                }
+            }
+        });
+        on_runtime(async {
+            let tools = all_tools(&f.root);
+            let tool = |name: &str| tools.iter().find(|t| t.name() == name).unwrap().clone();
+            let started = std::time::Instant::now();
+            let go_on = |i: &usize| {
+                let more = *i < CALLS || started.elapsed() < RACE;
+                std::future::ready(more)
+            };
+            let calls = futures::stream::iter(0..).take_while(go_on).map(|i| {
+                issued.store(i, Ordering::Relaxed);
+                let (name, args) = match i % 6 {
+                    0 | 1 => ("read_file", json!({"path": "flip/data.txt"})),
+                    2 => ("list_dir", json!({"path": "flip"})),
+                    3 => (
+                        "search_files",
+                        json!({"path": "flip", "pattern": "*", "regex": "data|only"}),
+                    ),
+                    4 => (
+                        "write_file",
+                        json!({"path": format!("flip/w_{i}.txt"), "content": "w"}),
+                    ),
+                    _ => (
+                        "write_file",
+                        json!({"path": format!("new_{i}.txt"), "content": "n"}),
+                    ),
+                };
+                let tool = tool(name);
+                let (ok_reads, ok_writes, leaks) = (&ok_reads, &ok_writes, &leaks);
+                async move {
+                    if let Ok(out) = call(tool.as_ref(), args.clone()).await {
+                        let shown = format!("{} {}", out.message, out.data.unwrap_or_default());
+                        if shown.contains("OUTSIDE") || shown.contains("only_outside") {
+                            leaks
+                                .lock()
+                                .unwrap()
+                                .push(format!("{name} {args}: {shown}"));
+                        }
+                        match name {
+                            "write_file" => ok_writes.fetch_add(1, Ordering::Relaxed),
+                            _ => ok_reads.fetch_add(1, Ordering::Relaxed),
+                        };
+                    }
+                }
+            });
+            calls.buffer_unordered(8).collect::<Vec<()>>().await;
+        });
+    });
+    let leaks = leaks.into_inner().unwrap();
+    assert!(
+        leaks.is_empty(),
+        "{} calls returned something from outside, the first: {}",
+        leaks.len(),
+        leaks[0]
+    );
+    assert_eq!(
+        snapshot(&f.outside),
+        outside_before,
+        "something was written outside"
+    );
+    // The run did exercise both sides: calls succeeded while the swaps went on.
+    assert!(swaps.load(Ordering::Relaxed) > 10);
+    assert!(ok_reads.load(Ordering::Relaxed) > 0 && ok_writes.load(Ordering::Relaxed) > 0);
+}

@@ -165,13 +165,15 @@ impl ScriptedModel {
         Ok(Self::from_steps(steps))
     }
 
-    /// Reads a script file.
+    /// Reads a script file: a regular file of at most [`SCRIPT_MAX_BYTES`]. A FIFO, socket
+    /// or device is refused without waiting on it.
     pub fn from_file(path: impl AsRef<std::path::Path>) -> Result<Self, ScriptError> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Io {
+        let error = |source| ScriptError::Io {
             path: path.display().to_string(),
             source,
-        })?;
+        };
+        let text = read_script(path).map_err(error)?;
         Self::from_json(&text)
     }
 
@@ -224,6 +226,56 @@ impl ScriptedModel {
             }
         }
     }
+}
+
+/// The largest script file [`ScriptedModel::from_file`] reads (64 MiB).
+pub const SCRIPT_MAX_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Reads a script file, refusing what is not a regular file and what is too large.
+fn read_script(path: &std::path::Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    // Opening a FIFO for reading waits for a writer; without waiting, it opens at once and
+    // is then refused below.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(
+            (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32,
+        );
+    }
+    let file = options.open(path)?;
+    let meta = file.metadata()?;
+    if !meta.is_file() {
+        let what = if meta.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file (a FIFO, socket or device)"
+        };
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("it is {what}; `scripted:` takes the path of a JSON file"),
+        ));
+    }
+    let too_large = || {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!(
+                "it is larger than {} MiB, the most a script may be",
+                SCRIPT_MAX_BYTES / (1024 * 1024)
+            ),
+        )
+    };
+    if meta.len() > SCRIPT_MAX_BYTES {
+        return Err(too_large());
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    file.take(SCRIPT_MAX_BYTES + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > SCRIPT_MAX_BYTES {
+        return Err(too_large());
+    }
+    String::from_utf8(bytes).map_err(|_| Error::new(ErrorKind::InvalidData, "it is not UTF-8 text"))
 }
 
 /// Splits text into pieces of about `n` characters, on character boundaries.
@@ -321,6 +373,50 @@ mod tests {
             .await
             .unwrap();
         assert_eq!(complete, streamed);
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn script_files_must_be_regular_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("script.fifo");
+        rustix::fs::mkfifoat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::Mode::from_bits_truncate(0o644),
+        )
+        .unwrap();
+        // Run on another thread: before the fix, opening the FIFO waited for a writer forever.
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = fifo.clone();
+        std::thread::spawn(move || {
+            let _ = tx.send(ScriptedModel::from_file(&path).map(|m| m.len()));
+        });
+        let result = rx
+            .recv_timeout(std::time::Duration::from_secs(5))
+            .expect("reading a FIFO as a script returns at once");
+        let e = result.unwrap_err().to_string();
+        assert!(e.contains("script.fifo"), "{e}");
+        assert!(e.contains("not a regular file"), "{e}");
+        assert!(e.contains("JSON file"), "{e}");
+
+        let e = ScriptedModel::from_file(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is a directory"), "{e}");
+
+        let file = dir.path().join("script.json");
+        std::fs::write(&file, r#"[{"text": "hi"}]"#).unwrap();
+        assert_eq!(ScriptedModel::from_file(&file).unwrap().len(), 1);
+        // Larger than the cap (sparse, so nothing is stored): refused without being read.
+        std::fs::File::options()
+            .write(true)
+            .open(&file)
+            .unwrap()
+            .set_len(SCRIPT_MAX_BYTES + 1)
+            .unwrap();
+        let e = ScriptedModel::from_file(&file).unwrap_err().to_string();
+        assert!(e.contains("larger than 64 MiB"), "{e}");
     }
 
     #[test]
