@@ -243,7 +243,7 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     println!(
-        "{:<30} {:<12} {:<16} {:>7}  {:<19}  SESSION",
+        "{:<36} {:<12} {:<16} {:>7}  {:<19}  SESSION",
         "RUN", "STATUS", "STOP REASON", "RECORDS", "STARTED (UTC)"
     );
     for r in runs {
@@ -253,7 +253,7 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_else(|| "-".into());
         println!(
-            "{:<30} {:<12} {:<16} {:>7}  {:<19}  {}",
+            "{:<36} {:<12} {:<16} {:>7}  {:<19}  {}",
             r.run_id,
             r.status.as_str(),
             reason,

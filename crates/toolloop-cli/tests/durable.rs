@@ -890,7 +890,13 @@ fn credentials_in_urls_are_never_stored_and_resume_asks_for_them() {
             String::from_utf8_lossy(&out.stderr)
         );
         assert_eq!(json_of(&out)["stop_reason"], "answered", "{kind}");
-        let text = stored_text(kind, &location, &store, &rt, &[interrupted.clone()]);
+        let text = stored_text(
+            kind,
+            &location,
+            &store,
+            &rt,
+            std::slice::from_ref(&interrupted),
+        );
         assert!(!text.contains("hunter2"), "{kind}: stored on resume");
     }
     rt.block_on(server.shutdown());

@@ -276,7 +276,32 @@ impl Journal for MemoryJournal {
     }
 }
 
-/// A fresh run id.
+/// A fresh run id: `run_` and a UUID version 7 (48 bits of Unix milliseconds, then 74 random
+/// bits), in 32 hex digits. Ids are unique across processes and machines without coordination,
+/// and sort by creation time.
 pub fn new_run_id() -> String {
-    crate::message::new_call_id().replacen("call_", "run_", 1)
+    format!("run_{}", uuid::Uuid::now_v7().simple())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_time_ordered_uuids_unique_across_threads() {
+        let ids: Vec<String> = (0..8)
+            .map(|_| std::thread::spawn(|| (0..2000).map(|_| new_run_id()).collect::<Vec<_>>()))
+            .flat_map(|t| t.join().unwrap())
+            .collect();
+        let unique: std::collections::HashSet<&String> = ids.iter().collect();
+        assert_eq!(unique.len(), ids.len());
+        for id in &ids {
+            let hex = id.strip_prefix("run_").unwrap();
+            let uuid = uuid::Uuid::parse_str(hex).unwrap();
+            assert_eq!(uuid.get_version_num(), 7, "{id}");
+        }
+        let a = new_run_id();
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        assert!(new_run_id() > a, "later ids sort after");
+    }
 }
