@@ -2,8 +2,9 @@
 //!
 //! The driver does the I/O the [`Machine`] asks for: model calls (complete or streamed), tool
 //! calls (in the machine's schedule, with retries, timeouts and cancellation), and the hooks
-//! (`reminders`, `stop_when`, `on_round_limit`), whose answers it logs before feeding them back. It stops at the run's timeout or cancellation, and a stopped run still
-//! returns everything it gathered.
+//! (`reminders`, `stop_when`, `on_round_limit`), whose answers it logs before feeding them back.
+//! It stops at the run's timeout or cancellation, and a stopped run still returns everything it
+//! gathered.
 
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
 use crate::engine::{Batch, Interrupt, Machine, PhaseError, Step};

@@ -1121,10 +1121,12 @@ impl Machine {
                     .model_failed(&ModelError::Other(message.clone()))
                     .map_err(unfit)?,
                 Record::ToolStarted { index, .. } => {
-                    if m.round_call(*index).is_none() {
-                        return Err(at(&format!("tool call {index} started outside a round")));
+                    // Only a call that is to run and has no result yet can start.
+                    Self::pending_slot(&mut m.state.phase, "tool_started", *index)
+                        .map_err(unfit)?;
+                    if !in_flight.contains(index) {
+                        in_flight.push(*index);
                     }
-                    in_flight.push(*index);
                 }
                 Record::ToolFinished {
                     index,

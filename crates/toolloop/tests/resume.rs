@@ -394,8 +394,10 @@ async fn hooks_that_answer_differently_the_second_time_do_not_break_a_resume() {
     // Replaying asked no hook; the repeated model call carried the recorded reminders.
     assert_eq!(stop_calls.load(Ordering::SeqCst), 2);
     assert_eq!(reminder_calls.load(Ordering::SeqCst), 3);
-    let seen = reminders_seen.lock().unwrap();
-    assert_eq!(seen.last().unwrap(), &vec!["reminder 3".to_string()]);
+    assert_eq!(
+        reminders_seen.lock().unwrap().last().unwrap(),
+        &vec!["reminder 3".to_string()]
+    );
 
     // Cut anywhere: the log always replays (a hook asked again at resume may end the run).
     for cut in 1..records.len() {
@@ -465,6 +467,6 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
         Arc::new(toolbox),
         &records,
     );
-    let err = replayed.err().expect("the record is refused");
+    let err = replayed.expect_err("the record is refused");
     assert!(err.contains("record 3") && err.contains("call 3"), "{err}");
 }
