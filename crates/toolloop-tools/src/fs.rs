@@ -345,7 +345,7 @@ fn looks_binary(head: &[u8]) -> bool {
 }
 
 fn kib(bytes: usize) -> String {
-    if bytes % 1024 == 0 {
+    if bytes.is_multiple_of(1024) {
         format!("{} KiB", bytes / 1024)
     } else {
         format!("{bytes} bytes")

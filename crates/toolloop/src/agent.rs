@@ -298,7 +298,11 @@ impl Agent {
         log: Option<RunLog>,
     ) -> Outcome {
         let started = Instant::now();
-        let deadline = self.config.timeout.map(|t| tokio::time::Instant::now() + t);
+        // A timeout too large to add to the clock (`Duration::MAX`, say) is no deadline at all.
+        let deadline = self
+            .config
+            .timeout
+            .and_then(|t| tokio::time::Instant::now().checked_add(t));
         machine.set_events(sink.is_some());
         let emit = |machine: &mut Machine| {
             if let Some(sink) = &sink {

@@ -1360,3 +1360,20 @@ async fn usage_a_server_did_not_report_is_unknown_never_zero() {
     assert_eq!(back.usage.unwrap().input_tokens, 3);
     assert_eq!(back.calls_without_usage, 0);
 }
+
+/// A timeout too large to add to the clock is no deadline, never a panic.
+#[tokio::test]
+async fn a_timeout_beyond_the_clock_is_no_deadline() {
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(scripted(vec![
+        calls(vec![call("count", json!({"key": "a"}))]),
+        ModelResponse::text("done"),
+    ]))
+    .tool(counter("count", count.clone()))
+    .timeout(Duration::MAX)
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+}

@@ -969,10 +969,10 @@ impl StreamDecoder {
                 self.reported_calls += 1;
             }
             Block::Other { mut block, json } => {
-                if !json.is_empty() {
-                    if let Ok(input) = serde_json::from_str::<Value>(&json) {
-                        block["input"] = input;
-                    }
+                if !json.is_empty()
+                    && let Ok(input) = serde_json::from_str::<Value>(&json)
+                {
+                    block["input"] = input;
                 }
                 out.push(StreamEvent::Part(ProviderPart {
                     provider: PROVIDER.into(),
