@@ -862,7 +862,13 @@ fn credentials_in_urls_are_never_stored_and_resume_asks_for_them() {
             ..keyed_env
         };
 
-        let text = stored_text(kind, &location, &store, &rt, &[interrupted.clone()]);
+        let text = stored_text(
+            kind,
+            &location,
+            &store,
+            &rt,
+            std::slice::from_ref(&interrupted),
+        );
         assert!(!text.is_empty(), "{kind}");
         for secret in ["hunter2", "sekrit", "//me"] {
             assert!(!text.contains(secret), "{kind}: `{secret}` is in the store");

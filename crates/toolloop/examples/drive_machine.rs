@@ -44,7 +44,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     loop {
         match machine.next_step() {
             Step::CallModel { round, .. } => {
-                println!("round {round}: call the model with {} messages", machine.messages().len());
+                println!(
+                    "round {round}: call the model with {} messages",
+                    machine.messages().len()
+                );
                 let reply = replies.next().ok_or("the script ran out")?;
                 machine.model_responded(reply, None)?;
             }
@@ -53,7 +56,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     for index in batch.calls {
                         let call = machine.round_call(index).ok_or("no such call")?;
                         println!("  run {}({})", call.name, call.arguments);
-                        let text = call.arguments["text"].as_str().unwrap_or_default().to_string();
+                        let text = call.arguments["text"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_string();
                         machine.tool_finished(index, Ok(ToolOutput::text(text)), 0, 1)?;
                     }
                 }
@@ -64,6 +70,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let outcome = machine.into_outcome(0);
-    println!("{:?}: {}", outcome.stop_reason, outcome.text.unwrap_or_default());
+    println!(
+        "{:?}: {}",
+        outcome.stop_reason,
+        outcome.text.unwrap_or_default()
+    );
     Ok(())
 }
