@@ -1,5 +1,19 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
+/// `println!` for stdout that never panics: a reader that went away (`toolloop … | head`) is
+/// not an error of ours, so a broken pipe is ignored; any other failure is said on stderr.
+#[macro_export]
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        if let Err(e) = writeln!(std::io::stdout(), $($arg)*)
+            && e.kind() != std::io::ErrorKind::BrokenPipe
+        {
+            eprintln!("toolloop: cannot write to stdout: {e}");
+        }
+    }};
+}
+
 mod chat;
 mod durable;
 mod progress;

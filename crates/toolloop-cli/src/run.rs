@@ -249,7 +249,7 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     };
     progress.finish();
     if args.json {
-        println!("{}", outcome_json(&outcome));
+        outln!("{}", outcome_json(&outcome));
     } else {
         if !progress.streamed()
             && let Some(text) = &outcome.text

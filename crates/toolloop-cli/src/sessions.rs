@@ -91,16 +91,19 @@ pub async fn sessions(command: SessionsCommand) -> ExitCode {
                 Err(e) => return fail(e, ExitCode::FAILURE),
             };
             if json {
-                println!("{}", json!(list));
+                outln!("{}", json!(list));
             } else if list.is_empty() {
                 eprintln!("no sessions in {}", store.location());
             } else {
-                println!(
+                outln!(
                     "{:<28} {:>8} {:>5}  {:<19}",
-                    "SESSION", "MESSAGES", "RUNS", "UPDATED (UTC)"
+                    "SESSION",
+                    "MESSAGES",
+                    "RUNS",
+                    "UPDATED (UTC)"
                 );
                 for s in list {
-                    println!(
+                    outln!(
                         "{:<28} {:>8} {:>5}  {}",
                         s.name,
                         s.message_count,
@@ -128,7 +131,7 @@ pub async fn sessions(command: SessionsCommand) -> ExitCode {
             };
             let runs = store.runs(Some(&name)).await.unwrap_or_default();
             if json {
-                println!(
+                outln!(
                     "{}",
                     json!({
                         "name": session.summary.name,
@@ -142,7 +145,7 @@ pub async fn sessions(command: SessionsCommand) -> ExitCode {
                 );
                 return ExitCode::SUCCESS;
             }
-            println!(
+            outln!(
                 "session {} · {} messages · {} runs · updated {} UTC",
                 session.summary.name,
                 session.summary.message_count,
@@ -150,7 +153,7 @@ pub async fn sessions(command: SessionsCommand) -> ExitCode {
                 format_ms(session.summary.updated_ms)
             );
             for r in &session.repairs {
-                println!("  (repaired: {r})");
+                outln!("  (repaired: {r})");
             }
             for m in &session.messages {
                 print_message(m);
@@ -235,16 +238,20 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
         Err(e) => return fail(e, ExitCode::FAILURE),
     };
     if args.json {
-        println!("{}", json!(runs));
+        outln!("{}", json!(runs));
         return ExitCode::SUCCESS;
     }
     if runs.is_empty() {
         eprintln!("no runs in {}", store.location());
         return ExitCode::SUCCESS;
     }
-    println!(
+    outln!(
         "{:<36} {:<12} {:<16} {:>7}  {:<19}  SESSION",
-        "RUN", "STATUS", "STOP REASON", "RECORDS", "STARTED (UTC)"
+        "RUN",
+        "STATUS",
+        "STOP REASON",
+        "RECORDS",
+        "STARTED (UTC)"
     );
     for r in runs {
         let reason = r
@@ -252,7 +259,7 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
             .and_then(|s| serde_json::to_value(s).ok())
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_else(|| "-".into());
-        println!(
+        outln!(
             "{:<36} {:<12} {:<16} {:>7}  {:<19}  {}",
             r.run_id,
             r.status.as_str(),

@@ -209,3 +209,24 @@ fn usage_a_model_did_not_report_is_null_in_json_not_zero() {
     assert_eq!(v["cost"], serde_json::Value::Null);
     assert_eq!(v["calls_without_usage"], 1);
 }
+
+/// A reader that goes away (`toolloop run --json … | head -c 10`) is no reason to panic.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let dir = repo();
+    for args in [
+        &["run", "--json", "What is here?"][..],
+        &["run", "What is here?"][..],
+    ] {
+        let mut child = common::command(args, dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
