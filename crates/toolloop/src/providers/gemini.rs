@@ -162,28 +162,11 @@ pub const OWNED_FIELDS: &[&str] = &[
     "tool_config",
 ];
 
-/// Refuses extras that set one of the [`OWNED_FIELDS`].
-fn check_extras(
-    config: &GeminiConfig,
-    request: Option<&ModelRequest<'_>>,
-) -> Result<(), ModelError> {
-    let settings = request.and_then(|r| r.settings.extra.as_ref());
-    for (what, extra) in [
-        ("the adapter's `extra`", config.extra.as_ref()),
-        ("the settings' `extra`", settings),
-    ] {
-        wire::refuse_owned_fields("Gemini", what, extra, OWNED_FIELDS)?;
-    }
-    Ok(())
-}
-
 impl GeminiConfig {
     /// Checks the configuration without sending anything: the base URL (see
     /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
     pub fn validate(&self) -> Result<(), ModelError> {
-        crate::providers::check_base_url(&self.base_url)
-            .map_err(|e| ModelError::Config(format!("the base URL {e}")))?;
-        check_extras(self, None)
+        wire::validate_config("Gemini", &self.base_url, self.extra.as_ref(), OWNED_FIELDS)
     }
 }
 
@@ -216,7 +199,12 @@ impl Model for GeminiModel {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        check_extras(&self.config, Some(request))?;
+        wire::check_extras(
+            "Gemini",
+            self.config.extra.as_ref(),
+            Some(request),
+            OWNED_FIELDS,
+        )?;
         let body = build_request_body(request, &self.config, false);
         self.config
             .transport
@@ -231,7 +219,12 @@ impl Model for GeminiModel {
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        check_extras(&self.config, Some(request))?;
+        wire::check_extras(
+            "Gemini",
+            self.config.extra.as_ref(),
+            Some(request),
+            OWNED_FIELDS,
+        )?;
         let body = build_request_body(request, &self.config, true).to_string();
         wire::open_sse_stream(
             &self.config.transport,

@@ -345,6 +345,37 @@ pub(crate) fn json_number(x: f32) -> Value {
 /// Refuses an `extra` (named `what` in the message) that sets one of the request fields the
 /// adapter writes itself (`owned`): merging it would silently replace the conversation, the
 /// tool catalog, the model or the streaming mode that the engine relies on.
+/// Refuses extras, of the adapter's configuration and of a request's settings, that set one of
+/// the `owned` fields.
+pub(crate) fn check_extras(
+    adapter: &str,
+    config_extra: Option<&Value>,
+    request: Option<&crate::model::ModelRequest<'_>>,
+    owned: &[&str],
+) -> Result<(), ModelError> {
+    let settings = request.and_then(|r| r.settings.extra.as_ref());
+    for (what, extra) in [
+        ("the adapter's `extra`", config_extra),
+        ("the settings' `extra`", settings),
+    ] {
+        refuse_owned_fields(adapter, what, extra, owned)?;
+    }
+    Ok(())
+}
+
+/// Checks an adapter's configuration without sending anything: its base URL (see
+/// [`crate::providers::check_base_url`]) and its `extra` (none of the `owned` fields).
+pub(crate) fn validate_config(
+    adapter: &str,
+    base_url: &str,
+    extra: Option<&Value>,
+    owned: &[&str],
+) -> Result<(), ModelError> {
+    crate::providers::check_base_url(base_url)
+        .map_err(|e| ModelError::Config(format!("the base URL {e}")))?;
+    check_extras(adapter, extra, None, owned)
+}
+
 pub(crate) fn refuse_owned_fields(
     adapter: &str,
     what: &str,
