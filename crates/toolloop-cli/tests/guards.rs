@@ -184,7 +184,8 @@ fn a_malformed_base_url_is_refused_naming_the_flag_and_why() {
         ("http//localhost:8089", "not a URL"),
         ("ftp://localhost:8089", "scheme `ftp`"),
         ("localhost:8089", "http://localhost:8089"),
-        ("http://localhost:8089/v1?key=1", "query"),
+        ("http://localhost:8089/v1?key=sekrit1", "query"),
+        ("http://me:hunter2@localhost:8089/v1#x", "fragment"),
         ("http://localhost:8089/v1#x", "fragment"),
         ("http://", "not a URL"),
     ];
@@ -193,6 +194,10 @@ fn a_malformed_base_url_is_refused_naming_the_flag_and_why() {
             let out = run(&["--model", provider, "--base-url", url], dir.path());
             refused(&out, "--base-url", why);
             assert!(stderr(&out).contains("http://"), "{}", stderr(&out));
+            // The refusal never repeats a key or a password the URL carries.
+            for secret in ["sekrit1", "hunter2"] {
+                assert!(!stderr(&out).contains(secret), "{}", stderr(&out));
+            }
         }
     }
 }

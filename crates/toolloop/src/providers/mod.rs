@@ -26,19 +26,25 @@ pub(crate) mod wire;
 /// assert!(check_base_url("http//localhost:8089").is_err());
 /// assert!(check_base_url("ftp://example.com").is_err());
 /// assert!(check_base_url("https://example.com/v1?key=abc").is_err());
+/// // The refusal never repeats a key or a password the URL carries.
+/// let e = check_base_url("https://me:hunter2@example.com/v1?key=sekrit").unwrap_err();
+/// assert!(!e.contains("hunter2") && !e.contains("sekrit"), "{e}");
 /// ```
 #[cfg(feature = "http")]
 pub fn check_base_url(url: &str) -> Result<(), String> {
     const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
                             https://api.example.com/v1";
-    let url = url.trim();
-    let parsed = match reqwest::Url::parse(url) {
+    let raw = url.trim();
+    // What the messages show: never a password or a key the URL carries.
+    let shown = crate::redact::redact_url_credentials(raw);
+    let url = shown.as_str();
+    let parsed = match reqwest::Url::parse(raw) {
         Ok(u) => u,
         Err(e) => return Err(format!("`{url}` is not a URL ({e}); {EXPECTED}")),
     };
     match parsed.scheme() {
         "http" | "https" => {}
-        scheme if !url.contains("://") => {
+        scheme if !raw.contains("://") => {
             return Err(format!(
                 "`{url}` has no scheme (it reads as the scheme `{scheme}:`); {EXPECTED} \
                  (http://{url}?)"
