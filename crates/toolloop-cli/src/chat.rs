@@ -94,7 +94,12 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
         }
         let run_args = RunArgs {
             prompt: prompt.to_string(),
-            agent: args.agent.clone(),
+            agent: {
+                // The chat's own prompt reads the terminal: calls are not asked about there.
+                let mut agent = args.agent.clone();
+                agent.approval.no_prompt = true;
+                agent
+            },
             json: false,
             durable: DurableArgs {
                 store: args.store.clone(),

@@ -14,6 +14,7 @@ macro_rules! outln {
     }};
 }
 
+mod approve;
 mod chat;
 mod durable;
 mod progress;
@@ -59,6 +60,10 @@ enum Command {
     Runs(sessions::RunsArgs),
     /// Continue a run that stopped before its end (a crash, a kill), from its last durable step.
     Resume(sessions::ResumeArgs),
+    /// Approve calls of a run that stopped awaiting approval (lists them with no call id).
+    Approve(approve::DecideArgs),
+    /// Deny calls of a run that stopped awaiting approval (the model reads `denied: …`).
+    Deny(approve::DenyArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
 }
@@ -72,6 +77,10 @@ struct MockArgs {
     /// the scenario sets its own.
     #[arg(long, value_name = "MS", value_parser = clap::value_parser!(u64).range(0..=600_000))]
     latency: Option<u64>,
+    /// Exact calls to make, round by round, from a JSON file: `[[{"name": …, "arguments":
+    /// {…}}, …], …]` (one array of calls per round); the answer follows the last round.
+    #[arg(long, value_name = "FILE")]
+    script: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -93,10 +102,30 @@ fn main() -> ExitCode {
             Command::Sessions(command) => sessions::sessions(command).await,
             Command::Runs(args) => sessions::runs(args).await,
             Command::Resume(args) => sessions::resume(args).await,
+            Command::Approve(args) => approve::decide(args, true, None).await,
+            Command::Deny(args) => approve::deny(args).await,
             Command::Mock(args) => {
+                let script = match &args.script {
+                    None => Vec::new(),
+                    Some(path) => match std::fs::read_to_string(path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                    {
+                        Ok(s) => s,
+                        Err(e) => {
+                            eprintln!(
+                                "toolloop mock: --script {}: {e}; expected a JSON array of \
+                                 rounds, each an array of {{\"name\": …, \"arguments\": {{…}}}}",
+                                path.display()
+                            );
+                            return ExitCode::from(EXIT_USAGE);
+                        }
+                    },
+                };
                 let options = toolloop_mock::MockOptions {
                     port: args.port,
                     default_latency: args.latency.map(std::time::Duration::from_millis),
+                    script,
                     ..Default::default()
                 };
                 match toolloop_mock::serve(options).await {

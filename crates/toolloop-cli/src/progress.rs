@@ -266,6 +266,14 @@ impl Progress {
         }
     }
 
+    /// Runs `f` with the spinner hidden (a question asked on the terminal).
+    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+        match &self.bar {
+            Some(bar) => bar.suspend(f),
+            None => f(),
+        }
+    }
+
     /// Removes the spinner and ends the streamed text's line.
     pub fn finish(&self) {
         if let Some(bar) = &self.bar {

@@ -49,6 +49,9 @@ pub struct AgentArgs {
     /// The most output tokens per model call, 1 to 1000000.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_OUTPUT_TOKENS)))]
     pub max_output_tokens: Option<u32>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub approval: crate::approve::ApprovalArgs,
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
@@ -173,6 +176,7 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::TerminalSignal
         | StopReason::TooManyInvalidCalls
         | StopReason::OutputTruncated => ExitCode::from(3),
+        StopReason::AwaitingApproval => ExitCode::from(crate::approve::EXIT_AWAITING),
         StopReason::Cancelled | StopReason::ModelError | StopReason::StoreFailed => {
             ExitCode::FAILURE
         }
@@ -195,39 +199,19 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     if let Err(e) = args.agent.check() {
         return usage_error(e);
     }
-    let model = match model_from_args(&args.agent.provider) {
-        Ok(m) => m,
+    let builder = match agent_builder(&args.agent) {
+        Ok(b) => b,
         Err(e) => return usage_error(e),
     };
-    let tools = match toolloop_tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
-        Ok(t) => t,
-        Err(e) => return usage_error(format!("--root {}: {e}", args.agent.root.display())),
-    };
-    #[cfg(feature = "test-hooks")]
-    let tools = crate::testtool::tools(tools);
     let stream_text = args.agent.stream && !args.json;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json,
         stream_text,
     ));
     let shown = progress.clone();
-    let mut builder = AgentBuilder::new(model)
-        .tools(tools)
-        .max_rounds(args.agent.max_rounds)
-        .max_tool_calls(args.agent.max_tool_calls)
-        .stream(args.agent.stream)
-        .on_event(move |e| shown.event(e));
-    if let Some(system) = &args.agent.system {
-        builder = builder.system(system.clone());
-    }
-    if let Some(t) = args.agent.timeout {
-        builder = builder.timeout(t);
-    }
-    if let Some(t) = args.agent.temperature {
-        builder = builder.temperature(t);
-    }
-    if let Some(n) = args.agent.max_output_tokens {
-        builder = builder.max_output_tokens(n);
+    let mut builder = builder.on_event(move |e| shown.event(e));
+    if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone()) {
+        builder = builder.on_approval(move |p| ask(p));
     }
     let mut durable = match crate::durable::Durable::open(&args.durable, &args).await {
         Ok(d) => d,
@@ -280,9 +264,47 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
                     .and_then(|v| v.as_str().map(str::to_string))
                     .unwrap_or_default()
             );
+            crate::approve::show_pending(&outcome);
         }
     }
     exit_code(outcome.stop_reason)
+}
+
+/// The agent `agent` describes: its model, tools, limits and approval rules (no event
+/// handler, no approval handler, no journal).
+pub fn agent_builder(agent: &AgentArgs) -> Result<AgentBuilder, String> {
+    agent_builder_with(agent, model_from_args(&agent.provider)?)
+}
+
+/// [`agent_builder`] around another model (one that is never called: to read a run's log).
+pub fn agent_builder_with(
+    agent: &AgentArgs,
+    model: Arc<dyn toolloop::model::Model>,
+) -> Result<AgentBuilder, String> {
+    let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
+        .map_err(|e| format!("--root {}: {e}", agent.root.display()))?;
+    tools.extend(crate::approve::command_tools(&agent.root, &agent.approval)?);
+    #[cfg(feature = "test-hooks")]
+    let tools = crate::testtool::tools(tools);
+    let mut builder = AgentBuilder::new(model)
+        .tools(tools)
+        .max_rounds(agent.max_rounds)
+        .max_tool_calls(agent.max_tool_calls)
+        .stream(agent.stream)
+        .approvals(crate::approve::approvals(&agent.approval)?);
+    if let Some(system) = &agent.system {
+        builder = builder.system(system.clone());
+    }
+    if let Some(t) = agent.timeout {
+        builder = builder.timeout(t);
+    }
+    if let Some(t) = agent.temperature {
+        builder = builder.temperature(t);
+    }
+    if let Some(n) = agent.max_output_tokens {
+        builder = builder.max_output_tokens(n);
+    }
+    Ok(builder)
 }
 
 /// The outcome as the `--json` object.
@@ -320,6 +342,9 @@ pub fn outcome_json(o: &Outcome) -> Value {
     });
     if let Some(e) = &o.error {
         v["error"] = json!({"code": e.code, "message": e.message});
+    }
+    if !o.pending_approvals.is_empty() {
+        v["pending_approvals"] = json!(o.pending_approvals);
     }
     v
 }

@@ -274,29 +274,49 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
 pub async fn resume(args: ResumeArgs) -> ExitCode {
-    let store = match open_store(&args.store).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let (session, meta) = match store.run_tags(&args.run_id).await {
+    match saved_run(
+        &args.run_id,
+        args.store,
+        args.base_url,
+        args.json,
+        args.durability,
+    )
+    .await
+    {
+        Ok(run_args) => crate::run::run(run_args).await,
+        Err(code) => code,
+    }
+}
+
+/// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
+/// replaces the saved one).
+pub async fn saved_run(
+    run_id: &str,
+    store_args: StoreArgs,
+    base_url: Option<String>,
+    json: bool,
+    durability: DurabilityArg,
+) -> Result<RunArgs, ExitCode> {
+    let store = open_store(&store_args).await?;
+    let (session, meta) = match store.run_tags(run_id).await {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return fail(
-                format!("no run with id {} in {}", args.run_id, store.location()),
+            return Err(fail(
+                format!("no run with id {} in {}", run_id, store.location()),
                 ExitCode::from(EXIT_USAGE),
-            );
+            ));
         }
-        Err(e) => return fail(e, ExitCode::FAILURE),
+        Err(e) => return Err(fail(e, ExitCode::FAILURE)),
     };
     let Some(Value::Object(mut config)) = meta else {
-        return fail(
+        return Err(fail(
             format!(
                 "run {} was not started by the toolloop command (it has no saved configuration); \
                  resume it from the program that started it",
-                args.run_id
+                run_id
             ),
             ExitCode::from(EXIT_USAGE),
-        );
+        ));
     };
     // Credentials were not stored with the run: they must be given again.
     let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
@@ -306,7 +326,7 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
             .collect(),
         _ => Vec::new(),
     };
-    if let Some(url) = &args.base_url {
+    if let Some(url) = &base_url {
         config.insert("base_url".into(), Value::String(url.clone()));
         removed.retain(|f| f != "base_url");
     }
@@ -315,12 +335,12 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
             .iter()
             .map(|f| format!("--{}", f.replace('_', "-")))
             .collect();
-        return fail(
+        return Err(fail(
             format!(
                 "run {id} was started with credentials in {flags} (a user name or password, or \
                  query parameters such as ?key=), which are never stored; give the full value \
                  again: toolloop resume {id} {example}",
-                id = args.run_id,
+                id = run_id,
                 flags = flags.join(", "),
                 example = flags
                     .iter()
@@ -329,29 +349,29 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
                     .join(" "),
             ),
             ExitCode::from(EXIT_USAGE),
-        );
+        ));
     }
     config.insert("prompt".into(), Value::String(String::new()));
-    config.insert("json".into(), Value::Bool(args.json));
+    config.insert("json".into(), Value::Bool(json));
     let durable = DurableArgs {
-        store: args.store,
+        store: store_args,
         session,
-        durability: args.durability,
+        durability,
         no_store: false,
-        resume: Some(args.run_id.clone()),
+        resume: Some(run_id.to_string()),
     };
     config.insert("durable".into(), json!(durable));
     let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
         Ok(a) => a,
         Err(e) => {
-            return fail(
+            return Err(fail(
                 format!(
                     "the saved configuration of run {} does not load: {e}",
-                    args.run_id
+                    run_id
                 ),
                 ExitCode::FAILURE,
-            );
+            ));
         }
     };
-    crate::run::run(run_args).await
+    Ok(run_args)
 }

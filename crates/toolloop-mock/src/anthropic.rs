@@ -403,7 +403,14 @@ fn reply(
     fault: Option<Drawn>,
 ) -> Prepared {
     let cut = fault.is_some_and(|d| d.kind == FaultKind::CutCall);
-    let reply = engine::plan(scenario, tools, progress, "toolu_mock", &shared.ids);
+    let reply = engine::plan(
+        scenario,
+        tools,
+        progress,
+        "toolu_mock",
+        &shared.ids,
+        &shared.script,
+    );
     let (input_tokens, output_tokens) = engine::usage(body_len, &reply);
     let usage = Usage {
         input_tokens,

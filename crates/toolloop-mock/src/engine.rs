@@ -174,14 +174,53 @@ pub(crate) enum Reply<'a> {
 ///
 /// Calls go round-robin over `tools` across the whole task; ids are `{id_prefix}` plus a
 /// server-wide counter, so they are unique for the server's lifetime (`id_prefix` empty: no ids).
+///
+/// With a `script` (see [`crate::MockOptions::script`]), round `r` makes the calls of the
+/// script's round `r` (those of offered tools), and the answer comes after the script's last
+/// round.
 pub(crate) fn plan<'a>(
     scenario: &Scenario,
     tools: &[OfferedTool<'a>],
     progress: Progress,
     id_prefix: &str,
     ids: &AtomicU64,
+    script: &[Vec<crate::ScriptCall>],
 ) -> Reply<'a> {
-    if progress.rounds >= scenario.rounds || tools.is_empty() {
+    let id_of = |n: u64| {
+        if id_prefix.is_empty() {
+            String::new()
+        } else {
+            format!("{id_prefix}{n:016x}")
+        }
+    };
+    if !script.is_empty()
+        && let Some(round) = script.get(progress.rounds as usize)
+        && !tools.is_empty()
+    {
+        let first = ids.fetch_add(round.len() as u64, Ordering::Relaxed);
+        let calls: Vec<Call<'a>> = round
+            .iter()
+            .enumerate()
+            .filter_map(|(i, c)| {
+                let tool = tools.iter().find(|t| t.name == c.name)?;
+                Some(Call {
+                    id: id_of(first.wrapping_add(i as u64)),
+                    name: tool.name,
+                    arguments_json: c.arguments.to_string(),
+                    arguments: c.arguments.clone(),
+                })
+            })
+            .collect();
+        if !calls.is_empty() {
+            return Reply::Calls(calls);
+        }
+    }
+    let rounds = if script.is_empty() {
+        scenario.rounds
+    } else {
+        progress.rounds
+    };
+    if progress.rounds >= rounds || tools.is_empty() {
         let text = format!(
             "Done. I saw {} tool results in {} rounds.",
             progress.results, progress.rounds
@@ -378,7 +417,7 @@ mod tests {
             rounds: 1,
             ..Progress::default()
         };
-        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &ids) else {
+        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &ids, &[]) else {
             panic!("expected calls")
         };
         let names: Vec<&str> = calls.iter().map(|c| c.name).collect();
@@ -388,7 +427,7 @@ mod tests {
         assert_ne!(calls[0].id, calls[1].id);
         p.rounds = 2;
         p.results = 6;
-        let Reply::Text(text) = plan(&scenario, &tools, p, "call_", &ids) else {
+        let Reply::Text(text) = plan(&scenario, &tools, p, "call_", &ids, &[]) else {
             panic!("expected text")
         };
         assert!(text.contains("6 tool results"), "{text}");
@@ -407,7 +446,8 @@ mod tests {
             rounds: 1,
             ..Progress::default()
         };
-        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &AtomicU64::new(0)) else {
+        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &AtomicU64::new(0), &[])
+        else {
             panic!("expected calls")
         };
         let paths: Vec<&Value> = calls.iter().map(|c| &c.arguments["path"]).collect();

@@ -409,7 +409,7 @@ fn reply(
         fault,
     }: Turn,
 ) -> Prepared {
-    let reply = engine::plan(scenario, tools, progress, "", &shared.ids);
+    let reply = engine::plan(scenario, tools, progress, "", &shared.ids, &shared.script);
     let (input, output) = engine::usage(body_len, &reply);
     let usage = UsageMetadata {
         prompt_token_count: input,

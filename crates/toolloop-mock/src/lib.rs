@@ -194,6 +194,21 @@ pub struct MockOptions {
     pub default_latency: Option<Duration>,
     /// Largest request body accepted; larger ones get 413. Default 32 MiB.
     pub max_body_bytes: usize,
+    /// Exact calls to make, round by round, in place of the scenario's sampled ones (empty:
+    /// none). Round `r` of a task makes the calls of `script[r]` (those whose tool the request
+    /// offers); after the last round the mock answers. `toolloop mock --script FILE` reads it
+    /// from JSON: `[[{"name": "run_command", "arguments": {"command": ["make"]}}], …]`.
+    pub script: Vec<Vec<ScriptCall>>,
+}
+
+/// One call of a [`MockOptions::script`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ScriptCall {
+    /// The tool.
+    pub name: String,
+    /// Its arguments.
+    #[serde(default)]
+    pub arguments: serde_json::Value,
 }
 
 impl Default for MockOptions {
@@ -202,6 +217,7 @@ impl Default for MockOptions {
             port: 0,
             default_latency: None,
             max_body_bytes: 32 * 1024 * 1024,
+            script: Vec::new(),
         }
     }
 }
@@ -244,6 +260,7 @@ pub(crate) struct Shared {
     nanos: AtomicU64,
     max_nanos: AtomicU64,
     pub(crate) faults: FaultState,
+    pub(crate) script: Vec<Vec<ScriptCall>>,
 }
 
 impl Shared {
@@ -260,6 +277,7 @@ impl Shared {
             nanos: AtomicU64::new(0),
             max_nanos: AtomicU64::new(0),
             faults: FaultState::default(),
+            script: options.script.clone(),
         }
     }
 

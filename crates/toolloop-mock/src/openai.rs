@@ -590,7 +590,14 @@ struct DeltaFunction<'a> {
 fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepared {
     let (request, scenario) = (ctx.request, ctx.scenario);
     let cut = ctx.fault.is_some_and(|d| d.kind == FaultKind::CutCall);
-    let reply = engine::plan(scenario, tools, ctx.progress, "call_mock", &shared.ids);
+    let reply = engine::plan(
+        scenario,
+        tools,
+        ctx.progress,
+        "call_mock",
+        &shared.ids,
+        &shared.script,
+    );
     let reply = match scenario.text_calls {
         Some(dialect) => text::as_text(reply, dialect),
         None => reply,

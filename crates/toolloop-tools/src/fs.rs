@@ -91,6 +91,15 @@ pub fn builtin_tools(root: &Path, allow_write: bool) -> io::Result<Vec<Arc<dyn T
     Ok(tools)
 }
 
+/// A file tool's approval subject: the call's `path` as given (what `--allow
+/// 'write_file:src/*'` matches), or the canonical arguments when there is none.
+fn path_subject(args: &Value) -> String {
+    match args.get("path").and_then(Value::as_str) {
+        Some(p) => p.to_string(),
+        None => toolloop::message::canonical_json(args),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Confinement
 // ---------------------------------------------------------------------------------------------
@@ -415,6 +424,9 @@ impl ReadFile {
 
 #[async_trait]
 impl Tool for ReadFile {
+    fn approval_subject(&self, args: &Value) -> String {
+        path_subject(args)
+    }
     fn name(&self) -> &str {
         "read_file"
     }
@@ -716,6 +728,9 @@ impl ListDir {
 
 #[async_trait]
 impl Tool for ListDir {
+    fn approval_subject(&self, args: &Value) -> String {
+        path_subject(args)
+    }
     fn name(&self) -> &str {
         "list_dir"
     }
@@ -995,6 +1010,9 @@ fn shorten(line: &str) -> String {
 
 #[async_trait]
 impl Tool for SearchFiles {
+    fn approval_subject(&self, args: &Value) -> String {
+        path_subject(args)
+    }
     fn name(&self) -> &str {
         "search_files"
     }
@@ -1257,6 +1275,9 @@ impl Drop for TempFile<'_> {
 
 #[async_trait]
 impl Tool for WriteFile {
+    fn approval_subject(&self, args: &Value) -> String {
+        path_subject(args)
+    }
     fn name(&self) -> &str {
         "write_file"
     }

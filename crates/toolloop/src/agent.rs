@@ -6,15 +6,18 @@
 //! It stops at the run's timeout or cancellation, and a stopped run still returns everything it
 //! gathered.
 
+use crate::approval::{
+    Answer, ApprovalError, Approvals, DecidedBy, Decision, PendingApproval, Verdict,
+};
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
-use crate::engine::{Batch, Interrupt, Machine, PhaseError, Step};
+use crate::engine::{Batch, Interrupt, Machine, Phase, PhaseError, Step};
 use crate::event::Event;
 use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
 use crate::model::{
     Model, ModelError, ModelRequest, ModelResponse, ModelSettings, PrefixCache, ToolChoice,
 };
-use crate::outcome::Outcome;
+use crate::outcome::{Outcome, StopReason};
 use crate::price::{Price, PriceTable};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
@@ -45,7 +48,12 @@ pub struct Agent {
     on_event: Option<EventHandler>,
     journal: Option<Arc<dyn Journal>>,
     on_in_flight: Option<OnInFlight>,
+    on_approval: Option<OnApproval>,
 }
+
+/// Answers a call that waits for approval (see [`crate::approval`]). It runs in the driver;
+/// its answer is logged before it is acted on, so a resumed run never asks it twice.
+pub type OnApproval = Arc<dyn Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync>;
 
 /// What to do, on resume, with a side-effecting call that was in flight at a crash.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,6 +94,7 @@ pub struct AgentBuilder {
     on_event: Option<EventHandler>,
     journal: Option<Arc<dyn Journal>>,
     on_in_flight: Option<OnInFlight>,
+    on_approval: Option<OnApproval>,
 }
 
 impl Agent {
@@ -223,30 +232,7 @@ impl Agent {
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
         let log = RunLog::new(journal, run_id.to_string());
-        log.journal.acquire(run_id, &log.holder).await?;
-        let records = match log.journal.load(run_id).await {
-            Ok(r) => r,
-            Err(e) => {
-                let _ = log.journal.release(run_id, &log.holder).await;
-                return Err(e);
-            }
-        };
-        let replayed = Machine::replay(
-            self.config.clone(),
-            self.hooks.clone(),
-            self.toolbox.clone(),
-            &records,
-        );
-        let (mut machine, in_flight) = match replayed {
-            Ok(r) => r,
-            Err(message) => {
-                let _ = log.journal.release(run_id, &log.holder).await;
-                return Err(JournalError::Corrupt {
-                    run_id: run_id.to_string(),
-                    message,
-                });
-            }
-        };
+        let (mut machine, in_flight) = self.take_and_replay(&log).await?;
         for index in in_flight {
             let Some(call) = machine.round_call(index).cloned() else {
                 continue;
@@ -274,6 +260,121 @@ impl Agent {
         Ok(self
             .drive(machine, cancel, self.on_event.clone(), Some(log))
             .await)
+    }
+
+    /// Takes the run's lease and rebuilds its machine from its log (the lease is given back on
+    /// failure).
+    async fn take_and_replay(&self, log: &RunLog) -> Result<(Machine, Vec<usize>), JournalError> {
+        let run_id = log.run_id.as_str();
+        log.journal.acquire(run_id, &log.holder).await?;
+        let records = match log.journal.load(run_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = log.journal.release(run_id, &log.holder).await;
+                return Err(e);
+            }
+        };
+        let replayed = Machine::replay(
+            self.config.clone(),
+            self.hooks.clone(),
+            self.toolbox.clone(),
+            &records,
+        );
+        match replayed {
+            Ok(r) => Ok(r),
+            Err(message) => {
+                let _ = log.journal.release(run_id, &log.holder).await;
+                Err(JournalError::Corrupt {
+                    run_id: run_id.to_string(),
+                    message,
+                })
+            }
+        }
+    }
+
+    /// The calls of a logged run that wait for a person's approval (a run that stopped with
+    /// [`StopReason::AwaitingApproval`], or one that crashed while a person was asked). Empty
+    /// when none does.
+    pub async fn pending_approvals(
+        &self,
+        run_id: &str,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        self.decide_approvals(run_id, None, None).await
+    }
+
+    /// Records a person's decision on calls of a logged run that wait for approval: `calls`
+    /// names them by call id (`None`: every waiting call). Returns the calls decided. The
+    /// decisions are bound to the calls' exact arguments and take effect when the run is
+    /// resumed ([`Agent::resume`]), in this process or another. `answer` `None` decides
+    /// nothing and returns the waiting calls.
+    pub async fn decide_approvals(
+        &self,
+        run_id: &str,
+        calls: Option<&[String]>,
+        answer: Option<Answer>,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        let journal = self
+            .journal
+            .clone()
+            .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
+        let log = RunLog::new(journal, run_id.to_string());
+        let (mut machine, _) = self.take_and_replay(&log).await?;
+        let waiting: Vec<PendingApproval> = match machine.next_step() {
+            Step::Approve(requests) => requests
+                .into_iter()
+                .filter(|r| r.verdict == Verdict::Ask)
+                .map(|r| r.pending)
+                .collect(),
+            _ => Vec::new(),
+        };
+        let result = (|| {
+            let Some(answer) = answer else {
+                return Ok((waiting, Vec::new()));
+            };
+            let chosen: Vec<PendingApproval> = match calls {
+                None => waiting.clone(),
+                Some(ids) => {
+                    let mut chosen = Vec::new();
+                    for id in ids {
+                        match waiting.iter().find(|p| &p.call.id == id) {
+                            Some(p) => chosen.push(p.clone()),
+                            None => {
+                                return Err(ApprovalError::NotWaiting {
+                                    run_id: run_id.to_string(),
+                                    call_id: id.clone(),
+                                    waiting: waiting.iter().map(|p| p.call.id.clone()).collect(),
+                                });
+                            }
+                        }
+                    }
+                    chosen
+                }
+            };
+            let records = chosen
+                .iter()
+                .map(|p| {
+                    let (approved, reason) = match &answer {
+                        Answer::Approve => (true, None),
+                        Answer::Deny { reason } => (false, reason.clone()),
+                    };
+                    Record::ApprovalDecided {
+                        round: p.round,
+                        index: p.index,
+                        decision: Decision::new(&p.call, approved, reason, DecidedBy::Person),
+                    }
+                })
+                .collect();
+            Ok((chosen, records))
+        })();
+        let written = match &result {
+            Ok((_, records)) if !records.is_empty() => {
+                log.journal.append_all(run_id, records).await
+            }
+            _ => Ok(()),
+        };
+        let _ = log.journal.release(run_id, &log.holder).await;
+        written?;
+        result.map(|(chosen, _)| chosen)
     }
 
     fn machine(&self, mut messages: Vec<Message>) -> Machine {
@@ -387,6 +488,76 @@ impl Agent {
                         }
                     }
                 }
+                Step::Approve(requests) => {
+                    // Before a person is asked, what the round holds is durable: a crash while
+                    // asking asks again on resume, about the same calls.
+                    if requests.iter().any(|r| r.verdict == Verdict::Ask)
+                        && self.on_approval.is_some()
+                        && let Some(log) = &log
+                        && let Err(e) = log.flush().await
+                    {
+                        store_error = Some(e.to_string());
+                        machine.interrupt(Interrupt::StoreFailed);
+                        continue;
+                    }
+                    let mut deferred = Vec::new();
+                    let mut interrupted = None;
+                    for r in requests {
+                        let call = &r.pending.call;
+                        let decision = match r.verdict {
+                            Verdict::Allow { rule } => Decision::new(
+                                call,
+                                true,
+                                None,
+                                DecidedBy::Rule {
+                                    rule: rule.unwrap_or_else(|| "allow by default".into()),
+                                },
+                            ),
+                            Verdict::Deny { rule } => {
+                                Decision::new(call, false, None, DecidedBy::Rule { rule })
+                            }
+                            Verdict::Ask => {
+                                if let Some(sink) = &sink {
+                                    sink(&Event::ApprovalRequested {
+                                        round: r.pending.round,
+                                        call: call.clone(),
+                                        subject: r.pending.subject.clone(),
+                                    });
+                                }
+                                let Some(ask) = &self.on_approval else {
+                                    deferred.push(r.pending);
+                                    continue;
+                                };
+                                match guard(ask(&r.pending), &cancel, deadline).await {
+                                    Ok(Answer::Approve) => {
+                                        Decision::new(call, true, None, DecidedBy::Person)
+                                    }
+                                    Ok(Answer::Deny { reason }) => {
+                                        Decision::new(call, false, reason, DecidedBy::Person)
+                                    }
+                                    Err(why) => {
+                                        interrupted = Some(why);
+                                        break;
+                                    }
+                                }
+                            }
+                        };
+                        // Durable before the call runs (with its intent), or with the run's
+                        // stop: a decision lost to a crash is taken again.
+                        soon(&log, || Record::ApprovalDecided {
+                            round: r.pending.round,
+                            index: r.pending.index,
+                            decision: decision.clone(),
+                        });
+                        fed(machine.approval_decided(r.pending.index, &decision));
+                    }
+                    if let Some(why) = interrupted {
+                        soon(&log, || Record::Interrupted { why });
+                        machine.interrupt(why);
+                    } else if !deferred.is_empty() {
+                        fed(machine.await_approval());
+                    }
+                }
                 Step::DecideRoundLimit => {
                     let decision = match &self.hooks.on_round_limit {
                         Some(f) => f(machine.view()),
@@ -447,8 +618,19 @@ impl Agent {
                 }
             }
         }
+        // A run that waits for approvals is not over: its log stays open for the decisions and
+        // the resume.
+        let awaiting = matches!(
+            machine.state().phase,
+            Phase::Done {
+                stop_reason: StopReason::AwaitingApproval,
+                ..
+            }
+        );
         if let Some(log) = &log {
-            log.soon(Record::Finished);
+            if !awaiting {
+                log.soon(Record::Finished);
+            }
             if let Err(e) = log.flush().await {
                 tracing::warn!(run_id = %log.run_id, "the run's end was not logged: {e}");
             }
@@ -807,7 +989,26 @@ impl AgentBuilder {
             on_event: None,
             journal: None,
             on_in_flight: None,
+            on_approval: None,
         }
+    }
+
+    /// The approval policy: which calls run, wait for approval, or are denied (see
+    /// [`crate::approval`]).
+    pub fn approvals(mut self, approvals: Approvals) -> Self {
+        self.config.approvals = approvals;
+        self
+    }
+
+    /// Asks `f` about every call the policy says to ask about; its answer is logged before
+    /// it is acted on. Without it, such a call stops the run with
+    /// [`StopReason::AwaitingApproval`] (see [`Agent::decide_approvals`]).
+    pub fn on_approval(
+        mut self,
+        f: impl Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync + 'static,
+    ) -> Self {
+        self.on_approval = Some(Arc::new(f));
+        self
     }
 
     /// Logs every step of every run to `journal`, so runs can be resumed after a crash.
@@ -971,6 +1172,7 @@ impl AgentBuilder {
             on_event: self.on_event,
             journal: self.journal,
             on_in_flight: self.on_in_flight,
+            on_approval: self.on_approval,
         })
     }
 }

@@ -114,6 +114,10 @@ pub struct LoopConfig {
     /// tells listeners to discard the text deltas of the broken attempt.
     #[serde(default = "default_stream_restarts")]
     pub stream_restarts: u32,
+    /// Which calls run, which wait for a person's approval, which are denied (see
+    /// [`crate::approval`]). Default: no rules (each tool's own default).
+    #[serde(default, skip_serializing_if = "crate::approval::Approvals::is_empty")]
+    pub approvals: crate::approval::Approvals,
 }
 
 fn default_stream_restarts() -> u32 {
@@ -138,6 +142,7 @@ impl Default for LoopConfig {
             on_truncated_call: TruncatedCallPolicy::Stop,
             stream: false,
             stream_restarts: default_stream_restarts(),
+            approvals: crate::approval::Approvals::default(),
         }
     }
 }

@@ -17,6 +17,7 @@
 //! - every call of a round runs before any terminal check;
 //! - budgets are checked before each model call and before each tool call executes.
 
+use crate::approval::{Decision, PendingApproval, Verdict};
 use crate::config::{
     Hooks, InvalidCallPolicy, LoopConfig, LoopView, ParallelMode, RoundCall, RoundLimitDecision,
     TruncatedCallPolicy,
@@ -64,8 +65,32 @@ pub enum Step {
     /// `max_rounds` is reached: ask `on_round_limit` and report with
     /// [`Machine::round_limit_decided`].
     DecideRoundLimit,
+    /// Calls of the round wait for their approval, before any call of the round runs: report
+    /// a [`Decision`] for each with [`Machine::approval_decided`] (by the rule in the verdict,
+    /// or by asking the approval handler when the verdict is [`Verdict::Ask`]), or, with no
+    /// handler, stop with [`Machine::await_approval`].
+    Approve(Vec<ApprovalRequest>),
     /// The run is over; take the outcome.
     Finished,
+}
+
+/// A call waiting for its approval, and what the policy says of it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApprovalRequest {
+    /// The call.
+    pub pending: PendingApproval,
+    /// The policy's verdict: a rule decides, or a person is asked.
+    pub verdict: Verdict,
+}
+
+/// Where a call stands with its approval.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalState {
+    /// It waits for a decision and does not run before one.
+    Pending,
+    /// It was approved.
+    Approved,
 }
 
 /// Calls that run together.
@@ -110,6 +135,9 @@ pub struct Slot {
     pub attempts: u32,
     /// Whether this call spent the tool-call budget's last place (it was refused for that).
     pub over_budget: bool,
+    /// Its approval, when the policy does not simply allow it (see [`crate::approval`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<ApprovalState>,
 }
 
 /// Where the machine is.
@@ -225,6 +253,9 @@ pub struct LoopState {
     pub calls: Vec<ExecutedCall>,
     /// Where the machine is.
     pub phase: Phase,
+    /// The calls that wait for approval, when the run stopped for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<PendingApproval>,
 }
 
 /// The loop's state machine.
@@ -329,6 +360,7 @@ impl Machine {
                 cost: Some(0.0),
                 calls: Vec::new(),
                 phase: Phase::Ready,
+                pending_approvals: Vec::new(),
             },
             events: Vec::new(),
             events_on: true,
@@ -450,6 +482,14 @@ impl Machine {
                     .filter(|(_, s)| s.run && s.status.is_none())
                     .map(|(i, _)| i)
                     .collect();
+                let asking: Vec<ApprovalRequest> = pending
+                    .iter()
+                    .filter(|&&i| slots[i].approval == Some(ApprovalState::Pending))
+                    .map(|&i| self.approval_request(i, &slots[i]))
+                    .collect();
+                if !asking.is_empty() {
+                    return Step::Approve(asking);
+                }
                 if pending.is_empty() {
                     if self.hooks.stop_when && !*stop_checked && self.stop_when_decides(slots) {
                         return Step::CheckStop;
@@ -485,6 +525,127 @@ impl Machine {
                 self.start_round(Vec::new())
             }
         }
+    }
+
+    /// What the policy says of a call of the round: its approval subject and verdict.
+    fn weigh(&self, call: &ToolCall) -> (String, Verdict) {
+        let (subject, default) = match self.toolbox.get(&call.name) {
+            Some(tool) => (
+                tool.approval_subject(&call.arguments),
+                tool.default_approval(),
+            ),
+            None => (call.canonical_arguments(), crate::approval::Action::Allow),
+        };
+        let verdict = self.config.approvals.verdict(&call.name, &subject, default);
+        (subject, verdict)
+    }
+
+    fn approval_request(&self, index: usize, slot: &Slot) -> ApprovalRequest {
+        let (subject, verdict) = self.weigh(&slot.call);
+        ApprovalRequest {
+            pending: PendingApproval {
+                round: self.state.round,
+                index,
+                call: (*slot.call).clone(),
+                subject,
+            },
+            verdict,
+        }
+    }
+
+    /// A call's approval was decided ([`Step::Approve`]). The decision must be bound to the
+    /// call (its id, tool and canonical arguments, see [`Decision::binds`]): a decision for
+    /// another call or for other arguments is refused, and the call still waits. An approved
+    /// call runs; a denied one does not, and its result is `denied: <reason>`.
+    pub fn approval_decided(
+        &mut self,
+        index: usize,
+        decision: &Decision,
+    ) -> Result<(), PhaseError> {
+        let round = self.state.round;
+        let slot = Self::pending_slot(&mut self.state.phase, "approval_decided", index, true)?;
+        if slot.approval != Some(ApprovalState::Pending) {
+            return Err(PhaseError {
+                input: "approval_decided",
+                phase: "running the round's tool calls",
+                detail: format!("; call {index} does not wait for an approval"),
+            });
+        }
+        if !decision.binds(&slot.call) {
+            return Err(PhaseError {
+                input: "approval_decided",
+                phase: "running the round's tool calls",
+                detail: format!(
+                    "; the decision is for another call or other arguments than call {index}: \
+                     an approval holds only for the exact call"
+                ),
+            });
+        }
+        if decision.approved {
+            slot.approval = Some(ApprovalState::Approved);
+        } else {
+            slot.approval = None;
+            slot.run = false;
+            slot.status = Some(CallStatus::Denied);
+            slot.content = Some(result::error_content(&decision.denial()));
+        }
+        let by = match &decision.by {
+            crate::approval::DecidedBy::Rule { rule } => rule.clone(),
+            crate::approval::DecidedBy::Person => "person".to_string(),
+        };
+        let (call_id, name) = (slot.call.id.clone(), slot.call.name.clone());
+        emit!(
+            self,
+            Event::ApprovalDecided {
+                round,
+                call_id,
+                name,
+                approved: decision.approved,
+                by,
+            }
+        );
+        Ok(())
+    }
+
+    /// No approval handler: the run stops with [`StopReason::AwaitingApproval`], listing the
+    /// calls still waiting ([`Outcome::pending_approvals`]). Nothing of the round has run. The
+    /// run log holds the round, so the run continues from here on resume, once decisions are
+    /// recorded (or asked).
+    pub fn await_approval(&mut self) -> Result<(), PhaseError> {
+        let waiting: Vec<PendingApproval> = match &self.state.phase {
+            Phase::Tools { slots, .. } => slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.status.is_none() && s.approval == Some(ApprovalState::Pending))
+                .map(|(i, s)| self.approval_request(i, s).pending)
+                .collect(),
+            _ => Vec::new(),
+        };
+        if waiting.is_empty() {
+            return Err(self.phase_error(
+                "await_approval",
+                "; no call of the round waits for an approval".into(),
+            ));
+        }
+        let n = waiting.len();
+        let names: Vec<String> = waiting
+            .iter()
+            .map(|p| result::shorten(&p.call.name, result::ECHO_CHARS).into_owned())
+            .collect();
+        self.state.pending_approvals = waiting;
+        self.finish(
+            StopReason::AwaitingApproval,
+            None,
+            Some(RunError {
+                code: ErrorCode::AwaitingApproval,
+                message: format!(
+                    "{n} tool call(s) wait for approval ({}); approve or deny them, then resume \
+                     the run",
+                    names.join(", ")
+                ),
+            }),
+        );
+        Ok(())
     }
 
     fn start_round(&mut self, reminders: Vec<String>) -> Step {
@@ -749,6 +910,7 @@ impl Machine {
                 duration_ms: 0,
                 attempts: 0,
                 over_budget: false,
+                approval: None,
             };
             let settle = |slot: &mut Slot, status: CallStatus, content: String| {
                 slot.status = Some(status);
@@ -838,6 +1000,9 @@ impl Machine {
             }
             planned += 1;
             slot.run = true;
+            if !matches!(self.weigh(call).1, Verdict::Allow { rule: None }) {
+                slot.approval = Some(ApprovalState::Pending);
+            }
             slot.parallel_safe = self
                 .toolbox
                 .get(&call.name)
@@ -989,7 +1154,7 @@ impl Machine {
     ) -> Result<(), PhaseError> {
         let round = self.state.round;
         let max_chars = self.config.max_result_chars;
-        let slot = Self::pending_slot(&mut self.state.phase, "tool_finished", index)?;
+        let slot = Self::pending_slot(&mut self.state.phase, "tool_finished", index, false)?;
         let status = if outcome.is_ok() {
             CallStatus::Ok
         } else {
@@ -1020,6 +1185,7 @@ impl Machine {
         phase: &'a mut Phase,
         input: &'static str,
         index: usize,
+        unapproved: bool,
     ) -> Result<&'a mut Slot, PhaseError> {
         let described = phase.describe();
         let error = |detail: String| PhaseError {
@@ -1041,6 +1207,9 @@ impl Machine {
             Some(s) if s.status.is_some() => {
                 Err(error(format!("; call {index} already has its result")))
             }
+            Some(s) if !unapproved && s.approval == Some(ApprovalState::Pending) => Err(error(
+                format!("; call {index} waits for its approval and cannot run before it"),
+            )),
             Some(s) => Ok(s),
         }
     }
@@ -1049,7 +1218,7 @@ impl Machine {
     /// "outcome unknown" result the model can read.
     pub fn tool_outcome_unknown(&mut self, index: usize) -> Result<(), PhaseError> {
         let round = self.state.round;
-        let slot = Self::pending_slot(&mut self.state.phase, "tool_outcome_unknown", index)?;
+        let slot = Self::pending_slot(&mut self.state.phase, "tool_outcome_unknown", index, false)?;
         slot.status = Some(CallStatus::Unknown);
         slot.content = Some(result::error_content(
             "Outcome unknown: the run stopped while this call was in flight, and the call \
@@ -1121,9 +1290,14 @@ impl Machine {
                     .model_failed(&ModelError::Other(message.clone()))
                     .map_err(unfit)?,
                 Record::ToolStarted { index, .. } => {
-                    // Only a call that is to run and has no result yet can start.
-                    Self::pending_slot(&mut m.state.phase, "tool_started", *index)
+                    // Only a call that is to run and has no result yet can start. One that
+                    // started was allowed then (a policy that differs now does not change
+                    // what happened).
+                    let slot = Self::pending_slot(&mut m.state.phase, "tool_started", *index, true)
                         .map_err(unfit)?;
+                    if slot.approval == Some(ApprovalState::Pending) {
+                        slot.approval = Some(ApprovalState::Approved);
+                    }
                     if !in_flight.contains(index) {
                         in_flight.push(*index);
                     }
@@ -1135,11 +1309,13 @@ impl Machine {
                     attempts,
                     ..
                 } => {
+                    m.ran_in_history(*index);
                     m.tool_finished(*index, result.clone(), *duration_ms, *attempts)
                         .map_err(unfit)?;
                     in_flight.retain(|i| i != index);
                 }
                 Record::ToolUnknown { index, .. } => {
+                    m.ran_in_history(*index);
                     m.tool_outcome_unknown(*index).map_err(unfit)?;
                     in_flight.retain(|i| i != index);
                 }
@@ -1150,12 +1326,29 @@ impl Machine {
                     }
                     m.round_limit_decided(decision.clone()).map_err(unfit)?;
                 }
+                Record::ApprovalDecided {
+                    index, decision, ..
+                } => {
+                    // A decision that does not fit the call (other arguments) is not applied:
+                    // the call is asked about again.
+                    let _ = m.approval_decided(*index, decision);
+                }
                 Record::Interrupted { why } => m.interrupt(*why),
                 Record::Finished => {}
             }
         }
         m.events.clear();
         Ok((m, in_flight))
+    }
+
+    /// During replay: a call the log shows running was allowed when it ran.
+    fn ran_in_history(&mut self, index: usize) {
+        if let Phase::Tools { slots, .. } = &mut self.state.phase
+            && let Some(slot) = slots.get_mut(index)
+            && slot.approval == Some(ApprovalState::Pending)
+        {
+            slot.approval = Some(ApprovalState::Approved);
+        }
     }
 
     /// During replay, before a record that comes after a hook's answer: a `stop_when` (and,
@@ -1471,6 +1664,7 @@ impl Machine {
             cost,
             calls,
             phase,
+            pending_approvals,
             ..
         } = self.state;
         // With no reported usage there is nothing to price: the cost is unknown, not zero.
@@ -1509,6 +1703,7 @@ impl Machine {
             duration_ms,
             error,
             run_id: None,
+            pending_approvals,
         }
     }
 }

@@ -147,6 +147,29 @@ pub enum Event {
         /// How long it took, in milliseconds.
         duration_ms: u64,
     },
+    /// A call waits for a person's approval: the approval handler is asked, or, with none,
+    /// the run stops awaiting approval (see [`crate::approval`]).
+    ApprovalRequested {
+        /// The round.
+        round: u32,
+        /// The call, exactly as it would run.
+        call: ToolCall,
+        /// What the approval rules match against (a command line, a path, the arguments).
+        subject: String,
+    },
+    /// A call's approval was decided (by a rule or a person); a denied call does not run.
+    ApprovalDecided {
+        /// The round.
+        round: u32,
+        /// The call id.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// Whether it runs.
+        approved: bool,
+        /// Who decided (`person`, or the rule in words).
+        by: String,
+    },
     /// A round ended: the model answered and its calls (if any) got results
     /// (the AI controller's `ai-processing-tool-results`).
     RoundFinished {

@@ -104,6 +104,17 @@ pub enum Record {
         /// The call's place in the round.
         index: usize,
     },
+    /// A call's approval was decided, by a rule or a person (see [`crate::approval`]). The
+    /// decision is bound to the call's id, tool and canonical arguments; replay applies it
+    /// only to that exact call.
+    ApprovalDecided {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// The decision.
+        decision: crate::approval::Decision,
+    },
     /// `on_round_limit` decided.
     RoundLimitDecided {
         /// The decision.
@@ -132,6 +143,7 @@ impl Record {
             Record::RemindersGiven { .. } => "reminders_given",
             Record::StopChecked { .. } => "stop_checked",
             Record::RoundLimitDecided { .. } => "round_limit_decided",
+            Record::ApprovalDecided { .. } => "approval_decided",
             Record::Interrupted { .. } => "interrupted",
             Record::Finished => "finished",
         }

@@ -49,6 +49,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod approval;
 pub mod config;
 pub mod engine;
 pub mod event;

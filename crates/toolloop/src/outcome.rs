@@ -29,6 +29,10 @@ pub enum StopReason {
     ModelError,
     /// The run log could not be written, so the run stopped before acting.
     StoreFailed,
+    /// Calls wait for a person's approval and no approval handler was set: the calls are in
+    /// [`Outcome::pending_approvals`]; decide them and resume the run (see
+    /// [`crate::approval`]).
+    AwaitingApproval,
 }
 
 impl StopReason {
@@ -66,6 +70,8 @@ pub enum ErrorCode {
     StoreFailed,
     /// The output-token limit cut the model's answer short.
     OutputTruncated,
+    /// The run stopped to wait for approvals.
+    AwaitingApproval,
 }
 
 /// A failed run's error.
@@ -98,6 +104,8 @@ pub enum CallStatus {
     /// It was in flight when the run stopped (a crash), and it changes the world, so it was not
     /// run again: it may or may not have taken effect.
     Unknown,
+    /// Not run: the approval policy or a person denied it (the model reads `denied: …`).
+    Denied,
 }
 
 impl CallStatus {
@@ -166,6 +174,10 @@ pub struct Outcome {
     /// The run's id in the run log, when the run was logged (see [`crate::journal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub run_id: Option<String>,
+    /// The calls waiting for approval when the run stopped with
+    /// [`StopReason::AwaitingApproval`] (their round has no results yet); empty otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pending_approvals: Vec<crate::approval::PendingApproval>,
 }
 
 impl Outcome {

@@ -219,6 +219,17 @@ pub trait Tool: Send + Sync {
     fn side_effect(&self) -> SideEffect {
         SideEffect::SideEffecting
     }
+    /// What approval rules match against for a call with these arguments (see
+    /// [`crate::approval`]): a command line, a path. Default: the canonical JSON arguments
+    /// (keys sorted, no spaces).
+    fn approval_subject(&self, args: &Value) -> String {
+        crate::message::canonical_json(args)
+    }
+    /// The approval a call gets when no rule of the run's [`crate::approval::Approvals`]
+    /// matches and the policy sets no default. Default: allow.
+    fn default_approval(&self) -> crate::approval::Action {
+        crate::approval::Action::Allow
+    }
     /// Runs the call. `args` has passed the schema.
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
 }

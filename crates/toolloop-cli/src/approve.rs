@@ -1,0 +1,361 @@
+//! Approvals in the command: the `--allow`, `--deny` and `--ask` rules, `--allow-commands`
+//! (the `run_command` tool), the question on the terminal, `--defer-approvals`, and
+//! `toolloop approve|deny <run-id>`.
+//!
+//! A call the rules do not settle is asked about on the terminal (yes, no, or always for this
+//! exact call in this run). Without a terminal it is denied, with a message that says which
+//! flag would allow it; with `--defer-approvals` the run stops instead (exit code 4), to be
+//! decided with `toolloop approve|deny` and continued with `toolloop resume`.
+
+use crate::durable::{DurabilityArg, StoreArgs, open_store};
+use crate::progress::Progress;
+use crate::terminal::escape;
+use clap::Args;
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use std::io::{BufRead, IsTerminal, Write};
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use toolloop::approval::{Action, Answer, Approvals, PendingApproval, Rule};
+use toolloop::outcome::Outcome;
+use toolloop::tool::Tool;
+
+/// Exit code of a run that stopped to wait for approvals.
+pub const EXIT_AWAITING: u8 = 4;
+
+/// The approval flags of `toolloop run` and `chat` (kept with the run for `resume`).
+#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ApprovalArgs {
+    /// Run the calls that match without asking: a tool name glob, then optionally `:` and a
+    /// glob over the call's subject (the command line of run_command, the path of a file tool,
+    /// the JSON arguments otherwise). `*` matches any text. Repeatable.
+    #[arg(long = "allow", value_name = "TOOL[:SUBJECT]", value_parser = allow_rule)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    /// Never run the calls that match (the model reads `denied: …`); wins over --ask and
+    /// --allow. Repeatable.
+    #[arg(long = "deny", value_name = "TOOL[:SUBJECT]", value_parser = deny_rule)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+    /// Ask before running the calls that match; wins over --allow. Repeatable.
+    #[arg(long = "ask", value_name = "TOOL[:SUBJECT]", value_parser = ask_rule)]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ask: Vec<String>,
+    /// Offer the run_command tool (programs run in --root; each call is asked about unless a
+    /// rule allows it).
+    #[arg(long)]
+    #[serde(default)]
+    pub allow_commands: bool,
+    /// Let run_command run shells (`sh -c …`); by default only programs with their arguments.
+    #[arg(long, requires = "allow_commands")]
+    #[serde(default)]
+    pub allow_shell: bool,
+    /// The longest one command may run (default 2m): seconds or a duration (`90s`, `5m`).
+    #[arg(long, value_name = "DURATION", value_parser = crate::run::parse_timeout)]
+    #[serde(default)]
+    pub command_timeout: Option<Duration>,
+    /// Do not ask: stop the run when a call needs approval (exit code 4); decide with
+    /// `toolloop approve|deny <run-id>`, then `toolloop resume <run-id>`.
+    #[arg(long)]
+    #[serde(default)]
+    pub defer_approvals: bool,
+    /// Set by `chat`, whose prompt reads the terminal: calls are not asked about there.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub no_prompt: bool,
+}
+
+fn rule(action: Action, flag: &str, spec: &str) -> Result<String, String> {
+    Rule::parse(action, spec)
+        .map(|_| spec.to_string())
+        .map_err(|e| format!("--{flag} {spec}: {e}; expected TOOL or TOOL:SUBJECT"))
+}
+
+fn allow_rule(s: &str) -> Result<String, String> {
+    rule(Action::Allow, "allow", s)
+}
+
+fn deny_rule(s: &str) -> Result<String, String> {
+    rule(Action::Deny, "deny", s)
+}
+
+fn ask_rule(s: &str) -> Result<String, String> {
+    rule(Action::Ask, "ask", s)
+}
+
+/// The run's approval policy from the flags.
+pub fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
+    let mut policy = Approvals::default();
+    for (action, flag, specs) in [
+        (Action::Deny, "deny", &args.deny),
+        (Action::Ask, "ask", &args.ask),
+        (Action::Allow, "allow", &args.allow),
+    ] {
+        for spec in specs {
+            let r = Rule::parse(action, spec).map_err(|e| format!("--{flag} {spec}: {e}"))?;
+            policy = policy.rule(r);
+        }
+    }
+    Ok(policy)
+}
+
+/// The tools the approval flags offer: run_command with --allow-commands.
+pub fn command_tools(root: &Path, args: &ApprovalArgs) -> Result<Vec<Arc<dyn Tool>>, String> {
+    if !args.allow_commands {
+        return Ok(Vec::new());
+    }
+    let mut config = toolloop_tools::command::CommandConfig::new(root);
+    config.allow_shell = args.allow_shell;
+    if let Some(t) = args.command_timeout {
+        config.timeout = t;
+    }
+    let tool = toolloop_tools::command::RunCommand::new(config)
+        .map_err(|e| format!("--root {}: {e}", root.display()))?;
+    Ok(vec![Arc::new(tool)])
+}
+
+/// Answers a call that waits for approval.
+pub type Ask = Arc<dyn Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync>;
+
+/// How the run answers calls that need approval: `None` with --defer-approvals (the run stops
+/// for them); a question on the terminal when stdin and stderr are one; otherwise a denial
+/// that names the flags that would allow the call.
+pub fn handler(args: &ApprovalArgs, progress: Arc<Progress>) -> Option<Ask> {
+    if args.defer_approvals {
+        return None;
+    }
+    if !args.no_prompt && std::io::stdin().is_terminal() && std::io::stderr().is_terminal() {
+        let always: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
+        return Some(Arc::new(move |p: &PendingApproval| {
+            let p = p.clone();
+            let always = always.clone();
+            let progress = progress.clone();
+            async move {
+                let key = (p.call.name.clone(), p.subject.clone());
+                if always.lock().map(|a| a.contains(&key)).unwrap_or(false) {
+                    return Answer::Approve;
+                }
+                let asked =
+                    tokio::task::spawn_blocking(move || progress.suspend(|| ask_on_terminal(&p)))
+                        .await
+                        .unwrap_or(Reply::No);
+                match asked {
+                    Reply::Yes => Answer::Approve,
+                    Reply::Always => {
+                        if let Ok(mut a) = always.lock() {
+                            a.push(key);
+                        }
+                        Answer::Approve
+                    }
+                    Reply::No => Answer::Deny {
+                        reason: Some("the user said no".into()),
+                    },
+                }
+            }
+            .boxed()
+        }));
+    }
+    Some(Arc::new(|p: &PendingApproval| {
+        let flag = format!("--allow '{}:{}'", p.call.name, p.subject.replace('\'', "?"));
+        eprintln!(
+            "toolloop: denied {} `{}`: no rule allows it and there is no terminal to ask on \
+             (chat does not ask); allow it with {}, or stop for a later decision with \
+             --defer-approvals",
+            escape(&p.call.name, false),
+            escape(&p.subject, false),
+            escape(&flag, false),
+        );
+        async {
+            Answer::Deny {
+                reason: Some("no rule allows this call and there is no one to approve it".into()),
+            }
+        }
+        .boxed()
+    }))
+}
+
+enum Reply {
+    Yes,
+    No,
+    Always,
+}
+
+/// Shows the exact call (escaped) and reads the answer from the terminal.
+fn ask_on_terminal(p: &PendingApproval) -> Reply {
+    let mut err = std::io::stderr().lock();
+    let name = escape(&p.call.name, false);
+    let subject = escape(&p.subject, false);
+    let arguments = p.call.canonical_arguments();
+    let _ = writeln!(
+        err,
+        "toolloop: {name} wants to run (call {}):",
+        escape(&p.call.id, false)
+    );
+    let _ = writeln!(err, "  {subject}");
+    if arguments != p.subject {
+        let _ = writeln!(err, "  arguments: {}", escape(&arguments, false));
+    }
+    loop {
+        let _ = write!(
+            err,
+            "  allow? [y]es / [n]o / [a]lways for `{name}:{subject}` in this run: "
+        );
+        let _ = err.flush();
+        let mut line = String::new();
+        match std::io::stdin().lock().read_line(&mut line) {
+            Ok(0) | Err(_) => return Reply::No,
+            Ok(_) => {}
+        }
+        match line.trim().to_ascii_lowercase().as_str() {
+            "y" | "yes" => return Reply::Yes,
+            "n" | "no" => return Reply::No,
+            "a" | "always" => return Reply::Always,
+            _ => {}
+        }
+    }
+}
+
+/// After a run that stopped awaiting approval: the calls, and what to do next (stderr).
+pub fn show_pending(outcome: &Outcome) {
+    if outcome.pending_approvals.is_empty() {
+        return;
+    }
+    for p in &outcome.pending_approvals {
+        eprintln!(
+            "  waiting: {} {} {}",
+            escape(&p.call.id, false),
+            escape(&p.call.name, false),
+            escape(&p.subject, false)
+        );
+    }
+    if let Some(id) = &outcome.run_id {
+        eprintln!(
+            "toolloop: decide with `toolloop approve {id} <call-id>|--all` or `toolloop deny \
+             {id} <call-id>|--all [--reason …]`, then `toolloop resume {id}`"
+        );
+    }
+}
+
+/// `toolloop approve` and `toolloop deny`.
+#[derive(Args, Debug)]
+pub struct DecideArgs {
+    /// The run (`toolloop runs` lists them).
+    run_id: String,
+    /// The calls to decide, by id; with none (and no --all), the waiting calls are listed.
+    calls: Vec<String>,
+    /// Every waiting call.
+    #[arg(long, conflicts_with = "calls")]
+    all: bool,
+    #[command(flatten)]
+    store: StoreArgs,
+    /// The provider's base URL, when the run started with one holding credentials (see
+    /// `toolloop resume --help`).
+    #[arg(long, value_name = "URL")]
+    base_url: Option<String>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `toolloop deny`.
+#[derive(Args, Debug)]
+pub struct DenyArgs {
+    #[command(flatten)]
+    decide: DecideArgs,
+    /// Why, for the model (it reads `denied: <reason>`).
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+/// Records a decision on the waiting calls of a run (or lists them).
+pub async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> ExitCode {
+    let run_args = match crate::sessions::saved_run(
+        &args.run_id,
+        args.store.clone(),
+        args.base_url.clone(),
+        args.json,
+        DurabilityArg::Process,
+    )
+    .await
+    {
+        Ok(a) => a,
+        Err(code) => return code,
+    };
+    let store = match open_store(&args.store).await {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // The log is replayed, never continued: no model is called.
+    let placeholder = Arc::new(toolloop::providers::scripted::ScriptedModel::new(Vec::new()));
+    let agent = match crate::run::agent_builder_with(&run_args.agent, placeholder).and_then(|b| {
+        b.journal(Arc::new(store))
+            .build()
+            .map_err(|e| e.to_string())
+    }) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "toolloop: the saved configuration of run {} does not load: {e}",
+                args.run_id
+            );
+            return ExitCode::FAILURE;
+        }
+    };
+    let listing = args.calls.is_empty() && !args.all;
+    let answer = match (listing, approve) {
+        (true, _) => None,
+        (false, true) => Some(Answer::Approve),
+        (false, false) => Some(Answer::Deny { reason }),
+    };
+    let calls = (!args.all).then_some(args.calls.as_slice());
+    let decided = match agent.decide_approvals(&args.run_id, calls, answer).await {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("toolloop: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if args.json {
+        crate::outln!("{}", serde_json::json!(decided));
+        return ExitCode::SUCCESS;
+    }
+    if decided.is_empty() {
+        eprintln!(
+            "toolloop: no call of run {} waits for approval",
+            args.run_id
+        );
+        return if listing {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
+    }
+    let verb = match (listing, approve) {
+        (true, _) => "waiting",
+        (false, true) => "approved",
+        (false, false) => "denied",
+    };
+    for p in &decided {
+        crate::outln!(
+            "{verb}: {} {} {}",
+            escape(&p.call.id, false),
+            escape(&p.call.name, false),
+            escape(&p.subject, false)
+        );
+    }
+    if !listing {
+        eprintln!(
+            "toolloop: continue the run with `toolloop resume {}`",
+            args.run_id
+        );
+    }
+    ExitCode::SUCCESS
+}
+
+/// `toolloop deny`.
+pub async fn deny(args: DenyArgs) -> ExitCode {
+    decide(args.decide, false, args.reason).await
+}

@@ -1,0 +1,467 @@
+//! `run_command`: runs a program in the root directory and returns its exit code and output.
+//!
+//! The model gives an argument vector (`["cargo", "test", "--quiet"]`); no shell reads it, so
+//! an argument is never split, globbed or taken for a `;`. Shells (`sh`, `bash`, `zsh`, …, and
+//! `env`, which would start one) are refused unless [`CommandConfig::allow_shell`] is set.
+//!
+//! The child:
+//! - runs in the root, with stdin empty;
+//! - gets the environment of this process without anything that looks like a credential (see
+//!   [`is_secret_var`]: `*_API_KEY`, `*_TOKEN`, `*SECRET*`, `*PASSWORD*`, the providers' and
+//!   stores' variables);
+//! - leads a process group of its own; when the call times out or the run is cancelled, the
+//!   whole group gets SIGTERM, then SIGKILL after [`CommandConfig::kill_grace`]; whatever the
+//!   command leaves running in its group when it exits is killed too, and so is the group when
+//!   the call is dropped;
+//! - has its stdout and stderr kept up to [`CommandConfig::max_output_bytes`] each: the head
+//!   and the tail, with the number of bytes left out between them.
+//!
+//! The result's data holds `exit_code` (or `signal`), `stdout` and `stderr`; a command that
+//! exits non-zero is a result like any other (the model reads the code and the output), while
+//! a timeout or a cancellation is a tool error carrying the output so far.
+//!
+//! The tool is side-effecting and asks for approval by default (see
+//! [`toolloop::approval`]); rules match its approval subject, the command line with each
+//! argument quoted as a POSIX shell would need (`cargo test --quiet`, `echo 'a b'`).
+
+use async_trait::async_trait;
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt};
+use toolloop::approval::Action;
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
+
+/// How `run_command` runs programs.
+#[derive(Debug, Clone)]
+pub struct CommandConfig {
+    /// The directory commands run in.
+    pub root: PathBuf,
+    /// The longest a command may run (default 120 s); a call may ask for less.
+    pub timeout: Duration,
+    /// How long a command has to exit after SIGTERM before SIGKILL (default 2 s).
+    pub kill_grace: Duration,
+    /// The most bytes of stdout, and of stderr, kept: half from the head, half from the tail
+    /// (default 32 KiB).
+    pub max_output_bytes: usize,
+    /// Whether shells may be run (`["sh", "-c", "…"]`). Default: no.
+    pub allow_shell: bool,
+}
+
+impl CommandConfig {
+    /// The defaults, running in `root`.
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        CommandConfig {
+            root: root.into(),
+            timeout: Duration::from_secs(120),
+            kill_grace: Duration::from_secs(2),
+            max_output_bytes: 32 * 1024,
+            allow_shell: false,
+        }
+    }
+}
+
+/// The `run_command` tool.
+#[derive(Debug)]
+pub struct RunCommand {
+    config: CommandConfig,
+    root: PathBuf,
+    schema: Value,
+    description: String,
+}
+
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+struct RunCommandArgs {
+    /// The program and its arguments, one string each (no shell: quotes, `*`, `;`, `|` and `>`
+    /// are passed as they are).
+    command: Vec<String>,
+    /// Seconds to let it run (at most the configured limit).
+    timeout_secs: Option<f64>,
+}
+
+/// Programs refused without [`CommandConfig::allow_shell`]: shells, and launchers that would
+/// start one.
+const SHELLS: &[&str] = &[
+    "sh",
+    "bash",
+    "dash",
+    "zsh",
+    "ksh",
+    "mksh",
+    "fish",
+    "csh",
+    "tcsh",
+    "ash",
+    "busybox",
+    "pwsh",
+    "powershell",
+    "cmd",
+    "env",
+    "nu",
+    "xonsh",
+];
+
+/// Environment variables never passed to a child: providers' and stores' variables whose names
+/// do not follow the patterns of [`is_secret_var`].
+const KNOWN_SECRETS: &[&str] = &[
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_BASE_URL",
+    "GEMINI_BASE_URL",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_OPENAI_ENDPOINT",
+    "DATABASE_URL",
+    "TOOLLOOP_STORE",
+    "TOOLLOOP_TEST_POSTGRES",
+    "OPENAI_ORGANIZATION",
+    "OPENAI_ORG_ID",
+];
+
+/// Whether an environment variable may hold a credential, and is kept from child processes:
+/// names ending in `_KEY`, `_API_KEY`, `_APIKEY` or `_TOKEN`, names containing `SECRET`,
+/// `PASSWORD`, `PASSWD` or `CREDENTIAL` (in any case), and the providers' and stores' own
+/// variables (base URLs and store locations may carry a key or a password).
+pub fn is_secret_var(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    n.ends_with("_KEY")
+        || n.ends_with("_APIKEY")
+        || n == "API_KEY"
+        || n.ends_with("_TOKEN")
+        || n == "TOKEN"
+        || n.contains("SECRET")
+        || n.contains("PASSWORD")
+        || n.contains("PASSWD")
+        || n.contains("CREDENTIAL")
+        || KNOWN_SECRETS.contains(&n.as_str())
+}
+
+/// A command line as a POSIX shell would read it back: arguments made only of safe
+/// characters as they are, others in single quotes.
+pub fn command_line(argv: &[String]) -> String {
+    argv.iter()
+        .map(|a| {
+            let safe = !a.is_empty()
+                && a.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-./=:,+@%^".contains(&b));
+            if safe {
+                a.clone()
+            } else {
+                format!("'{}'", a.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+impl RunCommand {
+    /// The tool. Fails when the root is not a directory.
+    pub fn new(config: CommandConfig) -> std::io::Result<Self> {
+        let root = std::fs::canonicalize(&config.root)?;
+        if !root.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotADirectory,
+                format!("the root `{}` is not a directory", config.root.display()),
+            ));
+        }
+        let shell = if config.allow_shell {
+            "Shells may be used (`[\"sh\", \"-c\", \"…\"]`)."
+        } else {
+            "No shell: give the program and its arguments; shells are not available."
+        };
+        let description = format!(
+            "Runs a program in the project directory and returns its exit code, stdout and \
+             stderr (long output keeps its head and tail). {shell} At most {}s per command.",
+            config.timeout.as_secs()
+        );
+        Ok(RunCommand {
+            config,
+            root,
+            schema: schema_of::<RunCommandArgs>(),
+            description,
+        })
+    }
+}
+
+/// Kills a process group when dropped (a call dropped mid-way, by a tool timeout or a
+/// cancelled run, leaves nothing running).
+struct Group(Option<i32>);
+
+impl Group {
+    fn signal(&self, kill: bool) {
+        #[cfg(unix)]
+        if let Some(pid) = self.0.and_then(rustix::process::Pid::from_raw) {
+            let sig = if kill {
+                rustix::process::Signal::KILL
+            } else {
+                rustix::process::Signal::TERM
+            };
+            let _ = rustix::process::kill_process_group(pid, sig);
+        }
+        #[cfg(not(unix))]
+        let _ = kill;
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.signal(true);
+    }
+}
+
+/// The head and tail of a stream, and how many bytes it had.
+struct Capped {
+    head: Vec<u8>,
+    tail: VecDeque<u8>,
+    total: u64,
+}
+
+impl Capped {
+    fn text(&self) -> String {
+        let mut out = String::from_utf8_lossy(&self.head).into_owned();
+        if !self.tail.is_empty() {
+            let kept = (self.head.len() + self.tail.len()) as u64;
+            out.push_str(&format!(
+                "\n[… {} bytes left out …]\n",
+                self.total.saturating_sub(kept)
+            ));
+            let (a, b) = self.tail.as_slices();
+            out.push_str(&String::from_utf8_lossy(&[a, b].concat()));
+        }
+        out
+    }
+}
+
+async fn read_capped(mut r: impl AsyncRead + Unpin, max: usize) -> Capped {
+    let half = max / 2;
+    let mut c = Capped {
+        head: Vec::new(),
+        tail: VecDeque::new(),
+        total: 0,
+    };
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        c.total += n as u64;
+        let mut rest = &buf[..n];
+        if c.head.len() < max.saturating_sub(half) && c.tail.is_empty() {
+            let room = max.saturating_sub(half) - c.head.len();
+            let take = room.min(rest.len());
+            c.head.extend_from_slice(&rest[..take]);
+            rest = &rest[take..];
+        }
+        c.tail.extend(rest);
+        while c.tail.len() > half {
+            c.tail.pop_front();
+        }
+    }
+    c
+}
+
+enum Ending {
+    Exited(std::process::ExitStatus),
+    TimedOut,
+    Cancelled,
+}
+
+#[async_trait]
+impl Tool for RunCommand {
+    fn name(&self) -> &str {
+        "run_command"
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn parameters(&self) -> &Value {
+        &self.schema
+    }
+    fn side_effect(&self) -> SideEffect {
+        SideEffect::SideEffecting
+    }
+    fn approval_subject(&self, args: &Value) -> String {
+        match args.get("command").and_then(Value::as_array) {
+            Some(items) => command_line(
+                &items
+                    .iter()
+                    .map(|v| match v {
+                        Value::String(s) => s.clone(),
+                        other => other.to_string(),
+                    })
+                    .collect::<Vec<_>>(),
+            ),
+            None => toolloop::message::canonical_json(args),
+        }
+    }
+    fn default_approval(&self) -> Action {
+        Action::Ask
+    }
+
+    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        let args: RunCommandArgs = serde_json::from_value(args)
+            .map_err(|e| ToolError::new(format!("arguments do not fit run_command: {e}")))?;
+        let Some(program) = args.command.first() else {
+            return Err(ToolError::new(
+                "`command` is empty: give the program and its arguments",
+            ));
+        };
+        let base = Path::new(program)
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or(program);
+        if !self.config.allow_shell && SHELLS.contains(&base) {
+            return Err(ToolError::new(format!(
+                "`{base}` is a shell (or starts one), and shells are not available: run the \
+                 program directly, with its arguments as separate strings"
+            )));
+        }
+        let mut timeout = self.config.timeout;
+        if let Some(t) = args.timeout_secs.filter(|t| t.is_finite() && *t > 0.0) {
+            timeout = timeout.min(Duration::from_secs_f64(t.min(1e9)));
+        }
+        if let Some(d) = ctx.deadline {
+            timeout = timeout.min(d.saturating_duration_since(tokio::time::Instant::now()));
+        }
+        let mut cmd = tokio::process::Command::new(program);
+        cmd.args(&args.command[1..])
+            .current_dir(&self.root)
+            .env_clear()
+            .envs(std::env::vars_os().filter(|(k, _)| !is_secret_var(&k.to_string_lossy())))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        #[cfg(unix)]
+        cmd.process_group(0);
+        let mut child = cmd.spawn().map_err(|e| {
+            ToolError::new(format!(
+                "cannot start `{}`: {e}",
+                toolloop::result::shorten(program, 200)
+            ))
+        })?;
+        let group = Group(child.id().and_then(|id| i32::try_from(id).ok()));
+        let max = self.config.max_output_bytes;
+        let stdout = child
+            .stdout
+            .take()
+            .map(|o| tokio::spawn(read_capped(o, max)));
+        let stderr = child
+            .stderr
+            .take()
+            .map(|e| tokio::spawn(read_capped(e, max)));
+        let ending = tokio::select! {
+            s = child.wait() => match s {
+                Ok(s) => Ending::Exited(s),
+                Err(e) => return Err(ToolError::new(format!("waiting for the command failed: {e}"))),
+            },
+            _ = tokio::time::sleep(timeout) => Ending::TimedOut,
+            _ = ctx.cancel.cancelled() => Ending::Cancelled,
+        };
+        let ending = match ending {
+            Ending::Exited(s) => Ending::Exited(s),
+            stop => {
+                group.signal(false);
+                if tokio::time::timeout(self.config.kill_grace, child.wait())
+                    .await
+                    .is_err()
+                {
+                    group.signal(true);
+                    let _ = child.wait().await;
+                }
+                stop
+            }
+        };
+        // Whatever the command left running in its group goes with it (it would hold the
+        // output pipes open).
+        group.signal(true);
+        let collect = |h: Option<tokio::task::JoinHandle<Capped>>| async move {
+            let h = h?;
+            tokio::time::timeout(Duration::from_secs(2), h)
+                .await
+                .ok()?
+                .ok()
+        };
+        let stdout = collect(stdout).await.map(|c| c.text()).unwrap_or_default();
+        let stderr = collect(stderr).await.map(|c| c.text()).unwrap_or_default();
+        match ending {
+            Ending::Exited(status) => {
+                let code = status.code();
+                #[cfg(unix)]
+                let signal = std::os::unix::process::ExitStatusExt::signal(&status);
+                #[cfg(not(unix))]
+                let signal: Option<i32> = None;
+                let message = match (code, signal) {
+                    (Some(c), _) => format!("exit code {c}"),
+                    (None, Some(s)) => format!("killed by signal {s}"),
+                    _ => "ended".into(),
+                };
+                Ok(ToolOutput {
+                    message,
+                    data: Some(json!({
+                        "exit_code": code,
+                        "signal": signal,
+                        "stdout": stdout,
+                        "stderr": stderr,
+                    })),
+                    signal: None,
+                })
+            }
+            Ending::TimedOut | Ending::Cancelled => {
+                let what = if matches!(ending, Ending::TimedOut) {
+                    format!(
+                        "the command did not finish within {:.1}s and was killed",
+                        timeout.as_secs_f64()
+                    )
+                } else {
+                    "the run was cancelled and the command was killed".to_string()
+                };
+                let mut e = ToolError::new(what);
+                e.data = Some(json!({"stdout": stdout, "stderr": stderr}));
+                Err(e)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_recognized() {
+        for k in [
+            "OPENAI_API_KEY",
+            "anthropic_api_key",
+            "GITHUB_TOKEN",
+            "MY_SECRET_THING",
+            "PGPASSWORD",
+            "TOOLLOOP_STORE",
+            "AWS_SECRET_ACCESS_KEY",
+        ] {
+            assert!(is_secret_var(k), "{k}");
+        }
+        for k in ["PATH", "HOME", "LANG", "CARGO_HOME", "TERM"] {
+            assert!(!is_secret_var(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn command_lines_quote_what_a_shell_would_split() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            command_line(&argv(&["cargo", "test", "-q"])),
+            "cargo test -q"
+        );
+        assert_eq!(
+            command_line(&argv(&["echo", "a b", "it's", ""])),
+            r"echo 'a b' 'it'\''s' ''"
+        );
+        assert_eq!(command_line(&argv(&["x", "a;rm"])), "x 'a;rm'");
+    }
+}
