@@ -48,6 +48,8 @@ struct Cli {
     /// everything (`RUST_LOG` sets the filter exactly, e.g. `RUST_LOG=toolloop=debug`).
     #[arg(short, long, action = clap::ArgAction::Count, global = true)]
     verbose: u8,
+    #[command(flatten)]
+    traces: logging::TraceArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -129,7 +131,7 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
-    logging::init(cli.verbose);
+    let _traces = logging::init(cli.verbose, &cli.traces);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -46,6 +46,15 @@ impl TestModel {
 /// The longest account of one tool's result in a [`TestAnswer::Summary`].
 const SUMMARY_WIDTH: usize = 100;
 
+/// The `message` of a `{"success": …, "message": …}` result whose end was cut off.
+fn cut_message(content: &str) -> Option<String> {
+    let at = content.find("\"message\":")? + "\"message\":".len();
+    serde_json::Deserializer::from_str(content[at..].trim_start())
+        .into_iter::<String>()
+        .next()?
+        .ok()
+}
+
 /// What one tool returned, in a few words: its message's first line (or its text's), and the
 /// number of items or lines of its data.
 fn account(result: &crate::message::ToolResult) -> String {
@@ -55,7 +64,11 @@ fn account(result: &crate::message::ToolResult) -> String {
             o.get("message").and_then(Value::as_str).map(str::to_string),
             o.get("data"),
         ),
-        _ => (Some(result.content.clone()), None),
+        // A result cut to the size limit is no longer JSON; its message usually survives.
+        _ => (
+            cut_message(&result.content).or_else(|| Some(result.content.clone())),
+            None,
+        ),
     };
     let mut parts = Vec::new();
     if let Some(m) = message.as_deref().map(str::trim).filter(|m| !m.is_empty()) {
@@ -219,6 +232,12 @@ mod tests {
             account(&failed),
             "- read_file failed: not found: x (2 lines)"
         );
+        let cut = result(
+            "list_dir",
+            r#"{"success":true,"message":"`.`: 147 entries","data":{"entries":[{"ki…"#,
+            false,
+        );
+        assert_eq!(account(&cut), "- list_dir returned: `.`: 147 entries");
         let long = result("echo", &"y".repeat(500), false);
         let line = account(&long);
         assert!(line.ends_with('…'), "{line}");
