@@ -4,6 +4,9 @@
 //! Ctrl-C during a run cancels it cleanly: calls in flight get a "cancelled" result, the
 //! transcript stays valid and is saved to the session, and the prompt comes back. A second
 //! Ctrl-C within two seconds, or Ctrl-C at the prompt, quits. End of input (Ctrl-D) quits too.
+//!
+//! On a terminal, lines are edited with history (kept in the data directory); a few commands
+//! start with `/`: `/model`, `/tools`, `/clear`, `/exit`, `/help`.
 
 use crate::durable::{DurableArgs, StoreArgs, format_ms};
 use crate::run::{AgentArgs, RunArgs};
@@ -27,18 +30,12 @@ pub struct ChatArgs {
     agent: AgentArgs,
 }
 
-pub async fn chat(args: ChatArgs) -> ExitCode {
-    let session = args.session.clone().unwrap_or_else(|| {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as i64)
-            .unwrap_or(0);
-        let stamp: String = format_ms(now)
-            .chars()
-            .filter(|c| c.is_ascii_digit())
-            .collect();
-        format!("chat-{stamp}")
-    });
+pub async fn chat(mut args: ChatArgs) -> ExitCode {
+    if let Err(e) = args.agent.prepare() {
+        eprintln!("toolloop: {e}");
+        return ExitCode::from(crate::EXIT_USAGE);
+    }
+    let session = args.session.clone().unwrap_or_else(new_session_name);
     // Fail early on a bad store or model, before the first line.
     if let Err(code) = crate::durable::open_store(&args.store).await {
         return code;
@@ -49,7 +46,7 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
     }
     let interactive = std::io::stdin().is_terminal();
     eprintln!(
-        "toolloop chat · session {session} · Ctrl-C cancels a reply, twice (or at the prompt) quits"
+        "toolloop chat · session {session} · /help for commands · Ctrl-C cancels a reply, twice (or at the prompt) quits"
     );
 
     let (tx, mut interrupts) = tokio::sync::mpsc::unbounded_channel::<()>();
@@ -60,14 +57,16 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
             }
         }
     });
-    let mut lines = stdin_lines();
+    let mut lines = if interactive {
+        LineSource::editor()
+    } else {
+        LineSource::stdin()
+    };
+    let mut session = session;
     let mut last_interrupt: Option<Instant> = None;
     loop {
-        if interactive {
-            eprint!("> ");
-        }
         let line = tokio::select! {
-            line = lines.recv() => line.transpose(),
+            line = lines.next() => line,
             _ = interrupts.recv() => {
                 eprintln!();
                 // Right after a cancelling Ctrl-C, this is the second one: quit as interrupted.
@@ -78,9 +77,15 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
             }
         };
         let line = match line {
-            Ok(Some(l)) => l,
-            Ok(None) => return ExitCode::SUCCESS,
-            Err(e) => {
+            Input::Line(l) => l,
+            Input::End => return ExitCode::SUCCESS,
+            Input::Interrupted => {
+                if last_interrupt.is_some_and(|t| t.elapsed() < QUIT_WINDOW) {
+                    return ExitCode::from(130);
+                }
+                return ExitCode::SUCCESS;
+            }
+            Input::Failed(e) => {
                 eprintln!("toolloop: cannot read stdin: {e}");
                 return ExitCode::FAILURE;
             }
@@ -89,11 +94,18 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
         if prompt.is_empty() {
             continue;
         }
-        if prompt == "/exit" || prompt == "/quit" {
-            return ExitCode::SUCCESS;
-        }
+        let prompt = if let Some(text) = prompt.strip_prefix("//") {
+            format!("/{text}")
+        } else if let Some(command) = prompt.strip_prefix('/') {
+            match slash(command, &mut args, &mut session) {
+                Slash::Continue => continue,
+                Slash::Quit => return ExitCode::SUCCESS,
+            }
+        } else {
+            prompt.to_string()
+        };
         let run_args = RunArgs {
-            prompt: prompt.to_string(),
+            prompt,
             agent: {
                 // The chat's own prompt reads the terminal: calls are not asked about there.
                 let mut agent = args.agent.clone();
@@ -101,6 +113,7 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
                 agent
             },
             json: false,
+            jsonl: false,
             durable: DurableArgs {
                 store: args.store.clone(),
                 session: Some(session.clone()),
@@ -130,18 +143,202 @@ pub async fn chat(args: ChatArgs) -> ExitCode {
     }
 }
 
-/// Lines of stdin, read on a thread of their own: a blocking read on the runtime's blocking
-/// pool would keep the runtime from shutting down when the chat quits at the prompt.
-fn stdin_lines() -> tokio::sync::mpsc::UnboundedReceiver<std::io::Result<String>> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::stdin().lock().lines() {
-            let stop = line.is_err();
-            if tx.send(line).is_err() || stop {
-                break;
-            }
+/// What a `/command` line asks for.
+enum Slash {
+    /// Done; read the next line.
+    Continue,
+    /// Leave the chat.
+    Quit,
+}
+
+const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a configured name)
+/tools         list the tools the agent has
+/clear         start a new session (the old one stays in the store)
+/exit, /quit   leave (so do Ctrl-D and Ctrl-C at the prompt)
+/help          this list";
+
+/// Runs a chat command. Unknown commands are said, not sent to the model; `//text` sends
+/// `/text`.
+fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
+    let (name, rest) = command
+        .split_once(char::is_whitespace)
+        .map_or((command, ""), |(n, r)| (n, r.trim()));
+    match name {
+        "exit" | "quit" => Slash::Quit,
+        "help" | "?" => {
+            eprintln!("{HELP}");
+            Slash::Continue
         }
-    });
-    rx
+        "clear" => {
+            *session = new_session_name();
+            eprintln!("toolloop chat: new session {session}");
+            Slash::Continue
+        }
+        "model" if rest.is_empty() => {
+            eprintln!(
+                "model: {}",
+                crate::terminal::escape(&args.agent.provider.model, false)
+            );
+            Slash::Continue
+        }
+        "model" => {
+            let mut agent = args.agent.clone();
+            agent.provider.model = rest.to_string();
+            let checked = crate::config::resolve_model(&mut agent.provider)
+                .and_then(|()| crate::spec::model_from_args(&agent.provider).map(|_| ()));
+            match checked {
+                Ok(()) => {
+                    args.agent = agent;
+                    eprintln!(
+                        "model: {}",
+                        crate::terminal::escape(&args.agent.provider.model, false)
+                    );
+                }
+                Err(e) => eprintln!("toolloop: {}", crate::terminal::escape(&e, false)),
+            }
+            Slash::Continue
+        }
+        "tools" => {
+            match toolloop_tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
+                Ok(tools) => {
+                    for t in tools {
+                        let about = t.description().lines().next().unwrap_or_default();
+                        eprintln!("{:<14} {}", t.name(), crate::terminal::escape(about, false));
+                    }
+                }
+                Err(e) => eprintln!("toolloop: --root {}: {e}", args.agent.root.display()),
+            }
+            Slash::Continue
+        }
+        _ => {
+            eprintln!(
+                "toolloop chat: unknown command /{}; /help lists them (start a line with // to send it as text)",
+                crate::terminal::escape(name, false)
+            );
+            Slash::Continue
+        }
+    }
+}
+
+/// A new session's name, from the time.
+fn new_session_name() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0);
+    let stamp: String = format_ms(now)
+        .chars()
+        .filter(|c| c.is_ascii_digit())
+        .collect();
+    format!("chat-{stamp}")
+}
+
+/// One read from the user.
+enum Input {
+    Line(String),
+    /// End of input (Ctrl-D).
+    End,
+    /// Ctrl-C at the prompt.
+    Interrupted,
+    Failed(String),
+}
+
+/// Where lines come from: a line editor with history on a terminal, plain lines otherwise.
+/// Both read on a thread of their own: a blocking read on the runtime's blocking pool would
+/// keep the runtime from shutting down when the chat quits at the prompt.
+struct LineSource {
+    lines: tokio::sync::mpsc::UnboundedReceiver<Input>,
+    /// Asks the editor for the next line (it shows the prompt only when asked, so that the
+    /// prompt never cuts into a reply).
+    ready: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl LineSource {
+    fn stdin() -> Self {
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::stdin().lock().lines() {
+                let (input, stop) = match line {
+                    Ok(l) => (Input::Line(l), false),
+                    Err(e) => (Input::Failed(e.to_string()), true),
+                };
+                if tx.send(input).is_err() || stop {
+                    return;
+                }
+            }
+            let _ = tx.send(Input::End);
+        });
+        LineSource { lines, ready: None }
+    }
+
+    fn editor() -> Self {
+        let mut editor = match rustyline::DefaultEditor::new() {
+            Ok(e) => e,
+            Err(e) => {
+                eprintln!("toolloop chat: no line editing ({e})");
+                return LineSource::stdin();
+            }
+        };
+        let history = history_path();
+        if let Some(path) = &history {
+            let _ = editor.load_history(path);
+        }
+        let (tx, lines) = tokio::sync::mpsc::unbounded_channel();
+        let (ready, asked) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            while asked.recv().is_ok() {
+                let input = match editor.readline("> ") {
+                    Ok(line) => {
+                        if !line.trim().is_empty() {
+                            let _ = editor.add_history_entry(line.as_str());
+                            if let Some(path) = &history {
+                                save_history(&mut editor, path);
+                            }
+                        }
+                        Input::Line(line)
+                    }
+                    Err(rustyline::error::ReadlineError::Eof) => Input::End,
+                    Err(rustyline::error::ReadlineError::Interrupted) => Input::Interrupted,
+                    Err(e) => Input::Failed(e.to_string()),
+                };
+                if tx.send(input).is_err() {
+                    return;
+                }
+            }
+        });
+        LineSource {
+            lines,
+            ready: Some(ready),
+        }
+    }
+
+    async fn next(&mut self) -> Input {
+        if let Some(ready) = &self.ready {
+            let _ = ready.send(());
+        }
+        self.lines.recv().await.unwrap_or(Input::End)
+    }
+}
+
+/// Where the chat's line history is kept: beside the default store, in the data directory.
+fn history_path() -> Option<std::path::PathBuf> {
+    use etcetera::BaseStrategy;
+    let dir = etcetera::choose_base_strategy()
+        .ok()?
+        .data_dir()
+        .join("toolloop");
+    std::fs::create_dir_all(&dir).ok()?;
+    Some(dir.join("chat_history"))
+}
+
+/// Saves the history, readable by its owner only (prompts can hold private text).
+fn save_history(editor: &mut rustyline::DefaultEditor, path: &std::path::Path) {
+    if editor.save_history(path).is_ok() {
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
+    }
 }

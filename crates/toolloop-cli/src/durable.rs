@@ -309,7 +309,7 @@ pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
 fn run_meta<T: Serialize>(args: &T) -> Value {
     let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut meta {
-        for k in ["prompt", "json", "durable"] {
+        for k in ["prompt", "json", "jsonl", "durable"] {
             m.remove(k);
         }
         let mut removed = Vec::new();

@@ -16,7 +16,9 @@ macro_rules! outln {
 
 mod approve;
 mod chat;
+mod config;
 mod durable;
+mod logging;
 mod progress;
 mod run;
 mod sessions;
@@ -25,7 +27,7 @@ mod terminal;
 #[cfg(feature = "test-hooks")]
 mod testtool;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// mimalloc: many concurrent loops allocate from many threads, where it beats the system
@@ -43,6 +45,12 @@ pub const EXIT_USAGE: u8 = 2;
     about = "Run LLM tool-calling loops from the command line"
 )]
 struct Cli {
+    /// Log what happens on stderr: -v for steps and retries, -vv for details, -vvv for
+    /// everything (`RUST_LOG` sets the filter exactly, e.g. `RUST_LOG=toolloop=debug`).
+    #[arg(short, long, action = clap::ArgAction::Count, global = true)]
+    verbose: u8,
+    #[command(flatten)]
+    traces: logging::TraceArgs,
     #[command(subcommand)]
     command: Command,
 }
@@ -66,6 +74,20 @@ enum Command {
     Deny(approve::DenyArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
+    /// Show where the configuration file is, or what it sets.
+    #[command(subcommand)]
+    Config(config::ConfigCommand),
+    /// Print a shell completion script (`toolloop completions bash > …`).
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), or write one page per command into a directory.
+    Man {
+        /// Write `toolloop.1`, `toolloop-run.1`, … into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        out_dir: Option<std::path::PathBuf>,
+    },
 }
 
 #[derive(clap::Args)]
@@ -83,8 +105,42 @@ struct MockArgs {
     script: Option<std::path::PathBuf>,
 }
 
+/// Parses the command line over the configuration file's defaults.
+fn parse() -> Result<Cli, ExitCode> {
+    // `toolloop config …` works with a broken file, to find and show it.
+    let configuring = std::env::args_os().nth(1).is_some_and(|a| a == "config");
+    let file = match config::load() {
+        Ok(f) => f,
+        Err(e) if configuring => {
+            eprintln!("toolloop: {e}");
+            config::ConfigFile::default()
+        }
+        Err(e) => {
+            eprintln!("toolloop: {e}");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let command = match config::apply(Cli::command(), file) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("toolloop: {e}");
+            return Err(ExitCode::from(EXIT_USAGE));
+        }
+    };
+    let matches = command.get_matches();
+    config::note_explicit(&matches);
+    Cli::from_arg_matches(&matches).map_err(|e| {
+        let _ = e.print();
+        ExitCode::from(EXIT_USAGE)
+    })
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match parse() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
+    let _traces = logging::init(cli.verbose, &cli.traces);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -104,6 +160,15 @@ fn main() -> ExitCode {
             Command::Resume(args) => sessions::resume(args).await,
             Command::Approve(args) => approve::decide(args, true, None).await,
             Command::Deny(args) => approve::deny(args).await,
+            Command::Config(command) => config::config_command(command),
+            Command::Completions { shell } => {
+                let mut command = Cli::command();
+                let mut out = Vec::new();
+                clap_complete::generate(shell, &mut command, "toolloop", &mut out);
+                outln!("{}", String::from_utf8_lossy(&out).trim_end());
+                ExitCode::SUCCESS
+            }
+            Command::Man { out_dir } => man(out_dir.as_deref()),
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
@@ -138,4 +203,26 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// `toolloop man`: the manual page on stdout, or every command's page in a directory.
+fn man(out_dir: Option<&std::path::Path>) -> ExitCode {
+    let command = Cli::command();
+    let Some(dir) = out_dir else {
+        let mut out = Vec::new();
+        if let Err(e) = clap_mangen::Man::new(command).render(&mut out) {
+            eprintln!("toolloop: cannot render the manual page: {e}");
+            return ExitCode::FAILURE;
+        }
+        outln!("{}", String::from_utf8_lossy(&out).trim_end());
+        return ExitCode::SUCCESS;
+    };
+    if let Err(e) = clap_mangen::generate_to(command, dir) {
+        eprintln!(
+            "toolloop: cannot write the manual pages to {}: {e}",
+            dir.display()
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
 }

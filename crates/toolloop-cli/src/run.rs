@@ -22,8 +22,12 @@ pub struct AgentArgs {
     #[serde(flatten)]
     pub provider: ProviderArgs,
     /// A system prompt.
-    #[arg(long)]
+    #[arg(short = 's', long, conflicts_with = "system_file")]
     pub system: Option<String>,
+    /// Read the system prompt from this file.
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub system_file: Option<PathBuf>,
     /// Model calls per run (at least 1).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_rounds: u32,
@@ -56,14 +60,20 @@ pub struct AgentArgs {
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
 pub struct RunArgs {
-    /// What to ask.
+    /// What to ask. `-`, or nothing, reads the prompt from stdin (`cat notes.md | toolloop run -`).
+    #[arg(default_value = "-", hide_default_value = true)]
     pub prompt: String,
     #[command(flatten)]
     #[serde(flatten)]
     pub agent: AgentArgs,
     /// Print the outcome as one JSON object.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "jsonl")]
     pub json: bool,
+    /// Print every event of the run as a JSON line as it happens (`{"type": "round_started",
+    /// …}`), ending with a `run_finished` line that holds the outcome as `--json` prints it.
+    #[arg(long)]
+    #[serde(default)]
+    pub jsonl: bool,
     #[command(flatten)]
     #[serde(default)]
     pub durable: crate::durable::DurableArgs,
@@ -121,6 +131,27 @@ fn check_temperature(t: f32) -> Result<f32, String> {
 }
 
 impl AgentArgs {
+    /// Makes the settings self-contained before a run: a named model of the configuration
+    /// file is replaced by its settings, and what the flags name in files (`--system-file`) is
+    /// read in, so that the run's saved configuration needs neither. Says on stderr when no
+    /// model was chosen anywhere (the offline test model answers).
+    pub fn prepare(&mut self) -> Result<(), String> {
+        crate::config::resolve_model(&mut self.provider)?;
+        if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
+            eprintln!(
+                "toolloop: no model configured: the offline test model answers. Choose one with \
+                 --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
+                 the configuration file (`toolloop config path`)."
+            );
+        }
+        if let Some(path) = self.system_file.take() {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
+            self.system = Some(text);
+        }
+        Ok(())
+    }
+
     /// Checks what the flags' parsers check (for a configuration that did not come through
     /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
     /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
@@ -161,6 +192,43 @@ impl AgentArgs {
     }
 }
 
+/// The most bytes a prompt read from stdin may have.
+const MAX_STDIN_PROMPT: u64 = 64 * 1024 * 1024;
+
+/// The prompt piped on stdin; an error on a terminal (nothing was piped), for an empty prompt,
+/// or for text that is not UTF-8.
+fn read_stdin_prompt() -> Result<String, String> {
+    use std::io::Read;
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(
+            "no prompt: give it as an argument, or pipe it on stdin (`… | toolloop run -`)".into(),
+        );
+    }
+    let mut bytes = Vec::new();
+    stdin
+        .lock()
+        .take(MAX_STDIN_PROMPT + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
+    if bytes.len() as u64 > MAX_STDIN_PROMPT {
+        return Err(format!(
+            "the prompt on stdin is longer than {} MiB",
+            MAX_STDIN_PROMPT / (1024 * 1024)
+        ));
+    }
+    let text = String::from_utf8(bytes).map_err(|e| {
+        format!(
+            "the prompt on stdin is not UTF-8 (invalid byte at offset {})",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    if text.trim().is_empty() {
+        return Err("the prompt on stdin is empty".into());
+    }
+    Ok(text)
+}
+
 fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("toolloop: {message}");
     ExitCode::from(EXIT_USAGE)
@@ -183,7 +251,16 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
     }
 }
 
-pub async fn run(args: RunArgs) -> ExitCode {
+pub async fn run(mut args: RunArgs) -> ExitCode {
+    if args.prompt == "-" {
+        match read_stdin_prompt() {
+            Ok(p) => args.prompt = p,
+            Err(e) => return usage_error(e),
+        }
+    }
+    if let Err(e) = args.agent.prepare() {
+        return usage_error(e);
+    }
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -203,13 +280,21 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
         Ok(b) => b,
         Err(e) => return usage_error(e),
     };
-    let stream_text = args.agent.stream && !args.json;
+    let machine_output = args.json || args.jsonl;
+    let stream_text = args.agent.stream && !machine_output;
     let progress = Arc::new(Progress::new(
-        std::io::stderr().is_terminal() && !args.json,
+        std::io::stderr().is_terminal() && !machine_output,
         stream_text,
     ));
     let shown = progress.clone();
-    let mut builder = builder.on_event(move |e| shown.event(e));
+    let jsonl = args.jsonl;
+    let mut builder = builder.on_event(move |e| {
+        if jsonl {
+            event_line(e);
+        } else {
+            shown.event(e);
+        }
+    });
     if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone()) {
         builder = builder.on_approval(move |p| ask(p));
     }
@@ -234,6 +319,12 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     progress.finish();
     if args.json {
         outln!("{}", outcome_json(&outcome));
+    } else if args.jsonl {
+        let mut line = outcome_json(&outcome);
+        if let Some(o) = line.as_object_mut() {
+            o.insert("type".into(), Value::from("run_finished"));
+        }
+        outln!("{line}");
     } else {
         if !progress.streamed()
             && let Some(text) = &outcome.text
@@ -305,6 +396,18 @@ pub fn agent_builder_with(
         builder = builder.max_output_tokens(n);
     }
     Ok(builder)
+}
+
+/// `--jsonl`: one event as a line on stdout. The run's end is written by the caller, with the
+/// outcome in the shape `--json` gives it.
+fn event_line(event: &toolloop::Event) {
+    if matches!(event, toolloop::Event::RunFinished { .. }) {
+        return;
+    }
+    match serde_json::to_string(event) {
+        Ok(line) => outln!("{line}"),
+        Err(e) => eprintln!("toolloop: cannot write an event as JSON: {e}"),
+    }
 }
 
 /// The outcome as the `--json` object.

@@ -8,7 +8,7 @@ use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::scripted::ScriptedModel;
-use toolloop::providers::test_model::TestModel;
+use toolloop::providers::test_model::{TestAnswer, TestModel};
 use toolloop::ptk::{Auto, Dialect, Prompted};
 
 /// Provider flags shared by the commands that call a model.
@@ -16,7 +16,7 @@ use toolloop::ptk::{Auto, Dialect, Prompted};
 pub struct ProviderArgs {
     /// The model, as provider:model: test, scripted:<file>, openai:<model>,
     /// anthropic:<model>, gemini:<model>.
-    #[arg(long, env = "TOOLLOOP_MODEL", default_value = "test")]
+    #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
     pub model: String,
     /// Read the API key from this environment variable instead of the provider's usual one.
     #[arg(long, value_name = "NAME")]
@@ -166,7 +166,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     };
     let cfg_err = |e: ModelError| e.to_string();
     match provider {
-        "test" if rest.is_none() => Ok(Arc::new(TestModel::new())),
+        "test" if rest.is_none() => Ok(Arc::new(TestModel::new().answer(TestAnswer::Summary))),
         "scripted" => {
             let path = need_name(rest)?;
             ScriptedModel::from_file(path)

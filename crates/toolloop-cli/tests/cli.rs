@@ -30,7 +30,18 @@ fn test_model_runs_offline_and_answers() {
             .iter()
             .all(|c| c["success"] == true)
     );
-    assert!(v["text"].as_str().unwrap().contains("version 1.2.3"));
+    assert!(
+        v["text"]
+            .as_str()
+            .unwrap()
+            .contains("I called 3 tools:\n- read_file returned: "),
+        "{v}"
+    );
+    assert!(
+        v["tool_calls"][0]["result"]
+            .to_string()
+            .contains("version 1.2.3")
+    );
     assert!(v["usage"]["input_tokens"].as_u64().unwrap() > 0);
     assert!(v["usage"]["output_tokens"].as_u64().is_some());
     assert!(v["duration_ms"].as_u64().is_some());
@@ -43,7 +54,7 @@ fn plain_output_prints_the_answer() {
     let out = toolloop(&["run", "hi"], dir.path());
     assert_eq!(out.status.code(), Some(0));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains("version 1.2.3"), "{stdout}");
+    assert!(stdout.contains("- list_dir returned: "), "{stdout}");
 }
 
 #[test]

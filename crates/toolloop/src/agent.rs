@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// Receives every event of a run.
 pub type EventHandler = Arc<dyn Fn(&Event) + Send + Sync>;
@@ -391,7 +392,24 @@ impl Agent {
         )
     }
 
+    /// Drives the machine to its end, inside the run's `invoke_agent` span.
     async fn drive(
+        &self,
+        machine: Machine,
+        cancel: CancellationToken,
+        sink: Option<EventHandler>,
+        log: Option<RunLog>,
+    ) -> Outcome {
+        let span = crate::telemetry::run_span(self.model.name());
+        let outcome = self
+            .drive_in_span(machine, cancel, sink, log)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::run_finished(&span, &outcome);
+        outcome
+    }
+
+    async fn drive_in_span(
         &self,
         mut machine: Machine,
         cancel: CancellationToken,
@@ -459,8 +477,15 @@ impl Agent {
                         settings: &self.settings,
                         prefix_cache: Some(&prefix_cache),
                     };
-                    let call = self.call_model(request, round, sink.as_ref());
-                    match guard(call, &cancel, deadline).await {
+                    let span = crate::telemetry::chat_span(self.model.name(), round);
+                    let call = self
+                        .call_model(request, round, sink.as_ref())
+                        .instrument(span.clone());
+                    let result = guard(call, &cancel, deadline).await;
+                    if let Ok(r) = &result {
+                        crate::telemetry::chat_finished(&span, r);
+                    }
+                    match result {
                         Ok(Ok(response)) => {
                             let cost = response
                                 .usage
@@ -753,7 +778,18 @@ impl Agent {
                     sink,
                     log,
                 };
-                job.run().map(move |r| (index, r))
+                let span = crate::telemetry::tool_span(&job.call);
+                let on_end = span.clone();
+                job.run().instrument(span).map(move |r| {
+                    if let Ok((result, _, attempts)) = &r {
+                        let text = match result {
+                            Ok(o) => o.message.as_str(),
+                            Err(e) => e.message.as_str(),
+                        };
+                        crate::telemetry::tool_finished(&on_end, result.is_ok(), *attempts, text);
+                    }
+                    (index, r)
+                })
             })
             .collect();
         let mut results = futures::stream::iter(jobs).buffer_unordered(limit);

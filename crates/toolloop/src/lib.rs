@@ -67,6 +67,7 @@ pub mod result;
 pub mod schema;
 pub mod sse;
 pub mod stream;
+pub mod telemetry;
 pub mod tool;
 pub mod toolbox;
 pub mod transcript;

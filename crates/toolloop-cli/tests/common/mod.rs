@@ -18,6 +18,7 @@ pub fn command(args: &[&str], dir: &Path) -> Command {
     c.args(args)
         .current_dir(dir)
         .env("TOOLLOOP_STORE", test_store())
+        .env("TOOLLOOP_CONFIG", "")
         .env_remove("TOOLLOOP_MODEL")
         .env_remove("OPENAI_API_KEY")
         .env_remove("OPENAI_BASE_URL")

@@ -1,0 +1,150 @@
+//! What the command tells about itself: diagnostics on stderr through `tracing` (warnings only
+//! by default, `-v` info, `-vv` debug, `-vvv` trace; `RUST_LOG` sets the filter exactly), and,
+//! with the `otel` feature, OpenTelemetry traces sent over OTLP/HTTP.
+//!
+//! Traces are off unless `--otel` is given or `OTEL_EXPORTER_OTLP_ENDPOINT` is set (and
+//! `OTEL_SDK_DISABLED` is not `true`). Spans follow the GenAI semantic conventions:
+//! `invoke_agent` for a run, `chat` for each model call, `execute_tool` for each tool call.
+//! Prompts, answers and tool arguments are left out unless `--otel-content` is given.
+
+use tracing_subscriber::EnvFilter;
+use tracing_subscriber::Layer;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+/// The flags for traces.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct TraceArgs {
+    /// Send OpenTelemetry traces over OTLP/HTTP (JSON) to OTEL_EXPORTER_OTLP_ENDPOINT
+    /// (default http://localhost:4318); setting that variable turns traces on too.
+    #[arg(long, global = true)]
+    pub otel: bool,
+    /// Put message content (prompts, answers, tool arguments and results) in the traces.
+    #[arg(long, global = true)]
+    pub otel_content: bool,
+}
+
+/// Keeps the trace exporter alive; dropping it sends what is left.
+pub struct Guard {
+    #[cfg(feature = "otel")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        #[cfg(feature = "otel")]
+        if let Some(provider) = self.provider.take()
+            && let Err(e) = provider.shutdown()
+        {
+            eprintln!("toolloop: could not send the last traces: {e}");
+        }
+    }
+}
+
+fn stderr_filter(verbose: u8) -> EnvFilter {
+    match std::env::var("RUST_LOG") {
+        Ok(spec) if !spec.trim().is_empty() => {
+            EnvFilter::try_new(spec.trim()).unwrap_or_else(|e| {
+                eprintln!("toolloop: RUST_LOG: {e}; logging warnings only");
+                EnvFilter::new("warn")
+            })
+        }
+        _ => EnvFilter::new(match verbose {
+            0 => "warn",
+            1 => "warn,toolloop=info,toolloop_store=info,toolloop_tools=info",
+            2 => "info,toolloop=debug,toolloop_store=debug,toolloop_tools=debug",
+            _ => "trace",
+        }),
+    }
+}
+
+/// Whether traces are asked for.
+fn traces_wanted(args: &TraceArgs) -> bool {
+    let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim() == "true");
+    let endpoint = std::env::var("OTEL_EXPORTER_OTLP_ENDPOINT").is_ok_and(|v| !v.trim().is_empty())
+        || std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_ok_and(|v| !v.trim().is_empty());
+    !disabled && (args.otel || endpoint)
+}
+
+/// Installs the subscriber for the command's lifetime. Call before the async runtime starts
+/// (the trace exporter has its own thread).
+pub fn init(verbose: u8, traces: &TraceArgs) -> Guard {
+    let stderr = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(verbose >= 2)
+        .with_filter(stderr_filter(verbose));
+    let registry = tracing_subscriber::registry().with(stderr);
+    #[cfg(feature = "otel")]
+    if traces_wanted(traces) {
+        match otel::provider() {
+            Ok(provider) => {
+                let layer = otel::layer(&provider, traces.otel_content);
+                let _ = registry.with(layer).try_init();
+                return Guard {
+                    provider: Some(provider),
+                };
+            }
+            Err(e) => eprintln!("toolloop: no traces: {e}"),
+        }
+    }
+    #[cfg(not(feature = "otel"))]
+    if traces_wanted(traces) {
+        eprintln!("toolloop: no traces: this build has no OpenTelemetry (cargo feature `otel`)");
+    }
+    let _ = registry.try_init();
+    Guard {
+        #[cfg(feature = "otel")]
+        provider: None,
+    }
+}
+
+#[cfg(feature = "otel")]
+mod otel {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::Layer;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+
+    /// The tracer provider, exporting in batches over OTLP/HTTP with JSON bodies (the endpoint,
+    /// headers and timeouts from the standard `OTEL_EXPORTER_OTLP_*` variables).
+    pub fn provider() -> Result<SdkTracerProvider, String> {
+        let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpJson);
+        if std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").is_none()
+            && std::env::var_os("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").is_none()
+        {
+            exporter = exporter.with_endpoint("http://localhost:4318/v1/traces");
+        }
+        let exporter = exporter.build().map_err(|e| e.to_string())?;
+        let service = std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or_else(|| "toolloop".into());
+        Ok(SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(Resource::builder().with_service_name(service).build())
+            .build())
+    }
+
+    /// The layer that turns the engine's GenAI spans into OpenTelemetry spans; content events
+    /// (target `toolloop::genai::content`) only when asked for.
+    pub fn layer<S>(provider: &SdkTracerProvider, content: bool) -> impl Layer<S>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        let tracer = provider.tracer("toolloop");
+        let mut targets = Targets::new()
+            .with_target("toolloop::genai", LevelFilter::INFO)
+            .with_target("toolloop::genai::content", LevelFilter::OFF);
+        if content {
+            targets = targets.with_target("toolloop::genai::content", LevelFilter::TRACE);
+        }
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_filter(targets)
+    }
+}

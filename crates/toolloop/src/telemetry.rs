@@ -1,0 +1,163 @@
+//! Spans for tracing tools, following the OpenTelemetry GenAI semantic conventions.
+//!
+//! The driver opens an `invoke_agent` span for each run, a `chat` span for each model call
+//! and an `execute_tool` span for each tool call, as [`tracing`] spans with the target
+//! `toolloop::genai` and `gen_ai.*` fields (operation, model, usage, finish reasons, tool name
+//! and call id). Any `tracing` subscriber sees them; with `tracing-opentelemetry` they become
+//! OpenTelemetry spans (the `otel.name` and `otel.kind` fields set the span's name and kind).
+//! The command exports them with `--otel`.
+//!
+//! Message content (prompts, answers, tool arguments and results) is never a span field: it is
+//! written as events with the target `toolloop::genai::content` at TRACE level, so that a
+//! subscriber records it only when asked to.
+
+use crate::message::ToolCall;
+use crate::model::{FinishReason, ModelResponse};
+use crate::outcome::Outcome;
+use tracing::{Span, field};
+
+/// The target of the spans.
+pub const TARGET: &str = "toolloop::genai";
+/// The target of the content events.
+pub const CONTENT_TARGET: &str = "toolloop::genai::content";
+
+/// The span of one run.
+pub(crate) fn run_span(model: &str) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "invoke_agent",
+        otel.name = "invoke_agent toolloop",
+        otel.kind = "internal",
+        gen_ai.operation.name = "invoke_agent",
+        gen_ai.agent.name = "toolloop",
+        gen_ai.request.model = model,
+        gen_ai.conversation.id = field::Empty,
+        gen_ai.usage.input_tokens = field::Empty,
+        gen_ai.usage.output_tokens = field::Empty,
+        toolloop.stop_reason = field::Empty,
+        toolloop.rounds = field::Empty,
+        error.type = field::Empty,
+    )
+}
+
+/// Records a run's end on its span.
+pub(crate) fn run_finished(span: &Span, outcome: &Outcome) {
+    if let Some(id) = &outcome.run_id {
+        span.record("gen_ai.conversation.id", id.as_str());
+    }
+    if let Some(u) = &outcome.usage {
+        span.record("gen_ai.usage.input_tokens", u.input_tokens);
+        span.record("gen_ai.usage.output_tokens", u.output_tokens);
+    }
+    let reason = serde_json::to_value(outcome.stop_reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    span.record("toolloop.stop_reason", reason.as_str());
+    span.record("toolloop.rounds", outcome.rounds);
+    if let Some(e) = &outcome.error {
+        let code = serde_json::to_value(e.code)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        span.record("error.type", code.as_str());
+    }
+    tracing::trace!(target: CONTENT_TARGET, parent: span, answer = outcome.text.as_deref().unwrap_or_default(), "gen_ai.choice");
+}
+
+/// The span of one model call.
+pub(crate) fn chat_span(model: &str, round: u32) -> Span {
+    tracing::info_span!(
+        target: TARGET,
+        "chat",
+        otel.name = format!("chat {model}"),
+        otel.kind = "client",
+        gen_ai.operation.name = "chat",
+        gen_ai.request.model = model,
+        toolloop.round = round,
+        gen_ai.response.finish_reasons = field::Empty,
+        gen_ai.usage.input_tokens = field::Empty,
+        gen_ai.usage.output_tokens = field::Empty,
+        gen_ai.usage.cache_read.input_tokens = field::Empty,
+        gen_ai.usage.reasoning.output_tokens = field::Empty,
+        toolloop.tool_calls = field::Empty,
+        error.type = field::Empty,
+    )
+}
+
+/// Records a model call's result on its span.
+pub(crate) fn chat_finished(span: &Span, result: &Result<ModelResponse, crate::model::ModelError>) {
+    match result {
+        Ok(r) => {
+            span.record(
+                "gen_ai.response.finish_reasons",
+                finish_reason(r.finish_reason),
+            );
+            if let Some(u) = &r.usage {
+                span.record("gen_ai.usage.input_tokens", u.input_tokens);
+                span.record("gen_ai.usage.output_tokens", u.output_tokens);
+                span.record("gen_ai.usage.cache_read.input_tokens", u.cache_read_tokens);
+                span.record("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
+            }
+            span.record("toolloop.tool_calls", r.tool_calls.len());
+            if let Some(text) = &r.text {
+                tracing::trace!(target: CONTENT_TARGET, parent: span, text = text.as_str(), "gen_ai.assistant.message");
+            }
+        }
+        Err(e) => {
+            span.record("error.type", error_type(e));
+        }
+    }
+}
+
+fn finish_reason(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::ToolCalls => "tool_calls",
+        FinishReason::Length => "length",
+        FinishReason::ContentFilter => "content_filter",
+        FinishReason::MalformedToolCall => "malformed_tool_call",
+        FinishReason::Error => "error",
+    }
+}
+
+fn error_type(e: &crate::model::ModelError) -> &'static str {
+    use crate::model::ModelError;
+    match e {
+        ModelError::Api(_) => "api_error",
+        ModelError::Transport { .. } => "transport_error",
+        ModelError::Config(_) => "config_error",
+        ModelError::StreamInterrupted(_) => "stream_interrupted",
+        ModelError::InvalidResponse(_) => "invalid_response",
+        ModelError::BodyTooLarge { .. } => "body_too_large",
+        ModelError::ToolsUnsupported(_) => "tools_unsupported",
+        ModelError::Other(_) => "model_error",
+    }
+}
+
+/// The span of one tool call.
+pub(crate) fn tool_span(call: &ToolCall) -> Span {
+    let span = tracing::info_span!(
+        target: TARGET,
+        "execute_tool",
+        otel.name = format!("execute_tool {}", call.name),
+        otel.kind = "internal",
+        gen_ai.operation.name = "execute_tool",
+        gen_ai.tool.name = call.name.as_str(),
+        gen_ai.tool.call.id = call.id.as_str(),
+        gen_ai.tool.type = "function",
+        toolloop.attempts = field::Empty,
+        error.type = field::Empty,
+    );
+    tracing::trace!(target: CONTENT_TARGET, parent: &span, arguments = %call.arguments, "gen_ai.tool.arguments");
+    span
+}
+
+/// Records a tool call's end on its span.
+pub(crate) fn tool_finished(span: &Span, success: bool, attempts: u32, result: &str) {
+    span.record("toolloop.attempts", attempts);
+    if !success {
+        span.record("error.type", "tool_error");
+    }
+    tracing::trace!(target: CONTENT_TARGET, parent: span, result, "gen_ai.tool.message");
+}
