@@ -36,6 +36,13 @@
 //!
 //! - **Runs and their log.** [`Store`] implements [`Journal`]: the records a step writes
 //!   together ([`Journal::append_all`]) go in one transaction, committed when the call returns.
+//!   Runs share their store's commits (group commit): one writer task per store takes every
+//!   append waiting when it is free, from every run, and commits them in one transaction of a
+//!   few statements (on SQLite one round trip to the database); each append returns when its
+//!   transaction has committed. When that transaction fails, every append in it fails and
+//!   nothing of it is written (the driver then stops each of those runs with
+//!   `StopReason::StoreFailed` before it acts); a run whose lease was taken over is refused
+//!   alone, the others are committed.
 //!   How far a commit survives is the store's [`Durability`]: with
 //!   [`Durability::Process`] (the default) a killed process loses nothing committed, and a
 //!   power cut or an operating-system crash may lose the last commits; with
@@ -69,6 +76,7 @@
 
 mod lease;
 mod sql;
+mod writer;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -308,7 +316,8 @@ struct Inner {
     location: String,
     lease_ttl: Duration,
     held: Mutex<HashMap<String, Held>>,
-    append_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Commits the appends of every run (group commit).
+    writer: writer::Writer,
 }
 
 impl Drop for Inner {
@@ -401,6 +410,8 @@ impl Store {
             location: shown.clone(),
             message,
         };
+        // `:memory:` is one connection that every use shares (the writer included).
+        let mut shared = false;
         let pool = if is_postgres(location) {
             Self::open_postgres(location).await.map_err(open_err)?
         } else {
@@ -411,6 +422,7 @@ impl Store {
                     "empty path: expected a file path or a postgres:// URL".into(),
                 ));
             }
+            shared = path == ":memory:";
             Self::open_sqlite(PathBuf::from(path), durability)
                 .await
                 .map_err(open_err)?
@@ -434,11 +446,11 @@ impl Store {
         }
         Ok(Store {
             inner: Arc::new(Inner {
-                pool,
                 location: shown,
                 lease_ttl: Duration::from_secs(30),
                 held: Mutex::new(HashMap::new()),
-                append_locks: Mutex::new(HashMap::new()),
+                writer: writer::Writer::new(pool.clone(), shared),
+                pool,
             }),
         })
     }
@@ -455,6 +467,7 @@ impl Store {
             return sqlx::sqlite::SqlitePoolOptions::new()
                 .max_connections(1)
                 .min_connections(1)
+                .test_before_acquire(false)
                 .idle_timeout(None)
                 .max_lifetime(None)
                 .acquire_timeout(Duration::from_secs(30))
@@ -482,8 +495,10 @@ impl Store {
         let mut attempt = 0;
         loop {
             attempt += 1;
+            // Five: the writer keeps one. A local file's connection needs no test before use.
             let pool = sqlx::sqlite::SqlitePoolOptions::new()
-                .max_connections(4)
+                .max_connections(5)
+                .test_before_acquire(false)
                 .acquire_timeout(Duration::from_secs(30))
                 .connect_with(options.clone())
                 .await;
@@ -505,8 +520,9 @@ impl Store {
 
     #[cfg(feature = "postgres")]
     async fn open_postgres(url: &str) -> Result<Pool, String> {
+        // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
-            .max_connections(5)
+            .max_connections(6)
             .acquire_timeout(Duration::from_secs(15))
             .connect(url)
             .await
@@ -536,7 +552,7 @@ impl Store {
                     location: inner.location.clone(),
                     lease_ttl: ttl,
                     held: Mutex::new(HashMap::new()),
-                    append_locks: Mutex::new(HashMap::new()),
+                    writer: writer::Writer::new(inner.pool.clone(), inner.writer.shared()),
                 }),
             },
         }
@@ -556,15 +572,6 @@ impl Store {
         })
     }
 
-    fn append_lock(&self, run_id: &str) -> Arc<tokio::sync::Mutex<()>> {
-        let mut locks = self
-            .inner
-            .append_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        locks.entry(run_id.to_string()).or_default().clone()
-    }
-
     fn holder_of(&self, run_id: &str) -> Option<String> {
         self.inner
             .held
@@ -574,123 +581,61 @@ impl Store {
             .map(|h| h.holder.clone())
     }
 
-    /// Appends on a task of its own: the append completes (and frees the run's append lock)
-    /// even when the caller is not polled meanwhile.
+    /// Appends through the store's group writer (see the module docs): the append completes
+    /// even when the caller is not polled meanwhile, and shares its transaction with the other
+    /// runs' appends waiting at the time. An append of more than [`writer::MAX_RECORDS`]
+    /// records (never a step of the driver's) is committed in parts, in order.
     async fn append_tagged(
         &self,
         run_id: &str,
         records: &[Record],
         tags: &Arc<RunTags>,
     ) -> Result<(), JournalError> {
-        if records.is_empty() {
-            return Ok(());
-        }
-        let encoded = records
-            .iter()
-            .map(|r| {
-                serde_json::to_string(r)
-                    .map(|body| (r.kind(), body))
-                    .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?;
         let started = matches!(records.first(), Some(Record::Started { .. }));
-        let finished = records.iter().any(|r| matches!(r, Record::Finished));
-        let (store, run, tags) = (self.clone(), run_id.to_string(), tags.clone());
-        tokio::spawn(async move {
-            store
-                .append_now(&run, &encoded, started, finished, &tags)
-                .await
-        })
-        .await
-        .map_err(|e| JournalError::Store(format!("the append task failed: {e}")))?
-    }
-
-    /// Writes records (kind and body) in one transaction.
-    async fn append_now(
-        &self,
-        run_id: &str,
-        records: &[(&'static str, String)],
-        started: bool,
-        finished: bool,
-        tags: &RunTags,
-    ) -> Result<(), JournalError> {
-        let meta = if started {
-            tags.meta.as_ref().map(Value::to_string)
-        } else {
-            None
-        };
         let holder = self.holder_of(run_id);
-        let lock = self.append_lock(run_id);
-        let _guard = lock.lock().await;
-        let now = now_ms();
-        let inserted = on_pool!(&self.inner.pool, p => {
-            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
-            if started {
-                if let Some(session) = &tags.session {
-                    sqlx::query(sql::ENSURE_SESSION)
-                        .bind(session)
-                        .bind(now)
-                        .execute(&mut *tx)
-                        .await
-                        .map_err(db("creating the session"))?;
-                }
-                sqlx::query(sql::INSERT_RUN)
-                    .bind(run_id)
-                    .bind(tags.session.as_deref())
-                    .bind(meta.as_deref())
-                    .bind(now)
-                    .bind(tags.session_revision)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("recording a new run"))?;
-            }
-            let mut all = true;
-            for (kind, body) in records {
-                let insert = match &holder {
-                    Some(h) => sqlx::query(sql::INSERT_RECORD_FENCED)
-                        .bind(run_id)
-                        .bind(*kind)
-                        .bind(body)
-                        .bind(now)
-                        .bind(h),
-                    None => sqlx::query(sql::INSERT_RECORD)
-                        .bind(run_id)
-                        .bind(*kind)
-                        .bind(body)
-                        .bind(now),
-                };
-                let n = insert
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("appending a record"))?
-                    .rows_affected();
-                if n != 1 {
-                    all = false;
-                    break;
-                }
-            }
-            if all {
-                sqlx::query(sql::TOUCH_RUN)
-                    .bind(run_id)
-                    .bind(now)
-                    .bind(finished)
-                    .bind(records.len() as i64)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db("updating the run"))?;
-                tx.commit().await.map_err(db("committing records"))?;
-            }
-            Ok::<bool, StoreError>(all)
-        })?;
-        if !inserted {
-            let holder = self
-                .current_holder(run_id)
-                .await
-                .unwrap_or_else(|| "nobody".into());
-            return Err(JournalError::Locked {
-                run_id: run_id.to_string(),
-                holder: format!("{holder}; this process lost its lease and stopped writing"),
+        for (part, records) in records.chunks(writer::MAX_RECORDS).enumerate() {
+            let encoded = records
+                .iter()
+                .map(|r| {
+                    serde_json::to_string(r)
+                        .map(|body| (r.kind(), body))
+                        .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            let start = (started && part == 0).then(|| writer::Start {
+                session: tags.session.clone(),
+                session_revision: tags.session_revision,
+                meta: tags.meta.as_ref().map(Value::to_string),
             });
+            let append = writer::Append {
+                run_id: run_id.to_string(),
+                holder: holder.clone(),
+                finished: records.iter().any(|r| matches!(r, Record::Finished)),
+                records: encoded,
+                start,
+            };
+            match self.inner.writer.write(append).await {
+                writer::Written::Committed => {}
+                writer::Written::Fenced => {
+                    let holder = self
+                        .current_holder(run_id)
+                        .await
+                        .unwrap_or_else(|| "nobody".into());
+                    return Err(JournalError::Locked {
+                        run_id: run_id.to_string(),
+                        holder: format!(
+                            "{holder}; this process lost its lease and stopped writing"
+                        ),
+                    });
+                }
+                writer::Written::Failed(message) => {
+                    return Err(StoreError::Database {
+                        doing: "committing run-log records".into(),
+                        message,
+                    }
+                    .into());
+                }
+            }
         }
         if started && let Some(f) = &tags.on_started {
             f(run_id);
@@ -1282,11 +1227,6 @@ impl Store {
                 h.heartbeat.abort();
             }
         }
-        self.inner
-            .append_locks
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(run_id);
         on_pool!(&self.inner.pool, p => {
             sqlx::query(sql::DELETE_LEASE)
                 .bind(run_id)

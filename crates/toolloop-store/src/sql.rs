@@ -1,5 +1,6 @@
-//! Every SQL statement of the store, in one place. The same text runs on SQLite and
-//! PostgreSQL: `$n` parameters, `ON CONFLICT`, `BIGINT` milliseconds, JSON as `TEXT`.
+//! Every SQL statement of the store, in one place, but the run log's writes, whose statements
+//! are built per batch (see the `writer` module). The same text runs on SQLite and PostgreSQL:
+//! `$n` parameters, `ON CONFLICT`, `BIGINT` milliseconds, JSON as `TEXT`.
 
 use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 use std::borrow::Cow;
@@ -34,32 +35,6 @@ impl MigrationSource<'static> for Migrations {
 }
 
 // ---- runs and records ----
-
-/// `$1` run id, `$2` session, `$3` meta, `$4` now, `$5` the session revision the run starts
-/// from (when NULL: the session's revision now).
-pub(super) const INSERT_RUN: &str = "INSERT INTO toolloop_runs \
-     (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
-     VALUES ($1, $2, $3, 0, FALSE, $4, $4, \
-     COALESCE($5, (SELECT revision FROM toolloop_sessions WHERE name = $2))) \
-     ON CONFLICT (run_id) DO NOTHING";
-
-/// `$1` run id, `$2` kind, `$3` body, `$4` now.
-pub(super) const INSERT_RECORD: &str = "INSERT INTO toolloop_records \
-     (run_id, seq, kind, body, created_ms) \
-     SELECT $1, COALESCE((SELECT MAX(seq) FROM toolloop_records WHERE run_id = $1), 0) + 1, \
-     $2, $3, $4";
-
-/// Like [`INSERT_RECORD`], only while `$5` holds the run's lease (fencing: a holder whose lease
-/// was taken over cannot write).
-pub(super) const INSERT_RECORD_FENCED: &str = "INSERT INTO toolloop_records \
-     (run_id, seq, kind, body, created_ms) \
-     SELECT $1, COALESCE((SELECT MAX(seq) FROM toolloop_records WHERE run_id = $1), 0) + 1, \
-     $2, $3, $4 \
-     WHERE EXISTS (SELECT 1 FROM toolloop_leases WHERE run_id = $1 AND holder = $5)";
-
-/// `$1` run id, `$2` now, `$3` whether these records finish the run, `$4` how many there are.
-pub(super) const TOUCH_RUN: &str = "UPDATE toolloop_runs \
-     SET records = records + $4, updated_ms = $2, finished = (finished OR $3) WHERE run_id = $1";
 
 /// `$1` run id.
 pub(super) const LOAD_RECORDS: &str =
@@ -114,11 +89,6 @@ pub(super) const DELETE_LEASE: &str =
     "DELETE FROM toolloop_leases WHERE run_id = $1 AND holder = $2";
 
 // ---- sessions ----
-
-/// `$1` name, `$2` now.
-pub(super) const ENSURE_SESSION: &str = "INSERT INTO toolloop_sessions \
-     (name, messages, message_count, created_ms, updated_ms) VALUES ($1, '[]', 0, $2, $2) \
-     ON CONFLICT (name) DO NOTHING";
 
 /// `$1` name, `$2` messages, `$3` count, `$4` now. Each save is a new revision.
 pub(super) const SAVE_SESSION: &str = "INSERT INTO toolloop_sessions \

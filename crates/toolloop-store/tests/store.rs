@@ -487,3 +487,211 @@ async fn an_in_memory_store_keeps_runs_and_sessions() {
     );
     assert_eq!(store.runs(None).await.unwrap().len(), 1);
 }
+
+/// The kinds of a run's records, in order.
+fn kinds(records: &[Record]) -> Vec<&'static str> {
+    records.iter().map(Record::kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_runs_share_the_writer_and_every_log_is_whole_and_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    // What one run writes, alone.
+    let memory = Arc::new(toolloop::journal::MemoryJournal::new());
+    let alone = agent(ScriptedModel::new(script()), memory.clone(), Arc::default())
+        .prompt("charge")
+        .await;
+    let expected = kinds(&memory.load(alone.run_id.as_deref().unwrap()).await.unwrap());
+    for (kind, store) in stores(&dir).await {
+        let runs = 300;
+        let effects: common::Effects = Arc::default();
+        let outcomes = futures::future::join_all((0..runs).map(|_| {
+            let a = agent(
+                ScriptedModel::new(script()),
+                Arc::new(store.clone()),
+                effects.clone(),
+            );
+            tokio::spawn(async move { a.prompt("charge").await })
+        }))
+        .await;
+        let effects = effects.lock().unwrap().clone();
+        assert_eq!(effects.len(), runs * 3, "{kind}");
+        assert!(effects.values().all(|n| *n == 1), "{kind}");
+        for outcome in outcomes {
+            let outcome = outcome.unwrap();
+            assert_eq!(outcome.stop_reason, StopReason::Answered, "{kind}");
+            let run_id = outcome.run_id.clone().unwrap();
+            let records = store.load(&run_id).await.unwrap();
+            assert_eq!(kinds(&records), expected, "{kind}: {run_id}");
+            let summary = store.run(&run_id).await.unwrap().unwrap();
+            assert_eq!(summary.records as usize, records.len(), "{kind}");
+            assert_eq!(summary.status, RunStatus::Finished, "{kind}");
+            // The log replays to the run's outcome.
+            let again = agent(
+                ScriptedModel::new(vec![]),
+                Arc::new(store.clone()),
+                Arc::default(),
+            )
+            .resume(&run_id, CancellationToken::new())
+            .await
+            .unwrap();
+            assert_eq!(again.messages, outcome.messages, "{kind}");
+        }
+    }
+}
+
+/// Answers with a `charge` call carrying `marker` once `gate` lets it, then with text.
+struct Gated {
+    gate: Arc<tokio::sync::Semaphore>,
+    called: Arc<std::sync::atomic::AtomicUsize>,
+    marker: String,
+}
+
+#[async_trait::async_trait]
+impl toolloop::model::Model for Gated {
+    fn name(&self) -> &str {
+        "gated"
+    }
+    async fn complete(
+        &self,
+        request: &toolloop::model::ModelRequest<'_>,
+    ) -> Result<ModelResponse, toolloop::model::ModelError> {
+        if request
+            .messages
+            .iter()
+            .any(|m| matches!(m, Message::Assistant(_)))
+        {
+            return Ok(ModelResponse::text("done"));
+        }
+        self.called
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        self.gate.acquire().await.unwrap().forget();
+        Ok(ModelResponse::tool_calls(vec![ToolCall::new(
+            "charge",
+            json!({"amount": 1, "note": self.marker}),
+        )]))
+    }
+}
+
+/// Holds the store's write lock from another connection until dropped (SQLite: a write
+/// transaction; PostgreSQL: the run-log table locked against inserts).
+async fn hold_writes(kind: &str, location: &str) -> sqlx::AnyConnection {
+    sqlx::any::install_default_drivers();
+    let url = if kind == "sqlite" {
+        format!("sqlite://{location}")
+    } else {
+        location.to_string()
+    };
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let lock = if kind == "sqlite" {
+        "BEGIN IMMEDIATE"
+    } else {
+        "BEGIN; LOCK TABLE toolloop_records IN SHARE MODE"
+    };
+    sqlx::raw_sql(lock).execute(&mut conn).await.unwrap();
+    conn
+}
+
+/// Makes inserting a record whose body holds `marker` fail.
+async fn poison(kind: &str, location: &str, marker: &str) {
+    sqlx::any::install_default_drivers();
+    let url = if kind == "sqlite" {
+        format!("sqlite://{location}")
+    } else {
+        location.to_string()
+    };
+    let mut conn = <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let name = marker.replace('-', "_");
+    let sql = if kind == "sqlite" {
+        format!(
+            "CREATE TRIGGER {name} BEFORE INSERT ON toolloop_records \
+             WHEN NEW.body LIKE '%{marker}%' BEGIN SELECT RAISE(ABORT, 'poisoned record'); END"
+        )
+    } else {
+        format!(
+            "CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN \
+             IF NEW.body LIKE '%{marker}%' THEN RAISE EXCEPTION 'poisoned record'; END IF; \
+             RETURN NEW; END $$ LANGUAGE plpgsql; \
+             CREATE TRIGGER {name} BEFORE INSERT ON toolloop_records \
+             FOR EACH ROW EXECUTE FUNCTION {name}()"
+        )
+    };
+    sqlx::raw_sql(&sql).execute(&mut conn).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_commit_fails_every_run_of_its_batch_and_none_of_them_acts() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let location = if kind == "sqlite" {
+            store.location().to_string()
+        } else {
+            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+        };
+        let marker = unique("poison").replace("poison-run_", "poison_");
+        poison(kind, &location, &marker).await;
+        // Run 0 goes first; then 9 more, one of them with a record the database refuses.
+        let first = Arc::new(tokio::sync::Semaphore::new(0));
+        let rest = Arc::new(tokio::sync::Semaphore::new(0));
+        let called = Arc::new(AtomicUsize::new(0));
+        let effects: common::Effects = Arc::default();
+        let runs: Vec<_> = (0..10)
+            .map(|i| {
+                let model = Gated {
+                    gate: if i == 0 { first.clone() } else { rest.clone() },
+                    called: called.clone(),
+                    marker: if i == 5 {
+                        marker.clone()
+                    } else {
+                        format!("run {i}")
+                    },
+                };
+                let a = Agent::builder(model)
+                    .tool(common::Charge::new(
+                        effects.clone(),
+                        SideEffect::SideEffecting,
+                    ))
+                    .journal(Arc::new(store.clone()))
+                    .build()
+                    .unwrap();
+                tokio::spawn(async move { a.prompt("charge").await })
+            })
+            .collect();
+        // Every run has started (its first record is committed) and waits on its model.
+        while called.load(Ordering::SeqCst) < 10 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let lock = hold_writes(kind, &location).await;
+        // Run 0's step is taken alone, and waits for the lock; the other nine gather behind it.
+        first.add_permits(1);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        rest.add_permits(9);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        drop(lock);
+        let mut outcomes = Vec::new();
+        for r in runs {
+            outcomes.push(r.await.unwrap());
+        }
+        assert_eq!(outcomes[0].stop_reason, StopReason::Answered, "{kind}");
+        let effects = effects.lock().unwrap().clone();
+        let run0 = outcomes[0].run_id.clone().unwrap();
+        assert_eq!(effects.len(), 1, "{kind}: only run 0 acted: {effects:?}");
+        assert!(effects.keys().all(|k| k.starts_with(&run0)), "{kind}");
+        for (i, o) in outcomes.iter().enumerate().skip(1) {
+            assert_eq!(o.stop_reason, StopReason::StoreFailed, "{kind}: run {i}");
+            let message = &o.error.as_ref().unwrap().message;
+            assert!(
+                message.contains("poisoned record"),
+                "{kind}: run {i}: {message}"
+            );
+            // Nothing of the failed step was written: the log holds the start alone.
+            let records = store.load(o.run_id.as_deref().unwrap()).await.unwrap();
+            assert_eq!(kinds(&records), ["started"], "{kind}: run {i}");
+        }
+    }
+}

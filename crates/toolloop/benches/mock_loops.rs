@@ -18,6 +18,12 @@
 //!   loop's final transcript; the mock runs in a child process, with latency so that every loop
 //!   is in flight at once, so only the client's memory counts.
 //!
+//! With `journal` after N and R (`cargo bench -p toolloop --bench mock_loops -- 1000 5 journal`)
+//! it compares instead N loops that log every run to the store (`toolloop-store`: a SQLite file in
+//! `TOOLLOOP_BENCH_DIR` or a temporary directory, in both durability modes, and PostgreSQL when
+//! `TOOLLOOP_BENCH_POSTGRES` holds a URL) with the same loops without a journal: rounds/s as a
+//! ratio over pairs of trials, and every journaled run checked to have finished with a whole log.
+//!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
 use async_trait::async_trait;
@@ -101,14 +107,25 @@ fn echo() -> Echo {
 }
 
 fn agent(base_url: &str, scenario: &str, rounds: usize) -> Agent {
+    journaled_agent(base_url, scenario, rounds, None)
+}
+
+fn journaled_agent(
+    base_url: &str,
+    scenario: &str,
+    rounds: usize,
+    journal: Option<Arc<dyn toolloop::journal::Journal>>,
+) -> Agent {
     let mut config = OpenAiConfig::new(scenario).with_base_url(base_url);
     config.transport.retry.max_retries = 0;
-    Agent::builder(OpenAiModel::new(config))
+    let mut builder = Agent::builder(OpenAiModel::new(config))
         .tool(echo())
         .max_rounds(rounds as u32 + 1)
-        .max_tool_calls(((rounds + 1) * PARALLEL) as u32)
-        .build()
-        .expect("one tool")
+        .max_tool_calls(((rounds + 1) * PARALLEL) as u32);
+    if let Some(journal) = journal {
+        builder = builder.journal(journal);
+    }
+    builder.build().expect("one tool")
 }
 
 fn rss_kib(field: &str) -> u64 {
@@ -277,6 +294,122 @@ async fn loop_workers(a: &Agent, n: usize, rounds: usize, work: Work) -> usize {
     done
 }
 
+/// `n` workers each running whole loops, one after another; gives the rounds made and the ids
+/// of the runs (each checked to have answered).
+async fn logged_workers(a: &Agent, n: usize, rounds: usize, work: Work) -> (usize, Vec<String>) {
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let mut ids = Vec::new();
+                while work.more(ids.len()) {
+                    let o = a.prompt("go").await;
+                    assert_eq!(o.rounds as usize, rounds + 1, "{:?}", o.error);
+                    ids.push(o.run_id.expect("a logged run has an id"));
+                }
+                ids
+            })
+        })
+        .collect();
+    let mut ids = Vec::new();
+    for t in tasks {
+        ids.extend(t.await.expect("loop task"));
+    }
+    (ids.len() * (rounds + 1), ids)
+}
+
+/// N journaled loops against the same loops without a journal, on each store (a SQLite file in
+/// `TOOLLOOP_BENCH_DIR` or a temporary directory, both durability modes; PostgreSQL when
+/// `TOOLLOOP_BENCH_POSTGRES` holds a URL): rounds/s as a ratio, in pairs of trials run one
+/// after the other (the median pair's ratio, and the range), then every journaled run checked:
+/// finished, with every record of a whole run.
+async fn journal_cost(n: usize, rounds: usize) {
+    use toolloop::journal::Journal;
+    use toolloop_store::{Durability, RunStatus, Store};
+    let server = start(MockOptions::default()).await.expect("mock starts");
+    let url = format!("{}/v1", server.base_url());
+    let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
+    let plain = agent(&url, &scenario, rounds);
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = std::env::var_os("TOOLLOOP_BENCH_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| tmp.path().to_path_buf());
+    let mut stores = Vec::new();
+    for d in [Durability::Process, Durability::PowerCut] {
+        let path = dir.join(format!("mock-loops-{}-{d:?}.db", std::process::id()));
+        let store = Store::open_with(path.to_str().expect("a UTF-8 path"), d)
+            .await
+            .expect("the SQLite store opens");
+        stores.push((format!("SQLite, {d:?}"), store, Some(path)));
+    }
+    if let Ok(pg) = std::env::var("TOOLLOOP_BENCH_POSTGRES") {
+        let store = Store::open(&pg)
+            .await
+            .expect("TOOLLOOP_BENCH_POSTGRES opens");
+        stores.push(("PostgreSQL".to_string(), store, None));
+    }
+    // How many records a whole run writes.
+    let memory = Arc::new(toolloop::journal::MemoryJournal::new());
+    let one = journaled_agent(&url, &scenario, rounds, Some(memory.clone()))
+        .prompt("go")
+        .await;
+    let per_run = memory
+        .load(one.run_id.as_deref().expect("an id"))
+        .await
+        .expect("a log")
+        .len();
+    println!(
+        "journal: N={n} loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), \
+         each run {per_run} records; journaled vs no journal, {TRIALS} pairs of {TRIAL_SECS} s"
+    );
+    for (name, store, path) in &stores {
+        let logged = journaled_agent(&url, &scenario, rounds, Some(Arc::new(store.clone())));
+        loop_workers(&plain, n, rounds, Work::Runs(1)).await;
+        let (_, warm) = logged_workers(&logged, n, rounds, Work::Runs(1)).await;
+        let mut ids = warm;
+        let mut pairs = Vec::new();
+        for _ in 0..TRIALS {
+            let base = sustained(TRIAL_SECS, |w| loop_workers(&plain, n, rounds, w)).await;
+            let start = Instant::now();
+            let end = start + std::time::Duration::from_secs_f64(TRIAL_SECS);
+            let (done, trial_ids) = logged_workers(&logged, n, rounds, Work::Until(end)).await;
+            let rps = done as f64 / start.elapsed().as_secs_f64();
+            ids.extend(trial_ids);
+            pairs.push((rps / base, base, rps));
+        }
+        pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let (ratio, base, rps) = pairs[pairs.len() / 2];
+        // Every run finished, and its log is whole.
+        let mut lost = 0;
+        for id in &ids {
+            let records = store.load(id).await.map(|r| r.len()).unwrap_or(0);
+            let finished = store
+                .run(id)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.status == RunStatus::Finished);
+            if records != per_run || !finished {
+                lost += 1;
+            }
+        }
+        println!(
+            "journal: {name}: {rps:.0} rounds/s journaled vs {base:.0} without: {:.0}% \
+             (pairs: {:.0}–{:.0}%); {} runs checked, {lost} incomplete",
+            100.0 * ratio,
+            100.0 * pairs[0].0,
+            100.0 * pairs[pairs.len() - 1].0,
+            ids.len(),
+        );
+        if let Some(path) = path {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    }
+    server.shutdown().await;
+}
+
 /// Rounds (or requests) per second of `side` run by `n` workers for about `secs` seconds.
 async fn sustained<F: Future<Output = usize>>(secs: f64, side: impl FnOnce(Work) -> F) -> f64 {
     let start = Instant::now();
@@ -361,6 +494,10 @@ fn main() {
     // `loop` or `raw` after N and R runs only that side at N for about 20 s, for a profiler.
     if let Some(side) = std::env::args().skip(1).find(|a| a == "loop" || a == "raw") {
         return rt.block_on(profile_side(side == "loop", big_n, rounds));
+    }
+    // `journal` after N and R compares journaled loops with the same loops without a journal.
+    if std::env::args().skip(1).any(|a| a == "journal") {
+        return rt.block_on(journal_cost(big_n, rounds));
     }
     own_cost(rounds);
     rt.block_on(async move {

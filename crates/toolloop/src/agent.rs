@@ -481,11 +481,20 @@ impl Agent {
                     let call = self
                         .call_model(request, round, sink.as_ref())
                         .instrument(span.clone());
-                    let result = guard(call, &cancel, deadline).await;
-                    if let Ok(r) = &result {
+                    let called = guard(call, &cancel, deadline).await;
+                    if let Ok(r) = &called {
                         crate::telemetry::chat_finished(&span, r);
                     }
-                    match result {
+                    // The previous round's results were written during the call: a response
+                    // is taken only on a log that holds them.
+                    if let (Ok(Ok(_)), Some(log)) = (&called, &log)
+                        && let Err(e) = log.settle().await
+                    {
+                        store_error = Some(e.to_string());
+                        machine.interrupt(Interrupt::StoreFailed);
+                        continue;
+                    }
+                    match called {
                         Ok(Ok(response)) => {
                             let cost = response
                                 .usage
@@ -632,10 +641,13 @@ impl Agent {
                         }
                         emit(&mut machine);
                     }
-                    // The round's results are durable before the next model call.
+                    // The round's results are written while the next model call goes on (the
+                    // call needs nothing durable: one lost to a crash is made again); the next
+                    // flush, before any tool runs, waits for them. A crash before they are
+                    // written leaves the calls in flight, as a crash just before would.
                     if !stopped
                         && let Some(log) = &log
-                        && let Err(e) = log.flush().await
+                        && let Err(e) = log.flush_behind().await
                     {
                         store_error = Some(e.to_string());
                         machine.interrupt(Interrupt::StoreFailed);
@@ -823,16 +835,47 @@ fn fed(result: Result<(), PhaseError>) {
 }
 
 /// Where a logged run writes its records: queued by [`RunLog::soon`], made durable together by
-/// [`RunLog::flush`]. Flushes of one run go one at a time; a record queued while another flush
-/// is under way goes with the next one, and a flush finds its records already written when an
-/// earlier flush took them. After a failed flush every later one fails: nothing queued after a
-/// lost record is reported durable.
+/// [`RunLog::flush`] (waited for: before the run acts on them) or [`RunLog::flush_behind`]
+/// (written while the run goes on; the next flush waits for it first). Flushes of one run go one
+/// at a time and in order; a record queued while another flush is under way goes with the next
+/// one, and a flush finds its records already written when an earlier flush took them. After a
+/// failed flush every later one fails: nothing queued after a lost record is reported durable,
+/// and nothing is written after it (the log never has a gap).
 struct RunLog {
     journal: Arc<dyn Journal>,
     run_id: String,
     holder: String,
     queued: std::sync::Mutex<Vec<Record>>,
-    flushing: tokio::sync::Mutex<Option<JournalError>>,
+    flushing: tokio::sync::Mutex<Flushing>,
+}
+
+/// The state of a run's flushes.
+#[derive(Default)]
+struct Flushing {
+    /// Set by the first failed flush.
+    failed: Option<JournalError>,
+    /// A flush still being written ([`RunLog::flush_behind`]).
+    behind: Option<tokio::task::JoinHandle<Result<(), JournalError>>>,
+}
+
+impl Flushing {
+    /// Waits for the flush being written, if any; the first failure, if any.
+    async fn settle(&mut self) -> Result<(), JournalError> {
+        if let Some(behind) = self.behind.take() {
+            let written = behind.await.unwrap_or_else(|e| {
+                Err(JournalError::Store(format!(
+                    "writing the run log failed: {e}"
+                )))
+            });
+            if let Err(e) = written {
+                self.failed = Some(e);
+            }
+        }
+        match &self.failed {
+            Some(e) => Err(e.clone()),
+            None => Ok(()),
+        }
+    }
 }
 
 impl RunLog {
@@ -842,7 +885,7 @@ impl RunLog {
             run_id,
             holder: holder_id(),
             queued: std::sync::Mutex::new(Vec::new()),
-            flushing: tokio::sync::Mutex::new(None),
+            flushing: tokio::sync::Mutex::new(Flushing::default()),
         }
     }
 
@@ -854,21 +897,49 @@ impl RunLog {
             .push(record);
     }
 
-    /// Makes every queued record durable.
+    fn take_queued(&self) -> Vec<Record> {
+        std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// Makes every queued record durable (after any flush still being written).
     async fn flush(&self) -> Result<(), JournalError> {
-        let mut failed = self.flushing.lock().await;
-        if let Some(e) = &*failed {
-            return Err(e.clone());
-        }
-        let records = std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut state = self.flushing.lock().await;
+        state.settle().await?;
+        let records = self.take_queued();
         if records.is_empty() {
             return Ok(());
         }
         let written = self.journal.append_all(&self.run_id, &records).await;
         if let Err(e) = &written {
-            *failed = Some(e.clone());
+            state.failed = Some(e.clone());
         }
         written
+    }
+
+    /// Starts writing every queued record and returns at once: for records the run does not
+    /// act on, so that their commit overlaps what the run does next (a model call); the next
+    /// flush waits for it first. Fails only when an earlier flush failed.
+    async fn flush_behind(&self) -> Result<(), JournalError> {
+        let mut state = self.flushing.lock().await;
+        if state.behind.as_ref().is_some_and(|b| b.is_finished()) || state.failed.is_some() {
+            state.settle().await?;
+        }
+        let records = self.take_queued();
+        if records.is_empty() {
+            return Ok(());
+        }
+        // One at a time: a flush still being written is waited for (it has had a whole step).
+        state.settle().await?;
+        let (journal, run_id) = (self.journal.clone(), self.run_id.clone());
+        state.behind = Some(tokio::spawn(async move {
+            journal.append_all(&run_id, &records).await
+        }));
+        Ok(())
+    }
+
+    /// Waits for a flush still being written; fails when it (or an earlier one) failed.
+    async fn settle(&self) -> Result<(), JournalError> {
+        self.flushing.lock().await.settle().await
     }
 
     /// Queues a record and makes it durable, with everything queued before it.

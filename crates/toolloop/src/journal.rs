@@ -11,9 +11,12 @@
 //! Only what must be durable before the driver acts is waited for, and a step's records are
 //! written together ([`Journal::append_all`], one transaction in the store): the run's start;
 //! before a batch of tool calls runs, the model's response and the calls' intents (with the
-//! request record and the hooks' answers before them); after the batch, the calls' results; and
-//! the run's end. A model call needs no durable record before it is made: a crash during it
-//! leaves the round without a response, and the call is made again on resume. On resume, model calls that already returned are
+//! request record and the hooks' answers before them); after the round's calls, their results,
+//! written while the next model call goes on (the next write waits for them, and a response is
+//! taken only once they are durable); and the run's end. A model call needs no durable record
+//! before it is made: a crash during it leaves the round without a response, and the call is
+//! made again on resume (a crash before the results are written leaves the calls in flight, as a
+//! crash just after they finished would). On resume, model calls that already returned are
 //! not made again and tool calls that already finished are not run again; a call that was in
 //! flight is run again when its tool is read-only or idempotent, and reported as "outcome
 //! unknown" when it has side effects (unless a resume policy says otherwise).

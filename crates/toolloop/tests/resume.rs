@@ -239,6 +239,82 @@ async fn a_failing_run_log_stops_the_run_before_acting_and_keeps_the_transcript_
     assert_eq!(ids, ["a", "b"]);
 }
 
+/// A journal that refuses a write of results alone (the write made after a round's calls).
+#[derive(Default)]
+struct LosesResults {
+    inner: MemoryJournal,
+    writes_after_failure: AtomicU32,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait]
+impl Journal for LosesResults {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        if self.failed.load(Ordering::SeqCst) {
+            self.writes_after_failure.fetch_add(1, Ordering::SeqCst);
+        }
+        if records
+            .iter()
+            .all(|r| matches!(r, Record::ToolFinished { .. }))
+        {
+            self.failed.store(true, Ordering::SeqCst);
+            return Err(JournalError::Store("disk full".into()));
+        }
+        self.inner.append_all(run_id, records).await
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.inner.load(run_id).await
+    }
+}
+
+#[tokio::test]
+async fn results_written_during_the_next_model_call_are_durable_before_its_response_is_taken() {
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let journal = Arc::new(LosesResults::default());
+    // Two calls, then the answer.
+    let mut responses = script();
+    responses.remove(1);
+    let out = agent(
+        ScriptedModel::new(responses),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::SideEffecting,
+    )
+    .prompt("charge")
+    .await;
+    // The first round's results were lost: the second round's response (the answer) is not
+    // taken, and the run says why.
+    assert_eq!(out.stop_reason, StopReason::StoreFailed);
+    assert!(out.error.unwrap().message.contains("disk full"));
+    let mut ran: Vec<String> = effects.lock().unwrap().keys().cloned().collect();
+    ran.sort();
+    let run_id = out.run_id.clone().unwrap();
+    assert_eq!(ran, [format!("{run_id}/a"), format!("{run_id}/b")]);
+    // Nothing was written after the lost write: the log has no gap.
+    assert_eq!(journal.writes_after_failure.load(Ordering::SeqCst), 0);
+    let kinds: Vec<_> = journal
+        .load(&run_id)
+        .await
+        .unwrap()
+        .iter()
+        .map(Record::kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "started",
+            "model_requested",
+            "model_responded",
+            "tool_started",
+            "tool_finished",
+            "tool_started"
+        ]
+    );
+}
+
 /// A journal that remembers which records were written together.
 #[derive(Default)]
 struct Grouping {
