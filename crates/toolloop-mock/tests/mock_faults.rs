@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use reqwest::StatusCode;
 use reqwest::header::HeaderMap;
 use serde_json::{Value, json};
-use toolloop::sse::{SseDecoder, SseEvent};
+use toolloop::transport::sse::{SseDecoder, SseEvent};
 use toolloop_mock::{FaultKind, MockOptions, MockServer, start};
 
 async fn server() -> MockServer {
@@ -504,13 +504,13 @@ mod clients {
 
     use super::*;
     use futures::StreamExt;
-    use toolloop::http::{HttpTransport, RetryPolicy};
     use toolloop::message::Message;
     use toolloop::model::{Model, ModelError, ModelRequest, ModelSettings, ToolSpec};
     use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
     use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
     use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
     use toolloop::stream::Accumulator;
+    use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
     fn transport() -> HttpTransport {
         let mut t = HttpTransport::new();
@@ -560,7 +560,6 @@ mod clients {
             reminders: &[],
             tools: &tools,
             settings: &settings,
-            prefix_cache: None,
         };
         let response = if stream {
             let mut events = model.stream(&request).await.map_err(|e| e.to_string())?;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-use toolloop::sse::{SseDecoder, SseEvent};
+use toolloop::transport::sse::{SseDecoder, SseEvent};
 use toolloop_mock::{MockOptions, MockServer, start};
 
 async fn server() -> MockServer {

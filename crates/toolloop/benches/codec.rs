@@ -11,9 +11,9 @@ use serde_json::{Value, json};
 use std::hint::black_box;
 use std::time::Instant;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
-use toolloop::model::{ModelRequest, ModelSettings, PrefixCache, ToolSpec};
+use toolloop::model::{ModelRequest, ModelSettings, ToolSpec};
 use toolloop::providers::openai::{
-    OpenAiConfig, OpenAiModel, WireRequest, build_request_body, decode_recorded,
+    OpenAiConfig, OpenAiModel, OpenAiSession, WireRequest, build_request_body, decode_recorded,
 };
 
 /// Nanoseconds per call of `f`, best of 5 batches.
@@ -77,7 +77,6 @@ fn main() {
         reminders: &[],
         tools: &tools,
         settings: &settings,
-        prefix_cache: None,
     };
     let as_value = build_request_body(&request, &config, false);
     let bytes = serde_json::to_vec(&WireRequest::new(&request, &config, false)).expect("body");
@@ -98,23 +97,25 @@ fn main() {
     // two results) and reuses the rest from the run's prefix cache.
     let model = OpenAiModel::new(config.clone());
     let earlier = &messages[..messages.len() - 3];
-    let body = |messages: &[Message], cache: Option<&PrefixCache>| {
+    let body = |messages: &[Message], session: Option<&OpenAiSession>| {
         let request = ModelRequest {
-            prefix_cache: cache,
             messages,
             ..request
         };
-        black_box(model.request_body(&request, false).ok());
+        match session {
+            Some(session) => black_box(session.request_body(&request, false).ok()),
+            None => black_box(model.request_body(&request, false).ok()),
+        };
     };
     let uncached = time(20_000, || body(&messages, None));
     let both = time(20_000, || {
-        let cache = PrefixCache::new();
-        body(earlier, Some(&cache));
-        body(&messages, Some(&cache));
+        let session = OpenAiSession::new(&model);
+        body(earlier, Some(&session));
+        body(&messages, Some(&session));
     });
     let first = time(20_000, || {
-        let cache = PrefixCache::new();
-        body(earlier, Some(&cache));
+        let session = OpenAiSession::new(&model);
+        body(earlier, Some(&session));
     });
     let cached = both - first;
     println!(

@@ -14,10 +14,8 @@ use crate::engine::{Batch, Interrupt, Machine, Phase, PhaseError, Step};
 use crate::event::Event;
 use crate::journal::{Journal, JournalError, Record, new_run_id};
 use crate::message::{Message, ToolCall};
-use crate::model::{
-    Model, ModelError, ModelRequest, ModelResponse, ModelSettings, PrefixCache, ToolChoice,
-};
-use crate::outcome::{Outcome, StopReason};
+use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolChoice};
+use crate::outcome::{ErrorCode, Outcome, StopReason};
 use crate::price::{Price, PriceTable};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
@@ -434,7 +432,7 @@ impl Agent {
         };
         let mut store_error: Option<String> = None;
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
-        let prefix_cache = PrefixCache::new();
+        let model = self.model.session();
         // Cancelled, with the tools' work, when the run is interrupted; the caller's token is
         // left alone.
         let tool_cancel = cancel.child_token();
@@ -475,11 +473,10 @@ impl Agent {
                         reminders: &reminders,
                         tools: self.toolbox.specs(),
                         settings: &self.settings,
-                        prefix_cache: Some(&prefix_cache),
                     };
                     let span = crate::telemetry::chat_span(self.model.name(), round);
                     let call = self
-                        .call_model(request, round, sink.as_ref())
+                        .call_model(&*model, request, round, sink.as_ref())
                         .instrument(span.clone());
                     let called = guard(call, &cancel, deadline).await;
                     if let Ok(r) = &called {
@@ -673,7 +670,10 @@ impl Agent {
             }
         }
         let mut outcome = machine.into_outcome(started.elapsed().as_millis() as u64);
-        if let (Some(e), Some(err)) = (store_error, outcome.error.as_mut()) {
+        // The run log's own error, on the error of a run it stopped (and of no other).
+        if let (Some(e), Some(err)) = (store_error, outcome.error.as_mut())
+            && err.code == ErrorCode::StoreFailed
+        {
             err.message = format!("{}: {e}", err.message);
         }
         if let Some(log) = &log {
@@ -690,16 +690,17 @@ impl Agent {
 
     async fn call_model(
         &self,
+        model: &dyn Model,
         request: ModelRequest<'_>,
         round: u32,
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
         if !self.config.stream {
-            return self.model.complete(&request).await;
+            return model.complete(&request).await;
         }
         let mut attempt = 1;
         loop {
-            match self.stream_once(&request, round, sink).await {
+            match self.stream_once(model, &request, round, sink).await {
                 Err(ModelError::StreamInterrupted(reason))
                     if attempt <= self.config.stream_restarts =>
                 {
@@ -719,11 +720,12 @@ impl Agent {
 
     async fn stream_once(
         &self,
+        model: &dyn Model,
         request: &ModelRequest<'_>,
         round: u32,
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
-        let mut stream = self.model.stream(request).await?;
+        let mut stream = model.stream(request).await?;
         let mut acc = Accumulator::new();
         while let Some(event) = stream.next().await {
             let event = event?;

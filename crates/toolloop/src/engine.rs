@@ -1572,7 +1572,7 @@ impl Machine {
                 StopReason::OutputTruncated,
                 None,
                 Some(RunError {
-                    code: ErrorCode::InvalidToolCall,
+                    code: ErrorCode::OutputTruncated,
                     message: "the output-token limit cut a tool call short; raise the output \
                               limit or ask for smaller steps"
                         .into(),
@@ -1638,6 +1638,12 @@ impl Machine {
     }
 
     fn finish(&mut self, stop_reason: StopReason, text: Option<String>, error: Option<RunError>) {
+        // A failed run's error tells how it stopped; a run with no error succeeded.
+        let stop_reason = match &error {
+            Some(e) => e.code.stop_reason(),
+            None => stop_reason,
+        };
+        debug_assert_eq!(error.is_none(), stop_reason.is_success(), "{stop_reason:?}");
         self.state.phase = Phase::Done {
             stop_reason,
             signal: None,

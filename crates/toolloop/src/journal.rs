@@ -233,7 +233,9 @@ impl MemoryJournal {
         ids
     }
 
-    /// Keeps only the first `n` records of a run (to simulate a crash in tests).
+    /// Keeps only the first `n` records of a run (to simulate a crash in tests; with the
+    /// `testing` feature).
+    #[cfg(any(test, feature = "testing"))]
     pub fn truncate(&self, run_id: &str, n: usize) {
         if let Ok(mut runs) = self.runs.lock()
             && let Some(r) = runs.get_mut(run_id)

@@ -33,8 +33,10 @@
 //!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation.
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
-//!   compatible server), Anthropic and Gemini over [`http`] and [`sse`]; [`ptk`]: prompt-based
-//!   tool calling for models without native support.
+//!   compatible server), Anthropic and Gemini, each in a folder of its own (configuration,
+//!   request, response, stream, errors), over the shared [`transport`] (HTTP with retries and
+//!   limits, Server-Sent Events); [`ptk`]: prompt-based tool calling for models without native
+//!   support.
 //! - [`journal`]: the run log that makes runs resumable after a crash; [`transcript`]:
 //!   checking and repairing stored transcripts.
 //!
@@ -53,8 +55,6 @@ pub mod approval;
 pub mod config;
 pub mod engine;
 pub mod event;
-#[cfg(feature = "http")]
-pub mod http;
 pub mod journal;
 pub mod message;
 pub mod model;
@@ -65,12 +65,12 @@ pub mod ptk;
 pub mod redact;
 pub mod result;
 pub mod schema;
-pub mod sse;
 pub mod stream;
 pub mod telemetry;
 pub mod tool;
 pub mod toolbox;
 pub mod transcript;
+pub mod transport;
 pub mod usage;
 
 pub use agent::{Agent, AgentBuilder};
@@ -81,6 +81,13 @@ pub use model::{Model, ModelError, ModelResponse};
 pub use outcome::{Outcome, StopReason};
 pub use tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 pub use usage::Usage;
+
+// The transport's modules, at the paths they had before they were grouped under [`transport`].
+#[cfg(feature = "http")]
+#[doc(no_inline)]
+pub use transport::http;
+#[doc(no_inline)]
+pub use transport::sse;
 
 /// The README's examples, compiled and run as doc-tests.
 #[doc = include_str!("../../../README.md")]

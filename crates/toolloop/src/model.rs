@@ -34,6 +34,39 @@ pub trait Model: Send + Sync {
             response.into_events().into_iter().map(Ok),
         )))
     }
+
+    /// The model for one run. The [`Agent`](crate::agent::Agent) asks for one at the start of
+    /// each run and sends every request of that run through it, so a session may keep state
+    /// between them: an adapter may keep its encoding of the conversation so far, so that each
+    /// request encodes only the messages added since (as the OpenAI adapter's does). A
+    /// session's requests come from one conversation that only grows; a wrapper that rewrites
+    /// the conversation before calling an inner model calls the inner model itself, not a
+    /// session of it. The default is this model, unchanged.
+    fn session(&self) -> Box<dyn Model + '_> {
+        Box::new(Forward(self))
+    }
+}
+
+/// The default [`Model::session`]: the model itself.
+struct Forward<'a, M: ?Sized>(&'a M);
+
+#[async_trait]
+impl<M: Model + ?Sized> Model for Forward<'_, M> {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.0.complete(request).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        self.0.stream(request).await
+    }
+
+    fn session(&self) -> Box<dyn Model + '_> {
+        Box::new(Forward(self.0))
+    }
 }
 
 /// What one model call is asked.
@@ -48,55 +81,10 @@ pub struct ModelRequest<'a> {
     pub tools: &'a [ToolSpec],
     /// Model name, temperature, limits, tool choice.
     pub settings: &'a ModelSettings,
-    /// Where an adapter may keep its encoding of the conversation between the requests of one
-    /// run, so that each request encodes only the messages added since the last one. `None`
-    /// (always correct) encodes everything. See [`PrefixCache`] for the promise that comes with
-    /// it.
-    pub prefix_cache: Option<&'a PrefixCache>,
-}
-
-/// Memory, for one run, of how an adapter encoded the conversation so far, so that a request
-/// costs the messages added since the last one rather than the whole history.
-///
-/// The [`Agent`](crate::agent::Agent) creates one per run and passes it in every request of
-/// that run. Whoever passes one promises that each request's `messages` begin with the previous
-/// request's `messages`, unchanged (the loop only ever appends), and that the tool catalog stays
-/// the same. A wrapper that rewrites the conversation before calling an inner model (as
-/// [`Prompted`](crate::ptk::Prompted) does) passes `None`. An adapter keeps what it needs here
-/// and checks, before using it, that it is its own, that the conversation did not shrink, and
-/// that the last message it remembers and the catalog are unchanged (by
-/// [`message_fingerprint`] and [`catalog_fingerprint`]); otherwise it encodes everything.
-#[derive(Default)]
-pub struct PrefixCache {
-    slot: std::sync::Mutex<Option<Box<dyn std::any::Any + Send>>>,
-}
-
-impl PrefixCache {
-    /// An empty cache.
-    pub fn new() -> Self {
-        PrefixCache::default()
-    }
-
-    /// Takes what an adapter left here, if it is a `T`.
-    pub fn take<T: std::any::Any + Send>(&self) -> Option<Box<T>> {
-        let mut slot = self.slot.lock().unwrap_or_else(|e| e.into_inner());
-        match slot.take()?.downcast::<T>() {
-            Ok(value) => Some(value),
-            Err(other) => {
-                *slot = Some(other);
-                None
-            }
-        }
-    }
-
-    /// Leaves `value` here for the next request, replacing anything else.
-    pub fn put<T: std::any::Any + Send>(&self, value: Box<T>) {
-        *self.slot.lock().unwrap_or_else(|e| e.into_inner()) = Some(value);
-    }
 }
 
 /// A 64-bit fingerprint of a message (every field, arguments included), for an adapter's
-/// [`PrefixCache`] check that the message it remembers is unchanged without keeping a copy.
+/// [`Model::session`] to check that the message it remembers is unchanged without keeping a copy.
 pub fn message_fingerprint(message: &Message) -> u64 {
     let mut h = fingerprint_hasher();
     match message {
@@ -123,7 +111,7 @@ pub fn message_fingerprint(message: &Message) -> u64 {
 }
 
 /// A 64-bit fingerprint of a tool catalog (names, descriptions and schemas), for an adapter's
-/// [`PrefixCache`] check that the catalog it encoded is unchanged.
+/// [`Model::session`] to check that the catalog it encoded is unchanged.
 pub fn catalog_fingerprint(tools: &[ToolSpec]) -> u64 {
     let mut h = fingerprint_hasher();
     tools.len().hash(&mut h);
@@ -160,12 +148,6 @@ fn hash_value<H: Hasher>(v: &Value, h: &mut H) {
                 hash_value(v, h);
             }
         }
-    }
-}
-
-impl std::fmt::Debug for PrefixCache {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("PrefixCache")
     }
 }
 

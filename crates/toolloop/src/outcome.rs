@@ -54,14 +54,10 @@ pub enum ErrorCode {
     MaxIterationsReached,
     /// `max_tool_calls` was reached.
     MaxToolCallsReached,
-    /// A tool failed.
-    ToolExecutionFailed,
     /// The model call failed.
     LlmCallFailed,
-    /// A reply could not be parsed.
+    /// The model wrote a tool call that could not be parsed.
     ParseError,
-    /// The model repeated a call.
-    DuplicateToolCall,
     /// The run timed out.
     Timeout,
     /// The run was cancelled.
@@ -72,6 +68,25 @@ pub enum ErrorCode {
     OutputTruncated,
     /// The run stopped to wait for approvals.
     AwaitingApproval,
+}
+
+impl ErrorCode {
+    /// How a run that failed with this code stopped: the error is the source of a failed run's
+    /// [`StopReason`] (and that of [`Outcome::success`]), so the two never disagree.
+    pub fn stop_reason(self) -> StopReason {
+        match self {
+            ErrorCode::ToolNotFound | ErrorCode::InvalidToolCall | ErrorCode::ParseError => {
+                StopReason::TooManyInvalidCalls
+            }
+            ErrorCode::MaxIterationsReached => StopReason::MaxRounds,
+            ErrorCode::MaxToolCallsReached => StopReason::MaxToolCalls,
+            ErrorCode::LlmCallFailed => StopReason::ModelError,
+            ErrorCode::Timeout => StopReason::Timeout,
+            ErrorCode::Cancelled => StopReason::Cancelled,
+            ErrorCode::StoreFailed => StopReason::StoreFailed,
+            ErrorCode::OutputTruncated => StopReason::OutputTruncated,
+        }
+    }
 }
 
 /// A failed run's error.
@@ -169,7 +184,8 @@ pub struct Outcome {
     pub cost: Option<f64>,
     /// Wall-clock duration in milliseconds.
     pub duration_ms: u64,
-    /// When the run failed, why.
+    /// When the run failed, why: `None` exactly when [`Outcome::success`]; its code gives the
+    /// [`Outcome::stop_reason`] ([`ErrorCode::stop_reason`]).
     pub error: Option<RunError>,
     /// The run's id in the run log, when the run was logged (see [`crate::journal`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -184,5 +200,29 @@ impl Outcome {
     /// Tool calls whose handler ran.
     pub fn executed_calls(&self) -> impl Iterator<Item = &ExecutedCall> {
         self.tool_calls.iter().filter(|c| c.status.executed())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_error_code_tells_a_failed_stop() {
+        use ErrorCode::*;
+        for code in [
+            ToolNotFound,
+            InvalidToolCall,
+            MaxIterationsReached,
+            MaxToolCallsReached,
+            LlmCallFailed,
+            ParseError,
+            Timeout,
+            Cancelled,
+            StoreFailed,
+            OutputTruncated,
+        ] {
+            assert!(!code.stop_reason().is_success(), "{code:?}");
+        }
     }
 }

@@ -121,9 +121,9 @@ impl Toolbox {
 
     /// Checks arguments against a tool's schema. The error names each failing JSON path and what
     /// was expected there.
-    pub fn validate(&self, name: &str, args: &Value) -> Result<(), String> {
+    pub fn validate(&self, name: &str, args: &Value) -> Result<(), ArgumentsError> {
         let Some(&i) = self.by_name.get(name) else {
-            return Err(format!("unknown tool `{name}`"));
+            return Err(ArgumentsError::UnknownTool(name.to_string()));
         };
         let validator = &self.entries[i].validator;
         if validator.is_valid(args) {
@@ -145,9 +145,21 @@ impl Toolbox {
         if problems.is_empty() {
             Ok(())
         } else {
-            Err(problems.join("; "))
+            Err(ArgumentsError::Schema(problems))
         }
     }
+}
+
+/// Why [`Toolbox::validate`] refused a call's arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ArgumentsError {
+    /// No tool has this name.
+    #[error("unknown tool `{0}`")]
+    UnknownTool(String),
+    /// The arguments fail the tool's schema: each failing JSON path and what was expected
+    /// there (at most five).
+    #[error("{}", .0.join("; "))]
+    Schema(Vec<String>),
 }
 
 #[cfg(test)]
@@ -188,10 +200,13 @@ mod tests {
     fn validation_names_path_and_expectation() {
         let b = Toolbox::new().with(t("read")).unwrap();
         assert!(b.validate("read", &json!({"path": "a"})).is_ok());
-        let e = b.validate("read", &json!({"path": 1})).unwrap_err();
+        let e = b
+            .validate("read", &json!({"path": 1}))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("/path"), "{e}");
         assert!(e.contains("string"), "{e}");
-        let e = b.validate("read", &json!({})).unwrap_err();
+        let e = b.validate("read", &json!({})).unwrap_err().to_string();
         assert!(e.contains("path"), "{e}");
         assert!(b.validate("nope", &json!({})).is_err());
     }

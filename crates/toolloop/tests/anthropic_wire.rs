@@ -7,12 +7,12 @@ use axum::http::{HeaderMap, Response, Uri};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::{Message, ToolResult};
 use toolloop::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec,
 };
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
+use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
 /// One canned reply: status, extra headers, content type, body.
 #[derive(Clone)]
@@ -134,7 +134,6 @@ fn request<'a>(
         reminders: &[],
         tools,
         settings,
-        prefix_cache: None,
     }
 }
 

@@ -15,7 +15,6 @@ use serde::Deserialize;
 use toolloop::agent::Agent;
 use toolloop::config::LoopConfig;
 use toolloop::event::Event;
-use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::Message;
 use toolloop::model::Model;
 use toolloop::outcome::Outcome;
@@ -23,6 +22,7 @@ use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+use toolloop::transport::http::{HttpTransport, RetryPolicy};
 use toolloop_mock::{FaultKind, MockOptions, start};
 
 /// Loops run at once (a multiple of 6: three protocols, streamed and not).

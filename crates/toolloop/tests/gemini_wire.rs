@@ -8,12 +8,12 @@ use axum::http::{HeaderMap, Response, Uri};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::{Message, ToolResult};
 use toolloop::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec,
 };
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
+use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
 #[derive(Clone)]
 struct Reply {
@@ -129,7 +129,6 @@ fn request<'a>(
         reminders: &[],
         tools,
         settings,
-        prefix_cache: None,
     }
 }
 

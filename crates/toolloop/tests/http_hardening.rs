@@ -9,12 +9,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use toolloop::http::{HttpTransport, RetryPolicy};
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec};
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
 // ---------------------------------------------------------------------------------------------
 // A raw HTTP/1.1 server
@@ -209,7 +209,6 @@ async fn call(model: &dyn Model, stream: bool) -> Result<ModelResponse, ModelErr
         reminders: &[],
         tools: &[],
         settings: &settings,
-        prefix_cache: None,
     };
     let work = async {
         if stream {
@@ -643,7 +642,6 @@ async fn a_llama_cpp_python_server_gets_a_request_it_accepts() {
         reminders: &[],
         tools: &tools,
         settings: &settings,
-        prefix_cache: None,
     };
     let r = m.complete(&request).await.expect("accepted");
     assert_eq!(r.tool_calls.len(), 1, "{r:?}");
@@ -680,7 +678,6 @@ async fn tool_choice_auto_is_explicit_except_for_openai_unless_configured() {
         reminders: &[],
         tools: &tools,
         settings: &settings,
-        prefix_cache: None,
     };
     let r = m.complete(&request).await.unwrap();
     // Without it, such a server ignores the tools.

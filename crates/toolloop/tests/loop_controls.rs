@@ -248,6 +248,7 @@ async fn cancellation_returns_everything_with_a_cancelled_result() {
         .run_cancellable(vec![Message::user("go")], cancel)
         .await;
     assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Cancelled);
     assert_eq!(out.rounds, 2);
     assert_eq!(out.tool_calls[0].status, CallStatus::Ok);
     assert_eq!(out.tool_calls[1].status, CallStatus::Cancelled);
@@ -647,12 +648,31 @@ async fn strict_policy_stops_at_the_first_invalid_call_with_seed_codes() {
     assert_valid_transcript(&out.messages);
 
     let agent = builder(scripted(vec![calls(vec![call("ghost", json!({}))])]))
-        .config(strict)
+        .config(strict.clone())
         .tool(counter("count", count.clone()))
         .build()
         .unwrap();
     let out = agent.prompt("go").await;
     assert_eq!(out.error.unwrap().code, ErrorCode::ToolNotFound);
+
+    // A call the model wrote but that could not be parsed.
+    let mut near_miss = ModelResponse::text("<PTK_CALL>{\"tool\": oops</PTK_CALL>");
+    near_miss.malformed_call = Some("Your tool call could not be parsed: expected JSON".into());
+    near_miss.finish_reason = FinishReason::MalformedToolCall;
+    let agent = builder(scripted(vec![near_miss]))
+        .config(strict)
+        .tool(counter("count", count.clone()))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::TooManyInvalidCalls);
+    let error = out.error.unwrap();
+    assert_eq!(error.code, ErrorCode::ParseError);
+    assert!(
+        error.message.contains("could not be parsed"),
+        "{}",
+        error.message
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -907,6 +927,7 @@ async fn a_call_cut_off_by_the_output_limit_is_reported_not_run() {
         .unwrap();
     let out = agent.prompt("go").await;
     assert_eq!(out.stop_reason, StopReason::OutputTruncated);
+    assert_eq!(out.error.unwrap().code, ErrorCode::OutputTruncated);
     assert_eq!(out.tool_calls[0].status, CallStatus::Truncated);
     assert_eq!(count.load(Ordering::SeqCst), 0);
     assert_valid_transcript(&out.messages);

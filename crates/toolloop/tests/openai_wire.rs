@@ -14,13 +14,13 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use toolloop::http::RetryPolicy;
 use toolloop::message::{Message, ToolCall};
 use toolloop::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec,
 };
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::stream::StreamEvent;
+use toolloop::transport::http::RetryPolicy;
 
 /// What the server saw of one request.
 #[derive(Debug, Clone)]
@@ -137,7 +137,6 @@ async fn call(model: &OpenAiModel, stream: bool) -> Result<ModelResponse, ModelE
         reminders: &[],
         tools: &tools,
         settings: &settings,
-        prefix_cache: None,
     };
     if stream {
         ModelResponse::from_stream(model.stream(&req).await?).await
@@ -493,7 +492,6 @@ async fn a_stream_that_delivered_text_then_broke_is_not_replayed() {
         reminders: &[],
         tools: &[],
         settings: &settings,
-        prefix_cache: None,
     };
     let items: Vec<_> = model.stream(&req).await.unwrap().collect().await;
     assert_eq!(server.count.load(Ordering::SeqCst), 1, "never replayed");
@@ -594,7 +592,6 @@ async fn the_next_turn_replays_calls_and_results_validly() {
         reminders: &reminders,
         tools: &tools,
         settings: &settings,
-        prefix_cache: None,
     };
     let r = model.complete(&req).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("It is sunny."));

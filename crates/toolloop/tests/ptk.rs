@@ -497,7 +497,6 @@ async fn call(
         reminders: &[],
         tools,
         settings,
-        prefix_cache: None,
     };
     if streamed {
         let stream = model.stream(&request).await.expect("stream opens");
@@ -729,7 +728,6 @@ async fn inner_stream_errors_pass_through() {
         reminders: &[],
         tools: &[],
         settings: &settings,
-        prefix_cache: None,
     };
     assert!(model.complete(&request).await.is_err());
     let events: Vec<_> = model.stream(&request).await.unwrap().collect().await;

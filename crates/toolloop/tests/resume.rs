@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use toolloop::agent::{Agent, InFlightDecision};
 use toolloop::journal::{Journal, JournalError, MemoryJournal, Record};
 use toolloop::message::Message;
-use toolloop::outcome::{CallStatus, StopReason};
+use toolloop::outcome::{CallStatus, ErrorCode, StopReason};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::tool::SideEffect;
 
@@ -223,7 +223,9 @@ async fn a_failing_run_log_stops_the_run_before_acting_and_keeps_the_transcript_
     .prompt("charge")
     .await;
     assert_eq!(out.stop_reason, StopReason::StoreFailed);
-    assert!(out.error.unwrap().message.contains("disk full"));
+    let error = out.error.unwrap();
+    assert_eq!(error.code, ErrorCode::StoreFailed);
+    assert!(error.message.contains("disk full"));
     assert!(
         effects.lock().unwrap().is_empty(),
         "no call ran without its intent logged"

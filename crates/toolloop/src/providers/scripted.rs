@@ -344,7 +344,6 @@ mod tests {
             reminders: &[],
             tools: &[],
             settings: &settings,
-            prefix_cache: None,
         };
         let first = m.complete(&r).await.unwrap();
         assert_eq!(first.tool_calls[0].arguments, json!({"a": 1}));
@@ -364,7 +363,6 @@ mod tests {
             reminders: &[],
             tools: &[],
             settings: &settings,
-            prefix_cache: None,
         };
         let a = ScriptedModel::from_json(json).unwrap();
         let b = ScriptedModel::from_json(json).unwrap();

@@ -98,7 +98,6 @@ impl Model for Prompted {
             reminders: &reminders,
             tools: &[],
             settings: &settings,
-            prefix_cache: None,
         };
         let response = self.inner.complete(&inner_request).await?;
         // The same transformation as streaming, so both give the same transcript.
@@ -121,7 +120,6 @@ impl Model for Prompted {
             reminders: &reminders,
             tools: &[],
             settings: &settings,
-            prefix_cache: None,
         };
         let inner = self.inner.stream(&inner_request).await?;
         let state = State {

@@ -83,15 +83,16 @@ impl std::fmt::Debug for Auto {
     }
 }
 
-#[async_trait]
-impl Model for Auto {
-    fn name(&self) -> &str {
-        self.native.name()
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+impl Auto {
+    /// One complete call, native through `native` (this model's, or a session of it) until the
+    /// fallback.
+    async fn complete_with(
+        &self,
+        native: &dyn Model,
+        request: &ModelRequest<'_>,
+    ) -> Result<ModelResponse, ModelError> {
         if !self.is_prompted() {
-            match self.native.complete(request).await {
+            match native.complete(request).await {
                 Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
                 other => return other,
             }
@@ -99,9 +100,14 @@ impl Model for Auto {
         self.prompted.complete(request).await
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+    /// One streamed call, native through `native` until the fallback.
+    async fn stream_with(
+        &self,
+        native: &dyn Model,
+        request: &ModelRequest<'_>,
+    ) -> Result<EventStream, ModelError> {
         if !self.is_prompted() {
-            match self.native.stream(request).await {
+            match native.stream(request).await {
                 Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
                 Err(e) => return Err(e),
                 Ok(mut stream) => match stream.next().await {
@@ -115,6 +121,51 @@ impl Model for Auto {
             }
         }
         self.prompted.stream(request).await
+    }
+}
+
+#[async_trait]
+impl Model for Auto {
+    fn name(&self) -> &str {
+        self.native.name()
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.complete_with(&*self.native, request).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        self.stream_with(&*self.native, request).await
+    }
+
+    /// Native calls go through a session of the wrapped model (prompted ones rewrite the
+    /// conversation, so they go to the model itself).
+    fn session(&self) -> Box<dyn Model + '_> {
+        Box::new(AutoSession {
+            auto: self,
+            native: self.native.session(),
+        })
+    }
+}
+
+/// [`Auto`]'s session: native calls through a session of the wrapped model.
+struct AutoSession<'a> {
+    auto: &'a Auto,
+    native: Box<dyn Model + 'a>,
+}
+
+#[async_trait]
+impl Model for AutoSession<'_> {
+    fn name(&self) -> &str {
+        self.auto.name()
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        self.auto.complete_with(&*self.native, request).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        self.auto.stream_with(&*self.native, request).await
     }
 }
 
@@ -183,7 +234,6 @@ mod tests {
             reminders: &[],
             tools: &tools,
             settings: &settings,
-            prefix_cache: None,
         };
         for (streamed, in_stream) in [(false, false), (true, false), (true, true)] {
             let server = Arc::new(Server {

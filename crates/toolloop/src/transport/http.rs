@@ -38,7 +38,7 @@
 //!
 //! Every text that a server's reply puts into an error (an error body, a redirect's target, a
 //! body that does not decode, a stream's error event) goes through a
-//! [`Redactor`](crate::redact::Redactor) holding the request's credentials (its sensitive
+//! [`Redactor`] holding the request's credentials (its sensitive
 //! headers, and the credentials in its URL) first, so no error, event, log line or stored record
 //! ever holds the API key.
 
@@ -207,7 +207,7 @@ impl From<&str> for Endpoint {
 #[derive(Debug, Clone)]
 pub struct HttpTransport {
     /// The client, or why it could not be built (each call then fails with that reason).
-    client: Result<reqwest::Client, String>,
+    client: Result<reqwest::Client, ModelError>,
     /// Retry policy.
     pub retry: RetryPolicy,
     /// The largest response body accepted (default 32 MiB); a larger one is refused, not buffered.
@@ -353,7 +353,7 @@ impl HttpTransport {
             .pool_max_idle_per_host(1024)
             .redirect(reqwest::redirect::Policy::none())
             .build()
-            .map_err(|e| format!("the HTTP client could not be built: {e}"));
+            .map_err(|e| ModelError::Config(format!("the HTTP client could not be built: {e}")));
         HttpTransport {
             client,
             retry: RetryPolicy::default(),
@@ -373,10 +373,7 @@ impl HttpTransport {
         parse_error: ErrorParser,
         budget: &CallBudget,
     ) -> Result<reqwest::Response, ModelError> {
-        let client = self
-            .client
-            .as_ref()
-            .map_err(|e| ModelError::Config(e.clone()))?;
+        let client = self.client.as_ref().map_err(Clone::clone)?;
         let builder = match &url.url {
             Some(parsed) => client.post(parsed.clone()),
             None => client.post(&url.text),

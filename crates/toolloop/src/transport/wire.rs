@@ -6,14 +6,17 @@
 //! implementation and an [`ErrorParser`]); this module only carries bytes, events and errors
 //! between the transport, that decoder and the caller.
 
-use crate::http::{
-    ByteStream, CallBudget, Endpoint, ErrorParser, HttpTransport, no_event_error, resilient_stream,
-};
-use crate::model::{ApiError, EventStream, FinishReason, ModelError, ModelResponse};
+#[cfg(any(test, feature = "testing"))]
+use crate::model::ApiError;
+use crate::model::{EventStream, ModelError, ModelResponse};
+#[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::redact::Redactor;
-use crate::sse::{SseDecoder, SseEvent};
 use crate::stream::{Accumulator, StreamEvent};
+use crate::transport::http::{
+    ByteStream, CallBudget, Endpoint, ErrorParser, HttpTransport, no_event_error, resilient_stream,
+};
+use crate::transport::sse::{SseDecoder, SseEvent};
 use bytes::Bytes;
 use futures::StreamExt;
 use reqwest::header::HeaderMap;
@@ -264,6 +267,7 @@ pub(crate) fn accumulate(events: Vec<StreamEvent>, result: Result<(), ModelError
 }
 
 /// A complete response's decoding result as a [`Partial`]: nothing arrived before an error.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn whole(result: Result<ModelResponse, ModelError>) -> Partial {
     match result {
         Ok(r) => (r, None),
@@ -272,6 +276,7 @@ pub(crate) fn whole(result: Result<ModelResponse, ModelError>) -> Partial {
 }
 
 /// Runs a whole recorded SSE body through `decoder`.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn decode_sse_body<D: SseDecode>(body: &[u8], decoder: D) -> Partial {
     let mut reader = SseReader::new(decoder);
     let mut events = Vec::new();
@@ -284,7 +289,9 @@ pub(crate) fn decode_sse_body<D: SseDecode>(body: &[u8], decoder: D) -> Partial 
 /// Decodes one recorded response body as an adapter does (the conformance tests): a non-2xx
 /// `status` gives `parse_error`'s error, a 2xx SSE body (`stream`) goes through `decoder`, and a
 /// 2xx complete body through `complete`. When the body reports an error, [`Decoded::error`] holds
-/// it, [`Decoded::response`] what arrived before it, with [`FinishReason::Error`].
+/// it, [`Decoded::response`] what arrived before it, with
+/// [`FinishReason::Error`](crate::model::FinishReason::Error).
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn decode_recorded<D: SseDecode>(
     status: u16,
     body: &[u8],
@@ -311,7 +318,7 @@ pub(crate) fn decode_recorded<D: SseDecode>(
         },
         Some(error) => Decoded {
             response: ModelResponse {
-                finish_reason: FinishReason::Error,
+                finish_reason: crate::model::FinishReason::Error,
                 ..response
             },
             error: Some(error),
@@ -321,6 +328,7 @@ pub(crate) fn decode_recorded<D: SseDecode>(
 
 /// An error as an [`ApiError`], for [`Decoded`]: an API error as it is, anything else as an
 /// `invalid_response` error with the error's text.
+#[cfg(any(test, feature = "testing"))]
 pub(crate) fn as_api_error(status: u16, e: ModelError) -> ApiError {
     match e {
         ModelError::Api(a) => a,
@@ -443,6 +451,7 @@ pub(crate) fn snippet(body: &[u8], max: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::FinishReason;
 
     /// Each event's data is text; `bad` is an error, `end` completes the response early.
     #[derive(Default)]

@@ -1,0 +1,169 @@
+//! How to reach the Anthropic Messages API, and the checks made before anything is sent.
+
+use crate::model::ModelError;
+use crate::transport::http::HttpTransport;
+use crate::transport::wire;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+/// The provider name on [`ProviderPart`](crate::message::ProviderPart)s this adapter produces.
+pub const PROVIDER: &str = "anthropic";
+/// The default API address.
+pub const DEFAULT_BASE_URL: &str = "https://api.anthropic.com";
+/// The default `anthropic-version` header.
+pub const DEFAULT_VERSION: &str = "2023-06-01";
+/// The default `max_tokens` when the settings give none (the API requires one).
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// The most `cache_control` breakpoints the API accepts in one request.
+pub const MAX_CACHE_BREAKPOINTS: usize = 4;
+
+/// How to reach the Anthropic Messages API.
+#[derive(Debug, Clone)]
+pub struct AnthropicConfig {
+    /// The model id (`claude-sonnet-4-5`, …).
+    pub model: String,
+    /// The API address without `/v1` (default [`DEFAULT_BASE_URL`], env `ANTHROPIC_BASE_URL`).
+    pub base_url: String,
+    /// The API key, sent as `x-api-key` (env `ANTHROPIC_API_KEY`). Optional only for servers
+    /// that need none (a local mock).
+    pub api_key: Option<String>,
+    /// The `anthropic-version` header (default [`DEFAULT_VERSION`]).
+    pub version: String,
+    /// `max_tokens` when the settings give none (default [`DEFAULT_MAX_TOKENS`]).
+    pub max_tokens: u32,
+    /// Whether to place prompt-caching breakpoints (default `true`).
+    pub cache: bool,
+    /// Extra request fields, merged (deeply) into every request body before the settings' own
+    /// `extra` (`{"thinking": {"type": "enabled", "budget_tokens": 2048}}`).
+    pub extra: Option<Value>,
+    /// The HTTP transport (retries, limits).
+    pub transport: HttpTransport,
+}
+
+impl AnthropicConfig {
+    /// A configuration with the defaults and no key.
+    pub fn new(model: impl Into<String>) -> Self {
+        AnthropicConfig {
+            model: model.into(),
+            base_url: DEFAULT_BASE_URL.to_string(),
+            api_key: None,
+            version: DEFAULT_VERSION.to_string(),
+            max_tokens: DEFAULT_MAX_TOKENS,
+            cache: true,
+            extra: None,
+            transport: HttpTransport::new(),
+        }
+    }
+
+    /// A configuration from the environment: `ANTHROPIC_API_KEY`, and `ANTHROPIC_BASE_URL` when
+    /// set. The key is required unless a base URL other than the official API is given.
+    pub fn from_env(model: impl Into<String>) -> Result<Self, ModelError> {
+        Self::from_vars(model, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`AnthropicConfig::from_env`], reading variables through `var`.
+    pub fn from_vars(
+        model: impl Into<String>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ModelError> {
+        let mut config = AnthropicConfig::new(model);
+        if config.model.trim().is_empty() {
+            return Err(ModelError::Config(
+                "no Anthropic model given: expected `anthropic:<model>`, e.g. \
+                 `anthropic:claude-sonnet-4-5`"
+                    .into(),
+            ));
+        }
+        if let Some(url) = var("ANTHROPIC_BASE_URL").filter(|u| !u.trim().is_empty()) {
+            config.base_url = url.trim().to_string();
+        }
+        config.api_key = var("ANTHROPIC_API_KEY").filter(|k| !k.trim().is_empty());
+        if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
+            return Err(ModelError::Config(
+                "ANTHROPIC_API_KEY is not set: the Anthropic API needs a key (or set \
+                 ANTHROPIC_BASE_URL to a server that needs none)"
+                    .into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    /// The Messages endpoint: `{base_url}/v1/messages`.
+    pub fn messages_url(&self) -> String {
+        let base = self.base_url.trim_end_matches('/');
+        let base = base.strip_suffix("/v1").unwrap_or(base);
+        format!("{base}/v1/messages")
+    }
+
+    /// The request headers: `x-api-key` (when there is a key) and `anthropic-version`.
+    pub fn headers(&self) -> Result<HeaderMap, ModelError> {
+        let mut headers = HeaderMap::new();
+        let value = |name: &str, v: &str| {
+            HeaderValue::from_str(v).map_err(|_| {
+                ModelError::Config(format!(
+                    "the {name} value contains characters not allowed in an HTTP header"
+                ))
+            })
+        };
+        if let Some(key) = &self.api_key {
+            let mut v = value("API key", key.trim())?;
+            v.set_sensitive(true);
+            headers.insert(HeaderName::from_static("x-api-key"), v);
+        }
+        headers.insert(
+            HeaderName::from_static("anthropic-version"),
+            value("anthropic-version", &self.version)?,
+        );
+        Ok(headers)
+    }
+}
+
+/// The top-level request fields this adapter writes itself: the model, the system prompt, the
+/// conversation, the tool catalog and choice, and the streaming mode. An `extra` (the adapter's or
+/// the settings') that sets one is refused with [`ModelError::Config`], by
+/// [`AnthropicConfig::validate`] and by every call.
+pub const OWNED_FIELDS: &[&str] = &[
+    "model",
+    "system",
+    "messages",
+    "tools",
+    "tool_choice",
+    "stream",
+];
+
+impl AnthropicConfig {
+    /// Checks the configuration without sending anything: the base URL (see
+    /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        wire::validate_config(
+            "Anthropic",
+            &self.base_url,
+            self.extra.as_ref(),
+            OWNED_FIELDS,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_from_vars() {
+        let vars = |k: &str| match k {
+            "ANTHROPIC_API_KEY" => Some("sk-1".to_string()),
+            _ => None,
+        };
+        let c = AnthropicConfig::from_vars("claude-x", vars).unwrap();
+        assert_eq!(c.messages_url(), "https://api.anthropic.com/v1/messages");
+        assert_eq!(c.headers().unwrap()["x-api-key"], "sk-1");
+        assert_eq!(c.headers().unwrap()["anthropic-version"], DEFAULT_VERSION);
+        let err = AnthropicConfig::from_vars("claude-x", |_| None).unwrap_err();
+        assert!(err.to_string().contains("ANTHROPIC_API_KEY"));
+        let local = AnthropicConfig::from_vars("m", |k| {
+            (k == "ANTHROPIC_BASE_URL").then(|| "http://127.0.0.1:9/v1/".to_string())
+        })
+        .unwrap();
+        assert_eq!(local.messages_url(), "http://127.0.0.1:9/v1/messages");
+    }
+}

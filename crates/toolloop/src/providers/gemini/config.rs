@@ -1,0 +1,173 @@
+//! How to reach the Gemini API, and the checks made before anything is sent.
+
+use crate::model::ModelError;
+use crate::transport::http::HttpTransport;
+use crate::transport::wire;
+use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use serde_json::Value;
+
+/// The provider name on [`ProviderPart`](crate::message::ProviderPart)s and in `provider_data` this
+/// adapter produces.
+pub const PROVIDER: &str = "gemini";
+/// The default API address.
+pub const DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com";
+/// The API version path used when the base URL names none.
+pub const API_VERSION: &str = "v1beta";
+
+/// How to reach the Gemini API.
+#[derive(Debug, Clone)]
+pub struct GeminiConfig {
+    /// The model id (`gemini-2.5-flash`, …), with or without a `models/` prefix.
+    pub model: String,
+    /// The API address (default [`DEFAULT_BASE_URL`], env `GEMINI_BASE_URL` or
+    /// `GOOGLE_GEMINI_BASE_URL`). `/v1beta` is added unless the address ends with a version.
+    pub base_url: String,
+    /// The API key, sent as `x-goog-api-key` (env `GEMINI_API_KEY`, else `GOOGLE_API_KEY`).
+    pub api_key: Option<String>,
+    /// Extra request fields, merged (deeply) into every request body before the settings' own
+    /// `extra` (`{"generationConfig": {"thinkingConfig": {"thinkingBudget": 1024}}}`).
+    pub extra: Option<Value>,
+    /// The HTTP transport (retries, limits).
+    pub transport: HttpTransport,
+}
+
+impl GeminiConfig {
+    /// A configuration with the defaults and no key.
+    pub fn new(model: impl Into<String>) -> Self {
+        GeminiConfig {
+            model: model.into(),
+            base_url: DEFAULT_BASE_URL.to_string(),
+            api_key: None,
+            extra: None,
+            transport: HttpTransport::new(),
+        }
+    }
+
+    /// A configuration from the environment (see the fields). The key is required unless a base
+    /// URL other than the official API is given.
+    pub fn from_env(model: impl Into<String>) -> Result<Self, ModelError> {
+        Self::from_vars(model, |name| std::env::var(name).ok())
+    }
+
+    /// Like [`GeminiConfig::from_env`], reading variables through `var`.
+    pub fn from_vars(
+        model: impl Into<String>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, ModelError> {
+        let mut config = GeminiConfig::new(model);
+        if config.model.trim().is_empty() {
+            return Err(ModelError::Config(
+                "no Gemini model given: expected `gemini:<model>`, e.g. `gemini:gemini-2.5-flash`"
+                    .into(),
+            ));
+        }
+        let nonempty = |name: &str| var(name).filter(|v| !v.trim().is_empty());
+        if let Some(url) =
+            nonempty("GEMINI_BASE_URL").or_else(|| nonempty("GOOGLE_GEMINI_BASE_URL"))
+        {
+            config.base_url = url.trim().to_string();
+        }
+        config.api_key = nonempty("GEMINI_API_KEY").or_else(|| nonempty("GOOGLE_API_KEY"));
+        if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
+            return Err(ModelError::Config(
+                "neither GEMINI_API_KEY nor GOOGLE_API_KEY is set: the Gemini API needs a key \
+                 (or set GEMINI_BASE_URL to a server that needs none)"
+                    .into(),
+            ));
+        }
+        Ok(config)
+    }
+
+    fn model_url(&self, model: &str) -> String {
+        let base = self.base_url.trim_end_matches('/');
+        let versioned = base
+            .rsplit('/')
+            .next()
+            .is_some_and(|last| last.starts_with("v1"));
+        let model = model.strip_prefix("models/").unwrap_or(model);
+        if versioned {
+            format!("{base}/models/{model}")
+        } else {
+            format!("{base}/{API_VERSION}/models/{model}")
+        }
+    }
+
+    /// The `generateContent` endpoint for `model`.
+    pub fn generate_url(&self, model: &str) -> String {
+        format!("{}:generateContent", self.model_url(model))
+    }
+
+    /// The streaming endpoint for `model` (`streamGenerateContent?alt=sse`).
+    pub fn stream_url(&self, model: &str) -> String {
+        format!("{}:streamGenerateContent?alt=sse", self.model_url(model))
+    }
+
+    /// The request headers: `x-goog-api-key` when there is a key.
+    pub fn headers(&self) -> Result<HeaderMap, ModelError> {
+        let mut headers = HeaderMap::new();
+        if let Some(key) = &self.api_key {
+            let mut v = HeaderValue::from_str(key.trim()).map_err(|_| {
+                ModelError::Config(
+                    "the Gemini API key contains characters not allowed in an HTTP header".into(),
+                )
+            })?;
+            v.set_sensitive(true);
+            headers.insert(HeaderName::from_static("x-goog-api-key"), v);
+        }
+        Ok(headers)
+    }
+}
+
+/// The top-level request fields this adapter writes itself: the system instruction, the
+/// conversation (`contents`) and the tool catalog and configuration, in either spelling the API
+/// accepts (the model and the streaming mode are in the URL). An `extra` (the adapter's or the
+/// settings') that sets one is refused with [`ModelError::Config`], by [`GeminiConfig::validate`]
+/// and by every call.
+pub const OWNED_FIELDS: &[&str] = &[
+    "contents",
+    "systemInstruction",
+    "system_instruction",
+    "tools",
+    "toolConfig",
+    "tool_config",
+];
+
+impl GeminiConfig {
+    /// Checks the configuration without sending anything: the base URL (see
+    /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
+    pub fn validate(&self) -> Result<(), ModelError> {
+        wire::validate_config("Gemini", &self.base_url, self.extra.as_ref(), OWNED_FIELDS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_and_urls() {
+        let c = GeminiConfig::from_vars("models/gemini-2.5-flash", |k| {
+            (k == "GOOGLE_API_KEY").then(|| "g-key".to_string())
+        })
+        .unwrap();
+        assert_eq!(
+            c.generate_url(&c.model),
+            "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
+        );
+        assert_eq!(c.headers().unwrap()["x-goog-api-key"], "g-key");
+        let local = GeminiConfig::from_vars("m", |k| {
+            (k == "GEMINI_BASE_URL").then(|| "http://127.0.0.1:1/v1beta/".into())
+        })
+        .unwrap();
+        assert_eq!(
+            local.stream_url("m"),
+            "http://127.0.0.1:1/v1beta/models/m:streamGenerateContent?alt=sse"
+        );
+        assert!(
+            GeminiConfig::from_vars("m", |_| None)
+                .unwrap_err()
+                .to_string()
+                .contains("GEMINI_API_KEY")
+        );
+    }
+}

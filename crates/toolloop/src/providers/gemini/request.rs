@@ -1,0 +1,438 @@
+//! Request bodies: the conversation and the tool catalog as `generateContent` contents.
+
+use super::config::{GeminiConfig, PROVIDER};
+use crate::message::{AssistantMessage, Message, ProviderPart};
+use crate::model::{ModelRequest, ToolChoice};
+use crate::transport::wire::{json_number, merge_extras};
+use serde_json::{Map, Value, json};
+
+/// A call of a model turn: our id, its name, and the id Gemini gave it, if any.
+pub(super) struct CallRef {
+    id: String,
+    name: String,
+    wire_id: Option<String>,
+}
+
+#[derive(Default)]
+pub(super) struct Turn {
+    role: &'static str,
+    parts: Vec<Value>,
+    calls: Vec<CallRef>,
+    /// (call id, is_error, content) of tool results, placed when the turns are complete.
+    results: Vec<(String, bool, String)>,
+}
+
+pub(super) fn push(turns: &mut Vec<Turn>, turn: Turn) {
+    if turn.parts.is_empty() && turn.calls.is_empty() && turn.results.is_empty() {
+        return;
+    }
+    match turns.last_mut() {
+        Some(last) if last.role == turn.role => {
+            last.parts.extend(turn.parts);
+            last.calls.extend(turn.calls);
+            last.results.extend(turn.results);
+        }
+        _ => turns.push(turn),
+    }
+}
+
+pub(super) fn user_text(text: String) -> Turn {
+    Turn {
+        role: "user",
+        parts: vec![json!({"text": text})],
+        ..Turn::default()
+    }
+}
+
+/// A text-part signature is stored as a part holding nothing but `thoughtSignature`.
+pub(super) fn text_signature(part: &ProviderPart) -> Option<&Value> {
+    match &part.data {
+        Value::Object(m) if m.len() == 1 => m.get("thoughtSignature"),
+        _ => None,
+    }
+}
+
+pub(super) fn model_turn(a: &AssistantMessage) -> Turn {
+    let mut parts = Vec::new();
+    let mut signature = None;
+    for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+        match text_signature(part) {
+            Some(sig) => {
+                signature.get_or_insert(sig.clone());
+            }
+            None => parts.push(part.data.clone()),
+        }
+    }
+    match a.text.as_deref().filter(|t| !t.is_empty()) {
+        Some(text) => {
+            let mut part = json!({"text": text});
+            if let Some(sig) = signature {
+                part["thoughtSignature"] = sig;
+            }
+            parts.push(part);
+        }
+        // A signature that came on an empty text part goes back the same way.
+        None if a.tool_calls.is_empty() => {
+            if let Some(sig) = signature {
+                parts.push(json!({"text": "", "thoughtSignature": sig}));
+            }
+        }
+        None => {}
+    }
+    let mut calls = Vec::new();
+    for call in &a.tool_calls {
+        let data = call.provider_data.as_ref().map(|d| &d[PROVIDER]);
+        let wire_id = data.and_then(|d| d["id"].as_str()).map(str::to_string);
+        let args = match &call.arguments {
+            Value::Object(_) => call.arguments.clone(),
+            _ => json!({}),
+        };
+        let mut fc = json!({"name": call.name, "args": args});
+        if let Some(id) = &wire_id {
+            fc["id"] = json!(id);
+        }
+        let mut part = json!({"functionCall": fc});
+        if let Some(sig) = data.and_then(|d| d.get("thoughtSignature")) {
+            part["thoughtSignature"] = sig.clone();
+        }
+        parts.push(part);
+        calls.push(CallRef {
+            id: call.id.clone(),
+            name: call.name.clone(),
+            wire_id,
+        });
+    }
+    Turn {
+        role: "model",
+        parts,
+        calls,
+        results: Vec::new(),
+    }
+}
+
+pub(super) fn response_object(content: &str, is_error: bool) -> Value {
+    let value = serde_json::from_str::<Value>(content.trim())
+        .unwrap_or_else(|_| Value::String(content.to_string()));
+    if is_error {
+        json!({"error": value})
+    } else {
+        json!({"output": value})
+    }
+}
+
+/// Puts each user turn's function responses first, one per call of the previous model turn, in
+/// call order; a call with no result gets an error response, a result that answers no call
+/// becomes text.
+pub(super) fn place_results(turns: &mut [Turn]) {
+    for i in 0..turns.len() {
+        if turns[i].role != "user" {
+            continue;
+        }
+        let calls: Vec<(String, String, Option<String>)> = match i.checked_sub(1) {
+            Some(j) if turns[j].role == "model" => turns[j]
+                .calls
+                .iter()
+                .map(|c| (c.id.clone(), c.name.clone(), c.wire_id.clone()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let mut results = std::mem::take(&mut turns[i].results);
+        if results.is_empty() && calls.is_empty() {
+            continue;
+        }
+        let mut placed = Vec::with_capacity(calls.len() + turns[i].parts.len());
+        for (id, name, wire_id) in calls {
+            let response = match results.iter().position(|r| r.0 == id) {
+                Some(pos) => {
+                    let (_, is_error, content) = results.remove(pos);
+                    response_object(&content, is_error)
+                }
+                None => {
+                    json!({"error": "No result was recorded for this call; it was not executed."})
+                }
+            };
+            let mut fr = json!({"name": name, "response": response});
+            if let Some(wire_id) = wire_id {
+                fr["id"] = json!(wire_id);
+            }
+            placed.push(json!({"functionResponse": fr}));
+        }
+        for (id, _, content) in results {
+            placed.push(json!({
+                "text": format!("Result of tool call {id} (no matching call in the previous turn): {content}")
+            }));
+        }
+        placed.append(&mut turns[i].parts);
+        turns[i].parts = placed;
+    }
+}
+
+/// The `generateContent` request body for `req` (the same for the streaming endpoint).
+pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
+    let _ = stream; // streaming is chosen by the endpoint, not the body
+    let mut system: Vec<Value> = Vec::new();
+    let mut turns: Vec<Turn> = Vec::new();
+    let mut leading = true;
+    for message in req.messages {
+        match message {
+            Message::System { content } if leading => {
+                if !content.trim().is_empty() {
+                    system.push(json!({"text": content}));
+                }
+            }
+            Message::System { content } => {
+                if !content.trim().is_empty() {
+                    push(
+                        &mut turns,
+                        user_text(format!("<system-reminder>{content}</system-reminder>")),
+                    );
+                }
+            }
+            Message::User { content } => {
+                leading = false;
+                if !content.is_empty() {
+                    push(&mut turns, user_text(content.clone()));
+                }
+            }
+            Message::Assistant(a) => {
+                leading = false;
+                push(&mut turns, model_turn(a));
+            }
+            Message::Tool(r) => {
+                leading = false;
+                push(
+                    &mut turns,
+                    Turn {
+                        role: "user",
+                        results: vec![(r.call_id.clone(), r.is_error, r.content.clone())],
+                        ..Turn::default()
+                    },
+                );
+            }
+        }
+    }
+    place_results(&mut turns);
+    let reminders: Vec<Value> = req
+        .wrapped_reminders()
+        .map(|r| json!({"text": r}))
+        .collect();
+    if !reminders.is_empty() {
+        match turns.last_mut() {
+            Some(last) if last.role == "user" => last.parts.extend(reminders),
+            _ => turns.push(Turn {
+                role: "user",
+                parts: reminders,
+                ..Turn::default()
+            }),
+        }
+    }
+
+    let mut body = Map::new();
+    if !system.is_empty() {
+        body.insert("systemInstruction".into(), json!({"parts": system}));
+    }
+    let contents: Vec<Value> = turns
+        .into_iter()
+        .filter(|t| !t.parts.is_empty())
+        .map(|t| json!({"role": t.role, "parts": t.parts}))
+        .collect();
+    body.insert("contents".into(), Value::Array(contents));
+    if !req.tools.is_empty() {
+        let declarations: Vec<Value> = req
+            .tools
+            .iter()
+            .map(|t| {
+                let mut d = json!({"name": t.name, "parametersJsonSchema": t.parameters});
+                if !t.description.is_empty() {
+                    d["description"] = json!(t.description);
+                }
+                d
+            })
+            .collect();
+        body.insert(
+            "tools".into(),
+            json!([{"functionDeclarations": declarations}]),
+        );
+        let config = match &req.settings.tool_choice {
+            ToolChoice::Auto => None,
+            ToolChoice::None => Some(json!({"mode": "NONE"})),
+            ToolChoice::Required => Some(json!({"mode": "ANY"})),
+            ToolChoice::Tool(name) => Some(json!({"mode": "ANY", "allowedFunctionNames": [name]})),
+        };
+        if let Some(c) = config {
+            body.insert("toolConfig".into(), json!({"functionCallingConfig": c}));
+        }
+    }
+    let mut generation = Map::new();
+    if let Some(t) = req.settings.temperature {
+        generation.insert("temperature".into(), json_number(t));
+    }
+    if let Some(n) = req.settings.max_output_tokens {
+        generation.insert("maxOutputTokens".into(), json!(n));
+    }
+    if !generation.is_empty() {
+        body.insert("generationConfig".into(), Value::Object(generation));
+    }
+    let mut body = Value::Object(body);
+    merge_extras(
+        &mut body,
+        [config.extra.as_ref(), req.settings.extra.as_ref()],
+    );
+    body
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::parallel_response;
+    use super::super::response::decode_response;
+    use super::*;
+    use crate::message::{ToolCall, ToolResult};
+    use crate::model::{ModelSettings, ToolSpec};
+
+    fn body(messages: &[Message], reminders: &[String], tools: &[ToolSpec]) -> Value {
+        let settings = ModelSettings::default();
+        let req = ModelRequest {
+            messages,
+            reminders,
+            tools,
+            settings: &settings,
+        };
+        build_request_body(&req, &GeminiConfig::new("gemini-test"), false)
+    }
+
+    fn result(id: &str, name: &str, content: &str, is_error: bool) -> Message {
+        Message::Tool(ToolResult {
+            call_id: id.into(),
+            name: name.into(),
+            content: content.into(),
+            is_error,
+        })
+    }
+
+    #[test]
+    fn calls_and_signatures_go_back_and_responses_follow_call_order() {
+        let r = decode_response(&parallel_response()).unwrap();
+        let (a, b) = (r.tool_calls[0].id.clone(), r.tool_calls[1].id.clone());
+        let msgs = vec![
+            Message::system("sys"),
+            Message::user("weather and time?"),
+            Message::Assistant(r.to_message()),
+            result(&b, "get_time", "{\"time\":\"12:00\"}", false),
+            result(&a, "get_weather", "boom", true),
+        ];
+        let v = body(&msgs, &["hurry".into()], &[]);
+        assert_eq!(v["systemInstruction"], json!({"parts": [{"text": "sys"}]}));
+        let contents = v["contents"].as_array().unwrap();
+        assert_eq!(contents.len(), 3);
+        assert_eq!(
+            contents[1],
+            json!({"role": "model", "parts": [
+                {"text": "thinking about it", "thought": true},
+                {"functionCall": {"name": "get_weather", "args": {"city": "Paris"}}, "thoughtSignature": "SIG_A"},
+                {"functionCall": {"name": "get_time", "args": {"tz": "CET"}}},
+            ]})
+        );
+        assert_eq!(
+            contents[2],
+            json!({"role": "user", "parts": [
+                {"functionResponse": {"name": "get_weather", "response": {"error": "boom"}}},
+                {"functionResponse": {"name": "get_time", "response": {"output": {"time": "12:00"}}}},
+                {"text": "<system-reminder>hurry</system-reminder>"},
+            ]})
+        );
+    }
+
+    #[test]
+    fn text_signature_goes_back_on_the_text_and_foreign_parts_are_dropped() {
+        let r = decode_response(&json!({
+            "candidates": [{"content": {"parts": [{"text": "Hello", "thoughtSignature": "T1"}]}, "finishReason": "STOP"}]
+        }))
+        .unwrap();
+        assert_eq!(r.text.as_deref(), Some("Hello"));
+        let mut message = r.to_message();
+        message.parts.push(ProviderPart {
+            provider: "anthropic".into(),
+            data: json!({"type": "thinking", "signature": "x"}),
+        });
+        let v = body(
+            &[
+                Message::user("hi"),
+                Message::Assistant(message),
+                Message::user("more"),
+            ],
+            &[],
+            &[],
+        );
+        assert_eq!(
+            v["contents"][1]["parts"],
+            json!([{"text": "Hello", "thoughtSignature": "T1"}])
+        );
+    }
+
+    #[test]
+    fn wire_ids_missing_results_and_alternation() {
+        let mut call = ToolCall::new("f", json!({}));
+        call.provider_data = Some(json!({"gemini": {"id": "fc-1"}}));
+        let id = call.id.clone();
+        let other = ToolCall::new("g", json!({"a": 1}));
+        let msgs = vec![
+            Message::user("a"),
+            Message::user("b"),
+            Message::Assistant(AssistantMessage {
+                tool_calls: vec![call, other],
+                ..AssistantMessage::default()
+            }),
+            result(&id, "f", "42", false),
+            Message::user("c"),
+        ];
+        let v = body(&msgs, &[], &[]);
+        let contents = v["contents"].as_array().unwrap();
+        assert_eq!(contents.len(), 3);
+        assert_eq!(contents[0]["parts"], json!([{"text": "a"}, {"text": "b"}]));
+        assert_eq!(contents[1]["parts"][0]["functionCall"]["id"], "fc-1");
+        let parts = contents[2]["parts"].as_array().unwrap();
+        assert_eq!(
+            parts[0],
+            json!({"functionResponse": {"name": "f", "id": "fc-1", "response": {"output": 42}}})
+        );
+        assert_eq!(parts[1]["functionResponse"]["name"], "g");
+        assert!(parts[1]["functionResponse"]["response"]["error"].is_string());
+        assert_eq!(parts[2], json!({"text": "c"}));
+    }
+
+    #[test]
+    fn tools_and_settings() {
+        let tools = [ToolSpec {
+            name: "f".into(),
+            description: "does f".into(),
+            parameters: json!({"type": "object", "properties": {"x": {"type": ["string", "null"]}}}),
+        }];
+        let settings = ModelSettings {
+            temperature: Some(0.2),
+            max_output_tokens: Some(64),
+            tool_choice: ToolChoice::Tool("f".into()),
+            extra: Some(json!({"generationConfig": {"topK": 3}})),
+            ..ModelSettings::default()
+        };
+        let msgs = [Message::user("x")];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        let v = build_request_body(&req, &GeminiConfig::new("m"), true);
+        assert_eq!(
+            v["tools"][0]["functionDeclarations"][0]["parametersJsonSchema"],
+            tools[0].parameters
+        );
+        assert_eq!(
+            v["toolConfig"]["functionCallingConfig"],
+            json!({"mode": "ANY", "allowedFunctionNames": ["f"]})
+        );
+        assert_eq!(
+            v["generationConfig"],
+            json!({"temperature": 0.2, "maxOutputTokens": 64, "topK": 3})
+        );
+    }
+}

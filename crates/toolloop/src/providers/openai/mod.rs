@@ -1,0 +1,352 @@
+//! The OpenAI Chat Completions adapter, for OpenAI and every server that speaks the same API.
+//!
+//! [`OpenAiModel`] sends the conversation and the tool catalog to `POST
+//! {base_url}/chat/completions` and turns the reply, complete or streamed (Server-Sent Events),
+//! into a [`ModelResponse`] or [`StreamEvent`](crate::stream::StreamEvent)s. Retries, backoff,
+//! `Retry-After` and the body-size cap come from
+//! [`HttpTransport`](crate::transport::http::HttpTransport); a stream that has delivered output is
+//! never replayed.
+//!
+//! # Pointing it at a server
+//!
+//! Set [`OpenAiConfig::base_url`] (or the `OPENAI_BASE_URL` variable read by
+//! [`OpenAiConfig::from_env`]). The key goes in the `Authorization: Bearer` header; local servers
+//! need none.
+//!
+//! | server | base URL | notes |
+//! |---|---|---|
+//! | OpenAI | `https://api.openai.com/v1` (default) | key from `OPENAI_API_KEY` |
+//! | vLLM | `http://localhost:8000/v1` | start it with `--enable-auto-tool-choice --tool-call-parser <parser>` |
+//! | Ollama | `http://localhost:11434/v1` | the model must support tools (`ollama show <model>`) |
+//! | llama.cpp (`llama-server`) | `http://localhost:8080/v1` | start it with `--jinja` |
+//! | LM Studio | `http://localhost:1234/v1` | |
+//! | Groq | `https://api.groq.com/openai/v1` | `--api-key-env GROQ_API_KEY` |
+//! | OpenRouter | `https://openrouter.ai/api/v1` | `--api-key-env OPENROUTER_API_KEY` |
+//! | Together | `https://api.together.xyz/v1` | `--api-key-env TOGETHER_API_KEY` |
+//! | DeepSeek | `https://api.deepseek.com/v1` | `--api-key-env DEEPSEEK_API_KEY` |
+//! | Mistral | `https://api.mistral.ai/v1` | `--api-key-env MISTRAL_API_KEY` |
+//! | Gemini | `https://generativelanguage.googleapis.com/v1beta/openai` | `--api-key-env GEMINI_API_KEY` |
+//!
+//! A base URL that already ends in `/chat/completions` is used as it is.
+//!
+//! # What differs between OpenAI and the other servers
+//!
+//! - Transient reminders ([`ModelRequest::reminders`]) go after the conversation: as trailing
+//!   `system` messages for OpenAI, and as one trailing `user` message elsewhere, because many chat
+//!   templates reject a system message that is not first ([`ReminderRole`] overrides this). When
+//!   the conversation already ends with a user turn, the reminders are appended to it on the wire,
+//!   so that strict templates never see two user turns in a row.
+//! - The output limit is sent as `max_completion_tokens` to OpenAI and as `max_tokens` elsewhere.
+//! - A request that offers tools says `"tool_choice": "auto"` to other servers, where OpenAI's
+//!   leaves it out (its default): llama-cpp-python's server ignores the tools unless it is said
+//!   ([`OpenAiConfig::explicit_tool_choice`]).
+//! - An assistant turn with tool calls and no text is sent with `"content": ""`, never `null`,
+//!   which llama-cpp-python's server refuses.
+//! - Fields given in [`OpenAiConfig::extra`] and then
+//!   [`ModelSettings::extra`](crate::model::ModelSettings::extra) are merged into the top level of
+//!   the request body last, so they can add or replace anything (`{"top_k": 20}`,
+//!   `{"reasoning_effort": "low"}`, `{"max_tokens": 512}`).
+//!
+//! # Replies
+//!
+//! Every quirk of the conformance corpus (`tests/conformance/`) is handled: tool-call deltas
+//! without an `index` or with one starting at 1, ids and names that are empty or repeated in later
+//! deltas (the first non-empty one wins; a new id under an index already used starts a new call),
+//! usage in a last chunk with empty `choices`, SSE comment lines, an error object inside a 200
+//! stream (an error chunk arriving after a `finish_reason` only restates it and is ignored),
+//! arguments sent as a JSON object instead of a string, a choice with no message, and content sent
+//! as an array of parts. Reasoning (`reasoning_content`, `reasoning`) and refusals are not text.
+//! `reasoning_content` is kept as a [`ProviderPart`](crate::message::ProviderPart) and sent back on
+//! later turns (DeepSeek requires it after tool calls); a refusal is kept as a part too, and sent
+//! back as the assistant's `refusal` field. Gemini's `extra_content` (thought signatures) is kept
+//! on the message and on each tool call and sent back unchanged.
+//!
+//! Servers other than OpenAI's own let a call slip into `content` when their tool parser misses
+//! it (Ollama, vLLM): with [`OpenAiConfig::rescue_text_tool_calls`] (on by default for them),
+//! such calls are recovered as tool calls, complete or streamed, through [`Rescue`].
+//!
+//! Invalid argument JSON from the model is never replayed: the assistant turn carries the always
+//! valid [`ToolCall::arguments`](crate::message::ToolCall::arguments) value, and the loop reports
+//! the parse error in the tool result.
+//!
+//! # Errors
+//!
+//! A non-2xx status becomes [`ModelError::Api`] with the provider's error type, code (a numeric
+//! code becomes its text) and message; 429, 500, 502, 503 and 504 are retryable. A 400, 404, 422
+//! or 500 saying the server or model does not support tools (Ollama's "does not support tools",
+//! vLLM's "auto tool choice requires --enable-auto-tool-choice", llama.cpp's "tools param requires
+//! --jinja flag", …) becomes [`ModelError::ToolsUnsupported`], the signal for falling back to
+//! prompt-based tool calling.
+
+use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse, ToolSpec};
+#[cfg(any(test, feature = "testing"))]
+use crate::providers::Decoded;
+use crate::ptk::Rescue;
+use crate::transport::http::Endpoint;
+use crate::transport::wire;
+use async_trait::async_trait;
+use bytes::Bytes;
+use config::check_extra;
+use error::classify;
+use futures::StreamExt;
+use request::EncodedPrefix;
+use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use response::decode_response;
+use std::sync::{Arc, Mutex, PoisonError};
+use stream::ChunkDecoder;
+
+mod config;
+mod error;
+mod request;
+mod response;
+mod stream;
+
+pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, OpenAiConfig, PROVIDER, ReminderRole};
+pub use error::parse_error;
+pub use request::{WireRequest, build_request_body};
+
+/// A model behind the OpenAI Chat Completions API.
+#[derive(Debug, Clone)]
+pub struct OpenAiModel {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: OpenAiConfig,
+    url: Endpoint,
+    headers: Result<HeaderMap, ModelError>,
+}
+
+impl OpenAiModel {
+    /// A model with this configuration. A key that cannot be sent in a header is reported by the
+    /// first call, as [`ModelError::Config`].
+    pub fn new(config: OpenAiConfig) -> Self {
+        let mut headers = HeaderMap::new();
+        let headers = match &config.api_key {
+            None => Ok(headers),
+            Some(key) => match HeaderValue::from_str(&format!("Bearer {key}")) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    headers.insert(AUTHORIZATION, v);
+                    Ok(headers)
+                }
+                Err(_) => Err(ModelError::Config(
+                    "the API key holds characters that cannot be sent in an HTTP header \
+                     (control characters or non-ASCII)"
+                        .to_string(),
+                )),
+            },
+        };
+        let url = Endpoint::new(config.endpoint());
+        OpenAiModel {
+            inner: Arc::new(Inner {
+                config,
+                url,
+                headers,
+            }),
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &OpenAiConfig {
+        &self.inner.config
+    }
+
+    /// Whether calls written as text are rescued from the responses to this request.
+    fn rescues(&self, request: &ModelRequest<'_>) -> bool {
+        self.inner.config.rescue_text_tool_calls && !request.tools.is_empty()
+    }
+
+    /// The exact body this model sends for `request` (streamed or not), after checking the
+    /// configuration. Every message is encoded; an [`OpenAiSession`] reuses the encoding of the
+    /// messages its run's previous request already had.
+    pub fn request_body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Bytes, ModelError> {
+        self.check(request)?;
+        serde_json::to_vec(&WireRequest::new(request, &self.inner.config, stream))
+            .map(Bytes::from)
+            .map_err(serialize_error)
+    }
+
+    /// The checks made before every call: `extra`s and the key's header.
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
+        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
+        self.inner.headers.as_ref().map_err(Clone::clone)?;
+        Ok(())
+    }
+
+    /// Sends a complete call with this body.
+    async fn send(
+        &self,
+        request: &ModelRequest<'_>,
+        body: Bytes,
+    ) -> Result<ModelResponse, ModelError> {
+        let inner = &self.inner;
+        let headers = inner.headers.as_ref().map_err(Clone::clone)?;
+        let response = inner
+            .config
+            .transport
+            .post_json(&inner.url, headers, body, parse_error, decode_response)
+            .await
+            .map_err(classify)?;
+        Ok(if self.rescues(request) {
+            Rescue::apply(response, request.tools)
+        } else {
+            response
+        })
+    }
+
+    /// Opens a streamed call with this body.
+    async fn send_streamed(
+        &self,
+        request: &ModelRequest<'_>,
+        body: Bytes,
+    ) -> Result<EventStream, ModelError> {
+        let inner = &self.inner;
+        let rescue_tools: Option<Arc<[ToolSpec]>> =
+            self.rescues(request).then(|| Arc::from(request.tools));
+        let stream = wire::open_sse_stream(
+            &inner.config.transport,
+            inner.url.clone(),
+            inner.headers(),
+            body,
+            parse_error,
+            move || {
+                let mut decoder = ChunkDecoder::new(200);
+                decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+                decoder
+            },
+        )
+        .await
+        .map_err(classify)?;
+        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
+    }
+}
+
+fn serialize_error(e: serde_json::Error) -> ModelError {
+    ModelError::Other(format!("could not serialize the request: {e}"))
+}
+
+impl Inner {
+    fn headers(&self) -> HeaderMap {
+        self.headers.clone().unwrap_or_default()
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiModel {
+    fn name(&self) -> &str {
+        &self.inner.config.model
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let body = self.request_body(request, false)?;
+        self.send(request, body).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let body = self.request_body(request, true)?;
+        self.send_streamed(request, body).await
+    }
+
+    fn session(&self) -> Box<dyn Model + '_> {
+        Box::new(OpenAiSession::new(self))
+    }
+}
+
+/// One run's calls to an [`OpenAiModel`] (what its [`Model::session`] gives): it keeps the body
+/// of the run's previous request, so that each request encodes only the messages added since,
+/// and the tool catalog only when it changed.
+///
+/// Before reusing anything it checks that the conversation did not shrink and that the last
+/// message it encoded and the catalog are unchanged (by
+/// [`message_fingerprint`](crate::model::message_fingerprint) and
+/// [`catalog_fingerprint`](crate::model::catalog_fingerprint)); otherwise it encodes everything.
+/// Its requests must come from one conversation that only grows (as the loop's do): a message
+/// changed before the last one it encoded would go unnoticed. A body still held elsewhere (by a
+/// transport retrying) is never written over.
+pub struct OpenAiSession {
+    model: OpenAiModel,
+    prefix: Mutex<EncodedPrefix>,
+}
+
+impl OpenAiSession {
+    /// A session of `model`, with nothing encoded yet.
+    pub fn new(model: &OpenAiModel) -> Self {
+        OpenAiSession {
+            model: model.clone(),
+            prefix: Mutex::new(EncodedPrefix::default()),
+        }
+    }
+
+    /// The exact body this session sends for `request` (streamed or not), after checking the
+    /// configuration: the same JSON as [`OpenAiModel::request_body`], reusing the encoding of
+    /// the messages the previous request had. Remembers it for the next request, as a call does.
+    pub fn request_body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+    ) -> Result<Bytes, ModelError> {
+        self.model.check(request)?;
+        let wire = WireRequest::new(request, &self.model.inner.config, stream);
+        let mut slot = self.prefix.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
+        let mut prefix = std::mem::take(&mut *slot);
+        let body = wire.encode_cached(&mut prefix).map_err(serialize_error)?;
+        *slot = prefix;
+        Ok(body)
+    }
+}
+
+impl std::fmt::Debug for OpenAiSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiSession")
+            .field("model", &self.model)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl Model for OpenAiSession {
+    fn name(&self) -> &str {
+        self.model.name()
+    }
+
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let body = self.request_body(request, false)?;
+        self.model.send(request, body).await
+    }
+
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let body = self.request_body(request, true)?;
+        self.model.send_streamed(request, body).await
+    }
+}
+
+/// Decodes one recorded response body (the conformance corpus): the HTTP `status`, the raw body,
+/// and whether it is an SSE stream. A non-2xx status, an error object in a 200 body, or an error
+/// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
+#[cfg(any(test, feature = "testing"))]
+pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
+    wire::decode_recorded(
+        status,
+        body,
+        stream,
+        parse_error,
+        ChunkDecoder::new(status),
+        |body| wire::whole(decode_response(body)),
+    )
+}
+
+/// A response without its tool calls' ids (made up where the server sent none, so they differ
+/// between two decodings).
+#[cfg(test)]
+fn without_ids(mut r: ModelResponse) -> ModelResponse {
+    r.tool_calls.iter_mut().for_each(|c| c.id.clear());
+    r
+}

@@ -1,0 +1,770 @@
+//! Request bodies: the conversation and the tool catalog in the Chat Completions format.
+
+use super::config::{OpenAiConfig, PROVIDER, ReminderRole};
+use crate::message::{Message, ToolCall};
+use crate::model::{
+    ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
+};
+use crate::transport::wire::json_number;
+use bytes::Bytes;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
+use serde_json::{Value, json};
+
+/// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
+/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree).
+///
+/// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
+/// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
+/// by other providers are left out. Reminders follow the conversation (see [`ReminderRole`]).
+/// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
+/// a JSON object is ignored here ([`OpenAiModel`](super::OpenAiModel) refuses it with a clear
+/// error).
+pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream: bool) -> Value {
+    // Serializing into a value cannot fail: every map key is a string.
+    serde_json::to_value(WireRequest::new(req, config, stream)).unwrap_or(Value::Null)
+}
+
+/// A Chat Completions request body that serializes straight from the conversation, borrowing
+/// it; [`build_request_body`] is the same body as a JSON value.
+pub struct WireRequest<'a> {
+    req: &'a ModelRequest<'a>,
+    config: &'a OpenAiConfig,
+    stream: bool,
+    /// The extras' fields, later ones replacing earlier ones; they go last and replace any field
+    /// of the same name.
+    extras: Vec<(&'a str, &'a Value)>,
+    /// Leave `messages` out (the cached encoding writes them itself).
+    skip_messages: bool,
+    /// Leave `tools` out (the cached encoding writes them itself).
+    skip_tools: bool,
+}
+
+impl<'a> WireRequest<'a> {
+    /// The body of `req` for a server configured by `config`, streamed or not.
+    pub fn new(req: &'a ModelRequest<'a>, config: &'a OpenAiConfig, stream: bool) -> Self {
+        let mut extras: Vec<(&str, &Value)> = Vec::new();
+        for extra in [config.extra.as_ref(), req.settings.extra.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            if let Value::Object(fields) = extra {
+                for (k, v) in fields {
+                    match extras.iter_mut().find(|(name, _)| name == k) {
+                        Some(slot) => slot.1 = v,
+                        None => extras.push((k, v)),
+                    }
+                }
+            }
+        }
+        WireRequest {
+            req,
+            config,
+            stream,
+            extras,
+            skip_messages: false,
+            skip_tools: false,
+        }
+    }
+
+    /// Writes one field, unless an extra replaces it.
+    fn field<M: SerializeMap, T: Serialize + ?Sized>(
+        &self,
+        map: &mut M,
+        name: &str,
+        value: &T,
+    ) -> Result<(), M::Error> {
+        if self.extras.iter().any(|(extra, _)| *extra == name) {
+            Ok(())
+        } else {
+            map.serialize_entry(name, value)
+        }
+    }
+}
+
+impl Serialize for WireRequest<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let settings: &ModelSettings = self.req.settings;
+        let mut map = s.serialize_map(None)?;
+        let model = settings.model.as_deref().unwrap_or(&self.config.model);
+        self.field(&mut map, "model", model)?;
+        if !self.skip_messages {
+            let messages = WireMessages {
+                req: self.req,
+                role: self.config.reminder_role,
+            };
+            self.field(&mut map, "messages", &messages)?;
+        }
+        if !self.req.tools.is_empty() {
+            if !self.skip_tools {
+                self.field(&mut map, "tools", &WireTools(self.req.tools))?;
+            }
+            // `auto` is sent to the servers that need it said (see
+            // `OpenAiConfig::explicit_tool_choice`).
+            match &settings.tool_choice {
+                ToolChoice::Auto if self.config.explicit_tool_choice => {
+                    self.field(&mut map, "tool_choice", "auto")?
+                }
+                ToolChoice::Auto => {}
+                ToolChoice::None => self.field(&mut map, "tool_choice", "none")?,
+                ToolChoice::Required => self.field(&mut map, "tool_choice", "required")?,
+                ToolChoice::Tool(name) => {
+                    let choice = json!({"type": "function", "function": {"name": name}});
+                    self.field(&mut map, "tool_choice", &choice)?
+                }
+            }
+        }
+        if let Some(t) = settings.temperature {
+            self.field(&mut map, "temperature", &json_number(t))?;
+        }
+        if let Some(n) = settings.max_output_tokens {
+            let name = if self.config.is_openai() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            self.field(&mut map, name, &n)?;
+        }
+        if self.stream {
+            self.field(&mut map, "stream", &true)?;
+            let options = json!({"include_usage": true});
+            self.field(&mut map, "stream_options", &options)?;
+        }
+        for (name, value) in &self.extras {
+            map.serialize_entry(name, value)?;
+        }
+        map.end()
+    }
+}
+
+/// The `messages` array: the conversation, then the reminders.
+pub(super) struct WireMessages<'a> {
+    req: &'a ModelRequest<'a>,
+    role: ReminderRole,
+}
+
+impl<'a> WireMessages<'a> {
+    /// The messages sent as they are (all of them, or all but a last user turn that the
+    /// reminders are appended to), and what follows them: `(role, content)` messages.
+    fn split(&self) -> (&'a [Message], Vec<(&'static str, String)>) {
+        let messages = self.req.messages;
+        let reminders: Vec<String> = self.req.wrapped_reminders().collect();
+        if reminders.is_empty() {
+            return (messages, Vec::new());
+        }
+        match self.role {
+            ReminderRole::System => (
+                messages,
+                reminders.into_iter().map(|r| ("system", r)).collect(),
+            ),
+            ReminderRole::User => {
+                let joined = reminders.join("\n");
+                // Appended to a last user turn, so that no two user turns follow each other.
+                match messages.split_last() {
+                    Some((Message::User { content }, head)) => {
+                        (head, vec![("user", format!("{content}\n\n{joined}"))])
+                    }
+                    _ => (messages, vec![("user", joined)]),
+                }
+            }
+        }
+    }
+}
+
+impl Serialize for WireMessages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let (head, tail) = self.split();
+        let mut seq = s.serialize_seq(Some(head.len() + tail.len()))?;
+        for m in head {
+            seq.serialize_element(&WireMessage(m))?;
+        }
+        for (role, content) in &tail {
+            seq.serialize_element(&Plain { role, content })?;
+        }
+        seq.end()
+    }
+}
+
+/// What an [`OpenAiSession`](super::OpenAiSession) keeps between the requests of its run: the
+/// run's previous request body, whose beginning encodes the conversation's first `count`
+/// messages, and the tool catalog's encoding.
+#[derive(Default)]
+pub(super) struct EncodedPrefix {
+    /// How many messages `body[..end]` encodes, and the fingerprint of the last of them (to
+    /// check that the conversation still begins with them).
+    count: usize,
+    last: u64,
+    /// The previous body: `{"messages":[` and those messages' encodings, then the rest. Its
+    /// buffer is reused for the next body when nothing else holds it any more.
+    body: Bytes,
+    end: usize,
+    /// The fingerprint of the catalog encoded in `tools_json` (empty: none kept).
+    catalog: u64,
+    tools_json: Vec<u8>,
+}
+
+impl WireRequest<'_> {
+    /// The body, reusing the encoding of the conversation's beginning (and of the tool catalog)
+    /// kept in `prefix` from the run's previous request: the previous body's buffer is truncated
+    /// after those messages and the new ones are appended, so neither the beginning nor the
+    /// buffer is made again. Gives the same JSON as serializing `self`, with `messages` (and
+    /// `tools`) first, and updates `prefix` for the next request.
+    pub(super) fn encode_cached(&self, prefix: &mut EncodedPrefix) -> serde_json::Result<Bytes> {
+        if self.extras.iter().any(|(name, _)| *name == "messages") {
+            return serde_json::to_vec(self).map(Bytes::from);
+        }
+        let messages = WireMessages {
+            req: self.req,
+            role: self.config.reminder_role,
+        };
+        let (head, tail) = messages.split();
+        let reusable = prefix.count > 0
+            && prefix.count <= head.len()
+            && message_fingerprint(&head[prefix.count - 1]) == prefix.last;
+        let previous = std::mem::take(&mut prefix.body);
+        // The previous body's buffer, when nothing else holds it any more (no copy either way).
+        let mut buf: Vec<u8> = match (reusable, previous.try_into_mut()) {
+            (true, Ok(mine)) => {
+                let mut mine = Vec::from(mine);
+                mine.truncate(prefix.end);
+                mine
+            }
+            (true, Err(shared)) => {
+                let mut b = Vec::with_capacity(shared.len() + 1024);
+                b.extend_from_slice(&shared[..prefix.end]);
+                b
+            }
+            (false, reclaimed) => {
+                let mut b = reclaimed.map(Vec::from).unwrap_or_default();
+                b.clear();
+                b.extend_from_slice(b"{\"messages\":[");
+                prefix.count = 0;
+                b
+            }
+        };
+        for m in &head[prefix.count..] {
+            if buf.last() != Some(&b'[') {
+                buf.push(b',');
+            }
+            serde_json::to_writer(&mut buf, &WireMessage(m))?;
+        }
+        prefix.end = buf.len();
+        if let Some(last) = head.last()
+            && prefix.count != head.len()
+        {
+            prefix.last = message_fingerprint(last);
+        }
+        prefix.count = head.len();
+        for (role, content) in &tail {
+            if buf.last() != Some(&b'[') {
+                buf.push(b',');
+            }
+            serde_json::to_writer(&mut buf, &Plain { role, content })?;
+        }
+        buf.push(b']');
+        let tools = self.req.tools;
+        let cache_tools =
+            !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
+        if cache_tools {
+            let catalog = catalog_fingerprint(tools);
+            if prefix.tools_json.is_empty() || prefix.catalog != catalog {
+                prefix.tools_json.clear();
+                serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
+                prefix.catalog = catalog;
+            }
+            buf.extend_from_slice(b",\"tools\":");
+            buf.extend_from_slice(&prefix.tools_json);
+        }
+        // The other fields, written as an object whose `{` becomes the comma after `messages`
+        // (or, when there are none, whose `{}` becomes the closing brace).
+        let at = buf.len();
+        let rest = WireRequest {
+            skip_messages: true,
+            skip_tools: cache_tools,
+            extras: self.extras.clone(),
+            ..*self
+        };
+        serde_json::to_writer(&mut buf, &rest)?;
+        if buf.len() - at > 2 {
+            buf[at] = b',';
+        } else {
+            buf.truncate(at);
+            buf.push(b'}');
+        }
+        let body = Bytes::from(buf);
+        prefix.body = body.clone();
+        Ok(body)
+    }
+}
+
+/// A message that is only a role and text.
+#[derive(Serialize)]
+pub(super) struct Plain<'a> {
+    role: &'a str,
+    content: &'a str,
+}
+
+/// One message of the conversation on the wire.
+pub(super) struct WireMessage<'a>(pub(super) &'a Message);
+
+impl Serialize for WireMessage<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Message::System { content } => Plain {
+                role: "system",
+                content,
+            }
+            .serialize(s),
+            Message::User { content } => Plain {
+                role: "user",
+                content,
+            }
+            .serialize(s),
+            Message::Tool(r) => {
+                let mut map = s.serialize_map(Some(3))?;
+                map.serialize_entry("role", "tool")?;
+                map.serialize_entry("tool_call_id", &r.call_id)?;
+                map.serialize_entry("content", &r.content)?;
+                map.end()
+            }
+            Message::Assistant(a) => {
+                let mut map = s.serialize_map(None)?;
+                map.serialize_entry("role", "assistant")?;
+                // Never `null`: llama-cpp-python's server refuses a `null` content with a 500,
+                // and an empty string is accepted everywhere (OpenAI, vLLM, Mistral, Groq,
+                // Ollama, llama.cpp), with or without tool calls.
+                map.serialize_entry("content", a.text.as_deref().unwrap_or(""))?;
+                if !a.tool_calls.is_empty() {
+                    let calls: Vec<WireToolCall> = a.tool_calls.iter().map(WireToolCall).collect();
+                    map.serialize_entry("tool_calls", &calls)?;
+                }
+                // This adapter's own parts, a later one replacing an earlier field.
+                let mut replayed: Vec<(&str, &Value)> = Vec::new();
+                for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+                    if let Value::Object(fields) = &part.data {
+                        for (k, v) in fields {
+                            if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
+                                continue;
+                            }
+                            match replayed.iter_mut().find(|(name, _)| name == k) {
+                                Some(slot) => slot.1 = v,
+                                None => replayed.push((k, v)),
+                            }
+                        }
+                    }
+                }
+                for (k, v) in replayed {
+                    map.serialize_entry(k, v)?;
+                }
+                map.end()
+            }
+        }
+    }
+}
+
+/// Assistant-message fields kept in this adapter's parts and sent back.
+pub(super) const REPLAYED_MESSAGE_FIELDS: &[&str] =
+    &["reasoning_content", "refusal", "extra_content"];
+
+/// One tool call of an assistant turn on the wire.
+///
+/// `arguments` is always valid JSON; the model's invalid text (`invalid_arguments`) is never sent
+/// back, because strict servers reject the whole request over it.
+pub(super) struct WireToolCall<'a>(&'a ToolCall);
+
+impl Serialize for WireToolCall<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let call = self.0;
+        let extra = call
+            .provider_data
+            .as_ref()
+            .and_then(|d| d.get("extra_content"));
+        let mut map = s.serialize_map(None)?;
+        map.serialize_entry("id", &call.id)?;
+        map.serialize_entry("type", "function")?;
+        // The arguments as JSON text, written into a buffer kept for the purpose (`to_string` on
+        // a value goes through the formatter, several times slower, and a fresh string each
+        // time would be an allocation per call).
+        thread_local! {
+            static TEXT: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+        }
+        TEXT.with(|text| {
+            let mut text = text.try_borrow_mut().map_err(serde::ser::Error::custom)?;
+            text.clear();
+            serde_json::to_writer(&mut *text, &call.arguments)
+                .map_err(serde::ser::Error::custom)?;
+            let arguments = std::str::from_utf8(&text).map_err(serde::ser::Error::custom)?;
+            let written = map.serialize_entry(
+                "function",
+                &WireFunction {
+                    name: &call.name,
+                    arguments,
+                },
+            );
+            // A very large argument does not stay held by the thread.
+            if text.capacity() > 64 * 1024 {
+                *text = Vec::new();
+            }
+            written
+        })?;
+        if let Some(extra) = extra {
+            map.serialize_entry("extra_content", extra)?;
+        }
+        map.end()
+    }
+}
+
+#[derive(Serialize)]
+pub(super) struct WireFunction<'a> {
+    name: &'a str,
+    arguments: &'a str,
+}
+
+/// The `tools` array.
+pub(super) struct WireTools<'a>(&'a [ToolSpec]);
+
+impl Serialize for WireTools<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Function<'a> {
+            name: &'a str,
+            description: &'a str,
+            parameters: &'a Value,
+        }
+        #[derive(Serialize)]
+        struct Tool<'a> {
+            r#type: &'a str,
+            function: Function<'a>,
+        }
+        s.collect_seq(self.0.iter().map(|t| Tool {
+            r#type: "function",
+            function: Function {
+                name: &t.name,
+                description: &t.description,
+                parameters: &t.parameters,
+            },
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::OpenAiModel;
+    use super::super::OpenAiSession;
+    use super::*;
+    use crate::message::{AssistantMessage, ProviderPart, ToolResult};
+    use proptest::prelude::*;
+
+    fn settings() -> ModelSettings {
+        ModelSettings::default()
+    }
+
+    fn conversation() -> Vec<Message> {
+        let good = ToolCall {
+            id: "call_1".into(),
+            name: "read".into(),
+            arguments: json!({"path": "a.txt"}),
+            invalid_arguments: None,
+            provider_data: None,
+        };
+        let bad = ToolCall::from_raw_arguments("call_2".into(), "write".into(), "{\"path\": ");
+        vec![
+            Message::system("be brief"),
+            Message::user("read a.txt"),
+            Message::Assistant(AssistantMessage {
+                text: None,
+                tool_calls: vec![good, bad],
+                parts: vec![
+                    ProviderPart {
+                        provider: "anthropic".into(),
+                        data: json!({"type": "thinking", "thinking": "hmm", "signature": "s"}),
+                    },
+                    ProviderPart {
+                        provider: PROVIDER.into(),
+                        data: json!({"reasoning_content": "I should read it"}),
+                    },
+                ],
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_1".into(),
+                name: "read".into(),
+                content: "hello".into(),
+                is_error: false,
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_2".into(),
+                name: "write".into(),
+                content: "arguments are not valid JSON".into(),
+                is_error: true,
+            }),
+        ]
+    }
+
+    /// One step of a growing conversation, for the prefix-cache property.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// Append this message of [`conversation`] (by index, cycling).
+        Append(usize),
+        /// Set the number of reminders for the next requests.
+        Reminders(usize),
+        /// Break the promise: change the last message (the cache must notice).
+        EditLast,
+        /// Drop the last message (the cache must notice).
+        Shrink,
+        /// Start a new run on the other of two models (a new session, with nothing kept).
+        NewRun,
+        /// Offer another tool catalog (none, one tool, or that tool described differently).
+        Tools(usize),
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0usize..5).prop_map(Step::Append),
+            2 => (0usize..3).prop_map(Step::Reminders),
+            1 => Just(Step::EditLast),
+            1 => Just(Step::Shrink),
+            1 => Just(Step::NewRun),
+            1 => (0usize..3).prop_map(Step::Tools),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn cached_encoding_is_the_full_encoding(
+            steps in proptest::collection::vec(step(), 1..24),
+            user_role in proptest::bool::ANY,
+            stream in proptest::bool::ANY,
+            extra in 0usize..3,
+            keep in proptest::collection::vec(proptest::bool::ANY, 24),
+        ) {
+            let template = conversation();
+            let mut configs = [
+                OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"),
+                OpenAiConfig::new("m2").with_base_url("http://127.0.0.1:1/v1"),
+            ];
+            for c in &mut configs {
+                c.reminder_role = if user_role { ReminderRole::User } else { ReminderRole::System };
+                c.extra = match extra {
+                    0 => None,
+                    // (`extra` may not set the fields the adapter owns: see OWNED_FIELDS.)
+                    1 => Some(json!({"top_k": 20, "temperature": 0.5})),
+                    _ => Some(json!({"metadata": {"tools": [{"name": "x"}]}})),
+                };
+            }
+            let models = configs.clone().map(OpenAiModel::new);
+            let catalog = |description: &str| vec![ToolSpec {
+                name: "read".into(),
+                description: description.into(),
+                parameters: json!({"type": "object"}),
+            }];
+            let catalogs = [catalog("Reads"), Vec::new(), catalog("Reads \"quoted\"")];
+            let mut tools = &catalogs[0];
+            let settings = settings();
+            let mut session = OpenAiSession::new(&models[0]);
+            let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
+            // Bodies still held elsewhere (as by a transport retrying): their buffer must not be
+            // reused.
+            let mut held = Vec::new();
+            for (i, step) in steps.into_iter().enumerate() {
+                match step {
+                    Step::Append(i) => messages.push(template[i % template.len()].clone()),
+                    Step::Reminders(n) => reminders = (0..n).map(|i| format!("r{i}")).collect(),
+                    Step::EditLast => {
+                        if let Some(Message::User { content } | Message::System { content }) = messages.last_mut() {
+                            content.push('!');
+                        } else {
+                            messages.push(Message::user("edited"));
+                        }
+                    }
+                    Step::Shrink => {
+                        messages.pop();
+                    }
+                    Step::NewRun => {
+                        which = 1 - which;
+                        session = OpenAiSession::new(&models[which]);
+                    }
+                    Step::Tools(i) => tools = &catalogs[i],
+                }
+                let request = ModelRequest {
+                    messages: &messages,
+                    reminders: &reminders,
+                    tools,
+                    settings: &settings,
+                };
+                let body = session.request_body(&request, stream).unwrap();
+                let cached: Value = serde_json::from_slice(&body).unwrap();
+                if keep[i] {
+                    held.push((body.clone(), cached.clone()));
+                }
+                for (body, value) in &held {
+                    prop_assert_eq!(&serde_json::from_slice::<Value>(body).unwrap(), value);
+                }
+                prop_assert_eq!(cached, build_request_body(&request, &configs[which], stream));
+            }
+        }
+    }
+
+    fn body(
+        messages: &[Message],
+        reminders: &[String],
+        config: &OpenAiConfig,
+        s: &ModelSettings,
+    ) -> Value {
+        let tools = [ToolSpec {
+            name: "read".into(),
+            description: "Reads a file".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }];
+        let req = ModelRequest {
+            messages,
+            reminders,
+            tools: &tools,
+            settings: s,
+        };
+        build_request_body(&req, config, false)
+    }
+    #[test]
+    fn assistant_turns_carry_tool_calls_and_tool_turns_their_call_id() {
+        let b = body(
+            &conversation(),
+            &[],
+            &OpenAiConfig::new("gpt-x"),
+            &settings(),
+        );
+        let m = &b["messages"];
+        assert_eq!(m[0], json!({"role": "system", "content": "be brief"}));
+        assert_eq!(m[1], json!({"role": "user", "content": "read a.txt"}));
+        assert_eq!(m[2]["role"], "assistant");
+        // Never `null`: llama-cpp-python's server refuses it.
+        assert_eq!(m[2]["content"], "");
+        assert_eq!(
+            m[2]["tool_calls"][0],
+            json!({"id": "call_1", "type": "function",
+                   "function": {"name": "read", "arguments": "{\"path\":\"a.txt\"}"}})
+        );
+        // Our own part is sent back as its field; Anthropic's is dropped.
+        assert_eq!(m[2]["reasoning_content"], "I should read it");
+        assert!(m[2].get("thinking").is_none() && m[2].get("signature").is_none());
+        assert_eq!(
+            m[3],
+            json!({"role": "tool", "tool_call_id": "call_1", "content": "hello"})
+        );
+        assert_eq!(m[4]["tool_call_id"], "call_2");
+        assert_eq!(b["model"], "gpt-x");
+        assert_eq!(b["tools"][0]["type"], "function");
+        assert_eq!(b["tools"][0]["function"]["name"], "read");
+        assert!(
+            b.get("tool_choice").is_none(),
+            "auto is left out for OpenAI"
+        );
+        let other = OpenAiConfig::new("m").with_base_url("http://localhost:8080/v1");
+        let b = body(&conversation(), &[], &other, &settings());
+        assert_eq!(b["tool_choice"], "auto", "and said to other servers");
+        assert_eq!(b["messages"][2]["content"], "");
+        assert!(b.get("stream").is_none());
+    }
+
+    #[test]
+    fn invalid_arguments_are_never_replayed() {
+        let b = body(&conversation(), &[], &OpenAiConfig::new("m"), &settings());
+        let sent = b.to_string();
+        assert!(
+            !sent.contains("{\\\"path\\\": \""),
+            "raw invalid text leaked: {sent}"
+        );
+        let args = b["messages"][2]["tool_calls"][1]["function"]["arguments"]
+            .as_str()
+            .unwrap();
+        assert_eq!(serde_json::from_str::<Value>(args).unwrap(), json!({}));
+    }
+
+    #[test]
+    fn reminders_follow_the_conversation_as_system_messages_for_openai() {
+        let config = OpenAiConfig::new("m");
+        assert_eq!(config.reminder_role, ReminderRole::System);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 7);
+        assert_eq!(
+            m[5],
+            json!({"role": "system", "content": "<system-reminder>one</system-reminder>"})
+        );
+        assert_eq!(
+            m[6],
+            json!({"role": "system", "content": "<system-reminder>two</system-reminder>"})
+        );
+    }
+
+    #[test]
+    fn reminders_are_one_trailing_user_message_for_other_servers() {
+        let config = OpenAiConfig::new("m").with_base_url("http://127.0.0.1:11434/v1");
+        assert_eq!(config.reminder_role, ReminderRole::User);
+        assert!(config.rescue_text_tool_calls);
+        let reminders = vec!["one".to_string(), "two".to_string()];
+        let b = body(&conversation(), &reminders, &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 6);
+        assert_eq!(
+            m[5],
+            json!({"role": "user", "content":
+                "<system-reminder>one</system-reminder>\n<system-reminder>two</system-reminder>"})
+        );
+        // A conversation ending with a user turn gets the reminders appended to it instead.
+        let convo = vec![Message::system("s"), Message::user("hi")];
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        let m = b["messages"].as_array().unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!(
+            m[1]["content"],
+            "hi\n\n<system-reminder>one</system-reminder>"
+        );
+        // The user can choose system messages anywhere.
+        let mut config = config;
+        config.reminder_role = ReminderRole::System;
+        let b = body(&convo, &reminders[..1], &config, &settings());
+        assert_eq!(b["messages"][2]["role"], "system");
+        assert_eq!(b["messages"][1]["content"], "hi");
+    }
+
+    #[test]
+    fn settings_limits_stream_options_and_extra_merge() {
+        let mut s = settings();
+        s.temperature = Some(0.7);
+        s.max_output_tokens = Some(100);
+        s.tool_choice = ToolChoice::Tool("read".into());
+        s.extra = Some(json!({"top_k": 20, "temperature": 0.1}));
+        let mut config = OpenAiConfig::new("m");
+        config.extra = Some(json!({"seed": 7, "top_k": 5}));
+        let msgs = [Message::user("x")];
+        let tools = [];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &tools,
+            settings: &s,
+        };
+        let b = build_request_body(&req, &config, true);
+        assert_eq!(b["max_completion_tokens"], 100);
+        assert!(b.get("max_tokens").is_none());
+        assert_eq!(b["stream"], true);
+        assert_eq!(b["stream_options"], json!({"include_usage": true}));
+        assert!(b.get("tool_choice").is_none(), "no tools, no tool_choice");
+        assert_eq!(b["seed"], 7);
+        assert_eq!(b["top_k"], 20, "settings' extra wins over the config's");
+        assert_eq!(b["temperature"], 0.1, "extra is merged last");
+
+        let config = OpenAiConfig::new("m").with_base_url("http://localhost:8000/v1");
+        s.extra = None;
+        let b = body(&msgs, &[], &config, &s);
+        assert_eq!(b["max_tokens"], 100);
+        assert!(b.get("max_completion_tokens").is_none());
+        assert_eq!(b["temperature"], 0.7);
+        assert_eq!(
+            b["tool_choice"],
+            json!({"type": "function", "function": {"name": "read"}})
+        );
+        s.tool_choice = ToolChoice::Required;
+        assert_eq!(body(&msgs, &[], &config, &s)["tool_choice"], "required");
+    }
+}

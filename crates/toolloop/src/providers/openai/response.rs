@@ -1,0 +1,642 @@
+//! Complete responses: a `chat.completion` body decoded into a [`ModelResponse`].
+
+use super::config::PROVIDER;
+use super::error::{api_error_from_value, preview};
+use super::request::REPLAYED_MESSAGE_FIELDS;
+use crate::message::{ProviderPart, ToolCall, new_call_id};
+use crate::model::{FinishReason, ModelError, ModelResponse};
+use crate::usage::Usage;
+use serde_json::{Value, json};
+
+/// Decodes a complete response: through typed, borrowing structures when the body has the usual
+/// shape, and through a JSON value otherwise (every quirk, and errors that say what was wrong).
+/// Both give the same response for any body the first accepts.
+pub(super) fn decode_response(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    match typed::decode(body) {
+        Some(response) => Ok(response),
+        None => decode_value(body),
+    }
+}
+
+/// The typed fast path of [`decode_response`].
+pub(super) mod typed {
+    use super::{
+        PROVIDER, ProviderPart, REPLAYED_MESSAGE_FIELDS, ToolCall, map_finish, new_call_id,
+        parse_usage, settle_finish,
+    };
+    use crate::model::ModelResponse;
+    use crate::usage::Usage;
+    use serde::Deserialize;
+    use serde::de::IgnoredAny;
+    use serde_json::{Value, json};
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    struct Completion<'a> {
+        #[serde(default)]
+        error: Option<IgnoredAny>,
+        #[serde(borrow)]
+        choices: Vec<Obj<Choice<'a>>>,
+        #[serde(default)]
+        usage: Option<Obj<WireUsage>>,
+        #[serde(default)]
+        x_groq: Option<Value>,
+    }
+
+    /// A usage object of whole counts (anything else goes the value path).
+    #[derive(Deserialize)]
+    struct WireUsage {
+        #[serde(default)]
+        prompt_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_tokens_details: Option<Obj<Details>>,
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+        #[serde(default)]
+        prompt_cache_hit_tokens: Option<u64>,
+        #[serde(default)]
+        num_cached_tokens: Option<u64>,
+        #[serde(default)]
+        completion_tokens_details: Option<Obj<Details>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Details {
+        #[serde(default)]
+        cached_tokens: Option<u64>,
+        #[serde(default)]
+        reasoning_tokens: Option<u64>,
+    }
+
+    impl WireUsage {
+        /// The usage, or `None` without a prompt or completion count (then the tokens are
+        /// unknown, not zero).
+        fn usage(&self) -> Option<Usage> {
+            if self.prompt_tokens.is_none() && self.completion_tokens.is_none() {
+                return None;
+            }
+            let cache_read = self
+                .prompt_tokens_details
+                .as_ref()
+                .and_then(|d| d.0.cached_tokens)
+                .or(self.cached_tokens)
+                .or(self.prompt_cache_hit_tokens)
+                .or(self.num_cached_tokens)
+                .unwrap_or(0);
+            Some(Usage {
+                input_tokens: self.prompt_tokens.unwrap_or(0),
+                output_tokens: self.completion_tokens.unwrap_or(0),
+                cache_read_tokens: cache_read,
+                cache_write_tokens: 0,
+                reasoning_tokens: self
+                    .completion_tokens_details
+                    .as_ref()
+                    .and_then(|d| d.0.reasoning_tokens)
+                    .unwrap_or(0),
+            })
+        }
+    }
+
+    #[derive(Deserialize)]
+    struct Choice<'a> {
+        #[serde(default)]
+        index: Option<u64>,
+        #[serde(default, borrow)]
+        message: Option<Obj<Message<'a>>>,
+        #[serde(default, borrow)]
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    struct Message<'a> {
+        #[serde(default, borrow)]
+        content: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        tool_calls: Option<Vec<Obj<Call<'a>>>>,
+        #[serde(default)]
+        reasoning_content: Option<Value>,
+        #[serde(default)]
+        refusal: Option<Value>,
+        #[serde(default)]
+        extra_content: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Call<'a> {
+        #[serde(default, borrow)]
+        id: Option<Cow<'a, str>>,
+        #[serde(borrow)]
+        function: Obj<Function<'a>>,
+        #[serde(default)]
+        extra_content: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    struct Function<'a> {
+        #[serde(borrow)]
+        name: Cow<'a, str>,
+        #[serde(default, borrow)]
+        arguments: Option<Cow<'a, str>>,
+    }
+
+    /// A value that must be a JSON object: a derived `Deserialize` would also take an array.
+    struct Obj<T>(T);
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Only<T>(std::marker::PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
+                type Value = T;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                }
+            }
+            d.deserialize_map(Only(std::marker::PhantomData)).map(Obj)
+        }
+    }
+
+    /// The response, or `None` when the body is not of the usual shape (or is an error).
+    pub(super) fn decode(body: &[u8]) -> Option<ModelResponse> {
+        // One check of the whole body is cheaper than serde_json's check of each string.
+        let body = std::str::from_utf8(body).ok()?;
+        let Obj(c): Obj<Completion> = serde_json::from_str(body).ok()?;
+        if c.error.is_some() {
+            return None;
+        }
+        let usage = match (&c.usage, &c.x_groq) {
+            (Some(u), _) => u.0.usage(),
+            (None, Some(x)) => x
+                .get("usage")
+                .filter(|u| u.is_object())
+                .and_then(parse_usage),
+            (None, None) => None,
+        };
+        let index = c
+            .choices
+            .iter()
+            .position(|c| c.0.index.unwrap_or(0) == 0)
+            .unwrap_or(0);
+        let Obj(choice) = c.choices.into_iter().nth(index)?;
+        let mut response = ModelResponse {
+            text: None,
+            finish_reason: settle_finish(None, false),
+            tool_calls: Vec::new(),
+            usage,
+            parts: Vec::new(),
+            malformed_call: None,
+        };
+        if let Some(Obj(msg)) = choice.message {
+            response.text = msg.content.filter(|t| !t.is_empty()).map(Cow::into_owned);
+            let replayed = [msg.reasoning_content, msg.refusal, msg.extra_content];
+            for (field, value) in REPLAYED_MESSAGE_FIELDS.iter().zip(replayed) {
+                let kept = match &value {
+                    Some(Value::String(s)) => !s.is_empty(),
+                    Some(Value::Null) | None => false,
+                    Some(_) => true,
+                };
+                if let (true, Some(value)) = (kept, value) {
+                    response.parts.push(ProviderPart {
+                        provider: PROVIDER.into(),
+                        data: json!({ *field: value }),
+                    });
+                }
+            }
+            for Obj(call) in msg.tool_calls.unwrap_or_default() {
+                if call.function.0.name.is_empty() {
+                    // The value path says which call and why.
+                    return None;
+                }
+                let id = call
+                    .id
+                    .filter(|id| !id.is_empty())
+                    .map_or_else(new_call_id, Cow::into_owned);
+                let raw = call.function.0.arguments.unwrap_or_default();
+                let mut tool_call =
+                    ToolCall::from_raw_arguments(id, call.function.0.name.into_owned(), &raw);
+                if let Some(x) = call.extra_content.filter(|x| !x.is_null()) {
+                    tool_call.provider_data = Some(json!({ "extra_content": x }));
+                }
+                response.tool_calls.push(tool_call);
+            }
+        }
+        let finish = choice.finish_reason.as_deref().map(map_finish);
+        response.finish_reason = settle_finish(finish, !response.tool_calls.is_empty());
+        Some(response)
+    }
+}
+
+/// The value path of [`decode_response`].
+pub(super) fn decode_value(body: &[u8]) -> Result<ModelResponse, ModelError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| {
+        ModelError::InvalidResponse(format!(
+            "the response body is not JSON ({e}); expected a chat.completion object, got: {}",
+            preview(&String::from_utf8_lossy(body))
+        ))
+    })?;
+    if v.get("error").is_some_and(|e| !e.is_null()) {
+        return Err(ModelError::Api(api_error_from_value(200, &v, None)));
+    }
+    let choices = v.get("choices").and_then(Value::as_array).ok_or_else(|| {
+        ModelError::InvalidResponse(format!(
+            "the response has no `choices` array; expected a chat.completion object, got: {}",
+            preview(&v.to_string())
+        ))
+    })?;
+    let choice = choices
+        .iter()
+        .find(|c| c.get("index").and_then(Value::as_u64).unwrap_or(0) == 0)
+        .or_else(|| choices.first())
+        .ok_or_else(|| {
+            ModelError::InvalidResponse("the response's `choices` array is empty".into())
+        })?;
+    let usage = usage_of(&v);
+    let empty = Value::Null;
+    let msg = choice.get("message").unwrap_or(&empty);
+
+    let text = content_text(msg.get("content")).filter(|t| !t.is_empty());
+    let mut parts = Vec::new();
+    for field in REPLAYED_MESSAGE_FIELDS {
+        if let Some(value) = msg.get(*field).filter(|x| match x {
+            Value::String(s) => !s.is_empty(),
+            Value::Null => false,
+            _ => true,
+        }) {
+            parts.push(ProviderPart {
+                provider: PROVIDER.into(),
+                data: json!({ *field: value }),
+            });
+        }
+    }
+    let mut tool_calls = Vec::new();
+    if let Some(calls) = msg.get("tool_calls").and_then(Value::as_array) {
+        for (n, c) in calls.iter().enumerate() {
+            let f = c.get("function").unwrap_or(&empty);
+            let name = f.get("name").and_then(Value::as_str).unwrap_or_default();
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+                .map_or_else(new_call_id, str::to_string);
+            let raw = arguments_text(f.get("arguments"));
+            if name.is_empty() {
+                return Err(ModelError::InvalidResponse(format!(
+                    "tool call {n} of the response has no function name: {}",
+                    preview(&c.to_string())
+                )));
+            }
+            let mut call = ToolCall::from_raw_arguments(id, name.to_string(), &raw);
+            if let Some(x) = c.get("extra_content").filter(|x| !x.is_null()) {
+                call.provider_data = Some(json!({"extra_content": x}));
+            }
+            tool_calls.push(call);
+        }
+    }
+    let finish = choice
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .map(map_finish);
+    Ok(ModelResponse {
+        text,
+        finish_reason: settle_finish(finish, !tool_calls.is_empty()),
+        tool_calls,
+        usage,
+        parts,
+        malformed_call: None,
+    })
+}
+
+/// The text of a `content` field: a string, or the `text` parts of an array of parts.
+pub(super) fn content_text(content: Option<&Value>) -> Option<String> {
+    match content? {
+        Value::String(s) => Some(s.clone()),
+        Value::Array(parts) => {
+            let mut out = String::new();
+            for p in parts {
+                match p {
+                    Value::String(s) => out.push_str(s),
+                    Value::Object(o) if o.get("type").and_then(Value::as_str) == Some("text") => {
+                        if let Some(t) = o.get("text").and_then(Value::as_str) {
+                            out.push_str(t);
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            Some(out)
+        }
+        _ => None,
+    }
+}
+
+/// Argument text: a string as it is, a JSON object or array serialized, nothing as `""`.
+pub(super) fn arguments_text(arguments: Option<&Value>) -> String {
+    match arguments {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    }
+}
+
+pub(super) fn map_finish(reason: &str) -> FinishReason {
+    match reason {
+        "stop" | "end_turn" | "eos" | "stop_sequence" => FinishReason::Stop,
+        "tool_calls" | "function_call" | "tool_use" => FinishReason::ToolCalls,
+        "length" | "max_tokens" => FinishReason::Length,
+        "content_filter" | "safety" | "refusal" => FinishReason::ContentFilter,
+        "error" => FinishReason::Error,
+        other => {
+            tracing::debug!(
+                finish_reason = other,
+                "unknown finish_reason, taken as stop"
+            );
+            FinishReason::Stop
+        }
+    }
+}
+
+/// The finish reason of a reply: a `stop` that came with tool calls (as some servers say) is
+/// `ToolCalls`; a missing one is `ToolCalls` or `Stop` by whether calls came.
+pub(super) fn settle_finish(finish: Option<FinishReason>, has_calls: bool) -> FinishReason {
+    match finish {
+        Some(FinishReason::Stop) | None if has_calls => FinishReason::ToolCalls,
+        Some(f) => f,
+        None => FinishReason::Stop,
+    }
+}
+
+pub(super) fn as_count(v: Option<&Value>) -> Option<u64> {
+    let v = v?;
+    v.as_u64()
+        .or_else(|| v.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+}
+
+/// The usage object of a response or chunk (`usage`, else Groq's `x_groq.usage`).
+pub(super) fn usage_of(v: &Value) -> Option<Usage> {
+    let u = v
+        .get("usage")
+        .filter(|u| u.is_object())
+        .or_else(|| v.pointer("/x_groq/usage").filter(|u| u.is_object()))?;
+    parse_usage(u)
+}
+
+/// The usage in a usage object, or `None` without a prompt or completion count (then the
+/// tokens are unknown, not zero).
+pub(super) fn parse_usage(u: &Value) -> Option<Usage> {
+    let input = as_count(u.get("prompt_tokens"));
+    let output = as_count(u.get("completion_tokens"));
+    if input.is_none() && output.is_none() {
+        return None;
+    }
+    // Chained lookups: `pointer` allocates for every path segment.
+    let cache_read = as_count(
+        u.get("prompt_tokens_details")
+            .and_then(|d| d.get("cached_tokens")),
+    )
+    .or_else(|| as_count(u.get("cached_tokens")))
+    .or_else(|| as_count(u.get("prompt_cache_hit_tokens")))
+    .or_else(|| as_count(u.get("num_cached_tokens")))
+    .unwrap_or(0);
+    Some(Usage {
+        input_tokens: input.unwrap_or(0),
+        output_tokens: output.unwrap_or(0),
+        cache_read_tokens: cache_read,
+        cache_write_tokens: 0,
+        reasoning_tokens: as_count(
+            u.get("completion_tokens_details")
+                .and_then(|d| d.get("reasoning_tokens")),
+        )
+        .unwrap_or(0),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::request::WireMessage;
+    use super::super::without_ids;
+    use super::*;
+    use crate::message::Message;
+    use proptest::prelude::*;
+
+    #[test]
+    fn complete_reply_keeps_reasoning_and_usage_details() {
+        let body = include_bytes!(
+            "../../../tests/conformance/deepseek-parallel-tool-calls-reasoning/response.json"
+        );
+        let r = decode_response(body).unwrap();
+        assert_eq!(r.parts.len(), 1);
+        assert!(
+            r.parts[0].data["reasoning_content"]
+                .as_str()
+                .unwrap()
+                .starts_with("Great")
+        );
+        assert_eq!(r.usage.unwrap().reasoning_tokens, 26);
+        let body = include_bytes!(
+            "../../../tests/conformance/openai-tool-call-cached-tokens/response.json"
+        );
+        let u = decode_response(body).unwrap().usage.unwrap();
+        assert_eq!((u.input_tokens, u.cache_read_tokens), (1187, 1152));
+        // The reasoning goes back to the server on the next turn.
+        let msg = Message::Assistant(r.to_message());
+        assert!(serde_json::to_value(WireMessage(&msg)).unwrap()["reasoning_content"].is_string());
+        // Gemini's thought signature on a tool call survives the round trip.
+        let body = br#"{"choices":[{"index":0,"finish_reason":"tool_calls","message":{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{}"},"extra_content":{"google":{"thought_signature":"sig"}}}]}}]}"#;
+        let r = decode_response(body).unwrap();
+        let wire = serde_json::to_value(WireMessage(&Message::Assistant(r.to_message()))).unwrap();
+        assert_eq!(
+            wire["tool_calls"][0]["extra_content"]["google"]["thought_signature"],
+            "sig"
+        );
+    }
+
+    #[test]
+    fn bad_bodies_say_what_was_wrong() {
+        let e = decode_response(b"<html>").unwrap_err();
+        assert!(e.to_string().contains("not JSON"), "{e}");
+        let e = decode_response(b"{\"object\":\"list\"}").unwrap_err();
+        assert!(e.to_string().contains("choices"), "{e}");
+        let e = decode_response(br#"{"choices":[{"message":{"tool_calls":[{"id":"x","function":{"arguments":"{}"}}]}}]}"#).unwrap_err();
+        assert!(e.to_string().contains("no function name"), "{e}");
+    }
+    /// The typed path, where it accepts a body, decodes it as the value path does.
+    fn paths_agree(body: &[u8]) -> Result<bool, String> {
+        let Some(fast) = typed::decode(body) else {
+            return Ok(false);
+        };
+        match decode_value(body) {
+            Ok(slow) if without_ids(fast.clone()) == without_ids(slow.clone()) => Ok(true),
+            other => Err(format!(
+                "typed {fast:?}\nvalue {other:?}\nbody {}",
+                String::from_utf8_lossy(body)
+            )),
+        }
+    }
+
+    #[test]
+    fn typed_and_value_decoding_agree_on_the_corpus() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+        let mut typed = 0;
+        for case in std::fs::read_dir(&dir).unwrap() {
+            let case = case.unwrap().path();
+            let Ok(meta) = std::fs::read(case.join("meta.json")) else {
+                continue;
+            };
+            let meta: Value = serde_json::from_slice(&meta).unwrap();
+            if meta["api"] != "openai-chat" || meta["stream"] == true {
+                continue;
+            }
+            let file = meta["response_file"].as_str().unwrap_or("response.json");
+            let body = std::fs::read(case.join(file)).unwrap();
+            match paths_agree(&body) {
+                Ok(took) => typed += usize::from(took),
+                Err(e) => panic!("{}: {e}", case.display()),
+            }
+        }
+        // Every successful complete reply in the corpus has the usual shape.
+        assert!(
+            typed >= 12,
+            "the typed path took only {typed} corpus bodies"
+        );
+    }
+
+    /// Completion bodies built from the usual fields, each absent, of the right type, or odd:
+    /// null, of the wrong type, empty, escaped.
+    fn completion_body() -> BoxedStrategy<String> {
+        let odd = proptest::sample::select(vec![
+            "null",
+            "0",
+            "1",
+            "-1",
+            "0.0",
+            "\"\"",
+            "\"x\\n\\u00e9\"",
+            "{}",
+            "[]",
+            "{\"a\":1}",
+            "[{\"type\":\"text\",\"text\":\"hi\"}]",
+            "[\"hi\",[]]",
+        ])
+        .prop_map(str::to_string)
+        .boxed();
+        let pick = |good: &[&'static str]| {
+            let good = proptest::sample::select(good.to_vec()).prop_map(str::to_string);
+            prop_oneof![12 => good, 1 => odd.clone()].boxed()
+        };
+        let object = |fields: Vec<(&'static str, BoxedStrategy<String>)>| {
+            let fields: Vec<_> = fields
+                .into_iter()
+                .map(|(k, v)| {
+                    proptest::option::weighted(0.85, v.prop_map(move |v| format!("\"{k}\":{v}")))
+                })
+                .collect();
+            fields
+                .prop_map(|f| {
+                    format!(
+                        "{{{}}}",
+                        f.into_iter().flatten().collect::<Vec<_>>().join(",")
+                    )
+                })
+                .boxed()
+        };
+        let array = |item: BoxedStrategy<String>| {
+            proptest::collection::vec(item, 0..3)
+                .prop_map(|items| format!("[{}]", items.join(",")))
+                .boxed()
+        };
+        let either =
+            |good: BoxedStrategy<String>| prop_oneof![12 => good, 1 => odd.clone()].boxed();
+        let function = object(vec![
+            (
+                "name",
+                pick(&["\"read\"", "\"read\"", "\"\"", "\"r\\u00e9ad\""]),
+            ),
+            (
+                "arguments",
+                pick(&[
+                    "\"{\\\"a\\\":1}\"",
+                    "\"\"",
+                    "{\"a\":1}",
+                    "\"{bad\"",
+                    "\"\\\"{}\\\"\"",
+                ]),
+            ),
+        ]);
+        let call = object(vec![
+            ("id", pick(&["\"call_1\"", "\"\"", "\"call_\\u00e9\""])),
+            ("type", pick(&["\"function\""])),
+            ("function", either(function)),
+            (
+                "extra_content",
+                pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+            ),
+        ]);
+        let message = object(vec![
+            ("role", pick(&["\"assistant\""])),
+            ("content", pick(&["\"hi\"", "\"\"", "\"a\\\"b\""])),
+            ("tool_calls", either(array(call))),
+            ("reasoning_content", pick(&["\"why\"", "\"\""])),
+            ("refusal", pick(&["\"no\"", "\"\""])),
+            ("extra_content", pick(&["{\"k\":1}"])),
+        ]);
+        let choice = object(vec![
+            ("index", pick(&["0", "1"])),
+            ("message", either(message)),
+            (
+                "finish_reason",
+                pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "\"odd\""]),
+            ),
+        ]);
+        let usage = object(vec![
+            ("prompt_tokens", pick(&["3", "3", "3", "3.0"])),
+            ("completion_tokens", pick(&["2"])),
+            (
+                "prompt_tokens_details",
+                pick(&["{\"cached_tokens\":1}", "{\"cached_tokens\":null}", "null"]),
+            ),
+            ("cached_tokens", pick(&["4"])),
+            ("prompt_cache_hit_tokens", pick(&["5"])),
+            ("num_cached_tokens", pick(&["6"])),
+            (
+                "completion_tokens_details",
+                pick(&["{\"reasoning_tokens\":7}", "{}"]),
+            ),
+        ]);
+        let groq = "{\"usage\":{\"prompt_tokens\":5}}";
+        object(vec![
+            ("id", pick(&["\"chatcmpl-1\""])),
+            ("choices", either(array(choice))),
+            ("usage", either(usage)),
+            ("x_groq", pick(&[groq])),
+            (
+                "error",
+                pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
+            ),
+        ])
+    }
+
+    #[test]
+    fn typed_decoding_agrees_with_the_value_path() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let strategy = completion_body();
+        let (mut typed, cases) = (0, 3000);
+        for _ in 0..cases {
+            let body = strategy.new_tree(&mut runner).unwrap().current();
+            match paths_agree(body.as_bytes()) {
+                Ok(took) => typed += usize::from(took),
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // The bodies must exercise the typed path, not only the fallback.
+        assert!(
+            typed * 12 > cases,
+            "the typed path took only {typed} of {cases} bodies"
+        );
+    }
+}

@@ -1,0 +1,130 @@
+//! The transport shared by the HTTP provider adapters: the HTTP client with its retries and
+//! limits ([`http`]), the Server-Sent Events reader ([`sse`]), and the plumbing that carries
+//! bytes, events and errors between them and an adapter's decoder.
+//!
+//! Nothing here knows a wire format: what a provider's bodies, events and error objects mean
+//! stays in its adapter ([`crate::providers`]).
+
+#[cfg(feature = "http")]
+pub mod http;
+pub mod sse;
+#[cfg(feature = "http")]
+pub(crate) mod wire;
+
+/// Why a provider's base URL was refused by [`check_base_url`]. The messages show the URL
+/// without any password or key it carries.
+#[cfg(feature = "http")]
+#[derive(Debug, thiserror::Error)]
+pub enum BaseUrlError {
+    /// The text does not parse as a URL.
+    #[error("`{url}` is not a URL ({source}); {}", EXPECTED)]
+    NotAUrl {
+        /// The URL as given, credentials hidden.
+        url: String,
+        /// The parser's complaint.
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The URL has no `scheme://` (`localhost:8089` reads as the scheme `localhost:`).
+    #[error(
+        "`{url}` has no scheme (it reads as the scheme `{scheme}:`); {} (http://{url}?)",
+        EXPECTED
+    )]
+    NoScheme {
+        /// The URL as given, credentials hidden.
+        url: String,
+        /// What the text reads as the scheme.
+        scheme: String,
+    },
+    /// The scheme is neither `http` nor `https`.
+    #[error(
+        "`{url}` uses the scheme `{scheme}`: the providers speak HTTP; {}",
+        EXPECTED
+    )]
+    Scheme {
+        /// The URL as given, credentials hidden.
+        url: String,
+        /// Its scheme.
+        scheme: String,
+    },
+    /// The URL has no host.
+    #[error("`{url}` has no host; {}", EXPECTED)]
+    NoHost {
+        /// The URL as given, credentials hidden.
+        url: String,
+    },
+    /// The URL has a query, which would end up before the API path appended to it.
+    #[error(
+        "`{url}` has a query (`?…`): the API path is appended to the base URL, so the query \
+         would end up before it; give the URL without it"
+    )]
+    Query {
+        /// The URL as given, credentials hidden.
+        url: String,
+    },
+    /// The URL has a fragment, which is never sent and would swallow the API path.
+    #[error(
+        "`{url}` has a fragment (`#…`): it is never sent, and the API path appended to the \
+         base URL would be lost in it; give the URL without it"
+    )]
+    Fragment {
+        /// The URL as given, credentials hidden.
+        url: String,
+    },
+}
+
+#[cfg(feature = "http")]
+const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
+                        https://api.example.com/v1";
+
+/// Checks a provider's base URL before anything is sent: an `http://` or `https://` URL with a
+/// host, and without a query (`?…`) or a fragment (`#…`), since the adapter appends the API
+/// path to it (a query would end up before the path; a fragment is never sent and would swallow
+/// the path). The error says what is wrong, for a message that names where the URL came from.
+///
+/// ```
+/// use toolloop::providers::check_base_url;
+/// assert!(check_base_url("http://127.0.0.1:8089/v1").is_ok());
+/// assert!(check_base_url("http//localhost:8089").is_err());
+/// assert!(check_base_url("ftp://example.com").is_err());
+/// assert!(check_base_url("https://example.com/v1?key=abc").is_err());
+/// // The refusal never repeats a key or a password the URL carries.
+/// let e = check_base_url("https://me:hunter2@example.com/v1?key=sekrit").unwrap_err();
+/// let e = e.to_string();
+/// assert!(!e.contains("hunter2") && !e.contains("sekrit"), "{e}");
+/// ```
+#[cfg(feature = "http")]
+pub fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
+    let raw = url.trim();
+    // What the messages show: never a password or a key the URL carries.
+    let url = crate::redact::redact_url_credentials(raw);
+    let parsed = match reqwest::Url::parse(raw) {
+        Ok(u) => u,
+        Err(e) => {
+            return Err(BaseUrlError::NotAUrl {
+                url,
+                source: Box::new(e),
+            });
+        }
+    };
+    match parsed.scheme() {
+        "http" | "https" => {}
+        scheme if !raw.contains("://") => {
+            let scheme = scheme.to_string();
+            return Err(BaseUrlError::NoScheme { url, scheme });
+        }
+        scheme => {
+            let scheme = scheme.to_string();
+            return Err(BaseUrlError::Scheme { url, scheme });
+        }
+    }
+    if parsed.host_str().is_none_or(str::is_empty) {
+        return Err(BaseUrlError::NoHost { url });
+    }
+    if parsed.query().is_some() {
+        return Err(BaseUrlError::Query { url });
+    }
+    if parsed.fragment().is_some() {
+        return Err(BaseUrlError::Fragment { url });
+    }
+    Ok(())
+}
