@@ -16,6 +16,7 @@ macro_rules! outln {
 
 mod chat;
 mod durable;
+mod mcp;
 mod progress;
 mod run;
 mod sessions;
@@ -61,6 +62,9 @@ enum Command {
     Resume(sessions::ResumeArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
+    /// MCP servers: `toolloop mcp list` shows each configured server, its state and its tools.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
 }
 
 #[derive(clap::Args)]
@@ -87,12 +91,13 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        match cli.command {
+        let code = match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Chat(args) => chat::chat(args).await,
             Command::Sessions(command) => sessions::sessions(command).await,
             Command::Runs(args) => sessions::runs(args).await,
             Command::Resume(args) => sessions::resume(args).await,
+            Command::Mcp(command) => mcp::mcp(command).await,
             Command::Mock(args) => {
                 let options = toolloop_mock::MockOptions {
                     port: args.port,
@@ -107,6 +112,9 @@ fn main() -> ExitCode {
                     }
                 }
             }
-        }
+        };
+        // The MCP servers the command started stop with it.
+        mcp::shutdown().await;
+        code
     })
 }

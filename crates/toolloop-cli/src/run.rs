@@ -49,6 +49,9 @@ pub struct AgentArgs {
     /// The most output tokens per model call, 1 to 1000000.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_OUTPUT_TOKENS)))]
     pub max_output_tokens: Option<u32>,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub mcp: crate::mcp::McpArgs,
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
@@ -205,6 +208,13 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     };
     #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
+    if let Err(e) = args.agent.mcp.absolutize() {
+        return usage_error(e);
+    }
+    let tools = match crate::mcp::assemble(&args.agent.mcp, &args.agent.root, tools).await {
+        Ok(t) => t,
+        Err(e) => return e.report(),
+    };
     let stream_text = args.agent.stream && !args.json;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json,
