@@ -290,7 +290,11 @@ pub async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> 
     };
     // The log is replayed, never continued: no model is called.
     let placeholder = Arc::new(toolloop::providers::scripted::ScriptedModel::new(Vec::new()));
-    let agent = match crate::run::agent_builder_with(&run_args.agent, placeholder).and_then(|b| {
+    let tools = match crate::run::tools(&run_args.agent).await {
+        Ok(t) => t,
+        Err(e) => return e.report(),
+    };
+    let agent = match crate::run::agent_builder_with(&run_args.agent, placeholder, tools).and_then(|b| {
         b.journal(Arc::new(store))
             .build()
             .map_err(|e| e.to_string())

@@ -19,6 +19,7 @@ mod chat;
 mod config;
 mod durable;
 mod logging;
+mod mcp;
 mod progress;
 mod run;
 mod sessions;
@@ -88,6 +89,9 @@ enum Command {
         #[arg(long, value_name = "DIR")]
         out_dir: Option<std::path::PathBuf>,
     },
+    /// MCP servers: `toolloop mcp list` shows each configured server, its state and its tools.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
 }
 
 #[derive(clap::Args)]
@@ -152,7 +156,7 @@ fn main() -> ExitCode {
         }
     };
     runtime.block_on(async {
-        match cli.command {
+        let code = match cli.command {
             Command::Run(args) => run::run(args).await,
             Command::Chat(args) => chat::chat(args).await,
             Command::Sessions(command) => sessions::sessions(command).await,
@@ -169,6 +173,7 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Command::Man { out_dir } => man(out_dir.as_deref()),
+            Command::Mcp(command) => mcp::mcp(command).await,
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
@@ -201,7 +206,10 @@ fn main() -> ExitCode {
                     }
                 }
             }
-        }
+        };
+        // The MCP servers the command started stop with it.
+        mcp::shutdown().await;
+        code
     })
 }
 

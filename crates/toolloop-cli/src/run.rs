@@ -56,6 +56,9 @@ pub struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub approval: crate::approve::ApprovalArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub mcp: crate::mcp::McpArgs,
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
@@ -276,7 +279,18 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     if let Err(e) = args.agent.check() {
         return usage_error(e);
     }
-    let builder = match agent_builder(&args.agent) {
+    if let Err(e) = args.agent.mcp.absolutize() {
+        return usage_error(e);
+    }
+    let tools = match tools(&args.agent).await {
+        Ok(t) => t,
+        Err(e) => return e.report(),
+    };
+    let model = match model_from_args(&args.agent.provider) {
+        Ok(m) => m,
+        Err(e) => return usage_error(e),
+    };
+    let builder = match agent_builder_with(&args.agent, model, tools) {
         Ok(b) => b,
         Err(e) => return usage_error(e),
     };
@@ -361,22 +375,29 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     exit_code(outcome.stop_reason)
 }
 
-/// The agent `agent` describes: its model, tools, limits and approval rules (no event
-/// handler, no approval handler, no journal).
-pub fn agent_builder(agent: &AgentArgs) -> Result<AgentBuilder, String> {
-    agent_builder_with(agent, model_from_args(&agent.provider)?)
+/// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the
+/// MCP servers configured, as selected by `--tools` / `--no-tools`.
+pub async fn tools(
+    agent: &AgentArgs,
+) -> Result<Vec<Arc<dyn toolloop::Tool>>, crate::mcp::ToolsError> {
+    use crate::mcp::ToolsError;
+    let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
+        .map_err(|e| ToolsError::Usage(format!("--root {}: {e}", agent.root.display())))?;
+    tools.extend(
+        crate::approve::command_tools(&agent.root, &agent.approval).map_err(ToolsError::Usage)?,
+    );
+    #[cfg(feature = "test-hooks")]
+    let tools = crate::testtool::tools(tools);
+    crate::mcp::assemble(&agent.mcp, &agent.root, tools).await
 }
 
-/// [`agent_builder`] around another model (one that is never called: to read a run's log).
+/// The agent `agent` describes around `model` and `tools`: its limits and approval rules (no
+/// event handler, no approval handler, no journal).
 pub fn agent_builder_with(
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
+    tools: Vec<Arc<dyn toolloop::Tool>>,
 ) -> Result<AgentBuilder, String> {
-    let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
-        .map_err(|e| format!("--root {}: {e}", agent.root.display()))?;
-    tools.extend(crate::approve::command_tools(&agent.root, &agent.approval)?);
-    #[cfg(feature = "test-hooks")]
-    let tools = crate::testtool::tools(tools);
     let mut builder = AgentBuilder::new(model)
         .tools(tools)
         .max_rounds(agent.max_rounds)

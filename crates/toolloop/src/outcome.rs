@@ -85,6 +85,7 @@ impl ErrorCode {
             ErrorCode::Cancelled => StopReason::Cancelled,
             ErrorCode::StoreFailed => StopReason::StoreFailed,
             ErrorCode::OutputTruncated => StopReason::OutputTruncated,
+            ErrorCode::AwaitingApproval => StopReason::AwaitingApproval,
         }
     }
 }

@@ -1,0 +1,492 @@
+//! What a server is: how to reach it ([`Transport`]) and how its tools are named and called
+//! ([`ServerConfig`]); and the `mcpServers` JSON of Claude Desktop, Cursor and Claude Code
+//! ([`parse_mcp_servers`]).
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How to reach a server.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Transport {
+    /// A child process speaking MCP on its stdin and stdout.
+    Stdio {
+        /// The program.
+        command: String,
+        /// Its arguments.
+        args: Vec<String>,
+        /// Variables set for it, on top of this process's environment without its secrets
+        /// (see [`child_env`]). A secret the server needs must be listed here.
+        env: BTreeMap<String, String>,
+        /// Its working directory (default: this process's).
+        cwd: Option<PathBuf>,
+    },
+    /// A server at a streamable HTTP endpoint.
+    Http {
+        /// The endpoint (`http://127.0.0.1:3001/mcp`, `https://…`).
+        url: String,
+        /// Headers sent with every request (`Authorization: Bearer …`).
+        headers: BTreeMap<String, String>,
+    },
+}
+
+/// One server and how its tools are offered.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// The server's name (the key in `mcpServers`): in error messages and in prefixed tool
+    /// names.
+    pub name: String,
+    /// How to reach it.
+    pub transport: Transport,
+    /// When set, every tool of this server is named `<prefix>__<tool>`. When not, a tool keeps
+    /// its own name unless that name collides with another server's tool or a built-in tool;
+    /// then it is `<server>__<tool>`.
+    pub prefix: Option<String>,
+    /// The longest a call may take; the server is told to cancel it after that (default: no
+    /// limit but the run's).
+    pub call_timeout: Option<Duration>,
+    /// The longest the server may take to start and answer `initialize` (default 30 s).
+    pub startup_timeout: Duration,
+    /// How many times the server is started again after it died (default 3); after that its
+    /// calls fail.
+    pub max_restarts: u32,
+}
+
+impl ServerConfig {
+    /// A server with the default settings.
+    pub fn new(name: impl Into<String>, transport: Transport) -> Self {
+        ServerConfig {
+            name: name.into(),
+            transport,
+            prefix: None,
+            call_timeout: None,
+            startup_timeout: Duration::from_secs(30),
+            max_restarts: 3,
+        }
+    }
+
+    /// A child process server.
+    pub fn stdio<I, S>(name: impl Into<String>, command: impl Into<String>, args: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ServerConfig::new(
+            name,
+            Transport::Stdio {
+                command: command.into(),
+                args: args.into_iter().map(Into::into).collect(),
+                env: BTreeMap::new(),
+                cwd: None,
+            },
+        )
+    }
+
+    /// A streamable HTTP server.
+    pub fn http(name: impl Into<String>, url: impl Into<String>) -> Self {
+        ServerConfig::new(
+            name,
+            Transport::Http {
+                url: url.into(),
+                headers: BTreeMap::new(),
+            },
+        )
+    }
+
+    /// Sets a variable of a child process server (ignored for HTTP).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        if let Transport::Stdio { env, .. } = &mut self.transport {
+            env.insert(key.into(), value.into());
+        }
+        self
+    }
+
+    /// Sets the working directory of a child process server (ignored for HTTP).
+    pub fn cwd(mut self, dir: impl Into<PathBuf>) -> Self {
+        if let Transport::Stdio { cwd, .. } = &mut self.transport {
+            *cwd = Some(dir.into());
+        }
+        self
+    }
+
+    /// Sets a header of an HTTP server (ignored for stdio).
+    pub fn header(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        if let Transport::Http { headers, .. } = &mut self.transport {
+            headers.insert(name.into(), value.into());
+        }
+        self
+    }
+
+    /// Names every tool of this server `<prefix>__<tool>`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// The longest a call may take.
+    pub fn call_timeout(mut self, timeout: Duration) -> Self {
+        self.call_timeout = Some(timeout);
+        self
+    }
+}
+
+/// Whether an environment variable's name looks like it holds a secret: it contains `KEY`,
+/// `TOKEN`, `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL`, `AUTH` or `COOKIE` (any case). Such
+/// variables are not passed on to child process servers unless the server's `env` lists them.
+pub fn is_secret_env_name(name: &str) -> bool {
+    const MARKS: &[&str] = &[
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "AUTH",
+        "COOKIE",
+    ];
+    let upper = name.to_ascii_uppercase();
+    MARKS.iter().any(|m| upper.contains(m))
+}
+
+/// The environment of a child process server: this process's variables without the secret
+/// ones ([`is_secret_env_name`]), then the server's own `env` (which may set anything).
+pub fn child_env(
+    inherited: impl IntoIterator<Item = (String, String)>,
+    own: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut env: BTreeMap<String, String> = inherited
+        .into_iter()
+        .filter(|(k, _)| !is_secret_env_name(k))
+        .collect();
+    env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}
+
+/// Why a configuration could not be read.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{message}")]
+pub struct ConfigError {
+    /// What was wrong, naming the server and the field.
+    pub message: String,
+}
+
+fn err(message: impl Into<String>) -> ConfigError {
+    ConfigError {
+        message: message.into(),
+    }
+}
+
+/// Replaces `${VAR}` (and `${VAR:-default}`) with the variable's value from `lookup`. A
+/// variable that is not set (and has no default) is an error naming it; `$$` is a `$`.
+pub fn expand_vars(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let after = &rest[i + 1..];
+        if let Some(tail) = after.strip_prefix('$') {
+            out.push('$');
+            rest = tail;
+        } else if let Some(body) = after.strip_prefix('{') {
+            let Some(end) = body.find('}') else {
+                return Err(format!("`${{` without a closing `}}` in `{text}`"));
+            };
+            let inner = &body[..end];
+            let (name, default) = match inner.split_once(":-") {
+                Some((n, d)) => (n, Some(d)),
+                None => (inner, None),
+            };
+            let valid =
+                !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !valid {
+                return Err(format!(
+                    "`${{{inner}}}` is not a variable: expected ${{NAME}} or ${{NAME:-default}}"
+                ));
+            }
+            match lookup(name).or_else(|| default.map(str::to_string)) {
+                Some(v) => out.push_str(&v),
+                None => return Err(format!("the variable {name} is not set")),
+            }
+            rest = &body[end + 1..];
+        } else {
+            out.push('$');
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Reads the servers of an `mcpServers` document (Claude Desktop, Cursor, Claude Code:
+/// `{"mcpServers": {"name": {"command": …, "args": […], "env": {…}, "cwd": …}, "web":
+/// {"url": …, "headers": {…}}}}`), expanding `${VAR}` in every string with `lookup`. A
+/// server with `"disabled": true` is left out. Also reads `prefix` (see
+/// [`ServerConfig::prefix`]) and `timeout` (seconds per call). `type` may be `stdio`, `http`
+/// or `streamable-http`; `sse` (the old transport) is refused.
+pub fn parse_mcp_servers(
+    doc: &Value,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Vec<ServerConfig>, ConfigError> {
+    let Some(servers) = doc.get("mcpServers") else {
+        return Err(err(
+            "no `mcpServers` object: expected {\"mcpServers\": {\"name\": {\"command\": …} or {\"url\": …}}}",
+        ));
+    };
+    let Some(servers) = servers.as_object() else {
+        return Err(err("`mcpServers` is not an object of servers by name"));
+    };
+    let mut out = Vec::new();
+    for (name, spec) in servers {
+        if let Some(server) = parse_server(name, spec, lookup)? {
+            out.push(server);
+        }
+    }
+    Ok(out)
+}
+
+fn parse_server(
+    name: &str,
+    spec: &Value,
+    lookup: &dyn Fn(&str) -> Option<String>,
+) -> Result<Option<ServerConfig>, ConfigError> {
+    let at = |field: &str| format!("mcpServers.{name}.{field}");
+    let Some(obj) = spec.as_object() else {
+        return Err(err(format!("mcpServers.{name} is not an object")));
+    };
+    if obj.get("disabled").and_then(Value::as_bool) == Some(true) {
+        return Ok(None);
+    }
+    let valid_name = !name.is_empty()
+        && name.len() <= 32
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-'));
+    if !valid_name {
+        return Err(err(format!(
+            "server name `{name}`: expected 1 to 32 characters from a-z, A-Z, 0-9, `_` and `-` \
+             (it prefixes tool names)"
+        )));
+    }
+    let string = |field: &str| -> Result<Option<String>, ConfigError> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::String(s)) => expand_vars(s, lookup)
+                .map(Some)
+                .map_err(|e| err(format!("{}: {e}", at(field)))),
+            Some(_) => Err(err(format!("{} is not a string", at(field)))),
+        }
+    };
+    let map = |field: &str| -> Result<BTreeMap<String, String>, ConfigError> {
+        match obj.get(field) {
+            None | Some(Value::Null) => Ok(BTreeMap::new()),
+            Some(Value::Object(m)) => m
+                .iter()
+                .map(|(k, v)| match v {
+                    Value::String(s) => expand_vars(s, lookup)
+                        .map(|v| (k.clone(), v))
+                        .map_err(|e| err(format!("{}.{k}: {e}", at(field)))),
+                    _ => Err(err(format!("{}.{k} is not a string", at(field)))),
+                })
+                .collect(),
+            Some(_) => Err(err(format!("{} is not an object of strings", at(field)))),
+        }
+    };
+    let kind = string("type")?;
+    let command = string("command")?;
+    let url = string("url")?;
+    let transport = match (kind.as_deref(), command, url) {
+        (Some("sse"), _, _) => {
+            return Err(err(format!(
+                "{}: the SSE transport is not supported; use the server's streamable HTTP \
+                 endpoint (type `http`)",
+                at("type")
+            )));
+        }
+        (Some(t), _, _)
+            if !matches!(t, "stdio" | "http" | "streamable-http" | "streamableHttp") =>
+        {
+            return Err(err(format!(
+                "{}: `{t}` is not a transport: expected stdio or http",
+                at("type")
+            )));
+        }
+        (_, Some(_), Some(_)) => {
+            return Err(err(format!(
+                "mcpServers.{name} has both `command` and `url`: expected one"
+            )));
+        }
+        (_, Some(command), None) => {
+            let args = match obj.get("args") {
+                None | Some(Value::Null) => Vec::new(),
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| match v {
+                        Value::String(s) => expand_vars(s, lookup)
+                            .map_err(|e| err(format!("{}[{i}]: {e}", at("args")))),
+                        _ => Err(err(format!("{}[{i}] is not a string", at("args")))),
+                    })
+                    .collect::<Result<_, _>>()?,
+                Some(_) => return Err(err(format!("{} is not an array of strings", at("args")))),
+            };
+            Transport::Stdio {
+                command,
+                args,
+                env: map("env")?,
+                cwd: string("cwd")?.map(PathBuf::from),
+            }
+        }
+        (_, None, Some(url)) => {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(err(format!(
+                    "{}: `{url}` is not an http:// or https:// URL",
+                    at("url")
+                )));
+            }
+            Transport::Http {
+                url,
+                headers: map("headers")?,
+            }
+        }
+        (_, None, None) => {
+            return Err(err(format!(
+                "mcpServers.{name} has neither `command` (a child process) nor `url` (streamable \
+                 HTTP)"
+            )));
+        }
+    };
+    let mut server = ServerConfig::new(name, transport);
+    if let Some(prefix) = string("prefix")? {
+        server.prefix = Some(prefix);
+    }
+    match obj.get("timeout") {
+        None | Some(Value::Null) => {}
+        Some(v) => match v.as_f64() {
+            Some(s) if s.is_finite() && s > 0.0 && s <= 86_400.0 => {
+                server.call_timeout = Some(Duration::from_secs_f64(s));
+            }
+            _ => {
+                return Err(err(format!(
+                    "{}: expected seconds per call, above 0 and at most 86400",
+                    at("timeout")
+                )));
+            }
+        },
+    }
+    Ok(Some(server))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn vars(name: &str) -> Option<String> {
+        match name {
+            "HOME" => Some("/home/me".into()),
+            "GH_TOKEN" => Some("ghp_x".into()),
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn expands_variables_and_names_missing_ones() {
+        assert_eq!(
+            expand_vars("${HOME}/x $$ ${NOPE:-d} $", &vars).unwrap(),
+            "/home/me/x $ d $"
+        );
+        let e = expand_vars("a ${MISSING} b", &vars).unwrap_err();
+        assert!(e.contains("MISSING"), "{e}");
+        assert!(expand_vars("${bad name}", &vars).is_err());
+        assert!(expand_vars("${OPEN", &vars).is_err());
+    }
+
+    #[test]
+    fn reads_the_claude_desktop_format() {
+        let doc = json!({"mcpServers": {
+            "fs": {"command": "npx", "args": ["-y", "server", "${HOME}"], "env": {"GH_TOKEN": "${GH_TOKEN}"}, "cwd": "/tmp"},
+            "web": {"type": "http", "url": "https://example.com/mcp", "headers": {"Authorization": "Bearer ${GH_TOKEN}"}, "prefix": "w", "timeout": 2.5},
+            "off": {"command": "x", "disabled": true}
+        }});
+        let servers = parse_mcp_servers(&doc, &vars).unwrap();
+        assert_eq!(servers.len(), 2);
+        let fs = servers.iter().find(|s| s.name == "fs").unwrap();
+        assert_eq!(
+            fs.transport,
+            Transport::Stdio {
+                command: "npx".into(),
+                args: vec!["-y".into(), "server".into(), "/home/me".into()],
+                env: BTreeMap::from([("GH_TOKEN".into(), "ghp_x".into())]),
+                cwd: Some("/tmp".into()),
+            }
+        );
+        let web = servers.iter().find(|s| s.name == "web").unwrap();
+        assert_eq!(web.prefix.as_deref(), Some("w"));
+        assert_eq!(web.call_timeout, Some(Duration::from_millis(2500)));
+        match &web.transport {
+            Transport::Http { url, headers } => {
+                assert_eq!(url, "https://example.com/mcp");
+                assert_eq!(headers["Authorization"], "Bearer ghp_x");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn errors_name_the_server_and_field() {
+        let cases = [
+            (
+                json!({"mcpServers": {"a": {"command": 3}}}),
+                "mcpServers.a.command",
+            ),
+            (json!({"mcpServers": {"a": {}}}), "neither `command`"),
+            (
+                json!({"mcpServers": {"a": {"url": "ftp://x"}}}),
+                "mcpServers.a.url",
+            ),
+            (
+                json!({"mcpServers": {"a": {"type": "sse", "url": "http://x"}}}),
+                "SSE",
+            ),
+            (
+                json!({"mcpServers": {"a": {"command": "x", "env": {"K": "${NOPE}"}}}}),
+                "mcpServers.a.env.K: the variable NOPE",
+            ),
+            (
+                json!({"mcpServers": {"a b": {"command": "x"}}}),
+                "server name `a b`",
+            ),
+            (
+                json!({"mcpServers": {"a": {"command": "x", "timeout": -1}}}),
+                "mcpServers.a.timeout",
+            ),
+            (json!({"servers": {}}), "no `mcpServers`"),
+        ];
+        for (doc, want) in cases {
+            let e = parse_mcp_servers(&doc, &vars).unwrap_err().message;
+            assert!(e.contains(want), "{e} should contain {want}");
+        }
+    }
+
+    #[test]
+    fn secrets_stay_out_of_child_environments_unless_listed() {
+        let inherited = [
+            ("PATH", "/bin"),
+            ("OPENAI_API_KEY", "sk-1"),
+            ("GITHUB_TOKEN", "t"),
+            ("MY_SECRET_THING", "s"),
+            ("DB_PASSWORD", "p"),
+            ("AWS_SECRET_ACCESS_KEY", "a"),
+            ("LANG", "C"),
+        ]
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+        let own = BTreeMap::from([("GITHUB_TOKEN".to_string(), "given".to_string())]);
+        let env = child_env(inherited, &own);
+        assert_eq!(
+            env.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["GITHUB_TOKEN", "LANG", "PATH"]
+        );
+        assert_eq!(env["GITHUB_TOKEN"], "given");
+    }
+}

@@ -1,0 +1,264 @@
+//! MCP servers as toolloop tools, on [rmcp](https://docs.rs/rmcp), the official Rust SDK.
+//!
+//! A server is a child process speaking MCP on stdio (`command`, `args`, `env`, `cwd`) or a
+//! streamable HTTP endpoint (`url`, `headers`; feature `http`, on by default). [`McpTools`]
+//! holds the servers of a process: each starts once, on first use, and [`McpTools::shutdown`]
+//! stops them (a child is waited for, and killed after a grace period: no zombies). Their tools
+//! become [`toolloop::tool::Tool`]s:
+//!
+//! - **Names**: a tool keeps its server's name for it, unless that name collides with another
+//!   server's tool or with a name passed as reserved (the built-in tools); then it is
+//!   `<server>__<tool>`. [`ServerConfig::prefix`] names every tool of a server
+//!   `<prefix>__<tool>`. Characters providers refuse become `_`; names are cut to 64.
+//! - **Side effects** come from the annotations ([`tool::side_effect_of`]): `readOnlyHint` is
+//!   read-only (parallel-safe, run again on resume), `idempotentHint` idempotent, anything else
+//!   side-effecting (reported "outcome unknown" on resume, never repeated).
+//! - **Calls** carry the call's idempotency key in `_meta` ([`server::IDEMPOTENCY_KEY_META`]).
+//!   The run's cancellation or deadline, and the server's `call_timeout`, reach the server as
+//!   `notifications/cancelled`.
+//! - **Results** ([`tool::to_output`]): text parts are the message, structured content the
+//!   data; images, audio and binary resources become a line describing them; `isError` is a
+//!   failed call the model reads.
+//! - **Faults**: a server that dies during a call fails that call ("went away during the call;
+//!   the outcome is unknown") and is started again for the next one, at most
+//!   [`ServerConfig::max_restarts`] times; a server that does not start is an error naming it,
+//!   with the end of its stderr.
+//! - **Environment**: a child gets this process's environment without the variables whose names
+//!   look secret ([`config::is_secret_env_name`]: `*_API_KEY`, `*_TOKEN`, `*SECRET*`, …); a
+//!   secret a server needs must be listed in its `env`.
+//! - **Changing tool lists**: after `notifications/tools/list_changed`, the next
+//!   [`McpTools::tools`] lists the server's tools again. An agent's toolbox is fixed for a run,
+//!   so build the agent's tools at the start of each run (the `toolloop` command does); a tool
+//!   the server dropped during a run fails with the server's error.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use toolloop_mcp::{McpTools, ServerConfig};
+//! let mcp = McpTools::new(vec![
+//!     ServerConfig::stdio("fs", "npx", ["-y", "@modelcontextprotocol/server-filesystem", "."]),
+//!     ServerConfig::http("web", "http://127.0.0.1:3001/mcp")
+//!         .header("Authorization", format!("Bearer {}", std::env::var("WEB_TOKEN")?)),
+//! ])?;
+//! let tools = mcp.tools(&["read_file"]).await?; // names of built-in tools to avoid
+//! # let model = toolloop::providers::test_model::TestModel::new();
+//! let agent = toolloop::agent::Agent::builder(model).tools(tools).build()?;
+//! let outcome = agent.prompt("List the files").await;
+//! mcp.shutdown().await;
+//! # let _ = outcome; Ok(()) }
+//! ```
+
+pub mod config;
+#[cfg(feature = "http")]
+mod http;
+pub mod server;
+#[cfg(feature = "test-server")]
+pub mod test_server;
+pub mod tool;
+
+pub use config::{ConfigError, ServerConfig, Transport, parse_mcp_servers};
+pub use server::{McpError, McpServer, ServerState};
+pub use tool::McpTool;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use toolloop::tool::Tool;
+
+/// The separator of prefixed tool names: `<server>__<tool>`.
+pub const PREFIX_SEPARATOR: &str = "__";
+
+/// The MCP servers of a process and their tools.
+#[derive(Debug)]
+pub struct McpTools {
+    servers: Vec<Arc<McpServer>>,
+}
+
+impl McpTools {
+    /// The servers (none started yet). Two servers with one name are refused.
+    pub fn new(configs: Vec<ServerConfig>) -> Result<Self, ConfigError> {
+        let mut seen = std::collections::HashSet::new();
+        for c in &configs {
+            if !seen.insert(c.name.clone()) {
+                return Err(ConfigError {
+                    message: format!("two MCP servers are named `{}`", c.name),
+                });
+            }
+        }
+        Ok(McpTools {
+            servers: configs.into_iter().map(McpServer::new).collect(),
+        })
+    }
+
+    /// The servers.
+    pub fn servers(&self) -> &[Arc<McpServer>] {
+        &self.servers
+    }
+
+    /// Whether any server said its tool list changed since it was last listed.
+    pub fn tools_changed(&self) -> bool {
+        self.servers.iter().any(|s| s.tools_changed())
+    }
+
+    /// Every server's tools, named (see the crate docs) so that none collides with another or
+    /// with `reserved`. Starts the servers that are not running; fails naming the first server
+    /// that cannot start or list its tools.
+    pub async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, McpError> {
+        let mut out = Vec::new();
+        for (_, tools) in self.catalog(reserved).await {
+            out.extend(tools?.into_iter().map(|t| t as Arc<dyn Tool>));
+        }
+        Ok(out)
+    }
+
+    /// Each server with its tools (named as [`McpTools::tools`] names them, among the servers
+    /// that answered), or why it has none.
+    pub async fn catalog(
+        &self,
+        reserved: &[&str],
+    ) -> Vec<(Arc<McpServer>, Result<Vec<Arc<McpTool>>, McpError>)> {
+        let listed = futures::future::join_all(self.servers.iter().map(|s| s.list_tools())).await;
+        let mut keys: Vec<(&str, Option<&str>, &str)> = Vec::new();
+        for (server, tools) in self.servers.iter().zip(&listed) {
+            if let Ok(tools) = tools {
+                for t in tools.iter() {
+                    keys.push((
+                        server.name(),
+                        server.config().prefix.as_deref(),
+                        t.name.as_ref(),
+                    ));
+                }
+            }
+        }
+        let mut names = assign_names(&keys, reserved).into_iter();
+        self.servers
+            .iter()
+            .zip(listed)
+            .map(|(server, tools)| {
+                let tools = tools.map(|tools| {
+                    tools
+                        .iter()
+                        .zip(names.by_ref())
+                        .map(|(t, name)| Arc::new(McpTool::new(server.clone(), t, name)))
+                        .collect()
+                });
+                (server.clone(), tools)
+            })
+            .collect()
+    }
+
+    /// Stops every server (see [`McpServer::shutdown`]).
+    pub async fn shutdown(&self) {
+        futures::future::join_all(self.servers.iter().map(|s| s.shutdown())).await;
+    }
+}
+
+/// A tool name providers accept: characters other than `A-Z a-z 0-9 _ - .` become `_`; at most
+/// 64 characters.
+fn sanitize(name: &str) -> String {
+    let s: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() { "_".into() } else { s }
+}
+
+fn cut(name: String) -> String {
+    if name.len() <= 64 {
+        name
+    } else {
+        name[..64].to_string()
+    }
+}
+
+/// The names tools are offered under, for `(server, prefix, tool)` entries: see the crate docs.
+/// Names still equal after that get `_2`, `_3`, ….
+pub fn assign_names(entries: &[(&str, Option<&str>, &str)], reserved: &[&str]) -> Vec<String> {
+    let base: Vec<String> = entries
+        .iter()
+        .map(|(_, prefix, tool)| match prefix {
+            Some(p) => format!("{}{PREFIX_SEPARATOR}{}", sanitize(p), sanitize(tool)),
+            None => sanitize(tool),
+        })
+        .collect();
+    let mut counts: HashMap<&str, usize> = HashMap::new();
+    for b in &base {
+        *counts.entry(b.as_str()).or_default() += 1;
+    }
+    let named: Vec<String> = entries
+        .iter()
+        .zip(&base)
+        .map(|((server, prefix, tool), b)| {
+            let collides = counts[b.as_str()] > 1 || reserved.contains(&b.as_str());
+            if collides && prefix.is_none() {
+                cut(format!(
+                    "{}{PREFIX_SEPARATOR}{}",
+                    sanitize(server),
+                    sanitize(tool)
+                ))
+            } else {
+                cut(b.clone())
+            }
+        })
+        .collect();
+    let mut taken: std::collections::HashSet<String> =
+        reserved.iter().map(|s| s.to_string()).collect();
+    named
+        .into_iter()
+        .map(|n| {
+            if taken.insert(n.clone()) {
+                return n;
+            }
+            let mut i = 2;
+            loop {
+                let suffix = format!("_{i}");
+                let mut candidate = n.clone();
+                candidate.truncate(64 - suffix.len());
+                candidate.push_str(&suffix);
+                if taken.insert(candidate.clone()) {
+                    return candidate;
+                }
+                i += 1;
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_collide_into_server_prefixes() {
+        let names = assign_names(
+            &[
+                ("a", None, "search"),
+                ("b", None, "search"),
+                ("a", None, "read_file"),
+                ("a", None, "only a"),
+                ("c", Some("gh"), "issues"),
+                ("c", Some("gh"), "search"),
+            ],
+            &["read_file"],
+        );
+        assert_eq!(
+            names,
+            [
+                "a__search",
+                "b__search",
+                "a__read_file",
+                "only_a",
+                "gh__issues",
+                "gh__search"
+            ]
+        );
+        let long = "x".repeat(80);
+        let names = assign_names(&[("a", None, &long), ("b", None, &long)], &[]);
+        assert_eq!(names[0].len(), 64);
+        assert_ne!(names[0], names[1]);
+    }
+}

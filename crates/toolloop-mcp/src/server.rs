@@ -1,0 +1,561 @@
+//! One server: started on first use, restarted (a bounded number of times) after it died, shut
+//! down cleanly; its tool list, refreshed after `notifications/tools/list_changed`; its calls,
+//! cancelled on the server when the caller stops waiting.
+
+use crate::config::{ServerConfig, Transport, child_env};
+use rmcp::model::{
+    CallToolRequest, CallToolRequestParams, CallToolResult, CancelledNotificationParam,
+    ClientCapabilities, ClientConfig, ClientRequest, Implementation, MetaObject, RequestMetaObject,
+    ServerResult,
+};
+use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::{ClientHandler, ServiceError, ServiceExt};
+use serde_json::Value;
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::task::TaskTracker;
+use toolloop::tool::{ToolContext, ToolError};
+
+/// The `_meta` key that carries a call's idempotency key
+/// ([`ToolContext::idempotency_key`]): the same for a call across retries and resumes, so a
+/// server can drop repeats.
+pub const IDEMPOTENCY_KEY_META: &str = "idempotencyKey";
+
+/// The most stderr lines kept per server, for error messages.
+const STDERR_LINES: usize = 20;
+/// The longest stderr line kept, in characters.
+const STDERR_LINE_CHARS: usize = 400;
+
+/// Why a server could not be used.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("MCP server `{server}`: {message}")]
+pub struct McpError {
+    /// The server's name.
+    pub server: String,
+    /// What went wrong (with the end of its stderr when it did not start).
+    pub message: String,
+}
+
+/// Where a server stands (for `toolloop mcp list`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerState {
+    /// Not started yet.
+    NotStarted,
+    /// Connected.
+    Running,
+    /// It died (or failed to start) and is started again on the next use.
+    Exited(String),
+    /// It failed to start, or died more often than allowed; its calls fail.
+    Failed(String),
+    /// Shut down.
+    Stopped,
+}
+
+impl std::fmt::Display for ServerState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerState::NotStarted => f.write_str("not started"),
+            ServerState::Running => f.write_str("running"),
+            ServerState::Exited(why) => write!(f, "exited ({why})"),
+            ServerState::Failed(why) => write!(f, "failed: {why}"),
+            ServerState::Stopped => f.write_str("stopped"),
+        }
+    }
+}
+
+/// Receives the server's notifications: a changed tool list marks the catalog stale.
+struct Handler {
+    changed: Arc<AtomicBool>,
+}
+
+impl ClientHandler for Handler {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.changed.store(true, Ordering::SeqCst);
+    }
+
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("toolloop", env!("CARGO_PKG_VERSION")),
+        )
+    }
+}
+
+/// The last lines a child wrote on stderr.
+#[derive(Default)]
+struct StderrTail {
+    lines: Mutex<VecDeque<String>>,
+}
+
+impl StderrTail {
+    fn push(&self, line: &str) {
+        let line: String = line.chars().take(STDERR_LINE_CHARS).collect();
+        let mut lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        if lines.len() == STDERR_LINES {
+            lines.pop_front();
+        }
+        lines.push_back(line);
+    }
+
+    fn text(&self) -> String {
+        let lines = self.lines.lock().unwrap_or_else(|p| p.into_inner());
+        lines.iter().cloned().collect::<Vec<_>>().join("\n")
+    }
+}
+
+struct Conn {
+    client: RunningService<RoleClient, Handler>,
+    peer: Peer<RoleClient>,
+    generation: u32,
+    stderr: Option<(Arc<StderrTail>, tokio::task::JoinHandle<()>)>,
+}
+
+/// One MCP server. Cheap to share (`Arc`); calls may run at the same time.
+pub struct McpServer {
+    config: ServerConfig,
+    conn: tokio::sync::Mutex<Option<Conn>>,
+    starts: AtomicU32,
+    state: Mutex<ServerState>,
+    /// Set when the server said its tool list changed (and before the first listing).
+    changed: Arc<AtomicBool>,
+    tools: Mutex<Option<Arc<Vec<rmcp::model::Tool>>>>,
+    /// Cancellation notices still being sent for calls whose callers went away.
+    cancelling: TaskTracker,
+    /// The last stderr seen, for calls that find the server dead.
+    last_stderr: Mutex<Option<Arc<StderrTail>>>,
+}
+
+impl std::fmt::Debug for McpServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpServer")
+            .field("name", &self.config.name)
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+impl McpServer {
+    /// A server that starts on first use.
+    pub fn new(config: ServerConfig) -> Arc<Self> {
+        Arc::new(McpServer {
+            config,
+            conn: tokio::sync::Mutex::new(None),
+            starts: AtomicU32::new(0),
+            state: Mutex::new(ServerState::NotStarted),
+            changed: Arc::new(AtomicBool::new(true)),
+            tools: Mutex::new(None),
+            cancelling: TaskTracker::new(),
+            last_stderr: Mutex::new(None),
+        })
+    }
+
+    /// The server's configuration.
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    /// The server's name.
+    pub fn name(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Where the server stands.
+    pub fn state(&self) -> ServerState {
+        self.state.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn set_state(&self, state: ServerState) {
+        *self.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
+    }
+
+    fn error(&self, message: impl Into<String>) -> McpError {
+        McpError {
+            server: self.config.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// Starts the server unless it runs. A server that fails to start is an error naming it,
+    /// with the end of its stderr.
+    pub async fn start(&self) -> Result<(), McpError> {
+        self.peer().await.map(drop)
+    }
+
+    /// How many times the server was started (restarts are this minus one).
+    pub fn starts(&self) -> u32 {
+        self.starts.load(Ordering::SeqCst)
+    }
+
+    /// A live connection: the current one, or a new one when the server is not running (up to
+    /// [`ServerConfig::max_restarts`] restarts).
+    async fn peer(&self) -> Result<(Peer<RoleClient>, u32), McpError> {
+        let mut conn = self.conn.lock().await;
+        if let Some(c) = conn.as_ref() {
+            if !c.peer.is_transport_closed() {
+                return Ok((c.peer.clone(), c.generation));
+            }
+            let why = self.exit_note(c);
+            if let Some(old) = conn.take() {
+                close(old).await;
+            }
+            self.set_state(ServerState::Exited(why));
+        }
+        if let ServerState::Failed(why) = self.state() {
+            return Err(self.error(why));
+        }
+        if matches!(self.state(), ServerState::Stopped) {
+            return Err(self.error("the server was shut down"));
+        }
+        let starts = self.starts.load(Ordering::SeqCst);
+        if starts > self.config.max_restarts {
+            let why = format!(
+                "the server exited and was restarted {} times; it is not started again",
+                starts - 1
+            );
+            self.set_state(ServerState::Failed(why.clone()));
+            return Err(self.error(why));
+        }
+        self.starts.fetch_add(1, Ordering::SeqCst);
+        match self.connect(starts + 1).await {
+            Ok(c) => {
+                let out = (c.peer.clone(), c.generation);
+                *conn = Some(c);
+                self.changed.store(true, Ordering::SeqCst);
+                self.set_state(ServerState::Running);
+                Ok(out)
+            }
+            Err(e) => {
+                // A server that never started is not tried again; one that ran before may be.
+                if starts == 0 {
+                    self.set_state(ServerState::Failed(e.message.clone()));
+                } else {
+                    self.set_state(ServerState::Exited(e.message.clone()));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn exit_note(&self, c: &Conn) -> String {
+        match &c.stderr {
+            Some((tail, _)) => {
+                let text = tail.text();
+                if text.is_empty() {
+                    "the connection closed".into()
+                } else {
+                    format!("the connection closed; stderr ends: {}", last_line(&text))
+                }
+            }
+            None => "the connection closed".into(),
+        }
+    }
+
+    async fn connect(&self, generation: u32) -> Result<Conn, McpError> {
+        let handler = Handler {
+            changed: self.changed.clone(),
+        };
+        let startup = self.config.startup_timeout;
+        match &self.config.transport {
+            Transport::Stdio {
+                command,
+                args,
+                env,
+                cwd,
+            } => {
+                let mut cmd = tokio::process::Command::new(command);
+                let inherited = std::env::vars_os()
+                    .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+                cmd.args(args).env_clear().envs(child_env(inherited, env));
+                if let Some(dir) = cwd {
+                    cmd.current_dir(dir);
+                }
+                let (process, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .map_err(|e| self.error(format!("cannot run `{command}`: {e}")))?;
+                let tail = Arc::new(StderrTail::default());
+                *self.last_stderr.lock().unwrap_or_else(|p| p.into_inner()) = Some(tail.clone());
+                let reader = tokio::spawn(read_stderr(stderr, tail.clone(), self.name().into()));
+                let served = tokio::time::timeout(startup, handler.serve(process)).await;
+                let client = match served {
+                    Ok(Ok(client)) => client,
+                    failed => {
+                        let why = match failed {
+                            Ok(Err(e)) => e.to_string(),
+                            _ => format!(
+                                "no answer to `initialize` within {}s",
+                                startup.as_secs_f64()
+                            ),
+                        };
+                        // The child's last words arrive as it exits.
+                        let _ = tokio::time::timeout(Duration::from_secs(2), reader).await;
+                        let text = tail.text();
+                        let stderr = if text.is_empty() {
+                            "(nothing on stderr)".to_string()
+                        } else {
+                            format!("its stderr ends:\n{text}")
+                        };
+                        return Err(
+                            self.error(format!("did not start (`{command}`): {why}; {stderr}"))
+                        );
+                    }
+                };
+                let peer = client.peer().clone();
+                Ok(Conn {
+                    client,
+                    peer,
+                    generation,
+                    stderr: Some((tail, reader)),
+                })
+            }
+            Transport::Http { url, headers } => {
+                #[cfg(feature = "http")]
+                {
+                    let transport =
+                        crate::http::transport(url, headers).map_err(|e| self.error(e))?;
+                    let client = match tokio::time::timeout(startup, handler.serve(transport)).await
+                    {
+                        Ok(Ok(client)) => client,
+                        Ok(Err(e)) => {
+                            return Err(self.error(format!("did not start ({url}): {e}")));
+                        }
+                        Err(_) => {
+                            return Err(self.error(format!(
+                                "did not start ({url}): no answer to `initialize` within {}s",
+                                startup.as_secs_f64()
+                            )));
+                        }
+                    };
+                    let peer = client.peer().clone();
+                    Ok(Conn {
+                        client,
+                        peer,
+                        generation,
+                        stderr: None,
+                    })
+                }
+                #[cfg(not(feature = "http"))]
+                {
+                    let _ = (url, headers, handler);
+                    Err(self
+                        .error("streamable HTTP servers need the `http` feature of toolloop-mcp"))
+                }
+            }
+        }
+    }
+
+    /// The server's tools: listed on first use and again after the server said its list
+    /// changed (or after a restart); otherwise the list from before.
+    pub async fn list_tools(&self) -> Result<Arc<Vec<rmcp::model::Tool>>, McpError> {
+        let (peer, generation) = self.peer().await?;
+        if !self.changed.swap(false, Ordering::SeqCst)
+            && let Some(tools) = self.tools.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        {
+            return Ok(tools);
+        }
+        match peer.list_all_tools().await {
+            Ok(tools) => {
+                let tools = Arc::new(tools);
+                *self.tools.lock().unwrap_or_else(|p| p.into_inner()) = Some(tools.clone());
+                Ok(tools)
+            }
+            Err(e) => {
+                self.changed.store(true, Ordering::SeqCst);
+                if matches!(e, ServiceError::TransportClosed) {
+                    self.forget(generation).await;
+                }
+                Err(self.error(format!("cannot list its tools: {e}")))
+            }
+        }
+    }
+
+    /// Whether the server said its tool list changed since it was last listed.
+    pub fn tools_changed(&self) -> bool {
+        self.changed.load(Ordering::SeqCst)
+    }
+
+    /// Drops a connection found dead, so the next use starts the server again.
+    async fn forget(&self, generation: u32) {
+        let mut conn = self.conn.lock().await;
+        if conn.as_ref().is_some_and(|c| c.generation == generation) {
+            let old = conn.take();
+            if let Some(old) = old {
+                let why = self.exit_note(&old);
+                close(old).await;
+                self.set_state(ServerState::Exited(why));
+            }
+        }
+    }
+
+    /// Calls a tool of the server by its own name. The idempotency key goes in the request's
+    /// `_meta` ([`IDEMPOTENCY_KEY_META`]); `ctx.cancel`, the per-call timeout, or dropping the
+    /// future tells the server with `notifications/cancelled`. A server that dies during the
+    /// call gives an error (and is started again for the next call).
+    pub async fn call_tool(
+        &self,
+        tool: &str,
+        args: Value,
+        ctx: &ToolContext,
+    ) -> Result<CallToolResult, ToolError> {
+        let (peer, generation) = self
+            .peer()
+            .await
+            .map_err(|e| ToolError::new(e.to_string()))?;
+        let arguments = match args {
+            Value::Object(m) => Some(m),
+            Value::Null => None,
+            other => {
+                return Err(ToolError::new(format!(
+                    "the arguments must be a JSON object, not {other}"
+                )));
+            }
+        };
+        let mut params = CallToolRequestParams::new(tool.to_string());
+        params.arguments = arguments;
+        let mut meta = serde_json::Map::new();
+        meta.insert(
+            IDEMPOTENCY_KEY_META.into(),
+            Value::String(ctx.idempotency_key.clone()),
+        );
+        let mut options =
+            PeerRequestOptions::no_options().with_meta(RequestMetaObject(MetaObject(meta)));
+        options.timeout = self.config.call_timeout;
+        let request = ClientRequest::CallToolRequest(CallToolRequest::new(params));
+        let handle = match peer.send_request_with_option(request, options).await {
+            Ok(h) => h,
+            Err(e) => return Err(self.call_failed(e, generation).await),
+        };
+        let mut guard = CancelOnDrop {
+            peer: peer.clone(),
+            id: Some(handle.id.clone()),
+            tracker: self.cancelling.clone(),
+        };
+        let response = tokio::select! {
+            r = handle.await_response() => r,
+            _ = ctx.cancel.cancelled() => {
+                if let Some(id) = guard.id.take() {
+                    let notice = CancelledNotificationParam::new(
+                        Some(id),
+                        Some("the run was cancelled".into()),
+                    );
+                    let _ = peer.notify_cancelled(notice).await;
+                }
+                return Err(ToolError::new("cancelled: the run was cancelled or timed out"));
+            }
+        };
+        guard.id = None;
+        match response {
+            Ok(ServerResult::CallToolResult(result)) => Ok(result),
+            Ok(ServerResult::EmptyResult(_)) => Ok(CallToolResult::default()),
+            Ok(_) => Err(ToolError::new(format!(
+                "MCP server `{}` answered the call with something other than a tool result",
+                self.name()
+            ))),
+            Err(ServiceError::Timeout { timeout }) => Err(ToolError::new(format!(
+                "the MCP tool did not finish within {:.1}s (the server was told to cancel it)",
+                timeout.as_secs_f64()
+            ))),
+            Err(e) => Err(self.call_failed(e, generation).await),
+        }
+    }
+
+    async fn call_failed(&self, e: ServiceError, generation: u32) -> ToolError {
+        match e {
+            ServiceError::TransportClosed | ServiceError::TransportSend(_) => {
+                self.forget(generation).await;
+                let stderr = self
+                    .last_stderr
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .as_ref()
+                    .map(|t| t.text())
+                    .filter(|t| !t.is_empty())
+                    .map(|t| format!("; its stderr ends: {}", last_line(&t)))
+                    .unwrap_or_default();
+                ToolError::new(format!(
+                    "MCP server `{}` went away during the call (it crashed or closed the \
+                     connection){stderr}; the outcome is unknown",
+                    self.name()
+                ))
+            }
+            ServiceError::McpError(e) => ToolError::new(format!(
+                "MCP server `{}` refused the call: {} (code {})",
+                self.name(),
+                e.message,
+                e.code.0
+            )),
+            other => ToolError::new(format!("MCP server `{}`: {other}", self.name())),
+        }
+    }
+
+    /// Shuts the server down: sends the cancellation notices still pending, closes the
+    /// connection, and (stdio) waits for the child to exit (killing it after a grace period).
+    pub async fn shutdown(&self) {
+        self.cancelling.close();
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.cancelling.wait()).await;
+        let old = self.conn.lock().await.take();
+        if let Some(old) = old {
+            close(old).await;
+        }
+        self.set_state(ServerState::Stopped);
+    }
+}
+
+/// Closes a connection (and waits for a child process to exit, up to a few seconds).
+async fn close(mut conn: Conn) {
+    let _ = conn.client.close_with_timeout(Duration::from_secs(8)).await;
+    if let Some((_, reader)) = conn.stderr.take() {
+        reader.abort();
+    }
+}
+
+fn last_line(text: &str) -> &str {
+    text.lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or("")
+}
+
+async fn read_stderr(
+    stderr: Option<tokio::process::ChildStderr>,
+    tail: Arc<StderrTail>,
+    server: String,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let Some(stderr) = stderr else { return };
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        tracing::debug!(server = %server, "stderr: {line}");
+        tail.push(&line);
+    }
+}
+
+/// Tells the server about a call whose caller stopped waiting (the future was dropped: the
+/// run's deadline, say).
+struct CancelOnDrop {
+    peer: Peer<RoleClient>,
+    id: Option<rmcp::model::RequestId>,
+    tracker: TaskTracker,
+}
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        let Some(id) = self.id.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let peer = self.peer.clone();
+        let notice = CancelledNotificationParam::new(
+            Some(id),
+            Some("the caller stopped waiting (the run ended or timed out)".into()),
+        );
+        self.tracker.spawn_on(
+            async move {
+                let _ = peer.notify_cancelled(notice).await;
+            },
+            &runtime,
+        );
+    }
+}

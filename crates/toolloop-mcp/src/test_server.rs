@@ -1,0 +1,195 @@
+//! An MCP server (stdio) with tools that misbehave on purpose, for tests of the client's fault
+//! handling. Not for use outside tests.
+//!
+//! It writes what it sees to the file `TOOLLOOP_MCP_TEST_LOG` names (one line per event:
+//! `start <pid>`, `call <tool> <idempotency key>`, `cancelled <tool> <idempotency key>`,
+//! `effect <idempotency key>`). Tools:
+//!
+//! - `echo` (read-only): gives back `text`, with the idempotency key as structured content;
+//! - `slow` (read-only): waits a minute, or until cancelled;
+//! - `crash`: the process exits in the middle of the call;
+//! - `fail`: a result with `isError`;
+//! - `add_tool`: adds the tool `extra` and sends `notifications/tools/list_changed`;
+//! - `destroy` (destructive): logs `effect <key>`, then waits `TOOLLOOP_MCP_TEST_DESTROY_MS`
+//!   milliseconds (default 0).
+
+use rmcp::ErrorData;
+use rmcp::handler::server::ServerHandler;
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    ToolAnnotations,
+};
+use rmcp::service::{RequestContext, RoleServer, ServiceExt};
+use serde_json::{Value, json};
+use std::io::Write;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+/// The test server's state.
+#[derive(Clone, Default)]
+pub struct TestServer {
+    extra: Arc<AtomicBool>,
+}
+
+fn log(line: &str) {
+    if let Some(path) = std::env::var_os("TOOLLOOP_MCP_TEST_LOG")
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+    {
+        let _ = writeln!(f, "{line}");
+    }
+}
+
+fn schema(v: Value) -> Arc<serde_json::Map<String, Value>> {
+    match v {
+        Value::Object(m) => Arc::new(m),
+        _ => Arc::new(serde_json::Map::new()),
+    }
+}
+
+impl TestServer {
+    fn tools(&self) -> Vec<Tool> {
+        let text = json!({"type": "object", "properties": {"text": {"type": "string"}}});
+        let none = json!({"type": "object", "properties": {}});
+        let read_only = ToolAnnotations::new().read_only(true);
+        let mut tools = vec![
+            Tool::new("echo", "Gives back the text.", schema(text.clone()))
+                .with_annotations(read_only.clone()),
+            Tool::new("slow", "Waits, or until cancelled.", schema(none.clone()))
+                .with_annotations(read_only),
+            Tool::new(
+                "crash",
+                "Kills the server in the middle of the call.",
+                schema(none.clone()),
+            ),
+            Tool::new("fail", "Fails.", schema(none.clone())),
+            Tool::new("add_tool", "Adds the tool `extra`.", schema(none.clone())),
+            Tool::new(
+                "destroy",
+                "Changes the world once per call, then waits.",
+                schema(none.clone()),
+            )
+            .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
+        ];
+        if self.extra.load(Ordering::SeqCst) {
+            tools.push(Tool::new("extra", "Added at run time.", schema(none)));
+        }
+        tools
+    }
+}
+
+fn key(ctx: &RequestContext<RoleServer>) -> String {
+    ctx.meta
+        .0
+        .0
+        .get(crate::server::IDEMPOTENCY_KEY_META)
+        .and_then(Value::as_str)
+        .unwrap_or("-")
+        .to_string()
+}
+
+impl ServerHandler for TestServer {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(Implementation::new("toolloop-mcp-test-server", "0"))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let key = key(&context);
+        let name = request.name.to_string();
+        log(&format!("call {name} {key}"));
+        let args = request.arguments.unwrap_or_default();
+        let result = match name.as_str() {
+            "echo" => {
+                let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+                let mut r =
+                    CallToolResult::success(vec![ContentBlock::text(format!("echo: {text}"))]);
+                r.structured_content = Some(json!({"text": text, "idempotency_key": key}));
+                r
+            }
+            "slow" => {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+                    _ = context.ct.cancelled() => {
+                        log(&format!("cancelled {name} {key}"));
+                        return Err(ErrorData::internal_error("cancelled", None));
+                    }
+                }
+                CallToolResult::success(vec![ContentBlock::text("slept")])
+            }
+            "crash" => {
+                eprintln!("toolloop-mcp-test-server: crashing on purpose");
+                std::process::exit(3);
+            }
+            "fail" => CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]),
+            "add_tool" => {
+                self.extra.store(true, Ordering::SeqCst);
+                let _ = context.peer.notify_tool_list_changed().await;
+                CallToolResult::success(vec![ContentBlock::text("added `extra`")])
+            }
+            "destroy" => {
+                log(&format!("effect {key}"));
+                let wait = std::env::var("TOOLLOOP_MCP_TEST_DESTROY_MS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0);
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                    _ = context.ct.cancelled() => {
+                        log(&format!("cancelled {name} {key}"));
+                    }
+                }
+                CallToolResult::success(vec![ContentBlock::text("destroyed")])
+            }
+            "extra" if self.extra.load(Ordering::SeqCst) => {
+                CallToolResult::success(vec![ContentBlock::text("extra ran")])
+            }
+            other => {
+                return Err(ErrorData::invalid_params(
+                    format!("no tool `{other}`"),
+                    None,
+                ));
+            }
+        };
+        Ok(CallToolResponse::Complete(result))
+    }
+}
+
+/// Serves the test server on stdin and stdout until the client goes away.
+pub fn main() {
+    log(&format!("start {}", std::process::id()));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        let Ok(service) = TestServer::default()
+            .serve((tokio::io::stdin(), tokio::io::stdout()))
+            .await
+        else {
+            return;
+        };
+        let _ = service.waiting().await;
+    });
+}
