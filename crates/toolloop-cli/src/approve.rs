@@ -294,20 +294,21 @@ pub async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> 
         Ok(t) => t,
         Err(e) => return e.report(),
     };
-    let agent = match crate::run::agent_builder_with(&run_args.agent, placeholder, tools).and_then(|b| {
-        b.journal(Arc::new(store))
-            .build()
-            .map_err(|e| e.to_string())
-    }) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!(
-                "toolloop: the saved configuration of run {} does not load: {e}",
-                args.run_id
-            );
-            return ExitCode::FAILURE;
-        }
-    };
+    let agent =
+        match crate::run::agent_builder_with(&run_args.agent, placeholder, tools).and_then(|b| {
+            b.journal(Arc::new(store))
+                .build()
+                .map_err(|e| e.to_string())
+        }) {
+            Ok(a) => a,
+            Err(e) => {
+                eprintln!(
+                    "toolloop: the saved configuration of run {} does not load: {e}",
+                    args.run_id
+                );
+                return ExitCode::FAILURE;
+            }
+        };
     let listing = args.calls.is_empty() && !args.all;
     let answer = match (listing, approve) {
         (true, _) => None,

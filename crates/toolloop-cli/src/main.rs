@@ -144,6 +144,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(code) => return code,
     };
+    // One TLS crypto provider for every HTTP client of the process (MCP servers, the trace
+    // exporter): ring, chosen here once.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let _traces = logging::init(cli.verbose, &cli.traces);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
