@@ -70,6 +70,7 @@ fn traces_wanted(args: &TraceArgs) -> bool {
 /// (the trace exporter has its own thread).
 pub fn init(verbose: u8, traces: &TraceArgs) -> Guard {
     let stderr = tracing_subscriber::fmt::layer()
+        .compact()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(verbose >= 2)

@@ -52,6 +52,11 @@ struct Cli {
     verbose: u8,
     #[command(flatten)]
     traces: logging::TraceArgs,
+    /// Log every model request and response (bodies, status, headers, timings, each retry) as
+    /// JSON lines, keys redacted: to FILE, or to stderr with no FILE or `-`. `DEBUG_LLM=1` does
+    /// the same on stderr.
+    #[arg(long, global = true, value_name = "FILE", num_args = 0..=1, default_missing_value = "-")]
+    debug_requests: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -148,6 +153,17 @@ fn main() -> ExitCode {
     // exporter): ring, chosen here once.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let _traces = logging::init(cli.verbose, &cli.traces);
+    let debug_requests = cli.debug_requests.clone().or_else(|| {
+        std::env::var("DEBUG_LLM")
+            .is_ok_and(|v| matches!(v.trim(), "1" | "true"))
+            .then(|| "-".to_string())
+    });
+    if let Some(target) = debug_requests
+        && let Err(e) = spec::set_debug_log(&target)
+    {
+        eprintln!("toolloop: {e}");
+        return ExitCode::from(EXIT_USAGE);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

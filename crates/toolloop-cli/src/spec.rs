@@ -139,6 +139,27 @@ fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<()
     }
 }
 
+/// The request debug log of the process (`--debug-requests`, `DEBUG_LLM=1`), set once at start.
+static DEBUG_LOG: std::sync::OnceLock<Arc<toolloop::transport::request_log::RequestLog>> =
+    std::sync::OnceLock::new();
+
+/// Sets where every model request and response is logged: a file, or stderr for `-`.
+pub fn set_debug_log(target: &str) -> Result<(), String> {
+    use toolloop::transport::request_log::RequestLog;
+    let log = if target == "-" {
+        RequestLog::stderr()
+    } else {
+        RequestLog::create(std::path::Path::new(target))
+            .map_err(|e| format!("--debug-requests {target}: {e}"))?
+    };
+    let _ = DEBUG_LOG.set(Arc::new(log));
+    Ok(())
+}
+
+fn debug_log() -> Option<Arc<toolloop::transport::request_log::RequestLog>> {
+    DEBUG_LOG.get().cloned()
+}
+
 /// Builds the model a spec names, with the tool protocol asked for.
 pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let model = provider_model(args)?;
@@ -185,6 +206,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
+            config.transport.debug_log = debug_log();
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "anthropic" => {
@@ -203,6 +225,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
+            config.transport.debug_log = debug_log();
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -221,6 +244,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
+            config.transport.debug_log = debug_log();
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),

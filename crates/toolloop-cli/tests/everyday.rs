@@ -272,3 +272,65 @@ fn completions_and_the_manual_page_come_from_the_flags() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     assert!(pages.join("toolloop-run.1").exists());
 }
+
+#[test]
+fn debug_requests_logs_each_request_and_response_without_the_key() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
+        .unwrap();
+    let url = format!("{}/v1", server.base_url());
+    let dir = repo();
+    let secret = "sk-debug-log-secret-4242";
+    for stream in [false, true] {
+        let log = dir.path().join(format!("requests-{stream}.jsonl"));
+        let mut args = vec![
+            "run",
+            "--json",
+            "-m",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--debug-requests",
+            log.to_str().unwrap(),
+        ];
+        if stream {
+            args.push("--stream");
+        }
+        args.push("go");
+        let out = command(&args, dir.path())
+            .env("OPENAI_API_KEY", secret)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let text = std::fs::read_to_string(&log).unwrap();
+        assert!(!text.contains(secret), "the key is in the log: {text}");
+        let lines: Vec<serde_json::Value> = text
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("each line is JSON"))
+            .collect();
+        let requests: Vec<&serde_json::Value> =
+            lines.iter().filter(|l| l["event"] == "request").collect();
+        assert_eq!(requests.len(), 2, "two model calls: {text}");
+        assert_eq!(requests[0]["headers"]["authorization"], "[redacted]");
+        assert!(
+            requests[0]["body"]["messages"].is_array(),
+            "{}",
+            requests[0]
+        );
+        assert_eq!(requests[1]["call"], 2);
+        let responses = lines.iter().filter(|l| l["event"] == "response").count();
+        assert_eq!(responses, 2, "{text}");
+        assert!(lines.iter().all(|l| l["time_ms"].is_u64()));
+        let bodies = if stream { "chunk" } else { "body" };
+        assert!(
+            lines.iter().any(|l| l["event"] == bodies),
+            "no {bodies} lines: {text}"
+        );
+        if !stream {
+            let body = lines.iter().find(|l| l["event"] == "body").unwrap();
+            assert!(body["body"]["choices"].is_array(), "{body}");
+        }
+    }
+    rt.block_on(server.shutdown());
+}

@@ -481,6 +481,15 @@ impl Agent {
                     let called = guard(call, &cancel, deadline).await;
                     if let Ok(r) = &called {
                         crate::telemetry::chat_finished(&span, r);
+                        match r {
+                            Ok(response) => tracing::info!(
+                                round,
+                                tool_calls = response.tool_calls.len(),
+                                finish = ?response.finish_reason,
+                                "model answered"
+                            ),
+                            Err(e) => tracing::info!(round, error = %e, "model call failed"),
+                        }
                     }
                     // The previous round's results were written during the call: a response
                     // is taken only on a log that holds them.
@@ -801,6 +810,7 @@ impl Agent {
                             Err(e) => e.message.as_str(),
                         };
                         crate::telemetry::tool_finished(&on_end, result.is_ok(), *attempts, text);
+                        tracing::info!(parent: &on_end, ok = result.is_ok(), attempts, "tool call finished");
                     }
                     (index, r)
                 })

@@ -225,12 +225,35 @@ pub struct HttpTransport {
     /// sends only keep-alive comments, or nothing, for that long fails, not retried. Generous
     /// because reasoning models think for minutes before their first token.
     pub event_timeout: Duration,
+    /// Where every request and response is logged, keys redacted (none by default); see
+    /// [`RequestLog`](super::request_log::RequestLog).
+    pub debug_log: Option<std::sync::Arc<super::request_log::RequestLog>>,
 }
 
-/// How many first-byte timeouts one call has met (see [`HttpTransport::first_byte_retries`]).
+/// How many first-byte timeouts one call has met (see [`HttpTransport::first_byte_retries`]),
+/// and its number and attempts in the request debug log.
 #[derive(Debug, Default)]
 pub(crate) struct CallBudget {
     first_byte_timeouts: AtomicU32,
+    /// The call's number in the debug log (0: none yet).
+    logged_call: std::sync::atomic::AtomicU64,
+    attempts: AtomicU32,
+}
+
+impl CallBudget {
+    /// The call's number in `log` (assigned on first use) and the number of this attempt.
+    fn log_attempt(&self, log: &super::request_log::RequestLog) -> (u64, u32) {
+        let mut call = self.logged_call.load(Ordering::Relaxed);
+        if call == 0 {
+            call = log.next_call();
+            self.logged_call.store(call, Ordering::Relaxed);
+        }
+        (call, self.attempts.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    fn logged(&self) -> u64 {
+        self.logged_call.load(Ordering::Relaxed)
+    }
 }
 
 impl Default for HttpTransport {
@@ -362,6 +385,7 @@ impl HttpTransport {
             first_byte_retries: 1,
             idle_timeout: Duration::from_secs(300),
             event_timeout: Duration::from_secs(600),
+            debug_log: None,
         }
     }
 
@@ -382,6 +406,12 @@ impl HttpTransport {
         let builder = headers.iter().fold(builder, |b, (name, value)| {
             b.header(name.clone(), value.clone())
         });
+        let logged = self.debug_log.as_deref().map(|log| {
+            let (call, attempt) = budget.log_attempt(log);
+            let redactor = Redactor::for_request(url.as_str(), headers);
+            log.request(call, attempt, url.as_str(), headers, body, &redactor);
+            (log, call, attempt, redactor, std::time::Instant::now())
+        });
         let request = builder
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body.clone())
@@ -400,18 +430,36 @@ impl HttpTransport {
                         self.first_byte_retries
                     )
                 };
-                return Err(ModelError::Transport {
+                Err(ModelError::Transport {
                     message: format!(
                         "no response within {} (timeout before the first byte, \
                          HttpTransport::first_byte_timeout){why}",
                         human(self.first_byte_timeout),
                     ),
                     retryable,
-                });
+                })
             }
-            Ok(r) => r.map_err(transport_error)?,
+            Ok(r) => r.map_err(transport_error),
+        };
+        let response = match (response, &logged) {
+            (Ok(r), _) => r,
+            (Err(e), Some((log, call, attempt, redactor, _))) => {
+                log.failed(*call, *attempt, &e.to_string(), redactor);
+                return Err(e);
+            }
+            (Err(e), None) => return Err(e),
         };
         let status = response.status().as_u16();
+        if let Some((log, call, attempt, redactor, started)) = &logged {
+            log.response(
+                *call,
+                *attempt,
+                status,
+                response.headers(),
+                started.elapsed(),
+                redactor,
+            );
+        }
         if (200..300).contains(&status) {
             return Ok(response);
         }
@@ -423,6 +471,9 @@ impl HttpTransport {
         let body = self.read_body(response).await.unwrap_or_default();
         // Before it is parsed, so that no part of a secret survives a message cut short.
         let body = redactor.redact_bytes(&body);
+        if let Some((log, call, ..)) = &logged {
+            log.body(*call, &body, &redactor);
+        }
         let mut err = parse_error(status, &response_headers, &body);
         if err.retry_after.is_none() {
             err.retry_after = retry_after(&response_headers);
@@ -490,11 +541,22 @@ impl HttpTransport {
                         _ => None,
                     };
                     let wait = self.retry.delay(attempt, hint);
-                    tracing::debug!(error = %e, attempt, ?wait, "retrying model call");
+                    tracing::info!(error = %e, attempt, ?wait, "retrying model call");
                     tokio::time::sleep(wait).await;
                 }
                 Err(e) => return Err(e),
             }
+        }
+    }
+
+    /// Logs a whole response body to the debug log, if there is one.
+    fn log_body(&self, url: &Endpoint, headers: &HeaderMap, budget: &CallBudget, body: &[u8]) {
+        if let Some(log) = &self.debug_log {
+            log.body(
+                budget.logged(),
+                body,
+                &Redactor::for_request(url.as_str(), headers),
+            );
         }
     }
 
@@ -511,7 +573,9 @@ impl HttpTransport {
             let response = self
                 .send_once(url, headers, &body, parse_error, &budget)
                 .await?;
-            self.read_body(response).await
+            let bytes = self.read_body(response).await?;
+            self.log_body(url, headers, &budget, &bytes);
+            Ok(bytes)
         })
         .await
     }
@@ -541,6 +605,9 @@ impl HttpTransport {
                 Ok(response) => self.read_body(response).await,
                 Err(e) => Err(e),
             };
+            if let Ok(bytes) = &read {
+                self.log_body(url, headers, &budget, bytes);
+            }
             let (error, retry) = match read {
                 Ok(bytes) => match decode(&bytes) {
                     Ok(value) => return Ok(value),
@@ -563,7 +630,7 @@ impl HttpTransport {
                 _ => None,
             };
             let wait = self.retry.delay(attempt, hint);
-            tracing::debug!(%error, attempt, ?wait, "retrying model call");
+            tracing::info!(%error, attempt, ?wait, "retrying model call");
             tokio::time::sleep(wait).await;
         }
     }
@@ -599,16 +666,26 @@ impl HttpTransport {
             .await?;
         let limit = self.max_body_bytes;
         let idle = self.idle_timeout;
-        let state = (response.bytes_stream(), 0usize, false);
+        let logged = self.debug_log.clone().map(|log| {
+            (
+                log,
+                budget.logged(),
+                Redactor::for_request(url.as_str(), headers),
+            )
+        });
+        let state = (response.bytes_stream(), 0usize, false, logged);
         Ok(Box::pin(futures::stream::unfold(
             state,
-            move |(mut body, mut seen, ended)| async move {
+            move |(mut body, mut seen, ended, logged)| async move {
                 if ended {
                     return None;
                 }
                 let item = match next_chunk(&mut body, idle).await {
                     Ok(None) => return None,
                     Ok(Some(chunk)) => {
+                        if let Some((log, call, redactor)) = &logged {
+                            log.chunk(*call, &chunk, redactor);
+                        }
                         seen += chunk.len();
                         if seen > limit {
                             Err(ModelError::BodyTooLarge { limit })
@@ -619,7 +696,7 @@ impl HttpTransport {
                     Err(e) => Err(e),
                 };
                 let ended = item.is_err();
-                Some((item, (body, seen, ended)))
+                Some((item, (body, seen, ended, logged)))
             },
         )))
     }

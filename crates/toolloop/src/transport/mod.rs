@@ -7,6 +7,8 @@
 
 #[cfg(feature = "http")]
 pub mod http;
+#[cfg(feature = "http")]
+pub mod request_log;
 pub mod sse;
 #[cfg(feature = "http")]
 pub(crate) mod wire;

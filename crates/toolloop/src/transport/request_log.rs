@@ -1,0 +1,175 @@
+//! The request debug log: every request a transport sends and every response it receives, as
+//! sent and received, one JSON object per line, with keys redacted.
+//!
+//! Set [`HttpTransport::debug_log`](super::http::HttpTransport::debug_log) on a provider's
+//! transport (the command: `--debug-requests [FILE]`, or `DEBUG_LLM=1`). Lines, all with
+//! `time_ms` (Unix time) and `call` (one number per model call, the same for its retries):
+//!
+//! - `{"event": "request", "attempt", "url", "headers", "body"}`: the body as JSON when it is
+//!   JSON;
+//! - `{"event": "response", "attempt", "status", "headers", "elapsed_ms"}` when the headers
+//!   arrive;
+//! - `{"event": "body", "body"}` for a whole response body (an answer or an error), and
+//!   `{"event": "chunk", "data"}` for each piece of a streamed one;
+//! - `{"event": "failed", "attempt", "error"}` when an attempt gets no response.
+//!
+//! Secrets are replaced by `[redacted]` wherever they appear: the credential headers
+//! (`authorization`, `x-api-key`, …), keys in the URL, and any echo of them in a body.
+
+use crate::redact::{REDACTED, Redactor};
+use reqwest::header::HeaderMap;
+use serde_json::{Map, Value, json};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// Where the request debug log goes. Shared by every transport that logs to it.
+pub struct RequestLog {
+    out: Mutex<Box<dyn Write + Send>>,
+    calls: AtomicU64,
+}
+
+impl std::fmt::Debug for RequestLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestLog").finish_non_exhaustive()
+    }
+}
+
+impl RequestLog {
+    /// A log written to `out`, a line per record.
+    pub fn new(out: impl Write + Send + 'static) -> Self {
+        RequestLog {
+            out: Mutex::new(Box::new(out)),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    /// A log appended to the file at `path` (created readable by its owner only: it holds
+    /// prompts and answers).
+    pub fn create(path: &Path) -> std::io::Result<Self> {
+        let mut options = std::fs::OpenOptions::new();
+        options.create(true).append(true);
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::OpenOptionsExt;
+            options.mode(0o600);
+        }
+        Ok(RequestLog::new(std::io::LineWriter::new(
+            options.open(path)?,
+        )))
+    }
+
+    /// A log written to stderr.
+    pub fn stderr() -> Self {
+        RequestLog::new(std::io::stderr())
+    }
+
+    /// A number for a new model call.
+    pub(crate) fn next_call(&self) -> u64 {
+        self.calls.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    fn write(&self, mut record: Value) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        if let Some(o) = record.as_object_mut() {
+            o.insert("time_ms".into(), Value::from(now));
+        }
+        let Ok(mut out) = self.out.lock() else {
+            return;
+        };
+        // A log that cannot be written must not fail the call it describes.
+        let _ = serde_json::to_writer(&mut *out, &record);
+        let _ = out.write_all(b"\n");
+        let _ = out.flush();
+    }
+
+    pub(crate) fn request(
+        &self,
+        call: u64,
+        attempt: u32,
+        url: &str,
+        headers: &HeaderMap,
+        body: &[u8],
+        redactor: &Redactor,
+    ) {
+        self.write(json!({
+            "event": "request",
+            "call": call,
+            "attempt": attempt,
+            "url": redactor.redact(url),
+            "headers": header_map(headers, redactor),
+            "body": body_value(body, redactor),
+        }));
+    }
+
+    pub(crate) fn response(
+        &self,
+        call: u64,
+        attempt: u32,
+        status: u16,
+        headers: &HeaderMap,
+        elapsed: Duration,
+        redactor: &Redactor,
+    ) {
+        self.write(json!({
+            "event": "response",
+            "call": call,
+            "attempt": attempt,
+            "status": status,
+            "headers": header_map(headers, redactor),
+            "elapsed_ms": elapsed.as_millis() as u64,
+        }));
+    }
+
+    pub(crate) fn body(&self, call: u64, body: &[u8], redactor: &Redactor) {
+        self.write(json!({"event": "body", "call": call, "body": body_value(body, redactor)}));
+    }
+
+    pub(crate) fn chunk(&self, call: u64, data: &[u8], redactor: &Redactor) {
+        let text = redactor.redact(&String::from_utf8_lossy(data));
+        self.write(json!({"event": "chunk", "call": call, "data": text}));
+    }
+
+    pub(crate) fn failed(&self, call: u64, attempt: u32, error: &str, redactor: &Redactor) {
+        self.write(json!({
+            "event": "failed",
+            "call": call,
+            "attempt": attempt,
+            "error": redactor.redact(error),
+        }));
+    }
+}
+
+/// Headers as an object; credential headers are `[redacted]` whatever they hold.
+fn header_map(headers: &HeaderMap, redactor: &Redactor) -> Value {
+    const CREDENTIALS: &[&str] = &[
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "x-goog-api-key",
+        "cookie",
+        "set-cookie",
+    ];
+    let mut map = Map::new();
+    for (name, value) in headers {
+        let shown = if value.is_sensitive() || CREDENTIALS.contains(&name.as_str()) {
+            REDACTED.to_string()
+        } else {
+            redactor.redact(&String::from_utf8_lossy(value.as_bytes()))
+        };
+        map.insert(name.as_str().to_string(), Value::String(shown));
+    }
+    Value::Object(map)
+}
+
+/// A body as JSON when it is JSON, else as text; secrets redacted first.
+fn body_value(body: &[u8], redactor: &Redactor) -> Value {
+    let redacted = redactor.redact_bytes(body);
+    serde_json::from_slice(&redacted)
+        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&redacted).into_owned()))
+}
