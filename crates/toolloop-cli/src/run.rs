@@ -44,9 +44,13 @@ pub struct AgentArgs {
     /// Offer the write_file tool.
     #[arg(long)]
     pub allow_write: bool,
-    /// Stream the model's text as it arrives.
+    /// Stream the model's text as it arrives (the default when stdout is a terminal).
     #[arg(long)]
     pub stream: bool,
+    /// Do not stream, even on a terminal: each reply is shown when it is complete.
+    #[arg(long, conflicts_with = "stream")]
+    #[serde(skip)]
+    pub no_stream: bool,
     /// Sampling temperature, 0 to 2 (Anthropic: 0 to 1).
     #[arg(long, value_parser = parse_temperature)]
     pub temperature: Option<f32>,
@@ -263,6 +267,10 @@ pub async fn run(mut args: RunArgs) -> ExitCode {
     }
     if let Err(e) = args.agent.prepare() {
         return usage_error(e);
+    }
+    // On a terminal the text is shown as it comes, unless a program reads the output.
+    if !args.agent.no_stream && !args.json && !args.jsonl && std::io::stdout().is_terminal() {
+        args.agent.stream = true;
     }
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
