@@ -131,22 +131,11 @@ impl ServerConfig {
     }
 }
 
-/// Whether an environment variable's name looks like it holds a secret: it contains `KEY`,
-/// `TOKEN`, `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL`, `AUTH` or `COOKIE` (any case). Such
-/// variables are not passed on to child process servers unless the server's `env` lists them.
+/// Whether an environment variable's name looks like it holds a secret, by the rule every child
+/// process of toolloop follows ([`toolloop::redact::is_secret_env_name`]). Such variables are
+/// not passed on to child process servers unless the server's `env` lists them.
 pub fn is_secret_env_name(name: &str) -> bool {
-    const MARKS: &[&str] = &[
-        "KEY",
-        "TOKEN",
-        "SECRET",
-        "PASSWORD",
-        "PASSWD",
-        "CREDENTIAL",
-        "AUTH",
-        "COOKIE",
-    ];
-    let upper = name.to_ascii_uppercase();
-    MARKS.iter().any(|m| upper.contains(m))
+    toolloop::redact::is_secret_env_name(name)
 }
 
 /// The environment of a child process server: this process's variables without the secret
@@ -478,6 +467,8 @@ mod tests {
             ("MY_SECRET_THING", "s"),
             ("DB_PASSWORD", "p"),
             ("AWS_SECRET_ACCESS_KEY", "a"),
+            ("TOOLLOOP_STORE", "postgres://u:pw@db/toolloop"),
+            ("OPENAI_BASE_URL", "https://u:pw@proxy/v1"),
             ("LANG", "C"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));

@@ -106,38 +106,10 @@ const SHELLS: &[&str] = &[
     "xonsh",
 ];
 
-/// Environment variables never passed to a child: providers' and stores' variables whose names
-/// do not follow the patterns of [`is_secret_var`].
-const KNOWN_SECRETS: &[&str] = &[
-    "OPENAI_BASE_URL",
-    "ANTHROPIC_BASE_URL",
-    "GEMINI_BASE_URL",
-    "GOOGLE_APPLICATION_CREDENTIALS",
-    "AWS_ACCESS_KEY_ID",
-    "AZURE_OPENAI_ENDPOINT",
-    "DATABASE_URL",
-    "TOOLLOOP_STORE",
-    "TOOLLOOP_TEST_POSTGRES",
-    "OPENAI_ORGANIZATION",
-    "OPENAI_ORG_ID",
-];
-
-/// Whether an environment variable may hold a credential, and is kept from child processes:
-/// names ending in `_KEY`, `_API_KEY`, `_APIKEY` or `_TOKEN`, names containing `SECRET`,
-/// `PASSWORD`, `PASSWD` or `CREDENTIAL` (in any case), and the providers' and stores' own
-/// variables (base URLs and store locations may carry a key or a password).
+/// Whether an environment variable may hold a credential, and is kept from the command: the
+/// rule every child process of toolloop follows ([`toolloop::redact::is_secret_env_name`]).
 pub fn is_secret_var(name: &str) -> bool {
-    let n = name.to_ascii_uppercase();
-    n.ends_with("_KEY")
-        || n.ends_with("_APIKEY")
-        || n == "API_KEY"
-        || n.ends_with("_TOKEN")
-        || n == "TOKEN"
-        || n.contains("SECRET")
-        || n.contains("PASSWORD")
-        || n.contains("PASSWD")
-        || n.contains("CREDENTIAL")
-        || KNOWN_SECRETS.contains(&n.as_str())
+    toolloop::redact::is_secret_env_name(name)
 }
 
 /// A command line as a POSIX shell would read it back: arguments made only of safe
@@ -432,24 +404,6 @@ impl Tool for RunCommand {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn secrets_are_recognized() {
-        for k in [
-            "OPENAI_API_KEY",
-            "anthropic_api_key",
-            "GITHUB_TOKEN",
-            "MY_SECRET_THING",
-            "PGPASSWORD",
-            "TOOLLOOP_STORE",
-            "AWS_SECRET_ACCESS_KEY",
-        ] {
-            assert!(is_secret_var(k), "{k}");
-        }
-        for k in ["PATH", "HOME", "LANG", "CARGO_HOME", "TERM"] {
-            assert!(!is_secret_var(k), "{k}");
-        }
-    }
 
     #[test]
     fn command_lines_quote_what_a_shell_would_split() {

@@ -347,6 +347,50 @@ fn redact_one_url(url: &str) -> String {
     out
 }
 
+/// Environment variables never passed to a child process whose names do not follow the patterns
+/// of [`is_secret_env_name`]: providers' and stores' variables (base URLs and store locations may
+/// carry a key or a password).
+const KNOWN_SECRET_VARS: &[&str] = &[
+    "OPENAI_BASE_URL",
+    "ANTHROPIC_BASE_URL",
+    "GEMINI_BASE_URL",
+    "GOOGLE_GEMINI_BASE_URL",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_OPENAI_ENDPOINT",
+    "DATABASE_URL",
+    "TOOLLOOP_STORE",
+    "TOOLLOOP_TEST_POSTGRES",
+    "OPENAI_ORGANIZATION",
+    "OPENAI_ORG_ID",
+];
+
+/// Whether an environment variable may hold a credential, so that child processes (commands,
+/// MCP servers) never inherit it: names (in any case) ending in `_KEY`, `_APIKEY`, `_TOKEN` or
+/// `_AUTH`, containing `_KEY_`, `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL`, `COOKIE` or
+/// `AUTH_TOKEN`, `API_KEY` and `TOKEN` themselves, and the providers' and stores' own variables.
+pub fn is_secret_env_name(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    n.ends_with("_KEY")
+        || n.ends_with("_APIKEY")
+        || n.ends_with("_TOKEN")
+        || n.ends_with("_AUTH")
+        || n == "API_KEY"
+        || n == "TOKEN"
+        || n.contains("_KEY_")
+        || [
+            "SECRET",
+            "PASSWORD",
+            "PASSWD",
+            "CREDENTIAL",
+            "COOKIE",
+            "AUTH_TOKEN",
+        ]
+        .iter()
+        .any(|m| n.contains(m))
+        || KNOWN_SECRET_VARS.contains(&n.as_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -456,5 +500,35 @@ mod tests {
             r.redact(text),
             "[redacted] [redacted] visible-value [redacted] [redacted]"
         );
+    }
+
+    #[test]
+    fn secret_environment_names_are_recognized() {
+        for k in [
+            "OPENAI_API_KEY",
+            "anthropic_api_key",
+            "GITHUB_TOKEN",
+            "MY_SECRET_THING",
+            "PGPASSWORD",
+            "TOOLLOOP_STORE",
+            "OPENAI_BASE_URL",
+            "AWS_SECRET_ACCESS_KEY",
+            "NPM_CONFIG_AUTH",
+            "SESSION_COOKIE",
+            "X_KEY_FILE",
+        ] {
+            assert!(is_secret_env_name(k), "{k}");
+        }
+        for k in [
+            "PATH",
+            "HOME",
+            "LANG",
+            "CARGO_HOME",
+            "TERM",
+            "GIT_AUTHOR_NAME",
+            "KEYMAP",
+        ] {
+            assert!(!is_secret_env_name(k), "{k}");
+        }
     }
 }
