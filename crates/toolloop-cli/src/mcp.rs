@@ -190,19 +190,36 @@ pub async fn assemble(
             }
         }
     }
-    let only = globset(&args.tools).map_err(ToolsError::Usage)?;
-    let without = globset(&args.no_tools).map_err(ToolsError::Usage)?;
-    tools.retain(|t| {
-        only.as_ref().is_none_or(|g| g.is_match(t.name()))
-            && !without.as_ref().is_some_and(|g| g.is_match(t.name()))
-    });
+    let selection = Selection::new(args).map_err(ToolsError::Usage)?;
+    tools.retain(|t| selection.offers(t.name()));
     Ok(tools)
+}
+
+/// `--tools` / `--no-tools`: which tools a run offers.
+struct Selection {
+    only: Option<GlobSet>,
+    without: Option<GlobSet>,
+}
+
+impl Selection {
+    fn new(args: &McpArgs) -> Result<Self, String> {
+        Ok(Selection {
+            only: globset(&args.tools)?,
+            without: globset(&args.no_tools)?,
+        })
+    }
+
+    /// Whether a run offers the tool of this name.
+    fn offers(&self, name: &str) -> bool {
+        self.only.as_ref().is_none_or(|g| g.is_match(name))
+            && !self.without.as_ref().is_some_and(|g| g.is_match(name))
+    }
 }
 
 #[derive(Subcommand, Debug)]
 pub enum McpCommand {
     /// Start the configured MCP servers and show each one, its state and its tools with their
-    /// annotations.
+    /// annotations; tools that --tools/--no-tools leave out are marked "not offered".
     List(ListArgs),
 }
 
@@ -258,6 +275,10 @@ async fn list(args: ListArgs) -> ExitCode {
         );
         return ExitCode::from(EXIT_USAGE);
     }
+    let selection = match Selection::new(&args.mcp) {
+        Ok(s) => s,
+        Err(e) => return ToolsError::Usage(e).report(),
+    };
     let servers = match servers_for(configs) {
         Ok(s) => s,
         Err(e) => return ToolsError::Usage(e).report(),
@@ -281,6 +302,7 @@ async fn list(args: ListArgs) -> ExitCode {
                         "side_effect": side_effect_name(t.side_effect()),
                         "annotations": t.annotations(),
                         "description": t.description(),
+                        "offered": selection.offers(t.name()),
                     })
                 })
                 .collect(),
@@ -329,6 +351,9 @@ async fn list(args: ListArgs) -> ExitCode {
                 }
                 if !hints.is_empty() {
                     line.push_str(&format!(" {}", hints.join(" ")));
+                }
+                if t["offered"] == false {
+                    line.push_str(" (not offered: --tools/--no-tools)");
                 }
                 let description = t["description"].as_str().unwrap_or("");
                 let first = description.lines().next().unwrap_or("");

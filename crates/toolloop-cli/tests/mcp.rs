@@ -291,6 +291,30 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
         text.contains("  read_text_file [read-only] openWorldHint=false readOnlyHint=true"),
         "{text}"
     );
+    assert!(!text.contains("not offered"), "{text}");
+    // With --no-tools, the listing marks what a run would leave out.
+    let out = command(&["mcp", "list", "--json", "--no-tools", "read_*"], &root)
+        .output()
+        .unwrap();
+    let v = json_of(&out);
+    for t in v[0]["tools"].as_array().unwrap() {
+        let name = t["name"].as_str().unwrap();
+        assert_eq!(t["offered"], !name.starts_with("read_"), "{t}");
+    }
+    let out = command(&["mcp", "list", "--tools", "list_*"], &root)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("read_text_file [read-only] openWorldHint=false readOnlyHint=true (not offered: --tools/--no-tools)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains(
+            "list_allowed_directories [read-only] openWorldHint=false readOnlyHint=true (not"
+        ),
+        "{text}"
+    );
     mock.finish();
 }
 

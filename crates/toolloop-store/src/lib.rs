@@ -85,7 +85,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use toolloop::journal::{Journal, JournalError, Record};
+use toolloop::engine::ReplayError;
+use toolloop::journal::{Journal, JournalError, Record, StoreFailure};
 use toolloop::message::Message;
 use toolloop::outcome::{Outcome, StopReason};
 use toolloop::transcript::repair_transcript;
@@ -112,20 +113,22 @@ pub enum Durability {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum StoreError {
     /// The store could not be opened (bad location, unreachable server, failed migration).
-    #[error("cannot open the store {location}: {message}")]
+    #[error("cannot open the store {location}: {source}")]
     Open {
         /// The location (a PostgreSQL password is hidden).
         location: String,
         /// What went wrong.
-        message: String,
+        #[source]
+        source: StoreFailure,
     },
     /// A query failed.
-    #[error("store error while {doing}: {message}")]
+    #[error("store error while {doing}: {source}")]
     Database {
         /// What the store was doing.
         doing: String,
-        /// The database's message.
-        message: String,
+        /// The database's error.
+        #[source]
+        source: StoreFailure,
     },
     /// Another live process holds the session (see [`Store::lock_session`]).
     #[error("session `{session}` is in use by {holder}; try again when that run has finished")]
@@ -160,7 +163,7 @@ pub enum StoreError {
 
 impl From<StoreError> for JournalError {
     fn from(e: StoreError) -> Self {
-        JournalError::Store(e.to_string())
+        JournalError::Store(StoreFailure::new(e))
     }
 }
 
@@ -168,8 +171,16 @@ fn db(doing: impl Into<String>) -> impl FnOnce(sqlx::Error) -> StoreError {
     let doing = doing.into();
     move |e| StoreError::Database {
         doing,
-        message: e.to_string(),
+        source: StoreFailure::new(e),
     }
+}
+
+/// A store's directory that could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot create the directory {}: {source}", dir.display())]
+struct CreateDirError {
+    dir: PathBuf,
+    source: std::io::Error,
 }
 
 /// What the store knows of a run.
@@ -406,9 +417,9 @@ impl Store {
     /// Like [`Store::open`], with the durability of commits chosen.
     pub async fn open_with(location: &str, durability: Durability) -> Result<Store, StoreError> {
         let shown = redact(location);
-        let open_err = |message: String| StoreError::Open {
+        let open_err = |source: StoreFailure| StoreError::Open {
             location: shown.clone(),
-            message,
+            source,
         };
         // `:memory:` is one connection that every use shares (the writer included).
         let mut shared = false;
@@ -431,7 +442,7 @@ impl Store {
         // tried again and then finds the tables in place.
         let migrator = sqlx::migrate::Migrator::new(sql::Migrations)
             .await
-            .map_err(|e| open_err(format!("migrations: {e}")))?;
+            .map_err(|e| open_err(StoreFailure::new(e)))?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -441,7 +452,7 @@ impl Store {
                 Err(_) if attempt < 4 => {
                     tokio::time::sleep(Duration::from_millis(50 * attempt)).await
                 }
-                Err(e) => return Err(open_err(format!("migrating the schema: {e}"))),
+                Err(e) => return Err(open_err(StoreFailure::new(e))),
             }
         }
         Ok(Store {
@@ -456,7 +467,7 @@ impl Store {
     }
 
     #[cfg(feature = "sqlite")]
-    async fn open_sqlite(path: PathBuf, durability: Durability) -> Result<Pool, String> {
+    async fn open_sqlite(path: PathBuf, durability: Durability) -> Result<Pool, StoreFailure> {
         use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
         if path.as_os_str() == ":memory:" {
             // One connection that never closes: every connection to `:memory:` is a database
@@ -474,13 +485,17 @@ impl Store {
                 .connect_with(options)
                 .await
                 .map(Pool::Sqlite)
-                .map_err(|e| e.to_string());
+                .map_err(StoreFailure::new);
         }
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create the directory {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| {
+                StoreFailure::new(CreateDirError {
+                    dir: dir.to_path_buf(),
+                    source,
+                })
+            })?;
         }
         let options = SqliteConnectOptions::new()
             .filename(&path)
@@ -508,18 +523,18 @@ impl Store {
                 Err(_) if attempt < 5 => {
                     tokio::time::sleep(Duration::from_millis(40 * attempt)).await
                 }
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(StoreFailure::new(e)),
             }
         }
     }
 
     #[cfg(not(feature = "sqlite"))]
-    async fn open_sqlite(_path: PathBuf, _durability: Durability) -> Result<Pool, String> {
+    async fn open_sqlite(_path: PathBuf, _durability: Durability) -> Result<Pool, StoreFailure> {
         Err("this build has no SQLite support (feature `sqlite`); use a postgres:// URL".into())
     }
 
     #[cfg(feature = "postgres")]
-    async fn open_postgres(url: &str) -> Result<Pool, String> {
+    async fn open_postgres(url: &str) -> Result<Pool, StoreFailure> {
         // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
@@ -527,11 +542,11 @@ impl Store {
             .connect(url)
             .await
             .map(Pool::Postgres)
-            .map_err(|e| e.to_string())
+            .map_err(StoreFailure::new)
     }
 
     #[cfg(not(feature = "postgres"))]
-    async fn open_postgres(_url: &str) -> Result<Pool, String> {
+    async fn open_postgres(_url: &str) -> Result<Pool, StoreFailure> {
         Err("this build has no PostgreSQL support (feature `postgres`)".into())
     }
 
@@ -599,7 +614,7 @@ impl Store {
                 .map(|r| {
                     serde_json::to_string(r)
                         .map(|body| (r.kind(), body))
-                        .map_err(|e| JournalError::Store(format!("cannot encode a record: {e}")))
+                        .map_err(|e| JournalError::Store(StoreFailure::new(e)))
                 })
                 .collect::<Result<Vec<_>, _>>()?;
             let start = (started && part == 0).then(|| writer::Start {
@@ -631,7 +646,7 @@ impl Store {
                 writer::Written::Failed(message) => {
                     return Err(StoreError::Database {
                         doing: "committing run-log records".into(),
-                        message,
+                        source: message.into(),
                     }
                     .into());
                 }
@@ -728,7 +743,7 @@ impl Store {
         }
         Err(StoreError::Database {
             doing: "taking a lease".into(),
-            message: "the lease kept changing hands; try again".into(),
+            source: "the lease kept changing hands; try again".into(),
         })
     }
 
@@ -1192,7 +1207,10 @@ impl Journal for Store {
             .map(|(i, b)| {
                 serde_json::from_str::<Record>(b).map_err(|e| JournalError::Corrupt {
                     run_id: run_id.to_string(),
-                    message: format!("record {} does not parse: {e}", i + 1),
+                    source: ReplayError::Unreadable {
+                        record: i,
+                        message: e.to_string(),
+                    },
                 })
             })
             .collect()

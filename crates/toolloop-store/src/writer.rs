@@ -21,6 +21,7 @@
 use crate::Pool;
 use std::collections::{HashSet, VecDeque};
 use tokio::sync::{mpsc, oneshot};
+use toolloop::journal::StoreFailure;
 
 /// The most records in one transaction (with [`MAX_RUNS`], bounds a transaction's bind
 /// parameters: two per record and at most 18 per run, under SQLite's 32,766 and PostgreSQL's
@@ -61,7 +62,7 @@ pub(crate) enum Written {
     /// Not written: the run's lease is not the append's holder's.
     Fenced,
     /// The transaction failed: nothing of its batch was written.
-    Failed(String),
+    Failed(StoreFailure),
 }
 
 type Item = (Append, oneshot::Sender<Written>);
@@ -169,6 +170,7 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
                     runs = batch.len(),
                     "a transaction of the run logs failed: {e}"
                 );
+                let e = StoreFailure::new(e);
                 for (_, done) in batch {
                     let _ = done.send(Written::Failed(e.clone()));
                 }
@@ -458,16 +460,10 @@ async fn commit(
     pool: &Pool,
     conn: &mut Option<Conn>,
     appends: &[&Append],
-) -> Result<HashSet<String>, String> {
-    if conn.is_none() {
-        *conn = Some(
-            acquire(pool)
-                .await
-                .map_err(|e| format!("cannot get a connection: {e}"))?,
-        );
-    }
-    let Some(conn) = conn.as_mut() else {
-        return Err("no connection".into());
+) -> Result<HashSet<String>, sqlx::Error> {
+    let conn = match conn {
+        Some(c) => c,
+        None => conn.insert(acquire(pool).await?),
     };
     let now = now_ms();
     match conn {
@@ -494,7 +490,7 @@ async fn commit(
                 Err(e) => {
                     // The transaction may be open (a statement failed before the commit).
                     let _ = sqlx::query("ROLLBACK").execute(&mut **c).await;
-                    Err(e.to_string())
+                    Err(e)
                 }
             }
         }
@@ -515,32 +511,30 @@ async fn commit(
                 })
                 .collect();
             let recurs = plan.recurs();
-            let mut tx = sqlx::Connection::begin(&mut **c)
-                .await
-                .map_err(|e| e.to_string())?;
+            let mut tx = sqlx::Connection::begin(&mut **c).await?;
             let mut fenced = HashSet::new();
             for (part, sql) in &statements {
                 let q = bound!(sql, sqlx::Postgres).persistent(recurs);
                 if *part == Part::Fence {
-                    let rows = q.fetch_all(&mut *tx).await.map_err(|e| e.to_string())?;
+                    let rows = q.fetch_all(&mut *tx).await?;
                     fenced = fenced_runs(&rows)?;
                 } else {
-                    q.execute(&mut *tx).await.map_err(|e| e.to_string())?;
+                    q.execute(&mut *tx).await?;
                 }
             }
-            tx.commit().await.map_err(|e| e.to_string())?;
+            tx.commit().await?;
             Ok(fenced)
         }
     }
 }
 
-fn fenced_runs<R: sqlx::Row>(rows: &[R]) -> Result<HashSet<String>, String>
+fn fenced_runs<R: sqlx::Row>(rows: &[R]) -> Result<HashSet<String>, sqlx::Error>
 where
     usize: sqlx::ColumnIndex<R>,
     String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
 {
     rows.iter()
-        .map(|r| r.try_get::<String, _>(0usize).map_err(|e| e.to_string()))
+        .map(|r| r.try_get::<String, _>(0usize))
         .collect()
 }
 

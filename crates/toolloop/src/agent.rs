@@ -281,11 +281,11 @@ impl Agent {
         );
         match replayed {
             Ok(r) => Ok(r),
-            Err(message) => {
+            Err(source) => {
                 let _ = log.journal.release(run_id, &log.holder).await;
                 Err(JournalError::Corrupt {
                     run_id: run_id.to_string(),
-                    message,
+                    source,
                 })
             }
         }
@@ -430,7 +430,7 @@ impl Agent {
                 machine.take_events().for_each(drop);
             }
         };
-        let mut store_error: Option<String> = None;
+        let mut store_error: Option<JournalError> = None;
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
         let model = self.model.session();
         // Cancelled, with the tools' work, when the run is interrupted; the caller's token is
@@ -496,7 +496,7 @@ impl Agent {
                     if let (Ok(Ok(_)), Some(log)) = (&called, &log)
                         && let Err(e) = log.settle().await
                     {
-                        store_error = Some(e.to_string());
+                        store_error = Some(e);
                         machine.interrupt(Interrupt::StoreFailed);
                         continue;
                     }
@@ -536,7 +536,7 @@ impl Agent {
                         && let Some(log) = &log
                         && let Err(e) = log.flush().await
                     {
-                        store_error = Some(e.to_string());
+                        store_error = Some(e);
                         machine.interrupt(Interrupt::StoreFailed);
                         continue;
                     }
@@ -655,7 +655,7 @@ impl Agent {
                         && let Some(log) = &log
                         && let Err(e) = log.flush_behind().await
                     {
-                        store_error = Some(e.to_string());
+                        store_error = Some(e);
                         machine.interrupt(Interrupt::StoreFailed);
                     }
                 }
@@ -760,7 +760,7 @@ impl Agent {
         deadline: Option<tokio::time::Instant>,
         sink: &Option<EventHandler>,
         log: &Option<RunLog>,
-    ) -> Result<(), String> {
+    ) -> Result<(), JournalError> {
         let round = machine.round();
         let limit = if batch.parallel {
             self.config.max_parallel.max(1)
@@ -782,7 +782,7 @@ impl Agent {
                     });
                 }
             }
-            log.flush().await.map_err(|e| e.to_string())?;
+            log.flush().await?;
         }
         let jobs: Vec<_> = batch
             .calls
@@ -874,11 +874,9 @@ impl Flushing {
     /// Waits for the flush being written, if any; the first failure, if any.
     async fn settle(&mut self) -> Result<(), JournalError> {
         if let Some(behind) = self.behind.take() {
-            let written = behind.await.unwrap_or_else(|e| {
-                Err(JournalError::Store(format!(
-                    "writing the run log failed: {e}"
-                )))
-            });
+            let written = behind
+                .await
+                .unwrap_or_else(|e| Err(JournalError::Store(crate::journal::StoreFailure::new(e))));
             if let Err(e) = written {
                 self.failed = Some(e);
             }
@@ -985,7 +983,7 @@ struct ToolJob<'a> {
 }
 
 /// A finished call: its result, duration in milliseconds and attempts; or a run-log failure.
-type JobResult = Result<(Result<ToolOutput, ToolError>, u64, u32), String>;
+type JobResult = Result<(Result<ToolOutput, ToolError>, u64, u32), JournalError>;
 
 impl ToolJob<'_> {
     async fn run(self) -> JobResult {
@@ -1003,7 +1001,7 @@ impl ToolJob<'_> {
                 index: self.index,
                 call_id: self.call.id.clone(),
             };
-            log.now(intent).await.map_err(|e| e.to_string())?;
+            log.now(intent).await?;
         }
         let mut attempt = 0;
         loop {

@@ -210,6 +210,31 @@ pub struct PhaseError {
     pub detail: String,
 }
 
+/// Why a run's records do not replay onto the run (see [`Machine::replay`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ReplayError {
+    /// The log is empty or does not begin with [`Record::Started`].
+    #[error("the first record is not `started`")]
+    NotStarted,
+    /// A stored record does not parse (damaged, or written by an incompatible version).
+    #[error("record {record} does not parse: {message}")]
+    Unreadable {
+        /// The record's position in the log (0 is `started`).
+        record: usize,
+        /// The parser's message.
+        message: String,
+    },
+    /// A record came where the loop could not take it.
+    #[error("record {record}: {source}")]
+    Unfit {
+        /// The record's position in the log (0 is `started`).
+        record: usize,
+        /// The input the record stands for, and what the loop was doing.
+        #[source]
+        source: PhaseError,
+    },
+}
+
 /// Which hooks the driver has. The machine asks for their answers; it never calls them.
 #[derive(Debug, Clone, Copy, Default)]
 struct HookSet {
@@ -1252,34 +1277,46 @@ impl Machine {
         hooks: Hooks,
         toolbox: Arc<Toolbox>,
         records: &[Record],
-    ) -> Result<(Machine, Vec<usize>), String> {
+    ) -> Result<(Machine, Vec<usize>), ReplayError> {
         let mut iter = records.iter();
         let Some(Record::Started { messages }) = iter.next() else {
-            return Err("the first record is not `started`".into());
+            return Err(ReplayError::NotStarted);
         };
         let mut m = Machine::new(config, hooks, toolbox, messages.clone());
         let mut in_flight: Vec<usize> = Vec::new();
         for (i, record) in iter.enumerate() {
-            let at = |what: &str| format!("record {}: {what}", i + 1);
-            let unfit = |e: PhaseError| at(&e.to_string());
+            let unfit = |source: PhaseError| ReplayError::Unfit {
+                record: i + 1,
+                source,
+            };
+            let phase = m.state.phase.describe();
+            let out_of_place = |input: &'static str, detail: String| {
+                unfit(PhaseError {
+                    input,
+                    phase,
+                    detail,
+                })
+            };
             match record {
-                Record::Started { .. } => return Err(at("a second `started`")),
+                Record::Started { .. } => {
+                    return Err(out_of_place("started", "; a run starts once".into()));
+                }
                 Record::RemindersGiven { reminders, .. } => {
-                    m.settle_unrecorded(false)?;
+                    m.settle_unrecorded(false).map_err(unfit)?;
                     m.reminders_given(reminders.clone()).map_err(unfit)?;
                 }
                 Record::StopChecked { signal, .. } => {
                     m.stop_checked(signal.clone()).map_err(unfit)?;
                 }
                 Record::ModelRequested { round } => {
-                    m.settle_unrecorded(true)?;
+                    m.settle_unrecorded(true).map_err(unfit)?;
                     match m.next_step() {
                         Step::CallModel { round: r, .. } if r == *round => {}
                         other => {
-                            return Err(at(&format!(
-                                "model call of round {round} requested, but the loop was at \
-                                 {other:?}"
-                            )));
+                            return Err(out_of_place(
+                                "model_requested",
+                                format!("; round {round} requested, but the loop was at {other:?}"),
+                            ));
                         }
                     }
                 }
@@ -1320,9 +1357,12 @@ impl Machine {
                     in_flight.retain(|i| i != index);
                 }
                 Record::RoundLimitDecided { decision } => {
-                    m.settle_unrecorded(false)?;
+                    m.settle_unrecorded(false).map_err(unfit)?;
                     if m.next_step() != Step::DecideRoundLimit {
-                        return Err(at("a round-limit decision outside the round limit"));
+                        return Err(out_of_place(
+                            "round_limit_decided",
+                            "; the round limit was not reached".into(),
+                        ));
                     }
                     m.round_limit_decided(decision.clone()).map_err(unfit)?;
                 }
@@ -1354,14 +1394,11 @@ impl Machine {
     /// During replay, before a record that comes after a hook's answer: a `stop_when` (and,
     /// with `reminders_too`, a `reminders`) answer the log does not hold was given by a run
     /// that did not record them; it is taken as no signal (no reminders).
-    fn settle_unrecorded(&mut self, reminders_too: bool) -> Result<(), String> {
+    fn settle_unrecorded(&mut self, reminders_too: bool) -> Result<(), PhaseError> {
         loop {
-            let fits = |e: PhaseError| e.to_string();
             match self.next_step() {
-                Step::CheckStop => self.stop_checked(None).map_err(fits)?,
-                Step::GetReminders if reminders_too => {
-                    self.reminders_given(Vec::new()).map_err(fits)?
-                }
+                Step::CheckStop => self.stop_checked(None)?,
+                Step::GetReminders if reminders_too => self.reminders_given(Vec::new())?,
                 _ => return Ok(()),
             }
         }

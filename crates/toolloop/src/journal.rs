@@ -32,7 +32,7 @@ use crate::tool::{ToolError, ToolOutput};
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// One durable step of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -153,12 +153,61 @@ impl Record {
     }
 }
 
+/// A store's own failure (a database error, a full disk, …), kept with its causes so that
+/// [`std::error::Error::source`] reaches them. Made from any error, or from a message:
+/// `JournalError::Store("disk full".into())`.
+#[derive(Debug, Clone)]
+pub struct StoreFailure(Arc<dyn std::error::Error + Send + Sync>);
+
+impl StoreFailure {
+    /// The failure of an error, which stays reachable as the source.
+    pub fn new(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        StoreFailure(Arc::new(error))
+    }
+}
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for StoreFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+/// Failures are equal when they say the same.
+impl PartialEq for StoreFailure {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_string() == other.0.to_string()
+    }
+}
+
+/// A failure with only a message.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct FailureMessage(String);
+
+impl From<String> for StoreFailure {
+    fn from(message: String) -> Self {
+        StoreFailure::new(FailureMessage(message))
+    }
+}
+
+impl From<&str> for StoreFailure {
+    fn from(message: &str) -> Self {
+        StoreFailure::from(message.to_string())
+    }
+}
+
 /// Why the run log failed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum JournalError {
     /// The store failed.
     #[error("run log error: {0}")]
-    Store(String),
+    Store(#[source] StoreFailure),
     /// Another process holds the run.
     #[error("run {run_id} is held by another process ({holder}); try again when it has stopped")]
     Locked {
@@ -171,12 +220,13 @@ pub enum JournalError {
     #[error("no run with id {0}")]
     NotFound(String),
     /// The records do not replay.
-    #[error("the run log of {run_id} does not replay: {message}")]
+    #[error("the run log of {run_id} does not replay: {source}")]
     Corrupt {
         /// The run.
         run_id: String,
         /// What did not fit.
-        message: String,
+        #[source]
+        source: crate::engine::ReplayError,
     },
 }
 

@@ -509,7 +509,7 @@ async fn hooks_that_answer_differently_the_second_time_do_not_break_a_resume() {
 #[tokio::test]
 async fn a_record_that_does_not_fit_the_run_is_refused() {
     use toolloop::config::{Hooks, LoopConfig};
-    use toolloop::engine::Machine;
+    use toolloop::engine::{Machine, ReplayError};
     use toolloop::model::ModelResponse;
     use toolloop::toolbox::Toolbox;
     let call = toolloop::message::ToolCall::new("charge", json!({"amount": 1}));
@@ -546,5 +546,13 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
         &records,
     );
     let err = replayed.expect_err("the record is refused");
-    assert!(err.contains("record 3") && err.contains("call 3"), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("record 3") && text.contains("call 3"),
+        "{text}"
+    );
+    assert!(
+        matches!(&err, ReplayError::Unfit { record: 3, source } if source.input == "tool_finished"),
+        "{err:?}"
+    );
 }
