@@ -344,6 +344,11 @@ pub struct ApiError {
 }
 
 /// Why a model call failed.
+///
+/// The variants carry messages, not the underlying errors: an HTTP client's error prints the
+/// request's URL, which may hold a key (`?key=` for Gemini), and a server's error body may echo
+/// one. Each message has its secrets removed before it is stored here (see [`crate::redact`]),
+/// and the error is cloned into events, outcomes and run logs.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ModelError {
     /// The provider answered with an error.
