@@ -8,7 +8,7 @@ use toolloop::providers::scripted::ScriptedModel;
 use toolloop::{Agent, ToolContext, ToolError, ToolOutput, tool_fn};
 
 /// The answer; doc comments become the schema's descriptions.
-#[derive(Debug, serde::Deserialize, schemars::JsonSchema)]
+#[derive(serde::Deserialize, schemars::JsonSchema)]
 struct Forecast {
     /// The city.
     city: String,
@@ -59,7 +59,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     let forecast: Forecast = outcome.parse()?;
-    println!("forecast: {forecast:?}");
+    println!(
+        "{}: high of {} °C, umbrella: {}",
+        forecast.city, forecast.high_celsius, forecast.umbrella
+    );
     println!(
         "stopped: {:?} after {} rounds",
         outcome.stop_reason, outcome.rounds
