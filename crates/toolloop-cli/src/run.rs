@@ -57,6 +57,16 @@ pub struct AgentArgs {
     /// The most output tokens per model call, 1 to 1000000.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_OUTPUT_TOKENS)))]
     pub max_output_tokens: Option<u32>,
+    /// A JSON Schema file the final answer must match: the model is asked for JSON of that
+    /// shape (natively where the API can), an answer that does not match goes back to it with
+    /// the errors, and the validated JSON is printed (`output` in `--json`).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub output_schema: Option<PathBuf>,
+    /// The schema read from `--output-schema` (saved with the run).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<toolloop::OutputSchema>,
     #[command(flatten)]
     #[serde(flatten)]
     pub approval: crate::approve::ApprovalArgs,
@@ -156,6 +166,9 @@ impl AgentArgs {
                 .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
             self.system = Some(text);
         }
+        if let Some(path) = self.output_schema.take() {
+            self.output = Some(read_output_schema(&path)?);
+        }
         Ok(())
     }
 
@@ -197,6 +210,52 @@ impl AgentArgs {
         }
         Ok(())
     }
+}
+
+/// The largest `--output-schema` file.
+const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
+
+/// Reads an `--output-schema` file: a JSON Schema (an object), named after its `title`, else
+/// after the file. The errors name the flag and the file.
+pub fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
+    use std::io::Read;
+    let at = || format!("--output-schema {}", path.display());
+    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", at()))?;
+    let mut text = String::new();
+    file.take(MAX_SCHEMA_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("{}: {e}", at()))?;
+    if text.len() as u64 > MAX_SCHEMA_BYTES {
+        return Err(format!(
+            "{}: larger than {} KiB; expected a JSON Schema",
+            at(),
+            MAX_SCHEMA_BYTES / 1024
+        ));
+    }
+    let schema: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not JSON ({e}); expected a JSON Schema object", at()))?;
+    if !schema.is_object() {
+        return Err(format!(
+            "{}: expected a JSON Schema object (`{{\"type\": \"object\", …}}`)",
+            at()
+        ));
+    }
+    let name = schema
+        .get("title")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('.').next())
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let output = toolloop::OutputSchema::new(name, schema);
+    output
+        .compile()
+        .map_err(|e| format!("{}: not a valid JSON Schema: {}", at(), e.message))?;
+    Ok(output)
 }
 
 /// The most bytes a prompt read from stdin may have.
@@ -268,8 +327,14 @@ pub async fn run(mut args: RunArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         return usage_error(e);
     }
-    // On a terminal the text is shown as it comes, unless a program reads the output.
-    if !args.agent.no_stream && !args.json && !args.jsonl && std::io::stdout().is_terminal() {
+    // On a terminal the text is shown as it comes, unless a program reads the output (or the
+    // answer is the validated JSON, printed once it is known).
+    if !args.agent.no_stream
+        && !args.json
+        && !args.jsonl
+        && args.agent.output.is_none()
+        && std::io::stdout().is_terminal()
+    {
         args.agent.stream = true;
     }
     let cancel = CancellationToken::new();
@@ -348,7 +413,10 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
         }
         outln!("{line}");
     } else {
-        if !progress.streamed()
+        if let Some(output) = &outcome.output {
+            // The validated answer, as one line of JSON.
+            outln!("{output}");
+        } else if !progress.streamed()
             && let Some(text) = &outcome.text
         {
             // Written once final: the exact bytes to a pipe or a file, escaped on a terminal.
@@ -424,6 +492,9 @@ pub fn agent_builder_with(
     if let Some(n) = agent.max_output_tokens {
         builder = builder.max_output_tokens(n);
     }
+    if let Some(output) = &agent.output {
+        builder = builder.output_schema(output.clone());
+    }
     Ok(builder)
 }
 
@@ -472,6 +543,9 @@ pub fn outcome_json(o: &Outcome) -> Value {
         "duration_ms": o.duration_ms,
         "run_id": o.run_id,
     });
+    if let Some(output) = &o.output {
+        v["output"] = output.clone();
+    }
     if let Some(e) = &o.error {
         v["error"] = json!({"code": e.code, "message": e.message});
     }
