@@ -748,11 +748,8 @@ fn large_call_streams_in_small_chunks() {
     let tools = tools_for(&calls);
     for d in Dialect::ALL {
         let reply = format!("Writing.\n{}\nDone.", write_calls(d, &tool_calls(&calls)));
-        let chunks: Vec<String> = reply
-            .as_bytes()
-            .chunks(16)
-            .map(|c| String::from_utf8(c.to_vec()).expect("ASCII"))
-            .collect();
+        let chars: Vec<char> = reply.chars().collect();
+        let chunks: Vec<String> = chars.chunks(16).map(|c| c.iter().collect()).collect();
         let started = std::time::Instant::now();
         let got = meaning_of_events(&stream_events(&chunks, &tools));
         let elapsed = started.elapsed();
