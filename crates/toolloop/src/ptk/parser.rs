@@ -1653,15 +1653,12 @@ fn section(s: &str, eof: bool, sec: &Section) -> Decision {
         }
         // Anything else ends the section (its closing token is missing).
         if calls.is_empty() {
+            // (What follows is not quoted: how much of it has arrived must not change the
+            // explanation.)
             let why = if rest.is_empty() {
                 format!("the reply ends inside an unfinished {}", sec.begin)
             } else {
-                format!(
-                    "expected {} after {}, found `{}`",
-                    sec.call_begin,
-                    sec.begin,
-                    quote(rest)
-                )
+                format!("expected {} after {}", sec.call_begin, sec.begin)
             };
             return Decision::Miss(i.max(1), miss(sec.dialect, why));
         }
