@@ -43,7 +43,7 @@ fn from_events(events: &[StreamEvent]) -> Meaning {
             }
             StreamEvent::ToolCallDelta { index, arguments } => calls[*index].1.push_str(arguments),
             StreamEvent::ToolCallData { index, .. } => calls[*index].2 = true,
-            StreamEvent::Part(_) => malformed += 1,
+            StreamEvent::Part(p) if p.data.get("malformed").is_some() => malformed += 1,
             _ => {}
         }
     }

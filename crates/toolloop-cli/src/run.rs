@@ -67,6 +67,16 @@ pub struct AgentArgs {
     #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<toolloop::OutputSchema>,
+    /// Model prices that add to or override the built-in table, from a JSON file:
+    /// `{"MODEL": {"input": 1.0, "output": 2.0, "cache_read": 0.1, "cache_write": 1.25}}`, in US
+    /// dollars per million tokens (the cache rates are optional).
+    #[arg(long, value_name = "FILE")]
+    #[serde(skip)]
+    pub prices: Option<PathBuf>,
+    /// The entries read from `--prices` (saved with the run, so that resuming needs no file).
+    #[arg(skip)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub price_entries: Option<String>,
     #[command(flatten)]
     #[serde(flatten)]
     pub approval: crate::approve::ApprovalArgs,
@@ -168,6 +178,12 @@ impl AgentArgs {
         }
         if let Some(path) = self.output_schema.take() {
             self.output = Some(read_output_schema(&path)?);
+        }
+        if let Some(path) = self.prices.take() {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("--prices {}: {e}", path.display()))?;
+            price_table(Some(&text)).map_err(|e| format!("--prices {}: {e}", path.display()))?;
+            self.price_entries = Some(text);
         }
         Ok(())
     }
@@ -495,7 +511,26 @@ pub fn agent_builder_with(
     if let Some(output) = &agent.output {
         builder = builder.output_schema(output.clone());
     }
+    if agent.price_entries.is_some() {
+        let table =
+            price_table(agent.price_entries.as_deref()).map_err(|e| format!("--prices: {e}"))?;
+        builder = builder.prices(table);
+    }
     Ok(builder)
+}
+
+/// The built-in price table with the entries of a `--prices` file.
+fn price_table(entries: Option<&str>) -> Result<toolloop::price::PriceTable, String> {
+    let mut table = toolloop::price::PriceTable::builtin();
+    if let Some(text) = entries {
+        table.extend_from_json(text).map_err(|e| {
+            format!(
+                "not a prices file: {e}; expected a JSON object like \
+                 {{\"MODEL\": {{\"input\": 1.0, \"output\": 2.0}}}} (US dollars per million tokens)"
+            )
+        })?;
+    }
+    Ok(table)
 }
 
 /// `--jsonl`: one event as a line on stdout. The run's end is written by the caller, with the

@@ -221,6 +221,62 @@ fn usage_a_model_did_not_report_is_null_in_json_not_zero() {
     assert_eq!(v["calls_without_usage"], 1);
 }
 
+#[test]
+fn a_prices_file_prices_a_model_and_a_bad_one_names_the_flag() {
+    let dir = repo();
+    let script = dir.path().join("usage.json");
+    std::fs::write(
+        &script,
+        r#"[{"text": "hi", "usage": {"input_tokens": 500000, "output_tokens": 250000}}]"#,
+    )
+    .unwrap();
+    let spec = format!("scripted:{}", script.display());
+    // The scripted model has no price: its cost is unknown, not 0.
+    let out = toolloop(&["run", "--json", "--model", &spec, "x"], dir.path());
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(json_of(&out)["cost"], serde_json::Value::Null);
+    // A prices file gives it one (US dollars per million tokens).
+    let prices = dir.path().join("prices.json");
+    std::fs::write(&prices, r#"{"scripted": {"input": 2.0, "output": 4.0}}"#).unwrap();
+    let p = prices.to_str().unwrap();
+    let out = toolloop(
+        &["run", "--json", "--prices", p, "--model", &spec, "x"],
+        dir.path(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let cost = json_of(&out)["cost"].as_f64().unwrap();
+    assert!((cost - 2.0).abs() < 1e-9, "{cost}");
+    // A file that is not one is a usage error that names the flag and the format.
+    for bad in [
+        "{",
+        r#"{"scripted": {"input": 2.0}}"#,
+        r#"{"scripted": {"input": -1, "output": 1}}"#,
+    ] {
+        std::fs::write(&prices, bad).unwrap();
+        let out = toolloop(
+            &["run", "--json", "--prices", p, "--model", &spec, "x"],
+            dir.path(),
+        );
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--prices") && err.contains("per million"),
+            "{bad}: {err}"
+        );
+    }
+    let out = toolloop(
+        &["run", "--prices", "missing.json", "--model", &spec, "x"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--prices missing.json"));
+}
+
 /// A reader that goes away (`toolloop run --json … | head -c 10`) is no reason to panic.
 #[test]
 fn a_closed_stdout_is_not_a_panic() {

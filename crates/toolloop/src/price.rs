@@ -1,12 +1,16 @@
 //! Prices per model, and the cost of a run.
 //!
 //! Prices are US dollars per million tokens. A model with no price has an unknown cost (`None`),
-//! never a cost of 0. The built-in table lists each entry's source and the date it was read;
-//! users add or override entries with [`PriceTable::insert`].
+//! never a cost of 0. The built-in table is LiteLLM's maintained price dataset (MIT; vendored in
+//! `data/prices.json` with its source, license and date, reduced to chat models by
+//! `scripts/update-prices`), read once on first use, plus a few hand-checked entries it lacks.
+//! Users add or override entries with [`PriceTable::insert`] or
+//! [`PriceTable::extend_from_json`] (the command's `--prices FILE`).
 
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
 /// The price of one model, in US dollars per million tokens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -60,36 +64,134 @@ impl Price {
 
 /// Prices by model name.
 ///
-/// A lookup tries the exact name, then the longest entry that the name starts with followed by
-/// `-` (so `gpt-4o-2024-08-06` finds `gpt-4o`), after dropping any `provider:` prefix.
+/// A lookup tries, in order, the name as given, the name without a `provider:` prefix, and the
+/// name without each leading `vendor/` path segment (`openrouter/anthropic/claude-sonnet-4`
+/// then `anthropic/claude-sonnet-4` then `claude-sonnet-4`), each exactly and then ignoring
+/// ASCII case; failing that, the longest entry that one of them starts with followed by `-` (so
+/// a dated `gpt-4o-2099-01-01` finds `gpt-4o`). Entries added to the table win over the
+/// built-in ones.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PriceTable {
     prices: HashMap<String, Price>,
+    /// Whether lookups fall back to the built-in table.
+    #[serde(skip)]
+    builtin: bool,
+}
+
+/// The vendored dataset: `data/prices.json`.
+const DATASET: &str = include_str!("../data/prices.json");
+
+/// The built-in prices: the dataset, then the hand-checked rows for names it lacks.
+static BUILTIN_TABLE: LazyLock<HashMap<String, Price>> = LazyLock::new(|| {
+    let mut table = parse_dataset(DATASET).unwrap_or_else(|e| {
+        // The file is checked by a test; a broken build must not crash a run.
+        tracing::warn!("the built-in price dataset does not parse: {e}");
+        HashMap::new()
+    });
+    for (name, input, output, cache_read, cache_write, source) in BUILTIN {
+        table.entry((*name).to_string()).or_insert_with(|| Price {
+            input: *input,
+            output: *output,
+            cache_read: *cache_read,
+            cache_write: *cache_write,
+            source: (*source).to_string(),
+            as_of: BUILTIN_AS_OF.to_string(),
+        });
+    }
+    table
+});
+
+/// Reads the vendored dataset's format (see `data/README.md`).
+fn parse_dataset(text: &str) -> Result<HashMap<String, Price>, String> {
+    #[derive(Deserialize)]
+    struct Dataset {
+        retrieved: String,
+        columns: Vec<String>,
+        models: HashMap<String, [Option<f64>; 4]>,
+    }
+    let d: Dataset = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if d.columns != ["input", "output", "cache_read", "cache_write"] {
+        return Err(format!("unexpected columns {:?}", d.columns));
+    }
+    Ok(d.models
+        .into_iter()
+        .filter_map(|(name, [input, output, cache_read, cache_write])| {
+            Some((
+                name,
+                Price {
+                    input: input?,
+                    output: output?,
+                    cache_read,
+                    cache_write,
+                    source: DATASET_SOURCE.to_string(),
+                    as_of: d.retrieved.clone(),
+                },
+            ))
+        })
+        .collect())
+}
+
+const DATASET_SOURCE: &str =
+    "LiteLLM model_prices_and_context_window.json (https://github.com/BerriAI/litellm)";
+
+/// The names a model is looked up under, most specific first.
+fn candidates(model: &str) -> Vec<&str> {
+    let mut out = vec![model];
+    let bare = model.rsplit_once(':').map_or(model, |(_, m)| m);
+    if bare != model {
+        out.push(bare);
+    }
+    let mut rest = bare;
+    while let Some((_, tail)) = rest.split_once('/') {
+        if !tail.is_empty() {
+            out.push(tail);
+        }
+        rest = tail;
+    }
+    out
+}
+
+fn lookup<'a>(prices: &'a HashMap<String, Price>, model: &str) -> Option<&'a Price> {
+    let names = candidates(model);
+    for name in &names {
+        if let Some(p) = prices.get(*name) {
+            return Some(p);
+        }
+    }
+    for name in &names {
+        if let Some((_, p)) = prices.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            return Some(p);
+        }
+    }
+    for name in &names {
+        let found = prices
+            .iter()
+            .filter(|(k, _)| {
+                name.len() > k.len()
+                    && name.as_bytes()[..k.len()].eq_ignore_ascii_case(k.as_bytes())
+                    && name.as_bytes()[k.len()] == b'-'
+            })
+            .max_by_key(|(k, _)| k.len());
+        if let Some((_, p)) = found {
+            return Some(p);
+        }
+    }
+    None
 }
 
 impl PriceTable {
-    /// An empty table.
+    /// An empty table (every cost unknown until entries are added).
     pub fn empty() -> Self {
         PriceTable::default()
     }
 
-    /// The built-in table: the current OpenAI, Anthropic and Gemini models.
+    /// The built-in table: LiteLLM's price dataset for chat models (thousands of models, of
+    /// every provider), read once on first use.
     pub fn builtin() -> Self {
-        let mut t = PriceTable::default();
-        for (name, input, output, cache_read, cache_write, source) in BUILTIN {
-            t.insert(
-                *name,
-                Price {
-                    input: *input,
-                    output: *output,
-                    cache_read: *cache_read,
-                    cache_write: *cache_write,
-                    source: (*source).to_string(),
-                    as_of: BUILTIN_AS_OF.to_string(),
-                },
-            );
+        PriceTable {
+            prices: HashMap::new(),
+            builtin: true,
         }
-        t
     }
 
     /// Adds or replaces a model's price.
@@ -99,19 +201,13 @@ impl PriceTable {
 
     /// The price of a model, if known.
     pub fn get(&self, model: &str) -> Option<&Price> {
-        let model = model.rsplit_once(':').map_or(model, |(_, m)| m);
-        if let Some(p) = self.prices.get(model) {
-            return Some(p);
-        }
-        self.prices
-            .iter()
-            .filter(|(name, _)| {
-                model.len() > name.len()
-                    && model.starts_with(name.as_str())
-                    && model.as_bytes()[name.len()] == b'-'
-            })
-            .max_by_key(|(name, _)| name.len())
-            .map(|(_, p)| p)
+        lookup(&self.prices, model).or_else(|| {
+            if self.builtin {
+                lookup(&BUILTIN_TABLE, model)
+            } else {
+                None
+            }
+        })
     }
 
     /// The cost of `usage` on `model`, or `None` when the model has no price.
@@ -119,9 +215,27 @@ impl PriceTable {
         self.get(model).map(|p| p.cost(usage))
     }
 
-    /// Reads extra entries from JSON: `{"model-name": {"input": 1.0, "output": 2.0}, …}`.
+    /// Adds or replaces entries read from JSON: an object from model name to price, in US
+    /// dollars per million tokens. `input` and `output` are required; `cache_read` and
+    /// `cache_write` default to the input rate; `source` and `as_of` are free text:
+    ///
+    /// ```json
+    /// {"my-model": {"input": 1.0, "output": 2.0},
+    ///  "gpt-4o": {"input": 2.5, "output": 10.0, "cache_read": 1.25, "source": "contract"}}
+    /// ```
+    ///
+    /// A negative or non-finite rate is an error; nothing is added when any entry is wrong.
     pub fn extend_from_json(&mut self, json: &str) -> Result<(), serde_json::Error> {
+        use serde::de::Error as _;
         let extra: HashMap<String, Price> = serde_json::from_str(json)?;
+        for (name, p) in &extra {
+            let rates = [Some(p.input), Some(p.output), p.cache_read, p.cache_write];
+            if rates.iter().flatten().any(|r| !r.is_finite() || *r < 0.0) {
+                return Err(serde_json::Error::custom(format!(
+                    "the price of `{name}` has a negative rate; rates are US dollars per million tokens"
+                )));
+            }
+        }
         self.prices.extend(extra);
         Ok(())
     }
@@ -260,5 +374,59 @@ mod tests {
             ..Usage::default()
         };
         assert_eq!(t.cost("my-model", &u), Some(4.0));
+    }
+
+    #[test]
+    fn the_dataset_parses_and_prices_models_the_hand_table_lacks() {
+        let all = parse_dataset(DATASET).unwrap();
+        assert!(all.len() > 1000, "{}", all.len());
+        let t = PriceTable::builtin();
+        // Newer and other providers' models, with and without provider prefixes.
+        for name in [
+            "gpt-5.1",
+            "claude-opus-4-5",
+            "deepseek/deepseek-chat",
+            "deepseek-chat",
+            "openrouter/deepseek/deepseek-chat",
+            "gemini:gemini-2.5-pro",
+        ] {
+            let p = t.get(name).unwrap_or_else(|| panic!("{name} has no price"));
+            assert!(p.input > 0.0 && p.output > 0.0, "{name}: {p:?}");
+        }
+        let p = t.get("claude-opus-4-5-20251101").unwrap();
+        assert_eq!((p.input, p.output), (5.0, 25.0));
+        assert!(p.source.contains("LiteLLM"), "{p:?}");
+        // The hand-checked rows fill in what the dataset lacks.
+        assert!(BUILTIN_TABLE.contains_key("claude-3-5-haiku"));
+    }
+
+    #[test]
+    fn entries_added_win_over_the_dataset() {
+        let mut t = PriceTable::builtin();
+        assert_eq!(t.get("gpt-4o").unwrap().input, 2.5);
+        t.extend_from_json(r#"{"gpt-4o": {"input": 1.0, "output": 1.0}}"#)
+            .unwrap();
+        assert_eq!(t.get("gpt-4o-2024-08-06").unwrap().input, 1.0);
+        assert_eq!(t.get("openai:gpt-4o").unwrap().input, 1.0);
+        let e = t
+            .extend_from_json(r#"{"x": {"input": -1.0, "output": 1.0}}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("negative"), "{e}");
+        assert!(t.get("x").is_none());
+        assert!(t.extend_from_json(r#"{"x": {"input": 1.0}}"#).is_err());
+    }
+
+    #[test]
+    fn unknown_models_stay_unknown_in_the_dataset_too() {
+        let t = PriceTable::builtin();
+        for name in [
+            "my-local-model",
+            "llama.cpp",
+            "openrouter/nobody/none",
+            "-",
+            "",
+        ] {
+            assert!(t.get(name).is_none(), "{name}");
+        }
     }
 }

@@ -3,7 +3,10 @@
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
+use toolloop::model::ToolSpec;
 use toolloop::providers::Decoded;
+use toolloop::ptk::{StreamParser, parse_reply};
+use toolloop::stream::StreamEvent;
 
 /// One recorded case.
 struct Case {
@@ -143,6 +146,7 @@ fn check_api(api: &str, decode: impl Fn(u16, &[u8], bool) -> Decoded, anthropic_
 fn corpus_is_present() {
     assert!(cases("openai-chat").len() >= 30);
     assert!(cases("anthropic-messages").len() >= 14);
+    assert!(cases("gemini").len() >= 8);
 }
 
 #[test]
@@ -161,4 +165,98 @@ fn anthropic_messages_corpus() {
         toolloop::providers::anthropic::decode_recorded,
         true,
     );
+}
+
+#[test]
+fn gemini_corpus() {
+    check_api(
+        "gemini",
+        toolloop::providers::gemini::decode_recorded,
+        false,
+    );
+}
+
+/// The prompt-based cases (`api` `ptk-text`): a model's raw text, read with `parse_reply`, and
+/// streamed character by character through the `StreamParser`, must give the calls, text and
+/// reasoning of `expected.json`.
+#[test]
+fn prompt_based_text_corpus() {
+    let mut dirs: Vec<_> = std::fs::read_dir(corpus_dir())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .collect();
+    dirs.sort();
+    let mut count = 0;
+    let mut failures = Vec::new();
+    for dir in dirs {
+        let Ok(meta) = std::fs::read(dir.join("meta.json")) else {
+            continue;
+        };
+        let meta: Value = serde_json::from_slice(&meta).unwrap();
+        if meta["api"] != "ptk-text" {
+            continue;
+        }
+        count += 1;
+        let name = dir.file_name().unwrap().to_string_lossy().into_owned();
+        let text = std::fs::read_to_string(dir.join("response.txt")).unwrap();
+        let tools: Vec<ToolSpec> = match std::fs::read(dir.join("tools.json")) {
+            Ok(b) => serde_json::from_slice(&b).unwrap(),
+            Err(_) => Vec::new(),
+        };
+        let expected: Value =
+            serde_json::from_slice(&std::fs::read(dir.join("expected.json")).unwrap()).unwrap();
+        let want_calls: Vec<(Value, Value)> = expected["tool_calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| (c["name"].clone(), c["arguments"].clone()))
+            .collect();
+        let parsed = parse_reply(&text, &tools);
+        let got_calls: Vec<(Value, Value)> = parsed
+            .calls
+            .iter()
+            .map(|c| (json!(c.name), c.arguments.clone()))
+            .collect();
+        let got = json!({
+            "text": parsed.text,
+            "calls": got_calls,
+            "reasoning": parsed.reasoning,
+            "near_miss": parsed.near_miss,
+        });
+        let want = json!({
+            "text": expected["text"],
+            "calls": want_calls,
+            "reasoning": expected.get("reasoning").cloned().unwrap_or(Value::Null),
+            "near_miss": null,
+        });
+        if got != want {
+            failures.push(format!("{name}:\n  expected {want}\n  got      {got}"));
+            continue;
+        }
+        // Streamed one character at a time: the same calls, and no tag in the text.
+        let mut parser = StreamParser::new(&tools);
+        let mut events = Vec::new();
+        for ch in text.chars() {
+            events.extend(parser.push(&ch.to_string()));
+        }
+        events.extend(parser.finish());
+        let mut streamed_text = String::new();
+        let mut names = Vec::new();
+        for e in &events {
+            match e {
+                StreamEvent::TextDelta(t) => streamed_text.push_str(t),
+                StreamEvent::ToolCallStart { name, .. } => names.push(json!(name)),
+                _ => {}
+            }
+        }
+        let want_names: Vec<Value> = want_calls.iter().map(|c| c.0.clone()).collect();
+        if names != want_names || parsed.text.as_deref().unwrap_or("") != streamed_text {
+            failures.push(format!(
+                "{name}: streamed text {streamed_text:?} and calls {names:?} differ"
+            ));
+        }
+    }
+    assert!(count >= 7, "only {count} ptk-text cases");
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

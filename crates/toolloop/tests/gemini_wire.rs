@@ -8,11 +8,11 @@ use axum::http::{HeaderMap, Response, Uri};
 use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use toolloop::message::{Message, ToolResult};
+use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use toolloop::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec,
 };
-use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
+use toolloop::providers::gemini::{GeminiConfig, GeminiModel, PLACEHOLDER_THOUGHT_SIGNATURE};
 use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
 #[derive(Clone)]
@@ -74,6 +74,10 @@ async fn serve(replies: Vec<Reply>) -> (String, Seen) {
 }
 
 fn model(base_url: &str, retries: u32) -> GeminiModel {
+    named_model(base_url, retries, "gemini-test")
+}
+
+fn named_model(base_url: &str, retries: u32, name: &str) -> GeminiModel {
     let mut transport = HttpTransport::new();
     transport.retry = RetryPolicy {
         max_retries: retries,
@@ -84,7 +88,7 @@ fn model(base_url: &str, retries: u32) -> GeminiModel {
         base_url: base_url.to_string(),
         api_key: Some("g-test".into()),
         transport,
-        ..GeminiConfig::new("gemini-test")
+        ..GeminiConfig::new(name)
     })
 }
 
@@ -317,4 +321,63 @@ async fn malformed_function_call_is_reported_for_the_model() {
             .contains("get_weather(city=Paris)")
     );
     assert!(r.tool_calls.is_empty());
+}
+
+/// Calls made by another provider (no thought signature) go to Gemini 3 with the documented
+/// placeholder on the first call of the turn; Gemini 2.x models get none; real signatures are
+/// never replaced (checked by the round trips above).
+#[tokio::test]
+async fn unsigned_calls_from_another_provider_get_the_placeholder_signature() {
+    let transcript = vec![
+        Message::user("weather and time in Paris?"),
+        Message::Assistant(AssistantMessage {
+            text: Some("Checking.".into()),
+            tool_calls: vec![
+                ToolCall::new("get_weather", json!({"city": "Paris"})),
+                ToolCall::new("get_time", json!({"city": "Paris"})),
+            ],
+            parts: Vec::new(),
+        }),
+    ];
+    let mut transcript = transcript;
+    let calls = match &transcript[1] {
+        Message::Assistant(a) => a.tool_calls.clone(),
+        _ => unreachable!(),
+    };
+    for c in &calls {
+        transcript.push(Message::Tool(ToolResult {
+            call_id: c.id.clone(),
+            name: c.name.clone(),
+            content: "ok".into(),
+            is_error: false,
+        }));
+    }
+    let tools = tools();
+    let settings = ModelSettings::default();
+    for (name, signed) in [
+        ("gemini-3-pro-preview", true),
+        ("models/gemini-3-flash-preview", true),
+        ("gemini-2.5-flash", false),
+    ] {
+        let (url, seen) = serve(vec![json_reply(200, final_text())]).await;
+        let m = named_model(&url, 0, name);
+        m.complete(&request(&transcript, &tools, &settings))
+            .await
+            .unwrap();
+        let seen = seen.lock().unwrap();
+        let parts = seen[0].2["contents"][1]["parts"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert_eq!(parts[0]["text"], "Checking.", "{name}");
+        assert!(parts[0].get("thoughtSignature").is_none(), "{name}");
+        assert_eq!(parts[1]["functionCall"]["name"], "get_weather");
+        let want = signed.then(|| json!(PLACEHOLDER_THOUGHT_SIGNATURE));
+        assert_eq!(parts[1].get("thoughtSignature").cloned(), want, "{name}");
+        assert!(parts[2].get("thoughtSignature").is_none(), "{name}");
+    }
+    assert_eq!(
+        PLACEHOLDER_THOUGHT_SIGNATURE,
+        "skip_thought_signature_validator"
+    );
 }

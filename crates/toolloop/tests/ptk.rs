@@ -154,6 +154,7 @@ fn expected_text(before: &str, after: &str) -> Option<String> {
 #[derive(Debug, PartialEq)]
 struct Meaning {
     text: Option<String>,
+    reasoning: Option<String>,
     calls: Vec<(String, Value, bool)>,
     malformed: Vec<String>,
     raws: Vec<String>,
@@ -162,6 +163,7 @@ struct Meaning {
 fn meaning_of_reply(r: &ParsedReply) -> Meaning {
     Meaning {
         text: r.text.clone(),
+        reasoning: r.reasoning.clone(),
         calls: r
             .calls
             .iter()
@@ -181,6 +183,7 @@ fn meaning_of_events(events: &[StreamEvent]) -> Meaning {
     let mut calls: Vec<(String, String, bool)> = Vec::new();
     let mut malformed = Vec::new();
     let mut raws = Vec::new();
+    let mut reasoning: Vec<String> = Vec::new();
     for e in events {
         match e {
             StreamEvent::TextDelta(t) => text.push_str(t),
@@ -198,13 +201,17 @@ fn meaning_of_events(events: &[StreamEvent]) -> Meaning {
             StreamEvent::MalformedCall(m) => malformed.extend(m.split("\n\n").map(str::to_string)),
             StreamEvent::Part(p) => {
                 assert_eq!(p.provider, "ptk");
-                raws.push(p.data["malformed"].as_str().unwrap_or_default().to_string());
+                match p.data.get("reasoning").and_then(Value::as_str) {
+                    Some(r) => reasoning.push(r.to_string()),
+                    None => raws.push(p.data["malformed"].as_str().unwrap().to_string()),
+                }
             }
             other => panic!("unexpected event {other:?}"),
         }
     }
     Meaning {
         text: (!text.is_empty()).then_some(text),
+        reasoning: (!reasoning.is_empty()).then(|| reasoning.join("\n")),
         calls: calls
             .into_iter()
             .map(|(n, a, r)| (n, serde_json::from_str(&a).expect("arguments are JSON"), r))
@@ -288,6 +295,26 @@ fn messy_reply() -> impl Strategy<Value = String> {
             Just("read_file"),
             Just("<"),
             Just("`"),
+            Just("<think>"),
+            Just("</think>"),
+            Just("<｜tool▁calls▁begin｜>"),
+            Just("<｜tool▁call▁begin｜>"),
+            Just("function<｜tool▁sep｜>read_file\n"),
+            Just("read_file<｜tool▁sep｜>"),
+            Just("<｜tool▁call▁end｜>"),
+            Just("<｜tool▁calls▁end｜>"),
+            Just("<|tool_calls_section_begin|>"),
+            Just("<|tool_call_begin|>functions.read_file:0"),
+            Just("<|tool_call_argument_begin|>"),
+            Just("<|tool_call_end|>"),
+            Just("<|tool_calls_section_end|>"),
+            Just("<tool_call>read_file\n"),
+            Just("<arg_key>path</arg_key>"),
+            Just("<arg_value>a</arg_value>"),
+            Just("[read_file("),
+            Just("path='a'"),
+            Just(")]"),
+            Just("<|python_start|>"),
         ],
         0..30,
     )
@@ -748,11 +775,8 @@ fn large_call_streams_in_small_chunks() {
     let tools = tools_for(&calls);
     for d in Dialect::ALL {
         let reply = format!("Writing.\n{}\nDone.", write_calls(d, &tool_calls(&calls)));
-        let chunks: Vec<String> = reply
-            .as_bytes()
-            .chunks(16)
-            .map(|c| String::from_utf8(c.to_vec()).expect("ASCII"))
-            .collect();
+        let chars: Vec<char> = reply.chars().collect();
+        let chunks: Vec<String> = chars.chunks(16).map(|c| c.iter().collect()).collect();
         let started = std::time::Instant::now();
         let got = meaning_of_events(&stream_events(&chunks, &tools));
         let elapsed = started.elapsed();

@@ -35,6 +35,7 @@ mod auto;
 mod dialect;
 pub mod json_repair;
 mod parser;
+mod pythonic;
 mod render;
 mod rescue;
 mod stream;

@@ -14,15 +14,23 @@
 //!   `[CALL_ID]…`);
 //! - `<|python_tag|>` followed by JSON objects separated by `;`;
 //! - a fenced ```` ```json ```` block holding a call object (or an array of them);
-//! - a bare JSON call object at the start of a line (Llama 3 without its tag).
+//! - a bare JSON call object at the start of a line (Llama 3 without its tag);
+//! - DeepSeek's `<｜tool▁calls▁begin｜>` section (V3's `function<｜tool▁sep｜>NAME` with fenced
+//!   JSON, or V3.1's `NAME<｜tool▁sep｜>{…}`) and Kimi K2's `<|tool_calls_section_begin|>`
+//!   section (`functions.NAME:IDX<|tool_call_argument_begin|>{…}`);
+//! - GLM 4.5's `<tool_call>NAME` with `<arg_key>`/`<arg_value>` pairs;
+//! - a Python list of calls (`[get_weather(city="Paris")]`) at the start of a line, after Llama
+//!   4's `<|python_start|>` or after `<|python_tag|>`;
+//! - `<think>…</think>` reasoning (DeepSeek R1, Qwen3, GLM), kept out of the text.
 //!
 //! A closing tag missing at the very end of the reply is tolerated. Stray closing tags and
-//! Llama end-of-message tokens are dropped. Fenced and bare JSON count as calls only when shaped
+//! end-of-message tokens (Llama's, DeepSeek's) are dropped. Fenced and bare JSON count as calls only when shaped
 //! exactly like a call (a name key and an arguments key) and naming a known tool, so JSON shown
 //! to the user stays text.
 
 use super::dialect::Dialect;
 use super::json_repair::{self, JsonError};
+use super::pythonic;
 use super::render::escape_content;
 use crate::model::ToolSpec;
 use serde_json::{Map, Value};
@@ -54,6 +62,9 @@ pub struct ParsedReply {
     pub near_miss: Option<String>,
     /// The raw text of each attempted call that did not parse, in order.
     pub malformed: Vec<String>,
+    /// The reasoning written in `<think>…</think>` blocks, trimmed and joined by a newline;
+    /// `None` when there is none.
+    pub reasoning: Option<String>,
 }
 
 /// Reads the text and tool calls out of a complete reply. `tools` gives the schemas that convert
@@ -74,6 +85,13 @@ pub fn parse_reply(text: &str, tools: &[ToolSpec]) -> ParsedReply {
             Piece::NearMiss { explanation, raw } => {
                 misses.push(explanation);
                 reply.malformed.push(raw);
+            }
+            Piece::Reasoning(r) => {
+                let all = reply.reasoning.get_or_insert_with(String::new);
+                if !all.is_empty() {
+                    all.push('\n');
+                }
+                all.push_str(&r);
             }
         }
     }
@@ -96,6 +114,8 @@ pub(crate) enum Piece {
         /// The text of the attempt.
         raw: String,
     },
+    /// Reasoning (`<think>…</think>`), trimmed.
+    Reasoning(String),
 }
 
 /// What to do with the text at the front of the buffer.
@@ -111,6 +131,8 @@ enum Decision {
     Calls(usize, Vec<ParsedCall>),
     /// These many bytes are an attempted call that does not parse.
     Miss(usize, String),
+    /// These many bytes are reasoning; the reasoning itself.
+    Reasoning(usize, String),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,6 +145,11 @@ enum Opener {
     Fence,
     Strip,
     Bare,
+    DeepSeek,
+    Kimi,
+    Think,
+    PythonStart,
+    Pythonic,
 }
 
 /// What must arrive before a held call is worth examining again. Re-examining costs time
@@ -166,7 +193,14 @@ impl Gate {
             Opener::ToolCall => GateKind::Close("</tool_call>"),
             Opener::Function => GateKind::Close("</function>"),
             Opener::Fence => GateKind::Backtick,
-            Opener::ToolCalls | Opener::PythonTag | Opener::Bare => {
+            Opener::DeepSeek => GateKind::Close("｜>"),
+            Opener::Kimi => GateKind::Close("|>"),
+            Opener::Think => GateKind::Close("</think>"),
+            Opener::ToolCalls
+            | Opener::PythonTag
+            | Opener::Bare
+            | Opener::Pythonic
+            | Opener::PythonStart => {
                 let mut gate = Gate::new(
                     GateKind::Json {
                         depth: 0,
@@ -238,7 +272,20 @@ const OPENERS: &[(&str, Opener)] = &[
     ("</tool_call>", Opener::Strip),
     ("<|eom_id|>", Opener::Strip),
     ("<|eot_id|>", Opener::Strip),
+    ("<|eot|>", Opener::Strip),
+    ("<|eom|>", Opener::Strip),
     ("[tool_calls]", Opener::ToolCalls),
+    ("<｜tool▁calls▁begin｜>", Opener::DeepSeek),
+    ("<｜tool▁call▁begin｜>", Opener::DeepSeek),
+    ("<｜tool▁calls▁end｜>", Opener::Strip),
+    ("<｜end▁of▁sentence｜>", Opener::Strip),
+    ("<|tool_calls_section_begin|>", Opener::Kimi),
+    ("<|tool_call_begin|>", Opener::Kimi),
+    ("<|tool_calls_section_end|>", Opener::Strip),
+    ("<think>", Opener::Think),
+    ("</think>", Opener::Strip),
+    ("<|python_start|>", Opener::PythonStart),
+    ("<|python_end|>", Opener::Strip),
     ("```", Opener::Fence),
 ];
 
@@ -346,6 +393,14 @@ impl Scanner {
                     self.mark_call();
                     out.push(Piece::NearMiss { explanation, raw });
                 }
+                Decision::Reasoning(n, reasoning) => {
+                    self.drain(n.max(1));
+                    // What follows the reasoning starts afresh, as at the start of a reply.
+                    self.line_start = true;
+                    if !reasoning.is_empty() {
+                        out.push(Piece::Reasoning(reasoning));
+                    }
+                }
             }
         }
     }
@@ -420,6 +475,9 @@ impl Scanner {
                             return Found::Hold(i);
                         }
                     }
+                    if b == b'[' && self.is_line_start(i) {
+                        return Found::At(i, Opener::Pythonic);
+                    }
                 }
                 b'{' if self.is_line_start(i) => return Found::At(i, Opener::Bare),
                 _ => {}
@@ -455,6 +513,11 @@ impl Scanner {
             Opener::PythonTag => python_tag(s, eof, tools),
             Opener::Fence => fence(s, eof, tools),
             Opener::Bare => bare(s, eof, tools),
+            Opener::DeepSeek => section(s, eof, &DEEPSEEK),
+            Opener::Kimi => section(s, eof, &KIMI),
+            Opener::Think => think(s, eof),
+            Opener::PythonStart => python_start(s, eof, tools),
+            Opener::Pythonic => pythonic_list(s, 0, eof, tools, false),
         }
     }
 }
@@ -753,6 +816,11 @@ fn parse_body(
     if starts_with_ci(t, "<function=") {
         return parse_functions(t, tools).map_err(|e| (Dialect::Qwen3Coder, e));
     }
+    if tag == Tag::ToolCall && !t.is_empty() && !t.starts_with(['{', '[', '`']) {
+        return parse_glm(t, tools)
+            .map(|c| vec![c])
+            .map_err(|e| (Dialect::Glm, e));
+    }
     let dialect = tag.dialect();
     let (body, fenced) = json_repair::strip_fence(t);
     let body = body.trim();
@@ -972,6 +1040,13 @@ fn python_tag(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
     let lit = "<|python_tag|>".len();
     let start = lit + ws_len(&s[lit..]);
     let rest = &s[start..];
+    if let Some(list) = rest.strip_prefix('[') {
+        match pythonic::starts_like_call(list.trim_start()) {
+            Err(()) if !eof => return Decision::NeedMore,
+            Ok(Some(_)) => return pythonic_list(s, start, eof, tools, true),
+            _ => {}
+        }
+    }
     match rest.bytes().next() {
         None if !eof => return Decision::NeedMore,
         None => return Decision::Strip(s.len()),
@@ -1410,7 +1485,13 @@ fn strip_param_newlines(raw: &str) -> &str {
 
 /// Converts a Qwen3-Coder parameter's text through its JSON Schema.
 fn convert_param(raw: &str, schema: Option<&Value>) -> Value {
-    let text = strip_param_newlines(raw);
+    convert_text(strip_param_newlines(raw), schema)
+}
+
+/// Converts an argument written as text (Qwen3-Coder, GLM) through its JSON Schema: kept as
+/// text for a string, read as JSON otherwise (and, with no schema, when it is JSON other than a
+/// string).
+fn convert_text(text: &str, schema: Option<&Value>) -> Value {
     let t = text.trim();
     let mut nullable = false;
     let ty: Option<&str> = match schema.and_then(|s| s.get("type")) {
@@ -1458,6 +1539,453 @@ fn convert_param(raw: &str, schema: Option<&Value>) -> Value {
         },
         _ => any(),
     }
+}
+
+/// A section of calls between special tokens (DeepSeek's, Kimi K2's).
+struct Section {
+    /// The token opening the section.
+    begin: &'static str,
+    /// The token opening each call.
+    call_begin: &'static str,
+    /// The token closing each call.
+    call_end: &'static str,
+    /// The token closing the section.
+    end: &'static str,
+    /// The dialect reported in explanations.
+    dialect: Dialect,
+    /// Reads one call's inside (between `call_begin` and `call_end`, which may be missing at
+    /// the end of the reply).
+    call: fn(&str, bool) -> CallRead,
+}
+
+/// One call read from a section.
+enum CallRead {
+    NeedMore,
+    /// The call and the length of its inside (up to where `call_end` is expected).
+    Call(usize, ParsedCall),
+    /// What was wrong.
+    Bad(String),
+}
+
+const DEEPSEEK: Section = Section {
+    begin: "<｜tool▁calls▁begin｜>",
+    call_begin: "<｜tool▁call▁begin｜>",
+    call_end: "<｜tool▁call▁end｜>",
+    end: "<｜tool▁calls▁end｜>",
+    dialect: Dialect::DeepSeek,
+    call: deepseek_call,
+};
+
+const KIMI: Section = Section {
+    begin: "<|tool_calls_section_begin|>",
+    call_begin: "<|tool_call_begin|>",
+    call_end: "<|tool_call_end|>",
+    end: "<|tool_calls_section_end|>",
+    dialect: Dialect::KimiK2,
+    call: kimi_call,
+};
+
+/// A section of calls, or a lone call (`call_begin` without the section's `begin`).
+fn section(s: &str, eof: bool, sec: &Section) -> Decision {
+    let mut i = 0;
+    let opened = starts_with_ci(s, sec.begin);
+    if opened {
+        i = sec.begin.len();
+    }
+    let mut calls = Vec::new();
+    loop {
+        let w = ws_len(&s[i..]);
+        let rest = &s[i + w..];
+        if opened && starts_with_ci(rest, sec.end) {
+            if calls.is_empty() {
+                return Decision::Miss(
+                    i + w + sec.end.len(),
+                    miss(sec.dialect, format!("{} holds no call", sec.begin)),
+                );
+            }
+            return Decision::Calls(i + w + sec.end.len(), calls);
+        }
+        if starts_with_ci(rest, sec.call_begin) {
+            let at = i + w;
+            let inner_start = at + sec.call_begin.len();
+            match (sec.call)(&s[inner_start..], eof) {
+                CallRead::NeedMore if !eof => return Decision::NeedMore,
+                CallRead::NeedMore => {
+                    return Decision::Miss(
+                        s.len(),
+                        miss(
+                            sec.dialect,
+                            format!("the reply ends inside an unfinished {}", sec.call_begin),
+                        ),
+                    );
+                }
+                CallRead::Bad(why) => {
+                    // The attempt runs to the end of its call (or of the reply).
+                    let end = match find_ci(&s[inner_start..], sec.call_end) {
+                        Some(k) => inner_start + k + sec.call_end.len(),
+                        None if !eof => return Decision::NeedMore,
+                        None => s.len(),
+                    };
+                    return Decision::Miss(end, miss(sec.dialect, why));
+                }
+                CallRead::Call(len, call) => {
+                    let after = inner_start + len;
+                    let w2 = ws_len(&s[after..]);
+                    let tail = &s[after + w2..];
+                    if starts_with_ci(tail, sec.call_end) {
+                        i = after + w2 + sec.call_end.len();
+                    } else if !eof && (tail.is_empty() || is_prefix_ci(tail, sec.call_end)) {
+                        return Decision::NeedMore;
+                    } else {
+                        // The closing token is missing: the call ends with its arguments.
+                        i = after;
+                    }
+                    calls.push(call);
+                    continue;
+                }
+            }
+        }
+        if rest.is_empty() && !eof {
+            return Decision::NeedMore;
+        }
+        if !eof && (is_prefix_ci(rest, sec.end) || is_prefix_ci(rest, sec.call_begin)) {
+            return Decision::NeedMore;
+        }
+        // Anything else ends the section (its closing token is missing).
+        if calls.is_empty() {
+            // (What follows is not quoted: how much of it has arrived must not change the
+            // explanation.)
+            let why = if rest.is_empty() {
+                format!("the reply ends inside an unfinished {}", sec.begin)
+            } else {
+                format!("expected {} after {}", sec.call_begin, sec.begin)
+            };
+            return Decision::Miss(i.max(1), miss(sec.dialect, why));
+        }
+        return Decision::Calls(i, calls);
+    }
+}
+
+/// Reads a JSON arguments object at the start of `s` (after whitespace): the arguments, whether
+/// they were repaired, and the end.
+fn section_args(s: &str, eof: bool, what: &str) -> Result<(Value, bool, usize), CallRead> {
+    let w = ws_len(s);
+    match read_json(&s[w..], eof) {
+        Ok(p) => {
+            let (args, repaired) = args_object(p.value, p.repaired)
+                .map_err(|e| CallRead::Bad(format!("{what}: {e}")))?;
+            Ok((args, repaired, w + p.end))
+        }
+        Err(JsonError::Incomplete) => Err(CallRead::NeedMore),
+        Err(JsonError::Invalid { message, .. }) => Err(CallRead::Bad(format!(
+            "the JSON arguments {what} are not valid: {message}"
+        ))),
+    }
+}
+
+/// A DeepSeek call's inside: V3's `function<｜tool▁sep｜>NAME\n```json\n{…}\n```` or V3.1's
+/// `NAME<｜tool▁sep｜>{…}`.
+fn deepseek_call(s: &str, eof: bool) -> CallRead {
+    const SEP: &str = "<｜tool▁sep｜>";
+    let sep = match find_ci(s, SEP) {
+        Some(k) if k <= 200 => k,
+        None if !eof && s.len() < 200 + SEP.len() => return CallRead::NeedMore,
+        _ => {
+            return CallRead::Bad(format!(
+                "a call must name its tool with {SEP} within its first 200 bytes"
+            ));
+        }
+    };
+    let head = s[..sep].trim();
+    let after_at = sep + SEP.len();
+    let after = &s[after_at..];
+    let w = ws_len(after);
+    let body = &after[w..];
+    if body.is_empty() {
+        return if eof {
+            CallRead::Bad(format!("nothing follows {SEP}"))
+        } else {
+            CallRead::NeedMore
+        };
+    }
+    if body.starts_with('{') {
+        // V3.1: the name before the separator, the arguments after it.
+        if head.is_empty() {
+            return CallRead::Bad(format!("the tool name before {SEP} is missing"));
+        }
+        return match section_args(after, eof, &format!("of {head}")) {
+            Ok((arguments, repaired, end)) => CallRead::Call(
+                after_at + end,
+                ParsedCall {
+                    name: head.to_string(),
+                    arguments,
+                    repaired,
+                    dialect: Dialect::DeepSeekV31,
+                },
+            ),
+            Err(e) => e,
+        };
+    }
+    // V3: the type before the separator, the name on the rest of the line, fenced JSON below.
+    let name_len = match body.find(['\n', '{', '`']) {
+        Some(n) if n <= 200 => n,
+        None if !eof && body.len() <= 200 => return CallRead::NeedMore,
+        _ => return CallRead::Bad(format!("the tool name after {SEP} must end its line")),
+    };
+    let name = body[..name_len].trim();
+    if name.is_empty() || name.contains('<') {
+        return CallRead::Bad(format!("the tool name after {SEP} is missing"));
+    }
+    let mut at = after_at + w + name_len;
+    at += ws_len(&s[at..]);
+    let mut fenced = false;
+    let rest = &s[at..];
+    if rest.starts_with("```") {
+        match rest.find('\n') {
+            Some(nl) if nl <= 12 => {
+                at += nl + 1;
+                fenced = true;
+            }
+            None if !eof && rest.len() <= 12 => return CallRead::NeedMore,
+            _ => return CallRead::Bad("the code fence of the arguments is not ```json".into()),
+        }
+    } else if !eof && is_prefix_ci(rest, "```") {
+        return CallRead::NeedMore;
+    }
+    let (arguments, repaired, end) = match section_args(&s[at..], eof, &format!("of {name}")) {
+        Ok(r) => r,
+        Err(e) => return e,
+    };
+    at += end;
+    if fenced {
+        let w2 = ws_len(&s[at..]);
+        let tail = &s[at + w2..];
+        if tail.starts_with("```") {
+            at += w2 + 3;
+        } else if !eof && (tail.is_empty() || is_prefix_ci(tail, "```")) {
+            return CallRead::NeedMore;
+        }
+    }
+    CallRead::Call(
+        at,
+        ParsedCall {
+            name: name.to_string(),
+            arguments,
+            repaired,
+            dialect: Dialect::DeepSeek,
+        },
+    )
+}
+
+/// A Kimi K2 call's inside: `functions.NAME:IDX<|tool_call_argument_begin|>{…}`.
+fn kimi_call(s: &str, eof: bool) -> CallRead {
+    const ARGS: &str = "<|tool_call_argument_begin|>";
+    let k = match find_ci(s, ARGS) {
+        Some(k) if k <= 200 => k,
+        None if !eof && s.len() < 200 + ARGS.len() => return CallRead::NeedMore,
+        _ => {
+            return CallRead::Bad(format!(
+                "the call id (functions.NAME:0) must be followed by {ARGS}"
+            ));
+        }
+    };
+    let id = s[..k].trim();
+    let id = id.strip_prefix("functions.").unwrap_or(id);
+    let name = match id.rsplit_once(':') {
+        Some((n, idx)) if !idx.is_empty() && idx.bytes().all(|b| b.is_ascii_digit()) => n,
+        _ => id,
+    };
+    let name = name.trim();
+    if name.is_empty() {
+        return CallRead::Bad(format!("the tool name before {ARGS} is missing"));
+    }
+    let at = k + ARGS.len();
+    match section_args(&s[at..], eof, &format!("of {name}")) {
+        Ok((arguments, repaired, end)) => CallRead::Call(
+            at + end,
+            ParsedCall {
+                name: name.to_string(),
+                arguments,
+                repaired,
+                dialect: Dialect::KimiK2,
+            },
+        ),
+        Err(e) => e,
+    }
+}
+
+/// `<think>…</think>`: reasoning, up to its closing tag (or the end of the reply).
+fn think(s: &str, eof: bool) -> Decision {
+    let body = &s["<think>".len()..];
+    match find_ci(body, "</think>") {
+        Some(k) => Decision::Reasoning(
+            "<think>".len() + k + "</think>".len(),
+            body[..k].trim().to_string(),
+        ),
+        None if !eof => Decision::NeedMore,
+        None => Decision::Reasoning(s.len(), body.trim().to_string()),
+    }
+}
+
+/// Llama 4's `<|python_start|>` followed by a list of calls (and `<|python_end|>`).
+fn python_start(s: &str, eof: bool, tools: &[ToolSpec]) -> Decision {
+    let lit = "<|python_start|>".len();
+    let start = lit + ws_len(&s[lit..]);
+    match s[start..].bytes().next() {
+        None if !eof => Decision::NeedMore,
+        None => Decision::Strip(s.len()),
+        Some(b'[') => pythonic_list(s, start, eof, tools, true),
+        Some(_) => match line_end(s, start, eof) {
+            Some(end) => Decision::Miss(
+                end,
+                miss(
+                    Dialect::Pythonic,
+                    "<|python_start|> must be followed by a list of calls",
+                ),
+            ),
+            None => Decision::NeedMore,
+        },
+    }
+}
+
+/// A Python list of calls starting at `from` (a `[`). Untagged (at the start of a line), it
+/// counts as calls only when it starts like one (`[NAME(`) and, when tools are known, names
+/// only known tools; broken, it is an attempt only when it names a known tool.
+fn pythonic_list(s: &str, from: usize, eof: bool, tools: &[ToolSpec], tagged: bool) -> Decision {
+    let list = &s[from..];
+    let inner = &list[1..];
+    let lead = ws_len(inner);
+    let first_name = match pythonic::starts_like_call(&inner[lead..]) {
+        Err(()) if !eof => return Decision::NeedMore,
+        Ok(Some(n)) => &inner[lead..lead + n],
+        _ if tagged => "",
+        _ => return Decision::Text(1),
+    };
+    let known = |name: &str| tools.is_empty() || tools.iter().any(|t| t.name == name);
+    let attempt = tagged || (!tools.is_empty() && tools.iter().any(|t| t.name == first_name));
+    match pythonic::parse_call_list(list) {
+        Ok((end, calls)) => {
+            if !tagged && !calls.iter().all(|c| known(&c.name)) {
+                return Decision::Text(from + end);
+            }
+            let mut end = from + end;
+            if tagged {
+                let w = ws_len(&s[end..]);
+                let tail = &s[end + w..];
+                if starts_with_ci(tail, "<|python_end|>") {
+                    end += w + "<|python_end|>".len();
+                } else if !eof && (tail.is_empty() || is_prefix_ci(tail, "<|python_end|>")) {
+                    return Decision::NeedMore;
+                }
+            }
+            Decision::Calls(
+                end,
+                calls
+                    .into_iter()
+                    .map(|c| ParsedCall {
+                        name: c.name,
+                        arguments: Value::Object(c.arguments),
+                        repaired: false,
+                        dialect: Dialect::Pythonic,
+                    })
+                    .collect(),
+            )
+        }
+        Err(JsonError::Incomplete) if !eof => Decision::NeedMore,
+        Err(_) if !attempt => Decision::Text(1),
+        Err(JsonError::Incomplete) => Decision::Miss(
+            s.len(),
+            miss(Dialect::Pythonic, "the list of calls ends too early"),
+        ),
+        Err(JsonError::Invalid { offset, message }) => match line_end(s, from + offset, eof) {
+            Some(end) => Decision::Miss(
+                end,
+                miss(
+                    Dialect::Pythonic,
+                    format!("the list of calls is not valid Python: {message}"),
+                ),
+            ),
+            None => Decision::NeedMore,
+        },
+    }
+}
+
+/// The inside of a GLM `<tool_call>`: the tool's name on the first line, then
+/// `<arg_key>KEY</arg_key><arg_value>VALUE</arg_value>` pairs, values converted through the
+/// tool's schema.
+fn parse_glm(t: &str, tools: &[ToolSpec]) -> Result<ParsedCall, String> {
+    const KEY: &str = "<arg_key>";
+    const KEY_END: &str = "</arg_key>";
+    const VALUE: &str = "<arg_value>";
+    const VALUE_END: &str = "</arg_value>";
+    let name_end = match (t.find('\n'), find_ci(t, KEY)) {
+        (Some(a), Some(b)) => a.min(b),
+        (a, b) => a.or(b).unwrap_or(t.len()),
+    };
+    let name = clean_name(&t[..name_end]);
+    let plausible = !name.is_empty()
+        && !name.contains(|c: char| {
+            c.is_whitespace() || matches!(c, '<' | '>' | '{' | '}' | '[' | ']' | '(' | ')' | '"')
+        });
+    if !plausible {
+        return Err(format!(
+            "<tool_call> must hold JSON, or the tool name on its first line followed by {KEY}…{KEY_END} {VALUE}…{VALUE_END} pairs; found `{}`",
+            quote(&t[..name_end])
+        ));
+    }
+    let schema = tools
+        .iter()
+        .find(|tool| tool.name == name)
+        .and_then(|tool| tool.parameters.get("properties"));
+    let mut args = Map::new();
+    let mut rest = &t[name_end..];
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        if !starts_with_ci(rest, KEY) {
+            return Err(format!(
+                "expected {KEY} inside <tool_call>{}, found `{}`",
+                quote(name),
+                quote(rest)
+            ));
+        }
+        let after = &rest[KEY.len()..];
+        let Some(k_end) = find_ci(after, KEY_END) else {
+            return Err(format!("an {KEY} is not closed with {KEY_END}"));
+        };
+        let key = after[..k_end].trim();
+        if key.is_empty() {
+            return Err(format!("an {KEY} of {} is empty", quote(name)));
+        }
+        let value_part = after[k_end + KEY_END.len()..].trim_start();
+        if !starts_with_ci(value_part, VALUE) {
+            return Err(format!(
+                "{KEY}{}{KEY_END} must be followed by {VALUE}…{VALUE_END}",
+                quote(key)
+            ));
+        }
+        let value_part = &value_part[VALUE.len()..];
+        let Some(v_end) = find_ci(value_part, VALUE_END) else {
+            return Err(format!(
+                "the {VALUE} of {} is not closed with {VALUE_END}",
+                quote(key)
+            ));
+        };
+        let param_schema = schema.and_then(|s| s.get(key));
+        args.insert(
+            key.to_string(),
+            convert_text(&value_part[..v_end], param_schema),
+        );
+        rest = &value_part[v_end + VALUE_END.len()..];
+    }
+    Ok(ParsedCall {
+        name: name.to_string(),
+        arguments: Value::Object(args),
+        repaired: false,
+        dialect: Dialect::Glm,
+    })
 }
 
 #[cfg(test)]
@@ -1728,6 +2256,19 @@ mod tests {
                 "<parameter=",
             ),
             ("I will call it now: <PTK_CALL>", "unfinished"),
+            (
+                "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n```json\n{\"path\": oops}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+                "<｜tool▁sep｜>",
+            ),
+            (
+                "<|tool_calls_section_begin|><|tool_call_begin|>functions.read_file:0<|tool_call_argument_begin|>{\"path\": [}<|tool_call_end|><|tool_calls_section_end|>",
+                "<|tool_call_argument_begin|>",
+            ),
+            (
+                "<tool_call>read_file\n<arg_key>path</arg_key>\n<arg_value>a\n</tool_call>",
+                "<arg_value>",
+            ),
+            ("[read_file(path=\"a\", 42)]", "ARGUMENT_NAME=VALUE"),
         ];
         for (text, expect) in cases {
             let r = one(text);
@@ -1739,6 +2280,135 @@ mod tests {
             assert!(why.contains("exactly like this"), "{why}");
             assert_eq!(r.malformed.len(), 1, "{text}");
         }
+    }
+
+    #[test]
+    fn deepseek_v3_v31_and_r1_reasoning() {
+        let r = one(
+            "Let me look.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n{\"city\": \"Paris\", \"days\": 2}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n```json\n{\"path\": \"<｜tool▁call▁end｜>\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![
+                ("get_weather".into(), json!({"city": "Paris", "days": 2})),
+                ("read_file".into(), json!({"path": "<｜tool▁call▁end｜>"}))
+            ]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::DeepSeek);
+        assert_eq!(r.text.as_deref(), Some("Let me look."));
+        let r = one(
+            "<think>\nThe user wants Paris.\n</think>\n\nOK.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\":\"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![("get_weather".into(), json!({"city": "Paris"}))]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::DeepSeekV31);
+        assert_eq!(r.text.as_deref(), Some("OK."));
+        assert_eq!(r.reasoning.as_deref(), Some("The user wants Paris."));
+        // Reasoning cut off by the end of the reply is still reasoning, never text.
+        let r = one("<think>still thinking");
+        assert_eq!(
+            (r.text, r.reasoning.as_deref()),
+            (None, Some("still thinking"))
+        );
+        // A lone call without the section tokens.
+        let r =
+            one("<｜tool▁call▁begin｜>read_file<｜tool▁sep｜>{\"path\": \"a\"}<｜tool▁call▁end｜>");
+        assert_eq!(
+            names_args(&r),
+            vec![("read_file".into(), json!({"path": "a"}))]
+        );
+    }
+
+    #[test]
+    fn kimi_k2_calls() {
+        let r = one(
+            "Checking. <|tool_calls_section_begin|> <|tool_call_begin|>\nfunctions.get_weather:0 <|tool_call_argument_begin|> {\"city\": \"Beijing\"} <|tool_call_end|><|tool_call_begin|>read_file:1<|tool_call_argument_begin|>{}<|tool_call_end|> <|tool_calls_section_end|> Done.",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![
+                ("get_weather".into(), json!({"city": "Beijing"})),
+                ("read_file".into(), json!({}))
+            ]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::KimiK2);
+        assert_eq!(r.text.as_deref(), Some("Checking.\nDone."));
+    }
+
+    #[test]
+    fn glm_values_are_converted_by_the_schema() {
+        let r = one(
+            "I'll check.\n<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>42</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n<arg_value>true</arg_value>\n<arg_key>tags</arg_key>\n<arg_value>[\"a\"]</arg_value>\n</tool_call>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![(
+                "get_weather".into(),
+                json!({"city": "42", "days": 3, "metric": true, "tags": ["a"]})
+            )]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Glm);
+        // Without a schema, JSON values are read as JSON and the rest stays text.
+        let r = parse_reply(
+            "<tool_call>other<arg_key>n</arg_key><arg_value>7</arg_value><arg_key>s</arg_key><arg_value>hi there</arg_value></tool_call>",
+            &[],
+        );
+        assert_eq!(r.calls[0].arguments, json!({"n": 7, "s": "hi there"}));
+        // No arguments at all.
+        let r = one("<tool_call>read_file\n</tool_call>");
+        assert_eq!(names_args(&r), vec![("read_file".into(), json!({}))]);
+    }
+
+    #[test]
+    fn pythonic_calls_are_read_never_evaluated() {
+        let r = one(
+            "[get_weather(city=\"San Francisco\", days=3, metric=True, tags=['a', \"b\"]), read_file(path='a\\'b', limit=None)]<|eot|>",
+        );
+        assert_eq!(
+            names_args(&r),
+            vec![
+                (
+                    "get_weather".into(),
+                    json!({"city": "San Francisco", "days": 3, "metric": true, "tags": ["a", "b"]})
+                ),
+                ("read_file".into(), json!({"path": "a'b", "limit": null}))
+            ]
+        );
+        assert_eq!(r.calls[0].dialect, Dialect::Pythonic);
+        assert_eq!(r.text, None);
+        // Llama 4's tags, and after <|python_tag|>.
+        for text in [
+            "<|python_start|>[read_file(path=\"x\")]<|python_end|>",
+            "<|python_tag|>[read_file(path=\"x\")]",
+        ] {
+            let r = one(text);
+            assert_eq!(
+                names_args(&r),
+                vec![("read_file".into(), json!({"path": "x"}))],
+                "{text}"
+            );
+            assert_eq!(r.text, None, "{text}");
+        }
+        // Code is not a value: an attempted call, explained, never run.
+        let r = one("[read_file(path=__import__('os').system('rm -rf /'))]");
+        assert!(r.calls.is_empty());
+        assert!(r.near_miss.unwrap().contains("not valid Python"));
+        // Prose and Markdown that start with a bracket stay text.
+        for text in [
+            "[1, 2, 3] are numbers",
+            "[x] done\n[link](http://a.b)",
+            "[Note (important)] read this",
+            "[unknown_tool(a=1)]",
+        ] {
+            let r = one(text);
+            assert!(r.calls.is_empty() && r.near_miss.is_none(), "{text}: {r:?}");
+            assert_eq!(r.text.as_deref(), Some(text), "{text}");
+        }
+        // Not at the start of a line: text.
+        let r = one("Call it like read_file(path=\"a\") or [read_file(path=\"a\")].");
+        assert!(r.calls.is_empty());
     }
 
     #[test]

@@ -2,19 +2,60 @@
 //! results as `PTK_RESULT:` messages, and the escaping that keeps content from posing as calls.
 
 use super::dialect::Dialect;
+use super::pythonic;
 use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use crate::model::ToolSpec;
 use crate::schema;
 use serde_json::{Value, json};
 
 /// The provider name of the [`ProviderPart`](crate::message::ProviderPart)s the prompted adapter
-/// keeps in a transcript (the raw text of a call attempt that did not parse, under the key
-/// `"malformed"`), so that the model sees its own attempt when the history is written back.
+/// keeps in a transcript: the raw text of a call attempt that did not parse, under the key
+/// `"malformed"`, so that the model sees its own attempt when the history is written back; and
+/// reasoning read from `<think>…</think>`, under `"reasoning"` (kept in the transcript, not sent
+/// back, as the reasoning models' own chat templates drop it).
 pub const PTK_PROVIDER: &str = "ptk";
 
-/// Writes calls in a dialect, one after another, separated by newlines. The parser reads the
-/// result back as the same calls (names and arguments), whatever the arguments hold.
+/// Writes calls in a dialect, one after another, separated by newlines (the dialects with a
+/// section around their calls, DeepSeek's, Kimi K2's and the Python list, put them all in one).
+/// The parser reads the result back as the same calls (names and arguments), whatever the
+/// arguments hold.
 pub fn write_calls(dialect: Dialect, calls: &[ToolCall]) -> String {
+    let grouped = match dialect {
+        Dialect::DeepSeek | Dialect::DeepSeekV31 => {
+            let parts: Option<Vec<String>> = calls
+                .iter()
+                .map(|c| deepseek_call(dialect, &c.name, object_or_empty(&c.arguments)))
+                .collect();
+            let sep = if dialect == Dialect::DeepSeek {
+                "\n"
+            } else {
+                ""
+            };
+            parts.map(|p| format!("{DS_CALLS_BEGIN}{}{DS_CALLS_END}", p.join(sep)))
+        }
+        Dialect::KimiK2 => {
+            let parts: Option<Vec<String>> = calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| kimi_call(&c.name, i, object_or_empty(&c.arguments)))
+                .collect();
+            parts.map(|p| format!("{KIMI_BEGIN}{}{KIMI_END}", p.concat()))
+        }
+        Dialect::Pythonic => {
+            let parts: Option<Vec<String>> = calls
+                .iter()
+                .map(|c| {
+                    let args = object_or_empty(&c.arguments).as_object()?;
+                    pythonic::write_call(&c.name, args)
+                })
+                .collect();
+            parts.map(|p| format!("[{}]", p.join(", ")))
+        }
+        _ => None,
+    };
+    if let Some(text) = grouped.filter(|_| !calls.is_empty()) {
+        return text;
+    }
     calls
         .iter()
         .map(|c| write_call(dialect, &c.name, &c.arguments))
@@ -22,14 +63,82 @@ pub fn write_calls(dialect: Dialect, calls: &[ToolCall]) -> String {
         .join("\n")
 }
 
-/// Writes one call in a dialect. Arguments that are not an object are written as `{}`.
-pub fn write_call(dialect: Dialect, name: &str, arguments: &Value) -> String {
-    let empty = json!({});
-    let args = if arguments.is_object() {
+const DS_CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+const DS_CALLS_END: &str = "<｜tool▁calls▁end｜>";
+const KIMI_BEGIN: &str = "<|tool_calls_section_begin|>";
+const KIMI_END: &str = "<|tool_calls_section_end|>";
+
+fn object_or_empty(arguments: &Value) -> &Value {
+    static EMPTY: std::sync::LazyLock<Value> = std::sync::LazyLock::new(|| json!({}));
+    if arguments.is_object() {
         arguments
     } else {
-        &empty
-    };
+        &EMPTY
+    }
+}
+
+/// Whether a name can stand in a tag-delimited format: not empty, no spaces at its edges, no
+/// line break and no `<` (which would start a tag).
+fn plain_name(name: &str) -> bool {
+    !name.trim().is_empty() && name.trim() == name && !name.contains(['<', '\n', '\r'])
+}
+
+/// One DeepSeek call (without the section tokens), or `None` when the name cannot be written.
+fn deepseek_call(dialect: Dialect, name: &str, args: &Value) -> Option<String> {
+    if !plain_name(name) || name.len() > 200 {
+        return None;
+    }
+    Some(if dialect == Dialect::DeepSeek {
+        format!(
+            "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>"
+        )
+    } else {
+        format!("<｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{args}<｜tool▁call▁end｜>")
+    })
+}
+
+/// One Kimi K2 call (without the section tokens), or `None` when the name cannot be written.
+fn kimi_call(name: &str, index: usize, args: &Value) -> Option<String> {
+    if !plain_name(name) || name.len() > 150 || name.contains('|') {
+        return None;
+    }
+    Some(format!(
+        "<|tool_call_begin|>functions.{name}:{index}<|tool_call_argument_begin|>{args}<|tool_call_end|>"
+    ))
+}
+
+/// One GLM call, or `None` when a name or value cannot be written in it unambiguously.
+fn glm_call(name: &str, args: &Value) -> Option<String> {
+    const BREAKERS: &[&str] = &["</arg_value", "</tool_call", "</arg_key"];
+    if !pythonic::is_call_name(name) {
+        return None;
+    }
+    let mut out = format!("<tool_call>{name}\n");
+    for (key, value) in args.as_object()? {
+        if !plain_name(key) || key.to_ascii_lowercase().contains("</arg_key") {
+            return None;
+        }
+        let text = match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let lower = text.to_ascii_lowercase();
+        if BREAKERS.iter().any(|b| lower.contains(b)) {
+            return None;
+        }
+        out.push_str(&format!(
+            "<arg_key>{key}</arg_key>\n<arg_value>{text}</arg_value>\n"
+        ));
+    }
+    out.push_str("</tool_call>");
+    Some(out)
+}
+
+/// Writes one call in a dialect. Arguments that are not an object are written as `{}`. A call
+/// that a dialect cannot write unambiguously (a name with a line break, a value holding the
+/// dialect's closing tag) is written in the Hermes format, which every dialect's parser reads.
+pub fn write_call(dialect: Dialect, name: &str, arguments: &Value) -> String {
+    let args = object_or_empty(arguments);
     let name_json = Value::String(name.to_string());
     match dialect {
         Dialect::Ptk => {
@@ -55,6 +164,18 @@ pub fn write_call(dialect: Dialect, name: &str, arguments: &Value) -> String {
         Dialect::FencedJson => {
             format!("```json\n{{\"name\": {name_json}, \"arguments\": {args}}}\n```")
         }
+        Dialect::DeepSeek | Dialect::DeepSeekV31 => deepseek_call(dialect, name, args)
+            .map(|c| format!("{DS_CALLS_BEGIN}{c}{DS_CALLS_END}"))
+            .unwrap_or_else(|| hermes(&name_json, args)),
+        Dialect::KimiK2 => kimi_call(name, 0, args)
+            .map(|c| format!("{KIMI_BEGIN}{c}{KIMI_END}"))
+            .unwrap_or_else(|| hermes(&name_json, args)),
+        Dialect::Glm => glm_call(name, args).unwrap_or_else(|| hermes(&name_json, args)),
+        Dialect::Pythonic => args
+            .as_object()
+            .and_then(|a| pythonic::write_call(name, a))
+            .map(|c| format!("[{c}]"))
+            .unwrap_or_else(|| hermes(&name_json, args)),
     }
 }
 
@@ -120,6 +241,14 @@ pub fn render_system_prompt(tools: &[ToolSpec], dialect: Dialect) -> String {
     if dialect == Dialect::Qwen3Coder {
         out.push_str(
             "- Write each argument in its own <parameter=NAME> block: text as it is, numbers, booleans, arrays and objects as JSON.\n",
+        );
+    } else if dialect == Dialect::Glm {
+        out.push_str(
+            "- Write each argument as an <arg_key>NAME</arg_key> and <arg_value>VALUE</arg_value> pair: text as it is, numbers, booleans, arrays and objects as JSON.\n",
+        );
+    } else if dialect == Dialect::Pythonic {
+        out.push_str(
+            "- Write the calls as a Python list of calls with keyword arguments; values are Python literals: quoted strings, numbers, True, False, None, lists and dicts.\n",
         );
     } else {
         out.push_str("- The arguments are one JSON object, with double-quoted keys and strings.\n");
@@ -226,6 +355,11 @@ const ESCAPES: &[(&str, &str)] = &[
     ("<|python_tag|>", "&lt;"),
     ("<|eom_id|>", "&lt;"),
     ("<|eot_id|>", "&lt;"),
+    ("<|python_start|>", "&lt;"),
+    ("<｜tool▁", "&lt;"),
+    ("<|tool_call", "&lt;"),
+    ("<arg_key>", "&lt;"),
+    ("</arg_value", "&lt;"),
     ("[tool_calls]", "&#91;"),
     ("[args]", "&#91;"),
     ("[call_id]", "&#91;"),

@@ -20,7 +20,8 @@ use serde_json::{Value, json};
 ///
 /// Only real calls are rescued: an attempted call that does not parse (a near miss) is put back
 /// into the text as it was written, never turned into an error, since a model answering in
-/// natural language may well show a tag. Whitespace at the edges of the text, and around calls
+/// natural language may well show a tag. Reasoning written in `<think>…</think>` leaves the text
+/// for a `ptk` [`ProviderPart`](crate::message::ProviderPart) (under `"reasoning"`). Whitespace at the edges of the text, and around calls
 /// and near misses, is normalized as [`parse_reply`](super::parse_reply) does (trimmed, pieces
 /// separated by a newline); text with nothing that looks like a call is left as it is, but for
 /// the trimming.
@@ -82,6 +83,9 @@ impl Rescue {
                 StreamEvent::Part(part) if part.provider == PTK_PROVIDER => {
                     if let Some(raw) = part.data.get("malformed").and_then(Value::as_str) {
                         out.push(StreamEvent::TextDelta(raw.to_string()));
+                    } else {
+                        // `<think>` reasoning: kept, out of the text.
+                        out.push(StreamEvent::Part(part));
                     }
                 }
                 StreamEvent::MalformedCall(_) => {}

@@ -16,6 +16,8 @@ use serde_json::json;
 /// (`{"repaired": true}`, only for a repaired call) and `ToolCallEnd` once it is complete. An
 /// attempted call that does not parse gives a [`ProviderPart`] of provider `ptk` holding its raw
 /// text under `"malformed"`, then [`StreamEvent::MalformedCall`] with the explanation.
+/// Reasoning written in `<think>…</think>` (DeepSeek R1, Qwen3, GLM) gives a [`ProviderPart`] of
+/// provider `ptk` holding it under `"reasoning"`, never text.
 ///
 /// Cutting a reply into any chunks gives the same events (up to how text is split, and call
 /// ids) as [`parse_reply`](super::parse_reply) gives for the whole. No `Finish` event is emitted;
@@ -74,6 +76,10 @@ impl StreamParser {
                     }
                     events.push(StreamEvent::ToolCallEnd { index });
                 }
+                Piece::Reasoning(reasoning) => events.push(StreamEvent::Part(ProviderPart {
+                    provider: PTK_PROVIDER.into(),
+                    data: json!({ "reasoning": reasoning }),
+                })),
                 Piece::NearMiss { explanation, raw } => {
                     events.push(StreamEvent::Part(ProviderPart {
                         provider: PTK_PROVIDER.into(),

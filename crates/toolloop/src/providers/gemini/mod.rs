@@ -12,7 +12,10 @@
 //!   received), then its text, then one `functionCall` part per call. Thought signatures go back
 //!   unchanged: a call's signature is kept in its `provider_data` as `{"gemini":
 //!   {"thoughtSignature": "…"}}`, and a signature that came on a text part is kept as a part
-//!   `{"thoughtSignature": "…"}` and put back on the text part.
+//!   `{"thoughtSignature": "…"}` and put back on the text part. A model turn whose calls carry
+//!   no signature (made by another provider, or kept without it) gets Google's documented
+//!   placeholder, [`PLACEHOLDER_THOUGHT_SIGNATURE`], on its first call, since Gemini 3 rejects
+//!   unsigned calls in the history (not for Gemini 1.x and 2.x models, which never check).
 //! - Gemini gives calls no ids (unless it sends `functionCall.id`), so the adapter makes them up.
 //!   Tool results go back as `functionResponse` parts carrying the call's name (and the wire id
 //!   when there was one), all of a round in one user turn, in call order; the response object is
@@ -42,7 +45,7 @@ mod stream;
 
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
 pub use error::{parse_duration, parse_error};
-pub use request::build_request_body;
+pub use request::{PLACEHOLDER_THOUGHT_SIGNATURE, build_request_body};
 pub use response::decode_response;
 
 /// A model behind the Gemini API.

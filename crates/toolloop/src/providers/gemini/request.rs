@@ -52,6 +52,22 @@ pub(super) fn text_signature(part: &ProviderPart) -> Option<&Value> {
     }
 }
 
+/// The placeholder thought signature Google documents for function calls that have no real one
+/// (calls made by another model, or kept in a transcript without their signature): Gemini 3
+/// rejects a model turn whose first function call is unsigned, and accepts this value in its
+/// place ("skip_thought_signature_validator", in the FAQ of
+/// <https://ai.google.dev/gemini-api/docs/thought-signatures> and in Vertex AI's
+/// <https://cloud.google.com/vertex-ai/generative-ai/docs/thought-signatures>).
+pub const PLACEHOLDER_THOUGHT_SIGNATURE: &str = "skip_thought_signature_validator";
+
+/// Whether `model` checks thought signatures on past function calls: every model but the
+/// Gemini 1.x and 2.x ones, which never did (so they get no placeholder).
+pub(super) fn validates_signatures(model: &str) -> bool {
+    let name = model.trim();
+    let name = name.strip_prefix("models/").unwrap_or(name);
+    !(name.starts_with("gemini-1") || name.starts_with("gemini-2"))
+}
+
 pub(super) fn model_turn(a: &AssistantMessage) -> Turn {
     let mut parts = Vec::new();
     let mut signature = None;
@@ -107,6 +123,26 @@ pub(super) fn model_turn(a: &AssistantMessage) -> Turn {
         parts,
         calls,
         results: Vec::new(),
+    }
+}
+
+/// Gives the first function call of a model turn the placeholder signature when none of the
+/// turn's calls carries a real one (with parallel calls, Gemini signs only the first).
+fn sign_unsigned_calls(turn: &mut Turn) {
+    let calls = || {
+        turn.parts
+            .iter()
+            .filter(|p| p.get("functionCall").is_some())
+    };
+    if calls().next().is_none() || calls().any(|p| p.get("thoughtSignature").is_some()) {
+        return;
+    }
+    if let Some(first) = turn
+        .parts
+        .iter_mut()
+        .find(|p| p.get("functionCall").is_some())
+    {
+        first["thoughtSignature"] = json!(PLACEHOLDER_THOUGHT_SIGNATURE);
     }
 }
 
@@ -196,7 +232,11 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
             }
             Message::Assistant(a) => {
                 leading = false;
-                push(&mut turns, model_turn(a));
+                let mut turn = model_turn(a);
+                if validates_signatures(&config.model) {
+                    sign_unsigned_calls(&mut turn);
+                }
+                push(&mut turns, turn);
             }
             Message::Tool(r) => {
                 leading = false;
