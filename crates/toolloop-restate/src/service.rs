@@ -304,7 +304,7 @@ async fn drive(
                                 .name(format!("intent {}", call.id))
                                 .await;
                             match journaled(intent)? {
-                                Some(theirs) => died_running = theirs != mark && false,
+                                Some(theirs) => died_running = theirs != mark,
                                 None => {
                                     machine.interrupt(Interrupt::Cancelled);
                                     break 'batches;
