@@ -59,7 +59,7 @@ fn main() {
         server,
         dir: tempfile::tempdir().unwrap(),
     };
-    let tests: [(&str, fn(&Ctx)); 5] = [
+    let tests: [(&str, Test); 5] = [
         (
             "runs_finish_through_the_ingress",
             runs_finish_through_the_ingress,
@@ -100,6 +100,9 @@ fn main() {
         std::process::exit(1);
     }
 }
+
+/// One test: a name and its body.
+type Test = fn(&Ctx);
 
 struct Ctx {
     rt: tokio::runtime::Runtime,
