@@ -22,6 +22,8 @@ mod logging;
 mod mcp;
 mod progress;
 mod run;
+#[cfg(feature = "restate")]
+mod serve;
 mod sessions;
 mod spec;
 mod terminal;
@@ -78,6 +80,10 @@ enum Command {
     Approve(approve::DecideArgs),
     /// Deny calls of a run that stopped awaiting approval (the model reads `denied: …`).
     Deny(approve::DenyArgs),
+    /// Serve the agent as a durable service on Restate: a worker that the Restate server calls
+    /// for each run (runs are invoked on Restate's HTTP ingress).
+    #[cfg(feature = "restate")]
+    Serve(serve::ServeArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
     /// Show where the configuration file is, or what it sets.
@@ -184,6 +190,8 @@ fn main() -> ExitCode {
             Command::Approve(args) => approve::decide(args, true, None).await,
             Command::Deny(args) => approve::deny(args).await,
             Command::Config(command) => config::config_command(command),
+            #[cfg(feature = "restate")]
+            Command::Serve(args) => serve::serve(args).await,
             Command::Completions { shell } => {
                 let mut command = Cli::command();
                 let mut out = Vec::new();

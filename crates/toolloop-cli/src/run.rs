@@ -311,7 +311,7 @@ fn read_stdin_prompt() -> Result<String, String> {
     Ok(text)
 }
 
-fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("toolloop: {message}");
     ExitCode::from(EXIT_USAGE)
 }

@@ -238,18 +238,7 @@ impl Agent {
             let Some(call) = machine.round_call(index).cloned() else {
                 continue;
             };
-            let side_effect = self
-                .toolbox
-                .get(&call.name)
-                .map_or(SideEffect::SideEffecting, |t| t.side_effect());
-            let retry = match side_effect {
-                SideEffect::ReadOnly | SideEffect::Idempotent => true,
-                SideEffect::SideEffecting => self
-                    .on_in_flight
-                    .as_ref()
-                    .is_some_and(|f| f(&call) == InFlightDecision::Retry),
-            };
-            if !retry {
+            if !self.retries_in_flight(&call) {
                 // Goes with the next durable write: decided again if lost.
                 log.soon(Record::ToolUnknown {
                     round: machine.round(),
@@ -378,6 +367,121 @@ impl Agent {
         result.map(|(chosen, _)| chosen)
     }
 
+    /// The machine of a new run on `messages`, the agent's system prompt first (unless the
+    /// messages start with one). For a driver of its own, one that journals each step
+    /// elsewhere (a durable-execution engine, say): it asks [`Machine::next_step`] and answers
+    /// each step with the methods below, as [`Agent::run`] does.
+    pub fn start(&self, messages: Vec<Message>) -> Machine {
+        self.machine(messages)
+    }
+
+    /// The hooks (a driver journals their answers: they may not answer the same twice).
+    pub fn hooks(&self) -> &Hooks {
+        &self.hooks
+    }
+
+    /// The answer of the `reminders` hook for [`Step::GetReminders`] (none without the hook).
+    pub fn reminders_for(&self, machine: &Machine) -> Vec<String> {
+        match &self.hooks.reminders {
+            Some(f) => f(machine.view()),
+            None => Vec::new(),
+        }
+    }
+
+    /// The answer of the `stop_when` hook for [`Step::CheckStop`] (none without the hook).
+    pub fn stop_signal_for(&self, machine: &Machine) -> Option<String> {
+        match &self.hooks.stop_when {
+            Some(f) => f(&machine.round_calls()),
+            None => None,
+        }
+    }
+
+    /// The answer of the `on_round_limit` hook for [`Step::DecideRoundLimit`] (stop without
+    /// the hook).
+    pub fn round_limit_for(&self, machine: &Machine) -> BoxFuture<'static, RoundLimitDecision> {
+        match &self.hooks.on_round_limit {
+            Some(f) => f(machine.view()),
+            None => Box::pin(async { RoundLimitDecision::Stop }),
+        }
+    }
+
+    /// The model call of [`Step::CallModel`]: the machine's transcript, the round's
+    /// reminders, the tools and settings, streamed when the agent streams (text deltas go to
+    /// `sink`). `model` is the run's session ([`Model::session`] of [`Agent::model`]).
+    pub async fn call_model_for(
+        &self,
+        model: &dyn Model,
+        machine: &Machine,
+        round: u32,
+        reminders: &[String],
+        sink: Option<&EventHandler>,
+    ) -> Result<ModelResponse, ModelError> {
+        let request = ModelRequest {
+            messages: machine.messages(),
+            reminders,
+            tools: self.toolbox.specs(),
+            settings: &self.settings,
+        };
+        self.call_model(model, request, round, sink).await
+    }
+
+    /// What a response cost, when the model's price is known.
+    pub fn cost(&self, response: &ModelResponse) -> Option<f64> {
+        response
+            .usage
+            .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)))
+    }
+
+    /// One tool call of [`Step::RunTools`] as the agent makes it: the tool's timeout, retries
+    /// of retryable errors with backoff, a panic caught as an error, an unknown tool an error
+    /// the model reads. The tool gets `idempotency_key` in its [`ToolContext`].
+    pub async fn call_tool(
+        &self,
+        round: u32,
+        call: &ToolCall,
+        idempotency_key: String,
+        cancel: &CancellationToken,
+        deadline: Option<tokio::time::Instant>,
+        sink: Option<&EventHandler>,
+    ) -> ToolCallResult {
+        let Some(tool) = self.toolbox.get(&call.name) else {
+            return ToolCallResult {
+                result: Err(ToolError::new(format!("unknown tool `{}`", call.name))),
+                duration_ms: 0,
+                attempts: 0,
+            };
+        };
+        call_tool_with(
+            tool,
+            &self.config,
+            round,
+            call,
+            idempotency_key,
+            cancel,
+            deadline,
+            sink,
+        )
+        .await
+    }
+
+    /// Whether a call that was in flight at a crash runs again: read-only and idempotent
+    /// tools do; a side-effecting one only when the `on_in_flight` handler says so
+    /// (otherwise the model reads "outcome unknown"). An unknown tool counts as
+    /// side-effecting.
+    pub fn retries_in_flight(&self, call: &ToolCall) -> bool {
+        let side_effect = self
+            .toolbox
+            .get(&call.name)
+            .map_or(SideEffect::SideEffecting, |t| t.side_effect());
+        match side_effect {
+            SideEffect::ReadOnly | SideEffect::Idempotent => true,
+            SideEffect::SideEffecting => self
+                .on_in_flight
+                .as_ref()
+                .is_some_and(|f| f(call) == InFlightDecision::Retry),
+        }
+    }
+
     fn machine(&self, mut messages: Vec<Message>) -> Machine {
         if let Some(system) = &self.system
             && !matches!(messages.first(), Some(Message::System { .. }))
@@ -458,10 +562,7 @@ impl Agent {
             match machine.next_step() {
                 Step::Finished => break,
                 Step::GetReminders => {
-                    let reminders = match &self.hooks.reminders {
-                        Some(f) => f(machine.view()),
-                        None => Vec::new(),
-                    };
+                    let reminders = self.reminders_for(&machine);
                     // Durable with the round's response: asked again on resume if lost.
                     soon(&log, || Record::RemindersGiven {
                         round: machine.round() + 1,
@@ -470,10 +571,7 @@ impl Agent {
                     fed(machine.reminders_given(reminders));
                 }
                 Step::CheckStop => {
-                    let signal = match &self.hooks.stop_when {
-                        Some(f) => f(&machine.round_calls()),
-                        None => None,
-                    };
+                    let signal = self.stop_signal_for(&machine);
                     // Durable with the next step's records: asked again on resume if lost.
                     soon(&log, || Record::StopChecked {
                         round: machine.round(),
@@ -519,9 +617,7 @@ impl Agent {
                     }
                     match called {
                         Ok(Ok(response)) => {
-                            let cost = response
-                                .usage
-                                .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)));
+                            let cost = self.cost(&response);
                             // Durable with the intents of the calls it asks for (or with the
                             // run's end).
                             soon(&log, || Record::ModelResponded {
@@ -561,19 +657,9 @@ impl Agent {
                     let mut interrupted = None;
                     for r in requests {
                         let call = &r.pending.call;
-                        let decision = match r.verdict {
-                            Verdict::Allow { rule } => Decision::new(
-                                call,
-                                true,
-                                None,
-                                DecidedBy::Rule {
-                                    rule: rule.unwrap_or_else(|| "allow by default".into()),
-                                },
-                            ),
-                            Verdict::Deny { rule } => {
-                                Decision::new(call, false, None, DecidedBy::Rule { rule })
-                            }
-                            Verdict::Ask => {
+                        let decision = match Decision::by_rule(call, &r.verdict) {
+                            Some(decision) => decision,
+                            None => {
                                 if let Some(sink) = &sink {
                                     sink(&Event::ApprovalRequested {
                                         round: r.pending.round,
@@ -586,12 +672,7 @@ impl Agent {
                                     continue;
                                 };
                                 match guard(ask(&r.pending), &cancel, deadline).await {
-                                    Ok(Answer::Approve) => {
-                                        Decision::new(call, true, None, DecidedBy::Person)
-                                    }
-                                    Ok(Answer::Deny { reason }) => {
-                                        Decision::new(call, false, reason, DecidedBy::Person)
-                                    }
+                                    Ok(answer) => Decision::by_person(call, answer),
                                     Err(why) => {
                                         interrupted = Some(why);
                                         break;
@@ -616,10 +697,7 @@ impl Agent {
                     }
                 }
                 Step::DecideRoundLimit => {
-                    let decision = match &self.hooks.on_round_limit {
-                        Some(f) => f(machine.view()),
-                        None => Box::pin(async { RoundLimitDecision::Stop }),
-                    };
+                    let decision = self.round_limit_for(&machine);
                     match guard(decision, &cancel, deadline).await {
                         Ok(decision) => {
                             // Asked again on resume if lost to a crash.
@@ -1020,75 +1098,115 @@ impl ToolJob<'_> {
             };
             log.now(intent).await?;
         }
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            if let Some(sink) = self.sink {
-                sink(&Event::ToolStarted {
-                    round: self.round,
-                    call_id: self.call.id.clone(),
-                    name: self.call.name.clone(),
-                    attempt,
-                });
-            }
-            let idempotency_key = match self.log {
-                Some(log) => format!("{}/{}", log.run_id, self.call.id),
-                None => self.call.id.clone(),
-            };
-            let ctx = ToolContext {
-                call_id: self.call.id.clone(),
-                tool_name: self.call.name.clone(),
-                cancel: self.cancel.clone(),
-                deadline: self.deadline,
-                attempt,
-                idempotency_key,
-            };
-            let call = AssertUnwindSafe(tool.call(self.call.arguments.clone(), ctx)).catch_unwind();
-            let result = match self.config.tool_timeout {
-                Some(limit) => match tokio::time::timeout(limit, call).await {
-                    Ok(r) => r,
-                    Err(_) => Ok(Err(ToolError::retryable(format!(
-                        "the tool did not finish within {:.1}s",
-                        limit.as_secs_f64()
-                    )))),
-                },
-                None => call.await,
-            };
-            let result = result.unwrap_or_else(|panic| {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
-                Err(ToolError::new(format!("the tool crashed: {what}")))
+        let idempotency_key = match self.log {
+            Some(log) => format!("{}/{}", log.run_id, self.call.id),
+            None => self.call.id.clone(),
+        };
+        let done = call_tool_with(
+            tool,
+            self.config,
+            self.round,
+            &self.call,
+            idempotency_key,
+            self.cancel,
+            self.deadline,
+            self.sink.as_ref(),
+        )
+        .await;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        if let Some(log) = self.log {
+            log.soon(Record::ToolFinished {
+                round: self.round,
+                index: self.index,
+                result: done.result.clone(),
+                duration_ms,
+                attempts: done.attempts,
             });
-            match result {
-                Err(e) if e.retryable && attempt <= self.config.tool_retries => {
-                    let backoff = self
-                        .config
-                        .tool_retry_backoff
-                        .saturating_mul(1 << (attempt - 1).min(10));
-                    tokio::time::sleep(backoff).await;
-                }
-                result => {
-                    let duration_ms = started.elapsed().as_millis() as u64;
-                    if let Some(log) = self.log {
-                        log.soon(Record::ToolFinished {
-                            round: self.round,
-                            index: self.index,
-                            result: result.clone(),
-                            duration_ms,
-                            attempts: attempt,
-                        });
-                    }
-                    return Ok((result, duration_ms, attempt));
-                }
+        }
+        Ok((done.result, duration_ms, done.attempts))
+    }
+}
+
+/// What one tool call came to: its result, how long it took and in how many attempts.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ToolCallResult {
+    /// The tool's output, or the error the model reads.
+    pub result: Result<ToolOutput, ToolError>,
+    /// Milliseconds from the first attempt's start to the last one's end.
+    pub duration_ms: u64,
+    /// Attempts made (0: the tool is unknown).
+    pub attempts: u32,
+}
+
+/// One tool call with the loop's retries, timeout and panic catching.
+#[allow(clippy::too_many_arguments)]
+async fn call_tool_with(
+    tool: &Arc<dyn Tool>,
+    config: &LoopConfig,
+    round: u32,
+    call: &ToolCall,
+    idempotency_key: String,
+    cancel: &CancellationToken,
+    deadline: Option<tokio::time::Instant>,
+    sink: Option<&EventHandler>,
+) -> ToolCallResult {
+    let started = Instant::now();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        if let Some(sink) = sink {
+            sink(&Event::ToolStarted {
+                round,
+                call_id: call.id.clone(),
+                name: call.name.clone(),
+                attempt,
+            });
+        }
+        let ctx = ToolContext {
+            call_id: call.id.clone(),
+            tool_name: call.name.clone(),
+            cancel: cancel.clone(),
+            deadline,
+            attempt,
+            idempotency_key: idempotency_key.clone(),
+        };
+        let running = AssertUnwindSafe(tool.call(call.arguments.clone(), ctx)).catch_unwind();
+        let result = match config.tool_timeout {
+            Some(limit) => match tokio::time::timeout(limit, running).await {
+                Ok(r) => r,
+                Err(_) => Ok(Err(ToolError::retryable(format!(
+                    "the tool did not finish within {:.1}s",
+                    limit.as_secs_f64()
+                )))),
+            },
+            None => running.await,
+        };
+        let result = result.unwrap_or_else(|panic| {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(ToolError::new(format!("the tool crashed: {what}")))
+        });
+        match result {
+            Err(e) if e.retryable && attempt <= config.tool_retries => {
+                let backoff = config
+                    .tool_retry_backoff
+                    .saturating_mul(1 << (attempt - 1).min(10));
+                tokio::time::sleep(backoff).await;
+            }
+            result => {
+                return ToolCallResult {
+                    result,
+                    duration_ms: started.elapsed().as_millis() as u64,
+                    attempts: attempt,
+                };
             }
         }
     }
 }
 
-/// Races `fut` against cancellation and the deadline.
 async fn guard<T>(
     fut: impl Future<Output = T>,
     cancel: &CancellationToken,

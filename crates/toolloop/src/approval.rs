@@ -296,6 +296,36 @@ impl Decision {
         }
     }
 
+    /// The decision a verdict takes by itself: `Allow` and `Deny` decide by their rule; `Ask`
+    /// leaves the call to a person (`None`).
+    pub fn by_rule(call: &ToolCall, verdict: &Verdict) -> Option<Self> {
+        match verdict {
+            Verdict::Allow { rule } => Some(Decision::new(
+                call,
+                true,
+                None,
+                DecidedBy::Rule {
+                    rule: rule.clone().unwrap_or_else(|| "allow by default".into()),
+                },
+            )),
+            Verdict::Deny { rule } => Some(Decision::new(
+                call,
+                false,
+                None,
+                DecidedBy::Rule { rule: rule.clone() },
+            )),
+            Verdict::Ask => None,
+        }
+    }
+
+    /// A person's answer on `call`.
+    pub fn by_person(call: &ToolCall, answer: Answer) -> Self {
+        match answer {
+            Answer::Approve => Decision::new(call, true, None, DecidedBy::Person),
+            Answer::Deny { reason } => Decision::new(call, false, reason, DecidedBy::Person),
+        }
+    }
+
     /// Whether the decision is about exactly this call (id, tool and canonical arguments).
     pub fn binds(&self, call: &ToolCall) -> bool {
         self.call_id == call.id

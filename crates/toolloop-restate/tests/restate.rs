@@ -1,0 +1,551 @@
+//! The agent as a Restate service, against a real Restate server (the npm package's binary,
+//! installed by `scripts/npm-install`; skipped with a note when it is missing) and two worker
+//! processes sharing one address (this test binary, started again as a worker). The model is
+//! the mock server on 127.0.0.1; the tools are the side-effecting test tools of the command's
+//! `test-hooks` (each call appends its idempotency key to a file).
+//!
+//! One server for all the tests, which run one after another (`harness = false`):
+//! `cargo test -p toolloop-restate --test restate [NAME…]`.
+
+#[path = "common/mod.rs"]
+mod common;
+#[path = "../../toolloop-cli/src/testtool.rs"]
+mod testtool;
+
+use common::{RestateServer, free_port};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use toolloop::approval::{Answer, Approvals};
+use toolloop::outcome::CallStatus;
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::{Agent, Message, Outcome, StopReason};
+use toolloop_restate::client;
+
+const WORKER: &str = "TOOLLOOP_RESTATE_TEST_WORKER";
+
+fn main() {
+    if let Ok(addr) = std::env::var(WORKER) {
+        worker(&addr);
+        return;
+    }
+    let Some(binary) = common::server_binary() else {
+        eprintln!(
+            "restate tests skipped: the Restate server is not installed (run scripts/npm-install, \
+             which needs npm)"
+        );
+        return;
+    };
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mock = rt
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
+        .unwrap();
+    let started = Instant::now();
+    let server = RestateServer::start(&binary);
+    eprintln!(
+        "Restate server up in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    let ctx = Ctx {
+        rt,
+        mock_url: format!("{}/v1", mock.base_url()),
+        mock,
+        server,
+        dir: tempfile::tempdir().unwrap(),
+    };
+    let tests: [(&str, Test); 5] = [
+        (
+            "runs_finish_through_the_ingress",
+            runs_finish_through_the_ingress,
+        ),
+        (
+            "concurrent_runs_spread_over_two_workers",
+            concurrent_runs_spread_over_two_workers,
+        ),
+        (
+            "a_killed_worker_is_replaced_without_repeating_calls",
+            a_killed_worker_is_replaced_without_repeating_calls,
+        ),
+        ("approvals_wait_as_awakeables", approvals_wait_as_awakeables),
+        (
+            "cancel_stops_a_run_with_its_transcript",
+            cancel_stops_a_run_with_its_transcript,
+        ),
+    ];
+    let mut failed = Vec::new();
+    for (name, test) in tests {
+        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        let t = Instant::now();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&ctx)));
+        let secs = t.elapsed().as_secs_f64();
+        match result {
+            Ok(()) => eprintln!("test {name} ... ok ({secs:.1}s)"),
+            Err(_) => {
+                eprintln!("test {name} ... FAILED ({secs:.1}s)");
+                failed.push(name);
+            }
+        }
+    }
+    if !failed.is_empty() {
+        eprintln!("Restate server log:\n{}", ctx.server.log());
+        eprintln!("failed: {failed:?}");
+        std::process::exit(1);
+    }
+}
+
+/// One test: a name and its body.
+type Test = fn(&Ctx);
+
+struct Ctx {
+    rt: tokio::runtime::Runtime,
+    mock: toolloop_mock::MockServer,
+    mock_url: String,
+    server: RestateServer,
+    dir: tempfile::TempDir,
+}
+
+/// What the worker processes serve.
+struct Config<'a> {
+    name: &'a str,
+    model: &'a str,
+    effect_ms: u64,
+    ask: bool,
+}
+
+/// Two worker processes on one address, registered with the server; killed on drop.
+struct Workers {
+    children: Vec<Option<Child>>,
+    logs: Vec<PathBuf>,
+    effects: PathBuf,
+}
+
+impl Workers {
+    fn start(ctx: &Ctx, config: Config<'_>) -> Workers {
+        let port = free_port();
+        let addr = format!("127.0.0.1:{port}");
+        let effects = ctx.dir.path().join(format!("effects-{}.txt", config.name));
+        let mut children = Vec::new();
+        let mut logs = Vec::new();
+        for i in 0..2 {
+            let log = ctx
+                .dir
+                .path()
+                .join(format!("worker-{}-{i}.log", config.name));
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .env(WORKER, &addr)
+                .env("TOOLLOOP_TEST_MODEL_URL", &ctx.mock_url)
+                .env("TOOLLOOP_TEST_MODEL", config.model)
+                .env("TOOLLOOP_TEST_EFFECTS", &effects)
+                .env("TOOLLOOP_TEST_EFFECT_MS", config.effect_ms.to_string())
+                .env("TOOLLOOP_TEST_ASK", if config.ask { "1" } else { "" })
+                .env("RUST_LOG", "toolloop_restate=info")
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped())
+                .stderr(std::fs::File::create(&log).unwrap())
+                .spawn()
+                .unwrap();
+            let mut line = String::new();
+            BufReader::new(child.stdout.take().unwrap())
+                .read_line(&mut line)
+                .unwrap();
+            assert!(line.starts_with("listening"), "worker {i}: {line:?}");
+            children.push(Some(child));
+            logs.push(log);
+        }
+        ctx.rt
+            .block_on(toolloop_restate::register(
+                &ctx.server.admin,
+                &format!("http://{addr}"),
+                Duration::from_secs(30),
+            ))
+            .unwrap();
+        Workers {
+            children,
+            logs,
+            effects,
+        }
+    }
+
+    fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.logs[i]).unwrap_or_default()
+    }
+
+    fn kill(&mut self, i: usize) {
+        if let Some(mut c) = self.children[i].take() {
+            c.kill().unwrap(); // SIGKILL
+            c.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        for i in 0..self.children.len() {
+            self.kill(i);
+        }
+    }
+}
+
+/// A worker process: the agent (the mock model, the test tools) served on the shared address.
+fn worker(addr: &str) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_writer(std::io::stderr)
+            .with_ansi(false)
+            .init();
+        let var = |k: &str| std::env::var(k).unwrap_or_default();
+        let model = OpenAiModel::new(
+            OpenAiConfig::new(var("TOOLLOOP_TEST_MODEL"))
+                .with_base_url(var("TOOLLOOP_TEST_MODEL_URL")),
+        );
+        let mut builder = Agent::builder(model).tools(testtool::tools(Vec::new()));
+        if var("TOOLLOOP_TEST_ASK") == "1" {
+            builder = builder.approvals(Approvals::ask_all());
+        }
+        let agent = builder.build().unwrap();
+        let w = toolloop_restate::Worker::bind(addr.parse().unwrap()).unwrap();
+        println!("listening {}", w.local_addr().unwrap());
+        w.serve(agent, std::future::pending::<()>()).await;
+    });
+}
+
+fn effect_counts(path: &Path) -> HashMap<String, usize> {
+    let mut counts = HashMap::new();
+    for line in std::fs::read_to_string(path).unwrap_or_default().lines() {
+        *counts.entry(line.to_string()).or_insert(0) += 1;
+    }
+    counts
+}
+
+fn prompt(text: &str) -> Vec<Message> {
+    vec![Message::user(text)]
+}
+
+fn assert_answered(o: &Outcome, text: &str) {
+    assert_eq!(o.stop_reason, StopReason::Answered, "{o:?}");
+    assert_eq!(o.text.as_deref(), Some(text), "{o:?}");
+}
+
+fn runs_finish_through_the_ingress(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "basic",
+            model: "mock:rounds=2,parallel=2",
+            effect_ms: 0,
+            ask: false,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let outcomes: Vec<Outcome> = ctx.rt.block_on(async {
+        let runs = (0..5).map(|i| {
+            let ingress = ingress.clone();
+            async move {
+                client::invoke(
+                    &ingress,
+                    &format!("basic-{i}"),
+                    prompt(&format!("task {i}")),
+                )
+                .await
+                .unwrap()
+            }
+        });
+        futures::future::join_all(runs).await
+    });
+    let counts = effect_counts(&workers.effects);
+    for (i, o) in outcomes.iter().enumerate() {
+        assert_answered(o, "Done. I saw 4 tool results in 2 rounds.");
+        let run_id = format!("basic-{i}");
+        assert_eq!(o.run_id.as_deref(), Some(run_id.as_str()));
+        assert_eq!(o.tool_calls.len(), 4);
+        for c in &o.tool_calls {
+            assert_eq!(c.status, CallStatus::Ok, "{c:?}");
+            // The tool got the run's idempotency key, and ran once.
+            let key = format!("{run_id}/{}", c.call.id);
+            assert_eq!(counts.get(&key), Some(&1), "{key}: {counts:?}");
+        }
+    }
+    assert_eq!(counts.len(), 20);
+    // Asking again for a run id gives the same outcome, from Restate, with no model call.
+    let before = ctx.mock.stats().requests;
+    let again = ctx
+        .rt
+        .block_on(client::invoke(&ingress, "basic-0", prompt("task 0")))
+        .unwrap();
+    assert_eq!(again.messages, outcomes[0].messages);
+    assert_eq!(ctx.mock.stats().requests, before);
+    assert_eq!(effect_counts(&workers.effects).len(), 20);
+    // A run id that cannot be a key is refused before any call.
+    let e = ctx
+        .rt
+        .block_on(client::invoke(&ingress, "a/b", prompt("x")))
+        .unwrap_err();
+    assert!(e.to_string().contains("run id"), "{e}");
+}
+
+fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "many",
+            model: "mock:rounds=1,parallel=2",
+            effect_ms: 0,
+            ask: false,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let n = 200;
+    let before = ctx.mock.stats().requests;
+    let outcomes: Vec<Outcome> = ctx.rt.block_on(async {
+        let runs = (0..n).map(|i| {
+            let ingress = ingress.clone();
+            async move {
+                client::invoke(&ingress, &format!("many-{i}"), prompt(&format!("job {i}")))
+                    .await
+                    .unwrap()
+            }
+        });
+        futures::future::join_all(runs).await
+    });
+    for o in &outcomes {
+        assert_answered(o, "Done. I saw 2 tool results in 1 rounds.");
+    }
+    assert_eq!(ctx.mock.stats().requests - before, 2 * n as u64);
+    assert_eq!(effect_counts(&workers.effects).len(), 2 * n);
+    let finished: Vec<usize> = (0..2)
+        .map(|i| workers.log(i).matches("run finished").count())
+        .collect();
+    eprintln!("runs finished by each worker: {finished:?}");
+    assert!(
+        finished.iter().all(|&n| n > 0),
+        "both workers ran some: {finished:?}"
+    );
+}
+
+fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
+    let mut workers = Workers::start(
+        ctx,
+        Config {
+            name: "kill",
+            model: "mock:rounds=2,parallel=2",
+            effect_ms: 1500,
+            ask: false,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let n = 4;
+    let before = ctx.mock.stats().requests;
+    let ids: Vec<String> = ctx.rt.block_on(async {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id = client::start(&ingress, &format!("kill-{i}"), prompt(&format!("kill {i}")))
+                .await
+                .unwrap();
+            ids.push(id);
+        }
+        ids
+    });
+    // Every run is inside its first tool call (each takes 1.5s).
+    let until = Instant::now() + Duration::from_secs(30);
+    while effect_counts(&workers.effects).len() < n {
+        assert!(Instant::now() < until, "the runs did not reach their tools");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Kill a worker that is running some of them.
+    let busy = (0..2)
+        .find(|&i| workers.log(i).contains("model answered"))
+        .expect("a worker ran the runs");
+    workers.kill(busy);
+    let outcomes: Vec<Outcome> = ctx.rt.block_on(async {
+        let mut outcomes = Vec::new();
+        for id in &ids {
+            outcomes.push(client::attach(&ingress, id).await.unwrap());
+        }
+        outcomes
+    });
+    let other = 1 - busy;
+    assert!(
+        workers.log(other).contains("model answered"),
+        "the other worker took over"
+    );
+    let counts = effect_counts(&workers.effects);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "side effects repeated: {twice:?}");
+    let mut unknown = 0;
+    for o in &outcomes {
+        assert_answered(o, "Done. I saw 4 tool results in 2 rounds.");
+        let run_id = o.run_id.clone().unwrap();
+        for c in &o.tool_calls {
+            let key = format!("{run_id}/{}", c.call.id);
+            match c.status {
+                CallStatus::Ok => assert_eq!(counts.get(&key), Some(&1), "{key}"),
+                // Running at the kill: it took effect once, and was not run again.
+                CallStatus::Unknown => {
+                    unknown += 1;
+                    assert_eq!(counts.get(&key), Some(&1), "{key}");
+                }
+                other => panic!("{key}: {other:?}"),
+            }
+        }
+    }
+    assert!(unknown > 0, "the kill landed in tool calls");
+    // Three model calls per run, none made twice.
+    assert_eq!(ctx.mock.stats().requests - before, 3 * n as u64);
+    eprintln!("killed worker {busy}: {unknown} calls outcome unknown, none repeated");
+}
+
+fn wait_pending(ctx: &Ctx, run_id: &str, n: usize) -> Vec<toolloop_restate::WaitingApproval> {
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting = ctx
+            .rt
+            .block_on(client::pending(&ctx.server.ingress, run_id))
+            .unwrap();
+        if waiting.len() == n {
+            return waiting;
+        }
+        assert!(
+            Instant::now() < until,
+            "{run_id}: {} calls wait, not {n}",
+            waiting.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn approvals_wait_as_awakeables(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "approve",
+            model: "mock:rounds=2,parallel=2",
+            effect_ms: 0,
+            ask: true,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "approve-1", prompt("ask me")))
+        .unwrap();
+    let waiting = wait_pending(ctx, "approve-1", 2);
+    assert!(effect_counts(&workers.effects).is_empty(), "nothing ran");
+    let first = waiting[0].pending.call.id.clone();
+    let second = waiting[1].pending.call.id.clone();
+    // A call that does not wait is refused, and nothing is decided.
+    let e = ctx
+        .rt
+        .block_on(client::decide(
+            &ingress,
+            "approve-1",
+            Some(&["nope".to_string()]),
+            Answer::Approve,
+        ))
+        .unwrap_err();
+    assert!(e.to_string().contains("no call nope waits"), "{e}");
+    let done = ctx
+        .rt
+        .block_on(client::decide(
+            &ingress,
+            "approve-1",
+            Some(std::slice::from_ref(&first)),
+            Answer::Approve,
+        ))
+        .unwrap();
+    assert_eq!(done.len(), 1);
+    ctx.rt
+        .block_on(client::decide(
+            &ingress,
+            "approve-1",
+            Some(std::slice::from_ref(&second)),
+            Answer::Deny {
+                reason: Some("not today".into()),
+            },
+        ))
+        .unwrap();
+    // The second round asks again, about its own calls.
+    let until = Instant::now() + Duration::from_secs(30);
+    while wait_pending(ctx, "approve-1", 2)
+        .iter()
+        .any(|w| w.pending.call.id == first || w.pending.call.id == second)
+    {
+        assert!(Instant::now() < until, "the second round did not ask");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let done = ctx
+        .rt
+        .block_on(client::decide(&ingress, "approve-1", None, Answer::Approve))
+        .unwrap();
+    assert_eq!(done.len(), 2);
+    let o = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert_answered(&o, "Done. I saw 4 tool results in 2 rounds.");
+    let statuses: Vec<CallStatus> = o.tool_calls.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            CallStatus::Ok,
+            CallStatus::Denied,
+            CallStatus::Ok,
+            CallStatus::Ok
+        ]
+    );
+    assert!(o.tool_calls[1].content.contains("not today"), "{o:?}");
+    assert_eq!(effect_counts(&workers.effects).len(), 3);
+    assert!(
+        ctx.rt
+            .block_on(client::pending(&ingress, "approve-1"))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "cancel",
+            model: "mock:rounds=2,parallel=2",
+            effect_ms: 0,
+            ask: true,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "cancel-1", prompt("cancel me")))
+        .unwrap();
+    wait_pending(ctx, "cancel-1", 2);
+    ctx.rt
+        .block_on(client::cancel(&ctx.server.admin, &id))
+        .unwrap();
+    let o = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert_eq!(o.stop_reason, StopReason::Cancelled, "{o:?}");
+    // The transcript holds the prompt and the model's calls.
+    assert!(o.messages.len() >= 2, "{o:?}");
+    assert!(
+        matches!(
+            o.messages.last(),
+            Some(Message::Assistant(_)) | Some(Message::Tool(_))
+        ),
+        "{:?}",
+        o.messages.last()
+    );
+    assert!(effect_counts(&workers.effects).is_empty());
+    assert!(
+        ctx.rt
+            .block_on(client::pending(&ingress, "cancel-1"))
+            .unwrap()
+            .is_empty()
+    );
+}
