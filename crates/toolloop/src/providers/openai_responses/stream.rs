@@ -67,10 +67,10 @@ impl StreamDecoder {
 
     /// The item an event is about: by `output_index`, else by `item_id`.
     fn find(&self, output_index: Option<u64>, id: Option<&str>) -> Option<usize> {
-        if let Some(at) = output_index {
-            if let Some(p) = self.items.iter().position(|i| i.output_index == Some(at)) {
-                return Some(p);
-            }
+        if let Some(at) = output_index
+            && let Some(p) = self.items.iter().position(|i| i.output_index == Some(at))
+        {
+            return Some(p);
         }
         let id = id?;
         self.items.iter().position(|i| i.id.as_deref() == Some(id))
