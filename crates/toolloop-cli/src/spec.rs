@@ -7,6 +7,7 @@ use toolloop::model::{Model, ModelError};
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::{TestAnswer, TestModel};
 use toolloop::ptk::{Auto, Dialect, Prompted};
@@ -14,8 +15,8 @@ use toolloop::ptk::{Auto, Dialect, Prompted};
 /// Provider flags shared by the commands that call a model.
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub struct ProviderArgs {
-    /// The model, as provider:model: test, scripted:<file>, openai:<model>,
-    /// anthropic:<model>, gemini:<model>.
+    /// The model, as provider:model: test, scripted:<file>, openai:<model> (Chat Completions),
+    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>.
     #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
     pub model: String,
     /// Read the API key from this environment variable instead of the provider's usual one.
@@ -70,7 +71,8 @@ fn parse_extra(s: &str) -> Result<Box<Value>, String> {
 }
 
 /// The providers `--model` accepts, for error messages.
-pub const KNOWN: &str = "test, scripted:<file>, openai:<model>, anthropic:<model>, gemini:<model>";
+pub const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
+                         anthropic:<model>, gemini:<model>";
 
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
 fn lookup<'a>(
@@ -208,6 +210,25 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
             Ok(Arc::new(OpenAiModel::new(config)))
+        }
+        "openai-responses" => {
+            let model = need_name(rest)?;
+            check_base_url(args, &["OPENAI_BASE_URL"])?;
+            check_extra(
+                args,
+                "OpenAI Responses",
+                toolloop::providers::openai_responses::OWNED_FIELDS,
+            )?;
+            let mut config = ResponsesConfig::from_vars(
+                &model,
+                args.api_key_env.as_deref(),
+                lookup(args, &[], &["OPENAI_BASE_URL"]),
+            )
+            .map_err(cfg_err)?;
+            config.extra = args.extra.as_deref().cloned();
+            config.validate().map_err(cfg_err)?;
+            config.transport.debug_log = debug_log();
+            Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
             let model = need_name(rest)?;

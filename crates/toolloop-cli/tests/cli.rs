@@ -144,20 +144,30 @@ fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
         .unwrap();
     let base = server.base_url();
     let dir = repo();
-    for (provider, url) in [
-        ("openai", format!("{base}/v1")),
-        ("anthropic", base.clone()),
-        ("gemini", base.clone()),
+    for (provider, url, extra) in [
+        ("openai", format!("{base}/v1"), None),
+        ("openai-responses", format!("{base}/v1"), None),
+        // A reasoning model: the mock refuses a round whose reasoning items were not sent back.
+        (
+            "openai-responses",
+            format!("{base}/v1"),
+            Some(r#"{"reasoning": {"effort": "low"}}"#),
+        ),
+        ("anthropic", base.clone(), None),
+        ("gemini", base.clone(), None),
     ] {
         for stream in [false, true] {
             let model = format!("{provider}:mock:rounds=2,parallel=3");
             let mut args = vec!["run", "--json", "--model", &model, "--base-url", &url];
+            if let Some(extra) = extra {
+                args.extend(["--extra", extra]);
+            }
             if stream {
                 args.push("--stream");
             }
             args.push("go");
             let out = toolloop(&args, dir.path());
-            let what = format!("{provider} stream={stream}");
+            let what = format!("{provider} stream={stream} extra={extra:?}");
             assert_eq!(
                 out.status.code(),
                 Some(0),

@@ -6,6 +6,7 @@
 //! | protocol | endpoint | streaming |
 //! |---|---|---|
 //! | OpenAI Chat Completions | `POST /v1/chat/completions` (also `/chat/completions`) | `"stream": true`; SSE chunks, a usage chunk with `stream_options.include_usage`, then `data: [DONE]` |
+//! | OpenAI Responses | `POST /v1/responses` (also `/responses`) | `"stream": true`; `response.created`, `response.output_item.added` / `.done`, `response.output_text.delta`, `response.function_call_arguments.delta` / `.done`, `response.completed` (each with `event:` and `sequence_number`) |
 //! | Anthropic Messages | `POST /v1/messages` (needs the `anthropic-version` header and `max_tokens`) | `"stream": true`; `message_start`, `ping`, `content_block_start` / `content_block_delta` (`text_delta`, `input_json_delta`) / `content_block_stop`, `message_delta`, `message_stop` |
 //! | Gemini | `POST /v1beta/models/{model}:generateContent` (also under `/v1/`) | `:streamGenerateContent?alt=sse` gives `data:` chunks of `GenerateContentResponse`; without `alt=sse`, a JSON array of them |
 //!
@@ -62,7 +63,7 @@
 //! since then. While the round is below `rounds` and the request offers tools, the reply is
 //! `parallel` tool calls, round-robin over the offered tools (continuing across rounds), with
 //! arguments built by [`toolloop::schema::sample`] from each tool's schema and ids unique for the
-//! server's lifetime (`call_mock…` for OpenAI, `toolu_mock…` for Anthropic; Gemini has no ids).
+//! server's lifetime (`call_mock…` for OpenAI's two APIs, `toolu_mock…` for Anthropic; Gemini has no ids).
 //! Then the reply is a final text, `Done. I saw N tool results in R rounds.`
 //!
 //! `tool_choice` `none` (Gemini: function calling mode `NONE`) makes it answer at once; a named
@@ -141,7 +142,8 @@
 //! # What it checks
 //!
 //! Every tool call in the history must be answered exactly once, right after the turn that made
-//! it: OpenAI by `tool` messages with the call's `tool_call_id`; Anthropic by `tool_result`
+//! it: OpenAI by `tool` messages with the call's `tool_call_id` (the Responses API by
+//! `function_call_output` items with the call's `call_id`, after the round's `function_call` items); Anthropic by `tool_result`
 //! blocks (before any other content) in the next user message; Gemini by `functionResponse`
 //! parts in the next content, matched by name and order. A missing, duplicated or unknown
 //! result, a malformed JSON body, or a body over [`MockOptions::max_body_bytes`] gives an HTTP
@@ -171,6 +173,7 @@ mod fault;
 mod gemini;
 mod openai;
 mod response;
+mod responses;
 mod scenario;
 mod text;
 
@@ -464,6 +467,8 @@ fn router(shared: Arc<Shared>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(openai_route))
         .route("/chat/completions", post(openai_route))
+        .route("/v1/responses", post(responses_route))
+        .route("/responses", post(responses_route))
         .route("/v1/messages", post(anthropic_route))
         .route("/v1beta/models/{*rest}", post(gemini_route))
         .route("/v1/models/{*rest}", post(gemini_route))
@@ -509,6 +514,22 @@ async fn openai_route(
     let started = Instant::now();
     let prepared = match body {
         Ok(body) => openai::handle(&shared, &body),
+        Err(rejection) => {
+            let (status, message) = body_error(&rejection);
+            openai::error(status, &message, None, None)
+        }
+    };
+    finish(&shared, started, prepared, Some(&conn)).await
+}
+
+async fn responses_route(
+    State(shared): State<Arc<Shared>>,
+    ConnectInfo(conn): ConnectInfo<ConnHandle>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let started = Instant::now();
+    let prepared = match body {
+        Ok(body) => responses::handle(&shared, &body),
         Err(rejection) => {
             let (status, message) = body_error(&rejection);
             openai::error(status, &message, None, None)
@@ -612,7 +633,8 @@ fn error_for_path(path: &str, status: StatusCode, message: &str) -> Prepared {
 async fn not_found(State(shared): State<Arc<Shared>>, uri: Uri) -> Response {
     let started = Instant::now();
     let message = format!(
-        "no such endpoint: {}; the mock serves POST /v1/chat/completions, POST /v1/messages and \
+        "no such endpoint: {}; the mock serves POST /v1/chat/completions, POST /v1/responses, \
+         POST /v1/messages and \
          POST /v1beta/models/{{model}}:generateContent / :streamGenerateContent",
         uri.path()
     );
@@ -707,6 +729,7 @@ mod tests {
         headers.insert("anthropic-version", "2023-06-01".parse().unwrap());
         let mut statuses = vec![
             openai::handle(shared, body).status,
+            responses::handle(shared, body).status,
             anthropic::handle(shared, &headers, body).status,
         ];
         for method in [
@@ -735,7 +758,7 @@ mod tests {
             // native and in text-only mode).
             let model = if wrap == 1 { "mock:rounds=2,parallel=2" } else { "mock:text_calls=ptk" };
             let value = if wrap > 0 {
-                json!({"model": model, "max_tokens": 5,
+                json!({"model": model, "max_tokens": 5, "input": value.clone(),
                     "messages": value.clone(), "contents": value})
             } else {
                 value

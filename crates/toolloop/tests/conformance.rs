@@ -159,6 +159,16 @@ fn openai_chat_corpus() {
 }
 
 #[test]
+fn openai_responses_corpus() {
+    assert!(cases("openai-responses").len() >= 8);
+    check_api(
+        "openai-responses",
+        toolloop::providers::openai_responses::decode_recorded,
+        false,
+    );
+}
+
+#[test]
 fn anthropic_messages_corpus() {
     check_api(
         "anthropic-messages",

@@ -1,4 +1,5 @@
-//! The fault suite: many loops at once against the mock over real HTTP, in all three protocols,
+//! The fault suite: many loops at once against the mock over real HTTP, in all four protocols (OpenAI
+//! Chat Completions and Responses, Anthropic, Gemini),
 //! streamed and not, with a fifth of the responses faults of every kind (rate limits with
 //! `Retry-After`, 500, 503, 529, connection resets before and during the body, streams cut in
 //! the middle of a tool call, malformed JSON, a slow first byte). Every loop must end with the
@@ -21,12 +22,15 @@ use toolloop::outcome::Outcome;
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
 use toolloop::transport::http::{HttpTransport, RetryPolicy};
 use toolloop_mock::{FaultKind, MockOptions, start};
 
-/// Loops run at once (a multiple of 6: three protocols, streamed and not).
-const LOOPS: usize = 204;
+/// The protocols, by the number `loop_agent` takes.
+const PROTOCOLS: [&str; 4] = ["openai", "anthropic", "gemini", "openai-responses"];
+/// Loops run at once (a multiple of 8: four protocols, streamed and not).
+const LOOPS: usize = 208;
 const ROUNDS: usize = 3;
 const PARALLEL: usize = 2;
 /// The whole suite must end within this.
@@ -84,12 +88,20 @@ fn loop_agent(
             c.transport = transport();
             agent(AnthropicModel::new(c), stream, counters)
         }
-        _ => {
+        2 => {
             let mut c = GeminiConfig::new(scenario);
             c.base_url = base.to_string();
             c.api_key = Some("test".into());
             c.transport = transport();
             agent(GeminiModel::new(c), stream, counters)
+        }
+        _ => {
+            let mut c = ResponsesConfig::new(scenario).with_base_url(format!("{base}/v1"));
+            c.api_key = Some("test".into());
+            c.transport = transport();
+            // A reasoning model: the mock refuses a round whose reasoning item was not sent back.
+            c.reasoning = Some(serde_json::json!({"effort": "low"}));
+            agent(ResponsesModel::new(c), stream, counters)
         }
     }
 }
@@ -215,8 +227,8 @@ async fn concurrent_loops_survive_a_fifth_of_faults() {
     let counters = Arc::new(Counters::default());
 
     let loops = (0..LOOPS).map(|i| {
-        let protocol = i % 3;
-        let stream = (i / 3) % 2 == 1;
+        let protocol = i % PROTOCOLS.len();
+        let stream = (i / PROTOCOLS.len()) % 2 == 1;
         let agent = loop_agent(protocol, &base, &scenario, stream, &counters);
         async move {
             // A prompt of its own gives each loop its own fault draws.
@@ -243,13 +255,12 @@ async fn concurrent_loops_survive_a_fifth_of_faults() {
         stats.faults
     );
 
-    let protocols = ["openai", "anthropic", "gemini"];
     let failures: Vec<String> = results
         .iter()
         .filter_map(|(i, protocol, stream, outcome)| {
             check_outcome(outcome)
                 .err()
-                .map(|e| format!("loop {i} ({}, stream {stream}): {e}", protocols[*protocol]))
+                .map(|e| format!("loop {i} ({}, stream {stream}): {e}", PROTOCOLS[*protocol]))
         })
         .collect();
     assert!(

@@ -14,6 +14,7 @@ use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSetti
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::transport::http::{HttpTransport, RetryPolicy};
 
 // ---------------------------------------------------------------------------------------------
@@ -151,11 +152,17 @@ async fn hold(stream: TcpStream) {
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Provider {
     OpenAi,
+    OpenAiResponses,
     Anthropic,
     Gemini,
 }
 
-const PROVIDERS: [Provider; 3] = [Provider::OpenAi, Provider::Anthropic, Provider::Gemini];
+const PROVIDERS: [Provider; 4] = [
+    Provider::OpenAi,
+    Provider::OpenAiResponses,
+    Provider::Anthropic,
+    Provider::Gemini,
+];
 
 fn fast_retries() -> RetryPolicy {
     RetryPolicy {
@@ -180,6 +187,13 @@ fn model(
             c.transport.retry = fast_retries();
             adjust(&mut c.transport);
             Arc::new(OpenAiModel::new(c))
+        }
+        Provider::OpenAiResponses => {
+            let mut c = ResponsesConfig::new("m").with_base_url(format!("{base}/v1"));
+            c.api_key = Some(key.into());
+            c.transport.retry = fast_retries();
+            adjust(&mut c.transport);
+            Arc::new(ResponsesModel::new(c))
         }
         Provider::Anthropic => {
             let mut c = AnthropicConfig::new("m");
@@ -295,8 +309,10 @@ fn echo_text(key: &str) -> String {
 
 fn error_body(provider: Provider, message: &str) -> String {
     match provider {
-        Provider::OpenAi => json!({"error": {"message": message, "type": "invalid_request_error",
-                                              "code": "invalid_api_key"}}),
+        Provider::OpenAi | Provider::OpenAiResponses => {
+            json!({"error": {"message": message, "type": "invalid_request_error",
+                                              "code": "invalid_api_key"}})
+        }
         Provider::Anthropic => json!({"type": "error", "error": {"type": "authentication_error",
                                                                  "message": message}}),
         Provider::Gemini => json!({"error": {"code": 401, "message": message,
@@ -368,11 +384,20 @@ async fn keys_echoed_in_streams_and_bodies_never_reach_the_error() {
         }
     })
     .await;
-    for stream in [false, true] {
-        let m = model(Provider::OpenAi, port, ECHOED_KEY, |_| {});
-        let err = call(m.as_ref(), stream).await.expect_err("an error");
-        let text = format!("{err} {err:?}");
-        assert!(!leaks(&text, ECHOED_KEY), "stream={stream}: {text}");
+    for provider in [Provider::OpenAi, Provider::OpenAiResponses] {
+        for stream in [false, true] {
+            let m = model(provider, port, ECHOED_KEY, |_| {});
+            let err = call(m.as_ref(), stream).await.expect_err("an error");
+            let text = format!("{err} {err:?}");
+            assert!(
+                !leaks(&text, ECHOED_KEY),
+                "{provider:?} stream={stream}: {text}"
+            );
+            assert!(
+                text.contains("[redacted]"),
+                "{provider:?} stream={stream}: {text}"
+            );
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! The OpenAI adapter over real HTTP: a small server on 127.0.0.1 plays the provider, and
-//! `OpenAiModel` talks to it through the real transport (retries, limits, streaming).
+//! `OpenAiModel` talks to it through the real transport (retries, limits, streaming). The tests of
+//! retries and error classification run over both OpenAI APIs: Chat Completions and Responses
+//! (`ResponsesModel`), which share the error format and the rules.
 
 use axum::Router;
 use axum::body::Body;
@@ -19,6 +21,7 @@ use toolloop::model::{
     FinishReason, Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec,
 };
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
+use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::stream::StreamEvent;
 use toolloop::transport::http::RetryPolicy;
 
@@ -55,6 +58,7 @@ async fn serve(reply: impl Fn(u32) -> Response + Send + Sync + 'static) -> (Stri
     };
     let app = Router::new()
         .route("/v1/chat/completions", post(handle))
+        .route("/v1/responses", post(handle))
         .with_state(server.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -124,8 +128,56 @@ fn tools() -> Vec<ToolSpec> {
     }]
 }
 
+/// The two OpenAI APIs.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Api {
+    Chat,
+    Responses,
+}
+
+const APIS: [Api; 2] = [Api::Chat, Api::Responses];
+
+/// A model of `api` at `base_url`, configured as [`config`] does.
+fn model_of(api: Api, base_url: &str) -> Box<dyn Model> {
+    match api {
+        Api::Chat => Box::new(OpenAiModel::new(config(base_url))),
+        Api::Responses => {
+            let chat = config(base_url);
+            let mut c = ResponsesConfig::new("test-model").with_base_url(base_url);
+            c.api_key = chat.api_key;
+            c.transport = chat.transport;
+            Box::new(ResponsesModel::new(c))
+        }
+    }
+}
+
+/// A complete text reply of `api`.
+fn text_reply_of(api: Api, text: &str) -> Value {
+    match api {
+        Api::Chat => text_reply(text),
+        Api::Responses => json!({"id": "resp_1", "object": "response", "status": "completed",
+            "output": [{"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+                        "content": [{"type": "output_text", "text": text, "annotations": []}]}],
+            "usage": {"input_tokens": 5, "output_tokens": 2}}),
+    }
+}
+
+/// A streamed text reply of `api`.
+fn text_stream_of(api: Api, text: &str) -> String {
+    match api {
+        Api::Chat => sse_text(&[json!({"choices": [{"index": 0,
+            "delta": {"content": text}, "finish_reason": "stop"}]})]),
+        Api::Responses => sse_text(&[
+            json!({"type": "response.output_text.delta", "output_index": 0, "item_id": "msg_1",
+                   "content_index": 0, "delta": text}),
+            json!({"type": "response.completed", "response": {"status": "completed",
+                   "output": [], "usage": {"input_tokens": 5, "output_tokens": 2}}}),
+        ]),
+    }
+}
+
 /// Calls the model once, complete or streamed.
-async fn call(model: &OpenAiModel, stream: bool) -> Result<ModelResponse, ModelError> {
+async fn call(model: &dyn Model, stream: bool) -> Result<ModelResponse, ModelError> {
     let messages = vec![
         Message::system("be brief"),
         Message::user("weather in Paris?"),
@@ -254,34 +306,36 @@ async fn streamed_round_trip() {
 
 #[tokio::test]
 async fn rate_limit_with_retry_after_ms_then_success() {
-    let (url, server) = serve(|n| {
-        if n == 0 {
-            json_response(
-                429,
-                &error_body("Rate limit reached", "requests"),
-                &[("retry-after-ms", "150")],
-            )
-        } else {
-            json_response(200, &text_reply("done"), &[])
-        }
-    })
-    .await;
-    let model = OpenAiModel::new(config(&url));
-    let start = Instant::now();
-    let r = call(&model, false).await.unwrap();
-    assert_eq!(r.text.as_deref(), Some("done"));
-    assert_eq!(server.count.load(Ordering::SeqCst), 2);
-    // The backoff alone is ~1 ms: the wait shows the header was honoured.
-    assert!(
-        start.elapsed() >= Duration::from_millis(150),
-        "{:?}",
-        start.elapsed()
-    );
+    for api in APIS {
+        let (url, server) = serve(move |n| {
+            if n == 0 {
+                json_response(
+                    429,
+                    &error_body("Rate limit reached", "requests"),
+                    &[("retry-after-ms", "150")],
+                )
+            } else {
+                json_response(200, &text_reply_of(api, "done"), &[])
+            }
+        })
+        .await;
+        let model = model_of(api, &url);
+        let start = Instant::now();
+        let r = call(model.as_ref(), false).await.unwrap();
+        assert_eq!(r.text.as_deref(), Some("done"), "{api:?}");
+        assert_eq!(server.count.load(Ordering::SeqCst), 2, "{api:?}");
+        // The backoff alone is ~1 ms: the wait shows the header was honoured.
+        assert!(
+            start.elapsed() >= Duration::from_millis(150),
+            "{api:?}: {:?}",
+            start.elapsed()
+        );
+    }
 }
 
 #[tokio::test]
 async fn server_errors_twice_then_success() {
-    for stream in [false, true] {
+    for (api, stream) in APIS.into_iter().flat_map(|a| [(a, false), (a, true)]) {
         let (url, server) = serve(move |n| {
             if n < 2 {
                 json_response(
@@ -290,25 +344,26 @@ async fn server_errors_twice_then_success() {
                     &[],
                 )
             } else if stream {
-                sse_response(
-                    vec![sse_text(&[json!({"choices": [{"index": 0,
-                        "delta": {"content": "ok"}, "finish_reason": "stop"}]})])],
-                    false,
-                )
+                sse_response(vec![text_stream_of(api, "ok")], false)
             } else {
-                json_response(200, &text_reply("ok"), &[])
+                json_response(200, &text_reply_of(api, "ok"), &[])
             }
         })
         .await;
-        let r = call(&OpenAiModel::new(config(&url)), stream).await.unwrap();
-        assert_eq!(r.text.as_deref(), Some("ok"));
-        assert_eq!(server.count.load(Ordering::SeqCst), 3, "stream: {stream}");
+        let r = call(model_of(api, &url).as_ref(), stream).await.unwrap();
+        assert_eq!(r.text.as_deref(), Some("ok"), "{api:?}");
+        assert_eq!(
+            server.count.load(Ordering::SeqCst),
+            3,
+            "{api:?} stream: {stream}"
+        );
     }
 }
 
 #[tokio::test]
 async fn retries_exhausted_give_the_typed_error() {
-    let (url, server) = serve(|_| {
+    for api in APIS {
+        let (url, server) = serve(|_| {
         json_response(
             503,
             &json!({"error": {"message": "overloaded", "type": "server_error", "code": "busy"}}),
@@ -316,49 +371,48 @@ async fn retries_exhausted_give_the_typed_error() {
         )
     })
     .await;
-    let err = call(&OpenAiModel::new(config(&url)), false)
-        .await
-        .unwrap_err();
-    assert_eq!(
-        server.count.load(Ordering::SeqCst),
-        3,
-        "1 attempt + 2 retries"
-    );
-    match err {
-        ModelError::Api(e) => {
-            assert_eq!(e.status, 503);
-            assert_eq!(e.error_type.as_deref(), Some("server_error"));
-            assert_eq!(e.code.as_deref(), Some("busy"));
-            assert_eq!(e.message, "overloaded");
-            assert!(e.retryable);
+        let err = call(model_of(api, &url).as_ref(), false).await.unwrap_err();
+        assert_eq!(
+            server.count.load(Ordering::SeqCst),
+            3,
+            "1 attempt + 2 retries"
+        );
+        match err {
+            ModelError::Api(e) => {
+                assert_eq!(e.status, 503);
+                assert_eq!(e.error_type.as_deref(), Some("server_error"));
+                assert_eq!(e.code.as_deref(), Some("busy"));
+                assert_eq!(e.message, "overloaded");
+                assert!(e.retryable);
+            }
+            other => panic!("expected an API error, got {other:?}"),
         }
-        other => panic!("expected an API error, got {other:?}"),
     }
 }
 
 #[tokio::test]
 async fn client_errors_are_not_retried() {
-    let (url, server) = serve(|_| {
-        json_response(
-            400,
-            &error_body("Unsupported parameter: 'stop'", "invalid_request_error"),
-            &[],
-        )
-    })
-    .await;
-    let err = call(&OpenAiModel::new(config(&url)), true)
-        .await
-        .unwrap_err();
-    assert_eq!(server.count.load(Ordering::SeqCst), 1);
-    assert!(
-        matches!(err, ModelError::Api(ref e) if e.status == 400 && !e.retryable),
-        "{err:?}"
-    );
+    for api in APIS {
+        let (url, server) = serve(|_| {
+            json_response(
+                400,
+                &error_body("Unsupported parameter: 'stop'", "invalid_request_error"),
+                &[],
+            )
+        })
+        .await;
+        let err = call(model_of(api, &url).as_ref(), true).await.unwrap_err();
+        assert_eq!(server.count.load(Ordering::SeqCst), 1);
+        assert!(
+            matches!(err, ModelError::Api(ref e) if e.status == 400 && !e.retryable),
+            "{api:?}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test]
 async fn a_server_without_tools_gives_tools_unsupported() {
-    for stream in [false, true] {
+    for (api, stream) in APIS.into_iter().flat_map(|a| [(a, false), (a, true)]) {
         let (url, server) = serve(|_| {
             json_response(
                 400,
@@ -370,12 +424,12 @@ async fn a_server_without_tools_gives_tools_unsupported() {
             )
         })
         .await;
-        let err = call(&OpenAiModel::new(config(&url)), stream)
+        let err = call(model_of(api, &url).as_ref(), stream)
             .await
             .unwrap_err();
         assert!(
             matches!(err, ModelError::ToolsUnsupported(ref m) if m.contains("does not support tools")),
-            "{err:?}"
+            "{api:?}: {err:?}"
         );
         assert_eq!(server.count.load(Ordering::SeqCst), 1);
     }

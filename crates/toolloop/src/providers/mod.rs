@@ -11,6 +11,8 @@ pub mod anthropic;
 pub mod gemini;
 #[cfg(feature = "http")]
 pub mod openai;
+#[cfg(feature = "http")]
+pub mod openai_responses;
 pub mod scripted;
 pub mod test_model;
 #[cfg(feature = "http")]

@@ -42,7 +42,7 @@ pub fn parse_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
 
 /// An [`ApiError`] from an error body or an error chunk. `http_status` is the status the
 /// retryability is judged by; for an in-stream error it is the status the error object carries.
-pub(super) fn api_error_from_value(status: u16, v: &Value, http_status: Option<u16>) -> ApiError {
+pub(crate) fn api_error_from_value(status: u16, v: &Value, http_status: Option<u16>) -> ApiError {
     let v = match v {
         Value::Array(items) => items.first().unwrap_or(v),
         other => other,
@@ -118,7 +118,7 @@ pub(super) fn tools_unsupported(err: &ApiError) -> bool {
 }
 
 /// Turns an API error that says tools are unsupported into [`ModelError::ToolsUnsupported`].
-pub(super) fn classify(e: ModelError) -> ModelError {
+pub(crate) fn classify(e: ModelError) -> ModelError {
     match e {
         ModelError::Api(a) if tools_unsupported(&a) => ModelError::ToolsUnsupported(a.message),
         other => other,

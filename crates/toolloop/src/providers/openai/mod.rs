@@ -87,7 +87,7 @@ use crate::transport::wire;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
-use error::classify;
+pub(crate) use error::classify;
 use futures::StreamExt;
 use request::EncodedPrefix;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
@@ -102,6 +102,7 @@ mod response;
 mod stream;
 
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, OpenAiConfig, PROVIDER, ReminderRole};
+pub(crate) use error::api_error_from_value;
 pub use error::parse_error;
 pub use request::{WireRequest, build_request_body};
 
