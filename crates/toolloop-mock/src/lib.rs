@@ -199,6 +199,21 @@ pub struct MockOptions {
     /// offers); after the last round the mock answers. `toolloop mock --script FILE` reads it
     /// from JSON: `[[{"name": "run_command", "arguments": {"command": ["make"]}}], …]`.
     pub script: Vec<Vec<ScriptCall>>,
+    /// Canned final answers (OpenAI API): when the mock would give its final answer and the
+    /// task's first user message contains an entry's `when`, it answers that entry's `text`
+    /// instead (the first entry that matches). For workflows whose steps read each other's
+    /// output (a JSON answer, say). `toolloop mock --answers FILE` reads it from JSON:
+    /// `[{"when": "Extract", "text": "{\"title\": \"Rivers\"}"}, …]`.
+    pub answers: Vec<MockAnswer>,
+}
+
+/// A canned final answer (see [`MockOptions::answers`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MockAnswer {
+    /// Text the task's first user message contains.
+    pub when: String,
+    /// The answer.
+    pub text: String,
 }
 
 /// One call of a [`MockOptions::script`].
@@ -218,6 +233,7 @@ impl Default for MockOptions {
             default_latency: None,
             max_body_bytes: 32 * 1024 * 1024,
             script: Vec::new(),
+            answers: Vec::new(),
         }
     }
 }
@@ -261,6 +277,7 @@ pub(crate) struct Shared {
     max_nanos: AtomicU64,
     pub(crate) faults: FaultState,
     pub(crate) script: Vec<Vec<ScriptCall>>,
+    pub(crate) answers: Vec<MockAnswer>,
 }
 
 impl Shared {
@@ -278,6 +295,7 @@ impl Shared {
             max_nanos: AtomicU64::new(0),
             faults: FaultState::default(),
             script: options.script.clone(),
+            answers: options.answers.clone(),
         }
     }
 
