@@ -239,7 +239,7 @@ fn main() -> ExitCode {
                     },
                 };
                 let options = toolloop_mock::MockOptions {
-                    answers,
+                    answers_by_prompt: answers,
                     port: args.port,
                     default_latency: args.latency.map(std::time::Duration::from_millis),
                     script,

@@ -13,7 +13,7 @@ fn examples() -> PathBuf {
 
 fn mock(rt: &tokio::runtime::Runtime, answers: Vec<MockAnswer>) -> MockServer {
     rt.block_on(toolloop_mock::start(MockOptions {
-        answers,
+        answers_by_prompt: answers,
         ..Default::default()
     }))
     .unwrap()

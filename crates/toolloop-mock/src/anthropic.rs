@@ -27,6 +27,27 @@ struct Request<'a> {
     tool_choice: Option<ToolChoice<'a>>,
     #[serde(default)]
     stream: Option<bool>,
+    /// Structured outputs: `{"format": {"type": "json_schema", "schema": …}}`.
+    #[serde(default)]
+    output_config: Option<Value>,
+    /// The beta spelling: `{"type": "json_schema", "schema": …}`.
+    #[serde(default)]
+    output_format: Option<Value>,
+}
+
+impl Request<'_> {
+    /// The JSON Schema the answer must match, when the request asks for one.
+    fn output_schema(&self) -> Option<&Value> {
+        let format = self
+            .output_config
+            .as_ref()
+            .and_then(|c| c.get("format"))
+            .or(self.output_format.as_ref())?;
+        if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+            return None;
+        }
+        format.get("schema").filter(|s| s.is_object())
+    }
 }
 
 #[derive(Deserialize)]
@@ -161,6 +182,9 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    if request.output_schema().is_some() {
+        shared.saw_output_schema();
+    }
     let fault = shared
         .faults
         .draw(&scenario, Protocol::Anthropic, "anthropic", body);
@@ -409,7 +433,8 @@ fn reply(
         progress,
         "toolu_mock",
         &shared.ids,
-        &shared.script,
+        shared.scripted(),
+        request.output_schema(),
     );
     let (input_tokens, output_tokens) = engine::usage(body_len, &reply);
     let usage = Usage {

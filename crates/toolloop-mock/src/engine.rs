@@ -27,13 +27,18 @@ pub(crate) struct Progress {
     pub rounds: u32,
     /// Tool results received since the task began.
     pub results: u32,
+    /// Assistant turns without tool calls (answers) in the whole conversation.
+    pub answers: u32,
     after_results: bool,
 }
 
 impl Progress {
     pub fn user_text(&mut self) {
         if !self.after_results {
-            *self = Progress::default();
+            *self = Progress {
+                answers: self.answers,
+                ..Progress::default()
+            };
         }
     }
 
@@ -48,6 +53,7 @@ impl Progress {
     }
 
     pub fn assistant_text(&mut self) {
+        self.answers = self.answers.saturating_add(1);
         self.after_results = false;
     }
 }
@@ -169,8 +175,17 @@ pub(crate) enum Reply<'a> {
     Text(String),
 }
 
+/// What the test scripted (see [`crate::MockOptions::script`] and [`crate::MockOptions::answers`]).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Scripted<'s> {
+    pub calls: &'s [Vec<crate::ScriptCall>],
+    pub answers: &'s [String],
+}
+
 /// The next reply: the next round of calls while rounds remain and tools are offered, else the
-/// final answer, which says how many tool results the task received.
+/// final answer: the scripted answer for this point of the conversation, else, when the request
+/// asks for JSON matching `output` (a JSON Schema), a minimal instance of it
+/// ([`toolloop::schema::sample`]), else a text saying how many tool results the task received.
 ///
 /// Calls go round-robin over `tools` across the whole task; ids are `{id_prefix}` plus a
 /// server-wide counter, so they are unique for the server's lifetime (`id_prefix` empty: no ids).
@@ -184,8 +199,10 @@ pub(crate) fn plan<'a>(
     progress: Progress,
     id_prefix: &str,
     ids: &AtomicU64,
-    script: &[Vec<crate::ScriptCall>],
+    scripted: Scripted<'_>,
+    output: Option<&Value>,
 ) -> Reply<'a> {
+    let script = scripted.calls;
     let id_of = |n: u64| {
         if id_prefix.is_empty() {
             String::new()
@@ -221,10 +238,20 @@ pub(crate) fn plan<'a>(
         progress.rounds
     };
     if progress.rounds >= rounds || tools.is_empty() {
-        let text = format!(
-            "Done. I saw {} tool results in {} rounds.",
-            progress.results, progress.rounds
-        );
+        let answers = scripted.answers;
+        let text = if let Some(last) = answers.last() {
+            answers
+                .get(progress.answers as usize)
+                .unwrap_or(last)
+                .clone()
+        } else if let Some(schema) = output {
+            toolloop::schema::sample(schema).to_string()
+        } else {
+            format!(
+                "Done. I saw {} tool results in {} rounds.",
+                progress.results, progress.rounds
+            )
+        };
         return Reply::Text(text);
     }
     let parallel = scenario.parallel as usize;
@@ -262,6 +289,59 @@ pub(crate) fn plan<'a>(
         })
         .collect();
     Reply::Calls(calls)
+}
+
+/// Why strict decoding (OpenAI's `strict: true`) refuses `schema`, if it does: an object schema
+/// that does not set `additionalProperties: false`, or does not list every property in
+/// `required`. `path` names where the schema sits, for the message.
+pub(crate) fn strict_problem(schema: &Value, path: &str) -> Option<String> {
+    let obj = schema.as_object()?;
+    let is_object = match obj.get("type") {
+        Some(Value::String(t)) => t == "object",
+        Some(Value::Array(ts)) => ts.iter().any(|t| t == "object"),
+        _ => obj.contains_key("properties"),
+    };
+    if is_object {
+        if obj.get("additionalProperties") != Some(&Value::Bool(false)) {
+            return Some(format!(
+                "In context={path}, 'additionalProperties' is required to be supplied and to be \
+                 false."
+            ));
+        }
+        let required: Vec<&str> = obj
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|r| r.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        if let Some(props) = obj.get("properties").and_then(Value::as_object)
+            && let Some(missing) = props.keys().find(|k| !required.contains(&k.as_str()))
+        {
+            return Some(format!(
+                "In context={path}, 'required' is required to be supplied and to be an array \
+                 including every key in properties. Missing '{missing}'."
+            ));
+        }
+    }
+    for (key, v) in obj {
+        let at = format!("{path}/{key}");
+        let found = match key.as_str() {
+            "properties" | "$defs" | "definitions" => v.as_object().and_then(|m| {
+                m.iter()
+                    .find_map(|(k, sub)| strict_problem(sub, &format!("{at}/{k}")))
+            }),
+            "items" => strict_problem(v, &at),
+            "anyOf" | "allOf" | "oneOf" => v.as_array().and_then(|a| {
+                a.iter()
+                    .enumerate()
+                    .find_map(|(i, sub)| strict_problem(sub, &format!("{at}/{i}")))
+            }),
+            _ => None,
+        };
+        if found.is_some() {
+            return found;
+        }
+    }
+    None
 }
 
 /// Token counts for a reply: input roughly a quarter of the request's bytes, output a few tokens
@@ -417,7 +497,15 @@ mod tests {
             rounds: 1,
             ..Progress::default()
         };
-        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &ids, &[]) else {
+        let Reply::Calls(calls) = plan(
+            &scenario,
+            &tools,
+            p,
+            "call_",
+            &ids,
+            Scripted::default(),
+            None,
+        ) else {
             panic!("expected calls")
         };
         let names: Vec<&str> = calls.iter().map(|c| c.name).collect();
@@ -427,7 +515,15 @@ mod tests {
         assert_ne!(calls[0].id, calls[1].id);
         p.rounds = 2;
         p.results = 6;
-        let Reply::Text(text) = plan(&scenario, &tools, p, "call_", &ids, &[]) else {
+        let Reply::Text(text) = plan(
+            &scenario,
+            &tools,
+            p,
+            "call_",
+            &ids,
+            Scripted::default(),
+            None,
+        ) else {
             panic!("expected text")
         };
         assert!(text.contains("6 tool results"), "{text}");
@@ -446,8 +542,15 @@ mod tests {
             rounds: 1,
             ..Progress::default()
         };
-        let Reply::Calls(calls) = plan(&scenario, &tools, p, "call_", &AtomicU64::new(0), &[])
-        else {
+        let Reply::Calls(calls) = plan(
+            &scenario,
+            &tools,
+            p,
+            "call_",
+            &AtomicU64::new(0),
+            Scripted::default(),
+            None,
+        ) else {
             panic!("expected calls")
         };
         let paths: Vec<&Value> = calls.iter().map(|c| &c.arguments["path"]).collect();

@@ -27,6 +27,32 @@ struct Request<'a> {
     tools: Option<Vec<InTool<'a>>>,
     #[serde(default, borrow)]
     tool_config: Option<ToolConfig<'a>>,
+    #[serde(default)]
+    generation_config: Option<Value>,
+}
+
+impl Request<'_> {
+    /// The JSON Schema the answer must match (`responseJsonSchema`, or `responseSchema`), when
+    /// the request asks for one; an error when it does without `responseMimeType`
+    /// `application/json`, as Gemini refuses it.
+    fn output_schema(&self) -> Result<Option<&Value>, Prepared> {
+        let Some(config) = self.generation_config.as_ref() else {
+            return Ok(None);
+        };
+        let schema = config
+            .get("responseJsonSchema")
+            .or_else(|| config.get("responseSchema"));
+        let Some(schema) = schema else {
+            return Ok(None);
+        };
+        if config.get("responseMimeType").and_then(Value::as_str) != Some("application/json") {
+            return Err(bad(
+                "generation_config.response_mime_type: a response schema needs \
+                 response_mime_type application/json",
+            ));
+        }
+        Ok(Some(schema))
+    }
 }
 
 #[derive(Deserialize)]
@@ -161,6 +187,16 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    let output = match request.output_schema() {
+        Ok(o) => o.cloned().map(|mut schema| {
+            lowercase_types(&mut schema, 0);
+            schema
+        }),
+        Err(prepared) => return prepared,
+    };
+    if output.is_some() {
+        shared.saw_output_schema();
+    }
     // The body does not name the model, and both methods take the same body: the route does.
     let route = match method {
         Method::Generate => format!("gemini:{model}:generateContent"),
@@ -209,6 +245,7 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         progress,
         body_len: body.len(),
         fault,
+        output,
     };
     reply(shared, model, method, &scenario, &tools, turn)
 }
@@ -218,6 +255,8 @@ struct Turn {
     progress: Progress,
     body_len: usize,
     fault: Option<Drawn>,
+    /// The JSON Schema the answer must match, when the request asks for one.
+    output: Option<Value>,
 }
 
 fn lowercase_types(schema: &mut Value, depth: usize) {
@@ -407,9 +446,18 @@ fn reply(
         progress,
         body_len,
         fault,
+        output,
     }: Turn,
 ) -> Prepared {
-    let reply = engine::plan(scenario, tools, progress, "", &shared.ids, &shared.script);
+    let reply = engine::plan(
+        scenario,
+        tools,
+        progress,
+        "",
+        &shared.ids,
+        shared.scripted(),
+        output.as_ref(),
+    );
     let (input, output) = engine::usage(body_len, &reply);
     let usage = UsageMetadata {
         prompt_token_count: input,

@@ -68,6 +68,18 @@
 //! `tool_choice` `none` (Gemini: function calling mode `NONE`) makes it answer at once; a named
 //! tool (Gemini: `allowedFunctionNames`) restricts the calls to it.
 //!
+//! # Output formats
+//!
+//! A request that asks for JSON matching a schema natively (OpenAI `response_format` of type
+//! `json_schema`; Anthropic `output_config.format`, or the beta `output_format`, of type
+//! `json_schema`; Gemini `generationConfig.responseJsonSchema` or `responseSchema`) gets, as its
+//! final answer, [`toolloop::schema::sample`] of that schema as JSON text, and is counted in
+//! [`MockStats::output_schemas`]. The server checks the format as the APIs do: OpenAI's needs a
+//! `name` and a `schema`, and with `strict: true` every object must set `additionalProperties:
+//! false` and list all its properties in `required`; Gemini's needs `responseMimeType`
+//! `application/json`. Otherwise it answers 400 naming what is wrong.
+//! [`MockOptions::answers`] replaces the final answers with scripted ones.
+//!
 //! # Text-only mode
 //!
 //! `text_calls=<dialect>` plays a model without native tool calling, behind an
@@ -199,15 +211,21 @@ pub struct MockOptions {
     /// offers); after the last round the mock answers. `toolloop mock --script FILE` reads it
     /// from JSON: `[[{"name": "run_command", "arguments": {"command": ["make"]}}], …]`.
     pub script: Vec<Vec<ScriptCall>>,
-    /// Canned final answers (OpenAI API): when the mock would give its final answer and the
-    /// task's first user message contains an entry's `when`, it answers that entry's `text`
+    /// Canned final answers by prompt (OpenAI API): when the mock would give its final answer
+    /// and the task's first user message contains an entry's `when`, it answers that entry's `text`
     /// instead (the first entry that matches). For workflows whose steps read each other's
     /// output (a JSON answer, say). `toolloop mock --answers FILE` reads it from JSON:
-    /// `[{"when": "Extract", "text": "{\"title\": \"Rivers\"}"}, …]`.
-    pub answers: Vec<MockAnswer>,
+    /// `[{"when": "Extract", "text": "{\"title\": \"Rivers\"}"}, …]`. Takes precedence over
+    /// `answers`.
+    pub answers_by_prompt: Vec<MockAnswer>,
+    /// Exact final answers, in place of the default ones (empty: none): the `n`-th answer of a
+    /// conversation (counting the assistant turns without tool calls it already holds) is
+    /// `answers[n]`, and the last one repeats. A test scripts an answer that fails the output
+    /// schema first, then a valid one, say.
+    pub answers: Vec<String>,
 }
 
-/// A canned final answer (see [`MockOptions::answers`]).
+/// A canned final answer (see [`MockOptions::answers_by_prompt`]).
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct MockAnswer {
     /// Text the task's first user message contains.
@@ -234,6 +252,7 @@ impl Default for MockOptions {
             max_body_bytes: 32 * 1024 * 1024,
             script: Vec::new(),
             answers: Vec::new(),
+            answers_by_prompt: Vec::new(),
         }
     }
 }
@@ -253,6 +272,10 @@ pub struct MockStats {
     pub processing: Duration,
     /// The longest time spent on one request.
     pub max_processing: Duration,
+    /// Accepted requests that asked for JSON matching a schema natively: OpenAI
+    /// `response_format` of type `json_schema`, Anthropic `output_config.format` of type
+    /// `json_schema`, Gemini `generationConfig.responseJsonSchema` (or `responseSchema`).
+    pub output_schemas: u64,
 }
 
 impl MockStats {
@@ -277,7 +300,9 @@ pub(crate) struct Shared {
     max_nanos: AtomicU64,
     pub(crate) faults: FaultState,
     pub(crate) script: Vec<Vec<ScriptCall>>,
-    pub(crate) answers: Vec<MockAnswer>,
+    pub(crate) answers_by_prompt: Vec<MockAnswer>,
+    pub(crate) answers: Vec<String>,
+    output_schemas: AtomicU64,
 }
 
 impl Shared {
@@ -296,7 +321,22 @@ impl Shared {
             faults: FaultState::default(),
             script: options.script.clone(),
             answers: options.answers.clone(),
+            answers_by_prompt: options.answers_by_prompt.clone(),
+            output_schemas: AtomicU64::new(0),
         }
+    }
+
+    /// What the test scripted.
+    pub(crate) fn scripted(&self) -> engine::Scripted<'_> {
+        engine::Scripted {
+            calls: &self.script,
+            answers: &self.answers,
+        }
+    }
+
+    /// Counts a request that asks for JSON matching a schema natively.
+    pub(crate) fn saw_output_schema(&self) {
+        self.output_schemas.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn next_response_id(&self) -> u64 {
@@ -324,6 +364,7 @@ impl Shared {
             faults: self.faults.counts(),
             processing: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
+            output_schemas: self.output_schemas.load(Ordering::Relaxed),
         }
     }
 }

@@ -27,6 +27,8 @@ struct Request<'a> {
     stream: Option<bool>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    response_format: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -201,6 +203,13 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    let output = match output_schema(request.response_format.as_ref()) {
+        Ok(o) => o,
+        Err(prepared) => return prepared,
+    };
+    if output.is_some() {
+        shared.saw_output_schema();
+    }
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "openai", body);
@@ -215,6 +224,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let ctx = Ctx {
         request: &request,
         scenario: &scenario,
+        output,
         progress,
         body_len: body.len(),
         fault,
@@ -245,10 +255,56 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     reply(shared, &ctx, &tools)
 }
 
+/// The schema of a `response_format` of type `json_schema`, checked as OpenAI checks it: a
+/// schema is required, and `strict: true` needs every object closed with all its properties
+/// required. Other formats (`text`, `json_object`) ask for no schema.
+fn output_schema(format: Option<&Value>) -> Result<Option<&Value>, Prepared> {
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    if format.get("type").and_then(Value::as_str) != Some("json_schema") {
+        return Ok(None);
+    }
+    let param = Some("response_format");
+    let spec = format.get("json_schema");
+    let name = spec
+        .and_then(|s| s.get("name"))
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if name.is_empty() {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "Missing required parameter: 'response_format.json_schema.name'.",
+            param,
+            Some("missing_required_parameter"),
+        ));
+    }
+    let Some(schema) = spec.and_then(|s| s.get("schema")).filter(|s| s.is_object()) else {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            "Missing required parameter: 'response_format.json_schema.schema'.",
+            param,
+            Some("missing_required_parameter"),
+        ));
+    };
+    let strict = spec.and_then(|s| s.get("strict")) == Some(&Value::Bool(true));
+    if strict && let Some(problem) = engine::strict_problem(schema, "()") {
+        return Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!("Invalid schema for response_format '{name}': {problem}"),
+            param,
+            None,
+        ));
+    }
+    Ok(Some(schema))
+}
+
 /// What [`reply`] needs besides the tools.
 struct Ctx<'r, 'a> {
     request: &'r Request<'a>,
     scenario: &'r Scenario,
+    /// The JSON Schema of `response_format`, when the request asks for one.
+    output: Option<&'r Value>,
     progress: Progress,
     body_len: usize,
     fault: Option<Drawn>,
@@ -596,17 +652,22 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         ctx.progress,
         "call_mock",
         &shared.ids,
-        &shared.script,
+        shared.scripted(),
+        ctx.output,
     );
     let reply = match reply {
-        Reply::Text(_) if !shared.answers.is_empty() => {
+        Reply::Text(_) if !shared.answers_by_prompt.is_empty() => {
             let first = request
                 .messages
                 .iter()
                 .find(|m| m.role.as_ref() == "user")
                 .map(InMessage::text)
                 .unwrap_or_default();
-            match shared.answers.iter().find(|a| first.contains(&a.when)) {
+            match shared
+                .answers_by_prompt
+                .iter()
+                .find(|a| first.contains(&a.when))
+            {
                 Some(a) => Reply::Text(a.text.clone()),
                 None => reply,
             }

@@ -58,6 +58,7 @@ async fn one_run(store: &Store, rounds: u32, window: u32) -> (f64, f64) {
             &run,
             &[Record::Started {
                 messages: vec![Message::user("go")],
+                output_schema: None,
             }],
         )
         .await
@@ -91,7 +92,13 @@ async fn many_runs(store: &Store, n: usize, rounds: u32) -> (f64, f64) {
                 let run = new_run_id();
                 store.acquire(&run, "bench").await.unwrap();
                 store
-                    .append_all(&run, &[Record::Started { messages: vec![] }])
+                    .append_all(
+                        &run,
+                        &[Record::Started {
+                            messages: vec![],
+                            output_schema: None,
+                        }],
+                    )
                     .await
                     .unwrap();
                 for round in 1..=rounds {

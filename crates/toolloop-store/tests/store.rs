@@ -268,7 +268,13 @@ async fn a_live_lease_excludes_others_and_an_expired_one_is_taken_over() {
         let run_id = new_run_id();
         short.acquire(&run_id, "short-lived").await.unwrap();
         short
-            .append(&run_id, &Record::Started { messages: vec![] })
+            .append(
+                &run_id,
+                &Record::Started {
+                    messages: vec![],
+                    output_schema: None,
+                },
+            )
             .await
             .unwrap();
         // Renewed while it lives:
@@ -305,7 +311,13 @@ async fn a_holder_that_lost_its_lease_cannot_write() {
         let run2 = new_run_id();
         stale.acquire(&run2, "stale").await.unwrap();
         stale
-            .append(&run2, &Record::Started { messages: vec![] })
+            .append(
+                &run2,
+                &Record::Started {
+                    messages: vec![],
+                    output_schema: None,
+                },
+            )
             .await
             .unwrap();
         // Another process frees the lease (as when it expired) and takes the run.

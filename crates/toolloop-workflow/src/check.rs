@@ -192,7 +192,7 @@ pub(crate) fn check_definition(workflow: &Workflow) -> Result<Plan, Vec<String>>
             problems.push(e);
         }
         if let Some(schema) = &step.output_schema
-            && let Err(e) = crate::output::check_schema(&step.id, schema)
+            && let Err(e) = crate::output::check_schema(step, schema)
         {
             problems.push(format!("step `{}`: output_schema: {e}", step.id));
         }

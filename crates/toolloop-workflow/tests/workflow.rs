@@ -29,7 +29,7 @@ fn runner(server: &MockServer) -> Runner {
 
 async fn mock(answers: &[(&str, &str)]) -> MockServer {
     toolloop_mock::start(MockOptions {
-        answers: answers
+        answers_by_prompt: answers
             .iter()
             .map(|(w, t)| MockAnswer {
                 when: w.to_string(),
@@ -468,4 +468,57 @@ fn toolloop_workflow_check(w: &Workflow) {
         .collect();
     let runner = Runner::new(model("http://127.0.0.1:9", "m")).tools(tools);
     runner.check(w).unwrap();
+}
+
+/// A JSON step whose answers do not match its schema: each is fed back to the model with the
+/// errors (the model is asked again), and then the step fails and stops the workflow.
+#[tokio::test]
+async fn an_answer_that_fails_the_schema_is_fed_back_then_the_step_fails() {
+    let server = mock(&[("Extract", r#"{"title": 42}"#)]).await;
+    let workflow = Workflow::from_toml(
+        r#"
+name = "typed"
+[[steps]]
+id = "extract"
+prompt = "Extract the title"
+output_schema = { type = "object", required = ["title"], properties = { title = { type = "string" } } }
+[[steps]]
+id = "after"
+prompt = "{{ steps.extract.output.title }}"
+"#,
+        None,
+    )
+    .unwrap();
+    let (runner, events) = recorder(runner(&server));
+    let outcome = runner
+        .run(&workflow, &BTreeMap::new(), Default::default())
+        .await
+        .unwrap();
+    let step = outcome.step("extract").unwrap();
+    assert_eq!(step.status, StepStatus::Failed, "{outcome:#?}");
+    assert_eq!(
+        step.stop_reason,
+        Some(toolloop::outcome::StopReason::TooManyInvalidCalls)
+    );
+    assert_eq!(step.output, Value::Null);
+    let invalid = events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| {
+            matches!(
+                e,
+                WorkflowEvent::StepEvent {
+                    event: toolloop::Event::InvalidOutput { .. },
+                    ..
+                }
+            )
+        })
+        .count();
+    assert!(invalid >= 2, "fed back more than once: {invalid}");
+    // Each invalid answer was followed by another model call, but the last.
+    assert_eq!(server.stats().requests as usize, invalid);
+    assert_eq!(outcome.step("after").unwrap().status, StepStatus::NotRun);
+    assert_eq!(outcome.failed_step.as_deref(), Some("extract"));
+    server.shutdown().await;
 }

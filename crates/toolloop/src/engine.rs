@@ -27,6 +27,7 @@ use crate::journal::Record;
 use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use crate::model::{FinishReason, ModelError, ModelResponse};
 use crate::outcome::{CallStatus, ErrorCode, ExecutedCall, Outcome, RunError, StopReason};
+use crate::output::{OutputCheck, OutputSchema, OutputSchemaError};
 use crate::result;
 use crate::tool::{ToolError, ToolOutput};
 use crate::toolbox::Toolbox;
@@ -178,6 +179,9 @@ pub enum Phase {
         signal: Option<String>,
         /// The final answer.
         text: Option<String>,
+        /// The final answer's validated JSON value, when an output schema was set.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output: Option<serde_json::Value>,
         /// The error of a failed run.
         error: Option<RunError>,
     },
@@ -256,6 +260,9 @@ pub struct LoopState {
     /// The calls that wait for approval, when the run stopped for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<PendingApproval>,
+    /// The schema the final answer must match, if any (see [`crate::output`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<OutputSchema>,
 }
 
 /// The loop's state machine.
@@ -269,6 +276,13 @@ pub struct Machine {
     /// Fingerprints of the call ids in the conversation (see [`id_key`]), so that checking a new
     /// call's id costs the same however long the conversation is.
     call_ids: foldhash::HashSet<u64>,
+    /// The compiled output schema (`state.output_schema`), or why it does not compile.
+    output_check: Option<Result<Arc<OutputCheck>, String>>,
+}
+
+/// The compiled form of a state's output schema.
+fn compile_output(schema: Option<&OutputSchema>) -> Option<Result<Arc<OutputCheck>, String>> {
+    schema.map(|s| s.compile().map(Arc::new).map_err(|e| e.to_string()))
 }
 
 /// A call id's fingerprint for [`Machine`]'s index of ids (a match is confirmed on the
@@ -361,10 +375,12 @@ impl Machine {
                 calls: Vec::new(),
                 phase: Phase::Ready,
                 pending_approvals: Vec::new(),
+                output_schema: None,
             },
             events: Vec::new(),
             events_on: true,
             call_ids,
+            output_check: None,
         };
         emit!(
             m,
@@ -387,10 +403,33 @@ impl Machine {
             hooks: HookSet::from(&hooks),
             toolbox,
             call_ids: conversation_ids(&state.messages),
+            output_check: compile_output(state.output_schema.as_ref()),
             state,
             events: Vec::new(),
             events_on: true,
         }
+    }
+
+    /// Sets the schema the run's final answer must match (`None`: any text is an answer), for a
+    /// run that has not started (see [`crate::output`]). A final answer is then parsed as JSON
+    /// and validated: a valid one ends the run with its value in [`Outcome::output`]; an
+    /// invalid one goes back to the model with the errors, within the invalid-call budget.
+    /// Refused, with the machine unchanged, when the schema does not compile.
+    pub fn set_output_schema(
+        &mut self,
+        schema: Option<OutputSchema>,
+    ) -> Result<(), OutputSchemaError> {
+        self.output_check = match &schema {
+            Some(s) => Some(Ok(Arc::new(s.compile()?))),
+            None => None,
+        };
+        self.state.output_schema = schema;
+        Ok(())
+    }
+
+    /// The schema the final answer must match, if any.
+    pub fn output_schema(&self) -> Option<&OutputSchema> {
+        self.state.output_schema.as_ref()
     }
 
     /// Turns event recording on or off (on by default). A driver with no listener turns it off,
@@ -869,6 +908,24 @@ impl Machine {
                 );
                 return Ok(());
             }
+            if let Some(check) = &self.output_check {
+                let checked = match check {
+                    Ok(check) => check.check(text.as_deref().unwrap_or_default()),
+                    Err(e) => Err(crate::output::InvalidOutput(vec![format!(
+                        "the output schema cannot be used ({e})"
+                    )])),
+                };
+                match checked {
+                    Ok(value) => {
+                        self.finish(StopReason::Answered, text, None);
+                        if let Phase::Done { output, .. } = &mut self.state.phase {
+                            *output = Some(value);
+                        }
+                    }
+                    Err(invalid) => self.invalid_output(round, invalid),
+                }
+                return Ok(());
+            }
             self.finish(StopReason::Answered, text, None);
             return Ok(());
         }
@@ -1254,10 +1311,17 @@ impl Machine {
         records: &[Record],
     ) -> Result<(Machine, Vec<usize>), String> {
         let mut iter = records.iter();
-        let Some(Record::Started { messages }) = iter.next() else {
+        let Some(Record::Started {
+            messages,
+            output_schema,
+        }) = iter.next()
+        else {
             return Err("the first record is not `started`".into());
         };
         let mut m = Machine::new(config, hooks, toolbox, messages.clone());
+        // The schema the run was started with, even if the agent's has changed since.
+        m.state.output_schema = output_schema.clone();
+        m.output_check = compile_output(output_schema.as_ref());
         let mut in_flight: Vec<usize> = Vec::new();
         for (i, record) in iter.enumerate() {
             let at = |what: &str| format!("record {}: {what}", i + 1);
@@ -1620,15 +1684,52 @@ impl Machine {
         };
         if over {
             let n = self.state.consecutive_invalid;
+            let message = if code == ErrorCode::InvalidOutput {
+                format!(
+                    "{n} invalid tool calls or final answers in a row; the last answer does not \
+                     match the output schema: {what}"
+                )
+            } else {
+                format!("{n} invalid tool calls in a row: {what}")
+            };
             self.finish(
                 StopReason::TooManyInvalidCalls,
                 None,
-                Some(RunError {
-                    code,
-                    message: format!("{n} invalid tool calls in a row: {what}"),
-                }),
+                Some(RunError { code, message }),
             );
         }
+    }
+
+    /// A final answer failed the output schema: the errors go back to the model as a user
+    /// message, and the answer counts as an invalid call.
+    fn invalid_output(&mut self, round: u32, invalid: crate::output::InvalidOutput) {
+        let errors = invalid.to_string();
+        let name = self
+            .state
+            .output_schema
+            .as_ref()
+            .map(|s| result::shorten(&s.name, result::ECHO_CHARS).into_owned())
+            .unwrap_or_default();
+        let feedback = result::cap(
+            format!(
+                "Your final answer does not match the required output schema `{name}`: {errors}. \
+                 Reply again with only a JSON value that matches the schema (or call a tool if \
+                 you need more information)."
+            ),
+            self.config.max_result_chars,
+        );
+        emit!(
+            self,
+            Event::InvalidOutput {
+                round,
+                errors: errors.clone(),
+            }
+        );
+        self.state.messages.push(Message::user(feedback));
+        self.state.consecutive_invalid += 1;
+        self.state.phase = Phase::Ready;
+        let errors = result::cap(errors, self.config.max_result_chars);
+        self.check_invalid_budget(ErrorCode::InvalidOutput, &errors);
     }
 
     fn set_signal(&mut self, signal: String) {
@@ -1648,6 +1749,7 @@ impl Machine {
             stop_reason,
             signal: None,
             text,
+            output: None,
             error,
         };
     }
@@ -1679,6 +1781,7 @@ impl Machine {
             stop_reason,
             signal,
             text,
+            output,
             error,
         } = phase
         else {
@@ -1699,6 +1802,7 @@ impl Machine {
             success: stop_reason.is_success(),
             stop_reason,
             text,
+            output,
             signal,
             rounds: round,
             tool_calls: calls,
@@ -1950,6 +2054,130 @@ mod tests {
         assert_eq!(replacement_id("aB3dE5gH1", 40), "aB3dE5g14");
         assert_eq!(replacement_id("", 3), "call_3");
         assert_eq!(replacement_id(&"z".repeat(1000), 2).len(), 64);
+    }
+
+    fn city_schema() -> OutputSchema {
+        OutputSchema::new(
+            "City",
+            json!({"type": "object", "properties": {"name": {"type": "string"}},
+                   "required": ["name"]}),
+        )
+    }
+
+    #[test]
+    fn a_final_answer_is_validated_against_the_output_schema() {
+        let mut h = Harness::plain();
+        h.m.set_output_schema(Some(city_schema())).unwrap();
+        h.expect_call_model();
+        // Tool calls still work while a schema is set.
+        h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+        h.finish_tools();
+        h.expect_call_model();
+        h.respond(ModelResponse::text("```json\n{\"name\": \"Lyon\"}\n```"));
+        assert_eq!(h.m.next_step(), Step::Finished);
+        let out = h.m.into_outcome(0);
+        assert_eq!(out.stop_reason, StopReason::Answered);
+        assert_eq!(out.output, Some(json!({"name": "Lyon"})));
+        #[derive(serde::Deserialize)]
+        struct City {
+            name: String,
+        }
+        assert_eq!(out.parse::<City>().unwrap().name, "Lyon");
+    }
+
+    #[test]
+    fn an_invalid_answer_goes_back_with_the_errors_and_a_corrected_one_is_taken() {
+        let mut h = Harness::plain();
+        h.m.set_output_schema(Some(city_schema())).unwrap();
+        h.expect_call_model();
+        h.respond(ModelResponse::text("{\"name\": 7}"));
+        let invalid: Vec<String> =
+            h.m.take_events()
+                .filter_map(|e| match e {
+                    Event::InvalidOutput { errors, .. } => Some(errors),
+                    _ => None,
+                })
+                .collect();
+        assert_eq!(invalid.len(), 1);
+        assert!(invalid[0].contains("/name"), "{invalid:?}");
+        // The answer stays in the transcript, followed by the errors for the model.
+        match h.m.messages().last() {
+            Some(Message::User { content }) => {
+                assert!(
+                    content.contains("`City`") && content.contains("/name"),
+                    "{content}"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(h.expect_call_model().0, 2);
+        h.respond(ModelResponse::text("{\"name\": \"Lyon\"}"));
+        let out = h.m.into_outcome(0);
+        assert!(out.success);
+        assert_eq!(out.output, Some(json!({"name": "Lyon"})));
+        assert_eq!(out.text.as_deref(), Some("{\"name\": \"Lyon\"}"));
+    }
+
+    #[test]
+    fn answers_that_keep_failing_the_schema_stop_the_run_over_the_budget() {
+        let mut h = Harness::new(
+            LoopConfig {
+                invalid_calls: InvalidCallPolicy::Feedback { budget: 1 },
+                ..LoopConfig::default()
+            },
+            Hooks::default(),
+            vec![Message::user("go")],
+        );
+        h.m.set_output_schema(Some(city_schema())).unwrap();
+        h.expect_call_model();
+        h.respond(ModelResponse::text("Lyon"));
+        h.expect_call_model();
+        h.respond(ModelResponse::text("{}"));
+        assert_eq!(h.m.next_step(), Step::Finished);
+        let out = h.m.into_outcome(0);
+        assert_eq!(out.stop_reason, StopReason::TooManyInvalidCalls);
+        let error = out.error.clone().unwrap();
+        assert_eq!(error.code, ErrorCode::InvalidOutput);
+        assert!(
+            error.message.contains("2 invalid") && error.message.contains("required"),
+            "{}",
+            error.message
+        );
+        assert_eq!(out.output, None);
+        assert!(out.parse::<Value>().is_err());
+        // Both answers and both errors are in the transcript.
+        assert_eq!(out.messages.len(), 5, "{:?}", out.messages);
+        assert_eq!(out.text.as_deref(), Some("{}"));
+    }
+
+    #[test]
+    fn the_strict_policy_stops_at_the_first_invalid_answer() {
+        let mut h = Harness::new(
+            LoopConfig {
+                invalid_calls: InvalidCallPolicy::Strict,
+                ..LoopConfig::default()
+            },
+            Hooks::default(),
+            vec![Message::user("go")],
+        );
+        h.m.set_output_schema(Some(city_schema())).unwrap();
+        h.expect_call_model();
+        h.respond(ModelResponse::text("not json"));
+        let out = h.m.into_outcome(0);
+        assert_eq!(out.error.unwrap().code, ErrorCode::InvalidOutput);
+    }
+
+    #[test]
+    fn a_schema_that_does_not_compile_is_refused() {
+        let mut h = Harness::plain();
+        let bad = OutputSchema::new("bad", json!({"type": 12}));
+        assert!(h.m.set_output_schema(Some(bad)).is_err());
+        assert!(h.m.output_schema().is_none());
+        // Without a schema any text is the answer.
+        h.expect_call_model();
+        h.respond(ModelResponse::text("anything"));
+        let out = h.m.into_outcome(0);
+        assert!(out.success && out.output.is_none());
     }
 
     #[test]

@@ -114,6 +114,14 @@ pub enum Event {
         /// The call.
         call: ToolCall,
     },
+    /// The model's final answer did not match the output schema (see [`crate::output`]); the
+    /// errors went back to the model.
+    InvalidOutput {
+        /// The round.
+        round: u32,
+        /// What was wrong (each schema error with its JSON path).
+        errors: String,
+    },
     /// The model's reply attempted a call that could not be parsed; the explanation went back.
     MalformedToolCall {
         /// The round.

@@ -42,6 +42,10 @@ pub enum Record {
     Started {
         /// The conversation at the start (system prompt included).
         messages: Vec<Message>,
+        /// The schema the final answer must match, if the run set one (see
+        /// [`crate::output`]); a replay holds answers to this one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_schema: Option<crate::output::OutputSchema>,
     },
     /// The `reminders` hook answered, for the round about to start.
     RemindersGiven {

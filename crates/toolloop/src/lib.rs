@@ -59,6 +59,7 @@ pub mod journal;
 pub mod message;
 pub mod model;
 pub mod outcome;
+pub mod output;
 pub mod price;
 pub mod providers;
 pub mod ptk;
@@ -79,6 +80,7 @@ pub use event::Event;
 pub use message::{Message, ToolCall, ToolResult};
 pub use model::{Model, ModelError, ModelResponse};
 pub use outcome::{Outcome, StopReason};
+pub use output::OutputSchema;
 pub use tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 pub use usage::Usage;
 

@@ -79,7 +79,7 @@ pub struct ModelRequest<'a> {
     pub reminders: &'a [String],
     /// The tool catalog.
     pub tools: &'a [ToolSpec],
-    /// Model name, temperature, limits, tool choice.
+    /// Model name, temperature, limits, tool choice, output schema.
     pub settings: &'a ModelSettings,
 }
 
@@ -205,6 +205,10 @@ pub struct ModelSettings {
     /// (`{"top_k": 20}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extra: Option<Value>,
+    /// The JSON Schema the final answer must match (see [`crate::output`]): each adapter asks
+    /// its API for JSON of that shape, and the loop validates the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<crate::output::OutputSchema>,
 }
 
 /// Why the model stopped.

@@ -20,7 +20,8 @@ pub enum StopReason {
     Cancelled,
     /// A terminal tool, `stop_when` or `on_round_limit` gave a signal.
     TerminalSignal,
-    /// Too many invalid tool calls in a row (or one, under the strict policy).
+    /// Too many invalid tool calls, or final answers that fail the output schema, in a row (or
+    /// one, under the strict policy).
     TooManyInvalidCalls,
     /// The output-token limit cut the model's turn short: a tool call (never run), or the
     /// answer (its text is kept in [`Outcome::text`], but it is incomplete).
@@ -68,6 +69,9 @@ pub enum ErrorCode {
     OutputTruncated,
     /// The run stopped to wait for approvals.
     AwaitingApproval,
+    /// The model's final answers kept failing the output schema (see [`crate::output`]); the
+    /// message names the validation errors of the last one.
+    InvalidOutput,
 }
 
 impl ErrorCode {
@@ -75,9 +79,10 @@ impl ErrorCode {
     /// [`StopReason`] (and that of [`Outcome::success`]), so the two never disagree.
     pub fn stop_reason(self) -> StopReason {
         match self {
-            ErrorCode::ToolNotFound | ErrorCode::InvalidToolCall | ErrorCode::ParseError => {
-                StopReason::TooManyInvalidCalls
-            }
+            ErrorCode::ToolNotFound
+            | ErrorCode::InvalidToolCall
+            | ErrorCode::ParseError
+            | ErrorCode::InvalidOutput => StopReason::TooManyInvalidCalls,
             ErrorCode::MaxIterationsReached => StopReason::MaxRounds,
             ErrorCode::MaxToolCallsReached => StopReason::MaxToolCalls,
             ErrorCode::LlmCallFailed => StopReason::ModelError,
@@ -164,6 +169,10 @@ pub struct Outcome {
     pub stop_reason: StopReason,
     /// The final answer (the last assistant text when the model answered).
     pub text: Option<String>,
+    /// The final answer as a JSON value validated against the output schema, when one was set
+    /// (see [`crate::output`]) and the run answered; [`Outcome::parse`] gives it as a Rust type.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<serde_json::Value>,
     /// The terminal signal, if any.
     pub signal: Option<String>,
     /// Model calls made.
@@ -197,7 +206,37 @@ pub struct Outcome {
     pub pending_approvals: Vec<crate::approval::PendingApproval>,
 }
 
+/// Why [`Outcome::parse`] gave no value.
+#[derive(Debug, thiserror::Error)]
+pub enum ParseOutputError {
+    /// The run gave no validated answer: it set no output schema, or it did not answer (its
+    /// stop reason and error say why).
+    #[error("the run gave no validated output (it stopped with {stop_reason:?}{})", .error.as_ref().map(|e| format!(": {}", e.message)).unwrap_or_default())]
+    NoOutput {
+        /// How the run stopped.
+        stop_reason: StopReason,
+        /// The run's error, if it failed.
+        error: Option<RunError>,
+    },
+    /// The validated value does not deserialize into the type (the schema allows values the
+    /// type does not).
+    #[error("the output does not fit the type: {0}")]
+    Type(#[from] serde_json::Error),
+}
+
 impl Outcome {
+    /// The validated final answer as a `T` (the type whose schema the run used, typically:
+    /// see [`crate::AgentBuilder::output_type`]).
+    pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ParseOutputError> {
+        match &self.output {
+            Some(v) => Ok(T::deserialize(v)?),
+            None => Err(ParseOutputError::NoOutput {
+                stop_reason: self.stop_reason,
+                error: self.error.clone(),
+            }),
+        }
+    }
+
     /// Tool calls whose handler ran.
     pub fn executed_calls(&self) -> impl Iterator<Item = &ExecutedCall> {
         self.tool_calls.iter().filter(|c| c.status.executed())
@@ -222,6 +261,7 @@ mod tests {
             Cancelled,
             StoreFailed,
             OutputTruncated,
+            InvalidOutput,
         ] {
             assert!(!code.stop_reason().is_success(), "{code:?}");
         }

@@ -5,7 +5,7 @@ use crate::tool::Tool;
 use serde_json::Value;
 use std::sync::Arc;
 
-/// Why a tool could not be added.
+/// Why a tool (or an agent's output schema) could not be added.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ToolboxError {
     /// Two tools share a name.
@@ -24,6 +24,9 @@ pub enum ToolboxError {
         /// What the validator said.
         message: String,
     },
+    /// The agent's output schema (see [`crate::output`]) is not a valid JSON Schema.
+    #[error(transparent)]
+    OutputSchema(#[from] crate::output::OutputSchemaError),
 }
 
 struct Entry {

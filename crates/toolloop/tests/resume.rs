@@ -523,6 +523,7 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
     let records = vec![
         Record::Started {
             messages: vec![Message::user("go")],
+            output_schema: None,
         },
         Record::ModelRequested { round: 1 },
         Record::ModelResponded {

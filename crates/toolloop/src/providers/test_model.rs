@@ -4,7 +4,9 @@
 //! with arguments built from the tool's JSON Schema by [`crate::schema::sample`]. Then it
 //! answers with a JSON object mapping each tool's name to its result, or, with
 //! [`TestAnswer::Summary`], a few lines a person can read (what each tool returned). With no
-//! tools (or tool choice `none`) it answers at once. Usage is counted as one token per four
+//! tools (or tool choice `none`) it answers at once. With an output schema (see
+//! [`crate::output`]) its answer is [`crate::schema::sample`] of the schema, as JSON. Usage is
+//! counted as one token per four
 //! characters.
 
 use crate::message::{Message, ToolCall, new_call_id};
@@ -129,8 +131,12 @@ impl Model for TestModel {
         let called = since
             .iter()
             .any(|m| matches!(m, Message::Assistant(a) if !a.tool_calls.is_empty()));
+        let answers_now =
+            request.tools.is_empty() || request.settings.tool_choice == ToolChoice::None || called;
         let mut response =
-            if request.tools.is_empty() || request.settings.tool_choice == ToolChoice::None {
+            if let Some(output) = request.settings.output.as_ref().filter(|_| answers_now) {
+                ModelResponse::text(sample(&output.schema).to_string())
+            } else if request.tools.is_empty() || request.settings.tool_choice == ToolChoice::None {
                 ModelResponse::text("success (no tool calls)")
             } else if !called {
                 let calls = request

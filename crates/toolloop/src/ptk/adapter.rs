@@ -23,7 +23,8 @@ const INNER_INDEX_OFFSET: usize = 1 << 20;
 /// Each request is rewritten: the tool catalog and the call format of the chosen [`Dialect`]
 /// join the system prompt, past calls become the assistant's own text, tool results become
 /// `PTK_RESULT:` user messages, and the inner model is called with no tools (a tool choice
-/// becomes a transient reminder). The reply is parsed in every dialect, complete or streamed:
+/// becomes a transient reminder; an output schema becomes instructions at the end of the system
+/// prompt, see [`crate::output`]). The reply is parsed in every dialect, complete or streamed:
 /// calls get fresh ids, a repaired call carries `{"repaired": true}` in its `provider_data`, and
 /// an attempted call that does not parse makes the response a
 /// [`FinishReason::MalformedToolCall`] with [`ModelResponse::malformed_call`] set (the text is
@@ -54,9 +55,21 @@ impl Prompted {
         &self,
         request: &ModelRequest<'_>,
     ) -> (Vec<Message>, Vec<String>, ModelSettings) {
-        let messages = render_messages(request.messages, request.tools, self.dialect);
+        let mut messages = render_messages(request.messages, request.tools, self.dialect);
         let mut reminders = request.reminders.to_vec();
         let mut settings = request.settings.clone();
+        // An output schema becomes instructions in the system prompt: the inner model must stay
+        // free to write calls as text, so it is not asked for JSON natively.
+        if let Some(output) = settings.output.take() {
+            let instructions = output.instructions();
+            match messages.first_mut() {
+                Some(Message::System { content }) => {
+                    content.push_str("\n\n");
+                    content.push_str(&instructions);
+                }
+                _ => messages.insert(0, Message::system(instructions)),
+            }
+        }
         if !request.tools.is_empty() {
             match &settings.tool_choice {
                 ToolChoice::Auto => {}

@@ -280,6 +280,17 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
             body.insert("tool_choice".into(), choice);
         }
     }
+    if let Some(output) = &req.settings.output {
+        // Structured outputs (generally available, no beta header): the schema with
+        // `additionalProperties: false` on its objects when it has that form.
+        let schema = output
+            .strict_schema()
+            .unwrap_or_else(|| output.schema.clone());
+        body.insert(
+            "output_config".into(),
+            json!({"format": {"type": "json_schema", "schema": schema}}),
+        );
+    }
     if let Some(t) = req.settings.temperature {
         body.insert("temperature".into(), json_number(t));
     }
@@ -641,6 +652,7 @@ mod tests {
             max_output_tokens: Some(99),
             tool_choice: ToolChoice::Required,
             extra: Some(json!({"thinking": {"type": "enabled"}})),
+            output: None,
         };
         let cfg = AnthropicConfig {
             extra: Some(json!({"thinking": {"budget_tokens": 1024}, "top_k": 5})),
@@ -688,5 +700,30 @@ mod tests {
         assert_eq!(content[0]["type"], "server_tool_use");
         assert_eq!(content[1]["type"], "web_search_tool_result");
         assert_eq!(content[2]["text"], "found");
+    }
+
+    #[test]
+    fn an_output_schema_is_the_output_config_format() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}},
+                            "required": ["a"]});
+        let settings = ModelSettings {
+            output: Some(crate::output::OutputSchema::new("Answer", schema)),
+            ..ModelSettings::default()
+        };
+        let msgs = [Message::user("x")];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let b = build_request_body(&req, &no_cache(), false);
+        assert_eq!(
+            b["output_config"],
+            json!({"format": {"type": "json_schema", "schema": {
+                "type": "object", "properties": {"a": {"type": "integer"}},
+                "required": ["a"], "additionalProperties": false}}})
+        );
+        assert!(b.get("output_format").is_none(), "the GA field, no beta");
     }
 }

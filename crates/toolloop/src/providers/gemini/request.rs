@@ -270,6 +270,12 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
     if let Some(n) = req.settings.max_output_tokens {
         generation.insert("maxOutputTokens".into(), json!(n));
     }
+    if let Some(output) = &req.settings.output {
+        // JSON mode with the schema as JSON Schema (`responseJsonSchema`, not the OpenAPI
+        // subset `responseSchema` takes).
+        generation.insert("responseMimeType".into(), json!("application/json"));
+        generation.insert("responseJsonSchema".into(), output.schema.clone());
+    }
     if !generation.is_empty() {
         body.insert("generationConfig".into(), Value::Object(generation));
     }
@@ -433,6 +439,27 @@ mod tests {
         assert_eq!(
             v["generationConfig"],
             json!({"temperature": 0.2, "maxOutputTokens": 64, "topK": 3})
+        );
+    }
+
+    #[test]
+    fn an_output_schema_is_json_mode_with_the_json_schema() {
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let settings = ModelSettings {
+            output: Some(crate::output::OutputSchema::new("Answer", schema.clone())),
+            ..ModelSettings::default()
+        };
+        let msgs = [Message::user("x")];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let v = build_request_body(&req, &GeminiConfig::new("m"), false);
+        assert_eq!(
+            v["generationConfig"],
+            json!({"responseMimeType": "application/json", "responseJsonSchema": schema})
         );
     }
 }

@@ -5,6 +5,7 @@ use crate::message::{Message, ToolCall};
 use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
+use crate::output::OutputSchema;
 use crate::transport::wire::json_number;
 use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
@@ -17,6 +18,8 @@ use serde_json::{Value, json};
 /// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
 /// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
 /// by other providers are left out. Reminders follow the conversation (see [`ReminderRole`]).
+/// An output schema becomes `response_format` of type `json_schema` (strict when the schema
+/// allows it).
 /// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
 /// a JSON object is ignored here ([`OpenAiModel`](super::OpenAiModel) refuses it with a clear
 /// error).
@@ -114,6 +117,9 @@ impl Serialize for WireRequest<'_> {
                 }
             }
         }
+        if let Some(output) = &settings.output {
+            self.field(&mut map, "response_format", &response_format(output))?;
+        }
         if let Some(t) = settings.temperature {
             self.field(&mut map, "temperature", &json_number(t))?;
         }
@@ -135,6 +141,18 @@ impl Serialize for WireRequest<'_> {
         }
         map.end()
     }
+}
+
+/// The `response_format` of a request with an output schema: `json_schema`, strict when the
+/// schema asks for it and has a strict form (see [`OutputSchema::strict_schema`]).
+fn response_format(output: &OutputSchema) -> Value {
+    let strict = output.strict.then(|| output.strict_schema()).flatten();
+    let is_strict = strict.is_some();
+    let schema = strict.unwrap_or_else(|| output.schema.clone());
+    json!({
+        "type": "json_schema",
+        "json_schema": {"name": output.name, "schema": schema, "strict": is_strict},
+    })
 }
 
 /// The `messages` array: the conversation, then the reminders.
@@ -766,5 +784,44 @@ mod tests {
         );
         s.tool_choice = ToolChoice::Required;
         assert_eq!(body(&msgs, &[], &config, &s)["tool_choice"], "required");
+    }
+
+    #[test]
+    fn an_output_schema_is_a_json_schema_response_format_strict_only_when_it_can_be() {
+        let closed = json!({"type": "object", "properties": {"a": {"type": "string"}},
+                            "required": ["a"]});
+        let mut s = settings();
+        s.output = Some(crate::output::OutputSchema::new("Answer", closed.clone()));
+        let b = body(&[Message::user("x")], &[], &OpenAiConfig::new("m"), &s);
+        let format = &b["response_format"];
+        assert_eq!(format["type"], "json_schema");
+        assert_eq!(format["json_schema"]["name"], "Answer");
+        assert_eq!(format["json_schema"]["strict"], true);
+        assert_eq!(
+            format["json_schema"]["schema"]["additionalProperties"], false,
+            "closed for strict decoding"
+        );
+        // An optional property: no strict form.
+        let open = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        s.output = Some(crate::output::OutputSchema::new("Answer", open.clone()));
+        let b = body(&[Message::user("x")], &[], &OpenAiConfig::new("m"), &s);
+        assert_eq!(b["response_format"]["json_schema"]["strict"], false);
+        assert_eq!(b["response_format"]["json_schema"]["schema"], open);
+        // Not asked for strict: sent as it is.
+        s.output =
+            Some(crate::output::OutputSchema::new("Answer", closed.clone()).with_strict(false));
+        let b = body(&[Message::user("x")], &[], &OpenAiConfig::new("m"), &s);
+        assert_eq!(b["response_format"]["json_schema"]["strict"], false);
+        assert_eq!(b["response_format"]["json_schema"]["schema"], closed);
+        assert!(
+            body(
+                &[Message::user("x")],
+                &[],
+                &OpenAiConfig::new("m"),
+                &settings()
+            )
+            .get("response_format")
+            .is_none()
+        );
     }
 }
