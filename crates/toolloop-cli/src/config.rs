@@ -36,8 +36,13 @@ use std::sync::OnceLock;
 /// The environment variable that names the configuration file (empty: no file).
 pub const CONFIG_VAR: &str = "TOOLLOOP_CONFIG";
 
-/// The subcommands whose flags the file sets.
-const CONFIGURED: &[&str] = &["run", "chat"];
+/// The subcommands whose flags the file sets (paths of subcommand names).
+const CONFIGURED: &[&[&str]] = &[
+    &["run"],
+    &["chat"],
+    &["workflow", "run"],
+    &["workflow", "check"],
+];
 
 /// A named model: `[models.NAME]`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
@@ -183,8 +188,12 @@ pub fn apply(mut command: clap::Command, config: ConfigFile) -> Result<clap::Com
         .unwrap_or_default();
     for (key, values) in &config.flags {
         let mut known = false;
-        for sub in CONFIGURED {
-            let Some(cmd) = command.find_subcommand(sub) else {
+        for path in CONFIGURED {
+            let mut cmd = Some(&command);
+            for name in *path {
+                cmd = cmd.and_then(|c| c.find_subcommand(name));
+            }
+            let Some(cmd) = cmd else {
                 continue;
             };
             let Some(arg) = cmd.get_arguments().find(|a| a.get_id().as_str() == key) else {
@@ -195,9 +204,17 @@ pub fn apply(mut command: clap::Command, config: ConfigFile) -> Result<clap::Com
             }
             known = true;
             let values = values.clone();
-            command = command.mut_subcommand(*sub, |c| {
-                c.mut_arg(key.as_str(), |a| a.default_values(values))
-            });
+            command = match path {
+                [sub] => command.mut_subcommand(*sub, |c| {
+                    c.mut_arg(key.as_str(), |a| a.default_values(values))
+                }),
+                [outer, inner] => command.mut_subcommand(*outer, |c| {
+                    c.mut_subcommand(*inner, |c| {
+                        c.mut_arg(key.as_str(), |a| a.default_values(values))
+                    })
+                }),
+                _ => command,
+            };
         }
         if !known {
             return Err(format!(
@@ -214,6 +231,13 @@ pub fn apply(mut command: clap::Command, config: ConfigFile) -> Result<clap::Com
 /// (they win over a named model's settings).
 pub fn note_explicit(matches: &clap::ArgMatches) {
     let mut explicit = HashSet::new();
+    // The innermost subcommand (`toolloop workflow run`: `run`).
+    let mut matches = matches;
+    while let Some((_, sub)) = matches.subcommand()
+        && sub.subcommand().is_some()
+    {
+        matches = sub;
+    }
     if let Some((_, sub)) = matches.subcommand() {
         for id in sub.ids() {
             if matches!(
@@ -239,6 +263,12 @@ pub fn loaded() -> &'static ConfigFile {
 /// default).
 pub fn model_chosen() -> bool {
     explicit("model") || loaded().flags.contains_key("model")
+}
+
+/// Whether the flag `id` (`max_rounds`) was given on the command line, in the environment, or
+/// in the configuration file (not left at its built-in default).
+pub fn is_set(id: &str) -> bool {
+    explicit(id) || loaded().flags.contains_key(id)
 }
 
 fn explicit(id: &str) -> bool {

@@ -306,7 +306,7 @@ pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
 /// password, query and fragment (`https://user:pass@host/v1?key=…`) are removed, and the
 /// fields they were removed from listed under [`CREDENTIALS_REMOVED`], so that `toolloop
 /// resume` asks for them again.
-fn run_meta<T: Serialize>(args: &T) -> Value {
+pub(crate) fn run_meta<T: Serialize>(args: &T) -> Value {
     let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut meta {
         for k in ["prompt", "json", "jsonl", "durable"] {

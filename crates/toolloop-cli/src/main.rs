@@ -29,6 +29,7 @@ mod spec;
 mod terminal;
 #[cfg(feature = "test-hooks")]
 mod testtool;
+mod workflow;
 
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
@@ -103,6 +104,9 @@ enum Command {
     /// MCP servers: `toolloop mcp list` shows each configured server, its state and its tools.
     #[command(subcommand)]
     Mcp(mcp::McpCommand),
+    /// Step workflows: `run` a workflow file, `check` it, `resume` a stopped run, `list` runs.
+    #[command(subcommand)]
+    Workflow(workflow::WorkflowCommand),
 }
 
 #[derive(clap::Args)]
@@ -118,6 +122,11 @@ struct MockArgs {
     /// {…}}, …], …]` (one array of calls per round); the answer follows the last round.
     #[arg(long, value_name = "FILE")]
     script: Option<std::path::PathBuf>,
+    /// Canned final answers, from a JSON file: `[{"when": "text of the prompt", "text":
+    /// "the answer"}, …]`: a task whose first user message contains `when` is answered `text`
+    /// (OpenAI API).
+    #[arg(long, value_name = "FILE")]
+    answers: Option<std::path::PathBuf>,
 }
 
 /// Parses the command line over the configuration file's defaults.
@@ -201,6 +210,7 @@ fn main() -> ExitCode {
             }
             Command::Man { out_dir } => man(out_dir.as_deref()),
             Command::Mcp(command) => mcp::mcp(command).await,
+            Command::Workflow(command) => workflow::workflow(command).await,
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
@@ -219,7 +229,25 @@ fn main() -> ExitCode {
                         }
                     },
                 };
+                let answers = match &args.answers {
+                    None => Vec::new(),
+                    Some(path) => match std::fs::read_to_string(path)
+                        .map_err(|e| e.to_string())
+                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                    {
+                        Ok(a) => a,
+                        Err(e) => {
+                            eprintln!(
+                                "toolloop mock: --answers {}: {e}; expected a JSON array of \
+                                 {{\"when\": …, \"text\": …}}",
+                                path.display()
+                            );
+                            return ExitCode::from(EXIT_USAGE);
+                        }
+                    },
+                };
                 let options = toolloop_mock::MockOptions {
+                    answers_by_prompt: answers,
                     port: args.port,
                     default_latency: args.latency.map(std::time::Duration::from_millis),
                     script,

@@ -172,6 +172,21 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     })
 }
 
+/// The model `name` names (`provider:model`, or a model of the configuration file), with the
+/// other provider flags of `args`; `None`: the model `args` names.
+pub fn model_from_args_named(
+    args: &ProviderArgs,
+    name: Option<&str>,
+) -> Result<Arc<dyn Model>, String> {
+    let Some(name) = name else {
+        return model_from_args(args);
+    };
+    let mut args = args.clone();
+    args.model = name.to_string();
+    crate::config::resolve_model(&mut args)?;
+    model_from_args(&args)
+}
+
 /// The provider's model, as the spec names it.
 fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let spec = args.model.trim();

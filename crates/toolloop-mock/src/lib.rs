@@ -214,11 +214,27 @@ pub struct MockOptions {
     /// offers); after the last round the mock answers. `toolloop mock --script FILE` reads it
     /// from JSON: `[[{"name": "run_command", "arguments": {"command": ["make"]}}], …]`.
     pub script: Vec<Vec<ScriptCall>>,
+    /// Canned final answers by prompt (OpenAI API): when the mock would give its final answer
+    /// and the task's first user message contains an entry's `when`, it answers that entry's `text`
+    /// instead (the first entry that matches). For workflows whose steps read each other's
+    /// output (a JSON answer, say). `toolloop mock --answers FILE` reads it from JSON:
+    /// `[{"when": "Extract", "text": "{\"title\": \"Rivers\"}"}, …]`. Takes precedence over
+    /// `answers`.
+    pub answers_by_prompt: Vec<MockAnswer>,
     /// Exact final answers, in place of the default ones (empty: none): the `n`-th answer of a
     /// conversation (counting the assistant turns without tool calls it already holds) is
     /// `answers[n]`, and the last one repeats. A test scripts an answer that fails the output
     /// schema first, then a valid one, say.
     pub answers: Vec<String>,
+}
+
+/// A canned final answer (see [`MockOptions::answers_by_prompt`]).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct MockAnswer {
+    /// Text the task's first user message contains.
+    pub when: String,
+    /// The answer.
+    pub text: String,
 }
 
 /// One call of a [`MockOptions::script`].
@@ -239,6 +255,7 @@ impl Default for MockOptions {
             max_body_bytes: 32 * 1024 * 1024,
             script: Vec::new(),
             answers: Vec::new(),
+            answers_by_prompt: Vec::new(),
         }
     }
 }
@@ -286,6 +303,7 @@ pub(crate) struct Shared {
     max_nanos: AtomicU64,
     pub(crate) faults: FaultState,
     pub(crate) script: Vec<Vec<ScriptCall>>,
+    pub(crate) answers_by_prompt: Vec<MockAnswer>,
     pub(crate) answers: Vec<String>,
     output_schemas: AtomicU64,
 }
@@ -306,6 +324,7 @@ impl Shared {
             faults: FaultState::default(),
             script: options.script.clone(),
             answers: options.answers.clone(),
+            answers_by_prompt: options.answers_by_prompt.clone(),
             output_schemas: AtomicU64::new(0),
         }
     }

@@ -655,6 +655,25 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         shared.scripted(),
         ctx.output,
     );
+    let reply = match reply {
+        Reply::Text(_) if !shared.answers_by_prompt.is_empty() => {
+            let first = request
+                .messages
+                .iter()
+                .find(|m| m.role.as_ref() == "user")
+                .map(InMessage::text)
+                .unwrap_or_default();
+            match shared
+                .answers_by_prompt
+                .iter()
+                .find(|a| first.contains(&a.when))
+            {
+                Some(a) => Reply::Text(a.text.clone()),
+                None => reply,
+            }
+        }
+        other => other,
+    };
     let reply = match scenario.text_calls {
         Some(dialect) => text::as_text(reply, dialect),
         None => reply,

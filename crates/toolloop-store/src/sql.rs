@@ -29,6 +29,13 @@ impl MigrationSource<'static> for Migrations {
                     Cow::Borrowed(include_str!("migrations/0002_session_revisions.sql")),
                     false,
                 ),
+                Migration::new(
+                    3,
+                    Cow::Borrowed("workflow runs"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(include_str!("migrations/0003_workflows.sql")),
+                    false,
+                ),
             ])
         })
     }
@@ -134,3 +141,18 @@ pub(super) const DELETE_SESSION: [&str; 4] = [
     "DELETE FROM toolloop_runs WHERE session = $1",
     "DELETE FROM toolloop_sessions WHERE name = $1",
 ];
+
+// ---- workflow runs ----
+
+/// `$1` id, `$2` name, `$3` status, `$4` body, `$5` now.
+pub(super) const SAVE_WORKFLOW: &str = "INSERT INTO toolloop_workflows \
+     (workflow_id, name, status, body, created_ms, updated_ms) VALUES ($1, $2, $3, $4, $5, $5) \
+     ON CONFLICT (workflow_id) DO UPDATE SET name = excluded.name, status = excluded.status, \
+     body = excluded.body, updated_ms = excluded.updated_ms";
+
+/// `$1` id.
+pub(super) const LOAD_WORKFLOW: &str = "SELECT body FROM toolloop_workflows WHERE workflow_id = $1";
+
+/// Every workflow run, oldest first.
+pub(super) const LIST_WORKFLOWS: &str = "SELECT workflow_id, name, status, created_ms, \
+     updated_ms FROM toolloop_workflows ORDER BY created_ms, workflow_id";

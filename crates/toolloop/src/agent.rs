@@ -141,14 +141,43 @@ impl Agent {
             .await
     }
 
+    /// Like [`Agent::run_cancellable`], logging the run under `run_id` instead of a fresh id
+    /// (an id the caller derives, so that it can find the run again: a workflow's step, say).
+    /// The id must be new to the journal: a run already logged under it is continued with
+    /// [`Agent::resume`]. Without a journal the id is unused.
+    pub async fn run_with_id(
+        &self,
+        run_id: &str,
+        messages: Vec<Message>,
+        cancel: CancellationToken,
+    ) -> Outcome {
+        self.run_logged(
+            messages,
+            cancel,
+            self.on_event.clone(),
+            Some(run_id.to_string()),
+        )
+        .await
+    }
+
     async fn run_inner(
         &self,
         messages: Vec<Message>,
         cancel: CancellationToken,
         sink: Option<EventHandler>,
     ) -> Outcome {
+        self.run_logged(messages, cancel, sink, None).await
+    }
+
+    async fn run_logged(
+        &self,
+        messages: Vec<Message>,
+        cancel: CancellationToken,
+        sink: Option<EventHandler>,
+        run_id: Option<String>,
+    ) -> Outcome {
         let machine = self.machine(messages);
-        match self.start_log(&machine).await {
+        match self.start_log(&machine, run_id).await {
             Ok(log) => self.drive(machine, cancel, sink, log).await,
             Err(e) => {
                 let mut m = machine;
@@ -163,11 +192,15 @@ impl Agent {
     }
 
     /// Opens the run log for a new run: a fresh id and the `started` record.
-    async fn start_log(&self, machine: &Machine) -> Result<Option<RunLog>, JournalError> {
+    async fn start_log(
+        &self,
+        machine: &Machine,
+        run_id: Option<String>,
+    ) -> Result<Option<RunLog>, JournalError> {
         let Some(journal) = &self.journal else {
             return Ok(None);
         };
-        let log = RunLog::new(journal.clone(), new_run_id());
+        let log = RunLog::new(journal.clone(), run_id.unwrap_or_else(new_run_id));
         log.journal.acquire(&log.run_id, &log.holder).await?;
         let started = Record::Started {
             messages: machine.messages().to_vec(),
