@@ -123,6 +123,15 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         .filter(|t| named.is_none_or(|n| n == t.name))
         .collect();
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    // Structured output: `text.format` of type `json_schema` carries the schema.
+    let output = request
+        .get("text")
+        .and_then(|t| t.get("format"))
+        .filter(|f| f.get("type").and_then(Value::as_str) == Some("json_schema"))
+        .and_then(|f| f.get("schema"));
+    if output.is_some() {
+        shared.saw_output_schema();
+    }
     reply(
         shared,
         model,
@@ -133,6 +142,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             body_len: body.len(),
             stream,
             reasoning,
+            output,
         },
         fault,
     )
@@ -300,10 +310,12 @@ fn close(ledger: &mut Ledger<'_>) -> Result<(), Prepared> {
 }
 
 /// How the reply is written.
-struct Shape {
+struct Shape<'r> {
     body_len: usize,
     stream: bool,
     reasoning: bool,
+    /// The schema of a structured-output request.
+    output: Option<&'r Value>,
 }
 
 fn reply(
@@ -312,7 +324,7 @@ fn reply(
     scenario: &Scenario,
     tools: &[OfferedTool<'_>],
     progress: Progress,
-    shape: Shape,
+    shape: Shape<'_>,
     fault: Option<Drawn>,
 ) -> Prepared {
     let cut = fault.is_some_and(|d| d.kind == FaultKind::CutCall);
@@ -322,7 +334,8 @@ fn reply(
         progress,
         "call_mock",
         &shared.ids,
-        &shared.script,
+        shared.scripted(),
+        shape.output,
     );
     let (input_tokens, output_tokens) = engine::usage(shape.body_len, &reply);
     let n = shared.next_response_id();

@@ -646,7 +646,7 @@ impl Store {
                 writer::Written::Failed(message) => {
                     return Err(StoreError::Database {
                         doing: "committing run-log records".into(),
-                        source: message.into(),
+                        source: message,
                     }
                     .into());
                 }

@@ -316,14 +316,14 @@ impl Runner {
         let limit = workflow.max_parallel();
         loop {
             if failed_step.is_none() && log_error.is_none() && !cancel.is_cancelled() {
-                for i in 0..steps.len() {
+                for (i, started) in begun.iter_mut().enumerate() {
                     if running.len() >= limit {
                         break;
                     }
-                    if begun[i] || !plan.deps[i].iter().all(|&d| results[d].is_some()) {
+                    if *started || !plan.deps[i].iter().all(|&d| results[d].is_some()) {
                         continue;
                     }
-                    begun[i] = true;
+                    *started = true;
                     let context = context(&record.inputs, &plan.visible[i], steps, &results);
                     let workflow = workflow.clone();
                     let id = record.workflow_id.clone();

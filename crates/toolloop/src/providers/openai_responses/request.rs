@@ -79,6 +79,22 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
             body.insert("parallel_tool_calls".into(), json!(parallel));
         }
     }
+    if let Some(output) = &settings.output {
+        // The Responses API's structured output: `text.format`, strict only when the schema
+        // can be (every object closed, every property required).
+        let strict = output.strict.then(|| output.strict_schema()).flatten();
+        let is_strict = strict.is_some();
+        let schema = strict.unwrap_or_else(|| output.schema.clone());
+        body.insert(
+            "text".into(),
+            json!({"format": {
+                "type": "json_schema",
+                "name": output.name,
+                "schema": schema,
+                "strict": is_strict,
+            }}),
+        );
+    }
     if let Some(t) = settings.temperature {
         body.insert("temperature".into(), json_number(t));
     }
