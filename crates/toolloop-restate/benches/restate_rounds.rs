@@ -65,7 +65,11 @@ fn main() {
         .max_rounds(rounds as u32 + 1)
         .build()
         .unwrap();
-    let worker = toolloop_restate::Worker::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    // Bound inside the runtime, which the listener registers with.
+    let worker = {
+        let _entered = rt.enter();
+        toolloop_restate::Worker::bind("127.0.0.1:0".parse().unwrap()).unwrap()
+    };
     let addr = worker.local_addr().unwrap();
     rt.spawn(worker.serve(agent.clone(), std::future::pending::<()>()));
     rt.block_on(toolloop_restate::register(

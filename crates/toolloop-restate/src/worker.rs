@@ -25,6 +25,9 @@ pub enum WorkerError {
         /// What the system said.
         source: std::io::Error,
     },
+    /// [`Worker::bind`] was called outside a Tokio runtime.
+    #[error("a worker must be bound inside a Tokio runtime (call Worker::bind from async code)")]
+    NoRuntime,
     /// The admin API refused the deployment, or could not be reached.
     #[error("cannot register {endpoint} with the Restate admin API at {admin}: {message}")]
     Register {
@@ -44,8 +47,12 @@ pub struct Worker {
 
 impl Worker {
     /// Listens on `addr` (port 0: a free port), sharing it with other workers on the same
-    /// address (`SO_REUSEPORT` where the system has it).
+    /// address (`SO_REUSEPORT` where the system has it). Must be called inside a Tokio
+    /// runtime ([`WorkerError::NoRuntime`] otherwise).
     pub fn bind(addr: SocketAddr) -> Result<Worker, WorkerError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(WorkerError::NoRuntime);
+        }
         let bind = || -> std::io::Result<tokio::net::TcpListener> {
             let socket = socket2::Socket::new(
                 socket2::Domain::for_address(addr),
@@ -129,5 +136,23 @@ pub async fn register(
             return Err(fail(message));
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binding_outside_a_runtime_is_an_error_not_a_panic() {
+        let err = Worker::bind("127.0.0.1:0".parse().unwrap()).err();
+        assert!(matches!(err, Some(WorkerError::NoRuntime)), "{err:?}");
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _entered = rt.enter();
+        let worker = Worker::bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_ne!(worker.local_addr().unwrap().port(), 0);
     }
 }

@@ -123,6 +123,16 @@ impl OutputSchema {
         make_strict(&mut schema).then_some(schema)
     }
 
+    /// The schema to send to an API with strict decoding, and whether to ask for it: the
+    /// strict form when [`OutputSchema::strict`] is set and the schema has one, else the
+    /// schema as given, not strict.
+    pub fn for_strict_api(&self) -> (Value, bool) {
+        match self.strict.then(|| self.strict_schema()).flatten() {
+            Some(strict) => (strict, true),
+            None => (self.schema.clone(), false),
+        }
+    }
+
     /// The instructions prompt-based adapters put in the prompt so that the model writes its
     /// final answer as JSON matching the schema.
     pub fn instructions(&self) -> String {

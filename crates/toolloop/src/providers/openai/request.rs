@@ -146,9 +146,7 @@ impl Serialize for WireRequest<'_> {
 /// The `response_format` of a request with an output schema: `json_schema`, strict when the
 /// schema asks for it and has a strict form (see [`OutputSchema::strict_schema`]).
 fn response_format(output: &OutputSchema) -> Value {
-    let strict = output.strict.then(|| output.strict_schema()).flatten();
-    let is_strict = strict.is_some();
-    let schema = strict.unwrap_or_else(|| output.schema.clone());
+    let (schema, is_strict) = output.for_strict_api();
     json!({
         "type": "json_schema",
         "json_schema": {"name": output.name, "schema": schema, "strict": is_strict},

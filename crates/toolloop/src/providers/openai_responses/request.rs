@@ -82,9 +82,7 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     if let Some(output) = &settings.output {
         // The Responses API's structured output: `text.format`, strict only when the schema
         // can be (every object closed, every property required).
-        let strict = output.strict.then(|| output.strict_schema()).flatten();
-        let is_strict = strict.is_some();
-        let schema = strict.unwrap_or_else(|| output.schema.clone());
+        let (schema, is_strict) = output.for_strict_api();
         body.insert(
             "text".into(),
             json!({"format": {
@@ -237,6 +235,35 @@ mod tests {
             settings,
         };
         build_request_body(&req, config, stream)
+    }
+
+    #[test]
+    fn an_output_schema_is_asked_for_as_text_format() {
+        let closed = json!({"type": "object", "properties": {"a": {"type": "string"}},
+                            "required": ["a"]});
+        let open = json!({"type": "object", "properties": {"a": {"type": "string"}}});
+        for (schema, strict) in [(closed, true), (open, false)] {
+            let settings = ModelSettings {
+                output: Some(crate::output::OutputSchema::new("Answer", schema.clone())),
+                ..ModelSettings::default()
+            };
+            let b = body(&ResponsesConfig::new("gpt-x"), &settings, false);
+            let format = &b["text"]["format"];
+            assert_eq!(format["type"], "json_schema", "{b}");
+            assert_eq!(format["name"], "Answer");
+            assert_eq!(format["strict"], strict, "{schema}");
+            if strict {
+                assert_eq!(format["schema"]["additionalProperties"], false);
+            } else {
+                assert_eq!(format["schema"], schema);
+            }
+        }
+        let b = body(
+            &ResponsesConfig::new("gpt-x"),
+            &ModelSettings::default(),
+            false,
+        );
+        assert!(b.get("text").is_none(), "{b}");
     }
 
     #[test]
