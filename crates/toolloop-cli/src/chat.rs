@@ -28,6 +28,10 @@ pub struct ChatArgs {
     store: StoreArgs,
     #[command(flatten)]
     agent: AgentArgs,
+    /// Attach an image to the first message (a PNG, JPEG, GIF or WebP file, or an http(s) URL);
+    /// `/attach FILE|URL` attaches one to the next message. Repeatable.
+    #[arg(short = 'a', long = "attach", value_name = "FILE|URL")]
+    attach: Vec<String>,
 }
 
 pub async fn chat(mut args: ChatArgs) -> ExitCode {
@@ -106,6 +110,7 @@ pub async fn chat(mut args: ChatArgs) -> ExitCode {
         };
         let run_args = RunArgs {
             prompt,
+            attach: std::mem::take(&mut args.attach),
             agent: {
                 // The chat's own prompt reads the terminal: calls are not asked about there.
                 let mut agent = args.agent.clone();
@@ -153,6 +158,7 @@ enum Slash {
 
 const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a configured name)
 /tools         list the tools the agent has
+/attach FILE   attach an image (a file or an http(s) URL) to the next message
 /clear         start a new session (the old one stays in the store)
 /exit, /quit   leave (so do Ctrl-D and Ctrl-C at the prompt)
 /help          this list";
@@ -195,6 +201,33 @@ fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
                     );
                 }
                 Err(e) => eprintln!("toolloop: {}", crate::terminal::escape(&e, false)),
+            }
+            Slash::Continue
+        }
+        "attach" if rest.is_empty() => {
+            for item in &args.attach {
+                eprintln!("attached: {}", crate::terminal::escape(item, false));
+            }
+            if args.attach.is_empty() {
+                eprintln!(
+                    "nothing attached; /attach FILE|URL attaches an image to the next message"
+                );
+            }
+            Slash::Continue
+        }
+        "attach" => {
+            let item = rest.to_string();
+            match crate::run::attachments(std::slice::from_ref(&item)) {
+                Ok(images) => {
+                    for image in images {
+                        eprintln!(
+                            "attached {} to the next message",
+                            crate::terminal::escape(&image.describe(), false)
+                        );
+                    }
+                    args.attach.push(item);
+                }
+                Err(e) => eprintln!("toolloop: {e}"),
             }
             Slash::Continue
         }

@@ -249,7 +249,7 @@ impl Durable {
     pub async fn run(
         &mut self,
         agent: &Agent,
-        prompt: String,
+        prompt: Message,
         cancel: CancellationToken,
     ) -> Result<Outcome, ExitCode> {
         let result = self.run_held(agent, prompt, cancel).await;
@@ -260,7 +260,7 @@ impl Durable {
     async fn run_held(
         &mut self,
         agent: &Agent,
-        prompt: String,
+        prompt: Message,
         cancel: CancellationToken,
     ) -> Result<Outcome, ExitCode> {
         let outcome = match (&self.resume, &self.store) {
@@ -280,7 +280,7 @@ impl Durable {
             }
             _ => {
                 let mut messages = std::mem::take(&mut self.history);
-                messages.push(Message::user(prompt));
+                messages.push(prompt);
                 agent.run_cancellable(messages, cancel).await
             }
         };
@@ -309,7 +309,7 @@ pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
 pub(crate) fn run_meta<T: Serialize>(args: &T) -> Value {
     let mut meta = serde_json::to_value(args).unwrap_or(Value::Null);
     if let Value::Object(m) = &mut meta {
-        for k in ["prompt", "json", "jsonl", "durable"] {
+        for k in ["prompt", "attach", "json", "jsonl", "durable"] {
             m.remove(k);
         }
         let mut removed = Vec::new();

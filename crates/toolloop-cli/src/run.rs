@@ -11,7 +11,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
+use toolloop::Message;
 use toolloop::agent::AgentBuilder;
+use toolloop::image::Image;
 use toolloop::outcome::{Outcome, StopReason};
 
 /// What a run needs besides its prompt: the model and the loop's settings (shared by `run`
@@ -90,6 +92,11 @@ pub struct RunArgs {
     /// What to ask. `-`, or nothing, reads the prompt from stdin (`cat notes.md | toolloop run -`).
     #[arg(default_value = "-", hide_default_value = true)]
     pub prompt: String,
+    /// Attach an image to the prompt: a PNG, JPEG, GIF or WebP file (at most 20 MiB), or an
+    /// `http(s)://` or `data:` URL the provider fetches. Repeat for more images.
+    #[arg(short = 'a', long = "attach", value_name = "FILE|URL")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub attach: Vec<String>,
     #[command(flatten)]
     #[serde(flatten)]
     pub agent: AgentArgs,
@@ -104,6 +111,24 @@ pub struct RunArgs {
     #[command(flatten)]
     #[serde(default)]
     pub durable: crate::durable::DurableArgs,
+}
+
+/// The images `--attach` names: files are read (and checked to be images); URLs (anything with
+/// `://`, and `data:` URLs) are checked.
+pub fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
+    items
+        .iter()
+        .map(|item| {
+            let is_url = item.contains("://") || item.to_ascii_lowercase().starts_with("data:");
+            let image = if is_url {
+                Image::from_url(item)
+            } else {
+                Image::from_file(item)
+            };
+            image
+                .map_err(|e| crate::terminal::escape(&format!("--attach: {e}"), false).into_owned())
+        })
+        .collect()
 }
 
 /// The longest `--timeout`.
@@ -371,6 +396,10 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
     if let Err(e) = args.agent.mcp.absolutize() {
         return usage_error(e);
     }
+    let images = match attachments(&args.attach) {
+        Ok(images) => images,
+        Err(e) => return usage_error(e),
+    };
     let tools = match tools(&args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
@@ -415,7 +444,8 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
             return usage_error(e);
         }
     };
-    let outcome = match durable.run(&agent, args.prompt.clone(), cancel).await {
+    let prompt = Message::user_with_images(args.prompt.clone(), images);
+    let outcome = match durable.run(&agent, prompt, cancel).await {
         Ok(o) => o,
         Err(code) => return code,
     };

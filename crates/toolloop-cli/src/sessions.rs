@@ -200,7 +200,12 @@ fn print_message(m: &Message) {
     };
     match m {
         Message::System { content } => out(format!("system: {}", one_line(content))),
-        Message::User { content } => out(format!("user: {}", one_line(content))),
+        Message::User { content, images } => {
+            out(format!("user: {}", one_line(content)));
+            for image in images {
+                out(format!("user: [image: {}]", one_line(&image.describe())));
+            }
+        }
         Message::Assistant(a) => {
             if let Some(t) = &a.text
                 && !t.is_empty()

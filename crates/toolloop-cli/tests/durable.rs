@@ -448,7 +448,7 @@ fn chat_survives_ctrl_c_in_the_middle_of_a_tool_call_with_a_valid_session() {
         let users: Vec<&str> = messages
             .iter()
             .filter_map(|m| match m {
-                Message::User { content } => Some(content.as_str()),
+                Message::User { content, .. } => Some(content.as_str()),
                 _ => None,
             })
             .collect();
@@ -595,7 +595,7 @@ fn user_turns(store: &Store, rt: &tokio::runtime::Runtime, session: &str) -> Vec
         .unwrap()
         .into_iter()
         .filter_map(|m| match m {
-            Message::User { content } => Some(content),
+            Message::User { content, .. } => Some(content),
             _ => None,
         })
         .collect()

@@ -105,6 +105,9 @@ struct Block<'a> {
     name: Option<Str<'a>>,
     #[serde(default, borrow)]
     tool_use_id: Option<Str<'a>>,
+    /// An `image` block's source.
+    #[serde(default)]
+    source: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -150,6 +153,24 @@ pub(crate) fn error(status: StatusCode, message: &str) -> Prepared {
             error: ErrorDetail { kind, message },
         },
     )
+}
+
+/// Checks an `image` block's source: `base64` data of its `media_type`, or an http(s) `url`.
+fn check_image(source: Option<&Value>) -> Result<(), String> {
+    let field = |name: &str| {
+        source
+            .and_then(|s| s.get(name))
+            .and_then(Value::as_str)
+            .ok_or_else(|| format!("Field required: `{name}`"))
+    };
+    match field("type")? {
+        "base64" => super::image::check_data(field("media_type")?, field("data")?),
+        "url" => super::image::check_web_url(field("url")?),
+        other => Err(format!(
+            "Input tag '{other}' found using 'type' does not match any of the expected tags: \
+             'base64', 'url'"
+        )),
+    }
 }
 
 fn bad(message: &str) -> Prepared {
@@ -239,7 +260,13 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
                 let turn = ledger.turn;
                 let mut other_seen = false;
                 let mut results = 0;
+                let mut images = 0u32;
                 for (j, block) in blocks.iter().enumerate() {
+                    if block.kind == "image" {
+                        check_image(block.source.as_ref())
+                            .map_err(|e| bad(&format!("messages.{i}.content.{j}.source: {e}")))?;
+                        images = images.saturating_add(1);
+                    }
                     if block.kind != "tool_result" {
                         other_seen = true;
                         continue;
@@ -287,6 +314,7 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
                 } else {
                     progress.user_text();
                 }
+                progress.user_images(images);
             }
             "assistant" => {
                 if ledger.is_open() {

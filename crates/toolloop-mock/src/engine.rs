@@ -29,6 +29,8 @@ pub(crate) struct Progress {
     pub results: u32,
     /// Assistant turns without tool calls (answers) in the whole conversation.
     pub answers: u32,
+    /// Images in the user turns of the task.
+    pub images: u32,
     after_results: bool,
 }
 
@@ -40,6 +42,11 @@ impl Progress {
                 ..Progress::default()
             };
         }
+    }
+
+    /// Counts the images of the user turn just read (after [`Progress::user_text`]).
+    pub fn user_images(&mut self, n: u32) {
+        self.images = self.images.saturating_add(n);
     }
 
     pub fn tool_calls(&mut self) {
@@ -248,8 +255,10 @@ pub(crate) fn plan<'a>(
             toolloop::schema::sample(schema).to_string()
         } else {
             format!(
-                "Done. I saw {} tool results in {} rounds.",
-                progress.results, progress.rounds
+                "Done. I saw {} tool results in {} rounds.{}",
+                progress.results,
+                progress.rounds,
+                super::image::seen(progress.images)
             )
         };
         return Reply::Text(text);

@@ -86,6 +86,33 @@ struct InPart<'a> {
     function_call: Option<FunctionRef<'a>>,
     #[serde(default, borrow)]
     function_response: Option<FunctionRef<'a>>,
+    #[serde(default)]
+    inline_data: Option<Value>,
+    #[serde(default)]
+    file_data: Option<Value>,
+}
+
+impl InPart<'_> {
+    /// Checks an image part (`inlineData` with base64 `data` of its `mimeType`, or `fileData`
+    /// with an http(s) `fileUri`); whether this is one.
+    fn image(&self) -> Result<bool, String> {
+        let field = |part: &Value, name: &str| {
+            part.get(name)
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .ok_or_else(|| format!("missing `{name}`"))
+        };
+        if let Some(inline) = &self.inline_data {
+            let mime = field(inline, "mimeType")?;
+            super::image::check_data(&mime, &field(inline, "data")?)?;
+            return Ok(true);
+        }
+        if let Some(file) = &self.file_data {
+            super::image::check_web_url(&field(file, "fileUri")?)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
 }
 
 #[derive(Deserialize)]
@@ -316,7 +343,15 @@ fn walk(contents: &[InContent<'_>]) -> Result<Progress, Prepared> {
                 let answering = ledger.is_open();
                 let turn = ledger.turn;
                 let mut results = 0;
+                let mut images = 0u32;
                 for (j, part) in content.parts.iter().enumerate() {
+                    match part.image() {
+                        Ok(true) => images = images.saturating_add(1),
+                        Ok(false) => {}
+                        Err(e) => {
+                            return Err(bad(&format!("contents[{i}].parts[{j}]: {e}")));
+                        }
+                    }
                     let Some(response) = &part.function_response else {
                         continue;
                     };
@@ -355,6 +390,7 @@ fn walk(contents: &[InContent<'_>]) -> Result<Progress, Prepared> {
                 } else {
                     progress.user_text();
                 }
+                progress.user_images(images);
             }
             other => {
                 return Err(bad(&format!(

@@ -64,7 +64,11 @@
 //! `parallel` tool calls, round-robin over the offered tools (continuing across rounds), with
 //! arguments built by [`toolloop::schema::sample`] from each tool's schema and ids unique for the
 //! server's lifetime (`call_mock…` for OpenAI's two APIs, `toolu_mock…` for Anthropic; Gemini has no ids).
-//! Then the reply is a final text, `Done. I saw N tool results in R rounds.`
+//! Then the reply is a final text, `Done. I saw N tool results in R rounds.`, followed by
+//! ` I see M images.` when the task's user turns held images. Images are checked as the APIs
+//! check them: base64 data (or a `data:` URL) must decode to an image of the media type it
+//! declares (PNG, JPEG, GIF or WebP), and a URL must be `http` or `https` (nothing is fetched);
+//! otherwise the answer is 400 naming the image.
 //!
 //! `tool_choice` `none` (Gemini: function calling mode `NONE`) makes it answer at once; a named
 //! tool (Gemini: `allowedFunctionNames`) restricts the calls to it.
@@ -171,6 +175,7 @@ mod conn;
 mod engine;
 mod fault;
 mod gemini;
+mod image;
 mod openai;
 mod response;
 mod responses;

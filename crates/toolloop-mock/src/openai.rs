@@ -45,9 +45,46 @@ struct InMessage<'a> {
     tool_calls: Option<Vec<InCall<'a>>>,
     #[serde(default, borrow)]
     tool_call_id: Option<Str<'a>>,
-    /// Read in text-only mode only.
+    /// Read for images, and in text-only mode.
     #[serde(default)]
     content: Option<Value>,
+}
+
+/// The images of a user message's content (`image_url` parts), each checked.
+fn user_images(message: &InMessage<'_>, i: usize) -> Result<u32, Prepared> {
+    let Some(Value::Array(parts)) = &message.content else {
+        return Ok(0);
+    };
+    let mut n = 0u32;
+    for (j, part) in parts.iter().enumerate() {
+        match part.get("type").and_then(Value::as_str) {
+            Some("text") => {}
+            Some("image_url") => {
+                let url = part
+                    .pointer("/image_url/url")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                if let Err(reason) = super::image::check_url(url) {
+                    return Err(bad(
+                        &format!("Invalid image in messages[{i}].content[{j}]: {reason}."),
+                        Some(&format!("messages.[{i}].content.[{j}].image_url.url")),
+                    ));
+                }
+                n = n.saturating_add(1);
+            }
+            other => {
+                return Err(bad(
+                    &format!(
+                        "Invalid value: '{}' in messages[{i}].content[{j}].type. Supported \
+                         values are: 'text' and 'image_url'.",
+                        other.unwrap_or("")
+                    ),
+                    Some(&format!("messages.[{i}].content.[{j}].type")),
+                ));
+            }
+        }
+    }
+    Ok(n)
 }
 
 impl InMessage<'_> {
@@ -461,7 +498,10 @@ fn walk(messages: &[InMessage<'_>], text_tools: Option<&[ToolSpec]>) -> Result<P
                     None => progress.assistant_text(),
                 },
             },
-            "user" => progress.user_text(),
+            "user" => {
+                progress.user_text();
+                progress.user_images(user_images(message, i)?);
+            }
             "system" | "developer" => {}
             other => {
                 return Err(bad(

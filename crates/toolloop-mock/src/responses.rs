@@ -23,6 +23,49 @@ fn bad(message: &str, param: Option<&str>) -> Prepared {
     error(StatusCode::BAD_REQUEST, message, param, None)
 }
 
+/// The images of a user message item's content (`input_image` parts), each checked.
+fn user_images(item: &Value, i: usize) -> Result<u32, Prepared> {
+    let Some(Value::Array(parts)) = item.get("content") else {
+        return Ok(0);
+    };
+    let mut n = 0u32;
+    for (j, part) in parts.iter().enumerate() {
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text") => {}
+            Some("input_image") => {
+                let url = text_of(part, "image_url");
+                if let Err(reason) = super::image::check_url(url) {
+                    return Err(bad(
+                        &format!("Invalid image in input[{i}].content[{j}]: {reason}."),
+                        Some(&format!("input[{i}].content[{j}].image_url")),
+                    ));
+                }
+                if !matches!(text_of(part, "detail"), "auto" | "low" | "high") {
+                    return Err(bad(
+                        &format!(
+                            "Missing required parameter: 'input[{i}].content[{j}].detail' \
+                             (one of 'auto', 'low', 'high')."
+                        ),
+                        Some(&format!("input[{i}].content[{j}].detail")),
+                    ));
+                }
+                n = n.saturating_add(1);
+            }
+            other => {
+                return Err(bad(
+                    &format!(
+                        "Invalid value: '{}'. Supported values for a user message's content \
+                         are: 'input_text' and 'input_image'.",
+                        other.unwrap_or("")
+                    ),
+                    Some(&format!("input[{i}].content[{j}].type")),
+                ));
+            }
+        }
+    }
+    Ok(n)
+}
+
 /// The type of an input item (`message` when only a role is given).
 fn kind(item: &Value) -> &str {
     match item.get("type").and_then(Value::as_str) {
@@ -240,6 +283,7 @@ fn walk(items: &[Value], reasoning: bool) -> Result<Progress, Prepared> {
                 match text_of(item, "role") {
                     "user" => {
                         progress.user_text();
+                        progress.user_images(user_images(item, i)?);
                         reasoned = false;
                     }
                     "assistant" => {

@@ -54,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .prompt("Do I need an umbrella in Lyon tomorrow?")
         .await;
     for m in &outcome.messages {
-        if let toolloop::Message::User { content } = m {
+        if let toolloop::Message::User { content, .. } = m {
             println!("user: {content}");
         }
     }

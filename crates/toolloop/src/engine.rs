@@ -2139,7 +2139,7 @@ mod tests {
         assert!(invalid[0].contains("/name"), "{invalid:?}");
         // The answer stays in the transcript, followed by the errors for the model.
         match h.m.messages().last() {
-            Some(Message::User { content }) => {
+            Some(Message::User { content, .. }) => {
                 assert!(
                     content.contains("`City`") && content.contains("/name"),
                     "{content}"

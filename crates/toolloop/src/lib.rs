@@ -29,8 +29,9 @@
 //! - [`agent`]: the [`agent::Agent`] and its async driver; [`engine`]: the loop as a state
 //!   machine with no I/O; [`config`]: limits, policies and hooks; [`event`]: the event stream;
 //!   [`outcome`]: how a run ended.
-//! - [`message`]: the message model; [`model`]: the [`model::Model`] trait; [`stream`]: stream
-//!   events and the accumulator; [`usage`] and [`price`]: tokens and cost.
+//! - [`message`]: the message model, and [`image`] for images in user messages; [`model`]: the
+//!   [`model::Model`] trait; [`stream`]: stream events and the accumulator; [`usage`] and
+//!   [`price`]: tokens and cost.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation.
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
 //!   compatible server), Anthropic and Gemini, each in a folder of its own (configuration,
@@ -55,6 +56,7 @@ pub mod approval;
 pub mod config;
 pub mod engine;
 pub mod event;
+pub mod image;
 pub mod journal;
 pub mod message;
 pub mod model;

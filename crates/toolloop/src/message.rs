@@ -16,6 +16,7 @@
 //!
 //! Optional fields are left out when empty, and a transcript saved as JSON loads back identical.
 
+use crate::image::Image;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,6 +48,10 @@ pub enum Message {
     User {
         /// What the user said.
         content: String,
+        /// Images that go with it (see [`crate::image`]); left out of the serde form when
+        /// there are none.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        images: Vec<Image>,
     },
     /// A model turn: text, tool calls, and opaque provider parts.
     Assistant(AssistantMessage),
@@ -125,6 +130,26 @@ impl Message {
     pub fn user(content: impl Into<String>) -> Self {
         Message::User {
             content: content.into(),
+            images: Vec::new(),
+        }
+    }
+
+    /// A user message with images (see [`crate::image::Image`]).
+    pub fn user_with_images(
+        content: impl Into<String>,
+        images: impl IntoIterator<Item = Image>,
+    ) -> Self {
+        Message::User {
+            content: content.into(),
+            images: images.into_iter().collect(),
+        }
+    }
+
+    /// The images of a user message; none for other messages.
+    pub fn images(&self) -> &[Image] {
+        match self {
+            Message::User { images, .. } => images,
+            _ => &[],
         }
     }
 
@@ -150,7 +175,7 @@ impl Message {
     /// assistant turn (or `""` when it has none).
     pub fn text(&self) -> &str {
         match self {
-            Message::System { content } | Message::User { content } => content,
+            Message::System { content } | Message::User { content, .. } => content,
             Message::Assistant(a) => a.text.as_deref().unwrap_or(""),
             Message::Tool(r) => &r.content,
         }
@@ -321,9 +346,19 @@ mod tests {
             );
         let part =
             (".*", json_value()).prop_map(|(provider, data)| ProviderPart { provider, data });
+        let image = prop_oneof![
+            proptest::collection::vec(any::<u8>(), 0..16).prop_map(|mut bytes| {
+                bytes.splice(0..0, *b"GIF89a");
+                Image::from_bytes(&bytes).unwrap()
+            }),
+            "[a-z]{1,8}"
+                .prop_map(|host| Image::from_url(&format!("https://{host}/a.png")).unwrap()),
+        ];
         prop_oneof![
             ".*".prop_map(Message::system),
             ".*".prop_map(Message::user),
+            (".*", proptest::collection::vec(image, 1..3))
+                .prop_map(|(text, images)| Message::user_with_images(text, images)),
             (
                 proptest::option::of(".*"),
                 proptest::collection::vec(call, 0..3),

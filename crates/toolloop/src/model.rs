@@ -89,7 +89,7 @@ pub fn message_fingerprint(message: &Message) -> u64 {
     let mut h = fingerprint_hasher();
     match message {
         Message::System { content } => (0u8, content).hash(&mut h),
-        Message::User { content } => (1u8, content).hash(&mut h),
+        Message::User { content, images } => (1u8, content, images).hash(&mut h),
         Message::Tool(r) => (2u8, &r.call_id, &r.name, &r.content, r.is_error).hash(&mut h),
         Message::Assistant(a) => {
             (3u8, &a.text, a.tool_calls.len(), a.parts.len()).hash(&mut h);

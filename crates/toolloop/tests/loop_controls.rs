@@ -949,7 +949,7 @@ async fn a_malformed_call_is_not_taken_as_the_answer() {
     assert_eq!(out.text.as_deref(), Some("fixed answer"));
     assert_eq!(out.rounds, 2);
     assert!(out.messages.iter().any(
-        |m| matches!(m, Message::User { content } if content.contains("could not be parsed"))
+        |m| matches!(m, Message::User { content, .. } if content.contains("could not be parsed"))
     ));
 }
 
@@ -1207,7 +1207,7 @@ async fn every_result_is_capped_and_echoed_names_are_shortened() {
         if let Message::Tool(r) = m {
             assert!(r.content.chars().count() <= 500, "{}", r.content.len());
         }
-        if let Message::User { content } = m {
+        if let Message::User { content, .. } = m {
             assert!(content.chars().count() <= 500, "{}", content.len());
         }
     }

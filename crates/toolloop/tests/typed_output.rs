@@ -102,7 +102,7 @@ fn feedback(o: &Outcome) -> Vec<String> {
         .iter()
         .skip(1)
         .filter_map(|m| match m {
-            Message::User { content } => Some(content.clone()),
+            Message::User { content, .. } => Some(content.clone()),
             _ => None,
         })
         .collect()

@@ -467,8 +467,15 @@ pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialec
                 )));
             }
             Message::System { .. } => out.push(message.clone()),
-            Message::User { content } if correction => out.push(Message::user(content.clone())),
-            Message::User { content } => out.push(Message::user(escape_content(content))),
+            // Images go on to the model beneath, which sends them in its API's form.
+            Message::User { content, images } => out.push(Message::User {
+                content: if correction {
+                    content.clone()
+                } else {
+                    escape_content(content)
+                },
+                images: images.clone(),
+            }),
             Message::Assistant(a) => {
                 let text = render_assistant(a, dialect);
                 out.push(Message::Assistant(AssistantMessage {

@@ -2,6 +2,7 @@
 //! breakpoints.
 
 use super::config::{AnthropicConfig, MAX_CACHE_BREAKPOINTS, PROVIDER};
+use crate::image::{Image, ImageSource};
 use crate::message::Message;
 use crate::model::{ModelRequest, ToolChoice};
 use crate::transport::wire::{json_number, merge_extras};
@@ -24,6 +25,19 @@ pub(super) fn push_blocks(turns: &mut Vec<Turn>, role: &'static str, blocks: Vec
 
 pub(super) fn text_block(text: &str) -> Value {
     json!({"type": "text", "text": text})
+}
+
+/// An image as an `image` block: a `base64` source for its bytes, a `url` source for a URL.
+fn image_block(image: &Image) -> Value {
+    let source = match image.source() {
+        ImageSource::Data(data) => json!({
+            "type": "base64",
+            "media_type": image.media_type().unwrap_or("application/octet-stream"),
+            "data": data,
+        }),
+        ImageSource::Url(url) => json!({"type": "url", "url": url}),
+    };
+    json!({"type": "image", "source": source})
 }
 
 /// A tool-use id as Anthropic accepts it (`^[a-zA-Z0-9_-]+$`): other characters become `_`.
@@ -166,11 +180,14 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
                     push_blocks(&mut turns, "user", vec![text_block(&wrapped)]);
                 }
             }
-            Message::User { content } => {
+            Message::User { content, images } => {
                 leading = false;
+                // Images before the text, as Anthropic advises.
+                let mut blocks: Vec<Value> = images.iter().map(image_block).collect();
                 if !content.trim().is_empty() {
-                    push_blocks(&mut turns, "user", vec![text_block(content)]);
+                    blocks.push(text_block(content));
                 }
+                push_blocks(&mut turns, "user", blocks);
             }
             Message::Assistant(a) => {
                 leading = false;
@@ -396,6 +413,30 @@ mod tests {
             result("toolu_b", "second", true),
             result("toolu_a", "first", false),
         ]
+    }
+
+    #[test]
+    fn a_user_turn_with_images_is_image_blocks_then_its_text() {
+        let gif = crate::image::Image::from_bytes(b"GIF89a\x01\x00").unwrap();
+        let web = crate::image::Image::from_url("https://example.com/a.png").unwrap();
+        let msgs = vec![Message::user_with_images("what is this?", [gif, web])];
+        let b = body(&msgs, &[], &[], &no_cache());
+        assert_eq!(
+            b["messages"][0],
+            json!({"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/gif",
+                                             "data": "R0lGODlhAQA="}},
+                {"type": "image", "source": {"type": "url", "url": "https://example.com/a.png"}},
+                {"type": "text", "text": "what is this?"},
+            ]})
+        );
+        // Images alone make a turn too.
+        let msgs = vec![Message::user_with_images(
+            "",
+            [crate::image::Image::from_bytes(b"GIF89a").unwrap()],
+        )];
+        let b = body(&msgs, &[], &[], &no_cache());
+        assert_eq!(b["messages"][0]["content"][0]["type"], "image");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Request bodies: the conversation and the tool catalog as `generateContent` contents.
 
 use super::config::{GeminiConfig, PROVIDER};
+use crate::image::{Image, ImageSource};
 use crate::message::{AssistantMessage, Message, ProviderPart};
 use crate::model::{ModelRequest, ToolChoice};
 use crate::transport::wire::{json_number, merge_extras};
@@ -41,6 +42,21 @@ pub(super) fn user_text(text: String) -> Turn {
         role: "user",
         parts: vec![json!({"text": text})],
         ..Turn::default()
+    }
+}
+
+/// An image as a part: `inlineData` for its bytes, `fileData` for a URL (Gemini takes public
+/// HTTP URLs and its own file URIs there).
+fn image_part(image: &Image) -> Value {
+    match image.source() {
+        ImageSource::Data(data) => json!({"inlineData": {
+            "mimeType": image.media_type().unwrap_or("application/octet-stream"),
+            "data": data,
+        }}),
+        ImageSource::Url(url) => match image.media_type() {
+            Some(media_type) => json!({"fileData": {"mimeType": media_type, "fileUri": url}}),
+            None => json!({"fileData": {"fileUri": url}}),
+        },
     }
 }
 
@@ -224,11 +240,17 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                     );
                 }
             }
-            Message::User { content } => {
+            Message::User { content, images } => {
                 leading = false;
+                let mut turn = Turn {
+                    role: "user",
+                    parts: images.iter().map(image_part).collect(),
+                    ..Turn::default()
+                };
                 if !content.is_empty() {
-                    push(&mut turns, user_text(content.clone()));
+                    turn.parts.push(json!({"text": content}));
                 }
+                push(&mut turns, turn);
             }
             Message::Assistant(a) => {
                 leading = false;
@@ -353,6 +375,30 @@ mod tests {
             content: content.into(),
             is_error,
         })
+    }
+
+    #[test]
+    fn a_user_turn_with_images_is_inline_and_file_data_parts_then_its_text() {
+        use crate::image::Image;
+        let images = [
+            Image::from_bytes(b"GIF89a\x01\x00").unwrap(),
+            Image::from_url("https://example.com/a.png").unwrap(),
+            Image::from_url("https://example.com/picture").unwrap(),
+        ];
+        let v = body(
+            &[Message::user_with_images("what is this?", images)],
+            &[],
+            &[],
+        );
+        assert_eq!(
+            v["contents"][0],
+            json!({"role": "user", "parts": [
+                {"inlineData": {"mimeType": "image/gif", "data": "R0lGODlhAQA="}},
+                {"fileData": {"mimeType": "image/png", "fileUri": "https://example.com/a.png"}},
+                {"fileData": {"fileUri": "https://example.com/picture"}},
+                {"text": "what is this?"},
+            ]})
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Request bodies: the conversation and the tool catalog in the Chat Completions format.
 
 use super::config::{OpenAiConfig, PROVIDER, ReminderRole};
+use crate::image::Image;
 use crate::message::{Message, ToolCall};
 use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
@@ -161,8 +162,8 @@ pub(super) struct WireMessages<'a> {
 
 impl<'a> WireMessages<'a> {
     /// The messages sent as they are (all of them, or all but a last user turn that the
-    /// reminders are appended to), and what follows them: `(role, content)` messages.
-    fn split(&self) -> (&'a [Message], Vec<(&'static str, String)>) {
+    /// reminders are appended to), and what follows them: `(role, content, images)` messages.
+    fn split(&self) -> (&'a [Message], Vec<Tail<'a>>) {
         let messages = self.req.messages;
         let reminders: Vec<String> = self.req.wrapped_reminders().collect();
         if reminders.is_empty() {
@@ -171,16 +172,35 @@ impl<'a> WireMessages<'a> {
         match self.role {
             ReminderRole::System => (
                 messages,
-                reminders.into_iter().map(|r| ("system", r)).collect(),
+                reminders
+                    .into_iter()
+                    .map(|r| Tail {
+                        role: "system",
+                        content: r,
+                        images: &[],
+                    })
+                    .collect(),
             ),
             ReminderRole::User => {
                 let joined = reminders.join("\n");
                 // Appended to a last user turn, so that no two user turns follow each other.
                 match messages.split_last() {
-                    Some((Message::User { content }, head)) => {
-                        (head, vec![("user", format!("{content}\n\n{joined}"))])
-                    }
-                    _ => (messages, vec![("user", joined)]),
+                    Some((Message::User { content, images }, head)) => (
+                        head,
+                        vec![Tail {
+                            role: "user",
+                            content: format!("{content}\n\n{joined}"),
+                            images,
+                        }],
+                    ),
+                    _ => (
+                        messages,
+                        vec![Tail {
+                            role: "user",
+                            content: joined,
+                            images: &[],
+                        }],
+                    ),
                 }
             }
         }
@@ -194,8 +214,8 @@ impl Serialize for WireMessages<'_> {
         for m in head {
             seq.serialize_element(&WireMessage(m))?;
         }
-        for (role, content) in &tail {
-            seq.serialize_element(&Plain { role, content })?;
+        for t in &tail {
+            seq.serialize_element(t)?;
         }
         seq.end()
     }
@@ -271,11 +291,11 @@ impl WireRequest<'_> {
             prefix.last = message_fingerprint(last);
         }
         prefix.count = head.len();
-        for (role, content) in &tail {
+        for t in &tail {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
-            serde_json::to_writer(&mut buf, &Plain { role, content })?;
+            serde_json::to_writer(&mut buf, t)?;
         }
         buf.push(b']');
         let tools = self.req.tools;
@@ -313,6 +333,65 @@ impl WireRequest<'_> {
     }
 }
 
+/// A message that follows the conversation: reminders, alone or appended to its last user turn
+/// (whose images stay with it).
+pub(super) struct Tail<'a> {
+    role: &'static str,
+    content: String,
+    images: &'a [Image],
+}
+
+impl Serialize for Tail<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if self.images.is_empty() {
+            Plain {
+                role: self.role,
+                content: &self.content,
+            }
+            .serialize(s)
+        } else {
+            WireUser {
+                content: &self.content,
+                images: self.images,
+            }
+            .serialize(s)
+        }
+    }
+}
+
+/// A user turn with images: its content is a `text` part, then an `image_url` part per image (a
+/// `data:` URL for an image given by its bytes).
+struct WireUser<'a> {
+    content: &'a str,
+    images: &'a [Image],
+}
+
+impl Serialize for WireUser<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        struct Parts<'a>(&'a WireUser<'a>);
+        impl Serialize for Parts<'_> {
+            fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                let text = !self.0.content.is_empty();
+                let mut seq = s.serialize_seq(Some(self.0.images.len() + usize::from(text)))?;
+                if text {
+                    seq.serialize_element(&json!({"type": "text", "text": self.0.content}))?;
+                }
+                for image in self.0.images {
+                    seq.serialize_element(&json!({
+                        "type": "image_url",
+                        "image_url": {"url": image.url()},
+                    }))?;
+                }
+                seq.end()
+            }
+        }
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("role", "user")?;
+        map.serialize_entry("content", &Parts(self))?;
+        map.end()
+    }
+}
+
 /// A message that is only a role and text.
 #[derive(Serialize)]
 pub(super) struct Plain<'a> {
@@ -331,11 +410,12 @@ impl Serialize for WireMessage<'_> {
                 content,
             }
             .serialize(s),
-            Message::User { content } => Plain {
+            Message::User { content, images } if images.is_empty() => Plain {
                 role: "user",
                 content,
             }
             .serialize(s),
+            Message::User { content, images } => WireUser { content, images }.serialize(s),
             Message::Tool(r) => {
                 let mut map = s.serialize_map(Some(3))?;
                 map.serialize_entry("role", "tool")?;
@@ -535,7 +615,7 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            6 => (0usize..5).prop_map(Step::Append),
+            6 => (0usize..6).prop_map(Step::Append),
             2 => (0usize..3).prop_map(Step::Reminders),
             1 => Just(Step::EditLast),
             1 => Just(Step::Shrink),
@@ -553,7 +633,11 @@ mod tests {
             extra in 0usize..3,
             keep in proptest::collection::vec(proptest::bool::ANY, 24),
         ) {
-            let template = conversation();
+            let mut template = conversation();
+            template.push(Message::user_with_images("and this?", [
+                Image::from_bytes(b"GIF89a\x01\x00").unwrap(),
+                Image::from_url("https://example.com/a.png").unwrap(),
+            ]));
             let mut configs = [
                 OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"),
                 OpenAiConfig::new("m2").with_base_url("http://127.0.0.1:1/v1"),
@@ -586,7 +670,7 @@ mod tests {
                     Step::Append(i) => messages.push(template[i % template.len()].clone()),
                     Step::Reminders(n) => reminders = (0..n).map(|i| format!("r{i}")).collect(),
                     Step::EditLast => {
-                        if let Some(Message::User { content } | Message::System { content }) = messages.last_mut() {
+                        if let Some(Message::User { content, .. } | Message::System { content }) = messages.last_mut() {
                             content.push('!');
                         } else {
                             messages.push(Message::user("edited"));
@@ -741,6 +825,35 @@ mod tests {
         let b = body(&convo, &reminders[..1], &config, &settings());
         assert_eq!(b["messages"][2]["role"], "system");
         assert_eq!(b["messages"][1]["content"], "hi");
+    }
+
+    #[test]
+    fn a_user_turn_with_images_is_a_text_part_then_image_url_parts() {
+        let gif = Image::from_bytes(b"GIF89a\x01\x00").unwrap();
+        let web = Image::from_url("https://example.com/a.png").unwrap();
+        let convo = vec![Message::user_with_images("what is this?", [gif, web])];
+        let expected = json!([
+            {"type": "text", "text": "what is this?"},
+            {"type": "image_url", "image_url": {"url": "data:image/gif;base64,R0lGODlhAQA="}},
+            {"type": "image_url", "image_url": {"url": "https://example.com/a.png"}},
+        ]);
+        let config = OpenAiConfig::new("m");
+        let b = body(&convo, &[], &config, &settings());
+        assert_eq!(b["messages"][0]["role"], "user");
+        assert_eq!(b["messages"][0]["content"], expected);
+        // Reminders appended to the last user turn keep its images.
+        let config = OpenAiConfig::new("m").with_base_url("http://127.0.0.1:11434/v1");
+        let b = body(&convo, &["one".to_string()], &config, &settings());
+        let content = &b["messages"][0]["content"];
+        assert_eq!(
+            content[0]["text"],
+            "what is this?\n\n<system-reminder>one</system-reminder>"
+        );
+        assert_eq!(content[1], expected[1]);
+        assert_eq!(content[2], expected[2]);
+        // A turn without images stays a plain string.
+        let b = body(&[Message::user("hi")], &[], &config, &settings());
+        assert_eq!(b["messages"][0]["content"], "hi");
     }
 
     #[test]

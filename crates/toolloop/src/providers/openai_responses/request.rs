@@ -10,7 +10,8 @@ use serde_json::{Map, Value, json};
 ///
 /// - Leading system messages become `instructions` (joined by blank lines); a system message
 ///   later in the conversation is a `system` message item where it stood.
-/// - A user turn is a `user` message item.
+/// - A user turn is a `user` message item; with images, its content is an `input_text` part and
+///   an `input_image` part per image (a `data:` URL for an image given by its bytes).
 /// - An assistant turn is its reasoning items (this adapter's
 ///   [`ProviderPart`](crate::message::ProviderPart)s, exactly as received, in their order; parts
 ///   of other providers are left out), then an `assistant` message with its text, then one
@@ -135,8 +136,18 @@ fn push_items(input: &mut Vec<Value>, message: &Message, config: &ResponsesConfi
         Message::System { content } => {
             input.push(json!({"type": "message", "role": "system", "content": content}))
         }
-        Message::User { content } => {
+        Message::User { content, images } if images.is_empty() => {
             input.push(json!({"type": "message", "role": "user", "content": content}))
+        }
+        Message::User { content, images } => {
+            let mut parts = Vec::with_capacity(images.len() + 1);
+            if !content.is_empty() {
+                parts.push(json!({"type": "input_text", "text": content}));
+            }
+            parts.extend(images.iter().map(
+                |image| json!({"type": "input_image", "image_url": image.url(), "detail": "auto"}),
+            ));
+            input.push(json!({"type": "message", "role": "user", "content": parts}))
         }
         Message::Assistant(a) => {
             for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
@@ -235,6 +246,36 @@ mod tests {
             settings,
         };
         build_request_body(&req, config, stream)
+    }
+
+    #[test]
+    fn a_user_turn_with_images_is_input_text_then_input_image_parts() {
+        use crate::image::Image;
+        let messages = [Message::user_with_images(
+            "what is this?",
+            [
+                Image::from_bytes(b"GIF89a\x01\x00").unwrap(),
+                Image::from_url("https://example.com/a.png").unwrap(),
+            ],
+        )];
+        let settings = ModelSettings::default();
+        let req = ModelRequest {
+            messages: &messages,
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let b = build_request_body(&req, &ResponsesConfig::new("m"), false);
+        assert_eq!(
+            b["input"][0],
+            json!({"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "what is this?"},
+                {"type": "input_image", "image_url": "data:image/gif;base64,R0lGODlhAQA=",
+                 "detail": "auto"},
+                {"type": "input_image", "image_url": "https://example.com/a.png",
+                 "detail": "auto"},
+            ]})
+        );
     }
 
     #[test]
