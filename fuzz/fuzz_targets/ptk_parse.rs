@@ -94,6 +94,22 @@ fuzz_target!(|data: &[u8]| {
         "chunked stream disagrees with parse_reply"
     );
 
+    // With the `<think>` opener implicit: the same events whole and chunked.
+    let implicit = |chunks: &mut dyn Iterator<Item = String>| {
+        let mut parser = StreamParser::with_implicit_think(&tools);
+        let mut events = Vec::new();
+        for chunk in chunks {
+            events.extend(parser.push(&chunk));
+        }
+        events.extend(parser.finish());
+        from_events(&events)
+    };
+    assert_eq!(
+        implicit(&mut chars.chunks(step).map(|c| c.iter().collect())),
+        implicit(&mut std::iter::once(text.to_string())),
+        "an implicit-think stream disagrees with itself whole"
+    );
+
     // Tolerant JSON: never panics, and what it returns is real JSON.
     if let Ok((value, _)) = json_repair::parse(&text) {
         let again: Value =

@@ -36,9 +36,16 @@ pub struct ProviderArgs {
     #[arg(long, value_enum, value_name = "PROTOCOL", default_value_t = ToolProtocol::Native)]
     pub tool_protocol: ToolProtocol,
     /// The format prompt-based tool calling teaches the model: ptk, hermes, mistral, llama3,
-    /// qwen3-coder or json (replies are read in every format).
+    /// qwen3-coder, json, deepseek, deepseek-v3.1, kimi-k2, glm or pythonic (replies are read
+    /// in every format).
     #[arg(long, value_name = "DIALECT", default_value = "ptk", value_parser = parse_dialect)]
     pub dialect: Dialect,
+    /// With prompt-based calling: the model's replies begin inside reasoning whose `<think>` its
+    /// chat template wrote (DeepSeek R1, Qwen3 thinking models), so the text before a first
+    /// `</think>` is reasoning, kept out of the answer.
+    #[arg(long)]
+    #[serde(default)]
+    pub implicit_think: bool,
 }
 
 /// How tools are offered to the model (`--tool-protocol`).
@@ -167,8 +174,12 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let model = provider_model(args)?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
-        ToolProtocol::Prompt => Arc::new(Prompted::new(model, args.dialect)),
-        ToolProtocol::Auto => Arc::new(Auto::new(model, args.dialect)),
+        ToolProtocol::Prompt => {
+            Arc::new(Prompted::new(model, args.dialect).implicit_think(args.implicit_think))
+        }
+        ToolProtocol::Auto => {
+            Arc::new(Auto::new(model, args.dialect).implicit_think(args.implicit_think))
+        }
     })
 }
 

@@ -224,3 +224,40 @@ fn bad_protocol_or_dialect_is_a_usage_error() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `--implicit-think`: a reply that holds only the closing `</think>` (its chat template wrote
+/// the opener) keeps the reasoning out of the answer; without the flag it would be answer text.
+#[test]
+fn implicit_think_keeps_template_opened_reasoning_out_of_the_answer() {
+    let dir = repo();
+    let script = dir.path().join("r1.json");
+    std::fs::write(
+        &script,
+        r#"[{"text": "I should read the README first.\n</think>\n\n<tool_call>{\"name\": \"read_file\", \"arguments\": {\"path\": \"README.md\"}}</tool_call>"},
+            {"text": "It says version 1.2.3.\n</think>\nVersion 1.2.3."}]"#,
+    )
+    .unwrap();
+    let spec = format!("scripted:{}", script.display());
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "run",
+            "--json",
+            "--model",
+            &spec,
+            "--tool-protocol",
+            "prompt",
+        ];
+        args.extend(extra);
+        args.push("Which version?");
+        json_of(&toolloop(&args, dir.path()))
+    };
+    let v = run(&["--implicit-think"]);
+    assert_eq!(v["stop_reason"], "answered", "{v}");
+    assert_eq!(v["text"], "Version 1.2.3.");
+    assert_eq!(v["tool_calls"][0]["name"], "read_file");
+    let v = run(&[]);
+    assert!(
+        v["text"].as_str().unwrap().starts_with("It says version"),
+        "{v}"
+    );
+}

@@ -244,7 +244,15 @@ fn cut(text: &str, cuts: &[usize]) -> Vec<String> {
 }
 
 fn stream_events(chunks: &[String], tools: &[ToolSpec]) -> Vec<StreamEvent> {
-    let mut parser = StreamParser::new(tools);
+    feed(StreamParser::new(tools), chunks)
+}
+
+/// The events of a reply that may begin inside reasoning opened by the chat template.
+fn implicit_think_events(chunks: &[String], tools: &[ToolSpec]) -> Vec<StreamEvent> {
+    feed(StreamParser::with_implicit_think(tools), chunks)
+}
+
+fn feed(mut parser: StreamParser, chunks: &[String]) -> Vec<StreamEvent> {
     let mut events = Vec::new();
     for c in chunks {
         events.extend(parser.push(c));
@@ -388,6 +396,43 @@ proptest! {
         prop_assert_eq!(&one_chunk, &whole, "reply: {:?}", reply);
         let chunked = meaning_of_events(&stream_events(&cut(&reply, &cuts), &tools));
         prop_assert_eq!(chunked, whole, "reply: {:?}", reply);
+    }
+
+    /// With the `<think>` opener implicit: any reply streams to the same meaning in any chunks;
+    /// a reply with `</think>` and no `<think>` before it is that reasoning, then the rest read
+    /// as usual; a reply with no `</think>`, or a `<think>` first, reads as without the option.
+    #[test]
+    fn implicit_think_streams_the_same_in_any_chunks(
+        before in messy_reply(),
+        after in messy_reply(),
+        close in any::<bool>(),
+        cuts in proptest::collection::vec(any::<usize>(), 0..40),
+    ) {
+        let tools = vec![read_file_tool()];
+        let reply = if close { format!("{before}</think>{after}") } else { before.clone() };
+        let one_chunk = meaning_of_events(&implicit_think_events(std::slice::from_ref(&reply), &tools));
+        let chunked = meaning_of_events(&implicit_think_events(&cut(&reply, &cuts), &tools));
+        prop_assert_eq!(&chunked, &one_chunk, "reply: {:?}", reply);
+        let lower = reply.to_ascii_lowercase();
+        let (open, shut) = (lower.find("<think>"), lower.find("</think>"));
+        match shut {
+            Some(k) if open.is_none_or(|o| o > k) => {
+                let rest = meaning_of_reply(&parse_reply(&reply[k + "</think>".len()..], &tools));
+                let reasoning = reply[..k].trim();
+                let expected = match (reasoning.is_empty(), rest.reasoning.clone()) {
+                    (true, r) => r,
+                    (false, None) => Some(reasoning.to_string()),
+                    (false, Some(r)) => Some(format!("{reasoning}\n{r}")),
+                };
+                prop_assert_eq!(&one_chunk.reasoning, &expected, "reply: {:?}", reply);
+                prop_assert_eq!(&one_chunk.text, &rest.text, "reply: {:?}", reply);
+                prop_assert_eq!(&one_chunk.calls, &rest.calls, "reply: {:?}", reply);
+            }
+            _ => {
+                let usual = meaning_of_reply(&parse_reply(&reply, &tools));
+                prop_assert_eq!(one_chunk, usual, "reply: {:?}", reply);
+            }
+        }
     }
 
     /// Calls longer than the parser's eager limit (so held calls wait behind their gates) stream
@@ -887,4 +932,40 @@ async fn the_correction_after_a_malformed_call_teaches_the_format_unescaped() {
     .expect("a near miss");
     assert!(why.contains("found `&lt;PTK_CALL>x"), "{why}");
     assert!(why.contains(Dialect::Qwen3Coder.format()), "{why}");
+}
+
+/// DeepSeek R1 behind a server whose chat template opened the reasoning: the reply holds only
+/// `</think>`. With the option, the reasoning stays out of the answer, and the calls after it
+/// are read, whole and streamed character by character.
+#[test]
+fn an_r1_reply_without_its_think_opener_keeps_the_reasoning_out_of_the_answer() {
+    let reply = "The user wants the weather in Paris.\nI should call the tool.\n</think>\n\nChecking.\
+        <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read_file\n\
+        ```json\n{\"path\": \"paris.txt\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>";
+    let tools = vec![read_file_tool()];
+    let chars: Vec<String> = reply.chars().map(String::from).collect();
+    for events in [
+        implicit_think_events(std::slice::from_ref(&reply.to_string()), &tools),
+        implicit_think_events(&chars, &tools),
+    ] {
+        let m = meaning_of_events(&events);
+        assert_eq!(
+            m.reasoning.as_deref(),
+            Some("The user wants the weather in Paris.\nI should call the tool.")
+        );
+        assert_eq!(m.text.as_deref(), Some("Checking."));
+        assert_eq!(
+            m.calls,
+            vec![("read_file".to_string(), json!({"path": "paris.txt"}), false)]
+        );
+    }
+    // Without the option, the reasoning would be answer text (the tag alone is dropped).
+    let plain = parse_reply(reply, &tools);
+    assert!(plain.text.unwrap().starts_with("The user wants"));
+    // A model that did not reason: the reply reads as usual once it ends.
+    let events = implicit_think_events(&["Just an answer.".to_string()], &tools);
+    assert_eq!(
+        meaning_of_events(&events).text.as_deref(),
+        Some("Just an answer.")
+    );
 }

@@ -32,12 +32,28 @@ const INNER_INDEX_OFFSET: usize = 1 << 20;
 pub struct Prompted {
     inner: Arc<dyn Model>,
     dialect: Dialect,
+    implicit_think: bool,
 }
 
 impl Prompted {
     /// Wraps `inner`, teaching it `dialect`.
     pub fn new(inner: Arc<dyn Model>, dialect: Dialect) -> Self {
-        Prompted { inner, dialect }
+        Prompted {
+            inner,
+            dialect,
+            implicit_think: false,
+        }
+    }
+
+    /// Whether the model's replies begin inside a reasoning block whose `<think>` its chat
+    /// template already wrote, so that a reply holds only the closing `</think>` (DeepSeek R1
+    /// and Qwen3 thinking models behind many servers). On, the text before a first `</think>`
+    /// with no `<think>` before it is reasoning, kept out of the answer like `<think>…</think>`;
+    /// streamed text is held back until that tag arrives (a reply without one is read as usual
+    /// when it ends). Off by default.
+    pub fn implicit_think(mut self, on: bool) -> Self {
+        self.implicit_think = on;
+        self
     }
 
     /// The dialect taught to the model.
@@ -94,6 +110,7 @@ impl std::fmt::Debug for Prompted {
         f.debug_struct("Prompted")
             .field("inner", &self.inner.name())
             .field("dialect", &self.dialect)
+            .field("implicit_think", &self.implicit_think)
             .finish()
     }
 }
@@ -114,7 +131,7 @@ impl Model for Prompted {
         };
         let response = self.inner.complete(&inner_request).await?;
         // The same transformation as streaming, so both give the same transcript.
-        let mut transform = Transform::new(request.tools);
+        let mut transform = Transform::new(request.tools, self.implicit_think);
         let mut acc = Accumulator::new();
         for event in response.into_events() {
             transform
@@ -137,7 +154,7 @@ impl Model for Prompted {
         let inner = self.inner.stream(&inner_request).await?;
         let state = State {
             inner,
-            transform: Transform::new(request.tools),
+            transform: Transform::new(request.tools, self.implicit_think),
             queue: VecDeque::new(),
             done: false,
         };
@@ -186,9 +203,14 @@ struct Transform {
 }
 
 impl Transform {
-    fn new(tools: &[ToolSpec]) -> Self {
+    fn new(tools: &[ToolSpec], implicit_think: bool) -> Self {
+        let parser = if implicit_think {
+            StreamParser::with_implicit_think(tools)
+        } else {
+            StreamParser::new(tools)
+        };
         Transform {
-            parser: Some(StreamParser::new(tools)),
+            parser: Some(parser),
             inner_finish: None,
             calls: 0,
             malformed: Vec::new(),

@@ -46,6 +46,13 @@ impl Auto {
         }
     }
 
+    /// After the fallback, replies may begin inside reasoning opened by the chat template (see
+    /// [`Prompted::implicit_think`]).
+    pub fn implicit_think(mut self, on: bool) -> Self {
+        self.prompted = self.prompted.implicit_think(on);
+        self
+    }
+
     /// Whether this instance has switched to prompt-based calling.
     pub fn is_prompted(&self) -> bool {
         self.fell_back.load(Ordering::Relaxed)

@@ -316,6 +316,10 @@ pub(crate) struct Scanner {
     /// Set while the front of the buffer is undecided: what must arrive before it is worth
     /// examining again.
     gate: Option<Gate>,
+    /// The reply may begin inside a reasoning block whose `<think>` the chat template wrote
+    /// (DeepSeek R1, Qwen3 thinking): until a `</think>` arrives, or the reply ends without
+    /// one, nothing is decided.
+    implicit_think: bool,
 }
 
 impl Scanner {
@@ -328,6 +332,17 @@ impl Scanner {
             after_call: false,
             pending_ws: String::new(),
             gate: None,
+            implicit_think: false,
+        }
+    }
+
+    /// A scanner for replies that may begin inside a reasoning block opened by the chat
+    /// template: the text up to a first `</think>` with no `<think>` before it is reasoning. A
+    /// reply with no `</think>` is read as usual, once it has ended (until then it is held).
+    pub(crate) fn with_implicit_think(tools: &[ToolSpec]) -> Self {
+        Scanner {
+            implicit_think: true,
+            ..Scanner::new(tools)
         }
     }
 
@@ -353,6 +368,9 @@ impl Scanner {
 
     fn run(&mut self, eof: bool, out: &mut Vec<Piece>) {
         self.gate = None;
+        if self.implicit_think && !self.implicit_reasoning(eof, out) {
+            return;
+        }
         while !self.buf.is_empty() {
             let (pos, opener) = match self.find_opener(eof) {
                 Found::At(pos, opener) => (pos, Some(opener)),
@@ -401,6 +419,34 @@ impl Scanner {
                         out.push(Piece::Reasoning(reasoning));
                     }
                 }
+            }
+        }
+    }
+
+    /// Decides whether the reply began inside reasoning; false while that is still open (the
+    /// buffer is held).
+    fn implicit_reasoning(&mut self, eof: bool, out: &mut Vec<Piece>) -> bool {
+        const CLOSE: &str = "</think>";
+        let opener = find_ci(&self.buf, "<think>");
+        match find_ci(&self.buf, CLOSE) {
+            // An explicit `<think>` first: the usual rules read it.
+            Some(k) if opener.is_none_or(|o| o > k) => {
+                self.implicit_think = false;
+                let reasoning = self.buf[..k].trim().to_string();
+                self.drain(k + CLOSE.len());
+                self.line_start = true;
+                if !reasoning.is_empty() {
+                    out.push(Piece::Reasoning(reasoning));
+                }
+                true
+            }
+            _ if opener.is_some() || eof => {
+                self.implicit_think = false;
+                true
+            }
+            _ => {
+                self.gate = Some(Gate::new(GateKind::Close(CLOSE), self.buf.len()));
+                false
             }
         }
     }

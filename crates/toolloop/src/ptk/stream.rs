@@ -37,6 +37,17 @@ impl StreamParser {
         }
     }
 
+    /// A parser for replies that may begin inside reasoning whose `<think>` the chat template
+    /// wrote (DeepSeek R1 and Qwen3 thinking models served with such templates): the text up to
+    /// a first `</think>` with no `<think>` before it is reasoning. Until that tag arrives
+    /// nothing is emitted; a reply without it is read as usual when it ends.
+    pub fn with_implicit_think(tools: &[ToolSpec]) -> Self {
+        StreamParser {
+            scanner: Scanner::with_implicit_think(tools),
+            next_index: 0,
+        }
+    }
+
     /// Feeds the next piece of the reply.
     pub fn push(&mut self, delta: &str) -> Vec<StreamEvent> {
         let mut pieces = Vec::new();
