@@ -24,11 +24,11 @@ use toolloop::outcome::Outcome;
 use toolloop::tool::Tool;
 
 /// Exit code of a run that stopped to wait for approvals.
-pub const EXIT_AWAITING: u8 = 4;
+pub(crate) const EXIT_AWAITING: u8 = 4;
 
 /// The approval flags of `toolloop run` and `chat` (kept with the run for `resume`).
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub struct ApprovalArgs {
+pub(crate) struct ApprovalArgs {
     /// Run the calls that match without asking: a tool name glob, then optionally `:` and a
     /// glob over the call's subject (the command line of run_command, the path of a file tool,
     /// the JSON arguments otherwise). `*` matches any text. Repeatable.
@@ -87,7 +87,7 @@ fn ask_rule(s: &str) -> Result<String, String> {
 }
 
 /// The run's approval policy from the flags.
-pub fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
+pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
     let mut policy = Approvals::default();
     for (action, flag, specs) in [
         (Action::Deny, "deny", &args.deny),
@@ -103,7 +103,10 @@ pub fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
 }
 
 /// The tools the approval flags offer: run_command with --allow-commands.
-pub fn command_tools(root: &Path, args: &ApprovalArgs) -> Result<Vec<Arc<dyn Tool>>, String> {
+pub(crate) fn command_tools(
+    root: &Path,
+    args: &ApprovalArgs,
+) -> Result<Vec<Arc<dyn Tool>>, String> {
     if !args.allow_commands {
         return Ok(Vec::new());
     }
@@ -118,12 +121,12 @@ pub fn command_tools(root: &Path, args: &ApprovalArgs) -> Result<Vec<Arc<dyn Too
 }
 
 /// Answers a call that waits for approval.
-pub type Ask = Arc<dyn Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync>;
+pub(crate) type Ask = Arc<dyn Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync>;
 
 /// How the run answers calls that need approval: `None` with --defer-approvals (the run stops
 /// for them); a question on the terminal when stdin and stderr are one; otherwise a denial
 /// that names the flags that would allow the call.
-pub fn handler(args: &ApprovalArgs, progress: Arc<Progress>) -> Option<Ask> {
+pub(crate) fn handler(args: &ApprovalArgs, progress: Arc<Progress>) -> Option<Ask> {
     if args.defer_approvals {
         return None;
     }
@@ -219,7 +222,7 @@ fn ask_on_terminal(p: &PendingApproval) -> Reply {
 }
 
 /// After a run that stopped awaiting approval: the calls, and what to do next (stderr).
-pub fn show_pending(outcome: &Outcome) {
+pub(crate) fn show_pending(outcome: &Outcome) {
     if outcome.pending_approvals.is_empty() {
         return;
     }
@@ -241,7 +244,7 @@ pub fn show_pending(outcome: &Outcome) {
 
 /// `toolloop approve` and `toolloop deny`.
 #[derive(Args, Debug)]
-pub struct DecideArgs {
+pub(crate) struct DecideArgs {
     /// The run (`toolloop runs` lists them).
     run_id: String,
     /// The calls to decide, by id; with none (and no --all), the waiting calls are listed.
@@ -262,7 +265,7 @@ pub struct DecideArgs {
 
 /// `toolloop deny`.
 #[derive(Args, Debug)]
-pub struct DenyArgs {
+pub(crate) struct DenyArgs {
     #[command(flatten)]
     decide: DecideArgs,
     /// Why, for the model (it reads `denied: <reason>`).
@@ -271,7 +274,7 @@ pub struct DenyArgs {
 }
 
 /// Records a decision on the waiting calls of a run (or lists them).
-pub async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> ExitCode {
+pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> ExitCode {
     let run_args = match crate::sessions::saved_run(
         &args.run_id,
         args.store.clone(),
@@ -361,6 +364,6 @@ pub async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> 
 }
 
 /// `toolloop deny`.
-pub async fn deny(args: DenyArgs) -> ExitCode {
+pub(crate) async fn deny(args: DenyArgs) -> ExitCode {
     decide(args.decide, false, args.reason).await
 }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 const QUIT_WINDOW: Duration = Duration::from_secs(2);
 
 #[derive(Args, Debug)]
-pub struct ChatArgs {
+pub(crate) struct ChatArgs {
     /// The session to continue (created on first use). Default: a new one, named by the time.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
@@ -34,7 +34,7 @@ pub struct ChatArgs {
     attach: Vec<String>,
 }
 
-pub async fn chat(mut args: ChatArgs) -> ExitCode {
+pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         eprintln!("toolloop: {e}");
         return ExitCode::from(crate::EXIT_USAGE);

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// The environment variable that names the configuration file (empty: no file).
-pub const CONFIG_VAR: &str = "TOOLLOOP_CONFIG";
+pub(crate) const CONFIG_VAR: &str = "TOOLLOOP_CONFIG";
 
 /// The subcommands whose flags the file sets (paths of subcommand names).
 const CONFIGURED: &[&[&str]] = &[
@@ -47,7 +47,7 @@ const CONFIGURED: &[&[&str]] = &[
 /// A named model: `[models.NAME]`.
 #[derive(Debug, Clone, Deserialize, serde::Serialize, PartialEq)]
 #[serde(deny_unknown_fields)]
-pub struct NamedModel {
+pub(crate) struct NamedModel {
     /// `provider:model`, as `--model` takes it.
     pub model: String,
     /// `--base-url`.
@@ -69,7 +69,7 @@ pub struct NamedModel {
 
 /// The file as read.
 #[derive(Debug, Default)]
-pub struct ConfigFile {
+pub(crate) struct ConfigFile {
     /// Where it was read from.
     pub path: Option<PathBuf>,
     /// Flag defaults: flag id → values.
@@ -80,7 +80,7 @@ pub struct ConfigFile {
 
 /// Where the configuration file is looked for: `TOOLLOOP_CONFIG`, else the platform's
 /// configuration directory; `None` when neither is known (no HOME): then there is no file.
-pub fn path() -> Option<PathBuf> {
+pub(crate) fn path() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(CONFIG_VAR) {
         return (!p.is_empty()).then(|| PathBuf::from(p));
     }
@@ -92,7 +92,7 @@ pub fn path() -> Option<PathBuf> {
 
 /// Reads the file at [`path`]; a missing file is an empty configuration (unless
 /// `TOOLLOOP_CONFIG` names it: then it must exist).
-pub fn load() -> Result<ConfigFile, String> {
+pub(crate) fn load() -> Result<ConfigFile, String> {
     let Some(path) = path() else {
         return Ok(ConfigFile::default());
     };
@@ -107,7 +107,7 @@ pub fn load() -> Result<ConfigFile, String> {
 }
 
 /// Parses a configuration file's text (`path` names it in errors).
-pub fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
     let at = || format!("configuration file {}", path.display());
     let table: toml::Table = toml::from_str(text).map_err(|e| format!("{}: {e}", at()))?;
     let mut config = ConfigFile {
@@ -180,7 +180,10 @@ static EXPLICIT: OnceLock<HashSet<String>> = OnceLock::new();
 
 /// Sets the file's values as the defaults of the `run` and `chat` flags they name. An unknown
 /// key is an error naming it and the flags there are.
-pub fn apply(mut command: clap::Command, config: ConfigFile) -> Result<clap::Command, String> {
+pub(crate) fn apply(
+    mut command: clap::Command,
+    config: ConfigFile,
+) -> Result<clap::Command, String> {
     let at = config
         .path
         .as_ref()
@@ -229,7 +232,7 @@ pub fn apply(mut command: clap::Command, config: ConfigFile) -> Result<clap::Com
 
 /// Notes which flags of the chosen subcommand came from the command line or the environment
 /// (they win over a named model's settings).
-pub fn note_explicit(matches: &clap::ArgMatches) {
+pub(crate) fn note_explicit(matches: &clap::ArgMatches) {
     let mut explicit = HashSet::new();
     // The innermost subcommand (`toolloop workflow run`: `run`).
     let mut matches = matches;
@@ -252,7 +255,7 @@ pub fn note_explicit(matches: &clap::ArgMatches) {
 }
 
 /// The configuration file read at start (empty when there is none).
-pub fn loaded() -> &'static ConfigFile {
+pub(crate) fn loaded() -> &'static ConfigFile {
     static EMPTY: OnceLock<ConfigFile> = OnceLock::new();
     LOADED
         .get()
@@ -261,13 +264,13 @@ pub fn loaded() -> &'static ConfigFile {
 
 /// Whether a model was chosen by a flag, the environment or the file (not the built-in
 /// default).
-pub fn model_chosen() -> bool {
+pub(crate) fn model_chosen() -> bool {
     explicit("model") || loaded().flags.contains_key("model")
 }
 
 /// Whether the flag `id` (`max_rounds`) was given on the command line, in the environment, or
 /// in the configuration file (not left at its built-in default).
-pub fn is_set(id: &str) -> bool {
+pub(crate) fn is_set(id: &str) -> bool {
     explicit(id) || loaded().flags.contains_key(id)
 }
 
@@ -278,7 +281,7 @@ fn explicit(id: &str) -> bool {
 /// When `--model` names a model of the file, puts its settings in `args` (a setting given by a
 /// flag or the environment wins). Afterwards `args.model` is `provider:model`, so the run's
 /// saved configuration does not depend on the file.
-pub fn resolve_model(args: &mut ProviderArgs) -> Result<(), String> {
+pub(crate) fn resolve_model(args: &mut ProviderArgs) -> Result<(), String> {
     let name = args.model.trim().to_string();
     let name = name.as_str();
     let Some(named) = loaded().models.get(name).cloned() else {
@@ -316,7 +319,7 @@ pub fn resolve_model(args: &mut ProviderArgs) -> Result<(), String> {
 
 /// `toolloop config path|show`.
 #[derive(clap::Subcommand, Debug)]
-pub enum ConfigCommand {
+pub(crate) enum ConfigCommand {
     /// Print where the configuration file is read from.
     Path,
     /// Print the configuration file as the command reads it.
@@ -324,7 +327,7 @@ pub enum ConfigCommand {
 }
 
 /// Runs `toolloop config …`.
-pub fn config_command(command: ConfigCommand) -> std::process::ExitCode {
+pub(crate) fn config_command(command: ConfigCommand) -> std::process::ExitCode {
     match command {
         ConfigCommand::Path => match path() {
             Some(p) => {

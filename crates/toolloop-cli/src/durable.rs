@@ -17,7 +17,7 @@ use toolloop_store::{Durability, RunTags, Store, StoreError};
 
 /// `--store`, shared by every command that uses the store.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub struct StoreArgs {
+pub(crate) struct StoreArgs {
     /// Where sessions and run logs live: a SQLite file, or a postgres:// URL.
     /// Default: $XDG_DATA_HOME/toolloop/toolloop.db (~/.local/share/toolloop/toolloop.db).
     #[arg(long, env = "TOOLLOOP_STORE", value_name = "PATH|URL")]
@@ -26,7 +26,7 @@ pub struct StoreArgs {
 
 /// The store flags of `toolloop run`.
 #[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub struct DurableArgs {
+pub(crate) struct DurableArgs {
     #[command(flatten)]
     #[serde(default)]
     pub store: StoreArgs,
@@ -61,7 +61,7 @@ pub struct DurableArgs {
 /// `--durability`.
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum DurabilityArg {
+pub(crate) enum DurabilityArg {
     /// Survives the command being killed (SQLite: synchronous=NORMAL).
     #[default]
     Process,
@@ -73,7 +73,7 @@ pub enum DurabilityArg {
 
 impl DurabilityArg {
     /// The store's durability; `None` for `none`.
-    pub fn store(self) -> Option<Durability> {
+    pub(crate) fn store(self) -> Option<Durability> {
         match self {
             DurabilityArg::Process => Some(Durability::Process),
             DurabilityArg::Power => Some(Durability::PowerCut),
@@ -83,13 +83,16 @@ impl DurabilityArg {
 }
 
 /// Opens the store the flags name (one per location per process).
-pub async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
+pub(crate) async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
     open_store_with(args, Durability::default()).await
 }
 
 /// Opens the store the flags name with the durability given (one per location and durability
 /// per process).
-pub async fn open_store_with(args: &StoreArgs, durability: Durability) -> Result<Store, ExitCode> {
+pub(crate) async fn open_store_with(
+    args: &StoreArgs,
+    durability: Durability,
+) -> Result<Store, ExitCode> {
     static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
     let location = match &args.store {
         Some(s) if !s.trim().is_empty() => s.trim().to_string(),
@@ -131,7 +134,7 @@ pub async fn open_store_with(args: &StoreArgs, durability: Durability) -> Result
 /// [`Store::lock_session`]) from [`Durable::open`] to the end of [`Durable::run`] (or
 /// [`Durable::close`]): runs of one session go one at a time, and a second one is refused with
 /// the holder's name.
-pub struct Durable {
+pub(crate) struct Durable {
     /// `None` with --no-store.
     store: Option<Store>,
     session: Option<String>,
@@ -147,7 +150,10 @@ pub struct Durable {
 impl Durable {
     /// Opens the store for a run, and takes the run's session. `args` is the run's whole
     /// configuration, kept with the run so `toolloop resume` can rebuild the same agent.
-    pub async fn open<T: Serialize>(durable: &DurableArgs, args: &T) -> Result<Self, ExitCode> {
+    pub(crate) async fn open<T: Serialize>(
+        durable: &DurableArgs,
+        args: &T,
+    ) -> Result<Self, ExitCode> {
         let durability = match durable.durability.store() {
             Some(d) if !durable.no_store => d,
             _ => {
@@ -225,7 +231,7 @@ impl Durable {
     }
 
     /// Gives the session back (done by [`Durable::run`]; for a run that does not start).
-    pub async fn close(&mut self) {
+    pub(crate) async fn close(&mut self) {
         if let (Some(store), Some(name), Some(holder)) =
             (&self.store, &self.session, self.holder.take())
             && let Err(e) = store.unlock_session(name, &holder).await
@@ -235,7 +241,7 @@ impl Durable {
     }
 
     /// The journal the agent logs to; `None` with --no-store.
-    pub fn journal(&self) -> Option<Arc<dyn Journal>> {
+    pub(crate) fn journal(&self) -> Option<Arc<dyn Journal>> {
         Some(self.store.as_ref()?.run_journal(RunTags {
             session: self.session.clone(),
             session_revision: self.revision,
@@ -246,7 +252,7 @@ impl Durable {
 
     /// Runs the prompt (after the session's history), or resumes the run `toolloop resume`
     /// named; saves the outcome and the session's transcript; gives the session back.
-    pub async fn run(
+    pub(crate) async fn run(
         &mut self,
         agent: &Agent,
         prompt: Message,
@@ -299,7 +305,7 @@ impl Durable {
 }
 
 /// The key of a run's configuration that lists the fields whose credentials were removed.
-pub const CREDENTIALS_REMOVED: &str = "credentials_removed";
+pub(crate) const CREDENTIALS_REMOVED: &str = "credentials_removed";
 
 /// The configuration kept with a run: everything but the prompt, the output format and the
 /// store flags; the file tools' root made absolute. No secret is kept: a URL's user name,
@@ -364,7 +370,7 @@ fn strip_credentials(v: &mut Value) -> bool {
 }
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
-pub fn format_ms(ms: i64) -> String {
+pub(crate) fn format_ms(ms: i64) -> String {
     let secs = ms.div_euclid(1000);
     let days = secs.div_euclid(86_400);
     let rem = secs.rem_euclid(86_400);

@@ -14,7 +14,7 @@ use tracing_subscriber::util::SubscriberInitExt;
 
 /// The flags for traces.
 #[derive(clap::Args, Debug, Clone, Default)]
-pub struct TraceArgs {
+pub(crate) struct TraceArgs {
     /// Send OpenTelemetry traces over OTLP/HTTP (JSON) to OTEL_EXPORTER_OTLP_ENDPOINT
     /// (default http://localhost:4318); setting that variable turns traces on too.
     #[arg(long, global = true)]
@@ -25,7 +25,7 @@ pub struct TraceArgs {
 }
 
 /// Keeps the trace exporter alive; dropping it sends what is left.
-pub struct Guard {
+pub(crate) struct Guard {
     #[cfg(feature = "otel")]
     provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
 }
@@ -68,7 +68,7 @@ fn traces_wanted(args: &TraceArgs) -> bool {
 
 /// Installs the subscriber for the command's lifetime. Call before the async runtime starts
 /// (the trace exporter has its own thread).
-pub fn init(verbose: u8, traces: &TraceArgs) -> Guard {
+pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
     let stderr = tracing_subscriber::fmt::layer()
         .compact()
         .with_writer(std::io::stderr)
@@ -111,7 +111,7 @@ mod otel {
 
     /// The tracer provider, exporting in batches over OTLP/HTTP with JSON bodies (the endpoint,
     /// headers and timeouts from the standard `OTEL_EXPORTER_OTLP_*` variables).
-    pub fn provider() -> Result<SdkTracerProvider, String> {
+    pub(super) fn provider() -> Result<SdkTracerProvider, String> {
         let mut exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpJson);
@@ -133,7 +133,7 @@ mod otel {
 
     /// The layer that turns the engine's GenAI spans into OpenTelemetry spans; content events
     /// (target `toolloop::genai::content`) only when asked for.
-    pub fn layer<S>(provider: &SdkTracerProvider, content: bool) -> impl Layer<S>
+    pub(super) fn layer<S>(provider: &SdkTracerProvider, content: bool) -> impl Layer<S>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
     {

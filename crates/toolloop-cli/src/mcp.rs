@@ -15,11 +15,11 @@ use toolloop::toolbox::Toolbox;
 use toolloop_mcp::{McpTools, ServerConfig, Transport};
 
 /// The file read from the root when present (Claude Code's project servers).
-pub const PROJECT_FILE: &str = ".mcp.json";
+pub(crate) const PROJECT_FILE: &str = ".mcp.json";
 
 /// The MCP and tool-selection flags (part of a run's saved configuration).
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct McpArgs {
+pub(crate) struct McpArgs {
     /// Use the MCP servers of this file: `{"mcpServers": {"name": {"command": …, "args": […],
     /// "env": {…}, "cwd": …} or {"url": …, "headers": {…}}}}` (Claude Desktop, Cursor and
     /// Claude Code's format; `${VAR}` is replaced by the variable). Repeatable. The root's
@@ -45,7 +45,7 @@ pub struct McpArgs {
 impl McpArgs {
     /// Makes the config paths absolute (they are saved with the run, and a resume may start
     /// elsewhere), checking that they exist.
-    pub fn absolutize(&mut self) -> Result<(), String> {
+    pub(crate) fn absolutize(&mut self) -> Result<(), String> {
         for path in &mut self.mcp_config {
             *path = path
                 .canonicalize()
@@ -76,7 +76,7 @@ fn globset(patterns: &[String]) -> Result<Option<GlobSet>, String> {
 }
 
 /// The servers of the flags: the --mcp-config files in order, then the root's .mcp.json.
-pub fn server_configs(args: &McpArgs, root: &Path) -> Result<Vec<ServerConfig>, String> {
+pub(crate) fn server_configs(args: &McpArgs, root: &Path) -> Result<Vec<ServerConfig>, String> {
     let mut files: Vec<(PathBuf, String)> = args
         .mcp_config
         .iter()
@@ -133,7 +133,7 @@ fn servers_for(configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
 }
 
 /// Stops the process's servers (when the command ends).
-pub async fn shutdown() {
+pub(crate) async fn shutdown() {
     let servers = SERVERS.lock().unwrap_or_else(|p| p.into_inner()).take();
     if let Some((_, servers)) = servers {
         servers.shutdown().await;
@@ -141,7 +141,7 @@ pub async fn shutdown() {
 }
 
 /// A failure to assemble the tools: a usage error (a bad flag or file) or a server that failed.
-pub enum ToolsError {
+pub(crate) enum ToolsError {
     /// Exit code 2.
     Usage(String),
     /// Exit code 1.
@@ -150,7 +150,7 @@ pub enum ToolsError {
 
 impl ToolsError {
     /// Says it on stderr; the exit code.
-    pub fn report(self) -> ExitCode {
+    pub(crate) fn report(self) -> ExitCode {
         match self {
             ToolsError::Usage(m) => {
                 eprintln!("toolloop: {m}");
@@ -167,7 +167,7 @@ impl ToolsError {
 /// The run's tools: the built-in ones, then the MCP servers' (listed afresh when a server said
 /// its list changed), then `--tools` / `--no-tools`. A server tool whose schema does not
 /// compile is left out with a warning.
-pub async fn assemble(
+pub(crate) async fn assemble(
     args: &McpArgs,
     root: &Path,
     builtin: Vec<Arc<dyn Tool>>,
@@ -217,14 +217,14 @@ impl Selection {
 }
 
 #[derive(Subcommand, Debug)]
-pub enum McpCommand {
+pub(crate) enum McpCommand {
     /// Start the configured MCP servers and show each one, its state and its tools with their
     /// annotations; tools that --tools/--no-tools leave out are marked "not offered".
     List(ListArgs),
 }
 
 #[derive(Args, Debug)]
-pub struct ListArgs {
+pub(crate) struct ListArgs {
     #[command(flatten)]
     mcp: McpArgs,
     /// The root whose .mcp.json is read (and whose file tools' names MCP tools avoid).
@@ -258,7 +258,7 @@ fn transport_text(t: &Transport) -> String {
     }
 }
 
-pub async fn mcp(command: McpCommand) -> ExitCode {
+pub(crate) async fn mcp(command: McpCommand) -> ExitCode {
     match command {
         McpCommand::List(args) => list(args).await,
     }

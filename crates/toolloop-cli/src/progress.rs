@@ -23,7 +23,7 @@ use toolloop::outcome::CallStatus;
 type Out = Box<dyn Write + Send>;
 
 /// Shows a run's progress.
-pub struct Progress {
+pub(crate) struct Progress {
     /// The spinner, when shown.
     bar: Option<ProgressBar>,
     /// Where the progress lines go when there is no spinner; `None` shows none.
@@ -121,7 +121,7 @@ impl Text {
 
 impl Progress {
     /// Progress on stderr when `show`; the model's text streamed to stdout when `stream_text`.
-    pub fn new(show: bool, stream_text: bool) -> Self {
+    pub(crate) fn new(show: bool, stream_text: bool) -> Self {
         let stdout = || Box::new(std::io::stdout()) as Out;
         let text = match (stream_text, std::io::stdout().is_terminal()) {
             (false, _) => None,
@@ -184,7 +184,7 @@ impl Progress {
     }
 
     /// Updates the display for one event.
-    pub fn event(&self, event: &Event) {
+    pub(crate) fn event(&self, event: &Event) {
         match event {
             Event::RoundStarted { .. } => self.text(Text::begin),
             Event::TextDelta { text, .. } => self.text(|t| t.delta(text)),
@@ -267,7 +267,7 @@ impl Progress {
     }
 
     /// Runs `f` with the spinner hidden (a question asked on the terminal).
-    pub fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
+    pub(crate) fn suspend<R>(&self, f: impl FnOnce() -> R) -> R {
         match &self.bar {
             Some(bar) => bar.suspend(f),
             None => f(),
@@ -275,7 +275,7 @@ impl Progress {
     }
 
     /// Removes the spinner and ends the streamed text's line.
-    pub fn finish(&self) {
+    pub(crate) fn finish(&self) {
         if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
@@ -283,7 +283,7 @@ impl Progress {
     }
 
     /// Whether the replies' text was streamed (and the answer is not to be written again).
-    pub fn streamed(&self) -> bool {
+    pub(crate) fn streamed(&self) -> bool {
         self.text.is_some()
     }
 }

@@ -19,7 +19,7 @@ use toolloop::outcome::{Outcome, StopReason};
 /// What a run needs besides its prompt: the model and the loop's settings (shared by `run`
 /// and `chat`, and saved with each run so that `resume` can rebuild the agent).
 #[derive(Args, Debug, Clone, serde::Serialize, serde::Deserialize)]
-pub struct AgentArgs {
+pub(crate) struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub provider: ProviderArgs,
@@ -88,7 +88,7 @@ pub struct AgentArgs {
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
-pub struct RunArgs {
+pub(crate) struct RunArgs {
     /// What to ask. `-`, or nothing, reads the prompt from stdin (`cat notes.md | toolloop run -`).
     #[arg(default_value = "-", hide_default_value = true)]
     pub prompt: String,
@@ -115,7 +115,7 @@ pub struct RunArgs {
 
 /// The images `--attach` names: files are read (and checked to be images); URLs (anything with
 /// `://`, and `data:` URLs) are checked.
-pub fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
+pub(crate) fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
     items
         .iter()
         .map(|item| {
@@ -132,13 +132,13 @@ pub fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
 }
 
 /// The longest `--timeout`.
-pub const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
+pub(crate) const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
 /// The most `--max-output-tokens` (no model writes nearly that many in one reply).
-pub const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
+pub(crate) const MAX_OUTPUT_TOKENS: u32 = 1_000_000;
 
 /// A `--timeout`: a number of seconds, or a duration with units (`90s`, `2m`, `1h 30m`), above
 /// zero and at most [`MAX_TIMEOUT`].
-pub fn parse_timeout(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_timeout(s: &str) -> Result<Duration, String> {
     const EXPECTED: &str = "expected seconds (`90`, `1.5`) or a duration (`90s`, `2m`, `1h`)";
     let text = s.trim();
     let duration = match text.parse::<f64>() {
@@ -164,7 +164,7 @@ pub fn parse_timeout(s: &str) -> Result<Duration, String> {
 }
 
 /// A `--temperature`: a finite number from 0 to 2.
-pub fn parse_temperature(s: &str) -> Result<f32, String> {
+pub(crate) fn parse_temperature(s: &str) -> Result<f32, String> {
     let t: f32 = s
         .trim()
         .parse()
@@ -187,7 +187,7 @@ impl AgentArgs {
     /// file is replaced by its settings, and what the flags name in files (`--system-file`) is
     /// read in, so that the run's saved configuration needs neither. Says on stderr when no
     /// model was chosen anywhere (the offline test model answers).
-    pub fn prepare(&mut self) -> Result<(), String> {
+    pub(crate) fn prepare(&mut self) -> Result<(), String> {
         crate::config::resolve_model(&mut self.provider)?;
         if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
             eprintln!(
@@ -217,7 +217,7 @@ impl AgentArgs {
     /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
     /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
     /// note on stderr, so that the run can still be resumed.
-    pub fn check(&mut self) -> Result<(), String> {
+    pub(crate) fn check(&mut self) -> Result<(), String> {
         if self.max_rounds == 0 {
             return Err("--max-rounds 0: a run needs at least 1 round".into());
         }
@@ -258,7 +258,7 @@ const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
 
 /// Reads an `--output-schema` file: a JSON Schema (an object), named after its `title`, else
 /// after the file. The errors name the flag and the file.
-pub fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
+pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
     use std::io::Read;
     let at = || format!("--output-schema {}", path.display());
     let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", at()))?;
@@ -336,13 +336,13 @@ fn read_stdin_prompt() -> Result<String, String> {
     Ok(text)
 }
 
-pub fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+pub(crate) fn usage_error(message: impl std::fmt::Display) -> ExitCode {
     eprintln!("toolloop: {message}");
     ExitCode::from(EXIT_USAGE)
 }
 
 /// 0 answered; 3 a budget or terminal condition stopped the run; 1 other failures.
-pub fn exit_code(reason: StopReason) -> ExitCode {
+pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
     match reason {
         StopReason::Answered => ExitCode::SUCCESS,
         StopReason::MaxRounds
@@ -358,7 +358,7 @@ pub fn exit_code(reason: StopReason) -> ExitCode {
     }
 }
 
-pub async fn run(mut args: RunArgs) -> ExitCode {
+pub(crate) async fn run(mut args: RunArgs) -> ExitCode {
     if args.prompt == "-" {
         match read_stdin_prompt() {
             Ok(p) => args.prompt = p,
@@ -389,7 +389,7 @@ pub async fn run(mut args: RunArgs) -> ExitCode {
 }
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
-pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode {
+pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode {
     if let Err(e) = args.agent.check() {
         return usage_error(e);
     }
@@ -499,7 +499,7 @@ pub async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode 
 
 /// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the
 /// MCP servers configured, as selected by `--tools` / `--no-tools`.
-pub async fn tools(
+pub(crate) async fn tools(
     agent: &AgentArgs,
 ) -> Result<Vec<Arc<dyn toolloop::Tool>>, crate::mcp::ToolsError> {
     use crate::mcp::ToolsError;
@@ -515,7 +515,7 @@ pub async fn tools(
 
 /// The agent `agent` describes around `model` and `tools`: its limits and approval rules (no
 /// event handler, no approval handler, no journal).
-pub fn agent_builder_with(
+pub(crate) fn agent_builder_with(
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
     tools: Vec<Arc<dyn toolloop::Tool>>,
@@ -576,7 +576,7 @@ fn event_line(event: &toolloop::Event) {
 }
 
 /// The outcome as the `--json` object.
-pub fn outcome_json(o: &Outcome) -> Value {
+pub(crate) fn outcome_json(o: &Outcome) -> Value {
     let calls: Vec<Value> = o
         .tool_calls
         .iter()

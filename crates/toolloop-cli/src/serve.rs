@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Args, Debug)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Serve the agent to a Restate server: listen on this address (`127.0.0.1:9080`) for the
     /// server's calls. Several workers may share one address.
     #[arg(long, value_name = "ADDR")]
@@ -26,7 +26,7 @@ pub struct ServeArgs {
     pub agent: AgentArgs,
 }
 
-pub async fn serve(mut args: ServeArgs) -> ExitCode {
+pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         return usage_error(e);
     }

@@ -9,7 +9,7 @@ use std::process::ExitCode;
 use toolloop::message::Message;
 
 #[derive(Subcommand, Debug)]
-pub enum SessionsCommand {
+pub(crate) enum SessionsCommand {
     /// List sessions: name, messages, runs, last update.
     List {
         #[command(flatten)]
@@ -38,7 +38,7 @@ pub enum SessionsCommand {
 }
 
 #[derive(Args, Debug)]
-pub struct RunsArgs {
+pub(crate) struct RunsArgs {
     /// Only the runs of this session.
     #[arg(long, value_name = "NAME")]
     session: Option<String>,
@@ -50,7 +50,7 @@ pub struct RunsArgs {
 }
 
 #[derive(Args, Debug)]
-pub struct ResumeArgs {
+pub(crate) struct ResumeArgs {
     /// The run to continue (`toolloop runs` lists them).
     run_id: String,
     #[command(flatten)]
@@ -79,7 +79,7 @@ fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
     code
 }
 
-pub async fn sessions(command: SessionsCommand) -> ExitCode {
+pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
     match command {
         SessionsCommand::List { store, json } => {
             let store = match open_store(&store).await {
@@ -233,7 +233,7 @@ fn print_message(m: &Message) {
     }
 }
 
-pub async fn runs(args: RunsArgs) -> ExitCode {
+pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
     let store = match open_store(&args.store).await {
         Ok(s) => s,
         Err(code) => return code,
@@ -278,7 +278,7 @@ pub async fn runs(args: RunsArgs) -> ExitCode {
 }
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
-pub async fn resume(args: ResumeArgs) -> ExitCode {
+pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
     match saved_run(
         &args.run_id,
         args.store,
@@ -295,7 +295,7 @@ pub async fn resume(args: ResumeArgs) -> ExitCode {
 
 /// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
 /// replaces the saved one).
-pub async fn saved_run(
+pub(crate) async fn saved_run(
     run_id: &str,
     store_args: StoreArgs,
     base_url: Option<String>,

@@ -14,7 +14,7 @@ use toolloop::ptk::{Auto, Dialect, Prompted};
 
 /// Provider flags shared by the commands that call a model.
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub struct ProviderArgs {
+pub(crate) struct ProviderArgs {
     /// The model, as provider:model: test, scripted:<file>, openai:<model> (Chat Completions),
     /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>.
     #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
@@ -53,7 +53,7 @@ pub struct ProviderArgs {
     ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize,
 )]
 #[serde(rename_all = "snake_case")]
-pub enum ToolProtocol {
+pub(crate) enum ToolProtocol {
     /// The API's own tool calling.
     #[default]
     Native,
@@ -78,7 +78,7 @@ fn parse_extra(s: &str) -> Result<Box<Value>, String> {
 }
 
 /// The providers `--model` accepts, for error messages.
-pub const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
+pub(crate) const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
                          anthropic:<model>, gemini:<model>";
 
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
@@ -153,7 +153,7 @@ static DEBUG_LOG: std::sync::OnceLock<Arc<toolloop::transport::request_log::Requ
     std::sync::OnceLock::new();
 
 /// Sets where every model request and response is logged: a file, or stderr for `-`.
-pub fn set_debug_log(target: &str) -> Result<(), String> {
+pub(crate) fn set_debug_log(target: &str) -> Result<(), String> {
     use toolloop::transport::request_log::RequestLog;
     let log = if target == "-" {
         RequestLog::stderr()
@@ -170,7 +170,7 @@ fn debug_log() -> Option<Arc<toolloop::transport::request_log::RequestLog>> {
 }
 
 /// Builds the model a spec names, with the tool protocol asked for.
-pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+pub(crate) fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let model = provider_model(args)?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
@@ -185,7 +185,7 @@ pub fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
 
 /// The model `name` names (`provider:model`, or a model of the configuration file), with the
 /// other provider flags of `args`; `None`: the model `args` names.
-pub fn model_from_args_named(
+pub(crate) fn model_from_args_named(
     args: &ProviderArgs,
     name: Option<&str>,
 ) -> Result<Arc<dyn Model>, String> {

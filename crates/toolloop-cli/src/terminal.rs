@@ -35,7 +35,7 @@ fn is_unsafe(c: char, multiline: bool) -> bool {
 /// erase, recolour, set the title or reorder the line. `multiline` keeps `\n` and `\t` (an
 /// answer); without it they are escaped too (a one-line progress message). Borrowed when there
 /// is nothing to escape.
-pub fn escape(text: &str, multiline: bool) -> Cow<'_, str> {
+pub(crate) fn escape(text: &str, multiline: bool) -> Cow<'_, str> {
     if !text.chars().any(|c| is_unsafe(c, multiline)) {
         return Cow::Borrowed(text);
     }
@@ -57,7 +57,7 @@ pub fn escape(text: &str, multiline: bool) -> Cow<'_, str> {
 }
 
 /// `text` as it should go to stdout: escaped for a terminal, exact for a pipe or a file.
-pub fn for_stdout(text: &str, terminal: bool) -> Cow<'_, str> {
+pub(crate) fn for_stdout(text: &str, terminal: bool) -> Cow<'_, str> {
     if terminal {
         escape(text, true)
     } else {
@@ -71,7 +71,7 @@ pub fn for_stdout(text: &str, terminal: bool) -> Cow<'_, str> {
 /// The count follows the terminal's wrapping (a character that does not fit on the row goes to
 /// the next; wide characters count two columns); it is exact unless the terminal is resized
 /// while an attempt streams.
-pub struct Screen<W: Write> {
+pub(crate) struct Screen<W: Write> {
     out: W,
     width: fn() -> usize,
     /// The cursor's column; `width` when a character filled the row's last column (the next
@@ -88,7 +88,7 @@ pub struct Screen<W: Write> {
 
 impl<W: Write> Screen<W> {
     /// Text to `out`, a terminal `width()` columns wide (asked at each write).
-    pub fn new(out: W, width: fn() -> usize) -> Self {
+    pub(crate) fn new(out: W, width: fn() -> usize) -> Self {
         Screen {
             out,
             width,
@@ -104,20 +104,20 @@ impl<W: Write> Screen<W> {
     }
 
     /// Marks where a new attempt at a reply begins.
-    pub fn begin_attempt(&mut self) {
+    pub(crate) fn begin_attempt(&mut self) {
         self.rows = 0;
         self.start_col = self.col;
         self.open = true;
     }
 
     /// The current attempt's reply was accepted: its text stays.
-    pub fn accept(&mut self) {
+    pub(crate) fn accept(&mut self) {
         self.open = false;
     }
 
     /// Erases the current attempt's text unless its reply was accepted (the run ended while the
     /// reply was streaming, or its stream broke for good).
-    pub fn abandon(&mut self) {
+    pub(crate) fn abandon(&mut self) {
         if self.open {
             self.erase_attempt();
             self.open = false;
@@ -125,7 +125,7 @@ impl<W: Write> Screen<W> {
     }
 
     /// Writes `text`, escaped.
-    pub fn write_text(&mut self, text: &str) {
+    pub(crate) fn write_text(&mut self, text: &str) {
         let text = escape(text, true);
         let width = self.width();
         for c in text.chars() {
@@ -157,7 +157,7 @@ impl<W: Write> Screen<W> {
 
     /// Erases the text written since [`Screen::begin_attempt`]: the cursor goes back where the
     /// attempt began and everything after it on the screen is cleared.
-    pub fn erase_attempt(&mut self) {
+    pub(crate) fn erase_attempt(&mut self) {
         if self.rows == 0 && self.col == self.start_col {
             return;
         }
@@ -184,7 +184,7 @@ impl<W: Write> Screen<W> {
     }
 
     /// Ends the current line, if text is on it (before a line of progress, and at the end).
-    pub fn end_line(&mut self) {
+    pub(crate) fn end_line(&mut self) {
         if self.col > 0 {
             let _ = self.out.write_all(b"\n");
             let _ = self.out.flush();
@@ -195,13 +195,13 @@ impl<W: Write> Screen<W> {
 
     /// The writer, for the tests.
     #[cfg(test)]
-    pub fn into_inner(self) -> W {
+    pub(crate) fn into_inner(self) -> W {
         self.out
     }
 }
 
 /// The width of the terminal on stdout (80 when it cannot be told).
-pub fn stdout_width() -> usize {
+pub(crate) fn stdout_width() -> usize {
     console::Term::stdout()
         .size_checked()
         .map_or(80, |(_, cols)| usize::from(cols))

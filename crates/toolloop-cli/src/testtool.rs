@@ -20,7 +20,7 @@ struct EffectArgs {
 }
 
 /// The tools to offer: `tools`, or the test tool when the hook is set.
-pub fn tools(tools: Vec<Arc<dyn Tool>>) -> Vec<Arc<dyn Tool>> {
+pub(crate) fn tools(tools: Vec<Arc<dyn Tool>>) -> Vec<Arc<dyn Tool>> {
     let Some(path) = std::env::var_os("TOOLLOOP_TEST_EFFECTS") else {
         return tools;
     };

@@ -21,7 +21,7 @@ use toolloop_workflow::{
 
 /// `toolloop workflow …`.
 #[derive(Subcommand, Debug)]
-pub enum WorkflowCommand {
+pub(crate) enum WorkflowCommand {
     /// Run a workflow file: its steps in order (or as a graph with depends_on), each a run.
     Run(WorkflowRunArgs),
     /// Check a workflow file without running it: templates, step order (unknown steps,
@@ -36,7 +36,7 @@ pub enum WorkflowCommand {
 
 /// `toolloop workflow run`.
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
-pub struct WorkflowRunArgs {
+pub(crate) struct WorkflowRunArgs {
     /// The workflow file (TOML).
     #[serde(skip)]
     #[arg(required_unless_present = "resume")]
@@ -86,7 +86,7 @@ pub struct WorkflowRunArgs {
 
 /// `toolloop workflow check`.
 #[derive(Args, Debug)]
-pub struct WorkflowCheckArgs {
+pub(crate) struct WorkflowCheckArgs {
     /// The workflow file (TOML).
     pub file: PathBuf,
     /// Inputs to check as given: NAME=VALUE (repeatable); without any, only the definition
@@ -99,7 +99,7 @@ pub struct WorkflowCheckArgs {
 
 /// `toolloop workflow resume`.
 #[derive(Args, Debug)]
-pub struct WorkflowResumeArgs {
+pub(crate) struct WorkflowResumeArgs {
     /// The workflow run to continue (`toolloop workflow list` shows them).
     pub id: String,
     #[command(flatten)]
@@ -118,7 +118,7 @@ pub struct WorkflowResumeArgs {
 
 /// `toolloop workflow list`.
 #[derive(Args, Debug)]
-pub struct WorkflowListArgs {
+pub(crate) struct WorkflowListArgs {
     #[command(flatten)]
     pub store: StoreArgs,
     /// Print JSON.
@@ -139,7 +139,7 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
 }
 
 /// `toolloop workflow …`.
-pub async fn workflow(command: WorkflowCommand) -> ExitCode {
+pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
     match command {
         WorkflowCommand::Run(args) => run(args).await,
         WorkflowCommand::Check(args) => check(args).await,

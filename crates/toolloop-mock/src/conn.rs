@@ -44,7 +44,7 @@ pub(crate) struct ConnHandle(Arc<AtomicBool>);
 impl ConnHandle {
     /// Resets the connection: from now on every read and write fails, and the socket is closed
     /// with an RST as soon as the server drops it.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.0.store(true, Ordering::SeqCst);
     }
 

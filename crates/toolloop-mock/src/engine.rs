@@ -35,7 +35,7 @@ pub(crate) struct Progress {
 }
 
 impl Progress {
-    pub fn user_text(&mut self) {
+    pub(crate) fn user_text(&mut self) {
         if !self.after_results {
             *self = Progress {
                 answers: self.answers,
@@ -45,21 +45,21 @@ impl Progress {
     }
 
     /// Counts the images of the user turn just read (after [`Progress::user_text`]).
-    pub fn user_images(&mut self, n: u32) {
+    pub(crate) fn user_images(&mut self, n: u32) {
         self.images = self.images.saturating_add(n);
     }
 
-    pub fn tool_calls(&mut self) {
+    pub(crate) fn tool_calls(&mut self) {
         self.rounds = self.rounds.saturating_add(1);
         self.after_results = false;
     }
 
-    pub fn tool_result(&mut self) {
+    pub(crate) fn tool_result(&mut self) {
         self.results = self.results.saturating_add(1);
         self.after_results = true;
     }
 
-    pub fn assistant_text(&mut self) {
+    pub(crate) fn assistant_text(&mut self) {
         self.answers = self.answers.saturating_add(1);
         self.after_results = false;
     }
@@ -94,13 +94,13 @@ pub(crate) struct Ledger<'a> {
 
 impl<'a> Ledger<'a> {
     /// True while an assistant turn's calls are waiting for results.
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         !self.slots.is_empty()
     }
 
     /// Starts a turn's calls `(key, name)`, keyed by id, or by name where the wire has no ids
     /// (`unique_keys` false).
-    pub fn open(
+    pub(crate) fn open(
         &mut self,
         turn: usize,
         calls: impl Iterator<Item = (&'a str, &'a str)>,
@@ -122,7 +122,7 @@ impl<'a> Ledger<'a> {
     }
 
     /// Records the result for the call with this id.
-    pub fn answer(&mut self, id: &'a str) -> Result<(), Problem<'a>> {
+    pub(crate) fn answer(&mut self, id: &'a str) -> Result<(), Problem<'a>> {
         match self.slots.iter_mut().find(|s| s.key == id) {
             None => Err(Problem::Unknown(id)),
             Some(slot) if slot.answered => Err(Problem::Twice(id)),
@@ -134,7 +134,7 @@ impl<'a> Ledger<'a> {
     }
 
     /// Records a result by function name: it answers the first unanswered call of that name.
-    pub fn answer_by_name(&mut self, name: &'a str) -> Result<(), Problem<'a>> {
+    pub(crate) fn answer_by_name(&mut self, name: &'a str) -> Result<(), Problem<'a>> {
         if let Some(slot) = self
             .slots
             .iter_mut()
@@ -151,7 +151,7 @@ impl<'a> Ledger<'a> {
     }
 
     /// Ends the turn: every call must have its result.
-    pub fn close(&mut self) -> Result<(), Problem<'a>> {
+    pub(crate) fn close(&mut self) -> Result<(), Problem<'a>> {
         let missing: Vec<&'a str> = self
             .slots
             .iter()

@@ -223,7 +223,7 @@ pub(crate) struct FaultState {
 impl FaultState {
     /// Decides whether this request fails, and how. Counts nothing: [`FaultState::count`] does,
     /// once the response is sent.
-    pub fn draw(
+    pub(crate) fn draw(
         &self,
         scenario: &Scenario,
         protocol: Protocol,
@@ -256,11 +256,11 @@ impl FaultState {
     }
 
     /// Counts one fault that was sent.
-    pub fn count(&self, kind: FaultKind) {
+    pub(crate) fn count(&self, kind: FaultKind) {
         self.counts[kind.index()].fetch_add(1, Ordering::Relaxed);
     }
 
-    pub fn counts(&self) -> FaultCounts {
+    pub(crate) fn counts(&self) -> FaultCounts {
         let mut out = FaultCounts::default();
         for (slot, count) in out.0.iter_mut().zip(&self.counts) {
             *slot = count.load(Ordering::Relaxed);

@@ -51,7 +51,7 @@ pub(crate) enum Payload {
 
 impl Prepared {
     /// A JSON body with no delay.
-    pub fn json(status: StatusCode, value: &impl Serialize) -> Prepared {
+    pub(crate) fn json(status: StatusCode, value: &impl Serialize) -> Prepared {
         Prepared {
             status,
             payload: Payload::Json(to_vec(value)),
@@ -62,7 +62,7 @@ impl Prepared {
     }
 
     /// A reply with status 200, this payload, the scenario's pacing and no fault.
-    pub fn ok(payload: Payload, latency: Duration, chunk_delay: Duration) -> Prepared {
+    pub(crate) fn ok(payload: Payload, latency: Duration, chunk_delay: Duration) -> Prepared {
         Prepared {
             status: StatusCode::OK,
             payload,
@@ -76,7 +76,7 @@ impl Prepared {
     /// `reset_body`, `cut_call` (cut in the middle of `cut_needle`, found after `cut_after`, or
     /// at the SSE writer's mark), `malformed_json` and `slow`. Error faults are the protocol
     /// module's business (their bodies have its shape).
-    pub fn with_fault(
+    pub(crate) fn with_fault(
         mut self,
         drawn: Drawn,
         slow_delay: Duration,
@@ -117,14 +117,14 @@ impl Prepared {
     }
 
     /// The kind of the injected fault this response carries, if any.
-    pub fn fault(&self) -> Option<FaultKind> {
+    pub(crate) fn fault(&self) -> Option<FaultKind> {
         self.injected.as_ref().map(|i| i.kind)
     }
 
     /// The reply for a fault that replaces the response: an error status, built by the protocol
     /// module's `error` (its body shape), or a reset before the response. `None` for the faults
     /// applied to a built reply ([`Prepared::with_fault`]).
-    pub fn early_fault(
+    pub(crate) fn early_fault(
         drawn: Drawn,
         scenario: &Scenario,
         error: impl Fn(StatusCode, &str) -> Prepared,
@@ -162,7 +162,7 @@ impl Prepared {
     }
 
     /// Marks an error reply as an injected fault, with its extra headers.
-    pub fn marked_fault(
+    pub(crate) fn marked_fault(
         mut self,
         kind: FaultKind,
         headers: Vec<(&'static str, String)>,
@@ -176,7 +176,7 @@ impl Prepared {
     }
 
     /// The HTTP response, with a `Server-Timing` header giving the server's processing time.
-    pub fn into_response(self, processing: Duration, conn: Option<&ConnHandle>) -> Response {
+    pub(crate) fn into_response(self, processing: Duration, conn: Option<&ConnHandle>) -> Response {
         let (reset, extra_headers) = match self.injected {
             Some(injected) => (injected.reset, injected.headers),
             None => (Reset::No, Vec::new()),
@@ -269,7 +269,7 @@ pub(crate) struct SseWriter {
 
 impl SseWriter {
     /// Events end with a blank line: `\n\n`, or `\r\n\r\n` when `crlf` (as Gemini sends).
-    pub fn new(crlf: bool) -> SseWriter {
+    pub(crate) fn new(crlf: bool) -> SseWriter {
         SseWriter {
             buf: Vec::with_capacity(1024),
             ends: Vec::with_capacity(16),
@@ -280,7 +280,7 @@ impl SseWriter {
 
     /// Marks the end of the events written so far as where a `cut_call` fault ends the stream
     /// (the first mark wins).
-    pub fn mark(&mut self) {
+    pub(crate) fn mark(&mut self) {
         if self.mark == 0 {
             self.mark = self.buf.len();
         }
@@ -316,7 +316,7 @@ impl SseWriter {
     }
 
     /// Writes one event: an optional `event:` line and a `data:` line holding `data` as JSON.
-    pub fn event(&mut self, name: Option<&str>, data: &impl Serialize) {
+    pub(crate) fn event(&mut self, name: Option<&str>, data: &impl Serialize) {
         if let Some(name) = name {
             self.buf.extend_from_slice(b"event: ");
             self.buf.extend_from_slice(name.as_bytes());
@@ -330,7 +330,7 @@ impl SseWriter {
     }
 
     /// Writes a `data:` line holding `raw` as is (`[DONE]`, or JSON already serialized).
-    pub fn raw(&mut self, raw: &[u8]) {
+    pub(crate) fn raw(&mut self, raw: &[u8]) {
         self.buf.extend_from_slice(b"data: ");
         self.buf.extend_from_slice(raw);
         self.buf.extend_from_slice(self.separator);

@@ -6,14 +6,14 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 /// Every run is logged to the store: keep the tests' runs out of the user's data directory.
-pub fn test_store() -> String {
+pub(crate) fn test_store() -> String {
     static DIR: std::sync::OnceLock<tempfile::TempDir> = std::sync::OnceLock::new();
     let dir = DIR.get_or_init(|| tempfile::tempdir().unwrap());
     dir.path().join("store.db").to_string_lossy().into_owned()
 }
 
 /// The binary, in `dir`, with a throwaway store and none of the user's model settings.
-pub fn command(args: &[&str], dir: &Path) -> Command {
+pub(crate) fn command(args: &[&str], dir: &Path) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_toolloop"));
     c.args(args)
         .current_dir(dir)
@@ -30,12 +30,12 @@ pub fn command(args: &[&str], dir: &Path) -> Command {
 }
 
 /// Runs the binary to the end.
-pub fn toolloop(args: &[&str], dir: &Path) -> Output {
+pub(crate) fn toolloop(args: &[&str], dir: &Path) -> Output {
     command(args, dir).output().expect("the binary runs")
 }
 
 /// Stdout as JSON, or a panic that shows both streams.
-pub fn json_of(out: &Output) -> Value {
+pub(crate) fn json_of(out: &Output) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "stdout is not JSON ({e}): {}\nstderr: {}",
@@ -46,7 +46,7 @@ pub fn json_of(out: &Output) -> Value {
 }
 
 /// A small repository with a README.
-pub fn repo() -> tempfile::TempDir {
+pub(crate) fn repo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("README.md"), "# Demo\n\nversion 1.2.3\n").unwrap();
     dir

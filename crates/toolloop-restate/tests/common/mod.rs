@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The server binary of this platform's npm package, when installed.
-pub fn server_binary() -> Option<PathBuf> {
+pub(crate) fn server_binary() -> Option<PathBuf> {
     let os = match std::env::consts::OS {
         "linux" => "linux",
         "macos" => "darwin",
@@ -27,7 +27,7 @@ pub fn server_binary() -> Option<PathBuf> {
 }
 
 /// A free TCP port of 127.0.0.1 (free when asked).
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -36,7 +36,7 @@ pub fn free_port() -> u16 {
 }
 
 /// A running Restate server, killed on drop.
-pub struct RestateServer {
+pub(crate) struct RestateServer {
     child: Child,
     pub ingress: String,
     pub admin: String,
@@ -45,7 +45,7 @@ pub struct RestateServer {
 
 impl RestateServer {
     /// Starts the server and waits until its admin API and ingress answer.
-    pub fn start(binary: &std::path::Path) -> RestateServer {
+    pub(crate) fn start(binary: &std::path::Path) -> RestateServer {
         let dir = tempfile::tempdir().unwrap();
         let (ingress, admin, node) = (free_port(), free_port(), free_port());
         let log = std::fs::File::create(dir.path().join("restate.log")).unwrap();
@@ -108,7 +108,7 @@ impl RestateServer {
     }
 
     /// The server's log so far.
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("restate.log")).unwrap_or_default()
     }
 }
@@ -122,7 +122,7 @@ impl Drop for RestateServer {
 
 mod reqwest {
     /// A check that a URL answers 200, on a small runtime of its own.
-    pub fn blocking_client() -> impl Fn(&str) -> bool {
+    pub(super) fn blocking_client() -> impl Fn(&str) -> bool {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()

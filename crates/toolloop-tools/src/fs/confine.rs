@@ -148,7 +148,7 @@ struct Step {
 
 impl Root {
     /// Opens `root` (following links in it: the root itself may be reached through a link).
-    pub fn open(root: &Path) -> io::Result<Root> {
+    pub(super) fn open(root: &Path) -> io::Result<Root> {
         let dir = std::fs::canonicalize(root)?;
         let handle = Handle::open_root(&dir)?;
         Ok(Root {
@@ -159,7 +159,11 @@ impl Root {
 
     /// Resolves `components` (plain names, no `.` or `..`) beneath the root. With
     /// `create_dirs`, missing directories on the way are created (but not ones a link names).
-    pub fn resolve(&self, components: &[&OsStr], create_dirs: bool) -> Result<Found, Refusal> {
+    pub(super) fn resolve(
+        &self,
+        components: &[&OsStr],
+        create_dirs: bool,
+    ) -> Result<Found, Refusal> {
         let mut queue: VecDeque<Step> = components
             .iter()
             .map(|name| Step {
@@ -416,7 +420,7 @@ mod sys {
 
     /// A directory opened for looking up names in it.
     #[derive(Debug)]
-    pub struct Handle(OwnedFd);
+    pub(crate) struct Handle(OwnedFd);
 
     /// How directories on the way are opened: for lookups only where the system allows it
     /// (so a directory that may be searched but not listed still works).
@@ -446,14 +450,14 @@ mod sys {
     }
 
     /// Whether opening a directory failed because the entry is not (or no longer) one.
-    pub fn changed(error: &io::Error) -> bool {
+    pub(super) fn changed(error: &io::Error) -> bool {
         error.kind() == io::ErrorKind::NotFound
             || error.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error())
             || error.raw_os_error() == Some(rustix::io::Errno::NOTDIR.raw_os_error())
     }
 
     impl Handle {
-        pub fn open_root(dir: &Path) -> io::Result<Handle> {
+        pub(crate) fn open_root(dir: &Path) -> io::Result<Handle> {
             let fd = rustix::fs::openat(
                 CWD,
                 dir,
@@ -464,13 +468,13 @@ mod sys {
         }
 
         /// The entry `name`, not following a link.
-        pub fn lstat(&self, name: &OsStr) -> io::Result<Meta> {
+        pub(crate) fn lstat(&self, name: &OsStr) -> io::Result<Meta> {
             let stat = rustix::fs::statat(&self.0, name, AtFlags::SYMLINK_NOFOLLOW)?;
             Ok(meta_of(&stat))
         }
 
         /// Opens the directory `name`; fails when it is anything else, a link included.
-        pub fn open_dir(&self, name: &OsStr) -> io::Result<Handle> {
+        pub(crate) fn open_dir(&self, name: &OsStr) -> io::Result<Handle> {
             let flags = LOOKUP | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
             Ok(Handle(rustix::fs::openat(
                 &self.0,
@@ -480,7 +484,7 @@ mod sys {
             )?))
         }
 
-        pub fn read_link(&self, name: &OsStr) -> io::Result<PathBuf> {
+        pub(crate) fn read_link(&self, name: &OsStr) -> io::Result<PathBuf> {
             let target = rustix::fs::readlinkat(&self.0, name, Vec::new())?;
             Ok(PathBuf::from(OsStr::from_bytes(target.as_bytes())))
         }
@@ -488,7 +492,7 @@ mod sys {
         /// Opens the entry `name` for reading without following a link, without waiting (a
         /// FIFO opens at once) and without becoming a controlling terminal. The caller checks
         /// what was opened with the handle's metadata.
-        pub fn open_read(&self, name: &OsStr) -> io::Result<File> {
+        pub(crate) fn open_read(&self, name: &OsStr) -> io::Result<File> {
             let flags = OFlags::RDONLY
                 | OFlags::NOFOLLOW
                 | OFlags::NONBLOCK
@@ -503,7 +507,7 @@ mod sys {
         }
 
         /// Creates the file `name`, which must not exist (not even as a link), for writing.
-        pub fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
+        pub(crate) fn create_new(&self, name: &OsStr, mode: u32) -> io::Result<File> {
             let flags = OFlags::WRONLY
                 | OFlags::CREATE
                 | OFlags::EXCL
@@ -514,7 +518,7 @@ mod sys {
             Ok(File::from(rustix::fs::openat(&self.0, name, flags, mode)?))
         }
 
-        pub fn mkdir(&self, name: &OsStr) -> io::Result<()> {
+        pub(crate) fn mkdir(&self, name: &OsStr) -> io::Result<()> {
             Ok(rustix::fs::mkdirat(
                 &self.0,
                 name,
@@ -524,7 +528,7 @@ mod sys {
 
         /// Renames `from` to `to` in this directory. Without `replace`, fails with
         /// `AlreadyExists` when `to` exists, where the system can tell atomically.
-        pub fn rename(&self, from: &OsStr, to: &OsStr, replace: bool) -> io::Result<()> {
+        pub(crate) fn rename(&self, from: &OsStr, to: &OsStr, replace: bool) -> io::Result<()> {
             #[cfg(any(target_os = "linux", target_os = "android"))]
             if !replace {
                 use rustix::fs::RenameFlags;
@@ -538,12 +542,12 @@ mod sys {
             Ok(rustix::fs::renameat(&self.0, from, &self.0, to)?)
         }
 
-        pub fn remove_file(&self, name: &OsStr) -> io::Result<()> {
+        pub(crate) fn remove_file(&self, name: &OsStr) -> io::Result<()> {
             Ok(rustix::fs::unlinkat(&self.0, name, AtFlags::empty())?)
         }
 
         /// The names in this directory (without `.` and `..`).
-        pub fn names(&self) -> io::Result<Vec<OsString>> {
+        pub(crate) fn names(&self) -> io::Result<Vec<OsString>> {
             let fd = rustix::fs::openat(
                 &self.0,
                 ".",

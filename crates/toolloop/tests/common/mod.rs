@@ -14,10 +14,10 @@ use toolloop::providers::scripted::ScriptedModel;
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 
 /// Effects by idempotency key.
-pub type Effects = Arc<Mutex<HashMap<String, u32>>>;
+pub(crate) type Effects = Arc<Mutex<HashMap<String, u32>>>;
 
 /// Charges a card; counts each effect by its idempotency key.
-pub struct Charge {
+pub(crate) struct Charge {
     pub effects: Effects,
     pub side_effect: SideEffect,
     pub schema: Value,
@@ -25,7 +25,7 @@ pub struct Charge {
 
 impl Charge {
     /// A charge tool of this kind of side effect.
-    pub fn new(effects: Effects, side_effect: SideEffect) -> Self {
+    pub(crate) fn new(effects: Effects, side_effect: SideEffect) -> Self {
         Charge {
             effects,
             side_effect,
@@ -60,7 +60,7 @@ impl Tool for Charge {
 }
 
 /// Two calls, then one, then the answer; ids `a`, `b`, `c`.
-pub fn script() -> Vec<ModelResponse> {
+pub(crate) fn script() -> Vec<ModelResponse> {
     let c = |id: &str, amount: u32| ToolCall {
         id: id.into(),
         name: "charge".into(),
@@ -76,7 +76,7 @@ pub fn script() -> Vec<ModelResponse> {
 }
 
 /// An agent with the charge tool, logging to `journal`.
-pub fn agent(
+pub(crate) fn agent(
     model: ScriptedModel,
     journal: Arc<dyn Journal>,
     effects: Effects,
