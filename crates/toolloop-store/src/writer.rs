@@ -207,6 +207,7 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
 }
 
 /// A bind parameter.
+#[derive(Clone, Copy)]
 enum Arg<'a> {
     Text(&'a str),
     MaybeText(Option<&'a str>),
@@ -227,6 +228,36 @@ impl<'a> Sql<'a> {
     fn arg(&mut self, a: Arg<'a>) -> String {
         self.args.push(a);
         format!("${}", self.args.len())
+    }
+
+    /// The same statements with anonymous `?` placeholders, and the parameters repeated in the
+    /// order their placeholders appear. SQLite takes `$1` for a parameter named "$1", and finds
+    /// a named (or numbered) parameter by a linear scan at each use and at each bind, so a batch
+    /// of thousands of them costs quadratic time in the parameters; anonymous ones are bound by
+    /// position. (The statement text holds no `$` but its placeholders.)
+    fn anonymous(&self) -> Sql<'a> {
+        let mut text = String::with_capacity(self.text.len());
+        let mut args = Vec::with_capacity(self.args.len() * 2);
+        let mut rest = self.text.as_str();
+        while let Some(i) = rest.find('$') {
+            text.push_str(&rest[..i]);
+            let after = &rest[i + 1..];
+            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+            let arg = after[..digits]
+                .parse::<usize>()
+                .ok()
+                .and_then(|k| self.args.get(k.checked_sub(1)?));
+            match arg {
+                Some(a) => {
+                    args.push(*a);
+                    text.push('?');
+                }
+                None => text.push_str(&rest[i..i + 1 + digits]),
+            }
+            rest = &after[digits..];
+        }
+        text.push_str(rest);
+        Sql { text, args }
     }
 }
 
@@ -481,6 +512,7 @@ async fn commit(
                 plan.build(part, &mut sql);
             }
             sql.text.push_str(";\nCOMMIT");
+            let sql = sql.anonymous();
             let ran = bound!(sql, sqlx::Sqlite)
                 .persistent(plan.recurs())
                 .fetch_all(&mut **c)
@@ -554,6 +586,28 @@ mod tests {
             },
             done,
         )
+    }
+
+    #[test]
+    fn anonymous_placeholders_repeat_the_parameters_in_textual_order() {
+        let mut sql = Sql::default();
+        let a = sql.arg(Arg::Text("a"));
+        let b = sql.arg(Arg::Int(2));
+        let c = sql.arg(Arg::Bool(true));
+        sql.text = format!("SELECT {b}, {a}; INSERT x VALUES ({a}, {c}, {b}) -- $ $99");
+        let anon = sql.anonymous();
+        assert_eq!(anon.text, "SELECT ?, ?; INSERT x VALUES (?, ?, ?) -- $ $99");
+        let shown: Vec<String> = anon
+            .args
+            .iter()
+            .map(|a| match a {
+                Arg::Text(s) => (*s).to_string(),
+                Arg::Int(i) => i.to_string(),
+                Arg::Bool(b) => b.to_string(),
+                _ => "?".into(),
+            })
+            .collect();
+        assert_eq!(shown, ["2", "a", "a", "true", "2"]);
     }
 
     #[test]

@@ -896,13 +896,18 @@ impl Agent {
             1
         };
         // When every call starts at once, their intents are durable together before any runs;
-        // otherwise each call makes its own durable before it starts.
+        // otherwise each call makes its own durable before it starts. Calls of read-only and
+        // idempotent tools run again on resume whether or not their intent was written, so
+        // theirs need not be durable first: they are written while the calls run, and the next
+        // flush waits for them.
         let intents_first = batch.calls.len() <= limit;
         if intents_first && let Some(log) = log {
+            let mut rerun_safe = true;
             for &index in &batch.calls {
                 if let Some(call) = machine.round_call(index)
-                    && self.toolbox.get(&call.name).is_some()
+                    && let Some(tool) = self.toolbox.get(&call.name)
                 {
+                    rerun_safe &= tool.side_effect() != SideEffect::SideEffecting;
                     log.soon(Record::ToolStarted {
                         round,
                         index,
@@ -910,7 +915,11 @@ impl Agent {
                     });
                 }
             }
-            log.flush().await?;
+            if rerun_safe {
+                log.flush_behind().await?;
+            } else {
+                log.flush().await?;
+            }
         }
         let jobs: Vec<_> = batch
             .calls
@@ -1120,7 +1129,8 @@ impl ToolJob<'_> {
             let e = ToolError::new(format!("unknown tool `{}`", self.call.name));
             return Ok((Err(e), 0, 0));
         };
-        // The intent is durable before the call runs.
+        // The intent is durable before the call runs (a read-only or idempotent call's is
+        // written with the next flush: it runs again on resume either way).
         if let Some(log) = self.log
             && !self.intent_logged
         {
@@ -1129,7 +1139,11 @@ impl ToolJob<'_> {
                 index: self.index,
                 call_id: self.call.id.clone(),
             };
-            log.now(intent).await?;
+            if tool.side_effect() == SideEffect::SideEffecting {
+                log.now(intent).await?;
+            } else {
+                log.soon(intent);
+            }
         }
         let idempotency_key = match self.log {
             Some(log) => format!("{}/{}", log.run_id, self.call.id),

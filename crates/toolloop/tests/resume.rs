@@ -557,3 +557,104 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
         "{err:?}"
     );
 }
+
+/// A journal whose commits of intents take 100 ms, and which notes when they are durable.
+struct SlowIntents {
+    inner: MemoryJournal,
+    order: Arc<Mutex<Vec<&'static str>>>,
+}
+
+#[async_trait]
+impl Journal for SlowIntents {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.append_all(run_id, std::slice::from_ref(record)).await
+    }
+    async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
+        let intents = records.iter().any(|r| r.kind() == "tool_started");
+        if intents {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        self.inner.append_all(run_id, records).await?;
+        if intents {
+            self.order.lock().unwrap().push("intents durable");
+        }
+        Ok(())
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.inner.load(run_id).await
+    }
+}
+
+/// A tool that notes when it runs.
+struct Probe {
+    side_effect: SideEffect,
+    order: Arc<Mutex<Vec<&'static str>>>,
+    schema: serde_json::Value,
+}
+
+#[async_trait]
+impl toolloop::tool::Tool for Probe {
+    fn name(&self) -> &str {
+        "charge"
+    }
+    fn description(&self) -> &str {
+        "Notes that it ran."
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        &self.schema
+    }
+    fn side_effect(&self) -> SideEffect {
+        self.side_effect
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: toolloop::tool::ToolContext,
+    ) -> Result<toolloop::tool::ToolOutput, toolloop::tool::ToolError> {
+        self.order.lock().unwrap().push("ran");
+        Ok(toolloop::tool::ToolOutput::text("ok"))
+    }
+}
+
+#[tokio::test]
+async fn only_side_effecting_calls_wait_for_their_intents_to_be_durable() {
+    for (side_effect, first) in [
+        (SideEffect::SideEffecting, "intents durable"),
+        (SideEffect::ReadOnly, "ran"),
+        (SideEffect::Idempotent, "ran"),
+    ] {
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let journal = Arc::new(SlowIntents {
+            inner: MemoryJournal::new(),
+            order: order.clone(),
+        });
+        let agent = Agent::builder(model_for_resume())
+            .tool(Probe {
+                side_effect,
+                order: order.clone(),
+                schema: json!({"type": "object"}),
+            })
+            .journal(journal.clone())
+            .build()
+            .unwrap();
+        let out = agent.prompt("charge").await;
+        assert_eq!(out.stop_reason, StopReason::Answered, "{side_effect:?}");
+        assert_eq!(order.lock().unwrap()[0], first, "{side_effect:?}");
+        // Every intent is in the log all the same, before its result, and the log replays.
+        let kinds: Vec<&str> = journal
+            .load(out.run_id.as_deref().unwrap())
+            .await
+            .unwrap()
+            .iter()
+            .map(Record::kind)
+            .collect();
+        assert_eq!(kinds.iter().filter(|k| **k == "tool_started").count(), 3);
+        let first_result = kinds.iter().position(|k| *k == "tool_finished").unwrap();
+        assert!(kinds[..first_result].contains(&"tool_started"));
+        let again = agent
+            .resume(out.run_id.as_deref().unwrap(), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(again.messages, out.messages, "{side_effect:?}");
+    }
+}
