@@ -6,6 +6,8 @@
 //! calls.
 #![cfg(feature = "http")]
 
+mod common;
+
 use serde::Deserialize;
 use std::sync::Arc;
 use toolloop::agent::AgentBuilder;
@@ -13,10 +15,6 @@ use toolloop::image::Image;
 use toolloop::message::Message;
 use toolloop::model::Model;
 use toolloop::outcome::StopReason;
-use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
-use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
-use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
-use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::ptk::{Dialect, Prompted};
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
 use toolloop_mock::{MockOptions, MockServer, start};
@@ -33,31 +31,7 @@ const PNG: &[u8] = &[
 const PROTOCOLS: [&str; 4] = ["openai", "openai-responses", "anthropic", "gemini"];
 
 fn model(protocol: &str, server: &MockServer, scenario: &str) -> Arc<dyn Model> {
-    let base = server.base_url();
-    match protocol {
-        "openai" => {
-            let mut c = OpenAiConfig::new(scenario).with_base_url(format!("{base}/v1"));
-            c.api_key = Some("test".into());
-            Arc::new(OpenAiModel::new(c))
-        }
-        "openai-responses" => {
-            let mut c = ResponsesConfig::new(scenario).with_base_url(format!("{base}/v1"));
-            c.api_key = Some("test".into());
-            Arc::new(ResponsesModel::new(c))
-        }
-        "anthropic" => {
-            let mut c = AnthropicConfig::new(scenario);
-            c.base_url = base;
-            c.api_key = Some("test".into());
-            Arc::new(AnthropicModel::new(c))
-        }
-        _ => {
-            let mut c = GeminiConfig::new(scenario);
-            c.base_url = base;
-            c.api_key = Some("test".into());
-            Arc::new(GeminiModel::new(c))
-        }
-    }
+    common::mock_model(protocol, &server.base_url(), scenario)
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]

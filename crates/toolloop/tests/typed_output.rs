@@ -4,6 +4,8 @@
 //! the run log (a resumed run holds answers to the schema it started with).
 #![cfg(feature = "http")]
 
+mod common;
+
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -17,9 +19,6 @@ use toolloop::message::Message;
 use toolloop::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::outcome::{ErrorCode, Outcome, StopReason};
 use toolloop::output::OutputSchema;
-use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
-use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
-use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::ptk::{Dialect, Prompted};
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
@@ -47,26 +46,7 @@ struct Loose {
 const PROTOCOLS: [&str; 3] = ["openai", "anthropic", "gemini"];
 
 fn model(protocol: &str, server: &MockServer, scenario: &str) -> Arc<dyn Model> {
-    let base = server.base_url();
-    match protocol {
-        "openai" => {
-            let mut c = OpenAiConfig::new(scenario).with_base_url(format!("{base}/v1"));
-            c.api_key = Some("test".into());
-            Arc::new(OpenAiModel::new(c))
-        }
-        "anthropic" => {
-            let mut c = AnthropicConfig::new(scenario);
-            c.base_url = base;
-            c.api_key = Some("test".into());
-            Arc::new(AnthropicModel::new(c))
-        }
-        _ => {
-            let mut c = GeminiConfig::new(scenario);
-            c.base_url = base;
-            c.api_key = Some("test".into());
-            Arc::new(GeminiModel::new(c))
-        }
-    }
+    common::mock_model(protocol, &server.base_url(), scenario)
 }
 
 #[derive(Deserialize, JsonSchema)]
