@@ -6,7 +6,7 @@
 //! calls.
 #![cfg(feature = "http")]
 
-mod common;
+mod mock_models;
 
 use serde::Deserialize;
 use std::sync::Arc;
@@ -31,7 +31,7 @@ const PNG: &[u8] = &[
 const PROTOCOLS: [&str; 4] = ["openai", "openai-responses", "anthropic", "gemini"];
 
 fn model(protocol: &str, server: &MockServer, scenario: &str) -> Arc<dyn Model> {
-    common::mock_model(protocol, &server.base_url(), scenario)
+    mock_models::mock_model(protocol, &server.base_url(), scenario)
 }
 
 #[derive(Deserialize, schemars::JsonSchema)]

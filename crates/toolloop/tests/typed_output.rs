@@ -4,7 +4,7 @@
 //! the run log (a resumed run holds answers to the schema it started with).
 #![cfg(feature = "http")]
 
-mod common;
+mod mock_models;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
@@ -46,7 +46,7 @@ struct Loose {
 const PROTOCOLS: [&str; 3] = ["openai", "anthropic", "gemini"];
 
 fn model(protocol: &str, server: &MockServer, scenario: &str) -> Arc<dyn Model> {
-    common::mock_model(protocol, &server.base_url(), scenario)
+    mock_models::mock_model(protocol, &server.base_url(), scenario)
 }
 
 #[derive(Deserialize, JsonSchema)]
