@@ -58,7 +58,8 @@ fn user_images(message: &InMessage<'_>, i: usize) -> Result<u32, Prepared> {
     let mut n = 0u32;
     for (j, part) in parts.iter().enumerate() {
         match part.get("type").and_then(Value::as_str) {
-            Some("text") => {}
+            // Parts the API takes that the mock does not look into.
+            Some("text" | "input_audio" | "file") => {}
             Some("image_url") => {
                 let url = part
                     .pointer("/image_url/url")
@@ -76,7 +77,7 @@ fn user_images(message: &InMessage<'_>, i: usize) -> Result<u32, Prepared> {
                 return Err(bad(
                     &format!(
                         "Invalid value: '{}' in messages[{i}].content[{j}].type. Supported \
-                         values are: 'text' and 'image_url'.",
+                         values are: 'text', 'image_url', 'input_audio' and 'file'.",
                         other.unwrap_or("")
                     ),
                     Some(&format!("messages.[{i}].content.[{j}].type")),
