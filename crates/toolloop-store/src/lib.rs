@@ -317,9 +317,22 @@ macro_rules! on_pool {
     };
 }
 
+/// A lease this process holds.
 struct Held {
     holder: String,
-    heartbeat: tokio::task::AbortHandle,
+    /// Renews the lease; `None` while it is pending.
+    heartbeat: Option<tokio::task::AbortHandle>,
+    /// Taken for a run that has no record and no lease in the store yet: the lease row is
+    /// written with the run's first records (in their transaction), not on its own.
+    pending: bool,
+}
+
+impl Held {
+    fn stop(&self) {
+        if let Some(h) = &self.heartbeat {
+            h.abort();
+        }
+    }
 }
 
 struct Inner {
@@ -335,7 +348,7 @@ impl Drop for Inner {
     fn drop(&mut self) {
         if let Ok(held) = self.held.lock() {
             for h in held.values() {
-                h.heartbeat.abort();
+                h.stop();
             }
         }
     }
@@ -506,7 +519,11 @@ impl Store {
                 Durability::PowerCut => SqliteSynchronous::Full,
             })
             .busy_timeout(Duration::from_secs(15))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // The group writer checkpoints in the background (see the `writer` module); a log
+            // left behind by a killed process is cut back to this size at its next checkpoint.
+            .pragma("wal_autocheckpoint", "0")
+            .pragma("journal_size_limit", "67108864");
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -587,13 +604,24 @@ impl Store {
         })
     }
 
-    fn holder_of(&self, run_id: &str) -> Option<String> {
+    /// The holder of a lease this process holds, and whether that lease is pending.
+    fn holder_of(&self, run_id: &str) -> Option<(String, bool)> {
         self.inner
             .held
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(run_id)
-            .map(|h| h.holder.clone())
+            .map(|h| (h.holder.clone(), h.pending))
+    }
+
+    /// Forgets a lease this process held (taken over, or given back).
+    fn forget_lease(&self, run_id: &str, holder: &str) {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if held.get(run_id).is_some_and(|h| h.holder == holder)
+            && let Some(h) = held.remove(run_id)
+        {
+            h.stop();
+        }
     }
 
     /// Appends through the store's group writer (see the module docs): the append completes
@@ -607,7 +635,10 @@ impl Store {
         tags: &Arc<RunTags>,
     ) -> Result<(), JournalError> {
         let started = matches!(records.first(), Some(Record::Started { .. }));
-        let holder = self.holder_of(run_id);
+        let (holder, pending) = match self.holder_of(run_id) {
+            Some((holder, pending)) => (Some(holder), pending),
+            None => (None, false),
+        };
         for (part, records) in records.chunks(writer::MAX_RECORDS).enumerate() {
             let encoded = records
                 .iter()
@@ -622,16 +653,30 @@ impl Store {
                 session_revision: tags.session_revision,
                 meta: tags.meta.as_ref().map(Value::to_string),
             });
+            let take_lease =
+                (pending && part == 0).then(|| now_ms() + self.inner.lease_ttl.as_millis() as i64);
             let append = writer::Append {
                 run_id: run_id.to_string(),
                 holder: holder.clone(),
                 finished: records.iter().any(|r| matches!(r, Record::Finished)),
                 records: encoded,
                 start,
+                take_lease,
+                release: false,
             };
             match self.inner.writer.write(append).await {
-                writer::Written::Committed => {}
+                writer::Written::Committed => {
+                    if take_lease.is_some()
+                        && let Some(holder) = &holder
+                    {
+                        // The lease is in the store now: renew it from here on.
+                        self.start_heartbeat(run_id, holder);
+                    }
+                }
                 writer::Written::Fenced => {
+                    if let Some(holder) = &holder {
+                        self.forget_lease(run_id, holder);
+                    }
                     let holder = self
                         .current_holder(run_id)
                         .await
@@ -779,10 +824,11 @@ impl Store {
             run_id.to_string(),
             Held {
                 holder: holder.to_string(),
-                heartbeat: task.abort_handle(),
+                heartbeat: Some(task.abort_handle()),
+                pending: false,
             },
         ) {
-            old.heartbeat.abort();
+            old.stop();
         }
     }
 
@@ -1304,6 +1350,41 @@ impl Journal for Store {
     }
 
     async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        // A run this process holds but has not written yet.
+        if let Some((other, true)) = self.holder_of(run_id) {
+            if other == holder {
+                return Ok(());
+            }
+            return Err(JournalError::Locked {
+                run_id: run_id.to_string(),
+                holder: format!("{other} in this process"),
+            });
+        }
+        // A new run: its lease is written with its first records (a racer for the same run id
+        // is refused there), which saves a commit per run.
+        let seen = on_pool!(&self.inner.pool, p => {
+            sqlx::query(sql::RUN_SEEN)
+                .bind(run_id)
+                .fetch_optional(p)
+                .await
+                .map_err(db("reading a run"))?
+                .is_some()
+        });
+        if !seen {
+            self.inner
+                .held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(
+                    run_id.to_string(),
+                    Held {
+                        holder: holder.to_string(),
+                        heartbeat: None,
+                        pending: true,
+                    },
+                );
+            return Ok(());
+        }
         match self.try_acquire(run_id, holder).await? {
             None => {
                 self.start_heartbeat(run_id, holder);
@@ -1322,25 +1403,34 @@ impl Journal for Store {
 }
 
 impl Store {
-    /// Ends a lease this process holds (a run's, or a session's).
+    /// Ends a lease this process holds (a run's, or a session's), through the group writer
+    /// (it shares a commit with the other runs' appends). A pending lease was never written:
+    /// nothing is.
     async fn release_lease(&self, run_id: &str, holder: &str) -> Result<(), StoreError> {
-        {
-            let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
-            if held.get(run_id).is_some_and(|h| h.holder == holder)
-                && let Some(h) = held.remove(run_id)
-            {
-                h.heartbeat.abort();
-            }
+        let pending = self
+            .holder_of(run_id)
+            .is_some_and(|(h, pending)| pending && h == holder);
+        self.forget_lease(run_id, holder);
+        if pending {
+            return Ok(());
         }
-        on_pool!(&self.inner.pool, p => {
-            sqlx::query(sql::DELETE_LEASE)
-                .bind(run_id)
-                .bind(holder)
-                .execute(p)
-                .await
-                .map_err(db("releasing a lease"))?;
-        });
-        Ok(())
+        let append = writer::Append {
+            run_id: run_id.to_string(),
+            holder: Some(holder.to_string()),
+            records: Vec::new(),
+            start: None,
+            finished: false,
+            take_lease: None,
+            release: true,
+        };
+        match self.inner.writer.write(append).await {
+            // Fenced: the lease is someone else's, so not this holder's to end.
+            writer::Written::Committed | writer::Written::Fenced => Ok(()),
+            writer::Written::Failed(source) => Err(StoreError::Database {
+                doing: "releasing a lease".into(),
+                source,
+            }),
+        }
     }
 }
 

@@ -91,9 +91,9 @@ pub(super) const TAKE_OVER_LEASE: &str = "UPDATE toolloop_leases \
 pub(super) const RENEW_LEASE: &str =
     "UPDATE toolloop_leases SET expires_ms = $3 WHERE run_id = $1 AND holder = $2";
 
-/// `$1` run id, `$2` holder.
-pub(super) const DELETE_LEASE: &str =
-    "DELETE FROM toolloop_leases WHERE run_id = $1 AND holder = $2";
+/// A row when run `$1` has a record or a lease (a run id is unused otherwise).
+pub(super) const RUN_SEEN: &str = "SELECT run_id FROM toolloop_runs WHERE run_id = $1 \
+     UNION ALL SELECT run_id FROM toolloop_leases WHERE run_id = $1 LIMIT 1";
 
 // ---- sessions ----
 

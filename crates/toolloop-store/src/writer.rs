@@ -9,17 +9,20 @@
 //! failed: nothing of the batch was written, and every append of it fails). While a transaction
 //! is under way the next appends gather, so the busier the store, the more runs share a commit.
 //!
-//! A transaction is a handful of statements whatever the batch's size: the runs' fence check
-//! (one query), the new runs and their sessions, every record (one multi-row insert, each
-//! record's sequence number computed from its run's last), and the runs' counters. On SQLite
-//! the whole transaction is one round trip to the connection's worker thread (`BEGIN IMMEDIATE;
-//! …; COMMIT` in one query); on PostgreSQL the statements go one by one in a transaction, the
-//! fence holding the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for
-//! it. The writer keeps one connection of the pool while the store lives (for `:memory:`, whose
-//! only connection is shared, it takes it per transaction).
+//! A transaction is two round trips whatever the batch's size. The first takes the leases of
+//! the runs that start with it (their lease is written with their first records, not on its
+//! own) and reads every run's fence (does the append's holder hold the run's lease?) and last
+//! sequence number. The second writes the runs that are not fenced out: the new runs and their
+//! sessions, every record (one multi-row insert with the sequence numbers written out), the
+//! runs' counters, the leases given back, and the commit. On SQLite a round trip is one query
+//! to the connection's worker thread (`BEGIN IMMEDIATE` holds the write lock from the first);
+//! on PostgreSQL the statements go one by one in a transaction, the lookup holding the runs'
+//! lease rows (`FOR SHARE`) until the commit, so a takeover waits for it. The writer keeps one
+//! connection of the pool while the store lives (for `:memory:`, whose only connection is
+//! shared, it takes it per transaction).
 
 use crate::Pool;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use tokio::sync::{mpsc, oneshot};
 use toolloop::journal::StoreFailure;
 
@@ -52,6 +55,12 @@ pub(crate) struct Append {
     pub start: Option<Start>,
     /// Whether the records end the run.
     pub finished: bool,
+    /// Set on the run's first write when its lease is taken with it: the lease's expiry (Unix
+    /// ms). The lease is inserted for `holder` unless one exists; either way the append is then
+    /// fenced as usual, so of two processes racing to start one run, one writes.
+    pub take_lease: Option<i64>,
+    /// Whether the append gives the run's lease back (after its records, in its transaction).
+    pub release: bool,
 }
 
 /// How an append ended.
@@ -137,6 +146,11 @@ async fn acquire(pool: &Pool) -> Result<Conn, sqlx::Error> {
 async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>) {
     let mut waiting: VecDeque<Item> = VecDeque::new();
     let mut conn: Option<Conn> = None;
+    #[cfg(feature = "sqlite")]
+    let mut checkpoints = match &pool {
+        Pool::Sqlite(p) if !shared => Some(Checkpoints::new(p.clone())),
+        _ => None,
+    };
     loop {
         if waiting.is_empty() {
             match queue.recv().await {
@@ -150,6 +164,13 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
         let batch = take_batch(&mut waiting);
         let appends: Vec<&Append> = batch.iter().map(|(a, _)| a).collect();
         let result = commit(&pool, &mut conn, &appends).await;
+        #[cfg(feature = "sqlite")]
+        if result.is_ok()
+            && let Some(checkpoints) = checkpoints.as_mut()
+        {
+            let records = appends.iter().map(|a| a.records.len()).sum();
+            checkpoints.committed(records, &mut conn).await;
+        }
         if shared || result.is_err() {
             // Back to the pool (a connection whose transaction failed is checked there).
             conn = None;
@@ -177,6 +198,89 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
             }
         }
     }
+}
+
+/// Checkpoints of a SQLite log (WAL): the store's connections never checkpoint on their own
+/// (`wal_autocheckpoint=0`), which would stall the commit that crosses the threshold (and, with
+/// `synchronous=FULL`, sync the database file in it). The writer starts a passive checkpoint on
+/// another connection after its first commit and every [`CHECKPOINT_EVERY`] records, so the
+/// log is copied into the database while commits go on. The log restarts from its beginning
+/// only when a commit finds it all copied, which a steady stream of commits prevents; so when
+/// the log has grown past [`WAL_LIMIT`] frames, the writer checkpoints on its own connection
+/// between two transactions, and the next commit starts the log over.
+#[cfg(feature = "sqlite")]
+struct Checkpoints {
+    pool: sqlx::SqlitePool,
+    /// Records committed since the last checkpoint started.
+    since: usize,
+    /// Whether any checkpoint started.
+    started: bool,
+    /// The checkpoint under way: the log's length in frames when it ended.
+    running: Option<tokio::task::JoinHandle<Option<i64>>>,
+    /// The log's length in frames, as the last checkpoint found it.
+    frames: i64,
+}
+
+/// Records between two background checkpoints.
+#[cfg(feature = "sqlite")]
+const CHECKPOINT_EVERY: usize = 1_000;
+/// The log's length (frames of one page) past which the writer checkpoints itself.
+#[cfg(feature = "sqlite")]
+const WAL_LIMIT: i64 = 16_384;
+
+#[cfg(feature = "sqlite")]
+impl Checkpoints {
+    fn new(pool: sqlx::SqlitePool) -> Self {
+        Checkpoints {
+            pool,
+            since: 0,
+            started: false,
+            running: None,
+            frames: 0,
+        }
+    }
+
+    /// After a commit of `records` records on the writer's connection.
+    async fn committed(&mut self, records: usize, conn: &mut Option<Conn>) {
+        self.since += records;
+        if self.running.as_ref().is_some_and(|r| r.is_finished())
+            && let Some(done) = self.running.take()
+            && let Ok(Some(frames)) = done.await
+        {
+            self.frames = frames;
+        }
+        if self.frames >= WAL_LIMIT
+            && let Some(Conn::Sqlite(c)) = conn.as_mut()
+        {
+            // No commit of this store can come in between: the next one starts the log over.
+            if let Some(frames) = passive_checkpoint(c).await {
+                self.frames = frames;
+            }
+            return;
+        }
+        if self.running.is_none() && (!self.started || self.since >= CHECKPOINT_EVERY) {
+            self.started = true;
+            self.since = 0;
+            let pool = self.pool.clone();
+            self.running = Some(tokio::spawn(async move {
+                let mut c = pool.acquire().await.ok()?;
+                passive_checkpoint(&mut c).await
+            }));
+        }
+    }
+}
+
+/// Copies what it can of the log into the database without waiting for anyone; the log's
+/// length in frames (0 when it was all copied), or `None` when the checkpoint failed.
+#[cfg(feature = "sqlite")]
+async fn passive_checkpoint(c: &mut sqlx::SqliteConnection) -> Option<i64> {
+    let row: (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
+        .fetch_one(c)
+        .await
+        .map_err(|e| tracing::debug!("a checkpoint of the run log failed: {e}"))
+        .ok()?;
+    let (_busy, log, copied) = row;
+    Some(if log == copied { 0 } else { log })
 }
 
 /// The next transaction's appends: the waiting ones in order, at most one per run (a run's
@@ -278,87 +382,166 @@ macro_rules! bound {
     }};
 }
 
-/// Whether the holder `holder` (an expression, NULL: not fenced) holds run `run`'s lease; on
-/// PostgreSQL the lease row is locked (`FOR SHARE`) until the commit, so it cannot change
-/// hands under the transaction (SQLite's `BEGIN IMMEDIATE` already holds the only write lock).
-fn fence(run: &str, holder: &str, pg: bool) -> String {
-    let lock = if pg { " FOR SHARE" } else { "" };
-    format!(
-        "({holder} IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l \
-         WHERE l.run_id = {run} AND l.holder = {holder}{lock}))"
-    )
-}
-
 /// A statement of a transaction.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Part {
-    /// Returns the runs that are fenced out.
-    Fence,
     Sessions,
     NewRuns,
     Records,
     OldRuns,
+    Releases,
 }
 
-/// The statements of one transaction (one [`Sql`] for all on SQLite, which sends them as one
-/// query; one each on PostgreSQL).
+/// One run's state at the start of a transaction, read under the transaction's lock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Looked {
+    /// Whether the run's lease is someone else's (nothing of the run is written).
+    fenced: bool,
+    /// The run's last record's sequence number (0: none).
+    last: i64,
+}
+
+/// A transaction in two round trips. The first takes the leases of the runs that start
+/// ([`Append::take_lease`]) and reads, for every run of the batch, whether its holder holds its
+/// lease and its last sequence number ([`Plan::lookup`]); the second writes the runs that are
+/// not fenced out, with their records' sequence numbers spelled out ([`Plan::build`]).
 struct Plan<'a> {
     appends: &'a [&'a Append],
+    /// What the lookup found, by position in `appends`.
+    looked: Vec<Looked>,
     now: i64,
-    pg: bool,
 }
 
 impl<'a> Plan<'a> {
-    /// Whether any append is fenced (then the first statement is the fence check).
-    fn has_fence(&self) -> bool {
-        self.appends.iter().any(|a| a.holder.is_some())
+    fn new(appends: &'a [&'a Append], now: i64) -> Self {
+        Plan {
+            appends,
+            looked: Vec::new(),
+            now,
+        }
     }
 
-    /// `SELECT` of the runs whose holder does not hold their lease.
-    fn fence_check(&self, s: &mut Sql<'a>) {
+    /// Takes the leases of the runs that start with this transaction: a lease already there
+    /// (another holder's) is left alone, and the lookup then finds the run fenced.
+    fn take_leases(&self, s: &mut Sql<'a>) -> bool {
+        let me = crate::lease::me();
         let mut rows = Vec::new();
-        for a in self.appends.iter().filter(|a| a.holder.is_some()) {
+        for a in self.appends {
+            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
+                let run = s.arg(Arg::Text(&a.run_id));
+                let holder = s.arg(Arg::Text(holder));
+                let host = s.arg(Arg::Text(&me.host));
+                let pid = s.arg(Arg::Int(me.pid));
+                let start = s.arg(Arg::Text(&me.start));
+                let expires = s.arg(Arg::Int(expires));
+                rows.push(format!(
+                    "({run}, {holder}, {host}, {pid}, {start}, {expires})"
+                ));
+            }
+        }
+        if rows.is_empty() {
+            return false;
+        }
+        s.text.push_str(&format!(
+            "INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms) \
+             VALUES {} ON CONFLICT (run_id) DO NOTHING",
+            rows.join(", ")
+        ));
+        true
+    }
+
+    /// `SELECT` of every run of the batch, in order: its id, 1 when its holder does not hold
+    /// its lease (else 0), and its last sequence number. On PostgreSQL the lease rows read are
+    /// locked (`FOR SHARE`) until the commit, so a lease cannot change hands under the
+    /// transaction (SQLite's `BEGIN IMMEDIATE` already holds the only write lock).
+    fn lookup(&self, s: &mut Sql<'a>, pg: bool) {
+        let mut rows = Vec::new();
+        for a in self.appends {
             let run = s.arg(Arg::Text(&a.run_id));
             let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
             rows.push(format!("({run}, {holder})"));
         }
-        let lock = if self.pg { " FOR SHARE" } else { "" };
+        let lock = if pg { " FOR SHARE" } else { "" };
         s.text.push_str(&format!(
-            "SELECT v.column1 FROM (VALUES {}) AS v WHERE NOT EXISTS (SELECT 1 FROM \
-             toolloop_leases l WHERE l.run_id = v.column1 AND l.holder = v.column2{lock})",
+            "SELECT v.column1, CAST(CASE WHEN v.column2 IS NULL OR EXISTS (SELECT 1 FROM \
+             toolloop_leases l WHERE l.run_id = v.column1 AND l.holder = v.column2{lock}) \
+             THEN 0 ELSE 1 END AS BIGINT), CAST(COALESCE((SELECT MAX(r.seq) FROM \
+             toolloop_records r WHERE r.run_id = v.column1), 0) AS BIGINT) \
+             FROM (VALUES {}) AS v",
             rows.join(", ")
         ));
     }
 
-    fn starts(&self) -> impl Iterator<Item = (&'a Append, &'a Start)> + 'a {
-        self.appends
+    /// Takes the lookup's rows (one per append, in order).
+    fn looked<R: sqlx::Row>(&mut self, rows: &[R]) -> Result<(), sqlx::Error>
+    where
+        usize: sqlx::ColumnIndex<R>,
+        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    {
+        let mut by_run = HashMap::with_capacity(rows.len());
+        for r in rows {
+            let run: String = r.try_get(0usize)?;
+            let fenced: i64 = r.try_get(1usize)?;
+            let last: i64 = r.try_get(2usize)?;
+            by_run.insert(
+                run,
+                Looked {
+                    fenced: fenced != 0,
+                    last,
+                },
+            );
+        }
+        self.looked = self
+            .appends
             .iter()
-            .filter_map(|a| a.start.as_ref().map(|s| (*a, s)))
+            .map(|a| {
+                by_run.get(a.run_id.as_str()).cloned().ok_or_else(|| {
+                    sqlx::Error::Protocol(format!("the lookup left out run {}", a.run_id))
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(())
     }
 
-    fn has_sessions(&self) -> bool {
-        self.starts().any(|(_, s)| s.session.is_some())
+    /// The runs fenced out.
+    fn fenced(&self) -> HashSet<String> {
+        self.appends
+            .iter()
+            .zip(&self.looked)
+            .filter(|(_, l)| l.fenced)
+            .map(|(a, _)| a.run_id.clone())
+            .collect()
+    }
+
+    /// The appends that are written, with their runs' last sequence numbers.
+    fn kept(&self) -> impl Iterator<Item = (&'a Append, i64)> + '_ {
+        self.appends
+            .iter()
+            .zip(&self.looked)
+            .filter(|(_, l)| !l.fenced)
+            .map(|(a, l)| (*a, l.last))
+    }
+
+    fn starts(&self) -> impl Iterator<Item = (&'a Append, &'a Start)> + '_ {
+        self.kept()
+            .filter_map(|(a, _)| a.start.as_ref().map(|s| (a, s)))
     }
 
     /// Creates the sessions of the runs that start (when missing).
     fn sessions(&self, s: &mut Sql<'a>) {
         let now = s.arg(Arg::Int(self.now));
         let mut rows = Vec::new();
-        for (a, start) in self.starts() {
-            let Some(session) = &start.session else {
-                continue;
-            };
-            let name = s.arg(Arg::Text(session));
-            let run = s.arg(Arg::Text(&a.run_id));
-            let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
-            rows.push(format!("({name}, {run}, {holder})"));
+        for (_, start) in self.starts() {
+            if let Some(session) = &start.session {
+                let name = s.arg(Arg::Text(session));
+                rows.push(format!("({name}, '[]', 0, {now}, {now})"));
+            }
         }
         s.text.push_str(&format!(
             "INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms) \
-             SELECT v.column1, '[]', 0, {now}, {now} FROM (VALUES {}) AS v WHERE {} \
-             ON CONFLICT (name) DO NOTHING",
-            rows.join(", "),
-            fence("v.column2", "v.column3", self.pg)
+             VALUES {} ON CONFLICT (name) DO NOTHING",
+            rows.join(", ")
         ));
     }
 
@@ -373,23 +556,22 @@ impl<'a> Plan<'a> {
             let count = s.arg(Arg::Int(a.records.len() as i64));
             let finished = s.arg(Arg::Bool(a.finished));
             let revision = s.arg(Arg::MaybeInt(start.session_revision));
-            let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
             rows.push(format!(
-                "({run}, {session}, {meta}, {count}, {finished}, {revision}, {holder})"
+                "({run}, {session}, {meta}, {count}, {finished}, {revision})"
             ));
         }
+        // `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join's.
         s.text.push_str(&format!(
             "INSERT INTO toolloop_runs \
              (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
              SELECT v.column1, v.column2, v.column3, v.column4, v.column5, {now}, {now}, \
              COALESCE(v.column6, (SELECT s.revision FROM toolloop_sessions s \
              WHERE s.name = v.column2)) \
-             FROM (VALUES {}) AS v WHERE {} \
+             FROM (VALUES {}) AS v WHERE TRUE \
              ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records, \
              updated_ms = excluded.updated_ms, \
              finished = (toolloop_runs.finished OR excluded.finished)",
-            rows.join(", "),
-            fence("v.column1", "v.column7", self.pg)
+            rows.join(", ")
         ));
     }
 
@@ -397,66 +579,85 @@ impl<'a> Plan<'a> {
     fn records(&self, s: &mut Sql<'a>) {
         let now = s.arg(Arg::Int(self.now));
         let mut rows = Vec::new();
-        for a in self.appends {
+        for (a, last) in self.kept() {
+            if a.records.is_empty() {
+                continue;
+            }
             let run = s.arg(Arg::Text(&a.run_id));
-            let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
             for (i, (kind, body)) in a.records.iter().enumerate() {
                 let kind = s.arg(Arg::Text(kind));
                 let body = s.arg(Arg::Text(body));
-                rows.push(format!("({run}, {}, {kind}, {body}, {holder})", i + 1));
+                // Sequence numbers are written out: the statement's text has no `$` but its
+                // placeholders (see `Sql::anonymous`).
+                rows.push(format!(
+                    "({run}, {}, {kind}, {body}, {now})",
+                    last + 1 + i as i64
+                ));
             }
         }
-        // The sequence numbers come from each run's last record before this statement (both
-        // databases evaluate the SELECT before inserting its rows).
         s.text.push_str(&format!(
-            "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) \
-             SELECT v.column1, COALESCE((SELECT MAX(r.seq) FROM toolloop_records r \
-             WHERE r.run_id = v.column1), 0) + v.column2, v.column3, v.column4, {now} \
-             FROM (VALUES {}) AS v WHERE {}",
-            rows.join(", "),
-            fence("v.column1", "v.column5", self.pg)
+            "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) VALUES {}",
+            rows.join(", ")
         ));
-    }
-
-    fn has_old_runs(&self) -> bool {
-        self.appends.iter().any(|a| a.start.is_none())
     }
 
     /// Counts the records of the runs that go on, and marks the finished ones.
     fn old_runs(&self, s: &mut Sql<'a>) {
         let now = s.arg(Arg::Int(self.now));
         let mut rows = Vec::new();
-        for a in self.appends.iter().filter(|a| a.start.is_none()) {
+        for (a, _) in self.kept().filter(|(a, _)| a.start.is_none()) {
+            if a.records.is_empty() {
+                continue;
+            }
             let run = s.arg(Arg::Text(&a.run_id));
             let count = s.arg(Arg::Int(a.records.len() as i64));
             let finished = s.arg(Arg::Bool(a.finished));
-            let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
-            rows.push(format!("({run}, {count}, {finished}, {holder})"));
+            rows.push(format!("({run}, {count}, {finished})"));
         }
         s.text.push_str(&format!(
             "UPDATE toolloop_runs SET records = toolloop_runs.records + v.column2, \
              updated_ms = {now}, finished = (toolloop_runs.finished OR v.column3) \
-             FROM (VALUES {}) AS v WHERE toolloop_runs.run_id = v.column1 AND {}",
-            rows.join(", "),
-            fence("v.column1", "v.column4", self.pg)
+             FROM (VALUES {}) AS v WHERE toolloop_runs.run_id = v.column1",
+            rows.join(", ")
         ));
     }
 
-    /// The transaction's statements, in order.
+    /// Ends the leases given back with this transaction.
+    fn releases(&self, s: &mut Sql<'a>) {
+        let mut rows = Vec::new();
+        for (a, _) in self.kept().filter(|(a, _)| a.release) {
+            if let Some(holder) = a.holder.as_deref() {
+                let run = s.arg(Arg::Text(&a.run_id));
+                let holder = s.arg(Arg::Text(holder));
+                rows.push(format!("({run}, {holder})"));
+            }
+        }
+        s.text.push_str(&format!(
+            "DELETE FROM toolloop_leases WHERE (run_id, holder) IN (VALUES {})",
+            rows.join(", ")
+        ));
+    }
+
+    /// The second round trip's statements, in order (none when every run is fenced out).
     fn parts(&self) -> Vec<Part> {
         let mut parts = Vec::new();
-        if self.has_fence() {
-            parts.push(Part::Fence);
-        }
-        if self.has_sessions() {
+        if self.starts().any(|(_, s)| s.session.is_some()) {
             parts.push(Part::Sessions);
         }
         if self.starts().next().is_some() {
             parts.push(Part::NewRuns);
         }
-        parts.push(Part::Records);
-        if self.has_old_runs() {
+        if self.kept().any(|(a, _)| !a.records.is_empty()) {
+            parts.push(Part::Records);
+        }
+        if self
+            .kept()
+            .any(|(a, _)| a.start.is_none() && !a.records.is_empty())
+        {
             parts.push(Part::OldRuns);
+        }
+        if self.kept().any(|(a, _)| a.release && a.holder.is_some()) {
+            parts.push(Part::Releases);
         }
         parts
     }
@@ -464,11 +665,11 @@ impl<'a> Plan<'a> {
     /// Writes statement `part` onto `s`.
     fn build(&self, part: Part, s: &mut Sql<'a>) {
         match part {
-            Part::Fence => self.fence_check(s),
             Part::Sessions => self.sessions(s),
             Part::NewRuns => self.new_runs(s),
             Part::Records => self.records(s),
             Part::OldRuns => self.old_runs(s),
+            Part::Releases => self.releases(s),
         }
     }
 
@@ -496,29 +697,40 @@ async fn commit(
         Some(c) => c,
         None => conn.insert(acquire(pool).await?),
     };
-    let now = now_ms();
+    let mut plan = Plan::new(appends, now_ms());
+    let recurs = plan.recurs();
     match conn {
         #[cfg(feature = "sqlite")]
         Conn::Sqlite(c) => {
-            let plan = Plan {
-                appends,
-                now,
-                pg: false,
-            };
-            let mut sql = Sql::default();
-            sql.text.push_str("BEGIN IMMEDIATE");
-            for part in plan.parts() {
-                sql.text.push_str(";\n");
-                plan.build(part, &mut sql);
+            // One query per round trip: the connection's worker thread runs it whole.
+            let mut first = Sql::default();
+            first.text.push_str("BEGIN IMMEDIATE;\n");
+            if plan.take_leases(&mut first) {
+                first.text.push_str(";\n");
             }
-            sql.text.push_str(";\nCOMMIT");
-            let sql = sql.anonymous();
-            let ran = bound!(sql, sqlx::Sqlite)
-                .persistent(plan.recurs())
-                .fetch_all(&mut **c)
-                .await;
+            plan.lookup(&mut first, false);
+            let first = first.anonymous();
+            let ran = async {
+                let rows = bound!(first, sqlx::Sqlite)
+                    .persistent(recurs)
+                    .fetch_all(&mut **c)
+                    .await?;
+                plan.looked(&rows)?;
+                let mut second = Sql::default();
+                for part in plan.parts() {
+                    plan.build(part, &mut second);
+                    second.text.push_str(";\n");
+                }
+                second.text.push_str("COMMIT");
+                let second = second.anonymous();
+                bound!(second, sqlx::Sqlite)
+                    .persistent(recurs)
+                    .execute(&mut **c)
+                    .await
+            }
+            .await;
             match ran {
-                Ok(rows) => fenced_runs(&rows),
+                Ok(_) => Ok(plan.fenced()),
                 Err(e) => {
                     // The transaction may be open (a statement failed before the commit).
                     let _ = sqlx::query("ROLLBACK").execute(&mut **c).await;
@@ -528,46 +740,33 @@ async fn commit(
         }
         #[cfg(feature = "postgres")]
         Conn::Postgres(c) => {
-            let plan = Plan {
-                appends,
-                now,
-                pg: true,
-            };
-            let statements: Vec<(Part, Sql<'_>)> = plan
-                .parts()
-                .into_iter()
-                .map(|part| {
-                    let mut sql = Sql::default();
-                    plan.build(part, &mut sql);
-                    (part, sql)
-                })
-                .collect();
-            let recurs = plan.recurs();
             let mut tx = sqlx::Connection::begin(&mut **c).await?;
-            let mut fenced = HashSet::new();
-            for (part, sql) in &statements {
-                let q = bound!(sql, sqlx::Postgres).persistent(recurs);
-                if *part == Part::Fence {
-                    let rows = q.fetch_all(&mut *tx).await?;
-                    fenced = fenced_runs(&rows)?;
-                } else {
-                    q.execute(&mut *tx).await?;
-                }
+            let mut leases = Sql::default();
+            if plan.take_leases(&mut leases) {
+                bound!(leases, sqlx::Postgres)
+                    .persistent(recurs)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let mut lookup = Sql::default();
+            plan.lookup(&mut lookup, true);
+            let rows = bound!(lookup, sqlx::Postgres)
+                .persistent(recurs)
+                .fetch_all(&mut *tx)
+                .await?;
+            plan.looked(&rows)?;
+            for part in plan.parts() {
+                let mut sql = Sql::default();
+                plan.build(part, &mut sql);
+                bound!(sql, sqlx::Postgres)
+                    .persistent(recurs)
+                    .execute(&mut *tx)
+                    .await?;
             }
             tx.commit().await?;
-            Ok(fenced)
+            Ok(plan.fenced())
         }
     }
-}
-
-fn fenced_runs<R: sqlx::Row>(rows: &[R]) -> Result<HashSet<String>, sqlx::Error>
-where
-    usize: sqlx::ColumnIndex<R>,
-    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-{
-    rows.iter()
-        .map(|r| r.try_get::<String, _>(0usize))
-        .collect()
 }
 
 #[cfg(test)]
@@ -583,6 +782,8 @@ mod tests {
                 records: vec![("finished", "{}".into()); n],
                 start: None,
                 finished: false,
+                take_lease: None,
+                release: false,
             },
             done,
         )

@@ -335,6 +335,103 @@ async fn a_holder_that_lost_its_lease_cannot_write() {
 }
 
 #[tokio::test]
+async fn a_new_runs_lease_is_written_with_its_first_records_and_a_racer_is_refused_there() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let location = if kind == "sqlite" {
+            store.location().to_string()
+        } else {
+            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+        };
+        // Two processes start a run with the same id: neither has written, so both take it.
+        let other = Store::open(&location).await.unwrap();
+        let run_id = new_run_id();
+        store.acquire(&run_id, "first").await.unwrap();
+        other.acquire(&run_id, "second").await.unwrap();
+        // Nothing is written until the run's first records: no lease, no run.
+        assert!(store.run(&run_id).await.unwrap().is_none(), "{kind}");
+        let started = Record::Started {
+            messages: vec![Message::user("one")],
+            output_schema: None,
+        };
+        store.append(&run_id, &started).await.unwrap();
+        // The lease came with the records, so the racer's first write is refused.
+        let run = store.run(&run_id).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Running, "{kind}");
+        let err = other.append(&run_id, &started).await.unwrap_err();
+        assert!(matches!(err, JournalError::Locked { .. }), "{kind}: {err}");
+        assert!(err.to_string().contains("first"), "{kind}: {err}");
+        assert!(
+            matches!(
+                other.acquire(&run_id, "second").await,
+                Err(JournalError::Locked { .. })
+            ),
+            "{kind}: the racer cannot take the run while its holder lives"
+        );
+        assert_eq!(store.load(&run_id).await.unwrap().len(), 1, "{kind}");
+        // Giving the run back frees it for anyone.
+        store.release(&run_id, "first").await.unwrap();
+        other.acquire(&run_id, "second").await.unwrap();
+        other
+            .append(&run_id, &Record::ModelRequested { round: 1 })
+            .await
+            .unwrap();
+        assert_eq!(store.load(&run_id).await.unwrap().len(), 2, "{kind}");
+        other.release(&run_id, "second").await.unwrap();
+
+        // A run given back before it wrote anything leaves nothing behind.
+        let unused = new_run_id();
+        store.acquire(&unused, "first").await.unwrap();
+        store.release(&unused, "first").await.unwrap();
+        assert!(store.run(&unused).await.unwrap().is_none(), "{kind}");
+        other.acquire(&unused, "second").await.unwrap();
+        other.release(&unused, "second").await.unwrap();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_checkpoints_a_sqlite_log_into_the_database_file_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoints.db");
+    let store = Store::open(path.to_str().unwrap()).await.unwrap();
+    let empty = std::fs::metadata(&path).unwrap().len();
+    // Some 6 MB of records, in appends of 20.
+    let body = "x".repeat(1000);
+    let run_id = new_run_id();
+    store.acquire(&run_id, "writer").await.unwrap();
+    let started = Record::Started {
+        messages: vec![Message::user("go")],
+        output_schema: None,
+    };
+    store.append(&run_id, &started).await.unwrap();
+    let step: Vec<Record> = (0..20)
+        .map(|i| Record::StopChecked {
+            round: i,
+            signal: Some(body.clone()),
+        })
+        .collect();
+    for _ in 0..300 {
+        store.append_all(&run_id, &step).await.unwrap();
+    }
+    // The connections never checkpoint on their own: without the writer's checkpoints the
+    // database file would keep its size until the store closed.
+    let mut grown = 0;
+    for _ in 0..100 {
+        grown = std::fs::metadata(&path).unwrap().len();
+        if grown > empty + 4_000_000 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        grown > empty + 4_000_000,
+        "the database file grew from {empty} to only {grown} bytes"
+    );
+    assert_eq!(store.load(&run_id).await.unwrap().len(), 6001);
+    store.release(&run_id, "writer").await.unwrap();
+}
+
+#[tokio::test]
 async fn a_broken_stored_transcript_loads_repaired() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, store) in stores(&dir).await {

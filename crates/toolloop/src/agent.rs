@@ -898,8 +898,8 @@ impl Agent {
         // When every call starts at once, their intents are durable together before any runs;
         // otherwise each call makes its own durable before it starts. Calls of read-only and
         // idempotent tools run again on resume whether or not their intent was written, so
-        // theirs need not be durable first: they are written while the calls run, and the next
-        // flush waits for them.
+        // theirs need not be durable first: they are written with the round's results, in the
+        // round's one commit (the response, the intents and the results together).
         let intents_first = batch.calls.len() <= limit;
         if intents_first && let Some(log) = log {
             let mut rerun_safe = true;
@@ -915,9 +915,7 @@ impl Agent {
                     });
                 }
             }
-            if rerun_safe {
-                log.flush_behind().await?;
-            } else {
+            if !rerun_safe {
                 log.flush().await?;
             }
         }

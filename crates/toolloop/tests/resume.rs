@@ -343,48 +343,80 @@ impl Journal for Grouping {
 
 #[tokio::test]
 async fn a_step_is_written_at_once_and_only_before_it_acts() {
-    let journal = Arc::new(Grouping::default());
-    let effects = Arc::new(Mutex::new(HashMap::new()));
-    let out = agent(
-        model_for_resume(),
-        journal.clone(),
-        effects.clone(),
-        SideEffect::Idempotent,
-    )
-    .prompt("charge")
-    .await;
-    assert_eq!(out.stop_reason, StopReason::Answered);
-    let mut writes = journal.writes.lock().unwrap().clone();
-    for w in &mut writes {
+    // Sorted kinds of one write.
+    let w = |kinds: &[&'static str]| {
+        let mut w = kinds.to_vec();
         w.sort();
+        w
+    };
+    // Idempotent calls: the start; one write per round, its response, intents and results
+    // together (nothing need be durable before such calls run: they run again on resume); the
+    // last response with the end. No write before a model call.
+    let idempotent = vec![
+        w(&["started"]),
+        w(&[
+            "model_requested",
+            "model_responded",
+            "tool_started",
+            "tool_finished",
+            "tool_started",
+            "tool_finished",
+        ]),
+        w(&[
+            "model_requested",
+            "model_responded",
+            "tool_started",
+            "tool_finished",
+        ]),
+        w(&["finished", "model_requested", "model_responded"]),
+    ];
+    // Side-effecting calls (one at a time): each intent is durable before its call runs, with
+    // what came before it; the last result goes on its own while the next model call is made.
+    let side_effecting = vec![
+        w(&["started"]),
+        w(&["model_requested", "model_responded", "tool_started"]),
+        w(&["tool_finished", "tool_started"]),
+        w(&["tool_finished"]),
+        w(&["model_requested", "model_responded", "tool_started"]),
+        w(&["tool_finished"]),
+        w(&["finished", "model_requested", "model_responded"]),
+    ];
+    for (side_effect, expected) in [
+        (SideEffect::Idempotent, idempotent),
+        (SideEffect::SideEffecting, side_effecting),
+    ] {
+        let journal = Arc::new(Grouping::default());
+        let effects = Arc::new(Mutex::new(HashMap::new()));
+        let out = agent(
+            model_for_resume(),
+            journal.clone(),
+            effects.clone(),
+            side_effect,
+        )
+        .prompt("charge")
+        .await;
+        assert_eq!(out.stop_reason, StopReason::Answered);
+        let writes: Vec<_> = journal
+            .writes
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|k| w(k))
+            .collect();
+        assert_eq!(writes, expected, "{side_effect:?}");
+        // The log replays to the same outcome, with no effect twice.
+        let again = agent(
+            model_for_resume(),
+            journal.clone(),
+            effects.clone(),
+            side_effect,
+        )
+        .resume(out.run_id.as_deref().unwrap(), CancellationToken::new())
+        .await
+        .unwrap();
+        assert_eq!(again.messages, out.messages);
+        assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
     }
-    // The start; per round with calls: the response with the first intent, each result with
-    // the next intent (the charge tool runs one call at a time), the last result; the last
-    // response with the end. No write before a model call.
-    assert_eq!(
-        writes,
-        vec![
-            vec!["started"],
-            vec!["model_requested", "model_responded", "tool_started"],
-            vec!["tool_finished", "tool_started"],
-            vec!["tool_finished"],
-            vec!["model_requested", "model_responded", "tool_started"],
-            vec!["tool_finished"],
-            vec!["finished", "model_requested", "model_responded"],
-        ]
-    );
-    // The log replays to the same outcome.
-    let again = agent(
-        model_for_resume(),
-        journal.clone(),
-        effects.clone(),
-        SideEffect::Idempotent,
-    )
-    .resume(out.run_id.as_deref().unwrap(), CancellationToken::new())
-    .await
-    .unwrap();
-    assert_eq!(again.messages, out.messages);
-    assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
 }
 
 /// A model that answers by round (the assistant turns so far) and records the reminders of
