@@ -58,7 +58,13 @@
 //!   process gets [`JournalError::Locked`] while the holder lives; once the lease expires, or at
 //!   once when the holder is provably dead (same host and boot, process gone), the run can be
 //!   taken over. Appends are fenced: a holder whose lease was taken over cannot write another
-//!   record.
+//!   record. A run that has written nothing yet (a new run id) costs no commit of its own: its
+//!   lease is written with its first records, in their transaction, and two processes racing
+//!   to start the same run id both get it from `acquire`, but only the first to write keeps it
+//!   (the other's first append is refused with [`JournalError::Locked`]). Leases are given back
+//!   through the group writer.
+//! - **Checkpoints** (SQLite). The store's connections never checkpoint the log on their own;
+//!   the group writer does it in the background, and bounds the log (see the `writer` module).
 //! - **Sessions.** A session is a named conversation: [`Store::session`] loads its
 //!   transcript (checked and repaired with [`toolloop::transcript::repair_transcript`], so the
 //!   next request is valid for every provider) and its revision, [`Store::save_outcome`]

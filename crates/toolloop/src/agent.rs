@@ -1042,8 +1042,12 @@ impl RunLog {
             .push(record);
     }
 
+    /// The queued records, without those the others imply.
     fn take_queued(&self) -> Vec<Record> {
-        std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()))
+        let mut records =
+            std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()));
+        crate::journal::drop_implied(&mut records);
+        records
     }
 
     /// Makes every queued record durable (after any flush still being written).

@@ -1373,23 +1373,25 @@ impl Machine {
                     m.stop_checked(signal.clone()).map_err(unfit)?;
                 }
                 Record::ModelRequested { round } => {
-                    m.settle_unrecorded(true).map_err(unfit)?;
-                    match m.next_step() {
-                        Step::CallModel { round: r, .. } if r == *round => {}
-                        other => {
-                            return Err(out_of_place(
-                                "model_requested",
-                                format!("; round {round} requested, but the loop was at {other:?}"),
-                            ));
-                        }
-                    }
+                    m.model_call_at(*round, "model_requested")
+                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
                 }
-                Record::ModelResponded { response, cost, .. } => {
+                // The request's record is left out when it was written with the response.
+                Record::ModelResponded {
+                    round,
+                    response,
+                    cost,
+                } => {
+                    m.model_call_at(*round, "model_responded")
+                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
                     m.model_responded(response.clone(), *cost).map_err(unfit)?
                 }
-                Record::ModelFailed { message, .. } => m
-                    .model_failed(&ModelError::Other(message.clone()))
-                    .map_err(unfit)?,
+                Record::ModelFailed { round, message } => {
+                    m.model_call_at(*round, "model_failed")
+                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
+                    m.model_failed(&ModelError::Other(message.clone()))
+                        .map_err(unfit)?
+                }
                 Record::ToolStarted { index, .. } => {
                     // Only a call that is to run and has no result yet can start. One that
                     // started was allowed then (a policy that differs now does not change
@@ -1443,6 +1445,25 @@ impl Machine {
         }
         m.events.clear();
         Ok((m, in_flight))
+    }
+
+    /// During replay, before a model call's record: brings the loop to that call (past the
+    /// hooks' answers the log does not hold) and checks it is the loop's next step, round
+    /// `round`. On failure, either the machine's refusal or the input and what was wrong.
+    fn model_call_at(
+        &mut self,
+        round: u32,
+        input: &'static str,
+    ) -> Result<(), (Result<&'static str, PhaseError>, String)> {
+        self.settle_unrecorded(true)
+            .map_err(|e| (Err(e), String::new()))?;
+        match self.next_step() {
+            Step::CallModel { round: r, .. } if r == round => Ok(()),
+            other => Err((
+                Ok(input),
+                format!("; round {round} requested, but the loop was at {other:?}"),
+            )),
+        }
     }
 
     /// During replay: a call the log shows running was allowed when it ran.

@@ -61,7 +61,8 @@ pub enum Record {
         /// The signal that ends the run, if it gave one.
         signal: Option<String>,
     },
-    /// A model call is about to be made.
+    /// A model call is about to be made. The driver leaves it out of a write that holds the
+    /// call's response (or failure), which implies it; replay takes either form.
     ModelRequested {
         /// The round.
         round: u32,
@@ -82,7 +83,9 @@ pub enum Record {
         /// What happened.
         message: String,
     },
-    /// A tool call is about to run (its intent).
+    /// A tool call is about to run (its intent). The driver leaves it out of a write that holds
+    /// the call's result, which implies it: only an intent durable before its result says
+    /// anything (that the call may have run).
     ToolStarted {
         /// The round.
         round: u32,
@@ -347,6 +350,40 @@ impl Journal for MemoryJournal {
     }
 }
 
+/// Drops from one write the records that a later record of the same write implies: a model
+/// call's request ([`Record::ModelRequested`]) when its response or failure is there, and a
+/// tool call's intent ([`Record::ToolStarted`]) when its result is. Such a record matters only
+/// when it is durable before what it announces (a crash then finds the call in flight); written
+/// in the same commit it says nothing more, and replay takes the response (the result) alone.
+pub(crate) fn drop_implied(records: &mut Vec<Record>) {
+    let answered: Vec<u32> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ModelResponded { round, .. } | Record::ModelFailed { round, .. } => {
+                Some(*round)
+            }
+            _ => None,
+        })
+        .collect();
+    let ended: Vec<(u32, usize)> = records
+        .iter()
+        .filter_map(|r| match r {
+            Record::ToolFinished { round, index, .. } | Record::ToolUnknown { round, index } => {
+                Some((*round, *index))
+            }
+            _ => None,
+        })
+        .collect();
+    if answered.is_empty() && ended.is_empty() {
+        return;
+    }
+    records.retain(|r| match r {
+        Record::ModelRequested { round } => !answered.contains(round),
+        Record::ToolStarted { round, index, .. } => !ended.contains(&(*round, *index)),
+        _ => true,
+    });
+}
+
 /// A fresh run id: `run_` and a UUID version 7 (48 bits of Unix milliseconds, then 74 random
 /// bits), in 32 hex digits. Ids are unique across processes and machines without coordination,
 /// and sort by creation time.
@@ -357,6 +394,57 @@ pub fn new_run_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_leaves_out_the_requests_and_intents_it_answers() {
+        let finished = |index| Record::ToolFinished {
+            round: 1,
+            index,
+            result: Ok(crate::tool::ToolOutput::text("ok")),
+            duration_ms: 1,
+            attempts: 1,
+        };
+        let started = |round, index: usize| Record::ToolStarted {
+            round,
+            index,
+            call_id: format!("c{index}"),
+        };
+        let mut write = vec![
+            Record::ModelRequested { round: 1 },
+            Record::ModelResponded {
+                round: 1,
+                response: crate::model::ModelResponse::text("hi"),
+                cost: None,
+            },
+            started(1, 0),
+            started(1, 1),
+            finished(0),
+            // Another round's intent with the same index is not this result's.
+            started(2, 0),
+        ];
+        drop_implied(&mut write);
+        let kinds: Vec<&str> = write.iter().map(Record::kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                "model_responded",
+                "tool_started",
+                "tool_finished",
+                "tool_started"
+            ]
+        );
+        assert!(matches!(write[1], Record::ToolStarted { index: 1, .. }));
+        assert!(matches!(write[3], Record::ToolStarted { round: 2, .. }));
+        // A request with no answer in the write stays: the call was in flight.
+        let mut write = vec![
+            Record::ModelRequested { round: 3 },
+            Record::Interrupted {
+                why: crate::engine::Interrupt::Cancelled,
+            },
+        ];
+        drop_implied(&mut write);
+        assert_eq!(write.len(), 2);
+    }
 
     #[test]
     fn run_ids_are_time_ordered_uuids_unique_across_threads() {

@@ -130,13 +130,26 @@ async fn idempotent_calls_in_flight_run_again_and_policies_can_retry_side_effect
         .await;
         let run_id = out.run_id.unwrap();
         let records = journal.load(&run_id).await.unwrap();
-        // cut right after the first ToolStarted
+        // Cut right after the first response, and add call `a`'s intent: the log of a crash
+        // during the call, its intent durable (a side-effecting call's always is; a read-only
+        // or idempotent call's is when it shares a batch with a side-effecting one).
         let cut = records
             .iter()
-            .position(|r| matches!(r, Record::ToolStarted { .. }))
+            .position(|r| matches!(r, Record::ModelResponded { .. }))
             .unwrap()
             + 1;
         journal.truncate(&run_id, cut);
+        journal
+            .append(
+                &run_id,
+                &Record::ToolStarted {
+                    round: 1,
+                    index: 0,
+                    call_id: "a".into(),
+                },
+            )
+            .await
+            .unwrap();
         let mut builder = Agent::builder(ScriptedModel::new(script()[1..].to_vec())).tool(Charge {
             effects: effects.clone(),
             side_effect,
@@ -209,10 +222,10 @@ impl Journal for Flaky {
 #[tokio::test]
 async fn a_failing_run_log_stops_the_run_before_acting_and_keeps_the_transcript_valid() {
     let effects = Arc::new(Mutex::new(HashMap::new()));
-    // started, model requested, model responded, then the first ToolStarted fails
+    // started, model responded, then the first ToolStarted fails
     let journal = Arc::new(Flaky {
         inner: MemoryJournal::new(),
-        left: AtomicU32::new(3),
+        left: AtomicU32::new(2),
     });
     let out = agent(
         ScriptedModel::new(script()),
@@ -308,7 +321,6 @@ async fn results_written_during_the_next_model_call_are_durable_before_its_respo
         kinds,
         [
             "started",
-            "model_requested",
             "model_responded",
             "tool_started",
             "tool_finished",
@@ -349,37 +361,26 @@ async fn a_step_is_written_at_once_and_only_before_it_acts() {
         w.sort();
         w
     };
-    // Idempotent calls: the start; one write per round, its response, intents and results
-    // together (nothing need be durable before such calls run: they run again on resume); the
-    // last response with the end. No write before a model call.
+    // Idempotent calls: the start; one write per round, its response and results together
+    // (nothing need be durable before such calls run: they run again on resume; the request
+    // and the intents, implied by the response and the results, are left out); the last
+    // response with the end. No write before a model call.
     let idempotent = vec![
         w(&["started"]),
-        w(&[
-            "model_requested",
-            "model_responded",
-            "tool_started",
-            "tool_finished",
-            "tool_started",
-            "tool_finished",
-        ]),
-        w(&[
-            "model_requested",
-            "model_responded",
-            "tool_started",
-            "tool_finished",
-        ]),
-        w(&["finished", "model_requested", "model_responded"]),
+        w(&["model_responded", "tool_finished", "tool_finished"]),
+        w(&["model_responded", "tool_finished"]),
+        w(&["finished", "model_responded"]),
     ];
     // Side-effecting calls (one at a time): each intent is durable before its call runs, with
     // what came before it; the last result goes on its own while the next model call is made.
     let side_effecting = vec![
         w(&["started"]),
-        w(&["model_requested", "model_responded", "tool_started"]),
+        w(&["model_responded", "tool_started"]),
         w(&["tool_finished", "tool_started"]),
         w(&["tool_finished"]),
-        w(&["model_requested", "model_responded", "tool_started"]),
+        w(&["model_responded", "tool_started"]),
         w(&["tool_finished"]),
-        w(&["finished", "model_requested", "model_responded"]),
+        w(&["finished", "model_responded"]),
     ];
     for (side_effect, expected) in [
         (SideEffect::Idempotent, idempotent),
@@ -417,6 +418,66 @@ async fn a_step_is_written_at_once_and_only_before_it_acts() {
         assert_eq!(again.messages, out.messages);
         assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
     }
+}
+
+#[tokio::test]
+async fn a_log_with_every_request_and_intent_written_replays_alike() {
+    // Logs written before requests and intents were left out of the writes that answer them
+    // hold them all; they replay to the same outcome.
+    let journal = Arc::new(MemoryJournal::new());
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let out = agent(
+        model_for_resume(),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::Idempotent,
+    )
+    .prompt("charge")
+    .await;
+    let run_id = out.run_id.clone().unwrap();
+    let records = journal.load(&run_id).await.unwrap();
+    assert!(!records.iter().any(|r| matches!(
+        r,
+        Record::ModelRequested { .. } | Record::ToolStarted { .. }
+    )));
+    let full = Arc::new(MemoryJournal::new());
+    for r in &records {
+        match r {
+            Record::ModelResponded { round, .. } => {
+                full.append(&run_id, &Record::ModelRequested { round: *round })
+                    .await
+                    .unwrap();
+            }
+            Record::ToolFinished { round, index, .. } => {
+                let call_id = ["a", "b", "c"][*index + usize::from(*round == 2) * 2].to_string();
+                full.append(
+                    &run_id,
+                    &Record::ToolStarted {
+                        round: *round,
+                        index: *index,
+                        call_id,
+                    },
+                )
+                .await
+                .unwrap();
+            }
+            _ => {}
+        }
+        full.append(&run_id, r).await.unwrap();
+    }
+    assert_eq!(full.load(&run_id).await.unwrap().len(), records.len() + 6);
+    let again = agent(
+        model_for_resume(),
+        full,
+        effects.clone(),
+        SideEffect::Idempotent,
+    )
+    .resume(&run_id, CancellationToken::new())
+    .await
+    .unwrap();
+    assert_eq!(again.messages, out.messages);
+    assert_eq!(again.stop_reason, StopReason::Answered);
+    assert_eq!(effects.lock().unwrap().values().sum::<u32>(), 3);
 }
 
 /// A model that answers by round (the assistant turns so far) and records the reminders of
@@ -487,12 +548,12 @@ async fn hooks_that_answer_differently_the_second_time_do_not_break_a_resume() {
     let run_id = full.run_id.clone().unwrap();
     let records = journal.load(&run_id).await.unwrap();
 
-    // Cut right after the third model call was requested: the process died during it.
+    // Cut right before the third model call's response: the process died during the call
+    // (its request is not in the log: it was to be written with the response).
     let cut = records
         .iter()
-        .rposition(|r| matches!(r, Record::ModelRequested { round: 3 }))
-        .unwrap()
-        + 1;
+        .rposition(|r| matches!(r, Record::ModelResponded { round: 3, .. }))
+        .unwrap();
     journal.truncate(&run_id, cut);
     let resumed = agent
         .resume(&run_id, CancellationToken::new())
@@ -672,7 +733,9 @@ async fn only_side_effecting_calls_wait_for_their_intents_to_be_durable() {
         let out = agent.prompt("charge").await;
         assert_eq!(out.stop_reason, StopReason::Answered, "{side_effect:?}");
         assert_eq!(order.lock().unwrap()[0], first, "{side_effect:?}");
-        // Every intent is in the log all the same, before its result, and the log replays.
+        // A side-effecting call's intent is in the log before its result; a read-only or
+        // idempotent call's, written with its result, is implied by it and left out. The log
+        // replays either way.
         let kinds: Vec<&str> = journal
             .load(out.run_id.as_deref().unwrap())
             .await
@@ -680,9 +743,16 @@ async fn only_side_effecting_calls_wait_for_their_intents_to_be_durable() {
             .iter()
             .map(Record::kind)
             .collect();
-        assert_eq!(kinds.iter().filter(|k| **k == "tool_started").count(), 3);
-        let first_result = kinds.iter().position(|k| *k == "tool_finished").unwrap();
-        assert!(kinds[..first_result].contains(&"tool_started"));
+        let intents = kinds.iter().filter(|k| **k == "tool_started").count();
+        let results = kinds.iter().filter(|k| **k == "tool_finished").count();
+        assert_eq!(results, 3, "{side_effect:?}");
+        if side_effect == SideEffect::SideEffecting {
+            assert_eq!(intents, 3);
+            let first_result = kinds.iter().position(|k| *k == "tool_finished").unwrap();
+            assert!(kinds[..first_result].contains(&"tool_started"));
+        } else {
+            assert_eq!(intents, 0, "{side_effect:?}");
+        }
         let again = agent
             .resume(out.run_id.as_deref().unwrap(), CancellationToken::new())
             .await
