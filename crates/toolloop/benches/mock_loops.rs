@@ -22,7 +22,9 @@
 //! it compares instead N loops that log every run to the store (`toolloop-store`: a SQLite file in
 //! `TOOLLOOP_BENCH_DIR` or a temporary directory, in both durability modes, and PostgreSQL when
 //! `TOOLLOOP_BENCH_POSTGRES` holds a URL) with the same loops without a journal: rounds/s as a
-//! ratio over pairs of trials, and every journaled run checked to have finished with a whole log.
+//! ratio over pairs of trials, and every journaled run checked to have finished with a whole log;
+//! once with a side-effecting tool (every intent durable before its call runs) and once with a
+//! read-only one (a round is one commit).
 //!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
@@ -38,7 +40,7 @@ use std::time::Instant;
 use toolloop::agent::Agent;
 use toolloop::model::ModelRequest;
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
-use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use toolloop_mock::{MockOptions, start};
 
 const PARALLEL: usize = 2;
@@ -79,6 +81,7 @@ static ALLOC: Counting = Counting;
 
 struct Echo {
     schema: Value,
+    side_effect: SideEffect,
 }
 
 #[async_trait]
@@ -95,14 +98,24 @@ impl Tool for Echo {
     fn parallel_safe(&self) -> bool {
         true
     }
+    fn side_effect(&self) -> SideEffect {
+        self.side_effect
+    }
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         Ok(ToolOutput::data(args))
     }
 }
 
+/// The echo tool, side-effecting (the default of a tool, and the dearer to journal: every
+/// intent is durable before its call runs).
 fn echo() -> Echo {
+    echo_with(SideEffect::SideEffecting)
+}
+
+fn echo_with(side_effect: SideEffect) -> Echo {
     Echo {
         schema: json!({"type": "object", "properties": {"text": {"type": "string", "examples": ["hello"]}}, "required": ["text"]}),
+        side_effect,
     }
 }
 
@@ -116,10 +129,26 @@ fn journaled_agent(
     rounds: usize,
     journal: Option<Arc<dyn toolloop::journal::Journal>>,
 ) -> Agent {
+    journaled_agent_with(
+        base_url,
+        scenario,
+        rounds,
+        journal,
+        SideEffect::SideEffecting,
+    )
+}
+
+fn journaled_agent_with(
+    base_url: &str,
+    scenario: &str,
+    rounds: usize,
+    journal: Option<Arc<dyn toolloop::journal::Journal>>,
+    side_effect: SideEffect,
+) -> Agent {
     let mut config = OpenAiConfig::new(scenario).with_base_url(base_url);
     config.transport.retry.max_retries = 0;
     let mut builder = Agent::builder(OpenAiModel::new(config))
-        .tool(echo())
+        .tool(echo_with(side_effect))
         .max_rounds(rounds as u32 + 1)
         .max_tool_calls(((rounds + 1) * PARALLEL) as u32);
     if let Some(journal) = journal {
@@ -348,59 +377,72 @@ async fn journal_cost(n: usize, rounds: usize) {
             .expect("TOOLLOOP_BENCH_POSTGRES opens");
         stores.push(("PostgreSQL".to_string(), store, None));
     }
-    // How many records a whole run writes.
-    let memory = Arc::new(toolloop::journal::MemoryJournal::new());
-    let one = journaled_agent(&url, &scenario, rounds, Some(memory.clone()))
-        .prompt("go")
-        .await;
-    let per_run = memory
-        .load(one.run_id.as_deref().expect("an id"))
-        .await
-        .expect("a log")
-        .len();
     println!(
-        "journal: N={n} loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), \
-         each run {per_run} records; journaled vs no journal, {TRIALS} pairs of {TRIAL_SECS} s"
+        "journal: N={n} loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round); \
+         journaled vs no journal, {TRIALS} pairs of {TRIAL_SECS} s"
     );
-    for (name, store, path) in &stores {
-        let logged = journaled_agent(&url, &scenario, rounds, Some(Arc::new(store.clone())));
-        loop_workers(&plain, n, rounds, Work::Runs(1)).await;
-        let (_, warm) = logged_workers(&logged, n, rounds, Work::Runs(1)).await;
-        let mut ids = warm;
-        let mut pairs = Vec::new();
-        for _ in 0..TRIALS {
-            let base = sustained(TRIAL_SECS, |w| loop_workers(&plain, n, rounds, w)).await;
-            let start = Instant::now();
-            let end = start + std::time::Duration::from_secs_f64(TRIAL_SECS);
-            let (done, trial_ids) = logged_workers(&logged, n, rounds, Work::Until(end)).await;
-            let rps = done as f64 / start.elapsed().as_secs_f64();
-            ids.extend(trial_ids);
-            pairs.push((rps / base, base, rps));
-        }
-        pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let (ratio, base, rps) = pairs[pairs.len() / 2];
-        // Every run finished, and its log is whole.
-        let mut lost = 0;
-        for id in &ids {
-            let records = store.load(id).await.map(|r| r.len()).unwrap_or(0);
-            let finished = store
-                .run(id)
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|r| r.status == RunStatus::Finished);
-            if records != per_run || !finished {
-                lost += 1;
+    // Side-effecting tools (each round waits for its intents to be durable before its calls
+    // run, and makes two commits), then read-only ones (one commit per round, no wait).
+    for side_effect in [SideEffect::SideEffecting, SideEffect::ReadOnly] {
+        // How many records a whole run writes.
+        let memory = Arc::new(toolloop::journal::MemoryJournal::new());
+        let one = journaled_agent_with(&url, &scenario, rounds, Some(memory.clone()), side_effect)
+            .prompt("go")
+            .await;
+        let per_run = memory
+            .load(one.run_id.as_deref().expect("an id"))
+            .await
+            .expect("a log")
+            .len();
+        println!("journal: {side_effect:?} tools: each run {per_run} records");
+        for (name, store, _) in &stores {
+            let logged = journaled_agent_with(
+                &url,
+                &scenario,
+                rounds,
+                Some(Arc::new(store.clone())),
+                side_effect,
+            );
+            loop_workers(&plain, n, rounds, Work::Runs(1)).await;
+            let (_, warm) = logged_workers(&logged, n, rounds, Work::Runs(1)).await;
+            let mut ids = warm;
+            let mut pairs = Vec::new();
+            for _ in 0..TRIALS {
+                let base = sustained(TRIAL_SECS, |w| loop_workers(&plain, n, rounds, w)).await;
+                let start = Instant::now();
+                let end = start + std::time::Duration::from_secs_f64(TRIAL_SECS);
+                let (done, trial_ids) = logged_workers(&logged, n, rounds, Work::Until(end)).await;
+                let rps = done as f64 / start.elapsed().as_secs_f64();
+                ids.extend(trial_ids);
+                pairs.push((rps / base, base, rps));
             }
+            pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
+            let (ratio, base, rps) = pairs[pairs.len() / 2];
+            // Every run finished, and its log is whole.
+            let mut lost = 0;
+            for id in &ids {
+                let records = store.load(id).await.map(|r| r.len()).unwrap_or(0);
+                let finished = store
+                    .run(id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.status == RunStatus::Finished);
+                if records != per_run || !finished {
+                    lost += 1;
+                }
+            }
+            println!(
+                "journal: {name}, {side_effect:?} tools: {rps:.0} rounds/s journaled vs {base:.0} \
+                 without: {:.0}% (pairs: {:.0}–{:.0}%); {} runs checked, {lost} incomplete",
+                100.0 * ratio,
+                100.0 * pairs[0].0,
+                100.0 * pairs[pairs.len() - 1].0,
+                ids.len(),
+            );
         }
-        println!(
-            "journal: {name}: {rps:.0} rounds/s journaled vs {base:.0} without: {:.0}% \
-             (pairs: {:.0}–{:.0}%); {} runs checked, {lost} incomplete",
-            100.0 * ratio,
-            100.0 * pairs[0].0,
-            100.0 * pairs[pairs.len() - 1].0,
-            ids.len(),
-        );
+    }
+    for (_, _, path) in &stores {
         if let Some(path) = path {
             for suffix in ["", "-wal", "-shm"] {
                 let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
