@@ -45,6 +45,17 @@ async fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, Store)> {
     out
 }
 
+/// The same store opened again, as another process would (PostgreSQL's location hides the
+/// password, so its URL comes from the environment again).
+async fn another_process(kind: &str, store: &Store) -> Store {
+    let location = if kind == "sqlite" {
+        store.location().to_string()
+    } else {
+        std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+    };
+    Store::open(&location).await.unwrap()
+}
+
 /// A name unique to this test process and call, so tests can share one PostgreSQL database.
 fn unique(prefix: &str) -> String {
     format!("{prefix}-{}", new_run_id())
@@ -255,15 +266,8 @@ async fn a_live_lease_excludes_others_and_an_expired_one_is_taken_over() {
 
         // A holder whose renewals stop (its store is gone) loses the lease when it expires;
         // this process is alive, so only the expiry frees it.
-        let location = store.location().to_string();
-        let location = if kind == "sqlite" {
-            location
-        } else {
-            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
-        };
-        let short = Store::open(&location)
+        let short = another_process(kind, &store)
             .await
-            .unwrap()
             .with_lease_ttl(Duration::from_millis(400));
         let run_id = new_run_id();
         short.acquire(&run_id, "short-lived").await.unwrap();
@@ -302,12 +306,7 @@ async fn a_live_lease_excludes_others_and_an_expired_one_is_taken_over() {
 async fn a_holder_that_lost_its_lease_cannot_write() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, store) in stores(&dir).await {
-        let location = if kind == "sqlite" {
-            store.location().to_string()
-        } else {
-            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
-        };
-        let stale = Store::open(&location).await.unwrap();
+        let stale = another_process(kind, &store).await;
         let run2 = new_run_id();
         stale.acquire(&run2, "stale").await.unwrap();
         stale
@@ -338,13 +337,8 @@ async fn a_holder_that_lost_its_lease_cannot_write() {
 async fn a_new_runs_lease_is_written_with_its_first_records_and_a_racer_is_refused_there() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, store) in stores(&dir).await {
-        let location = if kind == "sqlite" {
-            store.location().to_string()
-        } else {
-            std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
-        };
         // Two processes start a run with the same id: neither has written, so both take it.
-        let other = Store::open(&location).await.unwrap();
+        let other = another_process(kind, &store).await;
         let run_id = new_run_id();
         store.acquire(&run_id, "first").await.unwrap();
         other.acquire(&run_id, "second").await.unwrap();
