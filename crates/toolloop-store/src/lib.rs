@@ -63,8 +63,9 @@
 //!   to start the same run id both get it from `acquire`, but only the first to write keeps it
 //!   (the other's first append is refused with [`JournalError::Locked`]). Leases are given back
 //!   through the group writer.
-//! - **Checkpoints** (SQLite). The store's connections never checkpoint the log on their own;
-//!   the group writer does it in the background, and bounds the log (see the `writer` module).
+//! - **Checkpoints** (SQLite). The group writer checkpoints the log in the background; a
+//!   connection checkpoints it on its own only once it passes 16,384 pages (64 MiB), which
+//!   bounds it.
 //! - **Sessions.** A session is a named conversation: [`Store::session`] loads its
 //!   transcript (checked and repaired with [`toolloop::transcript::repair_transcript`], so the
 //!   next request is valid for every provider) and its revision, [`Store::save_outcome`]
@@ -526,9 +527,10 @@ impl Store {
             })
             .busy_timeout(Duration::from_secs(15))
             .foreign_keys(true)
-            // The group writer checkpoints in the background (see the `writer` module); a log
-            // left behind by a killed process is cut back to this size at its next checkpoint.
-            .pragma("wal_autocheckpoint", "0")
+            // The group writer checkpoints in the background; a connection checkpoints on its
+            // own only past this many pages (see the `writer` module), and the log file is cut
+            // back to 64 MiB when it starts over.
+            .pragma("wal_autocheckpoint", writer::WAL_AUTOCHECKPOINT.to_string())
             .pragma("journal_size_limit", "67108864");
         let mut attempt = 0;
         loop {
@@ -1492,6 +1494,12 @@ mod tests {
                     .await
                     .unwrap();
                 assert_eq!(level, expect, "{durability:?}");
+                // The log is bounded: a connection checkpoints past this many pages.
+                let pages: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+                    .fetch_one(&mut **c)
+                    .await
+                    .unwrap();
+                assert_eq!(pages, i64::from(writer::WAL_AUTOCHECKPOINT));
             }
         }
     }

@@ -13,7 +13,7 @@
 //! the runs that start with it (their lease is written with their first records, not on its
 //! own) and reads every run's fence (does the append's holder hold the run's lease?) and last
 //! sequence number. The second writes the runs that are not fenced out: the new runs and their
-//! sessions, every record (one multi-row insert with the sequence numbers written out), the
+//! sessions, every record (one multi-row insert, each with its sequence number), the
 //! runs' counters, the leases given back, and the commit. On SQLite a round trip is one query
 //! to the connection's worker thread (`BEGIN IMMEDIATE` holds the write lock from the first);
 //! on PostgreSQL the statements go one by one in a transaction, the lookup holding the runs'
@@ -168,8 +168,7 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
         if result.is_ok()
             && let Some(checkpoints) = checkpoints.as_mut()
         {
-            let records = appends.iter().map(|a| a.records.len()).sum();
-            checkpoints.committed(records, &mut conn).await;
+            checkpoints.committed(appends.iter().map(|a| a.records.len()).sum());
         }
         if shared || result.is_err() {
             // Back to the pool (a connection whose transaction failed is checked there).
@@ -200,14 +199,13 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
     }
 }
 
-/// Checkpoints of a SQLite log (WAL): the store's connections never checkpoint on their own
-/// (`wal_autocheckpoint=0`), which would stall the commit that crosses the threshold (and, with
-/// `synchronous=FULL`, sync the database file in it). The writer starts a passive checkpoint on
-/// another connection after its first commit and every [`CHECKPOINT_EVERY`] records, so the
-/// log is copied into the database while commits go on. The log restarts from its beginning
-/// only when a commit finds it all copied, which a steady stream of commits prevents; so when
-/// the log has grown past [`WAL_LIMIT`] frames, the writer checkpoints on its own connection
-/// between two transactions, and the next commit starts the log over.
+/// Checkpoints of a SQLite log (WAL). A connection checkpoints on its own only once the log
+/// passes [`WAL_AUTOCHECKPOINT`] pages (SQLite's `wal_autocheckpoint`, a safety net that bounds
+/// the log; at SQLite's default of 1,000 it would stall every thousandth page's commit, and with
+/// `synchronous=FULL` sync the database file in it). Instead the writer starts a passive
+/// checkpoint on another connection after its first commit and every [`CHECKPOINT_EVERY`]
+/// records, so the log is copied into the database while commits go on, and the safety net
+/// finds little left to copy when it fires.
 #[cfg(feature = "sqlite")]
 struct Checkpoints {
     pool: sqlx::SqlitePool,
@@ -215,18 +213,17 @@ struct Checkpoints {
     since: usize,
     /// Whether any checkpoint started.
     started: bool,
-    /// The checkpoint under way: the log's length in frames when it ended.
-    running: Option<tokio::task::JoinHandle<Option<i64>>>,
-    /// The log's length in frames, as the last checkpoint found it.
-    frames: i64,
+    /// The checkpoint under way.
+    running: Option<tokio::task::JoinHandle<()>>,
 }
 
 /// Records between two background checkpoints.
 #[cfg(feature = "sqlite")]
 const CHECKPOINT_EVERY: usize = 1_000;
-/// The log's length (frames of one page) past which the writer checkpoints itself.
+/// The log's length (in pages) past which the connection that commits checkpoints it, after
+/// its commit; the next commit then starts the log over (cut back to `journal_size_limit`).
 #[cfg(feature = "sqlite")]
-const WAL_LIMIT: i64 = 16_384;
+pub(crate) const WAL_AUTOCHECKPOINT: u32 = 16_384;
 
 #[cfg(feature = "sqlite")]
 impl Checkpoints {
@@ -236,51 +233,33 @@ impl Checkpoints {
             since: 0,
             started: false,
             running: None,
-            frames: 0,
         }
     }
 
-    /// After a commit of `records` records on the writer's connection.
-    async fn committed(&mut self, records: usize, conn: &mut Option<Conn>) {
+    /// After a commit of `records` records.
+    fn committed(&mut self, records: usize) {
         self.since += records;
-        if self.running.as_ref().is_some_and(|r| r.is_finished())
-            && let Some(done) = self.running.take()
-            && let Ok(Some(frames)) = done.await
-        {
-            self.frames = frames;
-        }
-        if self.frames >= WAL_LIMIT
-            && let Some(Conn::Sqlite(c)) = conn.as_mut()
-        {
-            // No commit of this store can come in between: the next one starts the log over.
-            if let Some(frames) = passive_checkpoint(c).await {
-                self.frames = frames;
-            }
-            return;
+        if self.running.as_ref().is_some_and(|r| r.is_finished()) {
+            self.running = None;
         }
         if self.running.is_none() && (!self.started || self.since >= CHECKPOINT_EVERY) {
             self.started = true;
             self.since = 0;
             let pool = self.pool.clone();
             self.running = Some(tokio::spawn(async move {
-                let mut c = pool.acquire().await.ok()?;
-                passive_checkpoint(&mut c).await
+                let Ok(mut c) = pool.acquire().await else {
+                    return;
+                };
+                // Copies what it can without waiting for anyone.
+                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                    .execute(&mut *c)
+                    .await
+                {
+                    tracing::debug!("a checkpoint of the run log failed: {e}");
+                }
             }));
         }
     }
-}
-
-/// Copies what it can of the log into the database without waiting for anyone; the log's
-/// length in frames (0 when it was all copied), or `None` when the checkpoint failed.
-#[cfg(feature = "sqlite")]
-async fn passive_checkpoint(c: &mut sqlx::SqliteConnection) -> Option<i64> {
-    let row: (i64, i64, i64) = sqlx::query_as("PRAGMA wal_checkpoint(PASSIVE)")
-        .fetch_one(c)
-        .await
-        .map_err(|e| tracing::debug!("a checkpoint of the run log failed: {e}"))
-        .ok()?;
-    let (_busy, log, copied) = row;
-    Some(if log == copied { 0 } else { log })
 }
 
 /// The next transaction's appends: the waiting ones in order, at most one per run (a run's
@@ -404,7 +383,7 @@ struct Looked {
 /// A transaction in two round trips. The first takes the leases of the runs that start
 /// ([`Append::take_lease`]) and reads, for every run of the batch, whether its holder holds its
 /// lease and its last sequence number ([`Plan::lookup`]); the second writes the runs that are
-/// not fenced out, with their records' sequence numbers spelled out ([`Plan::build`]).
+/// not fenced out, numbering their records after the runs' last ([`Plan::build`]).
 struct Plan<'a> {
     appends: &'a [&'a Append],
     /// What the lookup found, by position in `appends`.
@@ -585,14 +564,11 @@ impl<'a> Plan<'a> {
             }
             let run = s.arg(Arg::Text(&a.run_id));
             for (i, (kind, body)) in a.records.iter().enumerate() {
+                // Bound, not written out: a statement's text then recurs, and stays prepared.
+                let seq = s.arg(Arg::Int(last + 1 + i as i64));
                 let kind = s.arg(Arg::Text(kind));
                 let body = s.arg(Arg::Text(body));
-                // Sequence numbers are written out: the statement's text has no `$` but its
-                // placeholders (see `Sql::anonymous`).
-                rows.push(format!(
-                    "({run}, {}, {kind}, {body}, {now})",
-                    last + 1 + i as i64
-                ));
+                rows.push(format!("({run}, {seq}, {kind}, {body}, {now})"));
             }
         }
         s.text.push_str(&format!(
