@@ -395,14 +395,17 @@ async fn journal_cost(n: usize, rounds: usize) {
             .expect("a log")
             .len();
         println!("journal: {side_effect:?} tools: each run {per_run} records");
-        for (name, store, _) in &stores {
-            let logged = journaled_agent_with(
-                &url,
-                &scenario,
-                rounds,
-                Some(Arc::new(store.clone())),
-                side_effect,
-            );
+        // First a journal in memory: the driver's own share of the cost, with no store.
+        let memory: Arc<dyn Journal> = Arc::new(toolloop::journal::MemoryJournal::new());
+        let journals = std::iter::once(("in memory (no store)".to_string(), memory, None)).chain(
+            stores.iter().map(|(name, store, _)| {
+                let journal: Arc<dyn Journal> = Arc::new(store.clone());
+                (name.clone(), journal, Some(store))
+            }),
+        );
+        for (name, journal, store) in journals {
+            let logged =
+                journaled_agent_with(&url, &scenario, rounds, Some(journal.clone()), side_effect);
             loop_workers(&plain, n, rounds, Work::Runs(1)).await;
             let (_, warm) = logged_workers(&logged, n, rounds, Work::Runs(1)).await;
             let mut ids = warm;
@@ -421,14 +424,17 @@ async fn journal_cost(n: usize, rounds: usize) {
             // Every run finished, and its log is whole.
             let mut lost = 0;
             for id in &ids {
-                let records = store.load(id).await.map(|r| r.len()).unwrap_or(0);
-                let finished = store
-                    .run(id)
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|r| r.status == RunStatus::Finished);
-                if records != per_run || !finished {
+                let log = journal.load(id).await.unwrap_or_default();
+                let finished = match store {
+                    Some(store) => store
+                        .run(id)
+                        .await
+                        .ok()
+                        .flatten()
+                        .is_some_and(|r| r.status == RunStatus::Finished),
+                    None => matches!(log.last(), Some(toolloop::journal::Record::Finished)),
+                };
+                if log.len() != per_run || !finished {
                     lost += 1;
                 }
             }
