@@ -136,10 +136,24 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
     let base_url = format!("{}/v1", server.base_url());
     let dir = tempfile::tempdir().unwrap();
     let model = "openai:mock:rounds=4,parallel=2,latency=25ms";
-    for (kind, location) in locations(dir.path()) {
+    // Both stores at the default durability (`process`), and SQLite at `power` too (fewer
+    // kills: the same code, another sync mode).
+    let mut cases: Vec<(&str, String, Option<&str>, u32)> = locations(dir.path())
+        .into_iter()
+        .map(|(kind, location)| (kind, location, None, KILLS))
+        .collect();
+    cases.push((
+        "sqlite, power",
+        dir.path().join("power.db").to_string_lossy().into_owned(),
+        Some("power"),
+        KILLS / 2,
+    ));
+    for (kind, location, durability, kills_wanted) in cases {
         let started = Instant::now();
         let mut rng = Rng(seed);
-        let effects = dir.path().join(format!("effects-{kind}.txt"));
+        let effects = dir
+            .path()
+            .join(format!("effects-{}.txt", kind.replace(", ", "-")));
         let env = Env {
             store: &location,
             effects: &effects,
@@ -152,7 +166,7 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
         let mut restarts_from_scratch = 0;
         let mut outcomes: Vec<Value> = Vec::new();
         let mut sessions = Vec::new();
-        while kills < KILLS {
+        while kills < kills_wanted {
             let session = unique(&format!("crash-{kind}"));
             let mut run_id: Option<String> = None;
             let mut attempts = 0;
@@ -163,7 +177,11 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
                     None => run_args(model, &env, &session),
                     Some(id) => vec!["resume", "--json", id.as_str()],
                 };
-                let mut child = command(&env, &args).spawn().unwrap();
+                let mut cmd = command(&env, &args);
+                if let Some(durability) = durability {
+                    cmd.env("TOOLLOOP_DURABILITY", durability);
+                }
+                let mut child = cmd.spawn().unwrap();
                 let delay = Duration::from_millis(rng.below(450));
                 let deadline = Instant::now() + delay;
                 let mut done = None;
