@@ -153,7 +153,24 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
     };
     loop {
         if waiting.is_empty() {
-            match queue.recv().await {
+            #[cfg(feature = "sqlite")]
+            let next = match checkpoints.as_mut() {
+                // Idle with records not yet checkpointed: after a while, checkpoint them, so a
+                // burst of writes does not leave its log behind.
+                Some(c) if c.since > 0 => {
+                    match tokio::time::timeout(IDLE_CHECKPOINT, queue.recv()).await {
+                        Ok(next) => next,
+                        Err(_) => {
+                            c.idle();
+                            continue;
+                        }
+                    }
+                }
+                _ => queue.recv().await,
+            };
+            #[cfg(not(feature = "sqlite"))]
+            let next = queue.recv().await;
+            match next {
                 Some(item) => waiting.push_back(item),
                 None => return,
             }
@@ -205,7 +222,8 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
 /// `synchronous=FULL` sync the database file in it). Instead the writer starts a passive
 /// checkpoint on another connection after its first commit and every [`CHECKPOINT_EVERY`]
 /// records, so the log is copied into the database while commits go on, and the safety net
-/// finds little left to copy when it fires.
+/// finds little left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`],
+/// so the end of a burst of writes is not left in the log.
 #[cfg(feature = "sqlite")]
 struct Checkpoints {
     pool: sqlx::SqlitePool,
@@ -217,6 +235,10 @@ struct Checkpoints {
     running: Option<tokio::task::JoinHandle<()>>,
 }
 
+/// How long the writer waits, idle with records not checkpointed yet, before it checkpoints
+/// them.
+#[cfg(feature = "sqlite")]
+const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(1);
 /// Records between two background checkpoints.
 #[cfg(feature = "sqlite")]
 const CHECKPOINT_EVERY: usize = 1_000;
@@ -243,22 +265,37 @@ impl Checkpoints {
             self.running = None;
         }
         if self.running.is_none() && (!self.started || self.since >= CHECKPOINT_EVERY) {
-            self.started = true;
-            self.since = 0;
-            let pool = self.pool.clone();
-            self.running = Some(tokio::spawn(async move {
-                let Ok(mut c) = pool.acquire().await else {
-                    return;
-                };
-                // Copies what it can without waiting for anyone.
-                if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                    .execute(&mut *c)
-                    .await
-                {
-                    tracing::debug!("a checkpoint of the run log failed: {e}");
-                }
-            }));
+            self.start(None);
         }
+    }
+
+    /// The writer has been idle for [`IDLE_CHECKPOINT`] with records not checkpointed yet: a
+    /// checkpoint of them starts (after the one under way, if any).
+    fn idle(&mut self) {
+        let before = self.running.take();
+        self.start(before);
+    }
+
+    /// Starts a checkpoint, after `before` has ended.
+    fn start(&mut self, before: Option<tokio::task::JoinHandle<()>>) {
+        self.started = true;
+        self.since = 0;
+        let pool = self.pool.clone();
+        self.running = Some(tokio::spawn(async move {
+            if let Some(before) = before {
+                let _ = before.await;
+            }
+            let Ok(mut c) = pool.acquire().await else {
+                return;
+            };
+            // Copies what it can without waiting for anyone.
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&mut *c)
+                .await
+            {
+                tracing::debug!("a checkpoint of the run log failed: {e}");
+            }
+        }));
     }
 }
 
