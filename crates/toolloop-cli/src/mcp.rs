@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use toolloop::tool::{SideEffect, Tool};
+use toolloop::tool_source::{ToolSource, ToolSourceError};
 use toolloop::toolbox::Toolbox;
 use toolloop_mcp::{McpTools, ServerConfig, Transport};
 
@@ -164,34 +165,88 @@ impl ToolsError {
     }
 }
 
+/// A run's tools: its own (the built-in ones) and the MCP servers' as a tool source, so that a
+/// server's changed tool list reaches a run between rounds.
+#[derive(Default)]
+pub(crate) struct RunTools {
+    /// The built-in tools (selected by `--tools` / `--no-tools`).
+    pub(crate) own: Vec<Arc<dyn Tool>>,
+    /// The MCP servers' tools, when servers are configured.
+    pub(crate) mcp: Option<Arc<SelectedMcp>>,
+}
+
+impl RunTools {
+    /// Every tool offered now: the own ones, then the servers' as listed last (for what lists
+    /// tools once: a workflow's steps).
+    pub(crate) async fn all(&self) -> Vec<Arc<dyn Tool>> {
+        let mut tools = self.own.clone();
+        if let Some(mcp) = &self.mcp {
+            let reserved: Vec<&str> = self.own.iter().map(|t| t.name()).collect();
+            tools.extend(mcp.tools(&reserved).await.unwrap_or_default());
+        }
+        tools
+    }
+}
+
+/// The MCP servers' tools that `--tools` / `--no-tools` select, whose schemas compile.
+pub(crate) struct SelectedMcp {
+    servers: Arc<McpTools>,
+    selection: Selection,
+}
+
+#[async_trait::async_trait]
+impl ToolSource for SelectedMcp {
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    fn version(&self) -> u64 {
+        self.servers.tools_version()
+    }
+
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        let tools = ToolSource::tools(&*self.servers, reserved).await?;
+        Ok(tools
+            .into_iter()
+            .filter(|t| {
+                self.selection.offers(t.name()) && Toolbox::new().add_arc(t.clone()).is_ok()
+            })
+            .collect())
+    }
+}
+
 /// The run's tools: the built-in ones, then the MCP servers' (listed afresh when a server said
-/// its list changed), then `--tools` / `--no-tools`. A server tool whose schema does not
-/// compile is left out with a warning.
+/// its list changed), each selected by `--tools` / `--no-tools`. A server that cannot start
+/// or list its tools is an error naming it; a server tool whose schema does not compile is
+/// left out with a warning.
 pub(crate) async fn assemble(
     args: &McpArgs,
     root: &Path,
     builtin: Vec<Arc<dyn Tool>>,
-) -> Result<Vec<Arc<dyn Tool>>, ToolsError> {
+) -> Result<RunTools, ToolsError> {
     let configs = server_configs(args, root).map_err(ToolsError::Usage)?;
-    let mut tools = builtin;
+    let selection = Selection::new(args).map_err(ToolsError::Usage)?;
+    let reserved: Vec<String> = builtin.iter().map(|t| t.name().to_string()).collect();
+    let mut tools = RunTools {
+        own: builtin,
+        mcp: None,
+    };
+    tools.own.retain(|t| selection.offers(t.name()));
     if !configs.is_empty() {
         let servers = servers_for(configs).map_err(ToolsError::Usage)?;
-        let reserved: Vec<String> = tools.iter().map(|t| t.name().to_string()).collect();
         let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
-        let mcp = servers
+        // Listed now, so that a server that does not start is reported before the run.
+        let listed = servers
             .tools(&reserved)
             .await
             .map_err(|e| ToolsError::Failed(e.to_string()))?;
-        for t in mcp {
-            let mut check = Toolbox::new();
-            match check.add_arc(t.clone()) {
-                Ok(()) => tools.push(t),
-                Err(e) => eprintln!("toolloop: warning: MCP tool left out: {e}"),
+        for t in listed.iter().filter(|t| selection.offers(t.name())) {
+            if let Err(e) = Toolbox::new().add_arc(t.clone()) {
+                eprintln!("toolloop: warning: MCP tool left out: {e}");
             }
         }
+        tools.mcp = Some(Arc::new(SelectedMcp { servers, selection }));
     }
-    let selection = Selection::new(args).map_err(ToolsError::Usage)?;
-    tools.retain(|t| selection.offers(t.name()));
     Ok(tools)
 }
 

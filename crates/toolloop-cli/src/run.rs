@@ -501,7 +501,7 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
 /// MCP servers configured, as selected by `--tools` / `--no-tools`.
 pub(crate) async fn tools(
     agent: &AgentArgs,
-) -> Result<Vec<Arc<dyn toolloop::Tool>>, crate::mcp::ToolsError> {
+) -> Result<crate::mcp::RunTools, crate::mcp::ToolsError> {
     use crate::mcp::ToolsError;
     let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
         .map_err(|e| ToolsError::Usage(format!("--root {}: {e}", agent.root.display())))?;
@@ -518,14 +518,17 @@ pub(crate) async fn tools(
 pub(crate) fn agent_builder_with(
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
-    tools: Vec<Arc<dyn toolloop::Tool>>,
+    tools: crate::mcp::RunTools,
 ) -> Result<AgentBuilder, String> {
     let mut builder = AgentBuilder::new(model)
-        .tools(tools)
+        .tools(tools.own)
         .max_rounds(agent.max_rounds)
         .max_tool_calls(agent.max_tool_calls)
         .stream(agent.stream)
         .approvals(crate::approve::approvals(&agent.approval)?);
+    if let Some(mcp) = tools.mcp {
+        builder = builder.tool_source_arc(mcp);
+    }
     if let Some(system) = &agent.system {
         builder = builder.system(system.clone());
     }

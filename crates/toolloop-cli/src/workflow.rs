@@ -171,12 +171,13 @@ fn load(file: &std::path::Path, agent: &AgentArgs) -> Result<Workflow, ExitCode>
 async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     agent.check().map_err(usage)?;
     agent.mcp.absolutize().map_err(usage)?;
-    let tools = tools(agent).await.map_err(|e| e.report())?;
+    // A workflow's steps take the MCP servers' tools as listed when it starts.
+    let tools = tools(agent).await.map_err(|e| e.report())?.all().await;
     let model = model_from_args_named(&agent.provider, None).map_err(usage)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    agent_builder_with(agent, model.clone(), Vec::new()).map_err(usage)?;
+    agent_builder_with(agent, model.clone(), Default::default()).map_err(usage)?;
     Ok(Runner::new(model)
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))

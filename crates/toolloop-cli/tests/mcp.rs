@@ -47,10 +47,11 @@ struct Mock {
 
 impl Mock {
     fn start() -> Mock {
+        Mock::start_with(toolloop_mock::MockOptions::default())
+    }
+    fn start_with(options: toolloop_mock::MockOptions) -> Mock {
         let rt = tokio::runtime::Runtime::new().unwrap();
-        let server = rt
-            .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-            .unwrap();
+        let server = rt.block_on(toolloop_mock::start(options)).unwrap();
         Mock { rt, server }
     }
     fn url(&self) -> String {
@@ -501,6 +502,39 @@ async fn a_changed_tool_list_is_listed_again() {
     assert_eq!(out.message, "extra ran");
     assert!(!mcp.tools_changed());
     mcp.shutdown().await;
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_tool_the_server_adds_during_a_run_is_offered_and_called_in_the_next_round() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let config = test_server_config(dir.path(), &log, json!({}));
+    // The mock calls a scripted tool only when the request offers it: `extra` in round 2 is
+    // called only if the run offers the tool the server added in round 1.
+    let call = |name: &str| toolloop_mock::ScriptCall {
+        name: name.into(),
+        arguments: json!({}),
+    };
+    let mock = Mock::start_with(toolloop_mock::MockOptions {
+        script: vec![vec![call("add_tool")], vec![call("extra")]],
+        ..toolloop_mock::MockOptions::default()
+    });
+    let out = run(
+        &mock,
+        dir.path(),
+        "rounds=2",
+        &["--mcp-config", &config, "--tools", "add_tool,extra"],
+        &[],
+    );
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "answered", "{v}");
+    let calls = v["tool_calls"].as_array().unwrap();
+    let names: Vec<&str> = calls.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["add_tool", "extra"], "{v}");
+    assert_eq!(calls[1]["success"], true, "{v}");
+    assert_eq!(result_of(&calls[1])["message"], "extra ran");
+    mock.finish();
 }
 
 #[cfg(feature = "test-hooks")]

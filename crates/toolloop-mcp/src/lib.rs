@@ -27,9 +27,12 @@
 //!   look secret ([`config::is_secret_env_name`]: `*_API_KEY`, `*_TOKEN`, `*SECRET*`, …); a
 //!   secret a server needs must be listed in its `env`.
 //! - **Changing tool lists**: after `notifications/tools/list_changed`, the next
-//!   [`McpTools::tools`] lists the server's tools again. An agent's toolbox is fixed for a run,
-//!   so build the agent's tools at the start of each run (the `toolloop` command does); a tool
-//!   the server dropped during a run fails with the server's error.
+//!   [`McpTools::tools`] lists the server's tools again. Given to an agent as a tool source
+//!   (`AgentBuilder::tool_source`, as below), the servers' tools follow such changes during a
+//!   run: before each model call, a server that said its list changed is listed again and the
+//!   call offers the new catalog (logged, so a resumed run judges its calls by the tools it
+//!   had). Tools passed with `AgentBuilder::tools` instead stay as they were listed; a tool the
+//!   server dropped fails with the server's error.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,9 +42,12 @@
 //!     ServerConfig::http("web", "http://127.0.0.1:3001/mcp")
 //!         .header("Authorization", format!("Bearer {}", std::env::var("WEB_TOKEN")?)),
 //! ])?;
-//! let tools = mcp.tools(&["read_file"]).await?; // names of built-in tools to avoid
+//! let mcp = std::sync::Arc::new(mcp);
 //! # let model = toolloop::providers::test_model::TestModel::new();
-//! let agent = toolloop::agent::Agent::builder(model).tools(tools).build()?;
+//! // The servers' tools, after the agent's own (their names avoid the agent's).
+//! let agent = toolloop::agent::Agent::builder(model)
+//!     .tool_source_arc(mcp.clone())
+//!     .build()?;
 //! let outcome = agent.prompt("List the files").await;
 //! mcp.shutdown().await;
 //! # let _ = outcome; Ok(()) }
@@ -62,6 +68,7 @@ pub use tool::McpTool;
 use std::collections::HashMap;
 use std::sync::Arc;
 use toolloop::tool::Tool;
+use toolloop::tool_source::{ToolSource, ToolSourceError};
 
 /// The separator of prefixed tool names: `<server>__<tool>`.
 pub const PREFIX_SEPARATOR: &str = "__";
@@ -96,6 +103,14 @@ impl McpTools {
     /// Whether any server said its tool list changed since it was last listed.
     pub fn tools_changed(&self) -> bool {
         self.servers.iter().any(|s| s.tools_changed())
+    }
+
+    /// A number that moves each time a server's tool list may have changed (see
+    /// [`McpServer::tools_version`]).
+    pub fn tools_version(&self) -> u64 {
+        self.servers
+            .iter()
+            .fold(0u64, |v, s| v.wrapping_add(s.tools_version()))
     }
 
     /// Every server's tools, named (see the crate docs) so that none collides with another or
@@ -148,6 +163,30 @@ impl McpTools {
     /// Stops every server (see [`McpServer::shutdown`]).
     pub async fn shutdown(&self) {
         futures::future::join_all(self.servers.iter().map(|s| s.shutdown())).await;
+    }
+}
+
+/// The servers as a tool source of an agent ([`toolloop::AgentBuilder::tool_source`]): a run
+/// offers their tools, and lists them again before a model call after a server said its list
+/// changed (or was started again), so a tool a server adds during a run is offered from the
+/// next round on.
+#[async_trait::async_trait]
+impl ToolSource for McpTools {
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    fn version(&self) -> u64 {
+        self.tools_version()
+    }
+
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        McpTools::tools(self, reserved)
+            .await
+            .map_err(|e| ToolSourceError {
+                source_name: e.server,
+                message: e.message,
+            })
     }
 }
 

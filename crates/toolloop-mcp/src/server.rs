@@ -12,7 +12,7 @@ use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, R
 use rmcp::{ClientHandler, ServiceError, ServiceExt};
 use serde_json::Value;
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
@@ -65,14 +65,31 @@ impl std::fmt::Display for ServerState {
     }
 }
 
+/// Whether a server's tool list must be listed again, and how often it changed.
+#[derive(Debug)]
+struct Staleness {
+    /// Set when the list must be listed again (and before the first listing).
+    stale: AtomicBool,
+    /// Moves each time the list may have changed (see [`McpServer::tools_version`]).
+    version: AtomicU64,
+}
+
+impl Staleness {
+    /// The list may have changed: listed again on next use, and the version moves.
+    fn mark(&self) {
+        self.version.fetch_add(1, Ordering::SeqCst);
+        self.stale.store(true, Ordering::SeqCst);
+    }
+}
+
 /// Receives the server's notifications: a changed tool list marks the catalog stale.
 struct Handler {
-    changed: Arc<AtomicBool>,
+    changed: Arc<Staleness>,
 }
 
 impl ClientHandler for Handler {
     async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.changed.store(true, Ordering::SeqCst);
+        self.changed.mark();
     }
 
     fn get_info(&self) -> ClientConfig {
@@ -118,8 +135,8 @@ pub struct McpServer {
     conn: tokio::sync::Mutex<Option<Conn>>,
     starts: AtomicU32,
     state: Mutex<ServerState>,
-    /// Set when the server said its tool list changed (and before the first listing).
-    changed: Arc<AtomicBool>,
+    /// Whether the tool list must be listed again (the server said it changed, or started).
+    changed: Arc<Staleness>,
     tools: Mutex<Option<Arc<Vec<rmcp::model::Tool>>>>,
     /// Cancellation notices still being sent for calls whose callers went away.
     cancelling: TaskTracker,
@@ -144,7 +161,10 @@ impl McpServer {
             conn: tokio::sync::Mutex::new(None),
             starts: AtomicU32::new(0),
             state: Mutex::new(ServerState::NotStarted),
-            changed: Arc::new(AtomicBool::new(true)),
+            changed: Arc::new(Staleness {
+                stale: AtomicBool::new(true),
+                version: AtomicU64::new(0),
+            }),
             tools: Mutex::new(None),
             cancelling: TaskTracker::new(),
             last_stderr: Mutex::new(None),
@@ -222,7 +242,7 @@ impl McpServer {
             Ok(c) => {
                 let out = (c.peer.clone(), c.generation);
                 *conn = Some(c);
-                self.changed.store(true, Ordering::SeqCst);
+                self.changed.mark();
                 self.set_state(ServerState::Running);
                 Ok(out)
             }
@@ -350,7 +370,7 @@ impl McpServer {
     /// changed (or after a restart); otherwise the list from before.
     pub async fn list_tools(&self) -> Result<Arc<Vec<rmcp::model::Tool>>, McpError> {
         let (peer, generation) = self.peer().await?;
-        if !self.changed.swap(false, Ordering::SeqCst)
+        if !self.changed.stale.swap(false, Ordering::SeqCst)
             && let Some(tools) = self.tools.lock().unwrap_or_else(|p| p.into_inner()).clone()
         {
             return Ok(tools);
@@ -362,7 +382,7 @@ impl McpServer {
                 Ok(tools)
             }
             Err(e) => {
-                self.changed.store(true, Ordering::SeqCst);
+                self.changed.stale.store(true, Ordering::SeqCst);
                 if matches!(e, ServiceError::TransportClosed) {
                     self.forget(generation).await;
                 }
@@ -373,7 +393,13 @@ impl McpServer {
 
     /// Whether the server said its tool list changed since it was last listed.
     pub fn tools_changed(&self) -> bool {
-        self.changed.load(Ordering::SeqCst)
+        self.changed.stale.load(Ordering::SeqCst)
+    }
+
+    /// A number that moves each time the server's tool list may have changed: it said so
+    /// (`notifications/tools/list_changed`), or it was started (again).
+    pub fn tools_version(&self) -> u64 {
+        self.changed.version.load(Ordering::SeqCst)
     }
 
     /// Drops a connection found dead, so the next use starts the server again.
@@ -446,6 +472,9 @@ impl McpServer {
             }
         };
         guard.id = None;
+        // The server's notifications are handled on tasks of their own; one it sent before
+        // this result (the tool list changed, say) gets its turn before the caller goes on.
+        tokio::task::yield_now().await;
         match response {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(ServerResult::EmptyResult(_)) => Ok(CallToolResult::default()),

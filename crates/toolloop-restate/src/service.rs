@@ -4,12 +4,14 @@
 
 use restate_sdk::prelude::*;
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::ToolCallResult;
 use toolloop::approval::{Answer, Decision, PendingApproval};
 use toolloop::config::RoundLimitDecision;
 use toolloop::engine::{Interrupt, PhaseError, Step};
+use toolloop::toolbox::Toolbox;
 use toolloop::{Agent, Message, ModelResponse, Outcome, SideEffect};
 
 /// The name of the virtual object in Restate (the first segment of the ingress path:
@@ -243,6 +245,35 @@ async fn drive(
                 fed(machine.round_limit_decided(decision));
             }
             Step::CallModel { round, reminders } => {
+                if agent.has_tool_sources() {
+                    // The catalog is a journaled step: a replay offers and judges calls by the
+                    // tools the run had, and runs them as the sources' tools run now.
+                    let listed = ctx
+                        .run(|| async { Ok(Json(agent.tools_now().await.catalog())) })
+                        .name(format!("tools round {round}"))
+                        .await;
+                    let Some(catalog) = journaled(listed)?.map(Json::into_inner) else {
+                        machine.interrupt(Interrupt::Cancelled);
+                        continue;
+                    };
+                    if catalog != machine.toolbox().catalog() {
+                        let live = agent.tools_now().await;
+                        let toolbox = if catalog == live.catalog() {
+                            live
+                        } else {
+                            match Toolbox::from_catalog(&catalog, &live) {
+                                Ok(t) => Arc::new(t),
+                                Err(e) => {
+                                    return Err(TerminalError::new(format!(
+                                        "the run's journaled tools do not load: {e}"
+                                    ))
+                                    .into());
+                                }
+                            }
+                        };
+                        fed(machine.tools_changed(toolbox));
+                    }
+                }
                 let (m, model) = (&machine, &*model);
                 let step = ctx
                     .run(|| async move {
@@ -291,8 +322,8 @@ async fn drive(
                         let Some(call) = machine.shared_round_call(index) else {
                             continue;
                         };
-                        let side_effecting = agent
-                            .toolbox()
+                        let toolbox = machine.toolbox().clone();
+                        let side_effecting = toolbox
                             .get(&call.name)
                             .is_some_and(|t| t.side_effect() == SideEffect::SideEffecting);
                         // A side-effecting call's intent is durable before it starts.
@@ -311,9 +342,9 @@ async fn drive(
                                 }
                             }
                         }
-                        let retry = !died_running || agent.retries_in_flight(&call);
+                        let retry = !died_running || agent.retries_in_flight(&toolbox, &call);
                         let key = format!("{run_id}/{}", call.id);
-                        let c = &*call;
+                        let (c, toolbox) = (&*call, &*toolbox);
                         let step = ctx
                             .run(|| async move {
                                 if !retry {
@@ -321,8 +352,8 @@ async fn drive(
                                 }
                                 let deadline = instant_of(deadline_ms);
                                 let cancel = CancellationToken::new();
-                                let running =
-                                    agent.call_tool(round, c, key, &cancel, deadline, None);
+                                let running = agent
+                                    .call_tool(toolbox, round, c, key, &cancel, deadline, None);
                                 let done = match deadline {
                                     Some(d) => tokio::time::timeout_at(d, running).await.ok(),
                                     None => Some(running.await),

@@ -59,7 +59,7 @@ fn main() {
         server,
         dir: tempfile::tempdir().unwrap(),
     };
-    let tests: [(&str, Test); 5] = [
+    let tests: [(&str, Test); 6] = [
         (
             "runs_finish_through_the_ingress",
             runs_finish_through_the_ingress,
@@ -76,6 +76,10 @@ fn main() {
         (
             "cancel_stops_a_run_with_its_transcript",
             cancel_stops_a_run_with_its_transcript,
+        ),
+        (
+            "a_tool_sources_changing_tools_are_journaled_and_offered",
+            a_tool_sources_changing_tools_are_journaled_and_offered,
         ),
     ];
     let mut failed = Vec::new();
@@ -118,6 +122,8 @@ struct Config<'a> {
     model: &'a str,
     effect_ms: u64,
     ask: bool,
+    /// The test tools come from a tool source, whose version moves after each call.
+    source: bool,
 }
 
 /// Two worker processes on one address, registered with the server; killed on drop.
@@ -146,6 +152,7 @@ impl Workers {
                 .env("TOOLLOOP_TEST_EFFECTS", &effects)
                 .env("TOOLLOOP_TEST_EFFECT_MS", config.effect_ms.to_string())
                 .env("TOOLLOOP_TEST_ASK", if config.ask { "1" } else { "" })
+                .env("TOOLLOOP_TEST_SOURCE", if config.source { "1" } else { "" })
                 .env("RUST_LOG", "toolloop_restate=info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -208,7 +215,12 @@ fn worker(addr: &str) {
             OpenAiConfig::new(var("TOOLLOOP_TEST_MODEL"))
                 .with_base_url(var("TOOLLOOP_TEST_MODEL_URL")),
         );
-        let mut builder = Agent::builder(model).tools(testtool::tools(Vec::new()));
+        let tools = testtool::tools(Vec::new());
+        let mut builder = if var("TOOLLOOP_TEST_SOURCE") == "1" {
+            Agent::builder(model).tool_source(Source::new(tools))
+        } else {
+            Agent::builder(model).tools(tools)
+        };
         if var("TOOLLOOP_TEST_ASK") == "1" {
             builder = builder.approvals(Approvals::ask_all());
         }
@@ -217,6 +229,82 @@ fn worker(addr: &str) {
         println!("listening {}", w.local_addr().unwrap());
         w.serve(agent, std::future::pending::<()>()).await;
     });
+}
+
+/// The test tools as a tool source that offers one more of them after each call: the first
+/// round offers one tool, the next two, and so on.
+struct Source {
+    tools: Vec<std::sync::Arc<dyn toolloop::Tool>>,
+    offered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Source {
+    fn new(tools: Vec<std::sync::Arc<dyn toolloop::Tool>>) -> Source {
+        Source {
+            tools,
+            offered: std::sync::Arc::new(1.into()),
+        }
+    }
+}
+
+/// A tool that offers one more of the source's tools once it has run.
+struct Growing {
+    inner: std::sync::Arc<dyn toolloop::Tool>,
+    offered: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait::async_trait]
+impl toolloop::Tool for Growing {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn description(&self) -> &str {
+        self.inner.description()
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        self.inner.parameters()
+    }
+    fn side_effect(&self) -> toolloop::SideEffect {
+        self.inner.side_effect()
+    }
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        ctx: toolloop::ToolContext,
+    ) -> Result<toolloop::ToolOutput, toolloop::ToolError> {
+        let out = self.inner.call(args, ctx).await;
+        self.offered
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        out
+    }
+}
+
+#[async_trait::async_trait]
+impl toolloop::tool_source::ToolSource for Source {
+    fn name(&self) -> &str {
+        "test tools"
+    }
+    fn version(&self) -> u64 {
+        self.offered.load(std::sync::atomic::Ordering::SeqCst) as u64
+    }
+    async fn tools(
+        &self,
+        _reserved: &[&str],
+    ) -> Result<Vec<std::sync::Arc<dyn toolloop::Tool>>, toolloop::tool_source::ToolSourceError>
+    {
+        let n = self.offered.load(std::sync::atomic::Ordering::SeqCst);
+        Ok(self
+            .tools
+            .iter()
+            .take(n)
+            .map(|t| {
+                std::sync::Arc::new(Growing {
+                    inner: t.clone(),
+                    offered: self.offered.clone(),
+                }) as std::sync::Arc<dyn toolloop::Tool>
+            })
+            .collect())
+    }
 }
 
 fn effect_counts(path: &Path) -> HashMap<String, usize> {
@@ -244,6 +332,7 @@ fn runs_finish_through_the_ingress(ctx: &Ctx) {
             model: "mock:rounds=2,parallel=2",
             effect_ms: 0,
             ask: false,
+            source: false,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -301,6 +390,7 @@ fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
             model: "mock:rounds=1,parallel=2",
             effect_ms: 0,
             ask: false,
+            source: false,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -340,6 +430,7 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
             model: "mock:rounds=2,parallel=2",
             effect_ms: 1500,
             ask: false,
+            source: false,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -432,6 +523,7 @@ fn approvals_wait_as_awakeables(ctx: &Ctx) {
             model: "mock:rounds=2,parallel=2",
             effect_ms: 0,
             ask: true,
+            source: false,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -518,6 +610,7 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             model: "mock:rounds=2,parallel=2",
             effect_ms: 0,
             ask: true,
+            source: false,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -548,4 +641,36 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             .unwrap()
             .is_empty()
     );
+}
+
+/// A tool source's tools are offered through Restate, and a catalog that grows during a run is
+/// offered from the next round: the mock calls the offered tools in turn, so round 2 calls a
+/// tool that round 1 did not offer.
+fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "source",
+            model: "mock:rounds=2",
+            effect_ms: 0,
+            ask: false,
+            source: true,
+        },
+    );
+    let o = ctx
+        .rt
+        .block_on(client::invoke(
+            &ctx.server.ingress,
+            "source-0",
+            prompt("grow"),
+        ))
+        .unwrap();
+    assert_answered(&o, "Done. I saw 2 tool results in 2 rounds.");
+    let names: Vec<&str> = o.tool_calls.iter().map(|c| c.call.name.as_str()).collect();
+    assert_eq!(names.len(), 2, "{o:?}");
+    assert_ne!(names[0], names[1], "round 2 offered a second tool: {o:?}");
+    for c in &o.tool_calls {
+        assert_eq!(c.status, CallStatus::Ok, "{c:?}");
+    }
+    assert_eq!(effect_counts(&workers.effects).len(), 2);
 }

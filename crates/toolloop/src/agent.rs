@@ -20,6 +20,7 @@ use crate::output::OutputSchema;
 use crate::price::{Price, PriceTable};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use crate::tool_source::ToolSource;
 use crate::toolbox::{Toolbox, ToolboxError};
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
@@ -49,6 +50,24 @@ pub struct Agent {
     journal: Option<Arc<dyn Journal>>,
     on_in_flight: Option<OnInFlight>,
     on_approval: Option<OnApproval>,
+    /// Where tools beside the agent's own come from, and what they listed last.
+    sources: Arc<Sources>,
+}
+
+/// The tool sources of an agent and the toolbox they made last.
+#[derive(Default)]
+struct Sources {
+    sources: Vec<Arc<dyn ToolSource>>,
+    listed: tokio::sync::Mutex<Option<Listed>>,
+}
+
+/// A toolbox made of the agent's tools and its sources', and what it was made from.
+struct Listed {
+    /// Each source's version when it was listed (`None`: its listing failed; it is asked again).
+    versions: Vec<Option<u64>>,
+    /// Each source's tools as listed last.
+    tools: Vec<Vec<Arc<dyn Tool>>>,
+    toolbox: Arc<Toolbox>,
 }
 
 /// Answers a call that waits for approval (see [`crate::approval`]). It runs in the driver;
@@ -95,6 +114,7 @@ pub struct AgentBuilder {
     journal: Option<Arc<dyn Journal>>,
     on_in_flight: Option<OnInFlight>,
     on_approval: Option<OnApproval>,
+    sources: Vec<Arc<dyn ToolSource>>,
 }
 
 impl Agent {
@@ -108,9 +128,66 @@ impl Agent {
         &self.model
     }
 
-    /// The toolbox.
+    /// The agent's own tools (without its tool sources': see [`Agent::tools_now`]).
     pub fn toolbox(&self) -> &Arc<Toolbox> {
         &self.toolbox
+    }
+
+    /// Whether the agent has tool sources ([`AgentBuilder::tool_source`]), whose tools can
+    /// change while a run goes on.
+    pub fn has_tool_sources(&self) -> bool {
+        !self.sources.sources.is_empty()
+    }
+
+    /// The tools a run offers now: the agent's own, then each tool source's (listed again when
+    /// its version moved; see [`crate::tool_source`]). The same toolbox while nothing changed.
+    pub async fn tools_now(&self) -> Arc<Toolbox> {
+        let sources = &self.sources.sources;
+        if sources.is_empty() {
+            return self.toolbox.clone();
+        }
+        let mut listed = self.sources.listed.lock().await;
+        let versions: Vec<u64> = sources.iter().map(|s| s.version()).collect();
+        if let Some(l) = listed.as_ref()
+            && l.versions
+                .iter()
+                .zip(&versions)
+                .all(|(a, b)| *a == Some(*b))
+        {
+            return l.toolbox.clone();
+        }
+        let reserved: Vec<&str> = self.toolbox.names().collect();
+        let mut toolbox = Toolbox::new();
+        for tool in self.toolbox.tools() {
+            // The agent's own tools passed these checks when it was built.
+            let _ = toolbox.add_arc(tool.clone());
+        }
+        let mut now = Listed {
+            versions: Vec::with_capacity(sources.len()),
+            tools: Vec::with_capacity(sources.len()),
+            toolbox: Arc::new(Toolbox::new()),
+        };
+        for (i, (source, version)) in sources.iter().zip(versions).enumerate() {
+            let (version, tools) = match source.tools(&reserved).await {
+                Ok(tools) => (Some(version), tools),
+                Err(e) => {
+                    tracing::warn!(source = source.name(), "tools not listed: {e}");
+                    let before = listed.as_ref().and_then(|l| l.tools.get(i).cloned());
+                    (None, before.unwrap_or_default())
+                }
+            };
+            for tool in &tools {
+                if let Err(e) = toolbox.add_arc(tool.clone()) {
+                    tracing::warn!(source = source.name(), "a tool is left out: {e}");
+                }
+            }
+            now.versions.push(version);
+            now.tools.push(tools);
+        }
+        let toolbox = Arc::new(toolbox);
+        now.toolbox = toolbox.clone();
+        *listed = Some(now);
+        toolbox
     }
 
     /// The limits and policies.
@@ -176,7 +253,8 @@ impl Agent {
         sink: Option<EventHandler>,
         run_id: Option<String>,
     ) -> Outcome {
-        let machine = self.machine(messages);
+        let toolbox = self.tools_now().await;
+        let machine = self.machine_with(messages, toolbox);
         match self.start_log(&machine, run_id).await {
             Ok(log) => self.drive(machine, cancel, sink, log).await,
             Err(e) => {
@@ -206,7 +284,18 @@ impl Agent {
             messages: machine.messages().to_vec(),
             output_schema: machine.output_schema().cloned(),
         };
-        log.journal.append(&log.run_id, &started).await?;
+        if self.has_tool_sources() {
+            // Tools that can change are logged, so that a replay judges calls by these.
+            let tools = Record::ToolsChanged {
+                round: 0,
+                tools: machine.toolbox().catalog(),
+            };
+            log.journal
+                .append_all(&log.run_id, &[started, tools])
+                .await?;
+        } else {
+            log.journal.append(&log.run_id, &started).await?;
+        }
         Ok(Some(log))
     }
 
@@ -241,7 +330,7 @@ impl Agent {
         let machine = Machine::resume(
             self.config.clone(),
             self.hooks.clone(),
-            self.toolbox.clone(),
+            self.tools_now().await,
             state,
         );
         self.drive(machine, cancel, self.on_event.clone(), None)
@@ -271,7 +360,7 @@ impl Agent {
             let Some(call) = machine.round_call(index).cloned() else {
                 continue;
             };
-            if !self.retries_in_flight(&call) {
+            if !self.retries_in_flight(machine.toolbox(), &call) {
                 // Goes with the next durable write: decided again if lost.
                 log.soon(Record::ToolUnknown {
                     round: machine.round(),
@@ -300,7 +389,7 @@ impl Agent {
         let replayed = Machine::replay(
             self.config.clone(),
             self.hooks.clone(),
-            self.toolbox.clone(),
+            self.tools_now().await,
             &records,
         );
         match replayed {
@@ -401,9 +490,12 @@ impl Agent {
     }
 
     /// The machine of a new run on `messages`, the agent's system prompt first (unless the
-    /// messages start with one). For a driver of its own, one that journals each step
-    /// elsewhere (a durable-execution engine, say): it asks [`Machine::next_step`] and answers
-    /// each step with the methods below, as [`Agent::run`] does.
+    /// messages start with one), with the agent's own tools. For a driver of its own, one that
+    /// journals each step elsewhere (a durable-execution engine, say): it asks
+    /// [`Machine::next_step`] and answers each step with the methods below, as [`Agent::run`]
+    /// does. With tool sources, such a driver gives the machine the run's tools
+    /// ([`Machine::tools_changed`]) before each model call, from a catalog it journaled
+    /// ([`Agent::tools_now`], [`Toolbox::catalog`], [`Toolbox::from_catalog`]).
     pub fn start(&self, messages: Vec<Message>) -> Machine {
         self.machine(messages)
     }
@@ -452,7 +544,7 @@ impl Agent {
         let request = ModelRequest {
             messages: machine.messages(),
             reminders,
-            tools: self.toolbox.specs(),
+            tools: machine.toolbox().specs(),
             settings: &self.settings,
         };
         self.call_model(model, request, round, sink).await
@@ -467,9 +559,12 @@ impl Agent {
 
     /// One tool call of [`Step::RunTools`] as the agent makes it: the tool's timeout, retries
     /// of retryable errors with backoff, a panic caught as an error, an unknown tool an error
-    /// the model reads. The tool gets `idempotency_key` in its [`ToolContext`].
+    /// the model reads. The tool gets `idempotency_key` in its [`ToolContext`]. `toolbox` is the
+    /// run's ([`Machine::toolbox`]: with tool sources, it can differ from the agent's own).
+    #[allow(clippy::too_many_arguments)]
     pub async fn call_tool(
         &self,
+        toolbox: &Toolbox,
         round: u32,
         call: &ToolCall,
         idempotency_key: String,
@@ -477,7 +572,7 @@ impl Agent {
         deadline: Option<tokio::time::Instant>,
         sink: Option<&EventHandler>,
     ) -> ToolCallResult {
-        let Some(tool) = self.toolbox.get(&call.name) else {
+        let Some(tool) = toolbox.get(&call.name) else {
             return ToolCallResult {
                 result: Err(ToolError::new(format!("unknown tool `{}`", call.name))),
                 duration_ms: 0,
@@ -500,10 +595,9 @@ impl Agent {
     /// Whether a call that was in flight at a crash runs again: read-only and idempotent
     /// tools do; a side-effecting one only when the `on_in_flight` handler says so
     /// (otherwise the model reads "outcome unknown"). An unknown tool counts as
-    /// side-effecting.
-    pub fn retries_in_flight(&self, call: &ToolCall) -> bool {
-        let side_effect = self
-            .toolbox
+    /// side-effecting. `toolbox` is the run's ([`Machine::toolbox`]).
+    pub fn retries_in_flight(&self, toolbox: &Toolbox, call: &ToolCall) -> bool {
+        let side_effect = toolbox
             .get(&call.name)
             .map_or(SideEffect::SideEffecting, |t| t.side_effect());
         match side_effect {
@@ -515,18 +609,17 @@ impl Agent {
         }
     }
 
-    fn machine(&self, mut messages: Vec<Message>) -> Machine {
+    fn machine(&self, messages: Vec<Message>) -> Machine {
+        self.machine_with(messages, self.toolbox.clone())
+    }
+
+    fn machine_with(&self, mut messages: Vec<Message>, toolbox: Arc<Toolbox>) -> Machine {
         if let Some(system) = &self.system
             && !matches!(messages.first(), Some(Message::System { .. }))
         {
             messages.insert(0, Message::system(system.to_string()));
         }
-        let mut machine = Machine::new(
-            self.config.clone(),
-            self.hooks.clone(),
-            self.toolbox.clone(),
-            messages,
-        );
+        let mut machine = Machine::new(self.config.clone(), self.hooks.clone(), toolbox, messages);
         // The schema compiled when the agent was built, so this cannot fail; were it to, the
         // run would go on with no schema rather than stop.
         if let Err(e) = machine.set_output_schema(self.settings.output.clone()) {
@@ -613,13 +706,27 @@ impl Agent {
                     fed(machine.stop_checked(signal));
                 }
                 Step::CallModel { round, reminders } => {
+                    if self.has_tool_sources() {
+                        let now = self.tools_now().await;
+                        if !Arc::ptr_eq(&now, machine.toolbox()) {
+                            // Durable with the round's response: listed again on resume if
+                            // lost.
+                            if !now.same_catalog(machine.toolbox()) {
+                                soon(&log, || Record::ToolsChanged {
+                                    round,
+                                    tools: now.catalog(),
+                                });
+                            }
+                            fed(machine.tools_changed(now));
+                        }
+                    }
                     emit(&mut machine);
                     // Not waited for: a call lost to a crash is made again on resume.
                     soon(&log, || Record::ModelRequested { round });
                     let request = ModelRequest {
                         messages: machine.messages(),
                         reminders: &reminders,
-                        tools: self.toolbox.specs(),
+                        tools: machine.toolbox().specs(),
                         settings: &settings,
                     };
                     let span = crate::telemetry::chat_span(self.model.name(), round);
@@ -890,6 +997,7 @@ impl Agent {
         log: &Option<RunLog>,
     ) -> Result<(), JournalError> {
         let round = machine.round();
+        let toolbox = machine.toolbox().clone();
         let limit = if batch.parallel {
             self.config.max_parallel.max(1)
         } else {
@@ -905,7 +1013,7 @@ impl Agent {
             let mut rerun_safe = true;
             for &index in &batch.calls {
                 if let Some(call) = machine.round_call(index)
-                    && let Some(tool) = self.toolbox.get(&call.name)
+                    && let Some(tool) = toolbox.get(&call.name)
                 {
                     rerun_safe &= tool.side_effect() != SideEffect::SideEffecting;
                     log.soon(Record::ToolStarted {
@@ -928,7 +1036,7 @@ impl Agent {
                     intent_logged: intents_first,
                     round,
                     index,
-                    tool: self.toolbox.get(&call.name),
+                    tool: toolbox.get(&call.name),
                     call,
                     cancel,
                     deadline,
@@ -1291,6 +1399,7 @@ impl AgentBuilder {
             journal: None,
             on_in_flight: None,
             on_approval: None,
+            sources: Vec::new(),
         }
     }
 
@@ -1340,6 +1449,19 @@ impl AgentBuilder {
         {
             self.error = Some(e);
         }
+        self
+    }
+
+    /// Adds a source of tools that can change while a run goes on (MCP servers, say: see
+    /// [`crate::tool_source`]). Its tools come after the agent's own; each run lists them when
+    /// it starts and again before a model call when the source's version moved.
+    pub fn tool_source(self, source: impl ToolSource + 'static) -> Self {
+        self.tool_source_arc(Arc::new(source))
+    }
+
+    /// Adds a shared tool source (see [`AgentBuilder::tool_source`]).
+    pub fn tool_source_arc(mut self, source: Arc<dyn ToolSource>) -> Self {
+        self.sources.push(source);
         self
     }
 
@@ -1516,6 +1638,10 @@ impl AgentBuilder {
             journal: self.journal,
             on_in_flight: self.on_in_flight,
             on_approval: self.on_approval,
+            sources: Arc::new(Sources {
+                sources: self.sources,
+                listed: tokio::sync::Mutex::new(None),
+            }),
         })
     }
 }

@@ -30,7 +30,7 @@ use crate::outcome::{CallStatus, ErrorCode, ExecutedCall, Outcome, RunError, Sto
 use crate::output::{OutputCheck, OutputSchema, OutputSchemaError};
 use crate::result;
 use crate::tool::{ToolError, ToolOutput};
-use crate::toolbox::Toolbox;
+use crate::toolbox::{CatalogEntry, Toolbox};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -738,6 +738,46 @@ impl Machine {
         }
     }
 
+    /// The tools changed (see [`crate::tool_source`]): before the run's first model call, or
+    /// while a model call waits to be made ([`Step::CallModel`], before it is made). That call
+    /// offers `toolbox`'s tools, and the calls it returns are checked and run against them.
+    /// Emits [`Event::ToolsChanged`] when the catalog differs (a toolbox with the same catalog
+    /// just takes the old one's place).
+    pub fn tools_changed(&mut self, toolbox: Arc<Toolbox>) -> Result<(), PhaseError> {
+        let before_first = self.state.round == 0 && self.state.phase == Phase::Ready;
+        if !before_first && !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
+            return Err(self.phase_error("tools_changed", String::new()));
+        }
+        if self.events_on && !self.toolbox.same_catalog(&toolbox) {
+            let old = self.toolbox.catalog();
+            let new = toolbox.catalog();
+            let named = |list: &[CatalogEntry], name: &str| list.iter().any(|e| e.name == name);
+            let added = new
+                .iter()
+                .filter(|e| !named(&old, &e.name))
+                .map(|e| e.name.clone())
+                .collect();
+            let removed = old
+                .iter()
+                .filter(|e| !named(&new, &e.name))
+                .map(|e| e.name.clone())
+                .collect();
+            let changed = new
+                .iter()
+                .filter(|e| old.iter().any(|o| o.name == e.name && o != *e))
+                .map(|e| e.name.clone())
+                .collect();
+            self.events.push(Event::ToolsChanged {
+                round: self.state.round,
+                added,
+                removed,
+                changed,
+            });
+        }
+        self.toolbox = toolbox;
+        Ok(())
+    }
+
     /// The `reminders` hook answered ([`Step::GetReminders`]): the round starts with these
     /// strings sent along with its request.
     pub fn reminders_given(&mut self, reminders: Vec<String>) -> Result<(), PhaseError> {
@@ -1343,6 +1383,8 @@ impl Machine {
         else {
             return Err(ReplayError::NotStarted);
         };
+        // The tools that run calls now (a logged catalog judges calls by its own entries).
+        let live = toolbox.clone();
         let mut m = Machine::new(config, hooks, toolbox, messages.clone());
         // The schema the run was started with, even if the agent's has changed since.
         m.state.output_schema = output_schema.clone();
@@ -1364,6 +1406,22 @@ impl Machine {
             match record {
                 Record::Started { .. } => {
                     return Err(out_of_place("started", "; a run starts once".into()));
+                }
+                Record::ToolsChanged { round, tools } => {
+                    // Before the first model call (round 0), or before the round's call.
+                    if *round > 0 {
+                        m.model_call_at(*round, "tools_changed")
+                            .map_err(|(e, detail)| {
+                                e.map_or_else(unfit, |i| out_of_place(i, detail))
+                            })?;
+                    }
+                    let logged = Toolbox::from_catalog(tools, &live).map_err(|e| {
+                        ReplayError::Unreadable {
+                            record: i + 1,
+                            message: e.to_string(),
+                        }
+                    })?;
+                    m.tools_changed(Arc::new(logged)).map_err(unfit)?;
                 }
                 Record::RemindersGiven { reminders, .. } => {
                     m.settle_unrecorded(false).map_err(unfit)?;
@@ -2037,6 +2095,9 @@ mod tests {
         refused(&mut h, &|m| {
             m.model_responded(ModelResponse::text("x"), None)
         });
+        // The tools change only before a model call, never under a round's calls.
+        let e = refused(&mut h, &|m| m.tools_changed(Arc::new(Toolbox::new())));
+        assert_eq!(e.input, "tools_changed");
         let e = refused(&mut h, &|m| {
             m.tool_finished(5, Ok(ToolOutput::text("x")), 0, 1)
         });
@@ -2050,10 +2111,14 @@ mod tests {
         // No stop_when hook: nothing to answer.
         refused(&mut h, &|m| m.stop_checked(None));
         h.expect_call_model();
+        // While the model call waits to be made, it takes the new tools.
+        h.m.tools_changed(Arc::new(Toolbox::new())).unwrap();
+        assert!(h.m.toolbox().is_empty());
         h.respond(ModelResponse::text("done"));
         refused(&mut h, &|m| {
             m.model_responded(ModelResponse::text("x"), None)
         });
+        refused(&mut h, &|m| m.tools_changed(Arc::new(Toolbox::new())));
         assert_eq!(h.m.next_step(), Step::Finished);
     }
 

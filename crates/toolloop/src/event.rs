@@ -56,6 +56,18 @@ pub enum Event {
         /// Messages sent.
         message_count: usize,
     },
+    /// The tools changed before this round's model call (a tool source listed others; see
+    /// [`crate::tool_source`]): the call offers the new catalog.
+    ToolsChanged {
+        /// The round whose model call offers them.
+        round: u32,
+        /// Tools offered now that were not before.
+        added: Vec<String>,
+        /// Tools no longer offered.
+        removed: Vec<String>,
+        /// Tools still offered whose description, schema or side effects changed.
+        changed: Vec<String>,
+    },
     /// A model call's stream broke after delivering output and the call is made again; the
     /// text deltas of the broken attempt are void.
     ModelRetry {

@@ -3,7 +3,8 @@
 //!
 //! The driver records a [`Record`] for the model's responses, each tool call's intent before it
 //! starts and its result after it finishes, every hook's answer (`reminders`, `stop_when`,
-//! `on_round_limit`), and every interruption. Replaying the records into a fresh
+//! `on_round_limit`), the run's tool catalog when its tools can change (see
+//! [`crate::tool_source`]), and every interruption. Replaying the records into a fresh
 //! [`crate::engine::Machine`] rebuilds the loop's state exactly: the machine is deterministic
 //! given its inputs, and a hook's answer is an input, so replaying never calls the hooks again
 //! (a hook that answers differently the second time cannot make a log look corrupt).
@@ -46,6 +47,16 @@ pub enum Record {
         /// [`crate::output`]); a replay holds answers to this one.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         output_schema: Option<crate::output::OutputSchema>,
+    },
+    /// The run's tools, for a run whose tools can change while it goes on (an agent with a
+    /// [`crate::tool_source::ToolSource`]): logged with `started` (round 0) and whenever they
+    /// change before a model call. From there on the run offers and judges calls by this
+    /// catalog, so a replay does too, whatever is offered by then.
+    ToolsChanged {
+        /// The round whose model call offers them first (0: from the run's start).
+        round: u32,
+        /// The whole catalog.
+        tools: Vec<crate::toolbox::CatalogEntry>,
     },
     /// The `reminders` hook answered, for the round about to start.
     RemindersGiven {
@@ -144,6 +155,7 @@ impl Record {
     pub fn kind(&self) -> &'static str {
         match self {
             Record::Started { .. } => "started",
+            Record::ToolsChanged { .. } => "tools_changed",
             Record::ModelRequested { .. } => "model_requested",
             Record::ModelResponded { .. } => "model_responded",
             Record::ModelFailed { .. } => "model_failed",

@@ -32,7 +32,8 @@
 //! - [`message`]: the message model, and [`image`] for images in user messages; [`model`]: the
 //!   [`model::Model`] trait; [`stream`]: stream events and the accumulator; [`usage`] and
 //!   [`price`]: tokens and cost.
-//! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation.
+//! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tool_source`]: tools
+//!   from outside the program that can change during a run (MCP servers').
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
 //!   compatible server), Anthropic and Gemini, each in a folder of its own (configuration,
 //!   request, response, stream, errors), over the shared [`transport`] (HTTP with retries and
@@ -71,6 +72,7 @@ pub mod schema;
 pub mod stream;
 pub mod telemetry;
 pub mod tool;
+pub mod tool_source;
 pub mod toolbox;
 pub mod transcript;
 pub mod transport;
