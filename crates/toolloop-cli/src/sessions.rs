@@ -229,6 +229,12 @@ fn print_message(m: &Message) {
                 r.call_id,
                 one_line(&r.content)
             ));
+            for image in &r.images {
+                out(format!(
+                    "tool {mark} [image: {}]",
+                    one_line(&image.describe())
+                ));
+            }
         }
     }
 }

@@ -155,6 +155,25 @@ fn server_everything_over_stdio_through_a_run() {
         "{message}"
     );
     assert!(!message.contains("ghp_hidden"), "{message}");
+
+    // An image the server returns reaches the model with the result (the mock checks it and
+    // says how many it saw).
+    let out = run(
+        &mock,
+        dir.path(),
+        "rounds=1",
+        &["--mcp-config", &config, "--tools", "get-tiny-image"],
+        &[("MY_GIVEN_TOKEN", "listed-token")],
+    );
+    let v = json_of(&out);
+    let call = &v["tool_calls"][0];
+    assert_eq!(call["success"], true, "{v}");
+    let message = result_of(call)["message"].as_str().unwrap_or("");
+    assert!(message.contains("[image 1: image/png"), "{message}");
+    assert_eq!(
+        v["text"], "Done. I saw 1 tool results in 1 rounds. I see 1 image.",
+        "{v}"
+    );
     mock.finish();
 }
 

@@ -17,8 +17,9 @@
 //!   The run's cancellation or deadline, and the server's `call_timeout`, reach the server as
 //!   `notifications/cancelled`.
 //! - **Results** ([`tool::to_output`]): text parts are the message, structured content the
-//!   data; images, audio and binary resources become a line describing them; `isError` is a
-//!   failed call the model reads.
+//!   data; images (PNG, JPEG, GIF or WebP) go to the model with the result
+//!   ([`toolloop::tool::ToolOutput::images`]); audio, other binary resources and other images
+//!   become a line describing them; `isError` is a failed call the model reads.
 //! - **Faults**: a server that dies during a call fails that call ("went away during the call;
 //!   the outcome is unknown") and is started again for the next one, at most
 //!   [`ServerConfig::max_restarts`] times; a server that does not start is an error naming it,

@@ -105,13 +105,27 @@ impl Tool for McpTool {
     }
 }
 
-/// How a tool result reads for the model: the text parts joined by newlines as the message (an
-/// image or audio part as a line describing it, since the providers take no images in tool
-/// results; an embedded resource as its URI and text, or a line describing a binary one; a
-/// resource link as its URI, name and description), structured content as the data. A result
-/// with `isError` is a failed call carrying the same message.
+/// How a tool result reads for the model: the text parts joined by newlines as the message,
+/// structured content as the data, and the images (image parts, and embedded resources that are
+/// images: PNG, JPEG, GIF or WebP, at most [`toolloop::image::Image::MAX_BYTES`] each) sent
+/// with the result for the model to see, each announced by a line in the message. Other parts
+/// read as a line: an image of another type or audio describes itself; an embedded resource
+/// reads as its URI and text, or a line describing a binary one; a resource link as its URI,
+/// name and description. A result with `isError` is a failed call carrying the same message.
 pub fn to_output(result: CallToolResult) -> Result<ToolOutput, ToolError> {
-    let parts: Vec<String> = result.content.iter().map(describe).collect();
+    let mut images = Vec::new();
+    let parts: Vec<String> = result
+        .content
+        .iter()
+        .map(|block| match image_of(block) {
+            Some(image) => {
+                let line = format!("[image {}: {}]", images.len() + 1, image.describe());
+                images.push(image);
+                line
+            }
+            None => describe(block),
+        })
+        .collect();
     let message = parts.join("\n");
     let data = result.structured_content;
     if result.is_error == Some(true) {
@@ -129,15 +143,37 @@ pub fn to_output(result: CallToolResult) -> Result<ToolOutput, ToolError> {
     Ok(ToolOutput {
         message,
         data,
-        signal: None,
+        images,
+        ..ToolOutput::default()
     })
+}
+
+/// The image a part holds, when a provider takes it: an image part, or an embedded resource
+/// whose bytes are an image.
+fn image_of(block: &ContentBlock) -> Option<toolloop::image::Image> {
+    let data = match block {
+        ContentBlock::Image(i) => &i.data,
+        ContentBlock::Resource(r) => match &r.resource {
+            ResourceContents::BlobResourceContents {
+                blob, mime_type, ..
+            } if mime_type
+                .as_deref()
+                .is_some_and(|m| m.starts_with("image/")) =>
+            {
+                blob
+            }
+            _ => return None,
+        },
+        _ => return None,
+    };
+    toolloop::image::Image::from_base64(data).ok()
 }
 
 fn describe(block: &ContentBlock) -> String {
     match block {
         ContentBlock::Text(t) => t.text.clone(),
         ContentBlock::Image(i) => format!(
-            "[image: {}, {} bytes; not shown]",
+            "[image: {}, {} bytes; not shown: not a PNG, JPEG, GIF or WebP image]",
             i.mime_type,
             base64_len(&i.data)
         ),
@@ -208,17 +244,26 @@ mod tests {
                 {"type": "image", "data": "iVBORw0KGgo=", "mimeType": "image/png"},
                 {"type": "resource", "resource": {"uri": "file:///a.txt", "mimeType": "text/plain", "text": "inside"}},
                 {"type": "resource", "resource": {"uri": "file:///b.bin", "blob": "AAAA"}},
-                {"type": "resource_link", "uri": "file:///c", "name": "c", "description": "a file"}
+                {"type": "resource_link", "uri": "file:///c", "name": "c", "description": "a file"},
+                // GIF bytes declared as PNG: the bytes decide.
+                {"type": "image", "data": "R0lGODlhAQA=", "mimeType": "image/png"},
+                {"type": "image", "data": "PHN2Zy8+", "mimeType": "image/svg+xml"},
+                {"type": "resource", "resource": {"uri": "file:///d.png", "mimeType": "image/png", "blob": "iVBORw0KGgo="}}
             ],
             "structuredContent": {"n": 3}
         })))
         .unwrap();
         assert_eq!(
             out.message,
-            "hello\n[image: image/png, 8 bytes; not shown]\n[resource file:///a.txt, text/plain]\ninside\n\
-             [resource file:///b.bin: binary, 3 bytes; not shown]\n[resource link file:///c (c): a file]"
+            "hello\n[image 1: image/png, 8 bytes]\n[resource file:///a.txt, text/plain]\ninside\n\
+             [resource file:///b.bin: binary, 3 bytes; not shown]\n[resource link file:///c (c): a file]\n\
+             [image 2: image/gif, 8 bytes]\n\
+             [image: image/svg+xml, 6 bytes; not shown: not a PNG, JPEG, GIF or WebP image]\n\
+             [image 3: image/png, 8 bytes]"
         );
         assert_eq!(out.data, Some(json!({"n": 3})));
+        let types: Vec<_> = out.images.iter().map(|i| i.media_type().unwrap()).collect();
+        assert_eq!(types, ["image/png", "image/gif", "image/png"]);
     }
 
     #[test]

@@ -108,6 +108,9 @@ struct Block<'a> {
     /// An `image` block's source.
     #[serde(default)]
     source: Option<Value>,
+    /// A `tool_result` block's content: a string, or `text` and `image` blocks.
+    #[serde(default)]
+    content: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -285,6 +288,27 @@ fn walk(messages: &[InMessage<'_>]) -> Result<Progress, Prepared> {
                              the content of the user message that answers tool calls; put any \
                              text after all of them."
                         )));
+                    }
+                    if let Some(Value::Array(inner)) = &block.content {
+                        for (k, b) in inner.iter().enumerate() {
+                            let at = format!("messages.{i}.content.{j}.content.{k}");
+                            match b.get("type").and_then(Value::as_str) {
+                                Some("text") => {}
+                                Some("image") => {
+                                    check_image(b.get("source"))
+                                        .map_err(|e| bad(&format!("{at}.source: {e}")))?;
+                                    images = images.saturating_add(1);
+                                }
+                                other => {
+                                    return Err(bad(&format!(
+                                        "{at}.type: Input tag '{}' found using 'type' does not \
+                                         match any of the expected tags: 'text', 'image', \
+                                         'document', 'search_result'",
+                                        other.unwrap_or("")
+                                    )));
+                                }
+                            }
+                        }
                     }
                     match ledger.answer(id) {
                         Ok(()) => {}

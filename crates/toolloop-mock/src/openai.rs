@@ -436,6 +436,8 @@ fn walk(messages: &[InMessage<'_>], text_tools: Option<&[ToolSpec]>) -> Result<P
             if let Err(problem) = ledger.close() {
                 return Err(text_problem_error(problem, turn, i));
             }
+            // The results' images come with them (prompt-based calling).
+            progress.user_images(user_images(message, i)?);
             continue;
         }
         if message.role == "tool" {

@@ -66,6 +66,50 @@ fn user_images(item: &Value, i: usize) -> Result<u32, Prepared> {
     Ok(n)
 }
 
+/// The images of a `function_call_output` item whose `output` is a list of parts
+/// (`input_text`, `input_image`, `input_file`), each checked.
+fn output_images(item: &Value, i: usize) -> Result<u32, Prepared> {
+    match item.get("output") {
+        Some(Value::String(_)) => Ok(0),
+        Some(Value::Array(parts)) => {
+            let mut n = 0u32;
+            for (j, part) in parts.iter().enumerate() {
+                match part.get("type").and_then(Value::as_str) {
+                    Some("input_text") | Some("input_file") => {}
+                    Some("input_image") => {
+                        if let Err(reason) = super::image::check_url(text_of(part, "image_url")) {
+                            return Err(bad(
+                                &format!("Invalid image in input[{i}].output[{j}]: {reason}."),
+                                Some(&format!("input[{i}].output[{j}].image_url")),
+                            ));
+                        }
+                        n = n.saturating_add(1);
+                    }
+                    other => {
+                        return Err(bad(
+                            &format!(
+                                "Invalid value: '{}'. Supported values for a function call \
+                                 output's parts are: 'input_text', 'input_image' and \
+                                 'input_file'.",
+                                other.unwrap_or("")
+                            ),
+                            Some(&format!("input[{i}].output[{j}].type")),
+                        ));
+                    }
+                }
+            }
+            Ok(n)
+        }
+        _ => Err(bad(
+            &format!(
+                "Missing required parameter: 'input[{i}].output' (a string, or a list of \
+                 parts)."
+            ),
+            Some(&format!("input[{i}].output")),
+        )),
+    }
+}
+
 /// The type of an input item (`message` when only a role is given).
 fn kind(item: &Value) -> &str {
     match item.get("type").and_then(Value::as_str) {
@@ -252,6 +296,7 @@ fn walk(items: &[Value], reasoning: bool) -> Result<Progress, Prepared> {
                         Some(&format!("input[{i}]")),
                     ));
                 }
+                progress.user_images(output_images(item, i)?);
                 match ledger.answer(id) {
                     Ok(()) => progress.tool_result(),
                     Err(Problem::Twice(_)) => {

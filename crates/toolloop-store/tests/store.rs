@@ -449,6 +449,7 @@ async fn a_broken_stored_transcript_loads_repaired() {
                 name: "charge".into(),
                 content: "orphan".into(),
                 is_error: false,
+                images: Vec::new(),
             }),
         ];
         store.save_session(&session, &broken).await.unwrap();

@@ -381,7 +381,7 @@ impl Tool for RunCommand {
                         "stdout": stdout,
                         "stderr": stderr,
                     })),
-                    signal: None,
+                    ..ToolOutput::default()
                 })
             }
             Ending::TimedOut | Ending::Cancelled => {

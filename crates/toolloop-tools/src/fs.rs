@@ -587,7 +587,7 @@ impl ReadFile {
                 "size_bytes": size,
                 "truncated": capped,
             })),
-            signal: None,
+            ..ToolOutput::default()
         })
     }
 }
@@ -721,7 +721,7 @@ impl ListDir {
                 "total": total,
                 "truncated": truncated,
             })),
-            signal: None,
+            ..ToolOutput::default()
         })
     }
 }
@@ -978,7 +978,7 @@ impl SearchFiles {
         Ok(ToolOutput {
             message,
             data: Some(data),
-            signal: None,
+            ..ToolOutput::default()
         })
     }
 }
@@ -1128,7 +1128,7 @@ impl WriteFile {
                     data: Some(json!({
                         "path": rel, "bytes": bytes, "created": false, "changed": false,
                     })),
-                    signal: None,
+                    ..ToolOutput::default()
                 });
             }
             match replace(&parent, &name, content, existing, stop) {
@@ -1149,7 +1149,7 @@ impl WriteFile {
                 data: Some(json!({
                     "path": rel, "bytes": bytes, "created": created, "changed": true,
                 })),
-                signal: None,
+                ..ToolOutput::default()
             });
         }
         Err(ToolError::new(format!(

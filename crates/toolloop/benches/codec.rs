@@ -50,6 +50,7 @@ fn conversation(rounds: usize) -> Vec<Message> {
                     content: json!({"success": true, "message": "ok", "data": c.arguments})
                         .to_string(),
                     is_error: false,
+                    images: Vec::new(),
                 })
             })
             .collect();

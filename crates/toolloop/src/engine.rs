@@ -1719,11 +1719,16 @@ impl Machine {
             let content = slot
                 .content
                 .unwrap_or_else(|| result::error_content("Not run."));
+            let images = match slot.output {
+                Some(Ok(output)) => output.images,
+                _ => Vec::new(),
+            };
             self.state.messages.push(Message::Tool(ToolResult {
                 call_id: slot.call.id.clone(),
                 name: slot.call.name.clone(),
                 is_error: status != CallStatus::Ok,
                 content: content.clone(),
+                images,
             }));
             self.state.calls.push(ExecutedCall {
                 round,
@@ -2136,6 +2141,7 @@ mod tests {
             name: "echo".into(),
             content: "{}".into(),
             is_error: false,
+            images: Vec::new(),
         });
         let mut h = Harness::new(
             LoopConfig::default(),

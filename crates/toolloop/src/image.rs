@@ -117,6 +117,16 @@ impl Image {
         Ok(Image::encoded(bytes, media_type))
     }
 
+    /// An image from base64 text (standard alphabet), as MCP servers and APIs send images:
+    /// its type (PNG, JPEG, GIF or WebP) is read from its bytes, whatever the sender declared
+    /// (the providers refuse an image whose declared type is not its own).
+    pub fn from_base64(data: &str) -> Result<Image, ImageError> {
+        let bytes = STANDARD
+            .decode(data.trim())
+            .map_err(|_| ImageError::NotAnImage { path: None })?;
+        Image::from_bytes(&bytes)
+    }
+
     /// An image read from a file (PNG, JPEG, GIF or WebP, recognised by its first bytes, not its
     /// name), of at most [`Image::MAX_BYTES`].
     pub fn from_file(path: impl AsRef<Path>) -> Result<Image, ImageError> {

@@ -106,6 +106,11 @@ pub struct ToolResult {
     /// Whether the call failed.
     #[serde(default)]
     pub is_error: bool,
+    /// Images the tool gave the model ([`crate::tool::ToolOutput::images`]). Anthropic, the
+    /// Responses API and Gemini take them in the result itself; Chat Completions takes no
+    /// images in a tool message, so they go in a user message after the round's results.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<Image>,
 }
 
 /// An opaque provider-specific part of an assistant turn.
@@ -377,6 +382,7 @@ mod tests {
                     name,
                     content,
                     is_error,
+                    images: Vec::new(),
                 })
             }),
         ]
@@ -461,6 +467,7 @@ mod tests {
             name: "t".into(),
             content: "x".into(),
             is_error: true,
+            images: Vec::new(),
         });
         let v = serde_json::to_value(&m).unwrap();
         assert_eq!(

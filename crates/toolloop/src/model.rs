@@ -90,7 +90,9 @@ pub fn message_fingerprint(message: &Message) -> u64 {
     match message {
         Message::System { content } => (0u8, content).hash(&mut h),
         Message::User { content, images } => (1u8, content, images).hash(&mut h),
-        Message::Tool(r) => (2u8, &r.call_id, &r.name, &r.content, r.is_error).hash(&mut h),
+        Message::Tool(r) => {
+            (2u8, &r.call_id, &r.name, &r.content, r.is_error, &r.images).hash(&mut h)
+        }
         Message::Assistant(a) => {
             (3u8, &a.text, a.tool_calls.len(), a.parts.len()).hash(&mut h);
             for c in &a.tool_calls {
@@ -484,6 +486,7 @@ mod tests {
                 name: "read".into(),
                 content: content.into(),
                 is_error,
+                images: Vec::new(),
             })
         };
         assert_ne!(
@@ -497,6 +500,15 @@ mod tests {
         assert_ne!(
             message_fingerprint(&Message::user("a")),
             message_fingerprint(&Message::system("a"))
+        );
+        let mut seen = tool("x", false);
+        if let Message::Tool(r) = &mut seen {
+            r.images
+                .push(crate::image::Image::from_bytes(b"GIF89a\x01\x00").unwrap());
+        }
+        assert_ne!(
+            message_fingerprint(&tool("x", false)),
+            message_fingerprint(&seen)
         );
 
         let spec = |description: &str, parameters: Value| ToolSpec {

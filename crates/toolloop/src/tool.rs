@@ -90,6 +90,10 @@ pub struct ToolOutput {
     pub data: Option<Value>,
     /// A terminal signal: the run ends after this round with this signal.
     pub signal: Option<String>,
+    /// Images the tool gives the model (a screenshot, a chart), sent with the result in the
+    /// form each API takes (see [`crate::message::ToolResult::images`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<crate::image::Image>,
 }
 
 impl ToolOutput {
@@ -106,7 +110,7 @@ impl ToolOutput {
         ToolOutput {
             message: "ok".into(),
             data: Some(data),
-            signal: None,
+            ..ToolOutput::default()
         }
     }
 
@@ -121,6 +125,12 @@ impl ToolOutput {
     /// Adds a message.
     pub fn with_message(mut self, message: impl Into<String>) -> Self {
         self.message = message.into();
+        self
+    }
+
+    /// Adds an image for the model to see (see [`ToolOutput::images`]).
+    pub fn with_image(mut self, image: crate::image::Image) -> Self {
+        self.images.push(image);
         self
     }
 

@@ -211,6 +211,7 @@ fn synthetic(call_id: String, name: String) -> Message {
         name,
         content: missing_result_content(),
         is_error: true,
+        images: Vec::new(),
     })
 }
 
@@ -245,6 +246,7 @@ mod tests {
             name: format!("t{id}"),
             content: format!("r{id}"),
             is_error: false,
+            images: Vec::new(),
         })
     }
 

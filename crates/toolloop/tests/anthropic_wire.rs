@@ -168,6 +168,7 @@ async fn complete_round_trip_sends_headers_and_replays_the_turn() {
             name: c.name.clone(),
             content: format!("content {i}"),
             is_error: i == 1,
+            images: Vec::new(),
         }));
     }
     let r2 = m

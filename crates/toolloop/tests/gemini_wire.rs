@@ -145,6 +145,7 @@ fn answer(transcript: &mut Vec<Message>, r: &ModelResponse) {
             name: c.name.clone(),
             content: json!({"success": true, "message": c.name}).to_string(),
             is_error: false,
+            images: Vec::new(),
         }));
     }
 }
@@ -350,6 +351,7 @@ async fn unsigned_calls_from_another_provider_get_the_placeholder_signature() {
             name: c.name.clone(),
             content: "ok".into(),
             is_error: false,
+            images: Vec::new(),
         }));
     }
     let tools = tools();

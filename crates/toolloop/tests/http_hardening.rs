@@ -658,6 +658,7 @@ async fn a_llama_cpp_python_server_gets_a_request_it_accepts() {
             name: "get_weather".into(),
             content: "sunny".into(),
             is_error: false,
+            images: Vec::new(),
         }),
     ];
     let tools = weather();

@@ -1,6 +1,6 @@
-//! Images in user messages, end to end over real HTTP against the mock: each wire API (Chat
-//! Completions, Responses, Anthropic Messages, Gemini), streamed and not, and prompt-based tool
-//! calling over Chat Completions. The mock checks every image as the APIs do (the bytes are an
+//! Images in user messages and in tool results, end to end over real HTTP against the mock:
+//! each wire API (Chat Completions, Responses, Anthropic Messages, Gemini), streamed and not,
+//! and prompt-based tool calling over Chat Completions. The mock checks every image as the APIs do (the bytes are an
 //! image of the declared type, URLs are http or https) and says how many it saw, so a test
 //! passes only when the images reached the server in that API's form, through rounds of tool
 //! calls.
@@ -89,6 +89,71 @@ async fn images_reach_every_api_through_rounds_of_calls() {
         }
     }
     // The mock refused no image: each went out in its API's form.
+    assert_eq!(server.stats().rejected, 0);
+    server.shutdown().await;
+}
+
+/// A tool that returns a screenshot with its text.
+fn screenshot_builder(model: Arc<dyn Model>, stream: bool) -> AgentBuilder {
+    AgentBuilder::new(model)
+        .tool(tool_fn(
+            "screenshot",
+            "Takes a screenshot of a page.",
+            |q: Query, _ctx: ToolContext| async move {
+                Ok::<_, ToolError>(
+                    ToolOutput::text(format!("the page {}", q.query))
+                        .with_image(Image::from_bytes(PNG).unwrap()),
+                )
+            },
+        ))
+        .stream(stream)
+}
+
+#[tokio::test]
+async fn images_a_tool_returns_reach_every_api_and_stay_with_the_result() {
+    let server = start(MockOptions::default()).await.unwrap();
+    for protocol in PROTOCOLS {
+        for stream in [false, true] {
+            // Two rounds of two parallel calls: four results, each with its image.
+            let agent = screenshot_builder(
+                model(protocol, &server, "mock:rounds=2,parallel=2,distinct=true"),
+                stream,
+            )
+            .build()
+            .unwrap();
+            let outcome = agent.prompt("Look at the pages").await;
+            // The transcript keeps each image with its result.
+            let results: Vec<&toolloop::message::ToolResult> = outcome
+                .messages
+                .iter()
+                .filter_map(|m| match m {
+                    Message::Tool(r) => Some(r),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(results.len(), 4);
+            let images: Vec<usize> = results.iter().map(|r| r.images.len()).collect();
+            assert_eq!(images, [1, 1, 1, 1], "{protocol} stream={stream}");
+            assert_eq!(
+                outcome.text.as_deref(),
+                Some("Done. I saw 4 tool results in 2 rounds. I see 4 images."),
+                "{protocol} stream={stream}: {:?}",
+                outcome.error
+            );
+        }
+    }
+    // Prompt-based calling sends them with the results' message.
+    let inner = model("openai", &server, "mock:text_calls=hermes,rounds=1");
+    let agent = screenshot_builder(Arc::new(Prompted::new(inner, Dialect::Hermes)), false)
+        .build()
+        .unwrap();
+    let outcome = agent.prompt("Look at the page").await;
+    assert_eq!(
+        outcome.text.as_deref(),
+        Some("Done. I saw 1 tool results in 1 rounds. I see 1 image."),
+        "{:?}",
+        outcome.error
+    );
     assert_eq!(server.stats().rejected, 0);
     server.shutdown().await;
 }

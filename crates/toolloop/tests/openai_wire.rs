@@ -636,6 +636,7 @@ async fn the_next_turn_replays_calls_and_results_validly() {
             name: "get_weather".into(),
             content: "arguments were not valid JSON".into(),
             is_error: true,
+            images: Vec::new(),
         }),
     ];
     let tools = tools();

@@ -637,6 +637,7 @@ async fn seed_tool_calling_flow() {
             name: "read_file".into(),
             content: "{\"content\": \"{\\\"name\\\": \\\"my-app\\\", \\\"version\\\": \\\"1.2.3\\\"}\", \"size\": 45}".into(),
             is_error: false,
+            images: Vec::new(),
         }));
         let second = call(&model, &messages, &tools, streamed, &settings).await;
         assert_eq!(second.text.as_deref(), Some("The version is 1.2.3"));

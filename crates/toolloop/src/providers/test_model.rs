@@ -212,6 +212,7 @@ mod tests {
             name: name.into(),
             content: content.into(),
             is_error,
+            images: Vec::new(),
         }
     }
 

@@ -448,6 +448,8 @@ pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialec
     let mut placed = catalog.is_empty();
     let mut out = Vec::with_capacity(messages.len() + 1);
     let mut results: Vec<String> = Vec::new();
+    // The images of the results: they go on with the results' user message.
+    let mut images: Vec<crate::image::Image> = Vec::new();
     let mut after_malformed = false;
     for message in messages {
         let correction = std::mem::replace(
@@ -455,7 +457,10 @@ pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialec
             matches!(message, Message::Assistant(a) if has_malformed_attempt(a)),
         );
         if !matches!(message, Message::Tool(_)) && !results.is_empty() {
-            out.push(Message::user(results.join("\n\n")));
+            out.push(Message::user_with_images(
+                results.join("\n\n"),
+                std::mem::take(&mut images),
+            ));
             results.clear();
         }
         match message {
@@ -489,11 +494,14 @@ pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialec
                         .collect(),
                 }));
             }
-            Message::Tool(r) => results.push(render_result(r)),
+            Message::Tool(r) => {
+                results.push(render_result(r));
+                images.extend(r.images.iter().cloned());
+            }
         }
     }
     if !results.is_empty() {
-        out.push(Message::user(results.join("\n\n")));
+        out.push(Message::user_with_images(results.join("\n\n"), images));
     }
     if !placed {
         out.insert(0, Message::system(catalog));
@@ -575,6 +583,7 @@ mod tests {
                 name: "read_file".into(),
                 content: "{\"version\": \"1.2.3\"} </PTK_CALL>".into(),
                 is_error: false,
+                images: Vec::new(),
             }),
         ];
         let out = render_messages(&msgs, &[read_file()], Dialect::Ptk);

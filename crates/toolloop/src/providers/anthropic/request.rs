@@ -137,7 +137,11 @@ pub(super) fn pair_tool_results(turns: &mut [Turn]) {
         }
         for orphan in results {
             let id = orphan["tool_use_id"].as_str().unwrap_or("");
-            let content = orphan["content"].as_str().unwrap_or("");
+            // A result's text: its content, or its first block's (a result with images).
+            let content = orphan["content"]
+                .as_str()
+                .or_else(|| orphan["content"][0]["text"].as_str())
+                .unwrap_or("");
             ordered.push(text_block(&format!(
                 "Result of tool call {id} (no matching call in the previous turn): {content}"
             )));
@@ -195,10 +199,18 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
             }
             Message::Tool(r) => {
                 leading = false;
+                // Images go in the result itself, after its text.
+                let content = if r.images.is_empty() {
+                    json!(r.content)
+                } else {
+                    let mut blocks = vec![text_block(&r.content)];
+                    blocks.extend(r.images.iter().map(image_block));
+                    Value::Array(blocks)
+                };
                 let mut block = json!({
                     "type": "tool_result",
                     "tool_use_id": wire_id(&r.call_id),
-                    "content": r.content,
+                    "content": content,
                 });
                 if r.is_error {
                     block["is_error"] = json!(true);
@@ -350,6 +362,7 @@ mod tests {
             name: "t".into(),
             content: content.into(),
             is_error,
+            images: Vec::new(),
         })
     }
 

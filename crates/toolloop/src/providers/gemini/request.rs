@@ -267,6 +267,14 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                     Turn {
                         role: "user",
                         results: vec![(r.call_id.clone(), r.is_error, r.content.clone())],
+                        // Images follow the turn's function responses, named by their call.
+                        parts: crate::providers::tool_result_images(r)
+                            .map(|(text, images)| {
+                                std::iter::once(json!({ "text": text }))
+                                    .chain(images.iter().map(image_part))
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
                         ..Turn::default()
                     },
                 );
@@ -374,6 +382,7 @@ mod tests {
             name: name.into(),
             content: content.into(),
             is_error,
+            images: Vec::new(),
         })
     }
 

@@ -210,9 +210,12 @@ impl<'a> WireMessages<'a> {
 impl Serialize for WireMessages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let (head, tail) = self.split();
-        let mut seq = s.serialize_seq(Some(head.len() + tail.len()))?;
-        for m in head {
+        let mut seq = s.serialize_seq(None)?;
+        for (i, m) in head.iter().enumerate() {
             seq.serialize_element(&WireMessage(m))?;
+            if let Some(images) = ToolImages::after(head, i) {
+                seq.serialize_element(&images)?;
+            }
         }
         for t in &tail {
             seq.serialize_element(t)?;
@@ -254,9 +257,13 @@ impl WireRequest<'_> {
             role: self.config.reminder_role,
         };
         let (head, tail) = messages.split();
+        // A tool result's encoding ends with the round's images when it is the round's last
+        // result; a result appended after it since makes it another encoding.
         let reusable = prefix.count > 0
             && prefix.count <= head.len()
-            && message_fingerprint(&head[prefix.count - 1]) == prefix.last;
+            && message_fingerprint(&head[prefix.count - 1]) == prefix.last
+            && !(matches!(head[prefix.count - 1], Message::Tool(_))
+                && matches!(head.get(prefix.count), Some(Message::Tool(_))));
         let previous = std::mem::take(&mut prefix.body);
         // The previous body's buffer, when nothing else holds it any more (no copy either way).
         let mut buf: Vec<u8> = match (reusable, previous.try_into_mut()) {
@@ -278,11 +285,15 @@ impl WireRequest<'_> {
                 b
             }
         };
-        for m in &head[prefix.count..] {
+        for (i, m) in head.iter().enumerate().skip(prefix.count) {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
             serde_json::to_writer(&mut buf, &WireMessage(m))?;
+            if let Some(images) = ToolImages::after(head, i) {
+                buf.push(b',');
+                serde_json::to_writer(&mut buf, &images)?;
+            }
         }
         prefix.end = buf.len();
         if let Some(last) = head.last()
@@ -388,6 +399,55 @@ impl Serialize for WireUser<'_> {
         let mut map = s.serialize_map(Some(2))?;
         map.serialize_entry("role", "user")?;
         map.serialize_entry("content", &Parts(self))?;
+        map.end()
+    }
+}
+
+/// The images of a round's tool results: Chat Completions takes no images in a tool message,
+/// so they follow the round's last result as one user message (a line naming each call, then
+/// its images). Whether a message is followed by one depends only on it and its neighbours
+/// within the round, so a run's cached encoding stays valid as the conversation grows.
+struct ToolImages<'a>(Vec<&'a crate::message::ToolResult>);
+
+impl<'a> ToolImages<'a> {
+    /// The images to send after `messages[i]`: when it is the last tool result of a round
+    /// whose results hold images.
+    fn after(messages: &'a [Message], i: usize) -> Option<ToolImages<'a>> {
+        if !matches!(messages.get(i), Some(Message::Tool(_)))
+            || matches!(messages.get(i + 1), Some(Message::Tool(_)))
+        {
+            return None;
+        }
+        let mut with_images: Vec<&crate::message::ToolResult> = messages[..=i]
+            .iter()
+            .rev()
+            .map_while(|m| match m {
+                Message::Tool(r) => Some(r),
+                _ => None,
+            })
+            .filter(|r| !r.images.is_empty())
+            .collect();
+        with_images.reverse();
+        (!with_images.is_empty()).then_some(ToolImages(with_images))
+    }
+}
+
+impl Serialize for ToolImages<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let mut parts = Vec::new();
+        for result in &self.0 {
+            if let Some((caption, images)) = crate::providers::tool_result_images(result) {
+                parts.push(json!({"type": "text", "text": caption}));
+                parts.extend(
+                    images.iter().map(
+                        |image| json!({"type": "image_url", "image_url": {"url": image.url()}}),
+                    ),
+                );
+            }
+        }
+        let mut map = s.serialize_map(Some(2))?;
+        map.serialize_entry("role", "user")?;
+        map.serialize_entry("content", &parts)?;
         map.end()
     }
 }
@@ -586,12 +646,14 @@ mod tests {
                 name: "read".into(),
                 content: "hello".into(),
                 is_error: false,
+                images: Vec::new(),
             }),
             Message::Tool(ToolResult {
                 call_id: "call_2".into(),
                 name: "write".into(),
                 content: "arguments are not valid JSON".into(),
                 is_error: true,
+                images: Vec::new(),
             }),
         ]
     }
@@ -615,7 +677,7 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            6 => (0usize..6).prop_map(Step::Append),
+            6 => (0usize..8).prop_map(Step::Append),
             2 => (0usize..3).prop_map(Step::Reminders),
             1 => Just(Step::EditLast),
             1 => Just(Step::Shrink),
@@ -638,6 +700,14 @@ mod tests {
                 Image::from_bytes(b"GIF89a\x01\x00").unwrap(),
                 Image::from_url("https://example.com/a.png").unwrap(),
             ]));
+            // A tool result with an image (its round's images follow its round's last result).
+            template.push(Message::Tool(ToolResult {
+                call_id: "call_1".into(),
+                name: "read".into(),
+                content: "a chart".into(),
+                is_error: false,
+                images: vec![Image::from_bytes(b"GIF89a\x01\x00").unwrap()],
+            }));
             let mut configs = [
                 OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"),
                 OpenAiConfig::new("m2").with_base_url("http://127.0.0.1:1/v1"),

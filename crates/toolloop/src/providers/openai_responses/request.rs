@@ -144,9 +144,7 @@ fn push_items(input: &mut Vec<Value>, message: &Message, config: &ResponsesConfi
             if !content.is_empty() {
                 parts.push(json!({"type": "input_text", "text": content}));
             }
-            parts.extend(images.iter().map(
-                |image| json!({"type": "input_image", "image_url": image.url(), "detail": "auto"}),
-            ));
+            parts.extend(images.iter().map(input_image));
             input.push(json!({"type": "message", "role": "user", "content": parts}))
         }
         Message::Assistant(a) => {
@@ -167,12 +165,27 @@ fn push_items(input: &mut Vec<Value>, message: &Message, config: &ResponsesConfi
                 }));
             }
         }
-        Message::Tool(r) => input.push(json!({
+        Message::Tool(r) if r.images.is_empty() => input.push(json!({
             "type": "function_call_output",
             "call_id": r.call_id,
             "output": r.content,
         })),
+        // An output with images is a list of parts: the text, then the images.
+        Message::Tool(r) => {
+            let mut parts = vec![json!({"type": "input_text", "text": r.content})];
+            parts.extend(r.images.iter().map(input_image));
+            input.push(json!({
+                "type": "function_call_output",
+                "call_id": r.call_id,
+                "output": parts,
+            }))
+        }
     }
+}
+
+/// An image as an `input_image` part (a `data:` URL for its bytes).
+fn input_image(image: &crate::image::Image) -> Value {
+    json!({"type": "input_image", "image_url": image.url(), "detail": "auto"})
 }
 
 #[cfg(test)]
@@ -220,12 +233,14 @@ mod tests {
                 name: "read".into(),
                 content: "hello".into(),
                 is_error: false,
+                images: Vec::new(),
             }),
             Message::Tool(ToolResult {
                 call_id: "call_2".into(),
                 name: "write".into(),
                 content: "arguments are not valid JSON".into(),
                 is_error: true,
+                images: Vec::new(),
             }),
             Message::system("late"),
         ]
