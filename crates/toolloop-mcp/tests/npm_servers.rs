@@ -95,13 +95,16 @@ async fn everything_over_stdio() {
         .unwrap();
     assert_eq!(out.message, "Echo: hi");
 
-    // Images read as a description; structured content is the data.
+    // An image goes to the model with the result, announced in its text; structured content
+    // is the data.
     let image = by_name(&tools, "get-tiny-image");
     let out = image
         .call(json!({}), ToolContext::detached("c2", "get-tiny-image"))
         .await
         .unwrap();
-    assert!(out.message.contains("[image: image/png"), "{}", out.message);
+    assert!(out.message.contains("[image 1: image/png"), "{}", out.message);
+    assert_eq!(out.images.len(), 1);
+    assert_eq!(out.images[0].media_type(), Some("image/png"));
     let structured = by_name(&tools, "get-structured-content");
     let args = toolloop::schema::sample(structured.parameters());
     let out = structured
