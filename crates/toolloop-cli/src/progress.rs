@@ -252,6 +252,22 @@ impl Progress {
                 "  ↻ round {round}: the stream broke ({}); asking again",
                 escape(reason, false)
             )),
+            Event::ToolsChanged {
+                added,
+                removed,
+                changed,
+                ..
+            } => {
+                let names = |mark: &str, list: &[String]| {
+                    list.iter()
+                        .map(|n| format!("{mark}{}", escape(n, false)))
+                        .collect::<Vec<_>>()
+                };
+                let mut all = names("+", added);
+                all.extend(names("-", removed));
+                all.extend(names("~", changed));
+                self.line(format!("  ⟳ the tools changed: {}", all.join(" ")))
+            }
             _ => {}
         }
         if let Event::ModelRetry { .. } = event {
@@ -352,7 +368,18 @@ mod tests {
             call: ToolCall::new(name, serde_json::json!({})),
             reason: "unknown tool\r\x1b[1A".into(),
         });
+        // A server names its tools: a new one's name is escaped too.
+        progress.event(&Event::ToolsChanged {
+            round: 2,
+            added: vec![name.into()],
+            removed: vec!["old".into()],
+            changed: vec![],
+        });
         let shown = tty.text();
+        assert!(
+            shown.contains("⟳ the tools changed: +evil\\x1b]0;owned\\x07\\x1b[2J -old"),
+            "{shown}"
+        );
         assert!(!shown.contains('\x1b') && !shown.contains('\x07') && !shown.contains('\r'));
         assert!(
             shown.contains("✗ evil\\x1b]0;owned\\x07\\x1b[2J failed (3 ms)"),

@@ -102,7 +102,11 @@ async fn everything_over_stdio() {
         .call(json!({}), ToolContext::detached("c2", "get-tiny-image"))
         .await
         .unwrap();
-    assert!(out.message.contains("[image 1: image/png"), "{}", out.message);
+    assert!(
+        out.message.contains("[image 1: image/png"),
+        "{}",
+        out.message
+    );
     assert_eq!(out.images.len(), 1);
     assert_eq!(out.images[0].media_type(), Some("image/png"));
     let structured = by_name(&tools, "get-structured-content");
