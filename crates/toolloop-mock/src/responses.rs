@@ -25,81 +25,17 @@ fn bad(message: &str, param: Option<&str>) -> Prepared {
 
 /// The images of a user message item's content (`input_image` parts), each checked.
 fn user_images(item: &Value, i: usize) -> Result<u32, Prepared> {
-    let Some(Value::Array(parts)) = item.get("content") else {
-        return Ok(0);
-    };
-    let mut n = 0u32;
-    for (j, part) in parts.iter().enumerate() {
-        match part.get("type").and_then(Value::as_str) {
-            Some("input_text") => {}
-            Some("input_image") => {
-                let url = text_of(part, "image_url");
-                if let Err(reason) = super::image::check_url(url) {
-                    return Err(bad(
-                        &format!("Invalid image in input[{i}].content[{j}]: {reason}."),
-                        Some(&format!("input[{i}].content[{j}].image_url")),
-                    ));
-                }
-                if !matches!(text_of(part, "detail"), "auto" | "low" | "high") {
-                    return Err(bad(
-                        &format!(
-                            "Missing required parameter: 'input[{i}].content[{j}].detail' \
-                             (one of 'auto', 'low', 'high')."
-                        ),
-                        Some(&format!("input[{i}].content[{j}].detail")),
-                    ));
-                }
-                n = n.saturating_add(1);
-            }
-            other => {
-                return Err(bad(
-                    &format!(
-                        "Invalid value: '{}'. Supported values for a user message's content \
-                         are: 'input_text' and 'input_image'.",
-                        other.unwrap_or("")
-                    ),
-                    Some(&format!("input[{i}].content[{j}].type")),
-                ));
-            }
-        }
+    match item.get("content") {
+        Some(Value::Array(parts)) => part_images(parts, i, "content"),
+        _ => Ok(0),
     }
-    Ok(n)
 }
 
-/// The images of a `function_call_output` item whose `output` is a list of parts
-/// (`input_text`, `input_image`, `input_file`), each checked.
+/// The images of a `function_call_output` item whose `output` is a list of parts, each checked.
 fn output_images(item: &Value, i: usize) -> Result<u32, Prepared> {
     match item.get("output") {
         Some(Value::String(_)) => Ok(0),
-        Some(Value::Array(parts)) => {
-            let mut n = 0u32;
-            for (j, part) in parts.iter().enumerate() {
-                match part.get("type").and_then(Value::as_str) {
-                    Some("input_text") | Some("input_file") => {}
-                    Some("input_image") => {
-                        if let Err(reason) = super::image::check_url(text_of(part, "image_url")) {
-                            return Err(bad(
-                                &format!("Invalid image in input[{i}].output[{j}]: {reason}."),
-                                Some(&format!("input[{i}].output[{j}].image_url")),
-                            ));
-                        }
-                        n = n.saturating_add(1);
-                    }
-                    other => {
-                        return Err(bad(
-                            &format!(
-                                "Invalid value: '{}'. Supported values for a function call \
-                                 output's parts are: 'input_text', 'input_image' and \
-                                 'input_file'.",
-                                other.unwrap_or("")
-                            ),
-                            Some(&format!("input[{i}].output[{j}].type")),
-                        ));
-                    }
-                }
-            }
-            Ok(n)
-        }
+        Some(Value::Array(parts)) => part_images(parts, i, "output"),
         _ => Err(bad(
             &format!(
                 "Missing required parameter: 'input[{i}].output' (a string, or a list of \
@@ -108,6 +44,48 @@ fn output_images(item: &Value, i: usize) -> Result<u32, Prepared> {
             Some(&format!("input[{i}].output")),
         )),
     }
+}
+
+/// The images of `input[i].<field>`'s parts (`input_text`, `input_image`, `input_file`), each
+/// checked: an image's data is an image of its declared type, and its `detail` is given.
+fn part_images(parts: &[Value], i: usize, field: &str) -> Result<u32, Prepared> {
+    let mut n = 0u32;
+    for (j, part) in parts.iter().enumerate() {
+        let at = format!("input[{i}].{field}[{j}]");
+        match part.get("type").and_then(Value::as_str) {
+            Some("input_text" | "input_file") => {}
+            Some("input_image") => {
+                let url = text_of(part, "image_url");
+                if let Err(reason) = super::image::check_url(url) {
+                    return Err(bad(
+                        &format!("Invalid image in {at}: {reason}."),
+                        Some(&format!("{at}.image_url")),
+                    ));
+                }
+                if !matches!(text_of(part, "detail"), "auto" | "low" | "high") {
+                    return Err(bad(
+                        &format!(
+                            "Missing required parameter: '{at}.detail' (one of 'auto', 'low', \
+                             'high')."
+                        ),
+                        Some(&format!("{at}.detail")),
+                    ));
+                }
+                n = n.saturating_add(1);
+            }
+            other => {
+                return Err(bad(
+                    &format!(
+                        "Invalid value: '{}'. Supported values for {at}.type are: \
+                         'input_text', 'input_image' and 'input_file'.",
+                        other.unwrap_or("")
+                    ),
+                    Some(&format!("{at}.type")),
+                ));
+            }
+        }
+    }
+    Ok(n)
 }
 
 /// The type of an input item (`message` when only a role is given).
