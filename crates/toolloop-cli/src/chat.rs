@@ -101,7 +101,7 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         let prompt = if let Some(text) = prompt.strip_prefix("//") {
             format!("/{text}")
         } else if let Some(command) = prompt.strip_prefix('/') {
-            match slash(command, &mut args, &mut session) {
+            match slash(command, &mut args, &mut session).await {
                 Slash::Continue => continue,
                 Slash::Quit => return ExitCode::SUCCESS,
             }
@@ -165,7 +165,7 @@ const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a
 
 /// Runs a chat command. Unknown commands are said, not sent to the model; `//text` sends
 /// `/text`.
-fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
+async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
     let (name, rest) = command
         .split_once(char::is_whitespace)
         .map_or((command, ""), |(n, r)| (n, r.trim()));
@@ -232,14 +232,22 @@ fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
             Slash::Continue
         }
         "tools" => {
-            match toolloop_tools::fs::builtin_tools(&args.agent.root, args.agent.allow_write) {
+            // The tools the next run offers: built-in, `run_command` when allowed, and the MCP
+            // servers' as they list them now, as selected by --tools / --no-tools.
+            match crate::run::tools(&args.agent).await {
                 Ok(tools) => {
-                    for t in tools {
+                    for t in tools.all().await {
                         let about = t.description().lines().next().unwrap_or_default();
-                        eprintln!("{:<14} {}", t.name(), crate::terminal::escape(about, false));
+                        eprintln!(
+                            "{:<14} {}",
+                            crate::terminal::escape(t.name(), false),
+                            crate::terminal::escape(about, false)
+                        );
                     }
                 }
-                Err(e) => eprintln!("toolloop: --root {}: {e}", args.agent.root.display()),
+                Err(e) => {
+                    let _ = e.report();
+                }
             }
             Slash::Continue
         }

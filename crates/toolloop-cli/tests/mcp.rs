@@ -558,6 +558,51 @@ fn a_tool_the_server_adds_during_a_run_is_offered_and_called_in_the_next_round()
 
 #[cfg(feature = "test-hooks")]
 #[test]
+fn chats_tools_command_lists_the_mcp_servers_tools_too() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let config = test_server_config(dir.path(), &log, json!({}));
+    let mut child = command(
+        &[
+            "chat",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--mcp-config",
+            &config,
+            "--no-tools",
+            "crash",
+        ],
+        dir.path(),
+    )
+    .env("OPENAI_API_KEY", "test")
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"/tools\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let listed = String::from_utf8_lossy(&out.stderr);
+    let names: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    for name in ["read_file", "echo", "add_tool", "destroy"] {
+        assert!(names.contains(&name), "{name} missing: {listed}");
+    }
+    assert!(!names.contains(&"crash"), "--no-tools crash: {listed}");
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
 fn a_destructive_call_in_flight_at_sigkill_is_reported_unknown_on_resume_never_repeated() {
     let dir = tempfile::tempdir().unwrap();
     let log = dir.path().join("log");
