@@ -54,6 +54,10 @@ pub struct Agent {
     sources: Arc<Sources>,
 }
 
+/// How long a tool source may take to list its tools; one that takes longer keeps the tools it
+/// listed last (and is asked again before the next model call).
+const SOURCE_LISTING: Duration = Duration::from_secs(30);
+
 /// The tool sources of an agent and the toolbox they made last.
 #[derive(Default)]
 struct Sources {
@@ -168,10 +172,15 @@ impl Agent {
             toolbox: Arc::new(Toolbox::new()),
         };
         for (i, (source, version)) in sources.iter().zip(versions).enumerate() {
-            let (version, tools) = match source.tools(&reserved).await {
-                Ok(tools) => (Some(version), tools),
-                Err(e) => {
-                    tracing::warn!(source = source.name(), "tools not listed: {e}");
+            let answer = tokio::time::timeout(SOURCE_LISTING, source.tools(&reserved)).await;
+            let (version, tools) = match answer {
+                Ok(Ok(tools)) => (Some(version), tools),
+                failed => {
+                    let why = match failed {
+                        Ok(Err(e)) => e.to_string(),
+                        _ => format!("no answer within {}s", SOURCE_LISTING.as_secs()),
+                    };
+                    tracing::warn!(source = source.name(), "tools not listed: {why}");
                     let before = listed.as_ref().and_then(|l| l.tools.get(i).cloned());
                     (None, before.unwrap_or_default())
                 }
@@ -707,7 +716,14 @@ impl Agent {
                 }
                 Step::CallModel { round, reminders } => {
                     if self.has_tool_sources() {
-                        let now = self.tools_now().await;
+                        let now = match guard(self.tools_now(), &cancel, deadline).await {
+                            Ok(now) => now,
+                            Err(why) => {
+                                soon(&log, || Record::Interrupted { why });
+                                machine.interrupt(why);
+                                continue;
+                            }
+                        };
                         if !Arc::ptr_eq(&now, machine.toolbox()) {
                             // Durable with the round's response: listed again on resume if
                             // lost.

@@ -12,8 +12,9 @@
 //! had, without asking any source: a call is judged by the tool as the model was offered it
 //! (its schema, whether it is read-only), and runs as the source's tool of that name runs now.
 //!
-//! A source that fails to list its tools keeps the ones it listed last (none, if it never
-//! listed) and is asked again before the next model call; the failure is logged (`tracing`).
+//! A source that fails to list its tools, or does not answer within 30 seconds, keeps the ones
+//! it listed last (none, if it never listed) and is asked again before the next model call; the
+//! failure is logged (`tracing`). The run's cancellation and timeout stop the wait.
 //! A source's tool whose name is taken (by the agent's own tools or an earlier source's) or
 //! whose schema does not compile is left out, with a warning.
 //!

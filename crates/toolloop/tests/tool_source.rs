@@ -398,3 +398,35 @@ async fn a_source_that_cannot_list_keeps_what_it_listed_last_and_is_asked_again(
         names(&["own", "add_tool"])
     );
 }
+
+/// A source that never answers.
+struct Silent;
+
+#[async_trait]
+impl ToolSource for Silent {
+    fn name(&self) -> &str {
+        "silent"
+    }
+    fn version(&self) -> u64 {
+        0
+    }
+    async fn tools(&self, _reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_source_that_does_not_answer_is_given_up_on_and_the_run_goes_on() {
+    let model = Arc::new(Offered::default());
+    let agent = Agent::builder(Forwarding(model.clone()))
+        .tool_arc(own())
+        .tool_source(Silent)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let outcome = agent.prompt("go").await;
+    assert_eq!(outcome.stop_reason, StopReason::Answered, "{outcome:?}");
+    assert_eq!(model.offered.lock().unwrap()[0], names(&["own"]));
+    // Given up on after a while (the clock is the test's: no real time passes).
+    assert!(started.elapsed() >= std::time::Duration::from_secs(30));
+}
