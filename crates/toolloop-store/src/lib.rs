@@ -560,11 +560,20 @@ impl Store {
 
     #[cfg(feature = "postgres")]
     async fn open_postgres(url: &str) -> Result<Pool, StoreFailure> {
+        // Every table is read by key. The lease table is small but churns (a row per live
+        // run, deleted at its end), so its statistics often say "one page", and the planner
+        // would then scan it, dead rows and all, for each lookup of a lease (or keep such a
+        // plan for a prepared statement long after the table grew): scans are left for what no
+        // index serves.
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(StoreFailure::new)?
+            .options([("enable_seqscan", "off")]);
         // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
             .acquire_timeout(Duration::from_secs(15))
-            .connect(url)
+            .connect_with(options)
             .await
             .map(Pool::Postgres)
             .map_err(StoreFailure::new)
@@ -648,14 +657,8 @@ impl Store {
             None => (None, false),
         };
         for (part, records) in records.chunks(writer::MAX_RECORDS).enumerate() {
-            let encoded = records
-                .iter()
-                .map(|r| {
-                    serde_json::to_string(r)
-                        .map(|body| (r.kind(), body))
-                        .map_err(|e| JournalError::Store(StoreFailure::new(e)))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+            let (kind, body) =
+                writer::encode(records).map_err(|e| JournalError::Store(StoreFailure::new(e)))?;
             let start = (started && part == 0).then(|| writer::Start {
                 session: tags.session.clone(),
                 session_revision: tags.session_revision,
@@ -667,7 +670,9 @@ impl Store {
                 run_id: run_id.to_string(),
                 holder: holder.clone(),
                 finished: records.iter().any(|r| matches!(r, Record::Finished)),
-                records: encoded,
+                kind,
+                body,
+                count: records.len(),
                 start,
                 take_lease,
                 release: false,
@@ -1342,19 +1347,19 @@ impl Journal for Store {
         if bodies.is_empty() {
             return Err(JournalError::NotFound(run_id.to_string()));
         }
-        bodies
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                serde_json::from_str::<Record>(b).map_err(|e| JournalError::Corrupt {
-                    run_id: run_id.to_string(),
-                    source: ReplayError::Unreadable {
-                        record: i,
-                        message: e.to_string(),
-                    },
-                })
-            })
-            .collect()
+        // A row holds a step's records (or, written by earlier versions, one record).
+        let mut records = Vec::with_capacity(bodies.len() * 2);
+        for b in &bodies {
+            let row = writer::decode(b).map_err(|e| JournalError::Corrupt {
+                run_id: run_id.to_string(),
+                source: ReplayError::Unreadable {
+                    record: records.len(),
+                    message: e.to_string(),
+                },
+            })?;
+            records.extend(row);
+        }
+        Ok(records)
     }
 
     async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
@@ -1425,7 +1430,9 @@ impl Store {
         let append = writer::Append {
             run_id: run_id.to_string(),
             holder: Some(holder.to_string()),
-            records: Vec::new(),
+            kind: String::new(),
+            body: String::new(),
+            count: 0,
             start: None,
             finished: false,
             take_lease: None,
