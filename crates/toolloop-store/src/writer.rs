@@ -86,6 +86,22 @@ pub(crate) enum Written {
 
 type Item = (Append, oneshot::Sender<Written>);
 
+/// The answer to come for a queued append.
+pub(crate) struct Pending(oneshot::Receiver<Written>);
+
+impl std::future::Future for Pending {
+    type Output = Written;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Written> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| Written::Failed("the store's writer stopped".into()))
+        })
+    }
+}
+
 /// The handle of a store's writer task (started on first use, and again if its runtime went).
 pub(crate) struct Writer {
     pool: Pool,
@@ -110,11 +126,14 @@ impl Writer {
 
     /// Queues an append and waits until its transaction is over.
     pub(crate) async fn write(&self, append: Append) -> Written {
+        self.start(append).await
+    }
+
+    /// Queues an append (at once) and returns its answer to come.
+    pub(crate) fn start(&self, append: Append) -> Pending {
         let (done, answer) = oneshot::channel();
         self.send((append, done));
-        answer
-            .await
-            .unwrap_or_else(|_| Written::Failed("the store's writer stopped".into()))
+        Pending(answer)
     }
 
     fn send(&self, item: Item) {
