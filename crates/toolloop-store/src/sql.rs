@@ -6,7 +6,7 @@ use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 use std::borrow::Cow;
 
 /// The migrations, embedded in the binary. Their text is the same on both databases but for
-/// what only PostgreSQL has (a table's fill factor).
+/// what only PostgreSQL has (collations, a table's fill factor).
 #[derive(Debug)]
 pub(super) struct Migrations {
     /// Whether they are PostgreSQL's.
@@ -18,9 +18,9 @@ impl MigrationSource<'static> for Migrations {
         self,
     ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
         let room = if self.postgres {
-            include_str!("migrations/0004_run_row_room.postgres.sql")
+            include_str!("migrations/0004_run_keys.postgres.sql")
         } else {
-            include_str!("migrations/0004_run_row_room.sqlite.sql")
+            include_str!("migrations/0004_run_keys.sqlite.sql")
         };
         Box::pin(async move {
             Ok(vec![
@@ -47,7 +47,7 @@ impl MigrationSource<'static> for Migrations {
                 ),
                 Migration::new(
                     4,
-                    Cow::Borrowed("room on a run's page for its updates"),
+                    Cow::Borrowed("cheaper run-log writes on PostgreSQL"),
                     MigrationType::Simple,
                     Cow::Borrowed(room),
                     false,

@@ -402,9 +402,11 @@ SELECT json_group_array(json_array(
 FROM json_each(?) AS j";
 
     /// Parameters, in order: now twice and the sessions of the runs that start (`[name]`); now
-    /// twice and the runs that start (`[run, session, meta, records, finished, revision]`); now
-    /// and the rows (`[run, seq, kind, body]`); now and the runs that go on (`[run, records,
-    /// finished]`); the leases given back (`[run, holder]`).
+    /// twice and the runs that start (`[run, session, meta, records, finished, revision]`); the
+    /// rows' bodies, one after the other (a blob: a body is taken out by its place, in bytes,
+    /// with neither escaping nor parsing), now and the rows (`[run, seq, kind, place of the
+    /// body, its length]`); now and the runs that go on (`[run, records, finished]`); the leases
+    /// given back (`[run, holder]`).
     ///
     /// `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join's.
     const SECOND: &str =
@@ -419,7 +421,8 @@ FROM json_each(?) AS j WHERE TRUE
 ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records,
   updated_ms = excluded.updated_ms, finished = (toolloop_runs.finished OR excluded.finished);
 INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
-SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, ? FROM json_each(?) AS j;
+SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2,
+  CAST(substr(?, j.value ->> 3, j.value ->> 4) AS TEXT), ? FROM json_each(?) AS j;
 UPDATE toolloop_runs SET records = toolloop_runs.records + (j.value ->> 1), updated_ms = ?,
   finished = (toolloop_runs.finished OR (j.value ->> 2))
 FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0;
@@ -523,8 +526,9 @@ COMMIT";
             let looked = decode(&looked, appends.len())?;
             let mut sessions = Rows::new(0);
             let mut starts = Rows::new(0);
-            let size: usize = appends.iter().map(|a| a.body.len() + 100).sum();
-            let mut rows = Rows::new(size + size / 8);
+            let mut rows = Rows::new(appends.len() * 100);
+            let mut bodies: Vec<u8> =
+                Vec::with_capacity(appends.iter().map(|a| a.body.len()).sum());
             let mut counts = Rows::new(0);
             let mut releases = Rows::new(0);
             for (a, last) in kept(appends, &looked) {
@@ -554,8 +558,10 @@ COMMIT";
                         .text(&a.run_id)
                         .int(last + 1)
                         .text(&a.kind)
-                        .text(&a.body)
+                        .int(bodies.len() as i64 + 1)
+                        .int(a.body.len() as i64)
                         .end_row();
+                    bodies.extend_from_slice(a.body.as_bytes());
                 }
                 if a.release
                     && let Some(holder) = a.holder.as_deref()
@@ -570,6 +576,7 @@ COMMIT";
                 .bind(now)
                 .bind(now)
                 .bind(starts.done())
+                .bind(bodies)
                 .bind(now)
                 .bind(rows.done())
                 .bind(now)
