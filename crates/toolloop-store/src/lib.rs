@@ -183,6 +183,7 @@ fn db(doing: impl Into<String>) -> impl FnOnce(sqlx::Error) -> StoreError {
 }
 
 /// A store's directory that could not be made.
+#[cfg(feature = "sqlite")]
 #[derive(Debug, thiserror::Error)]
 #[error("cannot create the directory {}: {source}", dir.display())]
 struct CreateDirError {
