@@ -37,6 +37,10 @@ use toolloop::journal::{Record, StoreFailure};
 pub(crate) const MAX_RECORDS: usize = 2_000;
 /// The most runs in one transaction.
 const MAX_RUNS: usize = 500;
+/// The most bytes of records in one transaction: a batch's bodies go to the database as one
+/// parameter (SQLite: a blob; PostgreSQL: an array), and neither database takes one past a
+/// billion bytes. An append larger than this still goes, alone.
+const MAX_BYTES: usize = 64 << 20;
 
 /// A run's start, written with its first records.
 pub(crate) struct Start {
@@ -297,10 +301,13 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
     let mut batch = Vec::new();
     let mut runs: HashSet<String> = HashSet::new();
     let mut records = 0;
+    let mut bytes = 0;
     let mut rest = VecDeque::new();
     while let Some(item) = waiting.pop_front() {
         let n = item.0.count;
-        let fits = batch.is_empty() || (records + n <= MAX_RECORDS && batch.len() < MAX_RUNS);
+        let size = item.0.body.len();
+        let fits = batch.is_empty()
+            || (records + n <= MAX_RECORDS && bytes + size <= MAX_BYTES && batch.len() < MAX_RUNS);
         if !fits {
             rest.push_back(item);
             rest.extend(waiting.drain(..));
@@ -312,6 +319,7 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
         }
         runs.insert(item.0.run_id.clone());
         records += n;
+        bytes += size;
         batch.push(item);
     }
     *waiting = rest;
@@ -928,5 +936,14 @@ mod tests {
             .collect();
         assert_eq!(take_batch(&mut waiting).len(), MAX_RUNS);
         assert_eq!(take_batch(&mut waiting).len(), 3);
+        // And so does the byte limit.
+        let big = |run: &str| {
+            let mut it = item(run, 1);
+            it.0.body = "x".repeat(MAX_BYTES / 2 + 1);
+            it
+        };
+        let mut waiting: VecDeque<Item> = [big("a"), big("b"), item("c", 1)].into_iter().collect();
+        assert_eq!(take_batch(&mut waiting).len(), 1);
+        assert_eq!(take_batch(&mut waiting).len(), 2);
     }
 }
