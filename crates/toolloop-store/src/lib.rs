@@ -183,6 +183,7 @@ fn db(doing: impl Into<String>) -> impl FnOnce(sqlx::Error) -> StoreError {
 }
 
 /// A store's directory that could not be made.
+#[cfg(feature = "sqlite")]
 #[derive(Debug, thiserror::Error)]
 #[error("cannot create the directory {}: {source}", dir.display())]
 struct CreateDirError {
@@ -460,9 +461,11 @@ impl Store {
         };
         // Several processes may open a new store at once; a migration that lost the race is
         // tried again and then finds the tables in place.
-        let migrator = sqlx::migrate::Migrator::new(sql::Migrations)
-            .await
-            .map_err(|e| open_err(StoreFailure::new(e)))?;
+        let migrator = sqlx::migrate::Migrator::new(sql::Migrations {
+            postgres: is_postgres(location),
+        })
+        .await
+        .map_err(|e| open_err(StoreFailure::new(e)))?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -560,11 +563,20 @@ impl Store {
 
     #[cfg(feature = "postgres")]
     async fn open_postgres(url: &str) -> Result<Pool, StoreFailure> {
+        // Every table is read by key. The lease table is small but churns (a row per live
+        // run, deleted at its end), so its statistics often say "one page", and the planner
+        // would then scan it, dead rows and all, for each lookup of a lease (or keep such a
+        // plan for a prepared statement long after the table grew): scans are left for what no
+        // index serves.
+        let options = url
+            .parse::<sqlx::postgres::PgConnectOptions>()
+            .map_err(StoreFailure::new)?
+            .options([("enable_seqscan", "off")]);
         // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
             .acquire_timeout(Duration::from_secs(15))
-            .connect(url)
+            .connect_with(options)
             .await
             .map(Pool::Postgres)
             .map_err(StoreFailure::new)
@@ -643,72 +655,125 @@ impl Store {
         tags: &Arc<RunTags>,
     ) -> Result<(), JournalError> {
         let started = matches!(records.first(), Some(Record::Started { .. }));
-        let (holder, pending) = match self.holder_of(run_id) {
-            Some((holder, pending)) => (Some(holder), pending),
-            None => (None, false),
-        };
+        let lease = self.holder_of(run_id);
         for (part, records) in records.chunks(writer::MAX_RECORDS).enumerate() {
-            let encoded = records
-                .iter()
-                .map(|r| {
-                    serde_json::to_string(r)
-                        .map(|body| (r.kind(), body))
-                        .map_err(|e| JournalError::Store(StoreFailure::new(e)))
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            let start = (started && part == 0).then(|| writer::Start {
-                session: tags.session.clone(),
-                session_revision: tags.session_revision,
-                meta: tags.meta.as_ref().map(Value::to_string),
-            });
-            let take_lease =
-                (pending && part == 0).then(|| now_ms() + self.inner.lease_ttl.as_millis() as i64);
-            let append = writer::Append {
-                run_id: run_id.to_string(),
-                holder: holder.clone(),
-                finished: records.iter().any(|r| matches!(r, Record::Finished)),
-                records: encoded,
-                start,
-                take_lease,
-                release: false,
-            };
-            match self.inner.writer.write(append).await {
-                writer::Written::Committed => {
-                    if take_lease.is_some()
-                        && let Some(holder) = &holder
-                    {
-                        // The lease is in the store now: renew it from here on.
-                        self.start_heartbeat(run_id, holder);
-                    }
-                }
-                writer::Written::Fenced => {
-                    if let Some(holder) = &holder {
-                        self.forget_lease(run_id, holder);
-                    }
-                    let holder = self
-                        .current_holder(run_id)
-                        .await
-                        .unwrap_or_else(|| "nobody".into());
-                    return Err(JournalError::Locked {
-                        run_id: run_id.to_string(),
-                        holder: format!(
-                            "{holder}; this process lost its lease and stopped writing"
-                        ),
-                    });
-                }
-                writer::Written::Failed(message) => {
-                    return Err(StoreError::Database {
-                        doing: "committing run-log records".into(),
-                        source: message,
-                    }
-                    .into());
-                }
-            }
+            let (written, took_lease) =
+                self.start_part(run_id, records, part == 0, tags, &lease)?;
+            let holder = lease.as_ref().map(|(h, _)| h.as_str());
+            self.part_written(run_id, holder, took_lease, written.await)
+                .await?;
         }
         if started && let Some(f) = &tags.on_started {
             f(run_id);
         }
         Ok(())
+    }
+
+    /// Like [`Store::append_tagged`], handing the records to the writer before it returns (see
+    /// [`Journal::append_behind`]).
+    fn append_tagged_behind(
+        &self,
+        run_id: &str,
+        records: Vec<Record>,
+        tags: Arc<RunTags>,
+    ) -> futures::future::BoxFuture<'static, Result<(), JournalError>> {
+        let store = self.clone();
+        let run_id = run_id.to_string();
+        if records.len() > writer::MAX_RECORDS {
+            // In parts, one after the other: a task of its own writes them.
+            let task =
+                tokio::spawn(async move { store.append_tagged(&run_id, &records, &tags).await });
+            return Box::pin(async move {
+                task.await
+                    .unwrap_or_else(|e| Err(JournalError::Store(StoreFailure::new(e))))
+            });
+        }
+        let started = matches!(records.first(), Some(Record::Started { .. }));
+        let lease = self.holder_of(&run_id);
+        let sent = self.start_part(&run_id, &records, true, &tags, &lease);
+        Box::pin(async move {
+            let (written, took_lease) = sent?;
+            let holder = lease.as_ref().map(|(h, _)| h.as_str());
+            store
+                .part_written(&run_id, holder, took_lease, written.await)
+                .await?;
+            if started && let Some(f) = &tags.on_started {
+                f(&run_id);
+            }
+            Ok(())
+        })
+    }
+
+    /// Hands part of a run's records to the writer (`first`: the part that starts the run when
+    /// the records do, and takes a pending lease); its commit to come, and whether it takes the
+    /// run's lease.
+    fn start_part(
+        &self,
+        run_id: &str,
+        records: &[Record],
+        first: bool,
+        tags: &RunTags,
+        lease: &Option<(String, bool)>,
+    ) -> Result<(writer::Pending, bool), JournalError> {
+        let (kind, body) =
+            writer::encode(records).map_err(|e| JournalError::Store(StoreFailure::new(e)))?;
+        let started = first && matches!(records.first(), Some(Record::Started { .. }));
+        let start = started.then(|| writer::Start {
+            session: tags.session.clone(),
+            session_revision: tags.session_revision,
+            meta: tags.meta.as_ref().map(Value::to_string),
+        });
+        let pending = first && lease.as_ref().is_some_and(|(_, pending)| *pending);
+        let take_lease = pending.then(|| now_ms() + self.inner.lease_ttl.as_millis() as i64);
+        let append = writer::Append {
+            run_id: run_id.to_string(),
+            holder: lease.as_ref().map(|(h, _)| h.clone()),
+            finished: records.iter().any(|r| matches!(r, Record::Finished)),
+            kind,
+            body,
+            count: records.len(),
+            start,
+            take_lease,
+            release: false,
+        };
+        Ok((self.inner.writer.start(append), take_lease.is_some()))
+    }
+
+    /// What the writer answered for part of a run's records.
+    async fn part_written(
+        &self,
+        run_id: &str,
+        holder: Option<&str>,
+        took_lease: bool,
+        written: writer::Written,
+    ) -> Result<(), JournalError> {
+        match written {
+            writer::Written::Committed => {
+                if took_lease && let Some(holder) = holder {
+                    // The lease is in the store now: renew it from here on.
+                    self.start_heartbeat(run_id, holder);
+                }
+                Ok(())
+            }
+            writer::Written::Fenced => {
+                if let Some(holder) = holder {
+                    self.forget_lease(run_id, holder);
+                }
+                let holder = self
+                    .current_holder(run_id)
+                    .await
+                    .unwrap_or_else(|| "nobody".into());
+                Err(JournalError::Locked {
+                    run_id: run_id.to_string(),
+                    holder: format!("{holder}; this process lost its lease and stopped writing"),
+                })
+            }
+            writer::Written::Failed(message) => Err(StoreError::Database {
+                doing: "committing run-log records".into(),
+                source: message,
+            }
+            .into()),
+        }
     }
 
     async fn current_holder(&self, run_id: &str) -> Option<String> {
@@ -1331,6 +1396,19 @@ impl Journal for Store {
         self.append_tagged(run_id, records, tags).await
     }
 
+    fn append_behind(
+        self: Arc<Self>,
+        run_id: &str,
+        records: Vec<Record>,
+    ) -> futures::future::BoxFuture<'static, Result<(), JournalError>>
+    where
+        Self: 'static,
+    {
+        static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
+        let tags = NO_TAGS.get_or_init(Default::default).clone();
+        self.append_tagged_behind(run_id, records, tags)
+    }
+
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
         let bodies: Vec<String> = on_pool!(&self.inner.pool, p => {
             sqlx::query_scalar(sql::LOAD_RECORDS)
@@ -1342,19 +1420,19 @@ impl Journal for Store {
         if bodies.is_empty() {
             return Err(JournalError::NotFound(run_id.to_string()));
         }
-        bodies
-            .iter()
-            .enumerate()
-            .map(|(i, b)| {
-                serde_json::from_str::<Record>(b).map_err(|e| JournalError::Corrupt {
-                    run_id: run_id.to_string(),
-                    source: ReplayError::Unreadable {
-                        record: i,
-                        message: e.to_string(),
-                    },
-                })
-            })
-            .collect()
+        // A row holds a step's records (or, written by earlier versions, one record).
+        let mut records = Vec::with_capacity(bodies.len() * 2);
+        for b in &bodies {
+            let row = writer::decode(b).map_err(|e| JournalError::Corrupt {
+                run_id: run_id.to_string(),
+                source: ReplayError::Unreadable {
+                    record: records.len(),
+                    message: e.to_string(),
+                },
+            })?;
+            records.extend(row);
+        }
+        Ok(records)
     }
 
     async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
@@ -1425,7 +1503,9 @@ impl Store {
         let append = writer::Append {
             run_id: run_id.to_string(),
             holder: Some(holder.to_string()),
-            records: Vec::new(),
+            kind: String::new(),
+            body: String::new(),
+            count: 0,
             start: None,
             finished: false,
             take_lease: None,
@@ -1455,6 +1535,17 @@ impl Journal for RunJournal {
     }
     async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
         self.store.append_tagged(run_id, records, &self.tags).await
+    }
+    fn append_behind(
+        self: Arc<Self>,
+        run_id: &str,
+        records: Vec<Record>,
+    ) -> futures::future::BoxFuture<'static, Result<(), JournalError>>
+    where
+        Self: 'static,
+    {
+        self.store
+            .append_tagged_behind(run_id, records, self.tags.clone())
     }
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
         self.store.load(run_id).await

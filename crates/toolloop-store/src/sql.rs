@@ -5,15 +5,24 @@
 use sqlx::migrate::{Migration, MigrationSource, MigrationType};
 use std::borrow::Cow;
 
-/// The migrations, embedded in the binary.
+/// The migrations, embedded in the binary. Their text is the same on both databases but for
+/// what only PostgreSQL has (collations, a table's fill factor).
 #[derive(Debug)]
-pub(super) struct Migrations;
+pub(super) struct Migrations {
+    /// Whether they are PostgreSQL's.
+    pub postgres: bool,
+}
 
 impl MigrationSource<'static> for Migrations {
     fn resolve(
         self,
     ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
-        Box::pin(async {
+        let room = if self.postgres {
+            include_str!("migrations/0004_run_keys.postgres.sql")
+        } else {
+            include_str!("migrations/0004_run_keys.sqlite.sql")
+        };
+        Box::pin(async move {
             Ok(vec![
                 Migration::new(
                     1,
@@ -34,6 +43,13 @@ impl MigrationSource<'static> for Migrations {
                     Cow::Borrowed("workflow runs"),
                     MigrationType::Simple,
                     Cow::Borrowed(include_str!("migrations/0003_workflows.sql")),
+                    false,
+                ),
+                Migration::new(
+                    4,
+                    Cow::Borrowed("cheaper run-log writes on PostgreSQL"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(room),
                     false,
                 ),
             ])

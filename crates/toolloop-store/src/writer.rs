@@ -9,29 +9,38 @@
 //! failed: nothing of the batch was written, and every append of it fails). While a transaction
 //! is under way the next appends gather, so the busier the store, the more runs share a commit.
 //!
-//! A transaction is two round trips whatever the batch's size. The first takes the leases of
-//! the runs that start with it (their lease is written with their first records, not on its
-//! own) and reads every run's fence (does the append's holder hold the run's lease?) and last
-//! sequence number. The second writes the runs that are not fenced out: the new runs and their
-//! sessions, every record (one multi-row insert, each with its sequence number), the
-//! runs' counters, the leases given back, and the commit. On SQLite a round trip is one query
-//! to the connection's worker thread (`BEGIN IMMEDIATE` holds the write lock from the first);
-//! on PostgreSQL the statements go one by one in a transaction, the lookup holding the runs'
-//! lease rows (`FOR SHARE`) until the commit, so a takeover waits for it. The writer keeps one
-//! connection of the pool while the store lives (for `:memory:`, whose only connection is
-//! shared, it takes it per transaction).
+//! An append is one row of the run log, whatever its number of records: its records' JSON
+//! (one record's object, or an array of them), numbered with the sequence number of its first
+//! record (a run's records are numbered 1, 2, … across its rows; the run's `records` counter
+//! is its last record's number).
+//!
+//! A transaction is two round trips whatever the batch's size, and every statement's text is
+//! fixed (it stays prepared): the batch goes in as parameters that hold every run's values
+//! (SQLite: JSON arrays read with `json_each`; PostgreSQL: arrays read with `UNNEST`). The first
+//! takes the leases of the runs that start with it (their lease is written with their first
+//! records, not on its own) and reads every run's fence (does the append's holder hold the
+//! run's lease?) and last sequence number. The second writes the runs that are not fenced out:
+//! the new runs and their sessions, every append's row, the runs' counters, the leases given
+//! back, and the commit. On SQLite a round trip is one query to the connection's worker thread
+//! (`BEGIN IMMEDIATE` holds the write lock from the first); on PostgreSQL the statements go one
+//! by one in a transaction, the lookup holding the runs' lease rows (`FOR SHARE`) until the
+//! commit, so a takeover waits for it. The writer keeps one connection of the pool while the
+//! store lives (for `:memory:`, whose only connection is shared, it takes it per transaction).
 
 use crate::Pool;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashSet, VecDeque};
 use tokio::sync::{mpsc, oneshot};
-use toolloop::journal::StoreFailure;
+use toolloop::journal::{Record, StoreFailure};
 
-/// The most records in one transaction (with [`MAX_RUNS`], bounds a transaction's bind
-/// parameters: two per record and at most 18 per run, under SQLite's 32,766 and PostgreSQL's
-/// 65,535). A larger append is split by the caller.
+/// The most records in one transaction (with [`MAX_RUNS`], bounds a transaction's size). A
+/// larger append is split by the caller.
 pub(crate) const MAX_RECORDS: usize = 2_000;
 /// The most runs in one transaction.
 const MAX_RUNS: usize = 500;
+/// The most bytes of records in one transaction: a batch's bodies go to the database as one
+/// parameter (SQLite: a blob; PostgreSQL: an array), and neither database takes one past a
+/// billion bytes. An append larger than this still goes, alone.
+const MAX_BYTES: usize = 64 << 20;
 
 /// A run's start, written with its first records.
 pub(crate) struct Start {
@@ -49,8 +58,13 @@ pub(crate) struct Append {
     pub run_id: String,
     /// The lease holder the append is fenced by (`None`: not fenced).
     pub holder: Option<String>,
-    /// Each record's kind and JSON body, in order.
-    pub records: Vec<(&'static str, String)>,
+    /// The records' kinds, in order, joined by commas (empty when there is no record).
+    pub kind: String,
+    /// The records' JSON: one record's object, or an array of them, in order (see
+    /// [`encode`]).
+    pub body: String,
+    /// How many records `body` holds (0: the append writes no row).
+    pub count: usize,
     /// Set when the records start the run.
     pub start: Option<Start>,
     /// Whether the records end the run.
@@ -76,6 +90,22 @@ pub(crate) enum Written {
 
 type Item = (Append, oneshot::Sender<Written>);
 
+/// The answer to come for a queued append.
+pub(crate) struct Pending(oneshot::Receiver<Written>);
+
+impl std::future::Future for Pending {
+    type Output = Written;
+
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Written> {
+        std::pin::Pin::new(&mut self.0).poll(cx).map(|answer| {
+            answer.unwrap_or_else(|_| Written::Failed("the store's writer stopped".into()))
+        })
+    }
+}
+
 /// The handle of a store's writer task (started on first use, and again if its runtime went).
 pub(crate) struct Writer {
     pool: Pool,
@@ -100,11 +130,14 @@ impl Writer {
 
     /// Queues an append and waits until its transaction is over.
     pub(crate) async fn write(&self, append: Append) -> Written {
+        self.start(append).await
+    }
+
+    /// Queues an append (at once) and returns its answer to come.
+    pub(crate) fn start(&self, append: Append) -> Pending {
         let (done, answer) = oneshot::channel();
         self.send((append, done));
-        answer
-            .await
-            .unwrap_or_else(|_| Written::Failed("the store's writer stopped".into()))
+        Pending(answer)
     }
 
     fn send(&self, item: Item) {
@@ -185,7 +218,7 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>)
         if result.is_ok()
             && let Some(checkpoints) = checkpoints.as_mut()
         {
-            checkpoints.committed(appends.iter().map(|a| a.records.len()).sum());
+            checkpoints.committed(appends.iter().map(|a| a.count).sum());
         }
         if shared || result.is_err() {
             // Back to the pool (a connection whose transaction failed is checked there).
@@ -305,10 +338,13 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
     let mut batch = Vec::new();
     let mut runs: HashSet<String> = HashSet::new();
     let mut records = 0;
+    let mut bytes = 0;
     let mut rest = VecDeque::new();
     while let Some(item) = waiting.pop_front() {
-        let n = item.0.records.len();
-        let fits = batch.is_empty() || (records + n <= MAX_RECORDS && batch.len() < MAX_RUNS);
+        let n = item.0.count;
+        let size = item.0.body.len();
+        let fits = batch.is_empty()
+            || (records + n <= MAX_RECORDS && bytes + size <= MAX_BYTES && batch.len() < MAX_RUNS);
         if !fits {
             rest.push_back(item);
             rest.extend(waiting.drain(..));
@@ -320,96 +356,15 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
         }
         runs.insert(item.0.run_id.clone());
         records += n;
+        bytes += size;
         batch.push(item);
     }
     *waiting = rest;
     batch
 }
 
-/// A bind parameter.
-#[derive(Clone, Copy)]
-enum Arg<'a> {
-    Text(&'a str),
-    MaybeText(Option<&'a str>),
-    Int(i64),
-    MaybeInt(Option<i64>),
-    Bool(bool),
-}
-
-/// Statement text and its parameters (`$1`, `$2`, … in the order pushed).
-#[derive(Default)]
-struct Sql<'a> {
-    text: String,
-    args: Vec<Arg<'a>>,
-}
-
-impl<'a> Sql<'a> {
-    /// Adds a parameter; its placeholder.
-    fn arg(&mut self, a: Arg<'a>) -> String {
-        self.args.push(a);
-        format!("${}", self.args.len())
-    }
-
-    /// The same statements with anonymous `?` placeholders, and the parameters repeated in the
-    /// order their placeholders appear. SQLite takes `$1` for a parameter named "$1", and finds
-    /// a named (or numbered) parameter by a linear scan at each use and at each bind, so a batch
-    /// of thousands of them costs quadratic time in the parameters; anonymous ones are bound by
-    /// position. (The statement text holds no `$` but its placeholders.)
-    fn anonymous(&self) -> Sql<'a> {
-        let mut text = String::with_capacity(self.text.len());
-        let mut args = Vec::with_capacity(self.args.len() * 2);
-        let mut rest = self.text.as_str();
-        while let Some(i) = rest.find('$') {
-            text.push_str(&rest[..i]);
-            let after = &rest[i + 1..];
-            let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-            let arg = after[..digits]
-                .parse::<usize>()
-                .ok()
-                .and_then(|k| self.args.get(k.checked_sub(1)?));
-            match arg {
-                Some(a) => {
-                    args.push(*a);
-                    text.push('?');
-                }
-                None => text.push_str(&rest[i..i + 1 + digits]),
-            }
-            rest = &after[digits..];
-        }
-        text.push_str(rest);
-        Sql { text, args }
-    }
-}
-
-/// Binds a [`Sql`]'s parameters to a query (one text for both drivers).
-macro_rules! bound {
-    ($sql:expr, $db:ty) => {{
-        let mut q = sqlx::query::<$db>(&$sql.text);
-        for a in &$sql.args {
-            q = match a {
-                Arg::Text(s) => q.bind(*s),
-                Arg::MaybeText(s) => q.bind(*s),
-                Arg::Int(i) => q.bind(*i),
-                Arg::MaybeInt(i) => q.bind(*i),
-                Arg::Bool(b) => q.bind(*b),
-            };
-        }
-        q
-    }};
-}
-
-/// A statement of a transaction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Part {
-    Sessions,
-    NewRuns,
-    Records,
-    OldRuns,
-    Releases,
-}
-
 /// One run's state at the start of a transaction, read under the transaction's lock.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Looked {
     /// Whether the run's lease is someone else's (nothing of the run is written).
     fenced: bool,
@@ -417,287 +372,34 @@ struct Looked {
     last: i64,
 }
 
-/// A transaction in two round trips. The first takes the leases of the runs that start
-/// ([`Append::take_lease`]) and reads, for every run of the batch, whether its holder holds its
-/// lease and its last sequence number ([`Plan::lookup`]); the second writes the runs that are
-/// not fenced out, numbering their records after the runs' last ([`Plan::build`]).
-struct Plan<'a> {
-    appends: &'a [&'a Append],
-    /// What the lookup found, by position in `appends`.
-    looked: Vec<Looked>,
-    now: i64,
-}
-
-impl<'a> Plan<'a> {
-    fn new(appends: &'a [&'a Append], now: i64) -> Self {
-        Plan {
-            appends,
-            looked: Vec::new(),
-            now,
-        }
-    }
-
-    /// Takes the leases of the runs that start with this transaction: a lease already there
-    /// (another holder's) is left alone, and the lookup then finds the run fenced.
-    fn take_leases(&self, s: &mut Sql<'a>) -> bool {
-        let me = crate::lease::me();
-        let mut rows = Vec::new();
-        for a in self.appends {
-            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
-                let run = s.arg(Arg::Text(&a.run_id));
-                let holder = s.arg(Arg::Text(holder));
-                let host = s.arg(Arg::Text(&me.host));
-                let pid = s.arg(Arg::Int(me.pid));
-                let start = s.arg(Arg::Text(&me.start));
-                let expires = s.arg(Arg::Int(expires));
-                rows.push(format!(
-                    "({run}, {holder}, {host}, {pid}, {start}, {expires})"
-                ));
-            }
-        }
-        if rows.is_empty() {
-            return false;
-        }
-        s.text.push_str(&format!(
-            "INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms) \
-             VALUES {} ON CONFLICT (run_id) DO NOTHING",
-            rows.join(", ")
-        ));
-        true
-    }
-
-    /// `SELECT` of every run of the batch, in order: its id, 1 when its holder does not hold
-    /// its lease (else 0), and its last sequence number. On PostgreSQL the lease rows read are
-    /// locked (`FOR SHARE`) until the commit, so a lease cannot change hands under the
-    /// transaction (SQLite's `BEGIN IMMEDIATE` already holds the only write lock).
-    fn lookup(&self, s: &mut Sql<'a>, pg: bool) {
-        let mut rows = Vec::new();
-        for a in self.appends {
-            let run = s.arg(Arg::Text(&a.run_id));
-            let holder = s.arg(Arg::MaybeText(a.holder.as_deref()));
-            rows.push(format!("({run}, {holder})"));
-        }
-        let lock = if pg { " FOR SHARE" } else { "" };
-        s.text.push_str(&format!(
-            "SELECT v.column1, CAST(CASE WHEN v.column2 IS NULL OR EXISTS (SELECT 1 FROM \
-             toolloop_leases l WHERE l.run_id = v.column1 AND l.holder = v.column2{lock}) \
-             THEN 0 ELSE 1 END AS BIGINT), CAST(COALESCE((SELECT MAX(r.seq) FROM \
-             toolloop_records r WHERE r.run_id = v.column1), 0) AS BIGINT) \
-             FROM (VALUES {}) AS v",
-            rows.join(", ")
-        ));
-    }
-
-    /// Takes the lookup's rows (one per append, in order).
-    fn looked<R: sqlx::Row>(&mut self, rows: &[R]) -> Result<(), sqlx::Error>
-    where
-        usize: sqlx::ColumnIndex<R>,
-        String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-        i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
-    {
-        let mut by_run = HashMap::with_capacity(rows.len());
-        for r in rows {
-            let run: String = r.try_get(0usize)?;
-            let fenced: i64 = r.try_get(1usize)?;
-            let last: i64 = r.try_get(2usize)?;
-            by_run.insert(
-                run,
-                Looked {
-                    fenced: fenced != 0,
-                    last,
-                },
-            );
-        }
-        self.looked = self
-            .appends
-            .iter()
-            .map(|a| {
-                by_run.get(a.run_id.as_str()).cloned().ok_or_else(|| {
-                    sqlx::Error::Protocol(format!("the lookup left out run {}", a.run_id))
-                })
-            })
-            .collect::<Result<_, _>>()?;
-        Ok(())
-    }
-
-    /// The runs fenced out.
-    fn fenced(&self) -> HashSet<String> {
-        self.appends
-            .iter()
-            .zip(&self.looked)
-            .filter(|(_, l)| l.fenced)
-            .map(|(a, _)| a.run_id.clone())
-            .collect()
-    }
-
-    /// The appends that are written, with their runs' last sequence numbers.
-    fn kept(&self) -> impl Iterator<Item = (&'a Append, i64)> + '_ {
-        self.appends
-            .iter()
-            .zip(&self.looked)
-            .filter(|(_, l)| !l.fenced)
-            .map(|(a, l)| (*a, l.last))
-    }
-
-    fn starts(&self) -> impl Iterator<Item = (&'a Append, &'a Start)> + '_ {
-        self.kept()
-            .filter_map(|(a, _)| a.start.as_ref().map(|s| (a, s)))
-    }
-
-    /// Creates the sessions of the runs that start (when missing).
-    fn sessions(&self, s: &mut Sql<'a>) {
-        let now = s.arg(Arg::Int(self.now));
-        let mut rows = Vec::new();
-        for (_, start) in self.starts() {
-            if let Some(session) = &start.session {
-                let name = s.arg(Arg::Text(session));
-                rows.push(format!("({name}, '[]', 0, {now}, {now})"));
-            }
-        }
-        s.text.push_str(&format!(
-            "INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms) \
-             VALUES {} ON CONFLICT (name) DO NOTHING",
-            rows.join(", ")
-        ));
-    }
-
-    /// Records the runs that start, with their record counts.
-    fn new_runs(&self, s: &mut Sql<'a>) {
-        let now = s.arg(Arg::Int(self.now));
-        let mut rows = Vec::new();
-        for (a, start) in self.starts() {
-            let run = s.arg(Arg::Text(&a.run_id));
-            let session = s.arg(Arg::MaybeText(start.session.as_deref()));
-            let meta = s.arg(Arg::MaybeText(start.meta.as_deref()));
-            let count = s.arg(Arg::Int(a.records.len() as i64));
-            let finished = s.arg(Arg::Bool(a.finished));
-            let revision = s.arg(Arg::MaybeInt(start.session_revision));
-            rows.push(format!(
-                "({run}, {session}, {meta}, {count}, {finished}, {revision})"
-            ));
-        }
-        // `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join's.
-        s.text.push_str(&format!(
-            "INSERT INTO toolloop_runs \
-             (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
-             SELECT v.column1, v.column2, v.column3, v.column4, v.column5, {now}, {now}, \
-             COALESCE(v.column6, (SELECT s.revision FROM toolloop_sessions s \
-             WHERE s.name = v.column2)) \
-             FROM (VALUES {}) AS v WHERE TRUE \
-             ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records, \
-             updated_ms = excluded.updated_ms, \
-             finished = (toolloop_runs.finished OR excluded.finished)",
-            rows.join(", ")
-        ));
-    }
-
-    /// Every record, numbered after its run's last.
-    fn records(&self, s: &mut Sql<'a>) {
-        let now = s.arg(Arg::Int(self.now));
-        let mut rows = Vec::new();
-        for (a, last) in self.kept() {
-            if a.records.is_empty() {
-                continue;
-            }
-            let run = s.arg(Arg::Text(&a.run_id));
-            for (i, (kind, body)) in a.records.iter().enumerate() {
-                // Bound, not written out: a statement's text then recurs, and stays prepared.
-                let seq = s.arg(Arg::Int(last + 1 + i as i64));
-                let kind = s.arg(Arg::Text(kind));
-                let body = s.arg(Arg::Text(body));
-                rows.push(format!("({run}, {seq}, {kind}, {body}, {now})"));
-            }
-        }
-        s.text.push_str(&format!(
-            "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) VALUES {}",
-            rows.join(", ")
-        ));
-    }
-
-    /// Counts the records of the runs that go on, and marks the finished ones.
-    fn old_runs(&self, s: &mut Sql<'a>) {
-        let now = s.arg(Arg::Int(self.now));
-        let mut rows = Vec::new();
-        for (a, _) in self.kept().filter(|(a, _)| a.start.is_none()) {
-            if a.records.is_empty() {
-                continue;
-            }
-            let run = s.arg(Arg::Text(&a.run_id));
-            let count = s.arg(Arg::Int(a.records.len() as i64));
-            let finished = s.arg(Arg::Bool(a.finished));
-            rows.push(format!("({run}, {count}, {finished})"));
-        }
-        s.text.push_str(&format!(
-            "UPDATE toolloop_runs SET records = toolloop_runs.records + v.column2, \
-             updated_ms = {now}, finished = (toolloop_runs.finished OR v.column3) \
-             FROM (VALUES {}) AS v WHERE toolloop_runs.run_id = v.column1",
-            rows.join(", ")
-        ));
-    }
-
-    /// Ends the leases given back with this transaction.
-    fn releases(&self, s: &mut Sql<'a>) {
-        let mut rows = Vec::new();
-        for (a, _) in self.kept().filter(|(a, _)| a.release) {
-            if let Some(holder) = a.holder.as_deref() {
-                let run = s.arg(Arg::Text(&a.run_id));
-                let holder = s.arg(Arg::Text(holder));
-                rows.push(format!("({run}, {holder})"));
-            }
-        }
-        s.text.push_str(&format!(
-            "DELETE FROM toolloop_leases WHERE (run_id, holder) IN (VALUES {})",
-            rows.join(", ")
-        ));
-    }
-
-    /// The second round trip's statements, in order (none when every run is fenced out).
-    fn parts(&self) -> Vec<Part> {
-        let mut parts = Vec::new();
-        if self.starts().any(|(_, s)| s.session.is_some()) {
-            parts.push(Part::Sessions);
-        }
-        if self.starts().next().is_some() {
-            parts.push(Part::NewRuns);
-        }
-        if self.kept().any(|(a, _)| !a.records.is_empty()) {
-            parts.push(Part::Records);
-        }
-        if self
-            .kept()
-            .any(|(a, _)| a.start.is_none() && !a.records.is_empty())
-        {
-            parts.push(Part::OldRuns);
-        }
-        if self.kept().any(|(a, _)| a.release && a.holder.is_some()) {
-            parts.push(Part::Releases);
-        }
-        parts
-    }
-
-    /// Writes statement `part` onto `s`.
-    fn build(&self, part: Part, s: &mut Sql<'a>) {
-        match part {
-            Part::Sessions => self.sessions(s),
-            Part::NewRuns => self.new_runs(s),
-            Part::Records => self.records(s),
-            Part::OldRuns => self.old_runs(s),
-            Part::Releases => self.releases(s),
-        }
-    }
-
-    /// Whether the statements' text is worth keeping prepared (small batches, whose shapes
-    /// recur; a large batch's text is rarely seen twice).
-    fn recurs(&self) -> bool {
-        self.appends.len() <= 2 && self.appends.iter().all(|a| a.records.len() <= 8)
-    }
-}
-
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// The appends of a batch that are written (not fenced out), with their runs' last sequence
+/// numbers.
+fn kept<'a>(
+    appends: &'a [&'a Append],
+    looked: &'a [Looked],
+) -> impl Iterator<Item = (&'a Append, i64)> + 'a {
+    appends
+        .iter()
+        .zip(looked)
+        .filter(|(_, l)| !l.fenced)
+        .map(|(a, l)| (*a, l.last))
+}
+
+/// The runs fenced out.
+fn fenced(appends: &[&Append], looked: &[Looked]) -> HashSet<String> {
+    appends
+        .iter()
+        .zip(looked)
+        .filter(|(_, l)| l.fenced)
+        .map(|(a, _)| a.run_id.clone())
+        .collect()
 }
 
 /// Commits a batch; the runs that were fenced out.
@@ -710,75 +412,508 @@ async fn commit(
         Some(c) => c,
         None => conn.insert(acquire(pool).await?),
     };
-    let mut plan = Plan::new(appends, now_ms());
-    let recurs = plan.recurs();
     match conn {
         #[cfg(feature = "sqlite")]
-        Conn::Sqlite(c) => {
-            // One query per round trip: the connection's worker thread runs it whole.
-            let mut first = Sql::default();
-            first.text.push_str("BEGIN IMMEDIATE;\n");
-            if plan.take_leases(&mut first) {
-                first.text.push_str(";\n");
-            }
-            plan.lookup(&mut first, false);
-            let first = first.anonymous();
-            let ran = async {
-                let rows = bound!(first, sqlx::Sqlite)
-                    .persistent(recurs)
-                    .fetch_all(&mut **c)
-                    .await?;
-                plan.looked(&rows)?;
-                let mut second = Sql::default();
-                for part in plan.parts() {
-                    plan.build(part, &mut second);
-                    second.text.push_str(";\n");
-                }
-                second.text.push_str("COMMIT");
-                let second = second.anonymous();
-                bound!(second, sqlx::Sqlite)
-                    .persistent(recurs)
-                    .execute(&mut **c)
-                    .await
-            }
-            .await;
-            match ran {
-                Ok(_) => Ok(plan.fenced()),
-                Err(e) => {
-                    // The transaction may be open (a statement failed before the commit).
-                    let _ = sqlx::query("ROLLBACK").execute(&mut **c).await;
-                    Err(e)
-                }
-            }
-        }
+        Conn::Sqlite(c) => sqlite::commit(c, appends, now_ms()).await,
         #[cfg(feature = "postgres")]
-        Conn::Postgres(c) => {
-            let mut tx = sqlx::Connection::begin(&mut **c).await?;
-            let mut leases = Sql::default();
-            if plan.take_leases(&mut leases) {
-                bound!(leases, sqlx::Postgres)
-                    .persistent(recurs)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let mut lookup = Sql::default();
-            plan.lookup(&mut lookup, true);
-            let rows = bound!(lookup, sqlx::Postgres)
-                .persistent(recurs)
-                .fetch_all(&mut *tx)
-                .await?;
-            plan.looked(&rows)?;
-            for part in plan.parts() {
-                let mut sql = Sql::default();
-                plan.build(part, &mut sql);
-                bound!(sql, sqlx::Postgres)
-                    .persistent(recurs)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            tx.commit().await?;
-            Ok(plan.fenced())
+        Conn::Postgres(c) => postgres::commit(c, appends, now_ms()).await,
+    }
+}
+
+/// SQLite: each round trip is one query of fixed text (so it stays prepared), whatever the
+/// batch: the batch goes in as JSON arrays, one per statement, that the statements read with
+/// `json_each`. The first takes the write lock (`BEGIN IMMEDIATE`), the leases of the runs that
+/// start, and reads every run's fence and last sequence number (one row: a JSON array, in the
+/// batch's order); the second writes and commits.
+#[cfg(feature = "sqlite")]
+mod sqlite {
+    use super::{Append, Looked, fenced, kept};
+    use std::collections::HashSet;
+    use std::fmt::Write as _;
+
+    /// Parameters, in order: host, pid and process start (of the leases taken), the leases to
+    /// take (`[run, holder, expiry]`), and the batch (`[run, holder]`, holder `null` when not
+    /// fenced). Placeholders are anonymous: sqlx binds a numbered one by its number across every
+    /// statement of a query, but stops at a statement's unnumbered gaps.
+    const FIRST: &str = "BEGIN IMMEDIATE;
+INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
+SELECT j.value ->> 0, j.value ->> 1, ?, ?, ?, j.value ->> 2 FROM json_each(?) AS j WHERE TRUE
+ON CONFLICT (run_id) DO NOTHING;
+SELECT json_group_array(json_array(
+  CASE WHEN j.value ->> 1 IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l
+    WHERE l.run_id = j.value ->> 0 AND l.holder = j.value ->> 1) THEN 0 ELSE 1 END,
+  MAX(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = j.value ->> 0), 0),
+    COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = j.value ->> 0), 0))))
+FROM json_each(?) AS j";
+
+    /// Parameters, in order: now twice and the sessions of the runs that start (`[name]`); now
+    /// twice and the runs that start (`[run, session, meta, records, finished, revision]`); the
+    /// rows' bodies, one after the other (a blob: a body is taken out by its place, in bytes,
+    /// with neither escaping nor parsing), now and the rows (`[run, seq, kind, place of the
+    /// body, its length]`); now and the runs that go on (`[run, records, finished]`); the leases
+    /// given back (`[run, holder]`).
+    ///
+    /// `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join's.
+    const SECOND: &str =
+        "INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms)
+SELECT j.value ->> 0, '[]', 0, ?, ? FROM json_each(?) AS j WHERE TRUE
+ON CONFLICT (name) DO NOTHING;
+INSERT INTO toolloop_runs
+(run_id, session, meta, records, finished, created_ms, updated_ms, session_revision)
+SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4, ?, ?,
+  COALESCE(j.value ->> 5, (SELECT s.revision FROM toolloop_sessions s WHERE s.name = j.value ->> 1))
+FROM json_each(?) AS j WHERE TRUE
+ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records,
+  updated_ms = excluded.updated_ms, finished = (toolloop_runs.finished OR excluded.finished);
+INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
+SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2,
+  CAST(substr(?, j.value ->> 3, j.value ->> 4) AS TEXT), ? FROM json_each(?) AS j;
+UPDATE toolloop_runs SET records = toolloop_runs.records + (j.value ->> 1), updated_ms = ?,
+  finished = (toolloop_runs.finished OR (j.value ->> 2))
+FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0;
+DELETE FROM toolloop_leases WHERE (run_id, holder) IN
+  (SELECT j.value ->> 0, j.value ->> 1 FROM json_each(?) AS j);
+COMMIT";
+
+    /// Builds one JSON array of rows.
+    struct Rows(String);
+
+    impl Rows {
+        fn new(capacity: usize) -> Self {
+            let mut s = String::with_capacity(capacity + 2);
+            s.push('[');
+            Rows(s)
         }
+        /// Starts a row.
+        fn row(&mut self) -> &mut Self {
+            if self.0.len() > 1 {
+                self.0.push(',');
+            }
+            self.0.push('[');
+            self
+        }
+        fn sep(&mut self) {
+            if !self.0.ends_with('[') {
+                self.0.push(',');
+            }
+        }
+        fn text(&mut self, s: &str) -> &mut Self {
+            self.sep();
+            super::push_json_str(&mut self.0, s);
+            self
+        }
+        fn maybe_text(&mut self, s: Option<&str>) -> &mut Self {
+            match s {
+                Some(s) => self.text(s),
+                None => {
+                    self.sep();
+                    self.0.push_str("null");
+                    self
+                }
+            }
+        }
+        fn int(&mut self, i: i64) -> &mut Self {
+            self.sep();
+            let _ = write!(self.0, "{i}");
+            self
+        }
+        fn maybe_int(&mut self, i: Option<i64>) -> &mut Self {
+            match i {
+                Some(i) => self.int(i),
+                None => {
+                    self.sep();
+                    self.0.push_str("null");
+                    self
+                }
+            }
+        }
+        fn end_row(&mut self) {
+            self.0.push(']');
+        }
+        fn done(mut self) -> String {
+            self.0.push(']');
+            self.0
+        }
+    }
+
+    pub(super) async fn commit(
+        c: &mut sqlx::SqliteConnection,
+        appends: &[&Append],
+        now: i64,
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let me = crate::lease::me();
+        let mut leases = Rows::new(0);
+        let mut batch = Rows::new(appends.len() * 80);
+        for a in appends {
+            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
+                leases
+                    .row()
+                    .text(&a.run_id)
+                    .text(holder)
+                    .int(expires)
+                    .end_row();
+            }
+            batch
+                .row()
+                .text(&a.run_id)
+                .maybe_text(a.holder.as_deref())
+                .end_row();
+        }
+        let ran = async {
+            let looked: String = sqlx::query_scalar(FIRST)
+                .bind(me.host.as_str())
+                .bind(me.pid)
+                .bind(me.start.as_str())
+                .bind(leases.done())
+                .bind(batch.done())
+                .fetch_one(&mut *c)
+                .await?;
+            let looked = decode(&looked, appends.len())?;
+            let mut sessions = Rows::new(0);
+            let mut starts = Rows::new(0);
+            let mut rows = Rows::new(appends.len() * 100);
+            let mut bodies: Vec<u8> =
+                Vec::with_capacity(appends.iter().map(|a| a.body.len()).sum());
+            let mut counts = Rows::new(0);
+            let mut releases = Rows::new(0);
+            for (a, last) in kept(appends, &looked) {
+                if let Some(start) = &a.start {
+                    if let Some(session) = &start.session {
+                        sessions.row().text(session).end_row();
+                    }
+                    starts
+                        .row()
+                        .text(&a.run_id)
+                        .maybe_text(start.session.as_deref())
+                        .maybe_text(start.meta.as_deref())
+                        .int(a.count as i64)
+                        .int(i64::from(a.finished))
+                        .maybe_int(start.session_revision)
+                        .end_row();
+                } else if a.count > 0 {
+                    counts
+                        .row()
+                        .text(&a.run_id)
+                        .int(a.count as i64)
+                        .int(i64::from(a.finished))
+                        .end_row();
+                }
+                if a.count > 0 {
+                    rows.row()
+                        .text(&a.run_id)
+                        .int(last + 1)
+                        .text(&a.kind)
+                        .int(bodies.len() as i64 + 1)
+                        .int(a.body.len() as i64)
+                        .end_row();
+                    bodies.extend_from_slice(a.body.as_bytes());
+                }
+                if a.release
+                    && let Some(holder) = a.holder.as_deref()
+                {
+                    releases.row().text(&a.run_id).text(holder).end_row();
+                }
+            }
+            sqlx::query(SECOND)
+                .bind(now)
+                .bind(now)
+                .bind(sessions.done())
+                .bind(now)
+                .bind(now)
+                .bind(starts.done())
+                .bind(bodies)
+                .bind(now)
+                .bind(rows.done())
+                .bind(now)
+                .bind(counts.done())
+                .bind(releases.done())
+                .execute(&mut *c)
+                .await?;
+            Ok(fenced(appends, &looked))
+        }
+        .await;
+        if ran.is_err() {
+            // The transaction may be open (a statement failed before the commit).
+            let _ = sqlx::query("ROLLBACK").execute(&mut *c).await;
+        }
+        ran
+    }
+
+    /// The lookup's answer: `[fenced, last]` per append, in order.
+    fn decode(text: &str, n: usize) -> Result<Vec<Looked>, sqlx::Error> {
+        let pairs: Vec<(i64, i64)> = serde_json::from_str(text)
+            .map_err(|e| sqlx::Error::Protocol(format!("the lookup's answer: {e}")))?;
+        if pairs.len() != n {
+            return Err(sqlx::Error::Protocol(format!(
+                "the lookup answered for {} runs of {n}",
+                pairs.len()
+            )));
+        }
+        Ok(pairs
+            .into_iter()
+            .map(|(fenced, last)| Looked {
+                fenced: fenced != 0,
+                last,
+            })
+            .collect())
+    }
+}
+
+/// PostgreSQL: each statement is of fixed text (so it stays prepared), whatever the batch: the
+/// batch goes in as arrays, one per column, that the statements read with `UNNEST`. The
+/// lookup holds the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
+#[cfg(feature = "postgres")]
+mod postgres {
+    use super::{Append, Looked, fenced, kept};
+    use std::collections::HashSet;
+
+    /// `$1` runs, `$2` holders, `$3` expiries, `$4` host, `$5` pid, `$6` process start.
+    const LEASES: &str = "INSERT INTO toolloop_leases \
+         (run_id, holder, host, pid, pid_start, expires_ms) \
+         SELECT u.r, u.h, $4, $5, $6, u.e FROM UNNEST($1::text[], $2::text[], $3::bigint[]) \
+         AS u(r, h, e) ON CONFLICT (run_id) DO NOTHING";
+
+    /// `$1` runs, `$2` holders (NULL: not fenced): per run, in order, its place, 1 when it is
+    /// fenced out (else 0), and its last sequence number. The lease rows are read in one pass
+    /// (a join), not probed per run: the lease table is small but churns (a row per live run),
+    /// so its statistics often say "one page", and a probe per run would then scan it, dead rows
+    /// and all, once per run.
+    const LOOKUP: &str = "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[]) \
+         WITH ORDINALITY AS u(r, h, i)), \
+         held AS (SELECT l.run_id FROM toolloop_leases l JOIN u ON l.run_id = u.r \
+         AND l.holder = u.h FOR SHARE OF l) \
+         SELECT u.i, CAST(CASE WHEN u.h IS NULL OR u.r IN (SELECT run_id FROM held) \
+         THEN 0 ELSE 1 END AS BIGINT), \
+         GREATEST(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = u.r), 0), \
+         COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = u.r), 0)) \
+         FROM u";
+
+    /// `$1` names, `$2` now.
+    const SESSIONS: &str = "INSERT INTO toolloop_sessions \
+         (name, messages, message_count, created_ms, updated_ms) \
+         SELECT u.n, '[]', 0, $2, $2 FROM UNNEST($1::text[]) AS u(n) \
+         ON CONFLICT (name) DO NOTHING";
+
+    /// `$1` runs, `$2` sessions, `$3` metadata, `$4` record counts, `$5` finished, `$6`
+    /// revisions, `$7` now.
+    const NEW_RUNS: &str = "INSERT INTO toolloop_runs \
+         (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
+         SELECT u.r, u.s, u.m, u.c, u.f, $7, $7, COALESCE(u.v, (SELECT s.revision FROM \
+         toolloop_sessions s WHERE s.name = u.s)) \
+         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bool[], \
+         $6::bigint[]) AS u(r, s, m, c, f, v) \
+         ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records, \
+         updated_ms = excluded.updated_ms, \
+         finished = (toolloop_runs.finished OR excluded.finished)";
+
+    /// `$1` runs, `$2` sequence numbers, `$3` kinds, `$4` bodies, `$5` now.
+    const ROWS: &str = "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) \
+         SELECT u.r, u.q, u.k, u.b, $5 FROM UNNEST($1::text[], $2::bigint[], $3::text[], \
+         $4::text[]) AS u(r, q, k, b)";
+
+    /// `$1` runs, `$2` record counts, `$3` finished, `$4` now.
+    const OLD_RUNS: &str = "UPDATE toolloop_runs SET records = toolloop_runs.records + u.c, \
+         updated_ms = $4, finished = (toolloop_runs.finished OR u.f) \
+         FROM UNNEST($1::text[], $2::bigint[], $3::bool[]) AS u(r, c, f) \
+         WHERE toolloop_runs.run_id = u.r";
+
+    /// `$1` runs, `$2` holders.
+    const RELEASES: &str = "DELETE FROM toolloop_leases l USING UNNEST($1::text[], $2::text[]) \
+         AS u(r, h) WHERE l.run_id = u.r AND l.holder = u.h";
+
+    pub(super) async fn commit(
+        c: &mut sqlx::PgConnection,
+        appends: &[&Append],
+        now: i64,
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let mut tx = sqlx::Connection::begin(c).await?;
+        let (mut lease_runs, mut lease_holders, mut lease_expiries) = (vec![], vec![], vec![]);
+        for a in appends {
+            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
+                lease_runs.push(a.run_id.as_str());
+                lease_holders.push(holder);
+                lease_expiries.push(expires);
+            }
+        }
+        if !lease_runs.is_empty() {
+            let me = crate::lease::me();
+            sqlx::query(LEASES)
+                .bind(lease_runs)
+                .bind(lease_holders)
+                .bind(lease_expiries)
+                .bind(me.host.as_str())
+                .bind(me.pid)
+                .bind(me.start.as_str())
+                .execute(&mut *tx)
+                .await?;
+        }
+        let runs: Vec<&str> = appends.iter().map(|a| a.run_id.as_str()).collect();
+        let holders: Vec<Option<&str>> = appends.iter().map(|a| a.holder.as_deref()).collect();
+        let answer: Vec<(i64, i64, i64)> = sqlx::query_as(LOOKUP)
+            .bind(runs)
+            .bind(holders)
+            .fetch_all(&mut *tx)
+            .await?;
+        let mut looked = vec![None; appends.len()];
+        for (i, f, last) in answer {
+            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| looked.get_mut(i)) {
+                *slot = Some(Looked {
+                    fenced: f != 0,
+                    last,
+                });
+            }
+        }
+        let looked: Vec<Looked> = looked
+            .into_iter()
+            .collect::<Option<_>>()
+            .ok_or_else(|| sqlx::Error::Protocol("the lookup left out a run".into()))?;
+
+        let mut sessions = vec![];
+        let (mut s_runs, mut s_sessions, mut s_meta, mut s_counts, mut s_finished, mut s_revs) =
+            (vec![], vec![], vec![], vec![], vec![], vec![]);
+        let (mut r_runs, mut r_seqs, mut r_kinds, mut r_bodies) = (vec![], vec![], vec![], vec![]);
+        let (mut o_runs, mut o_counts, mut o_finished) = (vec![], vec![], vec![]);
+        let (mut d_runs, mut d_holders) = (vec![], vec![]);
+        for (a, last) in kept(appends, &looked) {
+            if let Some(start) = &a.start {
+                if let Some(session) = &start.session {
+                    sessions.push(session.as_str());
+                }
+                s_runs.push(a.run_id.as_str());
+                s_sessions.push(start.session.as_deref());
+                s_meta.push(start.meta.as_deref());
+                s_counts.push(a.count as i64);
+                s_finished.push(a.finished);
+                s_revs.push(start.session_revision);
+            } else if a.count > 0 {
+                o_runs.push(a.run_id.as_str());
+                o_counts.push(a.count as i64);
+                o_finished.push(a.finished);
+            }
+            if a.count > 0 {
+                r_runs.push(a.run_id.as_str());
+                r_seqs.push(last + 1);
+                r_kinds.push(a.kind.as_str());
+                r_bodies.push(a.body.as_str());
+            }
+            if a.release
+                && let Some(holder) = a.holder.as_deref()
+            {
+                d_runs.push(a.run_id.as_str());
+                d_holders.push(holder);
+            }
+        }
+        if !sessions.is_empty() {
+            sqlx::query(SESSIONS)
+                .bind(sessions)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !s_runs.is_empty() {
+            sqlx::query(NEW_RUNS)
+                .bind(s_runs)
+                .bind(s_sessions)
+                .bind(s_meta)
+                .bind(s_counts)
+                .bind(s_finished)
+                .bind(s_revs)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !r_runs.is_empty() {
+            sqlx::query(ROWS)
+                .bind(r_runs)
+                .bind(r_seqs)
+                .bind(r_kinds)
+                .bind(r_bodies)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !o_runs.is_empty() {
+            sqlx::query(OLD_RUNS)
+                .bind(o_runs)
+                .bind(o_counts)
+                .bind(o_finished)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+        }
+        if !d_runs.is_empty() {
+            sqlx::query(RELEASES)
+                .bind(d_runs)
+                .bind(d_holders)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(fenced(appends, &looked))
+    }
+}
+
+/// Writes `s` as a JSON string.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
+fn push_json_str(out: &mut String, s: &str) {
+    out.reserve(s.len() + 2);
+    out.push('"');
+    let bytes = s.as_bytes();
+    let mut from = 0;
+    for (i, &b) in bytes.iter().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(&s[from..i]);
+        if escape.is_empty() {
+            use std::fmt::Write as _;
+            let _ = write!(out, "\\u{b:04x}");
+        } else {
+            out.push_str(escape);
+        }
+        from = i + 1;
+    }
+    out.push_str(&s[from..]);
+    out.push('"');
+}
+
+/// A step's records as one row: their kinds, joined by commas, and their JSON (one record's
+/// object, or an array of them, in order).
+pub(crate) fn encode(records: &[Record]) -> Result<(String, String), serde_json::Error> {
+    if let [one] = records {
+        return Ok((one.kind().to_string(), serde_json::to_string(one)?));
+    }
+    let mut kind = String::new();
+    let mut body = Vec::with_capacity(256 * records.len());
+    body.push(b'[');
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 {
+            kind.push(',');
+            body.push(b',');
+        }
+        kind.push_str(r.kind());
+        serde_json::to_writer(&mut body, r)?;
+    }
+    body.push(b']');
+    // serde_json writes UTF-8.
+    let body = String::from_utf8(body)
+        .map_err(|e| <serde_json::Error as serde::ser::Error>::custom(format!("not UTF-8: {e}")))?;
+    Ok((kind, body))
+}
+
+/// A row's records: those of [`encode`]'s JSON (an array of records, or one record, as every row
+/// was before rows held a step's records).
+pub(crate) fn decode(body: &str) -> Result<Vec<Record>, serde_json::Error> {
+    if body.trim_start().starts_with('[') {
+        serde_json::from_str(body)
+    } else {
+        serde_json::from_str(body).map(|r| vec![r])
     }
 }
 
@@ -792,7 +927,9 @@ mod tests {
             Append {
                 run_id: run.into(),
                 holder: None,
-                records: vec![("finished", "{}".into()); n],
+                kind: "finished".into(),
+                body: "{}".into(),
+                count: n,
                 start: None,
                 finished: false,
                 take_lease: None,
@@ -800,28 +937,6 @@ mod tests {
             },
             done,
         )
-    }
-
-    #[test]
-    fn anonymous_placeholders_repeat_the_parameters_in_textual_order() {
-        let mut sql = Sql::default();
-        let a = sql.arg(Arg::Text("a"));
-        let b = sql.arg(Arg::Int(2));
-        let c = sql.arg(Arg::Bool(true));
-        sql.text = format!("SELECT {b}, {a}; INSERT x VALUES ({a}, {c}, {b}) -- $ $99");
-        let anon = sql.anonymous();
-        assert_eq!(anon.text, "SELECT ?, ?; INSERT x VALUES (?, ?, ?) -- $ $99");
-        let shown: Vec<String> = anon
-            .args
-            .iter()
-            .map(|a| match a {
-                Arg::Text(s) => (*s).to_string(),
-                Arg::Int(i) => i.to_string(),
-                Arg::Bool(b) => b.to_string(),
-                _ => "?".into(),
-            })
-            .collect();
-        assert_eq!(shown, ["2", "a", "a", "true", "2"]);
     }
 
     #[test]
@@ -840,10 +955,7 @@ mod tests {
         assert_eq!(runs(&first), ["a", "b", "c"]);
         // a's later appends wait, in order.
         assert_eq!(
-            waiting
-                .iter()
-                .map(|(a, _)| a.records.len())
-                .collect::<Vec<_>>(),
+            waiting.iter().map(|(a, _)| a.count).collect::<Vec<_>>(),
             [3, 1]
         );
         assert_eq!(take_batch(&mut waiting).len(), 1);
@@ -861,5 +973,14 @@ mod tests {
             .collect();
         assert_eq!(take_batch(&mut waiting).len(), MAX_RUNS);
         assert_eq!(take_batch(&mut waiting).len(), 3);
+        // And so does the byte limit.
+        let big = |run: &str| {
+            let mut it = item(run, 1);
+            it.0.body = "x".repeat(MAX_BYTES / 2 + 1);
+            it
+        };
+        let mut waiting: VecDeque<Item> = [big("a"), big("b"), item("c", 1)].into_iter().collect();
+        assert_eq!(take_batch(&mut waiting).len(), 1);
+        assert_eq!(take_batch(&mut waiting).len(), 2);
     }
 }

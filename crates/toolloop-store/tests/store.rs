@@ -799,3 +799,113 @@ async fn a_failed_commit_fails_every_run_of_its_batch_and_none_of_them_acts() {
         }
     }
 }
+
+/// A raw connection to the store's database (for what the API does not show).
+async fn raw(kind: &str, store: &Store) -> sqlx::AnyConnection {
+    sqlx::any::install_default_drivers();
+    let url = if kind == "sqlite" {
+        format!("sqlite://{}", store.location())
+    } else {
+        std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
+    };
+    <sqlx::AnyConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_step_is_one_row_read_back_in_order_and_rows_of_one_record_still_load() {
+    use sqlx::Row;
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let out = agent(
+            ScriptedModel::new(script()),
+            Arc::new(store.clone()),
+            Arc::default(),
+        )
+        .prompt("charge")
+        .await;
+        assert_eq!(out.stop_reason, StopReason::Answered, "{kind}");
+        let run_id = out.run_id.clone().unwrap();
+        let records = store.load(&run_id).await.unwrap();
+        let mut conn = raw(kind, &store).await;
+        let select = if kind == "sqlite" {
+            "SELECT seq, kind, body FROM toolloop_records WHERE run_id = ? ORDER BY seq"
+        } else {
+            "SELECT seq, kind, body FROM toolloop_records WHERE run_id = $1 ORDER BY seq"
+        };
+        let rows: Vec<(i64, String, String)> = sqlx::query(select)
+            .bind(&run_id)
+            .fetch_all(&mut conn)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        // Fewer rows than records: a step's records share one row, its body an array of them
+        // and its kind theirs, numbered with the sequence number of its first record.
+        assert!(rows.len() < records.len(), "{kind}: {} rows", rows.len());
+        let mut next = 1;
+        let mut read = Vec::new();
+        for (seq, row_kind, body) in &rows {
+            assert_eq!(*seq, next, "{kind}");
+            let row: Vec<Record> = if body.starts_with('[') {
+                serde_json::from_str(body).unwrap()
+            } else {
+                vec![serde_json::from_str(body).unwrap()]
+            };
+            assert_eq!(row_kind, &kinds(&row).join(","), "{kind}");
+            next += row.len() as i64;
+            read.extend(row);
+        }
+        assert!(
+            rows.iter().any(|(_, _, b)| b.starts_with('[')),
+            "{kind}: some row holds several records"
+        );
+        assert_eq!(read, records, "{kind}: the rows hold the records, in order");
+        let summary = store.run(&run_id).await.unwrap().unwrap();
+        assert_eq!(summary.records, next - 1, "{kind}");
+
+        // A log written a record per row (as before rows held a step's records) still loads,
+        // and takes more records after its last.
+        let old = new_run_id();
+        let (insert_run, insert_record) = if kind == "sqlite" {
+            (
+                "INSERT INTO toolloop_runs (run_id, records, finished, created_ms, updated_ms) \
+                 VALUES (?, ?, FALSE, 0, 0)",
+                "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) \
+                 VALUES (?, ?, ?, ?, 0)",
+            )
+        } else {
+            (
+                "INSERT INTO toolloop_runs (run_id, records, finished, created_ms, updated_ms) \
+                 VALUES ($1, $2, FALSE, 0, 0)",
+                "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) \
+                 VALUES ($1, $2, $3, $4, 0)",
+            )
+        };
+        let cut = records.len() - 1;
+        sqlx::query(insert_run)
+            .bind(&old)
+            .bind(cut as i64)
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        for (i, r) in records[..cut].iter().enumerate() {
+            sqlx::query(insert_record)
+                .bind(&old)
+                .bind(i as i64 + 1)
+                .bind(r.kind())
+                .bind(serde_json::to_string(r).unwrap())
+                .execute(&mut conn)
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.load(&old).await.unwrap(), records[..cut], "{kind}");
+        store.append_all(&old, &records[cut..]).await.unwrap();
+        assert_eq!(store.load(&old).await.unwrap(), records, "{kind}");
+        let summary = store.run(&old).await.unwrap().unwrap();
+        assert_eq!(summary.records, records.len() as i64, "{kind}");
+        assert_eq!(summary.status, RunStatus::Finished, "{kind}");
+    }
+}

@@ -539,7 +539,8 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    // `loop` or `raw` after N and R runs only that side at N for about 20 s, for a profiler.
+    // `loop` or `raw` after N and R runs only that side at N for about 20 s, for a profiler
+    // (`loop` journaled with `TOOLLOOP_BENCH_JOURNAL`: see `profile_side`).
     if let Some(side) = std::env::args().skip(1).find(|a| a == "loop" || a == "raw") {
         return rt.block_on(profile_side(side == "loop", big_n, rounds));
     }
@@ -598,7 +599,24 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let url = format!("{}/v1", server.base_url());
     let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
     let bodies = one_run_bodies(&url, &scenario, rounds).await;
-    let a = agent(&url, &scenario, rounds);
+    // `TOOLLOOP_BENCH_JOURNAL` (a store location, or `memory`) journals the loops, with a
+    // read-only tool when `TOOLLOOP_BENCH_READ_ONLY` is set: a profile of the journaled side.
+    let journal: Option<Arc<dyn toolloop::journal::Journal>> =
+        match std::env::var("TOOLLOOP_BENCH_JOURNAL") {
+            Ok(m) if m == "memory" => Some(Arc::new(toolloop::journal::MemoryJournal::new())),
+            Ok(location) => Some(Arc::new(
+                toolloop_store::Store::open(&location)
+                    .await
+                    .expect("TOOLLOOP_BENCH_JOURNAL opens"),
+            )),
+            Err(_) => None,
+        };
+    let side_effect = if std::env::var_os("TOOLLOOP_BENCH_READ_ONLY").is_some() {
+        SideEffect::ReadOnly
+    } else {
+        SideEffect::SideEffecting
+    };
+    let a = journaled_agent_with(&url, &scenario, rounds, journal, side_effect);
     let client = bare_client(n);
     let rate = if looping {
         sustained(20.0, |w| loop_workers(&a, n, rounds, w)).await

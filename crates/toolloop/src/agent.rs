@@ -1126,19 +1126,21 @@ struct Flushing {
     /// Set by the first failed flush.
     failed: Option<JournalError>,
     /// A flush still being written ([`RunLog::flush_behind`]).
-    behind: Option<tokio::task::JoinHandle<Result<(), JournalError>>>,
+    behind: Option<BoxFuture<'static, Result<(), JournalError>>>,
+    /// How the flush being written ended, when it was found over without being awaited.
+    behind_done: Option<Result<(), JournalError>>,
 }
 
 impl Flushing {
     /// Waits for the flush being written, if any; the first failure, if any.
     async fn settle(&mut self) -> Result<(), JournalError> {
-        if let Some(behind) = self.behind.take() {
-            let written = behind
-                .await
-                .unwrap_or_else(|e| Err(JournalError::Store(crate::journal::StoreFailure::new(e))));
-            if let Err(e) = written {
-                self.failed = Some(e);
-            }
+        let written = match (self.behind_done.take(), self.behind.take()) {
+            (Some(done), _) => Some(done),
+            (None, Some(behind)) => Some(behind.await),
+            (None, None) => None,
+        };
+        if let Some(Err(e)) = written {
+            self.failed = Some(e);
         }
         match &self.failed {
             Some(e) => Err(e.clone()),
@@ -1194,7 +1196,13 @@ impl RunLog {
     /// flush waits for it first. Fails only when an earlier flush failed.
     async fn flush_behind(&self) -> Result<(), JournalError> {
         let mut state = self.flushing.lock().await;
-        if state.behind.as_ref().is_some_and(|b| b.is_finished()) || state.failed.is_some() {
+        if let Some(behind) = state.behind.as_mut()
+            && let Some(done) = behind.now_or_never()
+        {
+            state.behind = None;
+            state.behind_done = Some(done);
+        }
+        if state.behind_done.is_some() || state.failed.is_some() {
             state.settle().await?;
         }
         let records = self.take_queued();
@@ -1203,10 +1211,12 @@ impl RunLog {
         }
         // One at a time: a flush still being written is waited for (it has had a whole step).
         state.settle().await?;
-        let (journal, run_id) = (self.journal.clone(), self.run_id.clone());
-        state.behind = Some(tokio::spawn(async move {
-            journal.append_all(&run_id, &records).await
-        }));
+        let mut behind = self.journal.clone().append_behind(&self.run_id, records);
+        // A write that is over at once (a journal in memory) is not kept waiting.
+        match (&mut behind).now_or_never() {
+            Some(done) => state.behind_done = Some(done),
+            None => state.behind = Some(behind),
+        }
         Ok(())
     }
 

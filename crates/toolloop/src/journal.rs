@@ -263,6 +263,26 @@ pub trait Journal: Send + Sync {
         }
         Ok(())
     }
+    /// Starts appending records in order and returns at once; the future it returns resolves
+    /// once they are durable. The write goes on whether or not that future is polled meanwhile
+    /// (the driver overlaps it with the next model call, and awaits it before it acts). The
+    /// default spawns a task that calls [`Journal::append_all`]; a journal that hands its writes
+    /// to a writer of its own should start the write in the call instead.
+    fn append_behind(
+        self: Arc<Self>,
+        run_id: &str,
+        records: Vec<Record>,
+    ) -> futures::future::BoxFuture<'static, Result<(), JournalError>>
+    where
+        Self: 'static,
+    {
+        let run_id = run_id.to_string();
+        let task = tokio::spawn(async move { self.append_all(&run_id, &records).await });
+        Box::pin(async move {
+            task.await
+                .unwrap_or_else(|e| Err(JournalError::Store(StoreFailure::new(e))))
+        })
+    }
     /// Every record of a run, in order.
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError>;
     /// Takes the run for `holder`; fails with [`JournalError::Locked`] while another live holder
