@@ -1571,6 +1571,7 @@ mod tests {
             let store = Store::open_with(path.to_str().unwrap(), durability)
                 .await
                 .unwrap();
+            #[allow(irrefutable_let_patterns)]
             let Pool::Sqlite(pool) = &store.inner.pool else {
                 unreachable!()
             };
