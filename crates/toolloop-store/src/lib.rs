@@ -1391,9 +1391,7 @@ impl Journal for Store {
     }
 
     async fn append_all(&self, run_id: &str, records: &[Record]) -> Result<(), JournalError> {
-        static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
-        let tags = NO_TAGS.get_or_init(Default::default);
-        self.append_tagged(run_id, records, tags).await
+        self.append_tagged(run_id, records, no_tags()).await
     }
 
     fn append_behind(
@@ -1404,9 +1402,7 @@ impl Journal for Store {
     where
         Self: 'static,
     {
-        static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
-        let tags = NO_TAGS.get_or_init(Default::default).clone();
-        self.append_tagged_behind(run_id, records, tags)
+        self.append_tagged_behind(run_id, records, no_tags().clone())
     }
 
     async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
@@ -1556,6 +1552,12 @@ impl Journal for RunJournal {
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
         self.store.release(run_id, holder).await
     }
+}
+
+/// The tags of a run logged without any (no session, no metadata).
+fn no_tags() -> &'static Arc<RunTags> {
+    static NO_TAGS: std::sync::OnceLock<Arc<RunTags>> = std::sync::OnceLock::new();
+    NO_TAGS.get_or_init(Default::default)
 }
 
 #[cfg(test)]
