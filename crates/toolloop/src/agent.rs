@@ -55,8 +55,11 @@ pub struct Agent {
 }
 
 /// How long a tool source may take to list its tools; one that takes longer keeps the tools it
-/// listed last (and is asked again before the next model call).
+/// listed last, and is asked again once its version moves or [`SOURCE_SILENCE`] has passed (so
+/// that a source that hangs does not hold up every round).
 const SOURCE_LISTING: Duration = Duration::from_secs(30);
+/// How long a source that did not answer is left alone, unless its version moves.
+const SOURCE_SILENCE: Duration = Duration::from_secs(60);
 
 /// The tool sources of an agent and the toolbox they made last.
 #[derive(Default)]
@@ -67,11 +70,27 @@ struct Sources {
 
 /// A toolbox made of the agent's tools and its sources', and what it was made from.
 struct Listed {
-    /// Each source's version when it was listed (`None`: its listing failed; it is asked again).
-    versions: Vec<Option<u64>>,
-    /// Each source's tools as listed last.
-    tools: Vec<Vec<Arc<dyn Tool>>>,
+    /// Each source's listing, in order.
+    sources: Vec<SourceListing>,
     toolbox: Arc<Toolbox>,
+}
+
+/// What a source listed last.
+#[derive(Clone)]
+struct SourceListing {
+    /// Its version when it was listed (`None`: its listing failed; it is asked again).
+    version: Option<u64>,
+    /// For a source that did not answer: when it is asked again (unless its version moves).
+    silent_until: Option<tokio::time::Instant>,
+    /// Its tools as listed last.
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+impl SourceListing {
+    /// Whether this listing still stands for a source now at `version`.
+    fn fresh(&self, version: u64, now: tokio::time::Instant) -> bool {
+        self.version == Some(version) && self.silent_until.is_none_or(|t| now < t)
+    }
 }
 
 /// Answers a call that waits for approval (see [`crate::approval`]). It runs in the driver;
@@ -152,11 +171,12 @@ impl Agent {
         }
         let mut listed = self.sources.listed.lock().await;
         let versions: Vec<u64> = sources.iter().map(|s| s.version()).collect();
+        let now = tokio::time::Instant::now();
         if let Some(l) = listed.as_ref()
-            && l.versions
+            && l.sources
                 .iter()
                 .zip(&versions)
-                .all(|(a, b)| *a == Some(*b))
+                .all(|(s, &v)| s.fresh(v, now))
         {
             return l.toolbox.clone();
         }
@@ -166,36 +186,60 @@ impl Agent {
             // The agent's own tools passed these checks when it was built.
             let _ = toolbox.add_arc(tool.clone());
         }
-        let mut now = Listed {
-            versions: Vec::with_capacity(sources.len()),
-            tools: Vec::with_capacity(sources.len()),
-            toolbox: Arc::new(Toolbox::new()),
-        };
+        let mut made = Vec::with_capacity(sources.len());
         for (i, (source, version)) in sources.iter().zip(versions).enumerate() {
-            let answer = tokio::time::timeout(SOURCE_LISTING, source.tools(&reserved)).await;
-            let (version, tools) = match answer {
-                Ok(Ok(tools)) => (Some(version), tools),
-                failed => {
-                    let why = match failed {
-                        Ok(Err(e)) => e.to_string(),
-                        _ => format!("no answer within {}s", SOURCE_LISTING.as_secs()),
-                    };
-                    tracing::warn!(source = source.name(), "tools not listed: {why}");
-                    let before = listed.as_ref().and_then(|l| l.tools.get(i).cloned());
-                    (None, before.unwrap_or_default())
+            // Cloned, not taken: a run cancelled while a source lists keeps the cache whole.
+            let previous = listed.as_ref().and_then(|l| l.sources.get(i)).cloned();
+            let listing = match previous {
+                // Its version has not moved: it keeps the tools it listed (one that did not
+                // answer, until it is due to be asked again).
+                Some(p) if p.fresh(version, now) => p,
+                previous => {
+                    let before = previous.map(|p| p.tools).unwrap_or_default();
+                    let answer =
+                        tokio::time::timeout(SOURCE_LISTING, source.tools(&reserved)).await;
+                    match answer {
+                        Ok(Ok(tools)) => SourceListing {
+                            version: Some(version),
+                            silent_until: None,
+                            tools,
+                        },
+                        Ok(Err(e)) => {
+                            tracing::warn!(source = source.name(), "tools not listed: {e}");
+                            SourceListing {
+                                version: None,
+                                silent_until: None,
+                                tools: before,
+                            }
+                        }
+                        Err(_) => {
+                            tracing::warn!(
+                                source = source.name(),
+                                "tools not listed: no answer within {}s; asked again in {}s",
+                                SOURCE_LISTING.as_secs(),
+                                SOURCE_SILENCE.as_secs()
+                            );
+                            SourceListing {
+                                version: Some(version),
+                                silent_until: Some(tokio::time::Instant::now() + SOURCE_SILENCE),
+                                tools: before,
+                            }
+                        }
+                    }
                 }
             };
-            for tool in &tools {
+            for tool in &listing.tools {
                 if let Err(e) = toolbox.add_arc(tool.clone()) {
                     tracing::warn!(source = source.name(), "a tool is left out: {e}");
                 }
             }
-            now.versions.push(version);
-            now.tools.push(tools);
+            made.push(listing);
         }
         let toolbox = Arc::new(toolbox);
-        now.toolbox = toolbox.clone();
-        *listed = Some(now);
+        *listed = Some(Listed {
+            sources: made,
+            toolbox: toolbox.clone(),
+        });
         toolbox
     }
 

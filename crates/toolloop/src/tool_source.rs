@@ -12,9 +12,12 @@
 //! had, without asking any source: a call is judged by the tool as the model was offered it
 //! (its schema, whether it is read-only), and runs as the source's tool of that name runs now.
 //!
-//! A source that fails to list its tools, or does not answer within 30 seconds, keeps the ones
-//! it listed last (none, if it never listed) and is asked again before the next model call; the
-//! failure is logged (`tracing`). The run's cancellation and timeout stop the wait.
+//! A source whose version has not moved keeps the tools it listed; only the sources whose
+//! version moved are listed again. A source that fails to list its tools keeps the ones it
+//! listed last (none, if it never listed) and is asked again before the next model call; one
+//! that does not answer within 30 seconds keeps them too, and is left alone for a minute unless
+//! its version moves (so that a source that hangs does not hold up every round). Failures are
+//! logged (`tracing`). The run's cancellation and timeout stop the wait.
 //! A source's tool whose name is taken (by the agent's own tools or an earlier source's) or
 //! whose schema does not compile is left out, with a warning.
 //!

@@ -429,4 +429,83 @@ async fn a_source_that_does_not_answer_is_given_up_on_and_the_run_goes_on() {
     assert_eq!(model.offered.lock().unwrap()[0], names(&["own"]));
     // Given up on after a while (the clock is the test's: no real time passes).
     assert!(started.elapsed() >= std::time::Duration::from_secs(30));
+    // Left alone for a minute: the next runs do not wait for it.
+    let again = tokio::time::Instant::now();
+    assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
+    assert!(again.elapsed() < std::time::Duration::from_secs(30));
+    // Then asked again.
+    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    let later = tokio::time::Instant::now();
+    assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
+    assert!(later.elapsed() >= std::time::Duration::from_secs(30));
+}
+
+#[tokio::test]
+async fn only_a_source_whose_version_moved_is_listed_again() {
+    let (changing, steady) = (Registry::new(false), Registry::new(false));
+    // The same tools under other names, so the two sources do not collide.
+    let renamed = Arc::new(Renamed(steady.clone()));
+    let agent = Agent::builder(Forwarding(Arc::new(Offered::default())))
+        .tool_source_arc(changing.clone())
+        .tool_source_arc(renamed)
+        .build()
+        .unwrap();
+    let first = agent.tools_now().await;
+    assert!(
+        Arc::ptr_eq(&first, &agent.tools_now().await),
+        "nothing moved"
+    );
+    changing.add(extra());
+    let second = agent.tools_now().await;
+    assert!(second.get("extra").is_some());
+    assert_eq!(changing.listed.load(Ordering::SeqCst), 2);
+    assert_eq!(steady.listed.load(Ordering::SeqCst), 1);
+    assert!(second.get("steady_add_tool").is_some());
+}
+
+/// A registry's tools under a `steady_` prefix.
+struct Renamed(Arc<Registry>);
+
+struct Prefixed(Arc<dyn Tool>, String);
+
+#[async_trait]
+impl Tool for Prefixed {
+    fn name(&self) -> &str {
+        &self.1
+    }
+    fn description(&self) -> &str {
+        self.0.description()
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        self.0.parameters()
+    }
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        ctx: ToolContext,
+    ) -> Result<ToolOutput, ToolError> {
+        self.0.call(args, ctx).await
+    }
+}
+
+#[async_trait]
+impl ToolSource for Renamed {
+    fn name(&self) -> &str {
+        "renamed"
+    }
+    fn version(&self) -> u64 {
+        self.0.version()
+    }
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        Ok(self
+            .0
+            .tools(reserved)
+            .await?
+            .into_iter()
+            .map(|t| {
+                let name = format!("steady_{}", t.name());
+                Arc::new(Prefixed(t, name)) as Arc<dyn Tool>
+            })
+            .collect())
+    }
 }
