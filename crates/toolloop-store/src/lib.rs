@@ -442,10 +442,11 @@ impl Store {
             location: shown.clone(),
             source,
         };
-        // `:memory:` is one connection that every use shares (the writer included).
-        let mut shared = false;
-        let pool = if is_postgres(location) {
-            Self::open_postgres(location).await.map_err(open_err)?
+        // Where the writer runs: `:memory:` is one connection that every use shares (the
+        // writer included).
+        let (pool, place) = if is_postgres(location) {
+            let pool = Self::open_postgres(location).await.map_err(open_err)?;
+            (pool, writer::Place::Pooled)
         } else {
             let path = location.strip_prefix("sqlite:").unwrap_or(location);
             let path = path.strip_prefix("//").unwrap_or(path);
@@ -454,10 +455,15 @@ impl Store {
                     "empty path: expected a file path or a postgres:// URL".into(),
                 ));
             }
-            shared = path == ":memory:";
-            Self::open_sqlite(PathBuf::from(path), durability)
+            let pool = Self::open_sqlite(PathBuf::from(path), durability)
                 .await
-                .map_err(open_err)?
+                .map_err(open_err)?;
+            let place = if path == ":memory:" {
+                writer::Place::Shared
+            } else {
+                Self::sqlite_writer(PathBuf::from(path), durability)
+            };
+            (pool, place)
         };
         // Several processes may open a new store at once; a migration that lost the race is
         // tried again and then finds the tables in place.
@@ -483,7 +489,7 @@ impl Store {
                 location: shown,
                 lease_ttl: Duration::from_secs(30),
                 held: Mutex::new(HashMap::new()),
-                writer: writer::Writer::new(pool.clone(), shared),
+                writer: writer::Writer::new(pool.clone(), place),
                 pool,
             }),
         })
@@ -528,13 +534,13 @@ impl Store {
                 Durability::Process => SqliteSynchronous::Normal,
                 Durability::PowerCut => SqliteSynchronous::Full,
             })
-            .busy_timeout(Duration::from_secs(15))
+            .busy_timeout(writer::BUSY_TIMEOUT)
             .foreign_keys(true)
             // The group writer checkpoints in the background; a connection checkpoints on its
             // own only past this many pages (see the `writer` module), and the log file is cut
             // back to 64 MiB when it starts over.
             .pragma("wal_autocheckpoint", writer::WAL_AUTOCHECKPOINT.to_string())
-            .pragma("journal_size_limit", "67108864");
+            .pragma("journal_size_limit", writer::JOURNAL_SIZE_LIMIT.to_string());
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -554,6 +560,20 @@ impl Store {
                 Err(e) => return Err(StoreFailure::new(e)),
             }
         }
+    }
+
+    /// The writer of a SQLite file: a thread of its own.
+    #[cfg(feature = "sqlite")]
+    fn sqlite_writer(path: PathBuf, durability: Durability) -> writer::Place {
+        writer::Place::File(writer::File {
+            path,
+            full_sync: durability == Durability::PowerCut,
+        })
+    }
+
+    #[cfg(not(feature = "sqlite"))]
+    fn sqlite_writer(_path: PathBuf, _durability: Durability) -> writer::Place {
+        writer::Place::Shared
     }
 
     #[cfg(not(feature = "sqlite"))]
@@ -604,7 +624,7 @@ impl Store {
                     location: inner.location.clone(),
                     lease_ttl: ttl,
                     held: Mutex::new(HashMap::new()),
-                    writer: writer::Writer::new(inner.pool.clone(), inner.writer.shared()),
+                    writer: inner.writer.again(),
                 }),
             },
         }

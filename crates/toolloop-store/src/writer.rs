@@ -1,7 +1,7 @@
-//! The group writer: one task per store commits the appends of every run, as many as are
+//! The group writer: one writer per store commits the appends of every run, as many as are
 //! waiting, in one transaction (group commit).
 //!
-//! An append (one run's records of one step) is queued with a channel to answer on. The task
+//! An append (one run's records of one step) is queued with a channel to answer on. The writer
 //! takes every append waiting when it is free (at most one per run, in the order they came, so
 //! a run's records stay in order; a second append of a run waits for the next transaction) and
 //! commits them together, then answers each: committed, fenced out (the run's lease is held by
@@ -14,18 +14,23 @@
 //! record (a run's records are numbered 1, 2, … across its rows; the run's `records` counter
 //! is its last record's number).
 //!
-//! A transaction is two round trips whatever the batch's size, and every statement's text is
-//! fixed (it stays prepared): the batch goes in as parameters that hold every run's values
-//! (SQLite: JSON arrays read with `json_each`; PostgreSQL: arrays read with `UNNEST`). The first
-//! takes the leases of the runs that start with it (their lease is written with their first
-//! records, not on its own) and reads every run's fence (does the append's holder hold the
-//! run's lease?) and last sequence number. The second writes the runs that are not fenced out:
-//! the new runs and their sessions, every append's row, the runs' counters, the leases given
-//! back, and the commit. On SQLite a round trip is one query to the connection's worker thread
-//! (`BEGIN IMMEDIATE` holds the write lock from the first); on PostgreSQL the statements go one
-//! by one in a transaction, the lookup holding the runs' lease rows (`FOR SHARE`) until the
-//! commit, so a takeover waits for it. The writer keeps one connection of the pool while the
-//! store lives (for `:memory:`, whose only connection is shared, it takes it per transaction).
+//! Every statement's text is fixed (it stays prepared), whatever the batch's size: the batch
+//! goes in as parameters that hold every run's values (SQLite: JSON arrays read with
+//! `json_each`; PostgreSQL: arrays read with `UNNEST`). The first statements take the leases of
+//! the runs that start with the batch (their lease is written with their first records, not on
+//! its own) and read every run's fence (does the append's holder hold the run's lease?) and last
+//! sequence number; the next write the runs that are not fenced out: the new runs and their
+//! sessions, every append's row, the runs' counters, the leases given back, and the commit.
+//!
+//! Where the writer runs:
+//! - A SQLite file: on a thread of its own, with a connection of its own, so that a commit is
+//!   one hand-off from the run to the writer and one back, whatever its number of statements
+//!   (`BEGIN IMMEDIATE` holds the write lock from the first). Another thread checkpoints the
+//!   log in the background (see [`Checkpoints`]).
+//! - PostgreSQL: a task that keeps one connection of the pool while the store lives. The lookup
+//!   holds the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
+//! - `:memory:` (whose only connection every use shares): a task that takes the connection per
+//!   transaction.
 
 use crate::Pool;
 use std::collections::{HashSet, VecDeque};
@@ -106,26 +111,46 @@ impl std::future::Future for Pending {
     }
 }
 
-/// The handle of a store's writer task (started on first use, and again if its runtime went).
+/// Where a store's writer runs (see the module's documentation).
+#[derive(Clone)]
+pub(crate) enum Place {
+    /// A task that takes the pool's one connection, which every use shares, per transaction
+    /// (`:memory:`).
+    Shared,
+    /// A task that keeps a connection of the pool (PostgreSQL).
+    Pooled,
+    /// A thread of its own with its own connection to a SQLite file.
+    #[cfg(feature = "sqlite")]
+    File(sqlite::File),
+}
+
+/// The handle of a store's writer (started on first use, and again if it stopped: a task whose
+/// runtime went).
 pub(crate) struct Writer {
     pool: Pool,
-    /// One pooled connection that every use shares (`:memory:`): taken per transaction.
-    shared: bool,
-    queue: std::sync::Mutex<Option<mpsc::UnboundedSender<Item>>>,
+    place: Place,
+    queue: std::sync::Mutex<Option<Queue>>,
+}
+
+/// Where appends are queued for the writer.
+enum Queue {
+    Task(mpsc::UnboundedSender<Item>),
+    #[cfg(feature = "sqlite")]
+    Thread(std::sync::mpsc::Sender<Item>),
 }
 
 impl Writer {
-    pub(crate) fn new(pool: Pool, shared: bool) -> Self {
+    pub(crate) fn new(pool: Pool, place: Place) -> Self {
         Writer {
             pool,
-            shared,
+            place,
             queue: std::sync::Mutex::new(None),
         }
     }
 
-    /// Whether every use shares one connection.
-    pub(crate) fn shared(&self) -> bool {
-        self.shared
+    /// Another writer of the same store (with a queue of its own).
+    pub(crate) fn again(&self) -> Self {
+        Writer::new(self.pool.clone(), self.place.clone())
     }
 
     /// Queues an append and waits until its transaction is over.
@@ -143,22 +168,56 @@ impl Writer {
     fn send(&self, item: Item) {
         let mut queue = self.queue.lock().unwrap_or_else(|p| p.into_inner());
         let item = match queue.as_ref() {
-            Some(tx) => match tx.send(item) {
+            Some(Queue::Task(tx)) => match tx.send(item) {
                 Ok(()) => return,
                 // The task is gone (its runtime ended): start another.
                 Err(mpsc::error::SendError(back)) => back,
             },
+            #[cfg(feature = "sqlite")]
+            Some(Queue::Thread(tx)) => match tx.send(item) {
+                Ok(()) => return,
+                Err(std::sync::mpsc::SendError(back)) => back,
+            },
             None => item,
         };
-        let (tx, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(self.pool.clone(), self.shared, rx));
-        // The receiver is alive: it was just made.
-        let _ = tx.send(item);
-        *queue = Some(tx);
+        let started = match &self.place {
+            #[cfg(feature = "sqlite")]
+            Place::File(file) => {
+                let (tx, rx) = std::sync::mpsc::channel();
+                let file = file.clone();
+                std::thread::Builder::new()
+                    .name("toolloop-store-writer".into())
+                    .spawn(move || sqlite::serve(file, rx))
+                    .map(|_| Queue::Thread(tx))
+            }
+            place => {
+                let (tx, rx) = mpsc::unbounded_channel();
+                let shared = matches!(place, Place::Shared);
+                tokio::spawn(run(self.pool.clone(), shared, rx));
+                Ok(Queue::Task(tx))
+            }
+        };
+        match started {
+            Ok(q) => {
+                let item = match &q {
+                    // The receivers are alive: they were just made.
+                    Queue::Task(tx) => tx.send(item).map_err(|e| e.0),
+                    #[cfg(feature = "sqlite")]
+                    Queue::Thread(tx) => tx.send(item).map_err(|e| e.0),
+                };
+                if let Err((_, done)) = item {
+                    let _ = done.send(Written::Failed("the store's writer stopped".into()));
+                }
+                *queue = Some(q);
+            }
+            Err(e) => {
+                let _ = item.1.send(Written::Failed(StoreFailure::new(e)));
+            }
+        }
     }
 }
 
-/// A connection the writer holds.
+/// A connection the writer task holds.
 enum Conn {
     #[cfg(feature = "sqlite")]
     Sqlite(sqlx::pool::PoolConnection<sqlx::Sqlite>),
@@ -179,156 +238,66 @@ async fn acquire(pool: &Pool) -> Result<Conn, sqlx::Error> {
 async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>) {
     let mut waiting: VecDeque<Item> = VecDeque::new();
     let mut conn: Option<Conn> = None;
-    #[cfg(feature = "sqlite")]
-    let mut checkpoints = match &pool {
-        Pool::Sqlite(p) if !shared => Some(Checkpoints::new(p.clone())),
-        _ => None,
-    };
+    let mut next: Option<Vec<Item>> = None;
     loop {
-        if waiting.is_empty() {
-            #[cfg(feature = "sqlite")]
-            let next = match checkpoints.as_mut() {
-                // Idle with records not yet checkpointed: after a while, checkpoint them, so a
-                // burst of writes does not leave its log behind.
-                Some(c) if c.since > 0 => {
-                    match tokio::time::timeout(IDLE_CHECKPOINT, queue.recv()).await {
-                        Ok(next) => next,
-                        Err(_) => {
-                            c.idle();
-                            continue;
-                        }
+        let batch = match next.take() {
+            Some(batch) => batch,
+            None => {
+                if waiting.is_empty() {
+                    match queue.recv().await {
+                        Some(item) => waiting.push_back(item),
+                        None => return,
                     }
                 }
-                _ => queue.recv().await,
-            };
-            #[cfg(not(feature = "sqlite"))]
-            let next = queue.recv().await;
-            match next {
-                Some(item) => waiting.push_back(item),
-                None => return,
+                while let Ok(item) = queue.try_recv() {
+                    waiting.push_back(item);
+                }
+                take_batch(&mut waiting)
             }
-        }
-        while let Ok(item) = queue.try_recv() {
-            waiting.push_back(item);
-        }
-        let batch = take_batch(&mut waiting);
+        };
         let appends: Vec<&Append> = batch.iter().map(|(a, _)| a).collect();
         let result = commit(&pool, &mut conn, &appends).await;
-        #[cfg(feature = "sqlite")]
-        if result.is_ok()
-            && let Some(checkpoints) = checkpoints.as_mut()
-        {
-            checkpoints.committed(appends.iter().map(|a| a.count).sum());
-        }
         if shared || result.is_err() {
             // Back to the pool (a connection whose transaction failed is checked there).
             conn = None;
         }
-        match result {
-            Ok(fenced) => {
-                for (append, done) in batch {
-                    let written = if fenced.contains(append.run_id.as_str()) {
-                        Written::Fenced
-                    } else {
-                        Written::Committed
-                    };
-                    let _ = done.send(written);
-                }
-            }
-            Err(e) => {
-                tracing::warn!(
-                    runs = batch.len(),
-                    "a transaction of the run logs failed: {e}"
-                );
-                let e = StoreFailure::new(e);
-                for (_, done) in batch {
-                    let _ = done.send(Written::Failed(e.clone()));
-                }
-            }
+        while let Ok(item) = queue.try_recv() {
+            waiting.push_back(item);
         }
+        next = take_next(&mut waiting);
+        answer(batch, result);
     }
 }
 
-/// Checkpoints of a SQLite log (WAL). A connection checkpoints on its own only once the log
-/// passes [`WAL_AUTOCHECKPOINT`] pages (SQLite's `wal_autocheckpoint`, a safety net that bounds
-/// the log; at SQLite's default of 1,000 it would stall every thousandth page's commit, and with
-/// `synchronous=FULL` sync the database file in it). Instead the writer starts a passive
-/// checkpoint on another connection after its first commit and every [`CHECKPOINT_EVERY`]
-/// records, so the log is copied into the database while commits go on, and the safety net
-/// finds little left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`],
-/// so the end of a burst of writes is not left in the log.
-#[cfg(feature = "sqlite")]
-struct Checkpoints {
-    pool: sqlx::SqlitePool,
-    /// Records committed since the last checkpoint started.
-    since: usize,
-    /// Whether any checkpoint started.
-    started: bool,
-    /// The checkpoint under way.
-    running: Option<tokio::task::JoinHandle<()>>,
+/// The batch after the one just committed, taken before that one is answered: what waited
+/// while it was committed. So an append that a run makes once answered goes in a later batch
+/// (it never joins, say, a batch that is about to fail because of another run's record).
+fn take_next(waiting: &mut VecDeque<Item>) -> Option<Vec<Item>> {
+    (!waiting.is_empty()).then(|| take_batch(waiting))
 }
 
-/// How long the writer waits, idle with records not checkpointed yet, before it checkpoints
-/// them.
-#[cfg(feature = "sqlite")]
-const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(1);
-/// Records between two background checkpoints.
-#[cfg(feature = "sqlite")]
-const CHECKPOINT_EVERY: usize = 1_000;
-/// The log's length (in pages) past which the connection that commits checkpoints it, after
-/// its commit; the next commit then starts the log over (cut back to `journal_size_limit`).
-#[cfg(feature = "sqlite")]
-pub(crate) const WAL_AUTOCHECKPOINT: u32 = 16_384;
-
-#[cfg(feature = "sqlite")]
-impl Checkpoints {
-    fn new(pool: sqlx::SqlitePool) -> Self {
-        Checkpoints {
-            pool,
-            since: 0,
-            started: false,
-            running: None,
-        }
-    }
-
-    /// After a commit of `records` records.
-    fn committed(&mut self, records: usize) {
-        self.since += records;
-        if self.running.as_ref().is_some_and(|r| r.is_finished()) {
-            self.running = None;
-        }
-        if self.running.is_none() && (!self.started || self.since >= CHECKPOINT_EVERY) {
-            self.start(None);
-        }
-    }
-
-    /// The writer has been idle for [`IDLE_CHECKPOINT`] with records not checkpointed yet: a
-    /// checkpoint of them starts (after the one under way, if any).
-    fn idle(&mut self) {
-        let before = self.running.take();
-        self.start(before);
-    }
-
-    /// Starts a checkpoint, after `before` has ended.
-    fn start(&mut self, before: Option<tokio::task::JoinHandle<()>>) {
-        self.started = true;
-        self.since = 0;
-        let pool = self.pool.clone();
-        self.running = Some(tokio::spawn(async move {
-            if let Some(before) = before {
-                let _ = before.await;
+/// Answers every append of a batch: how its transaction ended.
+fn answer(batch: Vec<Item>, result: Result<HashSet<String>, StoreFailure>) {
+    match result {
+        Ok(fenced) => {
+            for (append, done) in batch {
+                let written = if fenced.contains(append.run_id.as_str()) {
+                    Written::Fenced
+                } else {
+                    Written::Committed
+                };
+                let _ = done.send(written);
             }
-            let Ok(mut c) = pool.acquire().await else {
-                return;
-            };
-            // Copies what it can without waiting for anyone.
-            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&mut *c)
-                .await
-            {
-                tracing::debug!("a checkpoint of the run log failed: {e}");
+        }
+        Err(e) => {
+            tracing::warn!(
+                runs = batch.len(),
+                "a transaction of the run logs failed: {e}"
+            );
+            for (_, done) in batch {
+                let _ = done.send(Written::Failed(e.clone()));
             }
-        }));
+        }
     }
 }
 
@@ -402,145 +371,116 @@ fn fenced(appends: &[&Append], looked: &[Looked]) -> HashSet<String> {
         .collect()
 }
 
-/// Commits a batch; the runs that were fenced out.
+/// Commits a batch on the writer task's connection; the runs that were fenced out.
 async fn commit(
     pool: &Pool,
     conn: &mut Option<Conn>,
     appends: &[&Append],
-) -> Result<HashSet<String>, sqlx::Error> {
+) -> Result<HashSet<String>, StoreFailure> {
     let conn = match conn {
         Some(c) => c,
-        None => conn.insert(acquire(pool).await?),
+        None => conn.insert(acquire(pool).await.map_err(StoreFailure::new)?),
     };
     match conn {
         #[cfg(feature = "sqlite")]
         Conn::Sqlite(c) => sqlite::commit(c, appends, now_ms()).await,
         #[cfg(feature = "postgres")]
-        Conn::Postgres(c) => postgres::commit(c, appends, now_ms()).await,
+        Conn::Postgres(c) => postgres::commit(c, appends, now_ms())
+            .await
+            .map_err(StoreFailure::new),
     }
 }
 
-/// SQLite: each round trip is one query of fixed text (so it stays prepared), whatever the
-/// batch: the batch goes in as JSON arrays, one per statement, that the statements read with
-/// `json_each`. The first takes the write lock (`BEGIN IMMEDIATE`), the leases of the runs that
-/// start, and reads every run's fence and last sequence number (one row: a JSON array, in the
-/// batch's order); the second writes and commits.
+/// SQLite. Each statement is of fixed text (so it stays prepared), whatever the batch: the
+/// batch goes in as JSON arrays, one per statement, that the statements read with `json_each`.
+/// The writer thread runs them on its own connection ([`serve`]); the writer task of a
+/// `:memory:` store, on the pool's ([`commit`]).
 #[cfg(feature = "sqlite")]
 mod sqlite {
-    use super::{Append, Looked, fenced, kept};
-    use std::collections::HashSet;
+    use super::{
+        Append, Checkpoints, IDLE_CHECKPOINT, Item, Looked, StoreFailure, WAL_AUTOCHECKPOINT,
+        answer, fenced, kept, now_ms, take_batch, take_next,
+    };
+    use std::collections::{HashSet, VecDeque};
     use std::fmt::Write as _;
+    use std::path::PathBuf;
+    use std::time::Duration;
 
-    /// Parameters, in order: host, pid and process start (of the leases taken), the leases to
-    /// take (`[run, holder, expiry]`), and the batch (`[run, holder]`, holder `null` when not
-    /// fenced). Placeholders are anonymous: sqlx binds a numbered one by its number across every
-    /// statement of a query, but stops at a statement's unnumbered gaps.
-    const FIRST: &str = "BEGIN IMMEDIATE;
-INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
+    /// A SQLite file the writer thread opens.
+    #[derive(Clone, Debug)]
+    pub(crate) struct File {
+        /// The database file.
+        pub path: PathBuf,
+        /// Whether a commit syncs the log (`synchronous=FULL`, survives a power cut) or not
+        /// (`NORMAL`, survives a killed process).
+        pub full_sync: bool,
+    }
+
+    /// How long a connection waits for another's write lock (as the pool's do).
+    pub(crate) const BUSY_TIMEOUT: Duration = Duration::from_secs(15);
+    /// The log file's size, in bytes, that it is cut back to when it starts over.
+    pub(crate) const JOURNAL_SIZE_LIMIT: i64 = 64 << 20;
+
+    /// Parameters: host, pid and process start (of the leases taken), and the leases to take
+    /// (`[run, holder, expiry]`). `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM`
+    /// as a join's.
+    const TAKE_LEASES: &str =
+        "INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
 SELECT j.value ->> 0, j.value ->> 1, ?, ?, ?, j.value ->> 2 FROM json_each(?) AS j WHERE TRUE
-ON CONFLICT (run_id) DO NOTHING;
-SELECT json_group_array(json_array(
+ON CONFLICT (run_id) DO NOTHING";
+
+    /// Parameter: the batch (`[run, holder]`, holder `null` when not fenced). One row: a JSON
+    /// array of `[fenced, last]`, in the batch's order.
+    const LOOKUP: &str = "SELECT json_group_array(json_array(
   CASE WHEN j.value ->> 1 IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l
     WHERE l.run_id = j.value ->> 0 AND l.holder = j.value ->> 1) THEN 0 ELSE 1 END,
   MAX(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = j.value ->> 0), 0),
     COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = j.value ->> 0), 0))))
 FROM json_each(?) AS j";
 
-    /// Parameters, in order: now twice and the sessions of the runs that start (`[name]`); now
-    /// twice and the runs that start (`[run, session, meta, records, finished, revision]`); the
-    /// rows' bodies, one after the other (a blob: a body is taken out by its place, in bytes,
-    /// with neither escaping nor parsing), now and the rows (`[run, seq, kind, place of the
-    /// body, its length]`); now and the runs that go on (`[run, records, finished]`); the leases
-    /// given back (`[run, holder]`).
-    ///
-    /// `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM` as a join's.
-    const SECOND: &str =
+    /// Parameters: now twice, and the sessions of the runs that start (`[name]`).
+    const SESSIONS: &str =
         "INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms)
 SELECT j.value ->> 0, '[]', 0, ?, ? FROM json_each(?) AS j WHERE TRUE
-ON CONFLICT (name) DO NOTHING;
-INSERT INTO toolloop_runs
+ON CONFLICT (name) DO NOTHING";
+
+    /// Parameters: now twice, and the runs that start (`[run, session, meta, records,
+    /// finished, revision]`).
+    const NEW_RUNS: &str = "INSERT INTO toolloop_runs
 (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision)
 SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4, ?, ?,
   COALESCE(j.value ->> 5, (SELECT s.revision FROM toolloop_sessions s WHERE s.name = j.value ->> 1))
 FROM json_each(?) AS j WHERE TRUE
 ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records,
-  updated_ms = excluded.updated_ms, finished = (toolloop_runs.finished OR excluded.finished);
-INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
+  updated_ms = excluded.updated_ms, finished = (toolloop_runs.finished OR excluded.finished)";
+
+    /// Parameters: the rows' bodies, one after the other (a blob: a body is taken out by its
+    /// place, in bytes, with neither escaping nor parsing), now, and the rows (`[run, seq, kind,
+    /// place of the body, its length]`).
+    const ROWS: &str = "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
 SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2,
-  CAST(substr(?, j.value ->> 3, j.value ->> 4) AS TEXT), ? FROM json_each(?) AS j;
-UPDATE toolloop_runs SET records = toolloop_runs.records + (j.value ->> 1), updated_ms = ?,
+  CAST(substr(?, j.value ->> 3, j.value ->> 4) AS TEXT), ? FROM json_each(?) AS j";
+
+    /// Parameters: now, and the runs that go on (`[run, records, finished]`).
+    const OLD_RUNS: &str =
+        "UPDATE toolloop_runs SET records = toolloop_runs.records + (j.value ->> 1), updated_ms = ?,
   finished = (toolloop_runs.finished OR (j.value ->> 2))
-FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0;
-DELETE FROM toolloop_leases WHERE (run_id, holder) IN
-  (SELECT j.value ->> 0, j.value ->> 1 FROM json_each(?) AS j);
-COMMIT";
+FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
 
-    /// Builds one JSON array of rows.
-    struct Rows(String);
+    /// Parameter: the leases given back (`[run, holder]`).
+    const RELEASES: &str = "DELETE FROM toolloop_leases WHERE (run_id, holder) IN
+  (SELECT j.value ->> 0, j.value ->> 1 FROM json_each(?) AS j)";
 
-    impl Rows {
-        fn new(capacity: usize) -> Self {
-            let mut s = String::with_capacity(capacity + 2);
-            s.push('[');
-            Rows(s)
-        }
-        /// Starts a row.
-        fn row(&mut self) -> &mut Self {
-            if self.0.len() > 1 {
-                self.0.push(',');
-            }
-            self.0.push('[');
-            self
-        }
-        fn sep(&mut self) {
-            if !self.0.ends_with('[') {
-                self.0.push(',');
-            }
-        }
-        fn text(&mut self, s: &str) -> &mut Self {
-            self.sep();
-            super::push_json_str(&mut self.0, s);
-            self
-        }
-        fn maybe_text(&mut self, s: Option<&str>) -> &mut Self {
-            match s {
-                Some(s) => self.text(s),
-                None => {
-                    self.sep();
-                    self.0.push_str("null");
-                    self
-                }
-            }
-        }
-        fn int(&mut self, i: i64) -> &mut Self {
-            self.sep();
-            let _ = write!(self.0, "{i}");
-            self
-        }
-        fn maybe_int(&mut self, i: Option<i64>) -> &mut Self {
-            match i {
-                Some(i) => self.int(i),
-                None => {
-                    self.sep();
-                    self.0.push_str("null");
-                    self
-                }
-            }
-        }
-        fn end_row(&mut self) {
-            self.0.push(']');
-        }
-        fn done(mut self) -> String {
-            self.0.push(']');
-            self.0
-        }
+    /// A statement's parameter.
+    enum Param {
+        Text(String),
+        Int(i64),
+        Blob(Vec<u8>),
     }
 
-    pub(super) async fn commit(
-        c: &mut sqlx::SqliteConnection,
-        appends: &[&Append],
-        now: i64,
-    ) -> Result<HashSet<String>, sqlx::Error> {
+    /// The statements of a transaction's first part (before its lookup is read), and the
+    /// lookup's parameter.
+    fn first(appends: &[&Append]) -> (Option<Vec<Param>>, String) {
         let me = crate::lease::me();
         let mut leases = Rows::new(0);
         let mut batch = Rows::new(appends.len() * 80);
@@ -559,77 +499,224 @@ COMMIT";
                 .maybe_text(a.holder.as_deref())
                 .end_row();
         }
-        let ran = async {
-            let looked: String = sqlx::query_scalar(FIRST)
-                .bind(me.host.as_str())
-                .bind(me.pid)
-                .bind(me.start.as_str())
-                .bind(leases.done())
-                .bind(batch.done())
-                .fetch_one(&mut *c)
-                .await?;
-            let looked = decode(&looked, appends.len())?;
-            let mut sessions = Rows::new(0);
-            let mut starts = Rows::new(0);
-            let mut rows = Rows::new(appends.len() * 100);
-            let mut bodies: Vec<u8> =
-                Vec::with_capacity(appends.iter().map(|a| a.body.len()).sum());
-            let mut counts = Rows::new(0);
-            let mut releases = Rows::new(0);
-            for (a, last) in kept(appends, &looked) {
-                if let Some(start) = &a.start {
-                    if let Some(session) = &start.session {
-                        sessions.row().text(session).end_row();
-                    }
-                    starts
-                        .row()
-                        .text(&a.run_id)
-                        .maybe_text(start.session.as_deref())
-                        .maybe_text(start.meta.as_deref())
-                        .int(a.count as i64)
-                        .int(i64::from(a.finished))
-                        .maybe_int(start.session_revision)
-                        .end_row();
-                } else if a.count > 0 {
-                    counts
-                        .row()
-                        .text(&a.run_id)
-                        .int(a.count as i64)
-                        .int(i64::from(a.finished))
-                        .end_row();
+        let take = leases.done().map(|leases| {
+            vec![
+                Param::Text(me.host.clone()),
+                Param::Int(me.pid),
+                Param::Text(me.start.clone()),
+                Param::Text(leases),
+            ]
+        });
+        (take, batch.done().unwrap_or_else(|| "[]".into()))
+    }
+
+    /// The statements that write the batch's kept appends, with their parameters (a statement
+    /// with nothing to write is left out).
+    fn second(appends: &[&Append], looked: &[Looked], now: i64) -> Vec<(&'static str, Vec<Param>)> {
+        let mut sessions = Rows::new(0);
+        let mut starts = Rows::new(0);
+        let mut rows = Rows::new(appends.len() * 100);
+        let mut bodies: Vec<u8> = Vec::with_capacity(appends.iter().map(|a| a.body.len()).sum());
+        let mut counts = Rows::new(0);
+        let mut releases = Rows::new(0);
+        for (a, last) in kept(appends, looked) {
+            if let Some(start) = &a.start {
+                if let Some(session) = &start.session {
+                    sessions.row().text(session).end_row();
                 }
-                if a.count > 0 {
-                    rows.row()
-                        .text(&a.run_id)
-                        .int(last + 1)
-                        .text(&a.kind)
-                        .int(bodies.len() as i64 + 1)
-                        .int(a.body.len() as i64)
-                        .end_row();
-                    bodies.extend_from_slice(a.body.as_bytes());
-                }
-                if a.release
-                    && let Some(holder) = a.holder.as_deref()
-                {
-                    releases.row().text(&a.run_id).text(holder).end_row();
+                starts
+                    .row()
+                    .text(&a.run_id)
+                    .maybe_text(start.session.as_deref())
+                    .maybe_text(start.meta.as_deref())
+                    .int(a.count as i64)
+                    .int(i64::from(a.finished))
+                    .maybe_int(start.session_revision)
+                    .end_row();
+            } else if a.count > 0 {
+                counts
+                    .row()
+                    .text(&a.run_id)
+                    .int(a.count as i64)
+                    .int(i64::from(a.finished))
+                    .end_row();
+            }
+            if a.count > 0 {
+                rows.row()
+                    .text(&a.run_id)
+                    .int(last + 1)
+                    .text(&a.kind)
+                    .int(bodies.len() as i64 + 1)
+                    .int(a.body.len() as i64)
+                    .end_row();
+                bodies.extend_from_slice(a.body.as_bytes());
+            }
+            if a.release
+                && let Some(holder) = a.holder.as_deref()
+            {
+                releases.row().text(&a.run_id).text(holder).end_row();
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(s) = sessions.done() {
+            out.push((
+                SESSIONS,
+                vec![Param::Int(now), Param::Int(now), Param::Text(s)],
+            ));
+        }
+        if let Some(s) = starts.done() {
+            out.push((
+                NEW_RUNS,
+                vec![Param::Int(now), Param::Int(now), Param::Text(s)],
+            ));
+        }
+        if let Some(r) = rows.done() {
+            out.push((
+                ROWS,
+                vec![Param::Blob(bodies), Param::Int(now), Param::Text(r)],
+            ));
+        }
+        if let Some(c) = counts.done() {
+            out.push((OLD_RUNS, vec![Param::Int(now), Param::Text(c)]));
+        }
+        if let Some(r) = releases.done() {
+            out.push((RELEASES, vec![Param::Text(r)]));
+        }
+        out
+    }
+
+    /// Builds one JSON array of rows.
+    struct Rows {
+        text: String,
+        any: bool,
+    }
+
+    impl Rows {
+        fn new(capacity: usize) -> Self {
+            let mut text = String::with_capacity(capacity + 2);
+            text.push('[');
+            Rows { text, any: false }
+        }
+        /// Starts a row.
+        fn row(&mut self) -> &mut Self {
+            if self.any {
+                self.text.push(',');
+            }
+            self.any = true;
+            self.text.push('[');
+            self
+        }
+        fn sep(&mut self) {
+            if !self.text.ends_with('[') {
+                self.text.push(',');
+            }
+        }
+        fn text(&mut self, s: &str) -> &mut Self {
+            self.sep();
+            super::push_json_str(&mut self.text, s);
+            self
+        }
+        fn maybe_text(&mut self, s: Option<&str>) -> &mut Self {
+            match s {
+                Some(s) => self.text(s),
+                None => {
+                    self.sep();
+                    self.text.push_str("null");
+                    self
                 }
             }
-            sqlx::query(SECOND)
-                .bind(now)
-                .bind(now)
-                .bind(sessions.done())
-                .bind(now)
-                .bind(now)
-                .bind(starts.done())
-                .bind(bodies)
-                .bind(now)
-                .bind(rows.done())
-                .bind(now)
-                .bind(counts.done())
-                .bind(releases.done())
+        }
+        fn int(&mut self, i: i64) -> &mut Self {
+            self.sep();
+            let _ = write!(self.text, "{i}");
+            self
+        }
+        fn maybe_int(&mut self, i: Option<i64>) -> &mut Self {
+            match i {
+                Some(i) => self.int(i),
+                None => {
+                    self.sep();
+                    self.text.push_str("null");
+                    self
+                }
+            }
+        }
+        fn end_row(&mut self) {
+            self.text.push(']');
+        }
+        /// The array, unless it has no row.
+        fn done(mut self) -> Option<String> {
+            self.text.push(']');
+            self.any.then_some(self.text)
+        }
+    }
+
+    /// The lookup's answer: `[fenced, last]` per append, in order.
+    fn decode(text: &str, n: usize) -> Result<Vec<Looked>, StoreFailure> {
+        let pairs: Vec<(i64, i64)> = serde_json::from_str(text)
+            .map_err(|e| StoreFailure::from(format!("the lookup's answer: {e}")))?;
+        if pairs.len() != n {
+            return Err(format!("the lookup answered for {} runs of {n}", pairs.len()).into());
+        }
+        Ok(pairs
+            .into_iter()
+            .map(|(fenced, last)| Looked {
+                fenced: fenced != 0,
+                last,
+            })
+            .collect())
+    }
+
+    /// Commits a batch on the pool's connection (a `:memory:` store); the runs that were
+    /// fenced out.
+    pub(super) async fn commit(
+        c: &mut sqlx::SqliteConnection,
+        appends: &[&Append],
+        now: i64,
+    ) -> Result<HashSet<String>, StoreFailure> {
+        fn bind<'q>(
+            mut q: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
+            params: Vec<Param>,
+        ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+            for p in params {
+                q = match p {
+                    Param::Text(s) => q.bind(s),
+                    Param::Int(i) => q.bind(i),
+                    Param::Blob(b) => q.bind(b),
+                };
+            }
+            q
+        }
+        let failed = StoreFailure::new;
+        let ran = async {
+            sqlx::query("BEGIN IMMEDIATE")
                 .execute(&mut *c)
-                .await?;
-            Ok(fenced(appends, &looked))
+                .await
+                .map_err(failed)?;
+            let (take, batch) = first(appends);
+            if let Some(params) = take {
+                bind(sqlx::query(TAKE_LEASES), params)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(failed)?;
+            }
+            let looked: String = sqlx::query_scalar(LOOKUP)
+                .bind(batch)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(failed)?;
+            let looked = decode(&looked, appends.len())?;
+            for (sql, params) in second(appends, &looked, now) {
+                bind(sqlx::query(sql), params)
+                    .execute(&mut *c)
+                    .await
+                    .map_err(failed)?;
+            }
+            sqlx::query("COMMIT")
+                .execute(&mut *c)
+                .await
+                .map_err(failed)?;
+            Ok::<_, StoreFailure>(fenced(appends, &looked))
         }
         .await;
         if ran.is_err() {
@@ -639,23 +726,242 @@ COMMIT";
         ran
     }
 
-    /// The lookup's answer: `[fenced, last]` per append, in order.
-    fn decode(text: &str, n: usize) -> Result<Vec<Looked>, sqlx::Error> {
-        let pairs: Vec<(i64, i64)> = serde_json::from_str(text)
-            .map_err(|e| sqlx::Error::Protocol(format!("the lookup's answer: {e}")))?;
-        if pairs.len() != n {
-            return Err(sqlx::Error::Protocol(format!(
-                "the lookup answered for {} runs of {n}",
-                pairs.len()
-            )));
+    impl rusqlite::ToSql for Param {
+        fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
+            use rusqlite::types::{ToSqlOutput, ValueRef};
+            Ok(ToSqlOutput::Borrowed(match self {
+                Param::Text(s) => ValueRef::Text(s.as_bytes()),
+                Param::Int(i) => return Ok(ToSqlOutput::from(*i)),
+                Param::Blob(b) => ValueRef::Blob(b),
+            }))
         }
-        Ok(pairs
-            .into_iter()
-            .map(|(fenced, last)| Looked {
-                fenced: fenced != 0,
-                last,
-            })
-            .collect())
+    }
+
+    /// Opens the writer's (or the checkpoints') connection to the file, set as the pool's are.
+    pub(super) fn open(file: &File) -> rusqlite::Result<rusqlite::Connection> {
+        use rusqlite::OpenFlags;
+        let c = rusqlite::Connection::open_with_flags(
+            &file.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        c.busy_timeout(BUSY_TIMEOUT)?;
+        c.pragma_update(
+            None,
+            "synchronous",
+            if file.full_sync { "FULL" } else { "NORMAL" },
+        )?;
+        c.pragma_update(None, "foreign_keys", "ON")?;
+        c.pragma_update(None, "wal_autocheckpoint", WAL_AUTOCHECKPOINT)?;
+        // Answers with the limit set, so it is read as a query.
+        c.query_row(
+            &format!("PRAGMA journal_size_limit = {JOURNAL_SIZE_LIMIT}"),
+            [],
+            |_| Ok(()),
+        )?;
+        Ok(c)
+    }
+
+    /// Commits a batch on the writer thread's connection; the runs that were fenced out.
+    fn commit_here(
+        c: &mut rusqlite::Connection,
+        appends: &[&Append],
+        now: i64,
+    ) -> Result<HashSet<String>, StoreFailure> {
+        let failed = StoreFailure::new;
+        let ran = (|| {
+            // Prepared once, like every statement here.
+            c.prepare_cached("BEGIN IMMEDIATE")
+                .and_then(|mut s| s.execute([]))
+                .map_err(failed)?;
+            let fenced = write_here(c, appends, now)?;
+            c.prepare_cached("COMMIT")
+                .and_then(|mut s| s.execute([]))
+                .map_err(failed)?;
+            Ok(fenced)
+        })();
+        if ran.is_err() && !c.is_autocommit() {
+            // A statement failed before the commit: nothing of the batch stays.
+            let _ = c.execute_batch("ROLLBACK");
+        }
+        ran
+    }
+
+    /// The statements of a commit, in its transaction.
+    fn write_here(
+        tx: &rusqlite::Connection,
+        appends: &[&Append],
+        now: i64,
+    ) -> Result<HashSet<String>, StoreFailure> {
+        let failed = StoreFailure::new;
+        let (take, batch) = first(appends);
+        if let Some(params) = take {
+            tx.prepare_cached(TAKE_LEASES)
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(params)))
+                .map_err(failed)?;
+        }
+        let looked: String = tx
+            .prepare_cached(LOOKUP)
+            .and_then(|mut s| s.query_row([batch], |r| r.get(0)))
+            .map_err(failed)?;
+        let looked = decode(&looked, appends.len())?;
+        for (sql, params) in second(appends, &looked, now) {
+            tx.prepare_cached(sql)
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(params)))
+                .map_err(failed)?;
+        }
+        Ok(fenced(appends, &looked))
+    }
+
+    /// The writer thread: until every handle is gone, commits whatever is waiting.
+    pub(super) fn serve(file: File, queue: std::sync::mpsc::Receiver<Item>) {
+        use std::sync::mpsc::RecvTimeoutError;
+        let mut waiting: VecDeque<Item> = VecDeque::new();
+        let mut conn: Option<rusqlite::Connection> = None;
+        let mut checkpoints = Checkpoints::new(file.clone());
+        let mut next: Option<Vec<Item>> = None;
+        loop {
+            if next.is_none() && waiting.is_empty() {
+                // Idle with records not yet checkpointed: after a while, checkpoint them, so a
+                // burst of writes does not leave its log behind.
+                let item = if checkpoints.since > 0 {
+                    match queue.recv_timeout(IDLE_CHECKPOINT) {
+                        Ok(item) => Some(item),
+                        Err(RecvTimeoutError::Timeout) => {
+                            checkpoints.start();
+                            continue;
+                        }
+                        Err(RecvTimeoutError::Disconnected) => None,
+                    }
+                } else {
+                    queue.recv().ok()
+                };
+                match item {
+                    Some(item) => waiting.push_back(item),
+                    None => return,
+                }
+            }
+            while let Ok(item) = queue.try_recv() {
+                waiting.push_back(item);
+            }
+            let batch = match next.take() {
+                Some(batch) => batch,
+                None => take_batch(&mut waiting),
+            };
+            let appends: Vec<&Append> = batch.iter().map(|(a, _)| a).collect();
+            let result = match conn.as_mut() {
+                Some(c) => Ok(c),
+                None => open(&file)
+                    .map(|c| conn.insert(c))
+                    .map_err(StoreFailure::new),
+            }
+            .and_then(|c| commit_here(c, &appends, now_ms()));
+            match &result {
+                Ok(_) => checkpoints.committed(appends.iter().map(|a| a.count).sum()),
+                // Opened again for the next batch.
+                Err(_) => conn = None,
+            }
+            while let Ok(item) = queue.try_recv() {
+                waiting.push_back(item);
+            }
+            next = take_next(&mut waiting);
+            answer(batch, result);
+        }
+    }
+
+    /// Runs the checkpoints it is asked for, one at a time, until the writer is gone.
+    pub(super) fn checkpoint(file: File, asked: std::sync::mpsc::Receiver<()>) {
+        let mut conn: Option<rusqlite::Connection> = None;
+        while asked.recv().is_ok() {
+            let c = match conn.as_mut() {
+                Some(c) => c,
+                None => match open(&file) {
+                    Ok(c) => conn.insert(c),
+                    Err(e) => {
+                        tracing::debug!("a checkpoint of the run log failed: {e}");
+                        continue;
+                    }
+                },
+            };
+            // Copies what it can without waiting for anyone.
+            if let Err(e) = c.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                tracing::debug!("a checkpoint of the run log failed: {e}");
+                conn = None;
+            }
+        }
+    }
+}
+
+#[cfg(feature = "sqlite")]
+pub(crate) use sqlite::{BUSY_TIMEOUT, File, JOURNAL_SIZE_LIMIT};
+
+/// Checkpoints of a SQLite log (WAL). A connection checkpoints on its own only once the log
+/// passes [`WAL_AUTOCHECKPOINT`] pages (SQLite's `wal_autocheckpoint`, a safety net that bounds
+/// the log; at SQLite's default of 1,000 it would stall every thousandth page's commit, and with
+/// `synchronous=FULL` sync the database file in it). Instead the writer asks a thread of its own
+/// for a passive checkpoint after its first commit and every [`CHECKPOINT_EVERY`] records, so
+/// the log is copied into the database while commits go on, and the safety net finds little
+/// left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`], so the end of
+/// a burst of writes is not left in the log.
+#[cfg(feature = "sqlite")]
+struct Checkpoints {
+    file: sqlite::File,
+    /// Records committed since the last checkpoint was asked for.
+    since: usize,
+    /// The checkpoint thread (started with the first checkpoint): at most one checkpoint waits
+    /// while another runs.
+    thread: Option<std::sync::mpsc::SyncSender<()>>,
+}
+
+/// How long the writer waits, idle with records not checkpointed yet, before it checkpoints
+/// them.
+#[cfg(feature = "sqlite")]
+const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(1);
+/// Records between two background checkpoints.
+#[cfg(feature = "sqlite")]
+const CHECKPOINT_EVERY: usize = 1_000;
+/// The log's length (in pages) past which the connection that commits checkpoints it, after
+/// its commit; the next commit then starts the log over (cut back to `journal_size_limit`).
+#[cfg(feature = "sqlite")]
+pub(crate) const WAL_AUTOCHECKPOINT: u32 = 16_384;
+
+#[cfg(feature = "sqlite")]
+impl Checkpoints {
+    fn new(file: sqlite::File) -> Self {
+        Checkpoints {
+            file,
+            since: 0,
+            thread: None,
+        }
+    }
+
+    /// After a commit of `records` records.
+    fn committed(&mut self, records: usize) {
+        self.since += records;
+        if self.thread.is_none() || self.since >= CHECKPOINT_EVERY {
+            self.start();
+        }
+    }
+
+    /// Asks for a checkpoint (one already waiting covers it).
+    fn start(&mut self) {
+        self.since = 0;
+        if self.thread.is_none() {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            let file = self.file.clone();
+            match std::thread::Builder::new()
+                .name("toolloop-store-checkpoint".into())
+                .spawn(move || sqlite::checkpoint(file, rx))
+            {
+                Ok(_) => self.thread = Some(tx),
+                Err(e) => {
+                    tracing::debug!("the run log's checkpoint thread did not start: {e}");
+                    return;
+                }
+            }
+        }
+        if let Some(tx) = &self.thread {
+            let _ = tx.try_send(());
+        }
     }
 }
 

@@ -781,7 +781,12 @@ async fn a_failed_commit_fails_every_run_of_its_batch_and_none_of_them_acts() {
         for r in runs {
             outcomes.push(r.await.unwrap());
         }
-        assert_eq!(outcomes[0].stop_reason, StopReason::Answered, "{kind}");
+        assert_eq!(
+            outcomes[0].stop_reason,
+            StopReason::Answered,
+            "{kind}: {:?}",
+            outcomes[0].error
+        );
         let effects = effects.lock().unwrap().clone();
         let run0 = outcomes[0].run_id.clone().unwrap();
         assert_eq!(effects.len(), 1, "{kind}: only run 0 acted: {effects:?}");
