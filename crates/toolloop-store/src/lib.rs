@@ -1473,19 +1473,7 @@ impl Journal for Store {
                 .is_some()
         });
         if !seen {
-            self.inner
-                .held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(
-                    run_id.to_string(),
-                    Held {
-                        holder: holder.to_string(),
-                        heartbeat: None,
-                        pending: true,
-                    },
-                );
-            return Ok(());
+            return self.acquire_new(run_id, holder).await;
         }
         match self.try_acquire(run_id, holder).await? {
             None => {
@@ -1497,6 +1485,30 @@ impl Journal for Store {
                 holder: other,
             }),
         }
+    }
+
+    async fn acquire_new(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        let mut held = self.inner.held.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(other) = held.get(run_id) {
+            if other.holder == holder {
+                return Ok(());
+            }
+            return Err(JournalError::Locked {
+                run_id: run_id.to_string(),
+                holder: format!("{} in this process", other.holder),
+            });
+        }
+        // Its lease is written with its first records (a racer for the same id is refused
+        // there), which saves a commit per run, and a lookup.
+        held.insert(
+            run_id.to_string(),
+            Held {
+                holder: holder.to_string(),
+                heartbeat: None,
+                pending: true,
+            },
+        );
+        Ok(())
     }
 
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
@@ -1568,6 +1580,9 @@ impl Journal for RunJournal {
     }
     async fn acquire(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
         self.store.acquire(run_id, holder).await
+    }
+    async fn acquire_new(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        self.store.acquire_new(run_id, holder).await
     }
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
         self.store.release(run_id, holder).await

@@ -337,41 +337,62 @@ async fn a_holder_that_lost_its_lease_cannot_write() {
 async fn a_new_runs_lease_is_written_with_its_first_records_and_a_racer_is_refused_there() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, store) in stores(&dir).await {
-        // Two processes start a run with the same id: neither has written, so both take it.
-        let other = another_process(kind, &store).await;
-        let run_id = new_run_id();
-        store.acquire(&run_id, "first").await.unwrap();
-        other.acquire(&run_id, "second").await.unwrap();
-        // Nothing is written until the run's first records: no lease, no run.
-        assert!(store.run(&run_id).await.unwrap().is_none(), "{kind}");
-        let started = Record::Started {
-            messages: vec![Message::user("one")],
-            output_schema: None,
-        };
-        store.append(&run_id, &started).await.unwrap();
-        // The lease came with the records, so the racer's first write is refused.
-        let run = store.run(&run_id).await.unwrap().unwrap();
-        assert_eq!(run.status, RunStatus::Running, "{kind}");
-        let err = other.append(&run_id, &started).await.unwrap_err();
-        assert!(matches!(err, JournalError::Locked { .. }), "{kind}: {err}");
-        assert!(err.to_string().contains("first"), "{kind}: {err}");
+        // A fresh id taken without a lookup (`acquire_new`, as a run with an id of its own
+        // does) is refused to another holder of this process, and races another process's as
+        // an id looked up does.
+        let fresh = new_run_id();
+        store.acquire_new(&fresh, "first").await.unwrap();
+        store.acquire_new(&fresh, "first").await.unwrap();
         assert!(
             matches!(
-                other.acquire(&run_id, "second").await,
+                store.acquire_new(&fresh, "second").await,
                 Err(JournalError::Locked { .. })
             ),
-            "{kind}: the racer cannot take the run while its holder lives"
+            "{kind}"
         );
-        assert_eq!(store.load(&run_id).await.unwrap().len(), 1, "{kind}");
-        // Giving the run back frees it for anyone.
-        store.release(&run_id, "first").await.unwrap();
-        other.acquire(&run_id, "second").await.unwrap();
-        other
-            .append(&run_id, &Record::ModelRequested { round: 1 })
-            .await
-            .unwrap();
-        assert_eq!(store.load(&run_id).await.unwrap().len(), 2, "{kind}");
-        other.release(&run_id, "second").await.unwrap();
+        store.release(&fresh, "first").await.unwrap();
+        let other = another_process(kind, &store).await;
+        for looked_up in [true, false] {
+            // Two processes start a run with the same id: neither has written, so both take it.
+            let run_id = new_run_id();
+            if looked_up {
+                store.acquire(&run_id, "first").await.unwrap();
+                other.acquire(&run_id, "second").await.unwrap();
+            } else {
+                store.acquire_new(&run_id, "first").await.unwrap();
+                other.acquire_new(&run_id, "second").await.unwrap();
+            }
+            // Nothing is written until the run's first records: no lease, no run.
+            assert!(store.run(&run_id).await.unwrap().is_none(), "{kind}");
+            let started = Record::Started {
+                messages: vec![Message::user("one")],
+                output_schema: None,
+            };
+            store.append(&run_id, &started).await.unwrap();
+            // The lease came with the records, so the racer's first write is refused.
+            let run = store.run(&run_id).await.unwrap().unwrap();
+            assert_eq!(run.status, RunStatus::Running, "{kind}");
+            let err = other.append(&run_id, &started).await.unwrap_err();
+            assert!(matches!(err, JournalError::Locked { .. }), "{kind}: {err}");
+            assert!(err.to_string().contains("first"), "{kind}: {err}");
+            assert!(
+                matches!(
+                    other.acquire(&run_id, "second").await,
+                    Err(JournalError::Locked { .. })
+                ),
+                "{kind}: the racer cannot take the run while its holder lives"
+            );
+            assert_eq!(store.load(&run_id).await.unwrap().len(), 1, "{kind}");
+            // Giving the run back frees it for anyone.
+            store.release(&run_id, "first").await.unwrap();
+            other.acquire(&run_id, "second").await.unwrap();
+            other
+                .append(&run_id, &Record::ModelRequested { round: 1 })
+                .await
+                .unwrap();
+            assert_eq!(store.load(&run_id).await.unwrap().len(), 2, "{kind}");
+            other.release(&run_id, "second").await.unwrap();
+        }
 
         // A run given back before it wrote anything leaves nothing behind.
         let unused = new_run_id();

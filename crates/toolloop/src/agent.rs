@@ -331,8 +331,19 @@ impl Agent {
         let Some(journal) = &self.journal else {
             return Ok(None);
         };
-        let log = RunLog::new(journal.clone(), run_id.unwrap_or_else(new_run_id));
-        log.journal.acquire(&log.run_id, &log.holder).await?;
+        let log = match run_id {
+            Some(id) => {
+                let log = RunLog::new(journal.clone(), id);
+                log.journal.acquire(&log.run_id, &log.holder).await?;
+                log
+            }
+            // A fresh id is no run's yet: nothing to look up.
+            None => {
+                let log = RunLog::new(journal.clone(), new_run_id());
+                log.journal.acquire_new(&log.run_id, &log.holder).await?;
+                log
+            }
+        };
         let started = Record::Started {
             messages: machine.messages().to_vec(),
             output_schema: machine.output_schema().cloned(),

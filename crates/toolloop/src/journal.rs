@@ -291,6 +291,13 @@ pub trait Journal: Send + Sync {
         let _ = (run_id, holder);
         Ok(())
     }
+    /// Takes a run whose id no run has had yet (one [`new_run_id`] just made) for `holder`. A
+    /// journal may skip looking the id up: a store writes the lease with the run's first
+    /// records, and refuses them there if another holder took the id in the meantime. The
+    /// default is [`Journal::acquire`].
+    async fn acquire_new(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
+        self.acquire(run_id, holder).await
+    }
     /// Gives the run back.
     async fn release(&self, run_id: &str, holder: &str) -> Result<(), JournalError> {
         let _ = (run_id, holder);

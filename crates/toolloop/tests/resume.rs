@@ -760,3 +760,63 @@ async fn only_side_effecting_calls_wait_for_their_intents_to_be_durable() {
         assert_eq!(again.messages, out.messages, "{side_effect:?}");
     }
 }
+
+/// A journal that remembers how each run was taken.
+#[derive(Default)]
+struct Taking {
+    inner: MemoryJournal,
+    taken: Mutex<Vec<(String, &'static str)>>,
+}
+
+#[async_trait]
+impl Journal for Taking {
+    async fn append(&self, run_id: &str, record: &Record) -> Result<(), JournalError> {
+        self.inner.append(run_id, record).await
+    }
+    async fn load(&self, run_id: &str) -> Result<Vec<Record>, JournalError> {
+        self.inner.load(run_id).await
+    }
+    async fn acquire(&self, run_id: &str, _holder: &str) -> Result<(), JournalError> {
+        self.taken
+            .lock()
+            .unwrap()
+            .push((run_id.into(), "looked up"));
+        Ok(())
+    }
+    async fn acquire_new(&self, run_id: &str, _holder: &str) -> Result<(), JournalError> {
+        self.taken.lock().unwrap().push((run_id.into(), "new"));
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn a_run_takes_an_id_it_made_as_new_and_looks_up_an_id_it_was_given() {
+    let journal = Arc::new(Taking::default());
+    let effects = Arc::new(Mutex::new(HashMap::new()));
+    let a = agent(
+        ScriptedModel::new(script()),
+        journal.clone(),
+        effects.clone(),
+        SideEffect::SideEffecting,
+    );
+    let made = a.prompt("go").await;
+    let made = made.run_id.expect("a logged run has an id");
+    let a = agent(
+        ScriptedModel::new(script()),
+        journal.clone(),
+        effects,
+        SideEffect::SideEffecting,
+    );
+    let given = a
+        .run_with_id(
+            "run-given",
+            vec![Message::user("go")],
+            CancellationToken::new(),
+        )
+        .await;
+    assert_eq!(given.run_id.as_deref(), Some("run-given"));
+    assert_eq!(
+        *journal.taken.lock().unwrap(),
+        [(made, "new"), ("run-given".to_string(), "looked up")]
+    );
+}
