@@ -17,10 +17,16 @@ impl MigrationSource<'static> for Migrations {
     fn resolve(
         self,
     ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
-        let room = if self.postgres {
-            include_str!("migrations/0004_run_keys.postgres.sql")
+        let (room, batch) = if self.postgres {
+            (
+                include_str!("migrations/0004_run_keys.postgres.sql"),
+                include_str!("migrations/0005_append_batch.postgres.sql"),
+            )
         } else {
-            include_str!("migrations/0004_run_keys.sqlite.sql")
+            (
+                include_str!("migrations/0004_run_keys.sqlite.sql"),
+                include_str!("migrations/0005_append_batch.sqlite.sql"),
+            )
         };
         Box::pin(async move {
             Ok(vec![
@@ -50,6 +56,13 @@ impl MigrationSource<'static> for Migrations {
                     Cow::Borrowed("cheaper run-log writes on PostgreSQL"),
                     MigrationType::Simple,
                     Cow::Borrowed(room),
+                    false,
+                ),
+                Migration::new(
+                    5,
+                    Cow::Borrowed("a batch of run-log appends in one call on PostgreSQL"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(batch),
                     false,
                 ),
             ])

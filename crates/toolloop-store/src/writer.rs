@@ -333,6 +333,7 @@ fn take_batch(waiting: &mut VecDeque<Item>) -> Vec<Item> {
 }
 
 /// One run's state at the start of a transaction, read under the transaction's lock.
+#[cfg(feature = "sqlite")]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct Looked {
     /// Whether the run's lease is someone else's (nothing of the run is written).
@@ -350,6 +351,7 @@ fn now_ms() -> i64 {
 
 /// The appends of a batch that are written (not fenced out), with their runs' last sequence
 /// numbers.
+#[cfg(feature = "sqlite")]
 fn kept<'a>(
     appends: &'a [&'a Append],
     looked: &'a [Looked],
@@ -362,6 +364,7 @@ fn kept<'a>(
 }
 
 /// The runs fenced out.
+#[cfg(feature = "sqlite")]
 fn fenced(appends: &[&Append], looked: &[Looked]) -> HashSet<String> {
     appends
         .iter()
@@ -965,197 +968,95 @@ impl Checkpoints {
     }
 }
 
-/// PostgreSQL: each statement is of fixed text (so it stays prepared), whatever the batch: the
-/// batch goes in as arrays, one per column, that the statements read with `UNNEST`. The
-/// lookup holds the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
+/// PostgreSQL: a batch is one call of the store's function `toolloop_append_batch` (see the
+/// migration that makes it), so one round trip and, called alone, one transaction: the batch
+/// goes in as arrays, one element per append, that its statements read with `UNNEST`. It holds
+/// the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
 #[cfg(feature = "postgres")]
 mod postgres {
-    use super::{Append, Looked, fenced, kept};
+    use super::Append;
     use std::collections::HashSet;
 
-    /// `$1` runs, `$2` holders, `$3` expiries, `$4` host, `$5` pid, `$6` process start.
-    const LEASES: &str = "INSERT INTO toolloop_leases \
-         (run_id, holder, host, pid, pid_start, expires_ms) \
-         SELECT u.r, u.h, $4, $5, $6, u.e FROM UNNEST($1::text[], $2::text[], $3::bigint[]) \
-         AS u(r, h, e) ON CONFLICT (run_id) DO NOTHING";
-
-    /// `$1` runs, `$2` holders (NULL: not fenced): per run, in order, its place, 1 when it is
-    /// fenced out (else 0), and its last sequence number. The lease rows are read in one pass
-    /// (a join), not probed per run: the lease table is small but churns (a row per live run),
-    /// so its statistics often say "one page", and a probe per run would then scan it, dead rows
-    /// and all, once per run.
-    const LOOKUP: &str = "WITH u AS (SELECT * FROM UNNEST($1::text[], $2::text[]) \
-         WITH ORDINALITY AS u(r, h, i)), \
-         held AS (SELECT l.run_id FROM toolloop_leases l JOIN u ON l.run_id = u.r \
-         AND l.holder = u.h FOR SHARE OF l) \
-         SELECT u.i, CAST(CASE WHEN u.h IS NULL OR u.r IN (SELECT run_id FROM held) \
-         THEN 0 ELSE 1 END AS BIGINT), \
-         GREATEST(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = u.r), 0), \
-         COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = u.r), 0)) \
-         FROM u";
-
-    /// `$1` names, `$2` now.
-    const SESSIONS: &str = "INSERT INTO toolloop_sessions \
-         (name, messages, message_count, created_ms, updated_ms) \
-         SELECT u.n, '[]', 0, $2, $2 FROM UNNEST($1::text[]) AS u(n) \
-         ON CONFLICT (name) DO NOTHING";
-
-    /// `$1` runs, `$2` sessions, `$3` metadata, `$4` record counts, `$5` finished, `$6`
-    /// revisions, `$7` now.
-    const NEW_RUNS: &str = "INSERT INTO toolloop_runs \
-         (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision) \
-         SELECT u.r, u.s, u.m, u.c, u.f, $7, $7, COALESCE(u.v, (SELECT s.revision FROM \
-         toolloop_sessions s WHERE s.name = u.s)) \
-         FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bool[], \
-         $6::bigint[]) AS u(r, s, m, c, f, v) \
-         ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records, \
-         updated_ms = excluded.updated_ms, \
-         finished = (toolloop_runs.finished OR excluded.finished)";
-
-    /// `$1` runs, `$2` sequence numbers, `$3` kinds, `$4` bodies, `$5` now.
-    const ROWS: &str = "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms) \
-         SELECT u.r, u.q, u.k, u.b, $5 FROM UNNEST($1::text[], $2::bigint[], $3::text[], \
-         $4::text[]) AS u(r, q, k, b)";
-
-    /// `$1` runs, `$2` record counts, `$3` finished, `$4` now.
-    const OLD_RUNS: &str = "UPDATE toolloop_runs SET records = toolloop_runs.records + u.c, \
-         updated_ms = $4, finished = (toolloop_runs.finished OR u.f) \
-         FROM UNNEST($1::text[], $2::bigint[], $3::bool[]) AS u(r, c, f) \
-         WHERE toolloop_runs.run_id = u.r";
-
-    /// `$1` runs, `$2` holders.
-    const RELEASES: &str = "DELETE FROM toolloop_leases l USING UNNEST($1::text[], $2::text[]) \
-         AS u(r, h) WHERE l.run_id = u.r AND l.holder = u.h";
+    /// The call; its arguments are in the order of the function's.
+    const APPEND_BATCH: &str = "SELECT toolloop_append_batch($1::text[], $2::text[], \
+         $3::bool[], $4::bigint[], $5, $6, $7, $8::text[], $9::text[], $10::bigint[], \
+         $11::bool[], $12::bool[], $13::bool[], $14::text[], $15::text[], $16::bigint[], $17)";
 
     pub(super) async fn commit(
         c: &mut sqlx::PgConnection,
         appends: &[&Append],
         now: i64,
     ) -> Result<HashSet<String>, sqlx::Error> {
-        let mut tx = sqlx::Connection::begin(c).await?;
-        let (mut lease_runs, mut lease_holders, mut lease_expiries) = (vec![], vec![], vec![]);
+        let n = appends.len();
+        let (mut runs, mut holders, mut take, mut expiries) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut kinds, mut bodies, mut counts) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut finished, mut release, mut start) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
+        let (mut sessions, mut metas, mut revisions) = (
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+            Vec::with_capacity(n),
+        );
         for a in appends {
-            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
-                lease_runs.push(a.run_id.as_str());
-                lease_holders.push(holder);
-                lease_expiries.push(expires);
-            }
+            runs.push(a.run_id.as_str());
+            holders.push(a.holder.as_deref());
+            take.push(a.take_lease.is_some());
+            expiries.push(a.take_lease.unwrap_or(0));
+            kinds.push(a.kind.as_str());
+            bodies.push(a.body.as_str());
+            counts.push(a.count as i64);
+            finished.push(a.finished);
+            release.push(a.release);
+            start.push(a.start.is_some());
+            sessions.push(a.start.as_ref().and_then(|s| s.session.as_deref()));
+            metas.push(a.start.as_ref().and_then(|s| s.meta.as_deref()));
+            revisions.push(a.start.as_ref().and_then(|s| s.session_revision));
         }
-        if !lease_runs.is_empty() {
-            let me = crate::lease::me();
-            sqlx::query(LEASES)
-                .bind(lease_runs)
-                .bind(lease_holders)
-                .bind(lease_expiries)
-                .bind(me.host.as_str())
-                .bind(me.pid)
-                .bind(me.start.as_str())
-                .execute(&mut *tx)
-                .await?;
-        }
-        let runs: Vec<&str> = appends.iter().map(|a| a.run_id.as_str()).collect();
-        let holders: Vec<Option<&str>> = appends.iter().map(|a| a.holder.as_deref()).collect();
-        let answer: Vec<(i64, i64, i64)> = sqlx::query_as(LOOKUP)
+        let me = crate::lease::me();
+        let answer: Vec<bool> = sqlx::query_scalar(APPEND_BATCH)
             .bind(runs)
             .bind(holders)
-            .fetch_all(&mut *tx)
+            .bind(take)
+            .bind(expiries)
+            .bind(me.host.as_str())
+            .bind(me.pid)
+            .bind(me.start.as_str())
+            .bind(kinds)
+            .bind(bodies)
+            .bind(counts)
+            .bind(finished)
+            .bind(release)
+            .bind(start)
+            .bind(sessions)
+            .bind(metas)
+            .bind(revisions)
+            .bind(now)
+            .fetch_one(&mut *c)
             .await?;
-        let mut looked = vec![None; appends.len()];
-        for (i, f, last) in answer {
-            if let Some(slot) = usize::try_from(i - 1).ok().and_then(|i| looked.get_mut(i)) {
-                *slot = Some(Looked {
-                    fenced: f != 0,
-                    last,
-                });
-            }
+        if answer.len() != n {
+            return Err(sqlx::Error::Protocol(format!(
+                "the batch's answer has {} runs of {n}",
+                answer.len()
+            )));
         }
-        let looked: Vec<Looked> = looked
-            .into_iter()
-            .collect::<Option<_>>()
-            .ok_or_else(|| sqlx::Error::Protocol("the lookup left out a run".into()))?;
-
-        let mut sessions = vec![];
-        let (mut s_runs, mut s_sessions, mut s_meta, mut s_counts, mut s_finished, mut s_revs) =
-            (vec![], vec![], vec![], vec![], vec![], vec![]);
-        let (mut r_runs, mut r_seqs, mut r_kinds, mut r_bodies) = (vec![], vec![], vec![], vec![]);
-        let (mut o_runs, mut o_counts, mut o_finished) = (vec![], vec![], vec![]);
-        let (mut d_runs, mut d_holders) = (vec![], vec![]);
-        for (a, last) in kept(appends, &looked) {
-            if let Some(start) = &a.start {
-                if let Some(session) = &start.session {
-                    sessions.push(session.as_str());
-                }
-                s_runs.push(a.run_id.as_str());
-                s_sessions.push(start.session.as_deref());
-                s_meta.push(start.meta.as_deref());
-                s_counts.push(a.count as i64);
-                s_finished.push(a.finished);
-                s_revs.push(start.session_revision);
-            } else if a.count > 0 {
-                o_runs.push(a.run_id.as_str());
-                o_counts.push(a.count as i64);
-                o_finished.push(a.finished);
-            }
-            if a.count > 0 {
-                r_runs.push(a.run_id.as_str());
-                r_seqs.push(last + 1);
-                r_kinds.push(a.kind.as_str());
-                r_bodies.push(a.body.as_str());
-            }
-            if a.release
-                && let Some(holder) = a.holder.as_deref()
-            {
-                d_runs.push(a.run_id.as_str());
-                d_holders.push(holder);
-            }
-        }
-        if !sessions.is_empty() {
-            sqlx::query(SESSIONS)
-                .bind(sessions)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !s_runs.is_empty() {
-            sqlx::query(NEW_RUNS)
-                .bind(s_runs)
-                .bind(s_sessions)
-                .bind(s_meta)
-                .bind(s_counts)
-                .bind(s_finished)
-                .bind(s_revs)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !r_runs.is_empty() {
-            sqlx::query(ROWS)
-                .bind(r_runs)
-                .bind(r_seqs)
-                .bind(r_kinds)
-                .bind(r_bodies)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !o_runs.is_empty() {
-            sqlx::query(OLD_RUNS)
-                .bind(o_runs)
-                .bind(o_counts)
-                .bind(o_finished)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-        }
-        if !d_runs.is_empty() {
-            sqlx::query(RELEASES)
-                .bind(d_runs)
-                .bind(d_holders)
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(fenced(appends, &looked))
+        Ok(appends
+            .iter()
+            .zip(answer)
+            .filter(|(_, fenced)| *fenced)
+            .map(|(a, _)| a.run_id.clone())
+            .collect())
     }
 }
 
