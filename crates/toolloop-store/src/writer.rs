@@ -14,23 +14,24 @@
 //! record (a run's records are numbered 1, 2, … across its rows; the run's `records` counter
 //! is its last record's number).
 //!
-//! Every statement's text is fixed (it stays prepared), whatever the batch's size: the batch
-//! goes in as parameters that hold every run's values (SQLite: JSON arrays read with
-//! `json_each`; PostgreSQL: arrays read with `UNNEST`). The first statements take the leases of
-//! the runs that start with the batch (their lease is written with their first records, not on
-//! its own) and read every run's fence (does the append's holder hold the run's lease?) and last
-//! sequence number; the next write the runs that are not fenced out: the new runs and their
-//! sessions, every append's row, the runs' counters, the leases given back, and the commit.
+//! A transaction first takes the leases of the runs that start with the batch (their lease is
+//! written with their first records, not on its own) and reads every run's fence (does the
+//! append's holder hold the run's lease?) and last sequence number; then it writes the runs that
+//! are not fenced out: the new runs and their sessions, every append's row, the runs' counters,
+//! the leases given back, and the commit. Every statement's text is fixed, so it stays prepared.
 //!
 //! Where the writer runs:
 //! - A SQLite file: on a thread of its own, with a connection of its own, so that a commit is
-//!   one hand-off from the run to the writer and one back, whatever its number of statements
-//!   (`BEGIN IMMEDIATE` holds the write lock from the first). Another thread checkpoints the
-//!   log in the background (see [`Checkpoints`]).
-//! - PostgreSQL: a task that keeps one connection of the pool while the store lives. The lookup
-//!   holds the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
+//!   one hand-off from the run to the writer and one back. SQLite runs in the process, so the
+//!   statements go one per append, with the append's values bound as they are (no copy of a
+//!   record's JSON); `BEGIN IMMEDIATE` holds the write lock from the first. Another thread
+//!   checkpoints the log in the background (see [`Checkpoints`]).
+//! - PostgreSQL: a task that keeps one connection of the pool while the store lives. A batch is
+//!   one call of the store's function `toolloop_append_batch`, whose arguments are arrays with
+//!   one element per append (one round trip, one transaction). It holds the runs' lease rows
+//!   (`FOR SHARE`) until the commit, so a takeover waits for it.
 //! - `:memory:` (whose only connection every use shares): a task that takes the connection per
-//!   transaction.
+//!   transaction, and runs the SQLite statements one query each.
 
 use crate::Pool;
 use std::collections::{HashSet, VecDeque};
@@ -42,9 +43,9 @@ use toolloop::journal::{Record, StoreFailure};
 pub(crate) const MAX_RECORDS: usize = 2_000;
 /// The most runs in one transaction.
 const MAX_RUNS: usize = 500;
-/// The most bytes of records in one transaction: a batch's bodies go to the database as one
-/// parameter (SQLite: a blob; PostgreSQL: an array), and neither database takes one past a
-/// billion bytes. An append larger than this still goes, alone.
+/// The most bytes of records in one transaction: on PostgreSQL a batch's bodies go as one
+/// parameter (an array), which the server does not take past a billion bytes. An append larger
+/// than this still goes, alone.
 const MAX_BYTES: usize = 64 << 20;
 
 /// A run's start, written with its first records.
@@ -185,9 +186,10 @@ impl Writer {
             Place::File(file) => {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let file = file.clone();
+                let runtime = tokio::runtime::Handle::try_current().ok();
                 std::thread::Builder::new()
                     .name("toolloop-store-writer".into())
-                    .spawn(move || sqlite::serve(file, rx))
+                    .spawn(move || sqlite::serve(file, rx, runtime))
                     .map(|_| Queue::Thread(tx))
             }
             place => {
@@ -394,10 +396,9 @@ async fn commit(
     }
 }
 
-/// SQLite. Each statement is of fixed text (so it stays prepared), whatever the batch: the
-/// batch goes in as JSON arrays, one per statement, that the statements read with `json_each`.
-/// The writer thread runs them on its own connection ([`serve`]); the writer task of a
-/// `:memory:` store, on the pool's ([`commit`]).
+/// SQLite: statements of one append each, of fixed text (so they stay prepared). The writer
+/// thread runs them on its own connection ([`serve`]); the writer task of a `:memory:` store, on
+/// the pool's ([`commit`]).
 #[cfg(feature = "sqlite")]
 mod sqlite {
     use super::{
@@ -405,7 +406,6 @@ mod sqlite {
         answer, fenced, kept, now_ms, take_batch, take_next,
     };
     use std::collections::{HashSet, VecDeque};
-    use std::fmt::Write as _;
     use std::path::PathBuf;
     use std::time::Duration;
 
@@ -424,268 +424,162 @@ mod sqlite {
     /// The log file's size, in bytes, that it is cut back to when it starts over.
     pub(crate) const JOURNAL_SIZE_LIMIT: i64 = 64 << 20;
 
-    /// Parameters: host, pid and process start (of the leases taken), and the leases to take
-    /// (`[run, holder, expiry]`). `WHERE TRUE`: SQLite reads `ON CONFLICT` after a bare `FROM`
-    /// as a join's.
-    const TAKE_LEASES: &str =
+    /// Takes a starting run's lease, unless the run has one. Parameters: the run, the holder,
+    /// the host, pid and process start of the process taking it, and its expiry.
+    const TAKE_LEASE: &str =
         "INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
-SELECT j.value ->> 0, j.value ->> 1, ?, ?, ?, j.value ->> 2 FROM json_each(?) AS j WHERE TRUE
-ON CONFLICT (run_id) DO NOTHING";
+VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (run_id) DO NOTHING";
 
-    /// Parameter: the batch (`[run, holder]`, holder `null` when not fenced). One row: a JSON
-    /// array of `[fenced, last]`, in the batch's order.
-    const LOOKUP: &str = "SELECT json_group_array(json_array(
-  CASE WHEN j.value ->> 1 IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l
-    WHERE l.run_id = j.value ->> 0 AND l.holder = j.value ->> 1) THEN 0 ELSE 1 END,
-  MAX(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = j.value ->> 0), 0),
-    COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = j.value ->> 0), 0))))
-FROM json_each(?) AS j";
+    /// A run's fence (1 when the lease is someone else's, else 0) and last sequence number.
+    /// Parameters: the run, and the holder (`NULL`: not fenced).
+    const LOOKUP: &str = "SELECT
+  CASE WHEN ?2 IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l
+    WHERE l.run_id = ?1 AND l.holder = ?2) THEN 0 ELSE 1 END,
+  MAX(COALESCE((SELECT r.records FROM toolloop_runs r WHERE r.run_id = ?1), 0),
+    COALESCE((SELECT MAX(x.seq) FROM toolloop_records x WHERE x.run_id = ?1), 0))";
 
-    /// Parameters: now twice, and the sessions of the runs that start (`[name]`).
-    const SESSIONS: &str =
+    /// A run's fence alone (see [`LOOKUP`]). Parameters: the run, and the holder.
+    const FENCE: &str = "SELECT CASE WHEN ?2 IS NULL OR EXISTS (SELECT 1 FROM toolloop_leases l
+    WHERE l.run_id = ?1 AND l.holder = ?2) THEN 0 ELSE 1 END";
+
+    /// A starting run's session, unless it exists. Parameters: the name, now.
+    const SESSION: &str =
         "INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms)
-SELECT j.value ->> 0, '[]', 0, ?, ? FROM json_each(?) AS j WHERE TRUE
-ON CONFLICT (name) DO NOTHING";
+VALUES (?1, '[]', 0, ?2, ?2) ON CONFLICT (name) DO NOTHING";
 
-    /// Parameters: now twice, and the runs that start (`[run, session, meta, records,
-    /// finished, revision]`).
-    const NEW_RUNS: &str = "INSERT INTO toolloop_runs
+    /// A starting run. Parameters: the run, its session, metadata, record count, whether it
+    /// ended, now, and the session's revision it starts from (`NULL`: the revision now).
+    const NEW_RUN: &str = "INSERT INTO toolloop_runs
 (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision)
-SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2, j.value ->> 3, j.value ->> 4, ?, ?,
-  COALESCE(j.value ->> 5, (SELECT s.revision FROM toolloop_sessions s WHERE s.name = j.value ->> 1))
-FROM json_each(?) AS j WHERE TRUE
+VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?6,
+  COALESCE(?7, (SELECT s.revision FROM toolloop_sessions s WHERE s.name = ?2)))
 ON CONFLICT (run_id) DO UPDATE SET records = toolloop_runs.records + excluded.records,
   updated_ms = excluded.updated_ms, finished = (toolloop_runs.finished OR excluded.finished)";
 
-    /// Parameters: the rows' bodies, one after the other (a blob: a body is taken out by its
-    /// place, in bytes, with neither escaping nor parsing), now, and the rows (`[run, seq, kind,
-    /// place of the body, its length]`).
-    const ROWS: &str = "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
-SELECT j.value ->> 0, j.value ->> 1, j.value ->> 2,
-  CAST(substr(?, j.value ->> 3, j.value ->> 4) AS TEXT), ? FROM json_each(?) AS j";
+    /// An append's row. Parameters: the run, the sequence number of its first record, the
+    /// records' kinds, their JSON, now.
+    const ROW: &str = "INSERT INTO toolloop_records (run_id, seq, kind, body, created_ms)
+VALUES (?1, ?2, ?3, ?4, ?5)";
 
-    /// Parameters: now, and the runs that go on (`[run, records, finished]`).
-    const OLD_RUNS: &str =
-        "UPDATE toolloop_runs SET records = toolloop_runs.records + (j.value ->> 1), updated_ms = ?,
-  finished = (toolloop_runs.finished OR (j.value ->> 2))
-FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
+    /// The counter of a run that goes on. Parameters: the run, its new records, now, whether
+    /// it ended.
+    const OLD_RUN: &str = "UPDATE toolloop_runs SET records = records + ?2, updated_ms = ?3,
+  finished = (finished OR ?4) WHERE run_id = ?1";
 
-    /// Parameter: the leases given back (`[run, holder]`).
-    const RELEASES: &str = "DELETE FROM toolloop_leases WHERE (run_id, holder) IN
-  (SELECT j.value ->> 0, j.value ->> 1 FROM json_each(?) AS j)";
+    /// A lease given back. Parameters: the run, the holder.
+    const RELEASE: &str = "DELETE FROM toolloop_leases WHERE run_id = ?1 AND holder = ?2";
 
     /// A statement's parameter.
-    enum Param {
-        Text(String),
+    #[derive(Clone, Copy)]
+    enum Param<'a> {
+        Text(&'a str),
+        Null,
         Int(i64),
-        Blob(Vec<u8>),
     }
 
-    /// The statements of a transaction's first part (before its lookup is read), and the
-    /// lookup's parameter.
-    fn first(appends: &[&Append]) -> (Option<Vec<Param>>, String) {
+    impl<'a> From<Option<&'a str>> for Param<'a> {
+        fn from(s: Option<&'a str>) -> Self {
+            s.map_or(Param::Null, Param::Text)
+        }
+    }
+
+    /// A statement and its parameters.
+    type Statement<'a> = (&'static str, Vec<Param<'a>>);
+
+    /// The statement that takes a starting run's lease, if the append takes one.
+    fn take_lease(a: &Append) -> Option<Statement<'_>> {
+        let (expires, holder) = (a.take_lease?, a.holder.as_deref()?);
         let me = crate::lease::me();
-        let mut leases = Rows::new(0);
-        let mut batch = Rows::new(appends.len() * 80);
-        for a in appends {
-            if let (Some(expires), Some(holder)) = (a.take_lease, a.holder.as_deref()) {
-                leases
-                    .row()
-                    .text(&a.run_id)
-                    .text(holder)
-                    .int(expires)
-                    .end_row();
-            }
-            batch
-                .row()
-                .text(&a.run_id)
-                .maybe_text(a.holder.as_deref())
-                .end_row();
-        }
-        let take = leases.done().map(|leases| {
+        Some((
+            TAKE_LEASE,
             vec![
-                Param::Text(me.host.clone()),
+                Param::Text(&a.run_id),
+                Param::Text(holder),
+                Param::Text(&me.host),
                 Param::Int(me.pid),
-                Param::Text(me.start.clone()),
-                Param::Text(leases),
-            ]
-        });
-        (take, batch.done().unwrap_or_else(|| "[]".into()))
+                Param::Text(&me.start),
+                Param::Int(expires),
+            ],
+        ))
     }
 
-    /// The statements that write the batch's kept appends, with their parameters (a statement
-    /// with nothing to write is left out).
-    fn second(appends: &[&Append], looked: &[Looked], now: i64) -> Vec<(&'static str, Vec<Param>)> {
-        let mut sessions = Rows::new(0);
-        let mut starts = Rows::new(0);
-        let mut rows = Rows::new(appends.len() * 100);
-        let mut bodies: Vec<u8> = Vec::with_capacity(appends.iter().map(|a| a.body.len()).sum());
-        let mut counts = Rows::new(0);
-        let mut releases = Rows::new(0);
-        for (a, last) in kept(appends, looked) {
-            if let Some(start) = &a.start {
-                if let Some(session) = &start.session {
-                    sessions.row().text(session).end_row();
-                }
-                starts
-                    .row()
-                    .text(&a.run_id)
-                    .maybe_text(start.session.as_deref())
-                    .maybe_text(start.meta.as_deref())
-                    .int(a.count as i64)
-                    .int(i64::from(a.finished))
-                    .maybe_int(start.session_revision)
-                    .end_row();
-            } else if a.count > 0 {
-                counts
-                    .row()
-                    .text(&a.run_id)
-                    .int(a.count as i64)
-                    .int(i64::from(a.finished))
-                    .end_row();
+    /// The lookup of an append's run.
+    fn lookup(a: &Append) -> Statement<'_> {
+        (
+            LOOKUP,
+            vec![Param::Text(&a.run_id), a.holder.as_deref().into()],
+        )
+    }
+
+    /// The statements that write an append that was not fenced out, its run's last sequence
+    /// number being `last`.
+    fn writes(a: &Append, last: i64, now: i64) -> Vec<Statement<'_>> {
+        let mut out = Vec::with_capacity(3);
+        let run = Param::Text(&a.run_id);
+        if let Some(start) = &a.start {
+            if let Some(session) = &start.session {
+                out.push((SESSION, vec![Param::Text(session), Param::Int(now)]));
             }
-            if a.count > 0 {
-                rows.row()
-                    .text(&a.run_id)
-                    .int(last + 1)
-                    .text(&a.kind)
-                    .int(bodies.len() as i64 + 1)
-                    .int(a.body.len() as i64)
-                    .end_row();
-                bodies.extend_from_slice(a.body.as_bytes());
-            }
-            if a.release
-                && let Some(holder) = a.holder.as_deref()
-            {
-                releases.row().text(&a.run_id).text(holder).end_row();
-            }
-        }
-        let mut out = Vec::new();
-        if let Some(s) = sessions.done() {
             out.push((
-                SESSIONS,
-                vec![Param::Int(now), Param::Int(now), Param::Text(s)],
+                NEW_RUN,
+                vec![
+                    run,
+                    start.session.as_deref().into(),
+                    start.meta.as_deref().into(),
+                    Param::Int(a.count as i64),
+                    Param::Int(i64::from(a.finished)),
+                    Param::Int(now),
+                    start.session_revision.map_or(Param::Null, Param::Int),
+                ],
+            ));
+        } else if a.count > 0 {
+            out.push((
+                OLD_RUN,
+                vec![
+                    run,
+                    Param::Int(a.count as i64),
+                    Param::Int(now),
+                    Param::Int(i64::from(a.finished)),
+                ],
             ));
         }
-        if let Some(s) = starts.done() {
+        if a.count > 0 {
             out.push((
-                NEW_RUNS,
-                vec![Param::Int(now), Param::Int(now), Param::Text(s)],
+                ROW,
+                vec![
+                    run,
+                    Param::Int(last + 1),
+                    Param::Text(&a.kind),
+                    Param::Text(&a.body),
+                    Param::Int(now),
+                ],
             ));
         }
-        if let Some(r) = rows.done() {
-            out.push((
-                ROWS,
-                vec![Param::Blob(bodies), Param::Int(now), Param::Text(r)],
-            ));
-        }
-        if let Some(c) = counts.done() {
-            out.push((OLD_RUNS, vec![Param::Int(now), Param::Text(c)]));
-        }
-        if let Some(r) = releases.done() {
-            out.push((RELEASES, vec![Param::Text(r)]));
+        if a.release
+            && let Some(holder) = a.holder.as_deref()
+        {
+            out.push((RELEASE, vec![run, Param::Text(holder)]));
         }
         out
     }
 
-    /// Builds one JSON array of rows.
-    struct Rows {
-        text: String,
-        any: bool,
-    }
-
-    impl Rows {
-        fn new(capacity: usize) -> Self {
-            let mut text = String::with_capacity(capacity + 2);
-            text.push('[');
-            Rows { text, any: false }
-        }
-        /// Starts a row.
-        fn row(&mut self) -> &mut Self {
-            if self.any {
-                self.text.push(',');
-            }
-            self.any = true;
-            self.text.push('[');
-            self
-        }
-        fn sep(&mut self) {
-            if !self.text.ends_with('[') {
-                self.text.push(',');
-            }
-        }
-        fn text(&mut self, s: &str) -> &mut Self {
-            self.sep();
-            super::push_json_str(&mut self.text, s);
-            self
-        }
-        fn maybe_text(&mut self, s: Option<&str>) -> &mut Self {
-            match s {
-                Some(s) => self.text(s),
-                None => {
-                    self.sep();
-                    self.text.push_str("null");
-                    self
-                }
-            }
-        }
-        fn int(&mut self, i: i64) -> &mut Self {
-            self.sep();
-            let _ = write!(self.text, "{i}");
-            self
-        }
-        fn maybe_int(&mut self, i: Option<i64>) -> &mut Self {
-            match i {
-                Some(i) => self.int(i),
-                None => {
-                    self.sep();
-                    self.text.push_str("null");
-                    self
-                }
-            }
-        }
-        fn end_row(&mut self) {
-            self.text.push(']');
-        }
-        /// The array, unless it has no row.
-        fn done(mut self) -> Option<String> {
-            self.text.push(']');
-            self.any.then_some(self.text)
-        }
-    }
-
-    /// The lookup's answer: `[fenced, last]` per append, in order.
-    fn decode(text: &str, n: usize) -> Result<Vec<Looked>, StoreFailure> {
-        let pairs: Vec<(i64, i64)> = serde_json::from_str(text)
-            .map_err(|e| StoreFailure::from(format!("the lookup's answer: {e}")))?;
-        if pairs.len() != n {
-            return Err(format!("the lookup answered for {} runs of {n}", pairs.len()).into());
-        }
-        Ok(pairs
-            .into_iter()
-            .map(|(fenced, last)| Looked {
-                fenced: fenced != 0,
-                last,
-            })
-            .collect())
-    }
-
     /// Commits a batch on the pool's connection (a `:memory:` store); the runs that were
-    /// fenced out.
+    /// fenced out. The same statements as the writer thread's, one query each.
     pub(super) async fn commit(
         c: &mut sqlx::SqliteConnection,
         appends: &[&Append],
         now: i64,
     ) -> Result<HashSet<String>, StoreFailure> {
         fn bind<'q>(
-            mut q: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
-            params: Vec<Param>,
+            sql: &'static str,
+            params: Vec<Param<'q>>,
         ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
+            let mut q = sqlx::query(sql);
             for p in params {
                 q = match p {
                     Param::Text(s) => q.bind(s),
+                    Param::Null => q.bind(None::<i64>),
                     Param::Int(i) => q.bind(i),
-                    Param::Blob(b) => q.bind(b),
                 };
             }
             q
@@ -696,24 +590,24 @@ FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
                 .execute(&mut *c)
                 .await
                 .map_err(failed)?;
-            let (take, batch) = first(appends);
-            if let Some(params) = take {
-                bind(sqlx::query(TAKE_LEASES), params)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(failed)?;
+            for (sql, params) in appends.iter().filter_map(|a| take_lease(a)) {
+                bind(sql, params).execute(&mut *c).await.map_err(failed)?;
             }
-            let looked: String = sqlx::query_scalar(LOOKUP)
-                .bind(batch)
-                .fetch_one(&mut *c)
-                .await
-                .map_err(failed)?;
-            let looked = decode(&looked, appends.len())?;
-            for (sql, params) in second(appends, &looked, now) {
-                bind(sqlx::query(sql), params)
-                    .execute(&mut *c)
-                    .await
-                    .map_err(failed)?;
+            let mut looked = Vec::with_capacity(appends.len());
+            for a in appends {
+                let (sql, params) = lookup(a);
+                let row = bind(sql, params).fetch_one(&mut *c).await.map_err(failed)?;
+                let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
+                let last: i64 = sqlx::Row::try_get(&row, 1).map_err(failed)?;
+                looked.push(Looked {
+                    fenced: fenced != 0,
+                    last,
+                });
+            }
+            for (a, last) in kept(appends, &looked) {
+                for (sql, params) in writes(a, last, now) {
+                    bind(sql, params).execute(&mut *c).await.map_err(failed)?;
+                }
             }
             sqlx::query("COMMIT")
                 .execute(&mut *c)
@@ -729,14 +623,14 @@ FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
         ran
     }
 
-    impl rusqlite::ToSql for Param {
+    impl rusqlite::ToSql for Param<'_> {
         fn to_sql(&self) -> rusqlite::Result<rusqlite::types::ToSqlOutput<'_>> {
             use rusqlite::types::{ToSqlOutput, ValueRef};
-            Ok(ToSqlOutput::Borrowed(match self {
-                Param::Text(s) => ValueRef::Text(s.as_bytes()),
-                Param::Int(i) => return Ok(ToSqlOutput::from(*i)),
-                Param::Blob(b) => ValueRef::Blob(b),
-            }))
+            Ok(match *self {
+                Param::Text(s) => ToSqlOutput::Borrowed(ValueRef::Text(s.as_bytes())),
+                Param::Null => ToSqlOutput::Borrowed(ValueRef::Null),
+                Param::Int(i) => ToSqlOutput::from(i),
+            })
         }
     }
 
@@ -766,62 +660,134 @@ FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
 
     /// Commits a batch on the writer thread's connection; the runs that were fenced out.
     fn commit_here(
-        c: &mut rusqlite::Connection,
+        c: &rusqlite::Connection,
         appends: &[&Append],
         now: i64,
+        known: &mut Known,
     ) -> Result<HashSet<String>, StoreFailure> {
         let failed = StoreFailure::new;
+        // Every statement is prepared once (the connection keeps them).
+        let run = |sql: &str, params: Vec<Param<'_>>| {
+            c.prepare_cached(sql)
+                .and_then(|mut s| s.execute(rusqlite::params_from_iter(params)))
+                .map_err(failed)
+        };
         let ran = (|| {
-            // Prepared once, like every statement here.
-            c.prepare_cached("BEGIN IMMEDIATE")
-                .and_then(|mut s| s.execute([]))
-                .map_err(failed)?;
-            let fenced = write_here(c, appends, now)?;
-            c.prepare_cached("COMMIT")
-                .and_then(|mut s| s.execute([]))
-                .map_err(failed)?;
-            Ok(fenced)
+            run("BEGIN IMMEDIATE", vec![])?;
+            for (sql, params) in appends.iter().filter_map(|a| take_lease(a)) {
+                run(sql, params)?;
+            }
+            let mut looked = Vec::with_capacity(appends.len());
+            {
+                let mut find = c.prepare_cached(LOOKUP).map_err(failed)?;
+                let mut fence = c.prepare_cached(FENCE).map_err(failed)?;
+                for a in appends {
+                    let (_, params) = lookup(a);
+                    let params = rusqlite::params_from_iter(params);
+                    let (fenced, last): (i64, i64) = match known.last(a) {
+                        // The fence is read every time; the last sequence number is known.
+                        Some(last) => {
+                            (fence.query_row(params, |r| r.get(0)).map_err(failed)?, last)
+                        }
+                        None => find
+                            .query_row(params, |r| Ok((r.get(0)?, r.get(1)?)))
+                            .map_err(failed)?,
+                    };
+                    looked.push(Looked {
+                        fenced: fenced != 0,
+                        last,
+                    });
+                }
+            }
+            for (a, last) in kept(appends, &looked) {
+                for (sql, params) in writes(a, last, now) {
+                    run(sql, params)?;
+                }
+            }
+            run("COMMIT", vec![])?;
+            Ok(looked)
         })();
-        if ran.is_err() && !c.is_autocommit() {
-            // A statement failed before the commit: nothing of the batch stays.
-            let _ = c.execute_batch("ROLLBACK");
+        match ran {
+            Ok(looked) => {
+                known.committed(appends, &looked);
+                Ok(fenced(appends, &looked))
+            }
+            Err(e) => {
+                if !c.is_autocommit() {
+                    // A statement failed before the commit: nothing of the batch stays.
+                    let _ = c.execute_batch("ROLLBACK");
+                }
+                known.forget(appends);
+                Err(e)
+            }
         }
-        ran
     }
 
-    /// The statements of a commit, in its transaction.
-    fn write_here(
-        tx: &rusqlite::Connection,
-        appends: &[&Append],
-        now: i64,
-    ) -> Result<HashSet<String>, StoreFailure> {
-        let failed = StoreFailure::new;
-        let (take, batch) = first(appends);
-        if let Some(params) = take {
-            tx.prepare_cached(TAKE_LEASES)
-                .and_then(|mut s| s.execute(rusqlite::params_from_iter(params)))
-                .map_err(failed)?;
+    /// The last sequence number of each run this writer has written for a holder, so that a
+    /// later append of the run reads only its fence (the lease; another writer can take it)
+    /// and not its last record as well: while the holder's lease holds, nobody else writes the
+    /// run. Kept with the holder it was written for (another holder of the run looks it up
+    /// again), dropped when the run ends or gives its lease back, is fenced out, or is in a
+    /// batch that failed.
+    #[derive(Default)]
+    pub(super) struct Known(std::collections::HashMap<String, (String, i64)>);
+
+    /// The most runs [`Known`] keeps (past it, it starts over: a run whose holder went away
+    /// without giving its lease back stays until then).
+    const KNOWN_MAX: usize = 100_000;
+
+    impl Known {
+        fn last(&self, a: &Append) -> Option<i64> {
+            let holder = a.holder.as_deref()?;
+            match self.0.get(a.run_id.as_str()) {
+                Some((h, last)) if h == holder => Some(*last),
+                _ => None,
+            }
         }
-        let looked: String = tx
-            .prepare_cached(LOOKUP)
-            .and_then(|mut s| s.query_row([batch], |r| r.get(0)))
-            .map_err(failed)?;
-        let looked = decode(&looked, appends.len())?;
-        for (sql, params) in second(appends, &looked, now) {
-            tx.prepare_cached(sql)
-                .and_then(|mut s| s.execute(rusqlite::params_from_iter(params)))
-                .map_err(failed)?;
+
+        fn committed(&mut self, appends: &[&Append], looked: &[Looked]) {
+            for (a, l) in appends.iter().zip(looked) {
+                let Some(holder) = &a.holder else { continue };
+                if l.fenced || a.release || a.finished {
+                    self.0.remove(a.run_id.as_str());
+                } else {
+                    if self.0.len() >= KNOWN_MAX {
+                        self.0.clear();
+                    }
+                    let last = l.last + a.count as i64;
+                    match self.0.get_mut(a.run_id.as_str()) {
+                        Some(known) => *known = (holder.clone(), last),
+                        None => {
+                            self.0.insert(a.run_id.clone(), (holder.clone(), last));
+                        }
+                    }
+                }
+            }
         }
-        Ok(fenced(appends, &looked))
+
+        fn forget(&mut self, appends: &[&Append]) {
+            for a in appends {
+                self.0.remove(a.run_id.as_str());
+            }
+        }
     }
 
     /// The writer thread: until every handle is gone, commits whatever is waiting.
-    pub(super) fn serve(file: File, queue: std::sync::mpsc::Receiver<Item>) {
+    ///
+    /// The runs of a batch of several are answered by a task on `runtime` (the one the writer
+    /// was started from), which wakes them from within it: from this thread, each wake would go
+    /// through the runtime's shared queue.
+    pub(super) fn serve(
+        file: File,
+        queue: std::sync::mpsc::Receiver<Item>,
+        runtime: Option<tokio::runtime::Handle>,
+    ) {
         use std::sync::mpsc::RecvTimeoutError;
         let mut waiting: VecDeque<Item> = VecDeque::new();
         let mut conn: Option<rusqlite::Connection> = None;
         let mut checkpoints = Checkpoints::new(file.clone());
         let mut next: Option<Vec<Item>> = None;
+        let mut known = Known::default();
         loop {
             if next.is_none() && waiting.is_empty() {
                 // Idle with records not yet checkpointed: after a while, checkpoint them, so a
@@ -857,7 +823,7 @@ FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
                     .map(|c| conn.insert(c))
                     .map_err(StoreFailure::new),
             }
-            .and_then(|c| commit_here(c, &appends, now_ms()));
+            .and_then(|c| commit_here(c, &appends, now_ms(), &mut known));
             match &result {
                 Ok(_) => checkpoints.committed(appends.iter().map(|a| a.count).sum()),
                 // Opened again for the next batch.
@@ -867,7 +833,12 @@ FROM json_each(?) AS j WHERE toolloop_runs.run_id = j.value ->> 0";
                 waiting.push_back(item);
             }
             next = take_next(&mut waiting);
-            answer(batch, result);
+            match &runtime {
+                Some(runtime) if batch.len() > 1 => {
+                    runtime.spawn(async move { answer(batch, result) });
+                }
+                _ => answer(batch, result),
+            }
         }
     }
 
@@ -1058,36 +1029,6 @@ mod postgres {
             .map(|(a, _)| a.run_id.clone())
             .collect())
     }
-}
-
-/// Writes `s` as a JSON string.
-#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
-fn push_json_str(out: &mut String, s: &str) {
-    out.reserve(s.len() + 2);
-    out.push('"');
-    let bytes = s.as_bytes();
-    let mut from = 0;
-    for (i, &b) in bytes.iter().enumerate() {
-        let escape = match b {
-            b'"' => "\\\"",
-            b'\\' => "\\\\",
-            b'\n' => "\\n",
-            b'\r' => "\\r",
-            b'\t' => "\\t",
-            0..=0x1f => "",
-            _ => continue,
-        };
-        out.push_str(&s[from..i]);
-        if escape.is_empty() {
-            use std::fmt::Write as _;
-            let _ = write!(out, "\\u{b:04x}");
-        } else {
-            out.push_str(escape);
-        }
-        from = i + 1;
-    }
-    out.push_str(&s[from..]);
-    out.push('"');
 }
 
 /// A step's records as one row: their kinds, joined by commas, and their JSON (one record's
