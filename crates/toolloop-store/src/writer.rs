@@ -959,42 +959,29 @@ mod postgres {
         now: i64,
     ) -> Result<HashSet<String>, sqlx::Error> {
         let n = appends.len();
-        let (mut runs, mut holders, mut take, mut expiries) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut kinds, mut bodies, mut counts) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut finished, mut release, mut start) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        let (mut sessions, mut metas, mut revisions) = (
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-            Vec::with_capacity(n),
-        );
-        for a in appends {
-            runs.push(a.run_id.as_str());
-            holders.push(a.holder.as_deref());
-            take.push(a.take_lease.is_some());
-            expiries.push(a.take_lease.unwrap_or(0));
-            kinds.push(a.kind.as_str());
-            bodies.push(a.body.as_str());
-            counts.push(a.count as i64);
-            finished.push(a.finished);
-            release.push(a.release);
-            start.push(a.start.is_some());
-            sessions.push(a.start.as_ref().and_then(|s| s.session.as_deref()));
-            metas.push(a.start.as_ref().and_then(|s| s.meta.as_deref()));
-            revisions.push(a.start.as_ref().and_then(|s| s.session_revision));
+        // One array per argument, one element per append.
+        fn each<'a, T>(appends: &[&'a Append], f: impl Fn(&'a Append) -> T) -> Vec<T> {
+            appends.iter().map(|a| f(a)).collect()
         }
+        let runs = each(appends, |a| a.run_id.as_str());
+        let holders = each(appends, |a| a.holder.as_deref());
+        let take = each(appends, |a| a.take_lease.is_some());
+        let expiries = each(appends, |a| a.take_lease.unwrap_or(0));
+        let kinds = each(appends, |a| a.kind.as_str());
+        let bodies = each(appends, |a| a.body.as_str());
+        let counts = each(appends, |a| a.count as i64);
+        let finished = each(appends, |a| a.finished);
+        let release = each(appends, |a| a.release);
+        let starts = each(appends, |a| a.start.is_some());
+        let sessions = each(appends, |a| {
+            a.start.as_ref().and_then(|s| s.session.as_deref())
+        });
+        let metas = each(appends, |a| {
+            a.start.as_ref().and_then(|s| s.meta.as_deref())
+        });
+        let revisions = each(appends, |a| {
+            a.start.as_ref().and_then(|s| s.session_revision)
+        });
         let me = crate::lease::me();
         let answer: Vec<bool> = sqlx::query_scalar(APPEND_BATCH)
             .bind(runs)
@@ -1009,7 +996,7 @@ mod postgres {
             .bind(counts)
             .bind(finished)
             .bind(release)
-            .bind(start)
+            .bind(starts)
             .bind(sessions)
             .bind(metas)
             .bind(revisions)

@@ -794,19 +794,13 @@ async fn a_run_takes_an_id_it_made_as_new_and_looks_up_an_id_it_was_given() {
     let journal = Arc::new(Taking::default());
     let effects = Arc::new(Mutex::new(HashMap::new()));
     let a = agent(
-        ScriptedModel::new(script()),
-        journal.clone(),
-        effects.clone(),
-        SideEffect::SideEffecting,
-    );
-    let made = a.prompt("go").await;
-    let made = made.run_id.expect("a logged run has an id");
-    let a = agent(
-        ScriptedModel::new(script()),
+        ScriptedModel::new([script(), script()].concat()),
         journal.clone(),
         effects,
         SideEffect::SideEffecting,
     );
+    let made = a.prompt("go").await;
+    let made = made.run_id.expect("a logged run has an id");
     let given = a
         .run_with_id(
             "run-given",
