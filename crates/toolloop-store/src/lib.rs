@@ -36,10 +36,11 @@
 //!
 //! - **Runs and their log.** [`Store`] implements [`Journal`]: the records a step writes
 //!   together ([`Journal::append_all`]) go in one transaction, committed when the call returns.
-//!   Runs share their store's commits (group commit): one writer task per store takes every
-//!   append waiting when it is free, from every run, and commits them in one transaction of a
-//!   few statements (on SQLite one round trip to the database); each append returns when its
-//!   transaction has committed. When that transaction fails, every append in it fails and
+//!   Runs share their store's commits (group commit): one writer per store takes every append
+//!   waiting when it is free, from every run, and commits them in one transaction (on a SQLite
+//!   file the writer is a thread of its own with its own connection; on PostgreSQL the
+//!   transaction is one call of a function the store's migrations make, one round trip); each
+//!   append returns when its transaction has committed. When that transaction fails, every append in it fails and
 //!   nothing of it is written (the driver then stops each of those runs with
 //!   `StopReason::StoreFailed` before it acts); a run whose lease was taken over is refused
 //!   alone, the others are committed.
