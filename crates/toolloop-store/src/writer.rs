@@ -186,10 +186,9 @@ impl Writer {
             Place::File(file) => {
                 let (tx, rx) = std::sync::mpsc::channel();
                 let file = file.clone();
-                let runtime = tokio::runtime::Handle::try_current().ok();
                 std::thread::Builder::new()
                     .name("toolloop-store-writer".into())
-                    .spawn(move || sqlite::serve(file, rx, runtime))
+                    .spawn(move || sqlite::serve(file, rx))
                     .map(|_| Queue::Thread(tx))
             }
             place => {
@@ -773,15 +772,7 @@ VALUES (?1, ?2, ?3, ?4, ?5)";
     }
 
     /// The writer thread: until every handle is gone, commits whatever is waiting.
-    ///
-    /// The runs of a batch of several are answered by a task on `runtime` (the one the writer
-    /// was started from), which wakes them from within it: from this thread, each wake would go
-    /// through the runtime's shared queue.
-    pub(super) fn serve(
-        file: File,
-        queue: std::sync::mpsc::Receiver<Item>,
-        runtime: Option<tokio::runtime::Handle>,
-    ) {
+    pub(super) fn serve(file: File, queue: std::sync::mpsc::Receiver<Item>) {
         use std::sync::mpsc::RecvTimeoutError;
         let mut waiting: VecDeque<Item> = VecDeque::new();
         let mut conn: Option<rusqlite::Connection> = None;
@@ -833,12 +824,7 @@ VALUES (?1, ?2, ?3, ?4, ?5)";
                 waiting.push_back(item);
             }
             next = take_next(&mut waiting);
-            match &runtime {
-                Some(runtime) if batch.len() > 1 => {
-                    runtime.spawn(async move { answer(batch, result) });
-                }
-                _ => answer(batch, result),
-            }
+            answer(batch, result);
         }
     }
 

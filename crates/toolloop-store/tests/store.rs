@@ -330,6 +330,30 @@ async fn a_holder_that_lost_its_lease_cannot_write() {
         assert!(err.to_string().contains("thief"), "{kind}: {err}");
         assert_eq!(store.load(&run2).await.unwrap().len(), 1, "{kind}");
         store.release(&run2, "thief").await.unwrap();
+
+        // A process whose lease went while it was not writing, and that takes the run back
+        // later under another holder, writes after what the other process wrote meanwhile (its
+        // writer does not go by the last record it wrote itself).
+        let run3 = new_run_id();
+        stale.acquire(&run3, "old").await.unwrap();
+        let started = Record::Started {
+            messages: vec![],
+            output_schema: None,
+        };
+        stale.append(&run3, &started).await.unwrap();
+        store.release(&run3, "old").await.unwrap();
+        store.acquire(&run3, "thief").await.unwrap();
+        let asked = |round| Record::ModelRequested { round };
+        store.append(&run3, &asked(1)).await.unwrap();
+        store.release(&run3, "thief").await.unwrap();
+        stale.acquire(&run3, "back").await.unwrap();
+        stale.append(&run3, &asked(2)).await.unwrap();
+        assert_eq!(
+            store.load(&run3).await.unwrap(),
+            [started, asked(1), asked(2)],
+            "{kind}"
+        );
+        stale.release(&run3, "back").await.unwrap();
     }
 }
 
@@ -934,4 +958,47 @@ async fn a_step_is_one_row_read_back_in_order_and_rows_of_one_record_still_load(
         assert_eq!(summary.records, records.len() as i64, "{kind}");
         assert_eq!(summary.status, RunStatus::Finished, "{kind}");
     }
+}
+
+/// A SQLite store's writer is a thread: it keeps committing, and answering, for runs on a
+/// runtime other than the one it was started from, after that one has gone.
+#[test]
+fn a_sqlite_store_outlives_the_runtime_that_started_its_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("runtimes.db");
+    let started = Record::Started {
+        messages: vec![Message::user("go")],
+        output_schema: None,
+    };
+    let first = tokio::runtime::Runtime::new().unwrap();
+    let store = first.block_on(async {
+        let store = Store::open(path.to_str().unwrap()).await.unwrap();
+        let run_id = new_run_id();
+        store.acquire_new(&run_id, "first").await.unwrap();
+        store.append(&run_id, &started).await.unwrap();
+        store
+    });
+    drop(first);
+    let second = tokio::runtime::Runtime::new().unwrap();
+    second.block_on(async {
+        // Many runs at once, so that the writer's batches hold several.
+        let runs: Vec<_> = (0..50)
+            .map(|i| {
+                let store = store.clone();
+                let started = started.clone();
+                tokio::spawn(async move {
+                    let run_id = new_run_id();
+                    let holder = format!("holder {i}");
+                    store.acquire_new(&run_id, &holder).await?;
+                    store.append(&run_id, &started).await?;
+                    store
+                        .append(&run_id, &Record::ModelRequested { round: 1 })
+                        .await
+                })
+            })
+            .collect();
+        for run in runs {
+            run.await.unwrap().expect("committed and answered");
+        }
+    });
 }
