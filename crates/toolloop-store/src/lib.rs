@@ -39,7 +39,7 @@
 //!   Runs share their store's commits (group commit): one writer per store takes every append
 //!   waiting when it is free, from every run, and commits them in one transaction (on a SQLite
 //!   file the writer is a thread of its own with its own connection; on PostgreSQL the
-//!   transaction is one call of a function the store's migrations make, one round trip); each
+//!   transaction is one call of a function the store's migrations make); each
 //!   append returns when its transaction has committed. When that transaction fails, every append in it fails and
 //!   nothing of it is written (the driver then stops each of those runs with
 //!   `StopReason::StoreFailed` before it acts); a run whose lease was taken over is refused

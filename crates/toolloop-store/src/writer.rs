@@ -28,7 +28,9 @@
 //!   checkpoints the log in the background (see [`Checkpoints`]).
 //! - PostgreSQL: a task that keeps one connection of the pool while the store lives. A batch is
 //!   one call of the store's function `toolloop_append_batch`, whose arguments are arrays with
-//!   one element per append (one round trip, one transaction). It holds the runs' lease rows
+//!   one element per append, between `BEGIN` and `COMMIT` (three round trips whatever the
+//!   batch; the commit is sent only once the call has answered, so a process killed during the
+//!   call writes nothing). It holds the runs' lease rows
 //!   (`FOR SHARE`) until the commit, so a takeover waits for it.
 //! - `:memory:` (whose only connection every use shares): a task that takes the connection per
 //!   transaction, and runs the SQLite statements one query each.
@@ -926,7 +928,7 @@ impl Checkpoints {
 }
 
 /// PostgreSQL: a batch is one call of the store's function `toolloop_append_batch` (see the
-/// migration that makes it), so one round trip and, called alone, one transaction: the batch
+/// migration that makes it) in a transaction, so three round trips whatever its size: the batch
 /// goes in as arrays, one element per append, that its statements read with `UNNEST`. It holds
 /// the runs' lease rows (`FOR SHARE`) until the commit, so a takeover waits for it.
 #[cfg(feature = "postgres")]
@@ -969,6 +971,11 @@ mod postgres {
             a.start.as_ref().and_then(|s| s.session_revision)
         });
         let me = crate::lease::me();
+        // In a transaction of its own, not alone: a call alone commits in the server even when
+        // the process that sent it is killed while it runs, and the run would then appear after
+        // its process was seen gone. The commit is a message of its own, sent only once the
+        // answer is in.
+        let mut tx = sqlx::Connection::begin(c).await?;
         let answer: Vec<bool> = sqlx::query_scalar(APPEND_BATCH)
             .bind(runs)
             .bind(holders)
@@ -987,7 +994,7 @@ mod postgres {
             .bind(metas)
             .bind(revisions)
             .bind(now)
-            .fetch_one(&mut *c)
+            .fetch_one(&mut *tx)
             .await?;
         if answer.len() != n {
             return Err(sqlx::Error::Protocol(format!(
@@ -995,6 +1002,7 @@ mod postgres {
                 answer.len()
             )));
         }
+        tx.commit().await?;
         Ok(appends
             .iter()
             .zip(answer)
