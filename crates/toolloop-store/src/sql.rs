@@ -1,5 +1,5 @@
-//! Every SQL statement of the store, in one place, but the run log's writes, whose statements
-//! are built per batch (see the `writer` module). The same text runs on SQLite and PostgreSQL:
+//! Every SQL statement of the store, in one place, but the run log's writes (see the `writer`
+//! module). The same text runs on SQLite and PostgreSQL:
 //! `$n` parameters, `ON CONFLICT`, `BIGINT` milliseconds, JSON as `TEXT`.
 
 use sqlx::migrate::{Migration, MigrationSource, MigrationType};
@@ -17,15 +17,17 @@ impl MigrationSource<'static> for Migrations {
     fn resolve(
         self,
     ) -> futures::future::BoxFuture<'static, Result<Vec<Migration>, sqlx::error::BoxDynError>> {
-        let (room, batch) = if self.postgres {
+        let (room, batch, log) = if self.postgres {
             (
                 include_str!("migrations/0004_run_keys.postgres.sql"),
                 include_str!("migrations/0005_append_batch.postgres.sql"),
+                include_str!("migrations/0006_run_log.postgres.sql"),
             )
         } else {
             (
                 include_str!("migrations/0004_run_keys.sqlite.sql"),
                 include_str!("migrations/0005_append_batch.sqlite.sql"),
+                include_str!("migrations/0006_run_log.sqlite.sql"),
             )
         };
         Box::pin(async move {
@@ -65,6 +67,13 @@ impl MigrationSource<'static> for Migrations {
                     Cow::Borrowed(batch),
                     false,
                 ),
+                Migration::new(
+                    6,
+                    Cow::Borrowed("a run log written in order, each run's rows linked"),
+                    MigrationType::Simple,
+                    Cow::Borrowed(log),
+                    false,
+                ),
             ])
         })
     }
@@ -72,18 +81,38 @@ impl MigrationSource<'static> for Migrations {
 
 // ---- runs and records ----
 
-/// `$1` run id.
-pub(super) const LOAD_RECORDS: &str =
-    "SELECT body FROM toolloop_records WHERE run_id = $1 ORDER BY seq";
+/// A run's rows, in order (`$1` run id): its sequence number and body. First those written
+/// before the run log was `toolloop_log` (keyed by run and number), then those of
+/// `toolloop_log`, found by following each row's link to the run's previous one from the run's
+/// last row (its tail while it goes on, else the one its run row names). A link is followed only
+/// to an earlier row of the same run, so a damaged link ends the chain (and the gap it leaves is
+/// found by the reader) rather than wandering into another run's rows.
+pub(super) const LOAD_ROWS: &str = "WITH RECURSIVE chain(id, seq, prev, body) AS (
+    SELECT l.id, l.seq, l.prev, l.body FROM toolloop_log l
+    WHERE l.run_id = $1 AND l.id = COALESCE(
+        (SELECT t.last_id FROM toolloop_log_tails t WHERE t.run_id = $1),
+        (SELECT r.last_id FROM toolloop_runs r WHERE r.run_id = $1))
+    UNION ALL
+    SELECT l.id, l.seq, l.prev, l.body FROM toolloop_log l JOIN chain c ON l.id = c.prev
+    WHERE l.run_id = $1 AND l.id < c.id
+)
+SELECT seq, body FROM toolloop_records WHERE run_id = $1
+UNION ALL
+SELECT seq, body FROM chain
+ORDER BY seq";
 
 /// `$1` run id, `$2` stop reason, `$3` now.
 pub(super) const SET_STOP_REASON: &str =
     "UPDATE toolloop_runs SET stop_reason = $2, updated_ms = $3 WHERE run_id = $1";
 
-const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.session_revision, r.records, \
-     r.finished, r.stop_reason, \
-     r.created_ms, r.updated_ms, l.holder, l.host, l.pid, l.pid_start, l.expires_ms \
-     FROM toolloop_runs r LEFT JOIN toolloop_leases l ON l.run_id = r.run_id";
+/// A run's summary. A run that goes on counts its records, and dates its last write, by its
+/// tail (its run row is written when it starts and when it ends).
+const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.session_revision, \
+     COALESCE(t.last_seq, r.records) AS records, r.finished, r.stop_reason, r.created_ms, \
+     COALESCE((SELECT g.created_ms FROM toolloop_log g WHERE g.id = t.last_id), r.updated_ms) \
+     AS updated_ms, l.holder, l.host, l.pid, l.pid_start, l.expires_ms \
+     FROM toolloop_runs r LEFT JOIN toolloop_leases l ON l.run_id = r.run_id \
+     LEFT JOIN toolloop_log_tails t ON t.run_id = r.run_id";
 
 /// `$1` session, or NULL for every run.
 pub(super) fn list_runs() -> String {
@@ -161,8 +190,22 @@ pub(super) fn one_session() -> String {
 pub(super) const SESSION_MESSAGES: &str =
     "SELECT messages, revision FROM toolloop_sessions WHERE name = $1";
 
-/// `$1` name: the session's run log, leases, runs, then the session.
-pub(super) const DELETE_SESSION: [&str; 4] = [
+/// `$1` name: the session's run log (the rows of `toolloop_log`, found by following each
+/// run's links from its last row, as [`LOAD_ROWS`] does, then the tails, then the rows written
+/// before `toolloop_log`), leases, runs, then the session.
+pub(super) const DELETE_SESSION: [&str; 6] = [
+    "WITH RECURSIVE chain(id, prev, run_id) AS (
+    SELECT l.id, l.prev, l.run_id FROM toolloop_runs r JOIN toolloop_log l
+        ON l.run_id = r.run_id AND l.id = COALESCE(
+            (SELECT t.last_id FROM toolloop_log_tails t WHERE t.run_id = r.run_id), r.last_id)
+    WHERE r.session = $1
+    UNION ALL
+    SELECT l.id, l.prev, l.run_id FROM toolloop_log l JOIN chain c ON l.id = c.prev
+    WHERE l.run_id = c.run_id AND l.id < c.id
+)
+DELETE FROM toolloop_log WHERE id IN (SELECT id FROM chain)",
+    "DELETE FROM toolloop_log_tails WHERE run_id IN \
+     (SELECT run_id FROM toolloop_runs WHERE session = $1)",
     "DELETE FROM toolloop_records WHERE run_id IN \
      (SELECT run_id FROM toolloop_runs WHERE session = $1)",
     "DELETE FROM toolloop_leases WHERE run_id IN \

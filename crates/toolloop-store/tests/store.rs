@@ -651,7 +651,13 @@ async fn concurrent_runs_share_the_writer_and_every_log_is_whole_and_in_order() 
         .prompt("charge")
         .await;
     let expected = kinds(&memory.load(alone.run_id.as_deref().unwrap()).await.unwrap());
-    for (kind, store) in stores(&dir).await {
+    let mut all = stores(&dir).await;
+    // PostgreSQL with four transactions side by side, as well as its default two.
+    if let Some((_, pg)) = all.iter().find(|(kind, _)| *kind == "postgres") {
+        let four = pg.clone().with_writers(4);
+        all.push(("postgres, 4 writers", four));
+    }
+    for (kind, store) in all {
         let runs = 300;
         let effects: common::Effects = Arc::default();
         let outcomes = futures::future::join_all((0..runs).map(|_| {
@@ -686,6 +692,12 @@ async fn concurrent_runs_share_the_writer_and_every_log_is_whole_and_in_order() 
             .unwrap();
             assert_eq!(again.messages, outcome.messages, "{kind}");
         }
+        // The runs shared commits.
+        let stats = store.writer_stats();
+        assert!(
+            stats.commits > 0 && stats.appends > stats.commits && stats.failures == 0,
+            "{kind}: {stats:?}"
+        );
     }
 }
 
@@ -737,7 +749,7 @@ async fn hold_writes(kind: &str, location: &str) -> sqlx::AnyConnection {
     let lock = if kind == "sqlite" {
         "BEGIN IMMEDIATE"
     } else {
-        "BEGIN; LOCK TABLE toolloop_records IN SHARE MODE"
+        "BEGIN; LOCK TABLE toolloop_log IN SHARE MODE"
     };
     sqlx::raw_sql(lock).execute(&mut conn).await.unwrap();
     conn
@@ -757,7 +769,7 @@ async fn poison(kind: &str, location: &str, marker: &str) {
     let name = marker.replace('-', "_");
     let sql = if kind == "sqlite" {
         format!(
-            "CREATE TRIGGER {name} BEFORE INSERT ON toolloop_records \
+            "CREATE TRIGGER {name} BEFORE INSERT ON toolloop_log \
              WHEN NEW.body LIKE '%{marker}%' BEGIN SELECT RAISE(ABORT, 'poisoned record'); END"
         )
     } else {
@@ -765,7 +777,7 @@ async fn poison(kind: &str, location: &str, marker: &str) {
             "CREATE FUNCTION {name}() RETURNS trigger AS $$ BEGIN \
              IF NEW.body LIKE '%{marker}%' THEN RAISE EXCEPTION 'poisoned record'; END IF; \
              RETURN NEW; END $$ LANGUAGE plpgsql; \
-             CREATE TRIGGER {name} BEFORE INSERT ON toolloop_records \
+             CREATE TRIGGER {name} BEFORE INSERT ON toolloop_log \
              FOR EACH ROW EXECUTE FUNCTION {name}()"
         )
     };
@@ -782,6 +794,9 @@ async fn a_failed_commit_fails_every_run_of_its_batch_and_none_of_them_acts() {
         } else {
             std::env::var("TOOLLOOP_TEST_POSTGRES").unwrap()
         };
+        // One transaction at a time (PostgreSQL commits two side by side by default, each with
+        // its own runs), so that the nine runs share one.
+        let store = store.with_writers(1);
         let marker = unique("poison").replace("poison-run_", "poison_");
         poison(kind, &location, &marker).await;
         // Run 0 goes first; then 9 more, one of them with a record the database refuses.
@@ -880,9 +895,9 @@ async fn a_step_is_one_row_read_back_in_order_and_rows_of_one_record_still_load(
         let records = store.load(&run_id).await.unwrap();
         let mut conn = raw(kind, &store).await;
         let select = if kind == "sqlite" {
-            "SELECT seq, kind, body FROM toolloop_records WHERE run_id = ? ORDER BY seq"
+            "SELECT seq, kind, body FROM toolloop_log WHERE run_id = ? ORDER BY seq"
         } else {
-            "SELECT seq, kind, body FROM toolloop_records WHERE run_id = $1 ORDER BY seq"
+            "SELECT seq, kind, body FROM toolloop_log WHERE run_id = $1 ORDER BY seq"
         };
         let rows: Vec<(i64, String, String)> = sqlx::query(select)
             .bind(&run_id)
@@ -1001,4 +1016,189 @@ fn a_sqlite_store_outlives_the_runtime_that_started_its_writer() {
             run.await.unwrap().expect("committed and answered");
         }
     });
+}
+
+/// A query's text for the database: `?` placeholders on SQLite, `$1`, `$2`, … on PostgreSQL.
+fn query_for(kind: &str, sql: &str) -> String {
+    if kind == "sqlite" {
+        return sql.to_string();
+    }
+    let mut n = 0;
+    sql.chars()
+        .map(|c| {
+            if c == '?' {
+                n += 1;
+                format!("${n}")
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_log_is_written_in_order_each_run_linked_and_read_back_by_its_links() {
+    use sqlx::Row;
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let mut conn = raw(kind, &store).await;
+        let session = unique("linked");
+        let journal = store.run_journal(RunTags::session(session.clone()));
+        let step = |round| {
+            vec![
+                Record::ModelRequested { round },
+                Record::StopChecked {
+                    round,
+                    signal: None,
+                },
+            ]
+        };
+        // Two runs going on at once, their steps interleaved.
+        let runs = [new_run_id(), new_run_id()];
+        for (i, run) in runs.iter().enumerate() {
+            journal
+                .acquire_new(run, &format!("holder {i}"))
+                .await
+                .unwrap();
+            let started = Record::Started {
+                messages: vec![Message::user("go")],
+                output_schema: None,
+            };
+            journal.append(run, &started).await.unwrap();
+        }
+        for round in 1..=3 {
+            for run in &runs {
+                journal.append_all(run, &step(round)).await.unwrap();
+            }
+        }
+        let rows = |run: &str| {
+            let sql = query_for(
+                kind,
+                "SELECT id, seq, prev FROM toolloop_log WHERE run_id = ? ORDER BY id",
+            );
+            let run = run.to_string();
+            async move { (sql, run) }
+        };
+        for run in &runs {
+            let (sql, run) = rows(run).await;
+            let got: Vec<(i64, i64, Option<i64>)> = sqlx::query(&sql)
+                .bind(&run)
+                .fetch_all(&mut conn)
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1), r.get(2)))
+                .collect();
+            // A row per step, numbered by its first record, each linked to the one before.
+            assert_eq!(
+                got.iter().map(|r| r.1).collect::<Vec<_>>(),
+                [1, 2, 4, 6],
+                "{kind}"
+            );
+            assert_eq!(got[0].2, None, "{kind}");
+            for pair in got.windows(2) {
+                assert_eq!(pair[1].2, Some(pair[0].0), "{kind}");
+            }
+            // The run's tail: its last row and record, which the listing shows.
+            let tail: (i64, i64) = sqlx::query(&query_for(
+                kind,
+                "SELECT last_id, last_seq FROM toolloop_log_tails WHERE run_id = ?",
+            ))
+            .bind(&run)
+            .fetch_one(&mut conn)
+            .await
+            .map(|r| (r.get(0), r.get(1)))
+            .unwrap();
+            assert_eq!(tail, (got[3].0, 7), "{kind}");
+            let summary = store.run(&run).await.unwrap().unwrap();
+            assert_eq!(summary.records, 7, "{kind}");
+            assert_eq!(summary.status, RunStatus::Running, "{kind}");
+            assert!(summary.updated_ms >= summary.created_ms, "{kind}");
+            assert_eq!(store.load(&run).await.unwrap().len(), 7, "{kind}");
+        }
+        // Their rows are in the order they were written: the two runs' interleaved.
+        let order: Vec<String> = sqlx::query(&query_for(
+            kind,
+            "SELECT run_id FROM toolloop_log WHERE run_id = ? OR run_id = ? ORDER BY id",
+        ))
+        .bind(&runs[0])
+        .bind(&runs[1])
+        .fetch_all(&mut conn)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+        assert_eq!(
+            order,
+            [0, 1, 0, 1, 0, 1, 0, 1].map(|i| runs[i].clone()),
+            "{kind}"
+        );
+
+        // The end: the run row takes the count and the last row; the tail goes.
+        journal.append(&runs[0], &Record::Finished).await.unwrap();
+        journal.release(&runs[0], "holder 0").await.unwrap();
+        let tails: i64 = sqlx::query(&query_for(
+            kind,
+            "SELECT COUNT(*) FROM toolloop_log_tails WHERE run_id = ?",
+        ))
+        .bind(&runs[0])
+        .fetch_one(&mut conn)
+        .await
+        .unwrap()
+        .get(0);
+        assert_eq!(tails, 0, "{kind}");
+        let summary = store.run(&runs[0]).await.unwrap().unwrap();
+        assert_eq!(
+            (summary.records, summary.status),
+            (8, RunStatus::Finished),
+            "{kind}"
+        );
+        let records = store.load(&runs[0]).await.unwrap();
+        assert_eq!(records.len(), 8, "{kind}");
+        assert!(matches!(records.last(), Some(Record::Finished)), "{kind}");
+
+        // Removing the session removes both runs' rows and tails (one of them still going).
+        assert!(store.remove_session(&session).await.unwrap());
+        for run in &runs {
+            for table in ["toolloop_log", "toolloop_log_tails"] {
+                let left: i64 = sqlx::query(&query_for(
+                    kind,
+                    &format!("SELECT COUNT(*) FROM {table} WHERE run_id = ?"),
+                ))
+                .bind(run)
+                .fetch_one(&mut conn)
+                .await
+                .unwrap()
+                .get(0);
+                assert_eq!(left, 0, "{kind}: {table}");
+            }
+        }
+
+        // A row lost from the middle of a run's log is found, not skipped.
+        let run = new_run_id();
+        store.acquire_new(&run, "holder").await.unwrap();
+        let started = Record::Started {
+            messages: vec![Message::user("go")],
+            output_schema: None,
+        };
+        store.append(&run, &started).await.unwrap();
+        for round in 1..=3 {
+            store.append_all(&run, &step(round)).await.unwrap();
+        }
+        sqlx::query(&query_for(
+            kind,
+            "DELETE FROM toolloop_log WHERE run_id = ? AND seq = 2",
+        ))
+        .bind(&run)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+        let err = store.load(&run).await.unwrap_err();
+        assert!(
+            matches!(err, JournalError::Corrupt { .. }) && err.to_string().contains("record 4"),
+            "{kind}: {err}"
+        );
+        store.release(&run, "holder").await.unwrap();
+    }
 }

@@ -369,13 +369,13 @@ async fn journal_cost(n: usize, rounds: usize) {
         let store = Store::open_with(path.to_str().expect("a UTF-8 path"), d)
             .await
             .expect("the SQLite store opens");
-        stores.push((format!("SQLite, {d:?}"), store, Some(path)));
+        stores.push((format!("SQLite, {d:?}"), commit_delay(store), Some(path)));
     }
     if let Ok(pg) = std::env::var("TOOLLOOP_BENCH_POSTGRES") {
         let store = Store::open(&pg)
             .await
             .expect("TOOLLOOP_BENCH_POSTGRES opens");
-        stores.push(("PostgreSQL".to_string(), store, None));
+        stores.push(("PostgreSQL".to_string(), commit_delay(store), None));
     }
     println!(
         "journal: N={n} loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round); \
@@ -409,6 +409,7 @@ async fn journal_cost(n: usize, rounds: usize) {
             loop_workers(&plain, n, rounds, Work::Runs(1)).await;
             let (_, warm) = logged_workers(&logged, n, rounds, Work::Runs(1)).await;
             let mut ids = warm;
+            let before = store.map(|s| s.writer_stats()).unwrap_or_default();
             let mut pairs = Vec::new();
             for _ in 0..TRIALS {
                 let base = sustained(TRIAL_SECS, |w| loop_workers(&plain, n, rounds, w)).await;
@@ -421,6 +422,17 @@ async fn journal_cost(n: usize, rounds: usize) {
             }
             pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
             let (ratio, base, rps) = pairs[pairs.len() / 2];
+            let shared = store.map(|s| {
+                let after = s.writer_stats();
+                let (commits, appends) = (
+                    after.commits - before.commits,
+                    after.appends - before.appends,
+                );
+                format!(
+                    "; {:.1} steps per commit",
+                    appends as f64 / commits.max(1) as f64
+                )
+            });
             // Every run finished, and its log is whole.
             let mut lost = 0;
             for id in &ids {
@@ -440,11 +452,12 @@ async fn journal_cost(n: usize, rounds: usize) {
             }
             println!(
                 "journal: {name}, {side_effect:?} tools: {rps:.0} rounds/s journaled vs {base:.0} \
-                 without: {:.0}% (pairs: {:.0}–{:.0}%); {} runs checked, {lost} incomplete",
+                 without: {:.0}% (pairs: {:.0}–{:.0}%); {} runs checked, {lost} incomplete{}",
                 100.0 * ratio,
                 100.0 * pairs[0].0,
                 100.0 * pairs[pairs.len() - 1].0,
                 ids.len(),
+                shared.unwrap_or_default(),
             );
         }
     }
@@ -456,6 +469,20 @@ async fn journal_cost(n: usize, rounds: usize) {
         }
     }
     server.shutdown().await;
+}
+
+/// The store with the commit delay `TOOLLOOP_BENCH_COMMIT_DELAY_US` says (µs), and the writers
+/// `TOOLLOOP_BENCH_WRITERS` says (PostgreSQL), where they say one.
+fn commit_delay(store: toolloop_store::Store) -> toolloop_store::Store {
+    let number = |var: &str| std::env::var(var).ok().and_then(|v| v.parse::<u64>().ok());
+    let store = match number("TOOLLOOP_BENCH_WRITERS") {
+        Some(n) => store.with_writers(n as usize),
+        None => store,
+    };
+    match number("TOOLLOOP_BENCH_COMMIT_DELAY_US") {
+        Some(us) => store.with_commit_delay(std::time::Duration::from_micros(us)),
+        None => store,
+    }
 }
 
 /// Rounds (or requests) per second of `side` run by `n` workers for about `secs` seconds.
@@ -601,14 +628,19 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let bodies = one_run_bodies(&url, &scenario, rounds).await;
     // `TOOLLOOP_BENCH_JOURNAL` (a store location, or `memory`) journals the loops, with a
     // read-only tool when `TOOLLOOP_BENCH_READ_ONLY` is set: a profile of the journaled side.
+    let mut store = None;
     let journal: Option<Arc<dyn toolloop::journal::Journal>> =
         match std::env::var("TOOLLOOP_BENCH_JOURNAL") {
             Ok(m) if m == "memory" => Some(Arc::new(toolloop::journal::MemoryJournal::new())),
-            Ok(location) => Some(Arc::new(
-                toolloop_store::Store::open(&location)
-                    .await
-                    .expect("TOOLLOOP_BENCH_JOURNAL opens"),
-            )),
+            Ok(location) => {
+                let s = commit_delay(
+                    toolloop_store::Store::open(&location)
+                        .await
+                        .expect("TOOLLOOP_BENCH_JOURNAL opens"),
+                );
+                store = Some(s.clone());
+                Some(Arc::new(s))
+            }
             Err(_) => None,
         };
     let side_effect = if std::env::var_os("TOOLLOOP_BENCH_READ_ONLY").is_some() {
@@ -625,6 +657,16 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     };
     let side = if looping { "loop" } else { "bare client" };
     println!("{side}: {rate:.0} rounds/s at N={n}");
+    if let Some(store) = store {
+        let s = store.writer_stats();
+        println!(
+            "store: {} commits of {} steps ({:.1} per commit), {} records",
+            s.commits,
+            s.appends,
+            s.appends as f64 / s.commits.max(1) as f64,
+            s.records
+        );
+    }
     server.shutdown().await;
 }
 
