@@ -87,13 +87,15 @@ pub(crate) async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
     open_store_with(args, Durability::default()).await
 }
 
+/// The stores the command opened, by location and durability (one of each per process).
+static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
+
 /// Opens the store the flags name with the durability given (one per location and durability
 /// per process).
 pub(crate) async fn open_store_with(
     args: &StoreArgs,
     durability: Durability,
 ) -> Result<Store, ExitCode> {
-    static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
     let location = match &args.store {
         Some(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => match Store::default_location() {
@@ -127,6 +129,20 @@ pub(crate) async fn open_store_with(
             eprintln!("toolloop: {e}; choose another with --store <path|postgres://…>");
             Err(ExitCode::FAILURE)
         }
+    }
+}
+
+/// Closes every store the command opened (see [`Store::close`]): their writes are finished and
+/// a SQLite file's log is copied into it and removed, so the next command opens it at once.
+pub(crate) async fn close_stores() {
+    let stores: Vec<Store> = OPEN
+        .lock()
+        .ok()
+        .and_then(|mut m| m.take())
+        .map(|m| m.into_values().collect())
+        .unwrap_or_default();
+    for store in stores {
+        store.close().await;
     }
 }
 

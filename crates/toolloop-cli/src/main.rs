@@ -262,8 +262,9 @@ fn main() -> ExitCode {
                 }
             }
         };
-        // The MCP servers the command started stop with it.
+        // The MCP servers the command started stop with it, and its stores close.
         mcp::shutdown().await;
+        durable::close_stores().await;
         code
     })
 }

@@ -162,7 +162,21 @@ pub(crate) struct Writer {
     shared: Arc<Shared>,
     /// The writer's lanes: each commits the appends of its runs (a run's lane is fixed by its
     /// id), one transaction at a time, while the others commit theirs.
-    lanes: Vec<std::sync::Mutex<Option<Queue>>>,
+    lanes: Vec<std::sync::Mutex<Lane>>,
+}
+
+/// A lane of the writer.
+enum Lane {
+    /// Not started yet (or stopped: a task whose runtime ended).
+    Idle,
+    /// Committing what is queued; `ended` resolves once it has stopped and closed its
+    /// connections.
+    Running {
+        queue: Queue,
+        ended: oneshot::Receiver<()>,
+    },
+    /// Closed: appends are refused.
+    Closed,
 }
 
 /// What a writer's handle and the writer share.
@@ -230,7 +244,9 @@ impl Writer {
             pool,
             place,
             shared: Arc::new(Shared::new(DEFAULT_COMMIT_DELAY)),
-            lanes: (0..lanes).map(|_| std::sync::Mutex::new(None)).collect(),
+            lanes: (0..lanes)
+                .map(|_| std::sync::Mutex::new(Lane::Idle))
+                .collect(),
         }
     }
 
@@ -290,21 +306,32 @@ impl Writer {
             .take(4)
             .fold(0usize, |h, b| h * 31 + usize::from(b))
             % self.lanes.len();
-        let mut queue = self.lanes[lane].lock().unwrap_or_else(|p| p.into_inner());
-        let item = match queue.as_ref() {
-            Some(Queue::Task(tx)) => match tx.send(item) {
+        let mut lane = self.lanes[lane].lock().unwrap_or_else(|p| p.into_inner());
+        let item = match &*lane {
+            Lane::Running {
+                queue: Queue::Task(tx),
+                ..
+            } => match tx.send(item) {
                 Ok(()) => return,
                 // The task is gone (its runtime ended): start another.
                 Err(mpsc::error::SendError(back)) => back,
             },
             #[cfg(feature = "sqlite")]
-            Some(Queue::Thread(tx)) => match tx.send(item) {
+            Lane::Running {
+                queue: Queue::Thread(tx),
+                ..
+            } => match tx.send(item) {
                 Ok(()) => return,
                 Err(std::sync::mpsc::SendError(back)) => back,
             },
-            None => item,
+            Lane::Idle => item,
+            Lane::Closed => {
+                let _ = item.1.send(Written::Failed("the store is closed".into()));
+                return;
+            }
         };
         let pace = Pace::new(self.shared.clone());
+        let (end, ended) = oneshot::channel();
         let started: std::io::Result<Queue> = match &self.place {
             #[cfg(feature = "sqlite")]
             Place::File(file) => {
@@ -312,19 +339,19 @@ impl Writer {
                 let file = file.clone();
                 std::thread::Builder::new()
                     .name("toolloop-store-writer".into())
-                    .spawn(move || sqlite::serve(file, rx, pace))
+                    .spawn(move || sqlite::serve(file, rx, pace, end))
                     .map(|_| Queue::Thread(tx))
             }
             place => {
                 let (tx, rx) = mpsc::unbounded_channel();
                 let shared = matches!(place, Place::Shared);
-                tokio::spawn(run(self.pool.clone(), shared, rx, pace));
+                tokio::spawn(run(self.pool.clone(), shared, rx, pace, end));
                 Ok(Queue::Task(tx))
             }
         };
         match started {
-            Ok(q) => {
-                let item = match &q {
+            Ok(queue) => {
+                let item = match &queue {
                     // The receivers are alive: they were just made.
                     Queue::Task(tx) => tx.send(item).map_err(|e| e.0),
                     #[cfg(feature = "sqlite")]
@@ -333,11 +360,28 @@ impl Writer {
                 if let Err((_, done)) = item {
                     let _ = done.send(Written::Failed("the store's writer stopped".into()));
                 }
-                *queue = Some(q);
+                *lane = Lane::Running { queue, ended };
             }
             Err(e) => {
                 let _ = item.1.send(Written::Failed(StoreFailure::new(e)));
             }
+        }
+    }
+
+    /// Closes the writer: what was queued is committed, and every later append is refused.
+    /// Returns once each lane has stopped and closed its connections.
+    pub(crate) async fn close(&self) {
+        let mut ends = Vec::new();
+        for lane in &self.lanes {
+            let mut lane = lane.lock().unwrap_or_else(|p| p.into_inner());
+            // Dropping the queue's sender ends the writer once it has committed what waits.
+            if let Lane::Running { ended, .. } = std::mem::replace(&mut *lane, Lane::Closed) {
+                ends.push(ended);
+            }
+        }
+        for ended in ends {
+            // Resolved when the writer ends, whether it says so or is gone.
+            let _ = ended.await;
         }
     }
 }
@@ -399,7 +443,13 @@ async fn acquire(pool: &Pool) -> Result<Conn, sqlx::Error> {
 }
 
 /// The writer task: until every handle is gone, commits whatever is waiting.
-async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>, mut pace: Pace) {
+async fn run(
+    pool: Pool,
+    shared: bool,
+    mut queue: mpsc::UnboundedReceiver<Item>,
+    mut pace: Pace,
+    end: oneshot::Sender<()>,
+) {
     let mut waiting: VecDeque<Item> = VecDeque::new();
     let mut conn: Option<Conn> = None;
     let mut known = Known::default();
@@ -408,7 +458,12 @@ async fn run(pool: Pool, shared: bool, mut queue: mpsc::UnboundedReceiver<Item>,
         if waiting.is_empty() {
             match queue.recv().await {
                 Some(item) => waiting.push_back(item),
-                None => return,
+                None => {
+                    // Closed: the connection goes back to the pool, then the writer says so.
+                    drop(conn);
+                    let _ = end.send(());
+                    return;
+                }
             }
         }
         if let Some(wait) = pace.wait() {
@@ -1077,7 +1132,12 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
     }
 
     /// The writer thread: until every handle is gone, commits whatever is waiting.
-    pub(super) fn serve(file: File, queue: std::sync::mpsc::Receiver<Item>, mut pace: Pace) {
+    pub(super) fn serve(
+        file: File,
+        queue: std::sync::mpsc::Receiver<Item>,
+        mut pace: Pace,
+        end: tokio::sync::oneshot::Sender<()>,
+    ) {
         use std::sync::mpsc::RecvTimeoutError;
         let mut waiting: VecDeque<Item> = VecDeque::new();
         let mut conn: Option<rusqlite::Connection> = None;
@@ -1102,7 +1162,7 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
                 };
                 match item {
                     Some(item) => waiting.push_back(item),
-                    None => return,
+                    None => break,
                 }
             }
             if let Some(wait) = pace.wait() {
@@ -1129,6 +1189,11 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
             pace.committed(&appends, &result);
             answered = answer(batch, result);
         }
+        // Closed: the checkpoints' connection, then the writer's, close (the last connection to
+        // a file to close copies its log into it and removes it), then the writer says so.
+        drop(checkpoints);
+        drop(conn);
+        let _ = end.send(());
     }
 
     /// Runs the checkpoints it is asked for, one at a time, until the writer is gone.
@@ -1174,7 +1239,18 @@ struct Checkpoints {
     since: usize,
     /// The checkpoint thread (started with the first checkpoint): at most one checkpoint waits
     /// while another runs.
-    thread: Option<std::sync::mpsc::SyncSender<()>>,
+    thread: Option<(std::sync::mpsc::SyncSender<()>, std::thread::JoinHandle<()>)>,
+}
+
+/// Stops the checkpoint thread and waits for it (its connection closed).
+#[cfg(feature = "sqlite")]
+impl Drop for Checkpoints {
+    fn drop(&mut self) {
+        if let Some((asked, thread)) = self.thread.take() {
+            drop(asked);
+            let _ = thread.join();
+        }
+    }
 }
 
 /// How long the writer waits, idle with records not checkpointed yet, before it checkpoints
@@ -1217,14 +1293,14 @@ impl Checkpoints {
                 .name("toolloop-store-checkpoint".into())
                 .spawn(move || sqlite::checkpoint(file, rx))
             {
-                Ok(_) => self.thread = Some(tx),
+                Ok(thread) => self.thread = Some((tx, thread)),
                 Err(e) => {
                     tracing::debug!("the run log's checkpoint thread did not start: {e}");
                     return;
                 }
             }
         }
-        if let Some(tx) = &self.thread {
+        if let Some((tx, _)) = &self.thread {
             let _ = tx.try_send(());
         }
     }

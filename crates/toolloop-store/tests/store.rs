@@ -1202,3 +1202,37 @@ async fn the_log_is_written_in_order_each_run_linked_and_read_back_by_its_links(
         store.release(&run, "holder").await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_store_has_committed_everything_and_leaves_no_log_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, store) in stores(&dir).await {
+        let run_id = new_run_id();
+        store.acquire_new(&run_id, "closing").await.unwrap();
+        let started = Record::Started {
+            messages: vec![Message::user("go")],
+            output_schema: None,
+        };
+        store.append(&run_id, &started).await.unwrap();
+        // Handed to the writer, not waited for: committed by the close all the same.
+        let behind = Arc::new(store.clone()).append_behind(
+            &run_id,
+            vec![Record::ModelRequested { round: 1 }, Record::Finished],
+        );
+        store.close().await;
+        behind.await.unwrap();
+        let err = store
+            .append(&run_id, &Record::ModelRequested { round: 2 })
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("closed"), "{kind}: {err}");
+        if kind == "sqlite" {
+            // The last connection copied the log into the database and removed it.
+            let wal = format!("{}-wal", store.location());
+            assert!(!std::path::Path::new(&wal).exists(), "{wal} is left");
+        }
+        let again = another_process(kind, &store).await;
+        assert_eq!(again.load(&run_id).await.unwrap().len(), 3, "{kind}");
+        again.close().await;
+    }
+}
