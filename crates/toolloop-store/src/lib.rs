@@ -28,6 +28,7 @@
 //! // `agent.resume(run_id, cancel)` and saved the same way.
 //! store.save_outcome(outcome.run_id.as_deref().unwrap_or_default(), &outcome).await?;
 //! store.unlock_session("demo", "worker 1").await?;
+//! store.close().await; // before the process ends
 //! # Ok(())
 //! # }
 //! ```
@@ -39,11 +40,23 @@
 //!   Runs share their store's commits (group commit): one writer per store takes every append
 //!   waiting when it is free, from every run, and commits them in one transaction (on a SQLite
 //!   file the writer is a thread of its own with its own connection; on PostgreSQL the
-//!   transaction is one call of a function the store's migrations make); each
-//!   append returns when its transaction has committed. When that transaction fails, every append in it fails and
-//!   nothing of it is written (the driver then stops each of those runs with
-//!   `StopReason::StoreFailed` before it acts); a run whose lease was taken over is refused
-//!   alone, the others are committed.
+//!   transaction is one call of a function the store's migrations make, and two go side by
+//!   side: [`Store::with_writers`]); each append returns when its transaction has committed.
+//!   While many runs write at once, the writer waits a moment before each commit so that more
+//!   steps share it ([`Store::with_commit_delay`]); [`Store::writer_stats`] counts what it did.
+//!   When that transaction fails, every append in it fails and nothing of it is written (the
+//!   driver then stops each of those runs with `StopReason::StoreFailed` before it acts); a run
+//!   whose lease was taken over is refused alone, the others are committed.
+//!
+//!   A step is one row of the log. Rows are kept in the order they are written, each naming
+//!   its run and linking to the run's previous row, and each running run's last row and record
+//!   number are kept in a narrow table of their own: a commit of many runs' steps writes its rows
+//!   one after the other and its runs' tails, which sit together, and nothing else per run. A
+//!   run's log is read by following the links back from its last row; logs written by earlier
+//!   versions (a table keyed by run and number) still load, and continue in the new one.
+//! - **Closing.** [`Store::close`] commits what was handed to the writer and closes the
+//!   connections, for a process about to end: on a SQLite file the last connection to close
+//!   copies the log into the database and removes it, so the next process opens it at once.
 //!   How far a commit survives is the store's [`Durability`]: with
 //!   [`Durability::Process`] (the default) a killed process loses nothing committed, and a
 //!   power cut or an operating-system crash may lose the last commits; with
@@ -64,9 +77,9 @@
 //!   to start the same run id both get it from `acquire`, but only the first to write keeps it
 //!   (the other's first append is refused with [`JournalError::Locked`]). Leases are given back
 //!   through the group writer.
-//! - **Checkpoints** (SQLite). The group writer checkpoints the log in the background; a
-//!   connection checkpoints it on its own only once it passes 16,384 pages (64 MiB), which
-//!   bounds it.
+//! - **Checkpoints** (SQLite). The group writer checkpoints the log in the background (every
+//!   4 MiB of records or 500 commits, and after a second without writes); a connection
+//!   checkpoints it on its own only once it passes 16,384 pages (64 MiB), which bounds it.
 //! - **Sessions.** A session is a named conversation: [`Store::session`] loads its
 //!   transcript (checked and repaired with [`toolloop::transcript::repair_transcript`], so the
 //!   next request is valid for every provider) and its revision, [`Store::save_outcome`]
@@ -614,23 +627,7 @@ impl Store {
     /// A holder that dies on another host blocks its run for at most this long.
     pub fn with_lease_ttl(self, ttl: Duration) -> Store {
         let ttl = ttl.max(Duration::from_millis(300));
-        match Arc::try_unwrap(self.inner) {
-            Ok(mut inner) => {
-                inner.lease_ttl = ttl;
-                Store {
-                    inner: Arc::new(inner),
-                }
-            }
-            Err(inner) => Store {
-                inner: Arc::new(Inner {
-                    pool: inner.pool.clone(),
-                    location: inner.location.clone(),
-                    lease_ttl: ttl,
-                    held: Mutex::new(HashMap::new()),
-                    writer: inner.writer.again(None),
-                }),
-            },
-        }
+        self.rebuilt(ttl, None)
     }
 
     /// Sets how many transactions of run-log appends a PostgreSQL store commits side by side,
@@ -641,22 +638,32 @@ impl Store {
     /// transaction at a time: there, this changes nothing. Call it before the store is used
     /// (a store shared meanwhile gets a writer of its own, as [`Store::with_lease_ttl`] does).
     pub fn with_writers(self, writers: usize) -> Store {
-        match Arc::try_unwrap(self.inner) {
+        let ttl = self.inner.lease_ttl;
+        self.rebuilt(ttl, Some(writers))
+    }
+
+    /// The store with a lease time of `lease_ttl` and, when `writers` is given, a writer of
+    /// that many lanes: changed in place when no clone shares it, else a store of its own (the
+    /// same pool, a writer of its own, no lease held yet).
+    fn rebuilt(self, lease_ttl: Duration, writers: Option<usize>) -> Store {
+        let inner = match Arc::try_unwrap(self.inner) {
             Ok(mut inner) => {
-                inner.writer = inner.writer.again(Some(writers));
-                Store {
-                    inner: Arc::new(inner),
+                inner.lease_ttl = lease_ttl;
+                if writers.is_some() {
+                    inner.writer = inner.writer.again(writers);
                 }
+                inner
             }
-            Err(inner) => Store {
-                inner: Arc::new(Inner {
-                    pool: inner.pool.clone(),
-                    location: inner.location.clone(),
-                    lease_ttl: inner.lease_ttl,
-                    held: Mutex::new(HashMap::new()),
-                    writer: inner.writer.again(Some(writers)),
-                }),
+            Err(inner) => Inner {
+                pool: inner.pool.clone(),
+                location: inner.location.clone(),
+                lease_ttl,
+                held: Mutex::new(HashMap::new()),
+                writer: inner.writer.again(writers),
             },
+        };
+        Store {
+            inner: Arc::new(inner),
         }
     }
 

@@ -418,10 +418,13 @@ impl Pace {
         }
     }
 
-    /// How long to wait before the next commit (none: commit at once).
-    fn wait(&self) -> Option<Duration> {
+    /// How long to wait before the next commit, with `waiting` appends waiting (none: commit
+    /// at once). Not when as many wait as a commit has held of late: the writer is behind, and
+    /// a wait would only hold it back.
+    fn wait(&self, waiting: usize) -> Option<Duration> {
         let delay = self.shared.delay.load(Ordering::Relaxed);
-        (delay > 0 && self.mean >= SIBLINGS).then(|| Duration::from_micros(delay))
+        (delay > 0 && self.mean >= SIBLINGS && (waiting as f64) < self.mean)
+            .then(|| Duration::from_micros(delay))
     }
 }
 
@@ -466,11 +469,14 @@ async fn run(
                 }
             }
         }
-        if let Some(wait) = pace.wait() {
-            tokio::time::sleep(wait).await;
-        }
         while let Ok(item) = queue.try_recv() {
             waiting.push_back(item);
+        }
+        if let Some(wait) = pace.wait(waiting.len()) {
+            tokio::time::sleep(wait).await;
+            while let Ok(item) = queue.try_recv() {
+                waiting.push_back(item);
+            }
         }
         let batch = take_batch(&mut waiting, &answered);
         let appends: Vec<&Append> = batch.iter().map(|(a, _)| a).collect();
@@ -584,21 +590,52 @@ struct Looked {
 /// while the holder's lease holds, nobody else writes the run. Kept with the holder it was
 /// written for (another holder of the run looks it up again), dropped when the run ends or gives
 /// its lease back, is fenced out, or is in a batch that failed.
+///
+/// It keeps too whether the fence still holds without reading it again: a run's fence read (or
+/// known) in a transaction holds as long as no other connection has written the database since
+/// (SQLite's `data_version` tells the writer thread so; see [`Known::written_elsewhere`]): each
+/// entry is of an era, and a write from elsewhere starts the next one.
 #[derive(Default)]
-struct Known(foldhash::HashMap<String, (String, Tail)>);
+struct Known {
+    runs: foldhash::HashMap<String, Entry>,
+    era: u64,
+}
+
+/// What [`Known`] keeps of a run.
+struct Entry {
+    holder: String,
+    tail: Tail,
+    /// The era its fence was last known in.
+    era: u64,
+}
 
 /// The most runs [`Known`] keeps (past it, it starts over: a run whose holder went away
 /// without giving its lease back stays until then).
 const KNOWN_MAX: usize = 100_000;
 
 impl Known {
+    fn entry(&self, a: &Append) -> Option<&Entry> {
+        let holder = a.holder.as_deref()?;
+        self.runs
+            .get(a.run_id.as_str())
+            .filter(|e| e.holder == holder)
+    }
+
     /// The run's tail, when the writer knows it for the append's holder.
     fn tail(&self, a: &Append) -> Option<Tail> {
-        let holder = a.holder.as_deref()?;
-        match self.0.get(a.run_id.as_str()) {
-            Some((h, tail)) if h == holder => Some(*tail),
-            _ => None,
-        }
+        self.entry(a).map(|e| e.tail)
+    }
+
+    /// Whether the append's holder still holds its run's lease, as far as the writer knows
+    /// without reading it: it did when the writer last wrote the run, and nothing else has
+    /// written the database since.
+    fn fence_holds(&self, a: &Append) -> bool {
+        self.entry(a).is_some_and(|e| e.era == self.era)
+    }
+
+    /// Another connection has written the database: no fence is known to hold any more.
+    fn written_elsewhere(&mut self) {
+        self.era += 1;
     }
 
     /// After a commit: each append's run as it was (`looked`) and the row it wrote (`ids`).
@@ -606,20 +643,24 @@ impl Known {
         for ((a, l), id) in appends.iter().zip(looked).zip(ids) {
             let Some(holder) = &a.holder else { continue };
             if l.fenced || a.release || a.finished {
-                self.0.remove(a.run_id.as_str());
+                self.runs.remove(a.run_id.as_str());
                 continue;
             }
-            if self.0.len() >= KNOWN_MAX {
-                self.0.clear();
+            if self.runs.len() >= KNOWN_MAX {
+                self.runs.clear();
             }
-            let tail = Tail {
-                last: l.tail.last + a.count as i64,
-                last_id: id.or(l.tail.last_id),
+            let entry = Entry {
+                holder: holder.clone(),
+                tail: Tail {
+                    last: l.tail.last + a.count as i64,
+                    last_id: id.or(l.tail.last_id),
+                },
+                era: self.era,
             };
-            match self.0.get_mut(a.run_id.as_str()) {
-                Some(known) => *known = (holder.clone(), tail),
+            match self.runs.get_mut(a.run_id.as_str()) {
+                Some(known) => *known = entry,
                 None => {
-                    self.0.insert(a.run_id.clone(), (holder.clone(), tail));
+                    self.runs.insert(a.run_id.clone(), entry);
                 }
             }
         }
@@ -628,7 +669,7 @@ impl Known {
     /// After a failed commit.
     fn forget(&mut self, appends: &[&Append]) {
         for a in appends {
-            self.0.remove(a.run_id.as_str());
+            self.runs.remove(a.run_id.as_str());
         }
     }
 }
@@ -1051,7 +1092,7 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
         c: &rusqlite::Connection,
         appends: &[&Append],
         now: i64,
-        known: &mut Known,
+        known: &mut Thread,
     ) -> Result<Runs, StoreFailure> {
         let failed = StoreFailure::new;
         // Every statement is prepared once (the connection keeps them), and taken from the
@@ -1067,6 +1108,17 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
         };
         let ran = (|| {
             c.execute_batch("BEGIN IMMEDIATE").map_err(failed)?;
+            // Whether another connection has written the database since this one last did
+            // (SQLite's `data_version` changes then, and only then; the write lock is held from
+            // here to the commit, so nobody writes meanwhile).
+            let version: i64 = c
+                .prepare_cached("PRAGMA data_version")
+                .and_then(|mut s| s.query_row([], |r| r.get(0)))
+                .map_err(failed)?;
+            if known.version != Some(version) {
+                known.version = Some(version);
+                known.runs.written_elsewhere();
+            }
             for (stmt, params) in appends.iter().filter_map(|a| take_lease(a)) {
                 run(stmt, params)?;
             }
@@ -1076,8 +1128,13 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
                 let mut fence = c.prepare_cached(FENCE).map_err(failed)?;
                 for a in appends {
                     let params = run_and_holder(a);
-                    let l = match known.tail(a) {
-                        // The fence is read every time; the tail is known.
+                    let l = match known.runs.tail(a) {
+                        // Known to hold: nobody else has written since it was last read.
+                        Some(tail) if known.runs.fence_holds(a) => Looked {
+                            fenced: false,
+                            tail,
+                        },
+                        // The tail is known; the fence is read.
                         Some(tail) => Looked {
                             fenced: fence
                                 .query_row(params, |r| r.get::<_, i64>(0))
@@ -1117,7 +1174,7 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
         })();
         match ran {
             Ok((looked, ids)) => {
-                known.committed(appends, &looked, &ids);
+                known.runs.committed(appends, &looked, &ids);
                 Ok(fenced(appends, &looked))
             }
             Err(e) => {
@@ -1125,10 +1182,20 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
                     // A statement failed before the commit: nothing of the batch stays.
                     let _ = c.execute_batch("ROLLBACK");
                 }
-                known.forget(appends);
+                known.runs.forget(appends);
+                // And what was read of the database may be stale.
+                known.version = None;
                 Err(e)
             }
         }
+    }
+
+    /// What the writer thread knows of the runs it writes, and the database's `data_version`
+    /// as its connection last read it (`None`: not read yet, or a transaction failed since).
+    #[derive(Default)]
+    pub(super) struct Thread {
+        runs: Known,
+        version: Option<i64>,
     }
 
     /// The writer thread: until every handle is gone, commits whatever is waiting.
@@ -1142,13 +1209,13 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
         let mut waiting: VecDeque<Item> = VecDeque::new();
         let mut conn: Option<rusqlite::Connection> = None;
         let mut checkpoints = Checkpoints::new(file.clone());
-        let mut known = Known::default();
+        let mut known = Thread::default();
         let mut answered = Runs::default();
         loop {
             if waiting.is_empty() {
                 // Idle with records not yet checkpointed: after a while, checkpoint them, so a
                 // burst of writes does not leave its log behind.
-                let item = if checkpoints.since > 0 {
+                let item = if checkpoints.commits > 0 {
                     match queue.recv_timeout(IDLE_CHECKPOINT) {
                         Ok(item) => Some(item),
                         Err(RecvTimeoutError::Timeout) => {
@@ -1165,12 +1232,15 @@ VALUES (?1, ?2, ?3) ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_i
                     None => break,
                 }
             }
-            if let Some(wait) = pace.wait() {
-                // Asleep, the writer is not woken by each append that comes meanwhile.
-                std::thread::sleep(wait);
-            }
             while let Ok(item) = queue.try_recv() {
                 waiting.push_back(item);
+            }
+            if let Some(wait) = pace.wait(waiting.len()) {
+                // Asleep, the writer is not woken by each append that comes meanwhile.
+                std::thread::sleep(wait);
+                while let Ok(item) = queue.try_recv() {
+                    waiting.push_back(item);
+                }
             }
             let batch = take_batch(&mut waiting, &answered);
             let appends: Vec<&Append> = batch.iter().map(|(a, _)| a).collect();
@@ -1226,7 +1296,9 @@ pub(crate) use sqlite::{BUSY_TIMEOUT, File, JOURNAL_SIZE_LIMIT};
 /// the log; at SQLite's default of 1,000 it would stall every thousandth page's commit, and with
 /// `synchronous=FULL` sync the database file in it). Instead the writer asks a thread of its own
 /// for a passive checkpoint after its first commit and every [`CHECKPOINT_EVERY`] bytes of
-/// records, so the log is copied into the database while commits go on, and the safety net
+/// records or [`CHECKPOINT_COMMITS`] commits, whichever comes first (a commit writes at least
+/// a few pages, whatever its records' size), so the log is copied into the database while
+/// commits go on (a long log makes every read of a page dearer), and the safety net
 /// finds little left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`],
 /// so the end of a burst of writes is not left in the log. A checkpoint copies each page the
 /// log holds once, however many commits wrote it: the pages that every commit writes (the
@@ -1237,6 +1309,8 @@ struct Checkpoints {
     file: sqlite::File,
     /// Bytes of records committed since the last checkpoint was asked for.
     since: usize,
+    /// Commits since then.
+    commits: usize,
     /// The checkpoint thread (started with the first checkpoint): at most one checkpoint waits
     /// while another runs.
     thread: Option<(std::sync::mpsc::SyncSender<()>, std::thread::JoinHandle<()>)>,
@@ -1257,9 +1331,12 @@ impl Drop for Checkpoints {
 /// them.
 #[cfg(feature = "sqlite")]
 const IDLE_CHECKPOINT: std::time::Duration = std::time::Duration::from_secs(1);
-/// Bytes of records between two background checkpoints.
+/// Bytes of records between two background checkpoints (at most).
 #[cfg(feature = "sqlite")]
 const CHECKPOINT_EVERY: usize = 4 << 20;
+/// Commits between two background checkpoints (at most).
+#[cfg(feature = "sqlite")]
+const CHECKPOINT_COMMITS: usize = 500;
 /// The log's length (in pages) past which the connection that commits checkpoints it, after
 /// its commit; the next commit then starts the log over (cut back to `journal_size_limit`).
 #[cfg(feature = "sqlite")]
@@ -1271,6 +1348,7 @@ impl Checkpoints {
         Checkpoints {
             file,
             since: 0,
+            commits: 0,
             thread: None,
         }
     }
@@ -1278,7 +1356,11 @@ impl Checkpoints {
     /// After a commit of `bytes` bytes of records.
     fn committed(&mut self, bytes: usize) {
         self.since += bytes;
-        if self.thread.is_none() || self.since >= CHECKPOINT_EVERY {
+        self.commits += 1;
+        if self.thread.is_none()
+            || self.since >= CHECKPOINT_EVERY
+            || self.commits >= CHECKPOINT_COMMITS
+        {
             self.start();
         }
     }
@@ -1286,6 +1368,7 @@ impl Checkpoints {
     /// Asks for a checkpoint (one already waiting covers it).
     fn start(&mut self) {
         self.since = 0;
+        self.commits = 0;
         if self.thread.is_none() {
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
             let file = self.file.clone();
@@ -1318,8 +1401,8 @@ mod postgres {
     /// The call; its arguments are in the order of the function's.
     const APPEND_BATCH: &str = "SELECT o_fenced, o_last, o_ids FROM toolloop_append_batch(\
          $1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
-         $7::bigint[], $8::bool[], $9::int[], $10::bigint[], $11, $12, $13, $14::int[], \
-         $15::text[], $16::text[], $17::bigint[], $18::int[], $19)";
+         $7::bigint[], $8::int[], $9::bigint[], $10, $11, $12, $13::int[], $14::text[], \
+         $15::text[], $16::bigint[], $17::int[], $18::int[], $19)";
 
     pub(super) async fn commit(
         c: &mut sqlx::PgConnection,
@@ -1349,8 +1432,8 @@ mod postgres {
     ) -> Result<(Vec<Looked>, Vec<Option<i64>>), sqlx::Error> {
         let n = appends.len();
         // One array per argument, one element per append; and for what few appends do (take a
-        // lease, start a run, give a lease back), their places in the batch (from 1) and what
-        // goes with them.
+        // lease, start a run, end it, give a lease back), their places in the batch (from 1)
+        // and what goes with them.
         fn each<'a, T>(appends: &[&'a Append], f: impl Fn(&'a Append) -> T) -> Vec<T> {
             appends.iter().map(|a| f(a)).collect()
         }
@@ -1369,7 +1452,7 @@ mod postgres {
         let counts = each(appends, |a| a.count as i64);
         let known_seq: Vec<Option<i64>> = tails.iter().map(|t| t.map(|t| t.last)).collect();
         let known_id: Vec<Option<i64>> = tails.iter().map(|t| t.and_then(|t| t.last_id)).collect();
-        let finished = each(appends, |a| a.finished);
+        let finish_at = places(appends, |a| a.finished);
         let take_at = places(appends, |a| a.take_lease.is_some());
         let expiries: Vec<i64> = appends.iter().filter_map(|a| a.take_lease).collect();
         let starts: Vec<&super::Start> = appends.iter().filter_map(|a| a.start.as_ref()).collect();
@@ -1393,7 +1476,6 @@ mod postgres {
                 .bind(counts)
                 .bind(known_seq)
                 .bind(known_id)
-                .bind(finished)
                 .bind(take_at)
                 .bind(expiries)
                 .bind(me.host.as_str())
@@ -1403,6 +1485,7 @@ mod postgres {
                 .bind(sessions)
                 .bind(metas)
                 .bind(revisions)
+                .bind(finish_at)
                 .bind(release_at)
                 .bind(now)
                 .fetch_one(&mut *tx)
@@ -1571,27 +1654,29 @@ mod tests {
         // One run, or two, at a time: never.
         for n in [1, 2, 1, 2, 2, 1, 2, 2, 2, 2, 2, 2] {
             pace.committed(&appends[..n], &ok);
-            assert_eq!(pace.wait(), None, "{}", pace.mean);
+            assert_eq!(pace.wait(1), None, "{}", pace.mean);
         }
         // Many: once the recent commits held four or more on average.
         let mut waited = 0;
         for _ in 0..20 {
             pace.committed(&appends, &ok);
-            if pace.wait().is_some() {
+            if pace.wait(1).is_some() {
                 waited += 1;
-                assert_eq!(pace.wait(), Some(Duration::from_millis(1)));
+                assert_eq!(pace.wait(1), Some(Duration::from_millis(1)));
+                // Not when as many wait as commits have held of late: the writer is behind.
+                assert_eq!(pace.wait(30), None);
             }
         }
         assert!(waited >= 15, "{waited}");
         // No delay set: never.
         delay.store(0, Ordering::Relaxed);
-        assert_eq!(pace.wait(), None);
+        assert_eq!(pace.wait(1), None);
         delay.store(1_000, Ordering::Relaxed);
         // And back to one run at a time: it stops waiting.
         for _ in 0..40 {
             pace.committed(&appends[..1], &ok);
         }
-        assert_eq!(pace.wait(), None, "{}", pace.mean);
+        assert_eq!(pace.wait(1), None, "{}", pace.mean);
         // The counts: 12 commits of 1 or 2 (21 appends), 20 of 30, 40 of 1; and a failure.
         pace.committed(&appends[..3], &Err::<(), ()>(()));
         let stats = Writer::stats_of(&shared);
@@ -1642,5 +1727,15 @@ mod tests {
         known.committed(&[&a], &[at(0, None)], &[Some(1)]);
         known.forget(&[&a]);
         assert_eq!(known.tail(&a), None);
+
+        // A fence holds, unread, until another connection writes the database.
+        known.committed(&[&a], &[at(0, None)], &[Some(1)]);
+        assert!(known.fence_holds(&a));
+        assert!(!known.fence_holds(&append("a", Some("h2"), 1)));
+        known.written_elsewhere();
+        assert!(!known.fence_holds(&a), "read again once written elsewhere");
+        assert!(known.tail(&a).is_some(), "the tail is still known");
+        known.committed(&[&a], &[at(1, Some(1))], &[Some(2)]);
+        assert!(known.fence_holds(&a), "read (and held) in this era");
     }
 }

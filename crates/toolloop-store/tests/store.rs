@@ -894,12 +894,11 @@ async fn a_step_is_one_row_read_back_in_order_and_rows_of_one_record_still_load(
         let run_id = out.run_id.clone().unwrap();
         let records = store.load(&run_id).await.unwrap();
         let mut conn = raw(kind, &store).await;
-        let select = if kind == "sqlite" {
-            "SELECT seq, kind, body FROM toolloop_log WHERE run_id = ? ORDER BY seq"
-        } else {
-            "SELECT seq, kind, body FROM toolloop_log WHERE run_id = $1 ORDER BY seq"
-        };
-        let rows: Vec<(i64, String, String)> = sqlx::query(select)
+        let select = query_for(
+            kind,
+            "SELECT seq, kind, body FROM toolloop_log WHERE run_id = ? ORDER BY seq",
+        );
+        let rows: Vec<(i64, String, String)> = sqlx::query(&select)
             .bind(&run_id)
             .fetch_all(&mut conn)
             .await
@@ -1071,18 +1070,13 @@ async fn the_log_is_written_in_order_each_run_linked_and_read_back_by_its_links(
                 journal.append_all(run, &step(round)).await.unwrap();
             }
         }
-        let rows = |run: &str| {
-            let sql = query_for(
-                kind,
-                "SELECT id, seq, prev FROM toolloop_log WHERE run_id = ? ORDER BY id",
-            );
-            let run = run.to_string();
-            async move { (sql, run) }
-        };
+        let rows = query_for(
+            kind,
+            "SELECT id, seq, prev FROM toolloop_log WHERE run_id = ? ORDER BY id",
+        );
         for run in &runs {
-            let (sql, run) = rows(run).await;
-            let got: Vec<(i64, i64, Option<i64>)> = sqlx::query(&sql)
-                .bind(&run)
+            let got: Vec<(i64, i64, Option<i64>)> = sqlx::query(&rows)
+                .bind(run)
                 .fetch_all(&mut conn)
                 .await
                 .unwrap()
@@ -1104,17 +1098,17 @@ async fn the_log_is_written_in_order_each_run_linked_and_read_back_by_its_links(
                 kind,
                 "SELECT last_id, last_seq FROM toolloop_log_tails WHERE run_id = ?",
             ))
-            .bind(&run)
+            .bind(run)
             .fetch_one(&mut conn)
             .await
             .map(|r| (r.get(0), r.get(1)))
             .unwrap();
             assert_eq!(tail, (got[3].0, 7), "{kind}");
-            let summary = store.run(&run).await.unwrap().unwrap();
+            let summary = store.run(run).await.unwrap().unwrap();
             assert_eq!(summary.records, 7, "{kind}");
             assert_eq!(summary.status, RunStatus::Running, "{kind}");
             assert!(summary.updated_ms >= summary.created_ms, "{kind}");
-            assert_eq!(store.load(&run).await.unwrap().len(), 7, "{kind}");
+            assert_eq!(store.load(run).await.unwrap().len(), 7, "{kind}");
         }
         // Their rows are in the order they were written: the two runs' interleaved.
         let order: Vec<String> = sqlx::query(&query_for(

@@ -24,7 +24,9 @@
 //! `TOOLLOOP_BENCH_POSTGRES` holds a URL) with the same loops without a journal: rounds/s as a
 //! ratio over pairs of trials, and every journaled run checked to have finished with a whole log;
 //! once with a side-effecting tool (every intent durable before its call runs) and once with a
-//! read-only one (a round is one commit).
+//! read-only one (a round is one commit). Each store's line also says how many steps shared a
+//! commit. `TOOLLOOP_BENCH_COMMIT_DELAY_US` sets the stores' commit delay (µs) and
+//! `TOOLLOOP_BENCH_WRITERS` PostgreSQL's writers, to compare settings.
 //!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 

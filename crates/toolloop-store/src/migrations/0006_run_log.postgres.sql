@@ -33,11 +33,12 @@ ALTER TABLE toolloop_runs ADD COLUMN IF NOT EXISTS last_id BIGINT;
 -- and their lease holders (NULL: not fenced); each append's record kinds, body (a JSON array of
 -- its records, or one record) and record count; its run's last record's number and last row as
 -- the caller knows them (NULL number: not known, looked up here; the caller knows them only
--- while its holder holds the run's lease); whether it ends the run. Then, for the few appends
--- that take their run's lease (the run's first write): their places in the batch (from 1) and
--- the leases' expiries, and the process taking them (host, pid, start); for those that start
--- their run: their places, and the runs' sessions, metadata and session revisions; for those
--- that give their run's lease back: their places. And now.
+-- while its holder holds the run's lease). Then, for the few appends that take their run's
+-- lease (the run's first write): their places in the batch (from 1) and the leases' expiries,
+-- and the process taking them (host, pid, start); for those that start their run: their
+-- places, and the runs' sessions, metadata and session revisions; for those that end their run:
+-- their places; for those that give their run's lease back: their places. And now. What no
+-- append of the batch does is skipped (a batch of steps that go on runs three statements).
 -- Returns, per append in order: whether it was fenced out (its run's lease is someone else's:
 -- nothing of that run was written), its run's last record's number before it, and the id of
 -- the row it wrote (NULL: none).
@@ -46,23 +47,24 @@ DROP FUNCTION IF EXISTS toolloop_append_batch(TEXT[], TEXT[], BOOLEAN[], BIGINT[
     BIGINT);
 CREATE OR REPLACE FUNCTION toolloop_append_batch(
     p_runs TEXT[], p_holders TEXT[], p_kinds TEXT[], p_bodies TEXT[], p_counts BIGINT[],
-    p_known_seq BIGINT[], p_known_id BIGINT[], p_finished BOOLEAN[],
+    p_known_seq BIGINT[], p_known_id BIGINT[],
     p_take_at INT[], p_expiries BIGINT[], p_host TEXT, p_pid BIGINT, p_pid_start TEXT,
     p_start_at INT[], p_sessions TEXT[], p_metas TEXT[], p_revisions BIGINT[],
-    p_release_at INT[],
+    p_finish_at INT[], p_release_at INT[],
     p_now BIGINT,
     OUT o_fenced BOOLEAN[], OUT o_last BIGINT[], OUT o_ids BIGINT[]
 ) LANGUAGE plpgsql AS $$
 DECLARE
     v_prev BIGINT[];
-    v_finish_at INT[];
 BEGIN
     -- The leases of the runs that start with this batch (a racer's is kept: it is fenced below).
-    INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
-    SELECT p_runs[t.i], p_holders[t.i], p_host, p_pid, p_pid_start, t.e
-    FROM UNNEST(p_take_at, p_expiries) AS t(i, e)
-    WHERE p_holders[t.i] IS NOT NULL
-    ON CONFLICT (run_id) DO NOTHING;
+    IF cardinality(p_take_at) > 0 THEN
+        INSERT INTO toolloop_leases (run_id, holder, host, pid, pid_start, expires_ms)
+        SELECT p_runs[t.i], p_holders[t.i], p_host, p_pid, p_pid_start, t.e
+        FROM UNNEST(p_take_at, p_expiries) AS t(i, e)
+        WHERE p_holders[t.i] IS NOT NULL
+        ON CONFLICT (run_id) DO NOTHING;
+    END IF;
     -- Each run's fence, last record's number and last row (looked up where the caller does not
     -- know them). The lease rows are held (FOR SHARE) until the commit, so a takeover waits for
     -- it; they are read in one pass, not probed per run.
@@ -87,21 +89,22 @@ BEGIN
         END ORDER BY u.i)
     INTO o_fenced, o_last, v_prev
     FROM u;
-    -- The sessions of the runs that start.
-    INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms)
-    SELECT s.s, '[]', 0, p_now, p_now
-    FROM UNNEST(p_start_at, p_sessions) AS s(i, s)
-    WHERE s.s IS NOT NULL AND NOT o_fenced[s.i]
-    ON CONFLICT (name) DO NOTHING;
-    -- The runs that start.
-    INSERT INTO toolloop_runs
-        (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision)
-    SELECT p_runs[s.i], s.s, s.m, o_last[s.i] + p_counts[s.i], FALSE, p_now, p_now,
-        COALESCE(s.v, (SELECT x.revision FROM toolloop_sessions x WHERE x.name = s.s))
-    FROM UNNEST(p_start_at, p_sessions, p_metas, p_revisions) AS s(i, s, m, v)
-    WHERE NOT o_fenced[s.i]
-    ON CONFLICT (run_id) DO UPDATE SET records = excluded.records,
-        updated_ms = excluded.updated_ms;
+    -- The runs that start, and their sessions.
+    IF cardinality(p_start_at) > 0 THEN
+        INSERT INTO toolloop_sessions (name, messages, message_count, created_ms, updated_ms)
+        SELECT s.s, '[]', 0, p_now, p_now
+        FROM UNNEST(p_start_at, p_sessions) AS s(i, s)
+        WHERE s.s IS NOT NULL AND NOT o_fenced[s.i]
+        ON CONFLICT (name) DO NOTHING;
+        INSERT INTO toolloop_runs
+            (run_id, session, meta, records, finished, created_ms, updated_ms, session_revision)
+        SELECT p_runs[s.i], s.s, s.m, o_last[s.i] + p_counts[s.i], FALSE, p_now, p_now,
+            COALESCE(s.v, (SELECT x.revision FROM toolloop_sessions x WHERE x.name = s.s))
+        FROM UNNEST(p_start_at, p_sessions, p_metas, p_revisions) AS s(i, s, m, v)
+        WHERE NOT o_fenced[s.i]
+        ON CONFLICT (run_id) DO UPDATE SET records = excluded.records,
+            updated_ms = excluded.updated_ms;
+    END IF;
     -- Each append's row, linked to its run's previous one; the ids, per append.
     WITH ins AS (
         INSERT INTO toolloop_log (run_id, seq, prev, kind, body, created_ms)
@@ -116,23 +119,25 @@ BEGIN
     -- The tails of the runs that go on.
     INSERT INTO toolloop_log_tails (run_id, last_id, last_seq)
     SELECT u.r, u.id, u.l + u.c
-    FROM UNNEST(p_runs, o_ids, o_last, p_counts, p_finished, o_fenced) AS u(r, id, l, c, fi, f)
-    WHERE u.c > 0 AND NOT u.f AND NOT u.fi
+    FROM UNNEST(p_runs, o_ids, o_last, p_counts, o_fenced) WITH ORDINALITY
+        AS u(r, id, l, c, f, i)
+    WHERE u.c > 0 AND NOT u.f AND u.i <> ALL (p_finish_at)
     ON CONFLICT (run_id) DO UPDATE SET last_id = excluded.last_id, last_seq = excluded.last_seq;
     -- The runs that end: their record count and last row, and their tails removed.
-    SELECT array_agg(u.i) INTO v_finish_at
-    FROM UNNEST(p_finished, o_fenced) WITH ORDINALITY AS u(fi, f, i)
-    WHERE u.fi AND NOT u.f;
-    UPDATE toolloop_runs
-    SET records = o_last[e.i] + p_counts[e.i], last_id = COALESCE(o_ids[e.i], v_prev[e.i]),
-        updated_ms = p_now, finished = TRUE
-    FROM UNNEST(v_finish_at) AS e(i)
-    WHERE toolloop_runs.run_id = p_runs[e.i];
-    DELETE FROM toolloop_log_tails t USING UNNEST(v_finish_at) AS e(i)
-    WHERE t.run_id = p_runs[e.i];
+    IF cardinality(p_finish_at) > 0 THEN
+        UPDATE toolloop_runs
+        SET records = o_last[e.i] + p_counts[e.i], last_id = COALESCE(o_ids[e.i], v_prev[e.i]),
+            updated_ms = p_now, finished = TRUE
+        FROM UNNEST(p_finish_at) AS e(i)
+        WHERE toolloop_runs.run_id = p_runs[e.i] AND NOT o_fenced[e.i];
+        DELETE FROM toolloop_log_tails t USING UNNEST(p_finish_at) AS e(i)
+        WHERE t.run_id = p_runs[e.i] AND NOT o_fenced[e.i];
+    END IF;
     -- The leases given back.
-    DELETE FROM toolloop_leases l USING UNNEST(p_release_at) AS e(i)
-    WHERE NOT o_fenced[e.i] AND p_holders[e.i] IS NOT NULL
-        AND l.run_id = p_runs[e.i] AND l.holder = p_holders[e.i];
+    IF cardinality(p_release_at) > 0 THEN
+        DELETE FROM toolloop_leases l USING UNNEST(p_release_at) AS e(i)
+        WHERE NOT o_fenced[e.i] AND p_holders[e.i] IS NOT NULL
+            AND l.run_id = p_runs[e.i] AND l.holder = p_holders[e.i];
+    END IF;
 END
 $$;
