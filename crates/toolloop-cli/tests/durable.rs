@@ -976,6 +976,10 @@ fn no_store_writes_nothing_and_power_durability_runs() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(store.exists());
+    // The command closed its store: the log was copied into the database and removed, so the
+    // next command does not read it through when it opens the store.
+    let wal = store.with_file_name("store.db-wal");
+    assert!(!wal.exists(), "{} is left behind", wal.display());
     let out = run(&["run", "--durability", "sometimes", "hello"]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--durability"));

@@ -54,9 +54,7 @@
 //!   one after the other and its runs' tails, which sit together, and nothing else per run. A
 //!   run's log is read by following the links back from its last row; logs written by earlier
 //!   versions (a table keyed by run and number) still load, and continue in the new one.
-//! - **Closing.** [`Store::close`] commits what was handed to the writer and closes the
-//!   connections, for a process about to end: on a SQLite file the last connection to close
-//!   copies the log into the database and removes it, so the next process opens it at once.
+//!
 //!   How far a commit survives is the store's [`Durability`]: with
 //!   [`Durability::Process`] (the default) a killed process loses nothing committed, and a
 //!   power cut or an operating-system crash may lose the last commits; with
@@ -66,6 +64,9 @@
 //!   server's settings make them (by default on disk) in both modes. A record lost to a power
 //!   cut after its tool ran is a side effect repeated on resume: choose
 //!   [`Durability::PowerCut`] for tools whose effects must never repeat after a machine crash.
+//! - **Closing.** [`Store::close`] commits what was handed to the writer and closes the
+//!   connections, for a process about to end: on a SQLite file the last connection to close
+//!   copies the log into the database and removes it, so the next process opens it at once.
 //! - **Leases.** [`Journal::acquire`] takes a run for a holder: the lease names the holder's
 //!   host, process and process start time, and has an expiry the store renews in the background
 //!   (every third of [`Store::with_lease_ttl`], 30 s by default) while the run goes on. Another

@@ -25,7 +25,8 @@
 //!
 //! A transaction first takes the leases of the runs that start with the batch (their lease is
 //! written with their first records, not on its own) and reads every run's fence (does the
-//! append's holder hold the run's lease?) and, unless the writer knows them already, its tail;
+//! append's holder hold the run's lease?; on a SQLite file, not while no other connection has
+//! written since the fence was last read) and, unless the writer knows them already, its tail;
 //! then it writes the runs that are not fenced out: the new runs and their sessions, every
 //! append's row, the tails (or, for runs that end, their run rows), the leases given back, and
 //! the commit. Every statement's text is fixed, so it stays prepared. The writer knows a run's
@@ -38,12 +39,13 @@
 //!   statements go one per append, with the append's values bound as they are (no copy of a
 //!   record's JSON); `BEGIN IMMEDIATE` holds the write lock from the first. Another thread
 //!   checkpoints the log in the background (see [`Checkpoints`]).
-//! - PostgreSQL: a task that keeps one connection of the pool while the store lives. A batch is
-//!   one call of the store's function `toolloop_append_batch`, whose arguments are arrays with
-//!   one element per append, between `BEGIN` and `COMMIT` (three round trips whatever the
-//!   batch; the commit is sent only once the call has answered, so a process killed during the
-//!   call writes nothing). It holds the runs' lease rows
-//!   (`FOR SHARE`) until the commit, so a takeover waits for it.
+//! - PostgreSQL: tasks (lanes, two by default) that each keep one connection of the pool while
+//!   the store lives and commit side by side, a run's appends always through the same one. A
+//!   batch is one call of the store's function `toolloop_append_batch`, whose arguments are
+//!   arrays with one element per append, between `BEGIN` and `COMMIT` (three round trips
+//!   whatever the batch; the commit is sent only once the call has answered, so a process
+//!   killed during the call writes nothing). It holds the runs' lease rows (`FOR SHARE`) until
+//!   the commit, so a takeover waits for it.
 //! - `:memory:` (whose only connection every use shares): a task that takes the connection per
 //!   transaction, and runs the SQLite statements one query each.
 
@@ -146,7 +148,7 @@ pub(crate) enum Place {
     /// A task that takes the pool's one connection, which every use shares, per transaction
     /// (`:memory:`).
     Shared,
-    /// A task that keeps a connection of the pool (PostgreSQL).
+    /// Tasks that each keep a connection of the pool (PostgreSQL).
     Pooled,
     /// A thread of its own with its own connection to a SQLite file.
     #[cfg(feature = "sqlite")]
@@ -389,8 +391,7 @@ impl Writer {
 /// When the writer waits before a commit: while its recent commits held [`SIBLINGS`] runs'
 /// steps or more on average (many runs write at once), for the store's commit delay, so that
 /// more steps share the commit. One run alone, or a few, are never kept waiting: their commits
-/// hold one or two steps.
-/// It keeps the writer's counts too.
+/// hold one or two steps. It keeps the writer's counts too.
 struct Pace {
     /// The commit delay (the store's setting) and the counts.
     shared: Arc<Shared>,
@@ -555,8 +556,9 @@ fn take_batch(waiting: &mut VecDeque<Item>, answered: &Runs) -> Vec<Item> {
             taken.push(goes);
         }
     }
-    let mut batch = Vec::with_capacity(taken.iter().filter(|t| **t).count());
-    let mut rest = VecDeque::with_capacity(waiting.len() - batch.capacity());
+    let going = taken.iter().filter(|t| **t).count();
+    let mut batch = Vec::with_capacity(going);
+    let mut rest = VecDeque::with_capacity(waiting.len().saturating_sub(going));
     for (i, item) in waiting.drain(..).enumerate() {
         if taken.get(i).copied().unwrap_or(false) {
             batch.push(item);
