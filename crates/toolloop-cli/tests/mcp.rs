@@ -1,10 +1,13 @@
 //! MCP servers through `toolloop run` and `toolloop mcp list`, with the mock model (OpenAI API)
 //! calling their tools: the real `server-everything` (stdio and streamable HTTP) and
-//! `server-filesystem` (stdio), installed by `scripts/npm-install` (skipped with a note when
-//! node or the packages are missing); and, with the `test-hooks` feature, the repository's
+//! `server-filesystem` (stdio), installed by `scripts/npm-install` (ignored, with the reason,
+//! when node or npm is not on `PATH`); and, with the `test-hooks` feature, the repository's
 //! own test server (`toolloop-mcp-test-server`) for faults: a slow call cancelled by the run's
 //! timeout, a crash in the middle of a call, a changed tool list, a destructive call in flight
 //! when the command is killed.
+
+#[path = "../../../tools/npm/testing.rs"]
+mod npm;
 
 mod common;
 use common::{command, json_of};
@@ -13,26 +16,6 @@ use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
-
-fn package(name: &str) -> Option<PathBuf> {
-    let entry = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/npm/node_modules/@modelcontextprotocol")
-        .join(name)
-        .join("dist/index.js");
-    let node = std::process::Command::new("node").arg("--version").output();
-    if !matches!(node, Ok(ref o) if o.status.success()) {
-        eprintln!("note: node is not installed; MCP server tests skipped");
-        return None;
-    }
-    if !entry.is_file() {
-        eprintln!(
-            "note: {} is missing (run scripts/npm-install); MCP server tests skipped",
-            entry.display()
-        );
-        return None;
-    }
-    Some(entry.canonicalize().unwrap())
-}
 
 fn write_config(dir: &Path, name: &str, servers: Value) -> PathBuf {
     let path = dir.join(name);
@@ -94,11 +77,10 @@ fn result_of(call: &Value) -> &Value {
     &call["result"]
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[test]
 fn server_everything_over_stdio_through_a_run() {
-    let Some(entry) = package("server-everything") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-everything");
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(
         dir.path(),
@@ -177,11 +159,10 @@ fn server_everything_over_stdio_through_a_run() {
     mock.finish();
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[test]
 fn server_everything_over_streamable_http_through_a_run() {
-    let Some(entry) = package("server-everything") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-everything");
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -241,11 +222,10 @@ fn server_everything_over_streamable_http_through_a_run() {
     mock.finish();
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[test]
 fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
-    let Some(entry) = package("server-filesystem") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-filesystem");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     write_config(

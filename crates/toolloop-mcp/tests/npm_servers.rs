@@ -1,34 +1,16 @@
 //! Against real MCP servers: `@modelcontextprotocol/server-everything` over stdio and over
 //! streamable HTTP, `@modelcontextprotocol/server-filesystem` over stdio, installed by
-//! `scripts/npm-install` from `tools/npm/package-lock.json`. Skipped, with a note, when node or
-//! the packages are missing.
+//! `scripts/npm-install` from `tools/npm/package-lock.json`. Ignored, with the reason, when node or npm
+//! is not on `PATH`.
+
+#[path = "../../../tools/npm/testing.rs"]
+mod npm;
 
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use toolloop::tool::{SideEffect, Tool, ToolContext};
 use toolloop_mcp::{McpTools, ServerConfig, ServerState};
-
-/// The entry point of an installed package, or `None` (with a note) when it cannot run here.
-fn package(name: &str) -> Option<PathBuf> {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tools/npm/node_modules/@modelcontextprotocol");
-    let entry = root.join(name).join("dist/index.js");
-    let node = std::process::Command::new("node").arg("--version").output();
-    if !matches!(node, Ok(ref o) if o.status.success()) {
-        eprintln!("note: node is not installed; MCP server tests skipped");
-        return None;
-    }
-    if !entry.is_file() {
-        eprintln!(
-            "note: {} is missing (run scripts/npm-install); MCP server tests skipped",
-            entry.display()
-        );
-        return None;
-    }
-    Some(entry)
-}
 
 fn by_name(tools: &[Arc<dyn Tool>], name: &str) -> Arc<dyn Tool> {
     tools
@@ -69,11 +51,10 @@ fn children_running(needle: &str) -> Vec<String> {
     out
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[tokio::test]
 async fn everything_over_stdio() {
-    let Some(entry) = package("server-everything") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-everything");
     let mcp = McpTools::new(vec![ServerConfig::stdio(
         "everything",
         "node",
@@ -151,11 +132,10 @@ fn free_port() -> u16 {
         .port()
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[tokio::test]
 async fn everything_over_streamable_http() {
-    let Some(entry) = package("server-everything") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-everything");
     let port = free_port();
     let mut server = tokio::process::Command::new("node")
         .arg(&entry)
@@ -198,11 +178,10 @@ async fn everything_over_streamable_http() {
     let _ = server.kill().await;
 }
 
+#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH (tools/npm)")]
 #[tokio::test]
 async fn filesystem_over_stdio() {
-    let Some(entry) = package("server-filesystem") else {
-        return;
-    };
+    let entry = npm::mcp_server("server-filesystem");
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
     std::fs::write(root.join("notes.txt"), "line one\n").unwrap();

@@ -1,5 +1,5 @@
 //! The agent as a Restate service, against a real Restate server (the npm package's binary,
-//! installed by `scripts/npm-install`; skipped with a note when it is missing) and two worker
+//! installed by `scripts/npm-install`; skipped, saying so, when node or npm is not on `PATH`) and two worker
 //! processes sharing one address (this test binary, started again as a worker). The model is
 //! the mock server on 127.0.0.1; the tools are the side-effecting test tools of the command's
 //! `test-hooks` (each call appends its idempotency key to a file).
@@ -9,6 +9,8 @@
 
 #[path = "common/mod.rs"]
 mod common;
+#[path = "../../../tools/npm/testing.rs"]
+mod npm;
 #[path = "../../toolloop-cli/src/testtool.rs"]
 mod testtool;
 
@@ -31,13 +33,16 @@ fn main() {
         worker(&addr);
         return;
     }
-    let Some(binary) = common::server_binary() else {
-        eprintln!(
-            "restate tests skipped: the Restate server is not installed (run scripts/npm-install, \
-             which needs npm)"
-        );
+    if cfg!(not(toolloop_npm)) {
+        // Reported as skipped, never as passed: this harness has no libtest, so it prints the
+        // plain closing line itself.
+        eprintln!("restate tests skipped: {}", npm::NO_NPM);
+        println!("restate: 0 passed, 0 failed, {} skipped", TESTS.len());
         return;
-    };
+    }
+    npm::installed();
+    let binary = common::server_binary()
+        .expect("the Restate server is installed by scripts/npm-install on this platform");
     let filters: Vec<String> = std::env::args()
         .skip(1)
         .filter(|a| !a.starts_with('-'))
@@ -59,31 +64,9 @@ fn main() {
         server,
         dir: tempfile::tempdir().unwrap(),
     };
-    let tests: [(&str, Test); 6] = [
-        (
-            "runs_finish_through_the_ingress",
-            runs_finish_through_the_ingress,
-        ),
-        (
-            "concurrent_runs_spread_over_two_workers",
-            concurrent_runs_spread_over_two_workers,
-        ),
-        (
-            "a_killed_worker_is_replaced_without_repeating_calls",
-            a_killed_worker_is_replaced_without_repeating_calls,
-        ),
-        ("approvals_wait_as_awakeables", approvals_wait_as_awakeables),
-        (
-            "cancel_stops_a_run_with_its_transcript",
-            cancel_stops_a_run_with_its_transcript,
-        ),
-        (
-            "a_tool_sources_changing_tools_are_journaled_and_offered",
-            a_tool_sources_changing_tools_are_journaled_and_offered,
-        ),
-    ];
     let mut failed = Vec::new();
-    for (name, test) in tests {
+    let mut passed = 0;
+    for (name, test) in TESTS {
         if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
             continue;
         }
@@ -91,7 +74,10 @@ fn main() {
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&ctx)));
         let secs = t.elapsed().as_secs_f64();
         match result {
-            Ok(()) => eprintln!("test {name} ... ok ({secs:.1}s)"),
+            Ok(()) => {
+                eprintln!("test {name} ... ok ({secs:.1}s)");
+                passed += 1;
+            }
             Err(_) => {
                 eprintln!("test {name} ... FAILED ({secs:.1}s)");
                 failed.push(name);
@@ -101,12 +87,39 @@ fn main() {
     if !failed.is_empty() {
         eprintln!("Restate server log:\n{}", ctx.server.log());
         eprintln!("failed: {failed:?}");
+        println!("restate: {passed} passed, {} failed", failed.len());
         std::process::exit(1);
     }
+    println!("restate: {passed} passed, 0 failed");
 }
 
 /// One test: a name and its body.
 type Test = fn(&Ctx);
+
+/// The tests, run one after another against one server.
+const TESTS: [(&str, Test); 6] = [
+    (
+        "runs_finish_through_the_ingress",
+        runs_finish_through_the_ingress,
+    ),
+    (
+        "concurrent_runs_spread_over_two_workers",
+        concurrent_runs_spread_over_two_workers,
+    ),
+    (
+        "a_killed_worker_is_replaced_without_repeating_calls",
+        a_killed_worker_is_replaced_without_repeating_calls,
+    ),
+    ("approvals_wait_as_awakeables", approvals_wait_as_awakeables),
+    (
+        "cancel_stops_a_run_with_its_transcript",
+        cancel_stops_a_run_with_its_transcript,
+    ),
+    (
+        "a_tool_sources_changing_tools_are_journaled_and_offered",
+        a_tool_sources_changing_tools_are_journaled_and_offered,
+    ),
+];
 
 struct Ctx {
     rt: tokio::runtime::Runtime,

@@ -1,0 +1,29 @@
+//! Build script of the crates whose tests run against npm packages (MCP servers, the Restate
+//! server). It only looks: when `node` and `npm` are on `PATH`, it sets the `toolloop_npm` cfg,
+//! and those tests install the packages from `tools/npm/package-lock.json` and run; without them
+//! the tests are compiled as ignored, with the reason, so they are reported as skipped and never
+//! as passed. No process is started and nothing is downloaded here.
+
+use std::path::Path;
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(toolloop_npm)");
+    println!("cargo::rerun-if-env-changed=PATH");
+    println!("cargo::rerun-if-changed=../../tools/npm/build_probe.rs");
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = |name: &str| std::env::split_paths(&path).any(|dir| executable(&dir.join(name)));
+    if found("node") && found("npm") {
+        println!("cargo::rustc-cfg=toolloop_npm");
+    }
+}
+
+#[cfg(unix)]
+fn executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+#[cfg(not(unix))]
+fn executable(path: &Path) -> bool {
+    path.with_extension("exe").is_file() || path.with_extension("cmd").is_file()
+}
