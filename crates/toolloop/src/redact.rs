@@ -235,6 +235,11 @@ impl Redactor {
             ModelError::StreamInterrupted(m) => ModelError::StreamInterrupted(self.redact(&m)),
             ModelError::InvalidResponse(m) => ModelError::InvalidResponse(self.redact(&m)),
             ModelError::ToolsUnsupported(m) => ModelError::ToolsUnsupported(self.redact(&m)),
+            ModelError::ContextOverflow(mut o) => {
+                o.message = self.redact(&o.message);
+                o.code = o.code.map(|c| self.redact(&c));
+                ModelError::ContextOverflow(o)
+            }
             ModelError::Config(m) => ModelError::Config(self.redact(&m)),
             ModelError::Other(m) => ModelError::Other(self.redact(&m)),
             other @ ModelError::BodyTooLarge { .. } => other,
