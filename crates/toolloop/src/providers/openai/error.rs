@@ -132,11 +132,12 @@ pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
     if !(by_code || by_message || gemini.is_some()) {
         return None;
     }
-    let mut o = ContextOverflow::new(
-        err.status,
-        err.code.clone().or_else(|| err.error_type.clone()),
-        m,
-    );
+    // The code that names the error: a numeric code (vLLM's, llama.cpp's) only repeats the status.
+    let named = |c: &Option<String>| c.clone().filter(|c| !c.bytes().all(|b| b.is_ascii_digit()));
+    let code = named(&err.code)
+        .or_else(|| named(&err.error_type))
+        .or_else(|| err.code.clone());
+    let mut o = ContextOverflow::new(err.status, code, m);
     if let Some((input, limit)) = gemini {
         (o.input_tokens, o.limit) = (input, limit);
         return Some(o);
@@ -321,7 +322,7 @@ mod tests {
             (o.input_tokens, o.output_tokens, o.limit),
             (Some(568), Some(6048), Some(6048))
         );
-        assert_eq!(o.code.as_deref(), Some("400"));
+        assert_eq!(o.code.as_deref(), Some("BadRequestError"));
         // vLLM's newer sentence (vllm-project/vllm#33425).
         let o = overflow(
             400,
