@@ -313,13 +313,23 @@ mod tests {
         assert_eq!(Size::of_message(&a).bytes, 2 + 1 + 1 + 11 + 7);
         let bad = Message::Assistant(AssistantMessage {
             text: None,
-            tool_calls: vec![ToolCall::from_raw_arguments("i".into(), "g".into(), "{oops")],
+            tool_calls: vec![ToolCall::from_raw_arguments(
+                "i".into(),
+                "g".into(),
+                "{oops",
+            )],
             parts: vec![],
         });
         assert_eq!(Size::of_message(&bad).bytes, 1 + 1 + 5);
         let image = crate::image::Image::from_bytes(b"GIF89a\x01\x00").unwrap();
         let u = Message::user_with_images("see", vec![image.clone(), image]);
-        assert_eq!(Size::of_message(&u), Size { bytes: 3, images: 2 });
+        assert_eq!(
+            Size::of_message(&u),
+            Size {
+                bytes: 3,
+                images: 2
+            }
+        );
         let spec = ToolSpec {
             name: "read".into(),
             description: "Reads".into(),
@@ -374,8 +384,14 @@ mod tests {
         assert_eq!(e.bytes_per_token(), BYTES_PER_TOKEN_RANGE.0);
         e.add(&Message::user("more"));
         assert_eq!(e.estimate(), u64::MAX);
-        assert_eq!(TokenEstimator::with_bytes_per_token(f64::NAN).bytes_per_token(), 4.0);
-        assert_eq!(TokenEstimator::with_bytes_per_token(-3.0).bytes_per_token(), 1.0);
+        assert_eq!(
+            TokenEstimator::with_bytes_per_token(f64::NAN).bytes_per_token(),
+            4.0
+        );
+        assert_eq!(
+            TokenEstimator::with_bytes_per_token(-3.0).bytes_per_token(),
+            1.0
+        );
         assert_eq!(
             TokenEstimator::with_bytes_per_token(f64::INFINITY).bytes_per_token(),
             16.0
@@ -386,7 +402,10 @@ mod tests {
     fn images_count_apart_from_the_ratio() {
         let image = crate::image::Image::from_bytes(b"GIF89a\x01\x00").unwrap();
         let mut e = TokenEstimator::new();
-        e.add(&Message::user_with_images("x".repeat(1000), vec![image.clone()]));
+        e.add(&Message::user_with_images(
+            "x".repeat(1000),
+            vec![image.clone()],
+        ));
         assert_eq!(e.estimate(), 250 + IMAGE_TOKENS);
         // The report's image share is taken out before calibrating.
         e.observe(500 + IMAGE_TOKENS);

@@ -185,7 +185,10 @@ mod tests {
         assert_eq!(t.context_window("openai:gpt-4o-2024-08-06"), Some(128_000));
         assert_eq!(t.context_window("claude-sonnet-4-5"), Some(200_000));
         assert_eq!(t.context_window("gemini:gemini-2.5-pro"), Some(1_048_576));
-        assert_eq!(t.context_window("openrouter/deepseek/deepseek-chat"), Some(131_072));
+        assert_eq!(
+            t.context_window("openrouter/deepseek/deepseek-chat"),
+            Some(131_072)
+        );
         let l = t.get("claude-opus-4-5-20251101").unwrap();
         assert_eq!(l.max_output_tokens, Some(64_000));
         assert!(l.source.contains("LiteLLM") && !l.as_of.is_empty(), "{l:?}");
@@ -194,7 +197,13 @@ mod tests {
     #[test]
     fn unknown_models_have_unknown_limits() {
         let t = LimitTable::builtin();
-        for name in ["my-local-model", "mock:rounds=3", "openrouter/nobody/none", "-", ""] {
+        for name in [
+            "my-local-model",
+            "mock:rounds=3",
+            "openrouter/nobody/none",
+            "-",
+            "",
+        ] {
             assert!(t.get(name).is_none(), "{name}");
         }
         assert!(LimitTable::empty().get("gpt-4o").is_none());

@@ -113,10 +113,17 @@ mod tests {
         assert_eq!(number_after("count is many", "count"), None);
         assert_eq!(number_after("count", "count"), None);
         assert_eq!(number_after("count 99999999999999999999999", "count"), None);
-        assert_eq!(number_after("count     7", "count"), None, "too far from its marker");
+        assert_eq!(
+            number_after("count     7", "count"),
+            None,
+            "too far from its marker"
+        );
         assert_eq!(number_after("é count 7", "count"), Some(7));
         assert_eq!(number_after("", ""), None);
-        assert!(contains_ignore_case("Prompt Is Too Long", "prompt is too long"));
+        assert!(contains_ignore_case(
+            "Prompt Is Too Long",
+            "prompt is too long"
+        ));
         assert!(!contains_ignore_case("é", "éé"));
     }
 
@@ -131,6 +138,9 @@ mod tests {
         o.limit = Some(200_000);
         assert!(o.to_string().contains("(208310 tokens > 200000)"), "{o}");
         o.output_tokens = Some(512);
-        assert!(o.to_string().contains("(208310 input + 512 output tokens > 200000)"));
+        assert!(
+            o.to_string()
+                .contains("(208310 input + 512 output tokens > 200000)")
+        );
     }
 }

@@ -44,8 +44,8 @@ pub use config::{
     AnthropicConfig, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_VERSION, MAX_CACHE_BREAKPOINTS,
     OWNED_FIELDS, PROVIDER,
 };
-pub use error::parse_error;
 use error::classify;
+pub use error::parse_error;
 pub use request::{build_request_body, wire_id};
 pub use response::decode_message;
 

@@ -45,9 +45,9 @@ mod response;
 mod stream;
 
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
-pub use error::{parse_duration, parse_error};
-pub(crate) use error::overflow_counts;
 use error::classify;
+pub(crate) use error::overflow_counts;
+pub use error::{parse_duration, parse_error};
 pub use request::{PLACEHOLDER_THOUGHT_SIGNATURE, build_request_body};
 pub use response::decode_response;
 

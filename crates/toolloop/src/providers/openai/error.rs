@@ -373,14 +373,20 @@ mod tests {
             r#"{"error":"{\"error\":{\"code\":400,\"message\":\"request (8889 tokens) exceeds the available context size (4096 tokens), try increasing it\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":8889,\"n_ctx\":4096}}"}"#,
         );
         assert_eq!((o.input_tokens, o.limit), (Some(8889), Some(4096)));
-        let o = overflow(400, r#"{"error":"the input length exceeds the context length"}"#);
+        let o = overflow(
+            400,
+            r#"{"error":"the input length exceeds the context length"}"#,
+        );
         assert_eq!(o.input_tokens, None);
         // Gemini's OpenAI-compatible endpoint says what Gemini says (google-gemini/gemini-cli#6678).
         let o = overflow(
             400,
             r#"[{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}]"#,
         );
-        assert_eq!((o.input_tokens, o.limit), (Some(1_200_293), Some(1_048_576)));
+        assert_eq!(
+            (o.input_tokens, o.limit),
+            (Some(1_200_293), Some(1_048_576))
+        );
         // The same in a streamed error chunk.
         let e = api_error_from_value(
             200,
@@ -397,7 +403,10 @@ mod tests {
             r#"{"error":{"message":"Rate limit reached for tokens per min (TPM)","code":"rate_limit_exceeded"}}"#,
         ] {
             let e = parse_error(400, &HeaderMap::new(), body.as_bytes());
-            assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)), "{body}");
+            assert!(
+                matches!(classify(ModelError::Api(e)), ModelError::Api(_)),
+                "{body}"
+            );
         }
     }
 }

@@ -106,8 +106,7 @@ mod tests {
     #[test]
     fn context_overflow_in_each_place_the_api_reports_it() {
         use reqwest::header::HeaderMap;
-        const MESSAGE: &str =
-            "Your input exceeds the context window of this model. Please adjust your input and try again.";
+        const MESSAGE: &str = "Your input exceeds the context window of this model. Please adjust your input and try again.";
         let typed = |e: ApiError| match classify(ModelError::Api(e)) {
             ModelError::ContextOverflow(o) => o,
             other => panic!("not an overflow: {other:?}"),
@@ -118,7 +117,10 @@ mod tests {
         let e = parse_error(400, &HeaderMap::new(), body.to_string().as_bytes());
         assert!(!e.retryable);
         let o = typed(e);
-        assert_eq!((o.status, o.code.as_deref()), (400, Some("context_length_exceeded")));
+        assert_eq!(
+            (o.status, o.code.as_deref()),
+            (400, Some("context_length_exceeded"))
+        );
         assert_eq!((o.input_tokens, o.limit), (None, None));
         // A stream's `error` event (dyad-sh/dyad#1672).
         let e = event_error(
@@ -130,7 +132,10 @@ mod tests {
         assert_eq!(typed(e).message, MESSAGE);
         // A `failed` response's error (`{"code", "message"}`), and the event's flat form
         // (the-open-agent/openagent#2344).
-        let e = event_error(200, &json!({"code": "context_length_exceeded", "message": MESSAGE}));
+        let e = event_error(
+            200,
+            &json!({"code": "context_length_exceeded", "message": MESSAGE}),
+        );
         assert_eq!(typed(e).code.as_deref(), Some("context_length_exceeded"));
         let e = event_error(
             200,
@@ -146,7 +151,10 @@ mod tests {
         let o = typed(e);
         assert_eq!((o.input_tokens, o.limit), (Some(9000), Some(8192)));
         // Anything else is not.
-        let e = event_error(200, &json!({"code": "invalid_prompt", "message": "Invalid prompt"}));
+        let e = event_error(
+            200,
+            &json!({"code": "invalid_prompt", "message": "Invalid prompt"}),
+        );
         assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
     }
 }
