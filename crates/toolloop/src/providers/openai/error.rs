@@ -112,8 +112,8 @@ pub(crate) fn api_error_from_value(status: u16, v: &Value, http_status: Option<u
 ///   ("This endpoint's maximum context length is …") say it the same way;
 /// - llama.cpp's server: type `exceed_context_size_error` with `n_prompt_tokens` and `n_ctx`
 ///   beside the message ("the request exceeds the available context size …", or "request (N
-///   tokens) exceeds the available context size (M tokens) …"), status 400 or, before
-///   llama.cpp b6700 or so, 500;
+///   tokens) exceeds the available context size (M tokens) …"), status 400, or 500 in the
+///   builds that introduced the type;
 /// - Ollama: "the input length exceeds the context length", or llama.cpp's error nested in its
 ///   message;
 /// - Gemini's OpenAI-compatible endpoint: Gemini's own message (see
