@@ -126,8 +126,7 @@ pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
     let by_message = said("maximum context length is")
         || said("exceeds the available context size")
         || said("exceed_context_size_error")
-        || said("input length exceeds the context length")
-        || said("longer than the context length");
+        || said("input length exceeds the context length");
     let gemini = crate::providers::gemini::overflow_counts(m);
     if !(by_code || by_message || gemini.is_some()) {
         return None;
