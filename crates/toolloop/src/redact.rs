@@ -483,6 +483,18 @@ mod tests {
             retryable: true,
         });
         assert!(e.is_retryable() && !e.to_string().contains(KEY));
+        let mut overflow = crate::context::ContextOverflow::new(
+            400,
+            Some(KEY.into()),
+            format!("prompt of {KEY} is too long"),
+        );
+        overflow.limit = Some(10);
+        let e = r.redact_error(ModelError::ContextOverflow(overflow));
+        assert!(!e.to_string().contains(KEY) && !e.is_retryable(), "{e}");
+        let ModelError::ContextOverflow(o) = e else {
+            panic!()
+        };
+        assert_eq!((o.code.as_deref(), o.limit), (Some(REDACTED), Some(10)));
         assert!(!format!("{r:?}").contains("ABC"));
     }
 
