@@ -206,6 +206,11 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    if let Some((tokens, window)) = engine::over_window(shared, &scenario, body.len()) {
+        return bad(&format!(
+            "prompt is too long: {tokens} tokens > {window} maximum"
+        ));
+    }
     if request.output_schema().is_some() {
         shared.saw_output_schema();
     }

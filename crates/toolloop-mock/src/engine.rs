@@ -353,10 +353,30 @@ pub(crate) fn strict_problem(schema: &Value, path: &str) -> Option<String> {
     None
 }
 
+/// The input tokens the mock counts for a request: a quarter of its bytes (at least 1).
+pub(crate) fn request_tokens(request_bytes: usize) -> u64 {
+    (request_bytes / 4).max(1) as u64
+}
+
+/// With a `window=` scenario, a request over the window: its tokens and the window. The caller
+/// refuses it in its protocol's shape; it is counted here.
+pub(crate) fn over_window(
+    shared: &super::Shared,
+    scenario: &Scenario,
+    request_bytes: usize,
+) -> Option<(u64, u64)> {
+    let window = scenario.window?;
+    let tokens = request_tokens(request_bytes);
+    (tokens > window).then(|| {
+        shared.count_context_refusal();
+        (tokens, window)
+    })
+}
+
 /// Token counts for a reply: input roughly a quarter of the request's bytes, output a few tokens
 /// per call or per four characters of text.
 pub(crate) fn usage(request_bytes: usize, reply: &Reply<'_>) -> (u64, u64) {
-    let input = (request_bytes / 4).max(1) as u64;
+    let input = request_tokens(request_bytes);
     let output = match reply {
         Reply::Text(text) => text.len() / 4 + 1,
         Reply::Calls(calls) => calls

@@ -221,6 +221,12 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         }),
         Err(prepared) => return prepared,
     };
+    if let Some((tokens, window)) = engine::over_window(shared, &scenario, body.len()) {
+        return bad(&format!(
+            "The input token count ({tokens}) exceeds the maximum number of tokens allowed \
+             ({window})."
+        ));
+    }
     if output.is_some() {
         shared.saw_output_schema();
     }

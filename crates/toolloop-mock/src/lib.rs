@@ -37,6 +37,7 @@
 //! | `text_calls` | a dialect: `ptk`, `hermes`, `mistral`, `llama3`, `qwen3-coder`, `json` | off | text-only mode: calls written in the reply's content in that dialect (see below); OpenAI route only |
 //! | `accept_tools` | `true` or `false` | `false` | with `text_calls`: accept requests that carry `tools` (still writing calls as text) |
 //! | `distinct` | `true` or `false` | `false` | every call's arguments differ: the first string argument gets ` #N` appended (N the call's number in the task), so duplicate-call detection lets every call run |
+//! | `window` | 1 to 100000000 | none | the model's context window in tokens: a larger request is refused as the API refuses one (see below) |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
@@ -117,6 +118,23 @@
 //! Usage: input tokens are a quarter of the request's size in bytes, output tokens a few per
 //! call or per four characters of text, so clients can sum them.
 //!
+//! # Context window
+//!
+//! With `window=N`, a request that the mock counts as more than `N` tokens (a quarter of its
+//! body's bytes, the figure its usage reports) is refused the way each API refuses a request
+//! too large for the model, and counted in [`MockStats::context_refusals`] (the HTTP 400s in
+//! `rejected` too):
+//!
+//! | protocol | refusal |
+//! |---|---|
+//! | Chat Completions | HTTP 400, `{"error": {"message": "This model's maximum context length is N tokens. However, your messages resulted in M tokens. Please reduce the length of the messages.", "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}` |
+//! | Responses | HTTP 400 with code `context_length_exceeded` and "Your input exceeds the context window of this model. Please adjust your input and try again." (`param` `input`); streamed, status 200 with `response.created`, `response.in_progress` and an `error` event holding the same error |
+//! | Anthropic | HTTP 400 `invalid_request_error`, "prompt is too long: M tokens > N maximum" |
+//! | Gemini | HTTP 400 `INVALID_ARGUMENT`, "The input token count (M) exceeds the maximum number of tokens allowed (N)." |
+//!
+//! The check comes after the conversation's own checks and before fault draws: a request over
+//! the window never draws a fault.
+//!
 //! # Fault injection
 //!
 //! With `faults=` above 0, that share of the responses the mock would give are faults instead,
@@ -183,7 +201,7 @@ mod scenario;
 mod text;
 
 pub use fault::{FaultCounts, FaultKind, FaultKinds};
-pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
+pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, MAX_WINDOW, Scenario, ScenarioError};
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -284,6 +302,10 @@ pub struct MockStats {
     /// `response_format` of type `json_schema`, Anthropic `output_config.format` of type
     /// `json_schema`, Gemini `generationConfig.responseJsonSchema` (or `responseSchema`).
     pub output_schemas: u64,
+    /// Requests refused for being larger than the scenario's context window (`window=`). Those
+    /// refused with an HTTP 400 are counted in `rejected` too; a streamed Responses request is
+    /// refused inside a 200 stream, as that API does.
+    pub context_refusals: u64,
 }
 
 impl MockStats {
@@ -311,6 +333,7 @@ pub(crate) struct Shared {
     pub(crate) answers_by_prompt: Vec<MockAnswer>,
     pub(crate) answers: Vec<String>,
     output_schemas: AtomicU64,
+    context_refusals: AtomicU64,
 }
 
 impl Shared {
@@ -331,6 +354,7 @@ impl Shared {
             answers: options.answers.clone(),
             answers_by_prompt: options.answers_by_prompt.clone(),
             output_schemas: AtomicU64::new(0),
+            context_refusals: AtomicU64::new(0),
         }
     }
 
@@ -345,6 +369,11 @@ impl Shared {
     /// Counts a request that asks for JSON matching a schema natively.
     pub(crate) fn saw_output_schema(&self) {
         self.output_schemas.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request refused for being larger than the context window.
+    pub(crate) fn count_context_refusal(&self) {
+        self.context_refusals.fetch_add(1, Ordering::Relaxed);
     }
 
     pub(crate) fn next_response_id(&self) -> u64 {
@@ -373,6 +402,7 @@ impl Shared {
             processing: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
             output_schemas: self.output_schemas.load(Ordering::Relaxed),
+            context_refusals: self.context_refusals.load(Ordering::Relaxed),
         }
     }
 }

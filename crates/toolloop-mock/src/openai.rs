@@ -170,6 +170,20 @@ pub(crate) fn error(
     )
 }
 
+/// What Chat Completions answers to a request over the model's context window.
+fn context_length_exceeded(tokens: u64, window: u64) -> Prepared {
+    let message = format!(
+        "This model's maximum context length is {window} tokens. However, your messages \
+         resulted in {tokens} tokens. Please reduce the length of the messages."
+    );
+    error(
+        StatusCode::BAD_REQUEST,
+        &message,
+        Some("messages"),
+        Some("context_length_exceeded"),
+    )
+}
+
 fn bad(message: &str, param: Option<&str>) -> Prepared {
     error(StatusCode::BAD_REQUEST, message, param, None)
 }
@@ -245,6 +259,9 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Ok(o) => o,
         Err(prepared) => return prepared,
     };
+    if let Some((tokens, window)) = engine::over_window(shared, &scenario, body.len()) {
+        return context_length_exceeded(tokens, window);
+    }
     if output.is_some() {
         shared.saw_output_schema();
     }

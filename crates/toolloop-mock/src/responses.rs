@@ -157,6 +157,10 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Ok(p) => p,
         Err(prepared) => return prepared,
     };
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
+    if engine::over_window(shared, &scenario, body.len()).is_some() {
+        return context_length_exceeded(shared, model, &scenario, stream);
+    }
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "responses", body);
@@ -187,7 +191,6 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         })
         .filter(|t| named.is_none_or(|n| n == t.name))
         .collect();
-    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     // Structured output: `text.format` of type `json_schema` carries the schema.
     let output = request
         .get("text")
@@ -210,6 +213,57 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             output,
         },
         fault,
+    )
+}
+
+/// What the Responses API answers to a request over the model's context window: HTTP 400 with
+/// code `context_length_exceeded`; streamed, the stream starts and its third event is an
+/// `error` event holding the same error (as clients of the API report it: sequence number 2).
+fn context_length_exceeded(
+    shared: &Shared,
+    model: &str,
+    scenario: &Scenario,
+    stream: bool,
+) -> Prepared {
+    const MESSAGE: &str = "Your input exceeds the context window of this model. Please adjust \
+                           your input and try again.";
+    if !stream {
+        return error(
+            StatusCode::BAD_REQUEST,
+            MESSAGE,
+            Some("input"),
+            Some("context_length_exceeded"),
+        );
+    }
+    let n = shared.next_response_id();
+    let response = json!({
+        "id": format!("resp_mock{n:016x}"),
+        "object": "response",
+        "created_at": super::unix_time(),
+        "status": "in_progress",
+        "error": null,
+        "model": model,
+        "output": [],
+    });
+    let mut sse = SseWriter::new(false);
+    for (seq, data) in [
+        json!({"type": "response.created", "response": response}),
+        json!({"type": "response.in_progress", "response": response}),
+        json!({"type": "error", "error": {"type": "invalid_request_error",
+            "code": "context_length_exceeded", "message": MESSAGE, "param": "input"}}),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let mut data = data;
+        data["sequence_number"] = json!(seq);
+        let name = data["type"].as_str().unwrap_or("").to_string();
+        sse.event(Some(&name), &data);
+    }
+    Prepared::ok(
+        Payload::Sse(sse),
+        shared.latency(scenario),
+        scenario.chunk_delay,
     )
 }
 

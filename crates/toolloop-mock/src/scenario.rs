@@ -13,12 +13,14 @@ use toolloop::ptk::Dialect;
 pub const MAX_ROUNDS: u32 = 10_000;
 /// The most parallel calls per round a scenario may ask for.
 pub const MAX_PARALLEL: u32 = 256;
+/// The largest context window a scenario may give (`window=`), in tokens.
+pub const MAX_WINDOW: u64 = 100_000_000;
 /// The longest latency or chunk delay a scenario may ask for.
 pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
-                    retry_after, slow_delay, text_calls, accept_tools, distinct";
+                    retry_after, slow_delay, text_calls, accept_tools, distinct, window";
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -62,6 +64,10 @@ pub struct Scenario {
     /// argument of each call gets ` #N` appended, N the call's number in the task, so a loop's
     /// duplicate-call detection lets every call run.
     pub distinct: bool,
+    /// The model's context window, in tokens (`window=`, default none): a request the mock
+    /// counts as larger (a quarter of its body's bytes, as in its usage) is refused the way
+    /// each API refuses one, and counted in [`crate::MockStats::context_refusals`].
+    pub window: Option<u64>,
 }
 
 impl Default for Scenario {
@@ -80,6 +86,7 @@ impl Default for Scenario {
             text_calls: None,
             accept_tools: false,
             distinct: false,
+            window: None,
         }
     }
 }
@@ -119,7 +126,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 13] = [false; 13];
+        let mut seen: [bool; 14] = [false; 14];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -197,6 +204,21 @@ impl Scenario {
                 "distinct" => {
                     scenario.distinct = boolean(key, value)?;
                     12
+                }
+                "window" => {
+                    scenario.window = Some(match value.parse::<u64>() {
+                        Ok(n) if (1..=MAX_WINDOW).contains(&n) => n,
+                        _ => {
+                            return Err(error(
+                                Some(key),
+                                format!(
+                                    "key `{key}` expects a context window in tokens, a whole \
+                                     number from 1 to {MAX_WINDOW}, got `{value}`"
+                                ),
+                            ));
+                        }
+                    });
+                    13
                 }
                 _ => {
                     return Err(error(
@@ -293,6 +315,9 @@ impl fmt::Display for Scenario {
         }
         if self.distinct {
             put(f, format_args!("distinct=true"))?;
+        }
+        if let Some(window) = self.window {
+            put(f, format_args!("window={window}"))?;
         }
         Ok(())
     }
@@ -495,6 +520,22 @@ mod tests {
             "mock:text_calls=qwen3-coder,accept_tools=true"
         );
         assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+    }
+
+    #[test]
+    fn reads_the_window() {
+        let s = Scenario::from_model("mock:rounds=2,window=8000").unwrap();
+        assert_eq!(s.window, Some(8000));
+        assert_eq!(s.model_name(), "mock:rounds=2,window=8000");
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+        assert_eq!(Scenario::default().window, None);
+        for bad in ["0", "-1", "8k", "", "100000001"] {
+            let e = Scenario::from_model(&format!("mock:window={bad}")).unwrap_err();
+            assert_eq!(e.key.as_deref(), Some("window"), "{bad}");
+            assert!(e.message.contains("context window in tokens"), "{e}");
+        }
+        let e = Scenario::from_model("mock:window=1,window=2").unwrap_err();
+        assert!(e.message.contains("twice"), "{e}");
     }
 
     #[test]

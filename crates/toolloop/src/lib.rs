@@ -31,7 +31,8 @@
 //!   [`outcome`]: how a run ended.
 //! - [`message`]: the message model, and [`image`] for images in user messages; [`model`]: the
 //!   [`model::Model`] trait; [`stream`]: stream events and the accumulator; [`usage`] and
-//!   [`price`]: tokens and cost.
+//!   [`price`]: tokens and cost; [`context`]: each model's context window, the estimate of
+//!   the next request's size, and the typed error of a request too large for the window.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tool_source`]: tools
 //!   from outside the program that can change during a run (MCP servers').
 //! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
@@ -55,12 +56,14 @@
 pub mod agent;
 pub mod approval;
 pub mod config;
+pub mod context;
 pub mod engine;
 pub mod event;
 pub mod image;
 pub mod journal;
 pub mod message;
 pub mod model;
+mod model_names;
 pub mod outcome;
 pub mod output;
 pub mod price;

@@ -382,6 +382,13 @@ pub enum ModelError {
         /// The limit, in bytes.
         limit: usize,
     },
+    /// The request does not fit the model's context window: the provider refused it for its
+    /// size (OpenAI's `context_length_exceeded`, Anthropic's "prompt is too long", Gemini's
+    /// "input token count exceeds the maximum", llama.cpp's `exceed_context_size_error`, …).
+    /// Each adapter recognises its provider's shape; never retried as it is, since the same
+    /// request would be refused again.
+    #[error("{0}")]
+    ContextOverflow(crate::context::ContextOverflow),
     /// The provider does not accept a tool catalog (the signal for falling back to prompt-based
     /// tool calling).
     #[error("the server does not support native tool calling: {0}")]

@@ -7,6 +7,7 @@
 //! Users add or override entries with [`PriceTable::insert`] or
 //! [`PriceTable::extend_from_json`] (the command's `--prices FILE`).
 
+use crate::model_names::lookup;
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -69,7 +70,7 @@ impl Price {
 /// then `anthropic/claude-sonnet-4` then `claude-sonnet-4`), each exactly and then ignoring
 /// ASCII case; failing that, the longest entry that one of them starts with followed by `-` (so
 /// a dated `gpt-4o-2099-01-01` finds `gpt-4o`). Entries added to the table win over the
-/// built-in ones.
+/// built-in ones. [`crate::context::LimitTable`] finds a model's context window the same way.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PriceTable {
     prices: HashMap<String, Price>,
@@ -133,51 +134,6 @@ fn parse_dataset(text: &str) -> Result<HashMap<String, Price>, String> {
 
 const DATASET_SOURCE: &str =
     "LiteLLM model_prices_and_context_window.json (https://github.com/BerriAI/litellm)";
-
-/// The names a model is looked up under, most specific first.
-fn candidates(model: &str) -> Vec<&str> {
-    let mut out = vec![model];
-    let bare = model.rsplit_once(':').map_or(model, |(_, m)| m);
-    if bare != model {
-        out.push(bare);
-    }
-    let mut rest = bare;
-    while let Some((_, tail)) = rest.split_once('/') {
-        if !tail.is_empty() {
-            out.push(tail);
-        }
-        rest = tail;
-    }
-    out
-}
-
-fn lookup<'a>(prices: &'a HashMap<String, Price>, model: &str) -> Option<&'a Price> {
-    let names = candidates(model);
-    for name in &names {
-        if let Some(p) = prices.get(*name) {
-            return Some(p);
-        }
-    }
-    for name in &names {
-        if let Some((_, p)) = prices.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
-            return Some(p);
-        }
-    }
-    for name in &names {
-        let found = prices
-            .iter()
-            .filter(|(k, _)| {
-                name.len() > k.len()
-                    && name.as_bytes()[..k.len()].eq_ignore_ascii_case(k.as_bytes())
-                    && name.as_bytes()[k.len()] == b'-'
-            })
-            .max_by_key(|(k, _)| k.len());
-        if let Some((_, p)) = found {
-            return Some(p);
-        }
-    }
-    None
-}
 
 impl PriceTable {
     /// An empty table (every cost unknown until entries are added).

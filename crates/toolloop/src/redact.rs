@@ -235,6 +235,11 @@ impl Redactor {
             ModelError::StreamInterrupted(m) => ModelError::StreamInterrupted(self.redact(&m)),
             ModelError::InvalidResponse(m) => ModelError::InvalidResponse(self.redact(&m)),
             ModelError::ToolsUnsupported(m) => ModelError::ToolsUnsupported(self.redact(&m)),
+            ModelError::ContextOverflow(mut o) => {
+                o.message = self.redact(&o.message);
+                o.code = o.code.map(|c| self.redact(&c));
+                ModelError::ContextOverflow(o)
+            }
             ModelError::Config(m) => ModelError::Config(self.redact(&m)),
             ModelError::Other(m) => ModelError::Other(self.redact(&m)),
             other @ ModelError::BodyTooLarge { .. } => other,
@@ -478,6 +483,18 @@ mod tests {
             retryable: true,
         });
         assert!(e.is_retryable() && !e.to_string().contains(KEY));
+        let mut overflow = crate::context::ContextOverflow::new(
+            400,
+            Some(KEY.into()),
+            format!("prompt of {KEY} is too long"),
+        );
+        overflow.limit = Some(10);
+        let e = r.redact_error(ModelError::ContextOverflow(overflow));
+        assert!(!e.to_string().contains(KEY) && !e.is_retryable(), "{e}");
+        let ModelError::ContextOverflow(o) = e else {
+            panic!()
+        };
+        assert_eq!((o.code.as_deref(), o.limit), (Some(REDACTED), Some(10)));
         assert!(!format!("{r:?}").contains("ABC"));
     }
 

@@ -131,6 +131,7 @@ fn error_type(e: &crate::model::ModelError) -> &'static str {
         ModelError::InvalidResponse(_) => "invalid_response",
         ModelError::BodyTooLarge { .. } => "body_too_large",
         ModelError::ToolsUnsupported(_) => "tools_unsupported",
+        ModelError::ContextOverflow(_) => "context_overflow",
         ModelError::Other(_) => "model_error",
     }
 }

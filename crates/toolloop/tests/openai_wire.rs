@@ -435,6 +435,32 @@ async fn a_server_without_tools_gives_tools_unsupported() {
     }
 }
 
+/// llama.cpp's server refused a request over its context with a 500 before it moved to a 400
+/// (ggml-org/llama.cpp#15780): a status the transport retries, but not this error.
+#[tokio::test]
+async fn a_context_overflow_is_typed_and_not_retried_even_as_a_500() {
+    for (api, stream) in APIS.into_iter().flat_map(|a| [(a, false), (a, true)]) {
+        let (url, server) = serve(|_| {
+            json_response(
+                500,
+                &json!({"error": {"code": 500, "message": "the request exceeds the available context size. try increasing the context size or enable context shift", "type": "exceed_context_size_error", "n_prompt_tokens": 1407, "n_ctx": 256}}),
+                &[],
+            )
+        })
+        .await;
+        let err = call(model_of(api, &url).as_ref(), stream)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, ModelError::ContextOverflow(ref o)
+                if o.input_tokens == Some(1407) && o.limit == Some(256) && o.status == 500),
+            "{api:?}: {err:?}"
+        );
+        assert!(!err.is_retryable());
+        assert_eq!(server.count.load(Ordering::SeqCst), 1, "{api:?} {stream}");
+    }
+}
+
 #[tokio::test]
 async fn a_body_over_the_limit_is_refused() {
     let big = "x".repeat(10_000);

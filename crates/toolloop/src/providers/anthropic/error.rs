@@ -1,6 +1,8 @@
 //! Error bodies and error events.
 
-use crate::model::ApiError;
+use crate::context::ContextOverflow;
+use crate::context::overflow::{contains_ignore_case, number_after};
+use crate::model::{ApiError, ModelError};
 use crate::transport::http::retryable_status;
 use crate::transport::wire::snippet;
 use reqwest::header::HeaderMap;
@@ -40,20 +42,59 @@ pub fn parse_error(status: u16, _headers: &HeaderMap, body: &[u8]) -> ApiError {
         None => format!("HTTP {status}: {}", snippet(body, 500)),
     };
     let retryable = retryable_status(status) || error_type.as_deref().is_some_and(retryable_type);
-    ApiError {
+    let mut err = ApiError {
         status,
         error_type,
         code: None,
         message,
         retryable,
         retry_after: None,
+    };
+    if context_overflow(&err).is_some() {
+        err.retryable = false;
+    }
+    err
+}
+
+/// Whether an error says the request does not fit the model's context window, with the counts
+/// its message gives. Anthropic answers 400 `invalid_request_error` with "prompt is too long: N
+/// tokens > M maximum", or, when the input fits but the input and `max_tokens` together do
+/// not, "input length and `max_tokens` exceed context limit: N + O > M, decrease input length
+/// or `max_tokens` and try again" (sources in the tests).
+pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
+    let m = err.message.as_str();
+    let mut o = ContextOverflow::new(err.status, err.error_type.clone(), m);
+    if contains_ignore_case(m, "prompt is too long") {
+        o.input_tokens = number_after(m, "prompt is too long:");
+        o.limit = number_after(m, "tokens >");
+    } else if contains_ignore_case(m, "exceed context limit") {
+        o.input_tokens = number_after(m, "exceed context limit:");
+        o.output_tokens = o
+            .input_tokens
+            .and_then(|n| number_after(m, &format!("{n} +")));
+        o.limit = number_after(m, "> ");
+    } else {
+        return None;
+    }
+    Some(o)
+}
+
+/// Turns an API error that says the request does not fit the context window into
+/// [`ModelError::ContextOverflow`].
+pub(crate) fn classify(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Api(a) => match context_overflow(&a) {
+            Some(o) => ModelError::ContextOverflow(o),
+            None => ModelError::Api(a),
+        },
+        other => other,
     }
 }
 
 pub(super) fn stream_error(v: &Value) -> ApiError {
     let error = &v["error"];
     let error_type = error["type"].as_str().map(str::to_string);
-    ApiError {
+    let mut err = ApiError {
         status: 200,
         retryable: error_type.as_deref().is_some_and(retryable_type),
         error_type,
@@ -63,7 +104,11 @@ pub(super) fn stream_error(v: &Value) -> ApiError {
             .unwrap_or("error event in the stream with no message")
             .to_string(),
         retry_after: None,
+    };
+    if context_overflow(&err).is_some() {
+        err.retryable = false;
     }
+    err
 }
 
 #[cfg(test)]
@@ -96,5 +141,52 @@ mod tests {
         for s in [400, 403, 404] {
             assert!(!parse_error(s, &h, b"{}").retryable, "{s}");
         }
+    }
+
+    #[test]
+    fn context_overflow_is_typed_with_its_counts() {
+        let h = HeaderMap::new();
+        // anthropics/claude-code#12186.
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"},"request_id":"req_011CVQe1dLrGNMJyE1ghG1av"}"#,
+        );
+        assert!(!e.retryable);
+        let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+            panic!("not an overflow");
+        };
+        assert_eq!(
+            (o.status, o.input_tokens, o.output_tokens, o.limit),
+            (400, Some(208_310), None, Some(200_000))
+        );
+        assert_eq!(o.code.as_deref(), Some("invalid_request_error"));
+        // Input and `max_tokens` together over the window (continuedev/continue#6080).
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 199759 + 8192 > 200000, decrease input length or `max_tokens` and try again"}}"#,
+        );
+        let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+            panic!("not an overflow");
+        };
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(199_759), Some(8192), Some(200_000))
+        );
+        // In a stream's error event.
+        let e = stream_error(&serde_json::json!({"type": "error", "error": {
+            "type": "invalid_request_error", "message": "prompt is too long: 12 tokens > 10 maximum"}}));
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ContextOverflow(o) if o.status == 200 && o.limit == Some(10)
+        ));
+        // An output limit alone is not an overflow (ChatGPTNextWeb/NextChat#4964).
+        let e = parse_error(
+            400,
+            &h,
+            br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 10000 > 4096, which is the maximum allowed number of output tokens for claude-3-5-sonnet-20240620"}}"#,
+        );
+        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
     }
 }

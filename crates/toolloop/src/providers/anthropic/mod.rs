@@ -30,6 +30,7 @@ use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 use crate::providers::Decoded;
 use crate::transport::wire;
 use async_trait::async_trait;
+use futures::StreamExt;
 use response::decode_message_body;
 use stream::StreamDecoder;
 
@@ -43,6 +44,7 @@ pub use config::{
     AnthropicConfig, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_VERSION, MAX_CACHE_BREAKPOINTS,
     OWNED_FIELDS, PROVIDER,
 };
+use error::classify;
 pub use error::parse_error;
 pub use request::{build_request_body, wire_id};
 pub use response::decode_message;
@@ -89,6 +91,7 @@ impl Model for AnthropicModel {
                 decode_message_body,
             )
             .await
+            .map_err(classify)
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
@@ -99,7 +102,7 @@ impl Model for AnthropicModel {
             OWNED_FIELDS,
         )?;
         let body = build_request_body(request, &self.config, true).to_string();
-        wire::open_sse_stream(
+        let stream = wire::open_sse_stream(
             &self.config.transport,
             self.config.messages_url().into(),
             self.config.headers()?,
@@ -108,6 +111,8 @@ impl Model for AnthropicModel {
             StreamDecoder::default,
         )
         .await
+        .map_err(classify)?;
+        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
 }
 /// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`

@@ -1,6 +1,8 @@
 //! Error bodies, with the retry delay Gemini gives in them.
 
-use crate::model::ApiError;
+use crate::context::ContextOverflow;
+use crate::context::overflow::{contains_ignore_case, number_after};
+use crate::model::{ApiError, ModelError};
 use crate::transport::http::retryable_status;
 use crate::transport::wire::snippet;
 use reqwest::header::HeaderMap;
@@ -46,16 +48,57 @@ pub(super) fn api_error(status: u16, error: &Value) -> ApiError {
         _ => None,
     };
     let code_status = error["code"].as_u64().and_then(|c| u16::try_from(c).ok());
+    let message = error["message"]
+        .as_str()
+        .unwrap_or("the error body has no message")
+        .to_string();
+    let overflow = overflow_counts(&message).is_some();
     ApiError {
         status,
         error_type: error["status"].as_str().map(str::to_string),
         code,
-        message: error["message"]
-            .as_str()
-            .unwrap_or("the error body has no message")
-            .to_string(),
-        retryable: retryable_status(status) || code_status.is_some_and(retryable_status),
+        message,
+        retryable: !overflow
+            && (retryable_status(status) || code_status.is_some_and(retryable_status)),
         retry_after,
+    }
+}
+
+/// When `message` is Gemini's refusal of a request too large for the window ("The input token
+/// count (N) exceeds the maximum number of tokens allowed (M).", status `INVALID_ARGUMENT`,
+/// HTTP 400), the counts it gives: the input tokens and the window.
+pub(crate) fn overflow_counts(message: &str) -> Option<(Option<u64>, Option<u64>)> {
+    let said = contains_ignore_case(message, "input token count")
+        && contains_ignore_case(message, "exceeds the maximum number of tokens");
+    said.then(|| {
+        (
+            number_after(message, "input token count"),
+            number_after(message, "tokens allowed"),
+        )
+    })
+}
+
+/// The [`ContextOverflow`] an error reports, if it is one.
+pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
+    let (input_tokens, limit) = overflow_counts(&err.message)?;
+    let mut o = ContextOverflow::new(
+        err.status,
+        err.error_type.clone().or_else(|| err.code.clone()),
+        err.message.clone(),
+    );
+    (o.input_tokens, o.limit) = (input_tokens, limit);
+    Some(o)
+}
+
+/// Turns an API error that says the request does not fit the context window into
+/// [`ModelError::ContextOverflow`].
+pub(crate) fn classify(e: ModelError) -> ModelError {
+    match e {
+        ModelError::Api(a) => match context_overflow(&a) {
+            Some(o) => ModelError::ContextOverflow(o),
+            None => ModelError::Api(a),
+        },
+        other => other,
     }
 }
 
@@ -113,5 +156,32 @@ mod tests {
             Some(Duration::from_millis(2500))
         );
         assert_eq!(parse_duration(&json!("soon")), None);
+    }
+
+    #[test]
+    fn context_overflow_is_typed_with_its_counts() {
+        // google-gemini/gemini-cli#6678 (the body with `errors`) and #4118 (without).
+        for body in [
+            r#"[{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","errors":[{"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","domain":"global","reason":"badRequest"}],"status":"INVALID_ARGUMENT"}}]"#,
+            r#"{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}"#,
+        ] {
+            let e = parse_error(400, &HeaderMap::new(), body.as_bytes());
+            assert!(!e.retryable);
+            let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+                panic!("not an overflow: {body}");
+            };
+            assert_eq!(
+                (o.status, o.input_tokens, o.limit),
+                (400, Some(1_200_293), Some(1_048_576))
+            );
+            assert_eq!(o.code.as_deref(), Some("INVALID_ARGUMENT"));
+        }
+        // Other invalid arguments stay API errors.
+        let e = parse_error(
+            400,
+            &HeaderMap::new(),
+            br#"{"error":{"code":400,"message":"Invalid value at 'generation_config.max_output_tokens'","status":"INVALID_ARGUMENT"}}"#,
+        );
+        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
     }
 }

@@ -34,6 +34,7 @@ use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 use crate::providers::Decoded;
 use crate::transport::wire;
 use async_trait::async_trait;
+use futures::StreamExt;
 use response::decode_body;
 use stream::ChunkDecoder;
 
@@ -44,6 +45,8 @@ mod response;
 mod stream;
 
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
+use error::classify;
+pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
 pub use request::{PLACEHOLDER_THOUGHT_SIGNATURE, build_request_body};
 pub use response::decode_response;
@@ -94,6 +97,7 @@ impl Model for GeminiModel {
                 decode_body,
             )
             .await
+            .map_err(classify)
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
@@ -104,7 +108,7 @@ impl Model for GeminiModel {
             OWNED_FIELDS,
         )?;
         let body = build_request_body(request, &self.config, true).to_string();
-        wire::open_sse_stream(
+        let stream = wire::open_sse_stream(
             &self.config.transport,
             self.config.stream_url(self.model_for(request)).into(),
             self.config.headers()?,
@@ -113,6 +117,8 @@ impl Model for GeminiModel {
             ChunkDecoder::default,
         )
         .await
+        .map_err(classify)?;
+        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
 }
 

@@ -1,6 +1,8 @@
 //! Error bodies and error chunks, and the errors that mean tools are unsupported.
 
 use super::response::as_count;
+use crate::context::ContextOverflow;
+use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
 use crate::transport::http::{retry_after, retryable_status};
 use crate::transport::wire;
@@ -34,7 +36,7 @@ pub fn parse_error(status: u16, headers: &HeaderMap, body: &[u8]) -> ApiError {
     if err.retry_after.is_none() {
         err.retry_after = retry_after(headers);
     }
-    if tools_unsupported(&err) {
+    if tools_unsupported(&err) || context_overflow(&err).is_some() {
         err.retryable = false;
     }
     err
@@ -76,6 +78,15 @@ pub(crate) fn api_error_from_value(status: u16, v: &Value, http_status: Option<u
             t.contains("server_error") || t.contains("overloaded") || t.contains("rate_limit")
         }),
     };
+    let mut message = message;
+    // llama.cpp gives the counts of a context overflow beside its message; keep them in it.
+    if let (Some(n), Some(ctx)) = (
+        as_count(obj.get("n_prompt_tokens")),
+        as_count(obj.get("n_ctx")),
+    ) && !message.contains("n_prompt_tokens")
+    {
+        message = format!("{message} (n_prompt_tokens: {n}, n_ctx: {ctx})");
+    }
     let mut err = ApiError {
         status,
         error_type,
@@ -84,10 +95,69 @@ pub(crate) fn api_error_from_value(status: u16, v: &Value, http_status: Option<u
         retryable,
         retry_after: None,
     };
-    if tools_unsupported(&err) {
+    if tools_unsupported(&err) || context_overflow(&err).is_some() {
         err.retryable = false;
     }
     err
+}
+
+/// Whether an error says the request does not fit the model's context window, with the counts
+/// its message gives. The shapes of OpenAI's Chat Completions and of the servers that speak it
+/// (each with its source in the tests):
+/// - OpenAI: code `context_length_exceeded`, "This model's maximum context length is N tokens.
+///   However, your messages resulted in M tokens." or "… you requested M tokens (A in the
+///   messages, B in the completion)";
+/// - vLLM: the same sentences with type `BadRequestError` and code 400, and the newer "…
+///   However, your request has A input tokens plus B 'max_tokens'"; DeepSeek and OpenRouter
+///   ("This endpoint's maximum context length is …") say it the same way;
+/// - llama.cpp's server: type `exceed_context_size_error` with `n_prompt_tokens` and `n_ctx`
+///   beside the message ("the request exceeds the available context size …", or "request (N
+///   tokens) exceeds the available context size (M tokens) …"), status 400, or 500 in the
+///   builds that introduced the type;
+/// - Ollama: "the input length exceeds the context length", or llama.cpp's error nested in its
+///   message;
+/// - Gemini's OpenAI-compatible endpoint: Gemini's own message (see
+///   [`crate::providers::gemini`]).
+pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
+    let m = err.message.as_str();
+    let said = |phrase: &str| contains_ignore_case(m, phrase);
+    let by_code = err.code.as_deref() == Some("context_length_exceeded")
+        || err.error_type.as_deref() == Some("exceed_context_size_error");
+    let by_message = said("maximum context length is")
+        || said("exceeds the available context size")
+        || said("exceed_context_size_error")
+        || said("input length exceeds the context length");
+    let gemini = crate::providers::gemini::overflow_counts(m);
+    if !(by_code || by_message || gemini.is_some()) {
+        return None;
+    }
+    // The code that names the error: a numeric code (vLLM's, llama.cpp's) only repeats the status.
+    let named = |c: &Option<String>| c.clone().filter(|c| !c.bytes().all(|b| b.is_ascii_digit()));
+    let code = named(&err.code)
+        .or_else(|| named(&err.error_type))
+        .or_else(|| err.code.clone());
+    let mut o = ContextOverflow::new(err.status, code, m);
+    if let Some((input, limit)) = gemini {
+        (o.input_tokens, o.limit) = (input, limit);
+        return Some(o);
+    }
+    o.limit = number_after(m, "maximum context length is")
+        .or_else(|| number_after(m, "n_ctx"))
+        .or_else(|| number_after(m, "available context size"));
+    o.input_tokens = number_after(m, "n_prompt_tokens")
+        .or_else(|| number_after(m, "resulted in"))
+        .or_else(|| number_after(m, "your request has"))
+        .or_else(|| number_after(m, "request"))
+        .or_else(|| {
+            // "you requested M tokens (A in the messages, …)": A; "(A in your prompt; …)": A.
+            said("requested")
+                .then(|| number_after(m, "tokens ("))
+                .flatten()
+        });
+    o.output_tokens = number_after(m, "in the messages,")
+        .or_else(|| number_after(m, "in your prompt;"))
+        .or_else(|| number_after(m, "input tokens plus"));
+    Some(o)
 }
 
 /// Whether an error says the server or model does not accept a tool catalog.
@@ -117,10 +187,16 @@ pub(super) fn tools_unsupported(err: &ApiError) -> bool {
     PATTERNS.iter().any(|p| m.contains(p))
 }
 
-/// Turns an API error that says tools are unsupported into [`ModelError::ToolsUnsupported`].
+/// Turns an API error that says the request does not fit the context window into
+/// [`ModelError::ContextOverflow`], and one that says tools are unsupported into
+/// [`ModelError::ToolsUnsupported`].
 pub(crate) fn classify(e: ModelError) -> ModelError {
     match e {
-        ModelError::Api(a) if tools_unsupported(&a) => ModelError::ToolsUnsupported(a.message),
+        ModelError::Api(a) => match context_overflow(&a) {
+            Some(o) => ModelError::ContextOverflow(o),
+            None if tools_unsupported(&a) => ModelError::ToolsUnsupported(a.message),
+            None => ModelError::Api(a),
+        },
         other => other,
     }
 }
@@ -195,5 +271,141 @@ mod tests {
         let long = "é".repeat(1000);
         let e = parse_error(500, &h, long.as_bytes());
         assert!(e.message.chars().count() <= 301);
+    }
+
+    /// The overflow as the Chat Completions adapter reads it from a recorded body.
+    fn overflow(status: u16, body: &str) -> ContextOverflow {
+        let e = parse_error(status, &HeaderMap::new(), body.as_bytes());
+        assert!(!e.retryable, "an overflow is never retried: {e:?}");
+        match classify(ModelError::Api(e)) {
+            ModelError::ContextOverflow(o) => o,
+            other => panic!("not an overflow: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn context_overflow_in_each_servers_shape() {
+        // OpenAI, Chat Completions (chathub-dev/chathub#126, rahul2002m/ChatPDF#6).
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 4097 tokens. However, your messages resulted in 4294 tokens. Please reduce the length of the messages.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(4294), None, Some(4097))
+        );
+        assert_eq!(o.code.as_deref(), Some("context_length_exceeded"));
+        // OpenAI's older sentence (emmethalm/infiniteGPT#6; hwchase17/chat-your-data#10).
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 4097 tokens. However, you requested 4972 tokens (3222 in the messages, 1750 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(3222), Some(1750), Some(4097))
+        );
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 4097 tokens, however you requested 4231 tokens (3975 in your prompt; 256 for the completion). Please reduce your prompt; or completion length.","type":"invalid_request_error","param":null,"code":null}}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(3975), Some(256), Some(4097))
+        );
+        // vLLM (ogx-ai/ogx#4534, from llamastack/llama-stack discussion 981).
+        let o = overflow(
+            400,
+            r#"{"object":"error","message":"This model's maximum context length is 6048 tokens. However, you requested 6616 tokens (568 in the messages, 6048 in the completion). Please reduce the length of the messages or completion.","type":"BadRequestError","param":null,"code":400}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(568), Some(6048), Some(6048))
+        );
+        assert_eq!(o.code.as_deref(), Some("BadRequestError"));
+        // vLLM's newer sentence (vllm-project/vllm#33425).
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 2048 tokens. However, your request has 8 input tokens plus 2045 'max_tokens'. Please reduce one or the other. (parameter=input_tokens, max_tokens, value=(8, 2045))","type":"BadRequestError","param":"input_tokens, max_tokens","code":400}}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(8), Some(2045), Some(2048))
+        );
+        // DeepSeek, whose code is not the usual one (evalstate/fast-agent#621).
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This model's maximum context length is 131072 tokens. However, you requested 131134 tokens (122942 in the messages, 8192 in the completion). Please reduce the length of the messages or completion.","type":"invalid_request_error","param":null,"code":"invalid_request_error"}}"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.output_tokens, o.limit),
+            (Some(122_942), Some(8192), Some(131_072))
+        );
+        // OpenRouter (refly-ai/refly#1177).
+        let o = overflow(
+            400,
+            r#"{"error":{"message":"This endpoint's maximum context length is 32768 tokens. However, you requested about 42832 tokens (42832 of text input). Please reduce the length of either one, or use the \"middle-out\" transform to compress your prompt automatically.","code":400}}"#,
+        );
+        assert_eq!((o.input_tokens, o.limit), (Some(42_832), Some(32_768)));
+        // llama.cpp's server, with the counts beside the message; a 500 at first
+        // (ggml-org/llama.cpp#15780), a 400 since (oobabooga/textgen#7257).
+        for status in [500, 400] {
+            let o = overflow(
+                status,
+                &format!(
+                    r#"{{"error":{{"code":{status},"message":"the request exceeds the available context size. try increasing the context size or enable context shift","type":"exceed_context_size_error","n_prompt_tokens":1407,"n_ctx":256}}}}"#
+                ),
+            );
+            assert_eq!((o.input_tokens, o.limit), (Some(1407), Some(256)));
+            assert_eq!(o.code.as_deref(), Some("exceed_context_size_error"));
+            assert_eq!(o.status, status);
+        }
+        // An older llama.cpp, with no counts (continuedev/continue#9797).
+        let o = overflow(
+            400,
+            r#"{"error":{"code":400,"message":"the request exceeds the available context size, try increasing it","type":"invalid_request_error"}}"#,
+        );
+        assert_eq!((o.input_tokens, o.limit), (None, None));
+        // Ollama, whose message nests llama.cpp's error with `truncate: false`, and its own
+        // sentence (nano-step/nano-brain#208).
+        let o = overflow(
+            400,
+            r#"{"error":"{\"error\":{\"code\":400,\"message\":\"request (8889 tokens) exceeds the available context size (4096 tokens), try increasing it\",\"type\":\"exceed_context_size_error\",\"n_prompt_tokens\":8889,\"n_ctx\":4096}}"}"#,
+        );
+        assert_eq!((o.input_tokens, o.limit), (Some(8889), Some(4096)));
+        let o = overflow(
+            400,
+            r#"{"error":"the input length exceeds the context length"}"#,
+        );
+        assert_eq!(o.input_tokens, None);
+        // Gemini's OpenAI-compatible endpoint says what Gemini says (google-gemini/gemini-cli#6678).
+        let o = overflow(
+            400,
+            r#"[{"error":{"code":400,"message":"The input token count (1200293) exceeds the maximum number of tokens allowed (1048576).","status":"INVALID_ARGUMENT"}}]"#,
+        );
+        assert_eq!(
+            (o.input_tokens, o.limit),
+            (Some(1_200_293), Some(1_048_576))
+        );
+        // The same in a streamed error chunk.
+        let e = api_error_from_value(
+            200,
+            &serde_json::json!({"error": {"message": "This model's maximum context length is 8192 tokens. However, your messages resulted in 9000 tokens.", "code": "context_length_exceeded"}}),
+            None,
+        );
+        assert!(matches!(
+            classify(ModelError::Api(e)),
+            ModelError::ContextOverflow(o) if o.input_tokens == Some(9000) && o.status == 200
+        ));
+        // Other errors that speak of tokens are not overflows.
+        for body in [
+            r#"{"error":{"message":"max_tokens is too large: 100000. This model supports at most 16384 completion tokens.","type":"invalid_request_error","param":"max_tokens","code":"invalid_value"}}"#,
+            r#"{"error":{"message":"Rate limit reached for tokens per min (TPM)","code":"rate_limit_exceeded"}}"#,
+        ] {
+            let e = parse_error(400, &HeaderMap::new(), body.as_bytes());
+            assert!(
+                matches!(classify(ModelError::Api(e)), ModelError::Api(_)),
+                "{body}"
+            );
+        }
     }
 }

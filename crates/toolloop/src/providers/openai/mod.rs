@@ -87,7 +87,7 @@ use crate::transport::wire;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
-pub(crate) use error::classify;
+pub(crate) use error::{classify, context_overflow};
 use futures::StreamExt;
 use request::EncodedPrefix;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};

@@ -5,15 +5,38 @@
 //! [`parse_error`](crate::providers::openai::parse_error) (the same classification, `Retry-After`
 //! and "tools unsupported" detection).
 
+use crate::context::ContextOverflow;
+use crate::context::overflow::contains_ignore_case;
 use crate::model::{ApiError, ModelError};
 use crate::providers::openai::api_error_from_value;
 use serde_json::Value;
 
 pub use crate::providers::openai::parse_error;
 
-/// Turns an API error that says tools are unsupported into [`ModelError::ToolsUnsupported`].
+/// Whether an error says the request does not fit the model's context window. The Responses
+/// API says it with code `context_length_exceeded` and "Your input exceeds the context window
+/// of this model. Please adjust your input and try again." (`param` `input`, no counts), in an
+/// HTTP 400 body, in a stream's `error` event, or in a `failed` response's `error` (sources in
+/// the tests). A server that speaks this API with Chat Completions' sentences is understood too.
+pub(super) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
+    if contains_ignore_case(&err.message, "exceeds the context window") {
+        let code = err.code.clone().or_else(|| err.error_type.clone());
+        return Some(ContextOverflow::new(err.status, code, err.message.clone()));
+    }
+    crate::providers::openai::context_overflow(err)
+}
+
+/// Turns an API error that says the request does not fit the context window into
+/// [`ModelError::ContextOverflow`], and one that says tools are unsupported into
+/// [`ModelError::ToolsUnsupported`].
 pub(super) fn classify(e: ModelError) -> ModelError {
-    crate::providers::openai::classify(e)
+    match e {
+        ModelError::Api(a) => match context_overflow(&a) {
+            Some(o) => ModelError::ContextOverflow(o),
+            None => crate::providers::openai::classify(ModelError::Api(a)),
+        },
+        other => other,
+    }
 }
 
 /// The error of a stream's `error` event (`{"type": "error", "code", "message", "param"}`, or
@@ -45,7 +68,8 @@ pub(super) fn event_error(status: u16, v: &Value) -> ApiError {
                 || s.contains("unavailable")
         })
     };
-    err.retryable = said(err.code.as_deref()) || said(err.error_type.as_deref());
+    err.retryable = (said(err.code.as_deref()) || said(err.error_type.as_deref()))
+        && context_overflow(&err).is_none();
     err
 }
 
@@ -77,5 +101,60 @@ mod tests {
         );
         assert!(e.retryable);
         assert_eq!(e.message, "slow");
+    }
+
+    #[test]
+    fn context_overflow_in_each_place_the_api_reports_it() {
+        use reqwest::header::HeaderMap;
+        const MESSAGE: &str = "Your input exceeds the context window of this model. Please adjust your input and try again.";
+        let typed = |e: ApiError| match classify(ModelError::Api(e)) {
+            ModelError::ContextOverflow(o) => o,
+            other => panic!("not an overflow: {other:?}"),
+        };
+        // An HTTP error body (james-6-23/codex2api#415 gives the code, type and message).
+        let body = json!({"error": {"message": MESSAGE, "type": "invalid_request_error",
+            "param": "input", "code": "context_length_exceeded"}});
+        let e = parse_error(400, &HeaderMap::new(), body.to_string().as_bytes());
+        assert!(!e.retryable);
+        let o = typed(e);
+        assert_eq!(
+            (o.status, o.code.as_deref()),
+            (400, Some("context_length_exceeded"))
+        );
+        assert_eq!((o.input_tokens, o.limit), (None, None));
+        // A stream's `error` event (dyad-sh/dyad#1672).
+        let e = event_error(
+            200,
+            &json!({"type": "error", "sequence_number": 2, "error": {"type": "invalid_request_error",
+                "code": "context_length_exceeded", "message": MESSAGE, "param": "input"}}),
+        );
+        assert!(!e.retryable);
+        assert_eq!(typed(e).message, MESSAGE);
+        // A `failed` response's error (`{"code", "message"}`), and the event's flat form
+        // (the-open-agent/openagent#2344).
+        let e = event_error(
+            200,
+            &json!({"code": "context_length_exceeded", "message": MESSAGE}),
+        );
+        assert_eq!(typed(e).code.as_deref(), Some("context_length_exceeded"));
+        let e = event_error(
+            200,
+            &json!({"type": "invalid_request_error", "code": "context_length_exceeded",
+                "message": MESSAGE, "param": "input"}),
+        );
+        assert_eq!(typed(e).status, 200);
+        // A server that speaks this API with Chat Completions' sentence.
+        let e = event_error(
+            200,
+            &json!({"code": "invalid_request_error", "message": "This model's maximum context length is 8192 tokens. However, your request has 9000 input tokens."}),
+        );
+        let o = typed(e);
+        assert_eq!((o.input_tokens, o.limit), (Some(9000), Some(8192)));
+        // Anything else is not.
+        let e = event_error(
+            200,
+            &json!({"code": "invalid_prompt", "message": "Invalid prompt"}),
+        );
+        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
     }
 }
