@@ -56,7 +56,7 @@ fn serve_runs_the_commands_agent_for_restate() {
     assert!(said.contains(&format!("127.0.0.1:{port}")), "{said}");
     // The README's curl: a prompt, the run id as idempotency key.
     let body: serde_json::Value = rt.block_on(async {
-        reqwest::Client::new()
+        http_client()
             .post(format!("{}/toolloop/cli-1/run", server.ingress))
             .header("idempotency-key", "cli-1")
             .json(&serde_json::json!({"prompt": "look around"}))
@@ -80,4 +80,20 @@ fn serve_runs_the_commands_agent_for_restate() {
     let calls = body["tool_calls"].as_array().unwrap();
     assert_eq!(calls.len(), 2, "{body}");
     assert_eq!(mock.stats().requests, 2);
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

@@ -153,7 +153,7 @@ async fn send(
 
 fn client() -> reqwest::Client {
     // No connection reuse: a reset connection must not be handed to the next request.
-    reqwest::Client::builder()
+    http_client_builder()
         .pool_max_idle_per_host(0)
         .build()
         .unwrap()
@@ -645,4 +645,20 @@ mod clients {
             stats.requests, stats.faults
         );
     }
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

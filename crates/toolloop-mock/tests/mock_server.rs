@@ -72,7 +72,7 @@ impl Post {
 }
 
 async fn post(url: &str, headers: &[(&str, &str)], body: impl Into<reqwest::Body>) -> Post {
-    let client = reqwest::Client::new();
+    let client = http_client();
     let mut request = client.post(url).header("content-type", "application/json");
     for (k, v) in headers {
         request = request.header(*k, *v);
@@ -1018,11 +1018,15 @@ async fn unknown_paths_and_methods_get_errors() {
     .await;
     assert_eq!(embed.status, StatusCode::NOT_FOUND);
     assert_eq!(embed.json()["error"]["status"], "NOT_FOUND");
-    let get = reqwest::get(format!("{base}/v1/chat/completions"))
+    let get = http_client()
+        .get(format!("{base}/v1/chat/completions"))
+        .send()
         .await
         .unwrap();
     assert_eq!(get.status(), StatusCode::METHOD_NOT_ALLOWED);
-    let models: Value = reqwest::get(format!("{base}/v1/models"))
+    let models: Value = http_client()
+        .get(format!("{base}/v1/models"))
+        .send()
         .await
         .unwrap()
         .json()
@@ -1115,7 +1119,7 @@ async fn chunk_delay_paces_the_stream() {
     let url = format!("{}/v1/chat/completions", server.base_url());
     let body = json!({"model": "mock:rounds=0,chunk=10,chunk_delay=40ms", "stream": true,
         "messages": [{"role": "user", "content": "hi"}]});
-    let response = reqwest::Client::new()
+    let response = http_client()
         .post(&url)
         .body(body.to_string())
         .send()
@@ -1175,7 +1179,7 @@ async fn stats_count_requests_and_rejections() {
 async fn many_concurrent_conversations() {
     let server = server().await;
     let url = format!("{}/v1/chat/completions", server.base_url());
-    let client = reqwest::Client::new();
+    let client = http_client();
     let loops = 64;
     let tasks = (0..loops).map(|_| {
         let (client, url) = (client.clone(), url.clone());
@@ -1217,11 +1221,35 @@ async fn many_concurrent_conversations() {
 async fn shutdown_stops_the_server() {
     let server = server().await;
     let url = format!("{}/v1/models", server.base_url());
-    assert!(reqwest::get(&url).await.unwrap().status().is_success());
+    assert!(
+        http_client()
+            .get(&url)
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .is_success()
+    );
     server.shutdown().await;
-    let client = reqwest::Client::builder()
+    let client = http_client_builder()
         .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     assert!(client.get(&url).send().await.is_err());
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

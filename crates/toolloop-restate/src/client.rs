@@ -85,6 +85,8 @@ fn client() -> reqwest::Client {
     static CLIENT: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     CLIENT
         .get_or_init(|| {
+            // reqwest builds its TLS configuration from the process's default crypto provider.
+            let _ = rustls::crypto::ring::default_provider().install_default();
             reqwest::Client::builder()
                 .connect_timeout(Duration::from_secs(10))
                 .build()

@@ -113,6 +113,8 @@ pub async fn register(
     let url = url::Url::parse(admin_url)
         .and_then(|u| u.join("deployments"))
         .map_err(|e| fail(format!("the admin URL is not a URL: {e}")))?;
+    // reqwest builds its TLS configuration from the process's default crypto provider.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::new();
     let body = serde_json::json!({ "uri": endpoint_url, "force": true });
     let until = tokio::time::Instant::now() + patience;

@@ -219,7 +219,7 @@ async fn one_run_bodies(url: &str, scenario: &str, rounds: usize) -> Vec<bytes::
 
 /// A bare HTTP client that keeps up to `n` idle connections, like the loop's transport.
 fn bare_client(n: usize) -> reqwest::Client {
-    reqwest::Client::builder()
+    http_client_builder()
         .pool_max_idle_per_host(n)
         .build()
         .expect("client")
@@ -726,4 +726,20 @@ fn memory(n: usize, rounds: usize) {
         (per_loop - transcript as f64).max(0.0) / 1024.0,
         rss_kib("VmHWM:"),
     );
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

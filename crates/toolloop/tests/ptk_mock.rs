@@ -390,7 +390,7 @@ async fn seed_000_tool_calling_flow_runs_against_the_mock() {
 async fn the_mock_checks_text_results_like_native_ones() {
     let server = server().await;
     let url = format!("{}/v1/chat/completions", server.base_url());
-    let client = reqwest::Client::new();
+    let client = http_client();
     let catalog = toolloop::ptk::render_system_prompt(
         &[toolloop::model::ToolSpec {
             name: "f".into(),
@@ -469,4 +469,20 @@ async fn the_mock_checks_text_results_like_native_ones() {
         assert!(body.contains(needle), "{results}: {body}");
     }
     server.shutdown().await;
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

@@ -127,7 +127,7 @@ mod reqwest {
             .enable_all()
             .build()
             .unwrap();
-        let client = ::reqwest::Client::new();
+        let client = super::http_client();
         move |url: &str| {
             rt.block_on(async {
                 client
@@ -139,4 +139,20 @@ mod reqwest {
             })
         }
     }
+}
+
+/// A reqwest client builder, with the process's TLS crypto provider installed first (reqwest
+/// builds its TLS configuration from it, even for plain HTTP).
+#[allow(dead_code)]
+fn http_client_builder() -> ::reqwest::ClientBuilder {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    ::reqwest::Client::builder()
+}
+
+/// A reqwest client with the defaults.
+#[allow(dead_code)]
+fn http_client() -> ::reqwest::Client {
+    http_client_builder()
+        .build()
+        .expect("the HTTP client builds")
 }

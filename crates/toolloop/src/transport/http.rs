@@ -370,6 +370,7 @@ fn redirect_error(
 impl HttpTransport {
     /// A transport with the default policy and limits.
     pub fn new() -> Self {
+        super::install_tls_provider();
         // Never reqwest's default client in its place: that one follows redirects.
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(30))

@@ -13,6 +13,16 @@ pub mod sse;
 #[cfg(feature = "http")]
 pub(crate) mod wire;
 
+/// Makes rustls's `ring` the process's default TLS crypto provider, unless the program has
+/// installed one already (then that one is used). reqwest builds every client's TLS
+/// configuration from the process's default, so this runs before any client is built:
+/// [`http::HttpTransport::new`] calls it, and so should a program that builds its own
+/// `reqwest::Client` beside toolloop's. Calling it again does nothing.
+#[cfg(feature = "http")]
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 /// Why a provider's base URL was refused by [`check_base_url`]. The messages show the URL
 /// without any password or key it carries.
 #[cfg(feature = "http")]
