@@ -1,15 +1,27 @@
 //! The loop as a state machine with no I/O.
 //!
-//! [`Machine::next_step`] says what to do now ([`Step`]): ask the `reminders` hook, call the
-//! model, run these tool calls on this schedule, ask `stop_when`, ask `on_round_limit`, or
-//! nothing more (finished). A driver (see [`crate::agent`]) does the I/O, calls the hooks, and
-//! reports back with [`Machine::reminders_given`], [`Machine::model_responded`],
-//! [`Machine::model_failed`], [`Machine::tool_finished`], [`Machine::stop_checked`],
-//! [`Machine::round_limit_decided`] or [`Machine::interrupt`]. The machine never calls user
-//! code: a hook's answer is an input like a model's response, so the run log records it and a
-//! replay uses the recorded answer. An input the machine is not waiting for is refused with a
-//! [`PhaseError`]. The machine's [`LoopState`] is a plain serializable value, so a run can be
-//! saved and rebuilt from it.
+//! In this order:
+//! 1. Make the machine: [`Machine::new`] for a new run (the driver logs [`Input::Started`]),
+//!    [`Machine::replay`] from a run's log, [`Machine::resume`] from a saved [`LoopState`].
+//!    It is given what it decides by, as data: the configuration, a snapshot of the tools'
+//!    metadata ([`Catalog`]) and which hooks exist ([`HookFlags`]). It holds no tool and no
+//!    hook, and calls no user code.
+//! 2. Ask [`Machine::next_step`] what to do now ([`Step`]): ask the `reminders` hook, call the
+//!    model, run these tool calls on this schedule, decide approvals, ask `stop_when`, ask
+//!    `on_round_limit`, or nothing more (finished).
+//! 3. Do it (the I/O, the hooks, the tools), log what came of it as an [`Input`], and hand the
+//!    input to [`Machine::handle`]. Every answer is an input, a model's response like a hook's
+//!    answer or a person's decision, so the run log is the list of a run's inputs and a replay
+//!    hands them to a fresh machine. An input the machine is not waiting for is refused with a
+//!    [`PhaseError`], and changes nothing. The driver computes what needs user code and carries
+//!    it in the input: the approval subjects of a response's calls
+//!    ([`crate::toolbox::Toolbox::approval_subjects`]).
+//! 4. Take the events ([`Machine::take_events`]) and go back to 2, until [`Step::Finished`];
+//!    then [`Machine::into_outcome`].
+//!
+//! [`crate::agent`] is the driver of an [`crate::Agent`]; `toolloop-restate` drives the same
+//! machine from Restate's journal. The machine's [`LoopState`] is a plain serializable value,
+//! so a run can be saved and rebuilt from it.
 //!
 //! Invariants the machine keeps:
 //! - every tool call gets exactly one result, appended in the model's call order, whatever
@@ -17,20 +29,19 @@
 //! - every call of a round runs before any terminal check;
 //! - budgets are checked before each model call and before each tool call executes.
 
-use crate::approval::{Decision, PendingApproval, Verdict};
+use crate::approval::{Action, Decision, PendingApproval, Verdict};
 use crate::config::{
     Hooks, InvalidCallPolicy, LoopConfig, LoopView, ParallelMode, RoundCall, RoundLimitDecision,
     TruncatedCallPolicy,
 };
 use crate::event::Event;
-use crate::journal::Record;
 use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
-use crate::model::{FinishReason, ModelError, ModelResponse};
+use crate::model::{FinishReason, ModelResponse};
 use crate::outcome::{CallStatus, ErrorCode, ExecutedCall, Outcome, RunError, StopReason};
 use crate::output::{OutputCheck, OutputSchema, OutputSchemaError};
 use crate::result;
 use crate::tool::{ToolError, ToolOutput};
-use crate::toolbox::{CatalogEntry, Toolbox};
+use crate::toolbox::{Catalog, CatalogEntry};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
@@ -44,11 +55,176 @@ macro_rules! emit {
     };
 }
 
+/// An input of the machine: everything that happens outside it, the model's answers, the tool
+/// calls' results, the hooks' and the approvals' answers, interruptions. The driver logs an
+/// input, then hands it to [`Machine::handle`]; the run log is the list of a run's inputs
+/// ([`crate::journal::Record`] is this type), so a replay ([`Machine::replay`]) hands the same
+/// inputs to a fresh machine, and a durable-execution engine journals the same values. Each
+/// input names the round (and the call) it is for, and the machine refuses one that does not
+/// fit ([`PhaseError`]).
+///
+/// Serialized with a `kind` tag in snake case (`{"kind":"model_responded","round":1,…}`), the
+/// form run logs keep.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Input {
+    /// The run began with this conversation: a log's first record, from which
+    /// [`Machine::replay`] makes the machine ([`Machine::new`] for a live run). The machine
+    /// refuses it afterwards: a run starts once.
+    Started {
+        /// The conversation at the start (system prompt included).
+        messages: Vec<Message>,
+        /// The schema the final answer must match, if the run set one (see
+        /// [`crate::output`]); a replay holds answers to this one.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        output_schema: Option<OutputSchema>,
+    },
+    /// The run's tools, for a run whose tools can change while it goes on (an agent with a
+    /// [`crate::tool_source::ToolSource`]): given before the run's first model call (round 0)
+    /// and whenever they change before a model call ([`Step::CallModel`], before it is made).
+    /// That call offers these tools, and the calls it returns are checked against them. Logged
+    /// as the catalog's entries.
+    ToolsChanged {
+        /// The round whose model call offers them first (0: from the run's start).
+        round: u32,
+        /// The whole catalog.
+        tools: Arc<Catalog>,
+    },
+    /// The `reminders` hook answered ([`Step::GetReminders`]): the round starts with these
+    /// strings sent along with its request.
+    RemindersGiven {
+        /// The round about to start.
+        round: u32,
+        /// The reminders sent with that round's request.
+        reminders: Vec<String>,
+    },
+    /// `stop_when` answered ([`Step::CheckStop`]), after every call of the round ran: a
+    /// signal ends the run after this round.
+    StopChecked {
+        /// The round.
+        round: u32,
+        /// The signal that ends the run, if it gave one.
+        signal: Option<String>,
+    },
+    /// The model call of [`Step::CallModel`] is about to be made (it changes nothing; a log
+    /// that holds it and no answer shows the call in flight). The driver leaves it out of a
+    /// write that holds the call's response (or failure), which implies it.
+    ModelRequested {
+        /// The round.
+        round: u32,
+    },
+    /// The model answered.
+    ModelResponded {
+        /// The round.
+        round: u32,
+        /// The response.
+        response: ModelResponse,
+        /// Its cost, when known.
+        cost: Option<f64>,
+        /// The approval subject of each of the response's calls, in order, where the approval
+        /// policy weighs it ([`crate::approval::Approvals::weighs_subject`]): the driver takes
+        /// them from the tools ([`crate::toolbox::Toolbox::approval_subjects`]), so that the
+        /// machine, and a replay, needs no tool. Empty when no call needs one. A response
+        /// lacking a subject the policy needs is refused.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        subjects: Vec<Option<String>>,
+    },
+    /// The model call failed (after the adapter's retries).
+    ModelFailed {
+        /// The round.
+        round: u32,
+        /// What happened.
+        message: String,
+    },
+    /// A tool call of [`Step::RunTools`] is about to run (its intent): after a crash, a call
+    /// that started and has no result was in flight ([`Machine::in_flight`]). The driver
+    /// leaves it out of a write that holds the call's result, which implies it.
+    ToolStarted {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// The call id.
+        call_id: String,
+    },
+    /// A tool call finished (after its retries).
+    ToolFinished {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// What it returned.
+        result: Result<ToolOutput, ToolError>,
+        /// How long it took.
+        duration_ms: u64,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A call that was in flight at a crash has side effects and was not run again: it gets
+    /// an "outcome unknown" result the model can read.
+    ToolUnknown {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+    },
+    /// A call's approval was decided ([`Step::Approve`]), by a rule or a person (see
+    /// [`crate::approval`]). The decision must be bound to the call (its id, tool and
+    /// canonical arguments, see [`Decision::binds`]): a decision for another call or for other
+    /// arguments is refused, and the call still waits. An approved call runs; a denied one
+    /// does not, and its result is `denied: <reason>`.
+    ApprovalDecided {
+        /// The round.
+        round: u32,
+        /// The call's place in the round.
+        index: usize,
+        /// The decision.
+        decision: Decision,
+    },
+    /// `on_round_limit` decided ([`Step::DecideRoundLimit`]).
+    RoundLimitDecided {
+        /// The decision.
+        decision: RoundLimitDecision,
+    },
+    /// The driver stopped the run: it ends now (a run already finished stays as it is), and
+    /// calls still in flight get a synthetic "cancelled" result, so the transcript stays valid.
+    Interrupted {
+        /// Why.
+        why: Interrupt,
+    },
+    /// The run is over (the driver logs it at the end; the machine has finished by then, and
+    /// takes it as a no-op).
+    Finished,
+}
+
+impl Input {
+    /// The input's kind, as in its JSON (`started`, `model_requested`, …), which is also the
+    /// [`PhaseError::input`] of a refusal.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Input::Started { .. } => "started",
+            Input::ToolsChanged { .. } => "tools_changed",
+            Input::ModelRequested { .. } => "model_requested",
+            Input::ModelResponded { .. } => "model_responded",
+            Input::ModelFailed { .. } => "model_failed",
+            Input::ToolStarted { .. } => "tool_started",
+            Input::ToolFinished { .. } => "tool_finished",
+            Input::ToolUnknown { .. } => "tool_unknown",
+            Input::RemindersGiven { .. } => "reminders_given",
+            Input::StopChecked { .. } => "stop_checked",
+            Input::RoundLimitDecided { .. } => "round_limit_decided",
+            Input::ApprovalDecided { .. } => "approval_decided",
+            Input::Interrupted { .. } => "interrupted",
+            Input::Finished => "finished",
+        }
+    }
+}
+
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Step {
     /// A round is about to start and a `reminders` hook is set: call it with
-    /// [`Machine::view`] and report its strings with [`Machine::reminders_given`].
+    /// [`Machine::view`] and report its strings with [`Input::RemindersGiven`].
     GetReminders,
     /// Call the model with the conversation ([`Machine::messages`]), the toolbox's specs, and
     /// these transient reminders.
@@ -58,16 +234,17 @@ pub enum Step {
         /// Reminders for this request only.
         reminders: Vec<String>,
     },
-    /// Run these calls, batch after batch; report each with [`Machine::tool_finished`].
+    /// Run these calls, batch after batch; report each with [`Input::ToolStarted`] before it
+    /// runs and [`Input::ToolFinished`] after.
     RunTools(Vec<Batch>),
     /// Every call of the round ran and a `stop_when` hook is set: call it with
-    /// [`Machine::round_calls`] and report its answer with [`Machine::stop_checked`].
+    /// [`Machine::round_calls`] and report its answer with [`Input::StopChecked`].
     CheckStop,
     /// `max_rounds` is reached: ask `on_round_limit` and report with
-    /// [`Machine::round_limit_decided`].
+    /// [`Input::RoundLimitDecided`].
     DecideRoundLimit,
     /// Calls of the round wait for their approval, before any call of the round runs: report
-    /// a [`Decision`] for each with [`Machine::approval_decided`] (by the rule in the verdict,
+    /// a [`Decision`] for each with [`Input::ApprovalDecided`] (by the rule in the verdict,
     /// or by asking the approval handler when the verdict is [`Verdict::Ask`]), or, with no
     /// handler, stop with [`Machine::await_approval`].
     Approve(Vec<ApprovalRequest>),
@@ -139,6 +316,14 @@ pub struct Slot {
     /// Its approval, when the policy does not simply allow it (see [`crate::approval`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalState>,
+    /// Its approval subject, as the driver gave it with the response, where the policy weighs
+    /// it ([`Input::ModelResponded`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// Whether it started ([`Input::ToolStarted`]): a call that started and has no result is
+    /// in flight ([`Machine::in_flight`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub started: bool,
 }
 
 /// Where the machine is.
@@ -217,7 +402,7 @@ pub struct PhaseError {
 /// Why a run's records do not replay onto the run (see [`Machine::replay`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReplayError {
-    /// The log is empty or does not begin with [`Record::Started`].
+    /// The log is empty or does not begin with [`Input::Started`].
     #[error("the first record is not `started`")]
     NotStarted,
     /// A stored record does not parse (damaged, or written by an incompatible version).
@@ -239,17 +424,22 @@ pub enum ReplayError {
     },
 }
 
-/// Which hooks the driver has. The machine asks for their answers; it never calls them.
-#[derive(Debug, Clone, Copy, Default)]
-struct HookSet {
-    stop_when: bool,
-    on_round_limit: bool,
-    reminders: bool,
+/// Which hooks the driver has (see [`Hooks`]). The machine asks for their answers with
+/// [`Step`]s; it never holds or calls them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct HookFlags {
+    /// `stop_when` is set: the machine asks [`Step::CheckStop`] after a round's calls.
+    pub stop_when: bool,
+    /// `on_round_limit` is set: the machine asks [`Step::DecideRoundLimit`] at the limit
+    /// (without it, the run stops there).
+    pub on_round_limit: bool,
+    /// `reminders` is set: the machine asks [`Step::GetReminders`] before each round.
+    pub reminders: bool,
 }
 
-impl From<&Hooks> for HookSet {
+impl From<&Hooks> for HookFlags {
     fn from(h: &Hooks) -> Self {
-        HookSet {
+        HookFlags {
             stop_when: h.stop_when.is_some(),
             on_round_limit: h.on_round_limit.is_some(),
             reminders: h.reminders.is_some(),
@@ -293,8 +483,9 @@ pub struct LoopState {
 /// The loop's state machine.
 pub struct Machine {
     config: Arc<LoopConfig>,
-    hooks: HookSet,
-    toolbox: Arc<Toolbox>,
+    hooks: HookFlags,
+    /// What the machine knows of the run's tools (never the tools themselves).
+    catalog: Arc<Catalog>,
     state: LoopState,
     events: Vec<Event>,
     events_on: bool,
@@ -374,20 +565,22 @@ fn replacement_id(original: &str, n: u64) -> String {
 }
 
 impl Machine {
-    /// A machine for a new run over `messages`. Of `hooks`, only which ones are set matters:
-    /// the machine asks for their answers with [`Step`]s, and the driver calls them.
+    /// A machine for a new run over `messages` (the driver logs them as [`Input::Started`]),
+    /// with the run's tools as `catalog` ([`crate::toolbox::Toolbox::catalog`]) and the hooks
+    /// the driver has (`(&hooks).into()`): the machine asks for their answers with [`Step`]s,
+    /// and the driver calls them.
     pub fn new(
         config: Arc<LoopConfig>,
-        hooks: Hooks,
-        toolbox: Arc<Toolbox>,
+        hooks: HookFlags,
+        catalog: Arc<Catalog>,
         messages: Vec<Message>,
     ) -> Self {
         let round_limit = config.max_rounds;
         let call_ids = conversation_ids(&messages);
         let mut m = Machine {
             config,
-            hooks: HookSet::from(&hooks),
-            toolbox,
+            hooks,
+            catalog,
             state: LoopState {
                 messages,
                 round: 0,
@@ -419,14 +612,14 @@ impl Machine {
     /// A machine rebuilt from a saved state.
     pub fn resume(
         config: Arc<LoopConfig>,
-        hooks: Hooks,
-        toolbox: Arc<Toolbox>,
+        hooks: HookFlags,
+        catalog: Arc<Catalog>,
         state: LoopState,
     ) -> Self {
         Machine {
             config,
-            hooks: HookSet::from(&hooks),
-            toolbox,
+            hooks,
+            catalog,
             call_ids: conversation_ids(&state.messages),
             output_check: compile_output(state.output_schema.as_ref()),
             state,
@@ -476,9 +669,10 @@ impl Machine {
         &self.state.messages
     }
 
-    /// The toolbox.
-    pub fn toolbox(&self) -> &Arc<Toolbox> {
-        &self.toolbox
+    /// What the machine knows of the run's tools: the catalog it was made with, or the last
+    /// one an [`Input::ToolsChanged`] gave.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
     }
 
     /// The configuration.
@@ -591,21 +785,31 @@ impl Machine {
         }
     }
 
-    /// What the policy says of a call of the round: its approval subject and verdict.
-    fn weigh(&self, call: &ToolCall) -> (String, Verdict) {
-        let (subject, default) = match self.toolbox.get(&call.name) {
-            Some(tool) => (
-                tool.approval_subject(&call.arguments),
-                tool.default_approval(),
+    /// What the policy says of a call of the round, whose approval subject the driver gave
+    /// (`subject`): the subject and the verdict.
+    fn weigh(&self, call: &ToolCall, subject: Option<&str>) -> (String, Verdict) {
+        let default = self
+            .catalog
+            .get(&call.name)
+            .map_or(Action::Allow, CatalogEntry::approval_default);
+        let policy = &self.config.approvals;
+        match subject {
+            Some(subject) => (
+                subject.to_string(),
+                policy.verdict(&call.name, subject, default),
             ),
-            None => (call.canonical_arguments(), crate::approval::Action::Allow),
-        };
-        let verdict = self.config.approvals.verdict(&call.name, &subject, default);
-        (subject, verdict)
+            // A subject the policy weighs, missing from a state saved before subjects were
+            // kept: a person decides.
+            None if policy.weighs_subject(&call.name, default) => {
+                (call.canonical_arguments(), Verdict::Ask)
+            }
+            // The policy does not weigh it: the call is allowed by default.
+            None => (call.canonical_arguments(), Verdict::Allow { rule: None }),
+        }
     }
 
     fn approval_request(&self, index: usize, slot: &Slot) -> ApprovalRequest {
-        let (subject, verdict) = self.weigh(&slot.call);
+        let (subject, verdict) = self.weigh(&slot.call, slot.subject.as_deref());
         ApprovalRequest {
             pending: PendingApproval {
                 round: self.state.round,
@@ -617,15 +821,8 @@ impl Machine {
         }
     }
 
-    /// A call's approval was decided ([`Step::Approve`]). The decision must be bound to the
-    /// call (its id, tool and canonical arguments, see [`Decision::binds`]): a decision for
-    /// another call or for other arguments is refused, and the call still waits. An approved
-    /// call runs; a denied one does not, and its result is `denied: <reason>`.
-    pub fn approval_decided(
-        &mut self,
-        index: usize,
-        decision: &Decision,
-    ) -> Result<(), PhaseError> {
+    /// [`Input::ApprovalDecided`].
+    fn approval_decided(&mut self, index: usize, decision: &Decision) -> Result<(), PhaseError> {
         let round = self.state.round;
         let slot = Self::pending_slot(&mut self.state.phase, "approval_decided", index, true)?;
         if slot.approval != Some(ApprovalState::Pending) {
@@ -672,9 +869,9 @@ impl Machine {
     }
 
     /// No approval handler: the run stops with [`StopReason::AwaitingApproval`], listing the
-    /// calls still waiting ([`Outcome::pending_approvals`]). Nothing of the round has run. The
-    /// run log holds the round, so the run continues from here on resume, once decisions are
-    /// recorded (or asked).
+    /// calls still waiting ([`Outcome::pending_approvals`]). Nothing of the round has run.
+    /// This is not an [`Input`] and is not logged: the run log holds the round, so the run
+    /// continues from here on resume, once decisions are recorded (or asked).
     pub fn await_approval(&mut self) -> Result<(), PhaseError> {
         let waiting: Vec<PendingApproval> = match &self.state.phase {
             Phase::Tools { slots, .. } => slots
@@ -738,28 +935,31 @@ impl Machine {
         }
     }
 
-    /// The tools changed (see [`crate::tool_source`]): before the run's first model call, or
-    /// while a model call waits to be made ([`Step::CallModel`], before it is made). That call
-    /// offers `toolbox`'s tools, and the calls it returns are checked and run against them.
-    /// Emits [`Event::ToolsChanged`] when the catalog differs (a toolbox with the same catalog
-    /// just takes the old one's place).
-    pub fn tools_changed(&mut self, toolbox: Arc<Toolbox>) -> Result<(), PhaseError> {
+    /// [`Input::ToolsChanged`]. Emits [`Event::ToolsChanged`] when the catalog differs (the
+    /// same catalog just takes the old one's place).
+    fn tools_changed(&mut self, round: u32, catalog: Arc<Catalog>) -> Result<(), PhaseError> {
         let before_first = self.state.round == 0 && self.state.phase == Phase::Ready;
-        if !before_first && !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
-            return Err(self.phase_error("tools_changed", String::new()));
+        if round == 0 && !before_first {
+            return Err(self.phase_error(
+                "tools_changed",
+                "; round 0's tools come before the run's first model call".into(),
+            ));
         }
-        if self.events_on && !self.toolbox.same_catalog(&toolbox) {
-            let old = self.toolbox.catalog();
-            let new = toolbox.catalog();
+        if round > 0 {
+            self.awaiting_model("tools_changed", round)?;
+        }
+        if self.events_on && !Arc::ptr_eq(&self.catalog, &catalog) && *self.catalog != *catalog {
+            let old = self.catalog.entries();
+            let new = catalog.entries();
             let named = |list: &[CatalogEntry], name: &str| list.iter().any(|e| e.name == name);
             let added = new
                 .iter()
-                .filter(|e| !named(&old, &e.name))
+                .filter(|e| !named(old, &e.name))
                 .map(|e| e.name.clone())
                 .collect();
             let removed = old
                 .iter()
-                .filter(|e| !named(&new, &e.name))
+                .filter(|e| !named(new, &e.name))
                 .map(|e| e.name.clone())
                 .collect();
             let changed = new
@@ -774,15 +974,55 @@ impl Machine {
                 changed,
             });
         }
-        self.toolbox = toolbox;
+        self.catalog = catalog;
         Ok(())
     }
 
-    /// The `reminders` hook answered ([`Step::GetReminders`]): the round starts with these
-    /// strings sent along with its request.
-    pub fn reminders_given(&mut self, reminders: Vec<String>) -> Result<(), PhaseError> {
+    /// Refuses a model input unless the model call of round `round` is what the loop waits
+    /// for.
+    fn awaiting_model(&self, input: &'static str, round: u32) -> Result<(), PhaseError> {
+        if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
+            return Err(self.phase_error(input, String::new()));
+        }
+        if round != self.state.round {
+            return Err(self.phase_error(
+                input,
+                format!(
+                    "; it is for round {round}, the model call is round {}",
+                    self.state.round
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses an input for a round's calls unless it is for the current round.
+    fn in_round(&self, input: &'static str, round: u32) -> Result<(), PhaseError> {
+        if round != self.state.round {
+            return Err(self.phase_error(
+                input,
+                format!(
+                    "; it is for round {round}, the loop is at round {}",
+                    self.state.round
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// [`Input::RemindersGiven`].
+    fn reminders_given(&mut self, round: u32, reminders: Vec<String>) -> Result<(), PhaseError> {
         if self.state.phase != Phase::Reminders {
             return Err(self.phase_error("reminders_given", String::new()));
+        }
+        if round != self.state.round + 1 {
+            return Err(self.phase_error(
+                "reminders_given",
+                format!(
+                    "; it is for round {round}, round {} is about to start",
+                    self.state.round + 1
+                ),
+            ));
         }
         self.start_round(reminders);
         Ok(())
@@ -803,8 +1043,8 @@ impl Machine {
         }
     }
 
-    /// `stop_when` answered ([`Step::CheckStop`]): a signal ends the run after this round.
-    pub fn stop_checked(&mut self, signal: Option<String>) -> Result<(), PhaseError> {
+    /// [`Input::StopChecked`].
+    fn stop_checked(&mut self, signal: Option<String>) -> Result<(), PhaseError> {
         let asked = match &self.state.phase {
             Phase::Tools {
                 slots,
@@ -908,14 +1148,30 @@ impl Machine {
         };
     }
 
-    /// The model answered. `cost` is this call's cost, `None` when unknown.
-    pub fn model_responded(
+    /// [`Input::ModelResponded`], in the phase it fits.
+    fn model_responded(
         &mut self,
         response: ModelResponse,
         cost: Option<f64>,
+        subjects: Vec<Option<String>>,
     ) -> Result<(), PhaseError> {
-        if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
-            return Err(self.phase_error("model_responded", String::new()));
+        // Refused before anything changes: a call the policy weighs without its subject.
+        for (i, call) in response.tool_calls.iter().enumerate() {
+            let weighed = self.catalog.get(&call.name).is_some_and(|e| {
+                self.config
+                    .approvals
+                    .weighs_subject(&call.name, e.approval_default())
+            });
+            if weighed && subjects.get(i).is_none_or(Option::is_none) {
+                return Err(self.phase_error(
+                    "model_responded",
+                    format!(
+                        "; call {i} (`{}`) has no approval subject, and the approval policy \
+                         weighs it",
+                        result::shorten(&call.name, result::ECHO_CHARS)
+                    ),
+                ));
+            }
         }
         let round = self.state.round;
         let usage = response.usage;
@@ -999,7 +1255,9 @@ impl Machine {
         let mut planned = 0u32;
         let mut strict_stop = false;
         let truncated = finish_reason == FinishReason::Length;
+        let mut subjects = subjects.into_iter();
         for call in &tool_calls {
+            let subject = subjects.next().flatten();
             emit!(
                 self,
                 Event::ToolCallRequested {
@@ -1033,6 +1291,8 @@ impl Machine {
                 attempts: 0,
                 over_budget: false,
                 approval: None,
+                subject: None,
+                started: false,
             };
             let settle = |slot: &mut Slot, status: CallStatus, content: String| {
                 slot.status = Some(status);
@@ -1122,13 +1382,17 @@ impl Machine {
             }
             planned += 1;
             slot.run = true;
-            if !matches!(self.weigh(call).1, Verdict::Allow { rule: None }) {
+            slot.subject = subject;
+            if !matches!(
+                self.weigh(call, slot.subject.as_deref()).1,
+                Verdict::Allow { rule: None }
+            ) {
                 slot.approval = Some(ApprovalState::Pending);
             }
             slot.parallel_safe = self
-                .toolbox
+                .catalog
                 .get(&call.name)
-                .is_some_and(|t| t.parallel_safe());
+                .is_some_and(|e| e.parallel_safe);
             slots.push(slot);
         }
         self.state
@@ -1214,8 +1478,8 @@ impl Machine {
 
     fn invalid_reason_uncapped(&self, call: &ToolCall) -> Option<String> {
         let name = result::shorten(&call.name, result::ECHO_CHARS);
-        if self.toolbox.get(&call.name).is_none() {
-            let names: Vec<&str> = self.toolbox.names().collect();
+        if self.catalog.get(&call.name).is_none() {
+            let names: Vec<&str> = self.catalog.names().collect();
             let available = if names.is_empty() {
                 "none".to_string()
             } else {
@@ -1235,7 +1499,7 @@ impl Machine {
                  one JSON object that matches the tool's schema."
             ));
         }
-        if let Err(e) = self.toolbox.validate(&call.name, &call.arguments) {
+        if let Err(e) = self.catalog.validate(&call.name, &call.arguments) {
             return Some(format!(
                 "Invalid arguments for `{name}`: {e}. Fix them to match the tool's schema."
             ));
@@ -1266,8 +1530,39 @@ impl Machine {
             .any(same)
     }
 
-    /// A tool call finished (after its retries). `index` is its place in the round.
-    pub fn tool_finished(
+    /// [`Input::ToolStarted`]: only a call that is to run, approved, with no result yet can
+    /// start; it may start again (a call in flight at a crash, run again on resume).
+    fn tool_started(&mut self, index: usize, call_id: &str) -> Result<(), PhaseError> {
+        let slot = Self::pending_slot(&mut self.state.phase, "tool_started", index, false)?;
+        if slot.call.id != call_id {
+            let detail = format!(
+                "; call {index} has the id `{}`, not `{}`",
+                result::shorten(&slot.call.id, result::ECHO_CHARS),
+                result::shorten(call_id, result::ECHO_CHARS)
+            );
+            return Err(self.phase_error("tool_started", detail));
+        }
+        slot.started = true;
+        Ok(())
+    }
+
+    /// The calls of the round that started and have no result: in flight at a crash, when the
+    /// machine was rebuilt from a log ([`Machine::replay`]). The driver runs each again, or
+    /// gives it [`Input::ToolUnknown`].
+    pub fn in_flight(&self) -> Vec<usize> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots
+                .iter()
+                .enumerate()
+                .filter(|(_, s)| s.started && s.status.is_none())
+                .map(|(i, _)| i)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// [`Input::ToolFinished`].
+    fn tool_finished(
         &mut self,
         index: usize,
         outcome: Result<ToolOutput, ToolError>,
@@ -1336,9 +1631,8 @@ impl Machine {
         }
     }
 
-    /// A call that was in flight at a crash has side effects and is not run again: it gets an
-    /// "outcome unknown" result the model can read.
-    pub fn tool_outcome_unknown(&mut self, index: usize) -> Result<(), PhaseError> {
+    /// [`Input::ToolUnknown`].
+    fn tool_outcome_unknown(&mut self, index: usize) -> Result<(), PhaseError> {
         let round = self.state.round;
         let slot = Self::pending_slot(&mut self.state.phase, "tool_outcome_unknown", index, false)?;
         slot.status = Some(CallStatus::Unknown);
@@ -1361,164 +1655,160 @@ impl Machine {
         Ok(())
     }
 
-    /// Rebuilds a machine from a run's records (see [`crate::journal`]). Returns the machine and
-    /// the calls of the current round that were started but never finished (in flight at a
-    /// crash).
+    /// Takes an input (see [`Input`]): what the driver did for the [`Step`] it was given, a
+    /// hook's or a person's answer, an interruption. An input the machine is not waiting for
+    /// (another phase, another round, a call that does not wait for it) is refused with a
+    /// [`PhaseError`], and the machine is unchanged.
+    pub fn handle(&mut self, input: Input) -> Result<(), PhaseError> {
+        let kind = input.kind();
+        match input {
+            Input::Started { .. } => Err(self.phase_error(kind, "; a run starts once".into())),
+            Input::ToolsChanged { round, tools } => self.tools_changed(round, tools),
+            Input::RemindersGiven { round, reminders } => self.reminders_given(round, reminders),
+            Input::StopChecked { round, signal } => {
+                self.in_round(kind, round)?;
+                self.stop_checked(signal)
+            }
+            Input::ModelRequested { round } => self.awaiting_model(kind, round),
+            Input::ModelResponded {
+                round,
+                response,
+                cost,
+                subjects,
+            } => {
+                self.awaiting_model(kind, round)?;
+                self.model_responded(response, cost, subjects)
+            }
+            Input::ModelFailed { round, message } => {
+                self.awaiting_model(kind, round)?;
+                self.model_failed(message);
+                Ok(())
+            }
+            Input::ToolStarted {
+                round,
+                index,
+                call_id,
+            } => {
+                self.in_round(kind, round)?;
+                self.tool_started(index, &call_id)
+            }
+            Input::ToolFinished {
+                round,
+                index,
+                result,
+                duration_ms,
+                attempts,
+            } => {
+                self.in_round(kind, round)?;
+                self.tool_finished(index, result, duration_ms, attempts)
+            }
+            Input::ToolUnknown { round, index } => {
+                self.in_round(kind, round)?;
+                self.tool_outcome_unknown(index)
+            }
+            Input::ApprovalDecided {
+                round,
+                index,
+                decision,
+            } => {
+                self.in_round(kind, round)?;
+                self.approval_decided(index, &decision)
+            }
+            Input::RoundLimitDecided { decision } => self.round_limit_decided(decision),
+            Input::Interrupted { why } => {
+                self.interrupt(why);
+                Ok(())
+            }
+            Input::Finished => Ok(()),
+        }
+    }
+
+    /// Rebuilds a machine from a run's log (see [`crate::journal`]): the first record,
+    /// [`Input::Started`], makes the machine, with the run's tools as `catalog` (a logged
+    /// [`Input::ToolsChanged`] replaces it) and the hooks the driver has; every other record is
+    /// handed to it in order. The calls in flight at a crash are then [`Machine::in_flight`].
     ///
-    /// No hook is called: the answers of `reminders`, `stop_when` and `on_round_limit` are
-    /// taken from their records. (Logs written before `reminders` and `stop_when` answers were
-    /// recorded replay as if they gave no reminders and no signal, which is what a run that
-    /// went on did see from `stop_when`.) A record that does not fit the run is an error.
+    /// No hook is called and no tool: their answers are records. Between records the loop
+    /// takes the steps that need no answer (a round's start, its end), as the live run did.
+    /// Three rules keep older logs replaying as they ran: a `reminders` or `stop_when` answer
+    /// the log does not hold (logs from before they were recorded) is taken as no reminders
+    /// and no signal, which is what a run that went on did see; a call the log shows started
+    /// or finished was allowed when it ran (a policy that differs now does not change what
+    /// happened); and a recorded decision that does not fit its call (other arguments) is not
+    /// applied, so the call is asked about again. Logs written by toolloop 0.1 are brought up
+    /// to date first with [`crate::journal::upgrade`]. A record that does not fit the run is
+    /// an error.
     pub fn replay(
         config: Arc<LoopConfig>,
-        hooks: Hooks,
-        toolbox: Arc<Toolbox>,
-        records: &[Record],
-    ) -> Result<(Machine, Vec<usize>), ReplayError> {
-        let mut iter = records.iter();
-        let Some(Record::Started {
+        hooks: HookFlags,
+        catalog: Arc<Catalog>,
+        records: impl IntoIterator<Item = Input>,
+    ) -> Result<Machine, ReplayError> {
+        let mut records = records.into_iter();
+        let Some(Input::Started {
             messages,
             output_schema,
-        }) = iter.next()
+        }) = records.next()
         else {
             return Err(ReplayError::NotStarted);
         };
-        // The tools that run calls now (a logged catalog judges calls by its own entries).
-        let live = toolbox.clone();
-        let mut m = Machine::new(config, hooks, toolbox, messages.clone());
+        let mut m = Machine::new(config, hooks, catalog, messages);
         // The schema the run was started with, even if the agent's has changed since.
-        m.state.output_schema = output_schema.clone();
         m.output_check = compile_output(output_schema.as_ref());
-        let mut in_flight: Vec<usize> = Vec::new();
-        for (i, record) in iter.enumerate() {
+        m.state.output_schema = output_schema;
+        for (i, input) in records.enumerate() {
             let unfit = |source: PhaseError| ReplayError::Unfit {
                 record: i + 1,
                 source,
             };
-            let phase = m.state.phase.describe();
-            let out_of_place = |input: &'static str, detail: String| {
-                unfit(PhaseError {
-                    input,
-                    phase,
-                    detail,
-                })
-            };
-            match record {
-                Record::Started { .. } => {
-                    return Err(out_of_place("started", "; a run starts once".into()));
-                }
-                Record::ToolsChanged { round, tools } => {
-                    // Before the first model call (round 0), or before the round's call.
-                    if *round > 0 {
-                        m.model_call_at(*round, "tools_changed")
-                            .map_err(|(e, detail)| {
-                                e.map_or_else(unfit, |i| out_of_place(i, detail))
-                            })?;
-                    }
-                    let logged = Toolbox::from_catalog(tools, &live).map_err(|e| {
-                        ReplayError::Unreadable {
-                            record: i + 1,
-                            message: e.to_string(),
-                        }
-                    })?;
-                    m.tools_changed(Arc::new(logged)).map_err(unfit)?;
-                }
-                Record::RemindersGiven { reminders, .. } => {
-                    m.settle_unrecorded(false).map_err(unfit)?;
-                    m.reminders_given(reminders.clone()).map_err(unfit)?;
-                }
-                Record::StopChecked { signal, .. } => {
-                    m.stop_checked(signal.clone()).map_err(unfit)?;
-                }
-                Record::ModelRequested { round } => {
-                    m.model_call_at(*round, "model_requested")
-                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
-                }
-                // The request's record is left out when it was written with the response.
-                Record::ModelResponded {
-                    round,
-                    response,
-                    cost,
-                } => {
-                    m.model_call_at(*round, "model_responded")
-                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
-                    m.model_responded(response.clone(), *cost).map_err(unfit)?
-                }
-                Record::ModelFailed { round, message } => {
-                    m.model_call_at(*round, "model_failed")
-                        .map_err(|(e, detail)| e.map_or_else(unfit, |i| out_of_place(i, detail)))?;
-                    m.model_failed(&ModelError::Other(message.clone()))
-                        .map_err(unfit)?
-                }
-                Record::ToolStarted { index, .. } => {
-                    // Only a call that is to run and has no result yet can start. One that
-                    // started was allowed then (a policy that differs now does not change
-                    // what happened).
-                    let slot = Self::pending_slot(&mut m.state.phase, "tool_started", *index, true)
-                        .map_err(unfit)?;
-                    if slot.approval == Some(ApprovalState::Pending) {
-                        slot.approval = Some(ApprovalState::Approved);
-                    }
-                    if !in_flight.contains(index) {
-                        in_flight.push(*index);
-                    }
-                }
-                Record::ToolFinished {
-                    index,
-                    result,
-                    duration_ms,
-                    attempts,
-                    ..
-                } => {
-                    m.ran_in_history(*index);
-                    m.tool_finished(*index, result.clone(), *duration_ms, *attempts)
-                        .map_err(unfit)?;
-                    in_flight.retain(|i| i != index);
-                }
-                Record::ToolUnknown { index, .. } => {
-                    m.ran_in_history(*index);
-                    m.tool_outcome_unknown(*index).map_err(unfit)?;
-                    in_flight.retain(|i| i != index);
-                }
-                Record::RoundLimitDecided { decision } => {
-                    m.settle_unrecorded(false).map_err(unfit)?;
-                    if m.next_step() != Step::DecideRoundLimit {
-                        return Err(out_of_place(
-                            "round_limit_decided",
-                            "; the round limit was not reached".into(),
-                        ));
-                    }
-                    m.round_limit_decided(decision.clone()).map_err(unfit)?;
-                }
-                Record::ApprovalDecided {
-                    index, decision, ..
-                } => {
-                    // A decision that does not fit the call (other arguments) is not applied:
-                    // the call is asked about again.
-                    let _ = m.approval_decided(*index, decision);
-                }
-                Record::Interrupted { why } => m.interrupt(*why),
-                Record::Finished => {}
+            m.catch_up(&input).map_err(unfit)?;
+            let decision = matches!(input, Input::ApprovalDecided { .. });
+            match m.handle(input) {
+                // A decision that does not fit its call: the call is asked about again.
+                Err(_) if decision => {}
+                done => done.map_err(unfit)?,
             }
         }
         m.events.clear();
-        Ok((m, in_flight))
+        Ok(m)
+    }
+
+    /// During replay, before `input`: takes the steps the log does not record (see
+    /// [`Machine::replay`]), so that the input comes where the live run took it.
+    fn catch_up(&mut self, input: &Input) -> Result<(), PhaseError> {
+        let kind = input.kind();
+        match input {
+            Input::ToolsChanged { round, .. } if *round > 0 => self.reach_model_call(kind, *round),
+            Input::ModelRequested { round }
+            | Input::ModelResponded { round, .. }
+            | Input::ModelFailed { round, .. } => self.reach_model_call(kind, *round),
+            Input::RemindersGiven { .. } => self.settle_unrecorded(false),
+            Input::RoundLimitDecided { .. } => {
+                self.settle_unrecorded(false)?;
+                if self.next_step() != Step::DecideRoundLimit {
+                    return Err(self.phase_error(kind, "; the round limit was not reached".into()));
+                }
+                Ok(())
+            }
+            Input::ToolStarted { index, .. }
+            | Input::ToolFinished { index, .. }
+            | Input::ToolUnknown { index, .. } => {
+                self.ran_in_history(*index);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
     }
 
     /// During replay, before a model call's record: brings the loop to that call (past the
     /// hooks' answers the log does not hold) and checks it is the loop's next step, round
-    /// `round`. On failure, either the machine's refusal or the input and what was wrong.
-    fn model_call_at(
-        &mut self,
-        round: u32,
-        input: &'static str,
-    ) -> Result<(), (Result<&'static str, PhaseError>, String)> {
-        self.settle_unrecorded(true)
-            .map_err(|e| (Err(e), String::new()))?;
+    /// `round`.
+    fn reach_model_call(&mut self, input: &'static str, round: u32) -> Result<(), PhaseError> {
+        self.settle_unrecorded(true)?;
         match self.next_step() {
             Step::CallModel { round: r, .. } if r == round => Ok(()),
-            other => Err((
-                Ok(input),
+            other => Err(self.phase_error(
+                input,
                 format!("; round {round} requested, but the loop was at {other:?}"),
             )),
         }
@@ -1541,30 +1831,28 @@ impl Machine {
         loop {
             match self.next_step() {
                 Step::CheckStop => self.stop_checked(None)?,
-                Step::GetReminders if reminders_too => self.reminders_given(Vec::new())?,
+                Step::GetReminders if reminders_too => {
+                    self.reminders_given(self.state.round + 1, Vec::new())?
+                }
                 _ => return Ok(()),
             }
         }
     }
 
-    /// The model call failed (after the adapter's retries).
-    pub fn model_failed(&mut self, error: &ModelError) -> Result<(), PhaseError> {
-        if !matches!(self.state.phase, Phase::AwaitingModel { .. }) {
-            return Err(self.phase_error("model_failed", String::new()));
-        }
+    /// [`Input::ModelFailed`], in the phase it fits.
+    fn model_failed(&mut self, message: String) {
         self.finish(
             StopReason::ModelError,
             None,
             Some(RunError {
                 code: ErrorCode::LlmCallFailed,
-                message: error.to_string(),
+                message,
             }),
         );
-        Ok(())
     }
 
-    /// `on_round_limit` decided ([`Step::DecideRoundLimit`]).
-    pub fn round_limit_decided(&mut self, decision: RoundLimitDecision) -> Result<(), PhaseError> {
+    /// [`Input::RoundLimitDecided`].
+    fn round_limit_decided(&mut self, decision: RoundLimitDecision) -> Result<(), PhaseError> {
         if self.state.phase != Phase::RoundLimit {
             return Err(self.phase_error("round_limit_decided", String::new()));
         }
@@ -1594,9 +1882,8 @@ impl Machine {
         Ok(())
     }
 
-    /// Stops the run now (a run already finished stays as it is). Calls still in flight get a synthetic "cancelled" result, so the
-    /// transcript stays valid.
-    pub fn interrupt(&mut self, why: Interrupt) {
+    /// [`Input::Interrupted`].
+    fn interrupt(&mut self, why: Interrupt) {
         if matches!(self.state.phase, Phase::Done { .. }) {
             return;
         }
@@ -1679,7 +1966,7 @@ impl Machine {
                 CallStatus::Ok | CallStatus::Failed => self.state.consecutive_invalid = 0,
                 CallStatus::Invalid => {
                     self.state.consecutive_invalid += 1;
-                    invalid_code = Some(if self.toolbox.get(&slot.call.name).is_none() {
+                    invalid_code = Some(if self.catalog.get(&slot.call.name).is_none() {
                         ErrorCode::ToolNotFound
                     } else {
                         ErrorCode::InvalidToolCall
@@ -1789,9 +2076,9 @@ impl Machine {
     fn terminal_signal(&self, slots: &[Slot]) -> Option<String> {
         slots.iter().find_map(|s| match &s.output {
             Some(Ok(out)) => out.signal.clone().or_else(|| {
-                self.toolbox
+                self.catalog
                     .get(&s.call.name)
-                    .filter(|t| t.terminal())
+                    .filter(|e| e.terminal)
                     .map(|_| s.call.name.clone())
             }),
             _ => None,
@@ -1945,6 +2232,7 @@ impl Machine {
 mod tests {
     use super::*;
     use crate::tool::{ToolContext, tool_fn};
+    use crate::toolbox::Toolbox;
     use serde_json::{Value, json};
 
     /// A machine over one tool, `echo`, and a conversation of one user message.
@@ -1984,7 +2272,12 @@ mod tests {
                     },
                 ))
                 .unwrap();
-            let m = Machine::new(Arc::new(config), hooks, Arc::new(toolbox), messages);
+            let m = Machine::new(
+                Arc::new(config),
+                (&hooks).into(),
+                toolbox.catalog().clone(),
+                messages,
+            );
             Harness { m }
         }
 
@@ -2004,7 +2297,7 @@ mod tests {
         }
 
         fn respond(&mut self, response: ModelResponse) {
-            self.m.model_responded(response, None).unwrap();
+            self.m.handle(responded(self.m.round(), response)).unwrap();
         }
 
         fn expect_tools(&mut self) -> Vec<usize> {
@@ -2016,10 +2309,28 @@ mod tests {
 
         fn finish_tools(&mut self) {
             for i in self.expect_tools() {
-                self.m
-                    .tool_finished(i, Ok(ToolOutput::text("ok")), 1, 1)
-                    .unwrap();
+                let round = self.m.round();
+                self.m.handle(finished(round, i, "ok")).unwrap();
             }
+        }
+    }
+
+    fn responded(round: u32, response: ModelResponse) -> Input {
+        Input::ModelResponded {
+            round,
+            response,
+            cost: None,
+            subjects: Vec::new(),
+        }
+    }
+
+    fn finished(round: u32, index: usize, text: &str) -> Input {
+        Input::ToolFinished {
+            round,
+            index,
+            result: Ok(ToolOutput::text(text)),
+            duration_ms: 0,
+            attempts: 1,
         }
     }
 
@@ -2038,7 +2349,11 @@ mod tests {
         );
         assert_eq!(h.m.next_step(), Step::GetReminders);
         assert_eq!(h.m.view().round, 1, "the view is of the round about to run");
-        h.m.reminders_given(vec!["be brief".into()]).unwrap();
+        h.m.handle(Input::RemindersGiven {
+            round: 1,
+            reminders: vec!["be brief".into()],
+        })
+        .unwrap();
         assert_eq!(h.expect_call_model(), (1, vec!["be brief".to_string()]));
         h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
         h.finish_tools();
@@ -2046,7 +2361,11 @@ mod tests {
         let calls = h.m.round_calls();
         assert_eq!(calls.len(), 1);
         assert!(matches!(calls[0].result, Some(Ok(_))));
-        h.m.stop_checked(Some("enough".into())).unwrap();
+        h.m.handle(Input::StopChecked {
+            round: 1,
+            signal: Some("enough".into()),
+        })
+        .unwrap();
         assert_eq!(h.m.next_step(), Step::Finished);
         let out = h.m.into_outcome(0);
         assert_eq!(out.stop_reason, StopReason::TerminalSignal);
@@ -2067,64 +2386,230 @@ mod tests {
         h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
         h.finish_tools();
         assert_eq!(h.m.next_step(), Step::CheckStop);
-        h.m.stop_checked(None).unwrap();
-        assert!(h.m.stop_checked(None).is_err(), "asked once");
+        let unsignalled = Input::StopChecked {
+            round: 1,
+            signal: None,
+        };
+        h.m.handle(unsignalled.clone()).unwrap();
+        assert!(h.m.handle(unsignalled).is_err(), "asked once");
         assert_eq!(h.expect_call_model().0, 2);
     }
 
     #[test]
     fn inputs_in_the_wrong_phase_are_refused_and_change_nothing() {
         let mut h = Harness::plain();
-        let refused = |h: &mut Harness, f: &dyn Fn(&mut Machine) -> Result<(), PhaseError>| {
+        let refused = |h: &mut Harness, input: Input| {
             let before = h.m.state().clone();
-            let e = f(&mut h.m).expect_err("refused");
+            let e = h.m.handle(input).expect_err("refused");
             assert_eq!(h.m.state(), &before, "{e}");
             e
         };
-        let e = refused(&mut h, &|m| {
-            m.model_responded(ModelResponse::text("x"), None)
-        });
+        let e = refused(&mut h, responded(1, ModelResponse::text("x")));
         assert_eq!(e.input, "model_responded");
         assert!(e.to_string().contains("ready for the next round"), "{e}");
-        refused(&mut h, &|m| {
-            m.tool_finished(0, Ok(ToolOutput::text("x")), 0, 1)
-        });
-        refused(&mut h, &|m| m.model_failed(&ModelError::Other("x".into())));
+        refused(&mut h, finished(0, 0, "x"));
+        let failed = |round| Input::ModelFailed {
+            round,
+            message: "x".into(),
+        };
+        refused(&mut h, failed(1));
+        let e = refused(
+            &mut h,
+            Input::Started {
+                messages: Vec::new(),
+                output_schema: None,
+            },
+        );
+        assert!(e.to_string().contains("starts once"), "{e}");
 
         h.expect_call_model();
-        refused(&mut h, &|m| m.reminders_given(vec![]));
-        refused(&mut h, &|m| m.stop_checked(None));
-        refused(&mut h, &|m| m.round_limit_decided(RoundLimitDecision::Stop));
-        refused(&mut h, &|m| m.tool_outcome_unknown(0));
+        // An answer for another round than the call's.
+        let e = refused(&mut h, responded(2, ModelResponse::text("x")));
+        assert!(e.to_string().contains("round 2"), "{e}");
+        refused(&mut h, failed(0));
+        refused(
+            &mut h,
+            Input::RemindersGiven {
+                round: 1,
+                reminders: vec![],
+            },
+        );
+        refused(
+            &mut h,
+            Input::StopChecked {
+                round: 1,
+                signal: None,
+            },
+        );
+        refused(
+            &mut h,
+            Input::RoundLimitDecided {
+                decision: RoundLimitDecision::Stop,
+            },
+        );
+        refused(&mut h, Input::ToolUnknown { round: 1, index: 0 });
+        h.m.handle(Input::ModelRequested { round: 1 }).unwrap();
         h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
-        refused(&mut h, &|m| {
-            m.model_responded(ModelResponse::text("x"), None)
-        });
+        refused(&mut h, responded(1, ModelResponse::text("x")));
         // The tools change only before a model call, never under a round's calls.
-        let e = refused(&mut h, &|m| m.tools_changed(Arc::new(Toolbox::new())));
+        let no_tools = || Input::ToolsChanged {
+            round: 1,
+            tools: Arc::new(Catalog::default()),
+        };
+        let e = refused(&mut h, no_tools());
         assert_eq!(e.input, "tools_changed");
-        let e = refused(&mut h, &|m| {
-            m.tool_finished(5, Ok(ToolOutput::text("x")), 0, 1)
-        });
+        let e = refused(&mut h, finished(1, 5, "x"));
         assert!(e.to_string().contains("no call 5"), "{e}");
-        h.m.tool_finished(0, Ok(ToolOutput::text("x")), 0, 1)
-            .unwrap();
-        let e = refused(&mut h, &|m| {
-            m.tool_finished(0, Ok(ToolOutput::text("y")), 0, 1)
-        });
+        let e = refused(&mut h, finished(2, 0, "x"));
+        assert!(e.to_string().contains("round 2"), "{e}");
+        let e = refused(
+            &mut h,
+            Input::ToolStarted {
+                round: 1,
+                index: 0,
+                call_id: "b".into(),
+            },
+        );
+        assert!(e.to_string().contains("not `b`"), "{e}");
+        h.m.handle(Input::ToolStarted {
+            round: 1,
+            index: 0,
+            call_id: "a".into(),
+        })
+        .unwrap();
+        assert_eq!(h.m.in_flight(), [0]);
+        h.m.handle(finished(1, 0, "x")).unwrap();
+        assert!(h.m.in_flight().is_empty());
+        let e = refused(&mut h, finished(1, 0, "y"));
         assert!(e.to_string().contains("already has its result"), "{e}");
         // No stop_when hook: nothing to answer.
-        refused(&mut h, &|m| m.stop_checked(None));
+        refused(
+            &mut h,
+            Input::StopChecked {
+                round: 1,
+                signal: None,
+            },
+        );
         h.expect_call_model();
-        // While the model call waits to be made, it takes the new tools.
-        h.m.tools_changed(Arc::new(Toolbox::new())).unwrap();
-        assert!(h.m.toolbox().is_empty());
+        // While the model call waits to be made, it takes the new tools (for its round).
+        let e = refused(
+            &mut h,
+            Input::ToolsChanged {
+                round: 3,
+                tools: Arc::new(Catalog::default()),
+            },
+        );
+        assert!(e.to_string().contains("round 3"), "{e}");
+        h.m.handle(Input::ToolsChanged {
+            round: 2,
+            tools: Arc::new(Catalog::default()),
+        })
+        .unwrap();
+        assert!(h.m.catalog().is_empty());
         h.respond(ModelResponse::text("done"));
-        refused(&mut h, &|m| {
-            m.model_responded(ModelResponse::text("x"), None)
-        });
-        refused(&mut h, &|m| m.tools_changed(Arc::new(Toolbox::new())));
+        refused(&mut h, responded(2, ModelResponse::text("x")));
+        let e = refused(&mut h, no_tools());
+        assert_eq!(e.input, "tools_changed");
         assert_eq!(h.m.next_step(), Step::Finished);
+        // The end of the log changes nothing.
+        h.m.handle(Input::Finished).unwrap();
+    }
+
+    /// A tool whose calls are asked about by default, and whose subject is its command.
+    fn shell_catalog() -> Arc<Catalog> {
+        Arc::new(
+            Catalog::new(vec![CatalogEntry {
+                name: "shell".into(),
+                description: "Runs a command.".into(),
+                parameters: json!({"type": "object"}),
+                side_effect: crate::tool::SideEffect::SideEffecting,
+                parallel_safe: false,
+                terminal: false,
+                default_approval: Some(Action::Ask),
+            }])
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn approval_subjects_come_with_the_response_and_rules_judge_them() {
+        let config = LoopConfig {
+            approvals: crate::approval::Approvals::default()
+                .rule(crate::approval::Rule::parse(Action::Allow, "shell:git *").unwrap())
+                .rule(crate::approval::Rule::parse(Action::Deny, "shell:rm *").unwrap()),
+            ..LoopConfig::default()
+        };
+        let mut m = Machine::new(
+            Arc::new(config),
+            HookFlags::default(),
+            shell_catalog(),
+            vec![Message::user("go")],
+        );
+        let call = |id: &str, command: &str| {
+            let mut c = ToolCall::new("shell", json!({ "command": command }));
+            c.id = id.into();
+            c
+        };
+        let response = ModelResponse::tool_calls(vec![
+            call("g", "git status"),
+            call("r", "rm -rf /"),
+            call("l", "ls"),
+        ]);
+        assert!(matches!(m.next_step(), Step::CallModel { round: 1, .. }));
+        // Without the subjects the policy weighs, the response is refused.
+        let e = m.handle(responded(1, response.clone())).unwrap_err();
+        assert!(e.to_string().contains("approval subject"), "{e}");
+        let e = m
+            .handle(Input::ModelResponded {
+                round: 1,
+                response: response.clone(),
+                cost: None,
+                subjects: vec![Some("git status".into()), Some("rm -rf /".into())],
+            })
+            .unwrap_err();
+        assert!(e.to_string().contains("call 2"), "{e}");
+        m.handle(Input::ModelResponded {
+            round: 1,
+            response,
+            cost: None,
+            subjects: ["git status", "rm -rf /", "ls"]
+                .map(|s| Some(s.to_string()))
+                .to_vec(),
+        })
+        .unwrap();
+        let Step::Approve(requests) = m.next_step() else {
+            panic!("the calls wait for their approval")
+        };
+        let verdicts: Vec<(&str, &Verdict)> = requests
+            .iter()
+            .map(|r| (r.pending.subject.as_str(), &r.verdict))
+            .collect();
+        assert_eq!(
+            verdicts,
+            [
+                (
+                    "git status",
+                    &Verdict::Allow {
+                        rule: Some("allow shell:git *".into())
+                    }
+                ),
+                (
+                    "rm -rf /",
+                    &Verdict::Deny {
+                        rule: "deny shell:rm *".into()
+                    }
+                ),
+                ("ls", &Verdict::Ask),
+            ]
+        );
+        // The subjects are part of the state: a saved state asks the same.
+        let mut resumed = Machine::resume(
+            Arc::new(m.config().clone()),
+            HookFlags::default(),
+            shell_catalog(),
+            m.state().clone(),
+        );
+        assert_eq!(resumed.next_step(), Step::Approve(requests));
     }
 
     #[test]

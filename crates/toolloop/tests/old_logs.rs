@@ -1,24 +1,28 @@
 //! Run logs written by toolloop 0.1 (before the machine took one input type) still load and
 //! replay to the same state. `tests/data/logs-0.1.json` holds, for each scenario below, the
-//! records of a run as that release wrote them and the state its replay rebuilt.
+//! records of a run as that release wrote them and the state its replay rebuilt (written by
+//! the test `write_the_fixture` of the commit that added it, run on 0.1's code).
 
 use async_trait::async_trait;
 use futures::FutureExt;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 use toolloop::agent::{Agent, AgentBuilder};
+use toolloop::approval::Verdict;
 use toolloop::approval::{Action, Answer, Approvals, Rule};
 use toolloop::config::RoundLimitDecision;
-use toolloop::journal::{Journal, MemoryJournal, Record};
+use toolloop::engine::{Machine, ReplayError, Step};
+use toolloop::journal;
+use toolloop::journal::Record;
 use toolloop::message::ToolCall;
 use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::output::OutputSchema;
 use toolloop::providers::scripted::{ScriptStep, ScriptedModel};
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 use toolloop::tool_source::{ToolSource, ToolSourceError};
+use toolloop::toolbox::Toolbox;
 
 const FIXTURE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/logs-0.1.json");
 
@@ -203,14 +207,14 @@ fn builder(scenario: &str) -> AgentBuilder {
             ModelResponse::text("done"),
         ]))
         .tool_arc(charge()),
-        "output_schema" => Agent::builder(scripted(vec![ModelResponse::text(
-            "{\"name\": \"Lyon\"}",
-        )]))
-        .output_schema(OutputSchema::new(
-            "City",
-            json!({"type": "object", "properties": {"name": {"type": "string"}},
+        "output_schema" => {
+            Agent::builder(scripted(vec![ModelResponse::text("{\"name\": \"Lyon\"}")]))
+                .output_schema(OutputSchema::new(
+                    "City",
+                    json!({"type": "object", "properties": {"name": {"type": "string"}},
                    "required": ["name"]}),
-        )),
+                ))
+        }
         other => panic!("no scenario {other}"),
     }
 }
@@ -226,96 +230,72 @@ const SCENARIOS: [&str; 8] = [
     "output_schema",
 ];
 
-/// Runs a scenario with the current code and returns its records.
-async fn run(scenario: &str) -> Vec<Record> {
-    let journal = Arc::new(MemoryJournal::new());
-    let agent = builder(scenario).journal(journal.clone()).build().unwrap();
-    let outcome = agent.prompt("go").await;
-    let run_id = outcome.run_id.clone().unwrap();
+/// The live tools a scenario's replay has: the agent's own, and a source's as it lists now.
+fn live_tools(scenario: &str, agent: &Agent) -> Arc<Toolbox> {
     match scenario {
-        "approvals" => {
-            agent
-                .decide_approvals(&run_id, None, Some(Answer::Approve))
-                .await
-                .unwrap();
-        }
-        "in_flight" | "in_flight_cut" => {
-            // Cut after the first call's intent: it was in flight.
-            let records = journal.load(&run_id).await.unwrap();
-            let cut = records
-                .iter()
-                .position(|r| matches!(r, Record::ToolStarted { .. }))
-                .unwrap();
-            journal.truncate(&run_id, cut + 1);
-            if scenario == "in_flight" {
-                agent
-                    .resume(&run_id, CancellationToken::new())
-                    .await
-                    .unwrap();
-            }
-        }
-        _ => {}
-    }
-    journal.load(&run_id).await.unwrap()
-}
-
-/// What 0.1's replay rebuilt from a scenario's records: its state and its calls in flight.
-fn replayed_0_1(scenario: &str, records: &[Record]) -> (Value, Vec<usize>) {
-    let agent = builder(scenario).build().unwrap();
-    let toolbox = match scenario {
-        // The live tools of a run with sources: the agent's own and the source's now.
         "tool_sources" => {
-            let mut t = toolloop::toolbox::Toolbox::new();
+            let mut t = Toolbox::new();
             t.add_arc(echo()).unwrap();
             t.add_arc(shell()).unwrap();
             Arc::new(t)
         }
         _ => agent.toolbox().clone(),
-    };
-    let (machine, in_flight) = toolloop::engine::Machine::replay(
-        Arc::new(agent.config().clone()),
-        agent.hooks().clone(),
-        toolbox,
-        records,
-    )
-    .unwrap();
-    (serde_json::to_value(machine.state()).unwrap(), in_flight)
+    }
 }
 
-/// Writes the fixture: `TOOLLOOP_WRITE_LOGS=1 cargo test -p toolloop --test old_logs -- --ignored`.
-#[tokio::test]
-#[ignore]
-async fn write_the_fixture() {
-    if std::env::var_os("TOOLLOOP_WRITE_LOGS").is_none() {
-        return;
+/// The scenario's records as 0.1 wrote them.
+fn records_of(entry: &Value) -> Vec<Record> {
+    serde_json::from_value(entry["records"].clone()).unwrap()
+}
+
+/// Replays records as `Agent::resume` does: brought up to date with the live tools, then
+/// handed to a fresh machine. The state (without what 0.1 did not keep: the calls' approval
+/// subjects and whether they started) and the calls in flight.
+fn replayed(
+    scenario: &str,
+    mut records: Vec<Record>,
+    upgrade: bool,
+) -> Result<(Value, Vec<usize>), ReplayError> {
+    let agent = builder(scenario).build().unwrap();
+    let live = live_tools(scenario, &agent);
+    if upgrade {
+        journal::upgrade(&mut records, &live, &agent.config().approvals);
     }
-    let mut all = Vec::new();
-    for scenario in SCENARIOS {
-        let records = run(scenario).await;
-        let (state, in_flight) = replayed_0_1(scenario, &records);
-        all.push(json!({
-            "scenario": scenario,
-            "records": records,
-            "state": state,
-            "in_flight": in_flight,
-        }));
+    let machine = Machine::replay(
+        Arc::new(agent.config().clone()),
+        agent.hooks().into(),
+        live.catalog().clone(),
+        records,
+    )?;
+    let mut state = serde_json::to_value(machine.state()).unwrap();
+    if let Some(slots) = state["phase"]
+        .get_mut("slots")
+        .and_then(Value::as_array_mut)
+    {
+        for slot in slots {
+            let slot = slot.as_object_mut().unwrap();
+            slot.remove("subject");
+            slot.remove("started");
+        }
     }
-    let text = serde_json::to_string_pretty(&all).unwrap();
-    std::fs::create_dir_all(std::path::Path::new(FIXTURE).parent().unwrap()).unwrap();
-    std::fs::write(FIXTURE, text + "\n").unwrap();
+    Ok((state, machine.in_flight()))
+}
+
+fn fixture() -> Vec<Value> {
+    let text = std::fs::read_to_string(FIXTURE).unwrap();
+    let all: Vec<Value> = serde_json::from_str(&text).unwrap();
+    assert_eq!(all.len(), SCENARIOS.len());
+    all
 }
 
 #[test]
 fn logs_of_0_1_replay_to_the_state_0_1_rebuilt() {
-    let text = std::fs::read_to_string(FIXTURE).unwrap();
-    let all: Vec<Value> = serde_json::from_str(&text).unwrap();
-    assert_eq!(all.len(), SCENARIOS.len());
     let mut kinds = std::collections::BTreeSet::new();
-    for entry in all {
+    for entry in fixture() {
         let scenario = entry["scenario"].as_str().unwrap();
-        let records: Vec<Record> = serde_json::from_value(entry["records"].clone()).unwrap();
+        let records = records_of(&entry);
         kinds.extend(records.iter().map(Record::kind));
-        let (state, in_flight) = replayed_0_1(scenario, &records);
+        let (state, in_flight) = replayed(scenario, records, true).unwrap();
         assert_eq!(state, entry["state"], "{scenario}");
         let expected: Vec<usize> = serde_json::from_value(entry["in_flight"].clone()).unwrap();
         assert_eq!(in_flight, expected, "{scenario}");
@@ -338,5 +318,82 @@ fn logs_of_0_1_replay_to_the_state_0_1_rebuilt() {
         "finished",
     ] {
         assert!(kinds.contains(kind), "no `{kind}` record in the fixture");
+    }
+}
+
+#[test]
+fn what_0_1_did_not_log_is_taken_from_the_live_tools() {
+    let all = fixture();
+    let entry = |name: &str| all.iter().find(|e| e["scenario"] == name).unwrap();
+    // 0.1 logged no approval subjects: rules over the command line cannot be judged without
+    // them, and the machine refuses the response rather than judge it by the arguments.
+    let approvals = records_of(entry("approvals"));
+    let Err(ReplayError::Unfit { source, .. }) = replayed("approvals", approvals.clone(), false)
+    else {
+        panic!("a response without the subjects its calls need replays")
+    };
+    assert!(source.to_string().contains("approval subject"), "{source}");
+    let mut upgraded = approvals;
+    let agent = builder("approvals").build().unwrap();
+    journal::upgrade(&mut upgraded, agent.toolbox(), &agent.config().approvals);
+    let subjects = upgraded.iter().find_map(|r| match r {
+        Record::ModelResponded { subjects, .. } => Some(subjects.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        subjects.unwrap(),
+        ["git status", "rm -rf /", "ls"].map(|s| Some(s.to_string()))
+    );
+    // Upgraded records are this version's: upgrading again changes nothing, and they read
+    // back as they were written.
+    let again = {
+        let mut r = upgraded.clone();
+        journal::upgrade(&mut r, agent.toolbox(), &agent.config().approvals);
+        r
+    };
+    assert_eq!(again, upgraded);
+    let text = serde_json::to_string(&upgraded).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Vec<Record>>(&text).unwrap(),
+        upgraded
+    );
+
+    // 0.1 logged no default approvals in a catalog: `shell` asks by default, and a replay
+    // that took it as allowed would let the person's recorded decision go unused.
+    let sources = records_of(entry("tool_sources"));
+    let logged = sources.iter().find_map(|r| match r {
+        Record::ToolsChanged { tools, .. } => tools.get("shell").cloned(),
+        _ => None,
+    });
+    assert_eq!(logged.unwrap().default_approval, None);
+    // The log cut after round 2's response, which calls `more` and `shell`.
+    let responded = sources
+        .iter()
+        .rposition(|r| matches!(r, Record::ModelResponded { round: 2, .. }))
+        .unwrap();
+    let cut = sources[..=responded].to_vec();
+    let agent = builder("tool_sources").build().unwrap();
+    let live = live_tools("tool_sources", &agent);
+    let next = |records: Vec<Record>| {
+        let mut m = Machine::replay(
+            Arc::new(agent.config().clone()),
+            agent.hooks().into(),
+            live.catalog().clone(),
+            records,
+        )
+        .unwrap();
+        m.next_step()
+    };
+    // Taken as allowed, `shell` would run unasked.
+    assert!(matches!(next(cut.clone()), Step::RunTools(_)));
+    let mut upgraded = cut;
+    journal::upgrade(&mut upgraded, &live, &agent.config().approvals);
+    match next(upgraded) {
+        Step::Approve(requests) => {
+            assert_eq!(requests.len(), 1);
+            assert_eq!(requests[0].pending.call.name, "shell");
+            assert_eq!(requests[0].verdict, Verdict::Ask);
+        }
+        other => panic!("{other:?}"),
     }
 }
