@@ -3,8 +3,10 @@
 //! An [`Agent`](toolloop::Agent) served here is a Restate virtual object named
 //! [`SERVICE`] (`toolloop`), keyed by run id: each run is one invocation of its `run`
 //! handler. The handler drives the loop's [`Machine`](toolloop::engine::Machine) step by
-//! step, and each step from outside is a journaled `ctx.run`: every model call, every tool
-//! call (and the hooks' answers). When a worker dies, Restate sends the invocation to another
+//! step, and each step from outside is a journaled `ctx.run` whose value is the machine's
+//! [`Input`](toolloop::engine::Input), the same value a run log holds: every model call (its
+//! response with its calls' approval subjects), every tool call, the hooks' answers, a changed
+//! tool catalog. When a worker dies, Restate sends the invocation to another
 //! worker, which replays the journal: the machine is rebuilt from the journaled results and no
 //! finished model call or tool call is made again. A side-effecting call that was running at
 //! the crash is not run again either: its intent is journaled first, and the model reads

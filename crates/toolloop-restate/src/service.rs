@@ -7,12 +7,11 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio_util::sync::CancellationToken;
-use toolloop::agent::ToolCallResult;
 use toolloop::approval::{Answer, Decision, PendingApproval};
 use toolloop::config::RoundLimitDecision;
-use toolloop::engine::{Interrupt, PhaseError, Step};
+use toolloop::engine::{Input, Interrupt, Machine, PhaseError, Step};
 use toolloop::toolbox::Toolbox;
-use toolloop::{Agent, Message, ModelResponse, Outcome, SideEffect};
+use toolloop::{Agent, Message, Outcome, SideEffect};
 
 /// The name of the virtual object in Restate (the first segment of the ingress path:
 /// `POST /toolloop/{run_id}/run`).
@@ -60,34 +59,6 @@ pub struct WaitingApproval {
     /// The call.
     #[serde(flatten)]
     pub pending: PendingApproval,
-}
-
-/// A model call as journaled.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "step", rename_all = "snake_case")]
-enum ModelStep {
-    Responded {
-        response: ModelResponse,
-        cost: Option<f64>,
-    },
-    Failed {
-        message: String,
-    },
-    Interrupted {
-        why: Interrupt,
-    },
-}
-
-/// A tool call as journaled.
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(tag = "step", rename_all = "snake_case")]
-enum ToolStep {
-    Finished(ToolCallResult),
-    /// A side-effecting call that was running when an earlier execution died.
-    Unknown,
-    Interrupted {
-        why: Interrupt,
-    },
 }
 
 /// An agent served as the virtual object [`SERVICE`]: bind it to a Restate endpoint
@@ -153,6 +124,15 @@ fn fed(result: Result<(), PhaseError>) {
     }
 }
 
+/// Hands a journaled input to the machine; `None` (the invocation was cancelled) stops the
+/// run.
+fn take(machine: &mut Machine, input: Option<Input>) {
+    let input = input.unwrap_or(Input::Interrupted {
+        why: Interrupt::Cancelled,
+    });
+    fed(machine.handle(input));
+}
+
 /// A journaled step's value, or `None` when the invocation was cancelled.
 fn journaled<T>(result: Result<T, TerminalError>) -> Result<Option<T>, HandlerError> {
     match result {
@@ -162,8 +142,9 @@ fn journaled<T>(result: Result<T, TerminalError>) -> Result<Option<T>, HandlerEr
     }
 }
 
-/// Drives one run to its end. Every input the machine takes comes from a journaled step, so
-/// an execution that replays the journal rebuilds the same machine without calling anything.
+/// Drives one run to its end. Every input the machine takes is the value of a journaled step
+/// (the same [`Input`] a run log holds), so an execution that replays the journal rebuilds the
+/// same machine without calling anything.
 async fn drive(
     agent: &Agent,
     ctx: &ObjectContext<'_>,
@@ -175,6 +156,8 @@ async fn drive(
     // died.
     let mark = toolloop::journal::new_run_id();
     let mut machine = agent.start(request.into_messages());
+    // The tools that run the calls (the machine knows their catalog).
+    let mut toolbox = agent.toolbox().clone();
     // The deadline is fixed when the run starts, the same for every execution.
     let deadline_ms = match agent.config().timeout {
         Some(t) => {
@@ -188,93 +171,81 @@ async fn drive(
         match machine.next_step() {
             Step::Finished => break,
             Step::GetReminders => {
-                let reminders = if agent.hooks().reminders.is_some() {
-                    let m = &machine;
-                    let got = ctx
-                        .run(|| async move { Ok(Json(agent.reminders_for(m))) })
-                        .name("reminders")
-                        .await;
-                    match journaled(got)? {
-                        Some(r) => r.into_inner(),
-                        None => {
-                            machine.interrupt(Interrupt::Cancelled);
-                            continue;
-                        }
-                    }
-                } else {
-                    Vec::new()
-                };
-                fed(machine.reminders_given(reminders));
+                let (m, round) = (&machine, machine.round() + 1);
+                let got = ctx
+                    .run(|| async move {
+                        let reminders = agent.reminders_for(m);
+                        Ok(Json(Input::RemindersGiven { round, reminders }))
+                    })
+                    .name("reminders")
+                    .await;
+                let input = journaled(got)?.map(Json::into_inner);
+                take(&mut machine, input);
             }
             Step::CheckStop => {
-                let signal = if agent.hooks().stop_when.is_some() {
-                    let m = &machine;
-                    let got = ctx
-                        .run(|| async move { Ok(Json(agent.stop_signal_for(m))) })
-                        .name("stop_when")
-                        .await;
-                    match journaled(got)? {
-                        Some(s) => s.into_inner(),
-                        None => {
-                            machine.interrupt(Interrupt::Cancelled);
-                            continue;
-                        }
-                    }
-                } else {
-                    None
-                };
-                fed(machine.stop_checked(signal));
+                let (m, round) = (&machine, machine.round());
+                let got = ctx
+                    .run(|| async move {
+                        let signal = agent.stop_signal_for(m);
+                        Ok(Json(Input::StopChecked { round, signal }))
+                    })
+                    .name("stop_when")
+                    .await;
+                let input = journaled(got)?.map(Json::into_inner);
+                take(&mut machine, input);
             }
             Step::DecideRoundLimit => {
-                let decision = if agent.hooks().on_round_limit.is_some() {
+                let input = if agent.hooks().on_round_limit.is_some() {
                     let m = &machine;
                     let got = ctx
-                        .run(|| async move { Ok(Json(agent.round_limit_for(m).await)) })
+                        .run(|| async move {
+                            let decision = agent.round_limit_for(m).await;
+                            Ok(Json(Input::RoundLimitDecided { decision }))
+                        })
                         .name("on_round_limit")
                         .await;
-                    match journaled(got)? {
-                        Some(d) => d.into_inner(),
-                        None => {
-                            machine.interrupt(Interrupt::Cancelled);
-                            continue;
-                        }
-                    }
+                    journaled(got)?.map(Json::into_inner)
                 } else {
-                    RoundLimitDecision::Stop
+                    Some(Input::RoundLimitDecided {
+                        decision: RoundLimitDecision::Stop,
+                    })
                 };
-                fed(machine.round_limit_decided(decision));
+                take(&mut machine, input);
             }
             Step::CallModel { round, reminders } => {
                 if agent.has_tool_sources() {
-                    // The catalog is a journaled step: a replay offers and judges calls by the
-                    // tools the run had, and runs them as the sources' tools run now.
+                    // The catalog is a journaled step when it changed: a replay offers and
+                    // judges calls by the tools the run had, and runs them as the sources'
+                    // tools run now.
+                    let known = machine.catalog().clone();
                     let listed = ctx
-                        .run(|| async { Ok(Json(agent.tools_now().await.catalog())) })
+                        .run(|| async move {
+                            let now = agent.tools_now().await;
+                            let changed = now.catalog() != &known;
+                            Ok(Json(changed.then(|| Input::ToolsChanged {
+                                round,
+                                tools: now.catalog().clone(),
+                            })))
+                        })
                         .name(format!("tools round {round}"))
                         .await;
-                    let Some(catalog) = journaled(listed)?.map(Json::into_inner) else {
-                        machine.interrupt(Interrupt::Cancelled);
+                    let Some(changed) = journaled(listed)?.map(Json::into_inner) else {
+                        take(&mut machine, None);
                         continue;
                     };
-                    if catalog != machine.toolbox().catalog() {
-                        let live = agent.tools_now().await;
-                        let toolbox = if catalog == live.catalog() {
-                            live
-                        } else {
-                            match Toolbox::from_catalog(&catalog, &live) {
-                                Ok(t) => Arc::new(t),
-                                Err(e) => {
-                                    return Err(TerminalError::new(format!(
-                                        "the run's journaled tools do not load: {e}"
-                                    ))
-                                    .into());
-                                }
-                            }
-                        };
-                        fed(machine.tools_changed(toolbox));
+                    if let Some(input) = changed {
+                        if let Input::ToolsChanged { tools, .. } = &input {
+                            let live = agent.tools_now().await;
+                            toolbox = if live.catalog() == tools {
+                                live
+                            } else {
+                                Arc::new(Toolbox::from_catalog(tools.clone(), &live))
+                            };
+                        }
+                        fed(machine.handle(input));
                     }
                 }
-                let (m, model) = (&machine, &*model);
+                let (m, model, tools) = (&machine, &*model, &*toolbox);
                 let step = ctx
                     .run(|| async move {
                         let call = agent.call_model_for(model, m, round, &reminders, None);
@@ -283,36 +254,29 @@ async fn drive(
                             None => Some(call.await),
                         };
                         Ok(Json(match done {
-                            None => ModelStep::Interrupted {
+                            None => Input::Interrupted {
                                 why: Interrupt::Timeout,
                             },
-                            Some(Ok(response)) => ModelStep::Responded {
-                                cost: agent.cost(&response),
-                                response,
-                            },
-                            Some(Err(e)) => ModelStep::Failed {
+                            // The approval subjects of its calls go with the response.
+                            Some(Ok(response)) => agent.response_input(tools, round, response),
+                            Some(Err(e)) => Input::ModelFailed {
+                                round,
                                 message: e.to_string(),
                             },
                         }))
                     })
                     .name(format!("model round {round}"))
                     .await;
-                match journaled(step)?.map(Json::into_inner) {
-                    Some(ModelStep::Responded { response, cost }) => {
-                        tracing::info!(
-                            run_id,
-                            round,
-                            calls = response.tool_calls.len(),
-                            "model answered"
-                        );
-                        fed(machine.model_responded(response, cost));
-                    }
-                    Some(ModelStep::Failed { message }) => {
-                        fed(machine.model_failed(&toolloop::ModelError::Other(message)));
-                    }
-                    Some(ModelStep::Interrupted { why }) => machine.interrupt(why),
-                    None => machine.interrupt(Interrupt::Cancelled),
+                let input = journaled(step)?.map(Json::into_inner);
+                if let Some(Input::ModelResponded { response, .. }) = &input {
+                    tracing::info!(
+                        run_id,
+                        round,
+                        calls = response.tool_calls.len(),
+                        "model answered"
+                    );
                 }
+                take(&mut machine, input);
             }
             Step::RunTools(batches) => {
                 let round = machine.round();
@@ -322,7 +286,6 @@ async fn drive(
                         let Some(call) = machine.shared_round_call(index) else {
                             continue;
                         };
-                        let toolbox = machine.toolbox().clone();
                         let side_effecting = toolbox
                             .get(&call.name)
                             .is_some_and(|t| t.side_effect() == SideEffect::SideEffecting);
@@ -337,32 +300,43 @@ async fn drive(
                             match journaled(intent)? {
                                 Some(theirs) => died_running = theirs != mark,
                                 None => {
-                                    machine.interrupt(Interrupt::Cancelled);
+                                    take(&mut machine, None);
                                     break 'batches;
                                 }
                             }
                         }
+                        fed(machine.handle(Input::ToolStarted {
+                            round,
+                            index,
+                            call_id: call.id.clone(),
+                        }));
                         let retry = !died_running || agent.retries_in_flight(&toolbox, &call);
                         let key = format!("{run_id}/{}", call.id);
-                        let (c, toolbox) = (&*call, &*toolbox);
+                        let (c, tools) = (&*call, &*toolbox);
                         let step = ctx
                             .run(|| async move {
                                 if !retry {
-                                    return Ok(Json(ToolStep::Unknown));
+                                    return Ok(Json(Input::ToolUnknown { round, index }));
                                 }
                                 let deadline = instant_of(deadline_ms);
                                 let cancel = CancellationToken::new();
-                                let running = agent
-                                    .call_tool(toolbox, round, c, key, &cancel, deadline, None);
+                                let running =
+                                    agent.call_tool(tools, round, c, key, &cancel, deadline, None);
                                 let done = match deadline {
                                     Some(d) => tokio::time::timeout_at(d, running).await.ok(),
                                     None => Some(running.await),
                                 };
                                 Ok(Json(match done {
-                                    Some(r) => ToolStep::Finished(r),
+                                    Some(r) => Input::ToolFinished {
+                                        round,
+                                        index,
+                                        result: r.result,
+                                        duration_ms: r.duration_ms,
+                                        attempts: r.attempts,
+                                    },
                                     None => {
                                         cancel.cancel();
-                                        ToolStep::Interrupted {
+                                        Input::Interrupted {
                                             why: Interrupt::Timeout,
                                         }
                                     }
@@ -370,27 +344,17 @@ async fn drive(
                             })
                             .name(format!("tool {} {}", call.name, call.id))
                             .await;
-                        match journaled(step)?.map(Json::into_inner) {
-                            Some(ToolStep::Finished(r)) => {
-                                fed(machine.tool_finished(
-                                    index,
-                                    r.result,
-                                    r.duration_ms,
-                                    r.attempts,
-                                ));
-                            }
-                            Some(ToolStep::Unknown) => {
-                                tracing::warn!(run_id, call_id = %call.id, "a side-effecting call was running when a worker died: its outcome is unknown");
-                                fed(machine.tool_outcome_unknown(index));
-                            }
-                            Some(ToolStep::Interrupted { why }) => {
-                                machine.interrupt(why);
-                                break 'batches;
-                            }
-                            None => {
-                                machine.interrupt(Interrupt::Cancelled);
-                                break 'batches;
-                            }
+                        let input = journaled(step)?.map(Json::into_inner);
+                        let stops = !matches!(
+                            input,
+                            Some(Input::ToolFinished { .. } | Input::ToolUnknown { .. })
+                        );
+                        if let Some(Input::ToolUnknown { .. }) = input {
+                            tracing::warn!(run_id, call_id = %call.id, "a side-effecting call was running when a worker died: its outcome is unknown");
+                        }
+                        take(&mut machine, input);
+                        if stops {
+                            break 'batches;
                         }
                     }
                 }
@@ -399,7 +363,11 @@ async fn drive(
                 let mut waiting = Vec::new();
                 for r in requests {
                     match Decision::by_rule(&r.pending.call, &r.verdict) {
-                        Some(d) => fed(machine.approval_decided(r.pending.index, &d)),
+                        Some(decision) => fed(machine.handle(Input::ApprovalDecided {
+                            round: r.pending.round,
+                            index: r.pending.index,
+                            decision,
+                        })),
                         None => {
                             let (awakeable_id, answer) = ctx.awakeable::<Json<Answer>>();
                             waiting.push((
@@ -436,11 +404,15 @@ async fn drive(
                             },
                         ),
                     };
-                    fed(machine.approval_decided(w.pending.index, &decision));
+                    fed(machine.handle(Input::ApprovalDecided {
+                        round: w.pending.round,
+                        index: w.pending.index,
+                        decision,
+                    }));
                 }
                 ctx.clear(WAITING);
                 if cancelled {
-                    machine.interrupt(Interrupt::Cancelled);
+                    take(&mut machine, None);
                 }
             }
         }

@@ -32,6 +32,7 @@ fn round_records(round: u32) -> (Vec<Record>, Vec<Record>) {
             round,
             response: ModelResponse::tool_calls(vec![call.clone()]),
             cost: None,
+            subjects: Vec::new(),
         },
         Record::ToolStarted {
             round,

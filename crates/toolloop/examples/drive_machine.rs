@@ -1,14 +1,14 @@
 //! Driving the loop's state machine by hand, with no runtime and no network: the machine says
-//! what it needs next (a `Step`), and the driver, here a plain `loop`, does it and feeds the
-//! answer back. This is what `Agent` does with real models and tools, and what a durable
-//! execution engine would do step by step.
+//! what it needs next (a `Step`), and the driver, here a plain `loop`, does it and hands what
+//! came of it back as an `Input` (`Machine::handle`). This is what `Agent` does with real
+//! models and tools (logging each input first), and what a durable execution engine would do
+//! step by step (journaling each input).
 //!
 //! `cargo run -p toolloop --example drive_machine`
 
 use serde_json::json;
 use std::sync::Arc;
-use toolloop::config::Hooks;
-use toolloop::engine::{Machine, Step};
+use toolloop::engine::{HookFlags, Input, Machine, Step};
 use toolloop::toolbox::Toolbox;
 use toolloop::{LoopConfig, Message, ModelResponse, ToolCall, ToolOutput, tool_fn};
 
@@ -19,15 +19,16 @@ struct Echo {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The toolbox only describes the tools to the machine; the driver runs them.
+    // The machine knows the tools by their catalog (names, schemas, metadata); the driver
+    // runs them.
     let echo = tool_fn("echo", "Says the text back.", |a: Echo, _ctx| async move {
         Ok::<_, toolloop::ToolError>(ToolOutput::text(a.text))
     });
-    let toolbox = Arc::new(Toolbox::new().with(echo)?);
+    let toolbox = Toolbox::new().with(echo)?;
     let mut machine = Machine::new(
         Arc::new(LoopConfig::default()),
-        Hooks::default(),
-        toolbox,
+        HookFlags::default(),
+        toolbox.catalog().clone(),
         vec![Message::user("Say hello twice.")],
     );
 
@@ -48,19 +49,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     "round {round}: call the model with {} messages",
                     machine.messages().len()
                 );
-                let reply = replies.next().ok_or("the script ran out")?;
-                machine.model_responded(reply, None)?;
+                let response = replies.next().ok_or("the script ran out")?;
+                machine.handle(Input::ModelResponded {
+                    round,
+                    response,
+                    cost: None,
+                    // No approval policy: no call needs its approval subject.
+                    subjects: Vec::new(),
+                })?;
             }
             Step::RunTools(batches) => {
+                let round = machine.round();
                 for batch in batches {
                     for index in batch.calls {
-                        let call = machine.round_call(index).ok_or("no such call")?;
+                        let call = machine.shared_round_call(index).ok_or("no such call")?;
                         println!("  run {}({})", call.name, call.arguments);
+                        let call_id = call.id.clone();
+                        machine.handle(Input::ToolStarted {
+                            round,
+                            index,
+                            call_id,
+                        })?;
                         let text = call.arguments["text"]
                             .as_str()
                             .unwrap_or_default()
                             .to_string();
-                        machine.tool_finished(index, Ok(ToolOutput::text(text)), 0, 1)?;
+                        machine.handle(Input::ToolFinished {
+                            round,
+                            index,
+                            result: Ok(ToolOutput::text(text)),
+                            duration_ms: 0,
+                            attempts: 1,
+                        })?;
                     }
                 }
             }

@@ -10,9 +10,9 @@ use crate::approval::{
     Answer, ApprovalError, Approvals, DecidedBy, Decision, PendingApproval, Verdict,
 };
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
-use crate::engine::{Batch, Interrupt, Machine, Phase, PhaseError, Step};
+use crate::engine::{Batch, Input, Interrupt, Machine, Phase, PhaseError, Step};
 use crate::event::Event;
-use crate::journal::{Journal, JournalError, Record, new_run_id};
+use crate::journal::{Journal, JournalError, new_run_id};
 use crate::message::{Message, ToolCall};
 use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings, ToolChoice};
 use crate::outcome::{ErrorCode, Outcome, StopReason};
@@ -307,12 +307,12 @@ impl Agent {
         run_id: Option<String>,
     ) -> Outcome {
         let toolbox = self.tools_now().await;
-        let machine = self.machine_with(messages, toolbox);
+        let machine = self.machine_with(messages, &toolbox);
         match self.start_log(&machine, run_id).await {
-            Ok(log) => self.drive(machine, cancel, sink, log).await,
+            Ok(log) => self.drive(machine, toolbox, cancel, sink, log).await,
             Err(e) => {
                 let mut m = machine;
-                m.interrupt(Interrupt::StoreFailed);
+                interrupt(&mut m, Interrupt::StoreFailed);
                 let mut outcome = m.into_outcome(0);
                 if let Some(err) = outcome.error.as_mut() {
                     err.message = format!("{}: {e}", err.message);
@@ -344,15 +344,16 @@ impl Agent {
                 log
             }
         };
-        let started = Record::Started {
+        let started = Input::Started {
             messages: machine.messages().to_vec(),
             output_schema: machine.output_schema().cloned(),
         };
         if self.has_tool_sources() {
-            // Tools that can change are logged, so that a replay judges calls by these.
-            let tools = Record::ToolsChanged {
+            // Tools that can change are logged, so that a replay judges calls by these (the
+            // machine was made with them).
+            let tools = Input::ToolsChanged {
                 round: 0,
-                tools: machine.toolbox().catalog(),
+                tools: machine.catalog().clone(),
             };
             log.journal
                 .append_all(&log.run_id, &[started, tools])
@@ -391,13 +392,14 @@ impl Agent {
         state: crate::engine::LoopState,
         cancel: CancellationToken,
     ) -> Outcome {
+        let toolbox = self.tools_now().await;
         let machine = Machine::resume(
             self.config.clone(),
-            self.hooks.clone(),
-            self.tools_now().await,
+            (&self.hooks).into(),
+            toolbox.catalog().clone(),
             state,
         );
-        self.drive(machine, cancel, self.on_event.clone(), None)
+        self.drive(machine, toolbox, cancel, self.on_event.clone(), None)
             .await
     }
 
@@ -419,45 +421,53 @@ impl Agent {
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
         let log = RunLog::new(journal, run_id.to_string());
-        let (mut machine, in_flight) = self.take_and_replay(&log).await?;
-        for index in in_flight {
+        let (mut machine, toolbox) = self.take_and_replay(&log).await?;
+        let log = Some(log);
+        for index in machine.in_flight() {
             let Some(call) = machine.round_call(index).cloned() else {
                 continue;
             };
-            if !self.retries_in_flight(machine.toolbox(), &call) {
+            if !self.retries_in_flight(&toolbox, &call) {
                 // Goes with the next durable write: decided again if lost.
-                log.soon(Record::ToolUnknown {
-                    round: machine.round(),
-                    index,
-                });
-                fed(machine.tool_outcome_unknown(index));
+                let round = machine.round();
+                take(&mut machine, &log, Input::ToolUnknown { round, index });
             }
         }
         Ok(self
-            .drive(machine, cancel, self.on_event.clone(), Some(log))
+            .drive(machine, toolbox, cancel, self.on_event.clone(), log)
             .await)
     }
 
     /// Takes the run's lease and rebuilds its machine from its log (the lease is given back on
-    /// failure).
-    async fn take_and_replay(&self, log: &RunLog) -> Result<(Machine, Vec<usize>), JournalError> {
+    /// failure), with the toolbox the run has now: the live tools, judged by the catalog the
+    /// log holds last, if it holds one.
+    async fn take_and_replay(&self, log: &RunLog) -> Result<(Machine, Arc<Toolbox>), JournalError> {
         let run_id = log.run_id.as_str();
         log.journal.acquire(run_id, &log.holder).await?;
-        let records = match log.journal.load(run_id).await {
+        let mut records = match log.journal.load(run_id).await {
             Ok(r) => r,
             Err(e) => {
                 let _ = log.journal.release(run_id, &log.holder).await;
                 return Err(e);
             }
         };
+        let live = self.tools_now().await;
+        crate::journal::upgrade(&mut records, &live, &self.config.approvals);
         let replayed = Machine::replay(
             self.config.clone(),
-            self.hooks.clone(),
-            self.tools_now().await,
-            &records,
+            (&self.hooks).into(),
+            live.catalog().clone(),
+            records,
         );
         match replayed {
-            Ok(r) => Ok(r),
+            Ok(machine) => {
+                let toolbox = if Arc::ptr_eq(machine.catalog(), live.catalog()) {
+                    live
+                } else {
+                    Arc::new(Toolbox::from_catalog(machine.catalog().clone(), &live))
+                };
+                Ok((machine, toolbox))
+            }
             Err(source) => {
                 let _ = log.journal.release(run_id, &log.holder).await;
                 Err(JournalError::Corrupt {
@@ -533,7 +543,7 @@ impl Agent {
                         Answer::Approve => (true, None),
                         Answer::Deny { reason } => (false, reason.clone()),
                     };
-                    Record::ApprovalDecided {
+                    Input::ApprovalDecided {
                         round: p.round,
                         index: p.index,
                         decision: Decision::new(&p.call, approved, reason, DecidedBy::Person),
@@ -554,14 +564,15 @@ impl Agent {
     }
 
     /// The machine of a new run on `messages`, the agent's system prompt first (unless the
-    /// messages start with one), with the agent's own tools. For a driver of its own, one that
-    /// journals each step elsewhere (a durable-execution engine, say): it asks
-    /// [`Machine::next_step`] and answers each step with the methods below, as [`Agent::run`]
-    /// does. With tool sources, such a driver gives the machine the run's tools
-    /// ([`Machine::tools_changed`]) before each model call, from a catalog it journaled
-    /// ([`Agent::tools_now`], [`Toolbox::catalog`], [`Toolbox::from_catalog`]).
+    /// messages start with one), with the agent's own tools ([`Agent::toolbox`]). For a driver
+    /// of its own, one that journals each step elsewhere (a durable-execution engine, say): it
+    /// asks [`Machine::next_step`], does each step with the methods below, and hands what came
+    /// of it to [`Machine::handle`] as an [`Input`], as [`Agent::run`] does. With tool
+    /// sources, such a driver gives the machine the run's tools ([`Input::ToolsChanged`])
+    /// before each model call, from a catalog it journaled ([`Agent::tools_now`],
+    /// [`Toolbox::catalog`]), and runs the calls with [`Toolbox::from_catalog`].
     pub fn start(&self, messages: Vec<Message>) -> Machine {
-        self.machine(messages)
+        self.machine_with(messages, &self.toolbox)
     }
 
     /// The hooks (a driver journals their answers: they may not answer the same twice).
@@ -595,8 +606,9 @@ impl Agent {
     }
 
     /// The model call of [`Step::CallModel`]: the machine's transcript, the round's
-    /// reminders, the tools and settings, streamed when the agent streams (text deltas go to
-    /// `sink`). `model` is the run's session ([`Model::session`] of [`Agent::model`]).
+    /// reminders, the tools the machine knows ([`Machine::catalog`]) and the settings, streamed
+    /// when the agent streams (text deltas go to `sink`). `model` is the run's session
+    /// ([`Model::session`] of [`Agent::model`]).
     pub async fn call_model_for(
         &self,
         model: &dyn Model,
@@ -608,7 +620,7 @@ impl Agent {
         let request = ModelRequest {
             messages: machine.messages(),
             reminders,
-            tools: machine.toolbox().specs(),
+            tools: machine.catalog().specs(),
             settings: &self.settings,
         };
         self.call_model(model, request, round, sink).await
@@ -621,10 +633,22 @@ impl Agent {
             .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)))
     }
 
+    /// The input that brings a model's response to the machine: the response, its cost, and
+    /// its calls' approval subjects, taken from the run's tools `toolbox` where the agent's
+    /// approval policy weighs them ([`Toolbox::approval_subjects`]).
+    pub fn response_input(&self, toolbox: &Toolbox, round: u32, response: ModelResponse) -> Input {
+        Input::ModelResponded {
+            round,
+            cost: self.cost(&response),
+            subjects: toolbox.approval_subjects(&self.config.approvals, &response.tool_calls),
+            response,
+        }
+    }
+
     /// One tool call of [`Step::RunTools`] as the agent makes it: the tool's timeout, retries
     /// of retryable errors with backoff, a panic caught as an error, an unknown tool an error
     /// the model reads. The tool gets `idempotency_key` in its [`ToolContext`]. `toolbox` is the
-    /// run's ([`Machine::toolbox`]: with tool sources, it can differ from the agent's own).
+    /// run's (with tool sources, it can differ from the agent's own).
     #[allow(clippy::too_many_arguments)]
     pub async fn call_tool(
         &self,
@@ -659,7 +683,7 @@ impl Agent {
     /// Whether a call that was in flight at a crash runs again: read-only and idempotent
     /// tools do; a side-effecting one only when the `on_in_flight` handler says so
     /// (otherwise the model reads "outcome unknown"). An unknown tool counts as
-    /// side-effecting. `toolbox` is the run's ([`Machine::toolbox`]).
+    /// side-effecting. `toolbox` is the run's.
     pub fn retries_in_flight(&self, toolbox: &Toolbox, call: &ToolCall) -> bool {
         let side_effect = toolbox
             .get(&call.name)
@@ -673,17 +697,18 @@ impl Agent {
         }
     }
 
-    fn machine(&self, messages: Vec<Message>) -> Machine {
-        self.machine_with(messages, self.toolbox.clone())
-    }
-
-    fn machine_with(&self, mut messages: Vec<Message>, toolbox: Arc<Toolbox>) -> Machine {
+    fn machine_with(&self, mut messages: Vec<Message>, toolbox: &Toolbox) -> Machine {
         if let Some(system) = &self.system
             && !matches!(messages.first(), Some(Message::System { .. }))
         {
             messages.insert(0, Message::system(system.to_string()));
         }
-        let mut machine = Machine::new(self.config.clone(), self.hooks.clone(), toolbox, messages);
+        let mut machine = Machine::new(
+            self.config.clone(),
+            (&self.hooks).into(),
+            toolbox.catalog().clone(),
+            messages,
+        );
         // The schema compiled when the agent was built, so this cannot fail; were it to, the
         // run would go on with no schema rather than stop.
         if let Err(e) = machine.set_output_schema(self.settings.output.clone()) {
@@ -696,13 +721,14 @@ impl Agent {
     async fn drive(
         &self,
         machine: Machine,
+        toolbox: Arc<Toolbox>,
         cancel: CancellationToken,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> Outcome {
         let span = crate::telemetry::run_span(self.model.name());
         let outcome = self
-            .drive_in_span(machine, cancel, sink, log)
+            .drive_in_span(machine, toolbox, cancel, sink, log)
             .instrument(span.clone())
             .await;
         crate::telemetry::run_finished(&span, &outcome);
@@ -712,6 +738,7 @@ impl Agent {
     async fn drive_in_span(
         &self,
         mut machine: Machine,
+        mut toolbox: Arc<Toolbox>,
         cancel: CancellationToken,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
@@ -752,52 +779,50 @@ impl Agent {
             match machine.next_step() {
                 Step::Finished => break,
                 Step::GetReminders => {
-                    let reminders = self.reminders_for(&machine);
                     // Durable with the round's response: asked again on resume if lost.
-                    soon(&log, || Record::RemindersGiven {
+                    let input = Input::RemindersGiven {
                         round: machine.round() + 1,
-                        reminders: reminders.clone(),
-                    });
-                    fed(machine.reminders_given(reminders));
+                        reminders: self.reminders_for(&machine),
+                    };
+                    take(&mut machine, &log, input);
                 }
                 Step::CheckStop => {
-                    let signal = self.stop_signal_for(&machine);
                     // Durable with the next step's records: asked again on resume if lost.
-                    soon(&log, || Record::StopChecked {
+                    let input = Input::StopChecked {
                         round: machine.round(),
-                        signal: signal.clone(),
-                    });
-                    fed(machine.stop_checked(signal));
+                        signal: self.stop_signal_for(&machine),
+                    };
+                    take(&mut machine, &log, input);
                 }
                 Step::CallModel { round, reminders } => {
                     if self.has_tool_sources() {
                         let now = match guard(self.tools_now(), &cancel, deadline).await {
                             Ok(now) => now,
                             Err(why) => {
-                                soon(&log, || Record::Interrupted { why });
-                                machine.interrupt(why);
+                                take(&mut machine, &log, Input::Interrupted { why });
                                 continue;
                             }
                         };
-                        if !Arc::ptr_eq(&now, machine.toolbox()) {
+                        if !Arc::ptr_eq(&now, &toolbox) {
                             // Durable with the round's response: listed again on resume if
-                            // lost.
-                            if !now.same_catalog(machine.toolbox()) {
-                                soon(&log, || Record::ToolsChanged {
+                            // lost. The machine knows the same catalog already.
+                            if !now.same_catalog(&toolbox) {
+                                let tools = Input::ToolsChanged {
                                     round,
-                                    tools: now.catalog(),
-                                });
+                                    tools: now.catalog().clone(),
+                                };
+                                take(&mut machine, &log, tools);
                             }
-                            fed(machine.tools_changed(now));
+                            toolbox = now;
                         }
                     }
                     emit(&mut machine);
                     // Not waited for: a call lost to a crash is made again on resume.
-                    soon(&log, || Record::ModelRequested { round });
+                    take(&mut machine, &log, Input::ModelRequested { round });
                     let request = ModelRequest {
                         messages: machine.messages(),
                         reminders: &reminders,
-                        tools: machine.toolbox().specs(),
+                        tools: toolbox.specs(),
                         settings: &settings,
                     };
                     let span = crate::telemetry::chat_span(self.model.name(), round);
@@ -823,34 +848,21 @@ impl Agent {
                         && let Err(e) = log.settle().await
                     {
                         store_error = Some(e);
-                        machine.interrupt(Interrupt::StoreFailed);
+                        interrupt(&mut machine, Interrupt::StoreFailed);
                         continue;
                     }
-                    match called {
-                        Ok(Ok(response)) => {
-                            let cost = self.cost(&response);
-                            // Durable with the intents of the calls it asks for (or with the
-                            // run's end).
-                            soon(&log, || Record::ModelResponded {
-                                round,
-                                response: response.clone(),
-                                cost,
-                            });
-                            fed(machine.model_responded(response, cost));
-                        }
-                        Ok(Err(e)) => {
-                            // The failure ends the run; it is durable with the run's end.
-                            soon(&log, || Record::ModelFailed {
-                                round,
-                                message: e.to_string(),
-                            });
-                            fed(machine.model_failed(&e));
-                        }
-                        Err(why) => {
-                            soon(&log, || Record::Interrupted { why });
-                            machine.interrupt(why);
-                        }
-                    }
+                    let input = match called {
+                        // Durable with the intents of the calls it asks for (or with the run's
+                        // end).
+                        Ok(Ok(response)) => self.response_input(&toolbox, round, response),
+                        // The failure ends the run; it is durable with the run's end.
+                        Ok(Err(e)) => Input::ModelFailed {
+                            round,
+                            message: e.to_string(),
+                        },
+                        Err(why) => Input::Interrupted { why },
+                    };
+                    take(&mut machine, &log, input);
                 }
                 Step::Approve(requests) => {
                     // Before a person is asked, what the round holds is durable: a crash while
@@ -861,7 +873,7 @@ impl Agent {
                         && let Err(e) = log.flush().await
                     {
                         store_error = Some(e);
-                        machine.interrupt(Interrupt::StoreFailed);
+                        interrupt(&mut machine, Interrupt::StoreFailed);
                         continue;
                     }
                     let mut deferred = Vec::new();
@@ -893,41 +905,34 @@ impl Agent {
                         };
                         // Durable before the call runs (with its intent), or with the run's
                         // stop: a decision lost to a crash is taken again.
-                        soon(&log, || Record::ApprovalDecided {
+                        let input = Input::ApprovalDecided {
                             round: r.pending.round,
                             index: r.pending.index,
-                            decision: decision.clone(),
-                        });
-                        fed(machine.approval_decided(r.pending.index, &decision));
+                            decision,
+                        };
+                        take(&mut machine, &log, input);
                     }
                     if let Some(why) = interrupted {
-                        soon(&log, || Record::Interrupted { why });
-                        machine.interrupt(why);
+                        take(&mut machine, &log, Input::Interrupted { why });
                     } else if !deferred.is_empty() {
                         fed(machine.await_approval());
                     }
                 }
                 Step::DecideRoundLimit => {
                     let decision = self.round_limit_for(&machine);
-                    match guard(decision, &cancel, deadline).await {
-                        Ok(decision) => {
-                            // Asked again on resume if lost to a crash.
-                            soon(&log, || Record::RoundLimitDecided {
-                                decision: decision.clone(),
-                            });
-                            fed(machine.round_limit_decided(decision));
-                        }
-                        Err(why) => {
-                            soon(&log, || Record::Interrupted { why });
-                            machine.interrupt(why);
-                        }
-                    }
+                    // Asked again on resume if lost to a crash.
+                    let input = match guard(decision, &cancel, deadline).await {
+                        Ok(decision) => Input::RoundLimitDecided { decision },
+                        Err(why) => Input::Interrupted { why },
+                    };
+                    take(&mut machine, &log, input);
                 }
                 Step::RunTools(batches) => {
                     let mut stopped = false;
                     for batch in batches {
                         let run = self.run_batch(
                             &mut machine,
+                            &toolbox,
                             batch,
                             &tool_cancel,
                             deadline,
@@ -938,16 +943,18 @@ impl Agent {
                             Ok(Ok(())) => None,
                             Ok(Err(e)) => {
                                 store_error = Some(e);
-                                Some(Interrupt::StoreFailed)
+                                Some((Interrupt::StoreFailed, false))
                             }
-                            Err(why) => {
-                                soon(&log, || Record::Interrupted { why });
-                                Some(why)
-                            }
+                            Err(why) => Some((why, true)),
                         };
-                        if let Some(why) = interrupted {
+                        if let Some((why, logged)) = interrupted {
                             tool_cancel.cancel();
-                            machine.interrupt(why);
+                            let input = Input::Interrupted { why };
+                            if logged {
+                                take(&mut machine, &log, input);
+                            } else {
+                                fed(machine.handle(input));
+                            }
                             stopped = true;
                             break;
                         }
@@ -962,7 +969,7 @@ impl Agent {
                         && let Err(e) = log.flush_behind().await
                     {
                         store_error = Some(e);
-                        machine.interrupt(Interrupt::StoreFailed);
+                        interrupt(&mut machine, Interrupt::StoreFailed);
                     }
                 }
             }
@@ -978,7 +985,7 @@ impl Agent {
         );
         if let Some(log) = &log {
             if !awaiting {
-                log.soon(Record::Finished);
+                log.soon(Input::Finished);
             }
             if let Err(e) = log.flush().await {
                 tracing::warn!(run_id = %log.run_id, "the run's end was not logged: {e}");
@@ -1058,9 +1065,11 @@ impl Agent {
     /// Runs one batch, reporting each call to the machine (and the run log) as it finishes.
     /// Returns when all are done, or at the first run-log failure; the caller races it against
     /// cancellation.
+    #[allow(clippy::too_many_arguments)]
     async fn run_batch(
         &self,
         machine: &mut Machine,
+        toolbox: &Toolbox,
         batch: Batch,
         cancel: &CancellationToken,
         deadline: Option<tokio::time::Instant>,
@@ -1068,7 +1077,6 @@ impl Agent {
         log: &Option<RunLog>,
     ) -> Result<(), JournalError> {
         let round = machine.round();
-        let toolbox = machine.toolbox().clone();
         let limit = if batch.parallel {
             self.config.max_parallel.max(1)
         } else {
@@ -1080,23 +1088,31 @@ impl Agent {
         // theirs need not be durable first: they are written with the round's results, in the
         // round's one commit (the response, the intents and the results together).
         let intents_first = batch.calls.len() <= limit;
-        if intents_first && let Some(log) = log {
-            let mut rerun_safe = true;
-            for &index in &batch.calls {
-                if let Some(call) = machine.round_call(index)
-                    && let Some(tool) = toolbox.get(&call.name)
-                {
-                    rerun_safe &= tool.side_effect() != SideEffect::SideEffecting;
-                    log.soon(Record::ToolStarted {
-                        round,
-                        index,
-                        call_id: call.id.clone(),
-                    });
-                }
+        let mut rerun_safe = true;
+        for &index in &batch.calls {
+            let Some(call) = machine.round_call(index) else {
+                continue;
+            };
+            rerun_safe &= toolbox
+                .get(&call.name)
+                .is_none_or(|t| t.side_effect() != SideEffect::SideEffecting);
+            let intent = Input::ToolStarted {
+                round,
+                index,
+                call_id: call.id.clone(),
+            };
+            if intents_first {
+                take(machine, log, intent);
+            } else {
+                // Each job logs its own intent as it starts.
+                fed(machine.handle(intent));
             }
-            if !rerun_safe {
-                log.flush().await?;
-            }
+        }
+        if intents_first
+            && !rerun_safe
+            && let Some(log) = log
+        {
+            log.flush().await?;
         }
         let jobs: Vec<_> = batch
             .calls
@@ -1132,12 +1148,18 @@ impl Agent {
             .collect();
         let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
         while let Some((index, done)) = results.next().await {
-            // Each job queued its own `tool_finished` record; they are durable with the next
-            // batch's intents, or together when the round's calls are over (a result lost to a
-            // crash makes the call "in flight" on resume, never run twice when it has side
-            // effects).
+            // Results are durable with the next batch's intents, or together when the round's
+            // calls are over (a result lost to a crash makes the call "in flight" on resume,
+            // never run twice when it has side effects).
             let (result, duration_ms, attempts) = done?;
-            fed(machine.tool_finished(index, result, duration_ms, attempts));
+            let finished = Input::ToolFinished {
+                round,
+                index,
+                result,
+                duration_ms,
+                attempts,
+            };
+            take(machine, log, finished);
             if let Some(sink) = sink {
                 for e in machine.take_events() {
                     sink(&e);
@@ -1146,6 +1168,20 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+/// Logs an input (durable with the run's next write, when the run is logged) and hands it to
+/// the machine.
+fn take(machine: &mut Machine, log: &Option<RunLog>, input: Input) {
+    if let Some(log) = log {
+        log.soon(input.clone());
+    }
+    fed(machine.handle(input));
+}
+
+/// Stops the run without logging why (the run log is what failed, or there is none).
+fn interrupt(machine: &mut Machine, why: Interrupt) {
+    fed(machine.handle(Input::Interrupted { why }));
 }
 
 /// Checks an input the driver fed the machine. The driver only feeds what the machine asked
@@ -1171,7 +1207,7 @@ struct RunLog {
     journal: Arc<dyn Journal>,
     run_id: String,
     holder: String,
-    queued: std::sync::Mutex<Vec<Record>>,
+    queued: std::sync::Mutex<Vec<Input>>,
     flushing: tokio::sync::Mutex<Flushing>,
 }
 
@@ -1216,7 +1252,7 @@ impl RunLog {
     }
 
     /// Queues a record for the next flush.
-    fn soon(&self, record: Record) {
+    fn soon(&self, record: Input) {
         self.queued
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -1224,7 +1260,7 @@ impl RunLog {
     }
 
     /// The queued records, without those the others imply.
-    fn take_queued(&self) -> Vec<Record> {
+    fn take_queued(&self) -> Vec<Input> {
         let mut records =
             std::mem::take(&mut *self.queued.lock().unwrap_or_else(|p| p.into_inner()));
         crate::journal::drop_implied(&mut records);
@@ -1281,16 +1317,9 @@ impl RunLog {
     }
 
     /// Queues a record and makes it durable, with everything queued before it.
-    async fn now(&self, record: Record) -> Result<(), JournalError> {
+    async fn now(&self, record: Input) -> Result<(), JournalError> {
         self.soon(record);
         self.flush().await
-    }
-}
-
-/// Queues a record when the run is logged (the record is built only then).
-fn soon(log: &Option<RunLog>, record: impl FnOnce() -> Record) {
-    if let Some(log) = log {
-        log.soon(record());
     }
 }
 
@@ -1325,7 +1354,7 @@ impl ToolJob<'_> {
         if let Some(log) = self.log
             && !self.intent_logged
         {
-            let intent = Record::ToolStarted {
+            let intent = Input::ToolStarted {
                 round: self.round,
                 index: self.index,
                 call_id: self.call.id.clone(),
@@ -1352,15 +1381,6 @@ impl ToolJob<'_> {
         )
         .await;
         let duration_ms = started.elapsed().as_millis() as u64;
-        if let Some(log) = self.log {
-            log.soon(Record::ToolFinished {
-                round: self.round,
-                index: self.index,
-                result: done.result.clone(),
-                duration_ms,
-                attempts: done.attempts,
-            });
-        }
         Ok((done.result, duration_ms, done.attempts))
     }
 }

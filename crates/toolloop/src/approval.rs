@@ -22,7 +22,7 @@
 //! own [`crate::tool::Tool::default_approval`] (allow for most tools; ask for `run_command`).
 //!
 //! Every decision is an input of the machine and a record of the run log
-//! ([`crate::journal::Record::ApprovalDecided`]), bound to the call: its id, its tool and its
+//! ([`crate::engine::Input::ApprovalDecided`]), bound to the call: its id, its tool and its
 //! canonical arguments. A replay takes decisions from the log and never asks again; a decision
 //! whose call differs (another tool, other arguments) is not applied, so the call is asked
 //! about again. An unapproved call never runs.
@@ -191,6 +191,19 @@ impl Approvals {
     /// Whether no rule and no default is set (every call gets its tool's default).
     pub fn is_empty(&self) -> bool {
         self.rules.is_empty() && self.default.is_none()
+    }
+
+    /// Whether a call of tool `name` (whose own default is `tool_default`) needs its approval
+    /// subject: when a rule names the tool (it may match the subject), or when the call is not
+    /// simply allowed (a person is shown the subject). The driver computes the subject only
+    /// then ([`crate::toolbox::Toolbox::approval_subjects`]), and the machine refuses a
+    /// response that lacks one it needs.
+    pub fn weighs_subject(&self, name: &str, tool_default: Action) -> bool {
+        self.default.unwrap_or(tool_default) != Action::Allow
+            || self
+                .rules
+                .iter()
+                .any(|r| glob(&r.tool).is_ok_and(|g| g.is_match(name)))
     }
 
     /// The verdict on a call of tool `name` with approval subject `subject`, whose tool's own

@@ -1,13 +1,17 @@
 //! The run log: every step of a run is written before it is acted on, so that a run killed at
 //! any point can be rebuilt and continued.
 //!
-//! The driver records a [`Record`] for the model's responses, each tool call's intent before it
-//! starts and its result after it finishes, every hook's answer (`reminders`, `stop_when`,
-//! `on_round_limit`), the run's tool catalog when its tools can change (see
-//! [`crate::tool_source`]), and every interruption. Replaying the records into a fresh
-//! [`crate::engine::Machine`] rebuilds the loop's state exactly: the machine is deterministic
-//! given its inputs, and a hook's answer is an input, so replaying never calls the hooks again
-//! (a hook that answers differently the second time cannot make a log look corrupt).
+//! A run's log is the list of its machine's inputs ([`Record`] is [`crate::engine::Input`]):
+//! the driver logs each input, then hands it to the machine. They are the model's responses
+//! (with the approval subjects of their calls), each tool call's intent before it starts and
+//! its result after it finishes, every hook's answer (`reminders`, `stop_when`,
+//! `on_round_limit`), every approval decision, the run's tool catalog when its tools can change
+//! (see [`crate::tool_source`]), and every interruption. Replaying the records into a fresh
+//! [`crate::engine::Machine`] ([`crate::engine::Machine::replay`]) rebuilds the loop's state
+//! exactly: the machine is deterministic given its inputs, and a hook's answer is an input, so
+//! replaying never calls the hooks again (a hook that answers differently the second time
+//! cannot make a log look corrupt), nor any tool. Logs written by toolloop 0.1 load as they
+//! are; [`upgrade`] fills in what 0.1 did not log.
 //!
 //! Only what must be durable before the driver acts is waited for, and a step's records are
 //! written together ([`Journal::append_all`], one transaction in the store): the run's start;
@@ -25,149 +29,58 @@
 //! [`MemoryJournal`] keeps records in memory (tests, single-process use); the `store` module
 //! keeps them in SQLite or PostgreSQL.
 
-use crate::config::RoundLimitDecision;
-use crate::engine::Interrupt;
-use crate::message::Message;
-use crate::model::ModelResponse;
-use crate::tool::{ToolError, ToolOutput};
+use crate::approval::{Action, Approvals};
+pub use crate::engine::Input;
+use crate::toolbox::{Catalog, Toolbox};
 use async_trait::async_trait;
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-/// One durable step of a run.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
-pub enum Record {
-    /// The run began with this conversation.
-    Started {
-        /// The conversation at the start (system prompt included).
-        messages: Vec<Message>,
-        /// The schema the final answer must match, if the run set one (see
-        /// [`crate::output`]); a replay holds answers to this one.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        output_schema: Option<crate::output::OutputSchema>,
-    },
-    /// The run's tools, for a run whose tools can change while it goes on (an agent with a
-    /// [`crate::tool_source::ToolSource`]): logged with `started` (round 0) and whenever they
-    /// change before a model call. From there on the run offers and judges calls by this
-    /// catalog, so a replay does too, whatever is offered by then.
-    ToolsChanged {
-        /// The round whose model call offers them first (0: from the run's start).
-        round: u32,
-        /// The whole catalog.
-        tools: Vec<crate::toolbox::CatalogEntry>,
-    },
-    /// The `reminders` hook answered, for the round about to start.
-    RemindersGiven {
-        /// The round about to start.
-        round: u32,
-        /// The reminders sent with that round's request.
-        reminders: Vec<String>,
-    },
-    /// `stop_when` answered after every call of the round ran.
-    StopChecked {
-        /// The round.
-        round: u32,
-        /// The signal that ends the run, if it gave one.
-        signal: Option<String>,
-    },
-    /// A model call is about to be made. The driver leaves it out of a write that holds the
-    /// call's response (or failure), which implies it; replay takes either form.
-    ModelRequested {
-        /// The round.
-        round: u32,
-    },
-    /// The model answered.
-    ModelResponded {
-        /// The round.
-        round: u32,
-        /// The response.
-        response: ModelResponse,
-        /// Its cost, when known.
-        cost: Option<f64>,
-    },
-    /// The model call failed.
-    ModelFailed {
-        /// The round.
-        round: u32,
-        /// What happened.
-        message: String,
-    },
-    /// A tool call is about to run (its intent). The driver leaves it out of a write that holds
-    /// the call's result, which implies it: only an intent durable before its result says
-    /// anything (that the call may have run).
-    ToolStarted {
-        /// The round.
-        round: u32,
-        /// The call's place in the round.
-        index: usize,
-        /// The call id.
-        call_id: String,
-    },
-    /// A tool call finished.
-    ToolFinished {
-        /// The round.
-        round: u32,
-        /// The call's place in the round.
-        index: usize,
-        /// What it returned.
-        result: Result<ToolOutput, ToolError>,
-        /// How long it took.
-        duration_ms: u64,
-        /// Attempts made.
-        attempts: u32,
-    },
-    /// A side-effecting call was in flight at a crash and was not run again.
-    ToolUnknown {
-        /// The round.
-        round: u32,
-        /// The call's place in the round.
-        index: usize,
-    },
-    /// A call's approval was decided, by a rule or a person (see [`crate::approval`]). The
-    /// decision is bound to the call's id, tool and canonical arguments; replay applies it
-    /// only to that exact call.
-    ApprovalDecided {
-        /// The round.
-        round: u32,
-        /// The call's place in the round.
-        index: usize,
-        /// The decision.
-        decision: crate::approval::Decision,
-    },
-    /// `on_round_limit` decided.
-    RoundLimitDecided {
-        /// The decision.
-        decision: RoundLimitDecision,
-    },
-    /// The run was interrupted.
-    Interrupted {
-        /// Why.
-        why: Interrupt,
-    },
-    /// The run is over.
-    Finished,
-}
+/// One durable step of a run: the run log holds the machine's inputs
+/// ([`crate::engine::Input`]), in the order the driver gave them, so replaying a log is handing
+/// its records to a fresh machine. Logs written by toolloop 0.1 load as they are and are
+/// brought up to date by [`upgrade`].
+pub type Record = Input;
 
-impl Record {
-    /// The record's kind, as in its JSON (`started`, `model_requested`, …).
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Record::Started { .. } => "started",
-            Record::ToolsChanged { .. } => "tools_changed",
-            Record::ModelRequested { .. } => "model_requested",
-            Record::ModelResponded { .. } => "model_responded",
-            Record::ModelFailed { .. } => "model_failed",
-            Record::ToolStarted { .. } => "tool_started",
-            Record::ToolFinished { .. } => "tool_finished",
-            Record::ToolUnknown { .. } => "tool_unknown",
-            Record::RemindersGiven { .. } => "reminders_given",
-            Record::StopChecked { .. } => "stop_checked",
-            Record::RoundLimitDecided { .. } => "round_limit_decided",
-            Record::ApprovalDecided { .. } => "approval_decided",
-            Record::Interrupted { .. } => "interrupted",
-            Record::Finished => "finished",
+/// Brings the records of a log written by toolloop 0.1 up to this version's, with the run's
+/// live tools: a response's approval subjects, which 0.1 did not log
+/// ([`Input::ModelResponded`]'s `subjects`), are taken from the tools, where `approvals` weighs
+/// them; and a logged catalog's default approvals, which 0.1 did not log either
+/// ([`crate::toolbox::CatalogEntry::default_approval`]), from the live tool of each name (allow
+/// for a tool that is gone). This is what 0.1 did as it replayed, so the log replays to the
+/// state 0.1 rebuilt. Records of this version are left as they are. [`crate::Agent::resume`]
+/// does this before it replays a log.
+pub fn upgrade(records: &mut [Record], live: &Toolbox, approvals: &Approvals) {
+    for record in records {
+        match record {
+            Input::ModelResponded {
+                response, subjects, ..
+            } if subjects.is_empty() && !response.tool_calls.is_empty() => {
+                *subjects = live.approval_subjects(approvals, &response.tool_calls);
+            }
+            Input::ToolsChanged { tools, .. }
+                if tools.entries().iter().any(|e| e.default_approval.is_none()) =>
+            {
+                let filled = tools
+                    .entries()
+                    .iter()
+                    .cloned()
+                    .map(|mut e| {
+                        if e.default_approval.is_none() {
+                            e.default_approval = Some(
+                                live.get(&e.name)
+                                    .map_or(Action::Allow, |t| t.default_approval()),
+                            );
+                        }
+                        e
+                    })
+                    .collect();
+                // The entries were a catalog already: only their default approvals changed.
+                if let Ok(catalog) = Catalog::new(filled) {
+                    *tools = Arc::new(catalog);
+                }
+            }
+            _ => {}
         }
     }
 }
@@ -390,8 +303,8 @@ impl Journal for MemoryJournal {
 }
 
 /// Drops from one write the records that a later record of the same write implies: a model
-/// call's request ([`Record::ModelRequested`]) when its response or failure is there, and a
-/// tool call's intent ([`Record::ToolStarted`]) when its result is. Such a record matters only
+/// call's request ([`Input::ModelRequested`]) when its response or failure is there, and a
+/// tool call's intent ([`Input::ToolStarted`]) when its result is. Such a record matters only
 /// when it is durable before what it announces (a crash then finds the call in flight); written
 /// in the same commit it says nothing more, and replay takes the response (the result) alone.
 pub(crate) fn drop_implied(records: &mut Vec<Record>) {
@@ -454,6 +367,7 @@ mod tests {
                 round: 1,
                 response: crate::model::ModelResponse::text("hi"),
                 cost: None,
+                subjects: Vec::new(),
             },
             started(1, 0),
             started(1, 1),

@@ -1,6 +1,8 @@
-//! The toolbox: tools by name, their specs, and argument validation; and its catalog, the
-//! tools as a run saw them (see [`CatalogEntry`]).
+//! The toolbox: tools by name; and its [`Catalog`], what the loop knows of them (their specs,
+//! compiled argument schemas and metadata: the tools as a run saw them, see [`CatalogEntry`]).
 
+use crate::approval::{Action, Approvals};
+use crate::message::ToolCall;
 use crate::model::ToolSpec;
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use async_trait::async_trait;
@@ -32,19 +34,14 @@ pub enum ToolboxError {
     OutputSchema(#[from] crate::output::OutputSchemaError),
 }
 
-struct Entry {
-    tool: Arc<dyn Tool>,
-    validator: jsonschema::Validator,
-}
-
-/// Tools by name, in the order they were added.
-#[derive(Default)]
+/// Tools by name, in the order they were added: the tools themselves, and their
+/// [`Catalog`] (what the loop knows of them).
+#[derive(Default, Clone)]
 pub struct Toolbox {
-    entries: Vec<Entry>,
-    /// Looked up several times per call: a fast hash, not a DoS-resistant one (the names are
-    /// the program's own).
-    by_name: foldhash::HashMap<String, usize>,
-    specs: Vec<ToolSpec>,
+    /// Shared with the runs' machines; copied only when a tool is added to a shared one.
+    catalog: Arc<Catalog>,
+    /// In the catalog's order.
+    tools: Vec<Arc<dyn Tool>>,
 }
 
 impl std::fmt::Debug for Toolbox {
@@ -59,87 +56,61 @@ impl Toolbox {
         Toolbox::default()
     }
 
-    /// Adds a tool; refuses a second tool with the same name.
+    /// Adds a tool; refuses a second tool with the same name. What the loop knows of the tool
+    /// (its name, description, schema, side effect, parallel safety, whether it is terminal,
+    /// its default approval) is read once, here, into the toolbox's [`Catalog`].
     pub fn add(&mut self, tool: impl Tool + 'static) -> Result<(), ToolboxError> {
         self.add_arc(Arc::new(tool))
     }
 
     /// Adds a shared tool; refuses a second tool with the same name.
     pub fn add_arc(&mut self, tool: Arc<dyn Tool>) -> Result<(), ToolboxError> {
-        let name = tool.name().to_string();
-        let valid_name = !name.is_empty()
-            && name.len() <= 64
-            && name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
-        if !valid_name {
-            return Err(ToolboxError::InvalidName(name));
-        }
-        if self.by_name.contains_key(&name) {
-            return Err(ToolboxError::Duplicate(name));
-        }
-        let validator = jsonschema::validator_for(tool.parameters()).map_err(|e| {
-            ToolboxError::InvalidSchema {
-                name: name.clone(),
-                message: e.to_string(),
-            }
-        })?;
-        self.specs.push(ToolSpec {
-            name: name.clone(),
+        let entry = CatalogEntry {
+            name: tool.name().to_string(),
             description: tool.description().to_string(),
             parameters: tool.parameters().clone(),
-        });
-        self.by_name.insert(name, self.entries.len());
-        self.entries.push(Entry { tool, validator });
+            side_effect: tool.side_effect(),
+            parallel_safe: tool.parallel_safe(),
+            terminal: tool.terminal(),
+            default_approval: Some(tool.default_approval()),
+        };
+        Arc::make_mut(&mut self.catalog).push(entry)?;
+        self.tools.push(tool);
         Ok(())
     }
 
     /// The tools, in the order they were added.
     pub fn tools(&self) -> impl Iterator<Item = &Arc<dyn Tool>> {
-        self.entries.iter().map(|e| &e.tool)
+        self.tools.iter()
     }
 
     /// The catalog: each tool as the loop sees it (what the model is offered, and what the
-    /// loop decides by), in order.
-    pub fn catalog(&self) -> Vec<CatalogEntry> {
-        self.entries
-            .iter()
-            .zip(&self.specs)
-            .map(|(e, spec)| CatalogEntry {
-                name: spec.name.clone(),
-                description: spec.description.clone(),
-                parameters: spec.parameters.clone(),
-                side_effect: e.tool.side_effect(),
-                parallel_safe: e.tool.parallel_safe(),
-                terminal: e.tool.terminal(),
-            })
-            .collect()
+    /// loop decides by), in order. The machine holds this, never the tools.
+    pub fn catalog(&self) -> &Arc<Catalog> {
+        &self.catalog
     }
 
-    /// Whether two toolboxes have the same catalog (see [`Toolbox::catalog`]), without building
-    /// it.
+    /// Whether two toolboxes have the same catalog (see [`Toolbox::catalog`]).
     pub fn same_catalog(&self, other: &Toolbox) -> bool {
-        self.specs == other.specs
-            && self.entries.iter().zip(&other.entries).all(|(a, b)| {
-                a.tool.side_effect() == b.tool.side_effect()
-                    && a.tool.parallel_safe() == b.tool.parallel_safe()
-                    && a.tool.terminal() == b.tool.terminal()
-            })
+        Arc::ptr_eq(&self.catalog, &other.catalog) || self.catalog == other.catalog
     }
 
     /// A toolbox with a logged catalog's tools, exactly as they were logged (names,
-    /// descriptions, schemas, side effects, parallel safety), each running as `live`'s tool of
-    /// the same name runs now; a tool `live` no longer has fails its calls with "no longer
-    /// available". This is how a replayed run gets back the tools it had.
-    pub fn from_catalog(catalog: &[CatalogEntry], live: &Toolbox) -> Result<Toolbox, ToolboxError> {
-        let mut toolbox = Toolbox::new();
-        for entry in catalog {
-            toolbox.add_arc(Arc::new(LoggedTool {
-                live: live.get(&entry.name).cloned(),
-                entry: entry.clone(),
-            }))?;
-        }
-        Ok(toolbox)
+    /// descriptions, schemas, side effects, parallel safety, default approvals), each running
+    /// as `live`'s tool of the same name runs now; a tool `live` no longer has fails its calls
+    /// with "no longer available". This is how a replayed run gets back the tools it had.
+    pub fn from_catalog(catalog: Arc<Catalog>, live: &Toolbox) -> Toolbox {
+        let tools = catalog
+            .entries()
+            .iter()
+            .map(|entry| {
+                Arc::new(LoggedTool {
+                    live: live.get(&entry.name).cloned(),
+                    entry: entry.clone(),
+                }) as Arc<dyn Tool>
+            })
+            .collect();
+        Toolbox { catalog, tools }
     }
 
     /// Adds a tool, builder style.
@@ -150,17 +121,143 @@ impl Toolbox {
 
     /// The tool with this name.
     pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
-        self.by_name.get(name).map(|&i| &self.entries[i].tool)
+        self.catalog.index(name).map(|i| &self.tools[i])
     }
 
     /// The specs of every tool, in the order they were added.
+    pub fn specs(&self) -> &[ToolSpec] {
+        self.catalog.specs()
+    }
+
+    /// The tools' names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.catalog.names()
+    }
+
+    /// How many tools there are.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// Checks arguments against a tool's schema (see [`Catalog::validate`]).
+    pub fn validate(&self, name: &str, args: &Value) -> Result<(), ArgumentsError> {
+        self.catalog.validate(name, args)
+    }
+
+    /// The approval subjects of a model's calls, for the input that brings the response
+    /// ([`crate::engine::Input::ModelResponded`]): for each call, in order, its tool's
+    /// [`Tool::approval_subject`] when `approvals` can weigh it
+    /// ([`Approvals::weighs_subject`]), `None` otherwise. Empty when no call needs one (the
+    /// usual case: no approval policy, tools allowed by default). This is where the driver
+    /// calls the tools' code, so that the machine never does.
+    pub fn approval_subjects(
+        &self,
+        approvals: &Approvals,
+        calls: &[ToolCall],
+    ) -> Vec<Option<String>> {
+        let subject = |call: &ToolCall| {
+            let default = self
+                .catalog
+                .get(&call.name)
+                .map_or(Action::Allow, CatalogEntry::approval_default);
+            approvals
+                .weighs_subject(&call.name, default)
+                .then(|| match self.get(&call.name) {
+                    Some(tool) => tool.approval_subject(&call.arguments),
+                    None => call.canonical_arguments(),
+                })
+        };
+        let subjects: Vec<Option<String>> = calls.iter().map(subject).collect();
+        if subjects.iter().all(Option::is_none) {
+            return Vec::new();
+        }
+        subjects
+    }
+}
+
+/// What the loop knows of a run's tools, with no tool in it: each tool's [`CatalogEntry`] (its
+/// name, description, schema, side effect, parallel safety, whether it is terminal, its default
+/// approval) and its compiled argument schema. The machine ([`crate::engine::Machine`]) decides
+/// by this snapshot and never calls a tool; a [`Toolbox`] holds one beside its tools. It is
+/// logged as its entries (a JSON list) and compiled again when it is read.
+#[derive(Default, Clone)]
+pub struct Catalog {
+    entries: Vec<CatalogEntry>,
+    specs: Vec<ToolSpec>,
+    validators: Vec<Arc<jsonschema::Validator>>,
+    /// Looked up several times per call: a fast hash, not a DoS-resistant one (the names are
+    /// the program's own, or a log's that the program wrote).
+    by_name: foldhash::HashMap<String, usize>,
+}
+
+impl Catalog {
+    /// A catalog of these entries, in order; refuses a name that is invalid or taken, and a
+    /// schema that does not compile.
+    pub fn new(entries: Vec<CatalogEntry>) -> Result<Catalog, ToolboxError> {
+        let mut catalog = Catalog::default();
+        for entry in entries {
+            catalog.push(entry)?;
+        }
+        Ok(catalog)
+    }
+
+    fn push(&mut self, entry: CatalogEntry) -> Result<(), ToolboxError> {
+        let name = &entry.name;
+        let valid_name = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid_name {
+            return Err(ToolboxError::InvalidName(name.clone()));
+        }
+        if self.by_name.contains_key(name) {
+            return Err(ToolboxError::Duplicate(name.clone()));
+        }
+        let validator = jsonschema::validator_for(&entry.parameters).map_err(|e| {
+            ToolboxError::InvalidSchema {
+                name: name.clone(),
+                message: e.to_string(),
+            }
+        })?;
+        self.specs.push(ToolSpec {
+            name: name.clone(),
+            description: entry.description.clone(),
+            parameters: entry.parameters.clone(),
+        });
+        self.by_name.insert(name.clone(), self.entries.len());
+        self.validators.push(Arc::new(validator));
+        self.entries.push(entry);
+        Ok(())
+    }
+
+    /// The entries, in order.
+    pub fn entries(&self) -> &[CatalogEntry] {
+        &self.entries
+    }
+
+    /// The entry of the tool with this name.
+    pub fn get(&self, name: &str) -> Option<&CatalogEntry> {
+        self.index(name).map(|i| &self.entries[i])
+    }
+
+    fn index(&self, name: &str) -> Option<usize> {
+        self.by_name.get(name).copied()
+    }
+
+    /// The specs the model is offered, in order.
     pub fn specs(&self) -> &[ToolSpec] {
         &self.specs
     }
 
     /// The tools' names, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.specs.iter().map(|s| s.name.as_str())
+        self.entries.iter().map(|e| e.name.as_str())
     }
 
     /// How many tools there are.
@@ -176,10 +273,10 @@ impl Toolbox {
     /// Checks arguments against a tool's schema. The error names each failing JSON path and what
     /// was expected there.
     pub fn validate(&self, name: &str, args: &Value) -> Result<(), ArgumentsError> {
-        let Some(&i) = self.by_name.get(name) else {
+        let Some(i) = self.index(name) else {
             return Err(ArgumentsError::UnknownTool(name.to_string()));
         };
-        let validator = &self.entries[i].validator;
+        let validator = &self.validators[i];
         if validator.is_valid(args) {
             return Ok(());
         }
@@ -204,6 +301,32 @@ impl Toolbox {
     }
 }
 
+/// Catalogs are equal when their entries are.
+impl PartialEq for Catalog {
+    fn eq(&self, other: &Self) -> bool {
+        self.entries == other.entries
+    }
+}
+
+impl std::fmt::Debug for Catalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.names()).finish()
+    }
+}
+
+impl Serialize for Catalog {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        self.entries.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Catalog {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let entries = Vec::<CatalogEntry>::deserialize(deserializer)?;
+        Catalog::new(entries).map_err(serde::de::Error::custom)
+    }
+}
+
 /// A tool as a run saw it: what the model was offered and what the loop decides by. A run whose
 /// tools can change while it goes on (see [`crate::tool_source`]) logs its catalog when it
 /// starts and each time it changes, so that a replay rebuilds the run with the tools it had,
@@ -225,6 +348,19 @@ pub struct CatalogEntry {
     /// Whether calling it ends the run.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub terminal: bool,
+    /// The approval its calls get when no rule matches ([`Tool::default_approval`]); `None`
+    /// in a catalog logged before it was recorded (toolloop 0.1), which a replay takes from
+    /// the live tool of the name ([`crate::journal::upgrade`]), and which counts as allow
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_approval: Option<Action>,
+}
+
+impl CatalogEntry {
+    /// The approval its calls get when no rule matches (allow when not recorded).
+    pub fn approval_default(&self) -> Action {
+        self.default_approval.unwrap_or(Action::Allow)
+    }
 }
 
 /// A tool of a logged catalog: its logged description decides, the live tool of its name runs.
@@ -259,10 +395,11 @@ impl Tool for LoggedTool {
             None => crate::message::canonical_json(args),
         }
     }
-    fn default_approval(&self) -> crate::approval::Action {
-        match &self.live {
-            Some(tool) => tool.default_approval(),
-            None => crate::approval::Action::Allow,
+    fn default_approval(&self) -> Action {
+        match (self.entry.default_approval, &self.live) {
+            (Some(action), _) => action,
+            (None, Some(tool)) => tool.default_approval(),
+            (None, None) => Action::Allow,
         }
     }
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
@@ -330,52 +467,87 @@ mod tests {
         .allow_parallel()
         .with_side_effect(SideEffect::ReadOnly);
         let live = Toolbox::new().with(read).unwrap();
-        let mut catalog = live.catalog();
-        assert_eq!(catalog[0].side_effect, SideEffect::ReadOnly);
-        assert!(catalog[0].parallel_safe);
+        let mut entries = live.catalog().entries().to_vec();
+        assert_eq!(entries[0].side_effect, SideEffect::ReadOnly);
+        assert!(entries[0].parallel_safe);
+        assert_eq!(entries[0].default_approval, Some(Action::Allow));
         // Round trip through JSON, as in a log.
-        let text = serde_json::to_string(&catalog).unwrap();
-        assert_eq!(
-            serde_json::from_str::<Vec<CatalogEntry>>(&text).unwrap(),
-            catalog
-        );
-        let same = Toolbox::from_catalog(&catalog, &live).unwrap();
+        let text = serde_json::to_string(live.catalog()).unwrap();
+        let read_back: Catalog = serde_json::from_str(&text).unwrap();
+        assert_eq!(&read_back, &**live.catalog());
+        let same = Toolbox::from_catalog(Arc::new(read_back), &live);
         assert!(same.same_catalog(&live));
         // A logged entry that differs from the live tool: the entry decides, the live tool runs.
-        catalog[0].side_effect = SideEffect::SideEffecting;
-        catalog[0].parameters = json!({"type": "object", "required": ["path"]});
-        catalog.push(CatalogEntry {
+        entries[0].side_effect = SideEffect::SideEffecting;
+        entries[0].parameters = json!({"type": "object", "required": ["path"]});
+        entries[0].default_approval = Some(Action::Ask);
+        entries.push(CatalogEntry {
             name: "gone".into(),
             description: "No longer offered.".into(),
             parameters: json!({"type": "object"}),
             side_effect: SideEffect::ReadOnly,
             parallel_safe: false,
             terminal: false,
+            default_approval: None,
         });
-        let logged = Toolbox::from_catalog(&catalog, &live).unwrap();
+        let logged = Toolbox::from_catalog(Arc::new(Catalog::new(entries.clone()).unwrap()), &live);
         assert!(!logged.same_catalog(&live));
-        assert_eq!(logged.catalog(), catalog);
+        assert_eq!(logged.catalog().entries(), &entries[..]);
         let read = logged.get("read").unwrap();
         assert_eq!(read.side_effect(), SideEffect::SideEffecting);
+        assert_eq!(read.default_approval(), Action::Ask);
         assert!(logged.validate("read", &json!({})).is_err());
         let out = read
             .call(json!({"path": "a"}), ToolContext::detached("c", "read"))
             .await
             .unwrap();
         assert_eq!(out.message, "ok");
-        let e = logged
-            .get("gone")
-            .unwrap()
+        let gone = logged.get("gone").unwrap();
+        assert_eq!(gone.default_approval(), Action::Allow);
+        let e = gone
             .call(json!({}), ToolContext::detached("c", "gone"))
             .await
             .unwrap_err();
         assert!(e.message.contains("no longer available"), "{e}");
-        // A logged schema that does not compile is refused.
-        catalog[1].parameters = json!({"type": 12});
+        // A logged schema that does not compile is refused, as is a log that holds one.
+        entries[1].parameters = json!({"type": 12});
         assert!(matches!(
-            Toolbox::from_catalog(&catalog, &live),
+            Catalog::new(entries.clone()),
             Err(ToolboxError::InvalidSchema { .. })
         ));
+        let text = serde_json::to_string(&entries).unwrap();
+        let e = serde_json::from_str::<Catalog>(&text)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("gone"), "{e}");
+    }
+
+    #[test]
+    fn subjects_are_taken_only_where_the_policy_weighs_them() {
+        let b = Toolbox::new().with(t("read")).unwrap();
+        let call = ToolCall::new("read", json!({"path": "a"}));
+        let other = ToolCall::new("write", json!({"path": "b"}));
+        let calls = [call, other];
+        // No policy, a tool allowed by default: none is taken.
+        assert!(
+            b.approval_subjects(&Approvals::default(), &calls)
+                .is_empty()
+        );
+        // A rule names `read`: its subject is taken, not the unknown tool's.
+        let approvals = Approvals::default()
+            .rule(crate::approval::Rule::parse(Action::Deny, "read:*secret*").unwrap());
+        assert_eq!(
+            b.approval_subjects(&approvals, &calls),
+            [Some(r#"{"path":"a"}"#.to_string()), None]
+        );
+        // Every call asked about: every subject is taken.
+        assert_eq!(
+            b.approval_subjects(&Approvals::ask_all(), &calls),
+            [
+                Some(r#"{"path":"a"}"#.to_string()),
+                Some(r#"{"path":"b"}"#.to_string())
+            ]
+        );
     }
 
     #[test]

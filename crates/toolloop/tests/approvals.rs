@@ -333,3 +333,110 @@ async fn a_run_killed_while_asking_asks_again_on_resume_and_runs_nothing_unappro
     assert_eq!(count(&fx), 1);
     assert_eq!(fx.lock().unwrap().get(&format!("{run_id}/a")), Some(&1));
 }
+
+/// A tool whose approval subject is its command line, and whose calls are asked about by
+/// default; it counts the times its subject is asked for.
+struct Shell {
+    schema: serde_json::Value,
+    subjects: Arc<AtomicU32>,
+}
+
+#[async_trait::async_trait]
+impl toolloop::tool::Tool for Shell {
+    fn name(&self) -> &str {
+        "shell"
+    }
+    fn description(&self) -> &str {
+        "Runs a command."
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        &self.schema
+    }
+    fn approval_subject(&self, args: &serde_json::Value) -> String {
+        self.subjects.fetch_add(1, Ordering::SeqCst);
+        args["command"].as_str().unwrap_or_default().to_string()
+    }
+    fn default_approval(&self) -> Action {
+        Action::Ask
+    }
+    async fn call(
+        &self,
+        args: serde_json::Value,
+        _ctx: toolloop::tool::ToolContext,
+    ) -> Result<toolloop::tool::ToolOutput, toolloop::tool::ToolError> {
+        Ok(toolloop::tool::ToolOutput::text(format!(
+            "ran {}",
+            args["command"]
+        )))
+    }
+}
+
+#[tokio::test]
+async fn the_driver_takes_approval_subjects_from_the_tool_and_logs_them_with_the_response() {
+    let shell = |id: &str, command: &str| {
+        let mut c = ToolCall::new("shell", json!({ "command": command }));
+        c.id = id.into();
+        c
+    };
+    let model = ScriptedModel::new(vec![
+        ModelResponse::tool_calls(vec![
+            shell("g", "git status"),
+            shell("r", "rm -rf /"),
+            shell("l", "ls"),
+        ]),
+        ModelResponse::text("done"),
+    ]);
+    let subjects = Arc::new(AtomicU32::new(0));
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let journal = Arc::new(MemoryJournal::new());
+    let agent = Agent::builder(model)
+        .tool(Shell {
+            schema: json!({"type": "object", "properties": {"command": {"type": "string"}}}),
+            subjects: subjects.clone(),
+        })
+        .approvals(
+            Approvals::default()
+                .rule(Rule::parse(Action::Allow, "shell:git *").unwrap())
+                .rule(Rule::parse(Action::Deny, "shell:rm *").unwrap()),
+        )
+        .on_approval(handler(asked.clone(), |_| Answer::Approve))
+        .journal(journal.clone())
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered, "{:?}", out.error);
+    // The rules judged the command lines: `git` ran unasked, `rm` was denied, `ls` was asked.
+    let statuses: Vec<CallStatus> = out.tool_calls.iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [CallStatus::Ok, CallStatus::Denied, CallStatus::Ok]
+    );
+    let asked: Vec<String> = asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.subject.clone())
+        .collect();
+    assert_eq!(asked, ["ls"]);
+    // Each subject was taken once, by the driver, and logged with the response.
+    assert_eq!(subjects.load(Ordering::SeqCst), 3);
+    let records = journal.load(out.run_id.as_deref().unwrap()).await.unwrap();
+    let logged = records.iter().find_map(|r| match r {
+        Record::ModelResponded { subjects, .. } if !subjects.is_empty() => Some(subjects.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        logged.unwrap(),
+        ["git status", "rm -rf /", "ls"].map(|s| Some(s.to_string()))
+    );
+    // A replay of the log asks no tool for a subject.
+    let replayed = toolloop::engine::Machine::replay(
+        Arc::new(agent.config().clone()),
+        agent.hooks().into(),
+        agent.toolbox().catalog().clone(),
+        records,
+    )
+    .unwrap();
+    assert_eq!(replayed.messages(), &out.messages[..]);
+    assert_eq!(subjects.load(Ordering::SeqCst), 3);
+}

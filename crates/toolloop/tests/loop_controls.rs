@@ -1247,7 +1247,6 @@ async fn an_answer_cut_by_the_output_limit_is_marked_truncated_with_its_text() {
 
 #[tokio::test]
 async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
-    use toolloop::config::Hooks;
     use toolloop::engine::Machine;
     use toolloop::journal::{Journal, MemoryJournal};
     use toolloop::transcript::check_transcript;
@@ -1309,11 +1308,11 @@ async fn colliding_call_ids_get_unique_replacements_that_replay_identically() {
     assert!(check_transcript(&out.messages).is_empty());
     // The run log replays to the same transcript.
     let records = journal.load(out.run_id.as_deref().unwrap()).await.unwrap();
-    let (machine, _) = Machine::replay(
+    let machine = Machine::replay(
         Arc::new(agent.config().clone()),
-        Hooks::default(),
-        agent.toolbox().clone(),
-        &records,
+        Default::default(),
+        agent.toolbox().catalog().clone(),
+        records,
     )
     .unwrap();
     assert_eq!(machine.messages(), &out.messages[..]);

@@ -601,8 +601,8 @@ async fn hooks_that_answer_differently_the_second_time_do_not_break_a_resume() {
 
 #[tokio::test]
 async fn a_record_that_does_not_fit_the_run_is_refused() {
-    use toolloop::config::{Hooks, LoopConfig};
-    use toolloop::engine::{Machine, ReplayError};
+    use toolloop::config::LoopConfig;
+    use toolloop::engine::{HookFlags, Machine, ReplayError};
     use toolloop::model::ModelResponse;
     use toolloop::toolbox::Toolbox;
     let call = toolloop::message::ToolCall::new("charge", json!({"amount": 1}));
@@ -623,6 +623,7 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
             round: 1,
             response: ModelResponse::tool_calls(vec![call]),
             cost: None,
+            subjects: Vec::new(),
         },
         // The round has one call: there is no call 3.
         Record::ToolFinished {
@@ -635,9 +636,9 @@ async fn a_record_that_does_not_fit_the_run_is_refused() {
     ];
     let replayed = Machine::replay(
         Arc::new(LoopConfig::default()),
-        Hooks::default(),
-        Arc::new(toolbox),
-        &records,
+        HookFlags::default(),
+        toolbox.catalog().clone(),
+        records,
     );
     let err = replayed.expect_err("the record is refused");
     let text = err.to_string();

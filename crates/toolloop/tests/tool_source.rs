@@ -199,7 +199,7 @@ fn logged_catalogs(records: &[Record]) -> Vec<(u32, Vec<String>)> {
         .iter()
         .filter_map(|r| match r {
             Record::ToolsChanged { round, tools } => {
-                Some((*round, tools.iter().map(|t| t.name.clone()).collect()))
+                Some((*round, tools.names().map(String::from).collect()))
             }
             _ => None,
         })
@@ -271,7 +271,7 @@ async fn a_tool_a_source_adds_during_a_run_is_offered_and_runs_from_the_next_rou
     else {
         unreachable!()
     };
-    let logged_extra = tools.iter().find(|t| t.name == "extra").unwrap();
+    let logged_extra = tools.get("extra").unwrap();
     assert_eq!(logged_extra.side_effect, SideEffect::ReadOnly);
     assert_eq!(logged_extra.parameters["required"], json!(["text"]));
 }

@@ -360,11 +360,11 @@ async fn a_logged_run_replays_and_resumes_to_the_same_validated_answer() {
     }
 
     // The log alone rebuilds the outcome, the schema included (the agent given none).
-    let (machine, _) = Machine::replay(
+    let machine = Machine::replay(
         Arc::new(Default::default()),
         Default::default(),
         Arc::new(Default::default()),
-        &records,
+        records.clone(),
     )
     .unwrap();
     let replayed = machine.into_outcome(0);

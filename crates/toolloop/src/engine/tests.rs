@@ -1,0 +1,581 @@
+//! The machine driven by hand, with no runtime and no I/O: each test hands it model responses,
+//! tool results and hook answers as inputs, and checks the steps it asks for.
+
+use super::calls::replacement_id;
+use super::*;
+use crate::tool::{ToolContext, tool_fn};
+use crate::toolbox::Toolbox;
+use serde_json::{Value, json};
+
+/// A machine over one tool, `echo`, and a conversation of one user message.
+struct Harness {
+    m: Machine,
+}
+
+/// Hooks that are set but must never be called: the machine only asks for their answers.
+fn hooks_never_called() -> Hooks {
+    fn stop_when(_: &[RoundCall<'_>]) -> Option<String> {
+        panic!("the machine called stop_when")
+    }
+    fn on_round_limit(_: LoopView<'_>) -> futures::future::BoxFuture<'static, RoundLimitDecision> {
+        panic!("the machine called on_round_limit")
+    }
+    fn reminders(_: LoopView<'_>) -> Vec<String> {
+        panic!("the machine called reminders")
+    }
+    Hooks {
+        stop_when: Some(Arc::new(stop_when)),
+        on_round_limit: Some(Arc::new(on_round_limit)),
+        reminders: Some(Arc::new(reminders)),
+    }
+}
+
+impl Harness {
+    fn new(config: LoopConfig, hooks: Hooks, messages: Vec<Message>) -> Self {
+        let mut toolbox = Toolbox::new();
+        toolbox
+            .add(tool_fn(
+                "echo",
+                "Echoes.",
+                |a: Value, _: ToolContext| async move {
+                    Ok::<_, ToolError>(ToolOutput::text(a.to_string()))
+                },
+            ))
+            .unwrap();
+        let m = Machine::new(
+            Arc::new(config),
+            (&hooks).into(),
+            toolbox.catalog().clone(),
+            messages,
+        );
+        Harness { m }
+    }
+
+    fn plain() -> Self {
+        Harness::new(
+            LoopConfig::default(),
+            Hooks::default(),
+            vec![Message::user("go")],
+        )
+    }
+
+    fn expect_call_model(&mut self) -> (u32, Vec<String>) {
+        match self.m.next_step() {
+            Step::CallModel { round, reminders } => (round, reminders),
+            other => panic!("expected a model call, got {other:?}"),
+        }
+    }
+
+    fn respond(&mut self, response: ModelResponse) {
+        self.m.handle(responded(self.m.round(), response)).unwrap();
+    }
+
+    fn expect_tools(&mut self) -> Vec<usize> {
+        match self.m.next_step() {
+            Step::RunTools(batches) => batches.into_iter().flat_map(|b| b.calls).collect(),
+            other => panic!("expected tool calls, got {other:?}"),
+        }
+    }
+
+    fn finish_tools(&mut self) {
+        for i in self.expect_tools() {
+            let round = self.m.round();
+            self.m.handle(finished(round, i, "ok")).unwrap();
+        }
+    }
+}
+
+fn responded(round: u32, response: ModelResponse) -> Input {
+    Input::ModelResponded {
+        round,
+        response,
+        cost: None,
+        subjects: Vec::new(),
+    }
+}
+
+fn finished(round: u32, index: usize, text: &str) -> Input {
+    Input::ToolFinished {
+        round,
+        index,
+        result: Ok(ToolOutput::text(text)),
+        duration_ms: 0,
+        attempts: 1,
+    }
+}
+
+fn echo(id: &str, n: i64) -> ToolCall {
+    let mut c = ToolCall::new("echo", json!({ "n": n }));
+    c.id = id.into();
+    c
+}
+
+#[test]
+fn hooks_are_steps_the_driver_answers_and_the_machine_never_calls() {
+    let mut h = Harness::new(
+        LoopConfig::default(),
+        hooks_never_called(),
+        vec![Message::user("go")],
+    );
+    assert_eq!(h.m.next_step(), Step::GetReminders);
+    assert_eq!(h.m.view().round, 1, "the view is of the round about to run");
+    h.m.handle(Input::RemindersGiven {
+        round: 1,
+        reminders: vec!["be brief".into()],
+    })
+    .unwrap();
+    assert_eq!(h.expect_call_model(), (1, vec!["be brief".to_string()]));
+    h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+    h.finish_tools();
+    assert_eq!(h.m.next_step(), Step::CheckStop);
+    let calls = h.m.round_calls();
+    assert_eq!(calls.len(), 1);
+    assert!(matches!(calls[0].result, Some(Ok(_))));
+    h.m.handle(Input::StopChecked {
+        round: 1,
+        signal: Some("enough".into()),
+    })
+    .unwrap();
+    assert_eq!(h.m.next_step(), Step::Finished);
+    let out = h.m.into_outcome(0);
+    assert_eq!(out.stop_reason, StopReason::TerminalSignal);
+    assert_eq!(out.signal.as_deref(), Some("enough"));
+}
+
+#[test]
+fn stop_when_without_a_signal_lets_the_run_go_on_and_is_asked_once() {
+    let mut h = Harness::new(
+        LoopConfig::default(),
+        Hooks {
+            reminders: None,
+            ..hooks_never_called()
+        },
+        vec![Message::user("go")],
+    );
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+    h.finish_tools();
+    assert_eq!(h.m.next_step(), Step::CheckStop);
+    let unsignalled = Input::StopChecked {
+        round: 1,
+        signal: None,
+    };
+    h.m.handle(unsignalled.clone()).unwrap();
+    assert!(h.m.handle(unsignalled).is_err(), "asked once");
+    assert_eq!(h.expect_call_model().0, 2);
+}
+
+#[test]
+fn inputs_in_the_wrong_phase_are_refused_and_change_nothing() {
+    let mut h = Harness::plain();
+    let refused = |h: &mut Harness, input: Input| {
+        let before = h.m.state().clone();
+        let e = h.m.handle(input).expect_err("refused");
+        assert_eq!(h.m.state(), &before, "{e}");
+        e
+    };
+    let e = refused(&mut h, responded(1, ModelResponse::text("x")));
+    assert_eq!(e.input, "model_responded");
+    assert!(e.to_string().contains("ready for the next round"), "{e}");
+    refused(&mut h, finished(0, 0, "x"));
+    let failed = |round| Input::ModelFailed {
+        round,
+        message: "x".into(),
+    };
+    refused(&mut h, failed(1));
+    let e = refused(
+        &mut h,
+        Input::Started {
+            messages: Vec::new(),
+            output_schema: None,
+        },
+    );
+    assert!(e.to_string().contains("starts once"), "{e}");
+
+    h.expect_call_model();
+    // An answer for another round than the call's.
+    let e = refused(&mut h, responded(2, ModelResponse::text("x")));
+    assert!(e.to_string().contains("round 2"), "{e}");
+    refused(&mut h, failed(0));
+    refused(
+        &mut h,
+        Input::RemindersGiven {
+            round: 1,
+            reminders: vec![],
+        },
+    );
+    refused(
+        &mut h,
+        Input::StopChecked {
+            round: 1,
+            signal: None,
+        },
+    );
+    refused(
+        &mut h,
+        Input::RoundLimitDecided {
+            decision: RoundLimitDecision::Stop,
+        },
+    );
+    refused(&mut h, Input::ToolUnknown { round: 1, index: 0 });
+    h.m.handle(Input::ModelRequested { round: 1 }).unwrap();
+    h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+    refused(&mut h, responded(1, ModelResponse::text("x")));
+    // The tools change only before a model call, never under a round's calls.
+    let no_tools = || Input::ToolsChanged {
+        round: 1,
+        tools: Arc::new(Catalog::default()),
+    };
+    let e = refused(&mut h, no_tools());
+    assert_eq!(e.input, "tools_changed");
+    let e = refused(&mut h, finished(1, 5, "x"));
+    assert!(e.to_string().contains("no call 5"), "{e}");
+    let e = refused(&mut h, finished(2, 0, "x"));
+    assert!(e.to_string().contains("round 2"), "{e}");
+    let e = refused(
+        &mut h,
+        Input::ToolStarted {
+            round: 1,
+            index: 0,
+            call_id: "b".into(),
+        },
+    );
+    assert!(e.to_string().contains("not `b`"), "{e}");
+    h.m.handle(Input::ToolStarted {
+        round: 1,
+        index: 0,
+        call_id: "a".into(),
+    })
+    .unwrap();
+    assert_eq!(h.m.in_flight(), [0]);
+    h.m.handle(finished(1, 0, "x")).unwrap();
+    assert!(h.m.in_flight().is_empty());
+    let e = refused(&mut h, finished(1, 0, "y"));
+    assert!(e.to_string().contains("already has its result"), "{e}");
+    // No stop_when hook: nothing to answer.
+    refused(
+        &mut h,
+        Input::StopChecked {
+            round: 1,
+            signal: None,
+        },
+    );
+    h.expect_call_model();
+    // While the model call waits to be made, it takes the new tools (for its round).
+    let e = refused(
+        &mut h,
+        Input::ToolsChanged {
+            round: 3,
+            tools: Arc::new(Catalog::default()),
+        },
+    );
+    assert!(e.to_string().contains("round 3"), "{e}");
+    h.m.handle(Input::ToolsChanged {
+        round: 2,
+        tools: Arc::new(Catalog::default()),
+    })
+    .unwrap();
+    assert!(h.m.catalog().is_empty());
+    h.respond(ModelResponse::text("done"));
+    refused(&mut h, responded(2, ModelResponse::text("x")));
+    let e = refused(&mut h, no_tools());
+    assert_eq!(e.input, "tools_changed");
+    assert_eq!(h.m.next_step(), Step::Finished);
+    // The end of the log changes nothing.
+    h.m.handle(Input::Finished).unwrap();
+}
+
+/// A tool whose calls are asked about by default, and whose subject is its command.
+fn shell_catalog() -> Arc<Catalog> {
+    Arc::new(
+        Catalog::new(vec![CatalogEntry {
+            name: "shell".into(),
+            description: "Runs a command.".into(),
+            parameters: json!({"type": "object"}),
+            side_effect: crate::tool::SideEffect::SideEffecting,
+            parallel_safe: false,
+            terminal: false,
+            default_approval: Some(Action::Ask),
+        }])
+        .unwrap(),
+    )
+}
+
+#[test]
+fn approval_subjects_come_with_the_response_and_rules_judge_them() {
+    let config = LoopConfig {
+        approvals: crate::approval::Approvals::default()
+            .rule(crate::approval::Rule::parse(Action::Allow, "shell:git *").unwrap())
+            .rule(crate::approval::Rule::parse(Action::Deny, "shell:rm *").unwrap()),
+        ..LoopConfig::default()
+    };
+    let mut m = Machine::new(
+        Arc::new(config),
+        HookFlags::default(),
+        shell_catalog(),
+        vec![Message::user("go")],
+    );
+    let call = |id: &str, command: &str| {
+        let mut c = ToolCall::new("shell", json!({ "command": command }));
+        c.id = id.into();
+        c
+    };
+    let response = ModelResponse::tool_calls(vec![
+        call("g", "git status"),
+        call("r", "rm -rf /"),
+        call("l", "ls"),
+    ]);
+    assert!(matches!(m.next_step(), Step::CallModel { round: 1, .. }));
+    // Without the subjects the policy weighs, the response is refused.
+    let e = m.handle(responded(1, response.clone())).unwrap_err();
+    assert!(e.to_string().contains("approval subject"), "{e}");
+    let e = m
+        .handle(Input::ModelResponded {
+            round: 1,
+            response: response.clone(),
+            cost: None,
+            subjects: vec![Some("git status".into()), Some("rm -rf /".into())],
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("call 2"), "{e}");
+    m.handle(Input::ModelResponded {
+        round: 1,
+        response,
+        cost: None,
+        subjects: ["git status", "rm -rf /", "ls"]
+            .map(|s| Some(s.to_string()))
+            .to_vec(),
+    })
+    .unwrap();
+    let Step::Approve(requests) = m.next_step() else {
+        panic!("the calls wait for their approval")
+    };
+    let verdicts: Vec<(&str, &Verdict)> = requests
+        .iter()
+        .map(|r| (r.pending.subject.as_str(), &r.verdict))
+        .collect();
+    assert_eq!(
+        verdicts,
+        [
+            (
+                "git status",
+                &Verdict::Allow {
+                    rule: Some("allow shell:git *".into())
+                }
+            ),
+            (
+                "rm -rf /",
+                &Verdict::Deny {
+                    rule: "deny shell:rm *".into()
+                }
+            ),
+            ("ls", &Verdict::Ask),
+        ]
+    );
+    // The subjects are part of the state: a saved state asks the same.
+    let mut resumed = Machine::resume(
+        Arc::new(m.config().clone()),
+        HookFlags::default(),
+        shell_catalog(),
+        m.state().clone(),
+    );
+    assert_eq!(resumed.next_step(), Step::Approve(requests));
+}
+
+#[test]
+fn call_ids_are_made_unique_on_arrival() {
+    // An id from the conversation the run starts with, an id repeated in the reply, and no
+    // id at all.
+    let earlier = Message::Assistant(AssistantMessage {
+        text: None,
+        tool_calls: vec![echo("x", 0)],
+        parts: vec![],
+    });
+    let result = Message::Tool(ToolResult {
+        call_id: "x".into(),
+        name: "echo".into(),
+        content: "{}".into(),
+        is_error: false,
+        images: Vec::new(),
+    });
+    let mut h = Harness::new(
+        LoopConfig::default(),
+        Hooks::default(),
+        vec![Message::user("go"), earlier, result],
+    );
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![
+        echo("x", 1),
+        echo("y", 2),
+        echo("y", 3),
+        echo("", 4),
+        echo("x_2", 5),
+    ]));
+    let ids: Vec<String> = (0..5)
+        .map(|i| h.m.round_call(i).unwrap().id.clone())
+        .collect();
+    // `x_2` is the reply's own id, so the first `x` gets the next free one.
+    assert_eq!(ids, ["x_3", "y", "y_2", "call_2", "x_2"]);
+    let replaced: Vec<(String, String)> =
+        h.m.take_events()
+            .filter_map(|e| match e {
+                Event::CallIdReplaced { original, id, .. } => Some((original, id)),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(replaced.len(), 3, "{replaced:?}");
+    h.finish_tools();
+    h.expect_call_model();
+    h.respond(ModelResponse::text("done"));
+    let out = h.m.into_outcome(0);
+    assert!(crate::transcript::check_transcript(&out.messages).is_empty());
+}
+
+#[test]
+fn replacement_ids_keep_their_shape() {
+    assert_eq!(replacement_id("toolu_01A", 2), "toolu_01A_2");
+    assert_eq!(replacement_id("aB3dE5gH1", 2), "aB3dE5gH2");
+    assert_eq!(replacement_id("aB3dE5gH1", 40), "aB3dE5g14");
+    assert_eq!(replacement_id("", 3), "call_3");
+    assert_eq!(replacement_id(&"z".repeat(1000), 2).len(), 64);
+}
+
+fn city_schema() -> OutputSchema {
+    OutputSchema::new(
+        "City",
+        json!({"type": "object", "properties": {"name": {"type": "string"}},
+               "required": ["name"]}),
+    )
+}
+
+#[test]
+fn a_final_answer_is_validated_against_the_output_schema() {
+    let mut h = Harness::plain();
+    h.m.set_output_schema(Some(city_schema())).unwrap();
+    h.expect_call_model();
+    // Tool calls still work while a schema is set.
+    h.respond(ModelResponse::tool_calls(vec![echo("a", 1)]));
+    h.finish_tools();
+    h.expect_call_model();
+    h.respond(ModelResponse::text("```json\n{\"name\": \"Lyon\"}\n```"));
+    assert_eq!(h.m.next_step(), Step::Finished);
+    let out = h.m.into_outcome(0);
+    assert_eq!(out.stop_reason, StopReason::Answered);
+    assert_eq!(out.output, Some(json!({"name": "Lyon"})));
+    #[derive(serde::Deserialize)]
+    struct City {
+        name: String,
+    }
+    assert_eq!(out.parse::<City>().unwrap().name, "Lyon");
+}
+
+#[test]
+fn an_invalid_answer_goes_back_with_the_errors_and_a_corrected_one_is_taken() {
+    let mut h = Harness::plain();
+    h.m.set_output_schema(Some(city_schema())).unwrap();
+    h.expect_call_model();
+    h.respond(ModelResponse::text("{\"name\": 7}"));
+    let invalid: Vec<String> =
+        h.m.take_events()
+            .filter_map(|e| match e {
+                Event::InvalidOutput { errors, .. } => Some(errors),
+                _ => None,
+            })
+            .collect();
+    assert_eq!(invalid.len(), 1);
+    assert!(invalid[0].contains("/name"), "{invalid:?}");
+    // The answer stays in the transcript, followed by the errors for the model.
+    match h.m.messages().last() {
+        Some(Message::User { content, .. }) => {
+            assert!(
+                content.contains("`City`") && content.contains("/name"),
+                "{content}"
+            )
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(h.expect_call_model().0, 2);
+    h.respond(ModelResponse::text("{\"name\": \"Lyon\"}"));
+    let out = h.m.into_outcome(0);
+    assert!(out.success);
+    assert_eq!(out.output, Some(json!({"name": "Lyon"})));
+    assert_eq!(out.text.as_deref(), Some("{\"name\": \"Lyon\"}"));
+}
+
+#[test]
+fn answers_that_keep_failing_the_schema_stop_the_run_over_the_budget() {
+    let mut h = Harness::new(
+        LoopConfig {
+            invalid_calls: InvalidCallPolicy::Feedback { budget: 1 },
+            ..LoopConfig::default()
+        },
+        Hooks::default(),
+        vec![Message::user("go")],
+    );
+    h.m.set_output_schema(Some(city_schema())).unwrap();
+    h.expect_call_model();
+    h.respond(ModelResponse::text("Lyon"));
+    h.expect_call_model();
+    h.respond(ModelResponse::text("{}"));
+    assert_eq!(h.m.next_step(), Step::Finished);
+    let out = h.m.into_outcome(0);
+    assert_eq!(out.stop_reason, StopReason::TooManyInvalidCalls);
+    let error = out.error.clone().unwrap();
+    assert_eq!(error.code, ErrorCode::InvalidOutput);
+    assert!(
+        error.message.contains("2 invalid") && error.message.contains("required"),
+        "{}",
+        error.message
+    );
+    assert_eq!(out.output, None);
+    assert!(out.parse::<Value>().is_err());
+    // Both answers and both errors are in the transcript.
+    assert_eq!(out.messages.len(), 5, "{:?}", out.messages);
+    assert_eq!(out.text.as_deref(), Some("{}"));
+}
+
+#[test]
+fn the_strict_policy_stops_at_the_first_invalid_answer() {
+    let mut h = Harness::new(
+        LoopConfig {
+            invalid_calls: InvalidCallPolicy::Strict,
+            ..LoopConfig::default()
+        },
+        Hooks::default(),
+        vec![Message::user("go")],
+    );
+    h.m.set_output_schema(Some(city_schema())).unwrap();
+    h.expect_call_model();
+    h.respond(ModelResponse::text("not json"));
+    let out = h.m.into_outcome(0);
+    assert_eq!(out.error.unwrap().code, ErrorCode::InvalidOutput);
+}
+
+#[test]
+fn a_schema_that_does_not_compile_is_refused() {
+    let mut h = Harness::plain();
+    let bad = OutputSchema::new("bad", json!({"type": 12}));
+    assert!(h.m.set_output_schema(Some(bad)).is_err());
+    assert!(h.m.output_schema().is_none());
+    // Without a schema any text is the answer.
+    h.expect_call_model();
+    h.respond(ModelResponse::text("anything"));
+    let out = h.m.into_outcome(0);
+    assert!(out.success && out.output.is_none());
+}
+
+#[test]
+fn a_mixed_round_runs_parallel_safe_calls_together_and_others_alone() {
+    let mut h = Harness::plain();
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![echo("a", 1), echo("b", 2)]));
+    // `echo` is not marked parallel-safe: one batch per call, in the model's order.
+    match h.m.next_step() {
+        Step::RunTools(batches) => {
+            assert_eq!(batches.len(), 2);
+            assert!(batches.iter().all(|b| !b.parallel && b.calls.len() == 1));
+            assert_eq!(batches[0].calls, [0]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
