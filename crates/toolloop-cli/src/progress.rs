@@ -30,6 +30,8 @@ pub(crate) struct Progress {
     lines: Option<Mutex<Out>>,
     /// The streamed text, if any.
     text: Option<Mutex<Text>>,
+    /// The run was cancelled: nothing more of its replies is shown.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Where streamed text goes.
@@ -145,6 +147,7 @@ impl Progress {
             bar: Some(bar),
             lines: None,
             text: text.map(Mutex::new),
+            stopped: Default::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl Progress {
             bar: None,
             lines: lines.map(Mutex::new),
             text: text.map(Mutex::new),
+            stopped: Default::default(),
         }
     }
 
@@ -183,8 +187,35 @@ impl Progress {
         }
     }
 
+    /// The run is being cancelled: the reply streaming now is taken back from the terminal
+    /// (the terminal's `^C` with it), nothing more of the run's replies is shown, and `note`
+    /// says what happens, on stderr.
+    pub(crate) fn interrupted(&self, note: &str) {
+        use std::sync::atomic::Ordering;
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        self.text(|t| {
+            t.end();
+            t.end_line();
+            // Under the text's lock: no reply's text is written between the erase and the note.
+            let mut err = std::io::stderr();
+            let _ = writeln!(err, "{note}");
+            let _ = err.flush();
+        });
+        if self.text.is_none() {
+            match &self.bar {
+                Some(bar) => bar.println(note),
+                None => eprintln!("{note}"),
+            }
+        }
+    }
+
     /// Updates the display for one event.
     pub(crate) fn event(&self, event: &Event) {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         match event {
             Event::RoundStarted { .. } => self.text(Text::begin),
             Event::TextDelta { text, .. } => self.text(|t| t.delta(text)),

@@ -37,6 +37,10 @@
 //! | `text_calls` | a dialect: `ptk`, `hermes`, `mistral`, `llama3`, `qwen3-coder`, `json` | off | text-only mode: calls written in the reply's content in that dialect (see below); OpenAI route only |
 //! | `accept_tools` | `true` or `false` | `false` | with `text_calls`: accept requests that carry `tools` (still writing calls as text) |
 //! | `distinct` | `true` or `false` | `false` | every call's arguments differ: the first string argument gets ` #N` appended (N the call's number in the task), so duplicate-call detection lets every call run |
+//! | `drop_tools` | `true`, `false` or `without_choice` | `false` | OpenAI route: the server drops the `tools` parameter (and `tool_choice`) without a word, always or when the request has no `tool_choice` (llama-cpp-python's `chatml-function-calling`); the reply is made as without tools and the prompt tokens are counted without the catalog |
+//! | `refuse_auto_stream` | `true` or `false` | `false` | OpenAI route: a streamed request with `tool_choice: "auto"` gets an empty stream, status 200 and no event (llama-cpp-python: "Automatic streaming tool choice is not supported") |
+//! | `refuse_json_schema` | `true` or `false` | `false` | OpenAI route: a `response_format` of type `json_schema` gets llama-cpp-python's HTTP 500 validation error ("Input should be 'text' or 'json_object'"); `json_object` is taken |
+//! | `traceback` | `true` or `false` | `false` | error faults (`500`, `503`) carry a Python traceback, several lines long, as their message |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
@@ -183,7 +187,7 @@ mod scenario;
 mod text;
 
 pub use fault::{FaultCounts, FaultKind, FaultKinds};
-pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
+pub use scenario::{DropTools, MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, Scenario, ScenarioError};
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -284,6 +288,10 @@ pub struct MockStats {
     /// `response_format` of type `json_schema`, Anthropic `output_config.format` of type
     /// `json_schema`, Gemini `generationConfig.responseJsonSchema` (or `responseSchema`).
     pub output_schemas: u64,
+    /// Requests answered with a quirk of a real server that the scenario plays (`drop_tools`,
+    /// `refuse_auto_stream`, `refuse_json_schema`): a catalog dropped, an empty stream, a
+    /// format refused.
+    pub quirks: u64,
 }
 
 impl MockStats {
@@ -311,6 +319,7 @@ pub(crate) struct Shared {
     pub(crate) answers_by_prompt: Vec<MockAnswer>,
     pub(crate) answers: Vec<String>,
     output_schemas: AtomicU64,
+    quirks: AtomicU64,
 }
 
 impl Shared {
@@ -331,7 +340,13 @@ impl Shared {
             answers: options.answers.clone(),
             answers_by_prompt: options.answers_by_prompt.clone(),
             output_schemas: AtomicU64::new(0),
+            quirks: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a request answered with a real server's quirk.
+    pub(crate) fn saw_quirk(&self) {
+        self.quirks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// What the test scripted.
@@ -373,6 +388,7 @@ impl Shared {
             processing: Duration::from_nanos(self.nanos.load(Ordering::Relaxed)),
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
             output_schemas: self.output_schemas.load(Ordering::Relaxed),
+            quirks: self.quirks.load(Ordering::Relaxed),
         }
     }
 }

@@ -18,7 +18,21 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
-                    retry_after, slow_delay, text_calls, accept_tools, distinct";
+                    retry_after, slow_delay, text_calls, accept_tools, distinct, drop_tools, \
+                    refuse_auto_stream, refuse_json_schema, traceback";
+
+/// When the server drops the `tools` parameter without a word (`drop_tools=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DropTools {
+    /// Never (the default).
+    #[default]
+    Never,
+    /// Always (`drop_tools=true`), as a proxy that strips the parameter.
+    Always,
+    /// When the request has no `tool_choice` (`drop_tools=without_choice`), as llama-cpp-python's
+    /// `chatml-function-calling` handler does.
+    WithoutChoice,
+}
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -62,6 +76,19 @@ pub struct Scenario {
     /// argument of each call gets ` #N` appended, N the call's number in the task, so a loop's
     /// duplicate-call detection lets every call run.
     pub distinct: bool,
+    /// Drop the `tools` parameter (and `tool_choice`) without a word (`drop_tools=true`, or
+    /// `without_choice`: when the request has no `tool_choice`): the reply is made as if no
+    /// tools were offered, and the prompt tokens are counted without the catalog.
+    pub drop_tools: DropTools,
+    /// Answer a streamed request with `tool_choice: "auto"` with an empty stream (status 200,
+    /// no event), as llama-cpp-python does (`refuse_auto_stream=true`).
+    pub refuse_auto_stream: bool,
+    /// Refuse a `response_format` of type `json_schema` with llama-cpp-python's HTTP 500
+    /// validation error, "Input should be 'text' or 'json_object'" (`refuse_json_schema=true`).
+    pub refuse_json_schema: bool,
+    /// Error faults (`500`, `503`) carry a Python traceback, several lines long, as their
+    /// message (`traceback=true`).
+    pub traceback: bool,
 }
 
 impl Default for Scenario {
@@ -80,6 +107,10 @@ impl Default for Scenario {
             text_calls: None,
             accept_tools: false,
             distinct: false,
+            drop_tools: DropTools::Never,
+            refuse_auto_stream: false,
+            refuse_json_schema: false,
+            traceback: false,
         }
     }
 }
@@ -119,7 +150,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 13] = [false; 13];
+        let mut seen: [bool; 17] = [false; 17];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -197,6 +228,26 @@ impl Scenario {
                 "distinct" => {
                     scenario.distinct = boolean(key, value)?;
                     12
+                }
+                "drop_tools" => {
+                    scenario.drop_tools = match value {
+                        "without_choice" => DropTools::WithoutChoice,
+                        _ if boolean(key, value)? => DropTools::Always,
+                        _ => DropTools::Never,
+                    };
+                    13
+                }
+                "refuse_auto_stream" => {
+                    scenario.refuse_auto_stream = boolean(key, value)?;
+                    14
+                }
+                "refuse_json_schema" => {
+                    scenario.refuse_json_schema = boolean(key, value)?;
+                    15
+                }
+                "traceback" => {
+                    scenario.traceback = boolean(key, value)?;
+                    16
                 }
                 _ => {
                     return Err(error(
@@ -293,6 +344,20 @@ impl fmt::Display for Scenario {
         }
         if self.distinct {
             put(f, format_args!("distinct=true"))?;
+        }
+        match self.drop_tools {
+            DropTools::Never => {}
+            DropTools::Always => put(f, format_args!("drop_tools=true"))?,
+            DropTools::WithoutChoice => put(f, format_args!("drop_tools=without_choice"))?,
+        }
+        if self.refuse_auto_stream {
+            put(f, format_args!("refuse_auto_stream=true"))?;
+        }
+        if self.refuse_json_schema {
+            put(f, format_args!("refuse_json_schema=true"))?;
+        }
+        if self.traceback {
+            put(f, format_args!("traceback=true"))?;
         }
         Ok(())
     }
