@@ -228,7 +228,16 @@ impl Pty {
             .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
             .collect();
         let mut child = std::process::Command::new("script")
-            .args(["-q", "-f", "-e", "-c", &quoted.join(" "), "/dev/null"])
+            // `exec`: no shell stays in between (one would take the terminal's Ctrl-C too, and
+            // exit 130 after the chat).
+            .args([
+                "-q",
+                "-f",
+                "-e",
+                "-c",
+                &format!("exec {}", quoted.join(" ")),
+                "/dev/null",
+            ])
             .env_clear()
             .envs(
                 [
@@ -262,10 +271,15 @@ impl Pty {
         Some(Pty { child, output })
     }
 
+    /// Types `bytes` as a person does, one key at a time (a line editor fed a whole line in one
+    /// read right after its prompt may stall on a pseudo-terminal).
     fn type_in(&mut self, bytes: &[u8]) {
         let stdin = self.child.stdin.as_mut().unwrap();
-        stdin.write_all(bytes).unwrap();
-        stdin.flush().unwrap();
+        for b in bytes {
+            stdin.write_all(&[*b]).unwrap();
+            stdin.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+        }
     }
 
     fn shown(&self) -> String {
@@ -320,6 +334,7 @@ fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
         "{}",
         pty.shown()
     );
+    std::thread::sleep(Duration::from_millis(300));
     let before = pty.shown().len();
     pty.type_in(b"hello\r");
     // Streamed: the reply's first words come long before its end.
@@ -353,12 +368,13 @@ fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
         pty.wait_for("> ", cancel_at, Duration::from_secs(3)),
         "the prompt is back: {after}"
     );
+    std::thread::sleep(Duration::from_millis(300));
     let end = pty.shown().len();
     pty.type_in(b"/exit\r");
     let started = Instant::now();
     while started.elapsed() < Duration::from_secs(5) {
         if let Ok(Some(status)) = pty.child.try_wait() {
-            assert!(status.success(), "{}", &pty.shown()[end..]);
+            assert!(status.success(), "{status:?}: {}", &pty.shown()[end..]);
             return;
         }
         std::thread::sleep(Duration::from_millis(50));

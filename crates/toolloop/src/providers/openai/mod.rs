@@ -40,6 +40,14 @@
 //! - A request that offers tools says `"tool_choice": "auto"` to other servers, where OpenAI's
 //!   leaves it out (its default): llama-cpp-python's server ignores the tools unless it is said
 //!   ([`OpenAiConfig::explicit_tool_choice`]).
+//! - What a server refuses is learned from its answers and remembered by the model (one model,
+//!   one server), said once at `warn`: a refused `tool_choice` (an empty stream, which is
+//!   llama-cpp-python's answer to `"auto"` while streaming, remembered for streamed requests; or
+//!   a 400, 422 or 500 naming the field) is left out and the call made again; a refused
+//!   `response_format` of type `json_schema` (a 400, 422 or 500 naming `response_format`,
+//!   `json_schema` or `json_object`) becomes `json_object`, with the schema's instructions after
+//!   the conversation, and the call is made again (the loop validates the answer either way). A
+//!   2xx stream with no event at all is an error that says so.
 //! - An assistant turn with tool calls and no text is sent with `"content": ""`, never `null`,
 //!   which llama-cpp-python's server refuses.
 //! - Fields given in [`OpenAiConfig::extra`] and then
