@@ -53,10 +53,25 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         "toolloop chat · session {session} · /help for commands · Ctrl-C cancels a reply, twice (or at the prompt) quits"
     );
 
+    // Listening starts here, before the line editor exists (which handles only window resizes
+    // itself): no Ctrl-C is missed, whenever it comes.
     let (tx, mut interrupts) = tokio::sync::mpsc::unbounded_channel::<()>();
+    #[cfg(unix)]
+    let mut sigint =
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("toolloop chat: cannot listen for Ctrl-C: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
     tokio::spawn(async move {
-        while tokio::signal::ctrl_c().await.is_ok() {
-            if tx.send(()).is_err() {
+        loop {
+            #[cfg(unix)]
+            let heard = sigint.recv().await.is_some();
+            #[cfg(not(unix))]
+            let heard = tokio::signal::ctrl_c().await.is_ok();
+            if !heard || tx.send(()).is_err() {
                 break;
             }
         }
