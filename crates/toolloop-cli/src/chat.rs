@@ -57,14 +57,14 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
     // itself): no Ctrl-C is missed, whenever it comes.
     let (tx, mut interrupts) = tokio::sync::mpsc::unbounded_channel::<()>();
     #[cfg(unix)]
-    let mut sigint =
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()) {
-            Ok(s) => s,
-            Err(e) => {
-                eprintln!("toolloop chat: cannot listen for Ctrl-C: {e}");
-                return ExitCode::FAILURE;
-            }
-        };
+    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("toolloop chat: cannot listen for Ctrl-C: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tokio::spawn(async move {
         loop {
             #[cfg(unix)]

@@ -273,9 +273,7 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             .unwrap_or_else(|| "-".into());
         // A run that ended without its goal (an error, a limit) did not finish its work.
         let status = match (r.status, r.stop_reason) {
-            (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => {
-                "failed"
-            }
+            (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => "failed",
             (status, _) => status.as_str(),
         };
         outln!(

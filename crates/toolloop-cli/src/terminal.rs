@@ -80,8 +80,15 @@ pub(crate) fn diagnostic(text: &str) -> String {
     if lines.len() > DIAGNOSTIC_LINES {
         let head = DIAGNOSTIC_LINES - DIAGNOSTIC_TAIL;
         shown.extend(lines[..head].iter().map(|l| line(l)));
-        shown.push(format!("… ({} lines left out)", lines.len() - DIAGNOSTIC_LINES));
-        shown.extend(lines[lines.len() - DIAGNOSTIC_TAIL..].iter().map(|l| line(l)));
+        shown.push(format!(
+            "… ({} lines left out)",
+            lines.len() - DIAGNOSTIC_LINES
+        ));
+        shown.extend(
+            lines[lines.len() - DIAGNOSTIC_TAIL..]
+                .iter()
+                .map(|l| line(l)),
+        );
     } else {
         shown.extend(lines.iter().map(|l| line(l)));
     }

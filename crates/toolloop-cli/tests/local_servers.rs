@@ -84,7 +84,10 @@ fn a_server_traceback_is_printed_over_several_lines() {
 #[test]
 fn verbose_lines_are_short_and_name_the_tool() {
     let dir = repo();
-    let out = toolloop(&["run", "-v", "-m", "test", "What is the version?"], dir.path());
+    let out = toolloop(
+        &["run", "-v", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let err = stderr(&out);
     let line = err
@@ -95,8 +98,14 @@ fn verbose_lines_are_short_and_name_the_tool() {
     assert!(line.starts_with("toolloop: "), "{line}");
     assert!(!err.contains("gen_ai.") && !err.contains("otel."), "{err}");
     assert!(err.lines().all(|l| l.len() < 300), "{err}");
-    assert!(!err.contains("arguments="), "arguments only from -vv: {err}");
-    let out = toolloop(&["run", "-vv", "-m", "test", "What is the version?"], dir.path());
+    assert!(
+        !err.contains("arguments="),
+        "arguments only from -vv: {err}"
+    );
+    let out = toolloop(
+        &["run", "-vv", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
     let err = stderr(&out);
     assert!(
         err.lines()
@@ -104,7 +113,10 @@ fn verbose_lines_are_short_and_name_the_tool() {
         "{err}"
     );
     assert!(err.contains("result_chars="), "{err}");
-    let out = toolloop(&["run", "-vvv", "-m", "test", "What is the version?"], dir.path());
+    let out = toolloop(
+        &["run", "-vvv", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
     assert!(stderr(&out).contains("gen_ai.tool.name"), "-vvv shows all");
 }
 
@@ -141,7 +153,58 @@ fn jsonl_has_the_last_round_finished_when_a_limit_stops_the_run() {
         .collect();
     let types: Vec<&str> = lines.iter().filter_map(|l| l["type"].as_str()).collect();
     let n = types.len();
-    assert_eq!(&types[n - 2..], ["round_finished", "run_finished"], "{types:?}");
+    assert_eq!(
+        &types[n - 2..],
+        ["round_finished", "run_finished"],
+        "{types:?}"
+    );
+}
+
+/// `--output-schema` on a server without `json_schema` (llama-cpp-python's 500): the run goes
+/// through `json_object`, says so, and prints the validated JSON.
+#[test]
+fn an_output_schema_falls_back_to_json_object_and_says_so() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        MockOptions {
+            answers: vec![r#"{"version": "1.2.3"}"#.into()],
+            ..MockOptions::default()
+        },
+    );
+    let dir = repo();
+    let schema = dir.path().join("answer.schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}"#,
+    )
+    .unwrap();
+    let model = "openai:mock:refuse_json_schema=true,rounds=0";
+    let url = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "-m",
+            model,
+            "--base-url",
+            &url,
+            "--output-schema",
+            schema.to_str().unwrap(),
+            "What is the version?",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"{"version":"1.2.3"}"#
+    );
+    assert!(
+        stderr(&out).contains("asking for `json_object` with the schema in the prompt"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(server.stats().requests, 2);
 }
 
 /// Resuming a run that had ended says so and how, instead of replaying its error as new; a
@@ -341,6 +404,11 @@ fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
     assert!(
         pty.wait_for("Done. I", before, Duration::from_secs(10)),
         "the reply streams: {}",
+        pty.shown()
+    );
+    assert!(
+        !pty.shown()[before..].contains("rounds."),
+        "streamed: its beginning is shown before its end: {}",
         pty.shown()
     );
     let cancel_at = pty.shown().len();

@@ -91,7 +91,9 @@ async fn llama_cpp_python_streamed_falls_back_to_prompt_based_and_unstreamed_sta
     assert!(auto.is_prompted());
     assert_eq!(o.tool_calls.len(), 1, "{:?}", o.messages);
     assert!(
-        events.iter().any(|e| matches!(e, Event::ModelRetry { reason, .. }
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ModelRetry { reason, .. }
             if reason.contains("ignored the tools") && reason.contains("prompt tokens"))),
         "the streamed reply was asked for again, saying why"
     );
@@ -188,7 +190,9 @@ async fn a_server_that_restarts_for_a_few_seconds_does_not_lose_the_call() {
     // Without the wait, a refused connection is given up after the retry policy's retries.
     let mut c = config("http://127.0.0.1:9", "mock");
     c.transport.connect_retry = Duration::ZERO;
-    let agent = AgentBuilder::new(Arc::new(OpenAiModel::new(c))).build().unwrap();
+    let agent = AgentBuilder::new(Arc::new(OpenAiModel::new(c)))
+        .build()
+        .unwrap();
     let started = Instant::now();
     let o = agent.prompt("hello").await;
     assert_eq!(o.stop_reason, StopReason::ModelError);
@@ -209,7 +213,10 @@ async fn an_empty_answer_is_not_a_success() {
     .unwrap();
     let dir = repo();
     for stream in [false, true] {
-        let model = Arc::new(OpenAiModel::new(config(&server.base_url(), "mock:rounds=1")));
+        let model = Arc::new(OpenAiModel::new(config(
+            &server.base_url(),
+            "mock:rounds=1",
+        )));
         let (o, _) = run(model, dir.path(), stream).await;
         assert_eq!(o.stop_reason, StopReason::EmptyAnswer, "{:?}", o.error);
         assert!(!o.success);
@@ -224,7 +231,10 @@ async fn an_empty_answer_is_not_a_success() {
 async fn the_last_round_is_reported_finished_when_a_limit_stops_the_run() {
     let server = server().await;
     let dir = repo();
-    let model = Arc::new(OpenAiModel::new(config(&server.base_url(), "mock:rounds=5")));
+    let model = Arc::new(OpenAiModel::new(config(
+        &server.base_url(),
+        "mock:rounds=5",
+    )));
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
     let agent = AgentBuilder::new(model)

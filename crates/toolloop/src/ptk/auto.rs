@@ -220,8 +220,7 @@ impl Auto {
         if !self.is_prompted() {
             match native.complete(request).await {
                 Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
-                Ok(r) => match dropped_tools(request.tools, r.tool_calls.len(), r.usage.as_ref())
-                {
+                Ok(r) => match dropped_tools(request.tools, r.tool_calls.len(), r.usage.as_ref()) {
                     Some(why) => self.fall_back(&why),
                     None => return Ok(r),
                 },

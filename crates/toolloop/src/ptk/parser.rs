@@ -653,7 +653,10 @@ fn quote(text: &str) -> String {
 }
 
 fn miss(dialect: Dialect, what: impl std::fmt::Display) -> String {
-    format!("Your tool call could not be read: {what}. {}", teaching(dialect))
+    format!(
+        "Your tool call could not be read: {what}. {}",
+        teaching(dialect)
+    )
 }
 
 /// Where the format an explanation teaches begins (see [`teaching`]).
@@ -2005,7 +2008,7 @@ fn parse_glm(t: &str, tools: &[ToolSpec]) -> Result<ParsedCall, String> {
         });
     if !plausible {
         return Err(format!(
-            "<tool_call> must hold JSON, or the tool name on its first line followed by {KEY}…{KEY_END} {VALUE}…{VALUE_END} pairs; found `{}`",
+            "<tool_call> holds neither a JSON call nor a tool name with its arguments; found `{}`",
             quote(&t[..name_end])
         ));
     }
@@ -2318,13 +2321,17 @@ mod tests {
                 .unwrap_or_else(|| panic!("no near miss for {text}"))
         };
         // A bare fenced block, in a run taught hermes: told to write hermes, not a fence.
-        let fenced = "```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\" \"x\": ]}\n```";
+        let fenced =
+            "```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\" \"x\": ]}\n```";
         let why = explain(fenced, Dialect::Hermes);
         assert!(why.contains(Dialect::Hermes.format()), "{why}");
         assert!(!why.contains("```json"), "{why}");
         assert!(why.contains("one JSON object"), "{why}");
         // Plain text in a <tool_call>: GLM's look-alike is not taught to a hermes run.
-        let why = explain("<tool_call>read the file please</tool_call>", Dialect::Hermes);
+        let why = explain(
+            "<tool_call>read the file please</tool_call>",
+            Dialect::Hermes,
+        );
         assert!(why.contains(Dialect::Hermes.format()), "{why}");
         assert!(!why.contains("<arg_key>"), "{why}");
         // A GLM run is taught GLM, without the JSON sentence that contradicts it.
@@ -2332,7 +2339,10 @@ mod tests {
         assert!(why.contains("<arg_key>"), "{why}");
         assert!(!why.contains("JSON object"), "{why}");
         // The model's own words stay in the explanation.
-        assert!(why.starts_with("Your tool call could not be read: "), "{why}");
+        assert!(
+            why.starts_with("Your tool call could not be read: "),
+            "{why}"
+        );
     }
 
     #[test]

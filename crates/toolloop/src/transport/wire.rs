@@ -222,8 +222,6 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
     fn redact(&self, e: ModelError) -> ModelError {
         Redactor::for_request(self.url.as_str(), &self.headers).redact_error(e)
     }
-
-
 }
 
 /// Opens a streamed call: POSTs `body` to `url` and decodes the SSE reply with a decoder made

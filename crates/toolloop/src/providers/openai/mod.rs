@@ -223,7 +223,12 @@ impl OpenAiModel {
     }
 
     /// The body of `request` in `shape`.
-    fn wire<'a>(&'a self, request: &'a ModelRequest<'a>, stream: bool, shape: Shape) -> WireRequest<'a> {
+    fn wire<'a>(
+        &'a self,
+        request: &'a ModelRequest<'a>,
+        stream: bool,
+        shape: Shape,
+    ) -> WireRequest<'a> {
         WireRequest::new(request, &self.inner.config, stream)
             .without_tool_choice(shape.omit_tool_choice)
             .json_object_output(shape.json_object)
