@@ -308,14 +308,17 @@ pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
     }
 }
 
-/// When the run had already ended (its outcome recorded), says so and how, with what can be
-/// done, instead of replaying its end as if it had just happened; the exit code its end had.
+/// When the run had already failed (its outcome recorded: an error or a limit), says so and
+/// how, with what can be done, instead of replaying its error as if it had just happened; the
+/// exit code its end had.
 async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
     // A store or run that cannot be read is reported by the resume itself.
     let store = open_store(&args.store).await.ok()?;
     let run = store.run(&args.run_id).await.ok()??;
+    // A run that ended as intended is replayed: its outcome is printed as it was (a resume
+    // after a crash right at its end gives the answer).
     let reason = match (run.status, run.stop_reason) {
-        (toolloop_store::RunStatus::Finished, Some(reason)) => reason,
+        (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => reason,
         _ => return None,
     };
     let name = serde_json::to_value(reason)
@@ -323,17 +326,19 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     let ended = crate::durable::format_ms(run.updated_ms);
+    let said = format!(
+        "run {} had already ended ({name}, {ended} UTC): there is nothing to resume",
+        run.run_id
+    );
     if args.json {
         outln!(
             "{}",
-            json!({"run_id": run.run_id, "already_ended": true, "stop_reason": reason,
-                   "ended": ended, "session": run.session})
+            json!({"success": false, "stop_reason": reason, "run_id": run.run_id,
+                   "already_ended": true, "session": run.session,
+                   "error": {"code": "ALREADY_ENDED", "message": said}})
         );
     }
-    eprintln!(
-        "toolloop: run {} had already ended ({name}, {ended} UTC): there is nothing to resume",
-        run.run_id
-    );
+    eprintln!("toolloop: {said}");
     if matches!(
         reason,
         StopReason::ModelError | StopReason::Timeout | StopReason::EmptyAnswer

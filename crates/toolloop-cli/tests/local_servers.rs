@@ -241,6 +241,12 @@ fn resuming_a_run_that_had_ended_says_so() {
     );
     assert!(err.contains("nothing to resume"), "{err}");
     assert!(err.contains("toolloop run --session down"), "{err}");
+    let out = toolloop(&["resume", &id, "--json"], dir.path());
+    let v = json_of(&out);
+    assert_eq!(
+        (&v["already_ended"], &v["stop_reason"], &v["error"]["code"]),
+        (&true.into(), &"model_error".into(), &"ALREADY_ENDED".into())
+    );
     let out = toolloop(&["runs", "--session", "down"], dir.path());
     let listed = String::from_utf8_lossy(&out.stdout);
     let row = listed.lines().find(|l| l.starts_with(&id)).unwrap();

@@ -997,7 +997,10 @@ impl Machine {
                     text,
                     Some(RunError {
                         code: ErrorCode::EmptyAnswer,
-                        message: "the model answered with nothing (no text and no tool call);                                   a server or proxy that cannot use a request sometimes replies                                   this way: the request log (--debug-requests) shows the                                   exchange"
+                        message: "the model answered with nothing (no text and no tool call); \
+                                  a server or proxy that cannot use a request sometimes replies \
+                                  this way: the request log (--debug-requests) shows the \
+                                  exchange"
                             .into(),
                     }),
                 );

@@ -113,7 +113,8 @@ fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Opt
     (calls == 0 && !tools.is_empty() && prompt > 0 && floor >= MIN_FLOOR && prompt < floor).then(
         || {
             format!(
-                "it reported {prompt} prompt tokens, fewer than the tool catalog alone takes                  (at least {floor}): it dropped the `tools` parameter"
+                "it reported {prompt} prompt tokens, fewer than the tool catalog alone takes \
+                 (at least {floor}): it dropped the `tools` parameter"
             )
         },
     )
@@ -176,7 +177,8 @@ fn checked_stream(
                         announce(&st.flag, &st.model, st.dialect, &why);
                         return Some((
                             Err(ModelError::StreamInterrupted(format!(
-                                "the server ignored the tools ({why}); asking again with                                  prompt-based tool calling"
+                                "the server ignored the tools ({why}); asking again with \
+                                 prompt-based tool calling"
                             ))),
                             st,
                         ));
@@ -194,7 +196,8 @@ fn announce(flag: &AtomicBool, model: &str, dialect: Dialect, why: &str) {
         tracing::warn!(
             model,
             %dialect,
-            "the server refused native tool calling ({why}); using prompt-based tool calling              from now on"
+            "the server refused native tool calling ({why}); using prompt-based tool calling \
+             from now on"
         );
     }
 }

@@ -132,7 +132,9 @@ pub(super) const EMPTY_STREAM: &str = "the server answered with an empty stream"
 pub(super) fn empty_stream() -> ModelError {
     ModelError::Transport {
         message: format!(
-            "{EMPTY_STREAM} (HTTP 200 and no event at all): it sent no reply. Some servers do              this when they refuse a request while streaming (llama-cpp-python refuses              `tool_choice` this way); a call without streaming (--no-stream) shows their error"
+            "{EMPTY_STREAM} (HTTP 200 and no event at all): it sent no reply. Some servers do \
+             this when they refuse a request while streaming (llama-cpp-python refuses \
+             `tool_choice` this way); a call without streaming (--no-stream) shows their error"
         ),
         retryable: false,
     }

@@ -279,7 +279,8 @@ impl OpenAiModel {
                     " (the tool choice asked for is then not enforced)"
                 };
                 tracing::warn!(
-                    "the server at {url} refused `tool_choice` ({why}); sending {when} without                      it from now on{unenforced}"
+                    "the server at {url} refused `tool_choice` ({why}); sending {when} without \
+                     it from now on{unenforced}"
                 );
             }
             return Some(Shape {
@@ -293,7 +294,9 @@ impl OpenAiModel {
         {
             if !refused.json_schema.swap(true, Ordering::Relaxed) {
                 tracing::warn!(
-                    "the server at {url} refused a `json_schema` response format ({why}); asking                      for `json_object` with the schema in the prompt instead, and checking the                      answer against the schema"
+                    "the server at {url} refused a `json_schema` response format ({why}); asking \
+                     for `json_object` with the schema in the prompt instead, and checking the \
+                     answer against the schema"
                 );
             }
             return Some(Shape {

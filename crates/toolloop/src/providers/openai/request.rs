@@ -108,11 +108,6 @@ impl<'a> WireRequest<'a> {
         self
     }
 
-    /// Whether the body says `tool_choice`.
-    pub fn says_tool_choice(&self) -> bool {
-        sends_tool_choice(self.req, self.config) && !self.omit_tool_choice
-    }
-
     /// Writes one field, unless an extra replaces it.
     fn field<M: SerializeMap, T: Serialize + ?Sized>(
         &self,
