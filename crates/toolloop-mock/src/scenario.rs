@@ -231,9 +231,18 @@ impl Scenario {
                 }
                 "drop_tools" => {
                     scenario.drop_tools = match value {
+                        "true" => DropTools::Always,
+                        "false" => DropTools::Never,
                         "without_choice" => DropTools::WithoutChoice,
-                        _ if boolean(key, value)? => DropTools::Always,
-                        _ => DropTools::Never,
+                        _ => {
+                            return Err(error(
+                                Some(key),
+                                format!(
+                                    "key `{key}` expects `true`, `false` or `without_choice`, \
+                                     got `{value}`"
+                                ),
+                            ));
+                        }
                     };
                     13
                 }
@@ -476,6 +485,24 @@ fn duration(key: &str, value: &str) -> Result<Duration, ScenarioError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn real_server_quirks_read_and_render_back() {
+        let s = Scenario::from_model(
+            "mock:drop_tools=without_choice,refuse_auto_stream=true,refuse_json_schema=true,\
+             traceback=true",
+        )
+        .unwrap();
+        assert_eq!(s.drop_tools, DropTools::WithoutChoice);
+        assert!(s.refuse_auto_stream && s.refuse_json_schema && s.traceback);
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+        let always = Scenario::from_model("mock:drop_tools=true").unwrap();
+        assert_eq!(always.drop_tools, DropTools::Always);
+        assert_eq!(always.model_name(), "mock:drop_tools=true");
+        let e = Scenario::from_model("mock:drop_tools=sometimes").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("drop_tools"));
+        assert!(e.message.contains("`without_choice`"), "{e}");
+    }
 
     #[test]
     fn defaults_without_parameters() {
