@@ -53,10 +53,25 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         "toolloop chat · session {session} · /help for commands · Ctrl-C cancels a reply, twice (or at the prompt) quits"
     );
 
+    // Listening starts here, before the line editor exists (which handles only window resizes
+    // itself): no Ctrl-C is missed, whenever it comes.
     let (tx, mut interrupts) = tokio::sync::mpsc::unbounded_channel::<()>();
+    #[cfg(unix)]
+    let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+    {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("toolloop chat: cannot listen for Ctrl-C: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     tokio::spawn(async move {
-        while tokio::signal::ctrl_c().await.is_ok() {
-            if tx.send(()).is_err() {
+        loop {
+            #[cfg(unix)]
+            let heard = sigint.recv().await.is_some();
+            #[cfg(not(unix))]
+            let heard = tokio::signal::ctrl_c().await.is_ok();
+            if !heard || tx.send(()).is_err() {
                 break;
             }
         }
@@ -115,6 +130,7 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
                 // The chat's own prompt reads the terminal: calls are not asked about there.
                 let mut agent = args.agent.clone();
                 agent.approval.no_prompt = true;
+                agent.stream_on_terminal(false);
                 agent
             },
             json: false,
@@ -126,7 +142,11 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
             },
         };
         let cancel = CancellationToken::new();
-        let run = crate::run::run_with(run_args, cancel.clone());
+        let run = crate::run::run_with_note(
+            run_args,
+            cancel.clone(),
+            "toolloop chat: cancelling (Ctrl-C again to quit)",
+        );
         tokio::pin!(run);
         let mut cancelled_at: Option<Instant> = None;
         last_interrupt = None;
@@ -138,7 +158,8 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
                         eprintln!("\ntoolloop chat: quit; `toolloop runs --session {session}` lists the unfinished run");
                         std::process::exit(130);
                     }
-                    eprintln!("\ntoolloop chat: cancelling (Ctrl-C again to quit)");
+                    // The run takes its unfinished reply back from the terminal, then says it
+                    // is cancelling.
                     cancel.cancel();
                     cancelled_at = Some(Instant::now());
                     last_interrupt = cancelled_at;
@@ -157,7 +178,7 @@ enum Slash {
 }
 
 const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a configured name)
-/tools         list the tools the agent has
+/tools [NAME]  list the tools the agent has, one line each; with a name, its whole description
 /attach FILE   attach an image (a file or an http(s) URL) to the next message
 /clear         start a new session (the old one stays in the store)
 /exit, /quit   leave (so do Ctrl-D and Ctrl-C at the prompt)
@@ -236,13 +257,30 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
             // servers' as they list them now, as selected by --tools / --no-tools.
             match crate::run::tools(&args.agent).await {
                 Ok(tools) => {
-                    for t in tools.all().await {
-                        let about = t.description().lines().next().unwrap_or_default();
-                        eprintln!(
-                            "{:<14} {}",
-                            crate::terminal::escape(t.name(), false),
-                            crate::terminal::escape(about, false)
-                        );
+                    let all = tools.all().await;
+                    if rest.is_empty() {
+                        let width = all.iter().map(|t| t.name().chars().count()).max();
+                        for t in &all {
+                            eprintln!(
+                                "{:<width$}  {}",
+                                crate::terminal::escape(t.name(), false),
+                                crate::terminal::escape(&first_sentence(t.description()), false),
+                                width = width.unwrap_or(0).min(32)
+                            );
+                        }
+                    } else {
+                        match all.iter().find(|t| t.name() == rest) {
+                            Some(t) => eprintln!(
+                                "{}\n\n{}\n\nparameters: {}",
+                                crate::terminal::escape(t.name(), false),
+                                crate::terminal::escape(t.description().trim(), true),
+                                crate::terminal::escape(&t.parameters().to_string(), false)
+                            ),
+                            None => eprintln!(
+                                "toolloop chat: no tool named {}; /tools lists them",
+                                crate::terminal::escape(rest, false)
+                            ),
+                        }
                     }
                 }
                 Err(e) => {
@@ -258,6 +296,21 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
             );
             Slash::Continue
         }
+    }
+}
+
+/// The first sentence of a description (up to the first `. ` or line break), at most 100
+/// characters, for a one-line listing.
+fn first_sentence(description: &str) -> String {
+    let text = description.trim();
+    let line = text.lines().next().unwrap_or_default();
+    let sentence = match line.find(". ") {
+        Some(at) => &line[..=at],
+        None => line,
+    };
+    match sentence.char_indices().nth(100) {
+        Some((at, _)) => format!("{}…", &sentence[..at]),
+        None => sentence.to_string(),
     }
 }
 

@@ -58,6 +58,68 @@ fn stderr_filter(verbose: u8) -> EnvFilter {
     }
 }
 
+/// A short line per event, for people: `toolloop: ` (and the level, below info), the message,
+/// then the event's own fields as `name=value`; the spans' fields (for the exporters) are left
+/// out. Values are escaped: they may quote a server or a model.
+struct Human;
+
+impl<S, N> tracing_subscriber::fmt::FormatEvent<S, N> for Human
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+{
+    fn format_event(
+        &self,
+        _ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let level = match *event.metadata().level() {
+            tracing::Level::ERROR => "error: ",
+            tracing::Level::WARN => "warning: ",
+            tracing::Level::INFO => "",
+            tracing::Level::DEBUG => "debug: ",
+            tracing::Level::TRACE => "trace: ",
+        };
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let message = crate::terminal::escape(&fields.message, false);
+        write!(writer, "toolloop: {level}{message}")?;
+        for (name, value) in &fields.rest {
+            write!(writer, " {name}={}", crate::terminal::escape(value, false))?;
+        }
+        writeln!(writer)
+    }
+}
+
+/// An event's message and its other fields, as text.
+#[derive(Default)]
+struct Fields {
+    message: String,
+    rest: Vec<(&'static str, String)>,
+}
+
+impl tracing::field::Visit for Fields {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            self.message = value.to_string();
+        } else if value.chars().any(char::is_whitespace) || value.is_empty() {
+            self.rest.push((field.name(), format!("{value:?}")));
+        } else {
+            self.rest.push((field.name(), value.to_string()));
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let text = format!("{value:?}");
+        if field.name() == "message" {
+            self.message = text;
+        } else {
+            self.record_str(field, &text);
+        }
+    }
+}
+
 /// Whether traces are asked for.
 fn traces_wanted(args: &TraceArgs) -> bool {
     let disabled = std::env::var("OTEL_SDK_DISABLED").is_ok_and(|v| v.trim() == "true");
@@ -69,12 +131,24 @@ fn traces_wanted(args: &TraceArgs) -> bool {
 /// Installs the subscriber for the command's lifetime. Call before the async runtime starts
 /// (the trace exporter has its own thread).
 pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
-    let stderr = tracing_subscriber::fmt::layer()
-        .compact()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_target(verbose >= 2)
-        .with_filter(stderr_filter(verbose));
+    // Up to -vv, one short line per event, without the spans' fields (they are for the
+    // exporters); -vvv (or RUST_LOG) shows everything, spans and targets included.
+    let everything = verbose >= 3 || std::env::var("RUST_LOG").is_ok_and(|v| !v.trim().is_empty());
+    let stderr = if everything {
+        tracing_subscriber::fmt::layer()
+            .compact()
+            .with_writer(std::io::stderr)
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .with_target(true)
+            .with_filter(stderr_filter(verbose))
+            .boxed()
+    } else {
+        tracing_subscriber::fmt::layer()
+            .event_format(Human)
+            .with_writer(std::io::stderr)
+            .with_filter(stderr_filter(verbose))
+            .boxed()
+    };
     let registry = tracing_subscriber::registry().with(stderr);
     #[cfg(feature = "otel")]
     if traces_wanted(traces) {

@@ -30,6 +30,8 @@ pub(crate) struct Progress {
     lines: Option<Mutex<Out>>,
     /// The streamed text, if any.
     text: Option<Mutex<Text>>,
+    /// The run was cancelled: nothing more of its replies is shown.
+    stopped: std::sync::atomic::AtomicBool,
 }
 
 /// Where streamed text goes.
@@ -145,6 +147,7 @@ impl Progress {
             bar: Some(bar),
             lines: None,
             text: text.map(Mutex::new),
+            stopped: Default::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl Progress {
             bar: None,
             lines: lines.map(Mutex::new),
             text: text.map(Mutex::new),
+            stopped: Default::default(),
         }
     }
 
@@ -183,8 +187,47 @@ impl Progress {
         }
     }
 
+    /// The run is being cancelled: the reply streaming now is taken back from the terminal
+    /// (the terminal's `^C` with it), nothing more of the run's replies is shown, and `note`
+    /// says what happens, on stderr.
+    pub(crate) fn interrupted(&self, note: &str) {
+        use std::sync::atomic::Ordering;
+        if self.stopped.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        // Under the text's lock: no reply's text is written between the erase and the note.
+        let mut said = false;
+        self.text(|t| {
+            t.end();
+            t.end_line();
+            self.note(note);
+            said = true;
+        });
+        if !said {
+            self.note(note);
+        }
+    }
+
+    /// A line on stderr, shown whether or not progress is: through the spinner, the progress
+    /// lines' writer, or stderr.
+    fn note(&self, note: &str) {
+        if let Some(bar) = &self.bar {
+            bar.println(note);
+        } else if let Some(lines) = &self.lines {
+            if let Ok(mut out) = lines.lock() {
+                let _ = writeln!(out, "{note}");
+                let _ = out.flush();
+            }
+        } else {
+            eprintln!("{note}");
+        }
+    }
+
     /// Updates the display for one event.
     pub(crate) fn event(&self, event: &Event) {
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return;
+        }
         match event {
             Event::RoundStarted { .. } => self.text(Text::begin),
             Event::TextDelta { text, .. } => self.text(|t| t.delta(text)),
@@ -473,6 +516,31 @@ mod tests {
         screen.end();
         screen.end_line();
         assert_eq!(tty.text(), "kept\nhalf a rep\r\x1b[J");
+    }
+
+    /// Ctrl-C while a reply streams over several rows: the whole reply is taken back (the
+    /// cursor goes up every row it took), then the note; what the run emits after is not shown.
+    #[test]
+    fn an_interrupted_reply_is_erased_whole_before_the_note() {
+        let tty = Tty::default();
+        let screen = Screen::new(Box::new(tty.clone()) as Out, || 10);
+        let progress =
+            Progress::with_output(Some(Box::new(tty.clone())), Some(Text::Screen(screen)));
+        progress.event(&Event::RoundStarted {
+            round: 1,
+            message_count: 1,
+        });
+        // 10 columns: "0123456789" fills the first row, "abc" wraps, then a new line.
+        progress.event(&delta("0123456789abc\nxy"));
+        progress.interrupted("cancelling");
+        progress.event(&delta("late text"));
+        progress.event(&round_finished());
+        progress.finish();
+        assert_eq!(
+            tty.text(),
+            "0123456789abc\nxy\r\x1b[2A\x1b[Jcancelling\n",
+            "up two rows to the reply's start, cleared, then the note"
+        );
     }
 
     #[test]

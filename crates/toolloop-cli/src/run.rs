@@ -213,6 +213,19 @@ impl AgentArgs {
         Ok(())
     }
 
+    /// Streams on a terminal: the text is shown as it comes unless `--no-stream` is given, a
+    /// program reads the output (`machine_output`), or the answer is the validated JSON (printed
+    /// once it is known).
+    pub(crate) fn stream_on_terminal(&mut self, machine_output: bool) {
+        if !self.no_stream
+            && !machine_output
+            && self.output.is_none()
+            && std::io::stdout().is_terminal()
+        {
+            self.stream = true;
+        }
+    }
+
     /// Checks what the flags' parsers check (for a configuration that did not come through
     /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
     /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
@@ -352,9 +365,10 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::TooManyInvalidCalls
         | StopReason::OutputTruncated => ExitCode::from(3),
         StopReason::AwaitingApproval => ExitCode::from(crate::approve::EXIT_AWAITING),
-        StopReason::Cancelled | StopReason::ModelError | StopReason::StoreFailed => {
-            ExitCode::FAILURE
-        }
+        StopReason::Cancelled
+        | StopReason::ModelError
+        | StopReason::StoreFailed
+        | StopReason::EmptyAnswer => ExitCode::FAILURE,
     }
 }
 
@@ -368,16 +382,7 @@ pub(crate) async fn run(mut args: RunArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         return usage_error(e);
     }
-    // On a terminal the text is shown as it comes, unless a program reads the output (or the
-    // answer is the validated JSON, printed once it is known).
-    if !args.agent.no_stream
-        && !args.json
-        && !args.jsonl
-        && args.agent.output.is_none()
-        && std::io::stdout().is_terminal()
-    {
-        args.agent.stream = true;
-    }
+    args.agent.stream_on_terminal(args.json || args.jsonl);
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
     tokio::spawn(async move {
@@ -389,7 +394,17 @@ pub(crate) async fn run(mut args: RunArgs) -> ExitCode {
 }
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
-pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> ExitCode {
+pub(crate) async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
+    run_with_note(args, cancel, "toolloop: cancelling").await
+}
+
+/// [`run_with`], saying `note` on stderr when `cancel` strikes (after the unfinished reply on
+/// the terminal is taken back, so that nothing of it stays on screen).
+pub(crate) async fn run_with_note(
+    mut args: RunArgs,
+    cancel: CancellationToken,
+    note: &'static str,
+) -> ExitCode {
     if let Err(e) = args.agent.check() {
         return usage_error(e);
     }
@@ -427,6 +442,15 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
             shown.event(e);
         }
     });
+    let watcher = {
+        let progress = progress.clone();
+        let cancel = cancel.clone();
+        tokio::spawn(async move {
+            cancel.cancelled().await;
+            progress.interrupted(note);
+        })
+    };
+    let _stop_watching = AbortOnDrop(watcher);
     if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone()) {
         builder = builder.on_approval(move |p| ask(p));
     }
@@ -473,11 +497,12 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
             let _ = out.flush();
         }
         if outcome.stop_reason != StopReason::Answered {
-            // The message may quote a server or the model: escaped, as a diagnostic.
+            // The message may quote a server or the model (a traceback, over several lines):
+            // escaped, as a diagnostic, and cut short when long.
             let why = outcome
                 .error
                 .as_ref()
-                .map(|e| format!(": {}", crate::terminal::escape(&e.message, false)))
+                .map(|e| format!(": {}", crate::terminal::diagnostic(&e.message)))
                 .unwrap_or_default();
             let signal = outcome
                 .signal
@@ -495,6 +520,15 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
         }
     }
     exit_code(outcome.stop_reason)
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the

@@ -7,6 +7,7 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 use std::process::ExitCode;
 use toolloop::message::Message;
+use toolloop::outcome::StopReason;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum SessionsCommand {
@@ -270,10 +271,15 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             .and_then(|s| serde_json::to_value(s).ok())
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_else(|| "-".into());
+        // A run that ended without its goal (an error, a limit) did not finish its work.
+        let status = match (r.status, r.stop_reason) {
+            (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => "failed",
+            (status, _) => status.as_str(),
+        };
         outln!(
             "{:<36} {:<12} {:<16} {:>7}  {:<19}  {}",
             r.run_id,
-            r.status.as_str(),
+            status,
             reason,
             r.records,
             format_ms(r.created_ms),
@@ -285,6 +291,9 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
 pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
+    if let Some(code) = already_ended(&args).await {
+        return code;
+    }
     match saved_run(
         &args.run_id,
         args.store,
@@ -297,6 +306,54 @@ pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
         Ok(run_args) => crate::run::run(run_args).await,
         Err(code) => code,
     }
+}
+
+/// When the run had already failed (its outcome recorded: an error or a limit), says so and
+/// how, with what can be done, instead of replaying its error as if it had just happened; the
+/// exit code its end had.
+async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
+    // A store or run that cannot be read is reported by the resume itself.
+    let store = open_store(&args.store).await.ok()?;
+    let run = store.run(&args.run_id).await.ok()??;
+    // A run that ended as intended is replayed: its outcome is printed as it was (a resume
+    // after a crash right at its end gives the answer).
+    let reason = match (run.status, run.stop_reason) {
+        (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => reason,
+        _ => return None,
+    };
+    let name = serde_json::to_value(reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    let ended = crate::durable::format_ms(run.updated_ms);
+    let said = format!(
+        "run {} had already ended ({name}, {ended} UTC): there is nothing to resume",
+        run.run_id
+    );
+    if args.json {
+        outln!(
+            "{}",
+            json!({"success": false, "stop_reason": reason, "run_id": run.run_id,
+                   "already_ended": true, "session": run.session,
+                   "error": {"code": "ALREADY_ENDED", "message": said}})
+        );
+    }
+    eprintln!("toolloop: {said}");
+    if matches!(
+        reason,
+        StopReason::ModelError | StopReason::Timeout | StopReason::EmptyAnswer
+    ) {
+        let again = match &run.session {
+            Some(s) => format!("toolloop run --session {s} \"…\" (or toolloop chat --session {s})"),
+            None => "toolloop run \"…\"".to_string(),
+        };
+        eprintln!(
+            "  if the cause has passed (a server that was down or restarting), continue the \
+             conversation in a new run: {}",
+            crate::terminal::escape(&again, false)
+        );
+    }
+    Some(crate::run::exit_code(reason))
 }
 
 /// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`

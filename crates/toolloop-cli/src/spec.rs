@@ -46,6 +46,31 @@ pub(crate) struct ProviderArgs {
     #[arg(long)]
     #[serde(default)]
     pub implicit_think: bool,
+    /// How long to keep trying a server that refuses connections (a local server restarting,
+    /// or still loading its model), with backoff: seconds or a duration (`30s`, `2m`), at most
+    /// an hour; `0` gives up after the usual retries. Default 10s.
+    #[arg(long, value_name = "DURATION", value_parser = parse_connect_retry)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect_retry: Option<std::time::Duration>,
+}
+
+/// A `--connect-retry`: `0`, or a duration of at most an hour.
+fn parse_connect_retry(s: &str) -> Result<std::time::Duration, String> {
+    if s.trim().parse::<f64>().is_ok_and(|n| n == 0.0) {
+        return Ok(std::time::Duration::ZERO);
+    }
+    let d = crate::run::parse_timeout(s)?;
+    if d > std::time::Duration::from_secs(3600) {
+        return Err(format!("`{s}` is longer than an hour"));
+    }
+    Ok(d)
+}
+
+/// Sets `--connect-retry` on a provider's transport.
+fn connect_retry(args: &ProviderArgs, transport: &mut toolloop::transport::http::HttpTransport) {
+    if let Some(wait) = args.connect_retry {
+        transport.connect_retry = wait;
+    }
 }
 
 /// How tools are offered to the model (`--tool-protocol`).
@@ -235,6 +260,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            connect_retry(args, &mut config.transport);
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "openai-responses" => {
@@ -254,6 +280,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            connect_retry(args, &mut config.transport);
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
@@ -273,6 +300,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            connect_retry(args, &mut config.transport);
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -292,6 +320,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            connect_retry(args, &mut config.transport);
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),

@@ -56,6 +56,45 @@ pub(crate) fn escape(text: &str, multiline: bool) -> Cow<'_, str> {
     Cow::Owned(out)
 }
 
+/// The most lines of a message [`diagnostic`] shows, and how many of them come from its end.
+const DIAGNOSTIC_LINES: usize = 16;
+const DIAGNOSTIC_TAIL: usize = 12;
+/// The most characters of one line [`diagnostic`] shows.
+const DIAGNOSTIC_WIDTH: usize = 300;
+
+/// A message from a server or a model (an error body, a Python traceback), as a diagnostic on
+/// stderr: over several lines as it was written, each control character escaped, continuation
+/// lines indented, each line cut at 300 characters, and at most 16 lines: the first 4 and the
+/// last 12 (a traceback's end says what failed), with a line saying how many were left out.
+pub(crate) fn diagnostic(text: &str) -> String {
+    let text = text.replace("\r\n", "\n");
+    let lines: Vec<&str> = text.trim_end().lines().collect();
+    let line = |l: &str| -> String {
+        let shown = escape(l, false);
+        match shown.char_indices().nth(DIAGNOSTIC_WIDTH) {
+            Some((at, _)) => format!("{}…", &shown[..at]),
+            None => shown.into_owned(),
+        }
+    };
+    let mut shown: Vec<String> = Vec::new();
+    if lines.len() > DIAGNOSTIC_LINES {
+        let head = DIAGNOSTIC_LINES - DIAGNOSTIC_TAIL;
+        shown.extend(lines[..head].iter().map(|l| line(l)));
+        shown.push(format!(
+            "… ({} lines left out)",
+            lines.len() - DIAGNOSTIC_LINES
+        ));
+        shown.extend(
+            lines[lines.len() - DIAGNOSTIC_TAIL..]
+                .iter()
+                .map(|l| line(l)),
+        );
+    } else {
+        shown.extend(lines.iter().map(|l| line(l)));
+    }
+    shown.join("\n    ")
+}
+
 /// `text` as it should go to stdout: escaped for a terminal, exact for a pipe or a file.
 pub(crate) fn for_stdout(text: &str, terminal: bool) -> Cow<'_, str> {
     if terminal {
@@ -227,6 +266,26 @@ mod tests {
         assert_eq!(escape("one\n\ttwo", true), "one\n\ttwo");
         assert_eq!(escape("one\n\ttwo", false), "one\\n\\ttwo");
         assert!(matches!(escape("plain é 中文 ✓", false), Cow::Borrowed(_)));
+    }
+
+    #[test]
+    fn a_traceback_reads_over_several_lines_escaped_and_capped() {
+        let traceback = "Traceback (most recent call last):\r\n  File \"app.py\", line 1\n\
+                         \x1b[2Jraise\nValueError: bad";
+        assert_eq!(
+            diagnostic(traceback),
+            "Traceback (most recent call last):\n      File \"app.py\", line 1\n    \
+             \\x1b[2Jraise\n    ValueError: bad"
+        );
+        let long: Vec<String> = (1..=40).map(|i| format!("line {i}")).collect();
+        let shown = diagnostic(&long.join("\n"));
+        let lines: Vec<&str> = shown.lines().collect();
+        assert_eq!(lines.len(), 17, "{shown}");
+        assert_eq!(lines[0], "line 1");
+        assert_eq!(lines[4], "    … (24 lines left out)");
+        assert_eq!(lines[16], "    line 40");
+        let wide = "x".repeat(1000);
+        assert_eq!(diagnostic(&wide).chars().count(), 301);
     }
 
     #[test]

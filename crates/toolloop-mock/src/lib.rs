@@ -38,6 +38,10 @@
 //! | `accept_tools` | `true` or `false` | `false` | with `text_calls`: accept requests that carry `tools` (still writing calls as text) |
 //! | `distinct` | `true` or `false` | `false` | every call's arguments differ: the first string argument gets ` #N` appended (N the call's number in the task), so duplicate-call detection lets every call run |
 //! | `window` | 1 to 100000000 | none | the model's context window in tokens: a larger request is refused as the API refuses one (see below) |
+//! | `drop_tools` | `true`, `false` or `without_choice` | `false` | OpenAI route: the server drops the `tools` parameter (and `tool_choice`) without a word, always or when the request has no `tool_choice` (llama-cpp-python's `chatml-function-calling`); the reply is made as without tools and the prompt tokens are counted without the catalog |
+//! | `refuse_auto_stream` | `true` or `false` | `false` | OpenAI route: a streamed request with `tool_choice: "auto"` gets an empty stream, status 200 and no event (llama-cpp-python: "Automatic streaming tool choice is not supported") |
+//! | `refuse_json_schema` | `true` or `false` | `false` | OpenAI route: a `response_format` of type `json_schema` gets llama-cpp-python's HTTP 500 validation error ("Input should be 'text' or 'json_object'"); `json_object` is taken |
+//! | `traceback` | `true` or `false` | `false` | error faults (`500`, `503`) carry a Python traceback, several lines long, as their message |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
 //! 10 minutes. A name without `:` (`mock`, `gpt-4o`) is the default scenario. An unknown key, a
@@ -201,7 +205,9 @@ mod scenario;
 mod text;
 
 pub use fault::{FaultCounts, FaultKind, FaultKinds};
-pub use scenario::{MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, MAX_WINDOW, Scenario, ScenarioError};
+pub use scenario::{
+    DropTools, MAX_DELAY, MAX_PARALLEL, MAX_ROUNDS, MAX_WINDOW, Scenario, ScenarioError,
+};
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -306,6 +312,10 @@ pub struct MockStats {
     /// refused with an HTTP 400 are counted in `rejected` too; a streamed Responses request is
     /// refused inside a 200 stream, as that API does.
     pub context_refusals: u64,
+    /// Requests answered with a quirk of a real server that the scenario plays (`drop_tools`,
+    /// `refuse_auto_stream`, `refuse_json_schema`): a catalog dropped, an empty stream, a
+    /// format refused.
+    pub quirks: u64,
 }
 
 impl MockStats {
@@ -334,6 +344,7 @@ pub(crate) struct Shared {
     pub(crate) answers: Vec<String>,
     output_schemas: AtomicU64,
     context_refusals: AtomicU64,
+    quirks: AtomicU64,
 }
 
 impl Shared {
@@ -355,7 +366,13 @@ impl Shared {
             answers_by_prompt: options.answers_by_prompt.clone(),
             output_schemas: AtomicU64::new(0),
             context_refusals: AtomicU64::new(0),
+            quirks: AtomicU64::new(0),
         }
+    }
+
+    /// Counts a request answered with a real server's quirk.
+    pub(crate) fn saw_quirk(&self) {
+        self.quirks.fetch_add(1, Ordering::Relaxed);
     }
 
     /// What the test scripted.
@@ -403,6 +420,7 @@ impl Shared {
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
             output_schemas: self.output_schemas.load(Ordering::Relaxed),
             context_refusals: self.context_refusals.load(Ordering::Relaxed),
+            quirks: self.quirks.load(Ordering::Relaxed),
         }
     }
 }

@@ -8,7 +8,7 @@ use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
 use super::fault::{Drawn, FaultKind, Protocol};
 use super::response::{Payload, Prepared, SseWriter, to_vec};
-use super::scenario::Scenario;
+use super::scenario::{DropTools, Scenario};
 use super::text::{self, CatalogTool};
 use toolloop::model::ToolSpec;
 use toolloop::ptk;
@@ -210,6 +210,14 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             );
         }
     };
+    let mut request = request;
+    let mut body_len = body.len();
+    if let Some(quirk) = quirk(&scenario, &mut request, body, &mut body_len) {
+        shared.saw_quirk();
+        if let Some(answer) = quirk {
+            return answer;
+        }
+    }
     let offers_tools = request.tools.as_ref().is_some_and(|t| !t.is_empty());
     if scenario.text_calls.is_some() && !scenario.accept_tools && offers_tools {
         // What Ollama answers for a model without tool support.
@@ -281,7 +289,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         scenario: &scenario,
         output,
         progress,
-        body_len: body.len(),
+        body_len,
         fault,
     };
 
@@ -308,6 +316,65 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         schema: Some(&t.arguments),
     }));
     reply(shared, &ctx, &tools)
+}
+
+/// Plays the quirks of real servers that the scenario asks for. `None`: none applies;
+/// `Some(Some(reply))`: the request is answered so (an empty stream, an error);
+/// `Some(None)`: the request was changed (its tools dropped, `body_len` without them) and goes
+/// on.
+fn quirk(
+    scenario: &Scenario,
+    request: &mut Request<'_>,
+    body: &[u8],
+    body_len: &mut usize,
+) -> Option<Option<Prepared>> {
+    let offers_tools = request.tools.as_ref().is_some_and(|t| !t.is_empty());
+    let auto = matches!(&request.tool_choice, Some(Value::String(c)) if c == "auto");
+    if scenario.refuse_auto_stream && offers_tools && auto && request.stream == Some(true) {
+        // llama-cpp-python: "Automatic streaming tool choice is not supported", raised after
+        // the stream's head was sent.
+        return Some(Some(Prepared::ok(
+            Payload::Sse(SseWriter::new(false)),
+            std::time::Duration::ZERO,
+            std::time::Duration::ZERO,
+        )));
+    }
+    let json_schema = request
+        .response_format
+        .as_ref()
+        .and_then(|f| f.get("type"))
+        .and_then(Value::as_str)
+        == Some("json_schema");
+    if scenario.refuse_json_schema && json_schema {
+        // llama-cpp-python answers a request it cannot validate with a 500.
+        let message = "1 validation error:\n  {'type': 'literal_error', 'loc': ('body', \
+                       'response_format', 'type'), 'msg': \"Input should be 'text' or \
+                       'json_object'\", 'input': 'json_schema', 'ctx': {'expected': \"'text' or \
+                       'json_object'\"}}";
+        return Some(Some(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            message,
+            None,
+            None,
+        )));
+    }
+    let drop = match scenario.drop_tools {
+        DropTools::Never => false,
+        DropTools::Always => offers_tools,
+        DropTools::WithoutChoice => offers_tools && request.tool_choice.is_none(),
+    };
+    if !drop {
+        return None;
+    }
+    // The prompt holds no catalog: the tokens are counted without it.
+    let tools_len = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("tools").map(|t| t.to_string().len()))
+        .unwrap_or(0);
+    *body_len = body_len.saturating_sub(tools_len);
+    request.tools = None;
+    request.tool_choice = None;
+    Some(None)
 }
 
 /// The schema of a `response_format` of type `json_schema`, checked as OpenAI checks it: a

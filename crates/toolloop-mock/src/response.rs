@@ -152,6 +152,15 @@ impl Prepared {
             f64::from(scenario.faults) / 1e6,
             scenario.seed
         );
+        if scenario.traceback && matches!(status.as_u16(), 500 | 503) {
+            message = format!(
+                "Traceback (most recent call last):\n  File \"/srv/llama_cpp/server/app.py\", \
+                 line 512, in create_chat_completion\n    iterator_or_completion = await \
+                 run_in_threadpool(llama.create_chat_completion, **kwargs)\n  File \
+                 \"/srv/llama_cpp/llama_chat_format.py\", line 3801, in \
+                 chatml_function_calling\n    raise ValueError(message)\nValueError: {message}"
+            );
+        }
         if drawn.kind == FaultKind::RateLimited {
             let wait = scenario.retry_after;
             headers.push(("retry-after-ms", wait.as_millis().to_string()));

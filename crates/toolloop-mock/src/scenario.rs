@@ -20,7 +20,21 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
-                    retry_after, slow_delay, text_calls, accept_tools, distinct, window";
+                    retry_after, slow_delay, text_calls, accept_tools, distinct, drop_tools, \
+                    refuse_auto_stream, refuse_json_schema, traceback, window";
+
+/// When the server drops the `tools` parameter without a word (`drop_tools=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DropTools {
+    /// Never (the default).
+    #[default]
+    Never,
+    /// Always (`drop_tools=true`), as a proxy that strips the parameter.
+    Always,
+    /// When the request has no `tool_choice` (`drop_tools=without_choice`), as llama-cpp-python's
+    /// `chatml-function-calling` handler does.
+    WithoutChoice,
+}
 
 /// A parsed scenario: how many rounds of tool calls, how wide, how slow.
 ///
@@ -68,6 +82,19 @@ pub struct Scenario {
     /// counts as larger (a quarter of its body's bytes, as in its usage) is refused the way
     /// each API refuses one, and counted in [`crate::MockStats::context_refusals`].
     pub window: Option<u64>,
+    /// Drop the `tools` parameter (and `tool_choice`) without a word (`drop_tools=true`, or
+    /// `without_choice`: when the request has no `tool_choice`): the reply is made as if no
+    /// tools were offered, and the prompt tokens are counted without the catalog.
+    pub drop_tools: DropTools,
+    /// Answer a streamed request with `tool_choice: "auto"` with an empty stream (status 200,
+    /// no event), as llama-cpp-python does (`refuse_auto_stream=true`).
+    pub refuse_auto_stream: bool,
+    /// Refuse a `response_format` of type `json_schema` with llama-cpp-python's HTTP 500
+    /// validation error, "Input should be 'text' or 'json_object'" (`refuse_json_schema=true`).
+    pub refuse_json_schema: bool,
+    /// Error faults (`500`, `503`) carry a Python traceback, several lines long, as their
+    /// message (`traceback=true`).
+    pub traceback: bool,
 }
 
 impl Default for Scenario {
@@ -87,6 +114,10 @@ impl Default for Scenario {
             accept_tools: false,
             distinct: false,
             window: None,
+            drop_tools: DropTools::Never,
+            refuse_auto_stream: false,
+            refuse_json_schema: false,
+            traceback: false,
         }
     }
 }
@@ -126,7 +157,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 14] = [false; 14];
+        let mut seen: [bool; 18] = [false; 18];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -205,6 +236,35 @@ impl Scenario {
                     scenario.distinct = boolean(key, value)?;
                     12
                 }
+                "drop_tools" => {
+                    scenario.drop_tools = match value {
+                        "true" => DropTools::Always,
+                        "false" => DropTools::Never,
+                        "without_choice" => DropTools::WithoutChoice,
+                        _ => {
+                            return Err(error(
+                                Some(key),
+                                format!(
+                                    "key `{key}` expects `true`, `false` or `without_choice`, \
+                                     got `{value}`"
+                                ),
+                            ));
+                        }
+                    };
+                    13
+                }
+                "refuse_auto_stream" => {
+                    scenario.refuse_auto_stream = boolean(key, value)?;
+                    14
+                }
+                "refuse_json_schema" => {
+                    scenario.refuse_json_schema = boolean(key, value)?;
+                    15
+                }
+                "traceback" => {
+                    scenario.traceback = boolean(key, value)?;
+                    16
+                }
                 "window" => {
                     scenario.window = Some(match value.parse::<u64>() {
                         Ok(n) if (1..=MAX_WINDOW).contains(&n) => n,
@@ -218,7 +278,7 @@ impl Scenario {
                             ));
                         }
                     });
-                    13
+                    17
                 }
                 _ => {
                     return Err(error(
@@ -315,6 +375,20 @@ impl fmt::Display for Scenario {
         }
         if self.distinct {
             put(f, format_args!("distinct=true"))?;
+        }
+        match self.drop_tools {
+            DropTools::Never => {}
+            DropTools::Always => put(f, format_args!("drop_tools=true"))?,
+            DropTools::WithoutChoice => put(f, format_args!("drop_tools=without_choice"))?,
+        }
+        if self.refuse_auto_stream {
+            put(f, format_args!("refuse_auto_stream=true"))?;
+        }
+        if self.refuse_json_schema {
+            put(f, format_args!("refuse_json_schema=true"))?;
+        }
+        if self.traceback {
+            put(f, format_args!("traceback=true"))?;
         }
         if let Some(window) = self.window {
             put(f, format_args!("window={window}"))?;
@@ -436,6 +510,24 @@ fn duration(key: &str, value: &str) -> Result<Duration, ScenarioError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn real_server_quirks_read_and_render_back() {
+        let s = Scenario::from_model(
+            "mock:drop_tools=without_choice,refuse_auto_stream=true,refuse_json_schema=true,\
+             traceback=true",
+        )
+        .unwrap();
+        assert_eq!(s.drop_tools, DropTools::WithoutChoice);
+        assert!(s.refuse_auto_stream && s.refuse_json_schema && s.traceback);
+        assert_eq!(Scenario::from_model(&s.model_name()).unwrap(), s);
+        let always = Scenario::from_model("mock:drop_tools=true").unwrap();
+        assert_eq!(always.drop_tools, DropTools::Always);
+        assert_eq!(always.model_name(), "mock:drop_tools=true");
+        let e = Scenario::from_model("mock:drop_tools=sometimes").unwrap_err();
+        assert_eq!(e.key.as_deref(), Some("drop_tools"));
+        assert!(e.message.contains("`without_choice`"), "{e}");
+    }
 
     #[test]
     fn defaults_without_parameters() {

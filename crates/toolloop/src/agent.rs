@@ -777,7 +777,11 @@ impl Agent {
         loop {
             emit(&mut machine);
             match machine.next_step() {
-                Step::Finished => break,
+                Step::Finished => {
+                    // What the last step settled (a round's end, when a limit stops the run).
+                    emit(&mut machine);
+                    break;
+                }
                 Step::GetReminders => {
                     // Durable with the round's response: asked again on resume if lost.
                     let input = Input::RemindersGiven {
@@ -833,12 +837,22 @@ impl Agent {
                     if let Ok(r) = &called {
                         crate::telemetry::chat_finished(&span, r);
                         match r {
-                            Ok(response) => tracing::info!(
-                                round,
-                                tool_calls = response.tool_calls.len(),
-                                finish = ?response.finish_reason,
-                                "model answered"
-                            ),
+                            Ok(response) => {
+                                tracing::info!(
+                                    round,
+                                    tool_calls = response.tool_calls.len(),
+                                    finish = ?response.finish_reason,
+                                    "model answered"
+                                );
+                                tracing::debug!(
+                                    round,
+                                    text_chars = response.text.as_deref().map_or(0, |t| t.chars().count()),
+                                    input_tokens = response.usage.map(|u| u.input_tokens),
+                                    output_tokens = response.usage.map(|u| u.output_tokens),
+                                    calls = %response.tool_calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                                    "model answer"
+                                );
+                            }
                             Err(e) => tracing::info!(round, error = %e, "model call failed"),
                         }
                     }
@@ -1027,6 +1041,7 @@ impl Agent {
                     if attempt <= self.config.stream_restarts =>
                 {
                     attempt += 1;
+                    tracing::info!(round, attempt, %reason, "the model's stream broke; asking again");
                     if let Some(sink) = sink {
                         sink(&Event::ModelRetry {
                             round,
@@ -1133,14 +1148,16 @@ impl Agent {
                 };
                 let span = crate::telemetry::tool_span(&job.call);
                 let on_end = span.clone();
+                let call = job.call.clone();
                 job.run().instrument(span).map(move |r| {
-                    if let Ok((result, _, attempts)) = &r {
+                    if let Ok((result, ms, attempts)) = &r {
                         let text = match result {
                             Ok(o) => o.message.as_str(),
                             Err(e) => e.message.as_str(),
                         };
                         crate::telemetry::tool_finished(&on_end, result.is_ok(), *attempts, text);
-                        tracing::info!(parent: &on_end, ok = result.is_ok(), attempts, "tool call finished");
+                        tracing::info!(parent: &on_end, tool = %call.name, ok = result.is_ok(), ms, attempts, "tool call finished");
+                        tracing::debug!(parent: &on_end, tool = %call.name, arguments = %crate::result::shorten(&call.arguments.to_string(), 300), result_chars = text.chars().count(), "tool call");
                     }
                     (index, r)
                 })

@@ -28,6 +28,10 @@ pub enum StopReason {
     OutputTruncated,
     /// The model call failed.
     ModelError,
+    /// The model answered with nothing: no text (or only whitespace) and no tool call. Not an
+    /// answer: a server or proxy that swallowed an error, or a request it could not use, often
+    /// replies this way.
+    EmptyAnswer,
     /// The run log could not be written, so the run stopped before acting.
     StoreFailed,
     /// Calls wait for a person's approval and no approval handler was set: the calls are in
@@ -72,6 +76,8 @@ pub enum ErrorCode {
     /// The model's final answers kept failing the output schema (see [`crate::output`]); the
     /// message names the validation errors of the last one.
     InvalidOutput,
+    /// The model answered with no text and no tool call.
+    EmptyAnswer,
 }
 
 impl ErrorCode {
@@ -91,6 +97,7 @@ impl ErrorCode {
             ErrorCode::StoreFailed => StopReason::StoreFailed,
             ErrorCode::OutputTruncated => StopReason::OutputTruncated,
             ErrorCode::AwaitingApproval => StopReason::AwaitingApproval,
+            ErrorCode::EmptyAnswer => StopReason::EmptyAnswer,
         }
     }
 }

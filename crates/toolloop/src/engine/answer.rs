@@ -130,6 +130,21 @@ impl Machine {
             }
             return;
         }
+        if text.as_deref().is_none_or(|t| t.trim().is_empty()) {
+            self.finish(
+                StopReason::EmptyAnswer,
+                text,
+                Some(RunError {
+                    code: ErrorCode::EmptyAnswer,
+                    message: "the model answered with nothing (no text and no tool call); \
+                              a server or proxy that cannot use a request sometimes replies \
+                              this way: the request log (--debug-requests) shows the \
+                              exchange"
+                        .into(),
+                }),
+            );
+            return;
+        }
         self.finish(StopReason::Answered, text, None);
     }
 

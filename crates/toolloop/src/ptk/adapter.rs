@@ -131,7 +131,7 @@ impl Model for Prompted {
         };
         let response = self.inner.complete(&inner_request).await?;
         // The same transformation as streaming, so both give the same transcript.
-        let mut transform = Transform::new(request.tools, self.implicit_think);
+        let mut transform = Transform::new(request.tools, self.implicit_think, self.dialect);
         let mut acc = Accumulator::new();
         for event in response.into_events() {
             transform
@@ -154,7 +154,7 @@ impl Model for Prompted {
         let inner = self.inner.stream(&inner_request).await?;
         let state = State {
             inner,
-            transform: Transform::new(request.tools, self.implicit_think),
+            transform: Transform::new(request.tools, self.implicit_think, self.dialect),
             queue: VecDeque::new(),
             done: false,
         };
@@ -203,12 +203,13 @@ struct Transform {
 }
 
 impl Transform {
-    fn new(tools: &[ToolSpec], implicit_think: bool) -> Self {
+    fn new(tools: &[ToolSpec], implicit_think: bool, dialect: Dialect) -> Self {
         let parser = if implicit_think {
             StreamParser::with_implicit_think(tools)
         } else {
             StreamParser::new(tools)
-        };
+        }
+        .teaching(dialect);
         Transform {
             parser: Some(parser),
             inner_finish: None,

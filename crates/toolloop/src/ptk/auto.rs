@@ -2,7 +2,9 @@
 
 use super::adapter::Prompted;
 use super::dialect::Dialect;
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse, ToolSpec};
+use crate::stream::StreamEvent;
+use crate::usage::Usage;
 use async_trait::async_trait;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -20,6 +22,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// A streamed call falls back too, whether the refusal comes as the stream's opening error or as
 /// its first event. Other errors pass through unchanged.
 ///
+/// Some servers take the `tools` parameter and drop it without a word (llama-cpp-python's
+/// `chatml-function-calling` handler without a `tool_choice`, a proxy that strips it): the
+/// model never sees the catalog. Such a reply is told by its usage: when a reply with no tool
+/// call reports fewer prompt tokens than the catalog alone would take
+/// ([`catalog_tokens_floor`]), the catalog was not in the prompt, and the call falls back as if
+/// refused. A complete call is made again prompt-based; a streamed one ends with
+/// [`ModelError::StreamInterrupted`] (its text was shown), which the loop answers by asking again
+/// ([`LoopConfig::stream_restarts`](crate::config::LoopConfig::stream_restarts)), prompt-based.
+///
 /// ```
 /// use std::sync::Arc;
 /// use toolloop::model::Model;
@@ -33,7 +44,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct Auto {
     native: Arc<dyn Model>,
     prompted: Prompted,
-    fell_back: AtomicBool,
+    fell_back: Arc<AtomicBool>,
 }
 
 impl Auto {
@@ -42,7 +53,7 @@ impl Auto {
         Auto {
             prompted: Prompted::new(inner.clone(), dialect),
             native: inner,
-            fell_back: AtomicBool::new(false),
+            fell_back: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -69,14 +80,125 @@ impl Auto {
     }
 
     fn fall_back(&self, why: &str) {
-        if !self.fell_back.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                model = self.native.name(),
-                dialect = %self.prompted.dialect(),
-                "the server refused native tool calling ({why}); using prompt-based tool calling \
-                 from now on"
-            );
+        announce(
+            &self.fell_back,
+            self.native.name(),
+            self.prompted.dialect(),
+            why,
+        );
+    }
+}
+
+/// A floor on the prompt tokens a tool catalog takes: its JSON (names, descriptions, schemas) in
+/// bytes over 8. JSON takes 3 to 4 bytes a token, and a chat template that writes the catalog
+/// more tightly still keeps its names, descriptions and parameter names, so a prompt that
+/// holds the catalog is never below this.
+pub fn catalog_tokens_floor(tools: &[ToolSpec]) -> u64 {
+    let bytes: usize = tools
+        .iter()
+        .map(|t| t.name.len() + t.description.len() + t.parameters.to_string().len())
+        .sum();
+    (bytes / 8) as u64
+}
+
+/// The smallest floor worth judging by: below it, a catalog is too small to tell from the
+/// rest of a prompt.
+const MIN_FLOOR: u64 = 48;
+
+/// Why a reply to a request with tools shows that the server dropped them, if it does: no tool
+/// call, and fewer prompt tokens than the catalog alone takes.
+fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Option<String> {
+    let prompt = usage?.input_tokens;
+    let floor = catalog_tokens_floor(tools);
+    (calls == 0 && !tools.is_empty() && prompt > 0 && floor >= MIN_FLOOR && prompt < floor).then(
+        || {
+            format!(
+                "it reported {prompt} prompt tokens, fewer than the tool catalog alone takes \
+                 (at least {floor}): it dropped the `tools` parameter"
+            )
+        },
+    )
+}
+
+/// A native stream whose end is held until its usage shows whether the server dropped the tools.
+fn checked_stream(
+    auto: Arc<AtomicBool>,
+    model: String,
+    dialect: Dialect,
+    tools: Vec<ToolSpec>,
+    inner: EventStream,
+) -> EventStream {
+    struct State {
+        inner: EventStream,
+        tools: Vec<ToolSpec>,
+        calls: usize,
+        usage: Option<Usage>,
+        finish: Option<StreamEvent>,
+        ended: bool,
+        flag: Arc<AtomicBool>,
+        model: String,
+        dialect: Dialect,
+    }
+    let state = State {
+        inner,
+        tools,
+        calls: 0,
+        usage: None,
+        finish: None,
+        ended: false,
+        flag: auto,
+        model,
+        dialect,
+    };
+    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        if st.ended {
+            return None;
         }
+        loop {
+            match st.inner.next().await {
+                Some(Ok(StreamEvent::Finish(reason))) => {
+                    st.finish = Some(StreamEvent::Finish(reason));
+                }
+                Some(Ok(event)) => {
+                    match &event {
+                        StreamEvent::ToolCallStart { .. } => st.calls += 1,
+                        StreamEvent::Usage(u) => st.usage = Some(*u),
+                        _ => {}
+                    }
+                    return Some((Ok(event), st));
+                }
+                Some(Err(e)) => {
+                    st.ended = true;
+                    return Some((Err(e), st));
+                }
+                None => {
+                    st.ended = true;
+                    if let Some(why) = dropped_tools(&st.tools, st.calls, st.usage.as_ref()) {
+                        announce(&st.flag, &st.model, st.dialect, &why);
+                        return Some((
+                            Err(ModelError::StreamInterrupted(format!(
+                                "the server ignored the tools ({why}); asking again with \
+                                 prompt-based tool calling"
+                            ))),
+                            st,
+                        ));
+                    }
+                    return st.finish.take().map(|f| (Ok(f), st));
+                }
+            }
+        }
+    }))
+}
+
+/// Switches `flag` to prompt-based calling, saying so the first time.
+fn announce(flag: &AtomicBool, model: &str, dialect: Dialect, why: &str) {
+    if !flag.swap(true, Ordering::Relaxed) {
+        tracing::warn!(
+            model,
+            %dialect,
+            "the server refused native tool calling ({why}); using prompt-based tool calling \
+             from now on"
+        );
     }
 }
 
@@ -101,6 +223,10 @@ impl Auto {
         if !self.is_prompted() {
             match native.complete(request).await {
                 Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
+                Ok(r) => match dropped_tools(request.tools, r.tool_calls.len(), r.usage.as_ref()) {
+                    Some(why) => self.fall_back(&why),
+                    None => return Ok(r),
+                },
                 other => return other,
             }
         }
@@ -120,8 +246,17 @@ impl Auto {
                 Ok(mut stream) => match stream.next().await {
                     Some(Err(ModelError::ToolsUnsupported(why))) => self.fall_back(&why),
                     Some(first) => {
-                        let rest = futures::stream::iter([first]).chain(stream);
-                        return Ok(Box::pin(rest));
+                        let rest = Box::pin(futures::stream::iter([first]).chain(stream));
+                        if request.tools.is_empty() {
+                            return Ok(rest);
+                        }
+                        return Ok(checked_stream(
+                            self.fell_back.clone(),
+                            self.native.name().to_string(),
+                            self.prompted.dialect(),
+                            request.tools.to_vec(),
+                            rest,
+                        ));
                     }
                     None => return Ok(Box::pin(futures::stream::empty())),
                 },

@@ -320,6 +320,9 @@ pub(crate) struct Scanner {
     /// (DeepSeek R1, Qwen3 thinking): until a `</think>` arrives, or the reply ends without
     /// one, nothing is decided.
     implicit_think: bool,
+    /// The dialect the model was taught: a near miss's explanation teaches it, whatever the
+    /// attempt resembled.
+    pub(crate) teach: Option<Dialect>,
 }
 
 impl Scanner {
@@ -333,6 +336,7 @@ impl Scanner {
             pending_ws: String::new(),
             gate: None,
             implicit_think: false,
+            teach: None,
         }
     }
 
@@ -407,6 +411,10 @@ impl Scanner {
                     out.extend(calls.into_iter().map(Piece::Call));
                 }
                 Decision::Miss(n, explanation) => {
+                    let explanation = match self.teach {
+                        Some(dialect) => reteach(explanation, dialect),
+                        None => explanation,
+                    };
                     let raw = self.drain(n.max(1));
                     self.mark_call();
                     out.push(Piece::NearMiss { explanation, raw });
@@ -646,9 +654,34 @@ fn quote(text: &str) -> String {
 
 fn miss(dialect: Dialect, what: impl std::fmt::Display) -> String {
     format!(
-        "Your tool call could not be read: {what}. Write each tool call exactly like this:\n{}\nThe arguments must be one JSON object with double-quoted keys and strings.",
-        dialect.format()
+        "Your tool call could not be read: {what}. {}",
+        teaching(dialect)
     )
+}
+
+/// Where the format an explanation teaches begins (see [`teaching`]).
+const TEACHING: &str = "Write each tool call exactly like this:\n";
+
+/// The end of a near miss's explanation: the exact format of `dialect`, and how its arguments
+/// are written.
+fn teaching(dialect: Dialect) -> String {
+    let arguments = match dialect {
+        Dialect::Qwen3Coder => "Each argument goes in a <parameter=NAME> block of its own.",
+        Dialect::Glm => "Each argument goes in an <arg_key> and <arg_value> pair of its own.",
+        Dialect::Pythonic => "The arguments are NAME=VALUE pairs, the values Python literals.",
+        _ => "The arguments must be one JSON object with double-quoted keys and strings.",
+    };
+    format!("{TEACHING}{}\n{arguments}", dialect.format())
+}
+
+/// `explanation` teaching `dialect` instead of the format it was written for (the one the
+/// attempted call resembled).
+fn reteach(mut explanation: String, dialect: Dialect) -> String {
+    if let Some(at) = explanation.rfind(TEACHING) {
+        explanation.truncate(at);
+        explanation.push_str(&teaching(dialect));
+    }
+    explanation
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -1975,7 +2008,7 @@ fn parse_glm(t: &str, tools: &[ToolSpec]) -> Result<ParsedCall, String> {
         });
     if !plausible {
         return Err(format!(
-            "<tool_call> must hold JSON, or the tool name on its first line followed by {KEY}…{KEY_END} {VALUE}…{VALUE_END} pairs; found `{}`",
+            "<tool_call> holds neither a JSON call nor a tool name with its arguments; found `{}`",
             quote(&t[..name_end])
         ));
     }
@@ -2267,6 +2300,49 @@ mod tests {
         );
         assert_eq!(r.calls[0].arguments, json!({"path": "</PTK_CALL>"}));
         assert_eq!(r.text, None);
+    }
+
+    /// A near miss is explained in the dialect the run taught, whatever format the attempt
+    /// resembled, and never with a sentence about arguments that the format contradicts.
+    #[test]
+    fn near_misses_teach_the_dialect_the_run_taught() {
+        let explain = |text: &str, taught: Dialect| -> String {
+            let mut scanner = Scanner::new(&tools());
+            scanner.teach = Some(taught);
+            let mut pieces = Vec::new();
+            scanner.push(text, &mut pieces);
+            scanner.finish(&mut pieces);
+            pieces
+                .into_iter()
+                .find_map(|p| match p {
+                    Piece::NearMiss { explanation, .. } => Some(explanation),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("no near miss for {text}"))
+        };
+        // A bare fenced block, in a run taught hermes: told to write hermes, not a fence.
+        let fenced =
+            "```json\n{\"name\": \"read_file\", \"arguments\": {\"path\": \"a\" \"x\": ]}\n```";
+        let why = explain(fenced, Dialect::Hermes);
+        assert!(why.contains(Dialect::Hermes.format()), "{why}");
+        assert!(!why.contains("```json"), "{why}");
+        assert!(why.contains("one JSON object"), "{why}");
+        // Plain text in a <tool_call>: GLM's look-alike is not taught to a hermes run.
+        let why = explain(
+            "<tool_call>read the file please</tool_call>",
+            Dialect::Hermes,
+        );
+        assert!(why.contains(Dialect::Hermes.format()), "{why}");
+        assert!(!why.contains("<arg_key>"), "{why}");
+        // A GLM run is taught GLM, without the JSON sentence that contradicts it.
+        let why = explain(fenced, Dialect::Glm);
+        assert!(why.contains("<arg_key>"), "{why}");
+        assert!(!why.contains("JSON object"), "{why}");
+        // The model's own words stay in the explanation.
+        assert!(
+            why.starts_with("Your tool call could not be read: "),
+            "{why}"
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The incremental parser for streamed replies.
 
+use super::dialect::Dialect;
 use super::parser::{Piece, Scanner};
 use super::render::PTK_PROVIDER;
 use crate::message::{ProviderPart, new_call_id};
@@ -35,6 +36,13 @@ impl StreamParser {
             scanner: Scanner::new(tools),
             next_index: 0,
         }
+    }
+
+    /// The parser, explaining a near miss in `dialect` (the one the model was taught), whatever
+    /// format the attempted call resembled.
+    pub fn teaching(mut self, dialect: Dialect) -> Self {
+        self.scanner.teach = Some(dialect);
+        self
     }
 
     /// A parser for replies that may begin inside reasoning whose `<think>` the chat template

@@ -6,6 +6,10 @@
 //! server's `retry-after-ms` or `Retry-After` wins when present. A stream that has delivered any
 //! output is never replayed ([`resilient_stream`]).
 //!
+//! A server that refuses connections (a local server restarting, or still loading its model) is
+//! waited for longer than the retry policy alone would: connection failures are retried with
+//! backoff (at most 2 s between attempts) for [`HttpTransport::connect_retry`] (default 10 s).
+//!
 //! Not retried, because the same request would get the same answer: a 500 whose body is a
 //! validation error of the request itself ([`rejects_request`]: llama-cpp-python answers a
 //! request it cannot validate with a 500), and any redirect.
@@ -228,7 +232,23 @@ pub struct HttpTransport {
     /// Where every request and response is logged, keys redacted (none by default); see
     /// [`RequestLog`](super::request_log::RequestLog).
     pub debug_log: Option<std::sync::Arc<super::request_log::RequestLog>>,
+    /// How long a server that refuses connections (one restarting, a local server still
+    /// loading its model) is waited for: connection failures are retried with backoff (waits of
+    /// at most 2 s) until this much time has passed since the call's first attempt, whatever
+    /// [`HttpTransport::retry`] allows (default 10 s; zero: only the retry policy's retries).
+    pub connect_retry: Duration,
 }
+
+/// The start of the message of a failure to connect (see [`HttpTransport::connect_retry`]).
+const CONNECT_FAILED: &str = "could not connect to the server: ";
+
+/// Whether `e` is a failure to connect (nothing was sent).
+pub(crate) fn is_connect_error(e: &ModelError) -> bool {
+    matches!(e, ModelError::Transport { message, .. } if message.starts_with(CONNECT_FAILED))
+}
+
+/// The longest wait between two attempts to connect to a server that refuses connections.
+const CONNECT_MAX_WAIT: Duration = Duration::from_secs(2);
 
 /// How many first-byte timeouts one call has met (see [`HttpTransport::first_byte_retries`]),
 /// and its number and attempts in the request debug log.
@@ -254,6 +274,22 @@ impl CallBudget {
     fn logged(&self) -> u64 {
         self.logged_call.load(Ordering::Relaxed)
     }
+
+    /// Says in `log` (when the call is in it) that its stream broke, and whether it may be
+    /// opened again.
+    pub(crate) fn log_stream_broke(
+        &self,
+        log: &super::request_log::RequestLog,
+        error: &str,
+        retryable: bool,
+        redactor: &Redactor,
+    ) {
+        let call = self.logged();
+        if call != 0 {
+            let attempt = self.attempts.load(Ordering::Relaxed);
+            log.stream_broke(call, attempt, error, retryable, redactor);
+        }
+    }
 }
 
 impl Default for HttpTransport {
@@ -273,6 +309,9 @@ fn transport_error(e: reqwest::Error) -> ModelError {
         message.push_str(": ");
         message.push_str(&s.to_string());
         source = s.source();
+    }
+    if e.is_connect() {
+        message.insert_str(0, CONNECT_FAILED);
     }
     // reqwest names the URL, which may carry credentials.
     let message = redact_url_credentials(&message);
@@ -387,7 +426,37 @@ impl HttpTransport {
             idle_timeout: Duration::from_secs(300),
             event_timeout: Duration::from_secs(600),
             debug_log: None,
+            connect_retry: Duration::from_secs(10),
         }
+    }
+
+    /// The wait before retry number `attempt` after `error`, the call having begun at
+    /// `started`; `None`: not retried. Retryable errors are retried as the policy says; a
+    /// failure to connect is retried besides, with backoff, until
+    /// [`HttpTransport::connect_retry`] has passed.
+    fn retry_wait(
+        &self,
+        error: &ModelError,
+        retry: bool,
+        attempt: u32,
+        started: std::time::Instant,
+    ) -> Option<Duration> {
+        let hint = match error {
+            ModelError::Api(a) => a.retry_after,
+            _ => None,
+        };
+        let wait = self.retry.delay(attempt, hint);
+        if retry && attempt <= self.retry.max_retries {
+            return Some(wait);
+        }
+        if is_connect_error(error) {
+            let wait = wait.min(CONNECT_MAX_WAIT);
+            let left = self.connect_retry.saturating_sub(started.elapsed());
+            if !left.is_zero() {
+                return Some(wait.min(left));
+            }
+        }
+        None
     }
 
     async fn send_once(
@@ -529,23 +598,22 @@ impl HttpTransport {
         Fut: Future<Output = Result<T, ModelError>>,
     {
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             match attempt_fn()
                 .await
                 .map_err(|e| Redactor::for_request(url.as_str(), headers).redact_error(e))
             {
                 Ok(v) => return Ok(v),
-                Err(e) if e.is_retryable() && attempt < self.retry.max_retries => {
-                    attempt += 1;
-                    let hint = match &e {
-                        ModelError::Api(a) => a.retry_after,
-                        _ => None,
+                Err(e) => {
+                    let retry = e.is_retryable();
+                    let Some(wait) = self.retry_wait(&e, retry, attempt + 1, started) else {
+                        return Err(e);
                     };
-                    let wait = self.retry.delay(attempt, hint);
+                    attempt += 1;
                     tracing::info!(error = %e, attempt, ?wait, "retrying model call");
                     tokio::time::sleep(wait).await;
                 }
-                Err(e) => return Err(e),
             }
         }
     }
@@ -598,6 +666,7 @@ impl HttpTransport {
         let budget = CallBudget::default();
         let redact = |e: ModelError| Redactor::for_request(url.as_str(), headers).redact_error(e);
         let mut attempt = 0;
+        let started = std::time::Instant::now();
         loop {
             let read = match self
                 .send_once(url, headers, &body, parse_error, &budget)
@@ -622,15 +691,10 @@ impl HttpTransport {
                     (redact(e), retry)
                 }
             };
-            if !retry || attempt >= self.retry.max_retries {
+            let Some(wait) = self.retry_wait(&error, retry, attempt + 1, started) else {
                 return Err(error);
-            }
-            attempt += 1;
-            let hint = match &error {
-                ModelError::Api(a) => a.retry_after,
-                _ => None,
             };
-            let wait = self.retry.delay(attempt, hint);
+            attempt += 1;
             tracing::info!(%error, attempt, ?wait, "retrying model call");
             tokio::time::sleep(wait).await;
         }
@@ -758,7 +822,9 @@ where
                             ModelError::Api(a) => a.retry_after,
                             _ => None,
                         };
-                        tokio::time::sleep(st.policy.delay(st.attempt, hint)).await;
+                        let wait = st.policy.delay(st.attempt, hint);
+                        tracing::info!(error = %e, attempt = st.attempt, ?wait, "the stream broke before any output; opening it again");
+                        tokio::time::sleep(wait).await;
                         continue;
                     }
                     st.done = true;

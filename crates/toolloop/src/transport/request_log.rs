@@ -134,6 +134,25 @@ impl RequestLog {
         self.write(json!({"event": "chunk", "call": call, "data": text}));
     }
 
+    /// A stream that broke after its response began; `retryable`: whether it may be opened
+    /// anew (never once it delivered output: the loop then asks again, a new call).
+    pub(crate) fn stream_broke(
+        &self,
+        call: u64,
+        attempt: u32,
+        error: &str,
+        retryable: bool,
+        redactor: &Redactor,
+    ) {
+        self.write(json!({
+            "event": "stream_broke",
+            "call": call,
+            "attempt": attempt,
+            "error": redactor.redact(error),
+            "retryable": retryable,
+        }));
+    }
+
     pub(crate) fn failed(&self, call: u64, attempt: u32, error: &str, redactor: &Redactor) {
         self.write(json!({
             "event": "failed",

@@ -180,7 +180,7 @@ struct Opener<F> {
     parse_error: ErrorParser,
     make_decoder: F,
     /// First-byte timeouts, counted across the openings of the call.
-    budget: CallBudget,
+    budget: Arc<CallBudget>,
 }
 
 impl<D: SseDecode, F: Fn() -> D> Opener<F> {
@@ -195,11 +195,26 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
                 &self.budget,
             )
             .await?;
-        Ok(sse_event_stream(
+        let stream = sse_event_stream(
             bytes,
             (self.make_decoder)(),
             Some(self.transport.event_timeout),
-        ))
+        );
+        if self.transport.debug_log.is_none() {
+            return Ok(stream);
+        }
+        // A body that broke is in the request log (a retry, if any, follows it there).
+        let (transport, budget, redactor) = (
+            self.transport.clone(),
+            self.budget.clone(),
+            Redactor::for_request(self.url.as_str(), &self.headers),
+        );
+        Ok(Box::pin(stream.inspect(move |item| {
+            if let (Err(e), Some(log)) = (item, &transport.debug_log) {
+                let e = redactor.redact_error(e.clone());
+                budget.log_stream_broke(log, &e.to_string(), e.is_retryable(), &redactor);
+            }
+        })))
     }
 
     /// `e` without the request's secrets (a stream's error event, or an event that does not
@@ -233,7 +248,7 @@ where
         body,
         parse_error,
         make_decoder,
-        budget: CallBudget::default(),
+        budget: Arc::new(CallBudget::default()),
     });
     // The opener hands the first stream out once, and opens anew after a failure.
     let first = Mutex::new(Some(opener.open().await?));

@@ -54,7 +54,9 @@ pub struct OpenAiConfig {
     /// on for servers other than OpenAI's own API). Leaving it out means `auto` on OpenAI and vLLM,
     /// but llama-cpp-python's server ignores the tools unless it is said; every compatible server
     /// accepts it (vLLM without `--enable-auto-tool-choice` refuses it as it refuses tools at all,
-    /// which `--tool-protocol auto` takes as the signal to fall back to prompt-based calling).
+    /// which `--tool-protocol auto` takes as the signal to fall back to prompt-based calling),
+    /// except llama-cpp-python while streaming, which answers it with an empty stream: the model
+    /// then sends its streamed requests without it (see the [module docs](super)).
     pub explicit_tool_choice: bool,
 }
 

@@ -201,6 +201,59 @@ pub(crate) fn classify(e: ModelError) -> ModelError {
     }
 }
 
+/// The start of the error for a 2xx stream that ended without a single event.
+pub(super) const EMPTY_STREAM: &str = "the server answered with an empty stream";
+
+/// The error for a 2xx stream that ended without a single event.
+pub(super) fn empty_stream() -> ModelError {
+    ModelError::Transport {
+        message: format!(
+            "{EMPTY_STREAM} (HTTP 200 and no event at all): it sent no reply. Some servers do \
+             this when they refuse a request while streaming (llama-cpp-python refuses \
+             `tool_choice` this way); a call without streaming (--no-stream) shows their error"
+        ),
+        retryable: false,
+    }
+}
+
+/// Whether `e` is the error of an empty stream (see [`empty_stream`]).
+pub(super) fn is_empty_stream(e: &ModelError) -> bool {
+    matches!(e, ModelError::Transport { message, .. } if message.starts_with(EMPTY_STREAM))
+}
+
+/// Why `e` reads as the server refusing the request's `tool_choice`, if it does: an empty
+/// stream (llama-cpp-python's answer to `"auto"` while streaming), or a 400, 422 or 500 that
+/// names the field.
+pub(super) fn refuses_tool_choice(e: &ModelError) -> Option<String> {
+    if is_empty_stream(e) {
+        return Some("an empty stream".into());
+    }
+    match e {
+        ModelError::Api(a) if matches!(a.status, 400 | 422 | 500) => {
+            let m = a.message.to_ascii_lowercase();
+            (m.contains("tool_choice") || m.contains("tool choice"))
+                .then(|| format!("HTTP {}: {}", a.status, preview(&a.message)))
+        }
+        _ => None,
+    }
+}
+
+/// Why `e` reads as the server refusing a `json_schema` response format, if it does: a 400,
+/// 422 or 500 that names `response_format`, `json_schema` or the formats it takes instead
+/// (llama-cpp-python: "Input should be 'text' or 'json_object'").
+pub(super) fn refuses_json_schema(e: &ModelError) -> Option<String> {
+    match e {
+        ModelError::Api(a) if matches!(a.status, 400 | 422 | 500) => {
+            let m = a.message.to_ascii_lowercase();
+            ["response_format", "json_schema", "json_object"]
+                .iter()
+                .any(|p| m.contains(p))
+                .then(|| format!("HTTP {}: {}", a.status, preview(&a.message)))
+        }
+        _ => None,
+    }
+}
+
 /// A short, char-boundary-safe excerpt of external text for error messages.
 pub(super) fn preview(text: &str) -> String {
     wire::preview(text, 300)

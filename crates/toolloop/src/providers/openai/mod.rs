@@ -40,6 +40,14 @@
 //! - A request that offers tools says `"tool_choice": "auto"` to other servers, where OpenAI's
 //!   leaves it out (its default): llama-cpp-python's server ignores the tools unless it is said
 //!   ([`OpenAiConfig::explicit_tool_choice`]).
+//! - What a server refuses is learned from its answers and remembered by the model (one model,
+//!   one server), said once at `warn`: a refused `tool_choice` (an empty stream, which is
+//!   llama-cpp-python's answer to `"auto"` while streaming, remembered for streamed requests; or
+//!   a 400, 422 or 500 naming the field) is left out and the call made again; a refused
+//!   `response_format` of type `json_schema` (a 400, 422 or 500 naming `response_format`,
+//!   `json_schema` or `json_object`) becomes `json_object`, with the schema's instructions after
+//!   the conversation, and the call is made again (the loop validates the answer either way). A
+//!   2xx stream with no event at all is an error that says so.
 //! - An assistant turn with tool calls and no text is sent with `"content": ""`, never `null`,
 //!   which llama-cpp-python's server refuses.
 //! - Fields given in [`OpenAiConfig::extra`] and then
@@ -78,7 +86,9 @@
 //! --jinja flag", …) becomes [`ModelError::ToolsUnsupported`], the signal for falling back to
 //! prompt-based tool calling.
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse, ToolSpec};
+use crate::model::{
+    EventStream, Model, ModelError, ModelRequest, ModelResponse, ToolChoice, ToolSpec,
+};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::ptk::Rescue;
@@ -92,6 +102,7 @@ use futures::StreamExt;
 use request::EncodedPrefix;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use response::decode_response;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use stream::ChunkDecoder;
 
@@ -117,7 +128,35 @@ struct Inner {
     config: OpenAiConfig,
     url: Endpoint,
     headers: Result<HeaderMap, ModelError>,
+    /// What this server refused so far (the model talks to one server).
+    refused: Refused,
 }
+
+/// Request fields a server refused, learned from its answers and remembered for its later
+/// requests.
+#[derive(Debug, Default)]
+struct Refused {
+    /// `tool_choice`, in any request.
+    tool_choice: AtomicBool,
+    /// `tool_choice` in a streamed request (llama-cpp-python answers `"auto"` while streaming
+    /// with an empty stream).
+    streamed_tool_choice: AtomicBool,
+    /// `response_format` of type `json_schema` (llama-cpp-python takes only `text` and
+    /// `json_object`).
+    json_schema: AtomicBool,
+}
+
+/// How a request is written, after what the server refused.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Shape {
+    /// Leave `tool_choice` out.
+    omit_tool_choice: bool,
+    /// Ask for `json_object` output (with the schema in the prompt) instead of `json_schema`.
+    json_object: bool,
+}
+
+/// Encodes the body of a request in a shape.
+type Encode<'e> = dyn Fn(Shape) -> Result<Bytes, ModelError> + Send + Sync + 'e;
 
 impl OpenAiModel {
     /// A model with this configuration. A key that cannot be sent in a header is reported by the
@@ -145,6 +184,7 @@ impl OpenAiModel {
                 config,
                 url,
                 headers,
+                refused: Refused::default(),
             }),
         }
     }
@@ -168,9 +208,152 @@ impl OpenAiModel {
         stream: bool,
     ) -> Result<Bytes, ModelError> {
         self.check(request)?;
-        serde_json::to_vec(&WireRequest::new(request, &self.inner.config, stream))
+        self.encode(request, stream, self.shape(stream))
+    }
+
+    fn encode(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Shape,
+    ) -> Result<Bytes, ModelError> {
+        serde_json::to_vec(&self.wire(request, stream, shape))
             .map(Bytes::from)
             .map_err(serialize_error)
+    }
+
+    /// The body of `request` in `shape`.
+    fn wire<'a>(
+        &'a self,
+        request: &'a ModelRequest<'a>,
+        stream: bool,
+        shape: Shape,
+    ) -> WireRequest<'a> {
+        WireRequest::new(request, &self.inner.config, stream)
+            .without_tool_choice(shape.omit_tool_choice)
+            .json_object_output(shape.json_object)
+    }
+
+    /// How requests are written to this server now, after what it refused.
+    fn shape(&self, stream: bool) -> Shape {
+        let refused = &self.inner.refused;
+        Shape {
+            omit_tool_choice: refused.tool_choice.load(Ordering::Relaxed)
+                || (stream && refused.streamed_tool_choice.load(Ordering::Relaxed)),
+            json_object: refused.json_schema.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether a request in `shape` holds something the server could refuse (and that could be
+    /// left out or replaced on a second try).
+    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
+        (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
+            || (!shape.json_object && request.settings.output.is_some())
+    }
+
+    /// When `error` is the server refusing a field of a request in `shape`, remembers it (and
+    /// says so, once) and gives the shape to try next.
+    fn learn(
+        &self,
+        request: &ModelRequest<'_>,
+        shape: Shape,
+        stream: bool,
+        error: &ModelError,
+    ) -> Option<Shape> {
+        let config = &self.inner.config;
+        let refused = &self.inner.refused;
+        let url = &config.base_url;
+        if !shape.omit_tool_choice
+            && request::sends_tool_choice(request, config)
+            && let Some(why) = error::refuses_tool_choice(error)
+        {
+            let (flag, when) = if stream && error::is_empty_stream(error) {
+                (&refused.streamed_tool_choice, "streamed requests")
+            } else {
+                (&refused.tool_choice, "requests")
+            };
+            if !flag.swap(true, Ordering::Relaxed) {
+                let unenforced = if matches!(request.settings.tool_choice, ToolChoice::Auto) {
+                    ""
+                } else {
+                    " (the tool choice asked for is then not enforced)"
+                };
+                tracing::warn!(
+                    "the server at {url} refused `tool_choice` ({why}); sending {when} without \
+                     it from now on{unenforced}"
+                );
+            }
+            return Some(Shape {
+                omit_tool_choice: true,
+                ..shape
+            });
+        }
+        if !shape.json_object
+            && request.settings.output.is_some()
+            && let Some(why) = error::refuses_json_schema(error)
+        {
+            if !refused.json_schema.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the server at {url} refused a `json_schema` response format ({why}); asking \
+                     for `json_object` with the schema in the prompt instead, and checking the \
+                     answer against the schema"
+                );
+            }
+            return Some(Shape {
+                json_object: true,
+                ..shape
+            });
+        }
+        None
+    }
+
+    /// A complete call, written as `encode` writes it in the shape the server accepts: a
+    /// refused field is left out (or replaced) and the call made again.
+    async fn complete_shaped(
+        &self,
+        request: &ModelRequest<'_>,
+        encode: &Encode<'_>,
+    ) -> Result<ModelResponse, ModelError> {
+        let mut shape = self.shape(false);
+        loop {
+            let body = encode(shape)?;
+            match self.send(request, body).await {
+                Err(e) => match self.learn(request, shape, false, &e) {
+                    Some(next) => shape = next,
+                    None => return Err(e),
+                },
+                done => return done,
+            }
+        }
+    }
+
+    /// A streamed call, written as `encode` writes it in the shape the server accepts. A
+    /// refusal may come as the stream's opening error, as its first event, or as an empty
+    /// stream.
+    async fn stream_shaped(
+        &self,
+        request: &ModelRequest<'_>,
+        encode: &Encode<'_>,
+    ) -> Result<EventStream, ModelError> {
+        let mut shape = self.shape(true);
+        loop {
+            let body = encode(shape)?;
+            let error = match self.send_streamed(request, body).await {
+                Ok(stream) if !self.may_be_refused(request, shape) => return Ok(stream),
+                Ok(mut stream) => match stream.next().await {
+                    Some(Err(e)) => e,
+                    Some(first) => {
+                        return Ok(Box::pin(futures::stream::iter([first]).chain(stream)));
+                    }
+                    None => return Ok(Box::pin(futures::stream::empty())),
+                },
+                Err(e) => e,
+            };
+            match self.learn(request, shape, true, &error) {
+                Some(next) => shape = next,
+                None => return Err(error),
+            }
+        }
     }
 
     /// The checks made before every call: `extra`s and the key's header.
@@ -246,13 +429,15 @@ impl Model for OpenAiModel {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.request_body(request, false)?;
-        self.send(request, body).await
+        self.check(request)?;
+        self.complete_shaped(request, &|shape| self.encode(request, false, shape))
+            .await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.request_body(request, true)?;
-        self.send_streamed(request, body).await
+        self.check(request)?;
+        self.stream_shaped(request, &|shape| self.encode(request, true, shape))
+            .await
     }
 
     fn session(&self) -> Box<dyn Model + '_> {
@@ -294,7 +479,17 @@ impl OpenAiSession {
         stream: bool,
     ) -> Result<Bytes, ModelError> {
         self.model.check(request)?;
-        let wire = WireRequest::new(request, &self.model.inner.config, stream);
+        self.encode(request, stream, self.model.shape(stream))
+    }
+
+    /// The body in `shape`, reusing (and keeping) the encoding of the conversation.
+    fn encode(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Shape,
+    ) -> Result<Bytes, ModelError> {
+        let wire = self.model.wire(request, stream, shape);
         let mut slot = self.prefix.lock().unwrap_or_else(PoisonError::into_inner);
         // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
         let mut prefix = std::mem::take(&mut *slot);
@@ -319,13 +514,17 @@ impl Model for OpenAiSession {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.request_body(request, false)?;
-        self.model.send(request, body).await
+        self.model.check(request)?;
+        self.model
+            .complete_shaped(request, &|shape| self.encode(request, false, shape))
+            .await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.request_body(request, true)?;
-        self.model.send_streamed(request, body).await
+        self.model.check(request)?;
+        self.model
+            .stream_shaped(request, &|shape| self.encode(request, true, shape))
+            .await
     }
 }
 

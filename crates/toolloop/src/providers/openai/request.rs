@@ -42,6 +42,11 @@ pub struct WireRequest<'a> {
     skip_messages: bool,
     /// Leave `tools` out (the cached encoding writes them itself).
     skip_tools: bool,
+    /// Leave `tool_choice` out, whatever the choice (the server refused it).
+    omit_tool_choice: bool,
+    /// Ask for `json_object` output, with the schema's instructions after the conversation,
+    /// instead of `json_schema` (the server refused it); the loop validates the answer.
+    json_object_output: bool,
 }
 
 impl<'a> WireRequest<'a> {
@@ -68,7 +73,39 @@ impl<'a> WireRequest<'a> {
             extras,
             skip_messages: false,
             skip_tools: false,
+            omit_tool_choice: false,
+            json_object_output: false,
         }
+    }
+
+    /// The same body asking for `json_object` output with the output schema's instructions in
+    /// the prompt, for a server that refused `json_schema` (no change without an output
+    /// schema).
+    pub fn json_object_output(mut self, on: bool) -> Self {
+        self.json_object_output = on;
+        self
+    }
+
+    /// The messages, with the output schema's instructions after them when `json_object`
+    /// output stands in for `json_schema`.
+    fn messages(&self) -> WireMessages<'a> {
+        WireMessages {
+            req: self.req,
+            role: self.config.reminder_role,
+            note: self
+                .req
+                .settings
+                .output
+                .as_ref()
+                .filter(|_| self.json_object_output)
+                .map(OutputSchema::instructions),
+        }
+    }
+
+    /// The same body without `tool_choice`, for a server that refused it.
+    pub fn without_tool_choice(mut self, omit: bool) -> Self {
+        self.omit_tool_choice = omit;
+        self
     }
 
     /// Writes one field, unless an extra replaces it.
@@ -93,11 +130,7 @@ impl Serialize for WireRequest<'_> {
         let model = settings.model.as_deref().unwrap_or(&self.config.model);
         self.field(&mut map, "model", model)?;
         if !self.skip_messages {
-            let messages = WireMessages {
-                req: self.req,
-                role: self.config.reminder_role,
-            };
-            self.field(&mut map, "messages", &messages)?;
+            self.field(&mut map, "messages", &self.messages())?;
         }
         if !self.req.tools.is_empty() {
             if !self.skip_tools {
@@ -106,6 +139,7 @@ impl Serialize for WireRequest<'_> {
             // `auto` is sent to the servers that need it said (see
             // `OpenAiConfig::explicit_tool_choice`).
             match &settings.tool_choice {
+                _ if self.omit_tool_choice => {}
                 ToolChoice::Auto if self.config.explicit_tool_choice => {
                     self.field(&mut map, "tool_choice", "auto")?
                 }
@@ -119,7 +153,11 @@ impl Serialize for WireRequest<'_> {
             }
         }
         if let Some(output) = &settings.output {
-            self.field(&mut map, "response_format", &response_format(output))?;
+            if self.json_object_output {
+                self.field(&mut map, "response_format", &json!({"type": "json_object"}))?;
+            } else {
+                self.field(&mut map, "response_format", &response_format(output))?;
+            }
         }
         if let Some(t) = settings.temperature {
             self.field(&mut map, "temperature", &json_number(t))?;
@@ -144,6 +182,13 @@ impl Serialize for WireRequest<'_> {
     }
 }
 
+/// Whether a request says `tool_choice` (before any refusal is taken into account): it offers
+/// tools and the choice is not `auto`, or it is `auto` and the server needs it said.
+pub(super) fn sends_tool_choice(req: &ModelRequest<'_>, config: &OpenAiConfig) -> bool {
+    !req.tools.is_empty()
+        && (config.explicit_tool_choice || !matches!(req.settings.tool_choice, ToolChoice::Auto))
+}
+
 /// The `response_format` of a request with an output schema: `json_schema`, strict when the
 /// schema asks for it and has a strict form (see [`OutputSchema::strict_schema`]).
 fn response_format(output: &OutputSchema) -> Value {
@@ -158,6 +203,8 @@ fn response_format(output: &OutputSchema) -> Value {
 pub(super) struct WireMessages<'a> {
     req: &'a ModelRequest<'a>,
     role: ReminderRole,
+    /// A note that follows the reminders (the output schema's instructions).
+    note: Option<String>,
 }
 
 impl<'a> WireMessages<'a> {
@@ -165,7 +212,8 @@ impl<'a> WireMessages<'a> {
     /// reminders are appended to), and what follows them: `(role, content, images)` messages.
     fn split(&self) -> (&'a [Message], Vec<Tail<'a>>) {
         let messages = self.req.messages;
-        let reminders: Vec<String> = self.req.wrapped_reminders().collect();
+        let mut reminders: Vec<String> = self.req.wrapped_reminders().collect();
+        reminders.extend(self.note.clone());
         if reminders.is_empty() {
             return (messages, Vec::new());
         }
@@ -252,10 +300,7 @@ impl WireRequest<'_> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
             return serde_json::to_vec(self).map(Bytes::from);
         }
-        let messages = WireMessages {
-            req: self.req,
-            role: self.config.reminder_role,
-        };
+        let messages = self.messages();
         let (head, tail) = messages.split();
         // A tool result's encoding ends with the round's images when it is the round's last
         // result; a result appended after it since makes it another encoding.

@@ -37,6 +37,8 @@ pub(super) struct ChunkDecoder {
     pub(super) rescue: Option<Rescue>,
     /// `[DONE]` or the end was reached and the closing events emitted.
     done: bool,
+    /// Whether any SSE event came.
+    seen: bool,
 }
 
 impl ChunkDecoder {
@@ -50,6 +52,7 @@ impl ChunkDecoder {
             refusal: String::new(),
             rescue: None,
             done: false,
+            seen: false,
         }
     }
 
@@ -190,6 +193,7 @@ impl ChunkDecoder {
 
 impl SseDecode for ChunkDecoder {
     fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        self.seen = true;
         if self.done {
             return Ok(());
         }
@@ -242,6 +246,9 @@ impl SseDecode for ChunkDecoder {
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
         if !self.done {
+            if !self.seen {
+                return Err(super::error::empty_stream());
+            }
             if self.finish.is_none() {
                 return Err(ModelError::Transport {
                     message: "the stream ended before the response was complete (no \

@@ -1,0 +1,457 @@
+//! The command against local servers as a person meets them, played by the mock: the chat on a
+//! terminal (streaming, Ctrl-C, `/tools`), readable errors and logs, empty answers, event
+//! lines when a limit stops a run, and resuming a run that had already ended.
+
+mod common;
+use common::{command, json_of, repo, toolloop};
+use std::io::{Read, Write};
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+use toolloop_mock::{MockOptions, MockServer};
+
+fn mock(rt: &tokio::runtime::Runtime, options: MockOptions) -> MockServer {
+    rt.block_on(toolloop_mock::start(options)).unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `run --json` with an OpenAI model of the mock's.
+fn run_openai(server: &MockServer, scenario: &str, extra: &[&str]) -> Output {
+    let dir = repo();
+    let model = format!("openai:{scenario}");
+    let url = format!("{}/v1", server.base_url());
+    let mut args = vec!["run", "-m", &model, "--base-url", &url];
+    args.extend_from_slice(extra);
+    args.push("Look around.");
+    toolloop(&args, dir.path())
+}
+
+#[test]
+fn an_empty_answer_says_so_and_fails() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        MockOptions {
+            answers: vec![String::new()],
+            ..MockOptions::default()
+        },
+    );
+    let out = run_openai(&server, "mock:rounds=0", &[]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("stopped: empty_answer: the model answered with nothing"),
+        "{}",
+        stderr(&out)
+    );
+    let out = run_openai(&server, "mock:rounds=0", &["--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "empty_answer");
+    assert_eq!(v["error"]["code"], "EMPTY_ANSWER");
+}
+
+/// A traceback in an error body reads over several lines, escaped and cut short.
+#[test]
+fn a_server_traceback_is_printed_over_several_lines() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let out = run_openai(
+        &server,
+        "mock:faults=1,fault_kinds=500,traceback=true",
+        &["--no-stream"],
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(!err.contains("\\n"), "no literal \\n: {err}");
+    let lines: Vec<&str> = err.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.contains("Traceback (most recent call last):"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(lines[at + 1].starts_with("      File \""), "{err}");
+    assert!(
+        lines[at + 1..]
+            .iter()
+            .any(|l| l.starts_with("    ValueError: internal server error")),
+        "{err}"
+    );
+}
+
+/// `-v` gives a short line per step, the tool's name and duration in it, without the spans'
+/// telemetry fields; `-vv` adds the arguments and sizes.
+#[test]
+fn verbose_lines_are_short_and_name_the_tool() {
+    let dir = repo();
+    let out = toolloop(
+        &["run", "-v", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    let line = err
+        .lines()
+        .find(|l| l.contains("tool call finished") && l.contains("tool=read_file"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(line.contains(" ms="), "{line}");
+    assert!(line.starts_with("toolloop: "), "{line}");
+    assert!(!err.contains("gen_ai.") && !err.contains("otel."), "{err}");
+    assert!(err.lines().all(|l| l.len() < 300), "{err}");
+    assert!(
+        !err.contains("arguments="),
+        "arguments only from -vv: {err}"
+    );
+    let out = toolloop(
+        &["run", "-vv", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
+    let err = stderr(&out);
+    assert!(
+        err.lines()
+            .any(|l| l.contains("tool=read_file") && l.contains("arguments=")),
+        "{err}"
+    );
+    assert!(err.contains("result_chars="), "{err}");
+    let out = toolloop(
+        &["run", "-vvv", "-m", "test", "What is the version?"],
+        dir.path(),
+    );
+    assert!(stderr(&out).contains("gen_ai.tool.name"), "-vvv shows all");
+}
+
+/// A stream restart is in the `-v` log, with its reason.
+#[test]
+fn a_stream_restart_is_logged() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let out = run_openai(
+        &server,
+        "mock:rounds=0,faults=1,fault_kinds=cut_call",
+        &["-v", "--stream"],
+    );
+    let err = stderr(&out);
+    assert!(
+        err.lines().any(|l| l.contains("stream broke; asking again")
+            && l.contains("ended before the response was complete")),
+        "{err}"
+    );
+}
+
+/// `--jsonl` reports the last round's end when a limit stops the run.
+#[test]
+fn jsonl_has_the_last_round_finished_when_a_limit_stops_the_run() {
+    let dir = repo();
+    let out = toolloop(
+        &["run", "--jsonl", "-m", "test", "--max-rounds", "1", "go"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let types: Vec<&str> = lines.iter().filter_map(|l| l["type"].as_str()).collect();
+    let n = types.len();
+    assert_eq!(
+        &types[n - 2..],
+        ["round_finished", "run_finished"],
+        "{types:?}"
+    );
+}
+
+/// `--output-schema` on a server without `json_schema` (llama-cpp-python's 500): the run goes
+/// through `json_object`, says so, and prints the validated JSON.
+#[test]
+fn an_output_schema_falls_back_to_json_object_and_says_so() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        MockOptions {
+            answers: vec![r#"{"version": "1.2.3"}"#.into()],
+            ..MockOptions::default()
+        },
+    );
+    let dir = repo();
+    let schema = dir.path().join("answer.schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"version": {"type": "string"}}, "required": ["version"]}"#,
+    )
+    .unwrap();
+    let model = "openai:mock:refuse_json_schema=true,rounds=0";
+    let url = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "-m",
+            model,
+            "--base-url",
+            &url,
+            "--output-schema",
+            schema.to_str().unwrap(),
+            "What is the version?",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        r#"{"version":"1.2.3"}"#
+    );
+    assert!(
+        stderr(&out).contains("asking for `json_object` with the schema in the prompt"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(server.stats().requests, 2);
+}
+
+/// Resuming a run that had ended says so and how, instead of replaying its error as new; a
+/// failed run is listed as failed.
+#[test]
+fn resuming_a_run_that_had_ended_says_so() {
+    let dir = repo();
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "-m",
+            "openai:m",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--connect-retry",
+            "0",
+            "--session",
+            "down",
+            "hello",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "model_error");
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let out = toolloop(&["resume", &id], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("run {id} had already ended (model_error")),
+        "{err}"
+    );
+    assert!(err.contains("nothing to resume"), "{err}");
+    assert!(err.contains("toolloop run --session down"), "{err}");
+    let out = toolloop(&["resume", &id, "--json"], dir.path());
+    let v = json_of(&out);
+    assert_eq!(
+        (&v["already_ended"], &v["stop_reason"], &v["error"]["code"]),
+        (&true.into(), &"model_error".into(), &"ALREADY_ENDED".into())
+    );
+    let out = toolloop(&["runs", "--session", "down"], dir.path());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let row = listed.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(row.contains(" failed "), "{row}");
+}
+
+/// Chat on stdin: `/tools` lists one line per tool, `/tools NAME` the whole description.
+#[test]
+fn chat_tools_are_one_line_each_and_whole_by_name() {
+    let dir = repo();
+    let mut child = command(&["chat", "-m", "test"], dir.path())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"/tools\n/tools read_file\n/tools nope\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let err = stderr(&out);
+    let listed: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("read_file ") || l.starts_with("list_dir "))
+        .collect();
+    assert_eq!(listed.len(), 2, "{err}");
+    assert!(listed.iter().all(|l| l.len() < 140), "{listed:?}");
+    assert!(err.contains("\nread_file\n\n"), "the whole entry: {err}");
+    assert!(err.contains("parameters: {"), "{err}");
+    assert!(err.contains("no tool named nope"), "{err}");
+}
+
+/// Runs `toolloop chat …` on a pseudo-terminal (through `script`), typing into it.
+struct Pty {
+    child: std::process::Child,
+    output: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+}
+
+impl Pty {
+    /// `None` when `script` (util-linux) is not there.
+    fn chat(args: &[&str], dir: &std::path::Path, env: &[(&str, &str)]) -> Option<Pty> {
+        let exe = env!("CARGO_BIN_EXE_toolloop");
+        let quoted: Vec<String> = std::iter::once(exe)
+            .chain(args.iter().copied())
+            .map(|a| format!("'{}'", a.replace('\'', r"'\''")))
+            .collect();
+        let mut child = std::process::Command::new("script")
+            // `exec`: no shell stays in between (one would take the terminal's Ctrl-C too, and
+            // exit 130 after the chat).
+            .args([
+                "-q",
+                "-f",
+                "-e",
+                "-c",
+                &format!("exec {}", quoted.join(" ")),
+                "/dev/null",
+            ])
+            .env_clear()
+            .envs(
+                [
+                    ("PATH", std::env::var("PATH").unwrap_or_default()),
+                    ("TERM", "xterm".into()),
+                    ("TOOLLOOP_STORE", common::test_store()),
+                    ("TOOLLOOP_CONFIG", String::new()),
+                    ("HOME", dir.display().to_string()),
+                ]
+                .into_iter()
+                .chain(env.iter().map(|(k, v)| (*k, v.to_string()))),
+            )
+            .current_dir(dir)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let mut out = child.stdout.take().unwrap();
+        let sink = output.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = out.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+        });
+        Some(Pty { child, output })
+    }
+
+    /// Types `bytes` as a person does, one key at a time (a line editor fed a whole line in one
+    /// read right after its prompt may stall on a pseudo-terminal).
+    fn type_in(&mut self, bytes: &[u8]) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        for b in bytes {
+            stdin.write_all(&[*b]).unwrap();
+            stdin.flush().unwrap();
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+
+    fn shown(&self) -> String {
+        String::from_utf8_lossy(&self.output.lock().unwrap()).into_owned()
+    }
+
+    /// Waits until the screen shows `what` (after `from` bytes), for at most `limit`.
+    fn wait_for(&self, what: &str, from: usize, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.shown().get(from..).is_some_and(|s| s.contains(what)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+}
+
+impl Drop for Pty {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// On a terminal the chat streams its replies, and Ctrl-C (the terminal's, typed into the
+/// pseudo-terminal) cancels a reply at once, takes its text back, and the prompt returns.
+#[test]
+fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let dir = repo();
+    let url = format!("{}/v1", server.base_url());
+    // A slow reply: one character every 150 ms.
+    let Some(mut pty) = Pty::chat(
+        &[
+            "chat",
+            "-m",
+            "openai:mock:rounds=0,chunk=1,chunk_delay=150ms",
+            "--base-url",
+            &url,
+        ],
+        dir.path(),
+        &[],
+    ) else {
+        eprintln!("no `script` command: the pseudo-terminal test cannot run here");
+        return;
+    };
+    assert!(
+        pty.wait_for("> ", 0, Duration::from_secs(10)),
+        "{}",
+        pty.shown()
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let before = pty.shown().len();
+    pty.type_in(b"hello\r");
+    // Streamed: the reply's first words come long before its end.
+    assert!(
+        pty.wait_for("Done. I", before, Duration::from_secs(10)),
+        "the reply streams: {}",
+        pty.shown()
+    );
+    assert!(
+        !pty.shown()[before..].contains("rounds."),
+        "streamed: its beginning is shown before its end: {}",
+        pty.shown()
+    );
+    let cancel_at = pty.shown().len();
+    let pressed = Instant::now();
+    pty.type_in(b"\x03");
+    assert!(
+        pty.wait_for("cancelling", cancel_at, Duration::from_secs(3)),
+        "Ctrl-C is heard: {}",
+        pty.shown()
+    );
+    assert!(
+        pty.wait_for("stopped: cancelled", cancel_at, Duration::from_secs(3)),
+        "{}",
+        pty.shown()
+    );
+    assert!(pressed.elapsed() < Duration::from_secs(4));
+    let after = pty.shown();
+    assert!(
+        !after[cancel_at..].contains("rounds."),
+        "the reply did not run on: {after}"
+    );
+    // The unfinished reply was taken back: an erase back to where it began.
+    assert!(after[cancel_at..].contains("\x1b[J"), "{after:?}");
+    assert!(
+        pty.wait_for("> ", cancel_at, Duration::from_secs(3)),
+        "the prompt is back: {after}"
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let end = pty.shown().len();
+    pty.type_in(b"/exit\r");
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(5) {
+        if let Ok(Some(status)) = pty.child.try_wait() {
+            assert!(status.success(), "{status:?}: {}", &pty.shown()[end..]);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("the chat did not quit: {}", pty.shown());
+}
