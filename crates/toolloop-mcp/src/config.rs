@@ -139,14 +139,15 @@ pub fn is_secret_env_name(name: &str) -> bool {
 }
 
 /// The environment of a child process server: this process's variables without the secret
-/// ones ([`is_secret_env_name`]), then the server's own `env` (which may set anything).
+/// ones (the one rule of [`toolloop::redact::is_secret_env`]: by name, and values holding a
+/// URL with credentials), then the server's own `env` (which may set anything).
 pub fn child_env(
     inherited: impl IntoIterator<Item = (String, String)>,
     own: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = inherited
         .into_iter()
-        .filter(|(k, _)| !is_secret_env_name(k))
+        .filter(|(k, v)| !toolloop::redact::is_secret_env(k, v))
         .collect();
     env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
     env

@@ -16,7 +16,7 @@
 //! Secrets are replaced by `[redacted]` wherever they appear: the credential headers
 //! (`authorization`, `x-api-key`, …), keys in the URL, and any echo of them in a body.
 
-use crate::redact::{REDACTED, Redactor};
+use crate::redact::{REDACTED, Redactor, redact_json_value, unescape_json_text};
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -46,19 +46,51 @@ impl RequestLog {
         }
     }
 
-    /// A log appended to the file at `path` (created readable by its owner only: it holds
-    /// prompts and answers).
+    /// A log appended to the file at `path`, readable by its owner only (it holds prompts and
+    /// answers): created with mode 0600, or, when it exists, set to 0600. The last component
+    /// is not followed when it is a symbolic link (a link planted where the log goes would
+    /// send it elsewhere), and what is not a regular file (a FIFO, which would block the
+    /// open, a device, a directory) is refused.
     pub fn create(path: &Path) -> std::io::Result<Self> {
+        use std::io::{Error, ErrorKind};
         let mut options = std::fs::OpenOptions::new();
         options.create(true).append(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
+            options.mode(0o600).custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::NONBLOCK
+                    | rustix::fs::OFlags::NOCTTY)
+                    .bits() as i32,
+            );
         }
-        Ok(RequestLog::new(std::io::LineWriter::new(
-            options.open(path)?,
-        )))
+        let file = options.open(path).map_err(|e| {
+            // O_NOFOLLOW on a link fails (ELOOP): say why.
+            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
+                Error::new(
+                    ErrorKind::InvalidInput,
+                    "it is a symbolic link; give the path of a regular file",
+                )
+            } else {
+                e
+            }
+        })?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                "it is not a regular file (a FIFO, socket, device or directory)",
+            ));
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o777 != 0o600 {
+                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+        Ok(RequestLog::new(std::io::LineWriter::new(file)))
     }
 
     /// A log written to stderr.
@@ -130,7 +162,7 @@ impl RequestLog {
     }
 
     pub(crate) fn chunk(&self, call: u64, data: &[u8], redactor: &Redactor) {
-        let text = redactor.redact(&String::from_utf8_lossy(data));
+        let text = redact_text(&String::from_utf8_lossy(data), redactor);
         self.write(json!({"event": "chunk", "call": call, "data": text}));
     }
 
@@ -167,9 +199,19 @@ fn header_map(headers: &HeaderMap, redactor: &Redactor) -> Value {
     Value::Object(map)
 }
 
-/// A body as JSON when it is JSON, else as text; secrets redacted first.
+/// A body as JSON when it is JSON, else as text; secrets redacted in the decoded text (a
+/// server may write a key it echoes with `\u` escapes, which redacting the bytes would miss).
 fn body_value(body: &[u8], redactor: &Redactor) -> Value {
-    let redacted = redactor.redact_bytes(body);
-    serde_json::from_slice(&redacted)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&redacted).into_owned()))
+    match serde_json::from_slice::<Value>(body) {
+        Ok(mut value) => {
+            redact_json_value(redactor, &mut value);
+            value
+        }
+        Err(_) => Value::String(redact_text(&String::from_utf8_lossy(body), redactor)),
+    }
+}
+
+/// Text that may hold JSON (a piece of a stream): its `\u` escapes written out, then redacted.
+fn redact_text(text: &str, redactor: &Redactor) -> String {
+    redactor.redact(&unescape_json_text(text))
 }
