@@ -237,37 +237,41 @@ fn main() -> ExitCode {
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
-                    Some(path) => match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                    {
-                        Ok(s) => s,
-                        Err(e) => {
-                            eprintln!(
-                                "toolloop mock: --script {}: {e}; expected a JSON array of \
+                    Some(path) => {
+                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
+                            .map_err(|e| e.to_string())
+                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                        {
+                            Ok(s) => s,
+                            Err(e) => {
+                                eprintln!(
+                                    "toolloop mock: --script {}: {e}; expected a JSON array of \
                                  rounds, each an array of {{\"name\": …, \"arguments\": {{…}}}}",
-                                path.display()
-                            );
-                            return ExitCode::from(EXIT_USAGE);
+                                    path.display()
+                                );
+                                return ExitCode::from(EXIT_USAGE);
+                            }
                         }
-                    },
+                    }
                 };
                 let answers = match &args.answers {
                     None => Vec::new(),
-                    Some(path) => match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                    {
-                        Ok(a) => a,
-                        Err(e) => {
-                            eprintln!(
-                                "toolloop mock: --answers {}: {e}; expected a JSON array of \
+                    Some(path) => {
+                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
+                            .map_err(|e| e.to_string())
+                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                        {
+                            Ok(a) => a,
+                            Err(e) => {
+                                eprintln!(
+                                    "toolloop mock: --answers {}: {e}; expected a JSON array of \
                                  {{\"when\": …, \"text\": …}}",
-                                path.display()
-                            );
-                            return ExitCode::from(EXIT_USAGE);
+                                    path.display()
+                                );
+                                return ExitCode::from(EXIT_USAGE);
+                            }
                         }
-                    },
+                    }
                 };
                 let options = toolloop_mock::MockOptions {
                     answers_by_prompt: answers,

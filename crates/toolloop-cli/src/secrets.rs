@@ -106,8 +106,11 @@ pub(crate) fn inherit() -> Inherited {
         };
         let link = format!("/proc/self/fd/{fd}");
         // Only a memory file of ours is read (a variable set by hand names anything).
-        let ours = std::fs::read_link(&link)
-            .is_ok_and(|target| target.to_string_lossy().starts_with(&format!("/memfd:{MEMFD_NAME}")));
+        let ours = std::fs::read_link(&link).is_ok_and(|target| {
+            target
+                .to_string_lossy()
+                .starts_with(&format!("/memfd:{MEMFD_NAME}"))
+        });
         if !ours {
             return Inherited::default();
         }

@@ -174,11 +174,7 @@ pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
 }
 
 /// Reads the file, with the command's explicit limits as the defaults of the steps.
-fn load(
-    file: &std::path::Path,
-    files: FilesArgs,
-    agent: &AgentArgs,
-) -> Result<Workflow, ExitCode> {
+fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<Workflow, ExitCode> {
     let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
     let d = &mut workflow.defaults;
     if d.max_rounds.is_none() && crate::config::is_set("max_rounds") {
@@ -211,9 +207,7 @@ async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))
         .configure(move |b| {
-            let mut b = b
-                .stream(settings.stream)
-                .redact(crate::secrets::redactor());
+            let mut b = b.stream(settings.stream).redact(crate::secrets::redactor());
             if let Ok(approvals) = crate::approve::approvals(&settings.approval) {
                 b = b.approvals(approvals);
             }

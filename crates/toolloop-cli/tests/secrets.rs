@@ -173,7 +173,10 @@ fn escaping_server() -> u16 {
                         .then(|| v.trim().trim_start_matches("Bearer ").to_string())
                 })
                 .unwrap_or_default();
-            let escaped: String = key.chars().map(|c| format!("\\u{:04x}", c as u32)).collect();
+            let escaped: String = key
+                .chars()
+                .map(|c| format!("\\u{:04x}", c as u32))
+                .collect();
             let body = format!(
                 r#"{{"error": {{"type": "invalid_request_error", "message": "Incorrect API key provided: {escaped}"}}}}"#
             );
@@ -217,7 +220,10 @@ fn the_debug_log_redacts_a_key_echoed_with_json_escapes() {
     assert!(stderr.contains("401"), "{stderr}");
     assert!(!leaks(&out.stderr), "{stderr}");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert!(text.contains(r#""status":401"#), "the exchange is logged: {text}");
+    assert!(
+        text.contains(r#""status":401"#),
+        "the exchange is logged: {text}"
+    );
     assert!(text.contains("[redacted]"), "the echo is redacted: {text}");
     assert!(!leaks_decoded(&text), "the key in the debug log: {text}");
 }
@@ -259,10 +265,19 @@ fn a_key_in_the_models_answer_is_redacted() {
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{flags:?}: {stdout} {stderr}");
-        assert!(stdout.contains("keep it safe"), "{flags:?}: the answer: {stdout}");
+        assert!(
+            stdout.contains("keep it safe"),
+            "{flags:?}: the answer: {stdout}"
+        );
         assert!(stdout.contains("[redacted]"), "{flags:?}: {stdout}");
-        assert!(!leaks(&out.stdout), "{flags:?}: the key on stdout: {stdout}");
-        assert!(!leaks(&out.stderr), "{flags:?}: the key on stderr: {stderr}");
+        assert!(
+            !leaks(&out.stdout),
+            "{flags:?}: the key on stdout: {stdout}"
+        );
+        assert!(
+            !leaks(&out.stderr),
+            "{flags:?}: the key on stderr: {stderr}"
+        );
     }
     for entry in std::fs::read_dir(store_dir.path()).unwrap() {
         let path = entry.unwrap().path();
@@ -278,7 +293,9 @@ fn a_key_in_the_models_answer_is_redacted() {
 fn store_and_base_url_passwords_are_not_printed() {
     let dir = repo();
     let url = "postgres://me:pw-CLI-SECRET-1@127.0.0.1:1/db?password=abcdefghij-2";
-    let out = command(&["runs", "--store", url], dir.path()).output().unwrap();
+    let out = command(&["runs", "--store", url], dir.path())
+        .output()
+        .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_ne!(out.status.code(), Some(0), "{stderr}");
     assert!(stderr.contains("cannot open the store"), "{stderr}");
@@ -300,7 +317,10 @@ fn store_and_base_url_passwords_are_not_printed() {
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
-    assert!(stdout.contains("127.0.0.1:1/db"), "the store is shown: {stdout}");
+    assert!(
+        stdout.contains("127.0.0.1:1/db"),
+        "the store is shown: {stdout}"
+    );
     assert!(stdout.contains("[redacted]"), "{stdout}");
     assert!(!leaks(&out.stdout), "{stdout}");
 }
@@ -327,14 +347,23 @@ fn the_debug_log_file_is_a_private_regular_file() {
     for (path, why) in [(&link, "symbolic link"), (&fifo, "not a regular file")] {
         let started = std::time::Instant::now();
         let out = command(
-            &["run", "--no-store", "--debug-requests", path.to_str().unwrap(), "hi"],
+            &[
+                "run",
+                "--no-store",
+                "--debug-requests",
+                path.to_str().unwrap(),
+                "hi",
+            ],
             dir.path(),
         )
         .output()
         .unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{}: {stderr}", path.display());
-        assert!(stderr.contains("--debug-requests") && stderr.contains(why), "{stderr}");
+        assert!(
+            stderr.contains("--debug-requests") && stderr.contains(why),
+            "{stderr}"
+        );
         assert!(started.elapsed() < std::time::Duration::from_secs(10));
     }
     assert_eq!(std::fs::read_to_string(&target).unwrap(), "untouched");
@@ -343,12 +372,23 @@ fn the_debug_log_file_is_a_private_regular_file() {
     std::fs::write(&log, "").unwrap();
     std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o644)).unwrap();
     let out = command(
-        &["run", "--no-store", "--debug-requests", log.to_str().unwrap(), "hi"],
+        &[
+            "run",
+            "--no-store",
+            "--debug-requests",
+            log.to_str().unwrap(),
+            "hi",
+        ],
         dir.path(),
     )
     .output()
     .unwrap();
-    assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let mode = std::fs::metadata(&log).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o600, "{mode:o}");
 }
@@ -440,9 +480,15 @@ fn keys_leave_the_process_environment_and_never_reach_commands() {
         String::from_utf8_lossy(&out.stderr)
     );
     let theirs = std::fs::read(&copied).unwrap();
-    for (what, env) in [("toolloop's /proc environ", &own), ("the command's", &theirs)] {
+    for (what, env) in [
+        ("toolloop's /proc environ", &own),
+        ("the command's", &theirs),
+    ] {
         let text = String::from_utf8_lossy(env).replace('\0', "\n");
-        assert!(text.contains("TOOLLOOP_TEST_HARMLESS=visible"), "{what}: {text}");
+        assert!(
+            text.contains("TOOLLOOP_TEST_HARMLESS=visible"),
+            "{what}: {text}"
+        );
         assert!(!text.contains("SECRET-000"), "{what} holds a key: {text}");
     }
     rt.block_on(server.shutdown());

@@ -358,10 +358,17 @@ fn a_workflow_reads_only_small_regular_files_beside_it() {
     for name in [up.as_str(), secret.to_str().unwrap(), "link.json"] {
         let (code, err) = check(name, false);
         assert_eq!(code, Some(2), "{name}: {err}");
-        assert!(err.contains("outside the workflow's directory"), "{name}: {err}");
+        assert!(
+            err.contains("outside the workflow's directory"),
+            "{name}: {err}"
+        );
         assert!(err.contains("--workflow-files-anywhere"), "{err}");
         let (code, err) = check(name, true);
-        assert_eq!(code, Some(0), "{name} with --workflow-files-anywhere: {err}");
+        assert_eq!(
+            code,
+            Some(0),
+            "{name} with --workflow-files-anywhere: {err}"
+        );
     }
     for name in ["/dev/zero", "fifo.json"] {
         let (code, err) = check(name, true);

@@ -470,6 +470,9 @@ mod tests {
             ("AWS_SECRET_ACCESS_KEY", "a"),
             ("TOOLLOOP_STORE", "postgres://u:pw@db/toolloop"),
             ("OPENAI_BASE_URL", "https://u:pw@proxy/v1"),
+            ("APIKEY", "k"),
+            ("https_proxy", "http://user:pass@proxy:3128"),
+            ("no_proxy", "localhost"),
             ("LANG", "C"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
@@ -477,7 +480,7 @@ mod tests {
         let env = child_env(inherited, &own);
         assert_eq!(
             env.keys().map(String::as_str).collect::<Vec<_>>(),
-            ["GITHUB_TOKEN", "LANG", "PATH"]
+            ["GITHUB_TOKEN", "LANG", "PATH", "no_proxy"]
         );
         assert_eq!(env["GITHUB_TOKEN"], "given");
     }

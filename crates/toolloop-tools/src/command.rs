@@ -303,9 +303,9 @@ mod tree {
 
     /// Sends `signal` to the pinned processes; whether any was still there to get it.
     pub(super) fn signal(pinned: &[OwnedFd], signal: Signal) -> bool {
-        pinned
-            .iter()
-            .fold(false, |sent, fd| pidfd_send_signal(fd, signal).is_ok() || sent)
+        pinned.iter().fold(false, |sent, fd| {
+            pidfd_send_signal(fd, signal).is_ok() || sent
+        })
     }
 
     /// SIGKILL to the tree of `root` (a process not yet waited for, signalled after its

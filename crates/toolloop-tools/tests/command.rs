@@ -177,7 +177,10 @@ fn pid_in(dir: &Path, file: &str) -> i32 {
         {
             return pid;
         }
-        assert!(start.elapsed() < Duration::from_secs(5), "{file} never written");
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{file} never written"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }

@@ -199,7 +199,8 @@ impl Workflow {
                 )));
             }
             let at = || format!("step `{}`: output_schema_file {}", step.id, file.display());
-            let path = named_file(dir, &file, access).map_err(|e| invalid(format!("{}: {e}", at())))?;
+            let path =
+                named_file(dir, &file, access).map_err(|e| invalid(format!("{}: {e}", at())))?;
             let text = toolloop::user_file::read_to_string(&path, MAX_SCHEMA_FILE_BYTES)
                 .map_err(|e| invalid(format!("{}: {e}", at())))?;
             let schema: Value = serde_json::from_str(&text)

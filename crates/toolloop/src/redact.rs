@@ -379,7 +379,9 @@ pub fn redact_json_value(redactor: &Redactor, value: &mut serde_json::Value) {
                 *s = r;
             }
         }
-        Value::Array(items) => items.iter_mut().for_each(|v| redact_json_value(redactor, v)),
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| redact_json_value(redactor, v)),
         Value::Object(map) => {
             let old = std::mem::take(map);
             for (k, mut v) in old {

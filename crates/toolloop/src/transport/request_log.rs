@@ -65,23 +65,26 @@ impl RequestLog {
                     .bits() as i32,
             );
         }
+        let not_regular = || {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "it is not a regular file (a FIFO, socket, device or directory)",
+            )
+        };
         let file = options.open(path).map_err(|e| {
-            // O_NOFOLLOW on a link fails (ELOOP): say why.
-            if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_symlink()) {
-                Error::new(
+            // O_NOFOLLOW on a link fails (ELOOP), a FIFO without a reader too (ENXIO): say why.
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => Error::new(
                     ErrorKind::InvalidInput,
                     "it is a symbolic link; give the path of a regular file",
-                )
-            } else {
-                e
+                ),
+                Ok(m) if !m.is_file() => not_regular(),
+                _ => e,
             }
         })?;
         let meta = file.metadata()?;
         if !meta.is_file() {
-            return Err(Error::new(
-                ErrorKind::InvalidInput,
-                "it is not a regular file (a FIFO, socket, device or directory)",
-            ));
+            return Err(not_regular());
         }
         #[cfg(unix)]
         {
@@ -214,4 +217,39 @@ fn body_value(body: &[u8], redactor: &Redactor) -> Value {
 /// Text that may hold JSON (a piece of a stream): its `\u` escapes written out, then redacted.
 fn redact_text(text: &str, redactor: &Redactor) -> String {
     redactor.redact(&unescape_json_text(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_and_chunks_are_redacted_once_decoded() {
+        let key = "sk-abc/123456";
+        let r = Redactor::new().with_secret(key);
+        let escaped: String = key
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect();
+        let body = format!(r#"{{"error": {{"message": "bad key {escaped}"}}}}"#);
+        assert_eq!(
+            body_value(body.as_bytes(), &r)["error"]["message"],
+            "bad key [redacted]"
+        );
+        let chunk = format!("data: {{\"delta\": \"{escaped}\"}}\n\n");
+        let text = redact_text(&chunk, &r);
+        assert!(
+            text.contains("[redacted]") && !text.contains("sk-abc"),
+            "{text}"
+        );
+        assert_eq!(
+            body_value(format!("not json {escaped}").as_bytes(), &r),
+            "not json [redacted]"
+        );
+        // Escapes of quotes and backslashes stay escapes: the text keeps its meaning.
+        assert_eq!(
+            unescape_json_text(r#"a\u0022b\\u0041"#),
+            r#"a\u0022b\\u0041"#
+        );
+    }
 }
