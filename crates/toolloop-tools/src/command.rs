@@ -303,9 +303,12 @@ mod tree {
 
     /// Sends `signal` to the pinned processes; whether any was still there to get it.
     pub(super) fn signal(pinned: &[OwnedFd], signal: Signal) -> bool {
-        pinned.iter().fold(false, |sent, fd| {
-            pidfd_send_signal(fd, signal).is_ok() || sent
-        })
+        // Every one gets it (no stopping at the first).
+        let mut sent = false;
+        for fd in pinned {
+            sent |= pidfd_send_signal(fd, signal).is_ok();
+        }
+        sent
     }
 
     /// SIGKILL to the tree of `root` (a process not yet waited for, signalled after its
