@@ -18,8 +18,8 @@
 //!    `/proc/<pid>/environ` comes to show no key: the kernel shows the block the process was
 //!    started with, and the alternative, overwriting that block in place, needs unsafe code
 //!    that finds it through libc's `environ` and writes over memory the program does not own.
-//!    Starting again costs one `execve` (about a millisecond), only when there is something to
-//!    hide;
+//!    Starting again costs one more start of the program (6 ms for a debug build on a busy
+//!    two-core machine), only when there is something to hide;
 //! 3. makes the process non-dumpable (`PR_SET_DUMPABLE` 0): no core file, and no other
 //!    process of the same user may read its memory (`/proc/<pid>/mem`, `ptrace`), where the
 //!    keys still are.
