@@ -97,7 +97,7 @@ pub(crate) fn load() -> Result<ConfigFile, String> {
         return Ok(ConfigFile::default());
     };
     let explicit = std::env::var_os(CONFIG_VAR).is_some();
-    match std::fs::read_to_string(&path) {
+    match toolloop::user_file::read_to_string(&path, toolloop::user_file::DEFAULT_MAX_BYTES) {
         Ok(text) => parse(&text, &path),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
             Ok(ConfigFile::default())
@@ -367,7 +367,11 @@ pub(crate) fn config_command(command: ConfigCommand) -> std::process::ExitCode {
                 table.insert("models".into(), v);
             }
             match toml::to_string(&table) {
-                Ok(text) => crate::outln!("{}", crate::terminal::escape(&text, true)),
+                // A store URL's or a base URL's password is not shown.
+                Ok(text) => crate::outln!(
+                    "{}",
+                    crate::terminal::escape(&toolloop::redact::redact_url_credentials(&text), true)
+                ),
                 Err(e) => eprintln!("toolloop: {e}"),
             }
             std::process::ExitCode::SUCCESS

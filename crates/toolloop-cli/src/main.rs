@@ -22,6 +22,7 @@ mod logging;
 mod mcp;
 mod progress;
 mod run;
+mod secrets;
 #[cfg(feature = "restate")]
 mod serve;
 mod sessions;
@@ -41,6 +42,9 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Exit code for bad usage or configuration.
 pub const EXIT_USAGE: u8 = 2;
+
+/// The largest `toolloop mock --script` or `--answers` file.
+const MOCK_FILE_MAX_BYTES: u64 = toolloop::providers::scripted::SCRIPT_MAX_BYTES;
 
 #[derive(Parser)]
 #[command(
@@ -129,8 +133,10 @@ struct MockArgs {
     answers: Option<std::path::PathBuf>,
 }
 
-/// Parses the command line over the configuration file's defaults.
-fn parse() -> Result<Cli, ExitCode> {
+/// Parses the command line over the configuration file's defaults. Also returns the variables
+/// that hold keys by choice (`--api-key-env`, and the `api_key_env` of the configuration file's
+/// models).
+fn parse() -> Result<(Cli, Vec<String>), ExitCode> {
     // `toolloop config …` works with a broken file, to find and show it.
     let configuring = std::env::args_os().nth(1).is_some_and(|a| a == "config");
     let file = match config::load() {
@@ -153,17 +159,34 @@ fn parse() -> Result<Cli, ExitCode> {
     };
     let matches = command.get_matches();
     config::note_explicit(&matches);
-    Cli::from_arg_matches(&matches).map_err(|e| {
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| {
         let _ = e.print();
         ExitCode::from(EXIT_USAGE)
-    })
+    })?;
+    let mut key_vars: Vec<String> = config::loaded()
+        .models
+        .values()
+        .filter_map(|m| m.api_key_env.clone())
+        .collect();
+    let mut m = Some(&matches);
+    while let Some(current) = m {
+        if let Ok(Some(name)) = current.try_get_one::<String>("api_key_env") {
+            key_vars.push(name.clone());
+        }
+        m = current.subcommand().map(|(_, sub)| sub);
+    }
+    Ok((cli, key_vars))
 }
 
 fn main() -> ExitCode {
-    let cli = match parse() {
+    // Keys are taken out of the environment before any thread exists (see `secrets`); a
+    // process that started itself again without them gets them back here first.
+    let inherited = secrets::inherit();
+    let (cli, key_vars) = match parse() {
         Ok(c) => c,
         Err(code) => return code,
     };
+    secrets::seal(&key_vars, inherited);
     // One TLS crypto provider for every HTTP client of the process (MCP servers, the trace
     // exporter): ring, chosen here once.
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -214,37 +237,41 @@ fn main() -> ExitCode {
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
-                    Some(path) => match std::fs::read_to_string(path)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                    {
-                        Ok(s) => s,
-                        Err(e) => {
-                            eprintln!(
-                                "toolloop mock: --script {}: {e}; expected a JSON array of \
+                    Some(path) => {
+                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
+                            .map_err(|e| e.to_string())
+                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                        {
+                            Ok(s) => s,
+                            Err(e) => {
+                                eprintln!(
+                                    "toolloop mock: --script {}: {e}; expected a JSON array of \
                                  rounds, each an array of {{\"name\": …, \"arguments\": {{…}}}}",
-                                path.display()
-                            );
-                            return ExitCode::from(EXIT_USAGE);
+                                    path.display()
+                                );
+                                return ExitCode::from(EXIT_USAGE);
+                            }
                         }
-                    },
+                    }
                 };
                 let answers = match &args.answers {
                     None => Vec::new(),
-                    Some(path) => match std::fs::read_to_string(path)
-                        .map_err(|e| e.to_string())
-                        .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                    {
-                        Ok(a) => a,
-                        Err(e) => {
-                            eprintln!(
-                                "toolloop mock: --answers {}: {e}; expected a JSON array of \
+                    Some(path) => {
+                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
+                            .map_err(|e| e.to_string())
+                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                        {
+                            Ok(a) => a,
+                            Err(e) => {
+                                eprintln!(
+                                    "toolloop mock: --answers {}: {e}; expected a JSON array of \
                                  {{\"when\": …, \"text\": …}}",
-                                path.display()
-                            );
-                            return ExitCode::from(EXIT_USAGE);
+                                    path.display()
+                                );
+                                return ExitCode::from(EXIT_USAGE);
+                            }
                         }
-                    },
+                    }
                 };
                 let options = toolloop_mock::MockOptions {
                     answers_by_prompt: answers,

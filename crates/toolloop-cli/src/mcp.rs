@@ -87,10 +87,12 @@ pub(crate) fn server_configs(args: &McpArgs, root: &Path) -> Result<Vec<ServerCo
     if !args.no_mcp_json && project.is_file() {
         files.push((project.clone(), project.display().to_string()));
     }
-    let lookup = |name: &str| std::env::var(name).ok();
+    let lookup = |name: &str| crate::secrets::var(name);
     let mut out: Vec<ServerConfig> = Vec::new();
     for (path, label) in files {
-        let text = std::fs::read_to_string(&path).map_err(|e| format!("{label}: {e}"))?;
+        let text =
+            toolloop::user_file::read_to_string(&path, toolloop::user_file::DEFAULT_MAX_BYTES)
+                .map_err(|e| format!("{label}: {e}"))?;
         let doc: Value =
             serde_json::from_str(&text).map_err(|e| format!("{label}: not valid JSON: {e}"))?;
         let servers =

@@ -197,7 +197,7 @@ impl AgentArgs {
             );
         }
         if let Some(path) = self.system_file.take() {
-            let text = std::fs::read_to_string(&path)
+            let text = toolloop::user_file::read_to_string(&path, MAX_SYSTEM_FILE_BYTES)
                 .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
             self.system = Some(text);
         }
@@ -205,7 +205,7 @@ impl AgentArgs {
             self.output = Some(read_output_schema(&path)?);
         }
         if let Some(path) = self.prices.take() {
-            let text = std::fs::read_to_string(&path)
+            let text = toolloop::user_file::read_to_string(&path, MAX_PRICES_BYTES)
                 .map_err(|e| format!("--prices {}: {e}", path.display()))?;
             price_table(Some(&text)).map_err(|e| format!("--prices {}: {e}", path.display()))?;
             self.price_entries = Some(text);
@@ -268,24 +268,17 @@ impl AgentArgs {
 
 /// The largest `--output-schema` file.
 const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
+/// The largest `--system-file`.
+const MAX_SYSTEM_FILE_BYTES: u64 = 1024 * 1024;
+/// The largest `--prices` file.
+const MAX_PRICES_BYTES: u64 = 1024 * 1024;
 
 /// Reads an `--output-schema` file: a JSON Schema (an object), named after its `title`, else
 /// after the file. The errors name the flag and the file.
 pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
-    use std::io::Read;
     let at = || format!("--output-schema {}", path.display());
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", at()))?;
-    let mut text = String::new();
-    file.take(MAX_SCHEMA_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("{}: {e}", at()))?;
-    if text.len() as u64 > MAX_SCHEMA_BYTES {
-        return Err(format!(
-            "{}: larger than {} KiB; expected a JSON Schema",
-            at(),
-            MAX_SCHEMA_BYTES / 1024
-        ));
-    }
+    let text = toolloop::user_file::read_to_string(path, MAX_SCHEMA_BYTES)
+        .map_err(|e| format!("{}: {e}; expected a JSON Schema", at()))?;
     let schema: Value = serde_json::from_str(&text)
         .map_err(|e| format!("{}: not JSON ({e}); expected a JSON Schema object", at()))?;
     if !schema.is_object() {
@@ -559,6 +552,7 @@ pub(crate) fn agent_builder_with(
         .max_rounds(agent.max_rounds)
         .max_tool_calls(agent.max_tool_calls)
         .stream(agent.stream)
+        .redact(crate::secrets::redactor())
         .approvals(crate::approve::approvals(&agent.approval)?);
     if let Some(mcp) = tools.mcp {
         builder = builder.tool_source_arc(mcp);

@@ -121,15 +121,15 @@ fn lookup<'a>(
         if key_vars.contains(&name)
             && let Some(var) = &args.api_key_env
         {
-            return std::env::var(var).ok();
+            return crate::secrets::var(var);
         }
-        std::env::var(name).ok()
+        crate::secrets::var(name)
     }
 }
 
 fn named_key_is_set(args: &ProviderArgs) -> Result<(), String> {
     if let Some(var) = &args.api_key_env
-        && std::env::var(var).map_or(true, |v| v.trim().is_empty())
+        && crate::secrets::var(var).is_none_or(|v| v.trim().is_empty())
     {
         return Err(format!(
             "--api-key-env {var}: the variable is not set (or is empty)"
@@ -144,8 +144,7 @@ fn check_base_url(args: &ProviderArgs, url_vars: &[&str]) -> Result<(), String> 
     let (source, url) = match &args.base_url {
         Some(url) => ("--base-url".to_string(), url.clone()),
         None => match url_vars.iter().find_map(|var| {
-            std::env::var(var)
-                .ok()
+            crate::secrets::var(var)
                 .filter(|v| !v.trim().is_empty())
                 .map(|v| (var.to_string(), v))
         }) {
@@ -223,8 +222,13 @@ pub(crate) fn model_from_args_named(
     model_from_args(&args)
 }
 
-/// The provider's model, as the spec names it.
+/// The provider's model, as the spec names it. Its key is noted, so that answers repeating it
+/// are redacted ([`crate::secrets::note_key`]), and the variable it came from is kept from
+/// child processes (a run resumed from the store names it only now).
 fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    if let Some(var) = &args.api_key_env {
+        toolloop::redact::mark_secret_env_name(var);
+    }
     let spec = args.model.trim();
     let (provider, rest) = match spec.split_once(':') {
         Some((p, r)) => (p, Some(r)),
@@ -261,6 +265,9 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
             connect_retry(args, &mut config.transport);
+            if let Some(key) = &config.api_key {
+                crate::secrets::note_key(key);
+            }
             Ok(Arc::new(OpenAiModel::new(config)))
         }
         "openai-responses" => {
@@ -281,6 +288,9 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
             connect_retry(args, &mut config.transport);
+            if let Some(key) = &config.api_key {
+                crate::secrets::note_key(key);
+            }
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
@@ -301,6 +311,9 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
             connect_retry(args, &mut config.transport);
+            if let Some(key) = &config.api_key {
+                crate::secrets::note_key(key);
+            }
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -321,6 +334,9 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
             connect_retry(args, &mut config.transport);
+            if let Some(key) = &config.api_key {
+                crate::secrets::note_key(key);
+            }
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),

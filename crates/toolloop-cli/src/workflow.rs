@@ -34,6 +34,26 @@ pub(crate) enum WorkflowCommand {
     List(WorkflowListArgs),
 }
 
+/// Where the files a workflow names may be.
+#[derive(Args, Debug, Clone, Copy, Default)]
+pub(crate) struct FilesArgs {
+    /// Let the workflow name files (`output_schema_file`) anywhere: by default they must be in
+    /// the workflow file's directory or below it, symbolic links resolved (what a workflow
+    /// names is read and sent to the model, and a workflow may come with a project).
+    #[arg(long)]
+    pub workflow_files_anywhere: bool,
+}
+
+impl FilesArgs {
+    fn access(self) -> toolloop_workflow::FileAccess {
+        if self.workflow_files_anywhere {
+            toolloop_workflow::FileAccess::Anywhere
+        } else {
+            toolloop_workflow::FileAccess::Confined
+        }
+    }
+}
+
 /// `toolloop workflow run`.
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
 pub(crate) struct WorkflowRunArgs {
@@ -50,6 +70,9 @@ pub(crate) struct WorkflowRunArgs {
     #[arg(long, value_name = "ID", conflicts_with_all = ["file", "inputs"])]
     #[serde(skip)]
     pub resume: Option<String>,
+    #[command(flatten)]
+    #[serde(skip)]
+    pub files: FilesArgs,
     /// The settings every step starts from: the default model, approvals, the file tools'
     /// root, MCP servers. --max-rounds, --max-tool-calls and --timeout, when given, are the
     /// limits of the steps that the workflow leaves unset (otherwise 5 rounds, 20 tool calls).
@@ -89,6 +112,8 @@ pub(crate) struct WorkflowRunArgs {
 pub(crate) struct WorkflowCheckArgs {
     /// The workflow file (TOML).
     pub file: PathBuf,
+    #[command(flatten)]
+    pub files: FilesArgs,
     /// Inputs to check as given: NAME=VALUE (repeatable); without any, only the definition
     /// is checked.
     #[arg(short = 'i', long = "input", value_name = "NAME=VALUE", value_parser = parse_input)]
@@ -149,8 +174,8 @@ pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
 }
 
 /// Reads the file, with the command's explicit limits as the defaults of the steps.
-fn load(file: &std::path::Path, agent: &AgentArgs) -> Result<Workflow, ExitCode> {
-    let mut workflow = Workflow::from_file(file).map_err(usage)?;
+fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<Workflow, ExitCode> {
+    let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
     let d = &mut workflow.defaults;
     if d.max_rounds.is_none() && crate::config::is_set("max_rounds") {
         d.max_rounds = Some(agent.max_rounds);
@@ -182,7 +207,7 @@ async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))
         .configure(move |b| {
-            let mut b = b.stream(settings.stream);
+            let mut b = b.stream(settings.stream).redact(crate::secrets::redactor());
             if let Ok(approvals) = crate::approve::approvals(&settings.approval) {
                 b = b.approvals(approvals);
             }
@@ -265,7 +290,7 @@ async fn run(mut args: WorkflowRunArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         return usage(e);
     }
-    let workflow = match load(&file, &args.agent) {
+    let workflow = match load(&file, args.files, &args.agent) {
         Ok(w) => w,
         Err(code) => return code,
     };
@@ -450,7 +475,7 @@ async fn check(mut args: WorkflowCheckArgs) -> ExitCode {
     if let Err(e) = args.agent.prepare() {
         return usage(e);
     }
-    let workflow = match load(&args.file, &args.agent) {
+    let workflow = match load(&args.file, args.files, &args.agent) {
         Ok(w) => w,
         Err(code) => return code,
     };

@@ -388,3 +388,42 @@ fn a_restarted_stream_prints_only_the_final_answer() {
     assert!(cut > 0, "no seed gave a cut stream that was then answered");
     rt.block_on(server.shutdown());
 }
+
+/// `--system-file`, `--prices` and `--output-schema` read small regular files only: `/dev/zero`
+/// and a FIFO are refused at once (they were read forever, or blocked), and so is a file over
+/// the limit.
+#[cfg(unix)]
+#[test]
+fn flag_files_are_small_regular_files() {
+    let dir = repo();
+    let fifo = dir.path().join("fifo");
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .unwrap()
+            .success()
+    );
+    let big = dir.path().join("big.txt");
+    std::fs::File::create(&big)
+        .unwrap()
+        .set_len(2 * 1024 * 1024)
+        .unwrap();
+    let fifo = fifo.to_str().unwrap();
+    let big = big.to_str().unwrap();
+    for flag in ["--system-file", "--prices", "--output-schema"] {
+        for (path, why) in [
+            ("/dev/zero", "not a regular file"),
+            (fifo, "not a regular file"),
+            (big, "larger than 1 MiB"),
+        ] {
+            let started = std::time::Instant::now();
+            let out = run(&[flag, path], dir.path());
+            assert!(
+                started.elapsed() < std::time::Duration::from_secs(10),
+                "{flag} {path}"
+            );
+            refused(&out, flag, why);
+        }
+    }
+}

@@ -305,3 +305,74 @@ tools = ["effect_b"]
     assert_eq!(runs[0]["status"], "succeeded");
     rt.block_on(server.shutdown());
 }
+
+/// The files a workflow names (`output_schema_file`) must be in its directory or below, links
+/// resolved, unless `--workflow-files-anywhere`; and they are read only when they are small
+/// regular files (`/dev/zero` and a FIFO are refused at once).
+#[cfg(unix)]
+#[test]
+fn a_workflow_reads_only_small_regular_files_beside_it() {
+    let outside = tempfile::tempdir().unwrap();
+    let secret = outside.path().join("secret.json");
+    std::fs::write(&secret, r#"{"type": "object", "title": "SECRET-OUTSIDE"}"#).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::fs::write(project.join("schema.json"), r#"{"type": "object"}"#).unwrap();
+    std::os::unix::fs::symlink(&secret, project.join("link.json")).unwrap();
+    assert!(
+        std::process::Command::new("mkfifo")
+            .arg(project.join("fifo.json"))
+            .status()
+            .unwrap()
+            .success()
+    );
+    let up = format!(
+        "../../{}/secret.json",
+        outside.path().file_name().unwrap().to_str().unwrap()
+    );
+    let check = |schema_file: &str, anywhere: bool| {
+        let file = project.join("w.toml");
+        std::fs::write(
+            &file,
+            format!(
+                "name = \"w\"\n[[steps]]\nid = \"one\"\nprompt = \"hello\"\n\
+                 output_schema_file = \"{schema_file}\"\n"
+            ),
+        )
+        .unwrap();
+        let mut args = vec!["workflow", "check", file.to_str().unwrap()];
+        if anywhere {
+            args.push("--workflow-files-anywhere");
+        }
+        let started = std::time::Instant::now();
+        let out = command(&args, dir.path()).output().unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check("schema.json", false);
+    assert_eq!(code, Some(0), "{err}");
+    for name in [up.as_str(), secret.to_str().unwrap(), "link.json"] {
+        let (code, err) = check(name, false);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(
+            err.contains("outside the workflow's directory"),
+            "{name}: {err}"
+        );
+        assert!(err.contains("--workflow-files-anywhere"), "{err}");
+        let (code, err) = check(name, true);
+        assert_eq!(
+            code,
+            Some(0),
+            "{name} with --workflow-files-anywhere: {err}"
+        );
+    }
+    for name in ["/dev/zero", "fifo.json"] {
+        let (code, err) = check(name, true);
+        assert_eq!(code, Some(2), "{name}: {err}");
+        assert!(err.contains("not a regular file"), "{name}: {err}");
+    }
+}

@@ -139,14 +139,15 @@ pub fn is_secret_env_name(name: &str) -> bool {
 }
 
 /// The environment of a child process server: this process's variables without the secret
-/// ones ([`is_secret_env_name`]), then the server's own `env` (which may set anything).
+/// ones (the one rule of [`toolloop::redact::is_secret_env`]: by name, and values holding a
+/// URL with credentials), then the server's own `env` (which may set anything).
 pub fn child_env(
     inherited: impl IntoIterator<Item = (String, String)>,
     own: &BTreeMap<String, String>,
 ) -> BTreeMap<String, String> {
     let mut env: BTreeMap<String, String> = inherited
         .into_iter()
-        .filter(|(k, _)| !is_secret_env_name(k))
+        .filter(|(k, v)| !toolloop::redact::is_secret_env(k, v))
         .collect();
     env.extend(own.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
@@ -469,6 +470,9 @@ mod tests {
             ("AWS_SECRET_ACCESS_KEY", "a"),
             ("TOOLLOOP_STORE", "postgres://u:pw@db/toolloop"),
             ("OPENAI_BASE_URL", "https://u:pw@proxy/v1"),
+            ("APIKEY", "k"),
+            ("https_proxy", "http://user:pass@proxy:3128"),
+            ("no_proxy", "localhost"),
             ("LANG", "C"),
         ]
         .map(|(k, v)| (k.to_string(), v.to_string()));
@@ -476,7 +480,7 @@ mod tests {
         let env = child_env(inherited, &own);
         assert_eq!(
             env.keys().map(String::as_str).collect::<Vec<_>>(),
-            ["GITHUB_TOKEN", "LANG", "PATH"]
+            ["GITHUB_TOKEN", "LANG", "PATH", "no_proxy"]
         );
         assert_eq!(env["GITHUB_TOKEN"], "given");
     }

@@ -24,9 +24,11 @@
 //!   the outcome is unknown") and is started again for the next one, at most
 //!   [`ServerConfig::max_restarts`] times; a server that does not start is an error naming it,
 //!   with the end of its stderr.
-//! - **Environment**: a child gets this process's environment without the variables whose names
-//!   look secret ([`config::is_secret_env_name`]: `*_API_KEY`, `*_TOKEN`, `*SECRET*`, …); a
-//!   secret a server needs must be listed in its `env`.
+//! - **Environment**: a child gets this process's environment without the variables that may
+//!   hold a credential, by the one rule of [`toolloop::redact::is_secret_env`] (names containing
+//!   `KEY`, `TOKEN`, `SECRET`, `PASSWORD`, …, names marked secret such as the command's
+//!   `--api-key-env`, values holding a URL with credentials); a secret a server needs must be
+//!   listed in its `env`.
 //! - **Changing tool lists**: after `notifications/tools/list_changed`, the next
 //!   [`McpTools::tools`] lists the server's tools again. Given to an agent as a tool source
 //!   (`AgentBuilder::tool_source`, as below), the servers' tools follow such changes during a

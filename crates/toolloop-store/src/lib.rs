@@ -400,18 +400,35 @@ fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
-/// A PostgreSQL URL with its password replaced by `***`.
+/// A location as it may be shown: a URL's credentials (`user:password@`, `?password=…` and
+/// the other query parameters that carry keys) replaced by `[redacted]`.
 fn redact(location: &str) -> String {
-    let Some((scheme, rest)) = location.split_once("://") else {
-        return location.to_string();
+    toolloop::redact::redact_url_credentials(location)
+}
+
+/// The secrets written in a location (a URL's password, its `password` query parameter), to
+/// take out of the messages of errors that may quote them.
+fn location_secrets(location: &str) -> toolloop::redact::Redactor {
+    let mut r = toolloop::redact::Redactor::new();
+    let Some((_, rest)) = location.split_once("://") else {
+        return r;
     };
-    match rest.split_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}"),
-            None => location.to_string(),
-        },
-        None => location.to_string(),
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    if let Some((userinfo, _)) = authority.rsplit_once('@')
+        && let Some((_, password)) = userinfo.split_once(':')
+    {
+        r.add_secret(password);
     }
+    if let Some((_, query)) = rest.split_once('?') {
+        for pair in query.split(['&', '#']) {
+            if let Some((name, value)) = pair.split_once('=')
+                && (name.eq_ignore_ascii_case("password") || name.eq_ignore_ascii_case("passfile"))
+            {
+                r.add_secret(value);
+            }
+        }
+    }
+    r
 }
 
 /// A session's key in the lease table (run ids never contain a colon).
@@ -455,9 +472,19 @@ impl Store {
     /// Like [`Store::open`], with the durability of commits chosen.
     pub async fn open_with(location: &str, durability: Durability) -> Result<Store, StoreError> {
         let shown = redact(location);
-        let open_err = |source: StoreFailure| StoreError::Open {
-            location: shown.clone(),
-            source,
+        let secrets = location_secrets(location);
+        let open_err = |source: StoreFailure| {
+            // The driver's message may quote the URL, password included.
+            let text = source.to_string();
+            let redacted = redact(&secrets.redact(&text));
+            StoreError::Open {
+                location: shown.clone(),
+                source: if redacted == text {
+                    source
+                } else {
+                    StoreFailure::from(redacted)
+                },
+            }
         };
         // Where the writer runs: `:memory:` is one connection that every use shares (the
         // writer included).
@@ -1717,9 +1744,18 @@ mod tests {
     fn passwords_are_hidden() {
         assert_eq!(
             redact("postgres://me:secret@db:5432/x"),
-            "postgres://me:***@db:5432/x"
+            "postgres://[redacted]@db:5432/x"
         );
-        assert_eq!(redact("postgres://me@db/x"), "postgres://me@db/x");
+        assert_eq!(
+            redact("postgres://db:5432/x?user=me&password=secret"),
+            "postgres://db:5432/x?user=me&password=[redacted]"
+        );
+        let r = location_secrets("postgresql://me:s3cr3t@db/x?password=other-pass");
+        assert_eq!(
+            redact(&r.redact("bad url postgresql://me:s3cr3t@db/x: s3cr3t other-pass")),
+            "bad url postgresql://[redacted]@db/x: [redacted] [redacted]"
+        );
+        assert_eq!(redact("postgres://me@db/x"), "postgres://[redacted]@db/x");
         assert_eq!(redact("/tmp/a.db"), "/tmp/a.db");
     }
 }

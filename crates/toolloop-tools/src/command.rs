@@ -6,13 +6,24 @@
 //!
 //! The child:
 //! - runs in the root, with stdin empty;
-//! - gets the environment of this process without anything that looks like a credential (see
-//!   [`is_secret_var`]: `*_API_KEY`, `*_TOKEN`, `*SECRET*`, `*PASSWORD*`, the providers' and
-//!   stores' variables);
+//! - gets the environment of this process without anything that may be a credential, by the
+//!   one rule of [`toolloop::redact::is_secret_env`]: names containing `KEY`, `TOKEN`, `SECRET`,
+//!   `PASSWORD` (and `PASSWD`, `CREDENTIAL`, `COOKIE`, or ending in `AUTH`), the providers' and
+//!   stores' variables, the names marked secret (the command's `--api-key-env`), and values
+//!   holding a URL with credentials (`https_proxy=http://user:password@proxy`);
 //! - leads a process group of its own; when the call times out or the run is cancelled, the
 //!   whole group gets SIGTERM, then SIGKILL after [`CommandConfig::kill_grace`]; whatever the
 //!   command leaves running in its group when it exits is killed too, and so is the group when
 //!   the call is dropped;
+//! - on Linux, is killed with every process it started, even one that left its process group
+//!   and session (`setsid`): the command is made a child subreaper (`PR_SET_CHILD_SUBREAPER`),
+//!   so that what its children leave behind stays in its tree while it runs, and it carries
+//!   a variable, [`COMMAND_ID_VAR`], with a value of this call's own, which whatever it starts
+//!   inherits. When the call ends (the command exits, times out or is cancelled, or the call
+//!   is dropped), every process in the command's tree and every process whose environment
+//!   holds that value (with their trees) gets SIGKILL, found by walking `/proc` until none is
+//!   left; nothing else is touched. A process that both leaves the tree (its parent exits)
+//!   and clears its environment is not found;
 //! - has its stdout and stderr kept up to [`CommandConfig::max_output_bytes`] each: the head
 //!   and the tail, with the number of bytes left out between them.
 //!
@@ -106,8 +117,24 @@ const SHELLS: &[&str] = &[
     "xonsh",
 ];
 
-/// Whether an environment variable may hold a credential, and is kept from the command: the
-/// rule every child process of toolloop follows ([`toolloop::redact::is_secret_env_name`]).
+/// The variable every `run_command` child carries, with a value of its call's own (the
+/// process id of this process, a time and a count), by which what the command leaves running
+/// is found and killed when the call ends.
+pub const COMMAND_ID_VAR: &str = "TOOLLOOP_COMMAND_ID";
+
+/// A value for [`COMMAND_ID_VAR`] no other call has.
+fn new_command_id() -> String {
+    static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// Whether an environment variable's name says it may hold a credential, so that it is kept
+/// from the command ([`toolloop::redact::is_secret_env_name`]; the whole rule, values
+/// included, is [`toolloop::redact::is_secret_env`]).
 pub fn is_secret_var(name: &str) -> bool {
     toolloop::redact::is_secret_env_name(name)
 }
@@ -159,11 +186,18 @@ impl RunCommand {
     }
 }
 
-/// Kills a process group when dropped (a call dropped mid-way, by a tool timeout or a
-/// cancelled run, leaves nothing running).
-struct Group(Option<i32>);
+/// Kills a process group, and on Linux the command's whole tree, when dropped (a call dropped
+/// mid-way, by a tool timeout or a cancelled run, leaves nothing running).
+struct Group(Option<i32>, String);
 
 impl Group {
+    /// SIGKILL to every process carrying the command's [`COMMAND_ID_VAR`] value, and their
+    /// trees (see the module's documentation).
+    fn kill_tree(&self) {
+        #[cfg(target_os = "linux")]
+        tree::kill(None, &self.1);
+    }
+
     fn signal(&self, kill: bool) {
         #[cfg(unix)]
         if let Some(pid) = self.0.and_then(rustix::process::Pid::from_raw) {
@@ -182,6 +216,117 @@ impl Group {
 impl Drop for Group {
     fn drop(&mut self) {
         self.signal(true);
+        self.kill_tree();
+    }
+}
+
+/// Finding and killing what a command left running, through `/proc`.
+#[cfg(target_os = "linux")]
+mod tree {
+    use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+    use std::collections::HashSet;
+    use std::os::fd::OwnedFd;
+
+    /// Every process: its id and its parent's.
+    fn processes() -> Vec<(i32, i32)> {
+        let Ok(dir) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        dir.filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            Some((pid, parent(pid)?))
+        })
+        .collect()
+    }
+
+    /// The parent of `pid` (the field after the state, after the name in parentheses, which
+    /// may itself hold parentheses).
+    fn parent(pid: i32) -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// Whether the environment of `pid` holds `marker` (`NAME=value`) as one whole variable.
+    fn carries(pid: i32, marker: &[u8]) -> bool {
+        let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+            return false;
+        };
+        env.split(|b| *b == 0).any(|var| var == marker)
+    }
+
+    /// `roots` and their descendants, by the parent links of `procs`.
+    fn with_descendants(procs: &[(i32, i32)], roots: &mut HashSet<i32>) {
+        loop {
+            let before = roots.len();
+            for &(pid, ppid) in procs {
+                if roots.contains(&ppid) {
+                    roots.insert(pid);
+                }
+            }
+            if roots.len() == before {
+                return;
+            }
+        }
+    }
+
+    /// The processes of the tree of `root` (a process not yet waited for, itself left out)
+    /// and those carrying `id` (with their trees), each pinned by a process descriptor, so
+    /// that a signal sent through it reaches that process and no other that took its id
+    /// later. Never this process or init.
+    pub(super) fn find(root: Option<i32>, id: &str) -> Vec<OwnedFd> {
+        let marker = format!("{}={id}", super::COMMAND_ID_VAR).into_bytes();
+        let me = std::process::id() as i32;
+        let procs = processes();
+        let carriers: HashSet<i32> = procs
+            .iter()
+            .map(|&(pid, _)| pid)
+            .filter(|&pid| carries(pid, &marker))
+            .collect();
+        let mut targets = carriers.clone();
+        targets.extend(root);
+        with_descendants(&procs, &mut targets);
+        targets.remove(&me);
+        targets.remove(&1);
+        if let Some(root) = root {
+            targets.remove(&root);
+        }
+        targets
+            .into_iter()
+            .filter_map(|pid| {
+                let fd = pidfd_open(Pid::from_raw(pid)?, PidfdFlags::empty()).ok()?;
+                // One found by the variable is checked again now that it is pinned.
+                (!carriers.contains(&pid) || carries(pid, &marker)).then_some(fd)
+            })
+            .collect()
+    }
+
+    /// Sends `signal` to the pinned processes; whether any was still there to get it.
+    pub(super) fn signal(pinned: &[OwnedFd], signal: Signal) -> bool {
+        // Every one gets it (no stopping at the first).
+        let mut sent = false;
+        for fd in pinned {
+            sent |= pidfd_send_signal(fd, signal).is_ok();
+        }
+        sent
+    }
+
+    /// SIGKILL to the tree of `root` (a process not yet waited for, signalled after its
+    /// descendants, so that they are found under it before they are handed to another parent)
+    /// and to every process carrying `id` (and their trees), pass after pass until none is
+    /// found.
+    pub(super) fn kill(root: Option<i32>, id: &str) {
+        for _ in 0..50 {
+            let sent = signal(&find(root, id), Signal::KILL);
+            if let Some(pid) = root.and_then(Pid::from_raw) {
+                // Not waited for yet, it stays (a zombie) until the caller waits for it.
+                let _ = rustix::process::kill_process(pid, Signal::KILL);
+            }
+            if !sent {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }
 
@@ -300,24 +445,35 @@ impl Tool for RunCommand {
         if let Some(d) = ctx.deadline {
             timeout = timeout.min(d.saturating_duration_since(tokio::time::Instant::now()));
         }
+        let id = new_command_id();
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(&args.command[1..])
             .current_dir(&self.root)
             .env_clear()
-            .envs(std::env::vars_os().filter(|(k, _)| !is_secret_var(&k.to_string_lossy())))
+            .envs(toolloop::redact::child_env())
+            .env(COMMAND_ID_VAR, &id)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
         #[cfg(unix)]
         cmd.process_group(0);
+        // SAFETY: the closure runs in the child between fork and exec, and makes one system
+        // call (prctl), which is async-signal-safe; it allocates nothing and takes no lock.
+        #[cfg(target_os = "linux")]
+        unsafe {
+            cmd.pre_exec(|| {
+                rustix::process::set_child_subreaper(Some(rustix::process::Pid::INIT))
+                    .map_err(std::io::Error::from)
+            });
+        }
         let mut child = cmd.spawn().map_err(|e| {
             ToolError::new(format!(
                 "cannot start `{}`: {e}",
                 toolloop::result::shorten(program, 200)
             ))
         })?;
-        let group = Group(child.id().and_then(|id| i32::try_from(id).ok()));
+        let group = Group(child.id().and_then(|id| i32::try_from(id).ok()), id);
         let max = self.config.max_output_bytes;
         let stdout = child
             .stdout
@@ -338,20 +494,44 @@ impl Tool for RunCommand {
         let ending = match ending {
             Ending::Exited(s) => Ending::Exited(s),
             stop => {
+                // The command's tree as it is now (what left its group with `setsid`
+                // included), found from the command while it is not waited for (its id still
+                // its own) and pinned: once the command exits, what it started is handed to
+                // another parent and could no longer be found under it.
+                #[cfg(target_os = "linux")]
+                let pinned = {
+                    let (root, id) = (group.0, group.1.clone());
+                    tokio::task::spawn_blocking(move || tree::find(root, &id))
+                        .await
+                        .unwrap_or_default()
+                };
                 group.signal(false);
+                #[cfg(target_os = "linux")]
+                tree::signal(&pinned, rustix::process::Signal::TERM);
                 if tokio::time::timeout(self.config.kill_grace, child.wait())
                     .await
                     .is_err()
                 {
                     group.signal(true);
+                    let (root, id) = (group.0, group.1.clone());
+                    let _ = tokio::task::spawn_blocking(move || {
+                        #[cfg(target_os = "linux")]
+                        tree::kill(root, &id);
+                        #[cfg(not(target_os = "linux"))]
+                        let _ = (root, id);
+                    })
+                    .await;
                     let _ = child.wait().await;
                 }
+                #[cfg(target_os = "linux")]
+                tree::signal(&pinned, rustix::process::Signal::KILL);
                 stop
             }
         };
-        // Whatever the command left running in its group goes with it (it would hold the
-        // output pipes open).
+        // Whatever the command left running goes with it (it would hold the output pipes
+        // open): its group, and what carries its id.
         group.signal(true);
+        let _ = tokio::task::spawn_blocking(move || drop(group)).await;
         let collect = |h: Option<tokio::task::JoinHandle<Capped>>| async move {
             let h = h?;
             tokio::time::timeout(Duration::from_secs(2), h)

@@ -168,6 +168,89 @@ async fn a_dropped_call_leaves_nothing_running() {
     assert!(wait_gone(pid), "{pid} still runs");
 }
 
+/// The pid written to `file` in `dir`, once it is there.
+fn pid_in(dir: &Path, file: &str) -> i32 {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(dir.join(file))
+            && let Ok(pid) = text.trim().parse()
+        {
+            return pid;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{file} never written"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A grandchild that leaves the command's process group and session (`setsid`) is killed
+/// at the timeout with the rest.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_grandchild_that_calls_setsid_is_killed_at_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tool(dir.path(), |c| {
+        c.allow_shell = true;
+        c.timeout = Duration::from_millis(800);
+        c.kill_grace = Duration::from_millis(200);
+    });
+    let script = "setsid sh -c 'echo $$ > gc.pid; exec sleep 1000' </dev/null >/dev/null 2>&1 & \
+                  while [ ! -s gc.pid ]; do sleep 0.05; done; sleep 1000";
+    let start = Instant::now();
+    let e = t
+        .call(json!({"command": ["sh", "-c", script]}), ctx())
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("did not finish"), "{}", e.message);
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let pid = pid_in(dir.path(), "gc.pid");
+    assert!(wait_gone(pid), "the setsid grandchild {pid} still runs");
+}
+
+/// A command that exits at once, leaving a grandchild in a session of its own (a daemon),
+/// does not leave it running.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn a_daemon_left_behind_by_a_command_that_exited_is_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tool(dir.path(), |c| c.allow_shell = true);
+    let script = "setsid sh -c 'echo $$ > gc.pid; exec sleep 1000' </dev/null >/dev/null 2>&1 & \
+                  while [ ! -s gc.pid ]; do sleep 0.05; done; exit 0";
+    let out = t
+        .call(json!({"command": ["sh", "-c", script]}), ctx())
+        .await
+        .unwrap();
+    assert_eq!(out.data.unwrap()["exit_code"], 0);
+    let pid = pid_in(dir.path(), "gc.pid");
+    assert!(wait_gone(pid), "the daemon {pid} still runs");
+}
+
+/// A grandchild orphaned inside the command (its parent exited) that also cleared its
+/// environment is still in the command's tree while the command runs (the command is a
+/// child subreaper), and is killed at the timeout.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn an_orphan_that_cleared_its_environment_is_killed_at_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let t = tool(dir.path(), |c| {
+        c.allow_shell = true;
+        c.timeout = Duration::from_millis(800);
+        c.kill_grace = Duration::from_millis(200);
+    });
+    let script = "(setsid /usr/bin/env -i /bin/sh -c 'echo $$ > gc.pid; exec sleep 1000' \
+                   </dev/null >/dev/null 2>&1 &); \
+                  while [ ! -s gc.pid ]; do sleep 0.05; done; sleep 1000";
+    let e = t
+        .call(json!({"command": ["sh", "-c", script]}), ctx())
+        .await
+        .unwrap_err();
+    assert!(e.message.contains("did not finish"), "{}", e.message);
+    let pid = pid_in(dir.path(), "gc.pid");
+    assert!(wait_gone(pid), "the orphan {pid} still runs");
+}
+
 #[test]
 fn the_schema_asks_for_an_argument_vector() {
     let dir = tempfile::tempdir().unwrap();

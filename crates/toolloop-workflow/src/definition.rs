@@ -152,10 +152,37 @@ pub struct Step {
     pub output_schema_file: Option<PathBuf>,
 }
 
+/// The largest `output_schema_file` read.
+pub const MAX_SCHEMA_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Where the files a workflow names (`output_schema_file`) may be. A workflow is a project
+/// file like any other: what it names is read and sent to the model, so by default it may name
+/// only files in its own directory and below.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum FileAccess {
+    /// Only in the workflow's directory (the current directory for text read without one) and
+    /// below, symbolic links resolved: an absolute path or a `..` that leads out of it is
+    /// refused. The default.
+    #[default]
+    Confined,
+    /// Anywhere the process may read (the command's `--workflow-files-anywhere`).
+    Anywhere,
+}
+
 impl Workflow {
     /// Reads a workflow from TOML text. `output_schema_file` paths are read relative to `dir`
-    /// (none: the current directory) and inlined as `output_schema`.
+    /// (none: the current directory), confined to it ([`FileAccess::Confined`]), and inlined
+    /// as `output_schema`.
     pub fn from_toml(text: &str, dir: Option<&Path>) -> Result<Workflow, WorkflowError> {
+        Workflow::from_toml_with(text, dir, FileAccess::Confined)
+    }
+
+    /// [`Workflow::from_toml`], with the files it names read as `access` allows.
+    pub fn from_toml_with(
+        text: &str,
+        dir: Option<&Path>,
+        access: FileAccess,
+    ) -> Result<Workflow, WorkflowError> {
         let mut workflow: Workflow = toml::from_str(text).map_err(|e| WorkflowError::Parse {
             path: None,
             message: e.to_string(),
@@ -171,49 +198,34 @@ impl Workflow {
                     step.id
                 )));
             }
-            let path = match dir {
-                Some(d) => d.join(&file),
-                None => file.clone(),
-            };
-            let text = std::fs::read_to_string(&path).map_err(|e| {
-                invalid(format!(
-                    "step `{}`: output_schema_file {}: {e}",
-                    step.id,
-                    path.display()
-                ))
-            })?;
-            let schema: Value = serde_json::from_str(&text).map_err(|e| {
-                invalid(format!(
-                    "step `{}`: output_schema_file {} is not JSON: {e}",
-                    step.id,
-                    path.display()
-                ))
-            })?;
+            let at = || format!("step `{}`: output_schema_file {}", step.id, file.display());
+            let path =
+                named_file(dir, &file, access).map_err(|e| invalid(format!("{}: {e}", at())))?;
+            let text = toolloop::user_file::read_to_string(&path, MAX_SCHEMA_FILE_BYTES)
+                .map_err(|e| invalid(format!("{}: {e}", at())))?;
+            let schema: Value = serde_json::from_str(&text)
+                .map_err(|e| invalid(format!("{} is not JSON: {e}", at())))?;
             step.output_schema = Some(schema);
         }
         Ok(workflow)
     }
 
-    /// Reads a workflow file (TOML; see the crate docs for every field).
+    /// Reads a workflow file (TOML; see the crate docs for every field); the files it names
+    /// must be beside it or below ([`FileAccess::Confined`]).
     pub fn from_file(path: &Path) -> Result<Workflow, WorkflowError> {
-        use std::io::Read;
+        Workflow::from_file_with(path, FileAccess::Confined)
+    }
+
+    /// [`Workflow::from_file`], with the files it names read as `access` allows.
+    pub fn from_file_with(path: &Path, access: FileAccess) -> Result<Workflow, WorkflowError> {
         let parse_err = |message: String| WorkflowError::Parse {
             path: Some(path.to_path_buf()),
             message,
         };
-        let file = std::fs::File::open(path).map_err(|e| parse_err(e.to_string()))?;
-        let mut text = String::new();
-        file.take(MAX_FILE_BYTES + 1)
-            .read_to_string(&mut text)
+        let text = toolloop::user_file::read_to_string(path, MAX_FILE_BYTES)
             .map_err(|e| parse_err(e.to_string()))?;
-        if text.len() as u64 > MAX_FILE_BYTES {
-            return Err(parse_err(format!(
-                "larger than {} MiB",
-                MAX_FILE_BYTES / (1024 * 1024)
-            )));
-        }
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-        Workflow::from_toml(&text, dir).map_err(|e| match e {
+        Workflow::from_toml_with(&text, dir, access).map_err(|e| match e {
             WorkflowError::Parse { message, .. } => parse_err(message),
             other => other,
         })
@@ -328,4 +340,27 @@ pub(crate) fn known<'a>(names: impl Iterator<Item = &'a String>) -> String {
     } else {
         format!("known: {}", names.join(", "))
     }
+}
+
+/// The path of a file a workflow names (`file`, relative to `dir`), checked against `access`:
+/// when confined, the file, its links resolved, must be inside `dir` (its links resolved too).
+fn named_file(dir: Option<&Path>, file: &Path, access: FileAccess) -> Result<PathBuf, String> {
+    let base = dir.unwrap_or(Path::new("."));
+    let path = base.join(file);
+    if access == FileAccess::Anywhere {
+        return Ok(path);
+    }
+    let root = std::fs::canonicalize(base)
+        .map_err(|e| format!("the workflow's directory {}: {e}", base.display()))?;
+    let real = std::fs::canonicalize(&path).map_err(|e| e.to_string())?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "it is outside the workflow's directory {} (it leads to {}): a workflow reads only \
+             files in its own directory and below, unless this is lifted (`toolloop workflow \
+             --workflow-files-anywhere`, or FileAccess::Anywhere)",
+            root.display(),
+            real.display()
+        ));
+    }
+    Ok(real)
 }

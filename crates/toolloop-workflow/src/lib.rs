@@ -53,8 +53,8 @@ mod template;
 
 pub use check::RESULT_FIELDS;
 pub use definition::{
-    DEFAULT_MAX_PARALLEL, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOOL_CALLS, Defaults, Input,
-    MAX_FILE_BYTES, Step, Workflow,
+    DEFAULT_MAX_PARALLEL, DEFAULT_MAX_ROUNDS, DEFAULT_MAX_TOOL_CALLS, Defaults, FileAccess, Input,
+    MAX_FILE_BYTES, MAX_SCHEMA_FILE_BYTES, Step, Workflow,
 };
 pub use event::WorkflowEvent;
 #[cfg(feature = "store")]

@@ -18,6 +18,7 @@ use crate::model::{Model, ModelError, ModelRequest, ModelResponse, ModelSettings
 use crate::outcome::{ErrorCode, Outcome, StopReason};
 use crate::output::OutputSchema;
 use crate::price::{Price, PriceTable};
+use crate::redact::{Redactor, StreamRedactor};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::tool_source::ToolSource;
@@ -52,6 +53,8 @@ pub struct Agent {
     on_approval: Option<OnApproval>,
     /// Where tools beside the agent's own come from, and what they listed last.
     sources: Arc<Sources>,
+    /// Secrets taken out of the model's text (see [`AgentBuilder::redact`]).
+    redactor: Option<Arc<Redactor>>,
 }
 
 /// How long a tool source may take to list its tools; one that takes longer keeps the tools it
@@ -138,6 +141,7 @@ pub struct AgentBuilder {
     on_in_flight: Option<OnInFlight>,
     on_approval: Option<OnApproval>,
     sources: Vec<Arc<dyn ToolSource>>,
+    redactor: Option<Arc<Redactor>>,
 }
 
 impl Agent {
@@ -1031,6 +1035,22 @@ impl Agent {
         round: u32,
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
+        let mut response = self.call_model_raw(model, request, round, sink).await?;
+        if let Some(r) = &self.redactor
+            && let Some(text) = &mut response.text
+        {
+            *text = r.redact(text);
+        }
+        Ok(response)
+    }
+
+    async fn call_model_raw(
+        &self,
+        model: &dyn Model,
+        request: ModelRequest<'_>,
+        round: u32,
+        sink: Option<&EventHandler>,
+    ) -> Result<ModelResponse, ModelError> {
         if !self.config.stream {
             return model.complete(&request).await;
         }
@@ -1064,15 +1084,26 @@ impl Agent {
     ) -> Result<ModelResponse, ModelError> {
         let mut stream = model.stream(request).await?;
         let mut acc = Accumulator::new();
+        let mut held = self.redactor.as_deref().map(StreamRedactor::new);
+        let emit = |text: String| {
+            if let Some(sink) = sink
+                && !text.is_empty()
+            {
+                sink(&Event::TextDelta { round, text });
+            }
+        };
         while let Some(event) = stream.next().await {
             let event = event?;
-            if let (StreamEvent::TextDelta(text), Some(sink)) = (&event, sink) {
-                sink(&Event::TextDelta {
-                    round,
-                    text: text.clone(),
-                });
+            if let StreamEvent::TextDelta(text) = &event {
+                match &mut held {
+                    Some(held) => emit(held.push(text)),
+                    None => emit(text.clone()),
+                }
             }
             acc.push(event);
+        }
+        if let Some(held) = held {
+            emit(held.finish());
         }
         Ok(acc.finish())
     }
@@ -1518,7 +1549,19 @@ impl AgentBuilder {
             on_in_flight: None,
             on_approval: None,
             sources: Vec::new(),
+            redactor: None,
         }
+    }
+
+    /// Replaces the secrets of `redactor` (an API key a model repeats, in any of the forms
+    /// [`Redactor`] knows) with [`REDACTED`](crate::redact::REDACTED) in the model's text: in
+    /// the text of every response, the final answer included, and in the streamed
+    /// [`Event::TextDelta`]s (which hold back a piece that could be the beginning of a secret
+    /// until the next piece shows it is not). The text is redacted before the run log, the
+    /// events and the outcome see it. Default: nothing is redacted.
+    pub fn redact(mut self, redactor: Redactor) -> Self {
+        self.redactor = (!redactor.is_empty()).then(|| Arc::new(redactor));
+        self
     }
 
     /// The approval policy: which calls run, wait for approval, or are denied (see
@@ -1760,6 +1803,7 @@ impl AgentBuilder {
                 sources: self.sources,
                 listed: tokio::sync::Mutex::new(None),
             }),
+            redactor: self.redactor,
         })
     }
 }

@@ -80,6 +80,7 @@ pub mod toolbox;
 pub mod transcript;
 pub mod transport;
 pub mod usage;
+pub mod user_file;
 
 pub use agent::{Agent, AgentBuilder};
 pub use config::LoopConfig;

@@ -247,6 +247,157 @@ impl Redactor {
     }
 }
 
+/// Redacts text that arrives in pieces (a streamed answer): a secret split across pieces is
+/// still replaced, because the end of what was pushed is held back while it could be the
+/// beginning of a secret, and given out with the next piece (or by [`StreamRedactor::finish`]).
+///
+/// ```
+/// use toolloop::redact::{Redactor, StreamRedactor};
+///
+/// let r = Redactor::new().with_secret("sk-live-1234567890");
+/// let mut s = StreamRedactor::new(&r);
+/// let mut out = String::new();
+/// for piece in ["the key is sk-li", "ve-12345", "67890, done"] {
+///     out.push_str(&s.push(piece));
+/// }
+/// out.push_str(&s.finish());
+/// assert_eq!(out, "the key is [redacted], done");
+/// ```
+#[derive(Debug)]
+pub struct StreamRedactor<'a> {
+    redactor: &'a Redactor,
+    held: String,
+}
+
+impl<'a> StreamRedactor<'a> {
+    /// A stream redactor with the secrets of `redactor`.
+    pub fn new(redactor: &'a Redactor) -> Self {
+        StreamRedactor {
+            redactor,
+            held: String::new(),
+        }
+    }
+
+    /// Takes the next piece; returns the redacted text that can be given out now.
+    pub fn push(&mut self, piece: &str) -> String {
+        self.held.push_str(piece);
+        let redacted = self.redactor.redact(&self.held);
+        let keep = self
+            .redactor
+            .needles
+            .iter()
+            .map(|n| longest_prefix_suffix_any(&redacted, n))
+            .max()
+            .unwrap_or(0);
+        let cut = redacted.len() - keep;
+        self.held = redacted[cut..].to_string();
+        let mut out = redacted;
+        out.truncate(cut);
+        out
+    }
+
+    /// The rest held back (no secret: what was held turned out not to be one).
+    pub fn finish(self) -> String {
+        self.redactor.redact(&self.held)
+    }
+}
+
+/// The length in bytes of the longest end of `text` that is a beginning of `needle` (shorter
+/// than `needle`; any length).
+fn longest_prefix_suffix_any(text: &str, needle: &str) -> usize {
+    needle
+        .char_indices()
+        .map(|(i, _)| i)
+        .skip(1)
+        .filter(|&end| text.ends_with(&needle[..end]))
+        .max()
+        .unwrap_or(0)
+}
+
+/// `text` with the JSON `\uXXXX` escapes of characters other than `"`, `\\` and control
+/// characters written as the characters (surrogate pairs included), and `\/` as `/`: the form
+/// in which a secret that a server escaped can be recognised. A text with no such escape is
+/// returned as it is.
+pub fn unescape_json_text(text: &str) -> Cow<'_, str> {
+    if !text.contains("\\u") && !text.contains("\\/") {
+        return Cow::Borrowed(text);
+    }
+    let hex4 = |s: &str| -> Option<u32> {
+        let h = s.get(..4)?;
+        h.bytes()
+            .all(|b| b.is_ascii_hexdigit())
+            .then(|| u32::from_str_radix(h, 16).ok())?
+    };
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('\\') {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 1..];
+        if let Some(tail) = after.strip_prefix('/') {
+            out.push('/');
+            rest = tail;
+            continue;
+        }
+        if let Some(tail) = after.strip_prefix('\\') {
+            // An escaped backslash stays as it is (it is not the start of an escape).
+            out.push_str("\\\\");
+            rest = tail;
+            continue;
+        }
+        let Some(code) = after.strip_prefix('u').and_then(hex4) else {
+            out.push('\\');
+            rest = after;
+            continue;
+        };
+        let mut used = 5;
+        let mut c = char::from_u32(code);
+        if (0xD800..0xDC00).contains(&code)
+            && let Some(low) = after[5..].strip_prefix("\\u").and_then(hex4)
+            && (0xDC00..0xE000).contains(&low)
+        {
+            c = char::from_u32(0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00));
+            used = 11;
+        }
+        match c {
+            Some(c) if c != '"' && c != '\\' && !c.is_control() => {
+                out.push(c);
+                rest = &after[used..];
+            }
+            _ => {
+                out.push('\\');
+                rest = after;
+            }
+        }
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+/// Replaces secrets in every string of a JSON value, object keys included: the value as
+/// decoded, so that a secret a server wrote with `\u` escapes is found.
+pub fn redact_json_value(redactor: &Redactor, value: &mut serde_json::Value) {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => {
+            let r = redactor.redact(s);
+            if r != *s {
+                *s = r;
+            }
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .for_each(|v| redact_json_value(redactor, v)),
+        Value::Object(map) => {
+            let old = std::mem::take(map);
+            for (k, mut v) in old {
+                redact_json_value(redactor, &mut v);
+                map.insert(redactor.redact(&k), v);
+            }
+        }
+        _ => {}
+    }
+}
+
 /// The length in bytes of the longest beginning of `needle`, at least [`MIN_SECRET_CHARS`]
 /// characters long, that `text` ends with.
 fn longest_prefix_suffix(text: &str, needle: &str) -> Option<usize> {
@@ -352,16 +503,15 @@ fn redact_one_url(url: &str) -> String {
     out
 }
 
-/// Environment variables never passed to a child process whose names do not follow the patterns
-/// of [`is_secret_env_name`]: providers' and stores' variables (base URLs and store locations may
-/// carry a key or a password).
+/// Environment variables that are secret whatever they hold, though their names do not follow
+/// the patterns of [`is_secret_env_name`]: providers' and stores' variables (base URLs and
+/// store locations may carry a key or a password in forms other than a URL's).
 const KNOWN_SECRET_VARS: &[&str] = &[
     "OPENAI_BASE_URL",
     "ANTHROPIC_BASE_URL",
     "GEMINI_BASE_URL",
     "GOOGLE_GEMINI_BASE_URL",
     "GOOGLE_APPLICATION_CREDENTIALS",
-    "AWS_ACCESS_KEY_ID",
     "AZURE_OPENAI_ENDPOINT",
     "DATABASE_URL",
     "TOOLLOOP_STORE",
@@ -370,30 +520,73 @@ const KNOWN_SECRET_VARS: &[&str] = &[
     "OPENAI_ORG_ID",
 ];
 
-/// Whether an environment variable may hold a credential, so that child processes (commands,
-/// MCP servers) never inherit it: names (in any case) ending in `_KEY`, `_APIKEY`, `_TOKEN` or
-/// `_AUTH`, containing `_KEY_`, `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL`, `COOKIE` or
-/// `AUTH_TOKEN`, `API_KEY` and `TOKEN` themselves, and the providers' and stores' own variables.
+/// Names the program marked secret ([`mark_secret_env_name`]), in upper case.
+static MARKED_SECRET_NAMES: std::sync::RwLock<Vec<String>> = std::sync::RwLock::new(Vec::new());
+
+/// Marks the variable `name` secret for the rest of the process, whatever it is called: the
+/// variable a key is read from (the command's `--api-key-env`). [`is_secret_env_name`] is true
+/// for it from then on, so no child process started afterwards gets it.
+pub fn mark_secret_env_name(name: &str) {
+    let name = name.trim().to_ascii_uppercase();
+    if name.is_empty() {
+        return;
+    }
+    let mut marked = MARKED_SECRET_NAMES
+        .write()
+        .unwrap_or_else(|p| p.into_inner());
+    if !marked.contains(&name) {
+        marked.push(name);
+    }
+}
+
+/// Whether the name of an environment variable says it may hold a credential: names (in any
+/// case) containing `KEY`, `TOKEN`, `SECRET`, `PASSWORD`, `PASSWD`, `CREDENTIAL` or `COOKIE`,
+/// or ending in `AUTH`; the providers' and stores' own variables (`OPENAI_BASE_URL`,
+/// `TOOLLOOP_STORE`, `DATABASE_URL`, …); and the names marked with [`mark_secret_env_name`].
 pub fn is_secret_env_name(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
-    n.ends_with("_KEY")
-        || n.ends_with("_APIKEY")
-        || n.ends_with("_TOKEN")
-        || n.ends_with("_AUTH")
-        || n == "API_KEY"
-        || n == "TOKEN"
-        || n.contains("_KEY_")
-        || [
-            "SECRET",
-            "PASSWORD",
-            "PASSWD",
-            "CREDENTIAL",
-            "COOKIE",
-            "AUTH_TOKEN",
-        ]
-        .iter()
-        .any(|m| n.contains(m))
+    [
+        "KEY",
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "CREDENTIAL",
+        "COOKIE",
+    ]
+    .iter()
+    .any(|m| n.contains(m))
+        || n.ends_with("AUTH")
         || KNOWN_SECRET_VARS.contains(&n.as_str())
+        || MARKED_SECRET_NAMES
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(&n)
+}
+
+/// Whether an environment variable may hold a credential: its name says so
+/// ([`is_secret_env_name`]), or its value holds a URL with credentials (a user and password,
+/// `https_proxy=http://user:password@proxy:3128`, or a key in its query, `?key=…`,
+/// `?password=…`; see [`redact_url_credentials`]).
+///
+/// This is the one rule by which the toolloop command keeps variables from every child process
+/// it starts (`run_command`, MCP servers: [`child_env`]) and takes them out of its own
+/// environment at start.
+pub fn is_secret_env(name: &str, value: &str) -> bool {
+    is_secret_env_name(name) || (value.contains("://") && redact_url_credentials(value) != value)
+}
+
+/// [`is_secret_env`] for a variable as the operating system gives it (not necessarily UTF-8).
+pub fn is_secret_env_os(name: &std::ffi::OsStr, value: &std::ffi::OsStr) -> bool {
+    is_secret_env(&name.to_string_lossy(), &value.to_string_lossy())
+}
+
+/// The environment a child process gets: this process's variables without those that
+/// [`is_secret_env`] finds secret.
+pub fn child_env() -> Vec<(std::ffi::OsString, std::ffi::OsString)> {
+    std::env::vars_os()
+        .filter(|(k, v)| !is_secret_env_os(k, v))
+        .collect()
 }
 
 #[cfg(test)]
@@ -533,6 +726,10 @@ mod tests {
             "NPM_CONFIG_AUTH",
             "SESSION_COOKIE",
             "X_KEY_FILE",
+            "APIKEY",
+            "KEYMAP",
+            "GH_AUTH",
+            "MYTOKEN2",
         ] {
             assert!(is_secret_env_name(k), "{k}");
         }
@@ -543,9 +740,32 @@ mod tests {
             "CARGO_HOME",
             "TERM",
             "GIT_AUTHOR_NAME",
-            "KEYMAP",
+            "AUTHOR",
+            "https_proxy",
         ] {
             assert!(!is_secret_env_name(k), "{k}");
+        }
+    }
+
+    #[test]
+    fn the_one_rule_covers_names_marked_and_urls_with_credentials() {
+        assert!(!is_secret_env("TOOLLOOP_REDACT_TEST_LLM", "abc"));
+        mark_secret_env_name("toolloop_redact_test_llm");
+        assert!(is_secret_env("TOOLLOOP_REDACT_TEST_LLM", "abc"));
+        for (name, value) in [
+            ("https_proxy", "http://user:pass@proxy:3128"),
+            ("ALL_PROXY", "socks5://u:p@h"),
+            ("MIRROR", "see https://h/x?access_token=t"),
+            ("PGURL", "postgres://db/x?password=p"),
+        ] {
+            assert!(is_secret_env(name, value), "{name}={value}");
+        }
+        for (name, value) in [
+            ("https_proxy", "http://proxy:3128"),
+            ("HOME", "/root"),
+            ("URL", "https://example.com/a?b=c"),
+        ] {
+            assert!(!is_secret_env(name, value), "{name}={value}");
         }
     }
 }

@@ -233,49 +233,16 @@ pub const SCRIPT_MAX_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Reads a script file, refusing what is not a regular file and what is too large.
 fn read_script(path: &std::path::Path) -> std::io::Result<String> {
-    use std::io::{Error, ErrorKind, Read};
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    // Opening a FIFO for reading waits for a writer; without waiting, it opens at once and
-    // is then refused below.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(
-            (rustix::fs::OFlags::NONBLOCK | rustix::fs::OFlags::NOCTTY).bits() as i32,
-        );
-    }
-    let file = options.open(path)?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        let what = if meta.is_dir() {
-            "a directory"
+    crate::user_file::read_to_string(path, SCRIPT_MAX_BYTES).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::InvalidInput {
+            std::io::Error::new(
+                e.kind(),
+                format!("{e}; `scripted:` takes the path of a JSON file"),
+            )
         } else {
-            "not a regular file (a FIFO, socket or device)"
-        };
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
-            format!("it is {what}; `scripted:` takes the path of a JSON file"),
-        ));
-    }
-    let too_large = || {
-        Error::new(
-            ErrorKind::InvalidData,
-            format!(
-                "it is larger than {} MiB, the most a script may be",
-                SCRIPT_MAX_BYTES / (1024 * 1024)
-            ),
-        )
-    };
-    if meta.len() > SCRIPT_MAX_BYTES {
-        return Err(too_large());
-    }
-    let mut bytes = Vec::with_capacity(meta.len() as usize);
-    file.take(SCRIPT_MAX_BYTES + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > SCRIPT_MAX_BYTES {
-        return Err(too_large());
-    }
-    String::from_utf8(bytes).map_err(|_| Error::new(ErrorKind::InvalidData, "it is not UTF-8 text"))
+            e
+        }
+    })
 }
 
 /// Splits text into pieces of about `n` characters, on character boundaries.

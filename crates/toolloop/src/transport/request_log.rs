@@ -16,7 +16,7 @@
 //! Secrets are replaced by `[redacted]` wherever they appear: the credential headers
 //! (`authorization`, `x-api-key`, …), keys in the URL, and any echo of them in a body.
 
-use crate::redact::{REDACTED, Redactor};
+use crate::redact::{REDACTED, Redactor, redact_json_value, unescape_json_text};
 use reqwest::header::HeaderMap;
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -46,19 +46,54 @@ impl RequestLog {
         }
     }
 
-    /// A log appended to the file at `path` (created readable by its owner only: it holds
-    /// prompts and answers).
+    /// A log appended to the file at `path`, readable by its owner only (it holds prompts and
+    /// answers): created with mode 0600, or, when it exists, set to 0600. The last component
+    /// is not followed when it is a symbolic link (a link planted where the log goes would
+    /// send it elsewhere), and what is not a regular file (a FIFO, which would block the
+    /// open, a device, a directory) is refused.
     pub fn create(path: &Path) -> std::io::Result<Self> {
+        use std::io::{Error, ErrorKind};
         let mut options = std::fs::OpenOptions::new();
         options.create(true).append(true);
         #[cfg(unix)]
         {
             use std::os::unix::fs::OpenOptionsExt;
-            options.mode(0o600);
+            options.mode(0o600).custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::NONBLOCK
+                    | rustix::fs::OFlags::NOCTTY)
+                    .bits() as i32,
+            );
         }
-        Ok(RequestLog::new(std::io::LineWriter::new(
-            options.open(path)?,
-        )))
+        let not_regular = || {
+            Error::new(
+                ErrorKind::InvalidInput,
+                "it is not a regular file (a FIFO, socket, device or directory)",
+            )
+        };
+        let file = options.open(path).map_err(|e| {
+            // O_NOFOLLOW on a link fails (ELOOP), a FIFO without a reader too (ENXIO): say why.
+            match std::fs::symlink_metadata(path) {
+                Ok(m) if m.file_type().is_symlink() => Error::new(
+                    ErrorKind::InvalidInput,
+                    "it is a symbolic link; give the path of a regular file",
+                ),
+                Ok(m) if !m.is_file() => not_regular(),
+                _ => e,
+            }
+        })?;
+        let meta = file.metadata()?;
+        if !meta.is_file() {
+            return Err(not_regular());
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            if meta.permissions().mode() & 0o777 != 0o600 {
+                file.set_permissions(std::fs::Permissions::from_mode(0o600))?;
+            }
+        }
+        Ok(RequestLog::new(std::io::LineWriter::new(file)))
     }
 
     /// A log written to stderr.
@@ -130,7 +165,7 @@ impl RequestLog {
     }
 
     pub(crate) fn chunk(&self, call: u64, data: &[u8], redactor: &Redactor) {
-        let text = redactor.redact(&String::from_utf8_lossy(data));
+        let text = redact_text(&String::from_utf8_lossy(data), redactor);
         self.write(json!({"event": "chunk", "call": call, "data": text}));
     }
 
@@ -186,9 +221,54 @@ fn header_map(headers: &HeaderMap, redactor: &Redactor) -> Value {
     Value::Object(map)
 }
 
-/// A body as JSON when it is JSON, else as text; secrets redacted first.
+/// A body as JSON when it is JSON, else as text; secrets redacted in the decoded text (a
+/// server may write a key it echoes with `\u` escapes, which redacting the bytes would miss).
 fn body_value(body: &[u8], redactor: &Redactor) -> Value {
-    let redacted = redactor.redact_bytes(body);
-    serde_json::from_slice(&redacted)
-        .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&redacted).into_owned()))
+    match serde_json::from_slice::<Value>(body) {
+        Ok(mut value) => {
+            redact_json_value(redactor, &mut value);
+            value
+        }
+        Err(_) => Value::String(redact_text(&String::from_utf8_lossy(body), redactor)),
+    }
+}
+
+/// Text that may hold JSON (a piece of a stream): its `\u` escapes written out, then redacted.
+fn redact_text(text: &str, redactor: &Redactor) -> String {
+    redactor.redact(&unescape_json_text(text))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_and_chunks_are_redacted_once_decoded() {
+        let key = "sk-abc/123456";
+        let r = Redactor::new().with_secret(key);
+        let escaped: String = key
+            .chars()
+            .map(|c| format!("\\u{:04x}", c as u32))
+            .collect();
+        let body = format!(r#"{{"error": {{"message": "bad key {escaped}"}}}}"#);
+        assert_eq!(
+            body_value(body.as_bytes(), &r)["error"]["message"],
+            "bad key [redacted]"
+        );
+        let chunk = format!("data: {{\"delta\": \"{escaped}\"}}\n\n");
+        let text = redact_text(&chunk, &r);
+        assert!(
+            text.contains("[redacted]") && !text.contains("sk-abc"),
+            "{text}"
+        );
+        assert_eq!(
+            body_value(format!("not json {escaped}").as_bytes(), &r),
+            "not json [redacted]"
+        );
+        // Escapes of quotes and backslashes stay escapes: the text keeps its meaning.
+        assert_eq!(
+            unescape_json_text(r#"a\u0022b\\u0041"#),
+            r#"a\u0022b\\u0041"#
+        );
+    }
 }

@@ -17,8 +17,8 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 /// The most `cache_control` breakpoints the API accepts in one request.
 pub const MAX_CACHE_BREAKPOINTS: usize = 4;
 
-/// How to reach the Anthropic Messages API.
-#[derive(Debug, Clone)]
+/// How to reach the Anthropic Messages API. Its `Debug` form hides the key.
+#[derive(Clone)]
 pub struct AnthropicConfig {
     /// The model id (`claude-sonnet-4-5`, …).
     pub model: String,
@@ -38,6 +38,21 @@ pub struct AnthropicConfig {
     pub extra: Option<Value>,
     /// The HTTP transport (retries, limits).
     pub transport: HttpTransport,
+}
+
+impl std::fmt::Debug for AnthropicConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnthropicConfig")
+            .field("model", &self.model)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("version", &self.version)
+            .field("max_tokens", &self.max_tokens)
+            .field("cache", &self.cache)
+            .field("extra", &self.extra)
+            .field("transport", &self.transport)
+            .finish()
+    }
 }
 
 impl AnthropicConfig {
@@ -147,6 +162,15 @@ impl AnthropicConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_hides_the_key() {
+        let mut c = AnthropicConfig::new("m");
+        c.api_key = Some("sk-secret".into());
+        let shown = format!("{:?} {:?}", c, super::super::AnthropicModel::new(c.clone()));
+        assert!(!shown.contains("sk-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
 
     #[test]
     fn config_from_vars() {

@@ -14,8 +14,8 @@ pub const DEFAULT_BASE_URL: &str = "https://generativelanguage.googleapis.com";
 /// The API version path used when the base URL names none.
 pub const API_VERSION: &str = "v1beta";
 
-/// How to reach the Gemini API.
-#[derive(Debug, Clone)]
+/// How to reach the Gemini API. Its `Debug` form hides the key.
+#[derive(Clone)]
 pub struct GeminiConfig {
     /// The model id (`gemini-2.5-flash`, …), with or without a `models/` prefix.
     pub model: String,
@@ -29,6 +29,18 @@ pub struct GeminiConfig {
     pub extra: Option<Value>,
     /// The HTTP transport (retries, limits).
     pub transport: HttpTransport,
+}
+
+impl std::fmt::Debug for GeminiConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GeminiConfig")
+            .field("model", &self.model)
+            .field("base_url", &self.base_url)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("extra", &self.extra)
+            .field("transport", &self.transport)
+            .finish()
+    }
 }
 
 impl GeminiConfig {
@@ -143,6 +155,15 @@ impl GeminiConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_hides_the_key() {
+        let mut c = GeminiConfig::new("m");
+        c.api_key = Some("sk-secret".into());
+        let shown = format!("{:?} {:?}", c, super::super::GeminiModel::new(c.clone()));
+        assert!(!shown.contains("sk-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
+    }
 
     #[test]
     fn config_and_urls() {
