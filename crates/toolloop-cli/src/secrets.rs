@@ -123,6 +123,18 @@ pub(crate) fn inherit() -> Inherited {
         for (k, v) in &vars {
             unsafe { std::env::set_var(k, v) };
         }
+        // Started through /proc/self/exe, the process is named `exe` (in ps, top, /proc's
+        // status): give it its program's name back.
+        if let Some(name) = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.file_name().map(|n| n.as_encoded_bytes().to_vec()))
+            .and_then(|mut n| {
+                n.truncate(15);
+                std::ffi::CString::new(n).ok()
+            })
+        {
+            let _ = rustix::thread::set_name(&name);
+        }
         Inherited {
             vars,
             restarted: true,

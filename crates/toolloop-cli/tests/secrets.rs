@@ -547,6 +547,9 @@ fn the_process_is_not_dumpable() {
         .args(["mock", "--port", "0"])
         .current_dir(dir.path())
         .env("TOOLLOOP_CONFIG", "")
+        // A key in the environment: the command starts itself again without it, and keeps
+        // its name (`toolloop`, not `exe`) in the process table.
+        .env("OPENAI_API_KEY", "sk-dumpable-test-key")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()
