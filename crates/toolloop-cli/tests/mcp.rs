@@ -1153,8 +1153,18 @@ fn a_401_that_echoes_the_configured_header_is_shown_redacted() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    /// Stops the endpoint however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(server);
     let mut port = String::new();
-    std::io::BufReader::new(server.stdout.take().unwrap())
+    std::io::BufReader::new(stdout)
         .read_line(&mut port)
         .unwrap();
     let config = write_config(
@@ -1194,7 +1204,5 @@ fn a_401_that_echoes_the_configured_header_is_shown_redacted() {
     assert!(!text.contains(secret), "{text}");
     assert!(!String::from_utf8_lossy(&list.stderr).contains(secret));
     assert!(log_lines(&log).iter().any(|l| l.starts_with("http POST")));
-    let _ = server.kill();
-    let _ = server.wait();
     mock.finish();
 }

@@ -159,7 +159,10 @@ fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
 
 /// The decisions made in this process (a chat's runs, a workflow's steps), so a file is asked
 /// about once, and a note about it is said once.
-static SEEN: Mutex<Option<HashMap<(PathBuf, String), (Trust, bool)>>> = Mutex::new(None);
+static SEEN: Mutex<Option<HashMap<FileVersion, (Trust, bool)>>> = Mutex::new(None);
+
+/// A file's canonical path and the SHA-256 of its bytes.
+type FileVersion = (PathBuf, String);
 
 /// What is known of this version of the file: decided in this process, or remembered.
 pub(crate) fn trust_of(file: &ProjectFile) -> Trust {
