@@ -48,6 +48,9 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         eprintln!("toolloop: {e}");
         return ExitCode::from(crate::EXIT_USAGE);
     }
+    // The root's .mcp.json is asked about now, before the prompt reads the terminal (the runs
+    // do not ask); an error in the configuration is reported by the first run.
+    let _ = crate::mcp::server_configs(&args.agent.mcp, &args.agent.root, true).await;
     let interactive = std::io::stdin().is_terminal();
     eprintln!(
         "toolloop chat · session {session} · /help for commands · Ctrl-C cancels a reply, twice (or at the prompt) quits"

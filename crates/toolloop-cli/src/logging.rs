@@ -41,6 +41,60 @@ impl Drop for Guard {
     }
 }
 
+/// The secrets the command was configured with that a library may repeat in its log lines (the
+/// header values of MCP servers, which a server's 401 can echo into rmcp's errors).
+static SECRETS: std::sync::RwLock<Option<toolloop::redact::Redactor>> =
+    std::sync::RwLock::new(None);
+
+/// Keeps `secrets` out of every line logged on stderr from now on.
+pub(crate) fn add_secrets(secrets: impl IntoIterator<Item = String>) {
+    let Ok(mut slot) = SECRETS.write() else {
+        return;
+    };
+    let redactor = slot.get_or_insert_with(toolloop::redact::Redactor::new);
+    for s in secrets {
+        redactor.add_secret(&s);
+    }
+}
+
+/// The stderr of the log: each event is gathered, then written with the secrets
+/// ([`add_secrets`]) replaced.
+struct RedactedStderr;
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactedStderr {
+    type Writer = EventText;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        EventText(Vec::new())
+    }
+}
+
+/// One event's text, written to stderr when dropped.
+struct EventText(Vec<u8>);
+
+impl std::io::Write for EventText {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for EventText {
+    fn drop(&mut self) {
+        use std::io::Write;
+        let redacted = SECRETS.read().ok().and_then(|r| {
+            r.as_ref()
+                .filter(|r| !r.is_empty())
+                .map(|r| r.redact(&String::from_utf8_lossy(&self.0)).into_bytes())
+        });
+        let _ = std::io::stderr().write_all(redacted.as_deref().unwrap_or(&self.0));
+    }
+}
+
 fn stderr_filter(verbose: u8) -> EnvFilter {
     match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => {
@@ -137,7 +191,7 @@ pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
     let stderr = if everything {
         tracing_subscriber::fmt::layer()
             .compact()
-            .with_writer(std::io::stderr)
+            .with_writer(RedactedStderr)
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(true)
             .with_filter(stderr_filter(verbose))
@@ -145,7 +199,7 @@ pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
     } else {
         tracing_subscriber::fmt::layer()
             .event_format(Human)
-            .with_writer(std::io::stderr)
+            .with_writer(RedactedStderr)
             .with_filter(stderr_filter(verbose))
             .boxed()
     };

@@ -1,12 +1,13 @@
 //! MCP servers for the command: `--mcp-config FILE` (the `mcpServers` JSON of Claude Desktop,
-//! Cursor and Claude Code), the root's `.mcp.json`, `--tools` / `--no-tools`, and
-//! `toolloop mcp list`. The servers start once per process (a chat's runs share them) and are
-//! shut down when the command ends.
+//! Cursor and Claude Code), the root's `.mcp.json` once trusted ([`trust`]), `--tools` /
+//! `--no-tools`, and `toolloop mcp list|trust|untrust`. The servers start once per process (a
+//! chat's runs share them) and are shut down when the command ends.
 
 use crate::EXIT_USAGE;
 use clap::{Args, Subcommand};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde_json::{Value, json};
+use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,8 @@ use toolloop::tool::{SideEffect, Tool};
 use toolloop::tool_source::{ToolSource, ToolSourceError};
 use toolloop::toolbox::Toolbox;
 use toolloop_mcp::{McpTools, ServerConfig, Transport};
+
+pub(crate) mod trust;
 
 /// The file read from the root when present (Claude Code's project servers).
 pub(crate) const PROJECT_FILE: &str = ".mcp.json";
@@ -24,7 +27,8 @@ pub(crate) struct McpArgs {
     /// Use the MCP servers of this file: `{"mcpServers": {"name": {"command": …, "args": […],
     /// "env": {…}, "cwd": …} or {"url": …, "headers": {…}}}}` (Claude Desktop, Cursor and
     /// Claude Code's format; `${VAR}` is replaced by the variable). Repeatable. The root's
-    /// .mcp.json is read too, unless --no-mcp-json.
+    /// .mcp.json is read too, unless --no-mcp-json, once that exact file is trusted (asked on a
+    /// terminal; `toolloop mcp trust`).
     #[arg(long, value_name = "FILE")]
     #[serde(default)]
     pub mcp_config: Vec<PathBuf>,
@@ -76,51 +80,245 @@ fn globset(patterns: &[String]) -> Result<Option<GlobSet>, String> {
     b.build().map(Some).map_err(|e| e.to_string())
 }
 
-/// The servers of the flags: the --mcp-config files in order, then the root's .mcp.json.
-pub(crate) fn server_configs(args: &McpArgs, root: &Path) -> Result<Vec<ServerConfig>, String> {
-    let mut files: Vec<(PathBuf, String)> = args
-        .mcp_config
-        .iter()
-        .map(|p| (p.clone(), format!("--mcp-config {}", p.display())))
-        .collect();
-    let project = root.join(PROJECT_FILE);
-    if !args.no_mcp_json && project.is_file() {
-        files.push((project.clone(), project.display().to_string()));
-    }
+/// The servers of the flags, and the project file's when they are not started.
+#[derive(Default)]
+pub(crate) struct Configured {
+    /// The servers to start: the --mcp-config files' in order, then the root's .mcp.json's
+    /// when that exact file is trusted.
+    pub(crate) servers: Vec<ServerConfig>,
+    /// The root's .mcp.json when it is not trusted: its servers as written (`${VAR}` not
+    /// expanded), not started.
+    pub(crate) untrusted: Option<Untrusted>,
+}
+
+/// A project file whose servers are not started.
+pub(crate) struct Untrusted {
+    /// The file (canonical).
+    pub(crate) file: PathBuf,
+    /// Its servers, as written.
+    pub(crate) servers: Vec<ServerConfig>,
+    /// Not trusted (undecided) or declined.
+    pub(crate) trust: trust::Trust,
+}
+
+/// The servers of a file's bytes, `${VAR}` expanded from the environment (`expand`) or left as
+/// written; a relative working directory is the file's.
+fn parse(
+    bytes: &[u8],
+    path: &Path,
+    label: &str,
+    expand: bool,
+) -> Result<Vec<ServerConfig>, String> {
+    let doc: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("{label}: not valid JSON: {e}"))?;
     let lookup = |name: &str| crate::secrets::var(name);
-    let mut out: Vec<ServerConfig> = Vec::new();
-    for (path, label) in files {
-        let text =
-            toolloop::user_file::read_to_string(&path, toolloop::user_file::DEFAULT_MAX_BYTES)
-                .map_err(|e| format!("{label}: {e}"))?;
-        let doc: Value =
-            serde_json::from_str(&text).map_err(|e| format!("{label}: not valid JSON: {e}"))?;
-        let servers =
-            toolloop_mcp::parse_mcp_servers(&doc, &lookup).map_err(|e| format!("{label}: {e}"))?;
-        for mut s in servers {
-            if out.iter().any(|o| o.name == s.name) {
-                return Err(format!(
-                    "{label}: an MCP server named `{}` is already configured",
-                    s.name
-                ));
-            }
-            // A relative working directory is the config file's.
-            if let Transport::Stdio { cwd: Some(dir), .. } = &mut s.transport
-                && dir.is_relative()
-                && let Some(base) = path.parent()
-            {
-                *dir = base.join(&*dir);
-            }
-            out.push(s);
+    let servers = if expand {
+        toolloop_mcp::parse_mcp_servers(&doc, &lookup)
+    } else {
+        toolloop_mcp::parse_mcp_servers_verbatim(&doc)
+    };
+    let mut servers = servers.map_err(|e| format!("{label}: {e}"))?;
+    for s in &mut servers {
+        if let Transport::Stdio { cwd: Some(dir), .. } = &mut s.transport
+            && dir.is_relative()
+            && let Some(base) = path.parent()
+        {
+            *dir = base.join(&*dir);
         }
     }
+    Ok(servers)
+}
+
+fn add(out: &mut Vec<ServerConfig>, servers: Vec<ServerConfig>, label: &str) -> Result<(), String> {
+    for s in servers {
+        if out.iter().any(|o| o.name == s.name) {
+            return Err(format!(
+                "{label}: an MCP server named `{}` is already configured",
+                s.name
+            ));
+        }
+        out.push(s);
+    }
+    Ok(())
+}
+
+/// The servers of the flags: the --mcp-config files in order (the user named them: read as
+/// they are), then the root's .mcp.json, only when the user trusted this exact file (see
+/// [`trust`]). An undecided file is asked about when `may_ask` and stdin and stderr are a
+/// terminal; otherwise its servers are not started, with a note naming the command that
+/// trusts it.
+pub(crate) async fn server_configs(
+    args: &McpArgs,
+    root: &Path,
+    may_ask: bool,
+) -> Result<Configured, String> {
+    let mut out = Configured::default();
+    for path in &args.mcp_config {
+        let label = format!("--mcp-config {}", path.display());
+        let bytes = trust::read_config(path).map_err(|e| format!("{label}: {e}"))?;
+        let servers = parse(&bytes, path, &label, true)?;
+        add(&mut out.servers, servers, &label)?;
+    }
+    if args.no_mcp_json {
+        return Ok(out);
+    }
+    let Some(file) = trust::read_project(root)? else {
+        return Ok(out);
+    };
+    // Named with --mcp-config too: read above, as the user's.
+    if args
+        .mcp_config
+        .iter()
+        .any(|p| p.canonicalize().is_ok_and(|p| p == file.path))
+    {
+        return Ok(out);
+    }
+    let label = file.path.display().to_string();
+    let dir = file.path.parent().unwrap_or(root).to_path_buf();
+    let written = match parse(&file.bytes, &file.path, &label, false) {
+        Ok(s) => s,
+        Err(e) => {
+            if !trust::note(&file, trust::Trust::Undecided) {
+                eprintln!(
+                    "toolloop: warning: not starting the MCP servers of {}: {}",
+                    escape(&label),
+                    escape(&e)
+                );
+            }
+            return Ok(out);
+        }
+    };
+    let mut decided = trust::trust_of(&file);
+    if decided == trust::Trust::Undecided
+        && may_ask
+        && std::io::stdin().is_terminal()
+        && std::io::stderr().is_terminal()
+    {
+        decided = ask(&file, &written).await;
+    }
+    if decided == trust::Trust::Trusted {
+        let servers = parse(&file.bytes, &file.path, &label, true)?;
+        add(&mut out.servers, servers, &label)?;
+        return Ok(out);
+    }
+    if !trust::note(&file, decided) {
+        let names: Vec<&str> = written.iter().map(|s| s.name.as_str()).collect();
+        let why = if decided == trust::Trust::Declined {
+            "you declined this version of the file"
+        } else {
+            "this version of the file is not trusted (a project's file can run any command \
+             and read your keys)"
+        };
+        eprintln!(
+            "toolloop: not starting the MCP servers of {} ({}): {why}; review it, then trust \
+             it with `toolloop mcp trust --root {}`",
+            escape(&label),
+            escape(&names.join(", ")),
+            escape(&dir.display().to_string())
+        );
+    }
+    out.untrusted = Some(Untrusted {
+        file: file.path,
+        servers: written,
+        trust: decided,
+    });
     Ok(out)
+}
+
+fn escape(text: &str) -> String {
+    crate::terminal::escape(text, false).into_owned()
+}
+
+/// How a server of a file reads, as written: its command or URL, working directory,
+/// variables and headers.
+fn describe(server: &ServerConfig) -> String {
+    let mut s = format!("{}: ", server.name);
+    match &server.transport {
+        Transport::Stdio {
+            command,
+            args,
+            env,
+            cwd,
+        } => {
+            s.push_str(&format!("runs `{command}"));
+            for a in args {
+                s.push(' ');
+                s.push_str(a);
+            }
+            s.push('`');
+            if let Some(dir) = cwd {
+                s.push_str(&format!(" in {}", dir.display()));
+            }
+            for (k, v) in env {
+                s.push_str(&format!(", {k}={v}"));
+            }
+        }
+        Transport::Http { url, headers } => {
+            s.push_str(&format!("connects to {url}"));
+            for (k, v) in headers {
+                s.push_str(&format!(", {k}: {v}"));
+            }
+        }
+    }
+    escape(&s)
+}
+
+/// Asks on the terminal whether to trust the file; remembers a yes or a no.
+async fn ask(file: &trust::ProjectFile, servers: &[ServerConfig]) -> trust::Trust {
+    let mut text = format!(
+        "toolloop: {} names MCP servers you have not trusted yet:\n",
+        escape(&file.path.display().to_string())
+    );
+    for s in servers {
+        text.push_str(&format!("  {}\n", describe(s)));
+    }
+    text.push_str(
+        "  Trusting starts them as you, with ${VARIABLES} filled in from your environment.\n",
+    );
+    let answer = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead, Write};
+        let mut err = std::io::stderr().lock();
+        let _ = write!(err, "{text}");
+        loop {
+            let _ = write!(
+                err,
+                "  trust this exact file and start them? [y]es / [n]o: "
+            );
+            let _ = err.flush();
+            let mut line = String::new();
+            match std::io::stdin().lock().read_line(&mut line) {
+                Ok(0) | Err(_) => return None,
+                Ok(_) => {}
+            }
+            match line.trim().to_ascii_lowercase().as_str() {
+                "y" | "yes" => return Some(true),
+                "n" | "no" => return Some(false),
+                _ => {}
+            }
+        }
+    })
+    .await
+    .ok()
+    .flatten();
+    let Some(trusted) = answer else {
+        return trust::Trust::Undecided;
+    };
+    if let Err(e) = trust::record(file, trusted) {
+        eprintln!("toolloop: warning: cannot remember the decision: {e}");
+    }
+    if trusted {
+        trust::Trust::Trusted
+    } else {
+        trust::Trust::Declined
+    }
 }
 
 /// The process's servers: started once, shared by the runs of a chat.
 static SERVERS: Mutex<Option<(String, Arc<McpTools>)>> = Mutex::new(None);
 
 fn servers_for(configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
+    // A library's log line may repeat what a server sent back: never the configured secrets.
+    crate::logging::add_secrets(configs.iter().flat_map(ServerConfig::secrets));
     let key = format!("{configs:?}");
     let mut slot = SERVERS.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((k, tools)) = slot.as_ref()
@@ -219,14 +417,20 @@ impl ToolSource for SelectedMcp {
 
 /// The run's tools: the built-in ones, then the MCP servers' (listed afresh when a server said
 /// its list changed), each selected by `--tools` / `--no-tools`. A server that cannot start
-/// or list its tools is an error naming it; a server tool whose schema does not compile is
-/// left out with a warning.
+/// or list its tools (each within its own timeout, and before `deadline`, the run's) is an
+/// error naming it; a server tool whose schema does not compile is left out with a warning.
+/// `may_ask`: whether an untrusted project file may be asked about on the terminal.
 pub(crate) async fn assemble(
     args: &McpArgs,
     root: &Path,
     builtin: Vec<Arc<dyn Tool>>,
+    deadline: Option<tokio::time::Instant>,
+    may_ask: bool,
 ) -> Result<RunTools, ToolsError> {
-    let configs = server_configs(args, root).map_err(ToolsError::Usage)?;
+    let configs = server_configs(args, root, may_ask)
+        .await
+        .map_err(ToolsError::Usage)?
+        .servers;
     let selection = Selection::new(args).map_err(ToolsError::Usage)?;
     let reserved: Vec<String> = builtin.iter().map(|t| t.name().to_string()).collect();
     let mut tools = RunTools {
@@ -239,7 +443,7 @@ pub(crate) async fn assemble(
         let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
         // Listed now, so that a server that does not start is reported before the run.
         let listed = servers
-            .tools(&reserved)
+            .tools_by(&reserved, deadline)
             .await
             .map_err(|e| ToolsError::Failed(e.to_string()))?;
         for t in listed.iter().filter(|t| selection.offers(t.name())) {
@@ -278,6 +482,19 @@ pub(crate) enum McpCommand {
     /// Start the configured MCP servers and show each one, its state and its tools with their
     /// annotations; tools that --tools/--no-tools leave out are marked "not offered".
     List(ListArgs),
+    /// Trust the root's .mcp.json as it is now: its servers start from then on, until the file
+    /// changes. Prints what it trusts.
+    Trust(TrustArgs),
+    /// Forget the decision (trusted or declined) about the root's .mcp.json: its servers do not
+    /// start until it is trusted again (a run on a terminal asks).
+    Untrust(TrustArgs),
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct TrustArgs {
+    /// The directory whose .mcp.json is meant.
+    #[arg(long, default_value = ".")]
+    root: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -318,15 +535,112 @@ fn transport_text(t: &Transport) -> String {
 pub(crate) async fn mcp(command: McpCommand) -> ExitCode {
     match command {
         McpCommand::List(args) => list(args).await,
+        McpCommand::Trust(args) => trust_command(args),
+        McpCommand::Untrust(args) => untrust_command(args),
+    }
+}
+
+/// `toolloop mcp trust`: trusts the root's .mcp.json as it is, printing what that starts.
+fn trust_command(args: TrustArgs) -> ExitCode {
+    let file = match trust::read_project(&args.root) {
+        Ok(Some(f)) => f,
+        Ok(None) => {
+            eprintln!(
+                "toolloop: no {PROJECT_FILE} in {}",
+                escape(&args.root.display().to_string())
+            );
+            return ExitCode::from(EXIT_USAGE);
+        }
+        Err(e) => return ToolsError::Usage(e).report(),
+    };
+    let label = file.path.display().to_string();
+    let servers = match parse(&file.bytes, &file.path, &label, false) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("toolloop: not trusted: {}", escape(&e));
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let store = match trust::record(&file, true) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("toolloop: {}", escape(&e));
+            return ExitCode::FAILURE;
+        }
+    };
+    outln!(
+        "trusted {} (sha256 {}); its MCP servers start from now on:",
+        escape(&label),
+        file.sha256
+    );
+    for s in &servers {
+        outln!("  {}", describe(s));
+    }
+    if servers.is_empty() {
+        outln!("  (none: the file names no servers, or all are disabled)");
+    }
+    outln!(
+        "${{VARIABLES}} are filled in from your environment. A change to the file is asked about \
+         again. Remembered in {}; `toolloop mcp untrust --root {}` revokes it.",
+        escape(&store.display().to_string()),
+        escape(
+            &file
+                .path
+                .parent()
+                .unwrap_or(&args.root)
+                .display()
+                .to_string()
+        )
+    );
+    ExitCode::SUCCESS
+}
+
+/// `toolloop mcp untrust`: forgets the decision about the root's .mcp.json.
+fn untrust_command(args: TrustArgs) -> ExitCode {
+    let path = args.root.join(PROJECT_FILE);
+    // The file may be gone: the decision is by its path.
+    let path = match path.canonicalize() {
+        Ok(p) => p,
+        Err(_) => match args.root.canonicalize() {
+            Ok(root) => root.join(PROJECT_FILE),
+            Err(e) => {
+                eprintln!(
+                    "toolloop: --root {}: {e}",
+                    escape(&args.root.display().to_string())
+                );
+                return ExitCode::from(EXIT_USAGE);
+            }
+        },
+    };
+    let label = escape(&path.display().to_string());
+    match trust::forget(&path) {
+        Ok(Some(d)) => {
+            let was = if d.trusted { "trusted" } else { "declined" };
+            outln!(
+                "forgot that {label} was {was}; its MCP servers do not start until it is trusted again"
+            );
+            ExitCode::SUCCESS
+        }
+        Ok(None) => {
+            outln!("nothing was decided about {label}; its MCP servers do not start");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("toolloop: {}", escape(&e));
+            ExitCode::FAILURE
+        }
     }
 }
 
 async fn list(args: ListArgs) -> ExitCode {
-    let configs = match server_configs(&args.mcp, &args.root) {
+    let Configured {
+        servers: configs,
+        untrusted,
+    } = match server_configs(&args.mcp, &args.root, true).await {
         Ok(c) => c,
         Err(e) => return ToolsError::Usage(e).report(),
     };
-    if configs.is_empty() {
+    if configs.is_empty() && untrusted.is_none() {
         eprintln!(
             "toolloop: no MCP servers: give --mcp-config FILE, or put a {PROJECT_FILE} in the root"
         );
@@ -340,6 +654,29 @@ async fn list(args: ListArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return ToolsError::Usage(e).report(),
     };
+    let not_started: Vec<Value> = untrusted
+        .iter()
+        .flat_map(|u| {
+            let state = match u.trust {
+                trust::Trust::Declined => "not started: you declined this version of",
+                _ => "not started: not trusted:",
+            };
+            let state = format!(
+                "{state} {} (`toolloop mcp trust --root {}` trusts it)",
+                u.file.display(),
+                u.file.parent().unwrap_or(&args.root).display()
+            );
+            u.servers.iter().map(move |s| {
+                json!({
+                    "name": s.name,
+                    "transport": transport_text(&s.transport),
+                    "state": state,
+                    "trusted": false,
+                    "tools": [],
+                })
+            })
+        })
+        .collect();
     let reserved: Vec<String> = toolloop_tools::fs::builtin_tools(&args.root, true)
         .map(|t| t.iter().map(|t| t.name().to_string()).collect())
         .unwrap_or_default();
@@ -372,9 +709,11 @@ async fn list(args: ListArgs) -> ExitCode {
             "name": server.name(),
             "transport": transport_text(&server.config().transport),
             "state": state,
+            "trusted": true,
             "tools": tools,
         }));
     }
+    out.extend(not_started);
     servers.shutdown().await;
     if args.json {
         outln!("{}", Value::Array(out));

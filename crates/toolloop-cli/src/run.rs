@@ -408,6 +408,7 @@ pub(crate) async fn run_with_note(
         Ok(images) => images,
         Err(e) => return usage_error(e),
     };
+    let started = std::time::Instant::now();
     let tools = match tools(&args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
@@ -416,7 +417,13 @@ pub(crate) async fn run_with_note(
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
-    let builder = match agent_builder_with(&args.agent, model, tools) {
+    // The time the MCP servers took to list their tools counts against the run's timeout.
+    let mut agent_args = args.agent.clone();
+    agent_args.timeout = agent_args.timeout.map(|t| {
+        t.saturating_sub(started.elapsed())
+            .max(Duration::from_millis(1))
+    });
+    let builder = match agent_builder_with(&agent_args, model, tools) {
         Ok(b) => b,
         Err(e) => return usage_error(e),
     };
@@ -537,7 +544,11 @@ pub(crate) async fn tools(
     );
     #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
-    crate::mcp::assemble(&agent.mcp, &agent.root, tools).await
+    // The servers list their tools before the run: within its timeout too.
+    let deadline = agent.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Chat's prompt reads the terminal: it asks about a project's servers before it starts.
+    let may_ask = !agent.approval.no_prompt;
+    crate::mcp::assemble(&agent.mcp, &agent.root, tools, deadline, may_ask).await
 }
 
 /// The agent `agent` describes around `model` and `tools`: its limits and approval rules (no

@@ -233,13 +233,21 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
         ".mcp.json",
         json!({"fs": {"command": "node", "args": [entry, "."], "cwd": "."}}),
     );
+    // A project's servers start once the user trusted the file.
+    let data = root.join("data").to_string_lossy().into_owned();
+    let xdg = [("XDG_DATA_HOME", data.as_str())];
+    let trusted = command(&["mcp", "trust"], &root)
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .unwrap();
+    assert!(trusted.status.success());
     let mock = Mock::start();
     let out = run(
         &mock,
         &root,
         "rounds=1",
         &["--tools", "list_allowed_directories"],
-        &[],
+        &xdg,
     );
     let v = json_of(&out);
     let call = &v["tool_calls"][0];
@@ -257,13 +265,16 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
         &root,
         "rounds=0",
         &["--no-mcp-json", "--tools", "list_allowed_directories"],
-        &[],
+        &xdg,
     );
     assert_eq!(json_of(&out)["stop_reason"], "answered");
 
     // `toolloop mcp list`: the server, its state, its tools with annotations; the server's
     // read_file is prefixed (the built-in tool has that name).
-    let out = command(&["mcp", "list", "--json"], &root).output().unwrap();
+    let out = command(&["mcp", "list", "--json"], &root)
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "{}",
@@ -284,7 +295,10 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
         .unwrap();
     assert_eq!(text["side_effect"], "read-only");
     assert_eq!(text["annotations"]["readOnlyHint"], true);
-    let out = command(&["mcp", "list"], &root).output().unwrap();
+    let out = command(&["mcp", "list"], &root)
+        .env("XDG_DATA_HOME", &data)
+        .output()
+        .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("fs (stdio: node "), "{text}");
     assert!(
@@ -294,6 +308,7 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
     assert!(!text.contains("not offered"), "{text}");
     // With --no-tools, the listing marks what a run would leave out.
     let out = command(&["mcp", "list", "--json", "--no-tools", "read_*"], &root)
+        .env("XDG_DATA_HOME", &data)
         .output()
         .unwrap();
     let v = json_of(&out);
@@ -302,6 +317,7 @@ fn server_filesystem_from_the_roots_mcp_json_through_a_run() {
         assert_eq!(t["offered"], !name.starts_with("read_"), "{t}");
     }
     let out = command(&["mcp", "list", "--tools", "list_*"], &root)
+        .env("XDG_DATA_HOME", &data)
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
@@ -653,5 +669,520 @@ fn a_destructive_call_in_flight_at_sigkill_is_reported_unknown_on_resume_never_r
         .filter(|l| l.starts_with("effect "))
         .count();
     assert_eq!(effects, 1, "the destructive call ran again");
+    mock.finish();
+}
+
+/// A project's `.mcp.json` naming the test server, with the API key in its arguments and
+/// environment; the server logs to `log`.
+#[cfg(feature = "test-hooks")]
+fn plant_project_file(root: &Path, log: &Path) {
+    write_config(
+        root,
+        ".mcp.json",
+        json!({"t": {
+            "command": env!("CARGO_BIN_EXE_toolloop-mcp-test-server"),
+            "args": ["${OPENAI_API_KEY}"],
+            "env": {"TOOLLOOP_MCP_TEST_LOG": log, "STOLEN": "${OPENAI_API_KEY}"}
+        }}),
+    );
+}
+
+#[cfg(feature = "test-hooks")]
+fn starts(log: &Path) -> usize {
+    log_lines(log)
+        .iter()
+        .filter(|l| l.starts_with("start "))
+        .count()
+}
+
+/// The key the tests give runs: no untrusted server may see it.
+const KEY: &str = "sk-test-key-not-for-servers";
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_projects_mcp_json_starts_only_once_that_exact_file_is_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("repo");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&root).unwrap();
+    let root = root.canonicalize().unwrap();
+    let log = dir.path().join("log");
+    plant_project_file(&root, &log);
+    let xdg = data.to_string_lossy().into_owned();
+    let env = [("XDG_DATA_HOME", xdg.as_str())];
+    let mock = Mock::start();
+
+    // Not trusted, no terminal: not started, `${VAR}` not read, the command that trusts it named.
+    let out = run(&mock, &root, "rounds=0", &[], &env);
+    assert_eq!(json_of(&out)["stop_reason"], "answered");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not starting the MCP servers of")
+            && err.contains(&format!("toolloop mcp trust --root {}", root.display())),
+        "{err}"
+    );
+    assert_eq!(starts(&log), 0, "an untrusted server started");
+    let list = command(&["mcp", "list", "--json"], &root)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let v = json_of(&list);
+    assert_eq!(v[0]["name"], "t");
+    assert_eq!(v[0]["trusted"], false);
+    assert!(
+        v[0]["state"].as_str().unwrap().contains("not trusted"),
+        "{v}"
+    );
+    assert!(
+        v[0]["transport"]
+            .as_str()
+            .unwrap()
+            .ends_with(" ${OPENAI_API_KEY}"),
+        "{v}"
+    );
+    assert!(!String::from_utf8_lossy(&list.stdout).contains(KEY));
+    assert!(!String::from_utf8_lossy(&list.stderr).contains(KEY));
+    assert_eq!(starts(&log), 0, "mcp list started an untrusted server");
+
+    // `mcp trust` prints what it trusts, as written; then the server starts, with the key.
+    let trusted = command(
+        &["mcp", "trust", "--root", root.to_str().unwrap()],
+        dir.path(),
+    )
+    .env("XDG_DATA_HOME", &xdg)
+    .env("OPENAI_API_KEY", KEY)
+    .output()
+    .unwrap();
+    assert!(trusted.status.success());
+    let text = String::from_utf8_lossy(&trusted.stdout);
+    assert!(
+        text.contains("trusted ")
+            && text.contains("sha256 ")
+            && text.contains("test-server ${OPENAI_API_KEY}`")
+            && text.contains("STOLEN=${OPENAI_API_KEY}")
+            && text.contains("toolloop mcp untrust --root"),
+        "{text}"
+    );
+    assert!(!text.contains(KEY), "{text}");
+    let store = data.join("toolloop/mcp-trust.json");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&store).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    let out = run(&mock, &root, "rounds=1", &["--tools", "echo"], &env);
+    let v = json_of(&out);
+    assert_eq!(v["tool_calls"][0]["success"], true, "{v}");
+    assert_eq!(starts(&log), 1);
+
+    // Changed by a byte: not trusted any more.
+    let path = root.join(".mcp.json");
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push(' ');
+    std::fs::write(&path, text).unwrap();
+    let out = run(&mock, &root, "rounds=0", &[], &env);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not trusted"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(starts(&log), 1, "a changed file's server started");
+
+    // Trusted again, then revoked.
+    let again = command(&["mcp", "trust"], &root)
+        .env("XDG_DATA_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(again.status.success());
+    let untrusted = command(&["mcp", "untrust"], &root)
+        .env("XDG_DATA_HOME", &xdg)
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&untrusted.stdout).contains("was trusted"),
+        "{}",
+        String::from_utf8_lossy(&untrusted.stdout)
+    );
+    let _ = run(&mock, &root, "rounds=0", &[], &env);
+    assert_eq!(starts(&log), 1, "a revoked file's server started");
+
+    // A file named with --mcp-config is the user's own: read as is.
+    let out = run(
+        &mock,
+        dir.path(),
+        "rounds=1",
+        &["--mcp-config", path.to_str().unwrap(), "--tools", "echo"],
+        &env,
+    );
+    assert_eq!(json_of(&out)["tool_calls"][0]["success"], true);
+    assert_eq!(starts(&log), 2);
+    mock.finish();
+}
+
+/// `approve` and `resume` start no server from a `.mcp.json` planted after the run.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn approve_and_resume_do_not_start_a_mcp_json_planted_after_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let xdg = root.join("data").to_string_lossy().into_owned();
+    let log = root.join("log");
+    let mock = Mock::start_with(toolloop_mock::MockOptions {
+        script: vec![vec![toolloop_mock::ScriptCall {
+            name: "run_command".into(),
+            arguments: json!({"command": ["touch", "one.txt"]}),
+        }]],
+        ..toolloop_mock::MockOptions::default()
+    });
+    let url = mock.url();
+    let out = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &url,
+            "--allow-commands",
+            "--defer-approvals",
+            "go",
+        ],
+        &root,
+    )
+    .env("XDG_DATA_HOME", &xdg)
+    .env("OPENAI_API_KEY", KEY)
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run_id = json_of(&out)["run_id"].as_str().unwrap().to_string();
+    plant_project_file(&root, &log);
+    let approved = command(&["approve", &run_id, "--all"], &root)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    assert!(
+        approved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&approved.stderr)
+    );
+    assert_eq!(starts(&log), 0, "approve started a planted server");
+    let resumed = command(&["resume", "--json", &run_id], &root)
+        .env("XDG_DATA_HOME", &xdg)
+        .env("OPENAI_API_KEY", KEY)
+        .output()
+        .unwrap();
+    let v = json_of(&resumed);
+    assert_eq!(v["stop_reason"], "answered", "{v}");
+    assert!(root.join("one.txt").exists(), "the approved call ran");
+    assert_eq!(starts(&log), 0, "resume started a planted server");
+    assert!(
+        String::from_utf8_lossy(&resumed.stderr).contains("toolloop mcp trust --root"),
+        "{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    mock.finish();
+}
+
+/// On a terminal (a pseudo-terminal from `script`), the question is asked once: a yes starts
+/// the servers and is remembered; the next command does not ask.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn on_a_terminal_a_projects_servers_are_asked_about_once() {
+    use std::io::{Read, Write};
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("note: `script` (util-linux) is missing; the terminal test is skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().canonicalize().unwrap();
+    let xdg = root.join("data");
+    let log = root.join("log");
+    plant_project_file(&root, &log);
+    let bin = env!("CARGO_BIN_EXE_toolloop");
+    let line = format!("{bin} mcp list; echo EXIT=$?");
+    let on_terminal = |answer: Option<&[u8]>| -> String {
+        let mut child = std::process::Command::new("script")
+            .args(["-qfec", &line, "/dev/null"])
+            .current_dir(&root)
+            .env("XDG_DATA_HOME", &xdg)
+            .env("OPENAI_API_KEY", KEY)
+            .env("TOOLLOOP_CONFIG", "")
+            .env("TERM", "dumb")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                    break;
+                }
+            }
+        });
+        let mut seen = String::new();
+        let mut stdin = child.stdin.take();
+        let started = Instant::now();
+        while !seen.contains("EXIT=") {
+            assert!(started.elapsed() < Duration::from_secs(60), "{seen}");
+            if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
+                seen.push_str(&String::from_utf8_lossy(&b));
+            }
+            if seen.contains("[y]es / [n]o")
+                && let (Some(answer), Some(mut s)) = (answer, stdin.take())
+            {
+                s.write_all(answer).unwrap();
+                s.flush().unwrap();
+                // Kept open until the command ends: script ends the session at EOF.
+                std::mem::forget(s);
+            }
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        seen
+    };
+    let first = on_terminal(Some(b"y\n"));
+    assert!(
+        first.contains("names MCP servers you have not trusted yet")
+            && first.contains("${OPENAI_API_KEY}")
+            && first.contains("t (stdio: ")
+            && first.contains("running"),
+        "{first}"
+    );
+    assert_eq!(starts(&log), 1);
+    let second = on_terminal(None);
+    assert!(!second.contains("[y]es / [n]o"), "asked twice: {second}");
+    assert!(second.contains("running"), "{second}");
+    assert_eq!(starts(&log), 2);
+}
+
+/// Runs `c` to its end, killed after `limit` (so that a hang fails the test instead of holding
+/// it up); how long it took.
+fn output_within(mut c: std::process::Command, limit: Duration) -> (Output, Duration) {
+    let started = Instant::now();
+    let child = c
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(limit) {
+        Ok(out) => (out.unwrap(), started.elapsed()),
+        Err(_) => {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+            panic!("still running after {limit:?}");
+        }
+    }
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_server_that_never_lists_its_tools_is_given_up_at_the_runs_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let config = test_server_config(
+        dir.path(),
+        &log,
+        json!({"TOOLLOOP_MCP_TEST_MODE": "silent-list"}),
+    );
+    let mock = Mock::start();
+    let url = mock.url();
+    let mut c = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &url,
+            "--no-store",
+            "--mcp-config",
+            &config,
+            "--timeout",
+            "2",
+            "go",
+        ],
+        dir.path(),
+    );
+    c.env("OPENAI_API_KEY", KEY);
+    let (out, took) = output_within(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("MCP server `t`") && err.contains("timeout"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(log_lines(&log).iter().any(|l| l == "list (not answered)"));
+    mock.finish();
+}
+
+/// What the test server misbehaving in `mode` makes of listing its tools.
+#[cfg(feature = "test-hooks")]
+async fn listing_in_mode(mode: &str) -> Result<usize, String> {
+    let mut config = toolloop_mcp::ServerConfig::stdio(
+        "t",
+        env!("CARGO_BIN_EXE_toolloop-mcp-test-server"),
+        Vec::<String>::new(),
+    )
+    .env("TOOLLOOP_MCP_TEST_MODE", mode);
+    config.startup_timeout = Duration::from_secs(2);
+    let mcp = toolloop_mcp::McpTools::new(vec![config]).unwrap();
+    let listed = tokio::time::timeout(Duration::from_secs(30), mcp.tools(&[]))
+        .await
+        .expect("the listing waited past every timeout");
+    mcp.shutdown().await;
+    listed.map(|t| t.len()).map_err(|e| e.to_string())
+}
+
+#[cfg(feature = "test-hooks")]
+#[tokio::test]
+async fn unreadable_or_missing_tool_lists_are_errors_naming_the_server() {
+    let started = Instant::now();
+    let e = listing_in_mode("silent-list").await.unwrap_err();
+    assert!(
+        e.contains("MCP server `t`") && e.contains("no answer to `tools/list` within 2s"),
+        "{e}"
+    );
+    let e = listing_in_mode("deep-schema").await.unwrap_err();
+    assert!(
+        e.contains("MCP server `t`") && e.contains("nested deeper than the 128 levels"),
+        "{e}"
+    );
+    let e = listing_in_mode("huge-list").await.unwrap_err();
+    assert!(
+        e.contains("MCP server `t`") && e.contains("larger than 16 MiB"),
+        "{e}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(listing_in_mode("").await.unwrap() > 0);
+}
+
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_tool_result_over_16_mib_fails_the_call_at_once_naming_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let config = test_server_config(dir.path(), &log, json!({}));
+    let mock = Mock::start();
+    let url = mock.url();
+    let mut c = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--no-store",
+            "--mcp-config",
+            &config,
+            "--tools",
+            "huge",
+            "go",
+        ],
+        dir.path(),
+    );
+    c.env("OPENAI_API_KEY", KEY);
+    let (out, took) = output_within(c, Duration::from_secs(60));
+    let v = json_of(&out);
+    let call = &v["tool_calls"][0];
+    assert_eq!(call["name"], "huge", "{v}");
+    assert_eq!(call["success"], false, "{v}");
+    let message = call["result"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("MCP server `t`") && message.contains("larger than 16 MiB"),
+        "{message}"
+    );
+    assert!(took < Duration::from_secs(30), "took {took:?}");
+    mock.finish();
+}
+
+/// An HTTP server that repeats the request's headers in a 401: the configured header's value is
+/// never shown (stderr, `mcp list --json`).
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_401_that_echoes_the_configured_header_is_shown_redacted() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let mut server = std::process::Command::new(env!("CARGO_BIN_EXE_toolloop-mcp-test-server"))
+        .env("TOOLLOOP_MCP_TEST_MODE", "http-401")
+        .env("TOOLLOOP_MCP_TEST_LOG", &log)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = server.stdout.take().unwrap();
+    /// Stops the endpoint however the test ends.
+    struct Stop(std::process::Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _stop = Stop(server);
+    let mut port = String::new();
+    std::io::BufReader::new(stdout)
+        .read_line(&mut port)
+        .unwrap();
+    let config = write_config(
+        dir.path(),
+        "web.json",
+        json!({"web": {"url": format!("http://127.0.0.1:{}/mcp", port.trim()),
+                       "headers": {"Authorization": "Bearer ${MCP_KEY}", "X-Other": "plain-${MCP_KEY}"}}}),
+    );
+    let config = config.to_string_lossy().into_owned();
+    let secret = "mcp-secret-4242-abcd";
+    let mock = Mock::start();
+    let out = run(
+        &mock,
+        dir.path(),
+        "rounds=0",
+        &["--mcp-config", &config],
+        &[("MCP_KEY", secret)],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("MCP server `web`"), "{err}");
+    assert!(!err.contains(secret), "the key was printed: {err}");
+    assert!(err.contains("[redacted]"), "the body was not shown: {err}");
+    let list = command(
+        &["mcp", "list", "--json", "--mcp-config", &config],
+        dir.path(),
+    )
+    .env("MCP_KEY", secret)
+    .output()
+    .unwrap();
+    let text = String::from_utf8_lossy(&list.stdout);
+    let v = json_of(&list);
+    assert!(
+        v[0]["state"].as_str().unwrap().contains("[redacted]"),
+        "{v}"
+    );
+    assert!(!text.contains(secret), "{text}");
+    assert!(!String::from_utf8_lossy(&list.stderr).contains(secret));
+    assert!(log_lines(&log).iter().any(|l| l.starts_with("http POST")));
     mock.finish();
 }

@@ -46,7 +46,8 @@ pub struct ServerConfig {
     /// The longest a call may take; the server is told to cancel it after that (default: no
     /// limit but the run's).
     pub call_timeout: Option<Duration>,
-    /// The longest the server may take to start and answer `initialize` (default 30 s).
+    /// The longest the server may take to start and answer `initialize`, and to answer
+    /// `tools/list` (default 30 s). A run's own timeout bounds both too.
     pub startup_timeout: Duration,
     /// How many times the server is started again after it died (default 3); after that its
     /// calls fail.
@@ -128,6 +129,44 @@ impl ServerConfig {
     pub fn call_timeout(mut self, timeout: Duration) -> Self {
         self.call_timeout = Some(timeout);
         self
+    }
+
+    /// The secrets the configuration holds, which nothing toolloop says about the server may
+    /// repeat (a server's error that echoes them is redacted): every header value of an HTTP
+    /// server (and the credential of an `Authorization: Bearer …`-style value), the password
+    /// of its URL, and the values of a child's variables whose names look secret
+    /// ([`is_secret_env_name`]).
+    pub fn secrets(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        match &self.transport {
+            Transport::Http { url, headers } => {
+                for value in headers.values() {
+                    let value = value.trim();
+                    out.push(value.to_string());
+                    if let Some((_, credential)) = value.split_once(' ') {
+                        out.push(credential.trim().to_string());
+                    }
+                }
+                let authority = url
+                    .split_once("://")
+                    .map(|(_, rest)| rest.split(['/', '?', '#']).next().unwrap_or(""))
+                    .unwrap_or("");
+                if let Some((userinfo, _)) = authority.rsplit_once('@')
+                    && let Some((_, password)) = userinfo.split_once(':')
+                {
+                    out.push(password.to_string());
+                }
+            }
+            Transport::Stdio { env, .. } => {
+                for (name, value) in env {
+                    if is_secret_env_name(name) {
+                        out.push(value.clone());
+                    }
+                }
+            }
+        }
+        out.retain(|s| !s.is_empty());
+        out
     }
 }
 
@@ -218,6 +257,20 @@ pub fn parse_mcp_servers(
     doc: &Value,
     lookup: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Vec<ServerConfig>, ConfigError> {
+    parse_with(doc, &|text| expand_vars(text, lookup))
+}
+
+/// Reads the servers of an `mcpServers` document as [`parse_mcp_servers`] does, but with every
+/// string as written: `${VAR}` stays `${VAR}`. For showing a file not trusted yet, whose
+/// variables must not be read.
+pub fn parse_mcp_servers_verbatim(doc: &Value) -> Result<Vec<ServerConfig>, ConfigError> {
+    parse_with(doc, &|text| Ok(text.to_string()))
+}
+
+/// Replaces the variables of one string (or leaves them).
+type Expand<'a> = &'a dyn Fn(&str) -> Result<String, String>;
+
+fn parse_with(doc: &Value, expand: Expand<'_>) -> Result<Vec<ServerConfig>, ConfigError> {
     let Some(servers) = doc.get("mcpServers") else {
         return Err(err(
             "no `mcpServers` object: expected {\"mcpServers\": {\"name\": {\"command\": …} or {\"url\": …}}}",
@@ -228,7 +281,7 @@ pub fn parse_mcp_servers(
     };
     let mut out = Vec::new();
     for (name, spec) in servers {
-        if let Some(server) = parse_server(name, spec, lookup)? {
+        if let Some(server) = parse_server(name, spec, expand)? {
             out.push(server);
         }
     }
@@ -238,7 +291,7 @@ pub fn parse_mcp_servers(
 fn parse_server(
     name: &str,
     spec: &Value,
-    lookup: &dyn Fn(&str) -> Option<String>,
+    expand: Expand<'_>,
 ) -> Result<Option<ServerConfig>, ConfigError> {
     let at = |field: &str| format!("mcpServers.{name}.{field}");
     let Some(obj) = spec.as_object() else {
@@ -261,7 +314,7 @@ fn parse_server(
     let string = |field: &str| -> Result<Option<String>, ConfigError> {
         match obj.get(field) {
             None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => expand_vars(s, lookup)
+            Some(Value::String(s)) => expand(s)
                 .map(Some)
                 .map_err(|e| err(format!("{}: {e}", at(field)))),
             Some(_) => Err(err(format!("{} is not a string", at(field)))),
@@ -273,7 +326,7 @@ fn parse_server(
             Some(Value::Object(m)) => m
                 .iter()
                 .map(|(k, v)| match v {
-                    Value::String(s) => expand_vars(s, lookup)
+                    Value::String(s) => expand(s)
                         .map(|v| (k.clone(), v))
                         .map_err(|e| err(format!("{}.{k}: {e}", at(field)))),
                     _ => Err(err(format!("{}.{k} is not a string", at(field)))),
@@ -313,8 +366,9 @@ fn parse_server(
                     .iter()
                     .enumerate()
                     .map(|(i, v)| match v {
-                        Value::String(s) => expand_vars(s, lookup)
-                            .map_err(|e| err(format!("{}[{i}]: {e}", at("args")))),
+                        Value::String(s) => {
+                            expand(s).map_err(|e| err(format!("{}[{i}]: {e}", at("args"))))
+                        }
                         _ => Err(err(format!("{}[{i}] is not a string", at("args")))),
                     })
                     .collect::<Result<_, _>>()?,
@@ -421,6 +475,27 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn verbatim_reading_expands_nothing() {
+        let doc = json!({"mcpServers": {
+            "fs": {"command": "npx", "args": ["${HOME}"], "env": {"K": "${GH_TOKEN}"}},
+            "web": {"url": "https://x/mcp", "headers": {"Authorization": "Bearer ${MISSING}"}}
+        }});
+        let servers = parse_mcp_servers_verbatim(&doc).unwrap();
+        let fs = servers.iter().find(|s| s.name == "fs").unwrap();
+        assert_eq!(
+            fs.transport,
+            Transport::Stdio {
+                command: "npx".into(),
+                args: vec!["${HOME}".into()],
+                env: BTreeMap::from([("K".into(), "${GH_TOKEN}".into())]),
+                cwd: None,
+            }
+        );
+        let web = servers.iter().find(|s| s.name == "web").unwrap();
+        assert_eq!(web.secrets(), ["Bearer ${MISSING}", "${MISSING}"]);
     }
 
     #[test]

@@ -20,6 +20,14 @@
 //!   data; images (PNG, JPEG, GIF or WebP) go to the model with the result
 //!   ([`toolloop::tool::ToolOutput::images`]); audio, other binary resources and other images
 //!   become a line describing them; `isError` is a failed call the model reads.
+//! - **Waits**: starting a server, and listing its tools, are each bounded by
+//!   [`ServerConfig::startup_timeout`], and by a deadline when one is given
+//!   ([`McpTools::tools_by`]); a call by [`ServerConfig::call_timeout`] and the run's
+//!   cancellation. An answer rmcp cannot read (over 16 MiB, or nested deeper than 128 levels)
+//!   fails its request at once, naming the server ([`guard`]), instead of leaving it waiting.
+//! - **Secrets**: what toolloop says about a server (errors, its state, its stderr) never
+//!   repeats the secrets of its configuration ([`ServerConfig::secrets`]): a server that echoes
+//!   its `Authorization` header in a 401 is reported with `[redacted]` in its place.
 //! - **Faults**: a server that dies during a call fails that call ("went away during the call;
 //!   the outcome is unknown") and is started again for the next one, at most
 //!   [`ServerConfig::max_restarts`] times; a server that does not start is an error naming it,
@@ -57,6 +65,7 @@
 //! ```
 
 pub mod config;
+pub mod guard;
 #[cfg(feature = "http")]
 mod http;
 pub mod server;
@@ -64,7 +73,9 @@ pub mod server;
 pub mod test_server;
 pub mod tool;
 
-pub use config::{ConfigError, ServerConfig, Transport, parse_mcp_servers};
+pub use config::{
+    ConfigError, ServerConfig, Transport, parse_mcp_servers, parse_mcp_servers_verbatim,
+};
 pub use server::{McpError, McpServer, ServerState};
 pub use tool::McpTool;
 
@@ -120,8 +131,18 @@ impl McpTools {
     /// with `reserved`. Starts the servers that are not running; fails naming the first server
     /// that cannot start or list its tools.
     pub async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, McpError> {
+        self.tools_by(reserved, None).await
+    }
+
+    /// [`McpTools::tools`], each server given up at `deadline` too (a run's timeout): the error
+    /// names the first server without a list by then.
+    pub async fn tools_by(
+        &self,
+        reserved: &[&str],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Vec<Arc<dyn Tool>>, McpError> {
         let mut out = Vec::new();
-        for (_, tools) in self.catalog(reserved).await {
+        for (_, tools) in self.catalog_by(reserved, deadline).await {
             out.extend(tools?.into_iter().map(|t| t as Arc<dyn Tool>));
         }
         Ok(out)
@@ -133,7 +154,17 @@ impl McpTools {
         &self,
         reserved: &[&str],
     ) -> Vec<(Arc<McpServer>, Result<Vec<Arc<McpTool>>, McpError>)> {
-        let listed = futures::future::join_all(self.servers.iter().map(|s| s.list_tools())).await;
+        self.catalog_by(reserved, None).await
+    }
+
+    /// [`McpTools::catalog`], each server given up at `deadline` too.
+    pub async fn catalog_by(
+        &self,
+        reserved: &[&str],
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<(Arc<McpServer>, Result<Vec<Arc<McpTool>>, McpError>)> {
+        let listed =
+            futures::future::join_all(self.servers.iter().map(|s| s.list_tools_by(deadline))).await;
         let mut keys: Vec<(&str, Option<&str>, &str)> = Vec::new();
         for (server, tools) in self.servers.iter().zip(&listed) {
             if let Ok(tools) = tools {

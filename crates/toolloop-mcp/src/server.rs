@@ -132,6 +132,8 @@ struct Conn {
 /// One MCP server. Cheap to share (`Arc`); calls may run at the same time.
 pub struct McpServer {
     config: ServerConfig,
+    /// Takes the configured secrets (header values, secret variables) out of what is said.
+    redactor: toolloop::redact::Redactor,
     conn: tokio::sync::Mutex<Option<Conn>>,
     starts: AtomicU32,
     state: Mutex<ServerState>,
@@ -156,7 +158,12 @@ impl std::fmt::Debug for McpServer {
 impl McpServer {
     /// A server that starts on first use.
     pub fn new(config: ServerConfig) -> Arc<Self> {
+        let mut redactor = toolloop::redact::Redactor::new();
+        for secret in config.secrets() {
+            redactor.add_secret(&secret);
+        }
         Arc::new(McpServer {
+            redactor,
             config,
             conn: tokio::sync::Mutex::new(None),
             starts: AtomicU32::new(0),
@@ -187,14 +194,30 @@ impl McpServer {
     }
 
     fn set_state(&self, state: ServerState) {
+        let state = match state {
+            ServerState::Exited(why) => ServerState::Exited(self.redactor.redact(&why)),
+            ServerState::Failed(why) => ServerState::Failed(self.redactor.redact(&why)),
+            other => other,
+        };
         *self.state.lock().unwrap_or_else(|p| p.into_inner()) = state;
     }
 
     fn error(&self, message: impl Into<String>) -> McpError {
         McpError {
             server: self.config.name.clone(),
-            message: message.into(),
+            message: self.redactor.redact(&message.into()),
         }
+    }
+
+    /// A failed call, its message without the server's configured secrets.
+    fn tool_error(&self, message: impl Into<String>) -> ToolError {
+        ToolError::new(self.redactor.redact(&message.into()))
+    }
+
+    /// Text from or about the server without its configured secrets (see
+    /// [`ServerConfig::secrets`]).
+    pub fn redact(&self, text: &str) -> String {
+        self.redactor.redact(text)
     }
 
     /// Starts the server unless it runs. A server that fails to start is an error naming it,
@@ -287,17 +310,26 @@ impl McpServer {
                 let mut cmd = tokio::process::Command::new(command);
                 let inherited = std::env::vars_os()
                     .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
-                cmd.args(args).env_clear().envs(child_env(inherited, env));
+                cmd.args(args)
+                    .env_clear()
+                    .envs(child_env(inherited, env))
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .kill_on_drop(true);
                 if let Some(dir) = cwd {
                     cmd.current_dir(dir);
                 }
-                let (process, stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
+                let (process, stderr) = ChildTransport::spawn(cmd)
                     .map_err(|e| self.error(format!("cannot run `{command}`: {e}")))?;
                 let tail = Arc::new(StderrTail::default());
                 *self.last_stderr.lock().unwrap_or_else(|p| p.into_inner()) = Some(tail.clone());
-                let reader = tokio::spawn(read_stderr(stderr, tail.clone(), self.name().into()));
+                let reader = tokio::spawn(read_stderr(
+                    stderr,
+                    tail.clone(),
+                    self.name().into(),
+                    self.redactor.clone(),
+                ));
                 let served = tokio::time::timeout(startup, handler.serve(process)).await;
                 let client = match served {
                     Ok(Ok(client)) => client,
@@ -367,26 +399,58 @@ impl McpServer {
     }
 
     /// The server's tools: listed on first use and again after the server said its list
-    /// changed (or after a restart); otherwise the list from before.
+    /// changed (or after a restart); otherwise the list from before. Starting and listing are
+    /// each bounded by [`ServerConfig::startup_timeout`].
     pub async fn list_tools(&self) -> Result<Arc<Vec<rmcp::model::Tool>>, McpError> {
+        self.list_tools_by(None).await
+    }
+
+    /// [`McpServer::list_tools`], given up at `deadline` too (the run's): an error naming the
+    /// server.
+    pub async fn list_tools_by(
+        &self,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Result<Arc<Vec<rmcp::model::Tool>>, McpError> {
+        let Some(deadline) = deadline else {
+            return self.list_tools_now().await;
+        };
+        match tokio::time::timeout_at(deadline, self.list_tools_now()).await {
+            Ok(listed) => listed,
+            Err(_) => {
+                self.changed.stale.store(true, Ordering::SeqCst);
+                Err(self.error("no tool list before the run's timeout"))
+            }
+        }
+    }
+
+    async fn list_tools_now(&self) -> Result<Arc<Vec<rmcp::model::Tool>>, McpError> {
         let (peer, generation) = self.peer().await?;
         if !self.changed.stale.swap(false, Ordering::SeqCst)
             && let Some(tools) = self.tools.lock().unwrap_or_else(|p| p.into_inner()).clone()
         {
             return Ok(tools);
         }
-        match peer.list_all_tools().await {
-            Ok(tools) => {
+        let limit = self.config.startup_timeout;
+        let listed = tokio::time::timeout(limit, peer.list_all_tools()).await;
+        match listed {
+            Ok(Ok(tools)) => {
                 let tools = Arc::new(tools);
                 *self.tools.lock().unwrap_or_else(|p| p.into_inner()) = Some(tools.clone());
                 Ok(tools)
             }
-            Err(e) => {
+            Ok(Err(e)) => {
                 self.changed.stale.store(true, Ordering::SeqCst);
                 if matches!(e, ServiceError::TransportClosed) {
                     self.forget(generation).await;
                 }
-                Err(self.error(format!("cannot list its tools: {e}")))
+                Err(self.error(format!("cannot list its tools: {}", service_error_text(&e))))
+            }
+            Err(_) => {
+                self.changed.stale.store(true, Ordering::SeqCst);
+                Err(self.error(format!(
+                    "no answer to `tools/list` within {}s",
+                    limit.as_secs_f64()
+                )))
             }
         }
     }
@@ -428,7 +492,7 @@ impl McpServer {
         let (peer, generation) = self
             .peer()
             .await
-            .map_err(|e| ToolError::new(e.to_string()))?;
+            .map_err(|e| ToolError::new(e.to_string()))?; // already redacted
         let arguments = match args {
             Value::Object(m) => Some(m),
             Value::Null => None,
@@ -478,11 +542,11 @@ impl McpServer {
         match response {
             Ok(ServerResult::CallToolResult(result)) => Ok(result),
             Ok(ServerResult::EmptyResult(_)) => Ok(CallToolResult::default()),
-            Ok(_) => Err(ToolError::new(format!(
+            Ok(_) => Err(self.tool_error(format!(
                 "MCP server `{}` answered the call with something other than a tool result",
                 self.name()
             ))),
-            Err(ServiceError::Timeout { timeout }) => Err(ToolError::new(format!(
+            Err(ServiceError::Timeout { timeout }) => Err(self.tool_error(format!(
                 "the MCP tool did not finish within {:.1}s (the server was told to cancel it)",
                 timeout.as_secs_f64()
             ))),
@@ -503,19 +567,27 @@ impl McpServer {
                     .filter(|t| !t.is_empty())
                     .map(|t| format!("; its stderr ends: {}", last_line(&t)))
                     .unwrap_or_default();
-                ToolError::new(format!(
+                self.tool_error(format!(
                     "MCP server `{}` went away during the call (it crashed or closed the \
                      connection){stderr}; the outcome is unknown",
                     self.name()
                 ))
             }
-            ServiceError::McpError(e) => ToolError::new(format!(
+            ServiceError::McpError(e) if e.code.0 == crate::guard::UNREADABLE => {
+                self.tool_error(format!(
+                    "MCP server `{}` answered the call with a message toolloop cannot read: {}; \
+                     the outcome is unknown",
+                    self.name(),
+                    e.message
+                ))
+            }
+            ServiceError::McpError(e) => self.tool_error(format!(
                 "MCP server `{}` refused the call: {} (code {})",
                 self.name(),
                 e.message,
                 e.code.0
             )),
-            other => ToolError::new(format!("MCP server `{}`: {other}", self.name())),
+            other => self.tool_error(format!("MCP server `{}`: {other}", self.name())),
         }
     }
 
@@ -529,6 +601,16 @@ impl McpServer {
             close(old).await;
         }
         self.set_state(ServerState::Stopped);
+    }
+}
+
+/// What a failed request says: an answer toolloop could not read says why.
+fn service_error_text(e: &ServiceError) -> String {
+    match e {
+        ServiceError::McpError(e) if e.code.0 == crate::guard::UNREADABLE => {
+            format!("its answer cannot be read: {}", e.message)
+        }
+        other => other.to_string(),
     }
 }
 
@@ -551,11 +633,13 @@ async fn read_stderr(
     stderr: Option<tokio::process::ChildStderr>,
     tail: Arc<StderrTail>,
     server: String,
+    redactor: toolloop::redact::Redactor,
 ) {
     use tokio::io::AsyncBufReadExt;
     let Some(stderr) = stderr else { return };
     let mut lines = tokio::io::BufReader::new(stderr).lines();
     while let Ok(Some(line)) = lines.next_line().await {
+        let line = redactor.redact(&line);
         tracing::debug!(server = %server, "stderr: {line}");
         tail.push(&line);
     }
@@ -586,5 +670,94 @@ impl Drop for CancelOnDrop {
             },
             &runtime,
         );
+    }
+}
+
+/// A child process server's connection: its stdin, and its stdout read through
+/// [`crate::guard::forward`] (so that an answer rmcp cannot read fails its request instead of
+/// leaving it waiting). Closing it closes the child's stdin and waits for the child to exit,
+/// then sends SIGTERM, then kills it (as the MCP specification's stdio shutdown says); dropping
+/// it kills the child.
+struct ChildTransport {
+    inner: rmcp::transport::async_rw::AsyncRwTransport<
+        RoleClient,
+        tokio::io::DuplexStream,
+        tokio::process::ChildStdin,
+    >,
+    child: Option<tokio::process::Child>,
+    forward: tokio::task::JoinHandle<()>,
+}
+
+/// How long a child is given to exit after its stdin closed, and again after SIGTERM.
+const EXIT_GRACE: Duration = Duration::from_secs(3);
+
+impl ChildTransport {
+    fn spawn(
+        mut cmd: tokio::process::Command,
+    ) -> std::io::Result<(Self, Option<tokio::process::ChildStderr>)> {
+        let mut child = cmd.spawn()?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            return Err(std::io::Error::other(
+                "the child's stdin or stdout is missing",
+            ));
+        };
+        let stderr = child.stderr.take();
+        let (read, write) = tokio::io::duplex(64 * 1024);
+        let forward = tokio::spawn(crate::guard::forward(stdout, write));
+        let inner = rmcp::transport::async_rw::AsyncRwTransport::new_client(read, stdin)
+            .with_max_line_length(crate::guard::MAX_MESSAGE_BYTES + 1024);
+        Ok((
+            ChildTransport {
+                inner,
+                child: Some(child),
+                forward,
+            },
+            stderr,
+        ))
+    }
+}
+
+impl Drop for ChildTransport {
+    fn drop(&mut self) {
+        self.forward.abort();
+        // `kill_on_drop` kills a child still running; tokio reaps it.
+    }
+}
+
+impl rmcp::transport::Transport<RoleClient> for ChildTransport {
+    type Error = std::io::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    fn receive(
+        &mut self,
+    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        self.inner.receive()
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.inner.close().await?;
+        let Some(mut child) = self.child.take() else {
+            return Ok(());
+        };
+        if tokio::time::timeout(EXIT_GRACE, child.wait()).await.is_ok() {
+            return Ok(());
+        }
+        #[cfg(unix)]
+        if let Some(pid) = child
+            .id()
+            .and_then(|id| rustix::process::Pid::from_raw(id as i32))
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+            if tokio::time::timeout(EXIT_GRACE, child.wait()).await.is_ok() {
+                return Ok(());
+            }
+        }
+        child.kill().await
     }
 }

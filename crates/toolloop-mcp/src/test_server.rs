@@ -11,7 +11,17 @@
 //! - `fail`: a result with `isError`;
 //! - `add_tool`: adds the tool `extra` and sends `notifications/tools/list_changed`;
 //! - `destroy` (destructive): logs `effect <key>`, then waits `TOOLLOOP_MCP_TEST_DESTROY_MS`
-//!   milliseconds (default 0).
+//!   milliseconds (default 0);
+//! - `huge`: a result of 17 MiB of text (more than a message may be).
+//!
+//! `TOOLLOOP_MCP_TEST_MODE` makes it misbehave as a whole:
+//!
+//! - `silent-list`: never answers `tools/list`;
+//! - `deep-schema`: lists a tool `deep` whose input schema nests 200 levels deep;
+//! - `huge-list`: lists a tool `big` whose description is 17 MiB long;
+//! - `http-401`: not an MCP server at all but an HTTP endpoint on 127.0.0.1 (its port printed
+//!   on stdout, one line) that answers every request with `401 Unauthorized` and a body that
+//!   repeats the request's headers, as a careless server does.
 
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
@@ -75,11 +85,37 @@ impl TestServer {
             )
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
         ];
+        tools.push(Tool::new(
+            "huge",
+            "Answers with 17 MiB of text.",
+            schema(none.clone()),
+        ));
+        match mode().as_str() {
+            "deep-schema" => {
+                let mut deep = json!({"type": "string"});
+                for _ in 0..200 {
+                    deep = json!({"type": "object", "properties": {"a": deep}});
+                }
+                tools.push(Tool::new("deep", "A deep schema.", schema(deep)));
+            }
+            "huge-list" => {
+                let description = "x".repeat(HUGE);
+                tools.push(Tool::new("big", description, schema(none.clone())));
+            }
+            _ => {}
+        }
         if self.extra.load(Ordering::SeqCst) {
             tools.push(Tool::new("extra", "Added at run time.", schema(none)));
         }
         tools
     }
+}
+
+/// More than a message may be (16 MiB).
+const HUGE: usize = 17 * 1024 * 1024;
+
+fn mode() -> String {
+    std::env::var("TOOLLOOP_MCP_TEST_MODE").unwrap_or_default()
 }
 
 fn key(ctx: &RequestContext<RoleServer>) -> String {
@@ -108,6 +144,10 @@ impl ServerHandler for TestServer {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
+        if mode() == "silent-list" {
+            log("list (not answered)");
+            std::future::pending::<()>().await;
+        }
         Ok(ListToolsResult::with_all_items(self.tools()))
     }
 
@@ -142,6 +182,7 @@ impl ServerHandler for TestServer {
                 eprintln!("toolloop-mcp-test-server: crashing on purpose");
                 std::process::exit(3);
             }
+            "huge" => CallToolResult::success(vec![ContentBlock::text("y".repeat(HUGE))]),
             "fail" => CallToolResult::error(vec![ContentBlock::text("it failed on purpose")]),
             "add_tool" => {
                 self.extra.store(true, Ordering::SeqCst);
@@ -183,6 +224,10 @@ pub fn main() {
         .enable_all()
         .build()
         .expect("a runtime");
+    if mode() == "http-401" {
+        runtime.block_on(http_401());
+        return;
+    }
     runtime.block_on(async {
         let Ok(service) = TestServer::default()
             .serve((tokio::io::stdin(), tokio::io::stdout()))
@@ -192,4 +237,45 @@ pub fn main() {
         };
         let _ = service.waiting().await;
     });
+}
+
+/// `http-401`: answers every HTTP request with a 401 whose body repeats the request's headers.
+async fn http_401() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Ok(listener) = tokio::net::TcpListener::bind("127.0.0.1:0").await else {
+        return;
+    };
+    let Ok(address) = listener.local_addr() else {
+        return;
+    };
+    println!("{}", address.port());
+    let _ = std::io::stdout().flush();
+    while let Ok((mut stream, _)) = listener.accept().await {
+        tokio::spawn(async move {
+            let mut request = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !request.windows(4).any(|w| w == b"\r\n\r\n") && request.len() < 65536 {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => request.extend_from_slice(&buf[..n]),
+                }
+            }
+            let head = String::from_utf8_lossy(&request);
+            let headers: String = head
+                .lines()
+                .skip(1)
+                .take_while(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join("; ");
+            log(&format!("http {}", head.lines().next().unwrap_or("")));
+            let body = format!("unauthorized: you sent {headers}");
+            let response = format!(
+                "HTTP/1.1 401 Unauthorized\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = stream.write_all(response.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        });
+    }
 }
