@@ -1104,6 +1104,7 @@ impl Agent {
             .filter_map(|&i| machine.shared_round_call(i).map(|c| (i, c)))
             .map(|(index, call)| {
                 let job = ToolJob {
+                    weighed: machine.weighed_subject(index).cloned(),
                     intent_logged: intents_first,
                     round,
                     index,
@@ -1297,6 +1298,8 @@ fn soon(log: &Option<RunLog>, record: impl FnOnce() -> Record) {
 /// One call to run. It borrows what the run shares (nothing shared by every run is touched per
 /// call) and holds the call itself through the machine's `Arc`.
 struct ToolJob<'a> {
+    /// The approval subject the rules weighed the call by (when the run has rules).
+    weighed: Option<crate::approval::Subject>,
     /// Whether the batch already made this call's intent durable.
     intent_logged: bool,
     round: u32,
@@ -1340,17 +1343,44 @@ impl ToolJob<'_> {
             Some(log) => format!("{}/{}", log.run_id, self.call.id),
             None => self.call.id.clone(),
         };
-        let done = call_tool_with(
-            tool,
-            self.config,
-            self.round,
-            &self.call,
-            idempotency_key,
-            self.cancel,
-            self.deadline,
-            self.sink.as_ref(),
-        )
-        .await;
+        // What the call touches is weighed again: the rules' verdict holds only for the same.
+        let now = self
+            .weighed
+            .as_ref()
+            .map(|_| tool.approval_subject(&self.call.arguments));
+        let done = match (&self.weighed, now) {
+            (Some(weighed), Some(now)) if *weighed != now => {
+                let shown = |s: &crate::approval::Subject| {
+                    crate::result::shorten(&s.text, crate::result::ECHO_CHARS).into_owned()
+                };
+                let change = if weighed.text == now.text {
+                    format!("`{}` now resolves to something else", shown(weighed))
+                } else {
+                    format!("`{}` is now `{}`", shown(weighed), shown(&now))
+                };
+                ToolCallResult {
+                    result: Err(ToolError::new(format!(
+                        "not run: what this call touches changed after the approval rules \
+                         weighed it ({change}); call it again to have it weighed anew"
+                    ))),
+                    duration_ms: 0,
+                    attempts: 0,
+                }
+            }
+            _ => {
+                call_tool_with(
+                    tool,
+                    self.config,
+                    self.round,
+                    &self.call,
+                    idempotency_key,
+                    self.cancel,
+                    self.deadline,
+                    self.sink.as_ref(),
+                )
+                .await
+            }
+        };
         let duration_ms = started.elapsed().as_millis() as u64;
         if let Some(log) = self.log {
             log.soon(Record::ToolFinished {

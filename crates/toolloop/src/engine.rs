@@ -139,6 +139,11 @@ pub struct Slot {
     /// Its approval, when the policy does not simply allow it (see [`crate::approval`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalState>,
+    /// The approval subject the policy's rules weighed it by, when the run has rules: before
+    /// the call runs, the driver checks that its tool would still touch the same (a call of the
+    /// round before it may have changed a link), see [`Machine::weighed_subject`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<crate::approval::Subject>,
 }
 
 /// Where the machine is.
@@ -593,15 +598,53 @@ impl Machine {
 
     /// What the policy says of a call of the round: its approval subject and verdict.
     fn weigh(&self, call: &ToolCall) -> (String, Verdict) {
+        let (subject, verdict) = self.weigh_subject(call);
+        (subject.text, verdict)
+    }
+
+    /// The approval subject the rules weighed call `index` of the round by, when the run has
+    /// rules. A driver checks, just before the call runs, that its tool gives the same subject
+    /// now; when it does not (a link or a program changed since, by a call of the same round,
+    /// say), the call is not run and its result says why.
+    pub fn weighed_subject(&self, index: usize) -> Option<&crate::approval::Subject> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots.get(index).and_then(|s| s.subject.as_ref()),
+            _ => None,
+        }
+    }
+
+    /// A call's approval subject and the policy's verdict on it.
+    fn weigh_subject(&self, call: &ToolCall) -> (crate::approval::Subject, Verdict) {
         let (subject, default) = match self.toolbox.get(&call.name) {
             Some(tool) => (
                 tool.approval_subject(&call.arguments),
                 tool.default_approval(),
             ),
-            None => (call.canonical_arguments(), crate::approval::Action::Allow),
+            None => (
+                call.canonical_arguments().into(),
+                crate::approval::Action::Allow,
+            ),
         };
-        let verdict = self.config.approvals.verdict(&call.name, &subject, default);
+        let verdict = self
+            .config
+            .approvals
+            .verdict_for(&call.name, &subject, default);
         (subject, verdict)
+    }
+
+    /// The policy's verdict on a call; without rules the subject is not asked for (a tool may
+    /// look at the file system to tell it).
+    fn verdict_of(&self, call: &ToolCall) -> Verdict {
+        if !self.config.approvals.rules.is_empty() {
+            return self.weigh(call).1;
+        }
+        let default = self
+            .toolbox
+            .get(&call.name)
+            .map_or(crate::approval::Action::Allow, |t| t.default_approval());
+        self.config
+            .approvals
+            .verdict_for(&call.name, &Default::default(), default)
     }
 
     fn approval_request(&self, index: usize, slot: &Slot) -> ApprovalRequest {
@@ -1033,6 +1076,7 @@ impl Machine {
                 attempts: 0,
                 over_budget: false,
                 approval: None,
+                subject: None,
             };
             let settle = |slot: &mut Slot, status: CallStatus, content: String| {
                 slot.status = Some(status);
@@ -1122,7 +1166,14 @@ impl Machine {
             }
             planned += 1;
             slot.run = true;
-            if !matches!(self.weigh(call).1, Verdict::Allow { rule: None }) {
+            let verdict = if self.config.approvals.rules.is_empty() {
+                self.verdict_of(call)
+            } else {
+                let (subject, verdict) = self.weigh_subject(call);
+                slot.subject = Some(subject);
+                verdict
+            };
+            if !matches!(verdict, Verdict::Allow { rule: None }) {
                 slot.approval = Some(ApprovalState::Pending);
             }
             slot.parallel_safe = self

@@ -253,10 +253,10 @@ impl Tool for LoggedTool {
     fn side_effect(&self) -> SideEffect {
         self.entry.side_effect
     }
-    fn approval_subject(&self, args: &Value) -> String {
+    fn approval_subject(&self, args: &Value) -> crate::approval::Subject {
         match &self.live {
             Some(tool) => tool.approval_subject(args),
-            None => crate::message::canonical_json(args),
+            None => crate::message::canonical_json(args).into(),
         }
     }
     fn default_approval(&self) -> crate::approval::Action {
