@@ -257,7 +257,7 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     outln!(
-        "{:<36} {:<12} {:<16} {:>7}  {:<19}  SESSION",
+        "{:<36} {:<17} {:<17} {:>7}  {:<19}  SESSION",
         "RUN",
         "STATUS",
         "STOP REASON",
@@ -271,7 +271,7 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             .and_then(|v| v.as_str().map(str::to_string))
             .unwrap_or_else(|| "-".into());
         outln!(
-            "{:<36} {:<12} {:<16} {:>7}  {:<19}  {}",
+            "{:<36} {:<17} {:<17} {:>7}  {:<19}  {}",
             r.run_id,
             r.status.as_str(),
             reason,
