@@ -404,6 +404,17 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
         Ok(t) => t,
         Err(e) => return e.report(),
     };
+    let rules = &args.agent.approval;
+    if !rules.rules_checked && !(rules.allow.is_empty() && rules.ask.is_empty() && rules.deny.is_empty())
+    {
+        // The servers' tools are listed again only when servers are configured.
+        let offered = match tools.mcp {
+            Some(_) => tools.all().await,
+            None => tools.own.clone(),
+        };
+        let names: Vec<&str> = offered.iter().map(|t| t.name()).collect();
+        crate::approve::warn_unoffered(rules, &names);
+    }
     let model = match model_from_args(&args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),

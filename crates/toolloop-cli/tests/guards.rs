@@ -388,3 +388,13 @@ fn a_restarted_stream_prints_only_the_final_answer() {
     assert!(cut > 0, "no seed gave a cut stream that was then answered");
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn a_glob_of_100000_stars_is_refused_naming_the_flag() {
+    let dir = repo();
+    let stars = format!("write_file:{}", "*".repeat(100_000));
+    for flag in ["--allow", "--deny", "--ask"] {
+        let out = run(&[flag, &stars], dir.path());
+        refused(&out, flag, "at most 4096");
+    }
+}
