@@ -76,13 +76,15 @@ pub(crate) struct ApprovalArgs {
 }
 
 fn rule(action: Action, flag: &str, spec: &str) -> Result<String, String> {
-    Rule::parse(action, spec).map(|_| spec.to_string()).map_err(|e| {
-        format!(
-            "--{flag} {}: {}; expected TOOL or TOOL:SUBJECT",
-            toolloop::result::shorten(spec, 100),
-            e.message
-        )
-    })
+    Rule::parse(action, spec)
+        .map(|_| spec.to_string())
+        .map_err(|e| {
+            format!(
+                "--{flag} {}: {}; expected TOOL or TOOL:SUBJECT",
+                toolloop::result::shorten(spec, 100),
+                e.message
+            )
+        })
 }
 
 fn allow_rule(s: &str) -> Result<String, String> {

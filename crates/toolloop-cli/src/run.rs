@@ -405,8 +405,10 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
         Err(e) => return e.report(),
     };
     let rules = &args.agent.approval;
-    if !rules.rules_checked && !(rules.allow.is_empty() && rules.ask.is_empty() && rules.deny.is_empty())
-    {
+    let has_rules = [&rules.allow, &rules.ask, &rules.deny]
+        .iter()
+        .any(|specs| !specs.is_empty());
+    if has_rules && !rules.rules_checked {
         // The servers' tools are listed again only when servers are configured.
         let offered = match tools.mcp {
             Some(_) => tools.all().await,

@@ -487,7 +487,10 @@ fn ask_and_deny_rules_win_over_every_spelling() {
             call("read_file", json!({"path": "sl"})),
             call("run_command", json!({"command": [rm, "b"]})),
             call("run_command", json!({"command": ["env", "rm", "b"]})),
-            call("write_file", json!({"path": "notes.txt", "content": "fine"})),
+            call(
+                "write_file",
+                json!({"path": "notes.txt", "content": "fine"}),
+            ),
         ]],
     );
     let dir = tempfile::tempdir().unwrap();
@@ -523,26 +526,54 @@ fn ask_and_deny_rules_win_over_every_spelling() {
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let v = json_of(&out);
     let calls = v["tool_calls"].as_array().unwrap();
-    let statuses: Vec<&str> = calls.iter().map(|c| c["status"].as_str().unwrap()).collect();
+    let statuses: Vec<&str> = calls
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
     assert_eq!(
         statuses,
-        ["denied", "denied", "denied", "denied", "denied", "denied", "ok"],
+        [
+            "denied", "denied", "denied", "denied", "denied", "denied", "ok"
+        ],
         "{v}"
     );
     let message = |i: usize| calls[i]["result"]["message"].as_str().unwrap().to_string();
     assert!(message(0).contains("no one to approve"), "{}", message(0));
-    assert!(message(1).contains("`deny write_file:*.lock`"), "{}", message(1));
-    assert!(message(2).contains("`deny write_file:*.lock`"), "{}", message(2));
-    assert!(message(3).contains("`deny read_file:*.env`"), "{}", message(3));
-    assert!(message(4).contains("`deny run_command:rm *`"), "{}", message(4));
-    assert!(message(5).contains("`deny run_command:rm *`"), "{}", message(5));
+    assert!(
+        message(1).contains("`deny write_file:*.lock`"),
+        "{}",
+        message(1)
+    );
+    assert!(
+        message(2).contains("`deny write_file:*.lock`"),
+        "{}",
+        message(2)
+    );
+    assert!(
+        message(3).contains("`deny read_file:*.env`"),
+        "{}",
+        message(3)
+    );
+    assert!(
+        message(4).contains("`deny run_command:rm *`"),
+        "{}",
+        message(4)
+    );
+    assert!(
+        message(5).contains("`deny run_command:rm *`"),
+        "{}",
+        message(5)
+    );
     // The asked call is shown by the path it touches.
     assert!(
         stderr(&out).contains("--allow 'write_file:src/main.rs'"),
         "{}",
         stderr(&out)
     );
-    assert!(!v.to_string().contains("KEY=abc"), "the secret was not read");
+    assert!(
+        !v.to_string().contains("KEY=abc"),
+        "the secret was not read"
+    );
     let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
     assert_eq!(read("src/main.rs"), "fn main() {}\n");
     assert_eq!(read("Cargo.lock"), "# lock\n");
@@ -583,7 +614,10 @@ fn a_rule_for_a_tool_not_offered_is_warned_about() {
             && err.contains("offered with --allow-write"),
         "{err}"
     );
-    assert!(!err.contains("--ask 'read_*'"), "read_file is offered: {err}");
+    assert!(
+        !err.contains("--ask 'read_*'"),
+        "read_file is offered: {err}"
+    );
     // Offered: no warning.
     let out = run(
         dir.path(),
@@ -721,7 +755,10 @@ fn a_link_made_in_the_same_round_does_not_slip_past_a_rule() {
                 json!({"command": ["ln", "-s", "Cargo.lock", "lk"]}),
             ),
             call("write_file", json!({"path": "lk", "content": "changed"})),
-            call("write_file", json!({"path": "other.txt", "content": "fine"})),
+            call(
+                "write_file",
+                json!({"path": "other.txt", "content": "fine"}),
+            ),
         ]],
     );
     let dir = tempfile::tempdir().unwrap();

@@ -1199,9 +1199,11 @@ impl Store {
             (_, None) => false,
             (Some(base), Some(now)) => now != base,
             // A run from before session revisions: a later run saved its turn.
-            (None, Some(_)) => self.runs(Some(session)).await?.iter().any(|r| {
-                r.run_id != run.run_id && r.created_ms >= run.created_ms && saved(r)
-            }),
+            (None, Some(_)) => self
+                .runs(Some(session))
+                .await?
+                .iter()
+                .any(|r| r.run_id != run.run_id && r.created_ms >= run.created_ms && saved(r)),
         };
         if moved {
             return Err(StoreError::SessionMoved {

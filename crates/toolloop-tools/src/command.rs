@@ -134,10 +134,38 @@ pub fn command_line(argv: &[String]) -> String {
 /// `xargs rm`, `find . -exec rm {} ;`): with one of these, every later argument may start the
 /// command that runs.
 const LAUNCHERS: &[&str] = &[
-    "env", "busybox", "toybox", "nice", "nohup", "timeout", "time", "stdbuf", "setsid",
-    "ionice", "chrt", "taskset", "xargs", "sudo", "doas", "runuser", "setpriv", "prlimit",
-    "command", "exec", "flock", "chroot", "unshare", "nsenter", "strace", "ltrace", "valgrind",
-    "firejail", "find", "watch", "parallel", "systemd-run",
+    "env",
+    "busybox",
+    "toybox",
+    "nice",
+    "nohup",
+    "timeout",
+    "time",
+    "stdbuf",
+    "setsid",
+    "ionice",
+    "chrt",
+    "taskset",
+    "xargs",
+    "sudo",
+    "doas",
+    "runuser",
+    "setpriv",
+    "prlimit",
+    "command",
+    "exec",
+    "flock",
+    "chroot",
+    "unshare",
+    "nsenter",
+    "strace",
+    "ltrace",
+    "valgrind",
+    "firejail",
+    "find",
+    "watch",
+    "parallel",
+    "systemd-run",
 ];
 
 /// The argument positions a launcher's command is looked for in (a longer command line is
@@ -151,7 +179,10 @@ const MAX_LAUNCHED_BYTES: usize = 16 * 1024;
 /// A program's name as rules compare it: the last component of its path, lower-case, without
 /// a Windows `.exe`.
 fn program_name(program: &str) -> Option<String> {
-    let name = Path::new(program).file_name()?.to_str()?.to_ascii_lowercase();
+    let name = Path::new(program)
+        .file_name()?
+        .to_str()?
+        .to_ascii_lowercase();
     Some(match name.strip_suffix(".exe") {
         Some(stem) => stem.to_string(),
         None => name,
@@ -231,7 +262,9 @@ pub fn command_subject(root: &Path, argv: &[String]) -> Subject {
             line.extend_from_slice(rest);
             subject = subject.alias(command_line(&line));
         }
-        if names.iter().any(|n| SHELLS.contains(&n.as_str()) && !LAUNCHERS.contains(&n.as_str()))
+        if names
+            .iter()
+            .any(|n| SHELLS.contains(&n.as_str()) && !LAUNCHERS.contains(&n.as_str()))
         {
             return subject.uncertain(format!(
                 "`{}` is a shell, which runs whatever its script says",

@@ -108,9 +108,9 @@ fn path_subject(root: &Root, args: &Value) -> Subject {
     let written = lexical(raw);
     match root.touches(raw) {
         Ok(rel) => Subject::new(rel).alias(written).alias(raw),
-        Err(why) => Subject::new(written)
-            .alias(raw)
-            .uncertain(format!("the path `{raw}` does not resolve beneath the root: {why}")),
+        Err(why) => Subject::new(written).alias(raw).uncertain(format!(
+            "the path `{raw}` does not resolve beneath the root: {why}"
+        )),
     }
 }
 
@@ -218,36 +218,36 @@ impl Root {
     /// Why the path `raw` was refused, for the model.
     fn refused(&self, raw: &str, refusal: Refusal) -> ToolError {
         match refusal {
-                Refusal::Escape { target } => self.outside(
-                    raw,
-                    format!(
-                        "it resolves through a symbolic link to `{}`",
-                        target.display()
-                    ),
+            Refusal::Escape { target } => self.outside(
+                raw,
+                format!(
+                    "it resolves through a symbolic link to `{}`",
+                    target.display()
                 ),
-                Refusal::Missing {
-                    via_link: Some(link),
-                    ..
-                } => dangling(raw, &link),
-                Refusal::Missing {
-                    rel,
-                    via_link: None,
-                } => self.missing(&rel),
-                Refusal::NotADirectory { rel, kind } => ToolError::new(format!(
-                    "path `{raw}` cannot be used: `{rel}` is {}, not a directory",
-                    kind.described()
-                )),
-                Refusal::TooManyLinks => ToolError::new(format!(
-                    "path `{raw}` cannot be resolved: it goes through too many symbolic links"
-                )),
-                Refusal::Unstable { rel } => ToolError::new(format!(
-                    "path `{raw}` cannot be resolved: `{rel}` kept changing while it was looked \
+            ),
+            Refusal::Missing {
+                via_link: Some(link),
+                ..
+            } => dangling(raw, &link),
+            Refusal::Missing {
+                rel,
+                via_link: None,
+            } => self.missing(&rel),
+            Refusal::NotADirectory { rel, kind } => ToolError::new(format!(
+                "path `{raw}` cannot be used: `{rel}` is {}, not a directory",
+                kind.described()
+            )),
+            Refusal::TooManyLinks => ToolError::new(format!(
+                "path `{raw}` cannot be resolved: it goes through too many symbolic links"
+            )),
+            Refusal::Unstable { rel } => ToolError::new(format!(
+                "path `{raw}` cannot be resolved: `{rel}` kept changing while it was looked \
                      up; try again"
-                )),
-                Refusal::Io { rel, error } => {
-                    ToolError::new(format!("path `{raw}` cannot be used: `{rel}`: {error}"))
-                }
+            )),
+            Refusal::Io { rel, error } => {
+                ToolError::new(format!("path `{raw}` cannot be used: `{rel}`: {error}"))
             }
+        }
     }
 
     /// The root-relative path a call on `raw` would touch, resolved as [`Root::find`] does

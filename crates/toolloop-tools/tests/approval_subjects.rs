@@ -13,9 +13,11 @@ use toolloop_tools::command::{CommandConfig, RunCommand};
 use toolloop_tools::fs::{ReadFile, SearchFiles, WriteFile};
 
 fn policy(rules: &[(Action, &str)]) -> Approvals {
-    rules.iter().fold(Approvals::default(), |p, (action, spec)| {
-        p.rule(Rule::parse(*action, spec).unwrap())
-    })
+    rules
+        .iter()
+        .fold(Approvals::default(), |p, (action, spec)| {
+            p.rule(Rule::parse(*action, spec).unwrap())
+        })
 }
 
 fn verdict(policy: &Approvals, tool: &dyn Tool, args: Value) -> Verdict {
@@ -77,7 +79,12 @@ fn file_rules_match_the_resolved_path_of_every_spelling() {
         "directories still to create are named"
     );
 
-    for path in ["./src/main.rs", "src//main.rs", "code/main.rs", "./code/new.rs"] {
+    for path in [
+        "./src/main.rs",
+        "src//main.rs",
+        "code/main.rs",
+        "./code/new.rs",
+    ] {
         assert_eq!(w(path), Verdict::Ask, "{path}");
     }
     for path in ["Cargo.lock/", "./Cargo.lock", "lk", "./lk/", "CARGO.LOCK"] {
@@ -110,8 +117,14 @@ fn allow_rules_are_not_widened_by_resolution() {
     let write = WriteFile::new(&root).unwrap();
     let p = policy(&[(Action::Allow, "write_file:src/*")]);
     let w = |path: &str| verdict(&p, &write, json!({"path": path, "content": "x"}));
-    assert!(matches!(w("./src/main.rs"), Verdict::Allow { rule: Some(_) }));
-    assert!(matches!(w("code/main.rs"), Verdict::Allow { rule: Some(_) }));
+    assert!(matches!(
+        w("./src/main.rs"),
+        Verdict::Allow { rule: Some(_) }
+    ));
+    assert!(matches!(
+        w("code/main.rs"),
+        Verdict::Allow { rule: Some(_) }
+    ));
     // A link under src/ to a file elsewhere is what it touches: not under src/.
     symlink("../Cargo.lock", root.join("src/lock")).unwrap();
     assert!(matches!(w("src/lock"), Verdict::Allow { rule: None }));
@@ -175,7 +188,10 @@ async fn command_rules_match_the_program_by_every_spelling() {
     }
     // The denied spellings really are rm: `./del b` would have removed b.
     let out = tool
-        .call(argv(&["./del", "b"]), ToolContext::detached("c", "run_command"))
+        .call(
+            argv(&["./del", "b"]),
+            ToolContext::detached("c", "run_command"),
+        )
         .await
         .unwrap();
     assert_eq!(out.data.unwrap()["exit_code"], 0);
@@ -188,7 +204,10 @@ fn command_allow_rules_match_the_command_as_given_only() {
     let tool = RunCommand::new(CommandConfig::new(&root)).unwrap();
     let p = policy(&[(Action::Allow, "run_command:cargo test*")]);
     let v = |items: &[&str]| verdict(&p, &tool, argv(items));
-    assert!(matches!(v(&["cargo", "test"]), Verdict::Allow { rule: Some(_) }));
+    assert!(matches!(
+        v(&["cargo", "test"]),
+        Verdict::Allow { rule: Some(_) }
+    ));
     // A `cargo` of the model's own in the root is not the cargo the rule allows.
     assert_eq!(v(&["./cargo", "test"]), Verdict::Ask);
     assert_eq!(v(&["env", "cargo", "test"]), Verdict::Ask);

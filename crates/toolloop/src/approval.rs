@@ -329,7 +329,9 @@ impl Approvals {
         if let Some(r) = matching().find(|r| r.action == Action::Deny) {
             let rule = match &subject.uncertain {
                 // The rule's glob may not match the subject: say why it applies.
-                Some(why) if !r.matches(name, &subject.text) => format!("{r} (which applies because {why})"),
+                Some(why) if !r.matches(name, &subject.text) => {
+                    format!("{r} (which applies because {why})")
+                }
                 _ => r.to_string(),
             };
             return Verdict::Deny { rule };
@@ -560,7 +562,9 @@ mod tests {
             p.verdict_for("write_file", &link, Action::Allow),
             Verdict::Deny { .. }
         ));
-        let dotted = Subject::new("x").alias("./src/main.rs").alias("src/main.rs");
+        let dotted = Subject::new("x")
+            .alias("./src/main.rs")
+            .alias("src/main.rs");
         assert_eq!(
             p.verdict_for("write_file", &dotted, Action::Allow),
             Verdict::Ask
@@ -592,7 +596,11 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            p.verdict_for("run_command", &Subject::new("x").uncertain("?"), Action::Allow),
+            p.verdict_for(
+                "run_command",
+                &Subject::new("x").uncertain("?"),
+                Action::Allow
+            ),
             Verdict::Allow { rule: None },
             "only the rules of the tool apply"
         );
@@ -608,12 +616,14 @@ mod tests {
         let r = Rule::parse(Action::Deny, &format!("x:{many}")).unwrap();
         assert!(r.matches("x", &"a".repeat(2000)));
         assert!(!r.matches("x", &"a".repeat(1999)));
-        assert!(!Rule {
-            action: Action::Deny,
-            tool: "x".into(),
-            subject: Some(stars),
-        }
-        .matches("x", "a"));
+        assert!(
+            !Rule {
+                action: Action::Deny,
+                tool: "x".into(),
+                subject: Some(stars),
+            }
+            .matches("x", "a")
+        );
     }
 
     #[test]
