@@ -139,9 +139,9 @@ pub struct Slot {
     /// Its approval, when the policy does not simply allow it (see [`crate::approval`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalState>,
-    /// The approval subject the policy's rules weighed it by, when the run has rules: before
-    /// the call runs, the driver checks that its tool would still touch the same (a call of the
-    /// round before it may have changed a link), see [`Machine::weighed_subject`].
+    /// The approval subject it was weighed by, when rules weighed it or a person is asked:
+    /// before the call runs, the driver checks that its tool would still touch the same (a call
+    /// of the round before it may have changed a link), see [`Machine::weighed_subject`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub subject: Option<crate::approval::Subject>,
 }
@@ -602,8 +602,8 @@ impl Machine {
         (subject.text, verdict)
     }
 
-    /// The approval subject the rules weighed call `index` of the round by, when the run has
-    /// rules. A driver checks, just before the call runs, that its tool gives the same subject
+    /// The approval subject call `index` of the round was weighed by, when rules weighed it or
+    /// it waits for a person. A driver checks, just before the call runs, that its tool gives the same subject
     /// now; when it does not (a link or a program changed since, by a call of the same round,
     /// say), the call is not run and its result says why.
     pub fn weighed_subject(&self, index: usize) -> Option<&crate::approval::Subject> {
@@ -632,12 +632,9 @@ impl Machine {
         (subject, verdict)
     }
 
-    /// The policy's verdict on a call; without rules the subject is not asked for (a tool may
-    /// look at the file system to tell it).
-    fn verdict_of(&self, call: &ToolCall) -> Verdict {
-        if !self.config.approvals.rules.is_empty() {
-            return self.weigh(call).1;
-        }
+    /// The policy's verdict on a call when it has no rules: the subject is not asked for (a
+    /// tool may look at the file system to tell it).
+    fn default_verdict(&self, call: &ToolCall) -> Verdict {
         let default = self
             .toolbox
             .get(&call.name)
@@ -1166,12 +1163,22 @@ impl Machine {
             }
             planned += 1;
             slot.run = true;
-            let verdict = if self.config.approvals.rules.is_empty() {
-                self.verdict_of(call)
-            } else {
-                let (subject, verdict) = self.weigh_subject(call);
-                slot.subject = Some(subject);
-                verdict
+            // Without rules, a call allowed by default is not weighed by its subject; any
+            // other keeps the subject it was weighed (and asked about) by.
+            let by_default = self
+                .config
+                .approvals
+                .rules
+                .is_empty()
+                .then(|| self.default_verdict(call))
+                .filter(|v| matches!(v, Verdict::Allow { rule: None }));
+            let verdict = match by_default {
+                Some(verdict) => verdict,
+                None => {
+                    let (subject, verdict) = self.weigh_subject(call);
+                    slot.subject = Some(subject);
+                    verdict
+                }
             };
             if !matches!(verdict, Verdict::Allow { rule: None }) {
                 slot.approval = Some(ApprovalState::Pending);

@@ -333,3 +333,92 @@ async fn a_run_killed_while_asking_asks_again_on_resume_and_runs_nothing_unappro
     assert_eq!(count(&fx), 1);
     assert_eq!(fx.lock().unwrap().get(&format!("{run_id}/a")), Some(&1));
 }
+
+/// A tool whose approval subject is a place that `move` (another tool) changes, as a link
+/// would: what `open` touches is read from the shared place.
+struct Place(Arc<Mutex<String>>);
+
+#[async_trait::async_trait]
+impl toolloop::tool::Tool for Place {
+    fn name(&self) -> &str {
+        "open"
+    }
+    fn description(&self) -> &str {
+        "Opens what the place points at."
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA.get_or_init(|| json!({"type": "object"}))
+    }
+    fn approval_subject(&self, _args: &serde_json::Value) -> toolloop::approval::Subject {
+        self.0.lock().unwrap().clone().into()
+    }
+    fn default_approval(&self) -> Action {
+        Action::Ask
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: toolloop::tool::ToolContext,
+    ) -> Result<toolloop::tool::ToolOutput, toolloop::tool::ToolError> {
+        Ok(format!("opened {}", self.0.lock().unwrap()).into())
+    }
+}
+
+#[tokio::test]
+async fn a_call_whose_subject_changed_after_it_was_weighed_does_not_run() {
+    let place = Arc::new(Mutex::new("notes.txt".to_string()));
+    let moved = place.clone();
+    let mover = toolloop::tool::tool_fn(
+        "move",
+        "Points the place elsewhere.",
+        move |_: serde_json::Value, _ctx| {
+            let moved = moved.clone();
+            async move {
+                *moved.lock().unwrap() = "secret.env".to_string();
+                Ok::<_, toolloop::tool::ToolError>("moved")
+            }
+        },
+    );
+    let call = |id: &str, name: &str| {
+        let mut c = ToolCall::new(name, json!({ "id": id }));
+        c.id = id.into();
+        c
+    };
+    let model = ScriptedModel::new(vec![
+        ModelResponse::tool_calls(vec![call("a", "move"), call("b", "open")]),
+        ModelResponse::tool_calls(vec![call("c", "open")]),
+        ModelResponse::text("done"),
+    ]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let out = Agent::builder(model)
+        .tool(mover)
+        .tool(Place(place.clone()))
+        .on_approval(handler(asked.clone(), |_| Answer::Approve))
+        .build()
+        .unwrap()
+        .prompt("go")
+        .await;
+    assert_eq!(out.stop_reason, StopReason::Answered, "{:?}", out.error);
+    let subjects: Vec<String> = asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.subject.clone())
+        .collect();
+    assert_eq!(
+        subjects,
+        ["notes.txt", "secret.env"],
+        "approved as notes.txt"
+    );
+    let results: Vec<String> = out.tool_calls.iter().map(|c| c.content.clone()).collect();
+    assert!(
+        results[1].contains("not run: what this call touches changed")
+            && results[1].contains("`notes.txt` is now `secret.env`"),
+        "{results:?}"
+    );
+    assert!(
+        results[2].contains("opened secret.env"),
+        "asked anew: {results:?}"
+    );
+}
