@@ -2,8 +2,10 @@
 //! (the `run_command` tool), the question on the terminal, `--defer-approvals`, and
 //! `toolloop approve|deny <run-id>`.
 //!
-//! A call the rules do not settle is asked about on the terminal (yes, no, or always for this
-//! exact call in this run). Without a terminal it is denied, with a message that says which
+//! A call the rules do not settle is asked about on the terminal: yes, no, or always (yes, and
+//! to every later call of the same tool on the same approval subject in this run: the same
+//! command line, the same file whatever the content, the same arguments for other tools; the
+//! question says so). Without a terminal it is denied, with a message that says which
 //! flag would allow it; with `--defer-approvals` the run stops instead (exit code 4), to be
 //! decided with `toolloop approve|deny` and continued with `toolloop resume`.
 
@@ -66,12 +68,23 @@ pub(crate) struct ApprovalArgs {
     #[arg(skip)]
     #[serde(skip)]
     pub no_prompt: bool,
+    /// Set once the rules were checked against the tools offered (by `chat`, after its first
+    /// turn), so that the warnings are not repeated.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub rules_checked: bool,
 }
 
 fn rule(action: Action, flag: &str, spec: &str) -> Result<String, String> {
     Rule::parse(action, spec)
         .map(|_| spec.to_string())
-        .map_err(|e| format!("--{flag} {spec}: {e}; expected TOOL or TOOL:SUBJECT"))
+        .map_err(|e| {
+            format!(
+                "--{flag} {}: {}; expected TOOL or TOOL:SUBJECT",
+                toolloop::result::shorten(spec, 100),
+                e.message
+            )
+        })
 }
 
 fn allow_rule(s: &str) -> Result<String, String> {
@@ -95,11 +108,54 @@ pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
         (Action::Allow, "allow", &args.allow),
     ] {
         for spec in specs {
-            let r = Rule::parse(action, spec).map_err(|e| format!("--{flag} {spec}: {e}"))?;
+            let r = Rule::parse(action, spec).map_err(|e| {
+                format!(
+                    "--{flag} {}: {}",
+                    toolloop::result::shorten(spec, 100),
+                    e.message
+                )
+            })?;
             policy = policy.rule(r);
         }
     }
     Ok(policy)
+}
+
+/// Warns, on stderr, about each rule whose tool glob names none of the tools `offered` (a
+/// rule for `run_command` without `--allow-commands` does nothing), saying which flag offers
+/// the tool. Returns the warnings.
+pub(crate) fn warn_unoffered(args: &ApprovalArgs, offered: &[&str]) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (action, flag, specs) in [
+        (Action::Allow, "allow", &args.allow),
+        (Action::Ask, "ask", &args.ask),
+        (Action::Deny, "deny", &args.deny),
+    ] {
+        for spec in specs {
+            let Ok(rule) = Rule::parse(action, spec) else {
+                continue;
+            };
+            if offered.iter().any(|name| rule.names_tool(name)) {
+                continue;
+            }
+            let hint = if rule.names_tool("run_command") {
+                "; run_command is offered with --allow-commands".to_string()
+            } else if rule.names_tool("write_file") {
+                "; write_file is offered with --allow-write".to_string()
+            } else {
+                format!("; the tools offered: {}", offered.join(", "))
+            };
+            let warning = format!(
+                "toolloop: warning: --{flag} '{}' does nothing: it names no tool this run \
+                 offers{}",
+                escape(spec, false),
+                escape(&hint, false)
+            );
+            eprintln!("{warning}");
+            warnings.push(warning);
+        }
+    }
+    warnings
 }
 
 /// The tools the approval flags offer: run_command with --allow-commands.
@@ -204,7 +260,9 @@ fn ask_on_terminal(p: &PendingApproval) -> Reply {
     loop {
         let _ = write!(
             err,
-            "  allow? [y]es / [n]o / [a]lways for `{name}:{subject}` in this run: "
+            "  allow? [y]es / [n]o / [a]lways: yes, and to every later `{name}` call on \
+             `{subject}` in this run{}: ",
+            always_scope(&p.call.name)
         );
         let _ = err.flush();
         let mut line = String::new();
@@ -218,6 +276,16 @@ fn ask_on_terminal(p: &PendingApproval) -> Reply {
             "a" | "always" => return Reply::Always,
             _ => {}
         }
+    }
+}
+
+/// What "always" covers besides the subject, in words, for the tools whose subject leaves
+/// part of the call out.
+fn always_scope(tool: &str) -> &'static str {
+    match tool {
+        "write_file" => " (whatever the content)",
+        "run_command" => " (whatever the timeout)",
+        _ => "",
     }
 }
 

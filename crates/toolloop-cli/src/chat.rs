@@ -144,6 +144,8 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
                 ..DurableArgs::default()
             },
         };
+        // The rules are checked against the tools offered once, at the first turn.
+        args.agent.approval.rules_checked = true;
         let cancel = CancellationToken::new();
         let run = crate::run::run_with_note(
             run_args,

@@ -306,9 +306,9 @@ impl Durable {
                 agent.run_cancellable(messages, cancel).await
             }
         };
-        // A run that waits for approvals is not over: its outcome is saved when it ends.
+        // A run that waits for approvals is not over: only that it waits is saved (its outcome
+        // is saved when it ends).
         if let (Some(run_id), Some(store)) = (&outcome.run_id, &self.store)
-            && outcome.stop_reason != toolloop::outcome::StopReason::AwaitingApproval
             && let Err(e) = store.save_outcome(run_id, &outcome).await
         {
             eprintln!("toolloop: the run finished, but saving it failed: {e}");

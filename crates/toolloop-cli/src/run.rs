@@ -413,6 +413,19 @@ pub(crate) async fn run_with_note(
         Ok(t) => t,
         Err(e) => return e.report(),
     };
+    let rules = &args.agent.approval;
+    let has_rules = [&rules.allow, &rules.ask, &rules.deny]
+        .iter()
+        .any(|specs| !specs.is_empty());
+    if has_rules && !rules.rules_checked {
+        // The servers' tools are listed again only when servers are configured.
+        let offered = match tools.mcp {
+            Some(_) => tools.all().await,
+            None => tools.own.clone(),
+        };
+        let names: Vec<&str> = offered.iter().map(|t| t.name()).collect();
+        crate::approve::warn_unoffered(rules, &names);
+    }
     let model = match model_from_args(&args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),

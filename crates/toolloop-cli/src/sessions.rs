@@ -258,7 +258,7 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     outln!(
-        "{:<36} {:<12} {:<16} {:>7}  {:<19}  SESSION",
+        "{:<36} {:<17} {:<17} {:>7}  {:<19}  SESSION",
         "RUN",
         "STATUS",
         "STOP REASON",
@@ -277,7 +277,7 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             (status, _) => status.as_str(),
         };
         outln!(
-            "{:<36} {:<12} {:<16} {:>7}  {:<19}  {}",
+            "{:<36} {:<17} {:<17} {:>7}  {:<19}  {}",
             r.run_id,
             status,
             reason,

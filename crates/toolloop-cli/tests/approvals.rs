@@ -141,6 +141,25 @@ fn deferred_approvals_are_decided_and_resumed_across_processes() {
         !dir.path().join("one.txt").exists(),
         "nothing ran unapproved"
     );
+    // `toolloop runs` shows it waiting, not interrupted.
+    let status = |run_id: &str| {
+        let out = toolloop(&["runs", "--json"], dir.path());
+        json_of(&out)
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["run_id"] == run_id)
+            .map(|r| r["status"].clone())
+            .unwrap()
+    };
+    assert_eq!(status(&run_id), "awaiting_approval");
+    let listed = toolloop(&["runs"], dir.path());
+    let line = String::from_utf8_lossy(&listed.stdout)
+        .lines()
+        .find(|l| l.starts_with(&run_id))
+        .map(str::to_string)
+        .unwrap();
+    assert!(line.contains("awaiting_approval"), "{line}");
 
     // Listed, then approved by id, in other processes.
     let listed = toolloop(&["approve", &run_id], dir.path());
@@ -181,6 +200,7 @@ fn deferred_approvals_are_decided_and_resumed_across_processes() {
             .contains("denied: not two")
     );
     assert!(!dir.path().join("two.txt").exists());
+    assert_eq!(status(&run_id), "finished");
     assert_eq!(server.stats().rejected, 0, "every call was answered once");
     rt.block_on(server.shutdown());
 }
@@ -432,4 +452,355 @@ fn killed_while_asking_on_a_terminal_resume_asks_again() {
 unsafe extern "C" {
     #[link_name = "kill"]
     fn libc_kill(pid: i32, sig: i32) -> i32;
+}
+
+/// The path of `program` on PATH.
+fn which(program: &str) -> String {
+    let path = std::env::var_os("PATH").unwrap();
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| panic!("{program} is on PATH"))
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// `--ask` and `--deny` rules hold whatever the spelling: `./`, a trailing `/`, a link inside
+/// the root, a program by its full path. Every other call of these tools is allowed, so only
+/// the rules stop them.
+#[test]
+fn ask_and_deny_rules_win_over_every_spelling() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rm = which("rm");
+    let server = mock(
+        &rt,
+        vec![vec![
+            call(
+                "write_file",
+                json!({"path": "./src/main.rs", "content": "changed"}),
+            ),
+            call(
+                "write_file",
+                json!({"path": "Cargo.lock/", "content": "changed"}),
+            ),
+            call("write_file", json!({"path": "lk", "content": "changed"})),
+            call("read_file", json!({"path": "sl"})),
+            call("run_command", json!({"command": [rm, "b"]})),
+            call("run_command", json!({"command": ["env", "rm", "b"]})),
+            call(
+                "write_file",
+                json!({"path": "notes.txt", "content": "fine"}),
+            ),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::create_dir(root.join("src")).unwrap();
+    std::fs::write(root.join("src/main.rs"), "fn main() {}\n").unwrap();
+    std::fs::write(root.join("Cargo.lock"), "# lock\n").unwrap();
+    std::fs::write(root.join("secret.env"), "KEY=abc\n").unwrap();
+    std::fs::write(root.join("b"), "keep\n").unwrap();
+    std::os::unix::fs::symlink("Cargo.lock", root.join("lk")).unwrap();
+    std::os::unix::fs::symlink("secret.env", root.join("sl")).unwrap();
+    let out = run(
+        root,
+        &server.base_url(),
+        &[
+            "--allow-commands",
+            "--allow-shell",
+            "--allow-write",
+            "--allow",
+            "run_command",
+            "--allow",
+            "write_file",
+            "--ask",
+            "write_file:src/*",
+            "--deny",
+            "write_file:*.lock",
+            "--deny",
+            "read_file:*.env",
+            "--deny",
+            "run_command:rm *",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    let calls = v["tool_calls"].as_array().unwrap();
+    let statuses: Vec<&str> = calls
+        .iter()
+        .map(|c| c["status"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        statuses,
+        [
+            "denied", "denied", "denied", "denied", "denied", "denied", "ok"
+        ],
+        "{v}"
+    );
+    let message = |i: usize| calls[i]["result"]["message"].as_str().unwrap().to_string();
+    assert!(message(0).contains("no one to approve"), "{}", message(0));
+    assert!(
+        message(1).contains("`deny write_file:*.lock`"),
+        "{}",
+        message(1)
+    );
+    assert!(
+        message(2).contains("`deny write_file:*.lock`"),
+        "{}",
+        message(2)
+    );
+    assert!(
+        message(3).contains("`deny read_file:*.env`"),
+        "{}",
+        message(3)
+    );
+    assert!(
+        message(4).contains("`deny run_command:rm *`"),
+        "{}",
+        message(4)
+    );
+    assert!(
+        message(5).contains("`deny run_command:rm *`"),
+        "{}",
+        message(5)
+    );
+    // The asked call is shown by the path it touches.
+    assert!(
+        stderr(&out).contains("--allow 'write_file:src/main.rs'"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(
+        !v.to_string().contains("KEY=abc"),
+        "the secret was not read"
+    );
+    let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+    assert_eq!(read("src/main.rs"), "fn main() {}\n");
+    assert_eq!(read("Cargo.lock"), "# lock\n");
+    assert_eq!(read("b"), "keep\n");
+    assert_eq!(read("notes.txt"), "fine");
+    rt.block_on(server.shutdown());
+}
+
+/// A rule that names a tool the run does not offer does nothing: the command says so.
+#[test]
+fn a_rule_for_a_tool_not_offered_is_warned_about() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, Vec::new());
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        dir.path(),
+        &server.base_url(),
+        &[
+            "--allow",
+            "run_command:cargo test*",
+            "--deny",
+            "write_file:*.lock",
+            "--ask",
+            "read_*",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "warning: --allow 'run_command:cargo test*' does nothing: it names no tool this run \
+             offers; run_command is offered with --allow-commands"
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("--deny 'write_file:*.lock' does nothing")
+            && err.contains("offered with --allow-write"),
+        "{err}"
+    );
+    assert!(
+        !err.contains("--ask 'read_*'"),
+        "read_file is offered: {err}"
+    );
+    // Offered: no warning.
+    let out = run(
+        dir.path(),
+        &server.base_url(),
+        &["--allow-commands", "--allow", "run_command:cargo test*"],
+    );
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    rt.block_on(server.shutdown());
+}
+
+/// "always" on a terminal: yes to this call, and to every later call of the same tool on the
+/// same subject (the same file, whatever the content, however the path is spelled) in this
+/// run; another file is asked about again. The question says exactly that.
+#[test]
+fn always_covers_later_calls_on_the_same_subject_as_the_question_says() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("note: `script` (util-linux) is missing; the terminal test is skipped");
+        return;
+    }
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![
+            vec![call(
+                "write_file",
+                json!({"path": "notes/a.txt", "content": "one"}),
+            )],
+            vec![call(
+                "write_file",
+                json!({"path": "./notes//a.txt", "content": "two"}),
+            )],
+            vec![call(
+                "write_file",
+                json!({"path": "notes/b.txt", "content": "three"}),
+            )],
+        ],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_toolloop");
+    let base = format!("{}/v1", server.base_url());
+    let line = format!(
+        "{bin} run --model openai:mock --base-url {base} --allow-write --ask 'write_file:*' go; \
+         echo EXIT=$?"
+    );
+    let template = command(&[], dir.path());
+    let mut child = std::process::Command::new("script")
+        .args(["-qfec", &line, "/dev/null"])
+        .current_dir(dir.path())
+        .env_clear()
+        .envs(
+            template
+                .get_envs()
+                .filter_map(|(k, v)| v.map(|v| (k.to_owned(), v.to_owned()))),
+        )
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", std::env::var_os("HOME").unwrap_or_default())
+        .env("TERM", "dumb")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = String::new();
+    let wait_for = |seen: &mut String, what: &str, count: usize| {
+        let start = Instant::now();
+        while seen.matches(what).count() < count {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no `{what}` (x{count}) in: {seen}"
+            );
+            if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
+                seen.push_str(&String::from_utf8_lossy(&b));
+            }
+        }
+    };
+    let question = "allow? [y]es / [n]o / [a]lways";
+    wait_for(&mut seen, question, 1);
+    assert!(
+        seen.contains(
+            "[a]lways: yes, and to every later `write_file` call on `notes/a.txt` in this run \
+             (whatever the content)"
+        ),
+        "{seen}"
+    );
+    stdin.write_all(b"a\n").unwrap();
+    stdin.flush().unwrap();
+    // The second write (same file, another spelling, other content) is not asked about; the
+    // third (another file) is.
+    wait_for(&mut seen, question, 2);
+    assert!(seen.contains("notes/b.txt"), "{seen}");
+    stdin.write_all(b"n\n").unwrap();
+    stdin.flush().unwrap();
+    wait_for(&mut seen, "EXIT=", 1);
+    drop(stdin);
+    let _ = child.wait();
+    assert!(seen.contains("EXIT=0"), "{seen}");
+    assert_eq!(seen.matches(question).count(), 2, "{seen}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes/a.txt")).unwrap(),
+        "two"
+    );
+    assert!(!dir.path().join("notes/b.txt").exists());
+    rt.block_on(server.shutdown());
+}
+
+/// Rules weigh a round's calls before any of them runs; a call that then makes a link (or a
+/// program) does not lead a later call of the same round past a rule: that call is weighed
+/// again before it runs, and not run when what it touches changed.
+#[test]
+fn a_link_made_in_the_same_round_does_not_slip_past_a_rule() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let rm = which("rm");
+    let server = mock(
+        &rt,
+        vec![vec![
+            call("run_command", json!({"command": ["ln", "-s", rm, "del"]})),
+            call("run_command", json!({"command": ["./del", "b"]})),
+            call(
+                "run_command",
+                json!({"command": ["ln", "-s", "Cargo.lock", "lk"]}),
+            ),
+            call("write_file", json!({"path": "lk", "content": "changed"})),
+            call(
+                "write_file",
+                json!({"path": "other.txt", "content": "fine"}),
+            ),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join("Cargo.lock"), "# lock\n").unwrap();
+    std::fs::write(root.join("b"), "keep\n").unwrap();
+    let out = run(
+        root,
+        &server.base_url(),
+        &[
+            "--allow-commands",
+            "--allow-write",
+            "--allow",
+            "run_command",
+            "--deny",
+            "run_command:rm *",
+            "--deny",
+            "write_file:*.lock",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    let calls = v["tool_calls"].as_array().unwrap();
+    let message = |i: usize| calls[i]["result"]["message"].as_str().unwrap().to_string();
+    assert_eq!(calls[0]["status"], "ok", "{v}");
+    assert!(
+        message(1).contains("not run: what this call touches changed")
+            && message(1).contains("`./del b` now resolves to something else"),
+        "{}",
+        message(1)
+    );
+    assert_eq!(calls[2]["status"], "ok", "{v}");
+    assert!(
+        message(3).contains("`lk` is now `Cargo.lock`"),
+        "{}",
+        message(3)
+    );
+    assert_eq!(calls[4]["status"], "ok", "{v}");
+    assert_eq!(std::fs::read_to_string(root.join("b")).unwrap(), "keep\n");
+    assert_eq!(
+        std::fs::read_to_string(root.join("Cargo.lock")).unwrap(),
+        "# lock\n"
+    );
+    rt.block_on(server.shutdown());
 }

@@ -427,3 +427,13 @@ fn flag_files_are_small_regular_files() {
         }
     }
 }
+
+#[test]
+fn a_glob_of_100000_stars_is_refused_naming_the_flag() {
+    let dir = repo();
+    let stars = format!("write_file:{}", "*".repeat(100_000));
+    for flag in ["--allow", "--deny", "--ask"] {
+        let out = run(&[flag, &stars], dir.path());
+        refused(&out, flag, "at most 4096");
+    }
+}

@@ -312,7 +312,11 @@ async fn drive(
                         }));
                         let retry = !died_running || agent.retries_in_flight(&toolbox, &call);
                         let key = format!("{run_id}/{}", call.id);
-                        let (c, tools) = (&*call, &*toolbox);
+                        // The subject the call was weighed by: the tool is asked again just
+                        // before it runs, and a call whose subject changed is not run (its
+                        // result, journaled with the step, says why).
+                        let weighed = machine.weighed_subject(index).cloned();
+                        let (c, tools, weighed) = (&*call, &*toolbox, weighed.as_ref());
                         let step = ctx
                             .run(|| async move {
                                 if !retry {
@@ -320,8 +324,9 @@ async fn drive(
                                 }
                                 let deadline = instant_of(deadline_ms);
                                 let cancel = CancellationToken::new();
-                                let running =
-                                    agent.call_tool(tools, round, c, key, &cancel, deadline, None);
+                                let running = agent.call_tool(
+                                    tools, round, c, weighed, key, &cancel, deadline, None,
+                                );
                                 let done = match deadline {
                                     Some(d) => tokio::time::timeout_at(d, running).await.ok(),
                                     None => Some(running.await),

@@ -241,15 +241,19 @@ pub enum RunStatus {
     Running,
     /// It stopped before its end (a crash): it can be resumed.
     Interrupted,
+    /// It stopped to wait for decisions on its calls ([`StopReason::AwaitingApproval`], as
+    /// [`Store::save_outcome`] recorded it) and nothing was logged since: decide, then resume.
+    AwaitingApproval,
 }
 
 impl RunStatus {
-    /// `finished`, `running` or `interrupted`.
+    /// `finished`, `running`, `interrupted` or `awaiting_approval`.
     pub fn as_str(self) -> &'static str {
         match self {
             RunStatus::Finished => "finished",
             RunStatus::Running => "running",
             RunStatus::Interrupted => "interrupted",
+            RunStatus::AwaitingApproval => "awaiting_approval",
         }
     }
 }
@@ -1087,8 +1091,12 @@ impl Store {
     /// (see [`RunTags::session_revision`]): when another run saved a turn meanwhile, nothing is
     /// written and the error is [`StoreError::SessionMoved`] (the run's turn stays in its log).
     /// A run's outcome is recorded once: called again for a run already recorded (a finished
-    /// run resumed, say), it changes nothing.
+    /// run resumed, say), it changes nothing. A run that stopped awaiting approval
+    /// ([`StopReason::AwaitingApproval`]) is not over: only its stop reason is recorded (it is
+    /// [`RunStatus::AwaitingApproval`] until more is logged), and its outcome is recorded when
+    /// it ends.
     pub async fn save_outcome(&self, run_id: &str, outcome: &Outcome) -> Result<(), StoreError> {
+        let awaiting = outcome.stop_reason == StopReason::AwaitingApproval;
         let reason = serde_json::to_value(outcome.stop_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string));
@@ -1114,7 +1122,7 @@ impl Store {
             let Some((session, base, recorded)) = row else {
                 return Ok(());
             };
-            if recorded.is_some() {
+            if recorded.is_some() && recorded.as_deref() != Some(AWAITING) {
                 return Ok(());
             }
             sqlx::query(sql::SET_STOP_REASON)
@@ -1124,7 +1132,7 @@ impl Store {
                 .execute(&mut *tx)
                 .await
                 .map_err(db("recording a run's outcome"))?;
-            if let Some(session) = session {
+            if let Some(session) = session.filter(|_| !awaiting) {
                 let saved = match base {
                     Some(base) => sqlx::query(sql::SAVE_SESSION_AT)
                         .bind(&session)
@@ -1200,7 +1208,12 @@ impl Store {
         let Some(session) = &run.session else {
             return Ok(());
         };
-        if run.stop_reason.is_some() {
+        // A run that stopped awaiting approval has not saved its turn yet.
+        let saved = |r: &RunSummary| {
+            r.stop_reason
+                .is_some_and(|reason| reason != StopReason::AwaitingApproval)
+        };
+        if saved(&run) {
             return Ok(());
         }
         let current: Option<i64> = on_pool!(&self.inner.pool, p => {
@@ -1214,9 +1227,11 @@ impl Store {
             (_, None) => false,
             (Some(base), Some(now)) => now != base,
             // A run from before session revisions: a later run saved its turn.
-            (None, Some(_)) => self.runs(Some(session)).await?.iter().any(|r| {
-                r.run_id != run.run_id && r.created_ms >= run.created_ms && r.stop_reason.is_some()
-            }),
+            (None, Some(_)) => self
+                .runs(Some(session))
+                .await?
+                .iter()
+                .any(|r| r.run_id != run.run_id && r.created_ms >= run.created_ms && saved(r)),
         };
         if moved {
             return Err(StoreError::SessionMoved {
@@ -1461,6 +1476,9 @@ where
     })
 }
 
+/// The stop reason of a run that waits for approvals, as stored.
+const AWAITING: &str = "awaiting_approval";
+
 fn run_summary<R: Row>(row: &R, now: i64) -> Result<RunSummary, sqlx::Error>
 where
     for<'a> &'a str: sqlx::ColumnIndex<R>,
@@ -1482,14 +1500,20 @@ where
         }
         _ => false,
     };
+    let stop_reason: Option<String> = row.try_get("stop_reason")?;
+    // Stopped awaiting approval, and nothing logged since (a resume that then crashed is
+    // interrupted).
+    let awaiting = stop_reason.as_deref() == Some(AWAITING)
+        && row.try_get::<i64, _>("updated_ms")? <= row.try_get::<i64, _>("row_updated_ms")?;
     let status = if finished {
         RunStatus::Finished
     } else if live {
         RunStatus::Running
+    } else if awaiting {
+        RunStatus::AwaitingApproval
     } else {
         RunStatus::Interrupted
     };
-    let stop_reason: Option<String> = row.try_get("stop_reason")?;
     Ok(RunSummary {
         run_id: row.try_get("run_id")?,
         session: row.try_get("session")?,

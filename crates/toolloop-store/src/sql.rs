@@ -110,7 +110,8 @@ pub(super) const SET_STOP_REASON: &str =
 const RUN_COLUMNS: &str = "SELECT r.run_id, r.session, r.session_revision, \
      COALESCE(t.last_seq, r.records) AS records, r.finished, r.stop_reason, r.created_ms, \
      COALESCE((SELECT g.created_ms FROM toolloop_log g WHERE g.id = t.last_id), r.updated_ms) \
-     AS updated_ms, l.holder, l.host, l.pid, l.pid_start, l.expires_ms \
+     AS updated_ms, r.updated_ms AS row_updated_ms, l.holder, l.host, l.pid, l.pid_start, \
+     l.expires_ms \
      FROM toolloop_runs r LEFT JOIN toolloop_leases l ON l.run_id = r.run_id \
      LEFT JOIN toolloop_log_tails t ON t.run_id = r.run_id";
 

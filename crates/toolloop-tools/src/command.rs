@@ -44,7 +44,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncReadExt};
-use toolloop::approval::Action;
+use toolloop::approval::{Action, Subject};
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 
 /// How `run_command` runs programs.
@@ -155,6 +155,152 @@ pub fn command_line(argv: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Programs that run the rest of their arguments as a command (`env rm x`, `busybox rm x`,
+/// `xargs rm`, `find . -exec rm {} ;`): with one of these, every later argument may start the
+/// command that runs.
+const LAUNCHERS: &[&str] = &[
+    "env",
+    "busybox",
+    "toybox",
+    "nice",
+    "nohup",
+    "timeout",
+    "time",
+    "stdbuf",
+    "setsid",
+    "ionice",
+    "chrt",
+    "taskset",
+    "xargs",
+    "sudo",
+    "doas",
+    "runuser",
+    "setpriv",
+    "prlimit",
+    "command",
+    "exec",
+    "flock",
+    "chroot",
+    "unshare",
+    "nsenter",
+    "strace",
+    "ltrace",
+    "valgrind",
+    "firejail",
+    "find",
+    "watch",
+    "parallel",
+    "systemd-run",
+];
+
+/// The argument positions a launcher's command is looked for in (a longer command line is
+/// uncertain).
+const MAX_LAUNCHED_AT: usize = 64;
+
+/// The longest command line whose launched commands are checked one by one (a longer one is
+/// uncertain).
+const MAX_LAUNCHED_BYTES: usize = 16 * 1024;
+
+/// A program's name as rules compare it: the last component of its path, lower-case, without
+/// a Windows `.exe`.
+fn program_name(program: &str) -> Option<String> {
+    let name = Path::new(program)
+        .file_name()?
+        .to_str()?
+        .to_ascii_lowercase();
+    Some(match name.strip_suffix(".exe") {
+        Some(stem) => stem.to_string(),
+        None => name,
+    })
+}
+
+/// Where the command tool finds `program`, as the system will when it starts it in `root`:
+/// a path with a `/` from the root, a bare name on `PATH` (a relative entry of `PATH` from the
+/// root too).
+fn locate(root: &Path, program: &str) -> Option<PathBuf> {
+    if program.contains('/') {
+        return Some(root.join(program));
+    }
+    if program.is_empty() {
+        return None;
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| root.join(dir).join(program))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(path: &Path) -> bool {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return false;
+    };
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        meta.is_file() && meta.permissions().mode() & 0o111 != 0
+    }
+    #[cfg(not(unix))]
+    meta.is_file()
+}
+
+/// `run_command`'s approval subject: the command line as given (what `allow` rules match),
+/// with, for `deny` and `ask` rules, the same command with its program named by its base name,
+/// by the path it is found at and by the file that path resolves to (links followed: `/bin/rm`,
+/// `./rm`, `//usr/bin//rm` and a link to `rm` all read `rm …`), and, after a launcher
+/// ([`LAUNCHERS`]: `env`, `busybox`, `xargs`, …), each command it could run. A shell (`sh -c`)
+/// runs what its script says, which no rule can read: the subject is uncertain, so every
+/// `deny` and `ask` rule of `run_command` applies to it.
+pub fn command_subject(root: &Path, argv: &[String]) -> Subject {
+    let mut subject = Subject::new(command_line(argv));
+    if argv.is_empty() {
+        return subject;
+    }
+    let mut launched = false;
+    for start in 0..argv.len() {
+        if start > 0 && !launched {
+            break;
+        }
+        if start >= MAX_LAUNCHED_AT || (start > 0 && subject.text.len() > MAX_LAUNCHED_BYTES) {
+            return subject.uncertain(
+                "a launcher runs a command that is too long to check argument by argument",
+            );
+        }
+        let (program, rest) = (&argv[start], &argv[start + 1..]);
+        let mut names: Vec<String> = Vec::new();
+        let mut spellings: Vec<String> = vec![program.clone()];
+        if let Some(name) = program_name(program) {
+            names.push(name.clone());
+            spellings.push(name);
+        }
+        if let Some(found) = locate(root, program) {
+            spellings.push(found.to_string_lossy().into_owned());
+            if let Ok(real) = std::fs::canonicalize(&found) {
+                if let Some(name) = real.to_str().and_then(program_name) {
+                    names.push(name.clone());
+                    spellings.push(name);
+                }
+                spellings.push(real.to_string_lossy().into_owned());
+            }
+        }
+        for spelling in spellings {
+            let mut line = vec![spelling];
+            line.extend_from_slice(rest);
+            subject = subject.alias(command_line(&line));
+        }
+        if names
+            .iter()
+            .any(|n| SHELLS.contains(&n.as_str()) && !LAUNCHERS.contains(&n.as_str()))
+        {
+            return subject.uncertain(format!(
+                "`{}` is a shell, which runs whatever its script says",
+                names[0]
+            ));
+        }
+        launched |= names.iter().any(|n| LAUNCHERS.contains(&n.as_str()));
+    }
+    subject
 }
 
 impl RunCommand {
@@ -402,18 +548,19 @@ impl Tool for RunCommand {
     fn side_effect(&self) -> SideEffect {
         SideEffect::SideEffecting
     }
-    fn approval_subject(&self, args: &Value) -> String {
+    fn approval_subject(&self, args: &Value) -> Subject {
         match args.get("command").and_then(Value::as_array) {
-            Some(items) => command_line(
-                &items
+            Some(items) => {
+                let argv: Vec<String> = items
                     .iter()
                     .map(|v| match v {
                         Value::String(s) => s.clone(),
                         other => other.to_string(),
                     })
-                    .collect::<Vec<_>>(),
-            ),
-            None => toolloop::message::canonical_json(args),
+                    .collect();
+                command_subject(&self.root, &argv)
+            }
+            None => toolloop::message::canonical_json(args).into(),
         }
     }
     fn default_approval(&self) -> Action {

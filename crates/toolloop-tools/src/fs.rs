@@ -56,6 +56,7 @@ use std::path::{Component, Path};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
+use toolloop::approval::Subject;
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 
 /// The most text `read_file` returns in one call (256 KiB); longer files are read in pages.
@@ -91,12 +92,38 @@ pub fn builtin_tools(root: &Path, allow_write: bool) -> io::Result<Vec<Arc<dyn T
     Ok(tools)
 }
 
-/// A file tool's approval subject: the call's `path` as given (what `--allow
-/// 'write_file:src/*'` matches), or the canonical arguments when there is none.
-fn path_subject(args: &Value) -> String {
-    match args.get("path").and_then(Value::as_str) {
-        Some(p) => p.to_string(),
-        None => toolloop::message::canonical_json(args),
+/// A file tool's approval subject (what `--deny 'write_file:*.lock'` matches): the
+/// root-relative path the call will touch, as the tool resolves it (`.`, `//` and a trailing
+/// `/` worked out, symbolic links followed), with the path as given, and as written without
+/// `.` and `//`, beside it. A path that does not resolve beneath the root (outside it, through
+/// a dangling link, refused) is uncertain: every `deny` and `ask` rule of the tool matches it.
+/// Without a `path`, the canonical arguments.
+fn path_subject(root: &Root, args: &Value) -> Subject {
+    let raw = match args.get("path") {
+        Some(Value::String(p)) => p.as_str(),
+        // The tools' default path.
+        None => ".",
+        Some(_) => return toolloop::message::canonical_json(args).into(),
+    };
+    let written = lexical(raw);
+    match root.touches(raw) {
+        Ok(rel) => Subject::new(rel).alias(written).alias(raw),
+        Err(why) => Subject::new(written).alias(raw).uncertain(format!(
+            "the path `{raw}` does not resolve beneath the root: {why}"
+        )),
+    }
+}
+
+/// A path as written, without `.` components, repeated or trailing `/` (`..` stays).
+fn lexical(raw: &str) -> String {
+    let parts: Vec<&str> = raw
+        .split('/')
+        .filter(|part| !part.is_empty() && *part != ".")
+        .collect();
+    match (raw.starts_with('/'), parts.is_empty()) {
+        (true, _) => format!("/{}", parts.join("/")),
+        (false, true) => ".".into(),
+        (false, false) => parts.join("/"),
     }
 }
 
@@ -185,37 +212,70 @@ impl Root {
         let names = self.components(raw)?;
         self.inner
             .resolve(&names, create_dirs)
-            .map_err(|refusal| match refusal {
-                Refusal::Escape { target } => self.outside(
-                    raw,
-                    format!(
-                        "it resolves through a symbolic link to `{}`",
-                        target.display()
-                    ),
+            .map_err(|refusal| self.refused(raw, refusal))
+    }
+
+    /// Why the path `raw` was refused, for the model.
+    fn refused(&self, raw: &str, refusal: Refusal) -> ToolError {
+        match refusal {
+            Refusal::Escape { target } => self.outside(
+                raw,
+                format!(
+                    "it resolves through a symbolic link to `{}`",
+                    target.display()
                 ),
-                Refusal::Missing {
-                    via_link: Some(link),
-                    ..
-                } => dangling(raw, &link),
-                Refusal::Missing {
-                    rel,
-                    via_link: None,
-                } => self.missing(&rel),
-                Refusal::NotADirectory { rel, kind } => ToolError::new(format!(
-                    "path `{raw}` cannot be used: `{rel}` is {}, not a directory",
-                    kind.described()
-                )),
-                Refusal::TooManyLinks => ToolError::new(format!(
-                    "path `{raw}` cannot be resolved: it goes through too many symbolic links"
-                )),
-                Refusal::Unstable { rel } => ToolError::new(format!(
-                    "path `{raw}` cannot be resolved: `{rel}` kept changing while it was looked \
+            ),
+            Refusal::Missing {
+                via_link: Some(link),
+                ..
+            } => dangling(raw, &link),
+            Refusal::Missing {
+                rel,
+                via_link: None,
+            } => self.missing(&rel),
+            Refusal::NotADirectory { rel, kind } => ToolError::new(format!(
+                "path `{raw}` cannot be used: `{rel}` is {}, not a directory",
+                kind.described()
+            )),
+            Refusal::TooManyLinks => ToolError::new(format!(
+                "path `{raw}` cannot be resolved: it goes through too many symbolic links"
+            )),
+            Refusal::Unstable { rel } => ToolError::new(format!(
+                "path `{raw}` cannot be resolved: `{rel}` kept changing while it was looked \
                      up; try again"
-                )),
-                Refusal::Io { rel, error } => {
-                    ToolError::new(format!("path `{raw}` cannot be used: `{rel}`: {error}"))
-                }
+            )),
+            Refusal::Io { rel, error } => {
+                ToolError::new(format!("path `{raw}` cannot be used: `{rel}`: {error}"))
+            }
+        }
+    }
+
+    /// The root-relative path a call on `raw` would touch, resolved as [`Root::find`] does
+    /// without creating anything (a missing file or missing directories on the way are named
+    /// as they would be created); why not, when it does not resolve to one.
+    fn touches(&self, raw: &str) -> Result<String, String> {
+        let names = self.components(raw).map_err(|e| e.message)?;
+        match self.inner.resolve(&names, false) {
+            Ok(Found::Dir { rel, .. } | Found::Entry { rel, .. }) => Ok(rel),
+            Ok(Found::Missing {
+                rel,
+                via_link: None,
+                ..
+            }) => Ok(rel),
+            Err(Refusal::Missing {
+                rel,
+                via_link: None,
+            }) => Ok(rel),
+            Ok(Found::Missing {
+                via_link: Some(link),
+                ..
             })
+            | Err(Refusal::Missing {
+                via_link: Some(link),
+                ..
+            }) => Err(dangling(raw, &link).message),
+            Err(refusal) => Err(self.refused(raw, refusal).message),
+        }
     }
 
     /// Like [`Root::find`] without creating anything, for a path that must exist.
@@ -424,8 +484,8 @@ impl ReadFile {
 
 #[async_trait]
 impl Tool for ReadFile {
-    fn approval_subject(&self, args: &Value) -> String {
-        path_subject(args)
+    fn approval_subject(&self, args: &Value) -> Subject {
+        path_subject(&self.root, args)
     }
     fn name(&self) -> &str {
         "read_file"
@@ -728,8 +788,8 @@ impl ListDir {
 
 #[async_trait]
 impl Tool for ListDir {
-    fn approval_subject(&self, args: &Value) -> String {
-        path_subject(args)
+    fn approval_subject(&self, args: &Value) -> Subject {
+        path_subject(&self.root, args)
     }
     fn name(&self) -> &str {
         "list_dir"
@@ -850,16 +910,14 @@ impl SearchFiles {
         } else {
             self.root.dir().join(&start_rel)
         };
-        let glob = globset::GlobBuilder::new(&args.pattern)
-            .literal_separator(true)
-            .build()
-            .map_err(|e| {
-                ToolError::new(format!(
-                    "pattern `{}` is not a valid glob: {e}",
-                    args.pattern
-                ))
-            })?
-            .compile_matcher();
+        let mut builder = globset::GlobBuilder::new(&args.pattern);
+        builder.literal_separator(true);
+        let glob = toolloop::approval::compile_glob(&builder, &args.pattern).map_err(|e| {
+            ToolError::new(format!(
+                "pattern `{}` is not a valid glob: {e}",
+                toolloop::result::shorten(&args.pattern, 200)
+            ))
+        })?;
         let on_path = args.pattern.contains('/');
         let regex = match args.regex.as_deref().filter(|r| !r.is_empty()) {
             Some(r) => Some(regex::bytes::RegexBuilder::new(r).build().map_err(|e| {
@@ -1010,8 +1068,8 @@ fn shorten(line: &str) -> String {
 
 #[async_trait]
 impl Tool for SearchFiles {
-    fn approval_subject(&self, args: &Value) -> String {
-        path_subject(args)
+    fn approval_subject(&self, args: &Value) -> Subject {
+        path_subject(&self.root, args)
     }
     fn name(&self) -> &str {
         "search_files"
@@ -1275,8 +1333,8 @@ impl Drop for TempFile<'_> {
 
 #[async_trait]
 impl Tool for WriteFile {
-    fn approval_subject(&self, args: &Value) -> String {
-        path_subject(args)
+    fn approval_subject(&self, args: &Value) -> Subject {
+        path_subject(&self.root, args)
     }
     fn name(&self) -> &str {
         "write_file"

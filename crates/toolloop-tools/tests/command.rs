@@ -82,7 +82,8 @@ async fn shells_are_refused_unless_allowed() {
         .unwrap();
     assert_eq!(out.data.unwrap()["stdout"], "hi\n");
     assert_eq!(
-        t.approval_subject(&json!({"command": ["sh", "-c", "echo hi; rm x"]})),
+        t.approval_subject(&json!({"command": ["sh", "-c", "echo hi; rm x"]}))
+            .text,
         "sh -c 'echo hi; rm x'"
     );
 }

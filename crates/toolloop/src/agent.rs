@@ -7,7 +7,7 @@
 //! gathered.
 
 use crate::approval::{
-    Answer, ApprovalError, Approvals, DecidedBy, Decision, PendingApproval, Verdict,
+    Answer, ApprovalError, Approvals, DecidedBy, Decision, PendingApproval, Subject, Verdict,
 };
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
 use crate::engine::{Batch, Input, Interrupt, Machine, Phase, PhaseError, Step};
@@ -653,12 +653,19 @@ impl Agent {
     /// of retryable errors with backoff, a panic caught as an error, an unknown tool an error
     /// the model reads. The tool gets `idempotency_key` in its [`ToolContext`]. `toolbox` is the
     /// run's (with tool sources, it can differ from the agent's own).
+    ///
+    /// `weighed` is the approval subject the call was weighed by
+    /// ([`Machine::weighed_subject`]): when the tool now gives another (a call before it changed
+    /// a link, say), the call is not run, and its result says why (the model can call it again
+    /// to have it weighed anew). The result is what the driver journals
+    /// ([`Input::ToolFinished`]), so a replay reads it rather than checking again.
     #[allow(clippy::too_many_arguments)]
     pub async fn call_tool(
         &self,
         toolbox: &Toolbox,
         round: u32,
         call: &ToolCall,
+        weighed: Option<&Subject>,
         idempotency_key: String,
         cancel: &CancellationToken,
         deadline: Option<tokio::time::Instant>,
@@ -671,6 +678,9 @@ impl Agent {
                 attempts: 0,
             };
         };
+        if let Some(changed) = subject_changed(tool.as_ref(), call, weighed) {
+            return changed;
+        }
         call_tool_with(
             tool,
             &self.config,
@@ -1166,6 +1176,7 @@ impl Agent {
             .filter_map(|&i| machine.shared_round_call(i).map(|c| (i, c)))
             .map(|(index, call)| {
                 let job = ToolJob {
+                    weighed: machine.weighed_subject(index).cloned(),
                     intent_logged: intents_first,
                     round,
                     index,
@@ -1374,6 +1385,9 @@ impl RunLog {
 /// One call to run. It borrows what the run shares (nothing shared by every run is touched per
 /// call) and holds the call itself through the machine's `Arc`.
 struct ToolJob<'a> {
+    /// The approval subject the call was weighed by, where the policy weighs it
+    /// ([`Machine::weighed_subject`]).
+    weighed: Option<Subject>,
     /// Whether the batch already made this call's intent durable.
     intent_logged: bool,
     round: u32,
@@ -1417,17 +1431,23 @@ impl ToolJob<'_> {
             Some(log) => format!("{}/{}", log.run_id, self.call.id),
             None => self.call.id.clone(),
         };
-        let done = call_tool_with(
-            tool,
-            self.config,
-            self.round,
-            &self.call,
-            idempotency_key,
-            self.cancel,
-            self.deadline,
-            self.sink.as_ref(),
-        )
-        .await;
+        // What the call touches is weighed again: the verdict holds only for the same.
+        let done = match subject_changed(tool.as_ref(), &self.call, self.weighed.as_ref()) {
+            Some(changed) => changed,
+            None => {
+                call_tool_with(
+                    tool,
+                    self.config,
+                    self.round,
+                    &self.call,
+                    idempotency_key,
+                    self.cancel,
+                    self.deadline,
+                    self.sink.as_ref(),
+                )
+                .await
+            }
+        };
         let duration_ms = started.elapsed().as_millis() as u64;
         Ok((done.result, duration_ms, done.attempts))
     }
@@ -1442,6 +1462,36 @@ pub struct ToolCallResult {
     pub duration_ms: u64,
     /// Attempts made (0: the tool is unknown).
     pub attempts: u32,
+}
+
+/// The result of a call not run because what it touches changed after it was weighed: `tool`
+/// now gives another approval subject than `weighed`, the one the policy (or a person) judged
+/// it by. `None` when nothing was weighed or the subject is the same: the call runs.
+fn subject_changed(
+    tool: &dyn Tool,
+    call: &ToolCall,
+    weighed: Option<&Subject>,
+) -> Option<ToolCallResult> {
+    let weighed = weighed?;
+    let now = tool.approval_subject(&call.arguments);
+    if *weighed == now {
+        return None;
+    }
+    let shown =
+        |s: &Subject| crate::result::shorten(&s.text, crate::result::ECHO_CHARS).into_owned();
+    let change = if weighed.text == now.text {
+        format!("`{}` now resolves to something else", shown(weighed))
+    } else {
+        format!("`{}` is now `{}`", shown(weighed), shown(&now))
+    };
+    Some(ToolCallResult {
+        result: Err(ToolError::new(format!(
+            "not run: what this call touches changed after its approval was weighed \
+             ({change}); call it again to have it weighed anew"
+        ))),
+        duration_ms: 0,
+        attempts: 0,
+    })
 }
 
 /// One tool call with the loop's retries, timeout and panic catching.

@@ -17,6 +17,16 @@
 //!   [`crate::agent::Agent::decide_approvals`] and [`crate::agent::Agent::resume`] continue it,
 //!   in this process or another, after a crash too.
 //!
+//! A tool gives its subject in its normal form, with other spellings of the same call beside
+//! it ([`Subject`]): the file tools give the root-relative path the call will touch, with `.`,
+//! `//` and trailing `/` worked out and symbolic links resolved, and the path as given beside
+//! it; `run_command` gives the command line as given, with the program by its base name, by
+//! the file it resolves to, and the commands a launcher such as `env` or `busybox` would run
+//! beside it. `allow` rules match the subject only, and case-sensitively; `deny` and `ask`
+//! rules match the subject and every other spelling, ignoring case. A call whose subject the
+//! tool cannot tell for sure (a path that does not resolve, a shell script) is matched by every
+//! `deny` and `ask` rule of its tool, whatever their subject glob: in doubt, deny and ask win.
+//!
 //! When several rules match, `deny` wins over `ask`, and `ask` over `allow`, whatever their
 //! order. When none matches, [`Approvals::default`] decides, or, when it is not set, the tool's
 //! own [`crate::tool::Tool::default_approval`] (allow for most tools; ask for `run_command`).
@@ -54,9 +64,10 @@ impl Action {
 }
 
 /// One rule: an action for the calls of the tools whose name matches `tool`, and, when
-/// `subject` is set, whose approval subject matches it. Globs: `*` is any run of characters
-/// (`/` and spaces included), `?` one character, `[abc]` a class, `{a,b}` alternatives; `\`
-/// escapes.
+/// `subject` is set, whose approval subject matches it (see the module docs for which
+/// spellings each action matches). Globs: `*` is any run of characters (`/` and spaces
+/// included), `?` one character, `[abc]` a class, `{a,b}` alternatives; `\` escapes. A glob
+/// longer than [`MAX_GLOB_BYTES`] or too complex to compile is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Rule {
     /// What to do.
@@ -78,16 +89,48 @@ pub struct RuleError {
     pub message: String,
 }
 
-fn glob(pattern: &str) -> Result<globset::GlobMatcher, RuleError> {
-    globset::GlobBuilder::new(pattern)
+/// The longest glob a rule (or a tool such as `search_files`) accepts, in bytes.
+pub const MAX_GLOB_BYTES: usize = 4096;
+
+/// How a glob compiles: as given, or ignoring case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Case {
+    Sensitive,
+    Insensitive,
+}
+
+fn glob(pattern: &str, case: Case) -> Result<globset::GlobSet, RuleError> {
+    let error = |message: String| RuleError {
+        pattern: pattern.to_string(),
+        message,
+    };
+    let mut builder = globset::GlobBuilder::new(pattern);
+    builder
         .literal_separator(false)
         .backslash_escape(true)
+        .case_insensitive(case == Case::Insensitive);
+    compile_glob(&builder, pattern).map_err(error)
+}
+
+/// Compiles one glob into a matcher, refusing (rather than panicking on) a glob longer than
+/// [`MAX_GLOB_BYTES`] or one whose matcher would be too large. `builder` holds `pattern` and
+/// its options. The error says what is wrong, without the pattern.
+pub fn compile_glob(
+    builder: &globset::GlobBuilder<'_>,
+    pattern: &str,
+) -> Result<globset::GlobSet, String> {
+    if pattern.len() > MAX_GLOB_BYTES {
+        return Err(format!(
+            "the pattern is {} bytes long; at most {MAX_GLOB_BYTES} are accepted",
+            pattern.len()
+        ));
+    }
+    let glob = builder.build().map_err(|e| e.kind().to_string())?;
+    // A set of one: it returns an error where `Glob::compile_matcher` would panic.
+    globset::GlobSetBuilder::new()
+        .add(glob)
         .build()
-        .map(|g| g.compile_matcher())
-        .map_err(|e| RuleError {
-            pattern: pattern.to_string(),
-            message: e.kind().to_string(),
-        })
+        .map_err(|_| "the pattern is too complex to match (too many wildcards)".to_string())
 }
 
 impl Rule {
@@ -116,21 +159,150 @@ impl Rule {
 
     /// Checks that the globs compile.
     pub fn check(&self) -> Result<(), RuleError> {
-        glob(&self.tool)?;
+        glob(&self.tool, Case::Sensitive)?;
         if let Some(s) = &self.subject {
-            glob(s)?;
+            glob(s, Case::Insensitive)?;
         }
         Ok(())
     }
 
-    /// Whether the rule covers a call of tool `name` with approval subject `subject`. A glob
-    /// that does not compile matches nothing.
+    /// Whether the rule's tool glob matches the tool `name` (whatever the call's subject).
+    pub fn names_tool(&self, name: &str) -> bool {
+        glob(&self.tool, Case::Sensitive).is_ok_and(|g| g.is_match(name))
+    }
+
+    /// Whether the rule covers a call of tool `name` with approval subject `subject` (a
+    /// subject of one spelling, known for sure). A glob that does not compile matches nothing.
     pub fn matches(&self, name: &str, subject: &str) -> bool {
-        let tool = glob(&self.tool).is_ok_and(|g| g.is_match(name));
-        tool && match &self.subject {
-            None => true,
-            Some(s) => glob(s).is_ok_and(|g| g.is_match(subject)),
+        self.covers(name, &Subject::from(subject))
+    }
+
+    /// Whether the rule covers a call of tool `name` with approval subject `subject`: an
+    /// `allow` rule when its subject glob matches [`Subject::text`] (case-sensitively); a
+    /// `deny` or `ask` rule when it matches the text or any of [`Subject::aliases`] (ignoring
+    /// case), or when the subject is [`Subject::uncertain`]. A glob that does not compile
+    /// matches nothing.
+    pub fn covers(&self, name: &str, subject: &Subject) -> bool {
+        if !self.names_tool(name) {
+            return false;
         }
+        let Some(pattern) = &self.subject else {
+            return true;
+        };
+        if self.action == Action::Allow {
+            return glob(pattern, Case::Sensitive).is_ok_and(|g| g.is_match(&subject.text));
+        }
+        if subject.uncertain.is_some() {
+            return true;
+        }
+        glob(pattern, Case::Insensitive).is_ok_and(|g| {
+            g.is_match(&subject.text) || subject.aliases.iter().any(|a| g.is_match(a))
+        })
+    }
+}
+
+/// What approval rules match for one call ([`crate::tool::Tool::approval_subject`]).
+///
+/// Serialized (in a run log's `model_responded` records, in a saved state) as a plain string
+/// when it is one spelling known for sure, the form earlier logs kept, and otherwise as an
+/// object with `text`, `aliases` and `uncertain`; both forms load.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(from = "SubjectForm", into = "SubjectForm")]
+pub struct Subject {
+    /// The subject in the tool's normal form: for a file tool the root-relative path the call
+    /// will touch, links resolved; for `run_command` the command line as given. Every rule
+    /// matches it, and it is what a person asked about sees.
+    pub text: String,
+    /// Other spellings of the same call (the path as given, the program by its base name or by
+    /// the file it resolves to, the command a launcher runs): `deny` and `ask` rules match
+    /// them too, `allow` rules do not.
+    pub aliases: Vec<String>,
+    /// Set, with the reason, when the tool cannot tell for sure what the call will touch (a
+    /// path that does not resolve, a shell script): every `deny` and `ask` rule of the tool
+    /// then matches the call.
+    pub uncertain: Option<String>,
+}
+
+/// How a [`Subject`] is kept: a plain string (one spelling, known for sure; the only form
+/// logs kept before subjects had other spellings), or the whole of it.
+#[derive(Serialize, Deserialize)]
+#[serde(untagged)]
+enum SubjectForm {
+    Text(String),
+    Full {
+        text: String,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        aliases: Vec<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        uncertain: Option<String>,
+    },
+}
+
+impl From<SubjectForm> for Subject {
+    fn from(form: SubjectForm) -> Self {
+        match form {
+            SubjectForm::Text(text) => Subject::new(text),
+            SubjectForm::Full {
+                text,
+                aliases,
+                uncertain,
+            } => Subject {
+                text,
+                aliases,
+                uncertain,
+            },
+        }
+    }
+}
+
+impl From<Subject> for SubjectForm {
+    fn from(s: Subject) -> Self {
+        if s.aliases.is_empty() && s.uncertain.is_none() {
+            SubjectForm::Text(s.text)
+        } else {
+            SubjectForm::Full {
+                text: s.text,
+                aliases: s.aliases,
+                uncertain: s.uncertain,
+            }
+        }
+    }
+}
+
+impl Subject {
+    /// A subject of one spelling, known for sure.
+    pub fn new(text: impl Into<String>) -> Self {
+        Subject {
+            text: text.into(),
+            ..Subject::default()
+        }
+    }
+
+    /// Adds another spelling (ignored when it repeats one already there).
+    pub fn alias(mut self, alias: impl Into<String>) -> Self {
+        let alias = alias.into();
+        if alias != self.text && !self.aliases.contains(&alias) {
+            self.aliases.push(alias);
+        }
+        self
+    }
+
+    /// Marks the subject as uncertain, for `why`.
+    pub fn uncertain(mut self, why: impl Into<String>) -> Self {
+        self.uncertain = Some(why.into());
+        self
+    }
+}
+
+impl From<String> for Subject {
+    fn from(text: String) -> Self {
+        Subject::new(text)
+    }
+}
+
+impl From<&str> for Subject {
+    fn from(text: &str) -> Self {
+        Subject::new(text)
     }
 }
 
@@ -200,20 +372,28 @@ impl Approvals {
     /// response that lacks one it needs.
     pub fn weighs_subject(&self, name: &str, tool_default: Action) -> bool {
         self.default.unwrap_or(tool_default) != Action::Allow
-            || self
-                .rules
-                .iter()
-                .any(|r| glob(&r.tool).is_ok_and(|g| g.is_match(name)))
+            || self.rules.iter().any(|r| r.names_tool(name))
+    }
+
+    /// The verdict on a call of tool `name` with approval subject `subject` (of one spelling,
+    /// known for sure), whose tool's own default is `tool_default`.
+    pub fn verdict(&self, name: &str, subject: &str, tool_default: Action) -> Verdict {
+        self.verdict_for(name, &Subject::from(subject), tool_default)
     }
 
     /// The verdict on a call of tool `name` with approval subject `subject`, whose tool's own
-    /// default is `tool_default`.
-    pub fn verdict(&self, name: &str, subject: &str, tool_default: Action) -> Verdict {
-        let matching = || self.rules.iter().filter(|r| r.matches(name, subject));
+    /// default is `tool_default` (see the module docs for which spellings each rule matches).
+    pub fn verdict_for(&self, name: &str, subject: &Subject, tool_default: Action) -> Verdict {
+        let matching = || self.rules.iter().filter(|r| r.covers(name, subject));
         if let Some(r) = matching().find(|r| r.action == Action::Deny) {
-            return Verdict::Deny {
-                rule: r.to_string(),
+            let rule = match &subject.uncertain {
+                // The rule's glob may not match the subject: say why it applies.
+                Some(why) if !r.matches(name, &subject.text) => {
+                    format!("{r} (which applies because {why})")
+                }
+                _ => r.to_string(),
             };
+            return Verdict::Deny { rule };
         }
         if matching().any(|r| r.action == Action::Ask) {
             return Verdict::Ask;
@@ -383,6 +563,7 @@ pub enum ApprovalError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn rules_match_tool_and_subject_globs() {
@@ -426,6 +607,108 @@ mod tests {
         );
         let all = Approvals::ask_all();
         assert_eq!(all.verdict("other", "x", Action::Allow), Verdict::Ask);
+    }
+
+    #[test]
+    fn deny_and_ask_match_every_spelling_and_allow_the_subject_only() {
+        let p = Approvals::default()
+            .rule(Rule::parse(Action::Allow, "write_file").unwrap())
+            .rule(Rule::parse(Action::Deny, "write_file:*.lock").unwrap())
+            .rule(Rule::parse(Action::Ask, "write_file:src/*").unwrap())
+            .rule(Rule::parse(Action::Allow, "run_command:cargo test*").unwrap());
+        // Another spelling of a denied path, and of an asked one.
+        let link = Subject::new("notes.txt").alias("Cargo.lock");
+        assert!(matches!(
+            p.verdict_for("write_file", &link, Action::Allow),
+            Verdict::Deny { .. }
+        ));
+        let dotted = Subject::new("x")
+            .alias("./src/main.rs")
+            .alias("src/main.rs");
+        assert_eq!(
+            p.verdict_for("write_file", &dotted, Action::Allow),
+            Verdict::Ask
+        );
+        // Case: deny and ask ignore it.
+        assert!(matches!(
+            p.verdict_for("write_file", &Subject::new("CARGO.LOCK"), Action::Allow),
+            Verdict::Deny { .. }
+        ));
+        // Allow matches the subject only, and its case: a spelling does not widen it.
+        let allowed = |s: &Subject| {
+            matches!(
+                p.verdict_for("run_command", s, Action::Ask),
+                Verdict::Allow { rule: Some(_) }
+            )
+        };
+        assert!(allowed(&Subject::new("cargo test -q")));
+        assert!(!allowed(&Subject::new("./cargo test").alias("cargo test")));
+        assert!(!allowed(&Subject::new("CARGO test")));
+        // In doubt, every deny and ask rule of the tool applies, and the denial says why.
+        let unsure = Subject::new("elsewhere").uncertain("it does not resolve");
+        match p.verdict_for("write_file", &unsure, Action::Allow) {
+            Verdict::Deny { rule } => {
+                assert_eq!(
+                    rule,
+                    "deny write_file:*.lock (which applies because it does not resolve)"
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            p.verdict_for(
+                "run_command",
+                &Subject::new("x").uncertain("?"),
+                Action::Allow
+            ),
+            Verdict::Allow { rule: None },
+            "only the rules of the tool apply"
+        );
+    }
+
+    #[test]
+    fn a_subject_of_one_spelling_is_kept_as_a_string_and_both_forms_load() {
+        // One spelling, known for sure: a plain string, as logs kept subjects before.
+        let plain = Subject::new("git status");
+        assert_eq!(serde_json::to_value(&plain).unwrap(), json!("git status"));
+        let loaded: Subject = serde_json::from_value(json!("git status")).unwrap();
+        assert_eq!(loaded, plain);
+        // Other spellings, or doubt: the whole of it, which reads back the same.
+        let full = Subject::new("src/main.rs")
+            .alias("./src//main.rs")
+            .uncertain("a link does not resolve");
+        let value = serde_json::to_value(&full).unwrap();
+        assert_eq!(
+            value,
+            json!({"text": "src/main.rs", "aliases": ["./src//main.rs"],
+                   "uncertain": "a link does not resolve"})
+        );
+        assert_eq!(serde_json::from_value::<Subject>(value).unwrap(), full);
+        let only_text: Subject = serde_json::from_value(json!({"text": "x"})).unwrap();
+        assert_eq!(only_text, Subject::new("x"));
+        // Anything else is refused, not guessed at.
+        assert!(serde_json::from_value::<Subject>(json!(3)).is_err());
+        assert!(serde_json::from_value::<Subject>(json!({"aliases": ["x"]})).is_err());
+    }
+
+    #[test]
+    fn absurd_globs_are_refused_not_panicked_on() {
+        let stars = "*".repeat(100_000);
+        let e = Rule::parse(Action::Allow, &format!("write_file:{stars}")).unwrap_err();
+        assert!(e.message.contains("at most 4096"), "{e}");
+        // Up to the limit, many wildcards compile and match.
+        let many = "a*".repeat(2000);
+        let r = Rule::parse(Action::Deny, &format!("x:{many}")).unwrap();
+        assert!(r.matches("x", &"a".repeat(2000)));
+        assert!(!r.matches("x", &"a".repeat(1999)));
+        assert!(
+            !Rule {
+                action: Action::Deny,
+                tool: "x".into(),
+                subject: Some(stars),
+            }
+            .matches("x", "a")
+        );
     }
 
     #[test]

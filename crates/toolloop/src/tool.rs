@@ -230,10 +230,14 @@ pub trait Tool: Send + Sync {
         SideEffect::SideEffecting
     }
     /// What approval rules match against for a call with these arguments (see
-    /// [`crate::approval`]): a command line, a path. Default: the canonical JSON arguments
-    /// (keys sorted, no spaces).
-    fn approval_subject(&self, args: &Value) -> String {
-        crate::message::canonical_json(args)
+    /// [`crate::approval`]): a command line, a path, in the normal form of what the call will
+    /// touch, with the other spellings of the same call that `deny` and `ask` rules must also
+    /// catch. A tool that resolves what it touches (a path through links, a program through
+    /// `PATH`) resolves it here the same way; it is asked before the call runs, so it should
+    /// be quick and must not change anything. Default: the canonical JSON arguments (keys
+    /// sorted, no spaces).
+    fn approval_subject(&self, args: &Value) -> crate::approval::Subject {
+        crate::message::canonical_json(args).into()
     }
     /// The approval a call gets when no rule of the run's [`crate::approval::Approvals`]
     /// matches and the policy sets no default. Default: allow.

@@ -159,7 +159,7 @@ impl Toolbox {
         &self,
         approvals: &Approvals,
         calls: &[ToolCall],
-    ) -> Vec<Option<String>> {
+    ) -> Vec<Option<crate::approval::Subject>> {
         let subject = |call: &ToolCall| {
             let default = self
                 .catalog
@@ -169,10 +169,10 @@ impl Toolbox {
                 .weighs_subject(&call.name, default)
                 .then(|| match self.get(&call.name) {
                     Some(tool) => tool.approval_subject(&call.arguments),
-                    None => call.canonical_arguments(),
+                    None => call.canonical_arguments().into(),
                 })
         };
-        let subjects: Vec<Option<String>> = calls.iter().map(subject).collect();
+        let subjects: Vec<Option<crate::approval::Subject>> = calls.iter().map(subject).collect();
         if subjects.iter().all(Option::is_none) {
             return Vec::new();
         }
@@ -389,10 +389,10 @@ impl Tool for LoggedTool {
     fn side_effect(&self) -> SideEffect {
         self.entry.side_effect
     }
-    fn approval_subject(&self, args: &Value) -> String {
+    fn approval_subject(&self, args: &Value) -> crate::approval::Subject {
         match &self.live {
             Some(tool) => tool.approval_subject(args),
-            None => crate::message::canonical_json(args),
+            None => crate::message::canonical_json(args).into(),
         }
     }
     fn default_approval(&self) -> Action {
@@ -538,14 +538,14 @@ mod tests {
             .rule(crate::approval::Rule::parse(Action::Deny, "read:*secret*").unwrap());
         assert_eq!(
             b.approval_subjects(&approvals, &calls),
-            [Some(r#"{"path":"a"}"#.to_string()), None]
+            [Some(r#"{"path":"a"}"#.into()), None]
         );
         // Every call asked about: every subject is taken.
         assert_eq!(
             b.approval_subjects(&Approvals::ask_all(), &calls),
             [
-                Some(r#"{"path":"a"}"#.to_string()),
-                Some(r#"{"path":"b"}"#.to_string())
+                Some(r#"{"path":"a"}"#.into()),
+                Some(r#"{"path":"b"}"#.into())
             ]
         );
     }

@@ -352,9 +352,9 @@ impl toolloop::tool::Tool for Shell {
     fn parameters(&self) -> &serde_json::Value {
         &self.schema
     }
-    fn approval_subject(&self, args: &serde_json::Value) -> String {
+    fn approval_subject(&self, args: &serde_json::Value) -> toolloop::approval::Subject {
         self.subjects.fetch_add(1, Ordering::SeqCst);
-        args["command"].as_str().unwrap_or_default().to_string()
+        args["command"].as_str().unwrap_or_default().into()
     }
     fn default_approval(&self) -> Action {
         Action::Ask
@@ -418,8 +418,9 @@ async fn the_driver_takes_approval_subjects_from_the_tool_and_logs_them_with_the
         .map(|p| p.subject.clone())
         .collect();
     assert_eq!(asked, ["ls"]);
-    // Each subject was taken once, by the driver, and logged with the response.
-    assert_eq!(subjects.load(Ordering::SeqCst), 3);
+    // Each subject was taken by the driver, and logged with the response; the two calls that
+    // ran were asked again just before (the subject they were weighed by still held).
+    assert_eq!(subjects.load(Ordering::SeqCst), 3 + 2);
     let records = journal.load(out.run_id.as_deref().unwrap()).await.unwrap();
     let logged = records.iter().find_map(|r| match r {
         Record::ModelResponded { subjects, .. } if !subjects.is_empty() => Some(subjects.clone()),
@@ -427,7 +428,7 @@ async fn the_driver_takes_approval_subjects_from_the_tool_and_logs_them_with_the
     });
     assert_eq!(
         logged.unwrap(),
-        ["git status", "rm -rf /", "ls"].map(|s| Some(s.to_string()))
+        ["git status", "rm -rf /", "ls"].map(|s| Some(toolloop::approval::Subject::new(s)))
     );
     // A replay of the log asks no tool for a subject.
     let replayed = toolloop::engine::Machine::replay(
@@ -438,5 +439,112 @@ async fn the_driver_takes_approval_subjects_from_the_tool_and_logs_them_with_the
     )
     .unwrap();
     assert_eq!(replayed.messages(), &out.messages[..]);
-    assert_eq!(subjects.load(Ordering::SeqCst), 3);
+    assert_eq!(subjects.load(Ordering::SeqCst), 3 + 2);
+}
+
+/// A tool whose approval subject is a place that `move` (another tool) changes, as a link
+/// would: what `open` touches is read from the shared place.
+struct Place(Arc<Mutex<String>>);
+
+#[async_trait::async_trait]
+impl toolloop::tool::Tool for Place {
+    fn name(&self) -> &str {
+        "open"
+    }
+    fn description(&self) -> &str {
+        "Opens what the place points at."
+    }
+    fn parameters(&self) -> &serde_json::Value {
+        static SCHEMA: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+        SCHEMA.get_or_init(|| json!({"type": "object"}))
+    }
+    fn approval_subject(&self, _args: &serde_json::Value) -> toolloop::approval::Subject {
+        self.0.lock().unwrap().clone().into()
+    }
+    fn default_approval(&self) -> Action {
+        Action::Ask
+    }
+    async fn call(
+        &self,
+        _args: serde_json::Value,
+        _ctx: toolloop::tool::ToolContext,
+    ) -> Result<toolloop::tool::ToolOutput, toolloop::tool::ToolError> {
+        Ok(format!("opened {}", self.0.lock().unwrap()).into())
+    }
+}
+
+#[tokio::test]
+async fn a_call_whose_subject_changed_after_it_was_weighed_does_not_run() {
+    let place = Arc::new(Mutex::new("notes.txt".to_string()));
+    let moved = place.clone();
+    let mover = toolloop::tool::tool_fn(
+        "move",
+        "Points the place elsewhere.",
+        move |_: serde_json::Value, _ctx| {
+            let moved = moved.clone();
+            async move {
+                *moved.lock().unwrap() = "secret.env".to_string();
+                Ok::<_, toolloop::tool::ToolError>("moved")
+            }
+        },
+    );
+    let call = |id: &str, name: &str| {
+        let mut c = ToolCall::new(name, json!({ "id": id }));
+        c.id = id.into();
+        c
+    };
+    let model = ScriptedModel::new(vec![
+        ModelResponse::tool_calls(vec![call("a", "move"), call("b", "open")]),
+        ModelResponse::tool_calls(vec![call("c", "open")]),
+        ModelResponse::text("done"),
+    ]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let journal = Arc::new(MemoryJournal::new());
+    let agent = Agent::builder(model)
+        .tool(mover)
+        .tool(Place(place.clone()))
+        .on_approval(handler(asked.clone(), |_| Answer::Approve))
+        .journal(journal.clone())
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered, "{:?}", out.error);
+    let subjects: Vec<String> = asked
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|p| p.subject.clone())
+        .collect();
+    assert_eq!(
+        subjects,
+        ["notes.txt", "secret.env"],
+        "approved as notes.txt"
+    );
+    let results: Vec<String> = out.tool_calls.iter().map(|c| c.content.clone()).collect();
+    assert!(
+        results[1].contains("not run: what this call touches changed")
+            && results[1].contains("`notes.txt` is now `secret.env`"),
+        "{results:?}"
+    );
+    assert!(
+        results[2].contains("opened secret.env"),
+        "asked anew: {results:?}"
+    );
+    // The call not run is logged with its result: a replay, which asks no tool, rebuilds the
+    // same transcript (the place points back at notes.txt by then).
+    *place.lock().unwrap() = "notes.txt".to_string();
+    let records = journal.load(out.run_id.as_deref().unwrap()).await.unwrap();
+    let not_run = records.iter().any(|r| {
+        matches!(r, Record::ToolFinished { round: 1, index: 1, result: Err(e), attempts: 0, .. }
+            if e.message.contains("`notes.txt` is now `secret.env`"))
+    });
+    assert!(not_run, "{records:?}");
+    let replayed = toolloop::engine::Machine::replay(
+        Arc::new(agent.config().clone()),
+        agent.hooks().into(),
+        agent.toolbox().catalog().clone(),
+        records,
+    )
+    .unwrap();
+    assert_eq!(replayed.messages(), &out.messages[..]);
 }

@@ -69,8 +69,8 @@ impl Tool for Shell {
     fn parameters(&self) -> &Value {
         &self.schema
     }
-    fn approval_subject(&self, args: &Value) -> String {
-        args["command"].as_str().unwrap_or_default().to_string()
+    fn approval_subject(&self, args: &Value) -> toolloop::approval::Subject {
+        args["command"].as_str().unwrap_or_default().into()
     }
     fn default_approval(&self) -> Action {
         Action::Ask
@@ -342,7 +342,7 @@ fn what_0_1_did_not_log_is_taken_from_the_live_tools() {
     });
     assert_eq!(
         subjects.unwrap(),
-        ["git status", "rm -rf /", "ls"].map(|s| Some(s.to_string()))
+        ["git status", "rm -rf /", "ls"].map(|s| Some(s.into()))
     );
     // Upgraded records are this version's: upgrading again changes nothing, and they read
     // back as they were written.

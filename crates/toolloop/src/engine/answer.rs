@@ -18,7 +18,7 @@ impl Machine {
         &mut self,
         response: ModelResponse,
         cost: Option<f64>,
-        subjects: Vec<Option<String>>,
+        subjects: Vec<Option<Subject>>,
     ) -> Result<(), PhaseError> {
         // Refused before anything changes: a call the policy weighs without its subject.
         for (i, call) in response.tool_calls.iter().enumerate() {

@@ -16,7 +16,7 @@ pub struct ApprovalRequest {
 impl Machine {
     /// What the policy says of a call of the round, whose approval subject the driver gave
     /// (`subject`): the subject and the verdict.
-    pub(super) fn weigh(&self, call: &ToolCall, subject: Option<&str>) -> (String, Verdict) {
+    pub(super) fn weigh(&self, call: &ToolCall, subject: Option<&Subject>) -> (String, Verdict) {
         let default = self
             .catalog
             .get(&call.name)
@@ -24,8 +24,8 @@ impl Machine {
         let policy = &self.config.approvals;
         match subject {
             Some(subject) => (
-                subject.to_string(),
-                policy.verdict(&call.name, subject, default),
+                subject.text.clone(),
+                policy.verdict_for(&call.name, subject, default),
             ),
             // A subject the policy weighs, missing from a state saved before subjects were
             // kept: a person decides.
@@ -38,7 +38,7 @@ impl Machine {
     }
 
     pub(super) fn approval_request(&self, index: usize, slot: &Slot) -> ApprovalRequest {
-        let (subject, verdict) = self.weigh(&slot.call, slot.subject.as_deref());
+        let (subject, verdict) = self.weigh(&slot.call, slot.subject.as_ref());
         ApprovalRequest {
             pending: PendingApproval {
                 round: self.state.round,
@@ -47,6 +47,18 @@ impl Machine {
                 subject,
             },
             verdict,
+        }
+    }
+
+    /// The approval subject call `index` of the round was weighed by (by rules, or for a
+    /// person asked about it), where the policy weighs it. A driver checks, just before the
+    /// call runs, that its tool gives the same subject now; when it does not (a link or a
+    /// program changed since, by a call of the same round, say), the call is not run, and the
+    /// result the driver gives it ([`Input::ToolFinished`]) says why.
+    pub fn weighed_subject(&self, index: usize) -> Option<&Subject> {
+        match &self.state.phase {
+            Phase::Tools { slots, .. } => slots.get(index).and_then(|s| s.subject.as_ref()),
+            _ => None,
         }
     }
 

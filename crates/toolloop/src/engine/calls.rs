@@ -58,7 +58,7 @@ impl Machine {
         parts: Vec<crate::message::ProviderPart>,
         finish_reason: FinishReason,
         usage: Option<Usage>,
-        subjects: Vec<Option<String>>,
+        subjects: Vec<Option<Subject>>,
     ) {
         let round = self.state.round;
         let mut slots = Vec::with_capacity(tool_calls.len());
@@ -194,7 +194,7 @@ impl Machine {
             slot.run = true;
             slot.subject = subject;
             if !matches!(
-                self.weigh(call, slot.subject.as_deref()).1,
+                self.weigh(call, slot.subject.as_ref()).1,
                 Verdict::Allow { rule: None }
             ) {
                 slot.approval = Some(ApprovalState::Pending);

@@ -72,9 +72,11 @@ pub enum Input {
         /// policy weighs it ([`crate::approval::Approvals::weighs_subject`]): the driver takes
         /// them from the tools ([`crate::toolbox::Toolbox::approval_subjects`]), so that the
         /// machine, and a replay, needs no tool. Empty when no call needs one. A response
-        /// lacking a subject the policy needs is refused.
+        /// lacking a subject the policy needs is refused. Each is a
+        /// [`crate::approval::Subject`], kept as a plain string when it is one spelling known
+        /// for sure (the form earlier logs hold).
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        subjects: Vec<Option<String>>,
+        subjects: Vec<Option<Subject>>,
     },
     /// The model call failed (after the adapter's retries).
     ModelFailed {

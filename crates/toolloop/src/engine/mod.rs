@@ -15,7 +15,10 @@
 //!    hands them to a fresh machine. An input the machine is not waiting for is refused with a
 //!    [`PhaseError`], and changes nothing. The driver computes what needs user code and carries
 //!    it in the input: the approval subjects of a response's calls
-//!    ([`crate::toolbox::Toolbox::approval_subjects`]).
+//!    ([`crate::toolbox::Toolbox::approval_subjects`]). Just before a call the policy weighed
+//!    runs, the driver asks its tool again and compares with [`Machine::weighed_subject`]: a
+//!    call whose subject changed is not run, and the driver hands in a result that says so
+//!    ([`Input::ToolFinished`]; [`crate::agent::Agent::call_tool`] does both).
 //! 4. Take the events ([`Machine::take_events`]) and go back to 2, until [`Step::Finished`];
 //!    then [`Machine::into_outcome`].
 //!
@@ -40,7 +43,7 @@
 //! - every call of a round runs before any terminal check;
 //! - budgets are checked before each model call and before each tool call executes.
 
-use crate::approval::{Action, Decision, PendingApproval, Verdict};
+use crate::approval::{Action, Decision, PendingApproval, Subject, Verdict};
 use crate::config::{
     Hooks, InvalidCallPolicy, LoopConfig, LoopView, ParallelMode, RoundCall, RoundLimitDecision,
     TruncatedCallPolicy,

@@ -122,9 +122,12 @@ pub struct Slot {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub approval: Option<ApprovalState>,
     /// Its approval subject, as the driver gave it with the response, where the policy weighs
-    /// it ([`Input::ModelResponded`]).
+    /// it ([`Input::ModelResponded`]): the rules weighed the call by it, and a person asked
+    /// about it is shown it. Before the call runs, the driver checks that its tool would still
+    /// touch the same (a call of the round before it may have changed a link), see
+    /// [`Machine::weighed_subject`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<String>,
+    pub subject: Option<Subject>,
     /// Whether it started ([`Input::ToolStarted`]): a call that started and has no result is
     /// in flight ([`Machine::in_flight`]).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

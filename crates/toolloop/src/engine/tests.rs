@@ -343,7 +343,7 @@ fn approval_subjects_come_with_the_response_and_rules_judge_them() {
         response,
         cost: None,
         subjects: ["git status", "rm -rf /", "ls"]
-            .map(|s| Some(s.to_string()))
+            .map(|s| Some(s.into()))
             .to_vec(),
     })
     .unwrap();
@@ -380,6 +380,70 @@ fn approval_subjects_come_with_the_response_and_rules_judge_them() {
         m.state().clone(),
     );
     assert_eq!(resumed.next_step(), Step::Approve(requests));
+}
+
+#[test]
+fn rules_judge_every_spelling_the_input_carries_and_the_machine_keeps_it() {
+    let config = LoopConfig {
+        approvals: crate::approval::Approvals::default()
+            .rule(crate::approval::Rule::parse(Action::Allow, "shell:*").unwrap())
+            .rule(crate::approval::Rule::parse(Action::Deny, "shell:rm *").unwrap()),
+        ..LoopConfig::default()
+    };
+    let mut m = Machine::new(
+        Arc::new(config),
+        HookFlags::default(),
+        shell_catalog(),
+        vec![Message::user("go")],
+    );
+    let call = |id: &str| {
+        let mut c = ToolCall::new("shell", json!({ "id": id }));
+        c.id = id.into();
+        c
+    };
+    assert!(matches!(m.next_step(), Step::CallModel { round: 1, .. }));
+    // `/bin/rm` is `rm` by another spelling; a shell script cannot be told for sure.
+    let launched = Subject::new("/bin/rm -rf x").alias("rm -rf x");
+    let script = Subject::new("sh -c 'echo hi'").uncertain("a shell runs it");
+    let plain = Subject::new("ls");
+    let input = Input::ModelResponded {
+        round: 1,
+        response: ModelResponse::tool_calls(vec![call("a"), call("b"), call("c")]),
+        cost: None,
+        subjects: vec![
+            Some(launched.clone()),
+            Some(script.clone()),
+            Some(plain.clone()),
+        ],
+    };
+    // The input reads back as it was written, and a subject of one spelling is a string.
+    let value = serde_json::to_value(&input).unwrap();
+    assert_eq!(value["subjects"][2], json!("ls"));
+    assert_eq!(serde_json::from_value::<Input>(value).unwrap(), input);
+    m.handle(input).unwrap();
+    let Step::Approve(requests) = m.next_step() else {
+        panic!("the calls wait for their approval")
+    };
+    let verdicts: Vec<&Verdict> = requests.iter().map(|r| &r.verdict).collect();
+    assert_eq!(
+        verdicts,
+        [
+            &Verdict::Deny {
+                rule: "deny shell:rm *".into()
+            },
+            &Verdict::Deny {
+                rule: "deny shell:rm * (which applies because a shell runs it)".into()
+            },
+            &Verdict::Allow {
+                rule: Some("allow shell:*".into())
+            },
+        ]
+    );
+    // The machine keeps what each call was weighed by, for the driver's check before it runs.
+    assert_eq!(m.weighed_subject(0), Some(&launched));
+    assert_eq!(m.weighed_subject(1), Some(&script));
+    assert_eq!(m.weighed_subject(2), Some(&plain));
+    assert_eq!(m.weighed_subject(3), None);
 }
 
 #[test]
