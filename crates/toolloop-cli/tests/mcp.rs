@@ -696,6 +696,7 @@ fn starts(log: &Path) -> usize {
 }
 
 /// The key the tests give runs: no untrusted server may see it.
+#[cfg(feature = "test-hooks")]
 const KEY: &str = "sk-test-key-not-for-servers";
 
 #[cfg(feature = "test-hooks")]
@@ -973,6 +974,7 @@ fn on_a_terminal_a_projects_servers_are_asked_about_once() {
 
 /// Runs `c` to its end, killed after `limit` (so that a hang fails the test instead of holding
 /// it up); how long it took.
+#[cfg(feature = "test-hooks")]
 fn output_within(mut c: std::process::Command, limit: Duration) -> (Output, Duration) {
     let started = Instant::now();
     let child = c
