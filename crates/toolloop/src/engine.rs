@@ -593,14 +593,23 @@ impl Machine {
 
     /// What the policy says of a call of the round: its approval subject and verdict.
     fn weigh(&self, call: &ToolCall) -> (String, Verdict) {
-        let (subject, default) = match self.toolbox.get(&call.name) {
+        let (subject, default, required) = match self.toolbox.get(&call.name) {
             Some(tool) => (
                 tool.approval_subject(&call.arguments),
                 tool.default_approval(),
+                tool.approval_required(&call.arguments),
             ),
-            None => (call.canonical_arguments(), crate::approval::Action::Allow),
+            None => (
+                call.canonical_arguments(),
+                crate::approval::Action::Allow,
+                false,
+            ),
         };
-        let verdict = self.config.approvals.verdict(&call.name, &subject, default);
+        let verdict = match self.config.approvals.verdict(&call.name, &subject, default) {
+            // Only a person approves such a call (Tool::approval_required).
+            Verdict::Allow { .. } if required => Verdict::Ask,
+            v => v,
+        };
         (subject, verdict)
     }
 

@@ -265,6 +265,11 @@ impl Tool for LoggedTool {
             None => crate::approval::Action::Allow,
         }
     }
+    fn approval_required(&self, args: &Value) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|tool| tool.approval_required(args))
+    }
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         match &self.live {
             Some(tool) => tool.call(args, ctx).await,

@@ -1,0 +1,694 @@
+//! The command sandbox: what a program started by toolloop (a `run_command` child, a stdio MCP
+//! server) may do, enforced by the operating system in that program and in everything it
+//! starts, never in toolloop's own process.
+//!
+//! A [`SandboxPolicy`] is a value: a [`SandboxMode`], whether the network is allowed, and the
+//! secret paths no sandboxed program may read. [`SandboxPolicy::prepare`] builds everything
+//! before the child is forked (the rules, a private temporary directory); [`Confinement::apply`]
+//! puts it on a [`std::process::Command`], where it is enforced between fork and exec.
+//!
+//! # Linux
+//!
+//! - **Files** ([Landlock](https://docs.kernel.org/userspace-api/landlock.html), kernel ABI 3 or
+//!   later, Linux 6.2): with [`SandboxMode::WorkspaceWrite`], a program may create, write,
+//!   truncate, rename, link and remove only beneath the root and its private temporary
+//!   directory (`TMPDIR` points there; it is removed when the command ends), and write to
+//!   `/dev/null`, `/dev/zero` and `/dev/full`. With [`SandboxMode::ReadOnly`], the root is not
+//!   writable either. Landlock checks the path a file is reached by, so a symbolic link in the
+//!   root that points outside, `/proc/self/root/…`, or a rename out of the root are refused;
+//!   a hard link to an outside file cannot be made (Landlock refuses a link that would give a
+//!   file more rights than it has where it is). A hard link made *before* the command ran,
+//!   inside the root, to a file outside it is writable: it is a path beneath the root.
+//! - **Reads** are allowed everywhere except the secret paths
+//!   ([`SandboxPolicy::default_secret_paths`]: `~/.ssh`, `~/.aws`, `~/.gnupg`,
+//!   `~/.config/gcloud`, and what the caller adds). Landlock only grants, and a grant on a
+//!   directory covers everything beneath it; it cannot take a subpath back. So "everything but"
+//!   is built by splitting: read (and execute) is granted on each entry of `/` except those
+//!   that hold a secret path, and each directory that holds one is split the same way, down to
+//!   the secret itself, which gets nothing. A split directory keeps the right to *list* it and
+//!   what is beneath it (so the names of the files in `~/.ssh` can be listed, their contents
+//!   cannot be read); a file created in a split directory after the command started is not
+//!   readable by it. A secret path inside the writable root cannot be kept from a command that
+//!   may write there, and is dropped from the list (see [`Confinement::dropped_secrets`]).
+//! - **Network** (off unless [`SandboxPolicy::network`]): the program runs in a new network
+//!   namespace (with the user namespace that lets an unprivileged process make one, mapping
+//!   the user's own uid and gid, so that files keep their owner): it has no interface but a
+//!   loopback of its own that is down, so TCP, UDP, ICMP and raw sockets reach nothing, and
+//!   abstract Unix sockets outside it cannot be named. A network namespace was chosen over a
+//!   seccomp filter on `socket()`: it holds for every way of making a socket (io_uring's
+//!   socket operation, 32-bit system calls) without a list of system calls to keep up to date,
+//!   and it cuts abstract Unix sockets too. Landlock's TCP rules (ABI 4) are added as a second
+//!   layer: TCP `connect` and `bind` are refused whatever the namespace.
+//! - Landlock's scopes (ABI 6): the program cannot send signals to processes outside the
+//!   sandbox, nor connect to abstract Unix sockets made outside it.
+//! - Everything the program starts inherits all of it (Landlock domains, namespaces and
+//!   `no_new_privs` pass to children and cannot be dropped).
+//!
+//! What it does not do: reads of files not on the secret list are allowed (a project's own
+//! `.env`, `/etc`); Unix sockets with a path (a Docker socket, an SSH agent's) can be
+//! connected to where the file permissions allow it (Landlock controls them from ABI 9 only);
+//! the same secret reached through another mount (a bind mount) is readable; shared memory
+//! (`/dev/shm`) is not writable. The kernel itself is shared (a kernel bug is an escape), unlike a
+//! virtual machine.
+//!
+//! # Elsewhere
+//!
+//! macOS (Seatbelt) and other systems are not supported yet: [`SandboxPolicy::support`] says
+//! so, and callers fall back to asking a person about each command.
+
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// The environment variable that forces "no sandbox available" (a test and diagnostic
+/// override): with `TOOLLOOP_SANDBOX_UNAVAILABLE=1`, [`SandboxPolicy::support`] says the
+/// sandbox cannot be used, so commands are asked about as without one. It can only make
+/// toolloop ask more.
+pub const UNAVAILABLE_VAR: &str = "TOOLLOOP_SANDBOX_UNAVAILABLE";
+
+/// How much a sandboxed program may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum SandboxMode {
+    /// Reads as below; writes only to its private temporary directory.
+    ReadOnly,
+    /// Reads everywhere but the secret paths; writes only beneath the root and its private
+    /// temporary directory.
+    #[default]
+    WorkspaceWrite,
+    /// No sandbox: the program has all of the user's rights.
+    Off,
+}
+
+impl SandboxMode {
+    /// `read-only`, `workspace-write` or `off`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxMode::ReadOnly => "read-only",
+            SandboxMode::WorkspaceWrite => "workspace-write",
+            SandboxMode::Off => "off",
+        }
+    }
+}
+
+impl std::fmt::Display for SandboxMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for SandboxMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "read-only" => Ok(SandboxMode::ReadOnly),
+            "workspace-write" => Ok(SandboxMode::WorkspaceWrite),
+            "off" => Ok(SandboxMode::Off),
+            other => Err(format!(
+                "`{other}` is not a sandbox mode: expected read-only, workspace-write or off"
+            )),
+        }
+    }
+}
+
+/// What a sandboxed program may do (see the module's documentation).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxPolicy {
+    /// How much it may change.
+    pub mode: SandboxMode,
+    /// Whether it may use the network (default: no).
+    pub network: bool,
+    /// Paths it may not read (files or directories, with everything beneath them).
+    pub secret_paths: Vec<PathBuf>,
+}
+
+/// Why the sandbox cannot be used here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Setting the sandbox up for one program failed (the program must then not run).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SandboxError(pub String);
+
+impl std::fmt::Display for SandboxError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "the sandbox could not be set up: {}", self.0)
+    }
+}
+
+impl std::error::Error for SandboxError {}
+
+impl SandboxPolicy {
+    /// A policy of `mode`, without network, with the default secret paths of the user's home
+    /// (`$HOME`).
+    pub fn new(mode: SandboxMode) -> Self {
+        let home = std::env::var_os("HOME").map(PathBuf::from);
+        SandboxPolicy {
+            mode,
+            network: false,
+            secret_paths: Self::default_secret_paths(home.as_deref()),
+        }
+    }
+
+    /// No sandbox.
+    pub fn off() -> Self {
+        SandboxPolicy {
+            mode: SandboxMode::Off,
+            network: false,
+            secret_paths: Vec::new(),
+        }
+    }
+
+    /// `~/.ssh`, `~/.aws`, `~/.gnupg` and `~/.config/gcloud` of `home` (none without one).
+    pub fn default_secret_paths(home: Option<&Path>) -> Vec<PathBuf> {
+        let Some(home) = home.filter(|h| h.is_absolute()) else {
+            return Vec::new();
+        };
+        [".ssh", ".aws", ".gnupg", ".config/gcloud"]
+            .iter()
+            .map(|p| home.join(p))
+            .collect()
+    }
+
+    /// Allows the network or not.
+    pub fn network(mut self, allow: bool) -> Self {
+        self.network = allow;
+        self
+    }
+
+    /// Adds a path no sandboxed program may read.
+    pub fn secret(mut self, path: impl Into<PathBuf>) -> Self {
+        self.secret_paths.push(path.into());
+        self
+    }
+
+    /// Whether this policy confines anything (its mode is not [`SandboxMode::Off`]).
+    pub fn is_on(&self) -> bool {
+        self.mode != SandboxMode::Off
+    }
+
+    /// Whether this system can enforce the policy: on Linux, Landlock of ABI 3 or later and,
+    /// without network, an unprivileged user and network namespace; never elsewhere (yet).
+    /// `Ok` for a policy that is off. [`UNAVAILABLE_VAR`] forces an `Err`.
+    pub fn support(&self) -> Result<(), Unavailable> {
+        if !self.is_on() {
+            return Ok(());
+        }
+        if std::env::var_os(UNAVAILABLE_VAR).is_some_and(|v| !v.is_empty() && v != "0") {
+            return Err(Unavailable(format!(
+                "{UNAVAILABLE_VAR} is set (the sandbox is taken as unavailable)"
+            )));
+        }
+        imp::support(self.network)
+    }
+
+    /// Builds what [`Confinement::apply`] puts on a command that runs in `root`: the rules and
+    /// a private temporary directory. Done before the fork, in this process (the child only
+    /// enforces what is ready). Fails when the system cannot enforce the policy.
+    pub fn prepare(&self, root: &Path) -> Result<Confinement, SandboxError> {
+        if !self.is_on() {
+            return Ok(Confinement::none());
+        }
+        self.support().map_err(|e| SandboxError(e.0))?;
+        imp::prepare(self, root)
+    }
+}
+
+/// What one sandboxed program gets, made by [`SandboxPolicy::prepare`]. Keep it until the
+/// program (and what it started) has ended: dropping it removes the private temporary
+/// directory.
+#[derive(Debug)]
+pub struct Confinement {
+    temp: Option<TempDir>,
+    dropped: Vec<PathBuf>,
+    #[cfg(target_os = "linux")]
+    linux: Option<imp::Prepared>,
+}
+
+impl Confinement {
+    fn none() -> Self {
+        Confinement {
+            temp: None,
+            dropped: Vec::new(),
+            #[cfg(target_os = "linux")]
+            linux: None,
+        }
+    }
+
+    /// Whether anything is enforced.
+    pub fn is_on(&self) -> bool {
+        self.temp.is_some()
+    }
+
+    /// The program's private temporary directory (its `TMPDIR`).
+    pub fn temp_dir(&self) -> Option<&Path> {
+        self.temp.as_ref().map(|t| t.0.as_path())
+    }
+
+    /// Secret paths that lie beneath the writable root, and so could not be kept from the
+    /// program.
+    pub fn dropped_secrets(&self) -> &[PathBuf] {
+        &self.dropped
+    }
+
+    /// Puts the sandbox on `cmd`: sets `TMPDIR`, and installs the step run in the child
+    /// between fork and exec (entering the namespaces, then restricting itself with Landlock).
+    /// Call it once per command; a second call adds nothing.
+    pub fn apply(&mut self, cmd: &mut std::process::Command) {
+        if let Some(t) = &self.temp {
+            cmd.env("TMPDIR", &t.0);
+        }
+        #[cfg(target_os = "linux")]
+        if let Some(p) = self.linux.take() {
+            p.apply(cmd);
+        }
+    }
+}
+
+/// A directory removed, with what it holds, when dropped.
+#[derive(Debug)]
+struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A new private (0700) directory under the system's temporary directory.
+    #[cfg_attr(not(target_os = "linux"), allow(dead_code))]
+    fn new() -> std::io::Result<TempDir> {
+        static COUNT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let base = std::env::temp_dir();
+        let mut last = None;
+        for _ in 0..8 {
+            let n = COUNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos());
+            let dir = base.join(format!(
+                "toolloop-sandbox-{}-{nanos:x}-{n}",
+                std::process::id()
+            ));
+            let mut b = std::fs::DirBuilder::new();
+            #[cfg(unix)]
+            std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+            match b.create(&dir) {
+                Ok(()) => return Ok(TempDir(dir)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| std::io::Error::other("no free name")))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether a failed sandboxed command's error output reads like the sandbox refused it:
+/// a permission error from Landlock, or a network that is not there. A heuristic, for telling
+/// the model (and a person) that running it outside the sandbox might succeed.
+pub fn looks_blocked(stderr: &str) -> bool {
+    const SIGNS: &[&str] = &[
+        "Permission denied",
+        "Operation not permitted",
+        "Network is unreachable",
+        "Read-only file system",
+        "Temporary failure in name resolution",
+        "Could not resolve host",
+        "Name or service not known",
+        "Cannot assign requested address",
+        "EACCES",
+        "EPERM",
+        "ENETUNREACH",
+    ];
+    SIGNS.iter().any(|s| stderr.contains(s))
+}
+
+#[cfg(target_os = "linux")]
+mod imp {
+    use super::{Confinement, SandboxError, SandboxMode, SandboxPolicy, TempDir, Unavailable};
+    use landlock::{
+        ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset,
+        RulesetAttr, RulesetCreated, RulesetCreatedAttr, Scope,
+    };
+    use std::ffi::CString;
+    use std::os::fd::OwnedFd;
+    use std::path::{Path, PathBuf};
+    use std::sync::OnceLock;
+
+    /// The Landlock ABI whose rights are handled (the newest one tested; a newer kernel
+    /// enforces these, an older one what it has of them).
+    const ABI_USED: ABI = ABI::V7;
+
+    /// The kernel's Landlock ABI version (0: none).
+    fn landlock_abi() -> i64 {
+        // SAFETY: LANDLOCK_CREATE_RULESET_VERSION with no attributes only returns a number.
+        let v = unsafe {
+            libc::syscall(
+                libc::SYS_landlock_create_ruleset,
+                std::ptr::null::<libc::c_void>(),
+                0usize,
+                1u32,
+            )
+        };
+        v.max(0)
+    }
+
+    pub(super) fn support(network: bool) -> Result<(), Unavailable> {
+        let abi = landlock_abi();
+        if abi == 0 {
+            return Err(Unavailable(
+                "this kernel has no Landlock (it is not built in, or not enabled at boot: \
+                 `lsm=…,landlock`)"
+                    .into(),
+            ));
+        }
+        if abi < 3 {
+            return Err(Unavailable(format!(
+                "this kernel's Landlock is ABI {abi}; the sandbox needs ABI 3 (Linux 6.2) or \
+                 later, which can refuse truncating files"
+            )));
+        }
+        if !network {
+            static NETNS: OnceLock<Result<(), String>> = OnceLock::new();
+            NETNS
+                .get_or_init(probe_netns)
+                .clone()
+                .map_err(Unavailable)?;
+        }
+        Ok(())
+    }
+
+    /// Whether a child can enter a new user and network namespace: a fork whose pre-exec step
+    /// enters them and then fails on purpose (nothing is run).
+    fn probe_netns() -> Result<(), String> {
+        let ns = Netns::new();
+        let mut cmd = std::process::Command::new("/");
+        // SAFETY: the step makes system calls only (unshare, open, write, close), which are
+        // async-signal-safe; it allocates nothing.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                ns.enter()?;
+                Err(std::io::Error::from_raw_os_error(libc::ECANCELED))
+            });
+        }
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => Ok(()),
+            Err(e) => Err(format!(
+                "an unprivileged user and network namespace cannot be made here ({e}), so the \
+                 network cannot be cut off (allow it with the network setting, or enable \
+                 user namespaces: sysctl kernel.unprivileged_userns_clone / \
+                 user.max_user_namespaces)"
+            )),
+            Ok(mut child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                Err("the namespace probe ran a program".into())
+            }
+        }
+    }
+
+    /// Entering a new user and network namespace, mapping this user's own ids (formatted
+    /// before the fork).
+    #[derive(Debug)]
+    struct Netns {
+        uid_map: CString,
+        gid_map: CString,
+    }
+
+    impl Netns {
+        fn new() -> Self {
+            // SAFETY: getuid and getgid cannot fail.
+            let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
+            let line = |id: u32| CString::new(format!("{id} {id} 1\n")).unwrap_or_default();
+            Netns {
+                uid_map: line(uid),
+                gid_map: line(gid),
+            }
+        }
+
+        /// In the child: system calls only.
+        fn enter(&self) -> std::io::Result<()> {
+            // SAFETY: unshare takes flags only.
+            if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            write_file(c"/proc/self/setgroups", b"deny")?;
+            write_file(c"/proc/self/uid_map", self.uid_map.as_bytes())?;
+            write_file(c"/proc/self/gid_map", self.gid_map.as_bytes())?;
+            Ok(())
+        }
+    }
+
+    /// Writes `data` to the file at `path` in one write (open, write, close: async-signal-safe).
+    fn write_file(path: &std::ffi::CStr, data: &[u8]) -> std::io::Result<()> {
+        // SAFETY: a NUL-terminated path, a buffer of `data.len()` bytes, an fd closed once.
+        unsafe {
+            let fd = libc::open(path.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let n = libc::write(fd, data.as_ptr().cast(), data.len());
+            let err = (n < 0).then(std::io::Error::last_os_error);
+            libc::close(fd);
+            match err {
+                Some(e) => Err(e),
+                None if n as usize != data.len() => {
+                    Err(std::io::Error::from_raw_os_error(libc::EIO))
+                }
+                None => Ok(()),
+            }
+        }
+    }
+
+    /// What the child enforces, ready before the fork.
+    #[derive(Debug)]
+    pub(super) struct Prepared {
+        ruleset: RulesetCreated,
+        netns: Option<Netns>,
+    }
+
+    impl Prepared {
+        pub(super) fn apply(self, cmd: &mut std::process::Command) {
+            let mut ruleset = Some(self.ruleset);
+            let netns = self.netns;
+            // SAFETY: the step runs in the child between fork and exec. It makes system calls
+            // only: unshare, open/write/close on /proc/self (buffers formatted before the
+            // fork), prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self (through the
+            // landlock crate, which allocates nothing there), and close (the ruleset's fd).
+            // Errors are raw OS errors (no allocation).
+            unsafe {
+                std::os::unix::process::CommandExt::pre_exec(cmd, move || {
+                    if let Some(ns) = &netns {
+                        ns.enter()?;
+                    }
+                    let Some(rs) = ruleset.take() else {
+                        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+                    };
+                    match rs.restrict_self() {
+                        Ok(_) => Ok(()),
+                        Err(_) => Err(std::io::Error::from_raw_os_error(libc::EPERM)),
+                    }
+                });
+            }
+        }
+    }
+
+    fn err(what: impl std::fmt::Display) -> SandboxError {
+        SandboxError(what.to_string())
+    }
+
+    /// A path opened without following a last symbolic link (a link gets a rule of its own,
+    /// never its target's).
+    fn open_path(p: &Path) -> Option<OwnedFd> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open(
+            p,
+            OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()
+    }
+
+    /// A path made absolute and free of symbolic links as far as it exists (the rest as
+    /// given, without `.` and `..`).
+    fn resolve(p: &Path) -> Option<PathBuf> {
+        if !p.is_absolute() {
+            return None;
+        }
+        let mut existing = p.to_path_buf();
+        let mut rest = Vec::new();
+        loop {
+            if let Ok(c) = std::fs::canonicalize(&existing) {
+                let mut out = c;
+                for part in rest.iter().rev() {
+                    out.push(part);
+                }
+                return Some(out);
+            }
+            let name = existing.file_name()?.to_os_string();
+            if name == ".." || name == "." {
+                return None;
+            }
+            rest.push(name);
+            if !existing.pop() {
+                return None;
+            }
+        }
+    }
+
+    /// The read rules: every entry of `/` readable except the secrets, directories holding a
+    /// secret split (see the module's documentation). Pairs of a path and whether it is
+    /// granted whole (read and execute beneath it) or only listed (a split directory).
+    fn read_rules(secrets: &[PathBuf]) -> Vec<(PathBuf, bool)> {
+        let mut out = Vec::new();
+        let mut todo = vec![PathBuf::from("/")];
+        while let Some(dir) = todo.pop() {
+            out.push((dir.clone(), false));
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let p = dir.join(e.file_name());
+                if secrets.iter().any(|s| *s == p) {
+                    continue;
+                }
+                let holds = secrets.iter().any(|s| s.starts_with(&p));
+                let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+                if holds && real_dir {
+                    todo.push(p);
+                } else if !holds {
+                    out.push((p, true));
+                }
+            }
+        }
+        out
+    }
+
+    pub(super) fn prepare(
+        policy: &SandboxPolicy,
+        root: &Path,
+    ) -> Result<Confinement, SandboxError> {
+        let root = std::fs::canonicalize(root)
+            .map_err(|e| err(format!("the root `{}`: {e}", root.display())))?;
+        let temp = TempDir::new().map_err(|e| {
+            err(format!(
+                "cannot make a private temporary directory in `{}`: {e}",
+                std::env::temp_dir().display()
+            ))
+        })?;
+        let writable_root = policy.mode == SandboxMode::WorkspaceWrite;
+        let mut secrets = Vec::new();
+        let mut dropped = Vec::new();
+        for s in &policy.secret_paths {
+            let Some(r) = resolve(s) else { continue };
+            if writable_root && r.starts_with(&root) {
+                dropped.push(s.clone());
+            } else if r != Path::new("/") {
+                secrets.push(r);
+            }
+        }
+        let abi = ABI_USED;
+        let mut rs = Ruleset::default()
+            .set_compatibility(CompatLevel::BestEffort)
+            .handle_access(AccessFs::from_all(abi))
+            .map_err(err)?;
+        if !policy.network {
+            rs = rs.handle_access(AccessNet::from_all(abi)).map_err(err)?;
+        }
+        let mut rs = rs
+            .scope(Scope::from_all(abi))
+            .map_err(err)?
+            .create()
+            .map_err(err)?;
+        let read: BitFlags<AccessFs> = AccessFs::from_read(abi);
+        let list: BitFlags<AccessFs> = AccessFs::ReadDir.into();
+        let write: BitFlags<AccessFs> = AccessFs::from_all(abi);
+        let add = |rs: RulesetCreated,
+                   p: &Path,
+                   access: BitFlags<AccessFs>|
+         -> Result<RulesetCreated, SandboxError> {
+            // A path gone since it was listed gets no rule.
+            let Some(fd) = open_path(p) else {
+                return Ok(rs);
+            };
+            rs.add_rule(PathBeneath::new(fd, access))
+                .map_err(|e| err(format!("a rule for `{}`: {e}", p.display())))
+        };
+        for (p, whole) in read_rules(&secrets) {
+            rs = add(rs, &p, if whole { read } else { list })?;
+        }
+        if writable_root {
+            rs = add(rs, &root, write)?;
+        }
+        rs = add(rs, &temp.0, write)?;
+        let device = AccessFs::ReadFile | AccessFs::WriteFile | AccessFs::Truncate;
+        for dev in ["/dev/null", "/dev/zero", "/dev/full"] {
+            if let Ok(fd) = landlock::PathFd::new(dev) {
+                rs = rs
+                    .add_rule(PathBeneath::new(fd, device))
+                    .map_err(|e| err(format!("a rule for `{dev}`: {e}")))?;
+            }
+        }
+        Ok(Confinement {
+            temp: Some(temp),
+            dropped,
+            linux: Some(Prepared {
+                ruleset: rs,
+                netns: (!policy.network).then(Netns::new),
+            }),
+        })
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod imp {
+    use super::{Confinement, SandboxError, SandboxPolicy, Unavailable};
+    use std::path::Path;
+
+    pub(super) fn support(_network: bool) -> Result<(), Unavailable> {
+        #[cfg(target_os = "macos")]
+        let why = "the sandbox is not built for macOS yet (Seatbelt is planned)";
+        #[cfg(not(target_os = "macos"))]
+        let why = "the sandbox is built for Linux only";
+        Err(Unavailable(why.into()))
+    }
+
+    pub(super) fn prepare(
+        _policy: &SandboxPolicy,
+        _root: &Path,
+    ) -> Result<Confinement, SandboxError> {
+        Err(SandboxError(support(false).unwrap_err().0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_read_and_print_alike() {
+        for m in [
+            SandboxMode::ReadOnly,
+            SandboxMode::WorkspaceWrite,
+            SandboxMode::Off,
+        ] {
+            assert_eq!(m.as_str().parse::<SandboxMode>(), Ok(m));
+        }
+        assert!("write".parse::<SandboxMode>().is_err());
+    }
+
+    #[test]
+    fn blocked_commands_are_told_from_others() {
+        assert!(looks_blocked(
+            "sh: 1: cannot create /etc/x: Permission denied"
+        ));
+        assert!(looks_blocked("curl: (7) Network is unreachable"));
+        assert!(!looks_blocked("error[E0308]: mismatched types"));
+    }
+}
