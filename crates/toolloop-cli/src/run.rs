@@ -393,6 +393,7 @@ pub(crate) async fn run_with(mut args: RunArgs, cancel: CancellationToken) -> Ex
         Ok(images) => images,
         Err(e) => return usage_error(e),
     };
+    crate::sandbox::protect_store(args.durable.store.store.as_deref());
     let tools = match tools(&args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),

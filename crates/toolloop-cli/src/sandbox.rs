@@ -1,0 +1,104 @@
+//! The command sandbox in the command: `--sandbox read-only|workspace-write|off` and
+//! `--sandbox-network` (also `sandbox` and `sandbox_network` in the configuration file), and
+//! the secret paths toolloop adds to the library's defaults: its own configuration and data
+//! directories, the configuration file, and the store's file.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use std::sync::Mutex;
+use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
+
+/// The sandbox flags of `toolloop run` and `chat` (kept with the run for `resume`).
+#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SandboxArgs {
+    /// Where run_command runs: `workspace-write` (the default, where the system has a sandbox:
+    /// a command may write only in --root and its own TMPDIR, cannot read ~/.ssh, ~/.aws,
+    /// ~/.gnupg, ~/.config/gcloud or toolloop's configuration and store, and has no network;
+    /// it runs without asking), `read-only` (no writes in --root either), or `off` (commands
+    /// have all of your rights and each is asked about). Where the system has no sandbox, a
+    /// warning says so and commands are asked about.
+    #[arg(long, value_name = "MODE", value_parser = mode)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
+    /// Let sandboxed commands use the network.
+    #[arg(long)]
+    #[serde(default)]
+    pub sandbox_network: bool,
+}
+
+fn mode(s: &str) -> Result<SandboxMode, String> {
+    s.parse()
+}
+
+/// Store files opened or named by this process, kept from sandboxed programs.
+static STORE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Keeps the store at `location` (a SQLite path; a `postgres://` URL is not a file) from
+/// sandboxed programs: the file and SQLite's files beside it.
+pub(crate) fn protect_store(location: Option<&str>) {
+    let Some(location) = location.map(str::trim).filter(|l| !l.is_empty()) else {
+        return;
+    };
+    if location.contains("://") && !location.starts_with("sqlite:") {
+        return;
+    }
+    let path = location.strip_prefix("sqlite://").unwrap_or(location);
+    let path = path.strip_prefix("sqlite:").unwrap_or(path);
+    let path = PathBuf::from(path.split('?').next().unwrap_or(path));
+    let Ok(path) = std::path::absolute(&path) else {
+        return;
+    };
+    let mut files = STORE_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.clone().into_os_string();
+        p.push(suffix);
+        let p = PathBuf::from(p);
+        if !files.contains(&p) {
+            files.push(p);
+        }
+    }
+}
+
+/// The policy of the flags: the library's default secret paths, toolloop's configuration and
+/// data directories, the configuration file, `TOOLLOOP_STORE` and the stores named so far.
+pub(crate) fn policy(args: &SandboxArgs) -> SandboxPolicy {
+    let mode = args.sandbox.unwrap_or(SandboxMode::WorkspaceWrite);
+    let mut policy = SandboxPolicy::new(mode).network(args.sandbox_network);
+    if !policy.is_on() {
+        return policy;
+    }
+    use etcetera::BaseStrategy;
+    if let Ok(dirs) = etcetera::choose_base_strategy() {
+        policy = policy
+            .secret(dirs.config_dir().join("toolloop"))
+            .secret(dirs.data_dir().join("toolloop"));
+    }
+    if let Some(p) = toolloop_store::Store::default_location() {
+        policy = policy.secret(p.parent().map(PathBuf::from).unwrap_or(p));
+    }
+    if let Some(p) = crate::config::path() {
+        policy = policy.secret(p);
+    }
+    protect_store(std::env::var("TOOLLOOP_STORE").ok().as_deref());
+    let files = STORE_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    for f in files.iter() {
+        policy = policy.secret(f.clone());
+    }
+    policy
+}
+
+/// Tells the user, once per process, that the sandbox asked for cannot be used here.
+pub(crate) fn warn_unavailable(tool: &toolloop_tools::command::RunCommand) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    let Some(why) = tool.sandbox_unavailable() else {
+        return;
+    };
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "toolloop: warning: commands cannot run in a sandbox here: {why}. run_command calls \
+             run with all of your rights and are asked about (use --sandbox off to silence \
+             this, or run toolloop in a container or a virtual machine)"
+        );
+    }
+}
