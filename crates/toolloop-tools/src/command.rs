@@ -526,11 +526,10 @@ impl Tool for RunCommand {
         }
         let id = new_command_id();
         let sandboxed = self.sandboxed() && args.sandbox != Some(false);
+        // Made here, not on a blocking thread: it takes well under a millisecond (a few
+        // directory listings), less than a hand-off to another thread on a busy machine.
         let mut confinement = if sandboxed {
-            let (policy, root) = (self.config.sandbox.clone(), self.root.clone());
-            let prepared = tokio::task::spawn_blocking(move || policy.prepare(&root))
-                .await
-                .map_err(|e| ToolError::new(format!("the sandbox could not be set up: {e}")))?;
+            let prepared = self.config.sandbox.prepare(&self.root);
             Some(prepared.map_err(|e| ToolError::new(e.to_string()))?)
         } else {
             None
@@ -621,9 +620,9 @@ impl Tool for RunCommand {
             }
         };
         // Whatever the command left running goes with it (it would hold the output pipes
-        // open): its group, and what carries its id.
+        // open): its group, and what carries its id; then its private temporary directory.
         group.signal(true);
-        let _ = tokio::task::spawn_blocking(move || drop(group)).await;
+        let _ = tokio::task::spawn_blocking(move || drop((group, confinement))).await;
         let collect = |h: Option<tokio::task::JoinHandle<Capped>>| async move {
             let h = h?;
             tokio::time::timeout(Duration::from_secs(2), h)
@@ -633,10 +632,6 @@ impl Tool for RunCommand {
         };
         let stdout = collect(stdout).await.map(|c| c.text()).unwrap_or_default();
         let stderr = collect(stderr).await.map(|c| c.text()).unwrap_or_default();
-        // Its private temporary directory goes with it.
-        if let Some(c) = confinement {
-            let _ = tokio::task::spawn_blocking(move || drop(c)).await;
-        }
         match ending {
             Ending::Exited(status) => {
                 let code = status.code();

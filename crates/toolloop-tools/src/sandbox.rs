@@ -30,11 +30,14 @@
 //!   cannot be read); a file created in a split directory after the command started is not
 //!   readable by it. A secret path inside the writable root cannot be kept from a command that
 //!   may write there, and is dropped from the list (see [`Confinement::dropped_secrets`]).
-//! - **Network** (off unless [`SandboxPolicy::network`]): the program runs in a new network
-//!   namespace (with the user namespace that lets an unprivileged process make one, mapping
-//!   the user's own uid and gid, so that files keep their owner): it has no interface but a
-//!   loopback of its own that is down, so TCP, UDP, ICMP and raw sockets reach nothing, and
-//!   abstract Unix sockets outside it cannot be named. A network namespace was chosen over a
+//! - **Network** (off unless [`SandboxPolicy::network`]): the program runs in a network
+//!   namespace of its own (with the user namespace that lets an unprivileged process make one,
+//!   mapping the user's own uid and gid, so that files keep their owner): it has no interface
+//!   but a loopback that is down, so TCP, UDP, ICMP and raw sockets reach nothing, and
+//!   abstract Unix sockets outside it cannot be named. The namespace is made once per process
+//!   and joined by every sandboxed program without network (making and tearing down one per
+//!   command costs the kernel milliseconds); they share its dead loopback, and Landlock keeps
+//!   them from signalling or tracing one another. A network namespace was chosen over a
 //!   seccomp filter on `socket()`: it holds for every way of making a socket (io_uring's
 //!   socket operation, 32-bit system calls) without a list of system calls to keep up to date,
 //!   and it cuts abstract Unix sockets too. Landlock's TCP rules (ABI 4) are added as a second
@@ -375,41 +378,136 @@ mod imp {
             )));
         }
         if !network {
-            static NETNS: OnceLock<Result<(), String>> = OnceLock::new();
-            NETNS
-                .get_or_init(probe_netns)
-                .clone()
-                .map_err(Unavailable)?;
+            shared_ns().map_err(|e| {
+                Unavailable(format!(
+                    "an unprivileged user and network namespace cannot be made here ({e}), so \
+                     the network cannot be cut off (allow it with the network setting, or \
+                     enable user namespaces: sysctl user.max_user_namespaces, \
+                     kernel.unprivileged_userns_clone)"
+                ))
+            })?;
         }
         Ok(())
     }
 
-    /// Whether a child can enter a new user and network namespace: a fork whose pre-exec step
-    /// enters them and then fails on purpose (nothing is run).
-    fn probe_netns() -> Result<(), String> {
+    /// The user and network namespace that sandboxed programs without network join: made once
+    /// per process, held by descriptors (which keep it alive), so that no program pays for
+    /// making and tearing down a network namespace (a few milliseconds of the kernel's time
+    /// each). Programs in it share its loopback, which is down; each has its own Landlock
+    /// domain, so none can signal or trace another.
+    #[derive(Debug)]
+    struct SharedNs {
+        user: OwnedFd,
+        net: OwnedFd,
+    }
+
+    fn shared_ns() -> Result<&'static SharedNs, String> {
+        static NS: OnceLock<Result<SharedNs, String>> = OnceLock::new();
+        NS.get_or_init(make_shared_ns)
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    fn pipe() -> std::io::Result<(OwnedFd, OwnedFd)> {
+        use std::os::fd::FromRawFd;
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 fills two descriptors, owned from here on.
+        unsafe {
+            if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok((OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])))
+        }
+    }
+
+    /// Makes the shared namespace: a child enters a new user and network namespace between
+    /// fork and exec, sends its process id, and waits there while this process opens its
+    /// `/proc/<pid>/ns/{user,net}`; then it is let go and exits without running anything.
+    fn make_shared_ns() -> Result<SharedNs, String> {
+        use std::os::fd::AsRawFd;
         let ns = Netns::new();
+        let (ready_r, ready_w) = pipe().map_err(|e| e.to_string())?;
+        let (release_r, release_w) = pipe().map_err(|e| e.to_string())?;
+        let (ready_wfd, release_rfd, release_wfd) = (
+            ready_w.as_raw_fd(),
+            release_r.as_raw_fd(),
+            release_w.as_raw_fd(),
+        );
         let mut cmd = std::process::Command::new("/");
-        // SAFETY: the step makes system calls only (unshare, open, write, close), which are
-        // async-signal-safe; it allocates nothing.
+        cmd.stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        // SAFETY: the step makes system calls only (close, unshare, open/write/close on
+        // /proc/self, getpid, write, read), with buffers made before the fork; it allocates
+        // nothing.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
+                libc::close(release_wfd);
                 ns.enter()?;
+                let pid = libc::getpid().to_ne_bytes();
+                if libc::write(ready_wfd, pid.as_ptr().cast(), pid.len()) != pid.len() as isize {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut b = [0u8; 1];
+                // Until this process closes its end.
+                libc::read(release_rfd, b.as_mut_ptr().cast(), 1);
                 Err(std::io::Error::from_raw_os_error(libc::ECANCELED))
             });
         }
-        match cmd.spawn() {
-            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => Ok(()),
-            Err(e) => Err(format!(
-                "an unprivileged user and network namespace cannot be made here ({e}), so the \
-                 network cannot be cut off (allow it with the network setting, or enable \
-                 user namespaces: sysctl kernel.unprivileged_userns_clone / \
-                 user.max_user_namespaces)"
-            )),
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawner = std::thread::spawn(move || {
+            let r = cmd.spawn();
+            let _ = tx.send(());
+            r
+        });
+        let mut pid = None;
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(10) {
+            let mut fds = [libc::pollfd {
+                fd: ready_r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one pollfd, a short timeout.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 1, 10) };
+            if n > 0 {
+                let mut buf = [0u8; 4];
+                // SAFETY: a 4-byte buffer.
+                let got =
+                    unsafe { libc::read(ready_r.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                if got == 4 {
+                    pid = Some(libc::pid_t::from_ne_bytes(buf));
+                }
+                break;
+            }
+            if rx.try_recv().is_ok() {
+                break;
+            }
+        }
+        let opened = pid.map(|pid| {
+            let open = |kind: &str| {
+                std::fs::File::open(format!("/proc/{pid}/ns/{kind}")).map(OwnedFd::from)
+            };
+            (open("user"), open("net"))
+        });
+        drop(release_w);
+        let spawned = spawner
+            .join()
+            .map_err(|_| "the namespace maker panicked".to_string())?;
+        drop((ready_w, release_r));
+        match spawned {
+            Err(e) if e.raw_os_error() == Some(libc::ECANCELED) => {}
+            Err(e) => return Err(e.to_string()),
             Ok(mut child) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                Err("the namespace probe ran a program".into())
+                return Err("the namespace maker ran a program".into());
             }
+        }
+        match opened {
+            Some((Ok(user), Ok(net))) => Ok(SharedNs { user, net }),
+            Some((Err(e), _)) | Some((_, Err(e))) => Err(format!("opening its namespaces: {e}")),
+            None => Err("the namespace maker did not answer".into()),
         }
     }
 
@@ -470,7 +568,23 @@ mod imp {
     #[derive(Debug)]
     pub(super) struct Prepared {
         ruleset: RulesetCreated,
-        netns: Option<Netns>,
+        /// The shared namespace to join (no network).
+        netns: Option<&'static SharedNs>,
+    }
+
+    /// In the child: joins the shared user namespace, then its network namespace (system
+    /// calls only).
+    fn join(ns: &SharedNs) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: setns takes a descriptor and a flag.
+        unsafe {
+            if libc::setns(ns.user.as_raw_fd(), libc::CLONE_NEWUSER) != 0
+                || libc::setns(ns.net.as_raw_fd(), libc::CLONE_NEWNET) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        Ok(())
     }
 
     impl Prepared {
@@ -478,14 +592,13 @@ mod imp {
             let mut ruleset = Some(self.ruleset);
             let netns = self.netns;
             // SAFETY: the step runs in the child between fork and exec. It makes system calls
-            // only: unshare, open/write/close on /proc/self (buffers formatted before the
-            // fork), prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self (through the
-            // landlock crate, which allocates nothing there), and close (the ruleset's fd).
-            // Errors are raw OS errors (no allocation).
+            // only: setns (twice), prctl(PR_SET_NO_NEW_PRIVS) and landlock_restrict_self
+            // (through the landlock crate, which allocates nothing there), and close (the
+            // ruleset's fd). Errors are raw OS errors (no allocation).
             unsafe {
                 std::os::unix::process::CommandExt::pre_exec(cmd, move || {
-                    if let Some(ns) = &netns {
-                        ns.enter()?;
+                    if let Some(ns) = netns {
+                        join(ns)?;
                     }
                     let Some(rs) = ruleset.take() else {
                         return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
@@ -640,7 +753,11 @@ mod imp {
             dropped,
             linux: Some(Prepared {
                 ruleset: rs,
-                netns: (!policy.network).then(Netns::new),
+                netns: if policy.network {
+                    None
+                } else {
+                    Some(shared_ns().map_err(err)?)
+                },
             }),
         })
     }
