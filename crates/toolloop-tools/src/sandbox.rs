@@ -668,7 +668,7 @@ mod imp {
             };
             for e in entries.flatten() {
                 let p = dir.join(e.file_name());
-                if secrets.iter().any(|s| *s == p) {
+                if secrets.contains(&p) {
                     continue;
                 }
                 let holds = secrets.iter().any(|s| s.starts_with(&p));
