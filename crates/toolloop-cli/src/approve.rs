@@ -120,9 +120,10 @@ pub(crate) fn command_tools(
         config.timeout = t;
     }
     config.sandbox = crate::sandbox::policy(&args.sandbox);
+    let policy = config.sandbox.clone();
     let tool = toolloop_tools::command::RunCommand::new(config)
         .map_err(|e| format!("--root {}: {e}", root.display()))?;
-    crate::sandbox::warn_unavailable(&tool);
+    crate::sandbox::warn(&tool, &policy, root);
     Ok(vec![Arc::new(tool)])
 }
 

@@ -5,7 +5,7 @@
 
 use clap::Args;
 use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
 
@@ -88,9 +88,30 @@ pub(crate) fn policy(args: &SandboxArgs) -> SandboxPolicy {
     policy
 }
 
-/// Tells the user, once per process, that the sandbox asked for cannot be used here.
-pub(crate) fn warn_unavailable(tool: &toolloop_tools::command::RunCommand) {
+/// Tells the user, once per process, that the sandbox asked for cannot be used here, or that
+/// secret paths lie inside the root, where it cannot keep them from commands.
+pub(crate) fn warn(
+    tool: &toolloop_tools::command::RunCommand,
+    policy: &SandboxPolicy,
+    root: &Path,
+) {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if tool.sandboxed() {
+        let inside = policy.secrets_within(root);
+        if !inside.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let list: Vec<String> = inside
+                .iter()
+                .map(|p| crate::terminal::escape(&p.display().to_string(), false).into_owned())
+                .collect();
+            eprintln!(
+                "toolloop: warning: {} inside --root, where sandboxed commands may write; the \
+                 sandbox cannot keep {} from them (choose a narrower --root)",
+                list.join(", "),
+                if list.len() == 1 { "it" } else { "them" }
+            );
+        }
+        return;
+    }
     let Some(why) = tool.sandbox_unavailable() else {
         return;
     };

@@ -243,3 +243,23 @@ fn the_configuration_file_sets_the_sandbox() {
     assert!(!p.root.join("inside.txt").exists());
     rt.block_on(server.shutdown());
 }
+
+#[test]
+fn a_root_that_holds_a_secret_path_is_warned_about() {
+    let p = place();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, vec![sh("true".into())]);
+    let home = p.home.to_str().unwrap().to_string();
+    let out = run(&p, &server, &["--root", &home], &[]);
+    let err = stderr(&out);
+    assert!(
+        err.contains("warning:") && err.contains(".ssh") && err.contains("inside --root"),
+        "{err}"
+    );
+    // Not with a root beside the secrets.
+    let server2 = mock(&rt, vec![sh("true".into())]);
+    let out = run(&p, &server2, &[], &[]);
+    assert!(!stderr(&out).contains("warning"), "{}", stderr(&out));
+    rt.block_on(server.shutdown());
+    rt.block_on(server2.shutdown());
+}

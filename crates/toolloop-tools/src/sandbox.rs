@@ -190,6 +190,23 @@ impl SandboxPolicy {
         self
     }
 
+    /// The secret paths that lie beneath `root` when the policy lets programs write there
+    /// ([`SandboxMode::WorkspaceWrite`]): the sandbox cannot keep those from a program (it
+    /// could replace them), and does not try; a caller should tell the user.
+    pub fn secrets_within(&self, root: &Path) -> Vec<PathBuf> {
+        if self.mode != SandboxMode::WorkspaceWrite {
+            return Vec::new();
+        }
+        let Ok(root) = std::fs::canonicalize(root) else {
+            return Vec::new();
+        };
+        self.secret_paths
+            .iter()
+            .filter(|s| resolve(s).is_some_and(|r| r.starts_with(&root)))
+            .cloned()
+            .collect()
+    }
+
     /// Whether this policy confines anything (its mode is not [`SandboxMode::Off`]).
     pub fn is_on(&self) -> bool {
         self.mode != SandboxMode::Off
@@ -273,6 +290,40 @@ impl Confinement {
     }
 }
 
+/// A path made absolute and free of symbolic links as far as it exists (the rest as given,
+/// `.` and `..` taken lexically); `None` for a relative path.
+fn resolve(p: &Path) -> Option<PathBuf> {
+    use std::path::Component;
+    if !p.is_absolute() {
+        return None;
+    }
+    let mut clean = PathBuf::new();
+    for c in p.components() {
+        match c {
+            Component::ParentDir => {
+                clean.pop();
+            }
+            Component::CurDir => {}
+            other => clean.push(other),
+        }
+    }
+    let mut existing = clean;
+    let mut rest = Vec::new();
+    loop {
+        if let Ok(c) = std::fs::canonicalize(&existing) {
+            let mut out = c;
+            for part in rest.iter().rev() {
+                out.push(part);
+            }
+            return Some(out);
+        }
+        rest.push(existing.file_name()?.to_os_string());
+        if !existing.pop() {
+            return None;
+        }
+    }
+}
+
 /// A directory removed, with what it holds, when dropped.
 #[derive(Debug)]
 struct TempDir(PathBuf);
@@ -334,6 +385,7 @@ pub fn looks_blocked(stderr: &str) -> bool {
 
 #[cfg(target_os = "linux")]
 mod imp {
+    use super::resolve;
     use super::{Confinement, SandboxError, SandboxMode, SandboxPolicy, TempDir, Unavailable};
     use landlock::{
         ABI, Access, AccessFs, AccessNet, BitFlags, CompatLevel, Compatible, PathBeneath, Ruleset,
@@ -628,33 +680,6 @@ mod imp {
         .ok()
     }
 
-    /// A path made absolute and free of symbolic links as far as it exists (the rest as
-    /// given, without `.` and `..`).
-    fn resolve(p: &Path) -> Option<PathBuf> {
-        if !p.is_absolute() {
-            return None;
-        }
-        let mut existing = p.to_path_buf();
-        let mut rest = Vec::new();
-        loop {
-            if let Ok(c) = std::fs::canonicalize(&existing) {
-                let mut out = c;
-                for part in rest.iter().rev() {
-                    out.push(part);
-                }
-                return Some(out);
-            }
-            let name = existing.file_name()?.to_os_string();
-            if name == ".." || name == "." {
-                return None;
-            }
-            rest.push(name);
-            if !existing.pop() {
-                return None;
-            }
-        }
-    }
-
     /// The read rules: every entry of `/` readable except the secrets, directories holding a
     /// secret split (see the module's documentation). Pairs of a path and whether it is
     /// granted whole (read and execute beneath it) or only listed (a split directory).
@@ -699,7 +724,12 @@ mod imp {
         let mut secrets = Vec::new();
         let mut dropped = Vec::new();
         for s in &policy.secret_paths {
-            let Some(r) = resolve(s) else { continue };
+            let r = resolve(s).ok_or_else(|| {
+                err(format!(
+                    "the secret path `{}` is not an absolute path",
+                    s.display()
+                ))
+            })?;
             if writable_root && r.starts_with(&root) {
                 dropped.push(s.clone());
             } else if r != Path::new("/") {
@@ -787,6 +817,35 @@ mod imp {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secret_paths_are_resolved_and_those_in_a_writable_root_named() {
+        let dir =
+            std::env::temp_dir().join(format!("toolloop-sandbox-unit-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("project")).unwrap();
+        let dir = std::fs::canonicalize(&dir).unwrap();
+        let policy = SandboxPolicy::off()
+            .secret(dir.join("project/../project/.secret"))
+            .secret(dir.join("elsewhere"));
+        assert!(
+            policy.secrets_within(&dir.join("project")).is_empty(),
+            "off"
+        );
+        let policy = SandboxPolicy {
+            mode: SandboxMode::WorkspaceWrite,
+            ..policy
+        };
+        assert_eq!(
+            policy.secrets_within(&dir.join("project")),
+            [dir.join("project/../project/.secret")]
+        );
+        assert_eq!(
+            resolve(&dir.join("project/./x/../y")),
+            Some(dir.join("project/y"))
+        );
+        assert_eq!(resolve(Path::new("relative")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn modes_read_and_print_alike() {
