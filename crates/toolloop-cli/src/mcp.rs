@@ -104,6 +104,12 @@ pub(crate) fn server_configs(args: &McpArgs, root: &Path) -> Result<Vec<ServerCo
                     s.name
                 ));
             }
+            // A sandboxed server cannot read toolloop's own files either.
+            if let Some(policy) = &mut s.sandbox {
+                policy
+                    .secret_paths
+                    .extend(crate::sandbox::toolloop_secrets());
+            }
             // A relative working directory is the config file's.
             if let Transport::Stdio { cwd: Some(dir), .. } = &mut s.transport
                 && dir.is_relative()

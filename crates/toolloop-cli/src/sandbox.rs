@@ -68,22 +68,8 @@ pub(crate) fn policy(args: &SandboxArgs) -> SandboxPolicy {
     if !policy.is_on() {
         return policy;
     }
-    use etcetera::BaseStrategy;
-    if let Ok(dirs) = etcetera::choose_base_strategy() {
-        policy = policy
-            .secret(dirs.config_dir().join("toolloop"))
-            .secret(dirs.data_dir().join("toolloop"));
-    }
-    if let Some(p) = toolloop_store::Store::default_location() {
-        policy = policy.secret(p.parent().map(PathBuf::from).unwrap_or(p));
-    }
-    if let Some(p) = crate::config::path() {
+    for p in toolloop_secrets() {
         policy = policy.secret(p);
-    }
-    protect_store(std::env::var("TOOLLOOP_STORE").ok().as_deref());
-    let files = STORE_FILES.lock().unwrap_or_else(|p| p.into_inner());
-    for f in files.iter() {
-        policy = policy.secret(f.clone());
     }
     policy
 }
@@ -122,4 +108,31 @@ pub(crate) fn warn(
              this, or run toolloop in a container or a virtual machine)"
         );
     }
+}
+
+/// The paths toolloop keeps from sandboxed programs on top of the library's defaults: its
+/// configuration and data directories, the configuration file, `TOOLLOOP_STORE` and the stores
+/// named so far (with SQLite's files beside them).
+pub(crate) fn toolloop_secrets() -> Vec<PathBuf> {
+    use etcetera::BaseStrategy;
+    let mut out = Vec::new();
+    if let Ok(dirs) = etcetera::choose_base_strategy() {
+        out.push(dirs.config_dir().join("toolloop"));
+        out.push(dirs.data_dir().join("toolloop"));
+    }
+    if let Some(p) = toolloop_store::Store::default_location() {
+        out.push(p.parent().map(PathBuf::from).unwrap_or(p));
+    }
+    if let Some(p) = crate::config::path() {
+        out.push(p);
+    }
+    protect_store(std::env::var("TOOLLOOP_STORE").ok().as_deref());
+    out.extend(
+        STORE_FILES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned(),
+    );
+    out
 }
