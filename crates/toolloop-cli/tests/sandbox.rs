@@ -263,3 +263,30 @@ fn a_root_that_holds_a_secret_path_is_warned_about() {
     rt.block_on(server.shutdown());
     rt.block_on(server2.shutdown());
 }
+
+#[test]
+fn sandbox_network_lets_commands_connect() {
+    let p = place();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connect = || {
+        json!({"command": ["bash", "-c",
+            format!("exec 3<>/dev/tcp/127.0.0.1/{port} && echo connected")]})
+    };
+    let server = mock(&rt, vec![connect()]);
+    let out = run(&p, &server, &[], &[]);
+    let v = json_of(&out);
+    let data = &v["tool_calls"][0]["result"]["data"];
+    assert_ne!(data["exit_code"], 0, "{v}");
+    assert!(listener.accept().is_err(), "a sandboxed command connected");
+    let server2 = mock(&rt, vec![connect()]);
+    let out = run(&p, &server2, &["--sandbox-network"], &[]);
+    let v = json_of(&out);
+    let data = &v["tool_calls"][0]["result"]["data"];
+    assert_eq!(data["stdout"], "connected\n", "{v}");
+    assert!(listener.accept().is_ok());
+    rt.block_on(server.shutdown());
+    rt.block_on(server2.shutdown());
+}
