@@ -46,8 +46,9 @@ pub(crate) struct ApprovalArgs {
     #[arg(long = "ask", value_name = "TOOL[:SUBJECT]", value_parser = ask_rule)]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ask: Vec<String>,
-    /// Offer the run_command tool (programs run in --root; each call is asked about unless a
-    /// rule allows it).
+    /// Offer the run_command tool (programs run in --root, in the sandbox of --sandbox, where
+    /// they run without asking; outside a sandbox each call is asked about unless a rule
+    /// allows it).
     #[arg(long)]
     #[serde(default)]
     pub allow_commands: bool,
@@ -55,6 +56,9 @@ pub(crate) struct ApprovalArgs {
     #[arg(long, requires = "allow_commands")]
     #[serde(default)]
     pub allow_shell: bool,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub sandbox: crate::sandbox::SandboxArgs,
     /// The longest one command may run (default 2m): seconds or a duration (`90s`, `5m`).
     #[arg(long, value_name = "DURATION", value_parser = crate::run::parse_timeout)]
     #[serde(default)]
@@ -171,8 +175,11 @@ pub(crate) fn command_tools(
     if let Some(t) = args.command_timeout {
         config.timeout = t;
     }
+    config.sandbox = crate::sandbox::policy(&args.sandbox);
+    let policy = config.sandbox.clone();
     let tool = toolloop_tools::command::RunCommand::new(config)
         .map_err(|e| format!("--root {}: {e}", root.display()))?;
+    crate::sandbox::warn(&tool, &policy, root);
     Ok(vec![Arc::new(tool)])
 }
 

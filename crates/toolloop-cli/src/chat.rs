@@ -40,6 +40,7 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         return ExitCode::from(crate::EXIT_USAGE);
     }
     let session = args.session.clone().unwrap_or_else(new_session_name);
+    crate::sandbox::protect_store(args.store.store.as_deref());
     // Fail early on a bad store or model, before the first line.
     if let Err(code) = crate::durable::open_store(&args.store).await {
         return code;

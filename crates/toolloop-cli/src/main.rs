@@ -22,6 +22,7 @@ mod logging;
 mod mcp;
 mod progress;
 mod run;
+mod sandbox;
 mod secrets;
 #[cfg(feature = "restate")]
 mod serve;

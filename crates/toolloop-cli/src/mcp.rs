@@ -119,6 +119,12 @@ fn parse(
     };
     let mut servers = servers.map_err(|e| format!("{label}: {e}"))?;
     for s in &mut servers {
+        // A sandboxed server cannot read toolloop's own files either.
+        if let Some(policy) = &mut s.sandbox {
+            policy
+                .secret_paths
+                .extend(crate::sandbox::toolloop_secrets());
+        }
         if let Transport::Stdio { cwd: Some(dir), .. } = &mut s.transport
             && dir.is_relative()
             && let Some(base) = path.parent()

@@ -409,6 +409,7 @@ pub(crate) async fn run_with_note(
         Err(e) => return usage_error(e),
     };
     let started = std::time::Instant::now();
+    crate::sandbox::protect_store(args.durable.store.store.as_deref());
     let tools = match tools(&args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),

@@ -69,6 +69,8 @@ fn rules_allow_and_deny_and_without_a_terminal_an_unruled_call_is_denied() {
         &server.base_url(),
         &[
             "--allow-commands",
+            "--sandbox",
+            "off",
             "--allow-write",
             "--allow",
             "run_command:echo *",
@@ -125,7 +127,7 @@ fn deferred_approvals_are_decided_and_resumed_across_processes() {
     let out = run(
         dir.path(),
         &server.base_url(),
-        &["--allow-commands", "--defer-approvals"],
+        &["--allow-commands", "--sandbox", "off", "--defer-approvals"],
     );
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     let v = json_of(&out);
@@ -360,7 +362,7 @@ fn killed_while_asking_on_a_terminal_resume_asks_again() {
     let bin = env!("CARGO_BIN_EXE_toolloop");
     let base = format!("{}/v1", server.base_url());
     let line = format!(
-        "{bin} run --model openai:mock --base-url {base} --allow-commands go; echo EXIT=$?"
+        "{bin} run --model openai:mock --base-url {base} --allow-commands --sandbox off go; echo EXIT=$?"
     );
     // A store of its own: the killed run is the only unfinished one in it.
     let store = dir.path().join("own.db").to_string_lossy().into_owned();

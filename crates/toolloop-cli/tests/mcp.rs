@@ -847,6 +847,8 @@ fn approve_and_resume_do_not_start_a_mcp_json_planted_after_the_run() {
             "--base-url",
             &url,
             "--allow-commands",
+            "--sandbox",
+            "off",
             "--defer-approvals",
             "go",
         ],
@@ -1187,4 +1189,62 @@ fn a_401_that_echoes_the_configured_header_is_shown_redacted() {
     assert!(!String::from_utf8_lossy(&list.stderr).contains(secret));
     assert!(log_lines(&log).iter().any(|l| l.starts_with("http POST")));
     mock.finish();
+}
+
+/// A stdio server started in the sandbox (the `toolloop` key of its configuration) writes in
+/// its working directory and nowhere else; the same server outside the sandbox writes there.
+#[cfg(all(feature = "test-hooks", target_os = "linux"))]
+#[tokio::test]
+async fn a_sandboxed_stdio_server_cannot_write_outside_its_root() {
+    use toolloop::tool::ToolContext;
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().canonicalize().unwrap();
+    let (root, outside) = (base.join("root"), base.join("outside"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let server = |sandbox: &str| {
+        json!({"mcpServers": {"t": {
+            "command": env!("CARGO_BIN_EXE_toolloop-mcp-test-server"),
+            "cwd": root,
+            "toolloop": {"sandbox": sandbox},
+        }}})
+    };
+    let write = |mcp: toolloop_mcp::McpTools, path: PathBuf| async move {
+        let tools = mcp.tools(&[]).await.unwrap();
+        let write = tools.iter().find(|t| t.name() == "write").unwrap();
+        let out = write
+            .call(
+                json!({"path": path, "text": "from the server"}),
+                ToolContext::detached("c1", "write"),
+            )
+            .await;
+        mcp.shutdown().await;
+        out.map(|o| o.message).map_err(|e| e.message)
+    };
+    let open = |doc: Value| {
+        let configs = toolloop_mcp::parse_mcp_servers(&doc, &|_| None).unwrap();
+        toolloop_mcp::McpTools::new(configs).unwrap()
+    };
+    // Outside the sandbox, the write lands.
+    let target = outside.join("escaped");
+    assert_eq!(
+        write(open(server("off")), target.clone()).await.as_deref(),
+        Ok("written")
+    );
+    std::fs::remove_file(&target).unwrap();
+    // In it, only the root takes writes.
+    let refused = write(open(server("workspace-write")), target.clone()).await;
+    let message = refused.unwrap_err();
+    assert!(message.contains("Permission denied"), "{message}");
+    assert!(!target.exists());
+    assert_eq!(
+        write(open(server("workspace-write")), root.join("inside"))
+            .await
+            .as_deref(),
+        Ok("written")
+    );
+    assert_eq!(
+        std::fs::read_to_string(root.join("inside")).unwrap(),
+        "from the server"
+    );
 }

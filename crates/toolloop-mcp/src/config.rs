@@ -6,6 +6,7 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
+use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
 
 /// How to reach a server.
 #[derive(Debug, Clone, PartialEq)]
@@ -52,6 +53,10 @@ pub struct ServerConfig {
     /// How many times the server is started again after it died (default 3); after that its
     /// calls fail.
     pub max_restarts: u32,
+    /// The sandbox a child process server runs in (see [`toolloop_tools::sandbox`]), with its
+    /// working directory (or this process's) as the root it may write in. Default: none. A
+    /// server whose sandbox the system cannot enforce does not start (its error says why).
+    pub sandbox: Option<SandboxPolicy>,
 }
 
 impl ServerConfig {
@@ -64,6 +69,7 @@ impl ServerConfig {
             call_timeout: None,
             startup_timeout: Duration::from_secs(30),
             max_restarts: 3,
+            sandbox: None,
         }
     }
 
@@ -168,6 +174,12 @@ impl ServerConfig {
         out.retain(|s| !s.is_empty());
         out
     }
+
+    /// Runs a child process server in a sandbox (ignored for HTTP).
+    pub fn sandbox(mut self, policy: SandboxPolicy) -> Self {
+        self.sandbox = Some(policy);
+        self
+    }
 }
 
 /// Whether an environment variable's name looks like it holds a secret, by the rule every child
@@ -253,6 +265,11 @@ pub fn expand_vars(text: &str, lookup: &dyn Fn(&str) -> Option<String>) -> Resul
 /// server with `"disabled": true` is left out. Also reads `prefix` (see
 /// [`ServerConfig::prefix`]) and `timeout` (seconds per call). `type` may be `stdio`, `http`
 /// or `streamable-http`; `sse` (the old transport) is refused.
+///
+/// toolloop's own settings of a server go under the key `toolloop`, which other clients
+/// ignore: `"toolloop": {"sandbox": "workspace-write", "network": false}` runs a child
+/// process server in the sandbox ([`ServerConfig::sandbox`]; `sandbox` is `read-only`,
+/// `workspace-write` or `off`, `network` allows the network).
 pub fn parse_mcp_servers(
     doc: &Value,
     lookup: &dyn Fn(&str) -> Option<String>,
@@ -400,7 +417,9 @@ fn parse_server(
             )));
         }
     };
+    let stdio = matches!(transport, Transport::Stdio { .. });
     let mut server = ServerConfig::new(name, transport);
+    server.sandbox = parse_own(name, obj.get("toolloop"), stdio)?;
     if let Some(prefix) = string("prefix")? {
         server.prefix = Some(prefix);
     }
@@ -421,10 +440,86 @@ fn parse_server(
     Ok(Some(server))
 }
 
+/// toolloop's own settings of a server (the `toolloop` object): its sandbox.
+fn parse_own(
+    name: &str,
+    own: Option<&Value>,
+    stdio: bool,
+) -> Result<Option<SandboxPolicy>, ConfigError> {
+    let at = format!("mcpServers.{name}.toolloop");
+    let obj = match own {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(err(format!("{at} is not an object"))),
+    };
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !matches!(k.as_str(), "sandbox" | "network"))
+    {
+        return Err(err(format!(
+            "{at}.{k} is not a setting: expected `sandbox` or `network`"
+        )));
+    }
+    let mode = match obj.get("sandbox") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => Some(
+            s.parse::<SandboxMode>()
+                .map_err(|e| err(format!("{at}.sandbox: {e}")))?,
+        ),
+        Some(_) => return Err(err(format!("{at}.sandbox is not a string"))),
+    };
+    let network = match obj.get("network") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(err(format!("{at}.network is not true or false"))),
+    };
+    match mode {
+        None | Some(SandboxMode::Off) => Ok(None),
+        Some(_) if !stdio => Err(err(format!(
+            "{at}.sandbox: only a child process server (`command`) can run in the sandbox"
+        ))),
+        Some(mode) => Ok(Some(SandboxPolicy::new(mode).network(network))),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn reads_the_sandbox_under_toolloops_own_key() {
+        let doc = json!({"mcpServers": {
+            "boxed": {"command": "srv", "toolloop": {"sandbox": "workspace-write"}},
+            "net": {"command": "srv", "toolloop": {"sandbox": "read-only", "network": true}},
+            "plain": {"command": "srv"},
+        }});
+        let servers = parse_mcp_servers(&doc, &vars).unwrap();
+        let get = |n: &str| {
+            servers
+                .iter()
+                .find(|s| s.name == n)
+                .unwrap()
+                .sandbox
+                .clone()
+        };
+        let boxed = get("boxed").unwrap();
+        assert_eq!(
+            (boxed.mode, boxed.network),
+            (SandboxMode::WorkspaceWrite, false)
+        );
+        let net = get("net").unwrap();
+        assert_eq!((net.mode, net.network), (SandboxMode::ReadOnly, true));
+        assert_eq!(get("plain"), None);
+        for bad in [
+            json!({"command": "s", "toolloop": {"sandbox": "strict"}}),
+            json!({"command": "s", "toolloop": {"sandbox": "off", "nope": 1}}),
+            json!({"url": "https://x/mcp", "toolloop": {"sandbox": "read-only"}}),
+        ] {
+            let e = parse_mcp_servers(&json!({"mcpServers": {"x": bad}}), &vars).unwrap_err();
+            assert!(e.message.contains("mcpServers.x.toolloop"), "{e}");
+        }
+    }
 
     fn vars(name: &str) -> Option<String> {
         match name {

@@ -127,6 +127,9 @@ struct Conn {
     peer: Peer<RoleClient>,
     generation: u32,
     stderr: Option<(Arc<StderrTail>, tokio::task::JoinHandle<()>)>,
+    /// The sandbox of a child process server (its private temporary directory lives as long
+    /// as the connection).
+    _sandbox: Option<toolloop_tools::sandbox::Confinement>,
 }
 
 /// One MCP server. Cheap to share (`Arc`); calls may run at the same time.
@@ -320,6 +323,24 @@ impl McpServer {
                 if let Some(dir) = cwd {
                     cmd.current_dir(dir);
                 }
+                let sandbox = match &self.config.sandbox {
+                    Some(policy) if policy.is_on() => {
+                        let root = match cwd {
+                            Some(dir) => dir.clone(),
+                            None => std::env::current_dir().map_err(|e| {
+                                self.error(format!("no working directory for the sandbox: {e}"))
+                            })?,
+                        };
+                        let policy = policy.clone();
+                        let mut c = tokio::task::spawn_blocking(move || policy.prepare(&root))
+                            .await
+                            .map_err(|e| self.error(e.to_string()))?
+                            .map_err(|e| self.error(format!("cannot start `{command}`: {e}")))?;
+                        c.apply(cmd.as_std_mut());
+                        Some(c)
+                    }
+                    _ => None,
+                };
                 let (process, stderr) = ChildTransport::spawn(cmd)
                     .map_err(|e| self.error(format!("cannot run `{command}`: {e}")))?;
                 let tail = Arc::new(StderrTail::default());
@@ -360,6 +381,7 @@ impl McpServer {
                     peer,
                     generation,
                     stderr: Some((tail, reader)),
+                    _sandbox: sandbox,
                 })
             }
             Transport::Http { url, headers } => {
@@ -386,6 +408,7 @@ impl McpServer {
                         peer,
                         generation,
                         stderr: None,
+                        _sandbox: None,
                     })
                 }
                 #[cfg(not(feature = "http"))]

@@ -12,7 +12,9 @@
 //! - `add_tool`: adds the tool `extra` and sends `notifications/tools/list_changed`;
 //! - `destroy` (destructive): logs `effect <key>`, then waits `TOOLLOOP_MCP_TEST_DESTROY_MS`
 //!   milliseconds (default 0);
-//! - `huge`: a result of 17 MiB of text (more than a message may be).
+//! - `huge`: a result of 17 MiB of text (more than a message may be);
+//! - `write`: writes `text` to the file at `path` (a failed write is a result with `isError`
+//!   and the system's error).
 //!
 //! `TOOLLOOP_MCP_TEST_MODE` makes it misbehave as a whole:
 //!
@@ -84,6 +86,12 @@ impl TestServer {
                 schema(none.clone()),
             )
             .with_annotations(ToolAnnotations::new().read_only(false).destructive(true)),
+            Tool::new(
+                "write",
+                "Writes text to a file.",
+                schema(json!({"type": "object", "properties": {
+                    "path": {"type": "string"}, "text": {"type": "string"}}})),
+            ),
         ];
         tools.push(Tool::new(
             "huge",
@@ -202,6 +210,16 @@ impl ServerHandler for TestServer {
                     }
                 }
                 CallToolResult::success(vec![ContentBlock::text("destroyed")])
+            }
+            "write" => {
+                let path = args.get("path").and_then(Value::as_str).unwrap_or("");
+                let text = args.get("text").and_then(Value::as_str).unwrap_or("");
+                match std::fs::write(path, text) {
+                    Ok(()) => CallToolResult::success(vec![ContentBlock::text("written")]),
+                    Err(e) => CallToolResult::error(vec![ContentBlock::text(format!(
+                        "cannot write {path}: {e}"
+                    ))]),
+                }
             }
             "extra" if self.extra.load(Ordering::SeqCst) => {
                 CallToolResult::success(vec![ContentBlock::text("extra ran")])

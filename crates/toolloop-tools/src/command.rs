@@ -31,7 +31,24 @@
 //! exits non-zero is a result like any other (the model reads the code and the output), while
 //! a timeout or a cancellation is a tool error carrying the output so far.
 //!
-//! The tool is side-effecting and asks for approval by default (see
+//! # The sandbox
+//!
+//! With a [`SandboxPolicy`] that is on ([`CommandConfig::sandbox`]) and a system that can
+//! enforce it ([`SandboxPolicy::support`]), every command runs in the sandbox (see
+//! [`crate::sandbox`]): it may write only beneath the root and its private `TMPDIR`, cannot
+//! read the secret paths, and has no network unless the policy allows it. Such a command is
+//! allowed without asking by default ([`CommandConfig::sandboxed_approval`]). A command that
+//! fails with an error that reads like the sandbox refused it gets a `sandbox` note in its
+//! result; the model may then call again with `"sandbox": false`, and that call is asked
+//! about, always (a rule that allows it does not; a rule that denies it still wins).
+//!
+//! Where the system cannot enforce the policy, [`RunCommand::sandbox_unavailable`] says why,
+//! and commands run outside it and are asked about as without a sandbox (never silently
+//! allowed).
+//!
+//! # Approvals
+//!
+//! The tool is side-effecting; outside the sandbox it asks for approval by default (see
 //! [`toolloop::approval`]); rules match its approval subject, the command line with each
 //! argument quoted as a POSIX shell would need (`cargo test --quiet`, `echo 'a b'`).
 
@@ -47,6 +64,8 @@ use tokio::io::{AsyncRead, AsyncReadExt};
 use toolloop::approval::{Action, Subject};
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
 
+use crate::sandbox::SandboxPolicy;
+
 /// How `run_command` runs programs.
 #[derive(Debug, Clone)]
 pub struct CommandConfig {
@@ -61,6 +80,11 @@ pub struct CommandConfig {
     pub max_output_bytes: usize,
     /// Whether shells may be run (`["sh", "-c", "…"]`). Default: no.
     pub allow_shell: bool,
+    /// The sandbox commands run in (default: off; [`SandboxPolicy::new`] makes one).
+    pub sandbox: SandboxPolicy,
+    /// The approval of a call that runs in the sandbox when no rule matches (default:
+    /// allow, since it cannot write outside the root, read the secrets or reach the network).
+    pub sandboxed_approval: Action,
 }
 
 impl CommandConfig {
@@ -72,6 +96,8 @@ impl CommandConfig {
             kill_grace: Duration::from_secs(2),
             max_output_bytes: 32 * 1024,
             allow_shell: false,
+            sandbox: SandboxPolicy::off(),
+            sandboxed_approval: Action::Allow,
         }
     }
 }
@@ -83,6 +109,8 @@ pub struct RunCommand {
     root: PathBuf,
     schema: Value,
     description: String,
+    /// Why the configured sandbox cannot be used here (commands then run outside it).
+    unavailable: Option<crate::sandbox::Unavailable>,
 }
 
 #[derive(Deserialize, JsonSchema)]
@@ -93,6 +121,9 @@ struct RunCommandArgs {
     command: Vec<String>,
     /// Seconds to let it run (at most the configured limit).
     timeout_secs: Option<f64>,
+    /// `false` asks to run the command outside the sandbox, after the sandbox stopped it; a
+    /// person decides. Leave it out otherwise.
+    sandbox: Option<bool>,
 }
 
 /// Programs refused without [`CommandConfig::allow_shell`]: shells, and launchers that would
@@ -318,9 +349,30 @@ impl RunCommand {
         } else {
             "No shell: give the program and its arguments; shells are not available."
         };
+        let unavailable = config.sandbox.support().err();
+        let sandboxed = config.sandbox.is_on() && unavailable.is_none();
+        let sandbox = if sandboxed {
+            let write = match config.sandbox.mode {
+                crate::sandbox::SandboxMode::ReadOnly => "may write only in $TMPDIR",
+                _ => "may write only in the project directory and $TMPDIR",
+            };
+            let net = if config.sandbox.network {
+                ""
+            } else {
+                ", has no network"
+            };
+            format!(
+                " Commands run in a sandbox: each {write}{net}, and cannot read credentials. \
+                 If the sandbox stopped a command, you may call again with \"sandbox\": false \
+                 to ask the user to run it outside."
+            )
+        } else {
+            String::new()
+        };
         let description = format!(
             "Runs a program in the project directory and returns its exit code, stdout and \
-             stderr (long output keeps its head and tail). {shell} At most {}s per command.",
+             stderr (long output keeps its head and tail). {shell} At most {}s per \
+             command.{sandbox}",
             config.timeout.as_secs()
         );
         Ok(RunCommand {
@@ -328,7 +380,25 @@ impl RunCommand {
             root,
             schema: schema_of::<RunCommandArgs>(),
             description,
+            unavailable,
         })
+    }
+
+    /// Whether commands run in the sandbox (it is configured and this system enforces it).
+    pub fn sandboxed(&self) -> bool {
+        self.config.sandbox.is_on() && self.unavailable.is_none()
+    }
+
+    /// Why the configured sandbox cannot be used here, when it cannot: commands then run
+    /// outside it and are asked about. A caller should tell the user (the command prints a
+    /// warning).
+    pub fn sandbox_unavailable(&self) -> Option<&crate::sandbox::Unavailable> {
+        self.unavailable.as_ref()
+    }
+
+    /// Whether this call asks to leave the sandbox (`"sandbox": false` while it is on).
+    fn leaves_sandbox(&self, args: &Value) -> bool {
+        self.sandboxed() && args.get("sandbox") == Some(&Value::Bool(false))
     }
 }
 
@@ -563,8 +633,17 @@ impl Tool for RunCommand {
             None => toolloop::message::canonical_json(args).into(),
         }
     }
+    /// The one place where the sandbox decides approvals: a command in the sandbox gets
+    /// [`CommandConfig::sandboxed_approval`] (allow by default), one outside it asks.
     fn default_approval(&self) -> Action {
-        Action::Ask
+        if self.sandboxed() {
+            self.config.sandboxed_approval
+        } else {
+            Action::Ask
+        }
+    }
+    fn approval_required(&self, args: &Value) -> bool {
+        self.leaves_sandbox(args)
     }
 
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
@@ -593,6 +672,15 @@ impl Tool for RunCommand {
             timeout = timeout.min(d.saturating_duration_since(tokio::time::Instant::now()));
         }
         let id = new_command_id();
+        let sandboxed = self.sandboxed() && args.sandbox != Some(false);
+        // Made here, not on a blocking thread: it takes well under a millisecond (a few
+        // directory listings), less than a hand-off to another thread on a busy machine.
+        let mut confinement = if sandboxed {
+            let prepared = self.config.sandbox.prepare(&self.root);
+            Some(prepared.map_err(|e| ToolError::new(e.to_string()))?)
+        } else {
+            None
+        };
         let mut cmd = tokio::process::Command::new(program);
         cmd.args(&args.command[1..])
             .current_dir(&self.root)
@@ -613,6 +701,9 @@ impl Tool for RunCommand {
                 rustix::process::set_child_subreaper(Some(rustix::process::Pid::INIT))
                     .map_err(std::io::Error::from)
             });
+        }
+        if let Some(c) = confinement.as_mut() {
+            c.apply(cmd.as_std_mut());
         }
         let mut child = cmd.spawn().map_err(|e| {
             ToolError::new(format!(
@@ -676,9 +767,9 @@ impl Tool for RunCommand {
             }
         };
         // Whatever the command left running goes with it (it would hold the output pipes
-        // open): its group, and what carries its id.
+        // open): its group, and what carries its id; then its private temporary directory.
         group.signal(true);
-        let _ = tokio::task::spawn_blocking(move || drop(group)).await;
+        let _ = tokio::task::spawn_blocking(move || drop((group, confinement))).await;
         let collect = |h: Option<tokio::task::JoinHandle<Capped>>| async move {
             let h = h?;
             tokio::time::timeout(Duration::from_secs(2), h)
@@ -695,19 +786,39 @@ impl Tool for RunCommand {
                 let signal = std::os::unix::process::ExitStatusExt::signal(&status);
                 #[cfg(not(unix))]
                 let signal: Option<i32> = None;
-                let message = match (code, signal) {
+                let mut message = match (code, signal) {
                     (Some(c), _) => format!("exit code {c}"),
                     (None, Some(s)) => format!("killed by signal {s}"),
                     _ => "ended".into(),
                 };
+                let mut data = json!({
+                    "exit_code": code,
+                    "signal": signal,
+                    "stdout": stdout,
+                    "stderr": stderr,
+                });
+                if sandboxed
+                    && !status.success()
+                    && crate::sandbox::looks_blocked(&format!("{stderr}\n{stdout}"))
+                {
+                    let note = format!(
+                        "the command ran in the sandbox ({}{}), which may have stopped it; if \
+                         it needs to write outside the project directory, read a protected \
+                         file or use the network, call run_command again with the same \
+                         command and \"sandbox\": false: the user will be asked",
+                        self.config.sandbox.mode,
+                        if self.config.sandbox.network {
+                            ""
+                        } else {
+                            ", no network"
+                        }
+                    );
+                    message.push_str(&format!(" ({note})"));
+                    data["sandbox"] = Value::String(note);
+                }
                 Ok(ToolOutput {
                     message,
-                    data: Some(json!({
-                        "exit_code": code,
-                        "signal": signal,
-                        "stdout": stdout,
-                        "stderr": stderr,
-                    })),
+                    data: Some(data),
                     ..ToolOutput::default()
                 })
             }

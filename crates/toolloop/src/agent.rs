@@ -1473,13 +1473,23 @@ fn subject_changed(
     weighed: Option<&Subject>,
 ) -> Option<ToolCallResult> {
     let weighed = weighed?;
-    let now = tool.approval_subject(&call.arguments);
+    let now = crate::toolbox::subject_of(tool, &call.arguments);
     if *weighed == now {
         return None;
     }
     let shown =
         |s: &Subject| crate::result::shorten(&s.text, crate::result::ECHO_CHARS).into_owned();
-    let change = if weighed.text == now.text {
+    let change = if weighed.person != now.person {
+        format!(
+            "`{}` {} a person's approval now",
+            shown(&now),
+            if now.person {
+                "needs"
+            } else {
+                "no longer needs"
+            }
+        )
+    } else if weighed.text == now.text {
         format!("`{}` now resolves to something else", shown(weighed))
     } else {
         format!("`{}` is now `{}`", shown(weighed), shown(&now))

@@ -221,6 +221,11 @@ pub struct Subject {
     /// path that does not resolve, a shell script): every `deny` and `ask` rule of the tool
     /// then matches the call.
     pub uncertain: Option<String>,
+    /// Set when only a person may approve the call ([`crate::tool::Tool::approval_required`],
+    /// such as `run_command` asked to run outside its sandbox): a rule or default that would
+    /// allow it asks instead (a rule that denies it still wins). The driver sets it
+    /// ([`crate::toolbox::Toolbox::approval_subjects`]), since the machine never asks a tool.
+    pub person: bool,
 }
 
 /// How a [`Subject`] is kept: a plain string (one spelling, known for sure; the only form
@@ -235,7 +240,13 @@ enum SubjectForm {
         aliases: Vec<String>,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         uncertain: Option<String>,
+        #[serde(default, skip_serializing_if = "is_false")]
+        person: bool,
     },
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl From<SubjectForm> for Subject {
@@ -246,10 +257,12 @@ impl From<SubjectForm> for Subject {
                 text,
                 aliases,
                 uncertain,
+                person,
             } => Subject {
                 text,
                 aliases,
                 uncertain,
+                person,
             },
         }
     }
@@ -257,13 +270,14 @@ impl From<SubjectForm> for Subject {
 
 impl From<Subject> for SubjectForm {
     fn from(s: Subject) -> Self {
-        if s.aliases.is_empty() && s.uncertain.is_none() {
+        if s.aliases.is_empty() && s.uncertain.is_none() && !s.person {
             SubjectForm::Text(s.text)
         } else {
             SubjectForm::Full {
                 text: s.text,
                 aliases: s.aliases,
                 uncertain: s.uncertain,
+                person: s.person,
             }
         }
     }
@@ -290,6 +304,12 @@ impl Subject {
     /// Marks the subject as uncertain, for `why`.
     pub fn uncertain(mut self, why: impl Into<String>) -> Self {
         self.uncertain = Some(why.into());
+        self
+    }
+
+    /// Marks the call as one only a person may approve ([`Subject::person`]).
+    pub fn needs_person(mut self) -> Self {
+        self.person = true;
         self
     }
 }
@@ -686,6 +706,11 @@ mod tests {
         assert_eq!(serde_json::from_value::<Subject>(value).unwrap(), full);
         let only_text: Subject = serde_json::from_value(json!({"text": "x"})).unwrap();
         assert_eq!(only_text, Subject::new("x"));
+        // A call only a person may approve: kept as an object with `person`, which reads back.
+        let person = Subject::new("rm -rf build").needs_person();
+        let value = serde_json::to_value(&person).unwrap();
+        assert_eq!(value, json!({"text": "rm -rf build", "person": true}));
+        assert_eq!(serde_json::from_value::<Subject>(value).unwrap(), person);
         // Anything else is refused, not guessed at.
         assert!(serde_json::from_value::<Subject>(json!(3)).is_err());
         assert!(serde_json::from_value::<Subject>(json!({"aliases": ["x"]})).is_err());

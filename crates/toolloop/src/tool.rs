@@ -244,6 +244,13 @@ pub trait Tool: Send + Sync {
     fn default_approval(&self) -> crate::approval::Action {
         crate::approval::Action::Allow
     }
+    /// Whether only a person may approve this call: a rule or a default that would allow it
+    /// is taken as `ask` (a rule that denies it still wins). For calls that step outside a
+    /// guard, such as `run_command` asked to run outside its sandbox. Default: no.
+    fn approval_required(&self, args: &Value) -> bool {
+        let _ = args;
+        false
+    }
     /// Runs the call. `args` has passed the schema.
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;
 }

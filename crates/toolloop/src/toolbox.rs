@@ -150,11 +150,11 @@ impl Toolbox {
     }
 
     /// The approval subjects of a model's calls, for the input that brings the response
-    /// ([`crate::engine::Input::ModelResponded`]): for each call, in order, its tool's
-    /// [`Tool::approval_subject`] when `approvals` can weigh it
-    /// ([`Approvals::weighs_subject`]), `None` otherwise. Empty when no call needs one (the
-    /// usual case: no approval policy, tools allowed by default). This is where the driver
-    /// calls the tools' code, so that the machine never does.
+    /// ([`crate::engine::Input::ModelResponded`]): for each call, in order, its tool's subject
+    /// ([`subject_of`]) when `approvals` can weigh it ([`Approvals::weighs_subject`]) or only a
+    /// person may approve it ([`Tool::approval_required`]), `None` otherwise. Empty when no call
+    /// needs one (the usual case: no approval policy, tools allowed by default). This is where
+    /// the driver calls the tools' code, so that the machine never does.
     pub fn approval_subjects(
         &self,
         approvals: &Approvals,
@@ -165,18 +165,31 @@ impl Toolbox {
                 .catalog
                 .get(&call.name)
                 .map_or(Action::Allow, CatalogEntry::approval_default);
-            approvals
-                .weighs_subject(&call.name, default)
-                .then(|| match self.get(&call.name) {
-                    Some(tool) => tool.approval_subject(&call.arguments),
-                    None => call.canonical_arguments().into(),
-                })
+            let tool = self.get(&call.name);
+            let person = tool.is_some_and(|t| t.approval_required(&call.arguments));
+            (person || approvals.weighs_subject(&call.name, default)).then(|| match tool {
+                Some(tool) => subject_of(tool.as_ref(), &call.arguments),
+                None => call.canonical_arguments().into(),
+            })
         };
         let subjects: Vec<Option<crate::approval::Subject>> = calls.iter().map(subject).collect();
         if subjects.iter().all(Option::is_none) {
             return Vec::new();
         }
         subjects
+    }
+}
+
+/// The approval subject of a call of `tool` with arguments `args`, as the driver gives it to the
+/// machine ([`Toolbox::approval_subjects`]) and checks it again just before the call runs: the
+/// tool's [`Tool::approval_subject`], marked [`Subject::person`](crate::approval::Subject::person)
+/// when [`Tool::approval_required`] says only a person may approve it.
+pub fn subject_of(tool: &dyn Tool, args: &Value) -> crate::approval::Subject {
+    let subject = tool.approval_subject(args);
+    if tool.approval_required(args) {
+        subject.needs_person()
+    } else {
+        subject
     }
 }
 
@@ -401,6 +414,11 @@ impl Tool for LoggedTool {
             (None, Some(tool)) => tool.default_approval(),
             (None, None) => Action::Allow,
         }
+    }
+    fn approval_required(&self, args: &Value) -> bool {
+        self.live
+            .as_ref()
+            .is_some_and(|tool| tool.approval_required(args))
     }
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         match &self.live {

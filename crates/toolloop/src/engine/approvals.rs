@@ -23,10 +23,15 @@ impl Machine {
             .map_or(Action::Allow, CatalogEntry::approval_default);
         let policy = &self.config.approvals;
         match subject {
-            Some(subject) => (
-                subject.text.clone(),
-                policy.verdict_for(&call.name, subject, default),
-            ),
+            Some(subject) => {
+                let verdict = match policy.verdict_for(&call.name, subject, default) {
+                    // Only a person approves such a call (`Tool::approval_required`); a rule
+                    // that denies it still wins.
+                    Verdict::Allow { .. } if subject.person => Verdict::Ask,
+                    verdict => verdict,
+                };
+                (subject.text.clone(), verdict)
+            }
             // A subject the policy weighs, missing from a state saved before subjects were
             // kept: a person decides.
             None if policy.weighs_subject(&call.name, default) => {

@@ -1,0 +1,138 @@
+//! The command sandbox in the command: `--sandbox read-only|workspace-write|off` and
+//! `--sandbox-network` (also `sandbox` and `sandbox_network` in the configuration file), and
+//! the secret paths toolloop adds to the library's defaults: its own configuration and data
+//! directories, the configuration file, and the store's file.
+
+use clap::Args;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
+
+/// The sandbox flags of `toolloop run` and `chat` (kept with the run for `resume`).
+#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct SandboxArgs {
+    /// Where run_command runs: `workspace-write` (the default, where the system has a sandbox:
+    /// a command may write only in --root and its own TMPDIR, cannot read ~/.ssh, ~/.aws,
+    /// ~/.gnupg, ~/.config/gcloud or toolloop's configuration and store, and has no network;
+    /// it runs without asking), `read-only` (no writes in --root either), or `off` (commands
+    /// have all of your rights and each is asked about). Where the system has no sandbox, a
+    /// warning says so and commands are asked about.
+    #[arg(long, value_name = "MODE", value_parser = mode)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox: Option<SandboxMode>,
+    /// Let sandboxed commands use the network.
+    #[arg(long)]
+    #[serde(default)]
+    pub sandbox_network: bool,
+}
+
+fn mode(s: &str) -> Result<SandboxMode, String> {
+    s.parse()
+}
+
+/// Store files opened or named by this process, kept from sandboxed programs.
+static STORE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Keeps the store at `location` (a SQLite path; a `postgres://` URL is not a file) from
+/// sandboxed programs: the file and SQLite's files beside it.
+pub(crate) fn protect_store(location: Option<&str>) {
+    let Some(location) = location.map(str::trim).filter(|l| !l.is_empty()) else {
+        return;
+    };
+    if location.contains("://") && !location.starts_with("sqlite:") {
+        return;
+    }
+    let path = location.strip_prefix("sqlite://").unwrap_or(location);
+    let path = path.strip_prefix("sqlite:").unwrap_or(path);
+    let path = PathBuf::from(path.split('?').next().unwrap_or(path));
+    let Ok(path) = std::path::absolute(&path) else {
+        return;
+    };
+    let mut files = STORE_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut p = path.clone().into_os_string();
+        p.push(suffix);
+        let p = PathBuf::from(p);
+        if !files.contains(&p) {
+            files.push(p);
+        }
+    }
+}
+
+/// The policy of the flags: the library's default secret paths, toolloop's configuration and
+/// data directories, the configuration file, `TOOLLOOP_STORE` and the stores named so far.
+pub(crate) fn policy(args: &SandboxArgs) -> SandboxPolicy {
+    let mode = args.sandbox.unwrap_or(SandboxMode::WorkspaceWrite);
+    let mut policy = SandboxPolicy::new(mode).network(args.sandbox_network);
+    if !policy.is_on() {
+        return policy;
+    }
+    for p in toolloop_secrets() {
+        policy = policy.secret(p);
+    }
+    policy
+}
+
+/// Tells the user, once per process, that the sandbox asked for cannot be used here, or that
+/// secret paths lie inside the root, where it cannot keep them from commands.
+pub(crate) fn warn(
+    tool: &toolloop_tools::command::RunCommand,
+    policy: &SandboxPolicy,
+    root: &Path,
+) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if tool.sandboxed() {
+        let inside = policy.secrets_within(root);
+        if !inside.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            let list: Vec<String> = inside
+                .iter()
+                .map(|p| crate::terminal::escape(&p.display().to_string(), false).into_owned())
+                .collect();
+            eprintln!(
+                "toolloop: warning: {} inside --root, where sandboxed commands may write; the \
+                 sandbox cannot keep {} from them (choose a narrower --root)",
+                list.join(", "),
+                if list.len() == 1 { "it" } else { "them" }
+            );
+        }
+        return;
+    }
+    let Some(why) = tool.sandbox_unavailable() else {
+        return;
+    };
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        eprintln!(
+            "toolloop: warning: commands cannot run in a sandbox here: {why}. run_command calls \
+             run with all of your rights and are asked about (use --sandbox off to silence \
+             this, or run toolloop in a container or a virtual machine)"
+        );
+    }
+}
+
+/// The paths toolloop keeps from sandboxed programs on top of the library's defaults: its
+/// configuration and data directories, the configuration file, `TOOLLOOP_STORE` and the stores
+/// named so far (with SQLite's files beside them).
+pub(crate) fn toolloop_secrets() -> Vec<PathBuf> {
+    use etcetera::BaseStrategy;
+    let mut out = Vec::new();
+    if let Ok(dirs) = etcetera::choose_base_strategy() {
+        out.push(dirs.config_dir().join("toolloop"));
+        out.push(dirs.data_dir().join("toolloop"));
+    }
+    if let Some(p) = toolloop_store::Store::default_location() {
+        out.push(p.parent().map(PathBuf::from).unwrap_or(p));
+    }
+    if let Some(p) = crate::config::path() {
+        out.push(p);
+    }
+    protect_store(std::env::var("TOOLLOOP_STORE").ok().as_deref());
+    out.extend(
+        STORE_FILES
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .cloned(),
+    );
+    out
+}
