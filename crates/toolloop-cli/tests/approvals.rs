@@ -712,6 +712,8 @@ fn always_covers_later_calls_on_the_same_subject_as_the_question_says() {
     };
     let question = "allow? [y]es / [n]o / [a]lways";
     wait_for(&mut seen, question, 1);
+    // The question may arrive in pieces: wait for its end before reading it whole.
+    wait_for(&mut seen, "(whatever the content)", 1);
     assert!(
         seen.contains(
             "[a]lways: yes, and to every later `write_file` call on `notes/a.txt` in this run \
