@@ -350,7 +350,8 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::Timeout
         | StopReason::TerminalSignal
         | StopReason::TooManyInvalidCalls
-        | StopReason::OutputTruncated => ExitCode::from(3),
+        | StopReason::OutputTruncated
+        | StopReason::ContextExhausted => ExitCode::from(3),
         StopReason::AwaitingApproval => ExitCode::from(crate::approve::EXIT_AWAITING),
         StopReason::Cancelled | StopReason::ModelError | StopReason::StoreFailed => {
             ExitCode::FAILURE

@@ -135,6 +135,13 @@
 //! The check comes after the conversation's own checks and before fault draws: a request over
 //! the window never draws a fault.
 //!
+//! A request to summarise a conversation, as toolloop's context policy compacts one (its user
+//! message holds [`toolloop::context::policy::COMPACT_MARKER`] and the conversation rendered as
+//! text), is answered with `Mock summary: R rounds, N tool results.`, R and N counted in the
+//! rendered conversation (an earlier mock summary's included), and counted in
+//! [`MockStats::summaries`]. A conversation that holds a mock summary goes on from its counts:
+//! its task ends after as many rounds in all as the scenario asks, compacted or not.
+//!
 //! # Fault injection
 //!
 //! With `faults=` above 0, that share of the responses the mock would give are faults instead,
@@ -306,6 +313,9 @@ pub struct MockStats {
     /// refused with an HTTP 400 are counted in `rejected` too; a streamed Responses request is
     /// refused inside a 200 stream, as that API does.
     pub context_refusals: u64,
+    /// Requests to summarise a conversation (toolloop's compaction: see "Context window"),
+    /// answered with a mock summary.
+    pub summaries: u64,
 }
 
 impl MockStats {
@@ -334,6 +344,7 @@ pub(crate) struct Shared {
     pub(crate) answers: Vec<String>,
     output_schemas: AtomicU64,
     context_refusals: AtomicU64,
+    summaries: AtomicU64,
 }
 
 impl Shared {
@@ -355,6 +366,7 @@ impl Shared {
             answers_by_prompt: options.answers_by_prompt.clone(),
             output_schemas: AtomicU64::new(0),
             context_refusals: AtomicU64::new(0),
+            summaries: AtomicU64::new(0),
         }
     }
 
@@ -363,6 +375,7 @@ impl Shared {
         engine::Scripted {
             calls: &self.script,
             answers: &self.answers,
+            summaries: Some(&self.summaries),
         }
     }
 
@@ -403,6 +416,7 @@ impl Shared {
             max_processing: Duration::from_nanos(self.max_nanos.load(Ordering::Relaxed)),
             output_schemas: self.output_schemas.load(Ordering::Relaxed),
             context_refusals: self.context_refusals.load(Ordering::Relaxed),
+            summaries: self.summaries.load(Ordering::Relaxed),
         }
     }
 }
