@@ -185,3 +185,79 @@ async fn three_hundred_rounds_fit_an_8000_token_window_on_every_api() {
     }
     server.shutdown().await;
 }
+
+/// With no window known to the policy, nothing is compacted until the provider refuses a
+/// request for its size: each refusal is compacted and the call retried once, and the run
+/// finishes; a refusal is never retried as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_is_compacted_and_retried_on_every_api() {
+    const ROUNDS: u32 = 40;
+    let server = start(MockOptions::default()).await.unwrap();
+    let base = server.base_url();
+    let scenario = format!("mock:rounds={ROUNDS},window=6000");
+    for proto in PROTOS {
+        for stream in [false, true] {
+            let before = server.stats();
+            let agent = AgentBuilder::new(Arc::from(model(proto, &base, &scenario)))
+                .tool(big_results(2048))
+                .config(config(ROUNDS, stream))
+                .context(ContextPolicy {
+                    keep_rounds: 0,
+                    ..ContextPolicy::default()
+                })
+                .build()
+                .unwrap();
+            let outcome = agent.prompt("Fetch the pages.").await;
+            let label = format!("{proto:?} stream={stream}");
+            assert_eq!(
+                outcome.stop_reason,
+                StopReason::Answered,
+                "{label}: {:?}",
+                outcome.error
+            );
+            let after = server.stats();
+            let refusals = after.context_refusals - before.context_refusals;
+            let summaries = after.summaries - before.summaries;
+            assert!(refusals >= 1, "{label}");
+            assert_eq!(refusals, summaries, "{label}: one compaction per refusal");
+            assert_eq!(
+                after.requests - before.requests,
+                u64::from(ROUNDS) + 1 + refusals + summaries,
+                "{label}: each refused call is made once more, after its compaction"
+            );
+        }
+    }
+    server.shutdown().await;
+}
+
+/// A request that no compaction can shrink (its one user message is over the window) stops
+/// the run with `context_exhausted`, after one refusal, its transcript kept.
+#[tokio::test]
+async fn a_request_that_cannot_shrink_ends_the_run_as_exhausted() {
+    let server = start(MockOptions::default()).await.unwrap();
+    let base = server.base_url();
+    for proto in PROTOS {
+        let before = server.stats();
+        let agent = AgentBuilder::new(Arc::from(model(proto, &base, "mock:window=1000")))
+            .tool(big_results(100))
+            .context(ContextPolicy::default())
+            .build()
+            .unwrap();
+        let outcome = agent.prompt("x".repeat(20_000)).await;
+        assert_eq!(
+            outcome.stop_reason,
+            StopReason::ContextExhausted,
+            "{proto:?}"
+        );
+        assert!(!outcome.success);
+        assert_eq!(outcome.messages.len(), 1, "{proto:?}");
+        let after = server.stats();
+        assert_eq!(after.requests - before.requests, 1, "{proto:?}");
+        assert_eq!(
+            after.context_refusals - before.context_refusals,
+            1,
+            "{proto:?}"
+        );
+    }
+    server.shutdown().await;
+}
