@@ -1646,8 +1646,13 @@ impl AgentBuilder {
     /// The model that summarises the conversation when it is compacted (default: the run's
     /// own); a cheaper one, say. Its usage and cost are counted apart
     /// ([`Outcome::context`]).
-    pub fn context_model(mut self, model: impl Model + 'static) -> Self {
-        self.context_model = Some(Arc::new(model));
+    pub fn context_model(self, model: impl Model + 'static) -> Self {
+        self.context_model_arc(Arc::new(model))
+    }
+
+    /// A shared model that summarises the conversation (see [`AgentBuilder::context_model`]).
+    pub fn context_model_arc(mut self, model: Arc<dyn Model>) -> Self {
+        self.context_model = Some(model);
         self
     }
 

@@ -329,6 +329,8 @@ impl Machine {
         if !self.is_finished() {
             self.interrupt(Interrupt::Cancelled);
         }
+        // The view holds the whole conversation: a next run goes on from it.
+        self.sync_view();
         let LoopState {
             messages,
             round,
