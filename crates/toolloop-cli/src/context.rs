@@ -142,7 +142,11 @@ impl Parts {
     /// window is not known), with a legend.
     pub(crate) fn render(&self, window: Option<u64>, width: usize) -> String {
         let scale = window.unwrap_or(self.total()).max(1) as f64;
-        let cells = |t: u64| ((t as f64 / scale) * width as f64).round() as usize;
+        // A part that is there shows, however small.
+        let cells = |t: u64| match ((t as f64 / scale) * width as f64).round() as usize {
+            0 if t > 0 => 1,
+            n => n,
+        };
         let mut bar = String::new();
         for (t, c) in [
             (self.system, 'S'),
@@ -152,6 +156,7 @@ impl Parts {
         ] {
             bar.extend(std::iter::repeat_n(c, cells(t)));
         }
+        let mut bar: String = bar.chars().take(width).collect();
         let used: usize = bar.chars().count();
         if used < width {
             bar.extend(std::iter::repeat_n('·', width - used));
@@ -225,5 +230,119 @@ mod tests {
         );
         let r = parts.render(None, 8);
         assert!(r.starts_with("[STHHRRRR] 800 tokens"), "{r}");
+        let r = parts.render(Some(100_000), 10);
+        assert!(
+            r.starts_with("[STHR······] 800 of 100000 tokens (1%)"),
+            "{r}"
+        );
+    }
+}
+
+/// The window `agent` runs with: `--context-window`, a mock's, or the model's known one.
+fn window_of(agent: &crate::run::AgentArgs) -> Option<u64> {
+    let spec = agent.provider.model.trim();
+    agent.context.policy(spec).ok()?.window.or_else(|| {
+        let name = spec.split_once(':').map_or(spec, |(_, m)| m);
+        toolloop::context::LimitTable::builtin().context_window(name)
+    })
+}
+
+/// `/context`: the session's token use by part, as a bar over the window.
+pub(crate) async fn show(
+    agent: &crate::run::AgentArgs,
+    store: &crate::durable::StoreArgs,
+    session: &str,
+) {
+    let Ok(store) = crate::durable::open_store(store).await else {
+        return;
+    };
+    let messages = match store.session_messages(session).await {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("toolloop: session {session}: {e}");
+            return;
+        }
+    };
+    let mut messages = messages;
+    if let Some(system) = &agent.system
+        && !matches!(messages.first(), Some(Message::System { .. }))
+    {
+        messages.insert(0, Message::system(system.clone()));
+    }
+    let specs: Vec<toolloop::model::ToolSpec> = match crate::run::tools(agent).await {
+        Ok(tools) => tools
+            .all()
+            .await
+            .iter()
+            .map(|t| toolloop::model::ToolSpec {
+                name: t.name().to_string(),
+                description: t.description().to_string(),
+                parameters: t.parameters().clone(),
+            })
+            .collect(),
+        Err(e) => {
+            let _ = e.report();
+            return;
+        }
+    };
+    let parts = Parts::of(&messages, &specs);
+    eprintln!("{}", parts.render(window_of(agent), 40));
+}
+
+/// `/compact [focus]`: the session's conversation is summarised now (by `--compact-model`, or
+/// the chat's model), and the next message goes on from the summary.
+pub(crate) async fn compact(
+    agent: &crate::run::AgentArgs,
+    store: &crate::durable::StoreArgs,
+    session: &str,
+    focus: &str,
+) {
+    let Ok(store) = crate::durable::open_store(store).await else {
+        return;
+    };
+    let holder = format!("pid {} (/compact)", std::process::id());
+    if let Err(e) = store.lock_session(session, &holder).await {
+        eprintln!("toolloop: {e}");
+        return;
+    }
+    let done = async {
+        let messages = store
+            .session_messages(session)
+            .await
+            .map_err(|e| format!("session {session}: {e}"))?;
+        let model = crate::spec::model_from_args_named(
+            &agent.provider,
+            agent.context.compact_model.as_deref(),
+        )?;
+        let settings = toolloop::model::ModelSettings {
+            temperature: agent.temperature,
+            max_output_tokens: agent.max_output_tokens,
+            ..Default::default()
+        };
+        let max_bytes = window_of(agent).map_or(400_000, |w| (w as usize).saturating_mul(2));
+        let compacted = toolloop::context::driver::compact_conversation(
+            &*model,
+            &settings,
+            &messages,
+            Some(focus),
+            max_bytes,
+        )
+        .await?;
+        store
+            .save_session(session, &compacted.messages)
+            .await
+            .map_err(|e| format!("session {session}: {e}"))?;
+        let before = Parts::of(&messages, &[]).total();
+        let after = Parts::of(&compacted.messages, &[]).total();
+        Ok::<_, String>(format!(
+            "compacted: {} messages summarised, about {before} → {after} tokens",
+            compacted.summarised
+        ))
+    }
+    .await;
+    let _ = store.unlock_session(session, &holder).await;
+    match done {
+        Ok(line) => eprintln!("{line}"),
+        Err(e) => eprintln!("toolloop: /compact: {}", crate::terminal::escape(&e, false)),
     }
 }

@@ -152,3 +152,72 @@ fn a_run_killed_during_and_after_a_compaction_asks_for_each_summary_once() {
     );
     rt.block_on(server.shutdown());
 }
+
+/// `toolloop chat`: `/context` shows the session's token use by part as a bar over the window,
+/// `/compact FOCUS` summarises the session once, and the next message goes on from the
+/// summary.
+#[test]
+fn chat_shows_and_compacts_its_context() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
+        .unwrap();
+    let base_url = format!("{}/v1", server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("store.db").to_string_lossy().into_owned();
+    let effects = dir.path().join("effects.txt");
+    let mut chat = command(
+        &location,
+        &effects,
+        &[
+            "chat",
+            "--session",
+            "talk",
+            "--model",
+            "openai:mock:rounds=3,distinct=true,window=50000",
+            "--base-url",
+            &base_url,
+            "--system",
+            "Be brief.",
+        ],
+    )
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().unwrap();
+        for line in [
+            "first task",
+            "/context",
+            "/compact the effects",
+            "/context",
+            "second task",
+        ] {
+            writeln!(stdin, "{line}").unwrap();
+        }
+    }
+    let out = chat.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let bars: Vec<&str> = err.lines().filter(|l| l.starts_with('[')).collect();
+    assert_eq!(bars.len(), 2, "{err}");
+    for bar in &bars {
+        assert!(bar.contains("of 50000 tokens"), "{bar}");
+        assert!(bar.contains('S') && bar.contains('T'), "{bar}");
+    }
+    assert!(bars[0].contains('R') && !bars[1].contains('R'), "{bars:?}");
+    assert!(err.contains("compacted: 8 messages summarised"), "{err}");
+    assert_eq!(server.stats().summaries, 1);
+    let store = rt.block_on(Store::open(&location)).unwrap();
+    let session = rt.block_on(store.session_messages("talk")).unwrap();
+    let texts: Vec<&str> = session.iter().map(|m| m.text()).collect();
+    // The system prompt, the summary in place of the first task, then the second task.
+    assert_eq!(texts[0], "Be brief.");
+    assert!(
+        texts[1].starts_with(toolloop::context::policy::SUMMARY_HEADER),
+        "{texts:?}"
+    );
+    assert_eq!(texts[2], "second task", "{texts:?}");
+    rt.block_on(server.shutdown());
+}

@@ -140,7 +140,9 @@
 //! text), is answered with `Mock summary: R rounds, N tool results.`, R and N counted in the
 //! rendered conversation (an earlier mock summary's included), and counted in
 //! [`MockStats::summaries`]. A conversation that holds a mock summary goes on from its counts:
-//! its task ends after as many rounds in all as the scenario asks, compacted or not.
+//! its task ends after as many rounds in all as the scenario asks, compacted or not. (The
+//! counts are read from the request's body, so a new task that follows a summary starts from
+//! them too.)
 //!
 //! # Fault injection
 //!

@@ -5,6 +5,7 @@
 
 use crate::context::policy;
 use crate::engine::{CompactRequest, Compaction, Input, Machine, Step};
+use crate::message::Message;
 use crate::model::{Model, ModelError, ModelRequest, ModelSettings, ToolChoice, ToolSpec};
 use crate::price::Price;
 use std::borrow::Cow;
@@ -92,4 +93,75 @@ pub fn edits_input(step: Step) -> Option<Input> {
         Step::EditContext { round, edits } => Some(Input::ContextEdited { round, edits }),
         _ => None,
     }
+}
+
+/// A compacted conversation ([`compact_conversation`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Compacted {
+    /// The conversation: its system messages, the summary, and the messages kept.
+    pub messages: Vec<Message>,
+    /// The messages the summary replaced.
+    pub summarised: usize,
+    /// The summariser's usage.
+    pub usage: Option<crate::usage::Usage>,
+}
+
+/// Compacts a conversation between runs (a chat's `/compact`): everything but its system
+/// messages and its last user turn (and what follows it) is summarised by one call to `model`
+/// with [`policy::COMPACT_PROMPT`], and `focus`, when given, is what the summary must keep
+/// above all. A conversation with nothing before its last user turn is summarised whole.
+/// `max_bytes` bounds the rendered conversation sent to the summariser.
+pub async fn compact_conversation(
+    model: &dyn Model,
+    settings: &ModelSettings,
+    messages: &[Message],
+    focus: Option<&str>,
+    max_bytes: usize,
+) -> Result<Compacted, String> {
+    let lead = messages
+        .iter()
+        .take_while(|m| matches!(m, Message::System { .. }))
+        .count();
+    let last_user = messages
+        .iter()
+        .rposition(|m| matches!(m, Message::User { .. }))
+        .filter(|&i| i > lead);
+    let cut = last_user.unwrap_or(messages.len());
+    if cut <= lead {
+        return Err("there is nothing to compact yet".into());
+    }
+    let mut instruction = format!(
+        "{}\n{}",
+        policy::COMPACT_MARKER,
+        policy::render_for_summary(&messages[lead..cut], max_bytes)
+    );
+    if let Some(focus) = focus.map(str::trim).filter(|f| !f.is_empty()) {
+        instruction = format!("Above all, keep what concerns: {focus}\n\n{instruction}");
+    }
+    let request_messages = [
+        Message::system(policy::COMPACT_PROMPT),
+        Message::user(instruction),
+    ];
+    let request = ModelRequest {
+        messages: &request_messages,
+        reminders: &[],
+        tools: &[],
+        settings,
+    };
+    let response = model.complete(&request).await.map_err(|e| e.to_string())?;
+    let summary = response
+        .text
+        .filter(|t| !t.trim().is_empty())
+        .ok_or("the summariser answered with no text")?;
+    let mut out = messages[..lead].to_vec();
+    out.push(Message::user(format!(
+        "{}\n{summary}",
+        policy::SUMMARY_HEADER
+    )));
+    out.extend_from_slice(&messages[cut..]);
+    Ok(Compacted {
+        messages: out,
+        summarised: cut - lead,
+        usage: response.usage,
+    })
 }
