@@ -479,3 +479,33 @@ fn a_refusal_is_compacted_and_retried_once() {
             .contains("nothing left to compact")
     );
 }
+
+/// Old results are cleared K rounds at a time, so that the sent prefix changes once every K
+/// rounds (a provider's prompt cache holds in between), and between K and 2K rounds keep
+/// their results.
+#[test]
+fn results_are_cleared_in_batches_of_keep_rounds() {
+    let policy = ContextPolicy {
+        window: None,
+        keep_rounds: 4,
+        spill_over: None,
+        ..ContextPolicy::default()
+    };
+    let run = drive(policy, "the task", &vec![vec![500]; 20]).unwrap();
+    let edits: Vec<usize> = run
+        .log
+        .iter()
+        .filter_map(|i| match i {
+            Input::ContextEdited { round, .. } => Some(*round as usize),
+            _ => None,
+        })
+        .collect();
+    // Rounds 9, 13, 17 and 21 start after 8, 12, 16 and 20 rounds of calls.
+    assert_eq!(edits, [9, 13, 17, 21]);
+    let view = &run.machine.state().context.as_ref().unwrap().view;
+    let whole = view
+        .iter()
+        .filter(|m| matches!(m, Message::Tool(r) if r.content.len() >= 500))
+        .count();
+    assert_eq!(whole, 4, "the last K rounds keep their results");
+}

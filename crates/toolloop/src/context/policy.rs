@@ -12,9 +12,11 @@
 //!    transcript, offered once a result has been spilled. Lost from the view: the middle of
 //!    the result, until the model reads it.
 //! 2. **clear**: the results of calls older than the last [`ContextPolicy::keep_rounds`]
-//!    rounds become a one-line stub naming the call ([`cleared_stub`]). Every call keeps
-//!    exactly one result. Lost from the view: the content of old results (the calls, their
-//!    arguments and the model's own text stay).
+//!    rounds become a one-line stub naming the call ([`cleared_stub`]), in batches: once `K`
+//!    rounds beyond the last `K` have gathered, all of them at once (so a provider's prompt
+//!    cache is invalidated once every `K` rounds, not every round; between `K` and `2K` rounds
+//!    keep their results). Every call keeps exactly one result. Lost from the view: the
+//!    content of old results (the calls, their arguments and the model's own text stay).
 //! 3. **compact**: when the estimated size of the next request passes
 //!    [`ContextPolicy::compact_at`] of the window, the older part of the conversation (all
 //!    but the system prompt and the most recent turns) is summarised by one model call with

@@ -291,9 +291,18 @@ impl Machine {
                 }
             }
         }
+        // Results are cleared in batches: once `keep` rounds past the last `keep` wait, all of
+        // them at once. A provider's prompt cache then holds across `keep` rounds, where
+        // clearing one result every round would change the prefix every round.
         let keep = policy.keep_rounds as usize;
         let clear_before = if keep > 0 && c.turns.len() > keep {
-            c.turns[c.turns.len() - keep].max(c.cleared_upto)
+            let boundary = c.turns.len() - keep;
+            let done = c.turns[..boundary].partition_point(|&t| t < c.cleared_upto);
+            if boundary - done >= keep {
+                c.turns[boundary].max(c.cleared_upto)
+            } else {
+                c.cleared_upto
+            }
         } else {
             c.cleared_upto
         };
