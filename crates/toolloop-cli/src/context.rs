@@ -176,68 +176,6 @@ impl Parts {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flags_make_the_policy() {
-        let a = ContextArgs::default();
-        let p = a.policy("openai:gpt-4o").unwrap();
-        assert_eq!(p.window, None);
-        assert_eq!(p.compact_at, 0.8);
-        assert_eq!(p.keep_rounds, 8);
-        assert_eq!(p.spill_over, Some(SPILL_OVER));
-        assert!(p.compact);
-        let p = a.policy("openai:mock:rounds=3,window=8000").unwrap();
-        assert_eq!(p.window, Some(8000));
-        let a = ContextArgs {
-            context_window: Some(1000),
-            compact_at: Some(0.5),
-            keep_rounds: Some(0),
-            spill_over: Some(0),
-            no_compact: true,
-            ..ContextArgs::default()
-        };
-        let p = a.policy("mock:window=8000").unwrap();
-        assert_eq!(
-            (
-                p.window,
-                p.compact_at,
-                p.keep_rounds,
-                p.spill_over,
-                p.compact
-            ),
-            (Some(1000), 0.5, 0, None, false)
-        );
-        assert!(parse_share("0").is_err() && parse_share("1.5").is_err());
-        assert!(parse_share("nan").is_err() && parse_share("x").is_err());
-        assert_eq!(parse_share("1"), Ok(1.0));
-    }
-
-    #[test]
-    fn the_bar_shows_each_part() {
-        let parts = Parts {
-            system: 100,
-            tools: 100,
-            history: 200,
-            results: 400,
-        };
-        let r = parts.render(Some(1000), 10);
-        assert!(
-            r.starts_with("[STHHRRRR··] 800 of 1000 tokens (80%)"),
-            "{r}"
-        );
-        let r = parts.render(None, 8);
-        assert!(r.starts_with("[STHHRRRR] 800 tokens"), "{r}");
-        let r = parts.render(Some(100_000), 10);
-        assert!(
-            r.starts_with("[STHR······] 800 of 100000 tokens (1%)"),
-            "{r}"
-        );
-    }
-}
-
 /// The window `agent` runs with: `--context-window`, a mock's, or the model's known one.
 fn window_of(agent: &crate::run::AgentArgs) -> Option<u64> {
     let spec = agent.provider.model.trim();
@@ -344,5 +282,67 @@ pub(crate) async fn compact(
     match done {
         Ok(line) => eprintln!("{line}"),
         Err(e) => eprintln!("toolloop: /compact: {}", crate::terminal::escape(&e, false)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_make_the_policy() {
+        let a = ContextArgs::default();
+        let p = a.policy("openai:gpt-4o").unwrap();
+        assert_eq!(p.window, None);
+        assert_eq!(p.compact_at, 0.8);
+        assert_eq!(p.keep_rounds, 8);
+        assert_eq!(p.spill_over, Some(SPILL_OVER));
+        assert!(p.compact);
+        let p = a.policy("openai:mock:rounds=3,window=8000").unwrap();
+        assert_eq!(p.window, Some(8000));
+        let a = ContextArgs {
+            context_window: Some(1000),
+            compact_at: Some(0.5),
+            keep_rounds: Some(0),
+            spill_over: Some(0),
+            no_compact: true,
+            ..ContextArgs::default()
+        };
+        let p = a.policy("mock:window=8000").unwrap();
+        assert_eq!(
+            (
+                p.window,
+                p.compact_at,
+                p.keep_rounds,
+                p.spill_over,
+                p.compact
+            ),
+            (Some(1000), 0.5, 0, None, false)
+        );
+        assert!(parse_share("0").is_err() && parse_share("1.5").is_err());
+        assert!(parse_share("nan").is_err() && parse_share("x").is_err());
+        assert_eq!(parse_share("1"), Ok(1.0));
+    }
+
+    #[test]
+    fn the_bar_shows_each_part() {
+        let parts = Parts {
+            system: 100,
+            tools: 100,
+            history: 200,
+            results: 400,
+        };
+        let r = parts.render(Some(1000), 10);
+        assert!(
+            r.starts_with("[STHHRRRR··] 800 of 1000 tokens (80%)"),
+            "{r}"
+        );
+        let r = parts.render(None, 8);
+        assert!(r.starts_with("[STHHRRRR] 800 tokens"), "{r}");
+        let r = parts.render(Some(100_000), 10);
+        assert!(
+            r.starts_with("[STHR······] 800 of 100000 tokens (1%)"),
+            "{r}"
+        );
     }
 }

@@ -80,7 +80,7 @@ fn big_results(bytes: usize) -> impl toolloop::tool::Tool {
             let head = format!("page for call {}: ", ctx.call_id);
             Ok::<_, ToolError>(ToolOutput::text(format!(
                 "{head}{}",
-                "lorem ipsum ".repeat(bytes / 12 + 1)[..bytes - head.len()].to_string()
+                &"lorem ipsum ".repeat(bytes / 12 + 1)[..bytes - head.len()]
             )))
         },
     )

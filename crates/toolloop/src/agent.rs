@@ -54,8 +54,11 @@ pub struct Agent {
     sources: Arc<Sources>,
     /// The model that summarises a conversation being compacted, when not the run's own, and
     /// its price.
-    context_model: Option<(Arc<dyn Model>, Option<Arc<Price>>)>,
+    context_model: Option<PricedModel>,
 }
+
+/// A model and its price, when known.
+type PricedModel = (Arc<dyn Model>, Option<Arc<Price>>);
 
 /// How long a tool source may take to list its tools; one that takes longer keeps the tools it
 /// listed last, and is asked again once its version moves or [`SOURCE_SILENCE`] has passed (so
