@@ -153,7 +153,7 @@ fn a_run_killed_during_and_after_a_compaction_asks_for_each_summary_once() {
     rt.block_on(server.shutdown());
 }
 
-/// `toolloop chat`: `/context` shows the session's token use by part as a bar over the window,
+/// `toolloop chat` (its window set in the configuration file): `/context` shows the session's token use by part as a bar over the window,
 /// `/compact FOCUS` summarises the session once, and the next message goes on from the
 /// summary.
 #[test]
@@ -166,6 +166,9 @@ fn chat_shows_and_compacts_its_context() {
     let dir = tempfile::tempdir().unwrap();
     let location = dir.path().join("store.db").to_string_lossy().into_owned();
     let effects = dir.path().join("effects.txt");
+    // The window comes from the configuration file's key.
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "context_window = 50000\nkeep_rounds = 2\n").unwrap();
     let mut chat = command(
         &location,
         &effects,
@@ -174,13 +177,14 @@ fn chat_shows_and_compacts_its_context() {
             "--session",
             "talk",
             "--model",
-            "openai:mock:rounds=3,distinct=true,window=50000",
+            "openai:mock:rounds=3,distinct=true",
             "--base-url",
             &base_url,
             "--system",
             "Be brief.",
         ],
     )
+    .env("TOOLLOOP_CONFIG", &config)
     .stdin(Stdio::piped())
     .spawn()
     .unwrap();
