@@ -509,3 +509,23 @@ fn results_are_cleared_in_batches_of_keep_rounds() {
         .count();
     assert_eq!(whole, 4, "the last K rounds keep their results");
 }
+
+/// A log written with a policy replays on a machine without one: its edits and summaries
+/// change nothing, and the run's outcome is the same.
+#[test]
+fn a_log_with_context_records_replays_without_a_policy() {
+    let policy = ContextPolicy {
+        window: Some(6_000),
+        ..ContextPolicy::default()
+    };
+    let run = drive(policy, "the task", &vec![vec![2_048]; 40]).unwrap();
+    assert!(run.compactions > 0);
+    let off = Arc::new(LoopConfig {
+        context: None,
+        ..(*config(ContextPolicy::off())).clone()
+    });
+    let m = Machine::replay(off, HookFlags::default(), catalog(), run.log).unwrap();
+    assert!(m.is_finished());
+    assert!(m.state().context.is_none());
+    assert_eq!(m.messages(), run.machine.messages());
+}

@@ -557,6 +557,15 @@ impl Machine {
                 self.interrupt(why);
                 Ok(())
             }
+            // A log written with a context policy, replayed by a machine without one: the
+            // view is the transcript, and these change nothing.
+            Input::ContextEdited { .. }
+            | Input::Compacted { .. }
+            | Input::CompactionFailed { .. }
+                if self.state.context.is_none() =>
+            {
+                Ok(())
+            }
             Input::ContextEdited { round, edits } => self.context_edited(round, edits),
             Input::Compacted { round, compaction } => self.compacted(round, compaction),
             Input::CompactionFailed { round, message } => self.compaction_failed(round, message),
