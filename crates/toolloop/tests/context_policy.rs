@@ -247,7 +247,7 @@ fn long_runs_stay_inside_the_window() {
         ..ContextPolicy::default()
     };
     let run = drive(policy, "the task", &rounds).unwrap();
-    assert!(run.compactions >= 3, "{}", run.compactions);
+    assert!(run.compactions >= 1, "{}", run.compactions);
     assert!(run.max_sent_tokens < 6_000, "{}", run.max_sent_tokens);
 }
 
@@ -255,7 +255,7 @@ fn long_runs_stay_inside_the_window() {
 /// for exactly that summary, once.
 #[test]
 fn a_compaction_is_asked_once_across_a_crash() {
-    let rounds = vec![vec![2_048]; 40];
+    let rounds = vec![vec![2_048]; 150];
     let policy = ContextPolicy {
         window: Some(6_000),
         ..ContextPolicy::default()
@@ -518,7 +518,7 @@ fn a_log_with_context_records_replays_without_a_policy() {
         window: Some(6_000),
         ..ContextPolicy::default()
     };
-    let run = drive(policy, "the task", &vec![vec![2_048]; 40]).unwrap();
+    let run = drive(policy, "the task", &vec![vec![2_048]; 150]).unwrap();
     assert!(run.compactions > 0);
     let off = Arc::new(LoopConfig {
         context: None,
@@ -528,4 +528,30 @@ fn a_log_with_context_records_replays_without_a_policy() {
     assert!(m.is_finished());
     assert!(m.state().context.is_none());
     assert_eq!(m.messages(), run.machine.messages());
+}
+
+/// Past the threshold, the results of every round but the last are cleared before any
+/// summary is asked for: a model call only when that is not enough.
+#[test]
+fn past_the_threshold_results_are_cleared_before_a_summary_is_asked() {
+    let policy = ContextPolicy {
+        window: Some(6_000),
+        keep_rounds: 1_000, // the usual clearing never comes
+        ..ContextPolicy::default()
+    };
+    let run = drive(policy, "the task", &vec![vec![2_048]; 60]).unwrap();
+    let first_edit = run
+        .log
+        .iter()
+        .position(|i| matches!(i, Input::ContextEdited { .. }))
+        .expect("a clearing");
+    let first_summary = run
+        .log
+        .iter()
+        .position(|i| matches!(i, Input::Compacted { .. }))
+        .unwrap_or(usize::MAX);
+    assert!(first_edit < first_summary);
+    // 60 results of 2 KB are 30,000 tokens: clearing alone kept 60 rounds inside 6,000.
+    assert_eq!(run.compactions, 0);
+    assert!(run.max_sent_tokens < 6_000, "{}", run.max_sent_tokens);
 }

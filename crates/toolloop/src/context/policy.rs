@@ -17,8 +17,9 @@
 //!    cache is invalidated once every `K` rounds, not every round; between `K` and `2K` rounds
 //!    keep their results). Every call keeps exactly one result. Lost from the view: the
 //!    content of old results (the calls, their arguments and the model's own text stay).
-//! 3. **compact**: when the estimated size of the next request passes
-//!    [`ContextPolicy::compact_at`] of the window, the older part of the conversation (all
+//! 3. **compact**: when the estimated size of the next request passes [`ContextPolicy::compact_at`]
+//!    of the window, the results of every round but the last are cleared first (one edit,
+//!    no model call); when the estimate still passes it, the older part of the conversation (all
 //!    but the system prompt and the most recent turns) is summarised by one model call with
 //!    [`COMPACT_PROMPT`], and replaced by a user message holding the summary
 //!    ([`SUMMARY_HEADER`]). Lost from the view: everything in the summarised part that the

@@ -262,6 +262,14 @@ impl Machine {
             return Some(Step::EditContext { round: next, edits });
         }
         c.unspilled_from = c.view.len();
+        // Past the threshold, the results of every round but the last are cleared first: a
+        // model call is made only when that is not enough.
+        if let Some(edits) = self.pressure_clear(&policy) {
+            self.state.phase = Phase::EditingContext {
+                edits: edits.clone(),
+            };
+            return Some(Step::EditContext { round: next, edits });
+        }
         if let Some(request) = self.plan_compaction(&policy, next, false) {
             self.state.phase = Phase::Compacting {
                 request: Box::new(request.clone()),
@@ -311,6 +319,25 @@ impl Machine {
             preview: policy.spill_preview,
             clear_before,
         }
+    }
+
+    /// When the next request is estimated past the threshold and results before the last
+    /// round's are still whole: the edit that clears them all.
+    fn pressure_clear(&self, policy: &ContextPolicy) -> Option<ContextEdits> {
+        let c = self.state.context.as_ref()?;
+        if self.estimate.tokens.estimate() <= policy.threshold()? {
+            return None;
+        }
+        let last = *c.turns.last()?;
+        let whole = c.view[c.cleared_upto.min(last)..last].iter().any(|m| {
+            matches!(m, Message::Tool(r)
+                if r.content.len() > policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len())
+        });
+        whole.then(|| ContextEdits {
+            spilled: Vec::new(),
+            preview: policy.spill_preview,
+            clear_before: last,
+        })
     }
 
     /// [`Input::ContextEdited`].
@@ -446,8 +473,11 @@ impl Machine {
             }
         }
         let cut = cut?;
+        // The summarising request holds the rendered part (plain text, at the usual 4 bytes
+        // per token rather than the ratio calibrated on requests' JSON) in about 60 % of the
+        // window, leaving room for the prompt and the summary.
         let window_bytes = policy.window.map_or(400_000.0, |w| {
-            w as f64 * self.estimate.tokens.bytes_per_token() / 2.0
+            w as f64 * crate::context::estimate::DEFAULT_BYTES_PER_TOKEN * 0.6
         });
         let text = policy::render_for_summary(&view[lead..cut], window_bytes as usize);
         Some(CompactRequest {
