@@ -1081,7 +1081,7 @@ impl Agent {
         request: &crate::engine::CompactRequest,
     ) -> Input {
         use crate::context::driver::{summarise, summary_settings};
-        match &self.context_model {
+        let mut input = match &self.context_model {
             Some((model, price)) => {
                 let settings = summary_settings(settings, true);
                 summarise(&**model, &settings, price.as_deref(), request).await
@@ -1090,7 +1090,14 @@ impl Agent {
                 let settings = summary_settings(settings, false);
                 summarise(&*self.model, &settings, self.price.as_deref(), request).await
             }
+        };
+        // The summary is the model's text, sent on and stored: redacted as an answer is.
+        if let Some(r) = &self.redactor
+            && let Input::Compacted { compaction, .. } = &mut input
+        {
+            compaction.summary = r.redact(&compaction.summary);
         }
+        input
     }
 
     async fn call_model(
