@@ -258,7 +258,7 @@ pub(crate) async fn compact(
             ..Default::default()
         };
         let max_bytes = window_of(agent).map_or(400_000, |w| (w as usize).saturating_mul(2));
-        let compacted = toolloop::context::driver::compact_conversation(
+        let mut compacted = toolloop::context::driver::compact_conversation(
             &*model,
             &settings,
             &messages,
@@ -266,6 +266,15 @@ pub(crate) async fn compact(
             max_bytes,
         )
         .await?;
+        // The summary is the model's text, stored with the session: redacted as an answer is.
+        let lead = compacted
+            .messages
+            .iter()
+            .take_while(|m| matches!(m, Message::System { .. }))
+            .count();
+        if let Some(summary) = compacted.messages.get_mut(lead) {
+            *summary = Message::user(crate::secrets::redactor().redact(summary.text()));
+        }
         store
             .save_session(session, &compacted.messages)
             .await

@@ -225,3 +225,63 @@ fn chat_shows_and_compacts_its_context() {
     assert_eq!(texts[2], "second task", "{texts:?}");
     rt.block_on(server.shutdown());
 }
+
+/// A model key the summariser repeats in `/compact`'s summary is not stored with the session.
+#[test]
+fn a_key_in_a_compact_summary_is_not_stored() {
+    const KEY: &str = "sk-compact-key-0123456789abcdefghij";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
+        .unwrap();
+    let base_url = format!("{}/v1", server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("store.db").to_string_lossy().into_owned();
+    let effects = dir.path().join("effects.txt");
+    let script = dir.path().join("summariser.json");
+    std::fs::write(
+        &script,
+        serde_json::json!([{ "text": format!("The task; the key is {KEY}.") }]).to_string(),
+    )
+    .unwrap();
+    let compact_model = format!("scripted:{}", script.display());
+    let mut chat = command(
+        &location,
+        &effects,
+        &[
+            "chat",
+            "--session",
+            "talk",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base_url,
+            "--compact-model",
+            &compact_model,
+        ],
+    )
+    .env("OPENAI_API_KEY", KEY)
+    .stdin(Stdio::piped())
+    .spawn()
+    .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = chat.stdin.take().unwrap();
+        for line in ["first task", "/compact", "second task"] {
+            writeln!(stdin, "{line}").unwrap();
+        }
+    }
+    let out = chat.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.contains("compacted:"), "{err}");
+    let store = rt.block_on(Store::open(&location)).unwrap();
+    let session = rt.block_on(store.session_messages("talk")).unwrap();
+    let texts: Vec<&str> = session.iter().map(|m| m.text()).collect();
+    assert!(
+        texts.iter().any(|t| t.contains("the key is [redacted]")),
+        "{texts:?}"
+    );
+    assert!(texts.iter().all(|t| !t.contains(KEY)), "{texts:?}");
+    rt.block_on(server.shutdown());
+}
