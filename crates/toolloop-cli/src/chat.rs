@@ -6,7 +6,7 @@
 //! Ctrl-C within two seconds, or Ctrl-C at the prompt, quits. End of input (Ctrl-D) quits too.
 //!
 //! On a terminal, lines are edited with history (kept in the data directory); a few commands
-//! start with `/`: `/model`, `/tools`, `/clear`, `/exit`, `/help`.
+//! start with `/`: `/model`, `/tools`, `/context`, `/compact`, `/clear`, `/exit`, `/help`.
 
 use crate::durable::{DurableArgs, StoreArgs, format_ms};
 use crate::run::{AgentArgs, RunArgs};
@@ -187,6 +187,8 @@ const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a
 /tools [NAME]  list the tools the agent has, one line each; with a name, its whole description
 /attach FILE   attach an image (a file or an http(s) URL) to the next message
 /clear         start a new session (the old one stays in the store)
+/context       show the session's token use by part (system, tools, history, results)
+/compact [FOCUS]  summarise the session's conversation now (keeping FOCUS above all)
 /exit, /quit   leave (so do Ctrl-D and Ctrl-C at the prompt)
 /help          this list";
 
@@ -200,6 +202,14 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
         "exit" | "quit" => Slash::Quit,
         "help" | "?" => {
             eprintln!("{HELP}");
+            Slash::Continue
+        }
+        "context" => {
+            crate::context::show(&args.agent, &args.store, session).await;
+            Slash::Continue
+        }
+        "compact" => {
+            crate::context::compact(&args.agent, &args.store, session, rest).await;
             Slash::Continue
         }
         "clear" => {

@@ -17,6 +17,7 @@ macro_rules! outln {
 mod approve;
 mod chat;
 mod config;
+mod context;
 mod durable;
 mod logging;
 mod mcp;

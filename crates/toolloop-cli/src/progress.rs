@@ -16,6 +16,7 @@ use crate::terminal::{Screen, escape};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::{IsTerminal, Write};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 use toolloop::event::Event;
 use toolloop::outcome::CallStatus;
@@ -31,7 +32,11 @@ pub(crate) struct Progress {
     /// The streamed text, if any.
     text: Option<Mutex<Text>>,
     /// The run was cancelled: nothing more of its replies is shown.
-    stopped: std::sync::atomic::AtomicBool,
+    stopped: AtomicBool,
+    /// The model's context window in tokens (0: unknown), for `ctx N%`.
+    window: AtomicU64,
+    /// The input tokens of the last request (or the estimate after a compaction).
+    context_used: AtomicU64,
 }
 
 /// Where streamed text goes.
@@ -148,6 +153,8 @@ impl Progress {
             lines: None,
             text: text.map(Mutex::new),
             stopped: Default::default(),
+            window: AtomicU64::new(0),
+            context_used: AtomicU64::new(0),
         }
     }
 
@@ -159,6 +166,8 @@ impl Progress {
             lines: lines.map(Mutex::new),
             text: text.map(Mutex::new),
             stopped: Default::default(),
+            window: AtomicU64::new(0),
+            context_used: AtomicU64::new(0),
         }
     }
 
@@ -191,7 +200,6 @@ impl Progress {
     /// (the terminal's `^C` with it), nothing more of the run's replies is shown, and `note`
     /// says what happens, on stderr.
     pub(crate) fn interrupted(&self, note: &str) {
-        use std::sync::atomic::Ordering;
         if self.stopped.swap(true, Ordering::SeqCst) {
             return;
         }
@@ -223,10 +231,37 @@ impl Progress {
         }
     }
 
+    /// The model's context window, when known: the progress line shows how much of it the
+    /// last request used (`ctx 61%`).
+    pub(crate) fn set_window(&self, window: Option<u64>) {
+        self.window.store(window.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// ` · ctx N%` once a request's size is known against a known window.
+    fn context_share(&self) -> String {
+        let (window, used) = (
+            self.window.load(Ordering::Relaxed),
+            self.context_used.load(Ordering::Relaxed),
+        );
+        if window == 0 || used == 0 {
+            return String::new();
+        }
+        format!(" · ctx {}%", (used * 100 / window).min(999))
+    }
+
     /// Updates the display for one event.
     pub(crate) fn event(&self, event: &Event) {
-        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+        if self.stopped.load(Ordering::SeqCst) {
             return;
+        }
+        match event {
+            Event::RoundFinished { usage: Some(u), .. } if u.input_tokens > 0 => {
+                self.context_used.store(u.input_tokens, Ordering::Relaxed)
+            }
+            Event::ContextCompacted { tokens_after, .. } => {
+                self.context_used.store(*tokens_after, Ordering::Relaxed)
+            }
+            _ => {}
         }
         match event {
             Event::RoundStarted { .. } => self.text(Text::begin),
@@ -243,9 +278,24 @@ impl Progress {
             return;
         }
         match event {
-            Event::RoundStarted { round, .. } => {
-                self.set(format!("round {round}: waiting for the model"))
-            }
+            Event::RoundStarted { round, .. } => self.set(format!(
+                "round {round}: waiting for the model{}",
+                self.context_share()
+            )),
+            Event::ContextCompacted {
+                tokens_before,
+                tokens_after,
+                messages_summarised,
+                ..
+            } => self.line(format!(
+                "  ⇣ context compacted: {messages_summarised} messages summarised, about \
+                 {tokens_before} → {tokens_after} tokens"
+            )),
+            Event::ResultSpilled { call_id, bytes, .. } => self.line(format!(
+                "  ⇣ result of call {} cut for the model ({bytes} bytes kept whole; it reads \
+                 the rest with read_result)",
+                escape(call_id, false)
+            )),
             Event::ToolStarted {
                 round,
                 name,
@@ -454,6 +504,40 @@ mod tests {
             "Hello \\x1b[2Jwor\r\x1b[JHello world.\n",
             "the first attempt is erased back to the start of the line, then the final text"
         );
+    }
+
+    #[test]
+    fn the_line_shows_the_share_of_the_window_the_last_request_used() {
+        let (progress, tty) = on_tty(true);
+        assert_eq!(progress.context_share(), "");
+        progress.set_window(Some(10_000));
+        assert_eq!(progress.context_share(), "", "no request yet");
+        progress.event(&Event::RoundFinished {
+            round: 1,
+            finish_reason: Default::default(),
+            usage: Some(toolloop::usage::Usage {
+                input_tokens: 6_100,
+                ..Default::default()
+            }),
+            total_usage: None,
+        });
+        assert_eq!(progress.context_share(), " · ctx 61%");
+        progress.event(&Event::ContextCompacted {
+            round: 2,
+            tokens_before: 8_100,
+            tokens_after: 1_200,
+            messages_summarised: 30,
+            usage: None,
+        });
+        assert_eq!(progress.context_share(), " · ctx 12%");
+        assert!(
+            tty.text()
+                .contains("context compacted: 30 messages summarised, about 8100 → 1200"),
+            "{}",
+            tty.text()
+        );
+        progress.set_window(None);
+        assert_eq!(progress.context_share(), "");
     }
 
     fn round_finished() -> Event {

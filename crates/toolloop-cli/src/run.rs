@@ -85,6 +85,9 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub mcp: crate::mcp::McpArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub context: crate::context::ContextArgs,
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
@@ -356,7 +359,8 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::Timeout
         | StopReason::TerminalSignal
         | StopReason::TooManyInvalidCalls
-        | StopReason::OutputTruncated => ExitCode::from(3),
+        | StopReason::OutputTruncated
+        | StopReason::ContextExhausted => ExitCode::from(3),
         StopReason::AwaitingApproval => ExitCode::from(crate::approve::EXIT_AWAITING),
         StopReason::Cancelled
         | StopReason::ModelError
@@ -482,6 +486,7 @@ pub(crate) async fn run_with_note(
             return usage_error(e);
         }
     };
+    progress.set_window(agent.config().context.as_ref().and_then(|c| c.window));
     let prompt = Message::user_with_images(args.prompt.clone(), images);
     let outcome = match durable.run(&agent, prompt, cancel).await {
         Ok(o) => o,
@@ -602,7 +607,7 @@ pub(crate) fn agent_builder_with(
             price_table(agent.price_entries.as_deref()).map_err(|e| format!("--prices: {e}"))?;
         builder = builder.prices(table);
     }
-    Ok(builder)
+    agent.context.apply(&agent.provider, builder)
 }
 
 /// The built-in price table with the entries of a `--prices` file.

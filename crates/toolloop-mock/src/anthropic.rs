@@ -203,7 +203,7 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         );
     }
     let progress = match walk(&request.messages) {
-        Ok(p) => p,
+        Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
     if let Some((tokens, window)) = engine::over_window(shared, &scenario, body.len()) {

@@ -31,6 +31,9 @@ pub(crate) struct Progress {
     pub answers: u32,
     /// Images in the user turns of the task.
     pub images: u32,
+    /// The request asks for a summary of a conversation (toolloop's compaction): the rounds
+    /// and results the conversation shows.
+    pub summarise: Option<(u32, u32)>,
     after_results: bool,
 }
 
@@ -187,6 +190,49 @@ pub(crate) enum Reply<'a> {
 pub(crate) struct Scripted<'s> {
     pub calls: &'s [Vec<crate::ScriptCall>],
     pub answers: &'s [String],
+    pub summaries: Option<&'s AtomicU64>,
+}
+
+/// How the mock's summaries begin: `Mock summary: R rounds, N tool results.`
+const SUMMARY: &str = "Mock summary: ";
+
+/// The rounds and results of the last mock summary in `text`, if it holds one.
+fn last_summary(text: &str) -> Option<(u32, u32)> {
+    let at = text.rfind(SUMMARY)? + SUMMARY.len();
+    let rest = &text[at..];
+    let number = |s: &str| -> Option<(u32, usize)> {
+        let end = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+        Some((s[..end].parse().ok()?, end))
+    };
+    let (rounds, end) = number(rest)?;
+    let rest = rest[end..].strip_prefix(" rounds, ")?;
+    let (results, _) = number(rest)?;
+    Some((rounds, results))
+}
+
+/// Reads what a request says of toolloop's compaction (see [`toolloop::context::policy`]):
+/// a request to summarise a conversation (its user message holds
+/// [`toolloop::context::policy::COMPACT_MARKER`]) is answered with a mock summary counting the
+/// rounds and results the rendered conversation shows, an earlier mock summary's included;
+/// and a conversation that holds a mock summary goes on from the rounds and results it
+/// counts, so that a compacted task ends after as many rounds as the scenario asks.
+pub(crate) fn read_summaries(mut progress: Progress, body: &[u8]) -> Progress {
+    let Ok(text) = std::str::from_utf8(body) else {
+        return progress;
+    };
+    let marker = toolloop::context::policy::COMPACT_MARKER;
+    if let Some(at) = text.find(marker) {
+        let part = &text[at..];
+        let (mut rounds, mut results) = last_summary(part).unwrap_or((0, 0));
+        let turns = part.split("[assistant]").skip(1);
+        rounds += turns.filter(|t| t.contains("[tool call ")).count() as u32;
+        results += part.matches("[tool result ").count() as u32;
+        progress.summarise = Some((rounds, results));
+    } else if let Some((rounds, results)) = last_summary(text) {
+        progress.rounds = progress.rounds.saturating_add(rounds);
+        progress.results = progress.results.saturating_add(results);
+    }
+    progress
 }
 
 /// The next reply: the next round of calls while rounds remain and tools are offered, else the
@@ -209,6 +255,12 @@ pub(crate) fn plan<'a>(
     scripted: Scripted<'_>,
     output: Option<&Value>,
 ) -> Reply<'a> {
+    if let Some((rounds, results)) = progress.summarise {
+        if let Some(count) = scripted.summaries {
+            count.fetch_add(1, Ordering::Relaxed);
+        }
+        return Reply::Text(format!("{SUMMARY}{rounds} rounds, {results} tool results."));
+    }
     let script = scripted.calls;
     let id_of = |n: u64| {
         if id_prefix.is_empty() {

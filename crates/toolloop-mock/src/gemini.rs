@@ -211,7 +211,7 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         );
     }
     let progress = match walk(&request.contents) {
-        Ok(p) => p,
+        Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
     let output = match request.output_schema() {

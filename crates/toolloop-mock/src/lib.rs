@@ -139,6 +139,15 @@
 //! The check comes after the conversation's own checks and before fault draws: a request over
 //! the window never draws a fault.
 //!
+//! A request to summarise a conversation, as toolloop's context policy compacts one (its user
+//! message holds [`toolloop::context::policy::COMPACT_MARKER`] and the conversation rendered as
+//! text), is answered with `Mock summary: R rounds, N tool results.`, R and N counted in the
+//! rendered conversation (an earlier mock summary's included), and counted in
+//! [`MockStats::summaries`]. A conversation that holds a mock summary goes on from its counts:
+//! its task ends after as many rounds in all as the scenario asks, compacted or not. (The
+//! counts are read from the request's body, so a new task that follows a summary starts from
+//! them too.)
+//!
 //! # Fault injection
 //!
 //! With `faults=` above 0, that share of the responses the mock would give are faults instead,
@@ -316,6 +325,9 @@ pub struct MockStats {
     /// `refuse_auto_stream`, `refuse_json_schema`): a catalog dropped, an empty stream, a
     /// format refused.
     pub quirks: u64,
+    /// Requests to summarise a conversation (toolloop's compaction: see "Context window"),
+    /// answered with a mock summary.
+    pub summaries: u64,
 }
 
 impl MockStats {
@@ -345,6 +357,7 @@ pub(crate) struct Shared {
     output_schemas: AtomicU64,
     context_refusals: AtomicU64,
     quirks: AtomicU64,
+    summaries: AtomicU64,
 }
 
 impl Shared {
@@ -367,6 +380,7 @@ impl Shared {
             output_schemas: AtomicU64::new(0),
             context_refusals: AtomicU64::new(0),
             quirks: AtomicU64::new(0),
+            summaries: AtomicU64::new(0),
         }
     }
 
@@ -380,6 +394,7 @@ impl Shared {
         engine::Scripted {
             calls: &self.script,
             answers: &self.answers,
+            summaries: Some(&self.summaries),
         }
     }
 
@@ -421,6 +436,7 @@ impl Shared {
             output_schemas: self.output_schemas.load(Ordering::Relaxed),
             context_refusals: self.context_refusals.load(Ordering::Relaxed),
             quirks: self.quirks.load(Ordering::Relaxed),
+            summaries: self.summaries.load(Ordering::Relaxed),
         }
     }
 }

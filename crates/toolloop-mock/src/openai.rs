@@ -260,7 +260,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         }
     });
     let progress = match walk(&request.messages, text_mode.as_deref()) {
-        Ok(p) => p,
+        Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
     let output = match output_schema(request.response_format.as_ref()) {

@@ -154,7 +154,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         }
     };
     let progress = match walk(input, reasoning) {
-        Ok(p) => p,
+        Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);

@@ -259,10 +259,10 @@ async fn drive(
                             },
                             // The approval subjects of its calls go with the response.
                             Some(Ok(response)) => agent.response_input(tools, round, response),
-                            Some(Err(e)) => Input::ModelFailed {
-                                round,
-                                message: e.to_string(),
-                            },
+                            // A refusal for size starts a compaction, with a context policy.
+                            Some(Err(e)) => {
+                                toolloop::context::driver::failed_call_input(m, round, e)
+                            }
                         }))
                     })
                     .name(format!("model round {round}"))
@@ -276,6 +276,22 @@ async fn drive(
                         "model answered"
                     );
                 }
+                take(&mut machine, input);
+            }
+            step @ Step::EditContext { .. } => {
+                // The machine's edits follow from the journaled inputs: nothing to journal.
+                if let Some(input) = toolloop::context::driver::edits_input(step) {
+                    fed(machine.handle(input));
+                }
+            }
+            Step::Compact(request) => {
+                // The summary is a journaled step: a replay does not summarise again.
+                let (round, req) = (request.round, &*request);
+                let step = ctx
+                    .run(|| async move { Ok(Json(agent.summarise(agent.settings(), req).await)) })
+                    .name(format!("compact round {round}"))
+                    .await;
+                let input = journaled(step)?.map(Json::into_inner);
                 take(&mut machine, input);
             }
             Step::RunTools(batches) => {

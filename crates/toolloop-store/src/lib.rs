@@ -1085,7 +1085,8 @@ impl Store {
     }
 
     /// Records how a run ended and, when the run belongs to a session, saves its transcript
-    /// there, in one transaction.
+    /// there (with a context policy, the conversation as the run last sent it:
+    /// [`Outcome::context`]), in one transaction.
     ///
     /// The transcript is saved only while the session is at the revision the run started from
     /// (see [`RunTags::session_revision`]): when another run saved a turn meanwhile, nothing is
@@ -1100,8 +1101,14 @@ impl Store {
         let reason = serde_json::to_value(outcome.stop_reason)
             .ok()
             .and_then(|v| v.as_str().map(str::to_string));
-        let text = encode_transcript(&outcome.messages)?;
-        let count = outcome.messages.len() as i64;
+        // With a context policy, the session goes on from the conversation as last sent
+        // (compacted, old results cleared), not from the whole transcript.
+        let messages = outcome
+            .context
+            .as_deref()
+            .map_or(&outcome.messages[..], |c| &c.view[..]);
+        let text = encode_transcript(messages)?;
+        let count = messages.len() as i64;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
             let mut tx = p.begin().await.map_err(db("starting a transaction"))?;

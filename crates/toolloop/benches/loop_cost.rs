@@ -6,12 +6,18 @@
 //! more as the conversation grows: the figure to watch is the per-round cost at 1000 rounds as
 //! a ratio to the per-round cost at 10 rounds (the baseline, measured in the same run).
 //!
+//! Then what a context policy adds per round at 300 rounds (the estimate kept up to date and
+//! old results cleared, every round; no compaction, which costs a model call): the per-round
+//! cost with the policy against without, best of several runs each (the target is at most 5 %
+//! of the loop's own per-round cost).
+//!
 //! Run: `cargo bench -p toolloop --bench loop_cost`
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::time::Instant;
 use toolloop::agent::Agent;
+use toolloop::context::ContextPolicy;
 use toolloop::message::{Message, ToolCall};
 use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
@@ -71,7 +77,20 @@ impl Tool for Echo {
 }
 
 fn per_round_ns(rt: &tokio::runtime::Runtime, rounds: usize, reps: usize) -> f64 {
-    let agent = Agent::builder(InstantModel { rounds })
+    per_round_ns_with(rt, rounds, reps, None)
+}
+
+fn per_round_ns_with(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    reps: usize,
+    context: Option<ContextPolicy>,
+) -> f64 {
+    let mut builder = Agent::builder(InstantModel { rounds });
+    if let Some(policy) = context {
+        builder = builder.context(policy);
+    }
+    let agent = builder
         .tool(Echo {
             schema: json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
         })
@@ -111,4 +130,24 @@ fn main() {
         };
         println!("{rounds:>8} {:>14.2} {:>18.2}", ns / 1000.0, ns / base);
     }
+    // The context policy's own cost: clearing every round past the 8th, the estimate, and
+    // the spill check (nothing is spilled), with no window (no compaction).
+    let policy = ContextPolicy {
+        window: None,
+        keep_rounds: 8,
+        ..ContextPolicy::default()
+    };
+    let (mut without, mut with) = (f64::MAX, f64::MAX);
+    for _ in 0..5 {
+        without = without.min(per_round_ns_with(&rt, 300, 20, None));
+        with = with.min(per_round_ns_with(&rt, 300, 20, Some(policy.clone())));
+    }
+    println!("context policy at 300 rounds (keep_rounds 8, no compaction)");
+    println!(
+        "  without {:.2} µs per round, with {:.2} µs per round: +{:.2} µs ({:+.1} %)",
+        without / 1000.0,
+        with / 1000.0,
+        (with - without) / 1000.0,
+        (with - without) * 100.0 / without
+    );
 }

@@ -55,7 +55,13 @@ pub struct Agent {
     sources: Arc<Sources>,
     /// Secrets taken out of the model's text (see [`AgentBuilder::redact`]).
     redactor: Option<Arc<Redactor>>,
+    /// The model that summarises a conversation being compacted, when not the run's own, and
+    /// its price.
+    context_model: Option<PricedModel>,
 }
+
+/// A model and its price, when known.
+type PricedModel = (Arc<dyn Model>, Option<Arc<Price>>);
 
 /// How long a tool source may take to list its tools; one that takes longer keeps the tools it
 /// listed last, and is asked again once its version moves or [`SOURCE_SILENCE`] has passed (so
@@ -142,6 +148,8 @@ pub struct AgentBuilder {
     on_approval: Option<OnApproval>,
     sources: Vec<Arc<dyn ToolSource>>,
     redactor: Option<Arc<Redactor>>,
+    context_model: Option<Arc<dyn Model>>,
+    limits: crate::context::LimitTable,
 }
 
 impl Agent {
@@ -250,6 +258,11 @@ impl Agent {
     /// The limits and policies.
     pub fn config(&self) -> &LoopConfig {
         &self.config
+    }
+
+    /// The model settings of its runs.
+    pub fn settings(&self) -> &ModelSettings {
+        &self.settings
     }
 
     /// Runs the loop on a single user prompt (after the system prompt, if any).
@@ -621,10 +634,11 @@ impl Agent {
         reminders: &[String],
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
+        let tools = crate::context::driver::request_tools(machine, machine.catalog().specs());
         let request = ModelRequest {
-            messages: machine.messages(),
+            messages: machine.sent_messages(),
             reminders,
-            tools: machine.catalog().specs(),
+            tools: &tools,
             settings: &self.settings,
         };
         self.call_model(model, request, round, sink).await
@@ -837,10 +851,11 @@ impl Agent {
                     emit(&mut machine);
                     // Not waited for: a call lost to a crash is made again on resume.
                     take(&mut machine, &log, Input::ModelRequested { round });
+                    let tools = crate::context::driver::request_tools(&machine, toolbox.specs());
                     let request = ModelRequest {
-                        messages: machine.messages(),
+                        messages: machine.sent_messages(),
                         reminders: &reminders,
-                        tools: toolbox.specs(),
+                        tools: &tools,
                         settings: &settings,
                     };
                     let span = crate::telemetry::chat_span(self.model.name(), round);
@@ -883,11 +898,9 @@ impl Agent {
                         // Durable with the intents of the calls it asks for (or with the run's
                         // end).
                         Ok(Ok(response)) => self.response_input(&toolbox, round, response),
-                        // The failure ends the run; it is durable with the run's end.
-                        Ok(Err(e)) => Input::ModelFailed {
-                            round,
-                            message: e.to_string(),
-                        },
+                        // The failure ends the run (a refusal for size starts a compaction);
+                        // it is durable with the run's end (or the compaction's summary).
+                        Ok(Err(e)) => crate::context::driver::failed_call_input(&machine, round, e),
                         Err(why) => Input::Interrupted { why },
                     };
                     take(&mut machine, &log, input);
@@ -944,6 +957,28 @@ impl Agent {
                         take(&mut machine, &log, Input::Interrupted { why });
                     } else if !deferred.is_empty() {
                         fed(machine.await_approval());
+                    }
+                }
+                step @ Step::EditContext { .. } => {
+                    // Durable with the round's response: made again on resume if lost.
+                    if let Some(input) = crate::context::driver::edits_input(step) {
+                        take(&mut machine, &log, input);
+                    }
+                }
+                Step::Compact(request) => {
+                    let input =
+                        match guard(self.summarise(&settings, &request), &cancel, deadline).await {
+                            Ok(input) => input,
+                            Err(why) => Input::Interrupted { why },
+                        };
+                    take(&mut machine, &log, input);
+                    // The summary is durable before the run goes on: a resumed run does not
+                    // ask for it again.
+                    if let Some(log) = &log
+                        && let Err(e) = log.flush().await
+                    {
+                        store_error = Some(e);
+                        interrupt(&mut machine, Interrupt::StoreFailed);
                     }
                 }
                 Step::DecideRoundLimit => {
@@ -1036,6 +1071,33 @@ impl Agent {
             });
         }
         outcome
+    }
+
+    /// The summarisation call of a [`Step::Compact`], with the agent's context model
+    /// ([`AgentBuilder::context_model`]) or the run's own.
+    pub async fn summarise(
+        &self,
+        settings: &ModelSettings,
+        request: &crate::engine::CompactRequest,
+    ) -> Input {
+        use crate::context::driver::{summarise, summary_settings};
+        let mut input = match &self.context_model {
+            Some((model, price)) => {
+                let settings = summary_settings(settings, true);
+                summarise(&**model, &settings, price.as_deref(), request).await
+            }
+            None => {
+                let settings = summary_settings(settings, false);
+                summarise(&*self.model, &settings, self.price.as_deref(), request).await
+            }
+        };
+        // The summary is the model's text, sent on and stored: redacted as an answer is.
+        if let Some(r) = &self.redactor
+            && let Input::Compacted { compaction, .. } = &mut input
+        {
+            compaction.summary = r.redact(&compaction.summary);
+        }
+        input
     }
 
     async fn call_model(
@@ -1610,6 +1672,8 @@ impl AgentBuilder {
             on_approval: None,
             sources: Vec::new(),
             redactor: None,
+            context_model: None,
+            limits: crate::context::LimitTable::builtin(),
         }
     }
 
@@ -1697,6 +1761,35 @@ impl AgentBuilder {
     /// The system prompt, put first unless the conversation starts with one.
     pub fn system(mut self, prompt: impl Into<String>) -> Self {
         self.system = Some(prompt.into());
+        self
+    }
+
+    /// What the run does to stay inside the model's context window (see
+    /// [`crate::context::policy`]). A policy without a window takes the model's from
+    /// [`AgentBuilder::limits`] (the built-in table by default) when it is known.
+    /// [`AgentBuilder::build`] fails on a policy whose figures are out of range.
+    pub fn context(mut self, policy: crate::context::ContextPolicy) -> Self {
+        self.config.context = Some(policy);
+        self
+    }
+
+    /// The model that summarises the conversation when it is compacted (default: the run's
+    /// own); a cheaper one, say. Its usage and cost are counted apart
+    /// ([`Outcome::context`]).
+    pub fn context_model(self, model: impl Model + 'static) -> Self {
+        self.context_model_arc(Arc::new(model))
+    }
+
+    /// A shared model that summarises the conversation (see [`AgentBuilder::context_model`]).
+    pub fn context_model_arc(mut self, model: Arc<dyn Model>) -> Self {
+        self.context_model = Some(model);
+        self
+    }
+
+    /// The models' context windows, for a context policy that does not give one (default:
+    /// [`crate::context::LimitTable::builtin`]).
+    pub fn limits(mut self, limits: crate::context::LimitTable) -> Self {
+        self.limits = limits;
         self
     }
 
@@ -1847,10 +1940,21 @@ impl AgentBuilder {
             .as_deref()
             .unwrap_or_else(|| self.model.name());
         let price = self.prices.get(model_name).cloned().map(Arc::new);
+        let mut config = self.config;
+        if let Some(policy) = config.context.as_mut() {
+            policy.validate().map_err(ToolboxError::ContextPolicy)?;
+            if policy.window.is_none() {
+                policy.window = self.limits.context_window(model_name);
+            }
+        }
+        let context_model = self.context_model.map(|m| {
+            let price = self.prices.get(m.name()).cloned().map(Arc::new);
+            (m, price)
+        });
         Ok(Agent {
             model: self.model,
             toolbox: Arc::new(self.toolbox),
-            config: Arc::new(self.config),
+            config: Arc::new(config),
             hooks: self.hooks,
             settings: Arc::new(self.settings),
             system: self.system.map(Arc::from),
@@ -1864,6 +1968,7 @@ impl AgentBuilder {
                 listed: tokio::sync::Mutex::new(None),
             }),
             redactor: self.redactor,
+            context_model,
         })
     }
 }

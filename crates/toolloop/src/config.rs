@@ -118,6 +118,12 @@ pub struct LoopConfig {
     /// [`crate::approval`]). Default: no rules (each tool's own default).
     #[serde(default, skip_serializing_if = "crate::approval::Approvals::is_empty")]
     pub approvals: crate::approval::Approvals,
+    /// What the run does to stay inside the model's context window: spill long results, clear
+    /// old ones, compact the conversation (see [`crate::context::policy`]). Default `None`:
+    /// the conversation is sent whole. Spilling applies to results as `max_result_chars` left
+    /// them: raise that cap (or set it to 0) for results to be spilled rather than cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<crate::context::ContextPolicy>,
 }
 
 fn default_stream_restarts() -> u32 {
@@ -143,6 +149,7 @@ impl Default for LoopConfig {
             stream: false,
             stream_restarts: default_stream_restarts(),
             approvals: crate::approval::Approvals::default(),
+            context: None,
         }
     }
 }

@@ -202,6 +202,33 @@ pub enum Event {
         /// Usage so far.
         total_usage: Option<Usage>,
     },
+    /// A tool result was too long for the context policy ([`crate::context::policy`]): the model
+    /// is sent its head and tail, and reads the rest with `read_result`; the whole result is
+    /// kept in the transcript.
+    ResultSpilled {
+        /// The round about to start.
+        round: u32,
+        /// The call whose result it is (the handle of `read_result`).
+        call_id: String,
+        /// Its size, in bytes.
+        bytes: usize,
+        /// The size of what the model is sent instead.
+        shown: usize,
+    },
+    /// The older part of the conversation was replaced by a summary (see
+    /// [`crate::context::policy`]).
+    ContextCompacted {
+        /// The round it was made for.
+        round: u32,
+        /// The estimated input tokens of the next request before.
+        tokens_before: u64,
+        /// And after.
+        tokens_after: u64,
+        /// The messages the summary replaced.
+        messages_summarised: usize,
+        /// The summariser's usage (counted apart from the run's).
+        usage: Option<Usage>,
+    },
     /// The run ended.
     RunFinished {
         /// Everything it gathered.

@@ -38,6 +38,9 @@ pub enum StopReason {
     /// [`Outcome::pending_approvals`]; decide them and resume the run (see
     /// [`crate::approval`]).
     AwaitingApproval,
+    /// The request did not fit the model's context window, even after the context policy
+    /// compacted the conversation (see [`crate::context::policy`]); the transcript is kept.
+    ContextExhausted,
 }
 
 impl StopReason {
@@ -78,6 +81,8 @@ pub enum ErrorCode {
     InvalidOutput,
     /// The model answered with no text and no tool call.
     EmptyAnswer,
+    /// The request did not fit the model's context window, even after compacting.
+    ContextExhausted,
 }
 
 impl ErrorCode {
@@ -98,6 +103,7 @@ impl ErrorCode {
             ErrorCode::OutputTruncated => StopReason::OutputTruncated,
             ErrorCode::AwaitingApproval => StopReason::AwaitingApproval,
             ErrorCode::EmptyAnswer => StopReason::EmptyAnswer,
+            ErrorCode::ContextExhausted => StopReason::ContextExhausted,
         }
     }
 }
@@ -211,6 +217,11 @@ pub struct Outcome {
     /// [`StopReason::AwaitingApproval`] (their round has no results yet); empty otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<crate::approval::PendingApproval>,
+    /// With a context policy: the conversation as last sent (compacted, results cleared and
+    /// spilled; pass it to a next run to continue from it) and what the policy did, the
+    /// summariser's usage and cost apart from the run's (see [`crate::context::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Box<crate::engine::ContextState>>,
 }
 
 /// Why [`Outcome::parse`] gave no value.

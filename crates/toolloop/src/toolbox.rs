@@ -32,6 +32,9 @@ pub enum ToolboxError {
     /// The agent's output schema (see [`crate::output`]) is not a valid JSON Schema.
     #[error(transparent)]
     OutputSchema(#[from] crate::output::OutputSchemaError),
+    /// The agent's context policy (see [`crate::context::policy`]) has a figure out of range.
+    #[error("the context policy is wrong: {0}")]
+    ContextPolicy(String),
 }
 
 /// Tools by name, in the order they were added: the tools themselves, and their

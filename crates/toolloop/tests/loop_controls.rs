@@ -1397,3 +1397,63 @@ async fn a_timeout_beyond_the_clock_is_no_deadline() {
     assert_eq!(out.stop_reason, StopReason::Answered);
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
+
+/// A model that keeps the text of every request it was sent.
+struct TextRecorder {
+    inner: ScriptedModel,
+    sent: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Model for TextRecorder {
+    fn name(&self) -> &str {
+        "text-recorder"
+    }
+    async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let text = r.messages.iter().map(|m| m.text()).collect::<Vec<_>>();
+        self.sent.lock().unwrap().push(text.join("\n"));
+        self.inner.complete(r).await
+    }
+}
+
+/// A secret the summarising model repeats in a compaction's summary is redacted, as in an
+/// answer: the requests that follow never carry it.
+#[tokio::test]
+async fn a_secret_in_a_compaction_summary_is_redacted() {
+    use toolloop::context::{ContextOverflow, ContextPolicy};
+    use toolloop::providers::scripted::ScriptStep;
+    const SECRET: &str = "sk-summary-secret-0123456789abcdef";
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let overflow = ContextOverflow::new(400, Some("context_length_exceeded".into()), "too long");
+    let mut steps: Vec<ScriptStep> = (0..4)
+        .map(|i| ScriptStep::Respond(calls(vec![call("count", json!({"key": format!("k{i}")}))])))
+        .collect();
+    steps.push(ScriptStep::Fail(ModelError::ContextOverflow(overflow)));
+    steps.push(ScriptStep::Respond(ModelResponse::text("done")));
+    let model = TextRecorder {
+        inner: ScriptedModel::from_steps(steps),
+        sent: sent.clone(),
+    };
+    let summariser = scripted(vec![ModelResponse::text(format!(
+        "The task so far; the key is {SECRET}."
+    ))]);
+    let mut redactor = toolloop::redact::Redactor::new();
+    redactor.add_secret(SECRET);
+    let agent = builder(model)
+        .tool(counter("count", Arc::new(AtomicU32::new(0))))
+        .context(ContextPolicy {
+            window: None,
+            keep_rounds: 0,
+            ..ContextPolicy::default()
+        })
+        .context_model(summariser)
+        .redact(redactor)
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Answered, "{:?}", out.error);
+    let sent = sent.lock().unwrap();
+    let last = sent.last().unwrap();
+    assert!(last.contains("the key is [redacted]"), "{last}");
+    assert!(sent.iter().all(|s| !s.contains(SECRET)));
+}

@@ -6,12 +6,17 @@
 //! - [`estimate`]: the input tokens of the next request, from the provider's last report plus
 //!   an estimate of what was added since ([`TokenEstimator`]);
 //! - [`overflow`]: a provider's refusal of a request too large for the window
-//!   ([`ContextOverflow`], carried by [`crate::model::ModelError::ContextOverflow`]).
+//!   ([`ContextOverflow`], carried by [`crate::model::ModelError::ContextOverflow`]);
+//! - [`policy`]: what a run does to stay inside the window: spill, clear, compact
+//!   ([`ContextPolicy`], applied by the machine, driven by the agent).
 
+pub mod driver;
 pub mod estimate;
 pub mod limits;
 pub mod overflow;
+pub mod policy;
 
 pub use estimate::TokenEstimator;
 pub use limits::{LimitTable, ModelLimits};
 pub use overflow::ContextOverflow;
+pub use policy::ContextPolicy;

@@ -39,6 +39,7 @@ impl Machine {
             }
         }
         let usage = response.usage;
+        self.context_observed(usage.as_ref());
         match usage {
             Some(u) => *self.state.usage.get_or_insert_with(Usage::default) += u,
             None => self.state.calls_without_usage += 1,
@@ -343,6 +344,8 @@ impl Machine {
         if !self.is_finished() {
             self.interrupt(Interrupt::Cancelled);
         }
+        // The view holds the whole conversation: a next run goes on from it.
+        self.sync_view();
         let LoopState {
             messages,
             round,
@@ -352,6 +355,7 @@ impl Machine {
             calls,
             phase,
             pending_approvals,
+            context,
             ..
         } = self.state;
         // With no reported usage there is nothing to price: the cost is unknown, not zero.
@@ -393,6 +397,7 @@ impl Machine {
             error,
             run_id: None,
             pending_approvals,
+            context,
         }
     }
 }

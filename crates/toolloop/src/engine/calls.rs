@@ -141,6 +141,12 @@ impl Machine {
                 slots.push(slot);
                 continue;
             }
+            if self.is_read_result(call) {
+                let (status, content) = self.read_result(call);
+                settle(&mut slot, status, content);
+                slots.push(slot);
+                continue;
+            }
             if let Some(reason) = self.invalid_reason(call) {
                 emit!(
                     self,
@@ -440,6 +446,7 @@ impl Machine {
             });
         }
         self.catalog = catalog;
+        self.context_tools_changed();
         Ok(())
     }
 

@@ -144,6 +144,42 @@ pub enum Input {
     /// The run is over (the driver logs it at the end; the machine has finished by then, and
     /// takes it as a no-op).
     Finished,
+    /// The context policy's edits before a round ([`Step::EditContext`]), as the machine gave
+    /// them: a replay applies these, whatever the policy is now.
+    ContextEdited {
+        /// The round about to start.
+        round: u32,
+        /// The edits.
+        edits: ContextEdits,
+    },
+    /// The summariser answered a [`Step::Compact`]: the view's compacted part is replaced by
+    /// the summary. Logged, so a resumed run does not summarise again.
+    Compacted {
+        /// The compaction's round ([`CompactRequest::round`]).
+        round: u32,
+        /// The summary and what it cost.
+        #[serde(flatten)]
+        compaction: Compaction,
+    },
+    /// The summarising call of a [`Step::Compact`] failed (after the adapter's retries): the
+    /// round goes on uncompacted; after a refused call, the run stops with
+    /// `context_exhausted`.
+    CompactionFailed {
+        /// The compaction's round.
+        round: u32,
+        /// What happened.
+        message: String,
+    },
+    /// The model call of [`Step::CallModel`] was refused for its size
+    /// ([`crate::model::ModelError::ContextOverflow`]): with a context policy, the machine
+    /// compacts ([`Step::Compact`]) and retries it once; without one, the run stops as for
+    /// [`Input::ModelFailed`].
+    ContextOverflowed {
+        /// The round.
+        round: u32,
+        /// The provider's refusal.
+        overflow: crate::context::ContextOverflow,
+    },
 }
 
 impl Input {
@@ -165,6 +201,10 @@ impl Input {
             Input::ApprovalDecided { .. } => "approval_decided",
             Input::Interrupted { .. } => "interrupted",
             Input::Finished => "finished",
+            Input::ContextEdited { .. } => "context_edited",
+            Input::Compacted { .. } => "compacted",
+            Input::CompactionFailed { .. } => "compaction_failed",
+            Input::ContextOverflowed { .. } => "context_overflowed",
         }
     }
 }

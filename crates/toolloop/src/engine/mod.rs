@@ -72,6 +72,7 @@ macro_rules! emit {
 mod answer;
 mod approvals;
 mod calls;
+mod context;
 mod input;
 mod replay;
 mod state;
@@ -80,6 +81,7 @@ mod tests;
 
 pub use approvals::ApprovalRequest;
 pub use calls::Batch;
+pub use context::{CompactRequest, Compaction, ContextEdits, ContextState};
 pub use input::{HookFlags, Input};
 pub use replay::ReplayError;
 pub use state::{ApprovalState, Interrupt, LoopState, Phase, PhaseError, Slot};
@@ -112,6 +114,19 @@ pub enum Step {
     /// or by asking the approval handler when the verdict is [`Verdict::Ask`]), or, with no
     /// handler, stop with [`Machine::await_approval`].
     Approve(Vec<ApprovalRequest>),
+    /// The context policy edits the conversation it sends before round `round` (see
+    /// [`crate::context::policy`]): log [`Input::ContextEdited`] with these edits, unchanged,
+    /// and hand it back.
+    EditContext {
+        /// The round about to start.
+        round: u32,
+        /// The edits.
+        edits: ContextEdits,
+    },
+    /// The conversation is to be compacted: call the summarising model with the request's
+    /// messages (no tools), and report [`Input::Compacted`] with the summary (or
+    /// [`Input::CompactionFailed`]).
+    Compact(Box<CompactRequest>),
     /// The run is over; take the outcome.
     Finished,
 }
@@ -130,6 +145,8 @@ pub struct Machine {
     call_ids: foldhash::HashSet<u64>,
     /// The compiled output schema (`state.output_schema`), or why it does not compile.
     output_check: Option<Result<Arc<OutputCheck>, String>>,
+    /// The estimate of the next request's size, with a context policy.
+    estimate: context::Estimate,
 }
 
 /// The compiled form of a state's output schema.
@@ -197,12 +214,15 @@ impl Machine {
                 phase: Phase::Ready,
                 pending_approvals: Vec::new(),
                 output_schema: None,
+                context: None,
             },
             events: Vec::new(),
             events_on: true,
             call_ids,
             output_check: None,
+            estimate: Default::default(),
         };
+        m.init_context();
         emit!(
             m,
             Event::RunStarted {
@@ -219,7 +239,7 @@ impl Machine {
         catalog: Arc<Catalog>,
         state: LoopState,
     ) -> Self {
-        Machine {
+        let mut m = Machine {
             config,
             hooks,
             catalog,
@@ -228,7 +248,10 @@ impl Machine {
             state,
             events: Vec::new(),
             events_on: true,
-        }
+            estimate: Default::default(),
+        };
+        m.init_context();
+        m
     }
 
     /// Sets the schema the run's final answer must match (`None`: any text is an answer), for a
@@ -328,6 +351,11 @@ impl Machine {
             Phase::Done { .. } => Step::Finished,
             Phase::RoundLimit => Step::DecideRoundLimit,
             Phase::Reminders => Step::GetReminders,
+            Phase::EditingContext { edits } => Step::EditContext {
+                round: self.state.round + 1,
+                edits: edits.clone(),
+            },
+            Phase::Compacting { request, .. } => Step::Compact(request.clone()),
             Phase::AwaitingModel { reminders } => Step::CallModel {
                 round: self.state.round,
                 reminders: reminders.clone(),
@@ -379,6 +407,9 @@ impl Machine {
                     );
                     return Step::Finished;
                 }
+                if let Some(step) = self.context_step() {
+                    return step;
+                }
                 if self.hooks.reminders {
                     self.state.phase = Phase::Reminders;
                     return Step::GetReminders;
@@ -390,6 +421,7 @@ impl Machine {
 
     fn start_round(&mut self, reminders: Vec<String>) -> Step {
         self.state.round += 1;
+        self.context_round_started(&reminders);
         emit!(
             self,
             Event::RoundStarted {
@@ -526,6 +558,23 @@ impl Machine {
             Input::RoundLimitDecided { decision } => self.round_limit_decided(decision),
             Input::Interrupted { why } => {
                 self.interrupt(why);
+                Ok(())
+            }
+            // A log written with a context policy, replayed by a machine without one: the
+            // view is the transcript, and these change nothing.
+            Input::ContextEdited { .. }
+            | Input::Compacted { .. }
+            | Input::CompactionFailed { .. }
+                if self.state.context.is_none() =>
+            {
+                Ok(())
+            }
+            Input::ContextEdited { round, edits } => self.context_edited(round, edits),
+            Input::Compacted { round, compaction } => self.compacted(round, compaction),
+            Input::CompactionFailed { round, message } => self.compaction_failed(round, message),
+            Input::ContextOverflowed { round, overflow } => {
+                self.awaiting_model(kind, round)?;
+                self.context_overflowed(overflow);
                 Ok(())
             }
             Input::Finished => Ok(()),

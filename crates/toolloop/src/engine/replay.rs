@@ -87,7 +87,16 @@ impl Machine {
             Input::ToolsChanged { round, .. } if *round > 0 => self.reach_model_call(kind, *round),
             Input::ModelRequested { round }
             | Input::ModelResponded { round, .. }
-            | Input::ModelFailed { round, .. } => self.reach_model_call(kind, *round),
+            | Input::ModelFailed { round, .. }
+            | Input::ContextOverflowed { round, .. } => self.reach_model_call(kind, *round),
+            Input::ContextEdited { .. }
+            | Input::Compacted { .. }
+            | Input::CompactionFailed { .. } => loop {
+                match self.next_step() {
+                    Step::CheckStop => self.stop_checked(None)?,
+                    _ => return Ok(()),
+                }
+            },
             Input::RemindersGiven { .. } => self.settle_unrecorded(false),
             Input::RoundLimitDecided { .. } => {
                 self.settle_unrecorded(false)?;
@@ -144,6 +153,7 @@ impl Machine {
                 Step::GetReminders if reminders_too => {
                     self.reminders_given(self.state.round + 1, Vec::new())?
                 }
+                Step::EditContext { .. } | Step::Compact(_) => self.skip_context_step(),
                 _ => return Ok(()),
             }
         }

@@ -35,6 +35,10 @@ pub struct LoopState {
     /// The schema the final answer must match, if any (see [`crate::output`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_schema: Option<OutputSchema>,
+    /// The conversation as sent and what the context policy did, when one is set (see
+    /// [`crate::context::policy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<Box<ContextState>>,
 }
 
 /// Where the machine is.
@@ -52,6 +56,19 @@ pub enum Phase {
     },
     /// Waiting for `on_round_limit`.
     RoundLimit,
+    /// Waiting for the context policy's edits to be logged ([`Input::ContextEdited`]).
+    EditingContext {
+        /// The edits.
+        edits: ContextEdits,
+    },
+    /// Waiting for a summary ([`Input::Compacted`]).
+    Compacting {
+        /// What to summarise.
+        request: Box<CompactRequest>,
+        /// For a compaction after a refused call: the call's reminders (it is retried).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        retry: Option<Vec<String>>,
+    },
     /// Tool calls of a round are running.
     Tools {
         /// Why the model stopped.
@@ -91,6 +108,8 @@ impl Phase {
             Phase::Reminders => "waiting for the reminders hook",
             Phase::AwaitingModel { .. } => "waiting for the model",
             Phase::RoundLimit => "waiting for on_round_limit",
+            Phase::EditingContext { .. } => "editing the context",
+            Phase::Compacting { .. } => "compacting the context",
             Phase::Tools { .. } => "running the round's tool calls",
             Phase::Done { .. } => "finished",
         }

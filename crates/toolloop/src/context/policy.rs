@@ -1,0 +1,365 @@
+//! The context policy: what a run does so that its requests stay inside the model's context
+//! window, as data ([`ContextPolicy`]), and the texts it writes (the stub of a cleared result,
+//! the preview of a spilled one, the summariser's prompt).
+//!
+//! The machine applies the policy at the start of each round, on the conversation it sends (the
+//! *view*; the transcript itself is kept whole), in three stages, each journaled as an input so
+//! that a replay or a resume rebuilds the same view without calling a model again:
+//!
+//! 1. **spill**: a tool result longer than [`ContextPolicy::spill_over`] bytes is sent as its
+//!    head and tail with a handle (the call's id); the model pages through the whole of it with
+//!    the `read_result` tool ([`READ_RESULT`]), which the machine answers itself from the
+//!    transcript, offered once a result has been spilled. Lost from the view: the middle of
+//!    the result, until the model reads it.
+//! 2. **clear**: the results of calls older than the last [`ContextPolicy::keep_rounds`]
+//!    rounds become a one-line stub naming the call ([`cleared_stub`]), in batches: once `K`
+//!    rounds beyond the last `K` have gathered, all of them at once (so a provider's prompt
+//!    cache is invalidated once every `K` rounds, not every round; between `K` and `2K` rounds
+//!    keep their results). Every call keeps exactly one result. Lost from the view: the
+//!    content of old results (the calls, their arguments and the model's own text stay).
+//! 3. **compact**: when the estimated size of the next request passes [`ContextPolicy::compact_at`]
+//!    of the window, the results of every round but the last are cleared first (one edit,
+//!    no model call); when the estimate still passes it, the older part of the conversation (all
+//!    but the system prompt and the most recent turns) is summarised by one model call with
+//!    [`COMPACT_PROMPT`], and replaced by a user message holding the summary
+//!    ([`SUMMARY_HEADER`]). Lost from the view: everything in the summarised part that the
+//!    summary does not say.
+//!
+//! A provider's refusal of a request too large for its window
+//! ([`crate::model::ModelError::ContextOverflow`]) makes the machine compact and retry that call
+//! once; refused again, the run stops with
+//! [`crate::outcome::StopReason::ContextExhausted`], its transcript kept.
+
+use serde::{Deserialize, Serialize};
+
+/// The name of the tool with which the model reads a spilled result.
+pub const READ_RESULT: &str = "read_result";
+
+/// The most bytes one `read_result` call returns.
+pub const READ_RESULT_MAX: usize = 16 * 1024;
+
+/// The first line of the user message that replaces a compacted part of the conversation.
+pub const SUMMARY_HEADER: &str =
+    "[Summary of the earlier part of this conversation, written when it was compacted]";
+
+/// The instruction sent to the summariser (as the system prompt of the summarisation call; the
+/// part to summarise follows as a user message, rendered as text by [`render_for_summary`]).
+pub const COMPACT_PROMPT: &str = "You are compacting the history of an agent's conversation \
+so that the agent can go on with its task in a smaller context. Write a summary that the agent \
+will read in place of the messages below. Keep, in this order and with exact names, paths, \
+identifiers and numbers:\n\
+1. The task: what the user asked for, with every requirement and constraint.\n\
+2. Decisions made and why, and what was tried and failed.\n\
+3. Open threads: what is still to do, and what the agent was doing last.\n\
+4. Files and resources touched: each path, URL or record, and what was done to it.\n\
+5. Facts learnt from tool results that are still needed.\n\
+Leave out pleasantries and anything no longer needed. Write plain text, no preamble.";
+
+/// The line that marks the start of the conversation to summarise, in the user message of a
+/// summarisation request.
+pub const COMPACT_MARKER: &str = "--- conversation to summarise ---";
+
+/// A context policy (see the [module docs](self)). [`ContextPolicy::default`] gives the
+/// documented defaults; [`ContextPolicy::off`] does nothing (the conversation is sent whole).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ContextPolicy {
+    /// The model's context window in tokens, overriding the model's known one
+    /// ([`crate::context::LimitTable`]). With neither, no compaction is started by the
+    /// estimate (a provider's overflow error still starts one).
+    pub window: Option<u64>,
+    /// Compact when the estimated next request passes this share of the window (default 0.8).
+    pub compact_at: f64,
+    /// Keep the results of this many most recent rounds whole; older ones are cleared to a
+    /// stub (default 8; 0: never clear).
+    pub keep_rounds: u32,
+    /// Spill a tool result longer than this many bytes (default 16 KiB; `None`: never).
+    pub spill_over: Option<usize>,
+    /// Bytes of a spilled result shown at its head and again at its tail (default 1 KiB).
+    pub spill_preview: usize,
+    /// Whether to compact at all (default true).
+    pub compact: bool,
+}
+
+impl Default for ContextPolicy {
+    fn default() -> Self {
+        ContextPolicy {
+            window: None,
+            compact_at: 0.8,
+            keep_rounds: 8,
+            spill_over: Some(16 * 1024),
+            spill_preview: 1024,
+            compact: true,
+        }
+    }
+}
+
+impl ContextPolicy {
+    /// A policy that does nothing: no spill, no clearing, no compaction.
+    pub fn off() -> Self {
+        ContextPolicy {
+            window: None,
+            compact_at: 1.0,
+            keep_rounds: 0,
+            spill_over: None,
+            spill_preview: 0,
+            compact: false,
+        }
+    }
+
+    /// The token count past which the next request starts a compaction, when the window is
+    /// known.
+    pub fn threshold(&self) -> Option<u64> {
+        let window = self.window?;
+        let share = if self.compact_at.is_finite() {
+            self.compact_at.clamp(0.05, 1.0)
+        } else {
+            0.8
+        };
+        Some(((window as f64) * share) as u64)
+    }
+
+    /// Checks the figures: `compact_at` in (0, 1], a window above 0, a preview that leaves
+    /// something to spill.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.compact_at > 0.0 && self.compact_at <= 1.0) {
+            return Err(format!(
+                "compact_at is {}; it is a share of the window, above 0 and at most 1",
+                self.compact_at
+            ));
+        }
+        if self.window == Some(0) {
+            return Err("the context window is 0 tokens; it must be above 0".into());
+        }
+        if let Some(over) = self.spill_over
+            && over < 2 * self.spill_preview.max(1)
+        {
+            return Err(format!(
+                "spill_over ({over} bytes) must be at least twice spill_preview ({} bytes)",
+                self.spill_preview
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The stub that replaces a cleared result.
+pub fn cleared_stub(name: &str, call_id: &str, bytes: usize) -> String {
+    format!(
+        "[result of `{}` (call {}) cleared from the context to save space: {bytes} bytes]",
+        crate::result::shorten(name, crate::result::ECHO_CHARS),
+        crate::result::shorten(call_id, crate::result::ECHO_CHARS),
+    )
+}
+
+/// What the model reads of a spilled result: its first and last `preview` bytes (cut at
+/// character boundaries) and how to read the rest.
+pub fn spilled_preview(content: &str, call_id: &str, preview: usize) -> String {
+    let head_end = floor_boundary(content, preview);
+    let tail_start = ceil_boundary(content, content.len().saturating_sub(preview)).max(head_end);
+    let omitted = tail_start - head_end;
+    format!(
+        "{}\n[… {omitted} of {} bytes not shown. The whole result is kept: read it with \
+         {READ_RESULT}(handle=\"{call_id}\", offset, limit), offsets in bytes …]\n{}",
+        &content[..head_end],
+        content.len(),
+        &content[tail_start..]
+    )
+}
+
+/// The part of a spilled result that a `read_result` call asks for: `limit` bytes (at most
+/// [`READ_RESULT_MAX`]) from byte `offset`, cut at character boundaries, with a header saying
+/// which bytes they are.
+pub fn read_page(content: &str, offset: usize, limit: usize) -> String {
+    let start = ceil_boundary(content, offset.min(content.len()));
+    let end = floor_boundary(
+        content,
+        start.saturating_add(limit.clamp(1, READ_RESULT_MAX)),
+    )
+    .max(start);
+    format!(
+        "[bytes {start}..{end} of {}{}]\n{}",
+        content.len(),
+        if end < content.len() {
+            format!("; read on from offset {end}")
+        } else {
+            "; the end".to_string()
+        },
+        &content[start..end]
+    )
+}
+
+/// The largest character boundary at or below `at`.
+fn floor_boundary(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// The smallest character boundary at or above `at`.
+fn ceil_boundary(s: &str, at: usize) -> usize {
+    let mut i = at.min(s.len());
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    i
+}
+
+/// The JSON Schema of `read_result`'s arguments.
+pub fn read_result_spec() -> crate::model::ToolSpec {
+    crate::model::ToolSpec {
+        name: READ_RESULT.to_string(),
+        description: "Read part of a tool result that was too long to show whole. The handle \
+                      is the one given where the result was cut (the call's id); offset and \
+                      limit are in bytes."
+            .to_string(),
+        parameters: serde_json::json!({
+            "type": "object",
+            "properties": {
+                "handle": {"type": "string", "description": "The handle of the cut result."},
+                "offset": {"type": "integer", "minimum": 0, "description": "First byte to read (default 0)."},
+                "limit": {"type": "integer", "minimum": 1, "description": "Bytes to read (default and most: 16384)."}
+            },
+            "required": ["handle"],
+            "additionalProperties": false
+        }),
+    }
+}
+
+/// The conversation to summarise as one text (each message on its own lines, tool calls with
+/// their arguments, results), at most about `max_bytes` long: each tool result is cut to its
+/// share of half of `max_bytes` (its head and tail kept; every call and result keeps its line),
+/// and when the whole is still longer, its middle is cut (the task at the start and the latest
+/// work at the end are what the summary needs most).
+pub fn render_for_summary(messages: &[crate::message::Message], max_bytes: usize) -> String {
+    use crate::message::Message;
+    let results = messages
+        .iter()
+        .filter(|m| matches!(m, Message::Tool(_)))
+        .count()
+        .max(1);
+    let per_result = (max_bytes / 2 / results).clamp(160, 8192);
+    let mut out = String::new();
+    for m in messages {
+        match m {
+            Message::System { content } => {
+                out.push_str("[system]\n");
+                out.push_str(content);
+            }
+            Message::User { content, images } => {
+                out.push_str("[user]\n");
+                out.push_str(content);
+                if !images.is_empty() {
+                    out.push_str(&format!("\n({} images)", images.len()));
+                }
+            }
+            Message::Assistant(a) => {
+                out.push_str("[assistant]");
+                if let Some(text) = &a.text {
+                    out.push('\n');
+                    out.push_str(text);
+                }
+                for call in &a.tool_calls {
+                    let args = match &call.invalid_arguments {
+                        Some(raw) => raw.clone(),
+                        None => call.arguments.to_string(),
+                    };
+                    out.push_str(&format!("\n[tool call {} {}] {args}", call.id, call.name));
+                }
+            }
+            Message::Tool(r) => {
+                out.push_str(&format!("[tool result {} {}", r.call_id, r.name));
+                out.push_str(if r.is_error { ", error]\n" } else { "]\n" });
+                if r.content.len() > per_result {
+                    let head = floor_boundary(&r.content, per_result / 2);
+                    let tail =
+                        ceil_boundary(&r.content, r.content.len() - per_result / 2).max(head);
+                    out.push_str(&r.content[..head]);
+                    out.push_str(&format!(" [… {} bytes cut …] ", tail - head));
+                    out.push_str(&r.content[tail..]);
+                } else {
+                    out.push_str(&r.content);
+                }
+            }
+        }
+        out.push_str("\n\n");
+    }
+    if out.len() > max_bytes {
+        let half = max_bytes / 2;
+        let head = floor_boundary(&out, half);
+        let tail = ceil_boundary(&out, out.len() - half).max(head);
+        out = format!(
+            "{}\n[… {} bytes of the conversation cut …]\n{}",
+            &out[..head],
+            tail - head,
+            &out[tail..]
+        );
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn previews_and_pages_cut_at_character_boundaries() {
+        let content = "é".repeat(100); // 200 bytes
+        let p = spilled_preview(&content, "call_1", 11);
+        assert!(p.starts_with(&"é".repeat(5)), "{p}");
+        assert!(p.contains("read_result(handle=\"call_1\""), "{p}");
+        assert!(p.contains("of 200 bytes"), "{p}");
+        let page = read_page(&content, 1, 5);
+        assert!(page.starts_with("[bytes 2..6 of 200; read on from offset 6]\n"));
+        assert!(read_page(&content, 190, 100).ends_with(&"é".repeat(5)));
+        assert!(read_page(&content, 1_000, 10).starts_with("[bytes 200..200 of 200; the end]"));
+    }
+
+    #[test]
+    fn policies_are_checked() {
+        assert!(ContextPolicy::default().validate().is_ok());
+        assert!(ContextPolicy::off().validate().is_ok());
+        for bad in [
+            ContextPolicy {
+                compact_at: 0.0,
+                ..Default::default()
+            },
+            ContextPolicy {
+                compact_at: f64::NAN,
+                ..Default::default()
+            },
+            ContextPolicy {
+                window: Some(0),
+                ..Default::default()
+            },
+            ContextPolicy {
+                spill_over: Some(100),
+                spill_preview: 100,
+                ..Default::default()
+            },
+        ] {
+            assert!(bad.validate().is_err(), "{bad:?}");
+        }
+        let p = ContextPolicy {
+            window: Some(10_000),
+            ..Default::default()
+        };
+        assert_eq!(p.threshold(), Some(8_000));
+    }
+
+    #[test]
+    fn a_long_rendering_keeps_its_ends() {
+        let messages = vec![
+            crate::message::Message::user(format!("TASK {}", "x".repeat(5_000))),
+            crate::message::Message::user(format!("{} LAST", "y".repeat(5_000))),
+        ];
+        let r = render_for_summary(&messages, 1_000);
+        assert!(r.len() < 1_100, "{}", r.len());
+        assert!(
+            r.starts_with("[user]\nTASK") && r.trim_end().ends_with("LAST"),
+            "{r}"
+        );
+    }
+}
