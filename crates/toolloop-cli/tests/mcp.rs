@@ -905,8 +905,9 @@ fn on_a_terminal_a_projects_servers_are_asked_about_once() {
         .output()
         .is_err()
     {
-        eprintln!("note: `script` (util-linux) is missing; the terminal test is skipped");
-        return;
+        panic!(
+            "`script` (util-linux; Debian: bsdutils) is needed to run the command on a terminal"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().canonicalize().unwrap();
