@@ -45,6 +45,8 @@ impl Machine {
                 index,
                 call: (*slot.call).clone(),
                 subject,
+                path: Vec::new(),
+                run_id: None,
             },
             verdict,
         }

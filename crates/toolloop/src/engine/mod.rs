@@ -32,6 +32,8 @@
 //! - `calls`: call triage and scheduling, a response's calls checked and settled or planned,
 //!   [`Batch`]es, the calls' intents and results, `stop_when`, the end of a round;
 //! - `approvals`: the approval policy's verdicts and the decisions ([`ApprovalRequest`]);
+//! - `delegation`: what sub-agents' calls spent, and a run stopped while a child waits for
+//!   approvals ([`Machine::await_child_approvals`]);
 //! - `replay`: [`Machine::replay`], a log handed to a fresh machine ([`ReplayError`]).
 //!
 //! Invariants the machine keeps:
@@ -69,6 +71,7 @@ macro_rules! emit {
 mod answer;
 mod approvals;
 mod calls;
+mod delegation;
 mod input;
 mod replay;
 mod state;
