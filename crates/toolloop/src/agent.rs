@@ -1277,9 +1277,7 @@ impl Agent {
             let Some(call) = machine.round_call(index) else {
                 continue;
             };
-            rerun_safe &= toolbox
-                .get(&call.name)
-                .is_none_or(|t| t.side_effect() != SideEffect::SideEffecting);
+            rerun_safe &= toolbox.get(&call.name).is_none_or(|t| !intent_first(t));
             let intent = Input::ToolStarted {
                 round,
                 index,
@@ -1552,7 +1550,7 @@ impl ToolJob<'_> {
                 index: self.index,
                 call_id: self.call.id.clone(),
             };
-            if tool.side_effect() == SideEffect::SideEffecting {
+            if intent_first(tool) {
                 log.now(intent).await?;
             } else {
                 log.soon(intent);
@@ -1578,6 +1576,13 @@ impl ToolJob<'_> {
         let duration_ms = started.elapsed().as_millis() as u64;
         Ok((done.result, duration_ms, done.attempts))
     }
+}
+
+/// Whether a call's intent is durable before it runs: a side-effecting tool's (a crash leaves
+/// it in flight, never silently repeated), and a sub-agent's (its run is logged under the
+/// call's id, which the log must hold for a resume to find that run again).
+fn intent_first(tool: &Arc<dyn Tool>) -> bool {
+    tool.side_effect() == SideEffect::SideEffecting || tool.sub_agent().is_some()
 }
 
 /// What one tool call came to: its result, how long it took and in how many attempts.
