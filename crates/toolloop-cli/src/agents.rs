@@ -198,6 +198,20 @@ pub(crate) fn attach(
     }
 }
 
+/// Every declared agent as a tool, for workflow steps to choose by name (beside `tools`, the
+/// run's tools the agents may use).
+pub(crate) fn agent_tools(
+    args: &AgentArgs,
+    tools: &[Arc<dyn Tool>],
+) -> Result<Vec<Arc<dyn Tool>>, String> {
+    let mut made = BTreeMap::new();
+    args.agents
+        .agent_defs
+        .keys()
+        .map(|name| sub_agent(args, name, tools, &mut made))
+        .collect()
+}
+
 /// The tools `def` lists (the run's tools and other agents), or the run's tools.
 fn select(
     args: &AgentArgs,

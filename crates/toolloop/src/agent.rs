@@ -896,7 +896,12 @@ impl Agent {
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> Outcome {
-        let span = crate::telemetry::run_span(self.model.name());
+        let agent = self
+            .inherited
+            .as_ref()
+            .and_then(|i| i.path.last())
+            .map_or("toolloop", String::as_str);
+        let span = crate::telemetry::run_span(self.model.name(), agent);
         let outcome = self
             .drive_in_span(machine, toolbox, cancel, sink, log)
             .instrument(span.clone())

@@ -402,6 +402,9 @@ impl Tool for LoggedTool {
             (None, None) => Action::Allow,
         }
     }
+    fn sub_agent(&self) -> Option<&crate::subagent::SubAgent> {
+        self.live.as_ref().and_then(|t| t.sub_agent())
+    }
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         match &self.live {
             Some(tool) => tool.call(args, ctx).await,
