@@ -424,7 +424,7 @@ impl SubAgent {
                 .collect();
             scope.defer(&ctx.call_id, waiting);
             return Err(ToolError {
-                spent: Some(spent),
+                spent: Some(Box::new(spent)),
                 ..ToolError::new(format!("the agent `{name}` waits for approvals"))
             });
         }
@@ -444,7 +444,7 @@ impl SubAgent {
             message.push_str(&format!("; its last words: {text}"));
         }
         Err(ToolError {
-            spent: Some(spent),
+            spent: Some(Box::new(spent)),
             ..ToolError::new(message)
         })
     }
@@ -497,7 +497,7 @@ fn spent_in(records: &[Record]) -> (u64, f64) {
             Record::ToolFinished { result, .. } => {
                 let spent = match result {
                     Ok(o) => o.spent.as_ref(),
-                    Err(e) => e.spent.as_ref(),
+                    Err(e) => e.spent.as_deref(),
                 };
                 if let Some(s) = spent {
                     tokens += s.usage.map_or(0, |u| u.total_tokens());

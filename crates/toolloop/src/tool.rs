@@ -183,9 +183,9 @@ pub struct ToolError {
     /// Structured detail.
     pub data: Option<Value>,
     /// What the call spent on model calls of its own before it failed (a sub-agent's run);
-    /// see [`ToolOutput::spent`].
+    /// see [`ToolOutput::spent`]. Boxed: most errors carry none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spent: Option<crate::usage::Spent>,
+    pub spent: Option<Box<crate::usage::Spent>>,
 }
 
 impl ToolError {

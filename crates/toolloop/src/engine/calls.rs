@@ -549,7 +549,7 @@ impl Machine {
         slot.content = Some(result::cap(result::serialize(&outcome), max_chars));
         let spent = match &outcome {
             Ok(o) => o.spent.clone(),
-            Err(e) => e.spent.clone(),
+            Err(e) => e.spent.as_deref().cloned(),
         };
         slot.status = Some(status);
         slot.output = Some(outcome);
@@ -704,7 +704,7 @@ impl Machine {
                 .unwrap_or_else(|| result::error_content("Not run."));
             let (images, spent) = match slot.output {
                 Some(Ok(output)) => (output.images, output.spent),
-                Some(Err(e)) => (Vec::new(), e.spent),
+                Some(Err(e)) => (Vec::new(), e.spent.map(|s| *s)),
                 None => (Vec::new(), None),
             };
             self.state.messages.push(Message::Tool(ToolResult {
