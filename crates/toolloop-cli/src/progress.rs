@@ -361,11 +361,47 @@ impl Progress {
                 all.extend(names("~", changed));
                 self.line(format!("  ⟳ the tools changed: {}", all.join(" ")))
             }
+            Event::Child { path, event, .. } => self.child(path, event),
             _ => {}
         }
         if let Event::ModelRetry { .. } = event {
             // The next attempt begins after the line about the retry.
             self.text(Text::begin);
+        }
+    }
+
+    /// A sub-agent's event: which agent works on what (`└ reviewer: read_file src/lib.rs`).
+    fn child(&self, path: &[String], event: &Event) {
+        let joined = path.join("/");
+        let who = escape(&joined, false);
+        match event {
+            Event::RoundStarted { .. } => self.set(format!("└ {who}: waiting for the model")),
+            Event::ToolCallRequested { call, .. } => {
+                let what = call_summary(&call.arguments);
+                self.line(format!(
+                    "  └ {who}: {}{}",
+                    escape(&call.name, false),
+                    if what.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", escape(&what, false))
+                    }
+                ));
+            }
+            Event::ToolStarted { name, .. } => {
+                self.set(format!("└ {who}: running {}", escape(name, false)))
+            }
+            Event::ToolFinished { name, status, .. } if *status != CallStatus::Ok => {
+                let status = serde_json::to_value(status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                self.line(format!("  └ {who}: ✗ {} {status}", escape(name, false)));
+            }
+            Event::RunFinished { outcome } if !outcome.success => {
+                self.line(format!("  └ {who}: stopped ({:?})", outcome.stop_reason));
+            }
+            _ => {}
         }
     }
 
@@ -394,6 +430,20 @@ impl Progress {
     /// Whether the replies' text was streamed (and the answer is not to be written again).
     pub(crate) fn streamed(&self) -> bool {
         self.text.is_some()
+    }
+}
+
+/// A call's arguments in a few words: its first string argument (a path, a command), cut at
+/// 60 characters.
+fn call_summary(arguments: &serde_json::Value) -> String {
+    let first = arguments
+        .as_object()
+        .and_then(|o| o.values().find_map(|v| v.as_str()))
+        .unwrap_or_default();
+    let line = first.lines().next().unwrap_or_default();
+    match line.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
     }
 }
 

@@ -249,6 +249,24 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e, ExitCode::FAILURE),
     };
+    // Sub-agents' runs (`{parent}/{call id}`) carry no session: they come with their root's.
+    let runs = if args.session.is_some() && !runs.is_empty() {
+        match store.runs(None).await {
+            Ok(all) => {
+                let roots: Vec<String> = runs.iter().map(|r| format!("{}/", r.run_id)).collect();
+                let mut with_children = runs;
+                with_children.extend(
+                    all.into_iter()
+                        .filter(|r| roots.iter().any(|p| r.run_id.starts_with(p.as_str()))),
+                );
+                with_children
+            }
+            Err(e) => return fail(e, ExitCode::FAILURE),
+        }
+    } else {
+        runs
+    };
+    let runs = as_tree(runs);
     if args.json {
         outln!("{}", json!(runs));
         return ExitCode::SUCCESS;
@@ -276,9 +294,15 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => "failed",
             (status, _) => status.as_str(),
         };
+        // A sub-agent's run shows under its parent's, by the call that ran it.
+        let depth = r.run_id.matches('/').count();
+        let shown = match r.run_id.rsplit_once('/') {
+            Some((_, call)) => format!("{}└ {call}", "  ".repeat(depth - 1)),
+            None => r.run_id.clone(),
+        };
         outln!(
             "{:<36} {:<17} {:<17} {:>7}  {:<19}  {}",
-            r.run_id,
+            shown,
             status,
             reason,
             r.records,
@@ -287,6 +311,41 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// Runs in tree order: each run followed by its sub-agents' runs (`{parent}/{call id}`), in
+/// the order they were listed; a child whose parent is not listed stands as a root.
+fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSummary> {
+    let ids: std::collections::HashSet<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+    let parent_of = |id: &str| id.rsplit_once('/').map(|(p, _)| p.to_string());
+    let (roots, children): (Vec<_>, Vec<_>) = runs
+        .into_iter()
+        .partition(|r| parent_of(&r.run_id).is_none_or(|p| !ids.contains(&p)));
+    let mut children: Vec<Option<toolloop_store::RunSummary>> =
+        children.into_iter().map(Some).collect();
+    fn place(
+        run: toolloop_store::RunSummary,
+        children: &mut Vec<Option<toolloop_store::RunSummary>>,
+        out: &mut Vec<toolloop_store::RunSummary>,
+    ) {
+        let prefix = format!("{}/", run.run_id);
+        out.push(run);
+        for i in 0..children.len() {
+            let mine = children[i].as_ref().is_some_and(|c| {
+                c.run_id
+                    .strip_prefix(&prefix)
+                    .is_some_and(|rest| !rest.contains('/'))
+            });
+            if mine && let Some(child) = children[i].take() {
+                place(child, children, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        place(root, &mut children, &mut out);
+    }
+    out
 }
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.

@@ -1,0 +1,329 @@
+//! Delegation in the command: agents declared in `--agents FILE`, run directly with `--agent`,
+//! offered to the main agent as tools; a child's approval deferred to the root run and decided
+//! with `toolloop approve`; a SIGKILL inside a child, then `resume`, with nothing repeated.
+//! The mock server makes exact calls (`MockOptions::script`): each agent is offered only its
+//! own tools, so one script drives parent and child.
+
+mod common;
+use common::{command, json_of, toolloop};
+
+use serde_json::{Value, json};
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+use toolloop_mock::{MockOptions, MockServer, ScriptCall};
+
+fn call(name: &str, arguments: Value) -> ScriptCall {
+    ScriptCall {
+        name: name.into(),
+        arguments,
+    }
+}
+
+fn mock(rt: &tokio::runtime::Runtime, script: Vec<Vec<ScriptCall>>) -> MockServer {
+    rt.block_on(toolloop_mock::start(MockOptions {
+        script,
+        ..MockOptions::default()
+    }))
+    .unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// `boss` delegates to `payer`, which has the tool `tool`.
+fn agents_file(dir: &Path, tool: &str) -> String {
+    let path = dir.join("agents.toml");
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+[agents.boss]
+description = "Plans and delegates."
+system = "You delegate."
+tools = ["payer"]
+
+[agents.payer]
+description = "Pays bills; give it the bill."
+system = "You pay."
+tools = ["{tool}"]
+max_rounds = 4
+"#
+        ),
+    )
+    .unwrap();
+    path.to_string_lossy().into_owned()
+}
+
+#[test]
+fn a_childs_call_that_needs_approval_is_deferred_approved_and_the_run_finishes() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![vec![
+            call("payer", json!({"task": "pay the bill"})),
+            call("run_command", json!({"command": ["touch", "paid.txt"]})),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_file(dir.path(), "run_command");
+    let base = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "--agent",
+            "boss",
+            "--allow-commands",
+            // Sandboxed commands run unasked: this rule asks about touch.
+            "--ask",
+            "run_command:touch *",
+            "--defer-approvals",
+            "go",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "awaiting_approval");
+    let pending = &v["pending_approvals"][0];
+    assert_eq!(pending["path"], json!(["payer"]));
+    assert_eq!(pending["subject"], "touch paid.txt");
+    let run_id = v["run_id"].as_str().unwrap().to_string();
+    assert!(
+        pending["run_id"]
+            .as_str()
+            .unwrap()
+            .starts_with(&format!("{run_id}/")),
+        "{pending}"
+    );
+    let call_id = pending["call"]["id"].as_str().unwrap().to_string();
+    assert!(
+        !dir.path().join("paid.txt").exists(),
+        "nothing ran unapproved"
+    );
+
+    // Listed through the root run, with the child's path; approved by id.
+    let listed = toolloop(&["approve", &run_id], dir.path());
+    assert!(listed.status.success(), "{}", stderr(&listed));
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains(&call_id) && text.contains("payer"), "{text}");
+    let approved = toolloop(&["approve", &run_id, &call_id], dir.path());
+    assert!(approved.status.success(), "{}", stderr(&approved));
+    assert!(!dir.path().join("paid.txt").exists());
+
+    let out = toolloop(&["resume", &run_id, "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "answered");
+    assert_eq!(v["tool_calls"][0]["name"], "payer");
+    assert_eq!(v["tool_calls"][0]["status"], "ok");
+    assert!(dir.path().join("paid.txt").exists());
+    // boss: 2 requests; payer: 2 (its call, its answer); nothing asked twice.
+    assert_eq!(server.stats().requests, 4);
+    rt.block_on(server.shutdown());
+}
+
+fn effect_lines(path: &Path) -> usize {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().filter(|l| !l.is_empty()).count())
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_kill_inside_a_child_then_resume_repeats_no_model_call_and_no_side_effect() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![vec![
+            call("payer", json!({"task": "pay the bill"})),
+            call("effect_a", json!({"note": "pay"})),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_file(dir.path(), "effect_a");
+    let effects = dir.path().join("effects.txt");
+    let base = format!("{}/v1", server.base_url());
+    let mut child = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "--agent",
+            "boss",
+            "--session",
+            "kill-in-child",
+            "go",
+        ],
+        dir.path(),
+    )
+    .env("OPENAI_API_KEY", "test")
+    .env("TOOLLOOP_TEST_EFFECTS", &effects)
+    .env("TOOLLOOP_TEST_EFFECT_MS", "30000")
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    // The child's side effect happened, its call is in flight: kill the whole process.
+    let start = Instant::now();
+    while effect_lines(&effects) < 1 {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the child's call never started"
+        );
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the command ended ({status}) before the child's call");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    assert_eq!(server.stats().requests, 2, "boss's first call and payer's");
+
+    let runs = toolloop(
+        &["runs", "--json", "--session", "kill-in-child"],
+        dir.path(),
+    );
+    assert!(runs.status.success(), "{}", stderr(&runs));
+    let listed = json_of(&runs);
+    let run_id = listed
+        .as_array()
+        .and_then(|a| {
+            a.iter()
+                .find(|r| !r["run_id"].as_str().unwrap().contains('/'))
+        })
+        .and_then(|r| r["run_id"].as_str())
+        .expect("the root run is listed")
+        .to_string();
+
+    let out = command(&["resume", &run_id, "--json"], dir.path())
+        .env("OPENAI_API_KEY", "test")
+        .env("TOOLLOOP_TEST_EFFECTS", &effects)
+        .env("TOOLLOOP_TEST_EFFECT_MS", "0")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "answered");
+    assert_eq!(v["tool_calls"][0]["name"], "payer");
+    // The child's in-flight side effect was not run again: it reads "outcome unknown", and
+    // the child answered in its next round.
+    assert_eq!(effect_lines(&effects), 1, "the side effect happened once");
+    // Two requests before the kill, two after (payer's answer, boss's answer): none repeated.
+    assert_eq!(server.stats().requests, 4);
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn agents_are_offered_as_tools_and_a_recursive_definition_is_refused() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![vec![call("helper", json!({"task": "read the README"}))]],
+    );
+    let dir = common::repo();
+    let path = dir.path().join("agents.toml");
+    std::fs::write(
+        &path,
+        r#"
+[agents.helper]
+description = "Reads files."
+tools = ["read_file"]
+"#,
+    )
+    .unwrap();
+    let agents = path.to_string_lossy().into_owned();
+    let base = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "go",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["tool_calls"][0]["name"], "helper");
+    assert_eq!(v["tool_calls"][0]["status"], "ok");
+    // The child's usage is counted in the run's and reported with its call.
+    assert!(
+        v["tool_calls"][0]["spent"]["usage"]["input_tokens"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+
+    std::fs::write(
+        &path,
+        r#"
+[agents.a]
+description = "A."
+tools = ["b"]
+
+[agents.b]
+description = "B."
+tools = ["a"]
+"#,
+    )
+    .unwrap();
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "go",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("the agent `a` lists itself as a sub-agent (a → b → a)"),
+        "{}",
+        stderr(&out)
+    );
+    let out = toolloop(
+        &[
+            "run",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agent",
+            "nobody",
+            "go",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("--agent nobody: no such agent"),
+        "{}",
+        stderr(&out)
+    );
+    rt.block_on(server.shutdown());
+}
