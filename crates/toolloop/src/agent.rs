@@ -271,6 +271,11 @@ impl Agent {
         &self.settings
     }
 
+    /// How far delegation to sub-agents goes from its runs ([`AgentBuilder::delegation`]).
+    pub fn delegation(&self) -> Delegation {
+        self.delegation
+    }
+
     /// The model's price, when the price table knows it.
     pub(crate) fn price(&self) -> Option<&Price> {
         self.price.as_deref()

@@ -264,6 +264,52 @@ impl SubAgent {
         format!("{parent_run_id}/{call_id}")
     }
 
+    /// The token and cost budgets set with [`SubAgent::max_tokens`] and
+    /// [`SubAgent::max_cost`].
+    pub fn budget(&self) -> (Option<u64>, Option<f64>) {
+        (self.max_tokens, self.max_cost)
+    }
+
+    /// The child's conversation for a call's arguments: the task (or, with an
+    /// [`input_schema`](SubAgent::input_schema), the arguments as JSON) as its one user
+    /// message. For a driver that runs the child itself (a durable-execution engine's child
+    /// invocation), with [`SubAgent::result_of`].
+    pub fn child_messages(&self, args: &Value) -> Vec<Message> {
+        vec![Message::user(self.prompt(args))]
+    }
+
+    /// The parent's result for the outcome of a child run by a driver of its own (see
+    /// [`SubAgent::child_messages`]): its answer, or an error result that says why it did not
+    /// finish (a child stopped as cancelled that spent more than its
+    /// [`budget`](SubAgent::budget) went over it). Either carries what the child spent.
+    pub fn result_of(&self, outcome: Outcome) -> Result<ToolOutput, ToolError> {
+        let spent = self.spent_by(&outcome);
+        let tokens = outcome.usage.map_or(0, |u| u.total_tokens());
+        let over = match (self.max_tokens, self.max_cost) {
+            (Some(max), _) if tokens > max => {
+                Some(format!("it used {tokens} tokens, and its limit is {max}"))
+            }
+            (_, Some(max)) if outcome.cost.unwrap_or(0.0) > max => Some(format!(
+                "it cost ${:.6}, and its limit is ${max:.6}",
+                outcome.cost.unwrap_or(0.0)
+            )),
+            _ => None,
+        };
+        self.finished(outcome, spent, over)
+    }
+
+    /// What a child's outcome says it spent, for the parent's usage and cost.
+    fn spent_by(&self, outcome: &Outcome) -> Spent {
+        Spent {
+            path: vec![self.name.clone()],
+            run_id: outcome.run_id.clone(),
+            usage: outcome.usage,
+            calls_without_usage: outcome.calls_without_usage,
+            cost: outcome.cost,
+            rounds: outcome.rounds,
+        }
+    }
+
     /// The child's prompt for the call's arguments.
     fn prompt(&self, args: &Value) -> String {
         match (self.task_only, args.get("task").and_then(Value::as_str)) {
@@ -373,14 +419,7 @@ impl SubAgent {
             },
             None => child.run_cancellable(messages, cancel.clone()).await,
         };
-        let spent = Spent {
-            path: vec![name.clone()],
-            run_id: outcome.run_id.clone(),
-            usage: outcome.usage,
-            calls_without_usage: outcome.calls_without_usage,
-            cost: outcome.cost,
-            rounds: outcome.rounds,
-        };
+        let spent = self.spent_by(&outcome);
         self.answer(outcome, spent, &budget, scope, &ctx, run_id.is_some())
     }
 
@@ -395,20 +434,6 @@ impl SubAgent {
         logged: bool,
     ) -> Result<ToolOutput, ToolError> {
         let name = &self.name;
-        if outcome.success {
-            let out = match (&outcome.output, &outcome.text) {
-                (Some(output), _) => ToolOutput::data(output.clone()),
-                (None, Some(text)) => ToolOutput::text(text.clone()),
-                (None, None) => ToolOutput::text(match &outcome.signal {
-                    Some(signal) => format!("the agent `{name}` stopped with the signal {signal}"),
-                    None => format!("the agent `{name}` finished without an answer"),
-                }),
-            };
-            return Ok(ToolOutput {
-                spent: Some(spent),
-                ..out
-            });
-        }
         if outcome.stop_reason == StopReason::AwaitingApproval && logged {
             let waiting = outcome
                 .pending_approvals
@@ -428,7 +453,33 @@ impl SubAgent {
                 ..ToolError::new(format!("the agent `{name}` waits for approvals"))
             });
         }
-        let why = match (outcome.stop_reason, budget.over()) {
+        self.finished(outcome, spent, budget.over())
+    }
+
+    /// The parent's result for a child's last outcome: its answer, or why it did not finish
+    /// (`over`: what budget it went over, when it did).
+    fn finished(
+        &self,
+        outcome: Outcome,
+        spent: Spent,
+        over: Option<String>,
+    ) -> Result<ToolOutput, ToolError> {
+        let name = &self.name;
+        if outcome.success {
+            let out = match (&outcome.output, &outcome.text) {
+                (Some(output), _) => ToolOutput::data(output.clone()),
+                (None, Some(text)) => ToolOutput::text(text.clone()),
+                (None, None) => ToolOutput::text(match &outcome.signal {
+                    Some(signal) => format!("the agent `{name}` stopped with the signal {signal}"),
+                    None => format!("the agent `{name}` finished without an answer"),
+                }),
+            };
+            return Ok(ToolOutput {
+                spent: Some(spent),
+                ..out
+            });
+        }
+        let why = match (outcome.stop_reason, over) {
             (StopReason::Cancelled, Some(over)) => format!("it went over its budget: {over}"),
             _ => {
                 let detail = outcome
