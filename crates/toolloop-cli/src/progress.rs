@@ -535,6 +535,44 @@ mod tests {
     }
 
     #[test]
+    fn a_sub_agents_calls_say_which_agent_works() {
+        let (progress, tty) = on_tty(true);
+        let child = |path: &[&str], event: Event| Event::Child {
+            path: path.iter().map(|p| p.to_string()).collect(),
+            call_id: "c1".into(),
+            event: Box::new(event),
+        };
+        progress.event(&child(
+            &["reviewer"],
+            Event::ToolCallRequested {
+                round: 1,
+                call: ToolCall::new("read_file", serde_json::json!({"path": "src/lib.rs"})),
+            },
+        ));
+        // A grandchild's, by its whole path; a failed call says so.
+        progress.event(&child(
+            &["planner", "reviewer"],
+            Event::ToolFinished {
+                round: 1,
+                call_id: "c2".into(),
+                name: "run_command".into(),
+                success: false,
+                status: CallStatus::Failed,
+                duration_ms: 3,
+            },
+        ));
+        let shown = tty.text();
+        assert!(
+            shown.contains("  └ reviewer: read_file src/lib.rs\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("  └ planner/reviewer: ✗ run_command failed\n"),
+            "{shown}"
+        );
+    }
+
+    #[test]
     fn streamed_text_is_escaped_and_a_broken_attempt_is_erased() {
         let (progress, tty) = on_tty(false);
         progress.event(&Event::RoundStarted {

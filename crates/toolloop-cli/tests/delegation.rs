@@ -327,3 +327,83 @@ tools = ["a"]
     );
     rt.block_on(server.shutdown());
 }
+
+/// `toolloop runs` lists a sub-agent's run under its parent's, by the call that ran it, and
+/// `toolloop sessions show` folds the sub-agent's work into one line under the call's result.
+#[test]
+fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![vec![
+            call("payer", json!({"task": "pay the bill"})),
+            call("effect_a", json!({"note": "pay"})),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_file(dir.path(), "effect_a");
+    let effects = dir.path().join("effects.txt");
+    let base = format!("{}/v1", server.base_url());
+    let out = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "--agent",
+            "boss",
+            "--session",
+            "folded",
+            "go",
+        ],
+        dir.path(),
+    )
+    .env("OPENAI_API_KEY", "test")
+    .env("TOOLLOOP_TEST_EFFECTS", &effects)
+    .output()
+    .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    let run_id = v["run_id"].as_str().unwrap().to_string();
+    let call_id = v["tool_calls"][0]["id"].as_str().unwrap().to_string();
+    let child = format!("{run_id}/{call_id}");
+
+    // The tree: the root, then its child by the call's id, indented.
+    let runs = toolloop(&["runs", "--session", "folded"], dir.path());
+    assert!(runs.status.success(), "{}", stderr(&runs));
+    let text = String::from_utf8_lossy(&runs.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let root_at = lines
+        .iter()
+        .position(|l| l.starts_with(&run_id))
+        .unwrap_or_else(|| panic!("the root is listed: {text}"));
+    assert!(
+        lines[root_at + 1].starts_with(&format!("└ {call_id}")),
+        "the child under its root: {text}"
+    );
+
+    // The session's transcript shows the child's work folded under the call's result.
+    let show = toolloop(&["sessions", "show", "folded"], dir.path());
+    assert!(show.status.success(), "{}", stderr(&show));
+    let text = String::from_utf8_lossy(&show.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    let result_at = lines
+        .iter()
+        .position(|l| l.starts_with(&format!("tool ✓ payer [{call_id}]")))
+        .unwrap_or_else(|| panic!("the call's result is shown: {text}"));
+    assert_eq!(
+        lines[result_at + 1],
+        format!("  ▸ delegated: 2 model calls, 1 tool call (effect_a) · run {child}"),
+        "{text}"
+    );
+    let show = toolloop(&["sessions", "show", "--json", "folded"], dir.path());
+    let v = json_of(&show);
+    assert_eq!(v["delegated"][0]["run_id"], child.as_str());
+    assert_eq!(v["delegated"][0]["tool_calls"], json!(["effect_a"]));
+    assert_eq!(v["delegated"][0]["status"], "finished");
+    rt.block_on(server.shutdown());
+}
