@@ -259,10 +259,18 @@ fn sub_agent(
         .agent_defs
         .get(name)
         .ok_or_else(|| format!("no agent `{name}`"))?;
-    let model = crate::spec::model_from_args_named(&args.provider, def.model.as_deref())
-        .map_err(|e| format!("[agents.{name}] model: {e}"))?;
     let own = select(args, name, def, tools, made)?;
     let mut child_args = args.clone();
+    if let Some(spec) = &def.model {
+        // The agent's own model, and the context policy of that model: the window the run's
+        // `--context-window` gives is the run's model's.
+        child_args.provider.model = spec.clone();
+        crate::config::resolve_model(&mut child_args.provider)
+            .map_err(|e| format!("[agents.{name}] model: {e}"))?;
+        child_args.context.context_window = None;
+    }
+    let model = crate::spec::model_from_args(&child_args.provider)
+        .map_err(|e| format!("[agents.{name}] model: {e}"))?;
     child_args.system = def.system.clone();
     child_args.max_rounds = def.max_rounds.unwrap_or(args.max_rounds);
     child_args.max_tool_calls = def.max_tool_calls.unwrap_or(args.max_tool_calls);
@@ -290,4 +298,56 @@ fn sub_agent(
     let tool: Arc<dyn Tool> = Arc::new(tool);
     made.insert(name.to_string(), tool.clone());
     Ok(tool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    /// A declared agent keeps the run's approval rules and limits, and takes the context
+    /// policy of its own model: a window the run's flag gives is the run's model's.
+    #[test]
+    fn an_agent_has_the_context_window_of_its_own_model() {
+        let mut args = Cli::try_parse_from([
+            "toolloop",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--context-window",
+            "100000",
+        ])
+        .unwrap()
+        .agent;
+        let def = |model: Option<&str>| AgentDef {
+            description: "Reads.".into(),
+            model: model.map(str::to_string),
+            system: None,
+            tools: None,
+            max_rounds: None,
+            max_tool_calls: None,
+            timeout: None,
+            max_tokens: None,
+            max_cost: None,
+        };
+        args.agents.agent_defs.insert(
+            "small".into(),
+            def(Some("openai:mock:rounds=1,window=8000")),
+        );
+        args.agents.agent_defs.insert("same".into(), def(None));
+        let window = |name: &str| {
+            let tool = sub_agent(&args, name, &[], &mut BTreeMap::new()).unwrap();
+            let sub = tool.sub_agent().unwrap();
+            sub.agent().config().context.as_ref().and_then(|c| c.window)
+        };
+        assert_eq!(window("small"), Some(8000));
+        assert_eq!(window("same"), Some(100_000));
+    }
 }
