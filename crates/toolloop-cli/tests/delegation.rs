@@ -328,8 +328,8 @@ tools = ["a"]
     rt.block_on(server.shutdown());
 }
 
-/// `toolloop runs` lists a sub-agent's run under its parent's, by the call that ran it, and
-/// `toolloop sessions show` folds the sub-agent's work into one line under the call's result.
+/// `--jsonl` nests a sub-agent's events in the stream; `toolloop runs` lists its run under
+/// its parent's, by the call that ran it, and `toolloop sessions show` folds the sub-agent's work into one line under the call's result.
 #[test]
 fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     let rt = tokio::runtime::Runtime::new().unwrap();
@@ -347,7 +347,7 @@ fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     let out = command(
         &[
             "run",
-            "--json",
+            "--jsonl",
             "--model",
             "openai:mock",
             "--base-url",
@@ -367,7 +367,19 @@ fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     .output()
     .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
-    let v = json_of(&out);
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    // The child's events, nested in the stream with its path and the parent's call.
+    let nested = lines
+        .iter()
+        .find(|e| e["type"] == "child" && e["event"]["type"] == "tool_call_requested")
+        .expect("the child's call is in the stream");
+    assert_eq!(nested["path"], json!(["payer"]));
+    assert_eq!(nested["event"]["call"]["name"], "effect_a");
+    let v = lines.last().unwrap();
+    assert_eq!(nested["call_id"], v["tool_calls"][0]["id"]);
     let run_id = v["run_id"].as_str().unwrap().to_string();
     let call_id = v["tool_calls"][0]["id"].as_str().unwrap().to_string();
     let child = format!("{run_id}/{call_id}");
