@@ -419,3 +419,67 @@ fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     assert_eq!(v["delegated"][0]["status"], "finished");
     rt.block_on(server.shutdown());
 }
+
+/// A sub-agent's commands run in the run's sandbox: one that writes outside the root is
+/// stopped at its walls, and one that asks to leave the sandbox is asked about (and, with no
+/// terminal, denied), as the main agent's would be.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_childs_commands_run_in_the_runs_sandbox() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let base_dir = dir.path().canonicalize().unwrap();
+    let (root, outside) = (base_dir.join("root"), base_dir.join("outside"));
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    let write = |name: &str| json!({"command": ["sh", "-c", format!("echo pwned > '{}'", outside.join(name).display())]});
+    let mut leave = write("left");
+    leave["sandbox"] = json!(false);
+    let server = mock(
+        &rt,
+        vec![
+            vec![
+                call("payer", json!({"task": "write outside"})),
+                call(
+                    "run_command",
+                    json!({"command": ["sh", "-c", format!(
+                        "echo made > inside.txt; echo pwned > '{}'",
+                        outside.join("escaped").display()
+                    )]}),
+                ),
+            ],
+            vec![call("run_command", leave)],
+        ],
+    );
+    let agents = agents_file(&root, "run_command");
+    let base = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "--agent",
+            "boss",
+            "--allow-commands",
+            "--allow-shell",
+            "go",
+        ],
+        &root,
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["tool_calls"][0]["name"], "payer");
+    assert_eq!(v["tool_calls"][0]["status"], "ok", "{v}");
+    // payer: its two calls and its answer.
+    assert_eq!(server.stats().requests, 2 + 3);
+    assert!(root.join("inside.txt").exists(), "the child's command ran");
+    assert!(!outside.join("escaped").exists(), "the sandbox held");
+    assert!(!outside.join("left").exists(), "leaving it was denied");
+    assert!(stderr(&out).contains("no terminal"), "{}", stderr(&out));
+    rt.block_on(server.shutdown());
+}
