@@ -63,12 +63,33 @@ impl ParentRun {
     /// Whether the run has spent more than its budget allows (decided from journaled values
     /// alone, so a replay decides the same).
     fn over_budget(&self, machine: &Machine) -> bool {
-        let state = machine.state();
-        let tokens = state.usage.map_or(0, |u| u.total_tokens());
-        self.max_tokens.is_some_and(|max| tokens > max)
-            || self
-                .max_cost
-                .is_some_and(|max| state.cost.unwrap_or(0.0) > max)
+        let cost = machine.state().cost.unwrap_or(0.0);
+        self.max_tokens
+            .is_some_and(|max| spent_tokens(machine) > max)
+            || self.max_cost.is_some_and(|max| cost > max)
+    }
+
+    /// The tokens and dollars the run's budget has left (`None`: no limit).
+    fn left(&self, machine: &Machine) -> (Option<u64>, Option<f64>) {
+        let cost = machine.state().cost.unwrap_or(0.0);
+        (
+            self.max_tokens
+                .map(|max| max.saturating_sub(spent_tokens(machine))),
+            self.max_cost.map(|max| (max - cost).max(0.0)),
+        )
+    }
+}
+
+/// The tokens a run spent (its children's included).
+fn spent_tokens(machine: &Machine) -> u64 {
+    machine.state().usage.map_or(0, |u| u.total_tokens())
+}
+
+/// The tighter of two limits (`None`: no limit).
+fn tighter<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+        (a, b) => a.or(b),
     }
 }
 
@@ -420,6 +441,7 @@ async fn drive(
                                 parent: &parent,
                                 deadline_ms,
                                 max_depth,
+                                left: parent.left(&machine),
                             };
                             let input = child.run(ctx, sub, &call, round, index).await?;
                             let stops = !matches!(input, Some(Input::ToolFinished { .. }));
@@ -577,6 +599,8 @@ struct Child<'a> {
     parent: &'a ParentRun,
     deadline_ms: Option<u64>,
     max_depth: u32,
+    /// What the calling run's budget has left, which bounds the child's.
+    left: (Option<u64>, Option<f64>),
 }
 
 impl Child<'_> {
@@ -612,6 +636,13 @@ impl Child<'_> {
             );
             return Ok(finished(Err(ToolError::new(why)), 0));
         }
+        let (own_tokens, own_cost) = sub.budget();
+        let max_tokens = tighter(own_tokens, self.left.0);
+        let max_cost = tighter(own_cost, self.left.1);
+        if max_tokens == Some(0) || max_cost.is_some_and(|c| c <= 0.0) {
+            let why = format!("the agent `{name}` was not run: nothing is left in the budget");
+            return Ok(finished(Err(ToolError::new(why)), 0));
+        }
         let key = SubAgent::child_run_id(self.run_id, &call.id);
         let mut children = ctx
             .get::<Json<Vec<(String, String)>>>(CHILDREN)
@@ -626,8 +657,8 @@ impl Child<'_> {
             parent: Some(ParentRun {
                 path,
                 deadline_ms: self.deadline_ms,
-                max_tokens: sub.budget().0,
-                max_cost: sub.budget().1,
+                max_tokens,
+                max_cost,
             }),
         };
         tracing::info!(run_id = self.run_id, child = %key, "sub-agent {name} runs");

@@ -97,7 +97,7 @@ fn main() {
 type Test = fn(&Ctx);
 
 /// The tests, run one after another against one server.
-const TESTS: [(&str, Test); 8] = [
+const TESTS: [(&str, Test); 9] = [
     (
         "runs_finish_through_the_ingress",
         runs_finish_through_the_ingress,
@@ -127,6 +127,10 @@ const TESTS: [(&str, Test); 8] = [
         "a_sub_agents_approvals_are_listed_and_decided_through_its_root",
         a_sub_agents_approvals_are_listed_and_decided_through_its_root,
     ),
+    (
+        "a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers",
+        a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers,
+    ),
 ];
 
 struct Ctx {
@@ -147,6 +151,8 @@ struct Config<'a> {
     source: bool,
     /// The agent's one tool is the sub-agent `helper` on this model, with the test tools.
     child_model: Option<&'a str>,
+    /// The sub-agent's token budget.
+    child_max_tokens: Option<u64>,
 }
 
 /// Two worker processes on one address, registered with the server; killed on drop.
@@ -179,6 +185,13 @@ impl Workers {
                 .env(
                     "TOOLLOOP_TEST_CHILD_MODEL",
                     config.child_model.unwrap_or(""),
+                )
+                .env(
+                    "TOOLLOOP_TEST_CHILD_MAX_TOKENS",
+                    config
+                        .child_max_tokens
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
                 )
                 .env("RUST_LOG", "toolloop_restate=info")
                 .stdin(Stdio::null())
@@ -256,9 +269,12 @@ fn worker(addr: &str) {
                 helper = helper.approvals(Approvals::ask_all());
             }
             let helper = helper.build().unwrap();
-            let helper = helper
+            let mut helper = helper
                 .as_tool("helper", "Does the work with the test tools.")
                 .unwrap();
+            if let Ok(n) = var("TOOLLOOP_TEST_CHILD_MAX_TOKENS").parse() {
+                helper = helper.max_tokens(n);
+            }
             Agent::builder(model_for_root()).tool(helper)
         } else if var("TOOLLOOP_TEST_SOURCE") == "1" {
             Agent::builder(model).tool_source(Source::new(tools))
@@ -378,6 +394,7 @@ fn runs_finish_through_the_ingress(ctx: &Ctx) {
             ask: false,
             source: false,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -437,6 +454,7 @@ fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
             ask: false,
             source: false,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -478,6 +496,7 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
             ask: false,
             source: false,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -557,6 +576,7 @@ fn a_worker_killed_inside_a_sub_agent_is_replaced_without_repeating_calls(ctx: &
             ask: false,
             source: false,
             child_model: Some("mock:rounds=2,parallel=2"),
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -650,6 +670,7 @@ fn a_sub_agents_approvals_are_listed_and_decided_through_its_root(ctx: &Ctx) {
             ask: true,
             source: false,
             child_model: Some("mock:rounds=1,parallel=2"),
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -713,6 +734,44 @@ fn a_sub_agents_approvals_are_listed_and_decided_through_its_root(ctx: &Ctx) {
     );
 }
 
+/// A sub-agent that passes its token budget stops after that model call (its calls not run),
+/// and the parent reads why and answers anyway.
+fn a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "child-budget",
+            model: "mock:rounds=1",
+            effect_ms: 0,
+            ask: false,
+            source: false,
+            child_model: Some("mock:rounds=2,parallel=2"),
+            child_max_tokens: Some(10),
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let before = ctx.mock.stats().requests;
+    let o = ctx
+        .rt
+        .block_on(client::invoke(&ingress, "child-budget", prompt("delegate")))
+        .unwrap();
+    assert_answered(&o, "Done. I saw 1 tool results in 1 rounds.");
+    let call = &o.tool_calls[0];
+    assert_eq!(call.status, CallStatus::Failed, "{o:?}");
+    assert!(
+        call.content.contains("went over its budget") && call.content.contains("limit is 10"),
+        "{}",
+        call.content
+    );
+    assert_eq!(call.spent.as_ref().map(|s| s.rounds), Some(1));
+    assert!(
+        effect_counts(&workers.effects).is_empty(),
+        "no call of the child ran"
+    );
+    // The parent's two model calls and the child's one.
+    assert_eq!(ctx.mock.stats().requests - before, 3);
+}
+
 /// Whether a worker's log line is about a sub-agent's run (its run id `child-N/{call id}`).
 fn is_child(line: &str) -> bool {
     line.split("child-")
@@ -750,6 +809,7 @@ fn approvals_wait_as_awakeables(ctx: &Ctx) {
             ask: true,
             source: false,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -838,6 +898,7 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             ask: true,
             source: false,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -883,6 +944,7 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
             ask: false,
             source: true,
             child_model: None,
+            child_max_tokens: None,
         },
     );
     let o = ctx
