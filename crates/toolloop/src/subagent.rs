@@ -43,7 +43,11 @@
 //! - **Durability.** When the parent's run is logged, the child's run is logged in the same
 //!   journal under `{parent run id}/{call id}`. A resumed parent runs the call again (the tool
 //!   is idempotent), which resumes the child from its own log: its finished model calls and tool
-//!   calls are not made again, and a finished child just gives its outcome.
+//!   calls are not made again, and a finished child just gives its outcome. The call's intent
+//!   is logged before the child starts, so a resume finds the child's run by the call's id.
+//!   A driver of its own (the Restate driver's child invocations) runs the child's machine
+//!   itself: [`SubAgent::child_messages`] gives its conversation and [`SubAgent::result_of`]
+//!   the parent's result.
 //! - **Approvals.** A child's calls that wait for approval go to the root run's handler
 //!   ([`crate::AgentBuilder::on_approval`]). With none, the root run stops with
 //!   [`crate::StopReason::AwaitingApproval`] and lists them with their path
