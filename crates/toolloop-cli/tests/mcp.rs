@@ -1249,3 +1249,45 @@ async fn a_sandboxed_stdio_server_cannot_write_outside_its_root() {
         "from the server"
     );
 }
+
+/// Processes trusting different projects at once (`toolloop mcp trust`) keep every decision:
+/// the decisions are changed under a lock, not last writer wins.
+#[test]
+fn projects_trusted_at_once_are_all_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let projects: Vec<PathBuf> = (0..12)
+        .map(|i| {
+            let root = dir.path().join(format!("p{i}"));
+            std::fs::create_dir(&root).unwrap();
+            write_config(
+                &root,
+                ".mcp.json",
+                json!({"s": {"command": "true", "args": [i.to_string()]}}),
+            );
+            root.canonicalize().unwrap()
+        })
+        .collect();
+    let children: Vec<_> = projects
+        .iter()
+        .map(|root| {
+            command(&["mcp", "trust"], root)
+                .env("XDG_DATA_HOME", &data)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let store: Value =
+        serde_json::from_slice(&std::fs::read(data.join("toolloop/mcp-trust.json")).unwrap())
+            .unwrap();
+    let files = store["files"].as_object().unwrap();
+    for root in &projects {
+        let key = root.join(".mcp.json").to_string_lossy().into_owned();
+        assert_eq!(files[&key]["trusted"], true, "{key} was lost: {store}");
+    }
+    assert_eq!(files.len(), projects.len());
+}
