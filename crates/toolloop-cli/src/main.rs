@@ -15,6 +15,7 @@ macro_rules! outln {
 }
 
 mod approve;
+mod catalog_check;
 mod chat;
 mod config;
 mod context;

@@ -197,7 +197,7 @@ fn debug_log() -> Option<Arc<toolloop::transport::request_log::RequestLog>> {
 pub(crate) fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
     let model = provider_model(args)?;
     Ok(match args.tool_protocol {
-        ToolProtocol::Native => model,
+        ToolProtocol::Native => Arc::new(crate::catalog_check::CatalogCheck::new(model)),
         ToolProtocol::Prompt => {
             Arc::new(Prompted::new(model, args.dialect).implicit_think(args.implicit_think))
         }

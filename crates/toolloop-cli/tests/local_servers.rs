@@ -455,3 +455,43 @@ fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
     }
     panic!("the chat did not quit: {}", pty.shown());
 }
+
+/// `--tool-protocol native` (the default) against a server that drops the catalog without a
+/// word: the reply's prompt tokens tell it, and a warning says the model did not see the tools
+/// and which protocol would let it, streamed or not; a server that keeps them gets no warning.
+#[test]
+fn native_calling_warns_when_the_server_drops_the_tools() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    for stream in [&["--no-stream"][..], &["--stream"][..]] {
+        let mut extra = vec!["--json", "--tool-protocol", "native"];
+        extra.extend_from_slice(stream);
+        let out = run_openai(&server, "mock:drop_tools=true", &extra);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(
+            err.matches("the server ignored the tools").count(),
+            1,
+            "{stream:?}: {err}"
+        );
+        assert!(
+            err.contains("prompt tokens, fewer than the tool catalog alone takes")
+                && err.contains("--tool-protocol auto"),
+            "{stream:?}: {err}"
+        );
+        let v = json_of(&out);
+        assert_eq!(v["tool_calls"].as_array().map(Vec::len), Some(0), "{v}");
+        let out = run_openai(&server, "mock", &extra);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("ignored the tools"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(
+            json_of(&out)["tool_calls"].as_array().map(Vec::len),
+            Some(1)
+        );
+    }
+    assert_eq!(server.stats().rejected, 0);
+}

@@ -105,9 +105,10 @@ pub fn catalog_tokens_floor(tools: &[ToolSpec]) -> u64 {
 /// rest of a prompt.
 const MIN_FLOOR: u64 = 48;
 
-/// Why a reply to a request with tools shows that the server dropped them, if it does: no tool
-/// call, and fewer prompt tokens than the catalog alone takes.
-fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Option<String> {
+/// Why a reply to a request with `tools` shows that the server dropped them, if it does: no
+/// tool call (`calls` is 0), and `usage` reports fewer prompt tokens than the catalog alone takes
+/// ([`catalog_tokens_floor`], judged only for catalogs large enough to tell).
+pub fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Option<String> {
     let prompt = usage?.input_tokens;
     let floor = catalog_tokens_floor(tools);
     (calls == 0 && !tools.is_empty() && prompt > 0 && floor >= MIN_FLOOR && prompt < floor).then(
