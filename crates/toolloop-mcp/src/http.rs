@@ -119,13 +119,24 @@ fn unreadable_answer(e: &Error) -> Option<String> {
     }
 }
 
-/// `events` with each event that cannot be read replaced by an error answer: for the request
+/// Whether rmcp reads `sse` as a message: an event without a type (or of type `message`) whose
+/// data is JSON text (an object or an array; a priming event's empty data, a `ping` or other
+/// text between messages is not, and rmcp passes over it, as toolloop does).
+fn meant_as_message(sse: &Sse) -> Option<&str> {
+    if !matches!(sse.event.as_deref(), None | Some("") | Some("message")) {
+        return None;
+    }
+    let data = sse.data.as_deref()?;
+    data.trim_start().starts_with(['{', '[']).then_some(data)
+}
+
+/// `events` with each message that cannot be read replaced by an error answer: for the request
 /// it answers, or `request` (the one whose POST opened the stream) when it does not say.
 fn checked_events(events: Events, request: Option<RequestId>) -> Events {
     events
         .map(move |event| match event {
             Ok(mut sse) => {
-                let Some(data) = sse.data.as_deref() else {
+                let Some(data) = meant_as_message(&sse) else {
                     return Ok(sse);
                 };
                 if let Some((id, why)) = guard::unreadable(data.as_bytes())
@@ -284,5 +295,46 @@ impl StreamableHttpClient for Guarded {
             )
             .await?;
         Ok(checked_events(events, None))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn through(events: Vec<Result<Sse, SseError>>, request: Option<RequestId>) -> Vec<Sse> {
+        checked_events(futures::stream::iter(events).boxed(), request)
+            .filter_map(|e| async move { e.ok() })
+            .collect()
+            .await
+    }
+
+    #[tokio::test]
+    async fn only_unreadable_messages_are_replaced() {
+        let ok = r#"{"jsonrpc":"2.0","id":3,"result":{}}"#;
+        let garbled = r#"{"jsonrpc":"2.0","id":4,"result":"#;
+        let events = vec![
+            // A priming event (an id, empty data), a ping, a control event: passed over.
+            Ok(Sse::default().id("e1").data("")),
+            Ok(Sse::default().data("ping")),
+            Ok(Sse::default().event("endpoint").data("{not json")),
+            Ok(Sse::default().data(ok)),
+            Ok(Sse::default().event("message").data(garbled)),
+            Ok(Sse::default().data("[1, 2")),
+        ];
+        let out = through(events, Some(RequestId::Number(9))).await;
+        let data: Vec<&str> = out.iter().map(|e| e.data.as_deref().unwrap()).collect();
+        assert_eq!(&data[..4], ["", "ping", "{not json", ok]);
+        // An answer with a readable id fails that request; one without, the stream's request.
+        let e: serde_json::Value = serde_json::from_str(data[4]).unwrap();
+        assert_eq!(
+            (e["id"].as_i64(), e["error"]["code"].as_i64()),
+            (Some(4), Some(-32099))
+        );
+        let e: serde_json::Value = serde_json::from_str(data[5]).unwrap();
+        assert_eq!(e["id"].as_i64(), Some(9));
+        // On a stream no request opened (the GET stream), such a message passes (rmcp drops it).
+        let out = through(vec![Ok(Sse::default().data("[1, 2"))], None).await;
+        assert_eq!(out[0].data.as_deref(), Some("[1, 2"));
     }
 }
