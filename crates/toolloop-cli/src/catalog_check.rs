@@ -1,6 +1,7 @@
-//! `--tool-protocol native`: a server that drops the tool catalog without a word (a proxy that
-//! strips `tools`, llama-cpp-python's `chatml-function-calling` without a `tool_choice`) is told
-//! by its usage, as `auto` tells it ([`toolloop::ptk::dropped_tools`]: a reply with no tool call
+//! `--tool-protocol native` with an OpenAI-compatible server (`openai:` with a base URL other
+//! than OpenAI's own): a server that drops the tool catalog without a word (a proxy that strips
+//! `tools`, llama-cpp-python's `chatml-function-calling` without a `tool_choice`) is told by its
+//! usage, as `auto` tells it ([`toolloop::ptk::dropped_tools`]: a reply with no tool call
 //! and fewer prompt tokens than the catalog alone takes). Native calling does not switch: the
 //! run goes on as asked, and a warning says, once, that the model did not see the tools and
 //! which protocol would let it.
@@ -33,9 +34,8 @@ fn warn(warned: &AtomicBool, model: &str, why: &str) {
     if !warned.swap(true, Ordering::Relaxed) {
         tracing::warn!(
             model,
-            "the server ignored the tools ({why}), so the model did not see them; \
-             --tool-protocol auto switches to prompt-based tool calling when this happens, \
-             --tool-protocol prompt uses it from the start"
+            "the server ignored the tools ({why}): the model did not see them; \
+             --tool-protocol auto or prompt would show them to it"
         );
     }
 }

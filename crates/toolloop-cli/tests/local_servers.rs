@@ -617,7 +617,7 @@ fn native_calling_warns_when_the_server_drops_the_tools() {
         );
         assert!(
             err.contains("prompt tokens, fewer than the tool catalog alone takes")
-                && err.contains("--tool-protocol auto"),
+                && err.contains("--tool-protocol auto or prompt"),
             "{stream:?}: {err}"
         );
         let v = json_of(&out);
