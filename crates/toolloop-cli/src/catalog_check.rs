@@ -2,9 +2,10 @@
 //! than OpenAI's own): a server that drops the tool catalog without a word (a proxy that strips
 //! `tools`, llama-cpp-python's `chatml-function-calling` without a `tool_choice`) is told by its
 //! usage, as `auto` tells it ([`toolloop::ptk::dropped_tools`]: a reply with no tool call
-//! and fewer prompt tokens than the catalog alone takes). Native calling does not switch: the
-//! run goes on as asked, and a warning says, once, that the model did not see the tools and
-//! which protocol would let it.
+//! and fewer prompt tokens than the catalog alone takes), and so is one whose reply says nothing
+//! at all ([`toolloop::ptk::empty_reply`]: llama-cpp-python's `chatml-function-calling` under
+//! `tool_choice: "auto"`). Native calling does not switch: the run goes on as asked, and a
+//! warning says, once, what the reply showed and which protocol would do better.
 
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -29,23 +30,50 @@ impl CatalogCheck {
     }
 }
 
-/// Says, the first time, that the server dropped the catalog (`why`).
-fn warn(warned: &AtomicBool, model: &str, why: &str) {
-    if !warned.swap(true, Ordering::Relaxed) {
-        tracing::warn!(
+/// What a reply to a request with tools shows of native calling on this server, if anything.
+enum Sign {
+    /// The catalog was dropped (why).
+    Dropped(String),
+    /// The reply said nothing at all (why).
+    Empty(String),
+}
+
+fn sign(
+    tools: &[toolloop::model::ToolSpec],
+    calls: usize,
+    usage: Option<&Usage>,
+    text: Option<&str>,
+) -> Option<Sign> {
+    toolloop::ptk::dropped_tools(tools, calls, usage)
+        .map(Sign::Dropped)
+        .or_else(|| toolloop::ptk::empty_reply(tools, calls, text).map(Sign::Empty))
+}
+
+/// Says, the first time, what the server's reply showed.
+fn warn(warned: &AtomicBool, model: &str, sign: Sign) {
+    if warned.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    match sign {
+        Sign::Dropped(why) => tracing::warn!(
             model,
             "the server ignored the tools ({why}): the model did not see them; \
              --tool-protocol auto or prompt would show them to it"
-        );
+        ),
+        Sign::Empty(why) => tracing::warn!(
+            model,
+            "native tool calling does not seem to work on this server ({why}, as \
+             llama-cpp-python's chatml-function-calling does); --tool-protocol auto or prompt \
+             would go on with prompt-based calling"
+        ),
     }
 }
 
 /// Checks one complete reply.
 fn check_reply(warned: &AtomicBool, model: &str, request: &ModelRequest<'_>, r: &ModelResponse) {
-    if let Some(why) =
-        toolloop::ptk::dropped_tools(request.tools, r.tool_calls.len(), r.usage.as_ref())
-    {
-        warn(warned, model, &why);
+    let calls = r.tool_calls.len();
+    if let Some(s) = sign(request.tools, calls, r.usage.as_ref(), r.text.as_deref()) {
+        warn(warned, model, s);
     }
 }
 
@@ -56,8 +84,8 @@ fn check_stream(
     tools: Vec<toolloop::model::ToolSpec>,
     stream: EventStream,
 ) -> EventStream {
-    /// The tool calls and the usage seen so far.
-    type Seen = Arc<std::sync::Mutex<(usize, Option<Usage>)>>;
+    /// The tool calls, the usage and whether text came, so far.
+    type Seen = Arc<std::sync::Mutex<(usize, Option<Usage>, bool)>>;
     let seen: Seen = Arc::default();
     let counted = seen.clone();
     let events = stream.map(move |event| {
@@ -65,6 +93,7 @@ fn check_stream(
             match &event {
                 Ok(StreamEvent::ToolCallStart { .. }) => seen.0 += 1,
                 Ok(StreamEvent::Usage(u)) => seen.1 = Some(*u),
+                Ok(StreamEvent::TextDelta(t)) if !t.trim().is_empty() => seen.2 = true,
                 _ => {}
             }
         }
@@ -72,9 +101,9 @@ fn check_stream(
     });
     let end = futures::stream::once(async move {
         if let Ok(seen) = seen.lock()
-            && let Some(why) = toolloop::ptk::dropped_tools(&tools, seen.0, seen.1.as_ref())
+            && let Some(s) = sign(&tools, seen.0, seen.1.as_ref(), seen.2.then_some("text"))
         {
-            warn(&warned, &model, &why);
+            warn(&warned, &model, s);
         }
         None
     })

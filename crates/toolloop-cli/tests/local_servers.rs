@@ -633,6 +633,16 @@ fn native_calling_warns_when_the_server_drops_the_tools() {
             json_of(&out)["tool_calls"].as_array().map(Vec::len),
             Some(1)
         );
+        // llama-cpp-python's chatml-function-calling: calls work, text answers are empty.
+        let out = run_openai(&server, "mock:empty_auto_answer=true", &extra);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("answered a request with tools with nothing")
+                && err.contains("--tool-protocol auto or prompt"),
+            "{stream:?}: {err}"
+        );
+        assert_eq!(json_of(&out)["stop_reason"], "empty_answer");
     }
     assert_eq!(server.stats().rejected, 0);
 }
