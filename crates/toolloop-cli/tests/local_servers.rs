@@ -204,6 +204,14 @@ fn an_output_schema_falls_back_to_json_object_and_says_so() {
         "{}",
         stderr(&out)
     );
+    // The server's error reads as one line of words, not escaped newlines.
+    let warning = stderr(&out);
+    let warning = warning.lines().find(|l| l.contains("json_schema")).unwrap();
+    assert!(
+        warning.contains("1 validation error: {'type': 'literal_error'")
+            && !warning.contains("\\n"),
+        "{warning}"
+    );
     assert_eq!(server.stats().requests, 2);
 }
 
