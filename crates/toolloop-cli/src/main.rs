@@ -16,6 +16,7 @@ macro_rules! outln {
 
 mod agents;
 mod approve;
+mod catalog_check;
 mod chat;
 mod config;
 mod context;
@@ -82,7 +83,8 @@ enum Command {
     Sessions(sessions::SessionsCommand),
     /// List logged runs and where they stand (finished, running, interrupted).
     Runs(sessions::RunsArgs),
-    /// Continue a run that stopped before its end (a crash, a kill), from its last durable step.
+    /// Continue a run that stopped before its end (a crash, a kill), from its last durable step;
+    /// or one that failed on a model error, in a new run from its conversation.
     Resume(sessions::ResumeArgs),
     /// Approve calls of a run that stopped awaiting approval (lists them with no call id).
     Approve(approve::DecideArgs),

@@ -465,6 +465,7 @@ pub(crate) async fn run_with_note(
         t.saturating_sub(started.elapsed())
             .max(Duration::from_millis(1))
     });
+    let person_only = crate::approve::person_only(&tools.own);
     let builder = match agent_builder_with(&agent_args, model, tools) {
         Ok(b) => b,
         Err(e) => return usage_error(e),
@@ -493,7 +494,8 @@ pub(crate) async fn run_with_note(
         })
     };
     let _stop_watching = AbortOnDrop(watcher);
-    if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone()) {
+    if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone(), person_only)
+    {
         builder = builder.on_approval(move |p| ask(p));
     }
     let mut durable = match crate::durable::Durable::open(&args.durable, &args).await {

@@ -449,9 +449,11 @@ fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSumm
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
 pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
-    if let Some(code) = already_ended(&args).await {
-        return code;
-    }
+    let retry = match already_ended(&args).await {
+        Some(Ended::Said(code)) => return code,
+        Some(Ended::Retry) => true,
+        None => false,
+    };
     match saved_run(
         &args.run_id,
         args.store,
@@ -461,15 +463,30 @@ pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
     )
     .await
     {
-        Ok(run_args) => crate::run::run(run_args).await,
+        Ok(mut run_args) => {
+            if retry {
+                // A new run goes on from the failed one's conversation (see `DurableArgs::retry`).
+                run_args.durable.retry = run_args.durable.resume.take();
+            }
+            crate::run::run(run_args).await
+        }
         Err(code) => code,
     }
 }
 
+/// What `toolloop resume` makes of a run that had already ended.
+enum Ended {
+    /// It said so, and how; the exit code the run's end had.
+    Said(ExitCode),
+    /// It failed on a model error (a server down or restarting, a refused connection): it is
+    /// continued, in a new run from its conversation.
+    Retry,
+}
+
 /// When the run had already failed (its outcome recorded: an error or a limit), says so and
-/// how, with what can be done, instead of replaying its error as if it had just happened; the
-/// exit code its end had.
-async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
+/// how, with what can be done, instead of replaying its error as if it had just happened; or,
+/// when it failed on a model error, says that it is continued ([`Ended::Retry`]).
+async fn already_ended(args: &ResumeArgs) -> Option<Ended> {
     // A store or run that cannot be read is reported by the resume itself.
     let store = open_store(&args.store).await.ok()?;
     let run = store.run(&args.run_id).await.ok()??;
@@ -484,6 +501,15 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     let ended = crate::durable::format_ms(run.updated_ms);
+    if reason == StopReason::ModelError {
+        eprintln!(
+            "toolloop: run {} had failed on a model error ({ended} UTC): continuing it in a new \
+             run from its log (its model answers and tool results are kept; nothing is made or \
+             run again)",
+            run.run_id
+        );
+        return Some(Ended::Retry);
+    }
     let said = format!(
         "run {} had already ended ({name}, {ended} UTC): there is nothing to resume",
         run.run_id
@@ -497,10 +523,7 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
         );
     }
     eprintln!("toolloop: {said}");
-    if matches!(
-        reason,
-        StopReason::ModelError | StopReason::Timeout | StopReason::EmptyAnswer
-    ) {
+    if matches!(reason, StopReason::Timeout | StopReason::EmptyAnswer) {
         let again = match &run.session {
             Some(s) => format!("toolloop run --session {s} \"…\" (or toolloop chat --session {s})"),
             None => "toolloop run \"…\"".to_string(),
@@ -511,7 +534,7 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
             crate::terminal::escape(&again, false)
         );
     }
-    Some(crate::run::exit_code(reason))
+    Some(Ended::Said(crate::run::exit_code(reason)))
 }
 
 /// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
@@ -585,6 +608,7 @@ pub(crate) async fn saved_run(
         durability,
         no_store: false,
         resume: Some(run_id.to_string()),
+        retry: None,
     };
     config.insert("durable".into(), json!(durable));
     let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {

@@ -41,6 +41,7 @@
 //! | `drop_tools` | `true`, `false` or `without_choice` | `false` | OpenAI route: the server drops the `tools` parameter (and `tool_choice`) without a word, always or when the request has no `tool_choice` (llama-cpp-python's `chatml-function-calling`); the reply is made as without tools and the prompt tokens are counted without the catalog |
 //! | `refuse_auto_stream` | `true` or `false` | `false` | OpenAI route: a streamed request with `tool_choice: "auto"` gets an empty stream, status 200 and no event (llama-cpp-python: "Automatic streaming tool choice is not supported") |
 //! | `refuse_json_schema` | `true` or `false` | `false` | OpenAI route: a `response_format` of type `json_schema` gets llama-cpp-python's HTTP 500 validation error ("Input should be 'text' or 'json_object'"); `json_object` is taken |
+//! | `empty_auto_answer` | `true` or `false` | `false` | OpenAI route: a final answer to a request with tools and `tool_choice: "auto"` is empty, no text and no call (llama-cpp-python's `chatml-function-calling`, whose grammar leaves no room for text then) |
 //! | `traceback` | `true` or `false` | `false` | error faults (`500`, `503`) carry a Python traceback, several lines long, as their message |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
@@ -322,8 +323,8 @@ pub struct MockStats {
     /// refused inside a 200 stream, as that API does.
     pub context_refusals: u64,
     /// Requests answered with a quirk of a real server that the scenario plays (`drop_tools`,
-    /// `refuse_auto_stream`, `refuse_json_schema`): a catalog dropped, an empty stream, a
-    /// format refused.
+    /// `refuse_auto_stream`, `refuse_json_schema`, `empty_auto_answer`): a catalog dropped, an
+    /// empty stream, a format refused, an empty answer.
     pub quirks: u64,
     /// Requests to summarise a conversation (toolloop's compaction: see "Context window"),
     /// answered with a mock summary.

@@ -528,6 +528,37 @@ impl Agent {
             .await)
     }
 
+    /// The outcome of a logged run as its log holds it, without running or changing anything
+    /// (no lease is taken): a finished run's outcome; an unfinished one's so far, as if
+    /// cancelled. Its `messages` (or, with a context policy, its `context` view) is the
+    /// conversation the run's next model call would have been sent: after a run that failed on
+    /// a model error ([`StopReason::ModelError`]), a new run started from it goes on where the
+    /// failed call left off, with nothing the run did made or run again.
+    ///
+    /// Fails when no journal is configured, the run is unknown, or its log does not replay.
+    pub async fn logged_outcome(&self, run_id: &str) -> Result<Outcome, JournalError> {
+        let journal = self
+            .journal
+            .clone()
+            .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
+        let mut records = journal.load(run_id).await?;
+        let live = self.tools_now().await;
+        crate::journal::upgrade(&mut records, &live, &self.config.approvals);
+        let machine = Machine::replay(
+            self.config.clone(),
+            (&self.hooks).into(),
+            live.catalog().clone(),
+            records,
+        )
+        .map_err(|source| JournalError::Corrupt {
+            run_id: run_id.to_string(),
+            source,
+        })?;
+        let mut outcome = machine.into_outcome(0);
+        outcome.run_id = Some(run_id.to_string());
+        Ok(outcome)
+    }
+
     /// Takes the run's lease and rebuilds its machine from its log (the lease is given back on
     /// failure), with the toolbox the run has now: the live tools, judged by the catalog the
     /// log holds last, if it holds one.
