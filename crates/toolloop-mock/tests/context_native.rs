@@ -486,3 +486,162 @@ async fn the_mock_refuses_what_the_apis_refuse() {
     assert!(refused.text().await.unwrap().contains("compaction"));
     server.shutdown().await;
 }
+
+/// Forwards to an Anthropic model, keeping the body of each request as the adapter builds it.
+struct Bodies {
+    inner: AnthropicModel,
+    bodies: std::sync::Mutex<Vec<serde_json::Value>>,
+}
+
+#[async_trait::async_trait]
+impl Model for Bodies {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    async fn complete(
+        &self,
+        request: &toolloop::model::ModelRequest<'_>,
+    ) -> Result<toolloop::model::ModelResponse, toolloop::model::ModelError> {
+        let body =
+            toolloop::providers::anthropic::build_request_body(request, self.inner.config(), false);
+        self.bodies.lock().unwrap().push(body);
+        self.inner.complete(request).await
+    }
+    fn native_context(&self) -> toolloop::context::NativeSupport {
+        self.inner.native_context()
+    }
+}
+
+/// Removes every `cache_control` marker.
+fn unmarked(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => m
+            .iter()
+            .filter(|(k, _)| *k != "cache_control")
+            .map(|(k, v)| (k.clone(), unmarked(v)))
+            .collect(),
+        serde_json::Value::Array(a) => a.iter().map(unmarked).collect(),
+        other => other.clone(),
+    }
+}
+
+/// How many requests do not start with the previous request's cached prefix (its tools, its
+/// system prompt and its messages up to its last breakpoint, markers aside): the rounds whose
+/// prompt cache was invalidated.
+fn cache_misses(bodies: &[serde_json::Value]) -> usize {
+    bodies.windows(2).filter(|w| cache_miss(w)).count()
+}
+
+/// Whether `w[1]` does not start with `w[0]`'s cached prefix.
+fn cache_miss(w: &[serde_json::Value]) -> bool {
+    let (before, now) = (&w[0], &w[1]);
+    let messages = before["messages"].as_array().unwrap();
+    let marked = messages
+        .iter()
+        .rposition(|m| m.to_string().contains("cache_control"))
+        .unwrap();
+    let now_messages = now["messages"].as_array().unwrap();
+    unmarked(&before["tools"]) != unmarked(&now["tools"])
+        || unmarked(&before["system"]) != unmarked(&now["system"])
+        || now_messages.len() <= marked
+        || unmarked(&serde_json::Value::from(messages[..=marked].to_vec()))
+            != unmarked(&serde_json::Value::from(now_messages[..=marked].to_vec()))
+}
+
+/// Prompt-cache breakpoints move with the context policy rather than being invalidated every
+/// round: with the machine's own clearing and summaries, a round's request starts with the
+/// previous round's cached prefix except at a clearing batch (every `keep_rounds` rounds) or a
+/// compaction; with the provider's own clearing, the request never changes what it sent, and
+/// the provider clears the same results round after round, more only at a batch's boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cache_prefixes_hold_between_batches_and_move_with_compactions() {
+    const ROUNDS: u32 = 120;
+    const WINDOW: u64 = 8000;
+    const KEEP: u32 = 4;
+    let server = start(MockOptions::default()).await.unwrap();
+    let base = server.base_url();
+    let scenario = format!("mock:rounds={ROUNDS},window={WINDOW}");
+    for native in [false, true] {
+        let label = format!("native={native}");
+        let before = server.stats();
+        let model = Arc::new(Bodies {
+            inner: anthropic(&base, &scenario),
+            bodies: Default::default(),
+        });
+        let cleared = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let seen = cleared.clone();
+        let journal = Arc::new(MemoryJournal::new());
+        let agent = AgentBuilder::new(model.clone() as Arc<dyn Model>)
+            .journal(journal.clone())
+            .tool(big_results(2048))
+            .config(config(ROUNDS, false))
+            .context(ContextPolicy {
+                window: Some(WINDOW),
+                keep_rounds: KEEP,
+                native,
+                ..ContextPolicy::default()
+            })
+            .on_event(move |e| {
+                if let Event::ContextEditedByProvider { report, .. } = e {
+                    seen.lock().unwrap().push(report.cleared_tool_uses);
+                }
+            })
+            .build()
+            .unwrap();
+        let outcome = agent.prompt("Fetch the pages, one per round.").await;
+        assert_eq!(
+            outcome.stop_reason,
+            StopReason::Answered,
+            "{label}: {:?}",
+            outcome.error
+        );
+        let compactions = u64::from(outcome.context.as_ref().unwrap().compactions);
+        let after = server.stats();
+        assert_eq!(after.context_refusals, before.context_refusals, "{label}");
+        let bodies = model.bodies.lock().unwrap().clone();
+        let misses = cache_misses(&bodies) as u64;
+        // The clearing edits the machine logged (in batches, or under pressure).
+        let edits = journal
+            .load(outcome.run_id.as_deref().unwrap())
+            .await
+            .unwrap()
+            .iter()
+            .filter(|r| matches!(r, Input::ContextEdited { .. }))
+            .count() as u64;
+        assert!(
+            edits >= u64::from(ROUNDS / KEEP) / 2,
+            "{label}: {edits} edits"
+        );
+        // Not every round: about one per batch of rounds.
+        assert!(
+            edits <= u64::from(ROUNDS / KEEP) + compactions + 2,
+            "{label}: {edits} edits"
+        );
+        // A summarising request is recorded too: it and the request after it start anew.
+        if native {
+            // What the request holds never changes: only a compaction moves the prefix.
+            assert!(
+                misses <= 2 * compactions,
+                "{label}: {misses} misses, {compactions} compactions"
+            );
+            // The provider clears more only at a logged edit (or after a compaction).
+            let cleared = cleared.lock().unwrap().clone();
+            assert!(cleared.len() as u32 > ROUNDS / 2, "{label}");
+            let changes = cleared.windows(2).filter(|w| w[0] != w[1]).count() as u64;
+            assert!(
+                changes <= edits + 2 * compactions,
+                "{label}: the cleared results changed {changes} times ({edits} edits): {cleared:?}"
+            );
+        } else {
+            assert!(compactions >= 1, "{label}");
+            // A miss only at an edit or a compaction.
+            assert!(
+                misses <= edits + 2 * compactions,
+                "{label}: {misses} misses in {} requests, {edits} edits, {compactions} \
+                 compactions",
+                bodies.len()
+            );
+        }
+    }
+    server.shutdown().await;
+}

@@ -19,7 +19,9 @@
 //!    content of old results (the calls, their arguments and the model's own text stay).
 //! 3. **compact**: when the estimated size of the next request passes [`ContextPolicy::compact_at`]
 //!    of the window, the results of every round but the last are cleared first (one edit,
-//!    no model call); when the estimate still passes it, the older part of the conversation (all
+//!    no model call), when that frees at least a quarter of the threshold (clearing less
+//!    would change the conversation's prefix, and invalidate a prompt cache, round after
+//!    round); when the estimate still passes it, the older part of the conversation (all
 //!    but the system prompt and the most recent turns) is summarised by one model call with
 //!    [`COMPACT_PROMPT`], and replaced by a user message holding the summary
 //!    ([`SUMMARY_HEADER`]). Lost from the view: everything in the summarised part that the

@@ -367,22 +367,31 @@ impl Machine {
         }
     }
 
-    /// When the next request is estimated past the threshold and results before the last
-    /// round's are still whole: the edit that clears them all.
+    /// When the next request is estimated past the threshold and clearing the results before
+    /// the last round's frees at least a quarter of the threshold: the edit that clears them
+    /// all. Freeing less, the conversation is compacted instead: clearing a round or two at a
+    /// time under pressure would change the conversation's prefix (and invalidate a prompt
+    /// cache) every round.
     fn pressure_clear(&self, policy: &ContextPolicy) -> Option<ContextEdits> {
         let c = self.state.context.as_ref()?;
-        if self.estimate.tokens.estimate() <= policy.threshold()? {
+        let threshold = policy.threshold()?;
+        if self.estimate.tokens.estimate() <= threshold {
             return None;
         }
         let last = *c.turns.last()?;
-        let whole = c.view[c.cleared_upto.min(last)..last].iter().any(|m| {
-            matches!(m, Message::Tool(r)
-                if r.content.len() > policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len())
-        });
-        whole.then(|| ContextEdits {
-            spilled: Vec::new(),
-            preview: policy.spill_preview,
-            clear_before: last,
+        let mut freed = Size::default();
+        for m in &c.view[c.cleared_upto.min(last)..last] {
+            if let Message::Tool(r) = m {
+                let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len();
+                freed.bytes += r.content.len().saturating_sub(stub) as u64;
+            }
+        }
+        (freed.bytes > 0 && self.estimate.tokens.tokens_of(freed) >= threshold / 4).then(|| {
+            ContextEdits {
+                spilled: Vec::new(),
+                preview: policy.spill_preview,
+                clear_before: last,
+            }
         })
     }
 
