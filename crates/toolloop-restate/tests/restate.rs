@@ -97,7 +97,7 @@ fn main() {
 type Test = fn(&Ctx);
 
 /// The tests, run one after another against one server.
-const TESTS: [(&str, Test); 6] = [
+const TESTS: [(&str, Test); 7] = [
     (
         "runs_finish_through_the_ingress",
         runs_finish_through_the_ingress,
@@ -119,6 +119,10 @@ const TESTS: [(&str, Test); 6] = [
         "a_tool_sources_changing_tools_are_journaled_and_offered",
         a_tool_sources_changing_tools_are_journaled_and_offered,
     ),
+    (
+        "a_compacted_run_replays_without_summarising_again",
+        a_compacted_run_replays_without_summarising_again,
+    ),
 ];
 
 struct Ctx {
@@ -137,6 +141,8 @@ struct Config<'a> {
     ask: bool,
     /// The test tools come from a tool source, whose version moves after each call.
     source: bool,
+    /// A context policy with this window (tokens), and room for 40 rounds.
+    window: Option<u64>,
 }
 
 /// Two worker processes on one address, registered with the server; killed on drop.
@@ -166,6 +172,10 @@ impl Workers {
                 .env("TOOLLOOP_TEST_EFFECT_MS", config.effect_ms.to_string())
                 .env("TOOLLOOP_TEST_ASK", if config.ask { "1" } else { "" })
                 .env("TOOLLOOP_TEST_SOURCE", if config.source { "1" } else { "" })
+                .env(
+                    "TOOLLOOP_TEST_WINDOW",
+                    config.window.map(|w| w.to_string()).unwrap_or_default(),
+                )
                 .env("RUST_LOG", "toolloop_restate=info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -236,6 +246,15 @@ fn worker(addr: &str) {
         };
         if var("TOOLLOOP_TEST_ASK") == "1" {
             builder = builder.approvals(Approvals::ask_all());
+        }
+        if let Ok(window) = var("TOOLLOOP_TEST_WINDOW").parse::<u64>() {
+            builder = builder.max_rounds(40).max_tool_calls(40).context(
+                toolloop::context::ContextPolicy {
+                    window: Some(window),
+                    keep_rounds: 2,
+                    ..Default::default()
+                },
+            );
         }
         let agent = builder.build().unwrap();
         let w = toolloop_restate::Worker::bind(addr.parse().unwrap()).unwrap();
@@ -346,6 +365,7 @@ fn runs_finish_through_the_ingress(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: false,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -404,6 +424,7 @@ fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: false,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -444,6 +465,7 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
             effect_ms: 1500,
             ask: false,
             source: false,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -537,6 +559,7 @@ fn approvals_wait_as_awakeables(ctx: &Ctx) {
             effect_ms: 0,
             ask: true,
             source: false,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -624,6 +647,7 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             effect_ms: 0,
             ask: true,
             source: false,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -668,6 +692,7 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: true,
+            window: None,
         },
     );
     let o = ctx
@@ -686,4 +711,75 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
         assert_eq!(c.status, CallStatus::Ok, "{c:?}");
     }
     assert_eq!(effect_counts(&workers.effects).len(), 2);
+}
+
+/// A run whose conversation is compacted under Restate (the summary is a journaled step), its
+/// worker killed with SIGKILL after the summary was journaled, in the tool call that follows:
+/// the other worker replays the run without asking the model for the summary again (the mock
+/// counts one summarising request per compaction), and the run finishes.
+fn a_compacted_run_replays_without_summarising_again(ctx: &Ctx) {
+    const ROUNDS: u32 = 16;
+    let mut workers = Workers::start(
+        ctx,
+        Config {
+            name: "compact",
+            model: "mock:rounds=16,window=1600",
+            effect_ms: 400,
+            ask: false,
+            source: false,
+            window: Some(1600),
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let before = ctx.mock.stats();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "compact-0", prompt("compact 0")))
+        .unwrap();
+    // The summary has been asked for and answered; the run goes on into its next tool call.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ctx.mock.stats().summaries == before.summaries {
+        assert!(Instant::now() < until, "the run was never compacted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let calls = effect_counts(&workers.effects).len();
+    while effect_counts(&workers.effects).len() == calls {
+        assert!(
+            Instant::now() < until,
+            "the run did not go on after its compaction"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let busy = (0..2)
+        .find(|&i| workers.log(i).contains("model answered"))
+        .expect("a worker ran the run");
+    workers.kill(busy);
+    let summaries_at_kill = ctx.mock.stats().summaries - before.summaries;
+    let outcome = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert!(
+        workers.log(1 - busy).contains("model answered"),
+        "the other worker took over"
+    );
+    assert_answered(
+        &outcome,
+        &format!("Done. I saw {ROUNDS} tool results in {ROUNDS} rounds."),
+    );
+    let context = outcome.context.as_ref().expect("the policy's report");
+    let after = ctx.mock.stats();
+    let summaries = after.summaries - before.summaries;
+    assert!(context.compactions >= 1);
+    // One summarising request per compaction: none was asked again on replay.
+    assert_eq!(summaries, u64::from(context.compactions));
+    assert!(summaries >= summaries_at_kill);
+    assert_eq!(after.context_refusals, before.context_refusals);
+    let twice: Vec<_> = effect_counts(&workers.effects)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(twice.is_empty(), "side effects repeated: {twice:?}");
+    eprintln!(
+        "killed worker {busy} after {summaries_at_kill} summaries; {summaries} in all, {} \
+         compactions",
+        context.compactions
+    );
 }
