@@ -97,7 +97,7 @@ fn main() {
 type Test = fn(&Ctx);
 
 /// The tests, run one after another against one server.
-const TESTS: [(&str, Test); 9] = [
+const TESTS: [(&str, Test); 10] = [
     (
         "runs_finish_through_the_ingress",
         runs_finish_through_the_ingress,
@@ -131,6 +131,10 @@ const TESTS: [(&str, Test); 9] = [
         "a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers",
         a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers,
     ),
+    (
+        "a_compacted_run_replays_without_summarising_again",
+        a_compacted_run_replays_without_summarising_again,
+    ),
 ];
 
 struct Ctx {
@@ -153,6 +157,8 @@ struct Config<'a> {
     child_model: Option<&'a str>,
     /// The sub-agent's token budget.
     child_max_tokens: Option<u64>,
+    /// A context policy with this window (tokens), and room for 40 rounds.
+    window: Option<u64>,
 }
 
 /// Two worker processes on one address, registered with the server; killed on drop.
@@ -192,6 +198,10 @@ impl Workers {
                         .child_max_tokens
                         .map(|n| n.to_string())
                         .unwrap_or_default(),
+                )
+                .env(
+                    "TOOLLOOP_TEST_WINDOW",
+                    config.window.map(|w| w.to_string()).unwrap_or_default(),
                 )
                 .env("RUST_LOG", "toolloop_restate=info")
                 .stdin(Stdio::null())
@@ -283,6 +293,15 @@ fn worker(addr: &str) {
         };
         if var("TOOLLOOP_TEST_ASK") == "1" {
             builder = builder.approvals(Approvals::ask_all());
+        }
+        if let Ok(window) = var("TOOLLOOP_TEST_WINDOW").parse::<u64>() {
+            builder = builder.max_rounds(40).max_tool_calls(40).context(
+                toolloop::context::ContextPolicy {
+                    window: Some(window),
+                    keep_rounds: 2,
+                    ..Default::default()
+                },
+            );
         }
         let agent = builder.build().unwrap();
         let w = toolloop_restate::Worker::bind(addr.parse().unwrap()).unwrap();
@@ -395,6 +414,7 @@ fn runs_finish_through_the_ingress(ctx: &Ctx) {
             source: false,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -455,6 +475,7 @@ fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
             source: false,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -497,6 +518,7 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
             source: false,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -577,6 +599,7 @@ fn a_worker_killed_inside_a_sub_agent_is_replaced_without_repeating_calls(ctx: &
             source: false,
             child_model: Some("mock:rounds=2,parallel=2"),
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -671,6 +694,7 @@ fn a_sub_agents_approvals_are_listed_and_decided_through_its_root(ctx: &Ctx) {
             source: false,
             child_model: Some("mock:rounds=1,parallel=2"),
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -747,6 +771,7 @@ fn a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers(ctx: &Ctx) 
             source: false,
             child_model: Some("mock:rounds=2,parallel=2"),
             child_max_tokens: Some(10),
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -810,6 +835,7 @@ fn approvals_wait_as_awakeables(ctx: &Ctx) {
             source: false,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -899,6 +925,7 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             source: false,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -945,6 +972,7 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
             source: true,
             child_model: None,
             child_max_tokens: None,
+            window: None,
         },
     );
     let o = ctx
@@ -963,4 +991,77 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
         assert_eq!(c.status, CallStatus::Ok, "{c:?}");
     }
     assert_eq!(effect_counts(&workers.effects).len(), 2);
+}
+
+/// A run whose conversation is compacted under Restate (the summary is a journaled step), its
+/// worker killed with SIGKILL after the summary was journaled, in the tool call that follows:
+/// the other worker replays the run without asking the model for the summary again (the mock
+/// counts one summarising request per compaction), and the run finishes.
+fn a_compacted_run_replays_without_summarising_again(ctx: &Ctx) {
+    const ROUNDS: u32 = 16;
+    let mut workers = Workers::start(
+        ctx,
+        Config {
+            name: "compact",
+            model: "mock:rounds=16,window=1600",
+            effect_ms: 400,
+            ask: false,
+            source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: Some(1600),
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let before = ctx.mock.stats();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "compact-0", prompt("compact 0")))
+        .unwrap();
+    // The summary has been asked for and answered; the run goes on into its next tool call.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ctx.mock.stats().summaries == before.summaries {
+        assert!(Instant::now() < until, "the run was never compacted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let calls = effect_counts(&workers.effects).len();
+    while effect_counts(&workers.effects).len() == calls {
+        assert!(
+            Instant::now() < until,
+            "the run did not go on after its compaction"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let busy = (0..2)
+        .find(|&i| workers.log(i).contains("model answered"))
+        .expect("a worker ran the run");
+    workers.kill(busy);
+    let summaries_at_kill = ctx.mock.stats().summaries - before.summaries;
+    let outcome = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert!(
+        workers.log(1 - busy).contains("model answered"),
+        "the other worker took over"
+    );
+    assert_answered(
+        &outcome,
+        &format!("Done. I saw {ROUNDS} tool results in {ROUNDS} rounds."),
+    );
+    let context = outcome.context.as_ref().expect("the policy's report");
+    let after = ctx.mock.stats();
+    let summaries = after.summaries - before.summaries;
+    assert!(context.compactions >= 1);
+    // One summarising request per compaction: none was asked again on replay.
+    assert_eq!(summaries, u64::from(context.compactions));
+    assert!(summaries >= summaries_at_kill);
+    assert_eq!(after.context_refusals, before.context_refusals);
+    let twice: Vec<_> = effect_counts(&workers.effects)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(twice.is_empty(), "side effects repeated: {twice:?}");
+    eprintln!(
+        "killed worker {busy} after {summaries_at_kill} summaries; {summaries} in all, {} \
+         compactions",
+        context.compactions
+    );
 }

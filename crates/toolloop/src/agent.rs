@@ -839,11 +839,12 @@ impl Agent {
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
         let tools = crate::context::driver::request_tools(machine, machine.catalog().specs());
+        let settings = crate::context::driver::request_settings(machine, &self.settings);
         let request = ModelRequest {
             messages: machine.sent_messages(),
             reminders,
             tools: &tools,
-            settings: &self.settings,
+            settings: &settings,
         };
         self.call_model(model, request, round, sink).await
     }
@@ -1064,6 +1065,9 @@ impl Agent {
                     // Not waited for: a call lost to a crash is made again on resume.
                     take(&mut machine, &log, Input::ModelRequested { round });
                     let tools = crate::context::driver::request_tools(&machine, toolbox.specs());
+                    // With what the machine asks of the provider itself this round (a function
+                    // of its view: a resumed run asks the same).
+                    let settings = crate::context::driver::request_settings(&machine, &settings);
                     let request = ModelRequest {
                         messages: machine.sent_messages(),
                         reminders: &reminders,
@@ -2199,6 +2203,7 @@ impl AgentBuilder {
             if policy.window.is_none() {
                 policy.window = self.limits.context_window(model_name);
             }
+            policy.provider = self.model.native_context();
         }
         let context_model = self.context_model.map(|m| {
             let price = self.prices.get(m.name()).cloned().map(Arc::new);

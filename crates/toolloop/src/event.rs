@@ -229,6 +229,15 @@ pub enum Event {
         /// The summariser's usage (counted apart from the run's).
         usage: Option<Usage>,
     },
+    /// The provider edited the request's context itself (cleared old tool results, or
+    /// compacted the conversation; see [`crate::context::native`]), as it reported with its
+    /// response.
+    ContextEditedByProvider {
+        /// The round whose request it edited.
+        round: u32,
+        /// What it reported.
+        report: crate::context::NativeReport,
+    },
     /// The run ended.
     RunFinished {
         /// Everything it gathered.

@@ -21,6 +21,13 @@
 //! reminders is built the same way on every round, so round N+1's request repeats round N's
 //! prefix and reads it from the cache.
 //!
+//! Context management ([`crate::context::native`]): a request that asks the provider to clear
+//! old tool results carries `context_management` with one `clear_tool_uses_20250919` edit and
+//! the `anthropic-beta: context-management-2025-06-27` header (added to any beta the
+//! configuration's headers already name); the edits the API reports applying
+//! (`context_management.applied_edits`, in the response or the stream's `message_delta`)
+//! become [`ModelResponse::context_edited`].
+//!
 //! Usage: `input_tokens` is Anthropic's `input_tokens` plus `cache_read_input_tokens` plus
 //! `cache_creation_input_tokens` (toolloop's [`Usage`](crate::usage::Usage) counts cached tokens as
 //! input).
@@ -85,7 +92,7 @@ impl Model for AnthropicModel {
             .transport
             .post_json(
                 &self.config.messages_url().into(),
-                &self.config.headers()?,
+                &request::headers(&self.config, request)?,
                 body.to_string().into(),
                 parse_error,
                 decode_message_body,
@@ -105,7 +112,7 @@ impl Model for AnthropicModel {
         let stream = wire::open_sse_stream(
             &self.config.transport,
             self.config.messages_url().into(),
-            self.config.headers()?,
+            request::headers(&self.config, request)?,
             body.into(),
             parse_error,
             StreamDecoder::default,
@@ -113,6 +120,14 @@ impl Model for AnthropicModel {
         .await
         .map_err(classify)?;
         Ok(Box::pin(stream.map(|item| item.map_err(classify))))
+    }
+
+    /// The Messages API clears old tool results itself (`context_management`).
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport {
+            clear_tool_results: true,
+            compaction: false,
+        }
     }
 }
 /// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`

@@ -148,6 +148,14 @@ impl Model for ResponsesModel {
         .map_err(classify)?;
         Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
+
+    /// The Responses API compacts the conversation itself (`context_management`).
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport {
+            clear_tool_results: false,
+            compaction: true,
+        }
+    }
 }
 
 /// Decodes one recorded response body as the adapter would (the conformance tests): the HTTP
