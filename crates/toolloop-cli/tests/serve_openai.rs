@@ -4,6 +4,8 @@
 //! server's limits (401, 413, 429), the idempotency key across a kill -9 and a restart.
 
 mod common;
+#[path = "../../../tools/python/testing.rs"]
+mod python;
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
@@ -518,6 +520,81 @@ fn a_run_killed_with_the_server_finishes_on_retry_with_its_idempotency_key_witho
     );
     assert!(counts.len() >= before.len());
     assert!(counts.len() <= 6, "{counts:?}");
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The official `openai` Python SDK, unmodified, against both modes, whole and streamed: the
+/// agent answers as a model; the gateway in front of the mock's text-only mode gives it valid
+/// `tool_calls` over two rounds, which it answers (the mock checks every call answered once).
+#[test]
+#[cfg_attr(
+    not(toolloop_python),
+    ignore = "python3 is not on PATH: the test runs the official openai Python SDK (tools/python/requirements.txt)"
+)]
+fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from_the_gateway() {
+    let python = python::python();
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--dialect",
+            "qwen3-coder",
+        ],
+        &[("TOOLLOOP_AUTH_TOKEN", "py-token-123")],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(served.url("/v1"))
+        .arg("py-token-123")
+        .arg("agent:default")
+        .arg("gateway:openai:mock:text_calls=qwen3-coder,rounds=2,parallel=2,chunk=4")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        served.stderr()
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = "Done. I saw 1 tool results in 1 rounds.";
+    assert!(
+        seen["models"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("agent:default")),
+        "{seen}"
+    );
+    assert_eq!(seen["agent_whole"], answer);
+    assert_eq!(seen["agent_whole_finish"], "stop");
+    assert_eq!(seen["agent_streamed"], answer);
+    assert_eq!(seen["agent_streamed_finish"], json!(["stop"]));
+    assert_eq!(seen["agent_responses"], answer);
+    for mode in ["gateway_whole", "gateway_streamed"] {
+        assert_eq!(
+            seen[mode]["rounds"].as_array().unwrap().len(),
+            2,
+            "{mode}: {seen}"
+        );
+        assert_eq!(
+            seen[mode]["answer"], "Done. I saw 4 tool results in 2 rounds.",
+            "{mode}"
+        );
+    }
+    assert_eq!(seen["wrong_token"], 401);
+    assert_eq!(mock.stats().rejected, 0);
     drop(served);
     rt.block_on(mock.shutdown());
 }
