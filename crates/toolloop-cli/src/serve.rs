@@ -337,12 +337,6 @@ impl Agents {
         &self.agents
     }
 
-    /// The agent named `name` (`default` for an empty name).
-    pub(crate) fn get(&self, name: &str) -> Option<&AgentSpec> {
-        let name = if name.is_empty() { "default" } else { name };
-        self.agents.iter().find(|a| a.name == name)
-    }
-
     /// The store runs are logged in.
     pub(crate) fn store(&self) -> Option<&Store> {
         self.store.as_ref()
@@ -383,6 +377,11 @@ impl AgentSpec {
             None => {}
         }
         builder.build().map_err(|e| e.to_string())
+    }
+
+    /// Whether a call that needs a person stops the run to wait (`--defer-approvals`).
+    pub(crate) fn defers_approvals(&self) -> bool {
+        self.args.approval.defer_approvals
     }
 
     /// The JSON Schema of the agent's typed answer (`--output-schema`), if it has one.

@@ -40,8 +40,6 @@ use toolloop::outcome::{Outcome, StopReason};
 pub(crate) struct App {
     agents: Arc<Agents>,
     gateway: Gateway,
-    /// SHA-256 of the token (compared in constant time, whatever its length).
-    token: Option<[u8; 32]>,
     runs: Arc<Semaphore>,
     max_runs: u32,
     keep_on_disconnect: bool,
@@ -78,9 +76,19 @@ fn bad_request(e: BadRequest) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
-/// The router of the API around `app`, with its limits.
-pub(crate) fn router(app: Arc<App>, max_body: usize) -> Router {
-    Router::new()
+/// The token a server expects: its SHA-256 (compared in constant time, whatever its length).
+struct Guard(Option<[u8; 32]>);
+
+/// `router` behind the token check (none without a token): a request without
+/// `Authorization: Bearer TOKEN` gets 401 before anything else is done.
+pub(crate) fn with_token(router: Router, token: Option<&str>) -> Router {
+    let guard = Arc::new(Guard(token.map(|t| digest(t.as_bytes()))));
+    router.layer(middleware::from_fn_with_state(guard, authorize))
+}
+
+/// The router of the API around `app`, with its limits, behind `token`.
+pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Router {
+    let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(responses))
@@ -95,8 +103,8 @@ pub(crate) fn router(app: Arc<App>, max_body: usize) -> Router {
             )
         })
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(middleware::from_fn_with_state(app.clone(), authorize))
-        .with_state(app)
+        .with_state(app);
+    with_token(api, token)
 }
 
 /// Runs the API on `addr` until SIGTERM or Ctrl-C; then stops accepting, lets the runs in
@@ -111,7 +119,6 @@ pub(crate) async fn serve(
     let app = Arc::new(App {
         agents,
         gateway: Gateway::new(provider),
-        token: token.as_deref().map(|t| digest(t.as_bytes())),
         runs: Arc::new(Semaphore::new(http.max_runs as usize)),
         max_runs: http.max_runs,
         keep_on_disconnect: http.keep_on_disconnect,
@@ -130,7 +137,7 @@ pub(crate) async fn serve(
     let stop = CancellationToken::new();
     let server = {
         let stop = stop.clone();
-        let app = router(app.clone(), max_body);
+        let app = router(app.clone(), max_body, token.as_deref());
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
@@ -164,8 +171,8 @@ pub(crate) async fn serve(
 }
 
 /// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
-async fn authorize(State(app): State<Arc<App>>, request: Request, next: Next) -> Response {
-    if let Some(expected) = &app.token {
+async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    if let Some(expected) = &guard.0 {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
