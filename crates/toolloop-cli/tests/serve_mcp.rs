@@ -46,6 +46,10 @@ fn server_env() -> Value {
 
 /// Runs the client over stdio against `toolloop serve --mcp ARGS`; what it saw.
 fn over_stdio(args: &[&str], mode: &str, elicit: Option<&str>) -> Value {
+    over_stdio_env(args, mode, elicit, &[])
+}
+
+fn over_stdio_env(args: &[&str], mode: &str, elicit: Option<&str>, env: &[(&str, &str)]) -> Value {
     let mut full = vec!["serve", "--mcp"];
     full.extend_from_slice(args);
     let mut c = std::process::Command::new(python::python());
@@ -59,6 +63,10 @@ fn over_stdio(args: &[&str], mode: &str, elicit: Option<&str>) -> Value {
         Some(e) => c.env("ELICIT", e),
         None => c.env_remove("ELICIT"),
     };
+    c.env_remove("CANCEL_AFTER");
+    for (k, v) in env {
+        c.env(k, v);
+    }
     let out = c.output().unwrap();
     assert!(
         out.status.success(),
@@ -282,5 +290,54 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
         assert!(!seen["progress"].as_array().unwrap().is_empty(), "{seen}");
     }
     drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+#[cfg_attr(
+    not(toolloop_python),
+    ignore = "python3 is not on PATH: the test runs the official MCP Python SDK (tools/python/requirements.txt)"
+)]
+fn a_cancelled_call_stops_its_run_and_keeps_its_transcript() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let store = dir.path().join("store.db");
+    let root = dir.path().to_str().unwrap();
+    // The model takes 2 s for its second answer; the client gives up after 1.5 s.
+    let seen = over_stdio_env(
+        &[
+            "--model",
+            "openai:mock:rounds=1,latency=1s",
+            "--base-url",
+            &url,
+            "--root",
+            root,
+            "--store",
+            store.to_str().unwrap(),
+        ],
+        "auto",
+        None,
+        &[("CANCEL_AFTER", "1.5")],
+    );
+    assert!(seen["cancelled"].is_string(), "{seen}");
+    let runs = rt.block_on(async {
+        let store = toolloop_store::Store::open(store.to_str().unwrap())
+            .await
+            .unwrap();
+        let runs = store.runs(None).await.unwrap();
+        let mut out = Vec::new();
+        for r in runs {
+            let log = store.run_journal(Default::default());
+            let records = log.load(&r.run_id).await.unwrap();
+            out.push((r.stop_reason, records.len()));
+        }
+        out
+    });
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    assert_eq!(runs[0].0, Some(toolloop::StopReason::Cancelled), "{runs:?}");
+    // The first round (the call and its result) is in the run's log.
+    assert!(runs[0].1 >= 3, "{runs:?}");
     rt.block_on(mock.shutdown());
 }

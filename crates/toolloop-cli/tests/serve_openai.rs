@@ -71,6 +71,28 @@ impl Served {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM");
+    }
+
+    /// Waits for the process to exit, at most `limit`; its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
     pub fn kill9(mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -595,6 +617,254 @@ fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from
     }
     assert_eq!(seen["wrong_token"], 401);
     assert_eq!(mock.stats().rejected, 0);
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The runs of a store: (run id, status, stop reason).
+fn runs_in(
+    rt: &tokio::runtime::Runtime,
+    store: &Path,
+) -> Vec<(String, String, Option<toolloop::StopReason>)> {
+    rt.block_on(async {
+        let store = toolloop_store::Store::open(store.to_str().unwrap())
+            .await
+            .unwrap();
+        let runs = store.runs(None).await.unwrap();
+        store.close().await;
+        runs.into_iter()
+            .map(|r| (r.run_id, r.status.as_str().to_string(), r.stop_reason))
+            .collect()
+    })
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_run_unless_the_server_keeps_it() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    for keep in [false, true] {
+        let dir = common::repo();
+        let store = dir.path().join("store.db");
+        let mut args = vec![
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1,latency=600ms",
+            "--base-url",
+            &url,
+            "--store",
+            store.to_str().unwrap(),
+        ];
+        if keep {
+            args.push("--keep-on-disconnect");
+        }
+        let served = Served::start(dir.path(), &args, &[]);
+        rt.block_on(async {
+            let ask = json!({"model": "agent:default", "stream": true,
+                "messages": [{"role": "user", "content": "Look around."}]});
+            let mut r = reqwest::Client::new()
+                .post(served.url("/v1/chat/completions"))
+                .json(&ask)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            // The first chunk, then the client goes away in the middle of the run.
+            let first = r.chunk().await.unwrap().unwrap();
+            assert!(String::from_utf8_lossy(&first).contains("chat.completion.chunk"));
+            drop(r);
+        });
+        let start = Instant::now();
+        let want = if keep {
+            toolloop::StopReason::Answered
+        } else {
+            toolloop::StopReason::Cancelled
+        };
+        loop {
+            let runs = runs_in(&rt, &store);
+            if runs.len() == 1 && runs[0].2 == Some(want) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "keep {keep}: {runs:?}\n{}",
+                served.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn approvals_that_need_a_person_are_denied_or_deferred_and_listed() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    let dir = common::repo();
+    let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
+    let base = [
+        "--openai",
+        "127.0.0.1:0",
+        "--model",
+        "openai:mock:rounds=1",
+        "--base-url",
+        &url,
+        "--ask",
+        "*",
+    ];
+    // No one to ask: the call is denied, and the model reads why.
+    let served = Served::start(dir.path(), &base, &[]);
+    rt.block_on(async {
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["tool_calls"][0]["success"], false, "{v}");
+    });
+    drop(served);
+    // Deferred: the run stops and waits; the call is listed with the run.
+    let mut args = base.to_vec();
+    args.push("--defer-approvals");
+    let served = Served::start(dir.path(), &args, &[]);
+    rt.block_on(async {
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
+        assert_eq!(status, 202, "{v}");
+        assert_eq!(v["error"]["code"], "awaiting_approval");
+        let run_id = v["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let run: Value = reqwest::get(served.url(&format!("/v1/runs/{run_id}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(run["status"], "awaiting_approval", "{run}");
+        assert_eq!(
+            run["pending_approvals"].as_array().unwrap().len(),
+            1,
+            "{run}"
+        );
+        assert!(
+            run["pending_approvals"][0]["call"]["name"].is_string(),
+            "{run}"
+        );
+        let r = reqwest::get(served.url("/v1/runs/run_nothing"))
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+    });
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumable() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    let dir = common::repo();
+    let store = dir.path().join("store.db");
+    let args = |grace: &'static str| {
+        vec![
+            "--openai".to_string(),
+            "127.0.0.1:0".into(),
+            "--model".into(),
+            "openai:mock:rounds=1,latency=1s".into(),
+            "--base-url".into(),
+            url.clone(),
+            "--store".into(),
+            store.to_str().unwrap().into(),
+            "--grace".into(),
+            grace.into(),
+        ]
+    };
+    let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
+    // A long grace: the run in progress finishes and is answered; then the server exits.
+    let a = args("30s");
+    let mut served = Served::start(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let run = tokio::spawn({
+            let ask = ask.clone();
+            async move { post(&chat, None, &ask).await }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        served.terminate();
+        let (status, v) = run.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["stop_reason"], "answered");
+    });
+    assert_eq!(
+        served.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        served.stderr()
+    );
+    drop(served);
+    // A short grace: the server exits with the run unfinished, which a retry with its key
+    // finishes on the next server.
+    let b = args("200ms");
+    let mut served = Served::start(
+        dir.path(),
+        &b.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let run = tokio::spawn({
+            let ask = ask.clone();
+            async move {
+                reqwest::Client::new()
+                    .post(&chat)
+                    .header("Idempotency-Key", "k-1")
+                    .json(&ask)
+                    .send()
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        served.terminate();
+        assert!(run.await.unwrap().is_err(), "the client lost its answer");
+    });
+    assert_eq!(
+        served.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        served.stderr()
+    );
+    assert!(
+        served.stderr().contains("left in the store"),
+        "{}",
+        served.stderr()
+    );
+    let left: Vec<_> = runs_in(&rt, &store)
+        .into_iter()
+        .filter(|r| r.1 == "interrupted")
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    drop(served);
+    let served = Served::start(
+        dir.path(),
+        &b.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let v: Value = reqwest::Client::new()
+            .post(served.url("/v1/chat/completions"))
+            .header("Idempotency-Key", "k-1")
+            .json(&ask)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["toolloop"]["stop_reason"], "answered", "{v}");
+        assert_eq!(v["toolloop"]["run_id"], json!(left[0].0));
+    });
     drop(served);
     rt.block_on(mock.shutdown());
 }

@@ -7,6 +7,8 @@ usage:
 Lists the tools, runs the agent's tool with a progress callback, and, when ELICIT is set in the
 environment, answers elicitations (approving when ELICIT is "yes"). Prints one JSON line of what
 it saw; any failure raises (exit code 1). MODE is the SDK's connect mode (auto, legacy).
+With CANCEL_AFTER=SECONDS, the call is abandoned after that long (the SDK then sends
+`notifications/cancelled`), and the client waits a second before it closes.
 """
 
 import asyncio
@@ -48,6 +50,21 @@ async def main():
         seen["tools"] = [
             {"name": t.name, "input": t.input_schema, "output": t.output_schema} for t in tools.tools
         ]
+        cancel_after = os.environ.get("CANCEL_AFTER")
+        if cancel_after:
+            try:
+                await client.call_tool(
+                    tools.tools[0].name,
+                    {"task": "Look around."},
+                    read_timeout_seconds=float(cancel_after),
+                    progress_callback=on_progress,
+                )
+                seen["cancelled"] = False
+            except Exception as e:  # the SDK's timeout error
+                seen["cancelled"] = type(e).__name__
+            await asyncio.sleep(1.0)
+            print(json.dumps(seen))
+            return
         result = await client.call_tool(
             tools.tools[0].name, {"task": "Look around."}, progress_callback=on_progress
         )
