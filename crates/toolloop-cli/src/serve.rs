@@ -63,6 +63,12 @@ pub(crate) struct ServeArgs {
     /// --output-schema).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "stdio")]
     pub mcp: Option<String>,
+    /// With --mcp: offer this workflow file as a tool too (repeatable): named after the
+    /// workflow, its inputs the tool's arguments, its result the last step's output.
+    #[arg(long = "workflow", value_name = "FILE", requires = "mcp")]
+    pub workflows: Vec<PathBuf>,
+    #[command(flatten)]
+    pub workflow_files: crate::workflow::FilesArgs,
     #[command(flatten)]
     pub http: HttpArgs,
     #[command(flatten)]
@@ -254,7 +260,16 @@ async fn serve_restate(_args: ServeArgs, _listen: SocketAddr) -> ExitCode {
 /// Today there is one: `default`, the agent the command's flags describe.
 pub(crate) struct Agents {
     agents: Vec<AgentSpec>,
+    workflows: Vec<WorkflowSpec>,
     store: Option<Store>,
+}
+
+/// A workflow the server offers (over MCP).
+pub(crate) struct WorkflowSpec {
+    /// The workflow, as read from its file.
+    pub workflow: toolloop_workflow::Workflow,
+    /// The settings its steps start from (the command's).
+    pub args: AgentArgs,
 }
 
 /// One agent of the server.
@@ -326,8 +341,26 @@ impl Agents {
         };
         // Checked once, so that a bad flag is a usage error at start, not a failed request.
         spec.build(RunHooks::default()).map_err(usage_error)?;
+        let mut workflows: Vec<WorkflowSpec> = Vec::new();
+        for file in &args.workflows {
+            let workflow = crate::workflow::load(file, args.workflow_files, &args.agent)?;
+            if workflow.name == spec.name
+                || workflows.iter().any(|w| w.workflow.name == workflow.name)
+            {
+                return Err(usage_error(format!(
+                    "--workflow {}: the name `{}` is taken (by the agent or another workflow)",
+                    file.display(),
+                    workflow.name
+                )));
+            }
+            workflows.push(WorkflowSpec {
+                workflow,
+                args: args.agent.clone(),
+            });
+        }
         Ok(Agents {
             agents: vec![spec],
+            workflows,
             store: Some(store),
         })
     }
@@ -335,6 +368,11 @@ impl Agents {
     /// Every agent.
     pub(crate) fn all(&self) -> &[AgentSpec] {
         &self.agents
+    }
+
+    /// Every workflow.
+    pub(crate) fn workflows(&self) -> &[WorkflowSpec] {
+        &self.workflows
     }
 
     /// The store runs are logged in.

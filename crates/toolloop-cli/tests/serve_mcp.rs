@@ -63,7 +63,9 @@ fn over_stdio_env(args: &[&str], mode: &str, elicit: Option<&str>, env: &[(&str,
         Some(e) => c.env("ELICIT", e),
         None => c.env_remove("ELICIT"),
     };
-    c.env_remove("CANCEL_AFTER");
+    c.env_remove("CANCEL_AFTER")
+        .env_remove("CALL_TOOL")
+        .env_remove("CALL_ARGS");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -339,5 +341,67 @@ fn a_cancelled_call_stops_its_run_and_keeps_its_transcript() {
     assert_eq!(runs[0].0, Some(toolloop::StopReason::Cancelled), "{runs:?}");
     // The first round (the call and its result) is in the run's log.
     assert!(runs[0].1 >= 3, "{runs:?}");
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+#[cfg_attr(
+    not(toolloop_python),
+    ignore = "python3 is not on PATH: the test runs the official MCP Python SDK (tools/python/requirements.txt)"
+)]
+fn a_workflow_is_a_tool_whose_inputs_are_its_arguments() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let file = dir.path().join("greet.toml");
+    std::fs::write(
+        &file,
+        r#"
+name = "greet"
+description = "Greets someone, twice."
+[inputs.who]
+description = "Whom to greet"
+[inputs.tone]
+default = "warm"
+[[steps]]
+id = "one"
+prompt = "Say hello to {{ inputs.who }}, {{ inputs.tone }}ly."
+[[steps]]
+id = "two"
+prompt = "Again: {{ steps.one.output }}"
+"#,
+    )
+    .unwrap();
+    let seen = over_stdio_env(
+        &[
+            "--model",
+            "openai:mock:rounds=0",
+            "--base-url",
+            &url,
+            "--workflow",
+            file.to_str().unwrap(),
+        ],
+        "auto",
+        None,
+        &[("CALL_TOOL", "greet"), ("CALL_ARGS", r#"{"who": "Ada"}"#)],
+    );
+    let tools = seen["tools"].as_array().unwrap();
+    assert_eq!(tools.len(), 2, "{seen}");
+    assert_eq!(tools[1]["name"], "greet");
+    assert_eq!(tools[1]["input"]["required"], json!(["who"]), "{seen}");
+    assert_eq!(tools[1]["input"]["properties"]["tone"]["default"], "warm");
+    assert_eq!(seen["is_error"], false, "{seen}");
+    assert_eq!(
+        seen["text"],
+        json!(["Done. I saw 0 tool results in 0 rounds."])
+    );
+    let progress = seen["progress"].to_string();
+    assert!(
+        progress.contains("step one") && progress.contains("step two"),
+        "{seen}"
+    );
+    // Both steps asked the model, the first with the input filled in.
+    assert_eq!(mock.stats().requests, 2);
     rt.block_on(mock.shutdown());
 }

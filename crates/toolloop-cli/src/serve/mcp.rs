@@ -1,6 +1,9 @@
 //! `toolloop serve --mcp [ADDR]`: the agents as MCP tools, on stdin and stdout or over
 //! streamable HTTP (`http://ADDR/mcp`).
 //!
+//! Each workflow of `--workflow FILE` is a tool too: its inputs are the tool's arguments, its
+//! result the last step's output (structured content when it is JSON).
+//!
 //! Each agent is a tool whose input is `{"task": "…"}` and whose result is the agent's answer:
 //! its text, or, with an output schema, the validated JSON as structured content (the schema
 //! is the tool's output schema). While it runs, a client that sent a progress token gets
@@ -48,25 +51,138 @@ impl AgentServer {
     }
 
     fn tools(&self) -> Vec<Tool> {
-        self.agents
-            .all()
-            .iter()
-            .map(|a| {
-                let input = json!({
-                    "type": "object",
-                    "properties": {"task": {
-                        "type": "string",
-                        "description": "What the agent should do, in plain words.",
-                    }},
-                    "required": ["task"],
-                });
-                let mut tool = Tool::new(a.name.clone(), a.description.clone(), object(input));
-                if let Some(schema) = a.output_schema() {
-                    tool.output_schema = Some(object(schema.clone()));
+        let workflows = self.agents.workflows().iter().map(|w| {
+            let mut properties = serde_json::Map::new();
+            let mut required = Vec::new();
+            for (name, input) in &w.workflow.inputs {
+                let mut p = json!({"type": "string"});
+                if let Some(d) = &input.description {
+                    p["description"] = json!(d);
                 }
-                tool
-            })
-            .collect()
+                match &input.default {
+                    Some(d) => p["default"] = json!(d),
+                    None => required.push(json!(name)),
+                }
+                properties.insert(name.clone(), p);
+            }
+            let input = json!({"type": "object", "properties": properties, "required": required});
+            let description = w
+                .workflow
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("Runs the workflow {}.", w.workflow.name));
+            Tool::new(w.workflow.name.clone(), description, object(input))
+        });
+        let agents = self.agents.all().iter().map(|a| {
+            let input = json!({
+                "type": "object",
+                "properties": {"task": {
+                    "type": "string",
+                    "description": "What the agent should do, in plain words.",
+                }},
+                "required": ["task"],
+            });
+            let mut tool = Tool::new(a.name.clone(), a.description.clone(), object(input));
+            if let Some(schema) = a.output_schema() {
+                tool.output_schema = Some(object(schema.clone()));
+            }
+            tool
+        });
+        agents.chain(workflows).collect()
+    }
+
+    /// Runs the workflow `index` on the call's arguments (its inputs, as text).
+    async fn call_workflow(
+        &self,
+        index: usize,
+        args: serde_json::Map<String, Value>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let spec = &self.agents.workflows()[index];
+        let mut inputs = std::collections::BTreeMap::new();
+        for (k, v) in args {
+            let text = match v {
+                Value::String(s) => s,
+                other => other.to_string(),
+            };
+            inputs.insert(k, text);
+        }
+        let mut settings = spec.args.clone();
+        let mut runner = crate::workflow::runner(&mut settings).await.map_err(|_| {
+            ErrorData::internal_error("the workflow's tools or models did not start", None)
+        })?;
+        if let Some(token) = context.meta.get_progress_token() {
+            let peer = context.peer.clone();
+            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
+            tokio::spawn(async move {
+                let mut n = 0.0;
+                while let Some(message) = rx.recv().await {
+                    n += 1.0;
+                    let mut p = ProgressNotificationParam::new(token.clone(), n);
+                    p.message = Some(message);
+                    if peer.notify_progress(p).await.is_err() {
+                        break;
+                    }
+                }
+            });
+            runner = runner.on_event(move |e| {
+                let message = match e {
+                    toolloop_workflow::WorkflowEvent::StepStarted { step, .. } => {
+                        format!("step {step}")
+                    }
+                    toolloop_workflow::WorkflowEvent::StepEvent {
+                        event: Event::ToolCallRequested { call, .. },
+                        step,
+                    } => format!("step {step}: calling {}", call.name),
+                    _ => return,
+                };
+                let _ = tx.send(message);
+            });
+        }
+        if let Some(store) = self.agents.store() {
+            runner = runner
+                .journal(store.run_journal(toolloop_store::RunTags::default()))
+                .log(Arc::new(toolloop_workflow::StoreLog::new(store.clone())));
+        }
+        let meta = crate::durable::run_meta(&spec.args);
+        let outcome = runner
+            .run_tagged(&spec.workflow, &inputs, meta, context.ct.child_token())
+            .await;
+        let outcome = match outcome {
+            Ok(o) => o,
+            Err(e) => {
+                return Ok(CallToolResponse::Complete(CallToolResult::error(vec![
+                    ContentBlock::text(format!("the workflow did not run: {e}")),
+                ])));
+            }
+        };
+        let last = outcome
+            .steps
+            .iter()
+            .rev()
+            .find(|s| s.status == toolloop_workflow::StepStatus::Succeeded);
+        let result = match last {
+            Some(step) if outcome.success => match &step.output {
+                Value::String(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+                other => {
+                    let mut r =
+                        CallToolResult::success(vec![ContentBlock::text(other.to_string())]);
+                    r.structured_content = Some(other.clone());
+                    r
+                }
+            },
+            _ => CallToolResult::error(vec![ContentBlock::text(format!(
+                "workflow run {} {}{}",
+                outcome.workflow_id,
+                outcome.status.as_str(),
+                outcome
+                    .failed_step
+                    .as_ref()
+                    .map(|s| format!(" at step {s}"))
+                    .unwrap_or_default()
+            ))]),
+        };
+        Ok(CallToolResponse::Complete(result))
     }
 }
 
@@ -162,6 +278,16 @@ impl ServerHandler for AgentServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let name = request.name.to_string();
+        if let Some(index) = self
+            .agents
+            .workflows()
+            .iter()
+            .position(|w| w.workflow.name == name)
+        {
+            return self
+                .call_workflow(index, request.arguments.unwrap_or_default(), context)
+                .await;
+        }
         let Some(spec) = self.agents.all().iter().find(|a| a.name == name) else {
             return Err(ErrorData::invalid_params(
                 format!(

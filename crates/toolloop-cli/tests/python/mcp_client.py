@@ -7,6 +7,7 @@ usage:
 Lists the tools, runs the agent's tool with a progress callback, and, when ELICIT is set in the
 environment, answers elicitations (approving when ELICIT is "yes"). Prints one JSON line of what
 it saw; any failure raises (exit code 1). MODE is the SDK's connect mode (auto, legacy).
+CALL_TOOL and CALL_ARGS (JSON) name another tool to call and its arguments.
 With CANCEL_AFTER=SECONDS, the call is abandoned after that long (the SDK then sends
 `notifications/cancelled`), and the client waits a second before it closes.
 """
@@ -65,9 +66,9 @@ async def main():
             await asyncio.sleep(1.0)
             print(json.dumps(seen))
             return
-        result = await client.call_tool(
-            tools.tools[0].name, {"task": "Look around."}, progress_callback=on_progress
-        )
+        name = os.environ.get("CALL_TOOL") or tools.tools[0].name
+        arguments = json.loads(os.environ.get("CALL_ARGS") or '{"task": "Look around."}')
+        result = await client.call_tool(name, arguments, progress_callback=on_progress)
         seen["is_error"] = bool(result.is_error)
         seen["text"] = [c.text for c in result.content if getattr(c, "type", "") == "text"]
         seen["structured"] = result.structured_content
