@@ -236,7 +236,7 @@ fn unknown_model(model: &str) -> Response {
 }
 
 /// A permit for one more run, or 429.
-fn permit(app: &App) -> Result<OwnedSemaphorePermit, Response> {
+fn permit(app: &App) -> Result<OwnedSemaphorePermit, Box<Response>> {
     app.runs.clone().try_acquire_owned().map_err(|_| {
         let mut r = error(
             StatusCode::TOO_MANY_REQUESTS,
@@ -249,21 +249,21 @@ fn permit(app: &App) -> Result<OwnedSemaphorePermit, Response> {
         );
         r.headers_mut()
             .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-        r
+        Box::new(r)
     })
 }
 
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Response> {
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Box<Response>> {
     match headers.get("idempotency-key") {
         None => Ok(None),
         Some(v) => match v.to_str() {
             Ok(k) if !k.trim().is_empty() && k.len() <= 256 => Ok(Some(k.trim().to_string())),
-            _ => Err(error(
+            _ => Err(Box::new(error(
                 StatusCode::BAD_REQUEST,
                 "invalid_request_error",
                 None,
                 "Idempotency-Key: expected 1 to 256 visible ASCII characters",
-            )),
+            ))),
         },
     }
 }
@@ -304,7 +304,7 @@ async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Respon
     };
     let permit = match permit(&app) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
     if request.stream {
@@ -389,11 +389,11 @@ async fn agent_chat(
     }
     let key = match idempotency_key(headers) {
         Ok(k) => k,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let permit = match permit(&app) {
         Ok(p) => p,
-        Err(r) => return r,
+        Err(r) => return *r,
     };
     let (tx, rx) = mpsc::unbounded_channel::<Event>();
     let hooks = RunHooks {
@@ -704,7 +704,7 @@ fn responses_event(sequence: &mut u64, kind: &str, mut data: Value) -> Bytes {
 
 /// A whole Responses API `response` object holding the answer as one message.
 fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
-    let usage = o.usage.clone().unwrap_or_default();
+    let usage = o.usage.unwrap_or_default();
     let id = format!(
         "resp_{}",
         o.run_id

@@ -365,7 +365,7 @@ pub(crate) fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
 
 /// The `usage` object.
 pub(crate) fn usage_json(u: Option<&Usage>) -> Value {
-    let u = u.cloned().unwrap_or_default();
+    let u = u.copied().unwrap_or_default();
     json!({
         "prompt_tokens": u.input_tokens,
         "completion_tokens": u.output_tokens,
