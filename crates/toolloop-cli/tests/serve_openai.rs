@@ -787,11 +787,26 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
     );
     rt.block_on(async {
         let chat = served.url("/v1/chat/completions");
-        let run = tokio::spawn({
-            let ask = ask.clone();
-            async move { post(&chat, None, &ask).await }
-        });
+        let keyed = |key: &'static str| {
+            let (chat, ask) = (chat.clone(), ask.clone());
+            async move {
+                let r = reqwest::Client::new()
+                    .post(&chat)
+                    .header("Idempotency-Key", key)
+                    .json(&ask)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap())
+            }
+        };
+        let run = tokio::spawn(keyed("k-0"));
         tokio::time::sleep(Duration::from_millis(300)).await;
+        // The same key while its run goes on: 409, nothing started twice.
+        let (status, v) = keyed("k-0").await;
+        assert_eq!(status, 409, "{v}");
+        assert_eq!(v["error"]["code"], "run_in_progress");
         served.terminate();
         let (status, v) = run.await.unwrap();
         assert_eq!(status, 200, "{v}");
