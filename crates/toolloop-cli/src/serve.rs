@@ -169,7 +169,7 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
         return openai::serve(addr, agents, args.agent.provider.clone(), args.http, token).await;
     }
     match args.mcp.as_deref() {
-        Some("stdio") | None => mcp::serve_stdio(agents).await,
+        Some("stdio") | None => mcp::serve_stdio(agents, args.http.grace).await,
         Some(addr) => {
             let addr: SocketAddr = match addr.parse() {
                 Ok(a) => a,

@@ -146,24 +146,36 @@ fn approvals_inside_a_run_are_asked_of_the_mcp_client_by_elicitation() {
         "--ask",
         "*",
     ];
-    let yes = over_stdio(&args, "legacy", Some("yes"));
-    assert_eq!(yes["elicitations"].as_array().unwrap().len(), 1, "{yes}");
-    assert!(
-        yes["elicitations"][0]
-            .as_str()
-            .unwrap()
-            .contains("Approve this call?"),
-        "{yes}"
-    );
-    assert_eq!(yes["is_error"], false, "{yes}");
-    let no = over_stdio(&args, "legacy", Some("no"));
-    assert_eq!(no["elicitations"].as_array().unwrap().len(), 1, "{no}");
-    assert_eq!(no["is_error"], false, "{no}");
-    // The model read the denial as the call's result (its call failed) and answered.
-    assert_eq!(
-        no["text"],
-        json!(["Done. I saw 1 tool results in 1 rounds."])
-    );
+    // Over stdio the SDK's `auto` mode settles on a protocol before 2026-07-28 too: the
+    // question is an elicitation request from the server (the HTTP test covers 2026-07-28).
+    for mode in ["legacy", "auto"] {
+        let yes = over_stdio(&args, mode, Some("yes"));
+        assert_eq!(
+            yes["elicitations"].as_array().unwrap().len(),
+            1,
+            "{mode}: {yes}"
+        );
+        assert!(
+            yes["elicitations"][0]
+                .as_str()
+                .unwrap()
+                .contains("Approve this call?"),
+            "{mode}: {yes}"
+        );
+        assert_eq!(yes["is_error"], false, "{mode}: {yes}");
+        let no = over_stdio(&args, mode, Some("no"));
+        assert_eq!(
+            no["elicitations"].as_array().unwrap().len(),
+            1,
+            "{mode}: {no}"
+        );
+        assert_eq!(no["is_error"], false, "{mode}: {no}");
+        // The model read the denial as the call's result (its call failed) and answered.
+        assert_eq!(
+            no["text"],
+            json!(["Done. I saw 1 tool results in 1 rounds."])
+        );
+    }
     rt.block_on(mock.shutdown());
 }
 
@@ -251,6 +263,8 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
             schema.to_str().unwrap(),
             "--auth-token-file",
             token.to_str().unwrap(),
+            "--ask",
+            "*",
         ],
     );
     // Without the token: 401, before any MCP message is read.
@@ -272,7 +286,10 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
             .arg(&served.url)
             .arg("mcp-token-7")
             .arg(mode)
-            .env_remove("ELICIT")
+            .env("ELICIT", "yes")
+            .env_remove("CANCEL_AFTER")
+            .env_remove("CALL_TOOL")
+            .env_remove("CALL_ARGS")
             .output()
             .unwrap();
         assert!(
@@ -290,6 +307,18 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
         let text: Value = serde_json::from_str(seen["text"][0].as_str().unwrap()).unwrap();
         assert_eq!(text, seen["structured"]);
         assert!(!seen["progress"].as_array().unwrap().is_empty(), "{seen}");
+        // The agent's call needed approval: asked by elicitation, a request from the server
+        // before protocol 2026-07-28, the call's `input_required` result from then on.
+        let protocol = seen["protocol"].as_str().unwrap();
+        match mode {
+            "auto" => assert!(protocol >= "2026-07-28", "{seen}"),
+            _ => assert!(protocol < "2026-07-28", "{seen}"),
+        }
+        assert_eq!(
+            seen["elicitations"].as_array().unwrap().len(),
+            1,
+            "{mode}: {seen}"
+        );
     }
     drop(served);
     rt.block_on(mock.shutdown());

@@ -18,8 +18,9 @@ use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ElicitRequestParams,
-    ElicitationAction, ElicitationSchema, Implementation, ListToolsResult, PaginatedRequestParams,
-    ProgressNotificationParam, ServerCapabilities, ServerConfig, Tool,
+    ElicitationAction, ElicitationSchema, Implementation, InputRequest, InputRequiredResult,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProtocolVersion,
+    ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{ElicitationMode, Peer, RequestContext, RoleServer, ServiceExt};
 use serde_json::{Value, json};
@@ -27,6 +28,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use toolloop::Event;
 use toolloop::approval::{Answer, PendingApproval};
@@ -36,6 +38,7 @@ use toolloop::outcome::StopReason;
 #[derive(Clone)]
 pub(crate) struct AgentServer {
     agents: Arc<Agents>,
+    waiting: Waiting,
 }
 
 fn object(v: Value) -> Arc<serde_json::Map<String, Value>> {
@@ -46,8 +49,8 @@ fn object(v: Value) -> Arc<serde_json::Map<String, Value>> {
 }
 
 impl AgentServer {
-    pub(crate) fn new(agents: Arc<Agents>) -> AgentServer {
-        AgentServer { agents }
+    pub(crate) fn new(agents: Arc<Agents>, waiting: Waiting) -> AgentServer {
+        AgentServer { agents, waiting }
     }
 
     fn tools(&self) -> Vec<Tool> {
@@ -219,7 +222,8 @@ fn progress_handler(
     })
 }
 
-/// Asks the client about a call with an elicitation; `None` when it cannot be asked.
+/// Asks the client about a call with an elicitation request (sessions before protocol
+/// 2026-07-28); `None` when it cannot be asked.
 async fn elicit(peer: &Peer<RoleServer>, p: &PendingApproval) -> Option<Answer> {
     if !peer
         .supported_elicitation_modes()
@@ -227,35 +231,8 @@ async fn elicit(peer: &Peer<RoleServer>, p: &PendingApproval) -> Option<Answer> 
     {
         return None;
     }
-    let schema: ElicitationSchema = ElicitationSchema::builder()
-        .required_bool("approve")
-        .build()
-        .ok()?;
-    let message = format!(
-        "The agent wants to call {} on: {}\nApprove this call?",
-        p.call.name,
-        toolloop::result::shorten(&p.subject, 500)
-    );
-    let params = ElicitRequestParams::FormElicitationParams {
-        meta: None,
-        message,
-        requested_schema: schema,
-    };
-    let answer = peer.create_elicitation(params).await.ok()?;
-    let approved = answer.action == ElicitationAction::Accept
-        && answer
-            .content
-            .as_ref()
-            .and_then(|c| c.get("approve"))
-            .and_then(Value::as_bool)
-            == Some(true);
-    Some(if approved {
-        Answer::Approve
-    } else {
-        Answer::Deny {
-            reason: Some("the user said no".into()),
-        }
-    })
+    let answer = peer.create_elicitation(approval_question(p)?).await.ok()?;
+    Some(decision(approved(&answer)))
 }
 
 impl ServerHandler for AgentServer {
@@ -288,7 +265,28 @@ impl ServerHandler for AgentServer {
                 .call_workflow(index, request.arguments.unwrap_or_default(), context)
                 .await;
         }
-        let Some(spec) = self.agents.all().iter().find(|a| a.name == name) else {
+        // A retry carrying the answer to a question the run asked (protocol 2026-07-28 on).
+        if let Some(state) = &request.request_state {
+            let Some(mut waiting) = self.waiting.take(state) else {
+                return Err(ErrorData::invalid_params(
+                    "`requestState` names no run waiting for an answer (it ended, or waited \
+                     too long)",
+                    None,
+                ));
+            };
+            let approved = request
+                .input_responses
+                .as_ref()
+                .and_then(|r| r.get(APPROVAL_KEY))
+                .and_then(|v| serde_json::from_value::<rmcp::model::ElicitResult>(v.clone()).ok())
+                .map(|r| approved(&r))
+                .unwrap_or(false);
+            if let Some(answer) = waiting.answer.take() {
+                let _ = answer.send(decision(approved));
+            }
+            return self.drive(waiting, &context).await;
+        }
+        let Some(index) = self.agents.all().iter().position(|a| a.name == name) else {
             return Err(ErrorData::invalid_params(
                 format!(
                     "no tool `{}`: tools/list lists the agents",
@@ -297,6 +295,7 @@ impl ServerHandler for AgentServer {
                 None,
             ));
         };
+        let spec = &self.agents.all()[index];
         let args = request.arguments.unwrap_or_default();
         let task = match args.get("task") {
             Some(Value::String(t)) if !t.trim().is_empty() => t.clone(),
@@ -312,11 +311,32 @@ impl ServerHandler for AgentServer {
             .meta
             .get_progress_token()
             .map(|token| progress_handler(peer.clone(), token));
-        let defer = spec.defers_approvals();
+        // Protocol 2026-07-28 on, the server asks nothing of the client itself: a question is
+        // the call's result (`input_required`), and the client calls again with the answer.
+        let modern = context
+            .meta
+            .protocol_version()
+            .is_some_and(|v| v >= ProtocolVersion::V_2026_07_28);
+        let modern_elicits = modern
+            && context
+                .meta
+                .client_capabilities()
+                .is_some_and(|c| c.elicitation.is_some());
+        let (asks_tx, asks) = mpsc::unbounded_channel::<Ask>();
         let on_approval: toolloop::agent::OnApproval = Arc::new(move |p: &PendingApproval| {
             let peer = peer.clone();
             let p = p.clone();
+            let asks_tx = asks_tx.clone();
             Box::pin(async move {
+                if modern_elicits {
+                    let (tx, rx) = oneshot::channel();
+                    if asks_tx.send((p, tx)).is_ok()
+                        && let Ok(answer) = rx.await
+                    {
+                        return answer;
+                    }
+                    return decision(false);
+                }
                 match elicit(&peer, &p).await {
                     Some(answer) => answer,
                     None => Answer::Deny {
@@ -332,72 +352,232 @@ impl ServerHandler for AgentServer {
         let hooks = RunHooks {
             stream: false,
             on_event,
-            on_approval: (!defer).then_some(on_approval),
+            on_approval: (!spec.defers_approvals()).then_some(on_approval),
         };
         let agent = spec
             .build(hooks)
             .map_err(|e| ErrorData::internal_error(e, None))?;
-        // `notifications/cancelled` cancels the request's token: the run stops, its transcript
-        // kept in the store.
-        let cancel: CancellationToken = context.ct.child_token();
-        let outcome = spec
-            .run(
-                &agent,
-                self.agents.store(),
-                vec![toolloop::Message::user(task)],
-                None,
-                cancel,
-            )
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
-        let run_id = outcome.run_id.clone().unwrap_or_default();
-        let result = match outcome.stop_reason {
-            StopReason::Answered => {
-                let text = match &outcome.output {
-                    Some(v) => v.to_string(),
-                    None => outcome.text.clone().unwrap_or_default(),
-                };
-                let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
-                if let Some(output) = &outcome.output {
-                    r.structured_content = Some(output.clone());
-                }
-                r
-            }
-            StopReason::AwaitingApproval => {
-                CallToolResult::error(vec![ContentBlock::text(format!(
-                    "the run {run_id} waits for approval of calls: decide with `toolloop \
-                     approve|deny {run_id}`, then `toolloop resume {run_id}`"
-                ))])
-            }
-            other => {
-                let reason = serde_json::to_value(other)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_string))
-                    .unwrap_or_default();
-                let why = outcome
-                    .error
-                    .as_ref()
-                    .map(|e| format!(": {}", e.message))
-                    .unwrap_or_default();
-                let mut text = format!("the run {run_id} stopped ({reason}){why}");
-                if let Some(partial) = &outcome.text {
-                    text.push_str("\n\n");
-                    text.push_str(partial);
-                }
-                CallToolResult::error(vec![ContentBlock::text(text)])
-            }
+        let cancel = self.waiting.2.child_token();
+        let run = {
+            let agents = self.agents.clone();
+            let cancel = cancel.clone();
+            self.waiting.1.spawn(async move {
+                let spec = &agents.all()[index];
+                spec.run(
+                    &agent,
+                    agents.store(),
+                    vec![toolloop::Message::user(task)],
+                    None,
+                    cancel,
+                )
+                .await
+            })
         };
-        Ok(CallToolResponse::Complete(result))
+        let waiting = WaitingRun {
+            run,
+            asks,
+            answer: None,
+            cancel,
+        };
+        self.drive(waiting, &context).await
+    }
+}
+
+/// The key of the approval question in an `input_required` result.
+const APPROVAL_KEY: &str = "approval";
+
+/// How long a run waits for the answer to its question before it is cancelled.
+const ANSWER_WAIT: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A question of a run (a call to approve) and where its answer goes.
+type Ask = (PendingApproval, oneshot::Sender<Answer>);
+
+/// A run in progress for a `tools/call`, possibly waiting for an answer from the client.
+struct WaitingRun {
+    run: tokio::task::JoinHandle<Result<toolloop::Outcome, super::RunError>>,
+    asks: mpsc::UnboundedReceiver<Ask>,
+    answer: Option<oneshot::Sender<Answer>>,
+    cancel: CancellationToken,
+}
+
+/// The server's runs: those in progress (so that the server waits for them to save their
+/// outcome before it exits), and those that asked the client something and wait for it to
+/// call again, by request state (an opaque random handle: the client echoes it, nothing is
+/// read from it).
+#[derive(Clone, Default)]
+pub(crate) struct Waiting(
+    Arc<std::sync::Mutex<std::collections::HashMap<String, WaitingRun>>>,
+    tokio_util::task::TaskTracker,
+    /// The parent of every run's cancellation token.
+    CancellationToken,
+);
+
+impl Waiting {
+    fn take(&self, state: &str) -> Option<WaitingRun> {
+        self.0.lock().ok()?.remove(state)
+    }
+
+    /// Cancels every run (their clients are gone), then waits (at most `grace`) for them to
+    /// end and save their outcome.
+    async fn close(&self, grace: std::time::Duration) {
+        self.2.cancel();
+        if let Ok(mut m) = self.0.lock() {
+            m.clear();
+        }
+        self.1.close();
+        let _ = tokio::time::timeout(grace, self.1.wait()).await;
+    }
+
+    /// Keeps `run` under a fresh handle, for at most [`ANSWER_WAIT`] (then it is cancelled).
+    fn keep(&self, run: WaitingRun) -> String {
+        let state = toolloop::journal::new_run_id().replacen("run_", "ask_", 1);
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(state.clone(), run);
+        }
+        let this = self.clone();
+        let key = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ANSWER_WAIT).await;
+            if let Some(run) = this.take(&key) {
+                run.cancel.cancel();
+            }
+        });
+        state
+    }
+}
+
+fn approved(r: &rmcp::model::ElicitResult) -> bool {
+    r.action == ElicitationAction::Accept
+        && r.content
+            .as_ref()
+            .and_then(|c| c.get("approve"))
+            .and_then(Value::as_bool)
+            == Some(true)
+}
+
+fn decision(approved: bool) -> Answer {
+    if approved {
+        Answer::Approve
+    } else {
+        Answer::Deny {
+            reason: Some("the user said no".into()),
+        }
+    }
+}
+
+/// The elicitation that asks about `p`.
+fn approval_question(p: &PendingApproval) -> Option<ElicitRequestParams> {
+    let schema: ElicitationSchema = ElicitationSchema::builder()
+        .required_bool("approve")
+        .build()
+        .ok()?;
+    Some(ElicitRequestParams::FormElicitationParams {
+        meta: None,
+        message: format!(
+            "The agent wants to call {} on: {}\nApprove this call?",
+            p.call.name,
+            toolloop::result::shorten(&p.subject, 500)
+        ),
+        requested_schema: schema,
+    })
+}
+
+impl AgentServer {
+    /// Waits for the run's end, or its next question (returned as `input_required`, the run
+    /// kept until the client calls again with the answer). `notifications/cancelled` for the
+    /// request stops the run, its transcript kept in the store.
+    async fn drive(
+        &self,
+        mut waiting: WaitingRun,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        // A request given up (the client gone, the session closed) stops its run.
+        let guard = waiting.cancel.clone().drop_guard();
+        let mut cancelled = false;
+        loop {
+            tokio::select! {
+                outcome = &mut waiting.run => {
+                    guard.disarm();
+                    let outcome = outcome
+                        .map_err(|e| ErrorData::internal_error(format!("the run failed: {e}"), None))?
+                        .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                    return Ok(CallToolResponse::Complete(call_result(&outcome)));
+                }
+                Some((p, answer)) = waiting.asks.recv() => {
+                    let Some(question) = approval_question(&p) else {
+                        let _ = answer.send(decision(false));
+                        continue;
+                    };
+                    waiting.answer = Some(answer);
+                    guard.disarm();
+                    let state = self.waiting.keep(waiting);
+                    let mut requests = rmcp::model::InputRequests::new();
+                    requests.insert(
+                        APPROVAL_KEY.to_string(),
+                        InputRequest::Elicitation(rmcp::model::ElicitRequest::new(question)),
+                    );
+                    return Ok(CallToolResponse::InputRequired(InputRequiredResult::new(
+                        Some(requests),
+                        Some(state),
+                    )));
+                }
+                _ = context.ct.cancelled(), if !cancelled => {
+                    cancelled = true;
+                    waiting.cancel.cancel();
+                }
+            }
+        }
+    }
+}
+
+/// A run's outcome as the call's result.
+fn call_result(outcome: &toolloop::Outcome) -> CallToolResult {
+    let run_id = outcome.run_id.clone().unwrap_or_default();
+    match outcome.stop_reason {
+        StopReason::Answered => {
+            let text = match &outcome.output {
+                Some(v) => v.to_string(),
+                None => outcome.text.clone().unwrap_or_default(),
+            };
+            let mut r = CallToolResult::success(vec![ContentBlock::text(text)]);
+            if let Some(output) = &outcome.output {
+                r.structured_content = Some(output.clone());
+            }
+            r
+        }
+        StopReason::AwaitingApproval => CallToolResult::error(vec![ContentBlock::text(format!(
+            "the run {run_id} waits for approval of calls: decide with `toolloop \
+             approve|deny {run_id}`, then `toolloop resume {run_id}`"
+        ))]),
+        other => {
+            let reason = serde_json::to_value(other)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default();
+            let why = outcome
+                .error
+                .as_ref()
+                .map(|e| format!(": {}", e.message))
+                .unwrap_or_default();
+            let mut text = format!("the run {run_id} stopped ({reason}){why}");
+            if let Some(partial) = &outcome.text {
+                text.push_str("\n\n");
+                text.push_str(partial);
+            }
+            CallToolResult::error(vec![ContentBlock::text(text)])
+        }
     }
 }
 
 /// Counts the sessions of the HTTP server, for the log.
 static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
-/// Serves the agents on stdin and stdout until the client goes away (or SIGTERM).
-pub(crate) async fn serve_stdio(agents: Arc<Agents>) -> ExitCode {
+/// Serves the agents on stdin and stdout until the client goes away (or SIGTERM); then the
+/// runs in progress are cancelled and get `grace` to save their outcome.
+pub(crate) async fn serve_stdio(agents: Arc<Agents>, grace: std::time::Duration) -> ExitCode {
     eprintln!("toolloop: serving the agents over MCP on stdin and stdout");
-    let service = match AgentServer::new(agents)
+    let runs = Waiting::default();
+    let service = match AgentServer::new(agents, runs.clone())
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await
     {
@@ -407,10 +587,12 @@ pub(crate) async fn serve_stdio(agents: Arc<Agents>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let stop = service.cancellation_token();
     tokio::select! {
         _ = service.waiting() => {}
-        _ = super::shutdown_signal() => {}
+        _ = super::shutdown_signal() => stop.cancel(),
     }
+    runs.close(grace).await;
     ExitCode::SUCCESS
 }
 
@@ -442,10 +624,13 @@ pub(crate) async fn serve_http(
         // rebinding of a local server) would refuse the names clients reach it by.
         config = config.disable_allowed_hosts();
     }
+    // One set of waiting runs for every session (a stateless request has a server of its own).
+    let waiting = Waiting::default();
+    let runs = waiting.clone();
     let service = StreamableHttpService::new(
         move || {
             SESSIONS.fetch_add(1, Ordering::Relaxed);
-            Ok(AgentServer::new(agents.clone()))
+            Ok(AgentServer::new(agents.clone(), runs.clone()))
         },
         LocalSessionManager::default().into(),
         config,
@@ -466,5 +651,6 @@ pub(crate) async fn serve_http(
     super::shutdown_signal().await;
     stop.cancel();
     let _ = tokio::time::timeout(http.grace, server).await;
+    waiting.close(http.grace).await;
     ExitCode::SUCCESS
 }

@@ -47,6 +47,7 @@ async def main():
 
     elicit = on_elicit if os.environ.get("ELICIT") else None
     async with Client(server, mode=mode, elicitation_callback=elicit, read_timeout_seconds=60) as client:
+        seen["protocol"] = client.protocol_version
         tools = await client.list_tools()
         seen["tools"] = [
             {"name": t.name, "input": t.input_schema, "output": t.output_schema} for t in tools.tools
