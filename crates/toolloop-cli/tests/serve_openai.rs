@@ -604,6 +604,7 @@ fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from
     assert_eq!(seen["agent_streamed"], answer);
     assert_eq!(seen["agent_streamed_finish"], json!(["stop"]));
     assert_eq!(seen["agent_responses"], answer);
+    assert_eq!(seen["agent_responses_streamed"], json!([answer, answer]));
     for mode in ["gateway_whole", "gateway_streamed"] {
         assert_eq!(
             seen[mode]["rounds"].as_array().unwrap().len(),

@@ -43,6 +43,15 @@ seen["agent_streamed_finish"] = finishes
 response = client.responses.create(model=agent_model, input="Look around.")
 seen["agent_responses"] = response.output_text
 
+deltas = ""
+completed = None
+for event in client.responses.create(model=agent_model, input="Look around.", stream=True):
+    if event.type == "response.output_text.delta":
+        deltas += event.delta
+    elif event.type == "response.completed":
+        completed = event.response.output_text
+seen["agent_responses_streamed"] = [deltas, completed]
+
 TOOLS = [
     {
         "type": "function",
