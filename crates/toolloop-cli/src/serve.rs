@@ -31,15 +31,11 @@ use toolloop::outcome::Outcome;
 use toolloop_store::{RunTags, Store};
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["restate", "openai", "mcp"])))]
 pub(crate) struct ServeArgs {
     /// Serve the agent to a Restate server: listen on this address (`127.0.0.1:9080`) for the
     /// server's calls. Several workers may share one address.
-    #[arg(
-        long,
-        value_name = "ADDR",
-        required_unless_present_any = ["openai", "mcp"],
-        conflicts_with_all = ["openai", "mcp"]
-    )]
+    #[arg(long, value_name = "ADDR")]
     pub restate: Option<SocketAddr>,
     /// Register this worker with Restate's admin API at this URL (`http://127.0.0.1:9070`).
     #[arg(long, value_name = "URL", requires = "restate")]
@@ -55,7 +51,7 @@ pub(crate) struct ServeArgs {
     /// (`openai:qwen3` behind `--base-url`) through prompt-based tool calling and answers with
     /// standard `tool_calls` (nothing runs on the server). `GET /v1/models` lists them,
     /// `GET /v1/runs/{id}` shows a run. Any address but loopback needs --auth-token.
-    #[arg(long, value_name = "ADDR", conflicts_with = "mcp")]
+    #[arg(long, value_name = "ADDR")]
     pub openai: Option<SocketAddr>,
     /// Serve the agent as an MCP server: on stdin and stdout with no address, or over
     /// streamable HTTP at `http://ADDR/mcp` (`--mcp 127.0.0.1:8090`). Each agent is a tool
@@ -144,6 +140,12 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
     }
     if let Err(e) = args.agent.mcp.absolutize() {
         return usage_error(e);
+    }
+    if args.restate.is_none() && (args.admin_url.is_some() || args.advertise.is_some()) {
+        return usage_error("--admin-url and --advertise go with --restate");
+    }
+    if !args.workflows.is_empty() && args.mcp.is_none() {
+        return usage_error("--workflow: workflows are served over MCP only (add --mcp)");
     }
     if let Some(addr) = args.restate {
         return serve_restate(args, addr).await;

@@ -440,6 +440,34 @@ fn listening_beyond_loopback_without_a_token_is_refused() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--auth-token"), "{err}");
+    // The modes' flags: one mode, and each flag with its mode.
+    for (args, says) in [
+        (&["serve"][..], "--openai"),
+        (
+            &["serve", "--openai", "127.0.0.1:0", "--mcp"][..],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "serve",
+                "--openai",
+                "127.0.0.1:0",
+                "--admin-url",
+                "http://x",
+            ][..],
+            "--restate",
+        ),
+        (
+            &["serve", "--openai", "127.0.0.1:0", "--workflow", "w.toml"][..],
+            "--mcp",
+        ),
+        (&["serve", "--mcp", "nowhere"][..], "127.0.0.1:8090"),
+    ] {
+        let out = common::toolloop(args, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
 }
 
 fn effect_counts(path: &Path) -> HashMap<String, u32> {
