@@ -4,6 +4,8 @@
 //! server's limits (401, 413, 429), the idempotency key across a kill -9 and a restart.
 
 mod common;
+#[path = "../../../tools/npm/testing.rs"]
+mod npm;
 #[path = "../../../tools/python/testing.rs"]
 mod python;
 
@@ -909,6 +911,70 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
         assert_eq!(v["toolloop"]["stop_reason"], "answered", "{v}");
         assert_eq!(v["toolloop"]["run_id"], json!(left[0].0));
     });
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The official `openai` Node SDK (another language's client, from the npm lock file) against
+/// both modes, whole and streamed.
+#[test]
+#[cfg_attr(
+    not(toolloop_npm),
+    ignore = "node and npm are not on PATH: the test runs the official openai Node SDK (tools/npm/package-lock.json)"
+)]
+fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
+    let modules = npm::installed();
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--dialect",
+            "llama3",
+        ],
+        &[("TOOLLOOP_AUTH_TOKEN", "node-token-123")],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node/openai_client.mjs");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .arg(&modules)
+        .arg(served.url("/v1"))
+        .arg("node-token-123")
+        .arg("agent:default")
+        .arg("gateway:openai:mock:text_calls=llama3,rounds=2,chunk=5")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        served.stderr()
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = "Done. I saw 1 tool results in 1 rounds.";
+    assert_eq!(seen["agent_whole"], answer);
+    assert_eq!(seen["agent_streamed"], answer);
+    for mode in ["gateway_whole", "gateway_streamed"] {
+        assert_eq!(
+            seen[mode]["rounds"],
+            json!([["get_weather"], ["get_weather"]]),
+            "{mode}: {seen}"
+        );
+        assert_eq!(
+            seen[mode]["answer"], "Done. I saw 2 tool results in 2 rounds.",
+            "{mode}"
+        );
+    }
+    assert_eq!(mock.stats().rejected, 0);
     drop(served);
     rt.block_on(mock.shutdown());
 }
