@@ -303,8 +303,9 @@ pub(crate) fn show_pending(outcome: &Outcome) {
     }
     for p in &outcome.pending_approvals {
         eprintln!(
-            "  waiting: {} {} {}",
+            "  waiting: {} {}{} {}",
             escape(&p.call.id, false),
+            where_(p),
             escape(&p.call.name, false),
             escape(&p.subject, false)
         );
@@ -314,6 +315,15 @@ pub(crate) fn show_pending(outcome: &Outcome) {
             "toolloop: decide with `toolloop approve {id} <call-id>|--all` or `toolloop deny \
              {id} <call-id>|--all [--reason …]`, then `toolloop resume {id}`"
         );
+    }
+}
+
+/// Which sub-agent's call it is (`reviewer: `), empty for the run's own calls.
+fn where_(p: &PendingApproval) -> String {
+    if p.path.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", escape(&p.path.join("/"), false))
     }
 }
 
@@ -423,8 +433,9 @@ pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<Strin
     };
     for p in &decided {
         crate::outln!(
-            "{verb}: {} {} {}",
+            "{verb}: {} {}{} {}",
             escape(&p.call.id, false),
+            where_(p),
             escape(&p.call.name, false),
             escape(&p.subject, false)
         );

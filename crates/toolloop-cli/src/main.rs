@@ -14,6 +14,7 @@ macro_rules! outln {
     }};
 }
 
+mod agents;
 mod approve;
 mod chat;
 mod config;

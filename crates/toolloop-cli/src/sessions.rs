@@ -131,6 +131,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
                 Err(e) => return fail(e, ExitCode::FAILURE),
             };
             let runs = store.runs(Some(&name)).await.unwrap_or_default();
+            let delegated = delegated(&store, &runs).await;
             if json {
                 outln!(
                     "{}",
@@ -142,6 +143,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
                         "messages": session.messages,
                         "repairs": session.repairs,
                         "runs": runs,
+                        "delegated": delegated,
                     })
                 );
                 return ExitCode::SUCCESS;
@@ -158,6 +160,12 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
             }
             for m in &session.messages {
                 print_message(m);
+                // A sub-agent's work, folded under the result it gave.
+                if let Message::Tool(r) = m
+                    && let Some(d) = delegated.iter().find(|d| d.call_id == r.call_id)
+                {
+                    out(d.folded());
+                }
             }
             ExitCode::SUCCESS
         }
@@ -188,6 +196,97 @@ fn out(line: String) {
     let stdout = std::io::stdout();
     let line = crate::terminal::for_stdout(&line, stdout.is_terminal());
     let _ = writeln!(stdout.lock(), "{line}");
+}
+
+/// A sub-agent's run under a call of a session's run, as `sessions show` folds it.
+#[derive(Debug, serde::Serialize)]
+struct Delegated {
+    /// The parent's call that ran it.
+    call_id: String,
+    /// Its run (`{parent run id}/{call id}`).
+    run_id: String,
+    /// Its model calls.
+    rounds: usize,
+    /// Its tool calls' names, in order (its own sub-agents' among them).
+    tool_calls: Vec<String>,
+    /// Where it stands (finished, interrupted, …).
+    status: toolloop_store::RunStatus,
+}
+
+impl Delegated {
+    /// One line: what the child did, and where its run is.
+    fn folded(&self) -> String {
+        let mut names: Vec<(String, usize)> = Vec::new();
+        for n in &self.tool_calls {
+            match names.iter_mut().find(|(m, _)| m == n) {
+                Some((_, k)) => *k += 1,
+                None => names.push((n.clone(), 1)),
+            }
+        }
+        let calls = names
+            .iter()
+            .map(|(n, k)| {
+                if *k > 1 {
+                    format!("{n} ×{k}")
+                } else {
+                    n.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let plural =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        format!(
+            "  ▸ delegated: {}, {}{} · run {}",
+            plural(self.rounds, "model call", "model calls"),
+            plural(self.tool_calls.len(), "tool call", "tool calls"),
+            if calls.is_empty() {
+                String::new()
+            } else {
+                format!(" ({calls})")
+            },
+            self.run_id
+        )
+    }
+}
+
+/// The sub-agents' runs directly under the calls of `runs` (`{run id}/{call id}`), each
+/// summed up from its log.
+async fn delegated(
+    store: &toolloop_store::Store,
+    runs: &[toolloop_store::RunSummary],
+) -> Vec<Delegated> {
+    use toolloop::journal::{Journal, Record};
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    let all = store.runs(None).await.unwrap_or_default();
+    let mut found = Vec::new();
+    for child in all {
+        let Some((parent, call_id)) = child.run_id.rsplit_once('/') else {
+            continue;
+        };
+        if !runs.iter().any(|r| r.run_id == parent) {
+            continue;
+        }
+        let records = store.load(&child.run_id).await.unwrap_or_default();
+        let mut rounds = 0;
+        let mut tool_calls = Vec::new();
+        for r in &records {
+            if let Record::ModelResponded { response, .. } = r {
+                rounds += 1;
+                tool_calls.extend(response.tool_calls.iter().map(|c| c.name.clone()));
+            }
+        }
+        found.push(Delegated {
+            call_id: call_id.to_string(),
+            run_id: child.run_id.clone(),
+            rounds,
+            tool_calls,
+            status: child.status,
+        });
+    }
+    found
 }
 
 fn print_message(m: &Message) {
@@ -249,6 +348,24 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e, ExitCode::FAILURE),
     };
+    // Sub-agents' runs (`{parent}/{call id}`) carry no session: they come with their root's.
+    let runs = if args.session.is_some() && !runs.is_empty() {
+        match store.runs(None).await {
+            Ok(all) => {
+                let roots: Vec<String> = runs.iter().map(|r| format!("{}/", r.run_id)).collect();
+                let mut with_children = runs;
+                with_children.extend(
+                    all.into_iter()
+                        .filter(|r| roots.iter().any(|p| r.run_id.starts_with(p.as_str()))),
+                );
+                with_children
+            }
+            Err(e) => return fail(e, ExitCode::FAILURE),
+        }
+    } else {
+        runs
+    };
+    let runs = as_tree(runs);
     if args.json {
         outln!("{}", json!(runs));
         return ExitCode::SUCCESS;
@@ -276,9 +393,15 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => "failed",
             (status, _) => status.as_str(),
         };
+        // A sub-agent's run shows under its parent's, by the call that ran it.
+        let depth = r.run_id.matches('/').count();
+        let shown = match r.run_id.rsplit_once('/') {
+            Some((_, call)) => format!("{}└ {call}", "  ".repeat(depth - 1)),
+            None => r.run_id.clone(),
+        };
         outln!(
             "{:<36} {:<17} {:<17} {:>7}  {:<19}  {}",
-            r.run_id,
+            shown,
             status,
             reason,
             r.records,
@@ -287,6 +410,41 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// Runs in tree order: each run followed by its sub-agents' runs (`{parent}/{call id}`), in
+/// the order they were listed; a child whose parent is not listed stands as a root.
+fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSummary> {
+    let ids: std::collections::HashSet<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+    let parent_of = |id: &str| id.rsplit_once('/').map(|(p, _)| p.to_string());
+    let (roots, children): (Vec<_>, Vec<_>) = runs
+        .into_iter()
+        .partition(|r| parent_of(&r.run_id).is_none_or(|p| !ids.contains(&p)));
+    let mut children: Vec<Option<toolloop_store::RunSummary>> =
+        children.into_iter().map(Some).collect();
+    fn place(
+        run: toolloop_store::RunSummary,
+        children: &mut Vec<Option<toolloop_store::RunSummary>>,
+        out: &mut Vec<toolloop_store::RunSummary>,
+    ) {
+        let prefix = format!("{}/", run.run_id);
+        out.push(run);
+        for i in 0..children.len() {
+            let mine = children[i].as_ref().is_some_and(|c| {
+                c.run_id
+                    .strip_prefix(&prefix)
+                    .is_some_and(|rest| !rest.contains('/'))
+            });
+            if mine && let Some(child) = children[i].take() {
+                place(child, children, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        place(root, &mut children, &mut out);
+    }
+    out
 }
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.

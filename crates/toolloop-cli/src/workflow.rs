@@ -4,7 +4,7 @@
 use crate::EXIT_USAGE;
 use crate::durable::{DurabilityArg, StoreArgs, open_store_with};
 use crate::progress::Progress;
-use crate::run::{AgentArgs, agent_builder_with, exit_code, tools};
+use crate::run::{AgentArgs, exit_code, tools};
 use crate::spec::model_from_args_named;
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -201,12 +201,15 @@ pub(crate) async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     agent.check().map_err(usage)?;
     agent.mcp.absolutize().map_err(usage)?;
     // A workflow's steps take the MCP servers' tools as listed when it starts.
-    let tools = tools(agent).await.map_err(|e| e.report())?.all().await;
+    let mut tools = tools(agent).await.map_err(|e| e.report())?.all().await;
+    // The declared agents, as tools steps may name.
+    let agents = crate::agents::agent_tools(agent, &tools).map_err(usage)?;
+    tools.extend(agents);
     let model = model_from_args_named(&agent.provider, None).map_err(usage)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    agent_builder_with(agent, model.clone(), Default::default()).map_err(usage)?;
+    crate::run::agent_builder_base(agent, model.clone()).map_err(usage)?;
     Ok(Runner::new(model)
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))

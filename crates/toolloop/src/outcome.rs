@@ -164,6 +164,10 @@ pub struct ExecutedCall {
     pub duration_ms: u64,
     /// How many attempts were made (retries included).
     pub attempts: u32,
+    /// What the call spent on model calls of its own: a sub-agent's usage and cost, already
+    /// counted in the run's ([`Outcome::usage`], [`Outcome::cost`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<crate::usage::Spent>,
 }
 
 impl ExecutedCall {
