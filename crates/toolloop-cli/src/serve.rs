@@ -45,8 +45,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "URL", requires = "admin_url")]
     pub advertise: Option<String>,
     /// Serve an OpenAI-compatible API on this address (`127.0.0.1:8080`):
-    /// `POST /v1/chat/completions` and `/v1/responses` with `model: "agent:NAME"` run the agent
-    /// (`agent:default`, the one these flags describe) and answer with its final text;
+    /// `POST /v1/chat/completions` and `/v1/responses` with `model: "agent:NAME"` run an agent
+    /// (`agent:default`, the one these flags describe, or one of `[agents.NAME]` / --agents)
+    /// and answer with its final text;
     /// `model: "gateway:SPEC"` offers the request's own tools to the model SPEC
     /// (`openai:qwen3` behind `--base-url`) through prompt-based tool calling and answers with
     /// standard `tool_calls` (nothing runs on the server). `GET /v1/models` lists them,
@@ -54,9 +55,9 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_name = "ADDR")]
     pub openai: Option<SocketAddr>,
     /// Serve the agent as an MCP server: on stdin and stdout with no address, or over
-    /// streamable HTTP at `http://ADDR/mcp` (`--mcp 127.0.0.1:8090`). Each agent is a tool
-    /// that takes the task and answers with the final text (structured content with
-    /// --output-schema).
+    /// streamable HTTP at `http://ADDR/mcp` (`--mcp 127.0.0.1:8090`). Each agent (`default`,
+    /// and each of `[agents.NAME]` / --agents) is a tool that takes the task and answers with
+    /// the final text (structured content with --output-schema).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "stdio")]
     pub mcp: Option<String>,
     /// With --mcp: offer this workflow file as a tool too (repeatable): named after the
@@ -259,7 +260,9 @@ async fn serve_restate(_args: ServeArgs, _listen: SocketAddr) -> ExitCode {
 /// approval handlers) from what is set up once: the model, the tools (the MCP servers started
 /// once), the store's run log.
 ///
-/// Today there is one: `default`, the agent the command's flags describe.
+/// `default` is the agent the command's flags describe (with `--agent NAME`, that agent); each
+/// declared agent (`[agents.NAME]` of the configuration file, `--agents FILE`) is served under
+/// its name too, as `--agent NAME` would run it.
 pub(crate) struct Agents {
     agents: Vec<AgentSpec>,
     workflows: Vec<WorkflowSpec>,
@@ -337,16 +340,52 @@ impl Agents {
                 .into(),
             args: args.agent.clone(),
             model,
-            own: tools.own,
-            mcp: tools.mcp,
+            own: tools.own.clone(),
+            mcp: tools.mcp.clone(),
             journal: Some(journal),
         };
         // Checked once, so that a bad flag is a usage error at start, not a failed request.
         spec.build(RunHooks::default()).map_err(usage_error)?;
+        let mut agents = vec![spec];
+        // The declared agents (`[agents.NAME]`, `--agents FILE`), each as `--agent NAME` runs
+        // it: its model, system prompt, tools and limits.
+        for (name, def) in &args.agent.agents.agent_defs {
+            if agents.iter().any(|a| &a.name == name) {
+                eprintln!(
+                    "toolloop: the agent `{name}` is not served: `default` names the agent \
+                     the flags describe"
+                );
+                continue;
+            }
+            let mut settings = args.agent.clone();
+            settings.agents.agent_name = Some(name.clone());
+            settings
+                .take_direct_agent()
+                .and_then(|()| crate::config::resolve_model(&mut settings.provider))
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            let model = model_from_args(&settings.provider)
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            let journal = store.run_journal(RunTags {
+                meta: Some(crate::durable::run_meta(&settings)),
+                ..RunTags::default()
+            });
+            let spec = AgentSpec {
+                name: name.clone(),
+                description: def.description.clone(),
+                args: settings,
+                model,
+                own: tools.own.clone(),
+                mcp: tools.mcp.clone(),
+                journal: Some(journal),
+            };
+            spec.build(RunHooks::default())
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            agents.push(spec);
+        }
         let mut workflows: Vec<WorkflowSpec> = Vec::new();
         for file in &args.workflows {
             let workflow = crate::workflow::load(file, args.workflow_files, &args.agent)?;
-            if workflow.name == spec.name
+            if agents.iter().any(|a| a.name == workflow.name)
                 || workflows.iter().any(|w| w.workflow.name == workflow.name)
             {
                 return Err(usage_error(format!(
@@ -361,7 +400,7 @@ impl Agents {
             });
         }
         Ok(Agents {
-            agents: vec![spec],
+            agents,
             workflows,
             store: Some(store),
         })

@@ -91,6 +91,12 @@ fn the_mcp_python_sdk_runs_the_agent_over_stdio_with_progress() {
     let dir = common::repo();
     let url = format!("{}/v1", mock.base_url());
     let root = dir.path().to_str().unwrap();
+    let agents = dir.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        "[agents.lister]\ndescription = \"Lists directories.\"\ntools = [\"list_dir\"]\n",
+    )
+    .unwrap();
     let seen = over_stdio(
         &[
             "--model",
@@ -99,11 +105,17 @@ fn the_mcp_python_sdk_runs_the_agent_over_stdio_with_progress() {
             &url,
             "--root",
             root,
+            "--agents",
+            agents.to_str().unwrap(),
         ],
         "auto",
         None,
     );
     assert_eq!(seen["tools"][0]["name"], "default", "{seen}");
+    // A declared agent is a tool of its own, described as declared.
+    assert_eq!(seen["tools"][1]["name"], "lister", "{seen}");
+    assert_eq!(seen["tools"][1]["description"], "Lists directories.");
+    assert_eq!(seen["tools"][1]["input"]["required"], json!(["task"]));
     assert_eq!(seen["tools"][0]["input"]["required"], json!(["task"]));
     assert_eq!(seen["is_error"], false, "{seen}");
     assert_eq!(

@@ -163,6 +163,12 @@ fn the_agent_answers_as_a_model_whole_and_streamed_in_both_apis() {
     let mock = mock(&rt);
     let dir = common::repo();
     let url = format!("{}/v1", mock.base_url());
+    let agents = dir.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        "[agents.lister]\ndescription = \"Lists directories.\"\ntools = [\"list_dir\"]\n",
+    )
+    .unwrap();
     let served = Served::start(
         dir.path(),
         &[
@@ -172,10 +178,21 @@ fn the_agent_answers_as_a_model_whole_and_streamed_in_both_apis() {
             "openai:mock:rounds=1",
             "--base-url",
             &url,
+            "--agents",
+            agents.to_str().unwrap(),
         ],
         &[],
     );
     rt.block_on(async {
+        // A declared agent is a model of its own, run as `--agent lister` runs it: its tools.
+        let (status, v) = post(
+            &served.url("/v1/chat/completions"),
+            None,
+            &json!({"model": "agent:lister", "messages": [{"role": "user", "content": "Look around."}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["tool_calls"][0]["name"], "list_dir", "{v}");
         let models: Value = reqwest::get(served.url("/v1/models"))
             .await
             .unwrap()
@@ -189,6 +206,7 @@ fn the_agent_answers_as_a_model_whole_and_streamed_in_both_apis() {
             .map(|m| m["id"].as_str().unwrap())
             .collect();
         assert!(ids.contains(&"agent:default"), "{models}");
+        assert!(ids.contains(&"agent:lister"), "{models}");
 
         let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
         let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;

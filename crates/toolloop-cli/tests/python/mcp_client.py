@@ -50,7 +50,8 @@ async def main():
         seen["protocol"] = client.protocol_version
         tools = await client.list_tools()
         seen["tools"] = [
-            {"name": t.name, "input": t.input_schema, "output": t.output_schema} for t in tools.tools
+            {"name": t.name, "description": t.description, "input": t.input_schema, "output": t.output_schema}
+            for t in tools.tools
         ]
         cancel_after = os.environ.get("CANCEL_AFTER")
         if cancel_after:
