@@ -195,6 +195,20 @@ impl AgentArgs {
     /// model was chosen anywhere (the offline test model answers).
     pub(crate) fn prepare(&mut self) -> Result<(), String> {
         self.agents.prepare()?;
+        self.take_direct_agent()?;
+        crate::config::resolve_model(&mut self.provider)?;
+        if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
+            eprintln!(
+                "toolloop: no model configured: the offline test model answers. Choose one with \
+                 --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
+                 the configuration file (`toolloop config path`)."
+            );
+        }
+        self.read_files()
+    }
+
+    /// `--agent NAME`: the run becomes that agent's (its model, system prompt and limits).
+    pub(crate) fn take_direct_agent(&mut self) -> Result<(), String> {
         if let Some(def) = self.agents.direct().cloned() {
             // `--agent NAME`: the run is that agent's.
             if let Some(model) = def.model {
@@ -214,14 +228,11 @@ impl AgentArgs {
                 self.timeout = Some(parse_timeout(t)?);
             }
         }
-        crate::config::resolve_model(&mut self.provider)?;
-        if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
-            eprintln!(
-                "toolloop: no model configured: the offline test model answers. Choose one with \
-                 --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
-                 the configuration file (`toolloop config path`)."
-            );
-        }
+        Ok(())
+    }
+
+    /// Reads in what the flags name in files (`--system-file`, `--output-schema`, `--prices`).
+    fn read_files(&mut self) -> Result<(), String> {
         if let Some(path) = self.system_file.take() {
             let text = toolloop::user_file::read_to_string(&path, MAX_SYSTEM_FILE_BYTES)
                 .map_err(|e| format!("--system-file {}: {e}", path.display()))?;

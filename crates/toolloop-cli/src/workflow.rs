@@ -174,7 +174,11 @@ pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
 }
 
 /// Reads the file, with the command's explicit limits as the defaults of the steps.
-fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<Workflow, ExitCode> {
+pub(crate) fn load(
+    file: &std::path::Path,
+    files: FilesArgs,
+    agent: &AgentArgs,
+) -> Result<Workflow, ExitCode> {
     let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
     let d = &mut workflow.defaults;
     if d.max_rounds.is_none() && crate::config::is_set("max_rounds") {
@@ -193,7 +197,7 @@ fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<W
 
 /// The runner for `agent`'s settings: its model as the default, steps' models built like
 /// `--model`, its tools, its approval rules.
-async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
+pub(crate) async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     agent.check().map_err(usage)?;
     agent.mcp.absolutize().map_err(usage)?;
     // A workflow's steps take the MCP servers' tools as listed when it starts.
