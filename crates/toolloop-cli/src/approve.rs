@@ -9,121 +9,23 @@
 //! flag would allow it; with `--defer-approvals` the run stops instead (exit code 4), to be
 //! decided with `toolloop approve|deny` and continued with `toolloop resume`.
 
-use crate::durable::{DurabilityArg, StoreArgs, open_store};
+use crate::args::ApprovalArgs;
+use crate::args::{DurabilityArg, StoreArgs};
+use crate::durable::open_store;
 use crate::progress::Progress;
 use crate::terminal::escape;
 use clap::Args;
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use serde::{Deserialize, Serialize};
 use std::io::{BufRead, IsTerminal, Write};
-use std::path::Path;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use toolloop::approval::{Action, Answer, Approvals, PendingApproval, Rule};
+use toolloop::approval::{Action, Answer, PendingApproval, Rule};
 use toolloop::outcome::Outcome;
 use toolloop::tool::Tool;
 
 /// Exit code of a run that stopped to wait for approvals.
 pub(crate) const EXIT_AWAITING: u8 = 4;
-
-/// The approval flags of `toolloop run` and `chat` (kept with the run for `resume`).
-#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct ApprovalArgs {
-    /// Run the calls that match without asking: a tool name glob, then optionally `:` and a
-    /// glob over the call's subject (the command line of run_command, the path of a file tool,
-    /// the JSON arguments otherwise). `*` matches any text. Repeatable.
-    #[arg(long = "allow", value_name = "TOOL[:SUBJECT]", value_parser = allow_rule)]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub allow: Vec<String>,
-    /// Never run the calls that match (the model reads `denied: …`); wins over --ask and
-    /// --allow. Repeatable.
-    #[arg(long = "deny", value_name = "TOOL[:SUBJECT]", value_parser = deny_rule)]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub deny: Vec<String>,
-    /// Ask before running the calls that match; wins over --allow. Repeatable.
-    #[arg(long = "ask", value_name = "TOOL[:SUBJECT]", value_parser = ask_rule)]
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ask: Vec<String>,
-    /// Offer the run_command tool (programs run in --root, in the sandbox of --sandbox, where
-    /// they run without asking; outside a sandbox each call is asked about unless a rule
-    /// allows it).
-    #[arg(long)]
-    #[serde(default)]
-    pub allow_commands: bool,
-    /// Let run_command run shells (`sh -c …`); by default only programs with their arguments.
-    #[arg(long, requires = "allow_commands")]
-    #[serde(default)]
-    pub allow_shell: bool,
-    #[command(flatten)]
-    #[serde(flatten)]
-    pub sandbox: crate::sandbox::SandboxArgs,
-    /// The longest one command may run (default 2m): seconds or a duration (`90s`, `5m`).
-    #[arg(long, value_name = "DURATION", value_parser = crate::run::parse_timeout)]
-    #[serde(default)]
-    pub command_timeout: Option<Duration>,
-    /// Do not ask: stop the run when a call needs approval (exit code 4); decide with
-    /// `toolloop approve|deny <run-id>`, then `toolloop resume <run-id>`.
-    #[arg(long)]
-    #[serde(default)]
-    pub defer_approvals: bool,
-    /// Set by `chat`, whose prompt reads the terminal: calls are not asked about there.
-    #[arg(skip)]
-    #[serde(skip)]
-    pub no_prompt: bool,
-    /// Set once the rules were checked against the tools offered (by `chat`, after its first
-    /// turn), so that the warnings are not repeated.
-    #[arg(skip)]
-    #[serde(skip)]
-    pub rules_checked: bool,
-}
-
-fn rule(action: Action, flag: &str, spec: &str) -> Result<String, String> {
-    Rule::parse(action, spec)
-        .map(|_| spec.to_string())
-        .map_err(|e| {
-            format!(
-                "--{flag} {}: {}; expected TOOL or TOOL:SUBJECT",
-                toolloop::result::shorten(spec, 100),
-                e.message
-            )
-        })
-}
-
-fn allow_rule(s: &str) -> Result<String, String> {
-    rule(Action::Allow, "allow", s)
-}
-
-fn deny_rule(s: &str) -> Result<String, String> {
-    rule(Action::Deny, "deny", s)
-}
-
-fn ask_rule(s: &str) -> Result<String, String> {
-    rule(Action::Ask, "ask", s)
-}
-
-/// The run's approval policy from the flags.
-pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
-    let mut policy = Approvals::default();
-    for (action, flag, specs) in [
-        (Action::Deny, "deny", &args.deny),
-        (Action::Ask, "ask", &args.ask),
-        (Action::Allow, "allow", &args.allow),
-    ] {
-        for spec in specs {
-            let r = Rule::parse(action, spec).map_err(|e| {
-                format!(
-                    "--{flag} {}: {}",
-                    toolloop::result::shorten(spec, 100),
-                    e.message
-                )
-            })?;
-            policy = policy.rule(r);
-        }
-    }
-    Ok(policy)
-}
 
 /// Warns, on stderr, about each rule whose tool glob names none of the tools `offered` (a
 /// rule for `run_command` without `--allow-commands` does nothing), saying which flag offers
@@ -160,27 +62,6 @@ pub(crate) fn warn_unoffered(args: &ApprovalArgs, offered: &[&str]) -> Vec<Strin
         }
     }
     warnings
-}
-
-/// The tools the approval flags offer: run_command with --allow-commands.
-pub(crate) fn command_tools(
-    root: &Path,
-    args: &ApprovalArgs,
-) -> Result<Vec<Arc<dyn Tool>>, String> {
-    if !args.allow_commands {
-        return Ok(Vec::new());
-    }
-    let mut config = toolloop_tools::command::CommandConfig::new(root);
-    config.allow_shell = args.allow_shell;
-    if let Some(t) = args.command_timeout {
-        config.timeout = t;
-    }
-    config.sandbox = crate::sandbox::policy(&args.sandbox);
-    let policy = config.sandbox.clone();
-    let tool = toolloop_tools::command::RunCommand::new(config)
-        .map_err(|e| format!("--root {}: {e}", root.display()))?;
-    crate::sandbox::warn(&tool, &policy, root);
-    Ok(vec![Arc::new(tool)])
 }
 
 /// Answers a call that waits for approval.
@@ -401,7 +282,7 @@ pub(crate) struct DenyArgs {
 
 /// Records a decision on the waiting calls of a run (or lists them).
 pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> ExitCode {
-    let run_args = match crate::sessions::saved_run(
+    let run_args = match crate::setup::saved_run(
         &args.run_id,
         args.store.clone(),
         args.base_url.clone(),
@@ -419,25 +300,25 @@ pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<Strin
     };
     // The log is replayed, never continued: no model is called.
     let placeholder = Arc::new(toolloop::providers::scripted::ScriptedModel::new(Vec::new()));
-    let tools = match crate::run::tools(&run_args.agent).await {
+    let tools = match crate::setup::tools(&run_args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
     };
-    let agent =
-        match crate::run::agent_builder_with(&run_args.agent, placeholder, tools).and_then(|b| {
+    let agent = match crate::setup::agent_builder_with(&run_args.agent, placeholder, tools)
+        .and_then(|b| {
             b.journal(Arc::new(store))
                 .build()
                 .map_err(|e| e.to_string())
         }) {
-            Ok(a) => a,
-            Err(e) => {
-                eprintln!(
-                    "toolloop: the saved configuration of run {} does not load: {e}",
-                    args.run_id
-                );
-                return ExitCode::FAILURE;
-            }
-        };
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!(
+                "toolloop: the saved configuration of run {} does not load: {e}",
+                args.run_id
+            );
+            return ExitCode::FAILURE;
+        }
+    };
     let listing = args.calls.is_empty() && !args.all;
     let answer = match (listing, approve) {
         (true, _) => None,

@@ -8,8 +8,8 @@
 //! On a terminal, lines are edited with history (kept in the data directory); a few commands
 //! start with `/`: `/model`, `/tools`, `/context`, `/compact`, `/clear`, `/exit`, `/help`.
 
-use crate::durable::{DurableArgs, StoreArgs, format_ms};
-use crate::run::{AgentArgs, RunArgs};
+use crate::args::{AgentArgs, DurableArgs, RunArgs, StoreArgs};
+use crate::durable::format_ms;
 use clap::Args;
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -254,7 +254,7 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
         }
         "attach" => {
             let item = rest.to_string();
-            match crate::run::attachments(std::slice::from_ref(&item)) {
+            match crate::setup::attachments(std::slice::from_ref(&item)) {
                 Ok(images) => {
                     for image in images {
                         eprintln!(
@@ -271,7 +271,7 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
         "tools" => {
             // The tools the next run offers: built-in, `run_command` when allowed, and the MCP
             // servers' as they list them now, as selected by --tools / --no-tools.
-            match crate::run::tools(&args.agent).await {
+            match crate::setup::tools(&args.agent).await {
                 Ok(tools) => {
                     let all = tools.all().await;
                     if rest.is_empty() {

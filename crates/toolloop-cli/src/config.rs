@@ -25,7 +25,7 @@
 //! A key the command does not know is an error naming it (a typo never passes silently); values
 //! are checked by the same parsers as the flags.
 
-use crate::spec::{ProviderArgs, ToolProtocol};
+use crate::args::{ProviderArgs, ToolProtocol};
 use clap::parser::ValueSource;
 use serde::Deserialize;
 use serde_json::Value;
@@ -77,7 +77,7 @@ pub(crate) struct ConfigFile {
     /// Named models.
     pub models: BTreeMap<String, NamedModel>,
     /// Agents the main agent may delegate to: `[agents.NAME]` (see [`crate::agents`]).
-    pub agents: BTreeMap<String, crate::agents::AgentDef>,
+    pub agents: BTreeMap<String, crate::args::AgentDef>,
 }
 
 /// Where the configuration file is looked for: `TOOLLOOP_CONFIG`, else the platform's
@@ -118,7 +118,7 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
     };
     for (key, value) in table {
         if key == "agents" {
-            config.agents = crate::agents::parse_defs(value, &at())?;
+            config.agents = crate::args::parse_defs(value, &at())?;
             continue;
         }
         if key == "models" {

@@ -3,61 +3,11 @@
 //! `--no-compact`, `--no-native-context`, the same keys in the configuration file), the policy they make, and the
 //! chat's `/context` and `/compact`.
 
-use clap::Args;
+use crate::args::ContextArgs;
 use toolloop::Message;
 use toolloop::agent::AgentBuilder;
 use toolloop::context::ContextPolicy;
 use toolloop::context::estimate::{Size, TokenEstimator};
-
-/// How a run stays inside the model's context window.
-#[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub(crate) struct ContextArgs {
-    /// The model's context window in tokens (default: the model's, from LiteLLM's dataset; a
-    /// mock's `window=`). Without one, the conversation is compacted only when the provider
-    /// refuses a request for its size.
-    #[arg(long, value_name = "TOKENS", value_parser = clap::value_parser!(u64).range(1..))]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context_window: Option<u64>,
-    /// Compact the conversation when the next request is estimated past this share of the
-    /// window, above 0 and at most 1 (default 0.8).
-    #[arg(long, value_name = "SHARE", value_parser = parse_share)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compact_at: Option<f64>,
-    /// Keep the results of the last K rounds whole; older ones are cut to a one-line stub
-    /// (default 8; 0: never).
-    #[arg(long, value_name = "K")]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub keep_rounds: Option<u32>,
-    /// Send a tool result longer than this many bytes as its head and tail, the model reading
-    /// the rest with `read_result` (default 16384; 0: never).
-    #[arg(long, value_name = "BYTES")]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spill_over: Option<usize>,
-    /// The model that writes the summary when the conversation is compacted (provider:model,
-    /// or a configured name; default: the run's model).
-    #[arg(long, value_name = "SPEC")]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub compact_model: Option<String>,
-    /// Never compact (results are still cleared and spilled).
-    #[arg(long)]
-    #[serde(default)]
-    pub no_compact: bool,
-    /// Clear and compact on this side only, never with the provider's own context management
-    /// (Anthropic's clearing of old tool results, the Responses API's compaction), which is
-    /// used by default where the API offers it.
-    #[arg(long)]
-    #[serde(default)]
-    pub no_native_context: bool,
-}
-
-fn parse_share(s: &str) -> Result<f64, String> {
-    match s.trim().parse::<f64>() {
-        Ok(v) if v > 0.0 && v <= 1.0 => Ok(v),
-        _ => Err(format!(
-            "`{s}` is not a share of the window; expected a number above 0 and at most 1 (0.8)"
-        )),
-    }
-}
 
 /// The bytes of a result at which it is spilled, by default, and the preview of its head and
 /// tail.
@@ -91,7 +41,7 @@ impl ContextArgs {
     /// Puts the policy and the summarising model on `builder`.
     pub(crate) fn apply(
         &self,
-        provider: &crate::spec::ProviderArgs,
+        provider: &crate::args::ProviderArgs,
         builder: AgentBuilder,
     ) -> Result<AgentBuilder, String> {
         let mut builder = builder.context(self.policy(&provider.model)?);
@@ -185,7 +135,7 @@ impl Parts {
 }
 
 /// The window `agent` runs with: `--context-window`, a mock's, or the model's known one.
-fn window_of(agent: &crate::run::AgentArgs) -> Option<u64> {
+fn window_of(agent: &crate::args::AgentArgs) -> Option<u64> {
     let spec = agent.provider.model.trim();
     agent.context.policy(spec).ok()?.window.or_else(|| {
         let name = spec.split_once(':').map_or(spec, |(_, m)| m);
@@ -195,8 +145,8 @@ fn window_of(agent: &crate::run::AgentArgs) -> Option<u64> {
 
 /// `/context`: the session's token use by part, as a bar over the window.
 pub(crate) async fn show(
-    agent: &crate::run::AgentArgs,
-    store: &crate::durable::StoreArgs,
+    agent: &crate::args::AgentArgs,
+    store: &crate::args::StoreArgs,
     session: &str,
 ) {
     let Ok(store) = crate::durable::open_store(store).await else {
@@ -215,7 +165,7 @@ pub(crate) async fn show(
     {
         messages.insert(0, Message::system(system.clone()));
     }
-    let specs: Vec<toolloop::model::ToolSpec> = match crate::run::tools(agent).await {
+    let specs: Vec<toolloop::model::ToolSpec> = match crate::setup::tools(agent).await {
         Ok(tools) => tools
             .all()
             .await
@@ -238,8 +188,8 @@ pub(crate) async fn show(
 /// `/compact [focus]`: the session's conversation is summarised now (by `--compact-model`, or
 /// the chat's model), and the next message goes on from the summary.
 pub(crate) async fn compact(
-    agent: &crate::run::AgentArgs,
-    store: &crate::durable::StoreArgs,
+    agent: &crate::args::AgentArgs,
+    store: &crate::args::StoreArgs,
     session: &str,
     focus: &str,
 ) {
@@ -305,6 +255,7 @@ pub(crate) async fn compact(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::args::parse_share;
 
     #[test]
     fn flags_make_the_policy() {

@@ -2,8 +2,8 @@
 //! continues a named conversation.
 
 use crate::EXIT_USAGE;
-use clap::Args;
-use serde::{Deserialize, Serialize};
+use crate::args::{DurabilityArg, DurableArgs, StoreArgs};
+use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -14,68 +14,6 @@ use toolloop::journal::{Journal, JournalError, new_run_id};
 use toolloop::message::Message;
 use toolloop::outcome::Outcome;
 use toolloop_store::{Durability, RunTags, Store, StoreError};
-
-/// `--store`, shared by every command that uses the store.
-#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct StoreArgs {
-    /// Where sessions and run logs live: a SQLite file, or a postgres:// URL.
-    /// Default: $XDG_DATA_HOME/toolloop/toolloop.db (~/.local/share/toolloop/toolloop.db).
-    #[arg(long, env = "TOOLLOOP_STORE", value_name = "PATH|URL")]
-    pub store: Option<String>,
-}
-
-/// The store flags of `toolloop run`.
-#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct DurableArgs {
-    #[command(flatten)]
-    #[serde(default)]
-    pub store: StoreArgs,
-    /// Continue this conversation (created on first use); its history is kept in the store.
-    #[arg(long, value_name = "NAME")]
-    #[serde(default)]
-    pub session: Option<String>,
-    /// How far the run's log survives a crash: `process` (a killed command loses nothing
-    /// written; a power cut may lose the last steps), `power` (each step is on disk before the
-    /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
-    /// resumed; the same as --no-store).
-    #[arg(
-        long,
-        value_enum,
-        env = "TOOLLOOP_DURABILITY",
-        value_name = "MODE",
-        default_value_t = DurabilityArg::Process
-    )]
-    #[serde(default)]
-    pub durability: DurabilityArg,
-    /// Write nothing to the store (an ephemeral run that cannot be resumed; the same as
-    /// --durability none).
-    #[arg(long, conflicts_with = "session")]
-    #[serde(default)]
-    pub no_store: bool,
-    /// Set by `toolloop resume`: the run to continue instead of starting one.
-    #[arg(skip)]
-    #[serde(default)]
-    pub resume: Option<String>,
-    /// Set by `toolloop resume` for a run that failed on a model error: a new run (in the same
-    /// session) goes on from that run's conversation as its log holds it, so the failed model
-    /// call is made again and nothing the run did is made or run again.
-    #[arg(skip)]
-    #[serde(skip)]
-    pub retry: Option<String>,
-}
-
-/// `--durability`.
-#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum DurabilityArg {
-    /// Survives the command being killed (SQLite: synchronous=NORMAL).
-    #[default]
-    Process,
-    /// Survives a power cut (SQLite: synchronous=FULL, one fsync per step).
-    Power,
-    /// Nothing is written.
-    None,
-}
 
 impl DurabilityArg {
     /// The store's durability; `None` for `none`.

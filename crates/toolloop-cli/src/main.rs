@@ -14,8 +14,8 @@ macro_rules! outln {
     }};
 }
 
-mod agents;
 mod approve;
+mod args;
 mod catalog_check;
 mod chat;
 mod config;
@@ -29,6 +29,7 @@ mod sandbox;
 mod secrets;
 mod serve;
 mod sessions;
+mod setup;
 mod spec;
 mod terminal;
 #[cfg(feature = "test-hooks")]
@@ -74,7 +75,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run the agent on a prompt and print the answer.
-    Run(run::RunArgs),
+    Run(args::RunArgs),
     /// Chat in a session: each line is a run; the history is kept in the store.
     Chat(chat::ChatArgs),
     /// List, show or remove sessions (named conversations kept in the store).

@@ -4,6 +4,7 @@
 //! chat's runs share them) and are shut down when the command ends.
 
 use crate::EXIT_USAGE;
+use crate::args::McpArgs;
 use clap::{Args, Subcommand};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde_json::{Value, json};
@@ -20,32 +21,6 @@ pub(crate) mod trust;
 
 /// The file read from the root when present (Claude Code's project servers).
 pub(crate) const PROJECT_FILE: &str = ".mcp.json";
-
-/// The MCP and tool-selection flags (part of a run's saved configuration).
-#[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub(crate) struct McpArgs {
-    /// Use the MCP servers of this file: `{"mcpServers": {"name": {"command": …, "args": […],
-    /// "env": {…}, "cwd": …} or {"url": …, "headers": {…}}}}` (Claude Desktop, Cursor and
-    /// Claude Code's format; `${VAR}` is replaced by the variable). Repeatable. The root's
-    /// .mcp.json is read too, unless --no-mcp-json, once that exact file is trusted (asked on a
-    /// terminal; `toolloop mcp trust`).
-    #[arg(long, value_name = "FILE")]
-    #[serde(default)]
-    pub mcp_config: Vec<PathBuf>,
-    /// Do not read the MCP servers of the root's .mcp.json.
-    #[arg(long)]
-    #[serde(default)]
-    pub no_mcp_json: bool,
-    /// Offer only the tools whose names match: names or globs (`read_*`, `fs__*`), comma
-    /// separated; repeatable.
-    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
-    #[serde(default)]
-    pub tools: Vec<String>,
-    /// Do not offer the tools whose names match: names or globs, comma separated; repeatable.
-    #[arg(long, value_name = "NAMES", value_delimiter = ',')]
-    #[serde(default)]
-    pub no_tools: Vec<String>,
-}
 
 impl McpArgs {
     /// Makes the config paths absolute (they are saved with the run, and a resume may start

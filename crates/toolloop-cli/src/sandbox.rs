@@ -3,33 +3,10 @@
 //! the secret paths toolloop adds to the library's defaults: its own configuration and data
 //! directories, the configuration file, and the store's file.
 
-use clap::Args;
-use serde::{Deserialize, Serialize};
+use crate::args::SandboxArgs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
-
-/// The sandbox flags of `toolloop run` and `chat` (kept with the run for `resume`).
-#[derive(Args, Debug, Clone, Default, Serialize, Deserialize)]
-pub(crate) struct SandboxArgs {
-    /// Where run_command runs: `workspace-write` (the default, where the system has a sandbox:
-    /// a command may write only in --root and its own TMPDIR, cannot read ~/.ssh, ~/.aws,
-    /// ~/.gnupg, ~/.config/gcloud or toolloop's configuration and store, and has no network;
-    /// it runs without asking), `read-only` (no writes in --root either), or `off` (commands
-    /// have all of your rights and each is asked about). Where the system has no sandbox, a
-    /// warning says so and commands are asked about.
-    #[arg(long, value_name = "MODE", value_parser = mode)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sandbox: Option<SandboxMode>,
-    /// Let sandboxed commands use the network.
-    #[arg(long)]
-    #[serde(default)]
-    pub sandbox_network: bool,
-}
-
-fn mode(s: &str) -> Result<SandboxMode, String> {
-    s.parse()
-}
 
 /// Store files opened or named by this process, kept from sandboxed programs.
 static STORE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());

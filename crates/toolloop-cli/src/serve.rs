@@ -13,8 +13,10 @@ mod mcp;
 mod openai;
 mod wire;
 
-use crate::durable::StoreArgs;
-use crate::run::{AgentArgs, agent_builder_with, tools, usage_error};
+use crate::args::AgentArgs;
+use crate::args::StoreArgs;
+use crate::run::usage_error;
+use crate::setup::{agent_builder_with, tools};
 use crate::spec::model_from_args;
 use clap::Args;
 use sha2::Digest;
@@ -105,7 +107,7 @@ pub(crate) struct HttpArgs {
     /// On SIGTERM or Ctrl-C: how long runs in progress may take to finish before the server
     /// exits; the runs still going are left in the store, resumable (`toolloop resume`, or a
     /// retry with the same `Idempotency-Key`).
-    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::run::parse_timeout)]
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::args::parse_timeout)]
     pub grace: Duration,
 }
 

@@ -1,10 +1,11 @@
 //! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
 
 use crate::EXIT_USAGE;
-use crate::durable::{DurabilityArg, DurableArgs, StoreArgs, format_ms, open_store};
-use crate::run::RunArgs;
+use crate::args::{DurabilityArg, StoreArgs};
+use crate::durable::{format_ms, open_store};
+use crate::setup::saved_run;
 use clap::{Args, Subcommand};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::process::ExitCode;
 use toolloop::message::Message;
 use toolloop::outcome::StopReason;
@@ -535,93 +536,4 @@ async fn already_ended(args: &ResumeArgs) -> Option<Ended> {
         );
     }
     Some(Ended::Said(crate::run::exit_code(reason)))
-}
-
-/// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
-/// replaces the saved one).
-pub(crate) async fn saved_run(
-    run_id: &str,
-    store_args: StoreArgs,
-    base_url: Option<String>,
-    json: bool,
-    durability: DurabilityArg,
-) -> Result<RunArgs, ExitCode> {
-    let store = open_store(&store_args).await?;
-    let (session, meta) = match store.run_tags(run_id).await {
-        Ok(Some(t)) => t,
-        Ok(None) => {
-            return Err(fail(
-                format!("no run with id {} in {}", run_id, store.location()),
-                ExitCode::from(EXIT_USAGE),
-            ));
-        }
-        Err(e) => return Err(fail(e, ExitCode::FAILURE)),
-    };
-    let Some(Value::Object(mut config)) = meta else {
-        return Err(fail(
-            format!(
-                "run {} was not started by the toolloop command (it has no saved configuration); \
-                 resume it from the program that started it",
-                run_id
-            ),
-            ExitCode::from(EXIT_USAGE),
-        ));
-    };
-    // Credentials were not stored with the run: they must be given again.
-    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
-        Some(Value::Array(fields)) => fields
-            .iter()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if let Some(url) = &base_url {
-        config.insert("base_url".into(), Value::String(url.clone()));
-        removed.retain(|f| f != "base_url");
-    }
-    if !removed.is_empty() {
-        let flags: Vec<String> = removed
-            .iter()
-            .map(|f| format!("--{}", f.replace('_', "-")))
-            .collect();
-        return Err(fail(
-            format!(
-                "run {id} was started with credentials in {flags} (a user name or password, or \
-                 query parameters such as ?key=), which are never stored; give the full value \
-                 again: toolloop resume {id} {example}",
-                id = run_id,
-                flags = flags.join(", "),
-                example = flags
-                    .iter()
-                    .map(|f| format!("{f} <URL>"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
-            ExitCode::from(EXIT_USAGE),
-        ));
-    }
-    config.insert("prompt".into(), Value::String(String::new()));
-    config.insert("json".into(), Value::Bool(json));
-    let durable = DurableArgs {
-        store: store_args,
-        session,
-        durability,
-        no_store: false,
-        resume: Some(run_id.to_string()),
-        retry: None,
-    };
-    config.insert("durable".into(), json!(durable));
-    let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
-        Ok(a) => a,
-        Err(e) => {
-            return Err(fail(
-                format!(
-                    "the saved configuration of run {} does not load: {e}",
-                    run_id
-                ),
-                ExitCode::FAILURE,
-            ));
-        }
-    };
-    Ok(run_args)
 }

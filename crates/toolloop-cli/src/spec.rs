@@ -1,6 +1,6 @@
 //! `--model <provider:model>`: which model to run, and the provider flags.
 
-use clap::{Args, ValueEnum};
+use crate::args::{ProviderArgs, ToolProtocol};
 use serde_json::Value;
 use std::sync::Arc;
 use toolloop::model::{Model, ModelError};
@@ -10,95 +10,12 @@ use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::{TestAnswer, TestModel};
-use toolloop::ptk::{Auto, Dialect, Prompted};
-
-/// Provider flags shared by the commands that call a model.
-#[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-pub(crate) struct ProviderArgs {
-    /// The model, as provider:model: test, scripted:<file>, openai:<model> (Chat Completions),
-    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>.
-    #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
-    pub model: String,
-    /// Read the API key from this environment variable instead of the provider's usual one.
-    #[arg(long, value_name = "NAME")]
-    pub api_key_env: Option<String>,
-    /// The provider's base URL (any OpenAI-compatible server for openai:…; a mock or proxy): an
-    /// http:// or https:// URL with a host, without a query or fragment.
-    #[arg(long, value_name = "URL")]
-    pub base_url: Option<String>,
-    /// Extra request fields, as a JSON object merged into every request (`{"top_k": 20}`). It may
-    /// not set the fields the run owns (the conversation, the tools, the model, streaming).
-    #[arg(long, value_name = "JSON", value_parser = parse_extra)]
-    pub extra: Option<Box<Value>>,
-    /// How tools are offered: native (the API's tool calling), prompt (the catalog in the
-    /// system prompt, calls read from the text, for models without tool support) or auto
-    /// (native, switching to prompt for the rest of the run when the server refuses tools).
-    #[arg(long, value_enum, value_name = "PROTOCOL", default_value_t = ToolProtocol::Native)]
-    pub tool_protocol: ToolProtocol,
-    /// The format prompt-based tool calling teaches the model: ptk, hermes, mistral, llama3,
-    /// qwen3-coder, json, deepseek, deepseek-v3.1, kimi-k2, glm or pythonic (replies are read
-    /// in every format).
-    #[arg(long, value_name = "DIALECT", default_value = "ptk", value_parser = parse_dialect)]
-    pub dialect: Dialect,
-    /// With prompt-based calling: the model's replies begin inside reasoning whose `<think>` its
-    /// chat template wrote (DeepSeek R1, Qwen3 thinking models), so the text before a first
-    /// `</think>` is reasoning, kept out of the answer.
-    #[arg(long)]
-    #[serde(default)]
-    pub implicit_think: bool,
-    /// How long to keep trying a server that refuses connections (a local server restarting,
-    /// or still loading its model), with backoff: seconds or a duration (`30s`, `2m`), at most
-    /// an hour; `0` gives up after the usual retries. Default 10s.
-    #[arg(long, value_name = "DURATION", value_parser = parse_connect_retry)]
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub connect_retry: Option<std::time::Duration>,
-}
-
-/// A `--connect-retry`: `0`, or a duration of at most an hour.
-fn parse_connect_retry(s: &str) -> Result<std::time::Duration, String> {
-    if s.trim().parse::<f64>().is_ok_and(|n| n == 0.0) {
-        return Ok(std::time::Duration::ZERO);
-    }
-    let d = crate::run::parse_timeout(s)?;
-    if d > std::time::Duration::from_secs(3600) {
-        return Err(format!("`{s}` is longer than an hour"));
-    }
-    Ok(d)
-}
+use toolloop::ptk::{Auto, Prompted};
 
 /// Sets `--connect-retry` on a provider's transport.
 fn connect_retry(args: &ProviderArgs, transport: &mut toolloop::transport::http::HttpTransport) {
     if let Some(wait) = args.connect_retry {
         transport.connect_retry = wait;
-    }
-}
-
-/// How tools are offered to the model (`--tool-protocol`).
-#[derive(
-    ValueEnum, Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize,
-)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ToolProtocol {
-    /// The API's own tool calling.
-    #[default]
-    Native,
-    /// Prompt-based tool calling, whatever the model supports.
-    Prompt,
-    /// Native, falling back to prompt-based when the server refuses the `tools` parameter.
-    Auto,
-}
-
-fn parse_dialect(s: &str) -> Result<Dialect, String> {
-    s.parse::<Dialect>().map_err(|e| e.to_string())
-}
-
-fn parse_extra(s: &str) -> Result<Box<Value>, String> {
-    match serde_json::from_str::<Value>(s) {
-        Ok(v @ Value::Object(_)) => Ok(Box::new(v)),
-        Ok(_) => Err("expected a JSON object, like '{\"top_k\": 20}'".into()),
-        Err(e) => Err(format!(
-            "not valid JSON ({e}); expected an object like '{{\"top_k\": 20}}'"
-        )),
     }
 }
 

@@ -2,9 +2,11 @@
 //! `toolloop-workflow` crate for the format).
 
 use crate::EXIT_USAGE;
-use crate::durable::{DurabilityArg, StoreArgs, open_store_with};
+use crate::args::{AgentArgs, DurabilityArg, StoreArgs};
+use crate::durable::open_store_with;
 use crate::progress::Progress;
-use crate::run::{AgentArgs, exit_code, tools};
+use crate::run::exit_code;
+use crate::setup::tools;
 use crate::spec::model_from_args_named;
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -203,19 +205,19 @@ pub(crate) async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     // A workflow's steps take the MCP servers' tools as listed when it starts.
     let mut tools = tools(agent).await.map_err(|e| e.report())?.all().await;
     // The declared agents, as tools steps may name.
-    let agents = crate::agents::agent_tools(agent, &tools).map_err(usage)?;
+    let agents = crate::setup::agent_tools(agent, &tools).map_err(usage)?;
     tools.extend(agents);
     let model = model_from_args_named(&agent.provider, None).map_err(usage)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    crate::run::agent_builder_base(agent, model.clone()).map_err(usage)?;
+    crate::setup::agent_builder_base(agent, model.clone()).map_err(usage)?;
     Ok(Runner::new(model)
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))
         .configure(move |b| {
             let mut b = b.stream(settings.stream).redact(crate::secrets::redactor());
-            if let Ok(approvals) = crate::approve::approvals(&settings.approval) {
+            if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
                 b = b.approvals(approvals);
             }
             if let Some(system) = &settings.system {

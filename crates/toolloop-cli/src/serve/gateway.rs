@@ -8,7 +8,8 @@
 //! run on the server.
 
 use super::wire::{self, ChatRequest};
-use crate::spec::{ProviderArgs, ToolProtocol, model_from_args};
+use crate::args::{ProviderArgs, ToolProtocol};
+use crate::spec::model_from_args;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;

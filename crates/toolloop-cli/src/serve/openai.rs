@@ -15,7 +15,7 @@
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
 use super::{Agents, HttpArgs, RunError, RunHooks};
-use crate::spec::ProviderArgs;
+use crate::args::ProviderArgs;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Path, Request, State};

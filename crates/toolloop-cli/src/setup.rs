@@ -1,0 +1,671 @@
+//! The agent set-up: from the arguments of [`crate::args`] to an agent ready to run. The
+//! settings are made self-contained (`AgentArgs::prepare`), the tools gathered ([`tools`]),
+//! the approval policy made ([`approvals`]), the agents the main agent delegates to attached,
+//! and the builder made ([`agent_builder_with`]); a saved run's arguments are loaded back
+//! ([`saved_run`]).
+//!
+//! Agents the main agent delegates to are `[agents.NAME]` tables of the configuration file or
+//! of an `--agents FILE`, each offered to the main agent as a tool (see `toolloop::subagent`),
+//! or run directly with `--agent NAME`:
+//!
+//! ```toml
+//! [agents.reviewer]
+//! description = "Reviews a change for bugs; give it the files to read."
+//! model = "fast"                  # a model of [models], or provider:model; default: the run's
+//! system = "You review code. Report bugs only."
+//! tools = ["read_file", "list_dir"] # the run's tools and other agents; default: the run's tools
+//! max_rounds = 6
+//! max_tool_calls = 12
+//! timeout = "2m"
+//! max_tokens = 50000
+//! max_cost = 0.25
+//! ```
+
+use crate::EXIT_USAGE;
+use crate::args::{
+    AgentArgs, AgentDef, AgentsArgs, ApprovalArgs, DurabilityArg, DurableArgs, MAX_OUTPUT_TOKENS,
+    MAX_TIMEOUT, RunArgs, StoreArgs, check_temperature, parse_defs, parse_timeout,
+};
+use crate::durable::open_store;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::io::IsTerminal;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::Arc;
+use toolloop::agent::AgentBuilder;
+use toolloop::approval::{Action, Approvals, Rule};
+use toolloop::image::Image;
+use toolloop::subagent::{SubAgent, check_graph};
+use toolloop::tool::Tool;
+
+/// Says `message` on stderr and returns `code`.
+fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
+    eprintln!("toolloop: {message}");
+    code
+}
+
+/// The images `--attach` names: files are read (and checked to be images); URLs (anything with
+/// `://`, and `data:` URLs) are checked.
+pub(crate) fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
+    items
+        .iter()
+        .map(|item| {
+            let is_url = item.contains("://") || item.to_ascii_lowercase().starts_with("data:");
+            let image = if is_url {
+                Image::from_url(item)
+            } else {
+                Image::from_file(item)
+            };
+            image
+                .map_err(|e| crate::terminal::escape(&format!("--attach: {e}"), false).into_owned())
+        })
+        .collect()
+}
+
+impl AgentArgs {
+    /// Makes the settings self-contained before a run: a named model of the configuration
+    /// file is replaced by its settings, and what the flags name in files (`--system-file`) is
+    /// read in, so that the run's saved configuration needs neither. Says on stderr when no
+    /// model was chosen anywhere (the offline test model answers).
+    pub(crate) fn prepare(&mut self) -> Result<(), String> {
+        self.agents.prepare()?;
+        self.take_direct_agent()?;
+        crate::config::resolve_model(&mut self.provider)?;
+        if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
+            eprintln!(
+                "toolloop: no model configured: the offline test model answers. Choose one with \
+                 --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
+                 the configuration file (`toolloop config path`)."
+            );
+        }
+        self.read_files()
+    }
+
+    /// `--agent NAME`: the run becomes that agent's (its model, system prompt and limits).
+    pub(crate) fn take_direct_agent(&mut self) -> Result<(), String> {
+        if let Some(def) = self.agents.direct().cloned() {
+            // `--agent NAME`: the run is that agent's.
+            if let Some(model) = def.model {
+                self.provider.model = model;
+            }
+            if def.system.is_some() {
+                self.system = def.system;
+                self.system_file = None;
+            }
+            if let Some(n) = def.max_rounds {
+                self.max_rounds = n;
+            }
+            if let Some(n) = def.max_tool_calls {
+                self.max_tool_calls = n;
+            }
+            if let Some(t) = &def.timeout {
+                self.timeout = Some(parse_timeout(t)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads in what the flags name in files (`--system-file`, `--output-schema`, `--prices`).
+    fn read_files(&mut self) -> Result<(), String> {
+        if let Some(path) = self.system_file.take() {
+            let text = toolloop::user_file::read_to_string(&path, MAX_SYSTEM_FILE_BYTES)
+                .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
+            self.system = Some(text);
+        }
+        if let Some(path) = self.output_schema.take() {
+            self.output = Some(read_output_schema(&path)?);
+        }
+        if let Some(path) = self.prices.take() {
+            let text = toolloop::user_file::read_to_string(&path, MAX_PRICES_BYTES)
+                .map_err(|e| format!("--prices {}: {e}", path.display()))?;
+            price_table(Some(&text)).map_err(|e| format!("--prices {}: {e}", path.display()))?;
+            self.price_entries = Some(text);
+        }
+        Ok(())
+    }
+
+    /// Streams on a terminal: the text is shown as it comes unless `--no-stream` is given, a
+    /// program reads the output (`machine_output`), or the answer is the validated JSON (printed
+    /// once it is known).
+    pub(crate) fn stream_on_terminal(&mut self, machine_output: bool) {
+        if !self.no_stream
+            && !machine_output
+            && self.output.is_none()
+            && std::io::stdout().is_terminal()
+        {
+            self.stream = true;
+        }
+    }
+
+    /// Checks what the flags' parsers check (for a configuration that did not come through
+    /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
+    /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
+    /// note on stderr, so that the run can still be resumed.
+    pub(crate) fn check(&mut self) -> Result<(), String> {
+        self.agents.check()?;
+        if self.max_rounds == 0 {
+            return Err("--max-rounds 0: a run needs at least 1 round".into());
+        }
+        if let Some(n) = self.max_output_tokens
+            && !(1..=MAX_OUTPUT_TOKENS).contains(&n)
+        {
+            return Err(format!(
+                "--max-output-tokens {n}: expected 1 to {MAX_OUTPUT_TOKENS}"
+            ));
+        }
+        if let Some(t) = self.temperature {
+            check_temperature(t).map_err(|e| format!("--temperature: {e}"))?;
+            if t > 1.0 && self.provider.model.trim().starts_with("anthropic:") {
+                return Err(format!(
+                    "--temperature {t}: Anthropic accepts a temperature from 0 to 1"
+                ));
+            }
+        }
+        match self.timeout {
+            Some(t) if t.is_zero() => {
+                return Err("--timeout 0: expected a positive duration".into());
+            }
+            Some(t) if t > MAX_TIMEOUT => {
+                eprintln!(
+                    "toolloop: the saved timeout ({}s) is beyond the longest, 30 days: using 30 days",
+                    t.as_secs()
+                );
+                self.timeout = Some(MAX_TIMEOUT);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The largest `--output-schema` file.
+const MAX_SCHEMA_BYTES: u64 = 1024 * 1024;
+
+/// The largest `--system-file`.
+const MAX_SYSTEM_FILE_BYTES: u64 = 1024 * 1024;
+
+/// The largest `--prices` file.
+const MAX_PRICES_BYTES: u64 = 1024 * 1024;
+
+/// Reads an `--output-schema` file: a JSON Schema (an object), named after its `title`, else
+/// after the file. The errors name the flag and the file.
+pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
+    let at = || format!("--output-schema {}", path.display());
+    let text = toolloop::user_file::read_to_string(path, MAX_SCHEMA_BYTES)
+        .map_err(|e| format!("{}: {e}; expected a JSON Schema", at()))?;
+    let schema: Value = serde_json::from_str(&text)
+        .map_err(|e| format!("{}: not JSON ({e}); expected a JSON Schema object", at()))?;
+    if !schema.is_object() {
+        return Err(format!(
+            "{}: expected a JSON Schema object (`{{\"type\": \"object\", …}}`)",
+            at()
+        ));
+    }
+    let name = schema
+        .get("title")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.split('.').next())
+                .map(str::to_string)
+        })
+        .unwrap_or_default();
+    let output = toolloop::OutputSchema::new(name, schema);
+    output
+        .compile()
+        .map_err(|e| format!("{}: not a valid JSON Schema: {}", at(), e.message))?;
+    Ok(output)
+}
+
+/// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the
+/// MCP servers configured, as selected by `--tools` / `--no-tools`.
+pub(crate) async fn tools(
+    agent: &AgentArgs,
+) -> Result<crate::mcp::RunTools, crate::mcp::ToolsError> {
+    use crate::mcp::ToolsError;
+    let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
+        .map_err(|e| ToolsError::Usage(format!("--root {}: {e}", agent.root.display())))?;
+    tools.extend(
+        crate::setup::command_tools(&agent.root, &agent.approval).map_err(ToolsError::Usage)?,
+    );
+    #[cfg(feature = "test-hooks")]
+    let tools = crate::testtool::tools(tools);
+    // The servers list their tools before the run: within its timeout too.
+    let deadline = agent.timeout.map(|t| tokio::time::Instant::now() + t);
+    // Chat's prompt reads the terminal: it asks about a project's servers before it starts.
+    let may_ask = !agent.approval.no_prompt;
+    crate::mcp::assemble(&agent.mcp, &agent.root, tools, deadline, may_ask).await
+}
+
+/// The agent `agent` describes around `model` and `tools`: its limits and approval rules (no
+/// event handler, no approval handler, no journal).
+pub(crate) fn agent_builder_with(
+    agent: &AgentArgs,
+    model: Arc<dyn toolloop::model::Model>,
+    tools: crate::mcp::RunTools,
+) -> Result<AgentBuilder, String> {
+    let mut builder = crate::setup::attach(agent, agent_builder_base(agent, model)?, tools.own)?;
+    if let Some(mcp) = tools.mcp {
+        builder = builder.tool_source_arc(mcp);
+    }
+    Ok(builder)
+}
+
+/// The agent `agent` describes around `model`, without tools: its limits, approval rules,
+/// system prompt, model settings and prices.
+pub(crate) fn agent_builder_base(
+    agent: &AgentArgs,
+    model: Arc<dyn toolloop::model::Model>,
+) -> Result<AgentBuilder, String> {
+    let mut builder = AgentBuilder::new(model)
+        .max_rounds(agent.max_rounds)
+        .max_tool_calls(agent.max_tool_calls)
+        .stream(agent.stream)
+        .redact(crate::secrets::redactor())
+        .approvals(crate::setup::approvals(&agent.approval)?);
+    if let Some(system) = &agent.system {
+        builder = builder.system(system.clone());
+    }
+    if let Some(t) = agent.timeout {
+        builder = builder.timeout(t);
+    }
+    if let Some(t) = agent.temperature {
+        builder = builder.temperature(t);
+    }
+    if let Some(n) = agent.max_output_tokens {
+        builder = builder.max_output_tokens(n);
+    }
+    if let Some(output) = &agent.output {
+        builder = builder.output_schema(output.clone());
+    }
+    if agent.price_entries.is_some() {
+        let table =
+            price_table(agent.price_entries.as_deref()).map_err(|e| format!("--prices: {e}"))?;
+        builder = builder.prices(table);
+    }
+    agent.context.apply(&agent.provider, builder)
+}
+
+/// The built-in price table with the entries of a `--prices` file.
+fn price_table(entries: Option<&str>) -> Result<toolloop::price::PriceTable, String> {
+    let mut table = toolloop::price::PriceTable::builtin();
+    if let Some(text) = entries {
+        table.extend_from_json(text).map_err(|e| {
+            format!(
+                "not a prices file: {e}; expected a JSON object like \
+                 {{\"MODEL\": {{\"input\": 1.0, \"output\": 2.0}}}} (US dollars per million tokens)"
+            )
+        })?;
+    }
+    Ok(table)
+}
+
+/// The run's approval policy from the flags.
+pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
+    let mut policy = Approvals::default();
+    for (action, flag, specs) in [
+        (Action::Deny, "deny", &args.deny),
+        (Action::Ask, "ask", &args.ask),
+        (Action::Allow, "allow", &args.allow),
+    ] {
+        for spec in specs {
+            let r = Rule::parse(action, spec).map_err(|e| {
+                format!(
+                    "--{flag} {}: {}",
+                    toolloop::result::shorten(spec, 100),
+                    e.message
+                )
+            })?;
+            policy = policy.rule(r);
+        }
+    }
+    Ok(policy)
+}
+
+/// The tools the approval flags offer: run_command with --allow-commands.
+pub(crate) fn command_tools(
+    root: &Path,
+    args: &ApprovalArgs,
+) -> Result<Vec<Arc<dyn Tool>>, String> {
+    if !args.allow_commands {
+        return Ok(Vec::new());
+    }
+    let mut config = toolloop_tools::command::CommandConfig::new(root);
+    config.allow_shell = args.allow_shell;
+    if let Some(t) = args.command_timeout {
+        config.timeout = t;
+    }
+    config.sandbox = crate::sandbox::policy(&args.sandbox);
+    let policy = config.sandbox.clone();
+    let tool = toolloop_tools::command::RunCommand::new(config)
+        .map_err(|e| format!("--root {}: {e}", root.display()))?;
+    crate::sandbox::warn(&tool, &policy, root);
+    Ok(vec![Arc::new(tool)])
+}
+
+impl AgentsArgs {
+    /// Gathers the agents of the configuration file and `--agents`, checks them (no agent
+    /// lists itself, at any depth; `--agent` names one), and keeps them for the run.
+    pub(crate) fn prepare(&mut self) -> Result<(), String> {
+        let mut defs = crate::config::loaded().agents.clone();
+        if let Some(path) = self.agents.take() {
+            let at = format!("--agents {}", path.display());
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{at}: {e}"))?;
+            let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{at}: {e}"))?;
+            let agents = table
+                .remove("agents")
+                .ok_or_else(|| format!("{at}: no [agents.NAME] table"))?;
+            if let Some(key) = table.keys().next() {
+                return Err(format!(
+                    "{at}: unknown key `{key}` (only [agents.NAME] tables)"
+                ));
+            }
+            defs.extend(parse_defs(agents, &at)?);
+        }
+        if !defs.is_empty() {
+            self.agent_defs = defs;
+        }
+        self.check()
+    }
+
+    /// Checks the agents kept (saved with a run, too).
+    pub(crate) fn check(&self) -> Result<(), String> {
+        let defs = &self.agent_defs;
+        check_graph(defs.iter().map(|(name, d)| {
+            let tools = d.tools.iter().flatten().map(String::as_str).collect();
+            (name.as_str(), tools)
+        }))
+        .map_err(|e| format!("[agents]: {e}"))?;
+        if let Some(name) = &self.agent_name
+            && !defs.contains_key(name)
+        {
+            let known: Vec<&str> = defs.keys().map(String::as_str).collect();
+            return Err(format!(
+                "--agent {name}: no such agent; agents: {}",
+                if known.is_empty() {
+                    "none".into()
+                } else {
+                    known.join(", ")
+                }
+            ));
+        }
+        Ok(())
+    }
+
+    /// The definition `--agent` names, if any.
+    pub(crate) fn direct(&self) -> Option<&AgentDef> {
+        self.agent_name
+            .as_ref()
+            .and_then(|n| self.agent_defs.get(n))
+    }
+}
+
+/// Gives the main agent its tools and sub-agents: with `--agent NAME`, that agent's tool
+/// subset (and its sub-agents); otherwise the run's tools and every agent declared.
+pub(crate) fn attach(
+    args: &AgentArgs,
+    builder: AgentBuilder,
+    tools: Vec<Arc<dyn Tool>>,
+) -> Result<AgentBuilder, String> {
+    let defs = &args.agents.agent_defs;
+    let mut made = BTreeMap::new();
+    match args.agents.direct() {
+        Some(def) => {
+            let name = args.agents.agent_name.as_deref().unwrap_or_default();
+            let own = select(args, name, def, &tools, &mut made)?;
+            Ok(builder.tools(own))
+        }
+        None => {
+            let mut all = tools.clone();
+            for name in defs.keys() {
+                all.push(sub_agent(args, name, &tools, &mut made)?);
+            }
+            Ok(builder.tools(all))
+        }
+    }
+}
+
+/// Every declared agent as a tool, for workflow steps to choose by name (beside `tools`, the
+/// run's tools the agents may use).
+pub(crate) fn agent_tools(
+    args: &AgentArgs,
+    tools: &[Arc<dyn Tool>],
+) -> Result<Vec<Arc<dyn Tool>>, String> {
+    let mut made = BTreeMap::new();
+    args.agents
+        .agent_defs
+        .keys()
+        .map(|name| sub_agent(args, name, tools, &mut made))
+        .collect()
+}
+
+/// The tools `def` lists (the run's tools and other agents), or the run's tools.
+fn select(
+    args: &AgentArgs,
+    name: &str,
+    def: &AgentDef,
+    tools: &[Arc<dyn Tool>],
+    made: &mut BTreeMap<String, Arc<dyn Tool>>,
+) -> Result<Vec<Arc<dyn Tool>>, String> {
+    let Some(list) = &def.tools else {
+        return Ok(tools.to_vec());
+    };
+    let mut chosen = Vec::new();
+    for wanted in list {
+        if args.agents.agent_defs.contains_key(wanted) {
+            chosen.push(sub_agent(args, wanted, tools, made)?);
+        } else if let Some(t) = tools.iter().find(|t| t.name() == wanted) {
+            chosen.push(t.clone());
+        } else {
+            let known: Vec<&str> = tools
+                .iter()
+                .map(|t| t.name())
+                .chain(args.agents.agent_defs.keys().map(String::as_str))
+                .collect();
+            return Err(format!(
+                "[agents.{name}] tools: no tool or agent `{wanted}`; there are: {}",
+                known.join(", ")
+            ));
+        }
+    }
+    Ok(chosen)
+}
+
+/// The agent `name` as a tool (made once; the graph has no cycle, checked before).
+fn sub_agent(
+    args: &AgentArgs,
+    name: &str,
+    tools: &[Arc<dyn Tool>],
+    made: &mut BTreeMap<String, Arc<dyn Tool>>,
+) -> Result<Arc<dyn Tool>, String> {
+    if let Some(t) = made.get(name) {
+        return Ok(t.clone());
+    }
+    let def = args
+        .agents
+        .agent_defs
+        .get(name)
+        .ok_or_else(|| format!("no agent `{name}`"))?;
+    let own = select(args, name, def, tools, made)?;
+    let mut child_args = args.clone();
+    if let Some(spec) = &def.model {
+        // The agent's own model, and the context policy of that model: the window the run's
+        // `--context-window` gives is the run's model's.
+        child_args.provider.model = spec.clone();
+        crate::config::resolve_model(&mut child_args.provider)
+            .map_err(|e| format!("[agents.{name}] model: {e}"))?;
+        child_args.context.context_window = None;
+    }
+    let model = crate::spec::model_from_args(&child_args.provider)
+        .map_err(|e| format!("[agents.{name}] model: {e}"))?;
+    child_args.system = def.system.clone();
+    child_args.max_rounds = def.max_rounds.unwrap_or(args.max_rounds);
+    child_args.max_tool_calls = def.max_tool_calls.unwrap_or(args.max_tool_calls);
+    child_args.timeout = match &def.timeout {
+        Some(t) => Some(parse_timeout(t).map_err(|e| format!("[agents.{name}] timeout: {e}"))?),
+        None => None,
+    };
+    // The child's output is its answer to the parent, never the run's schema.
+    child_args.output = None;
+    child_args.stream = false;
+    let agent = crate::setup::agent_builder_base(&child_args, model)?
+        .tools(own)
+        .build()
+        .map_err(|e| format!("[agents.{name}]: {e}"))?;
+    let mut tool = SubAgent::new(name, def.description.clone(), agent)
+        .map_err(|e| format!("[agents.{name}]: {e}"))?;
+    if let Some(n) = def.max_tokens {
+        tool = tool.max_tokens(n);
+    }
+    if let Some(c) = def.max_cost {
+        tool = tool
+            .max_cost(c)
+            .map_err(|e| format!("[agents.{name}] max_cost: {e}"))?;
+    }
+    let tool: Arc<dyn Tool> = Arc::new(tool);
+    made.insert(name.to_string(), tool.clone());
+    Ok(tool)
+}
+
+/// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
+/// replaces the saved one).
+pub(crate) async fn saved_run(
+    run_id: &str,
+    store_args: StoreArgs,
+    base_url: Option<String>,
+    json: bool,
+    durability: DurabilityArg,
+) -> Result<RunArgs, ExitCode> {
+    let store = open_store(&store_args).await?;
+    let (session, meta) = match store.run_tags(run_id).await {
+        Ok(Some(t)) => t,
+        Ok(None) => {
+            return Err(fail(
+                format!("no run with id {} in {}", run_id, store.location()),
+                ExitCode::from(EXIT_USAGE),
+            ));
+        }
+        Err(e) => return Err(fail(e, ExitCode::FAILURE)),
+    };
+    let Some(Value::Object(mut config)) = meta else {
+        return Err(fail(
+            format!(
+                "run {} was not started by the toolloop command (it has no saved configuration); \
+                 resume it from the program that started it",
+                run_id
+            ),
+            ExitCode::from(EXIT_USAGE),
+        ));
+    };
+    // Credentials were not stored with the run: they must be given again.
+    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
+        Some(Value::Array(fields)) => fields
+            .iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = &base_url {
+        config.insert("base_url".into(), Value::String(url.clone()));
+        removed.retain(|f| f != "base_url");
+    }
+    if !removed.is_empty() {
+        let flags: Vec<String> = removed
+            .iter()
+            .map(|f| format!("--{}", f.replace('_', "-")))
+            .collect();
+        return Err(fail(
+            format!(
+                "run {id} was started with credentials in {flags} (a user name or password, or \
+                 query parameters such as ?key=), which are never stored; give the full value \
+                 again: toolloop resume {id} {example}",
+                id = run_id,
+                flags = flags.join(", "),
+                example = flags
+                    .iter()
+                    .map(|f| format!("{f} <URL>"))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+            ExitCode::from(EXIT_USAGE),
+        ));
+    }
+    config.insert("prompt".into(), Value::String(String::new()));
+    config.insert("json".into(), Value::Bool(json));
+    let durable = DurableArgs {
+        store: store_args,
+        session,
+        durability,
+        no_store: false,
+        resume: Some(run_id.to_string()),
+        retry: None,
+    };
+    config.insert("durable".into(), json!(durable));
+    let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
+        Ok(a) => a,
+        Err(e) => {
+            return Err(fail(
+                format!(
+                    "the saved configuration of run {} does not load: {e}",
+                    run_id
+                ),
+                ExitCode::FAILURE,
+            ));
+        }
+    };
+    Ok(run_args)
+}
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        agent: AgentArgs,
+    }
+
+    /// A declared agent keeps the run's approval rules and limits, and takes the context
+    /// policy of its own model: a window the run's flag gives is the run's model's.
+    #[test]
+    fn an_agent_has_the_context_window_of_its_own_model() {
+        let mut args = Cli::try_parse_from([
+            "toolloop",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            "http://127.0.0.1:9/v1",
+            "--context-window",
+            "100000",
+        ])
+        .unwrap()
+        .agent;
+        let def = |model: Option<&str>| AgentDef {
+            description: "Reads.".into(),
+            model: model.map(str::to_string),
+            system: None,
+            tools: None,
+            max_rounds: None,
+            max_tool_calls: None,
+            timeout: None,
+            max_tokens: None,
+            max_cost: None,
+        };
+        args.agents.agent_defs.insert(
+            "small".into(),
+            def(Some("openai:mock:rounds=1,window=8000")),
+        );
+        args.agents.agent_defs.insert("same".into(), def(None));
+        let window = |name: &str| {
+            let tool = sub_agent(&args, name, &[], &mut BTreeMap::new()).unwrap();
+            let sub = tool.sub_agent().unwrap();
+            sub.agent().config().context.as_ref().and_then(|c| c.window)
+        };
+        assert_eq!(window("small"), Some(8000));
+        assert_eq!(window("same"), Some(100_000));
+    }
+}
