@@ -11,6 +11,7 @@
 
 use crate::args::ApprovalArgs;
 use crate::args::{DurabilityArg, StoreArgs};
+use crate::cx::Cx;
 use crate::durable::open_store;
 use crate::progress::Progress;
 use crate::terminal::escape;
@@ -281,8 +282,14 @@ pub(crate) struct DenyArgs {
 }
 
 /// Records a decision on the waiting calls of a run (or lists them).
-pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<String>) -> ExitCode {
+pub(crate) async fn decide(
+    cx: &Cx,
+    args: DecideArgs,
+    approve: bool,
+    reason: Option<String>,
+) -> ExitCode {
     let run_args = match crate::setup::saved_run(
+        cx,
         &args.run_id,
         args.store.clone(),
         args.base_url.clone(),
@@ -294,17 +301,17 @@ pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<Strin
         Ok(a) => a,
         Err(code) => return code,
     };
-    let store = match open_store(&args.store).await {
+    let store = match open_store(cx, &args.store).await {
         Ok(s) => s,
         Err(code) => return code,
     };
     // The log is replayed, never continued: no model is called.
     let placeholder = Arc::new(toolloop::providers::scripted::ScriptedModel::new(Vec::new()));
-    let tools = match crate::setup::tools(&run_args.agent).await {
+    let tools = match crate::setup::tools(cx, &run_args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
     };
-    let agent = match crate::setup::agent_builder_with(&run_args.agent, placeholder, tools)
+    let agent = match crate::setup::agent_builder_with(cx, &run_args.agent, placeholder, tools)
         .and_then(|b| {
             b.journal(Arc::new(store))
                 .build()
@@ -372,6 +379,6 @@ pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<Strin
 }
 
 /// `toolloop deny`.
-pub(crate) async fn deny(args: DenyArgs) -> ExitCode {
-    decide(args.decide, false, args.reason).await
+pub(crate) async fn deny(cx: &Cx, args: DenyArgs) -> ExitCode {
+    decide(cx, args.decide, false, args.reason).await
 }

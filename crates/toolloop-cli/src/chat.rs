@@ -9,6 +9,7 @@
 //! start with `/`: `/model`, `/tools`, `/context`, `/compact`, `/clear`, `/exit`, `/help`.
 
 use crate::args::{AgentArgs, DurableArgs, RunArgs, StoreArgs};
+use crate::cx::Cx;
 use crate::durable::format_ms;
 use clap::Args;
 use std::io::IsTerminal;
@@ -34,18 +35,18 @@ pub(crate) struct ChatArgs {
     attach: Vec<String>,
 }
 
-pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare() {
+pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
+    if let Err(e) = args.agent.prepare(cx) {
         eprintln!("toolloop: {e}");
         return ExitCode::from(crate::EXIT_USAGE);
     }
     let session = args.session.clone().unwrap_or_else(new_session_name);
     crate::sandbox::protect_store(args.store.store.as_deref());
     // Fail early on a bad store or model, before the first line.
-    if let Err(code) = crate::durable::open_store(&args.store).await {
+    if let Err(code) = crate::durable::open_store(cx, &args.store).await {
         return code;
     }
-    if let Err(e) = crate::spec::model_from_args(&args.agent.provider) {
+    if let Err(e) = crate::spec::model_from_args(cx, &args.agent.provider) {
         eprintln!("toolloop: {e}");
         return ExitCode::from(crate::EXIT_USAGE);
     }
@@ -120,7 +121,7 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         let prompt = if let Some(text) = prompt.strip_prefix("//") {
             format!("/{text}")
         } else if let Some(command) = prompt.strip_prefix('/') {
-            match slash(command, &mut args, &mut session).await {
+            match slash(cx, command, &mut args, &mut session).await {
                 Slash::Continue => continue,
                 Slash::Quit => return ExitCode::SUCCESS,
             }
@@ -149,6 +150,7 @@ pub(crate) async fn chat(mut args: ChatArgs) -> ExitCode {
         args.agent.approval.rules_checked = true;
         let cancel = CancellationToken::new();
         let run = crate::run::run_with_note(
+            cx,
             run_args,
             cancel.clone(),
             "toolloop chat: cancelling (Ctrl-C again to quit)",
@@ -194,7 +196,7 @@ const HELP: &str = "/model [SPEC]  show or switch the model (provider:model or a
 
 /// Runs a chat command. Unknown commands are said, not sent to the model; `//text` sends
 /// `/text`.
-async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
+async fn slash(cx: &Cx, command: &str, args: &mut ChatArgs, session: &mut String) -> Slash {
     let (name, rest) = command
         .split_once(char::is_whitespace)
         .map_or((command, ""), |(n, r)| (n, r.trim()));
@@ -205,11 +207,11 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
             Slash::Continue
         }
         "context" => {
-            crate::context::show(&args.agent, &args.store, session).await;
+            crate::context::show(cx, &args.agent, &args.store, session).await;
             Slash::Continue
         }
         "compact" => {
-            crate::context::compact(&args.agent, &args.store, session, rest).await;
+            crate::context::compact(cx, &args.agent, &args.store, session, rest).await;
             Slash::Continue
         }
         "clear" => {
@@ -227,8 +229,10 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
         "model" => {
             let mut agent = args.agent.clone();
             agent.provider.model = rest.to_string();
-            let checked = crate::config::resolve_model(&mut agent.provider)
-                .and_then(|()| crate::spec::model_from_args(&agent.provider).map(|_| ()));
+            let checked = cx
+                .config
+                .resolve_model(&mut agent.provider)
+                .and_then(|()| crate::spec::model_from_args(cx, &agent.provider).map(|_| ()));
             match checked {
                 Ok(()) => {
                     args.agent = agent;
@@ -271,7 +275,7 @@ async fn slash(command: &str, args: &mut ChatArgs, session: &mut String) -> Slas
         "tools" => {
             // The tools the next run offers: built-in, `run_command` when allowed, and the MCP
             // servers' as they list them now, as selected by --tools / --no-tools.
-            match crate::setup::tools(&args.agent).await {
+            match crate::setup::tools(cx, &args.agent).await {
                 Ok(tools) => {
                     let all = tools.all().await;
                     if rest.is_empty() {

@@ -31,7 +31,6 @@ use serde::Deserialize;
 use serde_json::Value;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// The environment variable that names the configuration file (empty: no file).
 pub(crate) const CONFIG_VAR: &str = "TOOLLOOP_CONFIG";
@@ -179,16 +178,22 @@ fn toml_to_json(value: toml::Value) -> Value {
     }
 }
 
-/// The configuration the command runs with (set once, by [`apply`]).
-static LOADED: OnceLock<ConfigFile> = OnceLock::new();
-/// The flags given on the command line or by an environment variable.
-static EXPLICIT: OnceLock<HashSet<String>> = OnceLock::new();
+/// The configuration the command runs with: the file read at start (empty when there is
+/// none), and the flags given on the command line or by an environment variable. Made in
+/// `main`, kept in [`crate::cx::Cx`].
+#[derive(Debug, Default)]
+pub(crate) struct Loaded {
+    /// The configuration file.
+    pub file: ConfigFile,
+    /// The ids of the flags given on the command line or by an environment variable.
+    pub explicit: HashSet<String>,
+}
 
 /// Sets the file's values as the defaults of the `run` and `chat` flags they name. An unknown
 /// key is an error naming it and the flags there are.
 pub(crate) fn apply(
     mut command: clap::Command,
-    config: ConfigFile,
+    config: &ConfigFile,
 ) -> Result<clap::Command, String> {
     let at = config
         .path
@@ -232,13 +237,12 @@ pub(crate) fn apply(
             ));
         }
     }
-    let _ = LOADED.set(config);
     Ok(command)
 }
 
-/// Notes which flags of the chosen subcommand came from the command line or the environment
-/// (they win over a named model's settings).
-pub(crate) fn note_explicit(matches: &clap::ArgMatches) {
+/// Which flags of the chosen subcommand came from the command line or the environment (they
+/// win over a named model's settings).
+pub(crate) fn explicit_flags(matches: &clap::ArgMatches) -> HashSet<String> {
     let mut explicit = HashSet::new();
     // The innermost subcommand (`toolloop workflow run`: `run`).
     let mut matches = matches;
@@ -257,70 +261,64 @@ pub(crate) fn note_explicit(matches: &clap::ArgMatches) {
             }
         }
     }
-    let _ = EXPLICIT.set(explicit);
+    explicit
 }
 
-/// The configuration file read at start (empty when there is none).
-pub(crate) fn loaded() -> &'static ConfigFile {
-    static EMPTY: OnceLock<ConfigFile> = OnceLock::new();
-    LOADED
-        .get()
-        .unwrap_or_else(|| EMPTY.get_or_init(ConfigFile::default))
-}
-
-/// Whether a model was chosen by a flag, the environment or the file (not the built-in
-/// default).
-pub(crate) fn model_chosen() -> bool {
-    explicit("model") || loaded().flags.contains_key("model")
-}
-
-/// Whether the flag `id` (`max_rounds`) was given on the command line, in the environment, or
-/// in the configuration file (not left at its built-in default).
-pub(crate) fn is_set(id: &str) -> bool {
-    explicit(id) || loaded().flags.contains_key(id)
-}
-
-fn explicit(id: &str) -> bool {
-    EXPLICIT.get().is_some_and(|e| e.contains(id))
-}
-
-/// When `--model` names a model of the file, puts its settings in `args` (a setting given by a
-/// flag or the environment wins). Afterwards `args.model` is `provider:model`, so the run's
-/// saved configuration does not depend on the file.
-pub(crate) fn resolve_model(args: &mut ProviderArgs) -> Result<(), String> {
-    let name = args.model.trim().to_string();
-    let name = name.as_str();
-    let Some(named) = loaded().models.get(name).cloned() else {
-        return Ok(());
-    };
-    args.model = named.model.trim().to_string();
-    if args.base_url.is_none() {
-        args.base_url = named.base_url;
+impl Loaded {
+    /// Whether a model was chosen by a flag, the environment or the file (not the built-in
+    /// default).
+    pub(crate) fn model_chosen(&self) -> bool {
+        self.explicit("model") || self.file.flags.contains_key("model")
     }
-    if args.api_key_env.is_none() {
-        args.api_key_env = named.api_key_env;
+
+    /// Whether the flag `id` (`max_rounds`) was given on the command line, in the environment,
+    /// or in the configuration file (not left at its built-in default).
+    pub(crate) fn is_set(&self, id: &str) -> bool {
+        self.explicit(id) || self.file.flags.contains_key(id)
     }
-    if args.extra.is_none()
-        && let Some(extra) = named.extra
-    {
-        if !extra.is_object() {
-            return Err(format!("[models.{name}] extra: expected a table"));
+
+    fn explicit(&self, id: &str) -> bool {
+        self.explicit.contains(id)
+    }
+
+    /// When `--model` names a model of the file, puts its settings in `args` (a setting given by a
+    /// flag or the environment wins). Afterwards `args.model` is `provider:model`, so the run's
+    /// saved configuration does not depend on the file.
+    pub(crate) fn resolve_model(&self, args: &mut ProviderArgs) -> Result<(), String> {
+        let name = args.model.trim().to_string();
+        let name = name.as_str();
+        let Some(named) = self.file.models.get(name).cloned() else {
+            return Ok(());
+        };
+        args.model = named.model.trim().to_string();
+        if args.base_url.is_none() {
+            args.base_url = named.base_url;
         }
-        args.extra = Some(Box::new(extra));
+        if args.api_key_env.is_none() {
+            args.api_key_env = named.api_key_env;
+        }
+        if args.extra.is_none()
+            && let Some(extra) = named.extra
+        {
+            if !extra.is_object() {
+                return Err(format!("[models.{name}] extra: expected a table"));
+            }
+            args.extra = Some(Box::new(extra));
+        }
+        if !self.explicit("tool_protocol")
+            && let Some(p) = named.tool_protocol
+        {
+            args.tool_protocol = p;
+        }
+        if !self.explicit("dialect")
+            && let Some(d) = named.dialect
+        {
+            args.dialect = d
+                .parse()
+                .map_err(|e| format!("[models.{name}] dialect: {e}"))?;
+        }
+        Ok(())
     }
-    if !explicit("tool_protocol")
-        && let Some(p) = named.tool_protocol
-    {
-        args.tool_protocol = p;
-    }
-    if !explicit("dialect")
-        && let Some(d) = named.dialect
-    {
-        args.dialect = d
-            .parse()
-            .map_err(|e| format!("[models.{name}] dialect: {e}"))?;
-    }
-    Ok(())
 }
 
 /// `toolloop config path|show`.
@@ -333,7 +331,7 @@ pub(crate) enum ConfigCommand {
 }
 
 /// Runs `toolloop config …`.
-pub(crate) fn config_command(command: ConfigCommand) -> std::process::ExitCode {
+pub(crate) fn config_command(cx: &crate::cx::Cx, command: ConfigCommand) -> std::process::ExitCode {
     match command {
         ConfigCommand::Path => match path() {
             Some(p) => {
@@ -348,7 +346,7 @@ pub(crate) fn config_command(command: ConfigCommand) -> std::process::ExitCode {
             }
         },
         ConfigCommand::Show => {
-            let config = loaded();
+            let config = &cx.config.file;
             let Some(path) = &config.path else {
                 eprintln!("toolloop: no configuration file");
                 return std::process::ExitCode::SUCCESS;

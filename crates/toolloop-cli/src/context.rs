@@ -4,6 +4,7 @@
 //! chat's `/context` and `/compact`.
 
 use crate::args::ContextArgs;
+use crate::cx::Cx;
 use toolloop::Message;
 use toolloop::agent::AgentBuilder;
 use toolloop::context::ContextPolicy;
@@ -41,12 +42,13 @@ impl ContextArgs {
     /// Puts the policy and the summarising model on `builder`.
     pub(crate) fn apply(
         &self,
+        cx: &Cx,
         provider: &crate::args::ProviderArgs,
         builder: AgentBuilder,
     ) -> Result<AgentBuilder, String> {
         let mut builder = builder.context(self.policy(&provider.model)?);
         if let Some(spec) = &self.compact_model {
-            let model = crate::spec::model_from_args_named(provider, Some(spec))
+            let model = crate::spec::model_from_args_named(cx, provider, Some(spec))
                 .map_err(|e| format!("--compact-model: {e}"))?;
             builder = builder.context_model_arc(model);
         }
@@ -145,11 +147,12 @@ fn window_of(agent: &crate::args::AgentArgs) -> Option<u64> {
 
 /// `/context`: the session's token use by part, as a bar over the window.
 pub(crate) async fn show(
+    cx: &Cx,
     agent: &crate::args::AgentArgs,
     store: &crate::args::StoreArgs,
     session: &str,
 ) {
-    let Ok(store) = crate::durable::open_store(store).await else {
+    let Ok(store) = crate::durable::open_store(cx, store).await else {
         return;
     };
     let messages = match store.session_messages(session).await {
@@ -165,7 +168,7 @@ pub(crate) async fn show(
     {
         messages.insert(0, Message::system(system.clone()));
     }
-    let specs: Vec<toolloop::model::ToolSpec> = match crate::setup::tools(agent).await {
+    let specs: Vec<toolloop::model::ToolSpec> = match crate::setup::tools(cx, agent).await {
         Ok(tools) => tools
             .all()
             .await
@@ -188,12 +191,13 @@ pub(crate) async fn show(
 /// `/compact [focus]`: the session's conversation is summarised now (by `--compact-model`, or
 /// the chat's model), and the next message goes on from the summary.
 pub(crate) async fn compact(
+    cx: &Cx,
     agent: &crate::args::AgentArgs,
     store: &crate::args::StoreArgs,
     session: &str,
     focus: &str,
 ) {
-    let Ok(store) = crate::durable::open_store(store).await else {
+    let Ok(store) = crate::durable::open_store(cx, store).await else {
         return;
     };
     let holder = format!("pid {} (/compact)", std::process::id());
@@ -207,6 +211,7 @@ pub(crate) async fn compact(
             .await
             .map_err(|e| format!("session {session}: {e}"))?;
         let model = crate::spec::model_from_args_named(
+            cx,
             &agent.provider,
             agent.context.compact_model.as_deref(),
         )?;

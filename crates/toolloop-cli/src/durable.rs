@@ -3,6 +3,7 @@
 
 use crate::EXIT_USAGE;
 use crate::args::{DurabilityArg, DurableArgs, StoreArgs};
+use crate::cx::Cx;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
@@ -27,16 +28,19 @@ impl DurabilityArg {
 }
 
 /// Opens the store the flags name (one per location per process).
-pub(crate) async fn open_store(args: &StoreArgs) -> Result<Store, ExitCode> {
-    open_store_with(args, Durability::default()).await
+pub(crate) async fn open_store(cx: &Cx, args: &StoreArgs) -> Result<Store, ExitCode> {
+    open_store_with(cx, args, Durability::default()).await
 }
 
-/// The stores the command opened, by location and durability (one of each per process).
-static OPEN: Mutex<Option<HashMap<(String, Durability), Store>>> = Mutex::new(None);
+/// The stores the command opened, by location and durability (one of each per process; kept
+/// in [`Cx`]).
+#[derive(Default)]
+pub(crate) struct Stores(Mutex<HashMap<(String, Durability), Store>>);
 
 /// Opens the store the flags name with the durability given (one per location and durability
 /// per process).
 pub(crate) async fn open_store_with(
+    cx: &Cx,
     args: &StoreArgs,
     durability: Durability,
 ) -> Result<Store, ExitCode> {
@@ -54,18 +58,13 @@ pub(crate) async fn open_store_with(
         },
     };
     let key = (location, durability);
-    if let Some(s) = OPEN
-        .lock()
-        .ok()
-        .and_then(|m| m.as_ref().and_then(|m| m.get(&key).cloned()))
-    {
+    if let Some(s) = cx.stores.0.lock().ok().and_then(|m| m.get(&key).cloned()) {
         return Ok(s);
     }
     match Store::open_with(&key.0, durability).await {
         Ok(store) => {
-            if let Ok(mut m) = OPEN.lock() {
-                m.get_or_insert_with(HashMap::new)
-                    .insert(key, store.clone());
+            if let Ok(mut m) = cx.stores.0.lock() {
+                m.insert(key, store.clone());
             }
             Ok(store)
         }
@@ -78,12 +77,12 @@ pub(crate) async fn open_store_with(
 
 /// Closes every store the command opened (see [`Store::close`]): their writes are finished and
 /// a SQLite file's log is copied into it and removed, so the next command opens it at once.
-pub(crate) async fn close_stores() {
-    let stores: Vec<Store> = OPEN
+pub(crate) async fn close_stores(cx: &Cx) {
+    let stores: Vec<Store> = cx
+        .stores
+        .0
         .lock()
-        .ok()
-        .and_then(|mut m| m.take())
-        .map(|m| m.into_values().collect())
+        .map(|mut m| std::mem::take(&mut *m).into_values().collect())
         .unwrap_or_default();
     for store in stores {
         store.close().await;
@@ -113,6 +112,7 @@ impl Durable {
     /// Opens the store for a run, and takes the run's session. `args` is the run's whole
     /// configuration, kept with the run so `toolloop resume` can rebuild the same agent.
     pub(crate) async fn open<T: Serialize>(
+        cx: &Cx,
         durable: &DurableArgs,
         args: &T,
     ) -> Result<Self, ExitCode> {
@@ -139,7 +139,7 @@ impl Durable {
                 });
             }
         };
-        let store = open_store_with(&durable.store, durability).await?;
+        let store = open_store_with(cx, &durable.store, durability).await?;
         let mut this = Durable {
             store: Some(store.clone()),
             session: durable.session.clone(),

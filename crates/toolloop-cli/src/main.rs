@@ -20,6 +20,7 @@ mod catalog_check;
 mod chat;
 mod config;
 mod context;
+mod cx;
 mod durable;
 mod logging;
 mod mcp;
@@ -141,8 +142,8 @@ struct MockArgs {
 
 /// Parses the command line over the configuration file's defaults. Also returns the variables
 /// that hold keys by choice (`--api-key-env`, and the `api_key_env` of the configuration file's
-/// models).
-fn parse() -> Result<(Cli, Vec<String>), ExitCode> {
+/// models), and the configuration the command runs with.
+fn parse() -> Result<(Cli, Vec<String>, config::Loaded), ExitCode> {
     // `toolloop config …` works with a broken file, to find and show it.
     let configuring = std::env::args_os().nth(1).is_some_and(|a| a == "config");
     let file = match config::load() {
@@ -156,7 +157,7 @@ fn parse() -> Result<(Cli, Vec<String>), ExitCode> {
             return Err(ExitCode::from(EXIT_USAGE));
         }
     };
-    let command = match config::apply(Cli::command(), file) {
+    let command = match config::apply(Cli::command(), &file) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("toolloop: {e}");
@@ -164,12 +165,16 @@ fn parse() -> Result<(Cli, Vec<String>), ExitCode> {
         }
     };
     let matches = command.get_matches();
-    config::note_explicit(&matches);
+    let loaded = config::Loaded {
+        file,
+        explicit: config::explicit_flags(&matches),
+    };
     let cli = Cli::from_arg_matches(&matches).map_err(|e| {
         let _ = e.print();
         ExitCode::from(EXIT_USAGE)
     })?;
-    let mut key_vars: Vec<String> = config::loaded()
+    let mut key_vars: Vec<String> = loaded
+        .file
         .models
         .values()
         .filter_map(|m| m.api_key_env.clone())
@@ -181,14 +186,14 @@ fn parse() -> Result<(Cli, Vec<String>), ExitCode> {
         }
         m = current.subcommand().map(|(_, sub)| sub);
     }
-    Ok((cli, key_vars))
+    Ok((cli, key_vars, loaded))
 }
 
 fn main() -> ExitCode {
     // Keys are taken out of the environment before any thread exists (see `secrets`); a
     // process that started itself again without them gets them back here first.
     let inherited = secrets::inherit();
-    let (cli, key_vars) = match parse() {
+    let (cli, key_vars, config) = match parse() {
         Ok(c) => c,
         Err(code) => return code,
     };
@@ -202,12 +207,19 @@ fn main() -> ExitCode {
             .is_ok_and(|v| matches!(v.trim(), "1" | "true"))
             .then(|| "-".to_string())
     });
-    if let Some(target) = debug_requests
-        && let Err(e) = spec::set_debug_log(&target)
-    {
-        eprintln!("toolloop: {e}");
-        return ExitCode::from(EXIT_USAGE);
-    }
+    let debug_log = match debug_requests.map(|target| spec::debug_log(&target)) {
+        None => None,
+        Some(Ok(log)) => Some(log),
+        Some(Err(e)) => {
+            eprintln!("toolloop: {e}");
+            return ExitCode::from(EXIT_USAGE);
+        }
+    };
+    let cx = std::sync::Arc::new(cx::Cx {
+        config,
+        debug_log,
+        ..cx::Cx::default()
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -220,15 +232,15 @@ fn main() -> ExitCode {
     };
     runtime.block_on(async {
         let code = match cli.command {
-            Command::Run(args) => run::run(args).await,
-            Command::Chat(args) => chat::chat(args).await,
-            Command::Sessions(command) => sessions::sessions(command).await,
-            Command::Runs(args) => sessions::runs(args).await,
-            Command::Resume(args) => sessions::resume(args).await,
-            Command::Approve(args) => approve::decide(args, true, None).await,
-            Command::Deny(args) => approve::deny(args).await,
-            Command::Config(command) => config::config_command(command),
-            Command::Serve(args) => serve::serve(args).await,
+            Command::Run(args) => run::run(&cx, args).await,
+            Command::Chat(args) => chat::chat(&cx, args).await,
+            Command::Sessions(command) => sessions::sessions(&cx, command).await,
+            Command::Runs(args) => sessions::runs(&cx, args).await,
+            Command::Resume(args) => sessions::resume(&cx, args).await,
+            Command::Approve(args) => approve::decide(&cx, args, true, None).await,
+            Command::Deny(args) => approve::deny(&cx, args).await,
+            Command::Config(command) => config::config_command(&cx, command),
+            Command::Serve(args) => serve::serve(&cx, args).await,
             Command::Completions { shell } => {
                 let mut command = Cli::command();
                 let mut out = Vec::new();
@@ -237,8 +249,8 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Command::Man { out_dir } => man(out_dir.as_deref()),
-            Command::Mcp(command) => mcp::mcp(command).await,
-            Command::Workflow(command) => workflow::workflow(command).await,
+            Command::Mcp(command) => mcp::mcp(&cx, command).await,
+            Command::Workflow(command) => workflow::workflow(&cx, command).await,
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),
@@ -295,8 +307,8 @@ fn main() -> ExitCode {
             }
         };
         // The MCP servers the command started stop with it, and its stores close.
-        mcp::shutdown().await;
-        durable::close_stores().await;
+        mcp::shutdown(&cx).await;
+        durable::close_stores(&cx).await;
         code
     })
 }

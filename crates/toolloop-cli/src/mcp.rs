@@ -5,6 +5,7 @@
 
 use crate::EXIT_USAGE;
 use crate::args::McpArgs;
+use crate::cx::Cx;
 use clap::{Args, Subcommand};
 use globset::{Glob, GlobSet, GlobSetBuilder};
 use serde_json::{Value, json};
@@ -294,14 +295,15 @@ async fn ask(file: &trust::ProjectFile, servers: &[ServerConfig]) -> trust::Trus
     }
 }
 
-/// The process's servers: started once, shared by the runs of a chat.
-static SERVERS: Mutex<Option<(String, Arc<McpTools>)>> = Mutex::new(None);
+/// The MCP servers the command started: once, shared by the runs of a chat (kept in [`Cx`]).
+#[derive(Default)]
+pub(crate) struct Servers(Mutex<Option<(String, Arc<McpTools>)>>);
 
-fn servers_for(configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
+fn servers_for(cx: &Cx, configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
     // A library's log line may repeat what a server sent back: never the configured secrets.
     crate::logging::add_secrets(configs.iter().flat_map(ServerConfig::secrets));
     let key = format!("{configs:?}");
-    let mut slot = SERVERS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut slot = cx.servers.0.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((k, tools)) = slot.as_ref()
         && *k == key
     {
@@ -315,8 +317,13 @@ fn servers_for(configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
 }
 
 /// Stops the process's servers (when the command ends).
-pub(crate) async fn shutdown() {
-    let servers = SERVERS.lock().unwrap_or_else(|p| p.into_inner()).take();
+pub(crate) async fn shutdown(cx: &Cx) {
+    let servers = cx
+        .servers
+        .0
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
     if let Some((_, servers)) = servers {
         servers.shutdown().await;
     }
@@ -402,6 +409,7 @@ impl ToolSource for SelectedMcp {
 /// error naming it; a server tool whose schema does not compile is left out with a warning.
 /// `may_ask`: whether an untrusted project file may be asked about on the terminal.
 pub(crate) async fn assemble(
+    cx: &Cx,
     args: &McpArgs,
     root: &Path,
     builtin: Vec<Arc<dyn Tool>>,
@@ -420,7 +428,7 @@ pub(crate) async fn assemble(
     };
     tools.own.retain(|t| selection.offers(t.name()));
     if !configs.is_empty() {
-        let servers = servers_for(configs).map_err(ToolsError::Usage)?;
+        let servers = servers_for(cx, configs).map_err(ToolsError::Usage)?;
         let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
         // Listed now, so that a server that does not start is reported before the run.
         let listed = servers
@@ -513,9 +521,9 @@ fn transport_text(t: &Transport) -> String {
     }
 }
 
-pub(crate) async fn mcp(command: McpCommand) -> ExitCode {
+pub(crate) async fn mcp(cx: &Cx, command: McpCommand) -> ExitCode {
     match command {
-        McpCommand::List(args) => list(args).await,
+        McpCommand::List(args) => list(cx, args).await,
         McpCommand::Trust(args) => trust_command(args),
         McpCommand::Untrust(args) => untrust_command(args),
     }
@@ -613,7 +621,7 @@ fn untrust_command(args: TrustArgs) -> ExitCode {
     }
 }
 
-async fn list(args: ListArgs) -> ExitCode {
+async fn list(cx: &Cx, args: ListArgs) -> ExitCode {
     let Configured {
         servers: configs,
         untrusted,
@@ -631,7 +639,7 @@ async fn list(args: ListArgs) -> ExitCode {
         Ok(s) => s,
         Err(e) => return ToolsError::Usage(e).report(),
     };
-    let servers = match servers_for(configs) {
+    let servers = match servers_for(cx, configs) {
         Ok(s) => s,
         Err(e) => return ToolsError::Usage(e).report(),
     };

@@ -2,6 +2,7 @@
 
 use crate::EXIT_USAGE;
 use crate::args::RunArgs;
+use crate::cx::Cx;
 use crate::progress::Progress;
 use crate::setup::{agent_builder_with, attachments, tools};
 use crate::spec::model_from_args;
@@ -75,14 +76,14 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
     }
 }
 
-pub(crate) async fn run(mut args: RunArgs) -> ExitCode {
+pub(crate) async fn run(cx: &Cx, mut args: RunArgs) -> ExitCode {
     if args.prompt == "-" {
         match read_stdin_prompt() {
             Ok(p) => args.prompt = p,
             Err(e) => return usage_error(e),
         }
     }
-    if let Err(e) = args.agent.prepare() {
+    if let Err(e) = args.agent.prepare(cx) {
         return usage_error(e);
     }
     args.agent.stream_on_terminal(args.json || args.jsonl);
@@ -93,17 +94,18 @@ pub(crate) async fn run(mut args: RunArgs) -> ExitCode {
             on_ctrl_c.cancel();
         }
     });
-    run_with(args, cancel).await
+    run_with(cx, args, cancel).await
 }
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
-pub(crate) async fn run_with(args: RunArgs, cancel: CancellationToken) -> ExitCode {
-    run_with_note(args, cancel, "toolloop: cancelling").await
+pub(crate) async fn run_with(cx: &Cx, args: RunArgs, cancel: CancellationToken) -> ExitCode {
+    run_with_note(cx, args, cancel, "toolloop: cancelling").await
 }
 
 /// [`run_with`], saying `note` on stderr when `cancel` strikes (after the unfinished reply on
 /// the terminal is taken back, so that nothing of it stays on screen).
 pub(crate) async fn run_with_note(
+    cx: &Cx,
     mut args: RunArgs,
     cancel: CancellationToken,
     note: &'static str,
@@ -120,7 +122,7 @@ pub(crate) async fn run_with_note(
     };
     let started = std::time::Instant::now();
     crate::sandbox::protect_store(args.durable.store.store.as_deref());
-    let tools = match tools(&args.agent).await {
+    let tools = match tools(cx, &args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
     };
@@ -137,7 +139,7 @@ pub(crate) async fn run_with_note(
         let names: Vec<&str> = offered.iter().map(|t| t.name()).collect();
         crate::approve::warn_unoffered(rules, &names);
     }
-    let model = match model_from_args(&args.agent.provider) {
+    let model = match model_from_args(cx, &args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
@@ -148,7 +150,7 @@ pub(crate) async fn run_with_note(
             .max(Duration::from_millis(1))
     });
     let person_only = crate::approve::person_only(&tools.own);
-    let builder = match agent_builder_with(&agent_args, model, tools) {
+    let builder = match agent_builder_with(cx, &agent_args, model, tools) {
         Ok(b) => b,
         Err(e) => return usage_error(e),
     };
@@ -180,7 +182,7 @@ pub(crate) async fn run_with_note(
     {
         builder = builder.on_approval(move |p| ask(p));
     }
-    let mut durable = match crate::durable::Durable::open(&args.durable, &args).await {
+    let mut durable = match crate::durable::Durable::open(cx, &args.durable, &args).await {
         Ok(d) => d,
         Err(code) => return code,
     };

@@ -15,6 +15,7 @@ mod wire;
 
 use crate::args::AgentArgs;
 use crate::args::StoreArgs;
+use crate::cx::Cx;
 use crate::run::usage_error;
 use crate::setup::{agent_builder_with, tools};
 use crate::spec::model_from_args;
@@ -134,8 +135,8 @@ impl HttpArgs {
     }
 }
 
-pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare() {
+pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
+    if let Err(e) = args.agent.prepare(cx) {
         return usage_error(e);
     }
     if let Err(e) = args.agent.check() {
@@ -151,7 +152,7 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
         return usage_error("--workflow: workflows are served over MCP only (add --mcp)");
     }
     if let Some(addr) = args.restate {
-        return serve_restate(args, addr).await;
+        return serve_restate(cx, args, addr).await;
     }
     let token = match args.http.token() {
         Ok(t) => t,
@@ -160,7 +161,7 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
     // Nothing asks a person on a terminal: a call that needs approval is denied, or, with
     // --defer-approvals, the run stops and waits (the modes' own handlers decide).
     args.agent.approval.no_prompt = true;
-    let agents = match Agents::open(&args).await {
+    let agents = match Agents::open(cx, &args).await {
         Ok(a) => Arc::new(a),
         Err(code) => return code,
     };
@@ -197,16 +198,16 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
 }
 
 #[cfg(feature = "restate")]
-async fn serve_restate(args: ServeArgs, listen: SocketAddr) -> ExitCode {
-    let tools = match tools(&args.agent).await {
+async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> ExitCode {
+    let tools = match tools(cx, &args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
     };
-    let model = match model_from_args(&args.agent.provider) {
+    let model = match model_from_args(cx, &args.agent.provider) {
         Ok(m) => m,
         Err(e) => return usage_error(e),
     };
-    let agent = match agent_builder_with(&args.agent, model, tools)
+    let agent = match agent_builder_with(cx, &args.agent, model, tools)
         .and_then(|b| b.build().map_err(|e| e.to_string()))
     {
         Ok(a) => a,
@@ -254,7 +255,7 @@ async fn serve_restate(args: ServeArgs, listen: SocketAddr) -> ExitCode {
 }
 
 #[cfg(not(feature = "restate"))]
-async fn serve_restate(_args: ServeArgs, _listen: SocketAddr) -> ExitCode {
+async fn serve_restate(_cx: &Cx, _args: ServeArgs, _listen: SocketAddr) -> ExitCode {
     usage_error("--restate: this toolloop was built without the `restate` feature")
 }
 
@@ -266,6 +267,7 @@ async fn serve_restate(_args: ServeArgs, _listen: SocketAddr) -> ExitCode {
 /// declared agent (`[agents.NAME]` of the configuration file, `--agents FILE`) is served under
 /// its name too, as `--agent NAME` would run it.
 pub(crate) struct Agents {
+    cx: Arc<Cx>,
     agents: Vec<AgentSpec>,
     workflows: Vec<WorkflowSpec>,
     store: Option<Store>,
@@ -286,6 +288,7 @@ pub(crate) struct AgentSpec {
     /// What it is for (the MCP tool's description).
     pub description: String,
     args: AgentArgs,
+    cx: Arc<Cx>,
     model: Arc<dyn toolloop::model::Model>,
     own: Vec<Arc<dyn toolloop::tool::Tool>>,
     mcp: Option<Arc<crate::mcp::SelectedMcp>>,
@@ -322,14 +325,14 @@ impl std::fmt::Display for RunError {
 }
 
 impl Agents {
-    async fn open(args: &ServeArgs) -> Result<Agents, ExitCode> {
+    async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, ExitCode> {
         crate::sandbox::protect_store(args.store.store.as_deref());
-        let store = crate::durable::open_store(&args.store).await?;
-        let tools = match tools(&args.agent).await {
+        let store = crate::durable::open_store(cx, &args.store).await?;
+        let tools = match tools(cx, &args.agent).await {
             Ok(t) => t,
             Err(e) => return Err(e.report()),
         };
-        let model = model_from_args(&args.agent.provider).map_err(usage_error)?;
+        let model = model_from_args(cx, &args.agent.provider).map_err(usage_error)?;
         let meta = crate::durable::run_meta(&args.agent);
         let journal = store.run_journal(RunTags {
             meta: Some(meta),
@@ -341,6 +344,7 @@ impl Agents {
                           result."
                 .into(),
             args: args.agent.clone(),
+            cx: cx.clone(),
             model,
             own: tools.own.clone(),
             mcp: tools.mcp.clone(),
@@ -363,9 +367,9 @@ impl Agents {
             settings.agents.agent_name = Some(name.clone());
             settings
                 .take_direct_agent()
-                .and_then(|()| crate::config::resolve_model(&mut settings.provider))
+                .and_then(|()| cx.config.resolve_model(&mut settings.provider))
                 .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
-            let model = model_from_args(&settings.provider)
+            let model = model_from_args(cx, &settings.provider)
                 .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
             let journal = store.run_journal(RunTags {
                 meta: Some(crate::durable::run_meta(&settings)),
@@ -375,6 +379,7 @@ impl Agents {
                 name: name.clone(),
                 description: def.description.clone(),
                 args: settings,
+                cx: cx.clone(),
                 model,
                 own: tools.own.clone(),
                 mcp: tools.mcp.clone(),
@@ -386,7 +391,7 @@ impl Agents {
         }
         let mut workflows: Vec<WorkflowSpec> = Vec::new();
         for file in &args.workflows {
-            let workflow = crate::workflow::load(file, args.workflow_files, &args.agent)?;
+            let workflow = crate::workflow::load(cx, file, args.workflow_files, &args.agent)?;
             if agents.iter().any(|a| a.name == workflow.name)
                 || workflows.iter().any(|w| w.workflow.name == workflow.name)
             {
@@ -402,10 +407,16 @@ impl Agents {
             });
         }
         Ok(Agents {
+            cx: cx.clone(),
             agents,
             workflows,
             store: Some(store),
         })
+    }
+
+    /// What the command shares.
+    pub(crate) fn cx(&self) -> &Arc<Cx> {
+        &self.cx
     }
 
     /// Every agent.
@@ -433,7 +444,7 @@ impl AgentSpec {
             own: self.own.clone(),
             mcp: self.mcp.clone(),
         };
-        let mut builder = agent_builder_with(&args, self.model.clone(), tools)?;
+        let mut builder = agent_builder_with(&self.cx, &args, self.model.clone(), tools)?;
         if let Some(journal) = &self.journal {
             builder = builder.journal(journal.clone());
         }

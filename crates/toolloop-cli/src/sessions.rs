@@ -2,6 +2,7 @@
 
 use crate::EXIT_USAGE;
 use crate::args::{DurabilityArg, StoreArgs};
+use crate::cx::Cx;
 use crate::durable::{format_ms, open_store};
 use crate::setup::saved_run;
 use clap::{Args, Subcommand};
@@ -81,10 +82,10 @@ fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
     code
 }
 
-pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
+pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> ExitCode {
     match command {
         SessionsCommand::List { store, json } => {
-            let store = match open_store(&store).await {
+            let store = match open_store(cx, &store).await {
                 Ok(s) => s,
                 Err(code) => return code,
             };
@@ -117,7 +118,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
         SessionsCommand::Show { name, store, json } => {
-            let store = match open_store(&store).await {
+            let store = match open_store(cx, &store).await {
                 Ok(s) => s,
                 Err(code) => return code,
             };
@@ -171,7 +172,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
             ExitCode::SUCCESS
         }
         SessionsCommand::Rm { name, store } => {
-            let store = match open_store(&store).await {
+            let store = match open_store(cx, &store).await {
                 Ok(s) => s,
                 Err(code) => return code,
             };
@@ -340,8 +341,8 @@ fn print_message(m: &Message) {
     }
 }
 
-pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
-    let store = match open_store(&args.store).await {
+pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> ExitCode {
+    let store = match open_store(cx, &args.store).await {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -449,13 +450,14 @@ fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSumm
 }
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
-pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
-    let retry = match already_ended(&args).await {
+pub(crate) async fn resume(cx: &Cx, args: ResumeArgs) -> ExitCode {
+    let retry = match already_ended(cx, &args).await {
         Some(Ended::Said(code)) => return code,
         Some(Ended::Retry) => true,
         None => false,
     };
     match saved_run(
+        cx,
         &args.run_id,
         args.store,
         args.base_url,
@@ -469,7 +471,7 @@ pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
                 // A new run goes on from the failed one's conversation (see `DurableArgs::retry`).
                 run_args.durable.retry = run_args.durable.resume.take();
             }
-            crate::run::run(run_args).await
+            crate::run::run(cx, run_args).await
         }
         Err(code) => code,
     }
@@ -487,9 +489,9 @@ enum Ended {
 /// When the run had already failed (its outcome recorded: an error or a limit), says so and
 /// how, with what can be done, instead of replaying its error as if it had just happened; or,
 /// when it failed on a model error, says that it is continued ([`Ended::Retry`]).
-async fn already_ended(args: &ResumeArgs) -> Option<Ended> {
+async fn already_ended(cx: &Cx, args: &ResumeArgs) -> Option<Ended> {
     // A store or run that cannot be read is reported by the resume itself.
-    let store = open_store(&args.store).await.ok()?;
+    let store = open_store(cx, &args.store).await.ok()?;
     let run = store.run(&args.run_id).await.ok()??;
     // A run that ended as intended is replayed: its outcome is printed as it was (a resume
     // after a crash right at its end gives the answer).

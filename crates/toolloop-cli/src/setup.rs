@@ -26,6 +26,7 @@ use crate::args::{
     AgentArgs, AgentDef, AgentsArgs, ApprovalArgs, DurabilityArg, DurableArgs, MAX_OUTPUT_TOKENS,
     MAX_TIMEOUT, RunArgs, StoreArgs, check_temperature, parse_defs, parse_timeout,
 };
+use crate::cx::Cx;
 use crate::durable::open_store;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -68,11 +69,11 @@ impl AgentArgs {
     /// file is replaced by its settings, and what the flags name in files (`--system-file`) is
     /// read in, so that the run's saved configuration needs neither. Says on stderr when no
     /// model was chosen anywhere (the offline test model answers).
-    pub(crate) fn prepare(&mut self) -> Result<(), String> {
-        self.agents.prepare()?;
+    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), String> {
+        self.agents.prepare(cx)?;
         self.take_direct_agent()?;
-        crate::config::resolve_model(&mut self.provider)?;
-        if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
+        cx.config.resolve_model(&mut self.provider)?;
+        if self.provider.model.trim() == "test" && !cx.config.model_chosen() {
             eprintln!(
                 "toolloop: no model configured: the offline test model answers. Choose one with \
                  --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
@@ -223,6 +224,7 @@ pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::Out
 /// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the
 /// MCP servers configured, as selected by `--tools` / `--no-tools`.
 pub(crate) async fn tools(
+    cx: &Cx,
     agent: &AgentArgs,
 ) -> Result<crate::mcp::RunTools, crate::mcp::ToolsError> {
     use crate::mcp::ToolsError;
@@ -237,17 +239,19 @@ pub(crate) async fn tools(
     let deadline = agent.timeout.map(|t| tokio::time::Instant::now() + t);
     // Chat's prompt reads the terminal: it asks about a project's servers before it starts.
     let may_ask = !agent.approval.no_prompt;
-    crate::mcp::assemble(&agent.mcp, &agent.root, tools, deadline, may_ask).await
+    crate::mcp::assemble(cx, &agent.mcp, &agent.root, tools, deadline, may_ask).await
 }
 
 /// The agent `agent` describes around `model` and `tools`: its limits and approval rules (no
 /// event handler, no approval handler, no journal).
 pub(crate) fn agent_builder_with(
+    cx: &Cx,
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
     tools: crate::mcp::RunTools,
 ) -> Result<AgentBuilder, String> {
-    let mut builder = crate::setup::attach(agent, agent_builder_base(agent, model)?, tools.own)?;
+    let mut builder =
+        crate::setup::attach(cx, agent, agent_builder_base(cx, agent, model)?, tools.own)?;
     if let Some(mcp) = tools.mcp {
         builder = builder.tool_source_arc(mcp);
     }
@@ -257,6 +261,7 @@ pub(crate) fn agent_builder_with(
 /// The agent `agent` describes around `model`, without tools: its limits, approval rules,
 /// system prompt, model settings and prices.
 pub(crate) fn agent_builder_base(
+    cx: &Cx,
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
 ) -> Result<AgentBuilder, String> {
@@ -286,7 +291,7 @@ pub(crate) fn agent_builder_base(
             price_table(agent.price_entries.as_deref()).map_err(|e| format!("--prices: {e}"))?;
         builder = builder.prices(table);
     }
-    agent.context.apply(&agent.provider, builder)
+    agent.context.apply(cx, &agent.provider, builder)
 }
 
 /// The built-in price table with the entries of a `--prices` file.
@@ -349,8 +354,8 @@ pub(crate) fn command_tools(
 impl AgentsArgs {
     /// Gathers the agents of the configuration file and `--agents`, checks them (no agent
     /// lists itself, at any depth; `--agent` names one), and keeps them for the run.
-    pub(crate) fn prepare(&mut self) -> Result<(), String> {
-        let mut defs = crate::config::loaded().agents.clone();
+    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), String> {
+        let mut defs = cx.config.file.agents.clone();
         if let Some(path) = self.agents.take() {
             let at = format!("--agents {}", path.display());
             let text = std::fs::read_to_string(&path).map_err(|e| format!("{at}: {e}"))?;
@@ -406,6 +411,7 @@ impl AgentsArgs {
 /// Gives the main agent its tools and sub-agents: with `--agent NAME`, that agent's tool
 /// subset (and its sub-agents); otherwise the run's tools and every agent declared.
 pub(crate) fn attach(
+    cx: &Cx,
     args: &AgentArgs,
     builder: AgentBuilder,
     tools: Vec<Arc<dyn Tool>>,
@@ -415,13 +421,13 @@ pub(crate) fn attach(
     match args.agents.direct() {
         Some(def) => {
             let name = args.agents.agent_name.as_deref().unwrap_or_default();
-            let own = select(args, name, def, &tools, &mut made)?;
+            let own = select(cx, args, name, def, &tools, &mut made)?;
             Ok(builder.tools(own))
         }
         None => {
             let mut all = tools.clone();
             for name in defs.keys() {
-                all.push(sub_agent(args, name, &tools, &mut made)?);
+                all.push(sub_agent(cx, args, name, &tools, &mut made)?);
             }
             Ok(builder.tools(all))
         }
@@ -431,6 +437,7 @@ pub(crate) fn attach(
 /// Every declared agent as a tool, for workflow steps to choose by name (beside `tools`, the
 /// run's tools the agents may use).
 pub(crate) fn agent_tools(
+    cx: &Cx,
     args: &AgentArgs,
     tools: &[Arc<dyn Tool>],
 ) -> Result<Vec<Arc<dyn Tool>>, String> {
@@ -438,12 +445,13 @@ pub(crate) fn agent_tools(
     args.agents
         .agent_defs
         .keys()
-        .map(|name| sub_agent(args, name, tools, &mut made))
+        .map(|name| sub_agent(cx, args, name, tools, &mut made))
         .collect()
 }
 
 /// The tools `def` lists (the run's tools and other agents), or the run's tools.
 fn select(
+    cx: &Cx,
     args: &AgentArgs,
     name: &str,
     def: &AgentDef,
@@ -456,7 +464,7 @@ fn select(
     let mut chosen = Vec::new();
     for wanted in list {
         if args.agents.agent_defs.contains_key(wanted) {
-            chosen.push(sub_agent(args, wanted, tools, made)?);
+            chosen.push(sub_agent(cx, args, wanted, tools, made)?);
         } else if let Some(t) = tools.iter().find(|t| t.name() == wanted) {
             chosen.push(t.clone());
         } else {
@@ -476,6 +484,7 @@ fn select(
 
 /// The agent `name` as a tool (made once; the graph has no cycle, checked before).
 fn sub_agent(
+    cx: &Cx,
     args: &AgentArgs,
     name: &str,
     tools: &[Arc<dyn Tool>],
@@ -489,17 +498,18 @@ fn sub_agent(
         .agent_defs
         .get(name)
         .ok_or_else(|| format!("no agent `{name}`"))?;
-    let own = select(args, name, def, tools, made)?;
+    let own = select(cx, args, name, def, tools, made)?;
     let mut child_args = args.clone();
     if let Some(spec) = &def.model {
         // The agent's own model, and the context policy of that model: the window the run's
         // `--context-window` gives is the run's model's.
         child_args.provider.model = spec.clone();
-        crate::config::resolve_model(&mut child_args.provider)
+        cx.config
+            .resolve_model(&mut child_args.provider)
             .map_err(|e| format!("[agents.{name}] model: {e}"))?;
         child_args.context.context_window = None;
     }
-    let model = crate::spec::model_from_args(&child_args.provider)
+    let model = crate::spec::model_from_args(cx, &child_args.provider)
         .map_err(|e| format!("[agents.{name}] model: {e}"))?;
     child_args.system = def.system.clone();
     child_args.max_rounds = def.max_rounds.unwrap_or(args.max_rounds);
@@ -511,7 +521,7 @@ fn sub_agent(
     // The child's output is its answer to the parent, never the run's schema.
     child_args.output = None;
     child_args.stream = false;
-    let agent = crate::setup::agent_builder_base(&child_args, model)?
+    let agent = crate::setup::agent_builder_base(cx, &child_args, model)?
         .tools(own)
         .build()
         .map_err(|e| format!("[agents.{name}]: {e}"))?;
@@ -533,13 +543,14 @@ fn sub_agent(
 /// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
 /// replaces the saved one).
 pub(crate) async fn saved_run(
+    cx: &Cx,
     run_id: &str,
     store_args: StoreArgs,
     base_url: Option<String>,
     json: bool,
     durability: DurabilityArg,
 ) -> Result<RunArgs, ExitCode> {
-    let store = open_store(&store_args).await?;
+    let store = open_store(cx, &store_args).await?;
     let (session, meta) = match store.run_tags(run_id).await {
         Ok(Some(t)) => t,
         Ok(None) => {
@@ -633,6 +644,7 @@ mod tests {
     /// policy of its own model: a window the run's flag gives is the run's model's.
     #[test]
     fn an_agent_has_the_context_window_of_its_own_model() {
+        let cx = &Cx::default();
         let mut args = Cli::try_parse_from([
             "toolloop",
             "--model",
@@ -661,7 +673,7 @@ mod tests {
         );
         args.agents.agent_defs.insert("same".into(), def(None));
         let window = |name: &str| {
-            let tool = sub_agent(&args, name, &[], &mut BTreeMap::new()).unwrap();
+            let tool = sub_agent(cx, &args, name, &[], &mut BTreeMap::new()).unwrap();
             let sub = tool.sub_agent().unwrap();
             sub.agent().config().context.as_ref().and_then(|c| c.window)
         };

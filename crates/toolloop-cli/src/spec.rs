@@ -1,6 +1,7 @@
 //! `--model <provider:model>`: which model to run, and the provider flags.
 
 use crate::args::{ProviderArgs, ToolProtocol};
+use crate::cx::Cx;
 use serde_json::Value;
 use std::sync::Arc;
 use toolloop::model::{Model, ModelError};
@@ -89,12 +90,11 @@ fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<()
     }
 }
 
-/// The request debug log of the process (`--debug-requests`, `DEBUG_LLM=1`), set once at start.
-static DEBUG_LOG: std::sync::OnceLock<Arc<toolloop::transport::request_log::RequestLog>> =
-    std::sync::OnceLock::new();
-
-/// Sets where every model request and response is logged: a file, or stderr for `-`.
-pub(crate) fn set_debug_log(target: &str) -> Result<(), String> {
+/// Opens where every model request and response is logged (`--debug-requests`, `DEBUG_LLM=1`):
+/// a file, or stderr for `-`.
+pub(crate) fn debug_log(
+    target: &str,
+) -> Result<Arc<toolloop::transport::request_log::RequestLog>, String> {
     use toolloop::transport::request_log::RequestLog;
     let log = if target == "-" {
         RequestLog::stderr()
@@ -102,17 +102,12 @@ pub(crate) fn set_debug_log(target: &str) -> Result<(), String> {
         RequestLog::create(std::path::Path::new(target))
             .map_err(|e| format!("--debug-requests {target}: {e}"))?
     };
-    let _ = DEBUG_LOG.set(Arc::new(log));
-    Ok(())
-}
-
-fn debug_log() -> Option<Arc<toolloop::transport::request_log::RequestLog>> {
-    DEBUG_LOG.get().cloned()
+    Ok(Arc::new(log))
 }
 
 /// Builds the model a spec names, with the tool protocol asked for.
-pub(crate) fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
-    let model = provider_model(args)?;
+pub(crate) fn model_from_args(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    let model = provider_model(args, cx.debug_log.as_ref())?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
         ToolProtocol::Prompt => {
@@ -127,22 +122,26 @@ pub(crate) fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, Str
 /// The model `name` names (`provider:model`, or a model of the configuration file), with the
 /// other provider flags of `args`; `None`: the model `args` names.
 pub(crate) fn model_from_args_named(
+    cx: &Cx,
     args: &ProviderArgs,
     name: Option<&str>,
 ) -> Result<Arc<dyn Model>, String> {
     let Some(name) = name else {
-        return model_from_args(args);
+        return model_from_args(cx, args);
     };
     let mut args = args.clone();
     args.model = name.to_string();
-    crate::config::resolve_model(&mut args)?;
-    model_from_args(&args)
+    cx.config.resolve_model(&mut args)?;
+    model_from_args(cx, &args)
 }
 
 /// The provider's model, as the spec names it. Its key is noted, so that answers repeating it
 /// are redacted ([`crate::secrets::note_key`]), and the variable it came from is kept from
 /// child processes (a run resumed from the store names it only now).
-fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+fn provider_model(
+    args: &ProviderArgs,
+    debug_log: Option<&Arc<toolloop::transport::request_log::RequestLog>>,
+) -> Result<Arc<dyn Model>, String> {
     if let Some(var) = &args.api_key_env {
         toolloop::redact::mark_secret_env_name(var);
     }
@@ -180,7 +179,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log();
+            config.transport.debug_log = debug_log.cloned();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -211,7 +210,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log();
+            config.transport.debug_log = debug_log.cloned();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -234,7 +233,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log();
+            config.transport.debug_log = debug_log.cloned();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -257,7 +256,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log();
+            config.transport.debug_log = debug_log.cloned();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);

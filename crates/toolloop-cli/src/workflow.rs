@@ -3,6 +3,7 @@
 
 use crate::EXIT_USAGE;
 use crate::args::{AgentArgs, DurabilityArg, StoreArgs};
+use crate::cx::Cx;
 use crate::durable::open_store_with;
 use crate::progress::Progress;
 use crate::run::exit_code;
@@ -166,27 +167,28 @@ fn usage(message: impl std::fmt::Display) -> ExitCode {
 }
 
 /// `toolloop workflow …`.
-pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
+pub(crate) async fn workflow(cx: &Arc<Cx>, command: WorkflowCommand) -> ExitCode {
     match command {
-        WorkflowCommand::Run(args) => run(args).await,
-        WorkflowCommand::Check(args) => check(args).await,
-        WorkflowCommand::Resume(args) => resume(args).await,
-        WorkflowCommand::List(args) => list(args).await,
+        WorkflowCommand::Run(args) => run(cx, args).await,
+        WorkflowCommand::Check(args) => check(cx, args).await,
+        WorkflowCommand::Resume(args) => resume(cx, args).await,
+        WorkflowCommand::List(args) => list(cx, args).await,
     }
 }
 
 /// Reads the file, with the command's explicit limits as the defaults of the steps.
 pub(crate) fn load(
+    cx: &Cx,
     file: &std::path::Path,
     files: FilesArgs,
     agent: &AgentArgs,
 ) -> Result<Workflow, ExitCode> {
     let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
     let d = &mut workflow.defaults;
-    if d.max_rounds.is_none() && crate::config::is_set("max_rounds") {
+    if d.max_rounds.is_none() && cx.config.is_set("max_rounds") {
         d.max_rounds = Some(agent.max_rounds);
     }
-    if d.max_tool_calls.is_none() && crate::config::is_set("max_tool_calls") {
+    if d.max_tool_calls.is_none() && cx.config.is_set("max_tool_calls") {
         d.max_tool_calls = Some(agent.max_tool_calls);
     }
     if d.timeout.is_none()
@@ -199,22 +201,25 @@ pub(crate) fn load(
 
 /// The runner for `agent`'s settings: its model as the default, steps' models built like
 /// `--model`, its tools, its approval rules.
-pub(crate) async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
+pub(crate) async fn runner(cx: &Arc<Cx>, agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     agent.check().map_err(usage)?;
     agent.mcp.absolutize().map_err(usage)?;
     // A workflow's steps take the MCP servers' tools as listed when it starts.
-    let mut tools = tools(agent).await.map_err(|e| e.report())?.all().await;
+    let mut tools = tools(cx, agent).await.map_err(|e| e.report())?.all().await;
     // The declared agents, as tools steps may name.
-    let agents = crate::setup::agent_tools(agent, &tools).map_err(usage)?;
+    let agents = crate::setup::agent_tools(cx, agent, &tools).map_err(usage)?;
     tools.extend(agents);
-    let model = model_from_args_named(&agent.provider, None).map_err(usage)?;
+    let model = model_from_args_named(cx, &agent.provider, None).map_err(usage)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    crate::setup::agent_builder_base(agent, model.clone()).map_err(usage)?;
+    crate::setup::agent_builder_base(cx, agent, model.clone()).map_err(usage)?;
     Ok(Runner::new(model)
         .tools(tools)
-        .models(move |name| model_from_args_named(&provider, Some(name)))
+        .models({
+            let cx = cx.clone();
+            move |name| model_from_args_named(&cx, &provider, Some(name))
+        })
         .configure(move |b| {
             let mut b = b.stream(settings.stream).redact(crate::secrets::redactor());
             if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
@@ -282,29 +287,32 @@ fn events(runner: Runner, jsonl: bool, progress: Arc<Progress>) -> Runner {
     })
 }
 
-async fn run(mut args: WorkflowRunArgs) -> ExitCode {
+async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> ExitCode {
     if let Some(id) = args.resume.take() {
-        return resume(WorkflowResumeArgs {
-            id,
-            store: args.store,
-            json: args.json,
-            jsonl: args.jsonl,
-            base_url: None,
-        })
+        return resume(
+            cx,
+            WorkflowResumeArgs {
+                id,
+                store: args.store,
+                json: args.json,
+                jsonl: args.jsonl,
+                base_url: None,
+            },
+        )
         .await;
     }
     let Some(file) = args.file.clone() else {
         return usage("workflow run: give the workflow file (or --resume ID)");
     };
-    if let Err(e) = args.agent.prepare() {
+    if let Err(e) = args.agent.prepare(cx) {
         return usage(e);
     }
-    let workflow = match load(&file, args.files, &args.agent) {
+    let workflow = match load(cx, &file, args.files, &args.agent) {
         Ok(w) => w,
         Err(code) => return code,
     };
     let inputs: BTreeMap<String, String> = args.inputs.iter().cloned().collect();
-    let mut runner = match runner(&mut args.agent).await {
+    let mut runner = match runner(cx, &mut args.agent).await {
         Ok(r) => r,
         Err(code) => return code,
     };
@@ -318,7 +326,7 @@ async fn run(mut args: WorkflowRunArgs) -> ExitCode {
         _ => None,
     };
     if let Some(durability) = durability {
-        let store = match open_store_with(&args.store, durability).await {
+        let store = match open_store_with(cx, &args.store, durability).await {
             Ok(s) => s,
             Err(code) => return code,
         };
@@ -332,8 +340,9 @@ async fn run(mut args: WorkflowRunArgs) -> ExitCode {
     finish(outcome, args.json, args.jsonl, &progress)
 }
 
-async fn resume(args: WorkflowResumeArgs) -> ExitCode {
-    let store = match open_store_with(&args.store, toolloop_store::Durability::default()).await {
+async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> ExitCode {
+    let store = match open_store_with(cx, &args.store, toolloop_store::Durability::default()).await
+    {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -388,7 +397,7 @@ async fn resume(args: WorkflowResumeArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let mut runner = match runner(&mut agent).await {
+    let mut runner = match runner(cx, &mut agent).await {
         Ok(r) => r,
         Err(code) => return code,
     };
@@ -480,15 +489,15 @@ fn finish(
     }
 }
 
-async fn check(mut args: WorkflowCheckArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare() {
+async fn check(cx: &Arc<Cx>, mut args: WorkflowCheckArgs) -> ExitCode {
+    if let Err(e) = args.agent.prepare(cx) {
         return usage(e);
     }
-    let workflow = match load(&args.file, args.files, &args.agent) {
+    let workflow = match load(cx, &args.file, args.files, &args.agent) {
         Ok(w) => w,
         Err(code) => return code,
     };
-    let runner = match runner(&mut args.agent).await {
+    let runner = match runner(cx, &mut args.agent).await {
         Ok(r) => r,
         Err(code) => return code,
     };
@@ -511,8 +520,8 @@ async fn check(mut args: WorkflowCheckArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
-async fn list(args: WorkflowListArgs) -> ExitCode {
-    let store = match crate::durable::open_store(&args.store).await {
+async fn list(cx: &Cx, args: WorkflowListArgs) -> ExitCode {
+    let store = match crate::durable::open_store(cx, &args.store).await {
         Ok(s) => s,
         Err(code) => return code,
     };

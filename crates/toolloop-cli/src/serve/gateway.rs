@@ -9,6 +9,7 @@
 
 use super::wire::{self, ChatRequest};
 use crate::args::{ProviderArgs, ToolProtocol};
+use crate::cx::Cx;
 use crate::spec::model_from_args;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -20,6 +21,7 @@ use toolloop::stream::StreamEvent;
 
 /// The backends the gateway has made, by spec (each keeps its HTTP connections).
 pub(crate) struct Gateway {
+    cx: Arc<Cx>,
     base: ProviderArgs,
     models: Mutex<HashMap<String, Arc<Prompted>>>,
 }
@@ -30,8 +32,9 @@ const MAX_BACKENDS: usize = 64;
 impl Gateway {
     /// A gateway whose backends take the provider flags of `base` (`--base-url`,
     /// `--api-key-env`, `--dialect`, `--extra`, …) with their own model spec.
-    pub(crate) fn new(base: ProviderArgs) -> Gateway {
+    pub(crate) fn new(cx: Arc<Cx>, base: ProviderArgs) -> Gateway {
         Gateway {
+            cx,
             base,
             models: Mutex::new(HashMap::new()),
         }
@@ -45,13 +48,13 @@ impl Gateway {
         let mut args = self.base.clone();
         args.model = spec.to_string();
         args.tool_protocol = ToolProtocol::Native;
-        crate::config::resolve_model(&mut args)?;
+        self.cx.config.resolve_model(&mut args)?;
         if args.model.trim() == "test" || args.model.starts_with("scripted:") {
             return Err(format!(
                 "`gateway:{spec}`: expected a provider's model (openai:NAME, anthropic:NAME, …)"
             ));
         }
-        let inner = model_from_args(&args)?;
+        let inner = model_from_args(&self.cx, &args)?;
         let prompted = Arc::new(
             Prompted::new(inner, self.base.dialect).implicit_think(self.base.implicit_think),
         );

@@ -111,9 +111,11 @@ impl AgentServer {
             inputs.insert(k, text);
         }
         let mut settings = spec.args.clone();
-        let mut runner = crate::workflow::runner(&mut settings).await.map_err(|_| {
-            ErrorData::internal_error("the workflow's tools or models did not start", None)
-        })?;
+        let mut runner = crate::workflow::runner(self.agents.cx(), &mut settings)
+            .await
+            .map_err(|_| {
+                ErrorData::internal_error("the workflow's tools or models did not start", None)
+            })?;
         if let Some(token) = context.meta.get_progress_token() {
             let peer = context.peer.clone();
             let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();

@@ -117,8 +117,8 @@ pub(crate) async fn serve(
     token: Option<String>,
 ) -> ExitCode {
     let app = Arc::new(App {
+        gateway: Gateway::new(agents.cx().clone(), provider),
         agents,
-        gateway: Gateway::new(provider),
         runs: Arc::new(Semaphore::new(http.max_runs as usize)),
         max_runs: http.max_runs,
         keep_on_disconnect: http.keep_on_disconnect,
