@@ -41,7 +41,7 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
         return ExitCode::from(crate::EXIT_USAGE);
     }
     let session = args.session.clone().unwrap_or_else(new_session_name);
-    crate::sandbox::protect_store(args.store.store.as_deref());
+    crate::sandbox::protect_store(cx, args.store.store.as_deref());
     // Fail early on a bad store or model, before the first line.
     if let Err(code) = crate::durable::open_store(cx, &args.store).await {
         return code;
@@ -52,7 +52,7 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
     }
     // The root's .mcp.json is asked about now, before the prompt reads the terminal (the runs
     // do not ask); an error in the configuration is reported by the first run.
-    let _ = crate::mcp::server_configs(&args.agent.mcp, &args.agent.root, true).await;
+    let _ = crate::mcp::server_configs(cx, &args.agent.mcp, &args.agent.root, true).await;
     let interactive = std::io::stdin().is_terminal();
     eprintln!(
         "toolloop chat · session {session} · /help for commands · Ctrl-C cancels a reply, twice (or at the prompt) quits"

@@ -1,7 +1,7 @@
 //! What one invocation of the command shares, made once in `main` and passed down to the
 //! subcommands: the configuration it runs with, the request log of `--debug-requests`, the
 //! stores it opened and the MCP servers it started (both closed in `main` when the command
-//! ends). Nothing of it is global: a function sees what its caller gives it.
+//! ends), the project files trusted, and what the sandbox keeps. Nothing of it is global: a function sees what its caller gives it.
 
 use std::sync::Arc;
 use toolloop::transport::request_log::RequestLog;
@@ -17,4 +17,8 @@ pub(crate) struct Cx {
     pub stores: crate::durable::Stores,
     /// The MCP servers started (a chat's runs share them).
     pub servers: crate::mcp::Servers,
+    /// The trust decisions about project files made in this command.
+    pub trust: crate::mcp::trust::Seen,
+    /// The store files kept from sandboxed programs, and whether the sandbox warning was said.
+    pub sandbox: crate::sandbox::SandboxState,
 }

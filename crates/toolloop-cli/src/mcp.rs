@@ -80,6 +80,7 @@ pub(crate) struct Untrusted {
 /// The servers of a file's bytes, `${VAR}` expanded from the environment (`expand`) or left as
 /// written; a relative working directory is the file's.
 fn parse(
+    cx: &Cx,
     bytes: &[u8],
     path: &Path,
     label: &str,
@@ -99,7 +100,7 @@ fn parse(
         if let Some(policy) = &mut s.sandbox {
             policy
                 .secret_paths
-                .extend(crate::sandbox::toolloop_secrets());
+                .extend(crate::sandbox::toolloop_secrets(cx));
         }
         if let Transport::Stdio { cwd: Some(dir), .. } = &mut s.transport
             && dir.is_relative()
@@ -130,6 +131,7 @@ fn add(out: &mut Vec<ServerConfig>, servers: Vec<ServerConfig>, label: &str) -> 
 /// terminal; otherwise its servers are not started, with a note naming the command that
 /// trusts it.
 pub(crate) async fn server_configs(
+    cx: &Cx,
     args: &McpArgs,
     root: &Path,
     may_ask: bool,
@@ -138,7 +140,7 @@ pub(crate) async fn server_configs(
     for path in &args.mcp_config {
         let label = format!("--mcp-config {}", path.display());
         let bytes = trust::read_config(path).map_err(|e| format!("{label}: {e}"))?;
-        let servers = parse(&bytes, path, &label, true)?;
+        let servers = parse(cx, &bytes, path, &label, true)?;
         add(&mut out.servers, servers, &label)?;
     }
     if args.no_mcp_json {
@@ -157,10 +159,10 @@ pub(crate) async fn server_configs(
     }
     let label = file.path.display().to_string();
     let dir = file.path.parent().unwrap_or(root).to_path_buf();
-    let written = match parse(&file.bytes, &file.path, &label, false) {
+    let written = match parse(cx, &file.bytes, &file.path, &label, false) {
         Ok(s) => s,
         Err(e) => {
-            if !trust::note(&file, trust::Trust::Undecided) {
+            if !trust::note(cx, &file, trust::Trust::Undecided) {
                 eprintln!(
                     "toolloop: warning: not starting the MCP servers of {}: {}",
                     escape(&label),
@@ -170,20 +172,20 @@ pub(crate) async fn server_configs(
             return Ok(out);
         }
     };
-    let mut decided = trust::trust_of(&file);
+    let mut decided = trust::trust_of(cx, &file);
     if decided == trust::Trust::Undecided
         && may_ask
         && std::io::stdin().is_terminal()
         && std::io::stderr().is_terminal()
     {
-        decided = ask(&file, &written).await;
+        decided = ask(cx, &file, &written).await;
     }
     if decided == trust::Trust::Trusted {
-        let servers = parse(&file.bytes, &file.path, &label, true)?;
+        let servers = parse(cx, &file.bytes, &file.path, &label, true)?;
         add(&mut out.servers, servers, &label)?;
         return Ok(out);
     }
-    if !trust::note(&file, decided) {
+    if !trust::note(cx, &file, decided) {
         let names: Vec<&str> = written.iter().map(|s| s.name.as_str()).collect();
         let why = if decided == trust::Trust::Declined {
             "you declined this version of the file"
@@ -246,7 +248,7 @@ fn describe(server: &ServerConfig) -> String {
 }
 
 /// Asks on the terminal whether to trust the file; remembers a yes or a no.
-async fn ask(file: &trust::ProjectFile, servers: &[ServerConfig]) -> trust::Trust {
+async fn ask(cx: &Cx, file: &trust::ProjectFile, servers: &[ServerConfig]) -> trust::Trust {
     let mut text = format!(
         "toolloop: {} names MCP servers you have not trusted yet:\n",
         escape(&file.path.display().to_string())
@@ -285,7 +287,7 @@ async fn ask(file: &trust::ProjectFile, servers: &[ServerConfig]) -> trust::Trus
     let Some(trusted) = answer else {
         return trust::Trust::Undecided;
     };
-    if let Err(e) = trust::record(file, trusted) {
+    if let Err(e) = trust::record(cx, file, trusted) {
         eprintln!("toolloop: warning: cannot remember the decision: {e}");
     }
     if trusted {
@@ -416,7 +418,7 @@ pub(crate) async fn assemble(
     deadline: Option<tokio::time::Instant>,
     may_ask: bool,
 ) -> Result<RunTools, ToolsError> {
-    let configs = server_configs(args, root, may_ask)
+    let configs = server_configs(cx, args, root, may_ask)
         .await
         .map_err(ToolsError::Usage)?
         .servers;
@@ -524,13 +526,13 @@ fn transport_text(t: &Transport) -> String {
 pub(crate) async fn mcp(cx: &Cx, command: McpCommand) -> ExitCode {
     match command {
         McpCommand::List(args) => list(cx, args).await,
-        McpCommand::Trust(args) => trust_command(args),
+        McpCommand::Trust(args) => trust_command(cx, args),
         McpCommand::Untrust(args) => untrust_command(args),
     }
 }
 
 /// `toolloop mcp trust`: trusts the root's .mcp.json as it is, printing what that starts.
-fn trust_command(args: TrustArgs) -> ExitCode {
+fn trust_command(cx: &Cx, args: TrustArgs) -> ExitCode {
     let file = match trust::read_project(&args.root) {
         Ok(Some(f)) => f,
         Ok(None) => {
@@ -543,14 +545,14 @@ fn trust_command(args: TrustArgs) -> ExitCode {
         Err(e) => return ToolsError::Usage(e).report(),
     };
     let label = file.path.display().to_string();
-    let servers = match parse(&file.bytes, &file.path, &label, false) {
+    let servers = match parse(cx, &file.bytes, &file.path, &label, false) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("toolloop: not trusted: {}", escape(&e));
             return ExitCode::from(EXIT_USAGE);
         }
     };
-    let store = match trust::record(&file, true) {
+    let store = match trust::record(cx, &file, true) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("toolloop: {}", escape(&e));
@@ -625,7 +627,7 @@ async fn list(cx: &Cx, args: ListArgs) -> ExitCode {
     let Configured {
         servers: configs,
         untrusted,
-    } = match server_configs(&args.mcp, &args.root, true).await {
+    } = match server_configs(cx, &args.mcp, &args.root, true).await {
         Ok(c) => c,
         Err(e) => return ToolsError::Usage(e).report(),
     };

@@ -121,7 +121,7 @@ pub(crate) async fn run_with_note(
         Err(e) => return usage_error(e),
     };
     let started = std::time::Instant::now();
-    crate::sandbox::protect_store(args.durable.store.store.as_deref());
+    crate::sandbox::protect_store(cx, args.durable.store.store.as_deref());
     let tools = match tools(cx, &args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),

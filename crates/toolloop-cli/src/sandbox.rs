@@ -4,16 +4,23 @@
 //! directories, the configuration file, and the store's file.
 
 use crate::args::SandboxArgs;
+use crate::cx::Cx;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use toolloop_tools::sandbox::{SandboxMode, SandboxPolicy};
 
-/// Store files opened or named by this process, kept from sandboxed programs.
-static STORE_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// What the command keeps about the sandbox (in [`Cx`]): the store files opened or named, kept
+/// from sandboxed programs, and whether the user was warned about the sandbox.
+#[derive(Default)]
+pub(crate) struct SandboxState {
+    store_files: Mutex<Vec<PathBuf>>,
+    warned: AtomicBool,
+}
 
 /// Keeps the store at `location` (a SQLite path; a `postgres://` URL is not a file) from
 /// sandboxed programs: the file and SQLite's files beside it.
-pub(crate) fn protect_store(location: Option<&str>) {
+pub(crate) fn protect_store(cx: &Cx, location: Option<&str>) {
     let Some(location) = location.map(str::trim).filter(|l| !l.is_empty()) else {
         return;
     };
@@ -26,7 +33,11 @@ pub(crate) fn protect_store(location: Option<&str>) {
     let Ok(path) = std::path::absolute(&path) else {
         return;
     };
-    let mut files = STORE_FILES.lock().unwrap_or_else(|p| p.into_inner());
+    let mut files = cx
+        .sandbox
+        .store_files
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
     for suffix in ["", "-wal", "-shm", "-journal"] {
         let mut p = path.clone().into_os_string();
         p.push(suffix);
@@ -39,29 +50,29 @@ pub(crate) fn protect_store(location: Option<&str>) {
 
 /// The policy of the flags: the library's default secret paths, toolloop's configuration and
 /// data directories, the configuration file, `TOOLLOOP_STORE` and the stores named so far.
-pub(crate) fn policy(args: &SandboxArgs) -> SandboxPolicy {
+pub(crate) fn policy(cx: &Cx, args: &SandboxArgs) -> SandboxPolicy {
     let mode = args.sandbox.unwrap_or(SandboxMode::WorkspaceWrite);
     let mut policy = SandboxPolicy::new(mode).network(args.sandbox_network);
     if !policy.is_on() {
         return policy;
     }
-    for p in toolloop_secrets() {
+    for p in toolloop_secrets(cx) {
         policy = policy.secret(p);
     }
     policy
 }
 
-/// Tells the user, once per process, that the sandbox asked for cannot be used here, or that
+/// Tells the user, once per command, that the sandbox asked for cannot be used here, or that
 /// secret paths lie inside the root, where it cannot keep them from commands.
 pub(crate) fn warn(
+    cx: &Cx,
     tool: &toolloop_tools::command::RunCommand,
     policy: &SandboxPolicy,
     root: &Path,
 ) {
-    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if tool.sandboxed() {
         let inside = policy.secrets_within(root);
-        if !inside.is_empty() && !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if !inside.is_empty() && !cx.sandbox.warned.swap(true, Ordering::Relaxed) {
             let list: Vec<String> = inside
                 .iter()
                 .map(|p| crate::terminal::escape(&p.display().to_string(), false).into_owned())
@@ -78,7 +89,7 @@ pub(crate) fn warn(
     let Some(why) = tool.sandbox_unavailable() else {
         return;
     };
-    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+    if !cx.sandbox.warned.swap(true, Ordering::Relaxed) {
         eprintln!(
             "toolloop: warning: commands cannot run in a sandbox here: {why}. run_command calls \
              run with all of your rights and are asked about (use --sandbox off to silence \
@@ -90,7 +101,7 @@ pub(crate) fn warn(
 /// The paths toolloop keeps from sandboxed programs on top of the library's defaults: its
 /// configuration and data directories, the configuration file, `TOOLLOOP_STORE` and the stores
 /// named so far (with SQLite's files beside them).
-pub(crate) fn toolloop_secrets() -> Vec<PathBuf> {
+pub(crate) fn toolloop_secrets(cx: &Cx) -> Vec<PathBuf> {
     use etcetera::BaseStrategy;
     let mut out = Vec::new();
     if let Ok(dirs) = etcetera::choose_base_strategy() {
@@ -103,9 +114,10 @@ pub(crate) fn toolloop_secrets() -> Vec<PathBuf> {
     if let Some(p) = crate::config::path() {
         out.push(p);
     }
-    protect_store(std::env::var("TOOLLOOP_STORE").ok().as_deref());
+    protect_store(cx, std::env::var("TOOLLOOP_STORE").ok().as_deref());
     out.extend(
-        STORE_FILES
+        cx.sandbox
+            .store_files
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .iter()

@@ -326,7 +326,7 @@ impl std::fmt::Display for RunError {
 
 impl Agents {
     async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, ExitCode> {
-        crate::sandbox::protect_store(args.store.store.as_deref());
+        crate::sandbox::protect_store(cx, args.store.store.as_deref());
         let store = crate::durable::open_store(cx, &args.store).await?;
         let tools = match tools(cx, &args.agent).await {
             Ok(t) => t,

@@ -231,7 +231,7 @@ pub(crate) async fn tools(
     let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
         .map_err(|e| ToolsError::Usage(format!("--root {}: {e}", agent.root.display())))?;
     tools.extend(
-        crate::setup::command_tools(&agent.root, &agent.approval).map_err(ToolsError::Usage)?,
+        crate::setup::command_tools(cx, &agent.root, &agent.approval).map_err(ToolsError::Usage)?,
     );
     #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
@@ -332,6 +332,7 @@ pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
 
 /// The tools the approval flags offer: run_command with --allow-commands.
 pub(crate) fn command_tools(
+    cx: &Cx,
     root: &Path,
     args: &ApprovalArgs,
 ) -> Result<Vec<Arc<dyn Tool>>, String> {
@@ -343,11 +344,11 @@ pub(crate) fn command_tools(
     if let Some(t) = args.command_timeout {
         config.timeout = t;
     }
-    config.sandbox = crate::sandbox::policy(&args.sandbox);
+    config.sandbox = crate::sandbox::policy(cx, &args.sandbox);
     let policy = config.sandbox.clone();
     let tool = toolloop_tools::command::RunCommand::new(config)
         .map_err(|e| format!("--root {}: {e}", root.display()))?;
-    crate::sandbox::warn(&tool, &policy, root);
+    crate::sandbox::warn(cx, &tool, &policy, root);
     Ok(vec![Arc::new(tool)])
 }
 

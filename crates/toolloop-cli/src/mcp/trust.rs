@@ -10,6 +10,7 @@
 //! Decisions are changed under an advisory lock (`mcp-trust.json.lock`) and written to a new
 //! file renamed over the old, so processes deciding at once keep every decision.
 
+use crate::cx::Cx;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
@@ -130,21 +131,18 @@ fn tempfile_in(dir: &Path) -> std::io::Result<(PathBuf, std::fs::File)> {
     options.open(&path).map(|f| (path, f))
 }
 
-/// The decisions made in this process (a chat's runs, a workflow's steps), so a file is asked
-/// about once, and a note about it is said once.
-static SEEN: Mutex<Option<HashMap<FileVersion, (Trust, bool)>>> = Mutex::new(None);
+/// The decisions made in this command (a chat's runs, a workflow's steps), so a file is asked
+/// about once, and a note about it is said once (kept in [`Cx`]).
+#[derive(Default)]
+pub(crate) struct Seen(Mutex<HashMap<FileVersion, (Trust, bool)>>);
 
 /// A file's canonical path and the SHA-256 of its bytes.
 type FileVersion = (PathBuf, String);
 
 /// What is known of this version of the file: decided in this process, or remembered.
-pub(crate) fn trust_of(file: &ProjectFile) -> Trust {
+pub(crate) fn trust_of(cx: &Cx, file: &ProjectFile) -> Trust {
     let key = (file.path.clone(), file.sha256.clone());
-    if let Some((t, _)) = SEEN
-        .lock()
-        .ok()
-        .and_then(|m| m.as_ref().and_then(|m| m.get(&key).copied()))
-    {
+    if let Some((t, _)) = cx.trust.0.lock().ok().and_then(|m| m.get(&key).copied()) {
         return t;
     }
     let remembered = decisions_path().and_then(|p| load(&p).ok()).and_then(|d| {
@@ -160,12 +158,11 @@ pub(crate) fn trust_of(file: &ProjectFile) -> Trust {
 }
 
 /// Notes this process's view of the file; whether a note about it was said before.
-pub(crate) fn note(file: &ProjectFile, trust: Trust) -> bool {
+pub(crate) fn note(cx: &Cx, file: &ProjectFile, trust: Trust) -> bool {
     let key = (file.path.clone(), file.sha256.clone());
-    let Ok(mut seen) = SEEN.lock() else {
+    let Ok(mut seen) = cx.trust.0.lock() else {
         return false;
     };
-    let seen = seen.get_or_insert_with(HashMap::new);
     let said = seen.get(&key).is_some_and(|(_, said)| *said);
     seen.insert(key, (trust, true));
     said
@@ -233,12 +230,13 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
 }
 
 /// Remembers a decision about this version of the file.
-pub(crate) fn record(file: &ProjectFile, trusted: bool) -> Result<PathBuf, String> {
+pub(crate) fn record(cx: &Cx, file: &ProjectFile, trusted: bool) -> Result<PathBuf, String> {
     let path = decisions_path().ok_or(
         "no data directory to remember the decision in (set HOME or XDG_DATA_HOME)".to_string(),
     )?;
     record_at(&path, file, trusted)?;
     note(
+        cx,
         file,
         if trusted {
             Trust::Trusted
