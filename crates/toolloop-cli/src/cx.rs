@@ -1,7 +1,7 @@
 //! What one invocation of the command shares, made once in `main` and passed down to the
 //! subcommands: the configuration it runs with, the request log of `--debug-requests`, the
 //! stores it opened and the MCP servers it started (both closed in `main` when the command
-//! ends), the project files trusted, and what the sandbox keeps. Nothing of it is global: a function sees what its caller gives it.
+//! ends), the project files trusted, what the sandbox keeps, and the secrets the log hides. Nothing of it is global: a function sees what its caller gives it.
 
 use std::sync::Arc;
 use toolloop::transport::request_log::RequestLog;
@@ -19,6 +19,8 @@ pub(crate) struct Cx {
     pub servers: crate::mcp::Servers,
     /// The trust decisions about project files made in this command.
     pub trust: crate::mcp::trust::Seen,
+    /// The secrets kept out of the log's lines (the MCP servers' header values).
+    pub log_secrets: crate::logging::LogSecrets,
     /// The store files kept from sandboxed programs, and whether the sandbox warning was said.
     pub sandbox: crate::sandbox::SandboxState,
 }

@@ -7,6 +7,7 @@
 //! `invoke_agent` for a run, `chat` for each model call, `execute_tool` for each tool call.
 //! Prompts, answers and tool arguments are left out unless `--otel-content` is given.
 
+use std::sync::{Arc, RwLock};
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::Layer;
 use tracing_subscriber::layer::SubscriberExt;
@@ -43,34 +44,37 @@ impl Drop for Guard {
 
 /// The secrets the command was configured with that a library may repeat in its log lines (the
 /// header values of MCP servers, which a server's 401 can echo into rmcp's errors).
-static SECRETS: std::sync::RwLock<Option<toolloop::redact::Redactor>> =
-    std::sync::RwLock::new(None);
+/// Made in `main`, given to the log's writer ([`init`]) and kept in [`crate::cx::Cx`].
+#[derive(Clone, Default)]
+pub(crate) struct LogSecrets(Arc<RwLock<Option<toolloop::redact::Redactor>>>);
 
-/// Keeps `secrets` out of every line logged on stderr from now on.
-pub(crate) fn add_secrets(secrets: impl IntoIterator<Item = String>) {
-    let Ok(mut slot) = SECRETS.write() else {
-        return;
-    };
-    let redactor = slot.get_or_insert_with(toolloop::redact::Redactor::new);
-    for s in secrets {
-        redactor.add_secret(&s);
+impl LogSecrets {
+    /// Keeps `secrets` out of every line logged on stderr from now on.
+    pub(crate) fn add(&self, secrets: impl IntoIterator<Item = String>) {
+        let Ok(mut slot) = self.0.write() else {
+            return;
+        };
+        let redactor = slot.get_or_insert_with(toolloop::redact::Redactor::new);
+        for s in secrets {
+            redactor.add_secret(&s);
+        }
     }
 }
 
 /// The stderr of the log: each event is gathered, then written with the secrets
-/// ([`add_secrets`]) replaced.
-struct RedactedStderr;
+/// ([`LogSecrets::add`]) replaced.
+struct RedactedStderr(LogSecrets);
 
 impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for RedactedStderr {
     type Writer = EventText;
 
     fn make_writer(&'a self) -> Self::Writer {
-        EventText(Vec::new())
+        EventText(Vec::new(), self.0.clone())
     }
 }
 
 /// One event's text, written to stderr when dropped.
-struct EventText(Vec<u8>);
+struct EventText(Vec<u8>, LogSecrets);
 
 impl std::io::Write for EventText {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -86,7 +90,7 @@ impl std::io::Write for EventText {
 impl Drop for EventText {
     fn drop(&mut self) {
         use std::io::Write;
-        let redacted = SECRETS.read().ok().and_then(|r| {
+        let redacted = self.1.0.read().ok().and_then(|r| {
             r.as_ref()
                 .filter(|r| !r.is_empty())
                 .map(|r| r.redact(&String::from_utf8_lossy(&self.0)).into_bytes())
@@ -184,14 +188,14 @@ fn traces_wanted(args: &TraceArgs) -> bool {
 
 /// Installs the subscriber for the command's lifetime. Call before the async runtime starts
 /// (the trace exporter has its own thread).
-pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
+pub(crate) fn init(verbose: u8, traces: &TraceArgs, secrets: &LogSecrets) -> Guard {
     // Up to -vv, one short line per event, without the spans' fields (they are for the
     // exporters); -vvv (or RUST_LOG) shows everything, spans and targets included.
     let everything = verbose >= 3 || std::env::var("RUST_LOG").is_ok_and(|v| !v.trim().is_empty());
     let stderr = if everything {
         tracing_subscriber::fmt::layer()
             .compact()
-            .with_writer(RedactedStderr)
+            .with_writer(RedactedStderr(secrets.clone()))
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .with_target(true)
             .with_filter(stderr_filter(verbose))
@@ -199,7 +203,7 @@ pub(crate) fn init(verbose: u8, traces: &TraceArgs) -> Guard {
     } else {
         tracing_subscriber::fmt::layer()
             .event_format(Human)
-            .with_writer(RedactedStderr)
+            .with_writer(RedactedStderr(secrets.clone()))
             .with_filter(stderr_filter(verbose))
             .boxed()
     };

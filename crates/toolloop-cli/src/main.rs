@@ -201,7 +201,8 @@ fn main() -> ExitCode {
     // One TLS crypto provider for every HTTP client of the process (MCP servers, the trace
     // exporter): ring, chosen here once.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let _traces = logging::init(cli.verbose, &cli.traces);
+    let log_secrets = logging::LogSecrets::default();
+    let _traces = logging::init(cli.verbose, &cli.traces, &log_secrets);
     let debug_requests = cli.debug_requests.clone().or_else(|| {
         std::env::var("DEBUG_LLM")
             .is_ok_and(|v| matches!(v.trim(), "1" | "true"))
@@ -218,6 +219,7 @@ fn main() -> ExitCode {
     let cx = std::sync::Arc::new(cx::Cx {
         config,
         debug_log,
+        log_secrets,
         ..cx::Cx::default()
     });
     let runtime = match tokio::runtime::Builder::new_multi_thread()

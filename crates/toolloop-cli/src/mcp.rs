@@ -303,7 +303,8 @@ pub(crate) struct Servers(Mutex<Option<(String, Arc<McpTools>)>>);
 
 fn servers_for(cx: &Cx, configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
     // A library's log line may repeat what a server sent back: never the configured secrets.
-    crate::logging::add_secrets(configs.iter().flat_map(ServerConfig::secrets));
+    cx.log_secrets
+        .add(configs.iter().flat_map(ServerConfig::secrets));
     let key = format!("{configs:?}");
     let mut slot = cx.servers.0.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((k, tools)) = slot.as_ref()
