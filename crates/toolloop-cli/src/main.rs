@@ -1,5 +1,9 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
+// `unsafe` here is limited to `secrets` (the environment changed while the process has one
+// thread, a descriptor taken over); each block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 /// `println!` for stdout that never panics: a reader that went away (`toolloop … | head`) is
 /// not an error of ours, so a broken pipe is ignored; any other failure is said on stderr.
 #[macro_export]

@@ -98,7 +98,7 @@ pub(crate) fn inherit() -> Inherited {
         let Some(fd) = std::env::var_os(FD_VAR) else {
             return Inherited::default();
         };
-        // SAFETY (here and below): `main` calls this before anything else, while the process
+        // SAFETY: `main` calls this before anything else, while the process
         // has a single thread, so nothing reads the environment concurrently.
         unsafe { std::env::remove_var(FD_VAR) };
         let Some(fd) = fd.to_str().and_then(|f| f.parse::<i32>().ok()) else {
@@ -121,6 +121,7 @@ pub(crate) fn inherit() -> Inherited {
         drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         let vars = decode(&bytes);
         for (k, v) in &vars {
+            // SAFETY: as above, the process still has a single thread.
             unsafe { std::env::set_var(k, v) };
         }
         // Started through /proc/self/exe, the process is named `exe` (in ps, top, /proc's

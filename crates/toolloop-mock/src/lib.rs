@@ -201,6 +201,8 @@
 //! # }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod anthropic;
 mod conn;
 mod engine;

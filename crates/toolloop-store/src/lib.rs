@@ -96,6 +96,8 @@
 //! created) or a `postgres://` / `postgresql://` URL. [`Store::default_location`] is
 //! `$XDG_DATA_HOME/toolloop/toolloop.db`, else `~/.local/share/toolloop/toolloop.db`.
 
+#![forbid(unsafe_code)]
+
 mod lease;
 mod sql;
 mod writer;

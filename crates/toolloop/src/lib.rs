@@ -51,6 +51,7 @@
 //! - `toolloop-cli`: the `toolloop` command.
 //! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
 //!   serialized and capped; [`redact`]: keeping API keys out of error messages.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod agent;
