@@ -436,6 +436,14 @@ async fn drive(
                     take(&mut machine, None);
                 }
             }
+            // `Step` grows with the engine; a step this driver was not written for ends the
+            // run with an error that names it, rather than a guess.
+            other => {
+                return Err(TerminalError::new(format!(
+                    "toolloop-restate cannot drive the step {other:?}: update toolloop-restate to the toolloop it runs with"
+                ))
+                .into());
+            }
         }
     }
     let mut outcome = machine.into_outcome(started.elapsed().as_millis() as u64);

@@ -88,6 +88,7 @@ pub use state::{ApprovalState, Interrupt, LoopState, Phase, PhaseError, Slot};
 
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Step {
     /// A round is about to start and a `reminders` hook is set: call it with
     /// [`Machine::view`] and report its strings with [`Input::RemindersGiven`].

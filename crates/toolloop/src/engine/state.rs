@@ -44,6 +44,7 @@ pub struct LoopState {
 /// Where the machine is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "phase", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Phase {
     /// Ready for the next model call.
     Ready,
