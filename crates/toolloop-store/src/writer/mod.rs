@@ -617,7 +617,8 @@ struct Known {
 struct Entry {
     holder: String,
     tail: Tail,
-    /// The era its fence was last known in.
+    /// The era its fence was last known in (SQLite's writer reads it).
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     era: u64,
 }
 
@@ -641,11 +642,13 @@ impl Known {
     /// Whether the append's holder still holds its run's lease, as far as the writer knows
     /// without reading it: it did when the writer last wrote the run, and nothing else has
     /// written the database since.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     fn fence_holds(&self, a: &Append) -> bool {
         self.entry(a).is_some_and(|e| e.era == self.era)
     }
 
     /// Another connection has written the database: no fence is known to hold any more.
+    #[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
     fn written_elsewhere(&mut self) {
         self.era += 1;
     }
