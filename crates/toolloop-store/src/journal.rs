@@ -1,9 +1,7 @@
 //! The store as a run log ([`Journal`]): appends through the group writer, loads, and the
 //! tagged journals of [`Store::run_journal`].
 
-use crate::sql;
-use crate::writer;
-use crate::{Held, RunTags, Store, StoreError, db, now_ms};
+use crate::{Held, RunTags, Store, StoreError, db, now_ms, sql, writer};
 use async_trait::async_trait;
 use serde_json::Value;
 use std::sync::Arc;

@@ -1,9 +1,9 @@
 //! Opening a store: the location (SQLite file, `:memory:`, PostgreSQL URL), its pool and
 //! migrations, the group writer, and the settings chosen after opening.
 
-use crate::sql;
-use crate::writer;
-use crate::{Durability, Inner, Pool, Store, StoreError, WriterStats, location_secrets, redact};
+use crate::{
+    Durability, Inner, Pool, Store, StoreError, WriterStats, location_secrets, redact, sql, writer,
+};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

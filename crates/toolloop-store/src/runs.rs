@@ -1,11 +1,8 @@
 //! Runs: their leases (taken, renewed, given back, taken over from a holder that is gone),
 //! outcomes, and the lists of runs.
 
-use crate::lease;
 use crate::sessions::encode_transcript;
-use crate::sql;
-use crate::writer;
-use crate::{Held, RunStatus, RunSummary, Store, StoreError, db, now_ms};
+use crate::{Held, RunStatus, RunSummary, Store, StoreError, db, lease, now_ms, sql, writer};
 use serde_json::Value;
 use sqlx::Row;
 use toolloop::outcome::{Outcome, StopReason};

@@ -1,7 +1,6 @@
 //! Sessions: named transcripts, saved and loaded whole, and locked while a run uses one.
 
-use crate::sql;
-use crate::{Session, SessionSummary, Store, StoreError, db, now_ms};
+use crate::{Session, SessionSummary, Store, StoreError, db, now_ms, sql};
 use sqlx::Row;
 use toolloop::message::Message;
 use toolloop::transcript::repair_transcript;

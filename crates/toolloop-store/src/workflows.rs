@@ -1,7 +1,6 @@
 //! Workflow runs: the record a workflow runner keeps, saved and listed.
 
-use crate::sql;
-use crate::{Store, StoreError, db, now_ms};
+use crate::{Store, StoreError, db, now_ms, sql};
 use serde_json::Value;
 use sqlx::Row;
 

@@ -7,8 +7,7 @@ use crate::model::ToolSpec;
 use crate::ptk::dialect::Dialect;
 use crate::ptk::json_repair;
 use crate::ptk::json_repair::JsonError;
-use serde_json::Map;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// Keys that name the tool in a call object, in order of preference.
 const NAME_KEYS: &[&str] = &["tool", "name", "tool_name", "function"];

@@ -8,8 +8,7 @@ use super::text::{clean_name, find_ci, starts_with_ci};
 use crate::model::ToolSpec;
 use crate::ptk::dialect::Dialect;
 use crate::ptk::json_repair;
-use serde_json::Map;
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 /// One or more `<function=NAME>…</function>` blocks.
 pub(super) fn parse_functions(text: &str, tools: &[ToolSpec]) -> Result<Vec<ParsedCall>, String> {
