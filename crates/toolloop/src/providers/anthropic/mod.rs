@@ -46,8 +46,12 @@ pub use config::{
 };
 use error::classify;
 pub use error::parse_error;
-pub use request::{build_request_body, wire_id};
-pub use response::decode_message;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 
 /// A model behind the Anthropic Messages API.
 #[derive(Debug, Clone)]

@@ -42,7 +42,7 @@ fn image_block(image: &Image) -> Value {
 
 /// A tool-use id as Anthropic accepts it (`^[a-zA-Z0-9_-]+$`): other characters become `_`.
 /// Applied alike to `tool_use` and `tool_result`, so ids from other providers still pair up.
-pub fn wire_id(id: &str) -> String {
+pub(super) fn wire_id(id: &str) -> String {
     if id.is_empty() {
         return "toolu_missing_id".to_string();
     }
@@ -167,6 +167,7 @@ pub(super) fn mark_turn(turn: &mut Turn) -> bool {
 }
 
 /// The Messages request body for `req`.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
     let mut system: Vec<Value> = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();

@@ -72,7 +72,7 @@ pub(super) fn finish_reason(stop_reason: Option<&str>, has_calls: bool) -> Finis
 }
 
 /// Decodes a complete (non-streamed) Messages response.
-pub fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
+pub(super) fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
     if v["type"] == "error" {
         return Err(ModelError::Api(ApiError {
             status: 200,

@@ -48,7 +48,13 @@ pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROV
 use error::classify;
 pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
-pub use request::{PLACEHOLDER_THOUGHT_SIGNATURE, build_request_body};
+pub use request::PLACEHOLDER_THOUGHT_SIGNATURE;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 pub use response::decode_response;
 
 /// A model behind the Gemini API.

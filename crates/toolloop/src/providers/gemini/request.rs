@@ -220,6 +220,7 @@ pub(super) fn place_results(turns: &mut [Turn]) {
 }
 
 /// The `generateContent` request body for `req` (the same for the streaming endpoint).
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
     let _ = stream; // streaming is chosen by the endpoint, not the body
     let mut system: Vec<Value> = Vec::new();

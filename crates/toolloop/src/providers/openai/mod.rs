@@ -115,6 +115,11 @@ mod stream;
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, OpenAiConfig, PROVIDER, ReminderRole};
 pub(crate) use error::api_error_from_value;
 pub use error::parse_error;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(not(feature = "testing"))]
+use request::WireRequest;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub use request::{WireRequest, build_request_body};
 
 /// A model behind the OpenAI Chat Completions API.

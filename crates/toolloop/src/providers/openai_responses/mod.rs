@@ -76,7 +76,12 @@ mod stream;
 
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, PROVIDER, ResponsesConfig};
 pub use error::parse_error;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 pub use response::decode_response;
 
 /// A model behind the OpenAI Responses API.
