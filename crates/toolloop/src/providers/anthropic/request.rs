@@ -5,7 +5,7 @@ use super::config::{AnthropicConfig, MAX_CACHE_BREAKPOINTS, PROVIDER};
 use crate::image::{Image, ImageSource};
 use crate::message::Message;
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 pub(super) struct Turn {

@@ -4,7 +4,7 @@ use super::config::PROVIDER;
 use super::error::stream_error;
 use crate::message::{ProviderPart, ToolCall};
 use crate::model::{ApiError, FinishReason, ModelError, ModelResponse};
-use crate::transport::wire::snippet;
+use crate::providers::adapter::snippet;
 use crate::usage::Usage;
 use serde_json::{Value, json};
 

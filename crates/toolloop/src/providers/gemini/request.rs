@@ -4,7 +4,7 @@ use super::config::{GeminiConfig, PROVIDER};
 use crate::image::{Image, ImageSource};
 use crate::message::{AssistantMessage, Message, ProviderPart};
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 /// A call of a model turn: our id, its name, and the id Gemini gave it, if any.

@@ -7,7 +7,7 @@ use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
 use crate::output::OutputSchema;
-use crate::transport::wire::json_number;
+use crate::providers::adapter::json_number;
 use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};

@@ -3,7 +3,7 @@
 use super::config::{PROVIDER, ResponsesConfig};
 use crate::message::Message;
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 /// The JSON body of one Responses API request.
