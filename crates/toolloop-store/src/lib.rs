@@ -95,6 +95,14 @@
 //! [`Store::open`] takes a path (SQLite; `sqlite:` prefix optional; parent directories are
 //! created) or a `postgres://` / `postgresql://` URL. [`Store::default_location`] is
 //! `$XDG_DATA_HOME/toolloop/toolloop.db`, else `~/.local/share/toolloop/toolloop.db`.
+//!
+//! # Where each part lives
+//!
+//! This file holds the types; the store's methods are split by concern: `open` (locations,
+//! pools, migrations, settings), `sessions`, `runs` (runs, their leases and outcomes),
+//! `workflows`, and `journal` (the store as a run log). `writer` is the group writer, with its
+//! SQLite and PostgreSQL commits in `writer/sqlite.rs` and `writer/postgres.rs`; `lease` tells
+//! whether a lease's holder is gone; `sql` holds every SQL statement but the writer's.
 
 #![forbid(unsafe_code)]
 

@@ -140,5 +140,3 @@ impl Tool for ListDir {
         blocking(self.name(), &ctx, move |stop| this.list(&args, stop)).await
     }
 }
-
-// search_files

@@ -31,6 +31,10 @@
 //! component by component just before use, which follows the same rules but does not hold
 //! against a concurrent swap.
 //!
+//! Each tool is a module of its own (`read_file`, `list_dir`, `search_files`, `write_file`);
+//! `root` checks a model's paths against the root, and `confine` resolves them beneath it by
+//! directory handles.
+//!
 //! ```
 //! use toolloop_tools::fs::builtin_tools;
 //!

@@ -272,5 +272,3 @@ fn not_utf8(rel: &str, line: usize) -> ToolError {
          UTF-8 text only"
     ))
 }
-
-// list_dir

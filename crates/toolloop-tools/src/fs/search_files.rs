@@ -295,5 +295,3 @@ impl Tool for SearchFiles {
         blocking(self.name(), &ctx, move |stop| this.search(&args, stop)).await
     }
 }
-
-// write_file

@@ -27,6 +27,11 @@
 //! end-of-message tokens (Llama's, DeepSeek's) are dropped. Fenced and bare JSON count as calls only when shaped
 //! exactly like a call (a name key and an arguments key) and naming a known tool, so JSON shown
 //! to the user stays text.
+//!
+//! Where each part lives: `scanner` (finding openers, holding text until it can decide,
+//! `<think>`), one module per dialect family (`tagged`, `mistral`, `llama`, `fence`, `xml`,
+//! `sections`, `python_list`), `objects` (JSON call objects), `miss` (near misses and the
+//! format they teach) and `text` (small text helpers).
 
 mod fence;
 mod llama;
