@@ -147,3 +147,24 @@ impl Vars {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Vars;
+
+    #[test]
+    fn each_setting_is_its_first_variable_set_and_not_blank_trimmed() {
+        let env = |name: &str| match name {
+            "A_URL" => Some("  ".to_string()),
+            "B_URL" => Some(" http://127.0.0.1:9 ".to_string()),
+            "A_KEY" => Some("k1\n".to_string()),
+            "B_KEY" => Some("k2".to_string()),
+            _ => None,
+        };
+        let vars = Vars::read(env, &["A_URL", "B_URL"], &["A_KEY", "B_KEY"]);
+        assert_eq!(vars.base_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(vars.api_key.as_deref(), Some("k1"));
+        let none = Vars::read(|_| None, &["A_URL"], &["A_KEY"]);
+        assert!(none.base_url.is_none() && none.api_key.is_none());
+    }
+}
