@@ -103,6 +103,10 @@
 //! `workflows`, and `journal` (the store as a run log). `writer` is the group writer, with its
 //! SQLite and PostgreSQL commits in `writer/sqlite.rs` and `writer/postgres.rs`; `lease` tells
 //! whether a lease's holder is gone; `sql` holds every SQL statement but the writer's.
+//!
+//! [`Journal`]: toolloop::journal::Journal
+//! [`Journal::append_all`]: toolloop::journal::Journal::append_all
+//! [`Journal::acquire`]: toolloop::journal::Journal::acquire
 
 #![forbid(unsafe_code)]
 

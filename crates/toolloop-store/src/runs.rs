@@ -166,7 +166,7 @@ impl Store {
     /// [`Outcome::context`]), in one transaction.
     ///
     /// The transcript is saved only while the session is at the revision the run started from
-    /// (see [`RunTags::session_revision`]): when another run saved a turn meanwhile, nothing is
+    /// (see [`RunTags::session_revision`](crate::RunTags::session_revision)): when another run saved a turn meanwhile, nothing is
     /// written and the error is [`StoreError::SessionMoved`] (the run's turn stays in its log).
     /// A run's outcome is recorded once: called again for a run already recorded (a finished
     /// run resumed, say), it changes nothing. A run that stopped awaiting approval
@@ -336,7 +336,7 @@ impl Store {
         Ok(row)
     }
 
-    /// A run's session and application metadata (see [`RunTags`]); `None` when there is no
+    /// A run's session and application metadata (see [`RunTags`](crate::RunTags)); `None` when there is no
     /// such run.
     pub async fn run_tags(
         &self,

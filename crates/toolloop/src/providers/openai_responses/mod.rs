@@ -64,7 +64,7 @@ use crate::providers::Decoded;
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::adapter;
 use crate::providers::adapter::HttpAdapter;
-use crate::transport::http::{ErrorParser, HttpTransport};
+use crate::transport::http::ErrorParser;
 use error::classify;
 use reqwest::header::HeaderMap;
 use response::decode_response_body;
@@ -128,7 +128,7 @@ impl HttpAdapter for ResponsesModel {
         &self.config.model
     }
 
-    fn transport(&self) -> &HttpTransport {
+    fn transport(&self) -> &crate::transport::http::HttpTransport {
         &self.config.transport
     }
 
