@@ -2,18 +2,24 @@
 //! server). It only looks: when `node` and `npm` are on `PATH`, it sets the `toolloop_npm` cfg,
 //! and those tests install the packages from `tools/npm/package-lock.json` and run; without them
 //! the tests are compiled as ignored, with the reason, so they are reported as skipped and never
-//! as passed. No process is started and nothing is downloaded here.
+//! as passed. Likewise `toolloop_python` when `python3` is on `PATH`, for the tests that run
+//! the Python clients (installed by `scripts/python-install` from
+//! `tools/python/requirements.txt`). No process is started and nothing is downloaded here.
 
 use std::path::Path;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(toolloop_npm)");
+    println!("cargo::rustc-check-cfg=cfg(toolloop_python)");
     println!("cargo::rerun-if-env-changed=PATH");
     println!("cargo::rerun-if-changed=../../tools/npm/build_probe.rs");
     let path = std::env::var_os("PATH").unwrap_or_default();
     let found = |name: &str| std::env::split_paths(&path).any(|dir| executable(&dir.join(name)));
     if found("node") && found("npm") {
         println!("cargo::rustc-cfg=toolloop_npm");
+    }
+    if found("python3") {
+        println!("cargo::rustc-cfg=toolloop_python");
     }
 }
 

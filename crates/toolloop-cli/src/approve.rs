@@ -186,10 +186,29 @@ pub(crate) fn command_tools(
 /// Answers a call that waits for approval.
 pub(crate) type Ask = Arc<dyn Fn(&PendingApproval) -> BoxFuture<'static, Answer> + Send + Sync>;
 
+/// Whether only a person may approve a call ([`Tool::approval_required`]: `run_command` asked
+/// to leave its sandbox), whatever the rules say.
+pub(crate) type PersonOnly = Arc<dyn Fn(&toolloop::ToolCall) -> bool + Send + Sync>;
+
+/// [`PersonOnly`] for the calls of `tools`.
+pub(crate) fn person_only(tools: &[Arc<dyn Tool>]) -> PersonOnly {
+    let tools = tools.to_vec();
+    Arc::new(move |call| {
+        tools
+            .iter()
+            .any(|t| t.name() == call.name && t.approval_required(&call.arguments))
+    })
+}
+
 /// How the run answers calls that need approval: `None` with --defer-approvals (the run stops
 /// for them); a question on the terminal when stdin and stderr are one; otherwise a denial
-/// that names the flags that would allow the call.
-pub(crate) fn handler(args: &ApprovalArgs, progress: Arc<Progress>) -> Option<Ask> {
+/// that names what would allow the call: a rule, or, for a call only a person may approve
+/// (`person_only`), a person at a terminal (or `--sandbox off` for commands).
+pub(crate) fn handler(
+    args: &ApprovalArgs,
+    progress: Arc<Progress>,
+    person_only: PersonOnly,
+) -> Option<Ask> {
     if args.defer_approvals {
         return None;
     }
@@ -224,19 +243,41 @@ pub(crate) fn handler(args: &ApprovalArgs, progress: Arc<Progress>) -> Option<As
             .boxed()
         }));
     }
-    Some(Arc::new(|p: &PendingApproval| {
-        let flag = format!("--allow '{}:{}'", p.call.name, p.subject.replace('\'', "?"));
-        eprintln!(
-            "toolloop: denied {} `{}`: no rule allows it and there is no terminal to ask on \
-             (chat does not ask); allow it with {}, or stop for a later decision with \
-             --defer-approvals",
-            escape(&p.call.name, false),
-            escape(&p.subject, false),
-            escape(&flag, false),
-        );
-        async {
+    Some(Arc::new(move |p: &PendingApproval| {
+        let reason = if person_only(&p.call) {
+            // No rule can allow it: naming one would send the user on a useless errand.
+            let (what, sandbox_off) = if p.call.name == "run_command" {
+                (
+                    "it asks to run outside the sandbox, which only a person can approve",
+                    "; to run commands without the sandbox at all, start the run with --sandbox off",
+                )
+            } else {
+                ("only a person can approve it", "")
+            };
+            eprintln!(
+                "toolloop: denied {} `{}`: {what} (no --allow rule can), and there is no \
+                 terminal to ask on (chat does not ask); run toolloop on a terminal to be asked, \
+                 or stop for a person's decision with --defer-approvals and `toolloop \
+                 approve`{sandbox_off}",
+                escape(&p.call.name, false),
+                escape(&p.subject, false),
+            );
+            "only a person may approve this call, and there is no one to ask"
+        } else {
+            let flag = format!("--allow '{}:{}'", p.call.name, p.subject.replace('\'', "?"));
+            eprintln!(
+                "toolloop: denied {} `{}`: no rule allows it and there is no terminal to ask on \
+                 (chat does not ask); allow it with {}, or stop for a later decision with \
+                 --defer-approvals",
+                escape(&p.call.name, false),
+                escape(&p.subject, false),
+                escape(&flag, false),
+            );
+            "no rule allows this call and there is no one to approve it"
+        };
+        async move {
             Answer::Deny {
-                reason: Some("no rule allows this call and there is no one to approve it".into()),
+                reason: Some(reason.into()),
             }
         }
         .boxed()
@@ -303,8 +344,9 @@ pub(crate) fn show_pending(outcome: &Outcome) {
     }
     for p in &outcome.pending_approvals {
         eprintln!(
-            "  waiting: {} {} {}",
+            "  waiting: {} {}{} {}",
             escape(&p.call.id, false),
+            where_(p),
             escape(&p.call.name, false),
             escape(&p.subject, false)
         );
@@ -314,6 +356,15 @@ pub(crate) fn show_pending(outcome: &Outcome) {
             "toolloop: decide with `toolloop approve {id} <call-id>|--all` or `toolloop deny \
              {id} <call-id>|--all [--reason …]`, then `toolloop resume {id}`"
         );
+    }
+}
+
+/// Which sub-agent's call it is (`reviewer: `), empty for the run's own calls.
+fn where_(p: &PendingApproval) -> String {
+    if p.path.is_empty() {
+        String::new()
+    } else {
+        format!("{}: ", escape(&p.path.join("/"), false))
     }
 }
 
@@ -423,8 +474,9 @@ pub(crate) async fn decide(args: DecideArgs, approve: bool, reason: Option<Strin
     };
     for p in &decided {
         crate::outln!(
-            "{verb}: {} {} {}",
+            "{verb}: {} {}{} {}",
             escape(&p.call.id, false),
+            where_(p),
             escape(&p.call.name, false),
             escape(&p.subject, false)
         );

@@ -76,6 +76,8 @@ pub(crate) struct ConfigFile {
     pub flags: BTreeMap<String, Vec<String>>,
     /// Named models.
     pub models: BTreeMap<String, NamedModel>,
+    /// Agents the main agent may delegate to: `[agents.NAME]` (see [`crate::agents`]).
+    pub agents: BTreeMap<String, crate::agents::AgentDef>,
 }
 
 /// Where the configuration file is looked for: `TOOLLOOP_CONFIG`, else the platform's
@@ -115,6 +117,10 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
         ..ConfigFile::default()
     };
     for (key, value) in table {
+        if key == "agents" {
+            config.agents = crate::agents::parse_defs(value, &at())?;
+            continue;
+        }
         if key == "models" {
             let models: BTreeMap<String, NamedModel> = value
                 .try_into()

@@ -1,6 +1,6 @@
 //! The context policy of the command's runs (see `toolloop::context::policy`): the flags
 //! (`--context-window`, `--compact-at`, `--keep-rounds`, `--spill-over`, `--compact-model`,
-//! `--no-compact`, the same keys in the configuration file), the policy they make, and the
+//! `--no-compact`, `--no-native-context`, the same keys in the configuration file), the policy they make, and the
 //! chat's `/context` and `/compact`.
 
 use clap::Args;
@@ -42,6 +42,12 @@ pub(crate) struct ContextArgs {
     #[arg(long)]
     #[serde(default)]
     pub no_compact: bool,
+    /// Clear and compact on this side only, never with the provider's own context management
+    /// (Anthropic's clearing of old tool results, the Responses API's compaction), which is
+    /// used by default where the API offers it.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_native_context: bool,
 }
 
 fn parse_share(s: &str) -> Result<f64, String> {
@@ -73,6 +79,8 @@ impl ContextArgs {
             spill_over,
             spill_preview: spill_over.map_or(0, |n| PREVIEW.min(n / 4)),
             compact: !self.no_compact,
+            native: !self.no_native_context,
+            provider: defaults.provider,
         };
         policy
             .validate()
@@ -307,6 +315,7 @@ mod tests {
         assert_eq!(p.keep_rounds, 8);
         assert_eq!(p.spill_over, Some(SPILL_OVER));
         assert!(p.compact);
+        assert!(p.native, "the providers' own stages by default");
         let p = a.policy("openai:mock:rounds=3,window=8000").unwrap();
         assert_eq!(p.window, Some(8000));
         let a = ContextArgs {
@@ -315,9 +324,11 @@ mod tests {
             keep_rounds: Some(0),
             spill_over: Some(0),
             no_compact: true,
+            no_native_context: true,
             ..ContextArgs::default()
         };
         let p = a.policy("mock:window=8000").unwrap();
+        assert!(!p.native);
         assert_eq!(
             (
                 p.window,

@@ -56,6 +56,12 @@ pub(crate) struct DurableArgs {
     #[arg(skip)]
     #[serde(default)]
     pub resume: Option<String>,
+    /// Set by `toolloop resume` for a run that failed on a model error: a new run (in the same
+    /// session) goes on from that run's conversation as its log holds it, so the failed model
+    /// call is made again and nothing the run did is made or run again.
+    #[arg(skip)]
+    #[serde(skip)]
+    pub retry: Option<String>,
 }
 
 /// `--durability`.
@@ -155,6 +161,8 @@ pub(crate) struct Durable {
     store: Option<Store>,
     session: Option<String>,
     resume: Option<String>,
+    /// The failed run a new run goes on from (see [`DurableArgs::retry`]).
+    retry: Option<String>,
     meta: Value,
     /// This process's name in the session's lease, while it holds the session.
     holder: Option<String>,
@@ -173,7 +181,8 @@ impl Durable {
         let durability = match durable.durability.store() {
             Some(d) if !durable.no_store => d,
             _ => {
-                if durable.session.is_some() || durable.resume.is_some() {
+                if durable.session.is_some() || durable.resume.is_some() || durable.retry.is_some()
+                {
                     eprintln!(
                         "toolloop: --durability none (--no-store) writes nothing, so it cannot \
                          go with --session or resume; use --durability process or power"
@@ -184,6 +193,7 @@ impl Durable {
                     store: None,
                     session: None,
                     resume: None,
+                    retry: None,
                     meta: Value::Null,
                     holder: None,
                     history: Vec::new(),
@@ -196,6 +206,7 @@ impl Durable {
             store: Some(store.clone()),
             session: durable.session.clone(),
             resume: durable.resume.clone(),
+            retry: durable.retry.clone(),
             meta: run_meta(args),
             holder: None,
             history: Vec::new(),
@@ -300,6 +311,15 @@ impl Durable {
                     }
                 })?
             }
+            (None, Some(_)) if self.retry.is_some() => {
+                let failed = self.retry.clone().unwrap_or_default();
+                let conversation = self.conversation_of(agent, &failed).await?;
+                let outcome = agent.run_cancellable(conversation, cancel).await;
+                if let Some(id) = &outcome.run_id {
+                    eprintln!("toolloop: run {failed} was continued as run {id}");
+                }
+                outcome
+            }
             _ => {
                 let mut messages = std::mem::take(&mut self.history);
                 messages.push(prompt);
@@ -317,6 +337,34 @@ impl Durable {
             }
         }
         Ok(outcome)
+    }
+}
+
+impl Durable {
+    /// The conversation of the failed run `failed` as its log holds it (its context view, with
+    /// a context policy), for a new run to go on from. Refused when the session has had other
+    /// turns saved since (going on would drop them).
+    async fn conversation_of(&self, agent: &Agent, failed: &str) -> Result<Vec<Message>, ExitCode> {
+        let outcome = agent.logged_outcome(failed).await.map_err(|e| {
+            eprintln!("toolloop: {e}");
+            ExitCode::FAILURE
+        })?;
+        let conversation = match outcome.context {
+            Some(context) => context.view,
+            None => outcome.messages,
+        };
+        // The session holds the failed run's turn (it saved it), or what came before it.
+        if let Some(name) = &self.session
+            && !conversation.starts_with(&self.history)
+        {
+            eprintln!(
+                "toolloop: cannot continue run {failed}: session {name} has had other turns saved \
+                 since it failed, which going on from it would drop; continue the conversation in \
+                 a new run: toolloop run --session {name} \"…\""
+            );
+            return Err(ExitCode::FAILURE);
+        }
+        Ok(conversation)
     }
 }
 

@@ -18,7 +18,9 @@ macro_rules! outln {
     }};
 }
 
+mod agents;
 mod approve;
+mod catalog_check;
 mod chat;
 mod config;
 mod context;
@@ -29,7 +31,6 @@ mod progress;
 mod run;
 mod sandbox;
 mod secrets;
-#[cfg(feature = "restate")]
 mod serve;
 mod sessions;
 mod spec;
@@ -85,15 +86,17 @@ enum Command {
     Sessions(sessions::SessionsCommand),
     /// List logged runs and where they stand (finished, running, interrupted).
     Runs(sessions::RunsArgs),
-    /// Continue a run that stopped before its end (a crash, a kill), from its last durable step.
+    /// Continue a run that stopped before its end (a crash, a kill), from its last durable step;
+    /// or one that failed on a model error, in a new run from its conversation.
     Resume(sessions::ResumeArgs),
     /// Approve calls of a run that stopped awaiting approval (lists them with no call id).
     Approve(approve::DecideArgs),
     /// Deny calls of a run that stopped awaiting approval (the model reads `denied: …`).
     Deny(approve::DenyArgs),
-    /// Serve the agent as a durable service on Restate: a worker that the Restate server calls
-    /// for each run (runs are invoked on Restate's HTTP ingress).
-    #[cfg(feature = "restate")]
+    /// Serve the agent to other programs: an OpenAI-compatible API (`--openai ADDR`: agents as
+    /// models, and native tool calls for any model through the gateway), an MCP server
+    /// (`--mcp`, stdio, or `--mcp ADDR`, streamable HTTP), or a durable service on Restate
+    /// (`--restate ADDR`).
     Serve(serve::ServeArgs),
     /// Serve the mock LLM provider (OpenAI, Anthropic and Gemini APIs) on 127.0.0.1.
     Mock(MockArgs),
@@ -228,7 +231,6 @@ fn main() -> ExitCode {
             Command::Approve(args) => approve::decide(args, true, None).await,
             Command::Deny(args) => approve::deny(args).await,
             Command::Config(command) => config::config_command(command),
-            #[cfg(feature = "restate")]
             Command::Serve(args) => serve::serve(args).await,
             Command::Completions { shell } => {
                 let mut command = Cli::command();

@@ -361,11 +361,47 @@ impl Progress {
                 all.extend(names("~", changed));
                 self.line(format!("  ⟳ the tools changed: {}", all.join(" ")))
             }
+            Event::Child { path, event, .. } => self.child(path, event),
             _ => {}
         }
         if let Event::ModelRetry { .. } = event {
             // The next attempt begins after the line about the retry.
             self.text(Text::begin);
+        }
+    }
+
+    /// A sub-agent's event: which agent works on what (`└ reviewer: read_file src/lib.rs`).
+    fn child(&self, path: &[String], event: &Event) {
+        let joined = path.join("/");
+        let who = escape(&joined, false);
+        match event {
+            Event::RoundStarted { .. } => self.set(format!("└ {who}: waiting for the model")),
+            Event::ToolCallRequested { call, .. } => {
+                let what = call_summary(&call.arguments);
+                self.line(format!(
+                    "  └ {who}: {}{}",
+                    escape(&call.name, false),
+                    if what.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" {}", escape(&what, false))
+                    }
+                ));
+            }
+            Event::ToolStarted { name, .. } => {
+                self.set(format!("└ {who}: running {}", escape(name, false)))
+            }
+            Event::ToolFinished { name, status, .. } if *status != CallStatus::Ok => {
+                let status = serde_json::to_value(status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                self.line(format!("  └ {who}: ✗ {} {status}", escape(name, false)));
+            }
+            Event::RunFinished { outcome } if !outcome.success => {
+                self.line(format!("  └ {who}: stopped ({:?})", outcome.stop_reason));
+            }
+            _ => {}
         }
     }
 
@@ -394,6 +430,20 @@ impl Progress {
     /// Whether the replies' text was streamed (and the answer is not to be written again).
     pub(crate) fn streamed(&self) -> bool {
         self.text.is_some()
+    }
+}
+
+/// A call's arguments in a few words: its first string argument (a path, a command), cut at
+/// 60 characters.
+fn call_summary(arguments: &serde_json::Value) -> String {
+    let first = arguments
+        .as_object()
+        .and_then(|o| o.values().find_map(|v| v.as_str()))
+        .unwrap_or_default();
+    let line = first.lines().next().unwrap_or_default();
+    match line.char_indices().nth(60) {
+        Some((cut, _)) => format!("{}…", &line[..cut]),
+        None => line.to_string(),
     }
 }
 
@@ -480,6 +530,44 @@ mod tests {
         );
         assert!(
             shown.contains("invalid: unknown tool\\r\\x1b[1A"),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn a_sub_agents_calls_say_which_agent_works() {
+        let (progress, tty) = on_tty(true);
+        let child = |path: &[&str], event: Event| Event::Child {
+            path: path.iter().map(|p| p.to_string()).collect(),
+            call_id: "c1".into(),
+            event: Box::new(event),
+        };
+        progress.event(&child(
+            &["reviewer"],
+            Event::ToolCallRequested {
+                round: 1,
+                call: ToolCall::new("read_file", serde_json::json!({"path": "src/lib.rs"})),
+            },
+        ));
+        // A grandchild's, by its whole path; a failed call says so.
+        progress.event(&child(
+            &["planner", "reviewer"],
+            Event::ToolFinished {
+                round: 1,
+                call_id: "c2".into(),
+                name: "run_command".into(),
+                success: false,
+                status: CallStatus::Failed,
+                duration_ms: 3,
+            },
+        ));
+        let shown = tty.text();
+        assert!(
+            shown.contains("  └ reviewer: read_file src/lib.rs\n"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("  └ planner/reviewer: ✗ run_command failed\n"),
             "{shown}"
         );
     }

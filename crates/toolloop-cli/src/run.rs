@@ -88,6 +88,9 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub context: crate::context::ContextArgs,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub agents: crate::agents::AgentsArgs,
 }
 
 #[derive(Args, Debug, serde::Serialize, serde::Deserialize)]
@@ -191,6 +194,8 @@ impl AgentArgs {
     /// read in, so that the run's saved configuration needs neither. Says on stderr when no
     /// model was chosen anywhere (the offline test model answers).
     pub(crate) fn prepare(&mut self) -> Result<(), String> {
+        self.agents.prepare()?;
+        self.take_direct_agent()?;
         crate::config::resolve_model(&mut self.provider)?;
         if self.provider.model.trim() == "test" && !crate::config::model_chosen() {
             eprintln!(
@@ -199,6 +204,35 @@ impl AgentArgs {
                  the configuration file (`toolloop config path`)."
             );
         }
+        self.read_files()
+    }
+
+    /// `--agent NAME`: the run becomes that agent's (its model, system prompt and limits).
+    pub(crate) fn take_direct_agent(&mut self) -> Result<(), String> {
+        if let Some(def) = self.agents.direct().cloned() {
+            // `--agent NAME`: the run is that agent's.
+            if let Some(model) = def.model {
+                self.provider.model = model;
+            }
+            if def.system.is_some() {
+                self.system = def.system;
+                self.system_file = None;
+            }
+            if let Some(n) = def.max_rounds {
+                self.max_rounds = n;
+            }
+            if let Some(n) = def.max_tool_calls {
+                self.max_tool_calls = n;
+            }
+            if let Some(t) = &def.timeout {
+                self.timeout = Some(parse_timeout(t)?);
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads in what the flags name in files (`--system-file`, `--output-schema`, `--prices`).
+    fn read_files(&mut self) -> Result<(), String> {
         if let Some(path) = self.system_file.take() {
             let text = toolloop::user_file::read_to_string(&path, MAX_SYSTEM_FILE_BYTES)
                 .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
@@ -234,6 +268,7 @@ impl AgentArgs {
     /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
     /// note on stderr, so that the run can still be resumed.
     pub(crate) fn check(&mut self) -> Result<(), String> {
+        self.agents.check()?;
         if self.max_rounds == 0 {
             return Err("--max-rounds 0: a run needs at least 1 round".into());
         }
@@ -443,6 +478,7 @@ pub(crate) async fn run_with_note(
         t.saturating_sub(started.elapsed())
             .max(Duration::from_millis(1))
     });
+    let person_only = crate::approve::person_only(&tools.own);
     let builder = match agent_builder_with(&agent_args, model, tools) {
         Ok(b) => b,
         Err(e) => return usage_error(e),
@@ -471,7 +507,8 @@ pub(crate) async fn run_with_note(
         })
     };
     let _stop_watching = AbortOnDrop(watcher);
-    if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone()) {
+    if let Some(ask) = crate::approve::handler(&args.agent.approval, progress.clone(), person_only)
+    {
         builder = builder.on_approval(move |p| ask(p));
     }
     let mut durable = match crate::durable::Durable::open(&args.durable, &args).await {
@@ -579,16 +616,25 @@ pub(crate) fn agent_builder_with(
     model: Arc<dyn toolloop::model::Model>,
     tools: crate::mcp::RunTools,
 ) -> Result<AgentBuilder, String> {
+    let mut builder = crate::agents::attach(agent, agent_builder_base(agent, model)?, tools.own)?;
+    if let Some(mcp) = tools.mcp {
+        builder = builder.tool_source_arc(mcp);
+    }
+    Ok(builder)
+}
+
+/// The agent `agent` describes around `model`, without tools: its limits, approval rules,
+/// system prompt, model settings and prices.
+pub(crate) fn agent_builder_base(
+    agent: &AgentArgs,
+    model: Arc<dyn toolloop::model::Model>,
+) -> Result<AgentBuilder, String> {
     let mut builder = AgentBuilder::new(model)
-        .tools(tools.own)
         .max_rounds(agent.max_rounds)
         .max_tool_calls(agent.max_tool_calls)
         .stream(agent.stream)
         .redact(crate::secrets::redactor())
         .approvals(crate::approve::approvals(&agent.approval)?);
-    if let Some(mcp) = tools.mcp {
-        builder = builder.tool_source_arc(mcp);
-    }
     if let Some(system) = &agent.system {
         builder = builder.system(system.clone());
     }
@@ -646,7 +692,7 @@ pub(crate) fn outcome_json(o: &Outcome) -> Value {
         .map(|c| {
             let result = serde_json::from_str::<Value>(&c.content)
                 .unwrap_or_else(|_| Value::String(c.content.clone()));
-            json!({
+            let mut call = json!({
                 "round": c.round,
                 "id": c.call.id,
                 "name": c.call.name,
@@ -655,7 +701,12 @@ pub(crate) fn outcome_json(o: &Outcome) -> Value {
                 "status": c.status,
                 "result": result,
                 "duration_ms": c.duration_ms,
-            })
+            });
+            if let Some(spent) = &c.spent {
+                // A sub-agent's usage and cost (counted in the run's too).
+                call["spent"] = json!(spent);
+            }
+            call
         })
         .collect();
     let mut v = json!({

@@ -1,29 +1,135 @@
-//! `toolloop serve --restate ADDR`: a worker that runs the agent the flags describe as a
-//! durable service on Restate (see the `toolloop-restate` crate): the Restate server calls it
-//! over HTTP/2 for each run, invoked on Restate's ingress.
+//! `toolloop serve`: the agent the flags describe, served to other programs.
+//!
+//! - `--restate ADDR`: a worker that runs the agent as a durable service on Restate (see the
+//!   `toolloop-restate` crate): the Restate server calls it over HTTP/2 for each run, invoked on
+//!   Restate's ingress.
+//! - `--openai ADDR`: an OpenAI-compatible API ([`openai`]): the agents as models
+//!   (`agent:NAME`), and a gateway (`gateway:SPEC`) that gives native tool calls to any model
+//!   through prompt-based calling ([`gateway`]).
+//! - `--mcp` (stdio) or `--mcp ADDR` (streamable HTTP): the agents as MCP tools ([`mcp`]).
 
+mod gateway;
+mod mcp;
+mod openai;
+mod wire;
+
+use crate::durable::StoreArgs;
 use crate::run::{AgentArgs, agent_builder_with, tools, usage_error};
 use crate::spec::model_from_args;
 use clap::Args;
+use sha2::Digest;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use toolloop::agent::{Agent, EventHandler, OnApproval};
+use toolloop::journal::{Journal, JournalError};
+use toolloop::message::Message;
+use toolloop::outcome::Outcome;
+use toolloop_store::{RunTags, Store};
 
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("mode").required(true).args(["restate", "openai", "mcp"])))]
 pub(crate) struct ServeArgs {
     /// Serve the agent to a Restate server: listen on this address (`127.0.0.1:9080`) for the
     /// server's calls. Several workers may share one address.
     #[arg(long, value_name = "ADDR")]
-    pub restate: SocketAddr,
+    pub restate: Option<SocketAddr>,
     /// Register this worker with Restate's admin API at this URL (`http://127.0.0.1:9070`).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", requires = "restate")]
     pub admin_url: Option<String>,
     /// The URL the Restate server reaches this worker at, when registering (default:
     /// `http://` and the listening address).
     #[arg(long, value_name = "URL", requires = "admin_url")]
     pub advertise: Option<String>,
+    /// Serve an OpenAI-compatible API on this address (`127.0.0.1:8080`):
+    /// `POST /v1/chat/completions` and `/v1/responses` with `model: "agent:NAME"` run an agent
+    /// (`agent:default`, the one these flags describe, or one of `[agents.NAME]` / --agents)
+    /// and answer with its final text;
+    /// `model: "gateway:SPEC"` offers the request's own tools to the model SPEC
+    /// (`openai:qwen3` behind `--base-url`) through prompt-based tool calling and answers with
+    /// standard `tool_calls` (nothing runs on the server). `GET /v1/models` lists them,
+    /// `GET /v1/runs/{id}` shows a run. Any address but loopback needs --auth-token.
+    #[arg(long, value_name = "ADDR")]
+    pub openai: Option<SocketAddr>,
+    /// Serve the agent as an MCP server: on stdin and stdout with no address, or over
+    /// streamable HTTP at `http://ADDR/mcp` (`--mcp 127.0.0.1:8090`). Each agent (`default`,
+    /// and each of `[agents.NAME]` / --agents) is a tool that takes the task and answers with
+    /// the final text (structured content with --output-schema).
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "stdio")]
+    pub mcp: Option<String>,
+    /// With --mcp: offer this workflow file as a tool too (repeatable): named after the
+    /// workflow, its inputs the tool's arguments, its result the last step's output.
+    #[arg(long = "workflow", value_name = "FILE", requires = "mcp")]
+    pub workflows: Vec<PathBuf>,
+    #[command(flatten)]
+    pub workflow_files: crate::workflow::FilesArgs,
+    #[command(flatten)]
+    pub http: HttpArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
     #[command(flatten)]
     pub agent: AgentArgs,
+}
+
+/// The flags of the HTTP modes (`--openai`, `--mcp ADDR`).
+#[derive(Args, Debug, Clone)]
+pub(crate) struct HttpArgs {
+    /// The token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
+    /// key), compared in constant time. Required to listen on anything but loopback. Prefer
+    /// --auth-token-file or the variable: a command line is visible to other users.
+    #[arg(
+        long,
+        env = "TOOLLOOP_AUTH_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    pub auth_token: Option<String>,
+    /// Read the token from this file (its first line).
+    #[arg(long, value_name = "FILE", conflicts_with = "auth_token")]
+    pub auth_token_file: Option<PathBuf>,
+    /// The largest request body, in bytes; a larger one gets 413.
+    #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1024..=1024 * 1024 * 1024))]
+    pub max_body: u64,
+    /// Runs (and gateway requests) at once; one more gets 429.
+    #[arg(long, value_name = "N", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub max_runs: u32,
+    /// A run whose client disconnects goes on to its end (its outcome is kept in the store,
+    /// and a retry with the same `Idempotency-Key` gets it) instead of being cancelled.
+    #[arg(long)]
+    pub keep_on_disconnect: bool,
+    /// On SIGTERM or Ctrl-C: how long runs in progress may take to finish before the server
+    /// exits; the runs still going are left in the store, resumable (`toolloop resume`, or a
+    /// retry with the same `Idempotency-Key`).
+    #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = crate::run::parse_timeout)]
+    pub grace: Duration,
+}
+
+impl HttpArgs {
+    /// The token the flags give, read from its file when one is named.
+    fn token(&self) -> Result<Option<String>, String> {
+        if let Some(path) = &self.auth_token_file {
+            let text = toolloop::user_file::read_to_string(path, 64 * 1024)
+                .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
+            let token = text.lines().next().unwrap_or("").trim().to_string();
+            if token.is_empty() {
+                return Err(format!(
+                    "--auth-token-file {}: the file holds no token",
+                    path.display()
+                ));
+            }
+            return Ok(Some(token));
+        }
+        match &self.auth_token {
+            Some(t) if t.trim().is_empty() => Err("--auth-token: the token is empty".into()),
+            Some(t) => Ok(Some(t.trim().to_string())),
+            None => Ok(None),
+        }
+    }
 }
 
 pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
@@ -36,6 +142,60 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
     if let Err(e) = args.agent.mcp.absolutize() {
         return usage_error(e);
     }
+    if args.restate.is_none() && (args.admin_url.is_some() || args.advertise.is_some()) {
+        return usage_error("--admin-url and --advertise go with --restate");
+    }
+    if !args.workflows.is_empty() && args.mcp.is_none() {
+        return usage_error("--workflow: workflows are served over MCP only (add --mcp)");
+    }
+    if let Some(addr) = args.restate {
+        return serve_restate(args, addr).await;
+    }
+    let token = match args.http.token() {
+        Ok(t) => t,
+        Err(e) => return usage_error(e),
+    };
+    // Nothing asks a person on a terminal: a call that needs approval is denied, or, with
+    // --defer-approvals, the run stops and waits (the modes' own handlers decide).
+    args.agent.approval.no_prompt = true;
+    let agents = match Agents::open(&args).await {
+        Ok(a) => Arc::new(a),
+        Err(code) => return code,
+    };
+    if let Some(addr) = args.openai {
+        if !addr.ip().is_loopback() && token.is_none() {
+            return usage_error(format!(
+                "--openai {addr}: listening beyond loopback needs --auth-token or \
+                 --auth-token-file (clients send it as their API key)"
+            ));
+        }
+        return openai::serve(addr, agents, args.agent.provider.clone(), args.http, token).await;
+    }
+    match args.mcp.as_deref() {
+        Some("stdio") | None => mcp::serve_stdio(agents, args.http.grace).await,
+        Some(addr) => {
+            let addr: SocketAddr = match addr.parse() {
+                Ok(a) => a,
+                Err(_) => {
+                    return usage_error(format!(
+                        "--mcp {addr}: expected an address like 127.0.0.1:8090 (or no value \
+                         for stdio)"
+                    ));
+                }
+            };
+            if !addr.ip().is_loopback() && token.is_none() {
+                return usage_error(format!(
+                    "--mcp {addr}: listening beyond loopback needs --auth-token or \
+                     --auth-token-file"
+                ));
+            }
+            mcp::serve_http(addr, agents, args.http, token).await
+        }
+    }
+}
+
+#[cfg(feature = "restate")]
+async fn serve_restate(args: ServeArgs, listen: SocketAddr) -> ExitCode {
     let tools = match tools(&args.agent).await {
         Ok(t) => t,
         Err(e) => return e.report(),
@@ -50,7 +210,7 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
         Ok(a) => a,
         Err(e) => return usage_error(e),
     };
-    let worker = match toolloop_restate::Worker::bind(args.restate) {
+    let worker = match toolloop_restate::Worker::bind(listen) {
         Ok(w) => w,
         Err(e) => {
             eprintln!("toolloop: --restate: {e}");
@@ -60,7 +220,7 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
     let addr = match worker.local_addr() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("toolloop: --restate {}: {e}", args.restate);
+            eprintln!("toolloop: --restate {listen}: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -88,5 +248,311 @@ pub(crate) async fn serve(mut args: ServeArgs) -> ExitCode {
             eprintln!("toolloop: the worker stopped: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(not(feature = "restate"))]
+async fn serve_restate(_args: ServeArgs, _listen: SocketAddr) -> ExitCode {
+    usage_error("--restate: this toolloop was built without the `restate` feature")
+}
+
+/// The agents a server offers, each built afresh for every run (with that run's event and
+/// approval handlers) from what is set up once: the model, the tools (the MCP servers started
+/// once), the store's run log.
+///
+/// `default` is the agent the command's flags describe (with `--agent NAME`, that agent); each
+/// declared agent (`[agents.NAME]` of the configuration file, `--agents FILE`) is served under
+/// its name too, as `--agent NAME` would run it.
+pub(crate) struct Agents {
+    agents: Vec<AgentSpec>,
+    workflows: Vec<WorkflowSpec>,
+    store: Option<Store>,
+}
+
+/// A workflow the server offers (over MCP).
+pub(crate) struct WorkflowSpec {
+    /// The workflow, as read from its file.
+    pub workflow: toolloop_workflow::Workflow,
+    /// The settings its steps start from (the command's).
+    pub args: AgentArgs,
+}
+
+/// One agent of the server.
+pub(crate) struct AgentSpec {
+    /// Its name (`agent:NAME` as a model, the tool's name over MCP).
+    pub name: String,
+    /// What it is for (the MCP tool's description).
+    pub description: String,
+    args: AgentArgs,
+    model: Arc<dyn toolloop::model::Model>,
+    own: Vec<Arc<dyn toolloop::tool::Tool>>,
+    mcp: Option<Arc<crate::mcp::SelectedMcp>>,
+    journal: Option<Arc<dyn Journal>>,
+}
+
+/// What a run gets from the mode that starts it.
+#[derive(Default)]
+pub(crate) struct RunHooks {
+    /// Streams the model's text.
+    pub stream: bool,
+    /// Sees every event.
+    pub on_event: Option<EventHandler>,
+    /// Decides the calls that need a person; `None`: denied, or with --defer-approvals the
+    /// run stops and waits.
+    pub on_approval: Option<OnApproval>,
+}
+
+/// Why a run could not start.
+#[derive(Debug)]
+pub(crate) enum RunError {
+    /// Another request with the same idempotency key holds the run.
+    Busy(String),
+    /// Anything else.
+    Failed(String),
+}
+
+impl std::fmt::Display for RunError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RunError::Busy(m) | RunError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl Agents {
+    async fn open(args: &ServeArgs) -> Result<Agents, ExitCode> {
+        crate::sandbox::protect_store(args.store.store.as_deref());
+        let store = crate::durable::open_store(&args.store).await?;
+        let tools = match tools(&args.agent).await {
+            Ok(t) => t,
+            Err(e) => return Err(e.report()),
+        };
+        let model = model_from_args(&args.agent.provider).map_err(usage_error)?;
+        let meta = crate::durable::run_meta(&args.agent);
+        let journal = store.run_journal(RunTags {
+            meta: Some(meta),
+            ..RunTags::default()
+        });
+        let spec = AgentSpec {
+            name: "default".into(),
+            description: "Runs the agent on a task (with its tools) and answers with the \
+                          result."
+                .into(),
+            args: args.agent.clone(),
+            model,
+            own: tools.own.clone(),
+            mcp: tools.mcp.clone(),
+            journal: Some(journal),
+        };
+        // Checked once, so that a bad flag is a usage error at start, not a failed request.
+        spec.build(RunHooks::default()).map_err(usage_error)?;
+        let mut agents = vec![spec];
+        // The declared agents (`[agents.NAME]`, `--agents FILE`), each as `--agent NAME` runs
+        // it: its model, system prompt, tools and limits.
+        for (name, def) in &args.agent.agents.agent_defs {
+            if agents.iter().any(|a| &a.name == name) {
+                eprintln!(
+                    "toolloop: the agent `{name}` is not served: `default` names the agent \
+                     the flags describe"
+                );
+                continue;
+            }
+            let mut settings = args.agent.clone();
+            settings.agents.agent_name = Some(name.clone());
+            settings
+                .take_direct_agent()
+                .and_then(|()| crate::config::resolve_model(&mut settings.provider))
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            let model = model_from_args(&settings.provider)
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            let journal = store.run_journal(RunTags {
+                meta: Some(crate::durable::run_meta(&settings)),
+                ..RunTags::default()
+            });
+            let spec = AgentSpec {
+                name: name.clone(),
+                description: def.description.clone(),
+                args: settings,
+                model,
+                own: tools.own.clone(),
+                mcp: tools.mcp.clone(),
+                journal: Some(journal),
+            };
+            spec.build(RunHooks::default())
+                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+            agents.push(spec);
+        }
+        let mut workflows: Vec<WorkflowSpec> = Vec::new();
+        for file in &args.workflows {
+            let workflow = crate::workflow::load(file, args.workflow_files, &args.agent)?;
+            if agents.iter().any(|a| a.name == workflow.name)
+                || workflows.iter().any(|w| w.workflow.name == workflow.name)
+            {
+                return Err(usage_error(format!(
+                    "--workflow {}: the name `{}` is taken (by the agent or another workflow)",
+                    file.display(),
+                    workflow.name
+                )));
+            }
+            workflows.push(WorkflowSpec {
+                workflow,
+                args: args.agent.clone(),
+            });
+        }
+        Ok(Agents {
+            agents,
+            workflows,
+            store: Some(store),
+        })
+    }
+
+    /// Every agent.
+    pub(crate) fn all(&self) -> &[AgentSpec] {
+        &self.agents
+    }
+
+    /// Every workflow.
+    pub(crate) fn workflows(&self) -> &[WorkflowSpec] {
+        &self.workflows
+    }
+
+    /// The store runs are logged in.
+    pub(crate) fn store(&self) -> Option<&Store> {
+        self.store.as_ref()
+    }
+}
+
+impl AgentSpec {
+    /// The agent, with a run's hooks.
+    pub(crate) fn build(&self, hooks: RunHooks) -> Result<Agent, String> {
+        let mut args = self.args.clone();
+        args.stream = hooks.stream;
+        let tools = crate::mcp::RunTools {
+            own: self.own.clone(),
+            mcp: self.mcp.clone(),
+        };
+        let mut builder = agent_builder_with(&args, self.model.clone(), tools)?;
+        if let Some(journal) = &self.journal {
+            builder = builder.journal(journal.clone());
+        }
+        if let Some(f) = hooks.on_event {
+            builder = builder.on_event(move |e| f(e));
+        }
+        match hooks.on_approval {
+            Some(ask) => builder = builder.on_approval(move |p| ask(p)),
+            None if !args.approval.defer_approvals => {
+                builder = builder.on_approval(|_| {
+                    Box::pin(async {
+                        toolloop::approval::Answer::Deny {
+                            reason: Some(
+                                "this call needs a person's approval, and no one can be asked \
+                                 on this server"
+                                    .into(),
+                            ),
+                        }
+                    })
+                });
+            }
+            None => {}
+        }
+        builder.build().map_err(|e| e.to_string())
+    }
+
+    /// Whether a call that needs a person stops the run to wait (`--defer-approvals`).
+    pub(crate) fn defers_approvals(&self) -> bool {
+        self.args.approval.defer_approvals
+    }
+
+    /// The JSON Schema of the agent's typed answer (`--output-schema`), if it has one.
+    pub(crate) fn output_schema(&self) -> Option<&serde_json::Value> {
+        self.args.output.as_ref().map(|o| &o.schema)
+    }
+
+    /// Runs `messages`: a fresh run, or, with an idempotency key, the run that key started
+    /// (continued from its last durable step when it was cut short, its outcome when it had
+    /// finished). The outcome is saved in the store.
+    pub(crate) async fn run(
+        &self,
+        agent: &Agent,
+        store: Option<&Store>,
+        messages: Vec<Message>,
+        idempotency_key: Option<&str>,
+        cancel: CancellationToken,
+    ) -> Result<Outcome, RunError> {
+        let outcome = match (idempotency_key, store) {
+            (Some(key), Some(store)) => {
+                let run_id = self.idempotent_run_id(key);
+                let known = store
+                    .run(&run_id)
+                    .await
+                    .map_err(|e| RunError::Failed(e.to_string()))?;
+                if known.is_some() {
+                    agent.resume(&run_id, cancel).await.map_err(|e| match e {
+                        JournalError::Locked { .. } => RunError::Busy(format!(
+                            "a request with this Idempotency-Key is still running (run \
+                             {run_id})"
+                        )),
+                        other => RunError::Failed(other.to_string()),
+                    })?
+                } else {
+                    let outcome = agent.run_with_id(&run_id, messages, cancel).await;
+                    if outcome.stop_reason == toolloop::outcome::StopReason::StoreFailed
+                        && outcome
+                            .error
+                            .as_ref()
+                            .is_some_and(|e| e.message.contains("is held by"))
+                    {
+                        return Err(RunError::Busy(format!(
+                            "a request with this Idempotency-Key is still running (run \
+                             {run_id})"
+                        )));
+                    }
+                    outcome
+                }
+            }
+            _ => agent.run_cancellable(messages, cancel).await,
+        };
+        if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
+            && let Err(e) = store.save_outcome(run_id, &outcome).await
+        {
+            tracing::warn!("the run {run_id} finished, but saving its outcome failed: {e}");
+        }
+        Ok(outcome)
+    }
+
+    /// The run id an idempotency key stands for (per agent): a digest, so that the key itself
+    /// is not stored.
+    fn idempotent_run_id(&self, key: &str) -> String {
+        let mut h = sha2::Sha256::new();
+        h.update(b"toolloop serve idempotency\0");
+        h.update(self.name.as_bytes());
+        h.update(b"\0");
+        h.update(key.as_bytes());
+        let digest = h.finalize();
+        let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
+        format!("run_idem_{hex}")
+    }
+}
+
+/// Resolves when the process is asked to stop: SIGTERM, or Ctrl-C (SIGINT).
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
     }
 }

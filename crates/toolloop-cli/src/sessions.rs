@@ -131,6 +131,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
                 Err(e) => return fail(e, ExitCode::FAILURE),
             };
             let runs = store.runs(Some(&name)).await.unwrap_or_default();
+            let delegated = delegated(&store, &runs).await;
             if json {
                 outln!(
                     "{}",
@@ -142,6 +143,7 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
                         "messages": session.messages,
                         "repairs": session.repairs,
                         "runs": runs,
+                        "delegated": delegated,
                     })
                 );
                 return ExitCode::SUCCESS;
@@ -158,6 +160,12 @@ pub(crate) async fn sessions(command: SessionsCommand) -> ExitCode {
             }
             for m in &session.messages {
                 print_message(m);
+                // A sub-agent's work, folded under the result it gave.
+                if let Message::Tool(r) = m
+                    && let Some(d) = delegated.iter().find(|d| d.call_id == r.call_id)
+                {
+                    out(d.folded());
+                }
             }
             ExitCode::SUCCESS
         }
@@ -188,6 +196,97 @@ fn out(line: String) {
     let stdout = std::io::stdout();
     let line = crate::terminal::for_stdout(&line, stdout.is_terminal());
     let _ = writeln!(stdout.lock(), "{line}");
+}
+
+/// A sub-agent's run under a call of a session's run, as `sessions show` folds it.
+#[derive(Debug, serde::Serialize)]
+struct Delegated {
+    /// The parent's call that ran it.
+    call_id: String,
+    /// Its run (`{parent run id}/{call id}`).
+    run_id: String,
+    /// Its model calls.
+    rounds: usize,
+    /// Its tool calls' names, in order (its own sub-agents' among them).
+    tool_calls: Vec<String>,
+    /// Where it stands (finished, interrupted, …).
+    status: toolloop_store::RunStatus,
+}
+
+impl Delegated {
+    /// One line: what the child did, and where its run is.
+    fn folded(&self) -> String {
+        let mut names: Vec<(String, usize)> = Vec::new();
+        for n in &self.tool_calls {
+            match names.iter_mut().find(|(m, _)| m == n) {
+                Some((_, k)) => *k += 1,
+                None => names.push((n.clone(), 1)),
+            }
+        }
+        let calls = names
+            .iter()
+            .map(|(n, k)| {
+                if *k > 1 {
+                    format!("{n} ×{k}")
+                } else {
+                    n.clone()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        let plural =
+            |n: usize, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+        format!(
+            "  ▸ delegated: {}, {}{} · run {}",
+            plural(self.rounds, "model call", "model calls"),
+            plural(self.tool_calls.len(), "tool call", "tool calls"),
+            if calls.is_empty() {
+                String::new()
+            } else {
+                format!(" ({calls})")
+            },
+            self.run_id
+        )
+    }
+}
+
+/// The sub-agents' runs directly under the calls of `runs` (`{run id}/{call id}`), each
+/// summed up from its log.
+async fn delegated(
+    store: &toolloop_store::Store,
+    runs: &[toolloop_store::RunSummary],
+) -> Vec<Delegated> {
+    use toolloop::journal::{Journal, Record};
+    if runs.is_empty() {
+        return Vec::new();
+    }
+    let all = store.runs(None).await.unwrap_or_default();
+    let mut found = Vec::new();
+    for child in all {
+        let Some((parent, call_id)) = child.run_id.rsplit_once('/') else {
+            continue;
+        };
+        if !runs.iter().any(|r| r.run_id == parent) {
+            continue;
+        }
+        let records = store.load(&child.run_id).await.unwrap_or_default();
+        let mut rounds = 0;
+        let mut tool_calls = Vec::new();
+        for r in &records {
+            if let Record::ModelResponded { response, .. } = r {
+                rounds += 1;
+                tool_calls.extend(response.tool_calls.iter().map(|c| c.name.clone()));
+            }
+        }
+        found.push(Delegated {
+            call_id: call_id.to_string(),
+            run_id: child.run_id.clone(),
+            rounds,
+            tool_calls,
+            status: child.status,
+        });
+    }
+    found
 }
 
 fn print_message(m: &Message) {
@@ -249,6 +348,24 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
         Ok(r) => r,
         Err(e) => return fail(e, ExitCode::FAILURE),
     };
+    // Sub-agents' runs (`{parent}/{call id}`) carry no session: they come with their root's.
+    let runs = if args.session.is_some() && !runs.is_empty() {
+        match store.runs(None).await {
+            Ok(all) => {
+                let roots: Vec<String> = runs.iter().map(|r| format!("{}/", r.run_id)).collect();
+                let mut with_children = runs;
+                with_children.extend(
+                    all.into_iter()
+                        .filter(|r| roots.iter().any(|p| r.run_id.starts_with(p.as_str()))),
+                );
+                with_children
+            }
+            Err(e) => return fail(e, ExitCode::FAILURE),
+        }
+    } else {
+        runs
+    };
+    let runs = as_tree(runs);
     if args.json {
         outln!("{}", json!(runs));
         return ExitCode::SUCCESS;
@@ -276,9 +393,15 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
             (toolloop_store::RunStatus::Finished, Some(reason)) if !reason.is_success() => "failed",
             (status, _) => status.as_str(),
         };
+        // A sub-agent's run shows under its parent's, by the call that ran it.
+        let depth = r.run_id.matches('/').count();
+        let shown = match r.run_id.rsplit_once('/') {
+            Some((_, call)) => format!("{}└ {call}", "  ".repeat(depth - 1)),
+            None => r.run_id.clone(),
+        };
         outln!(
             "{:<36} {:<17} {:<17} {:>7}  {:<19}  {}",
-            r.run_id,
+            shown,
             status,
             reason,
             r.records,
@@ -289,11 +412,48 @@ pub(crate) async fn runs(args: RunsArgs) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Runs in tree order: each run followed by its sub-agents' runs (`{parent}/{call id}`), in
+/// the order they were listed; a child whose parent is not listed stands as a root.
+fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSummary> {
+    let ids: std::collections::HashSet<String> = runs.iter().map(|r| r.run_id.clone()).collect();
+    let parent_of = |id: &str| id.rsplit_once('/').map(|(p, _)| p.to_string());
+    let (roots, children): (Vec<_>, Vec<_>) = runs
+        .into_iter()
+        .partition(|r| parent_of(&r.run_id).is_none_or(|p| !ids.contains(&p)));
+    let mut children: Vec<Option<toolloop_store::RunSummary>> =
+        children.into_iter().map(Some).collect();
+    fn place(
+        run: toolloop_store::RunSummary,
+        children: &mut Vec<Option<toolloop_store::RunSummary>>,
+        out: &mut Vec<toolloop_store::RunSummary>,
+    ) {
+        let prefix = format!("{}/", run.run_id);
+        out.push(run);
+        for i in 0..children.len() {
+            let mine = children[i].as_ref().is_some_and(|c| {
+                c.run_id
+                    .strip_prefix(&prefix)
+                    .is_some_and(|rest| !rest.contains('/'))
+            });
+            if mine && let Some(child) = children[i].take() {
+                place(child, children, out);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for root in roots {
+        place(root, &mut children, &mut out);
+    }
+    out
+}
+
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
 pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
-    if let Some(code) = already_ended(&args).await {
-        return code;
-    }
+    let retry = match already_ended(&args).await {
+        Some(Ended::Said(code)) => return code,
+        Some(Ended::Retry) => true,
+        None => false,
+    };
     match saved_run(
         &args.run_id,
         args.store,
@@ -303,15 +463,30 @@ pub(crate) async fn resume(args: ResumeArgs) -> ExitCode {
     )
     .await
     {
-        Ok(run_args) => crate::run::run(run_args).await,
+        Ok(mut run_args) => {
+            if retry {
+                // A new run goes on from the failed one's conversation (see `DurableArgs::retry`).
+                run_args.durable.retry = run_args.durable.resume.take();
+            }
+            crate::run::run(run_args).await
+        }
         Err(code) => code,
     }
 }
 
+/// What `toolloop resume` makes of a run that had already ended.
+enum Ended {
+    /// It said so, and how; the exit code the run's end had.
+    Said(ExitCode),
+    /// It failed on a model error (a server down or restarting, a refused connection): it is
+    /// continued, in a new run from its conversation.
+    Retry,
+}
+
 /// When the run had already failed (its outcome recorded: an error or a limit), says so and
-/// how, with what can be done, instead of replaying its error as if it had just happened; the
-/// exit code its end had.
-async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
+/// how, with what can be done, instead of replaying its error as if it had just happened; or,
+/// when it failed on a model error, says that it is continued ([`Ended::Retry`]).
+async fn already_ended(args: &ResumeArgs) -> Option<Ended> {
     // A store or run that cannot be read is reported by the resume itself.
     let store = open_store(&args.store).await.ok()?;
     let run = store.run(&args.run_id).await.ok()??;
@@ -326,6 +501,15 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
         .and_then(|v| v.as_str().map(str::to_string))
         .unwrap_or_default();
     let ended = crate::durable::format_ms(run.updated_ms);
+    if reason == StopReason::ModelError {
+        eprintln!(
+            "toolloop: run {} had failed on a model error ({ended} UTC): continuing it in a new \
+             run from its log (its model answers and tool results are kept; nothing is made or \
+             run again)",
+            run.run_id
+        );
+        return Some(Ended::Retry);
+    }
     let said = format!(
         "run {} had already ended ({name}, {ended} UTC): there is nothing to resume",
         run.run_id
@@ -339,10 +523,7 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
         );
     }
     eprintln!("toolloop: {said}");
-    if matches!(
-        reason,
-        StopReason::ModelError | StopReason::Timeout | StopReason::EmptyAnswer
-    ) {
+    if matches!(reason, StopReason::Timeout | StopReason::EmptyAnswer) {
         let again = match &run.session {
             Some(s) => format!("toolloop run --session {s} \"…\" (or toolloop chat --session {s})"),
             None => "toolloop run \"…\"".to_string(),
@@ -353,7 +534,7 @@ async fn already_ended(args: &ResumeArgs) -> Option<ExitCode> {
             crate::terminal::escape(&again, false)
         );
     }
-    Some(crate::run::exit_code(reason))
+    Some(Ended::Said(crate::run::exit_code(reason)))
 }
 
 /// The configuration of run `run_id` as kept with it, set to resume the run (`base_url`
@@ -427,6 +608,7 @@ pub(crate) async fn saved_run(
         durability,
         no_store: false,
         resume: Some(run_id.to_string()),
+        retry: None,
     };
     config.insert("durable".into(), json!(durable));
     let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {

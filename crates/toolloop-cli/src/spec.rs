@@ -268,7 +268,15 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
             }
-            Ok(Arc::new(OpenAiModel::new(config)))
+            // A compatible server may drop the catalog without a word; OpenAI's own API does not.
+            let compatible = !config.is_openai();
+            let model: Arc<dyn Model> = Arc::new(OpenAiModel::new(config));
+            Ok(match args.tool_protocol {
+                ToolProtocol::Native if compatible => {
+                    Arc::new(crate::catalog_check::CatalogCheck::new(model))
+                }
+                _ => model,
+            })
         }
         "openai-responses" => {
             let model = need_name(rest)?;

@@ -4,7 +4,7 @@
 use crate::EXIT_USAGE;
 use crate::durable::{DurabilityArg, StoreArgs, open_store_with};
 use crate::progress::Progress;
-use crate::run::{AgentArgs, agent_builder_with, exit_code, tools};
+use crate::run::{AgentArgs, exit_code, tools};
 use crate::spec::model_from_args_named;
 use clap::{Args, Subcommand};
 use serde_json::Value;
@@ -174,7 +174,11 @@ pub(crate) async fn workflow(command: WorkflowCommand) -> ExitCode {
 }
 
 /// Reads the file, with the command's explicit limits as the defaults of the steps.
-fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<Workflow, ExitCode> {
+pub(crate) fn load(
+    file: &std::path::Path,
+    files: FilesArgs,
+    agent: &AgentArgs,
+) -> Result<Workflow, ExitCode> {
     let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
     let d = &mut workflow.defaults;
     if d.max_rounds.is_none() && crate::config::is_set("max_rounds") {
@@ -193,16 +197,19 @@ fn load(file: &std::path::Path, files: FilesArgs, agent: &AgentArgs) -> Result<W
 
 /// The runner for `agent`'s settings: its model as the default, steps' models built like
 /// `--model`, its tools, its approval rules.
-async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
+pub(crate) async fn runner(agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
     agent.check().map_err(usage)?;
     agent.mcp.absolutize().map_err(usage)?;
     // A workflow's steps take the MCP servers' tools as listed when it starts.
-    let tools = tools(agent).await.map_err(|e| e.report())?.all().await;
+    let mut tools = tools(agent).await.map_err(|e| e.report())?.all().await;
+    // The declared agents, as tools steps may name.
+    let agents = crate::agents::agent_tools(agent, &tools).map_err(usage)?;
+    tools.extend(agents);
     let model = model_from_args_named(&agent.provider, None).map_err(usage)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    agent_builder_with(agent, model.clone(), Default::default()).map_err(usage)?;
+    crate::run::agent_builder_base(agent, model.clone()).map_err(usage)?;
     Ok(Runner::new(model)
         .tools(tools)
         .models(move |name| model_from_args_named(&provider, Some(name)))

@@ -285,3 +285,107 @@ fn a_key_in_a_compact_summary_is_not_stored() {
     assert!(texts.iter().all(|t| !t.contains(KEY)), "{texts:?}");
     rt.block_on(server.shutdown());
 }
+
+/// A result spilled in one `toolloop chat` turn is read whole with `read_result` in a later
+/// turn (another process): the session keeps it whole, the next turn spills it anew under the
+/// same handle and offers `read_result`, which reads it from there.
+#[test]
+fn a_result_spilled_in_one_chat_turn_is_read_whole_in_the_next() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let location = dir.path().join("store.db").to_string_lossy().into_owned();
+    let effects = dir.path().join("effects.txt");
+    // Results over 30 bytes are spilled (the test tool's are about 60).
+    let config = dir.path().join("config.toml");
+    std::fs::write(&config, "spill_over = 30\n").unwrap();
+    let turn = |options: toolloop_mock::MockOptions, line: &str| {
+        let server = rt.block_on(toolloop_mock::start(options)).unwrap();
+        let base_url = format!("{}/v1", server.base_url());
+        let mut chat = command(
+            &location,
+            &effects,
+            &[
+                "chat",
+                "--session",
+                "talk",
+                "--model",
+                "openai:mock:rounds=1",
+                "--base-url",
+                &base_url,
+            ],
+        )
+        .env("TOOLLOOP_CONFIG", &config)
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+        {
+            use std::io::Write;
+            let mut stdin = chat.stdin.take().unwrap();
+            writeln!(stdin, "{line}").unwrap();
+        }
+        let out = chat.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        rt.block_on(server.shutdown());
+    };
+    turn(toolloop_mock::MockOptions::default(), "first task");
+    let store = rt.block_on(Store::open(&location)).unwrap();
+    // The first turn's run spilled its result (it logged the edit).
+    let spilled_in = |store: &Store| -> Vec<String> {
+        let runs = rt.block_on(store.runs(Some("talk"))).unwrap();
+        runs.iter()
+            .flat_map(|r| rt.block_on(store.load(&r.run_id)).unwrap())
+            .filter_map(|r| match r {
+                Input::ContextEdited { edits, .. } => Some(edits.spilled),
+                _ => None,
+            })
+            .flatten()
+            .collect()
+    };
+    assert_eq!(spilled_in(&store).len(), 1);
+    let session = rt.block_on(store.session_messages("talk")).unwrap();
+    let spilled = session
+        .iter()
+        .find_map(|m| match m {
+            toolloop::Message::Tool(r) if r.name.starts_with("effect_") => Some(r.clone()),
+            _ => None,
+        })
+        .expect("the first turn's result");
+    assert_eq!(spilled_in(&store), std::slice::from_ref(&spilled.call_id));
+    // The session keeps it whole.
+    assert!(spilled.content.contains("\"done\":"), "{}", spilled.content);
+    assert!(
+        !spilled.content.contains("read_result"),
+        "{}",
+        spilled.content
+    );
+    assert!(spilled.content.len() > 30);
+    // The next turn's model reads it back by its handle, from its middle on.
+    let read = toolloop_mock::MockOptions {
+        script: vec![vec![toolloop_mock::ScriptCall {
+            name: "read_result".into(),
+            arguments: serde_json::json!({"handle": spilled.call_id, "offset": 5}),
+        }]],
+        ..toolloop_mock::MockOptions::default()
+    };
+    turn(read, "second task");
+    let session = rt.block_on(store.session_messages("talk")).unwrap();
+    let page = session
+        .iter()
+        .find_map(|m| match m {
+            toolloop::Message::Tool(r) if r.name == "read_result" => Some(r.clone()),
+            _ => None,
+        })
+        .expect("the second turn called read_result");
+    assert!(!page.is_error, "{}", page.content);
+    // A page holds at most half of `spill_over` bytes (15), read from the whole result.
+    let whole = &spilled.content;
+    assert_eq!(
+        page.content,
+        format!(
+            "[bytes 5..20 of {}; read on from offset 20]\n{}",
+            whole.len(),
+            &whole[5..20]
+        )
+    );
+}

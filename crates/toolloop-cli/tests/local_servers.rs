@@ -204,22 +204,130 @@ fn an_output_schema_falls_back_to_json_object_and_says_so() {
         "{}",
         stderr(&out)
     );
+    // The server's error reads as one line of words, not escaped newlines.
+    let warning = stderr(&out);
+    let warning = warning.lines().find(|l| l.contains("json_schema")).unwrap();
+    assert!(
+        warning.contains("1 validation error: {'type': 'literal_error'")
+            && !warning.contains("\\n"),
+        "{warning}"
+    );
     assert_eq!(server.stats().requests, 2);
 }
 
-/// Resuming a run that had ended says so and how, instead of replaying its error as new; a
-/// failed run is listed as failed.
+/// Resuming a run that had ended without its goal says so and how, instead of replaying its
+/// error as new; a failed run is listed as failed.
 #[test]
 fn resuming_a_run_that_had_ended_says_so() {
     let dir = repo();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let url = format!("{}/v1", server.base_url());
     let out = toolloop(
         &[
             "run",
             "--json",
             "-m",
-            "openai:m",
+            "openai:mock:rounds=5",
             "--base-url",
-            "http://127.0.0.1:9/v1",
+            &url,
+            "--max-rounds",
+            "1",
+            "--session",
+            "limited",
+            "hello",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "max_rounds");
+    let id = v["run_id"].as_str().unwrap().to_string();
+    let out = toolloop(&["resume", &id], dir.path());
+    assert_eq!(out.status.code(), Some(3));
+    let err = stderr(&out);
+    assert!(
+        err.contains(&format!("run {id} had already ended (max_rounds")),
+        "{err}"
+    );
+    assert!(err.contains("nothing to resume"), "{err}");
+    let out = toolloop(&["resume", &id, "--json"], dir.path());
+    let v = json_of(&out);
+    assert_eq!(
+        (&v["already_ended"], &v["stop_reason"], &v["error"]["code"]),
+        (&true.into(), &"max_rounds".into(), &"ALREADY_ENDED".into())
+    );
+    let out = toolloop(&["runs", "--session", "limited"], dir.path());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    let row = listed.lines().find(|l| l.starts_with(&id)).unwrap();
+    assert!(row.contains(" failed "), "{row}");
+}
+
+/// A server that answers once with a tool call and then fails every request (HTTP 400): the
+/// number of requests it saw.
+fn failing_after_one_call() -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}/v1", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = v.trim().parse().unwrap_or(0);
+                }
+            }
+            let mut body = vec![0; length];
+            let _ = reader.read_exact(&mut body);
+            let n = count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let (status, body) = if n == 0 {
+                let call = serde_json::json!({"id": "c1", "object": "chat.completion",
+                    "created": 0, "model": "m", "choices": [{"index": 0, "finish_reason":
+                    "tool_calls", "message": {"role": "assistant", "content": null,
+                    "tool_calls": [{"id": "call_1", "type": "function", "function":
+                    {"name": "list_dir", "arguments": "{\"path\": \".\"}"}}]}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}});
+                ("200 OK", call.to_string())
+            } else {
+                let error = serde_json::json!({"error": {"message": "the server went wrong",
+                    "type": "invalid_request_error"}});
+                ("400 Bad Request", error.to_string())
+            };
+            let _ = write!(
+                conn,
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                 connection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    (url, seen)
+}
+
+/// A run that failed on a model error, after a round of tool calls, is continued by `resume`
+/// in a new run from its log: the failed model call is made again (to the server now given)
+/// and nothing the run did is made or run again; the session goes on from it.
+#[test]
+fn resuming_a_run_that_failed_on_a_model_error_continues_it() {
+    let dir = repo();
+    let (failing, seen) = failing_after_one_call();
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--no-stream",
+            "-m",
+            "openai:mock",
+            "--base-url",
+            &failing,
             "--connect-retry",
             "0",
             "--session",
@@ -228,29 +336,70 @@ fn resuming_a_run_that_had_ended_says_so() {
         ],
         dir.path(),
     );
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
     let v = json_of(&out);
-    assert_eq!(v["stop_reason"], "model_error");
-    let id = v["run_id"].as_str().unwrap().to_string();
-    let out = toolloop(&["resume", &id], dir.path());
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(v["stop_reason"], "model_error", "{v}");
+    assert_eq!(v["tool_calls"][0]["name"], "list_dir", "{v}");
+    assert_eq!(v["tool_calls"][0]["success"], true, "{v}");
+    let failed = v["run_id"].as_str().unwrap().to_string();
+    let made = seen.load(std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(made, 2, "one answer, then the failed call");
+
+    // The server is back (the mock): the run goes on where it failed.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let url = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &["resume", &failed, "--json", "--base-url", &url],
+        dir.path(),
+    );
     let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(
-        err.contains(&format!("run {id} had already ended (model_error")),
+        err.contains(&format!("run {failed} had failed on a model error"))
+            && err.contains("continuing it in a new run from its log"),
         "{err}"
     );
-    assert!(err.contains("nothing to resume"), "{err}");
-    assert!(err.contains("toolloop run --session down"), "{err}");
-    let out = toolloop(&["resume", &id, "--json"], dir.path());
     let v = json_of(&out);
-    assert_eq!(
-        (&v["already_ended"], &v["stop_reason"], &v["error"]["code"]),
-        (&true.into(), &"model_error".into(), &"ALREADY_ENDED".into())
+    assert_eq!(v["stop_reason"], "answered", "{v}");
+    let continued = v["run_id"].as_str().unwrap().to_string();
+    assert_ne!(continued, failed);
+    assert!(
+        err.contains(&format!("run {failed} was continued as run {continued}")),
+        "{err}"
     );
+    // Nothing was run again: the new run made one model call (the failed one) and no tool call.
+    assert_eq!(v["tool_calls"].as_array().map(Vec::len), Some(0), "{v}");
+    assert_eq!(server.stats().requests, 1);
+    assert_eq!(
+        server.stats().rejected,
+        0,
+        "the mock saw an invalid transcript"
+    );
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), made);
+    // The session holds the whole turn: the listing's result and the answer.
     let out = toolloop(&["runs", "--session", "down"], dir.path());
     let listed = String::from_utf8_lossy(&out.stdout);
-    let row = listed.lines().find(|l| l.starts_with(&id)).unwrap();
-    assert!(row.contains(" failed "), "{row}");
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&failed) && l.contains(" failed "))
+    );
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&continued) && l.contains(" finished "))
+    );
+    // The failed run is continued once: its session has moved on since.
+    let out = toolloop(&["resume", &failed, "--base-url", &url], dir.path());
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("session down has had other turns saved"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(server.stats().requests, 1);
+    rt.block_on(server.shutdown());
 }
 
 /// Chat on stdin: `/tools` lists one line per tool, `/tools NAME` the whole description.
@@ -454,4 +603,54 @@ fn on_a_terminal_the_chat_streams_and_ctrl_c_cancels_the_reply() {
         std::thread::sleep(Duration::from_millis(50));
     }
     panic!("the chat did not quit: {}", pty.shown());
+}
+
+/// `--tool-protocol native` (the default) against a server that drops the catalog without a
+/// word: the reply's prompt tokens tell it, and a warning says the model did not see the tools
+/// and which protocol would let it, streamed or not; a server that keeps them gets no warning.
+#[test]
+fn native_calling_warns_when_the_server_drops_the_tools() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    for stream in [&["--no-stream"][..], &["--stream"][..]] {
+        let mut extra = vec!["--json", "--tool-protocol", "native"];
+        extra.extend_from_slice(stream);
+        let out = run_openai(&server, "mock:drop_tools=true", &extra);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(0), "{err}");
+        assert_eq!(
+            err.matches("the server ignored the tools").count(),
+            1,
+            "{stream:?}: {err}"
+        );
+        assert!(
+            err.contains("prompt tokens, fewer than the tool catalog alone takes")
+                && err.contains("--tool-protocol auto or prompt"),
+            "{stream:?}: {err}"
+        );
+        let v = json_of(&out);
+        assert_eq!(v["tool_calls"].as_array().map(Vec::len), Some(0), "{v}");
+        let out = run_openai(&server, "mock", &extra);
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert!(
+            !stderr(&out).contains("ignored the tools"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(
+            json_of(&out)["tool_calls"].as_array().map(Vec::len),
+            Some(1)
+        );
+        // llama-cpp-python's chatml-function-calling: calls work, text answers are empty.
+        let out = run_openai(&server, "mock:empty_auto_answer=true", &extra);
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("answered a request with tools with nothing")
+                && err.contains("--tool-protocol auto or prompt"),
+            "{stream:?}: {err}"
+        );
+        assert_eq!(json_of(&out)["stop_reason"], "empty_answer");
+    }
+    assert_eq!(server.stats().rejected, 0);
 }

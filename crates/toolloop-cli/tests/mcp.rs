@@ -1249,3 +1249,96 @@ async fn a_sandboxed_stdio_server_cannot_write_outside_its_root() {
         "from the server"
     );
 }
+
+/// Processes trusting different projects at once (`toolloop mcp trust`) keep every decision:
+/// the decisions are changed under a lock, not last writer wins.
+#[test]
+fn projects_trusted_at_once_are_all_remembered() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let projects: Vec<PathBuf> = (0..12)
+        .map(|i| {
+            let root = dir.path().join(format!("p{i}"));
+            std::fs::create_dir(&root).unwrap();
+            write_config(
+                &root,
+                ".mcp.json",
+                json!({"s": {"command": "true", "args": [i.to_string()]}}),
+            );
+            root.canonicalize().unwrap()
+        })
+        .collect();
+    let children: Vec<_> = projects
+        .iter()
+        .map(|root| {
+            command(&["mcp", "trust"], root)
+                .env("XDG_DATA_HOME", &data)
+                .stdout(std::process::Stdio::null())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for mut child in children {
+        assert!(child.wait().unwrap().success());
+    }
+    let store: Value =
+        serde_json::from_slice(&std::fs::read(data.join("toolloop/mcp-trust.json")).unwrap())
+            .unwrap();
+    let files = store["files"].as_object().unwrap();
+    for root in &projects {
+        let key = root.join(".mcp.json").to_string_lossy().into_owned();
+        assert_eq!(files[&key]["trusted"], true, "{key} was lost: {store}");
+    }
+    assert_eq!(files.len(), projects.len());
+}
+
+/// `workflow run`: a server that never lists its tools is given up at `--timeout` (the listing
+/// comes before the steps, each of which then has the whole of its own timeout), naming it.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_workflow_gives_up_a_server_that_never_lists_its_tools_at_the_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let config = test_server_config(
+        dir.path(),
+        &log,
+        json!({"TOOLLOOP_MCP_TEST_MODE": "silent-list"}),
+    );
+    let flow = dir.path().join("flow.toml");
+    std::fs::write(
+        &flow,
+        "name = \"listing\"\n[[steps]]\nid = \"one\"\nprompt = \"hello\"\n",
+    )
+    .unwrap();
+    let mock = Mock::start();
+    let url = mock.url();
+    let mut c = command(
+        &[
+            "workflow",
+            "run",
+            flow.to_str().unwrap(),
+            "--json",
+            "--model",
+            "openai:mock:rounds=0",
+            "--base-url",
+            &url,
+            "--no-store",
+            "--mcp-config",
+            &config,
+            "--timeout",
+            "2",
+        ],
+        dir.path(),
+    );
+    c.env("OPENAI_API_KEY", KEY);
+    let (out, took) = output_within(c, Duration::from_secs(60));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("MCP server `t`") && err.contains("timeout"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert!(log_lines(&log).iter().any(|l| l == "list (not answered)"));
+    mock.finish();
+}

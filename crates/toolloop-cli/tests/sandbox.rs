@@ -161,7 +161,16 @@ fn leaving_the_sandbox_is_asked_about_even_when_a_rule_allows_commands() {
     let out = run(&p, &server, &["--allow", "run_command"], &[]);
     let v = json_of(&out);
     assert_eq!(v["tool_calls"][0]["status"], "denied", "{v}");
-    assert!(stderr(&out).contains("no terminal"), "{}", stderr(&out));
+    // The denial names what can let it out (a person, or no sandbox), never a rule (none can).
+    let err = stderr(&out);
+    assert!(
+        err.contains("no terminal")
+            && err.contains("only a person can approve")
+            && err.contains("--defer-approvals")
+            && err.contains("--sandbox off"),
+        "{err}"
+    );
+    assert!(!err.contains("allow it with --allow"), "{err}");
     assert!(!target.exists());
     // A person's approval lets it out: deferred, approved, resumed.
     let server2 = mock(&rt, vec![args]);

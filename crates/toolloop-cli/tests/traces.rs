@@ -155,3 +155,78 @@ fn content_is_traced_only_when_asked_for() {
         "no answer in {all}"
     );
 }
+
+#[test]
+fn a_childs_invoke_agent_span_is_under_the_parents_execute_tool_span() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = rt
+        .block_on(toolloop_mock::start(toolloop_mock::MockOptions {
+            script: vec![vec![
+                toolloop_mock::ScriptCall {
+                    name: "reader".into(),
+                    arguments: serde_json::json!({"task": "read the README"}),
+                },
+                toolloop_mock::ScriptCall {
+                    name: "read_file".into(),
+                    arguments: serde_json::json!({"path": "README.md"}),
+                },
+            ]],
+            ..toolloop_mock::MockOptions::default()
+        }))
+        .unwrap();
+    let receiver = Receiver::start();
+    let dir = repo();
+    let agents = dir.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        "[agents.boss]\ndescription = \"Delegates.\"\ntools = [\"reader\"]\n\n\
+         [agents.reader]\ndescription = \"Reads.\"\ntools = [\"read_file\"]\n",
+    )
+    .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let out = command(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            agents.to_str().unwrap(),
+            "--agent",
+            "boss",
+            "go",
+        ],
+        dir.path(),
+    )
+    .env("OTEL_EXPORTER_OTLP_ENDPOINT", &receiver.endpoint)
+    .env_remove("OTEL_SDK_DISABLED")
+    .output()
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let spans = receiver.spans.lock().unwrap().clone();
+    let names: Vec<&str> = spans.iter().filter_map(|s| s["name"].as_str()).collect();
+    let call = spans
+        .iter()
+        .find(|s| s["name"] == "execute_tool reader")
+        .unwrap_or_else(|| panic!("no execute_tool reader span in {names:?}"));
+    let child = spans
+        .iter()
+        .find(|s| s["name"] == "invoke_agent reader")
+        .unwrap_or_else(|| panic!("no invoke_agent reader span in {names:?}"));
+    assert_eq!(child["parentSpanId"], call["spanId"]);
+    assert_eq!(child["traceId"], call["traceId"]);
+    assert_eq!(attr(child, "gen_ai.agent.name").as_deref(), Some("reader"));
+    let read = spans
+        .iter()
+        .find(|s| s["name"] == "execute_tool read_file")
+        .expect("the child's tool call is traced");
+    assert_eq!(read["traceId"], call["traceId"]);
+    rt.block_on(server.shutdown());
+}

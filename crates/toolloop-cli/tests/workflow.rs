@@ -376,3 +376,52 @@ fn a_workflow_reads_only_small_regular_files_beside_it() {
         assert!(err.contains("not a regular file"), "{name}: {err}");
     }
 }
+
+/// A step names a declared agent (`--agents`) among its tools and delegates to it.
+#[test]
+fn a_step_delegates_to_a_declared_agent() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, Vec::new());
+    let base = format!("{}/v1", server.base_url());
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.md"), "notes\n").unwrap();
+    let agents = dir.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        "[agents.helper]\ndescription = \"Reads files.\"\ntools = [\"read_file\"]\n",
+    )
+    .unwrap();
+    let file = dir.path().join("wf.toml");
+    std::fs::write(
+        &file,
+        "name = \"delegating\"\n\n[[steps]]\nid = \"ask\"\nprompt = \"Ask the helper.\"\n\
+         tools = [\"helper\"]\n",
+    )
+    .unwrap();
+    let out = command(
+        &[
+            "workflow",
+            "run",
+            file.to_str().unwrap(),
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            agents.to_str().unwrap(),
+            "--json",
+        ],
+        dir.path(),
+    )
+    .env("OPENAI_API_KEY", "test")
+    .output()
+    .unwrap();
+    let v = json_of(&out);
+    assert!(out.status.success(), "{v:#}");
+    let step = &v["steps"][0];
+    assert_eq!(step["success"], true, "{step:#}");
+    assert_eq!(step["metadata"]["tool_calls"], 1);
+    // The step's two model calls and the helper's two (its read_file call, its answer).
+    assert_eq!(server.stats().requests, 4);
+    rt.block_on(server.shutdown());
+}

@@ -32,6 +32,10 @@ pub enum Transport {
     },
 }
 
+/// The longest an MCP call may take when its server's configuration does not say (10
+/// minutes): a server that never answers does not hold a run without a timeout forever.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(600);
+
 /// One server and how its tools are offered.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
@@ -44,8 +48,9 @@ pub struct ServerConfig {
     /// its own name unless that name collides with another server's tool or a built-in tool;
     /// then it is `<server>__<tool>`.
     pub prefix: Option<String>,
-    /// The longest a call may take; the server is told to cancel it after that (default: no
-    /// limit but the run's).
+    /// The longest a call may take; the server is told to cancel it after that (default
+    /// [`DEFAULT_CALL_TIMEOUT`], the `timeout` of its `mcpServers` entry; `None`: no limit but
+    /// the run's). A run's own timeout bounds every call too.
     pub call_timeout: Option<Duration>,
     /// The longest the server may take to start and answer `initialize`, and to answer
     /// `tools/list` (default 30 s). A run's own timeout bounds both too.
@@ -66,7 +71,7 @@ impl ServerConfig {
             name: name.into(),
             transport,
             prefix: None,
-            call_timeout: None,
+            call_timeout: Some(DEFAULT_CALL_TIMEOUT),
             startup_timeout: Duration::from_secs(30),
             max_restarts: 3,
             sandbox: None,

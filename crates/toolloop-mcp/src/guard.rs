@@ -55,10 +55,7 @@ pub(crate) async fn forward(from: impl AsyncRead + Unpin, mut to: impl AsyncWrit
             continue;
         }
         let out = if oversized {
-            scan.error_answer(&format!(
-                "the answer is larger than {} MiB, the most a message may be",
-                MAX_MESSAGE_BYTES / (1024 * 1024)
-            ))
+            scan.error_answer(&too_large())
         } else {
             checked(&line, &scan)
         };
@@ -97,11 +94,7 @@ fn checked(line: &[u8], scan: &Scan) -> Verdict {
     match serde_json::from_slice::<ServerJsonRpcMessage>(text) {
         Ok(_) => Verdict::Pass,
         Err(e) => {
-            let why = if e.to_string().contains("recursion limit") {
-                "the answer is nested deeper than the 128 levels JSON is read to".to_string()
-            } else {
-                format!("the answer is not a message toolloop can read ({e})")
-            };
+            let why = why_unreadable(&e);
             match scan.error_answer(&why) {
                 // Not an answer: rmcp ignores it (or tells the server it was invalid).
                 Verdict::Drop => Verdict::Pass,
@@ -219,23 +212,62 @@ impl Scan {
         }
     }
 
+    /// The id of the answer read, when the line is an answer with a readable one.
+    fn answer_id(&self) -> Option<rmcp::model::RequestId> {
+        if !self.answer || self.id_too_long {
+            return None;
+        }
+        serde_json::from_slice::<rmcp::model::RequestId>(&self.id).ok()
+    }
+
     /// The error that replaces an unreadable answer: for its id, when it is an answer with one.
     fn error_answer(&self, why: &str) -> Verdict {
-        if !self.answer || self.id_too_long {
-            return Verdict::Drop;
+        match self.answer_id() {
+            Some(id) => Verdict::Replace(format!("{}\n", error_for(&id, why))),
+            None => Verdict::Drop,
         }
-        let Ok(id) = serde_json::from_slice::<rmcp::model::RequestId>(&self.id) else {
-            return Verdict::Drop;
-        };
-        let Ok(id) = serde_json::to_value(id) else {
-            return Verdict::Drop;
-        };
-        let error = json!({
-            "jsonrpc": "2.0",
-            "id": id,
-            "error": {"code": UNREADABLE, "message": why, "data": Value::Null},
-        });
-        Verdict::Replace(format!("{error}\n"))
+    }
+}
+
+/// The JSON-RPC error (code [`UNREADABLE`]) that stands for an answer to request `id` that
+/// could not be read, saying why.
+pub(crate) fn error_for(id: &rmcp::model::RequestId, why: &str) -> Value {
+    json!({
+        "jsonrpc": "2.0",
+        "id": id,
+        "error": {"code": UNREADABLE, "message": why, "data": Value::Null},
+    })
+}
+
+/// Why a whole message (an HTTP body, an SSE event's data) cannot be read, and the id of the
+/// request it answers when it is an answer with a readable id; `None` when it can be read.
+pub(crate) fn unreadable(message: &[u8]) -> Option<(Option<rmcp::model::RequestId>, String)> {
+    let why = if message.len() > MAX_MESSAGE_BYTES {
+        too_large()
+    } else {
+        match serde_json::from_slice::<ServerJsonRpcMessage>(message) {
+            Ok(_) => return None,
+            Err(e) => why_unreadable(&e),
+        }
+    };
+    let mut scan = Scan::default();
+    scan.feed(message);
+    Some((scan.answer_id(), why))
+}
+
+/// What an answer over the size limit is told.
+pub(crate) fn too_large() -> String {
+    format!(
+        "the answer is larger than {} MiB, the most a message may be",
+        MAX_MESSAGE_BYTES / (1024 * 1024)
+    )
+}
+
+fn why_unreadable(e: &serde_json::Error) -> String {
+    if e.to_string().contains("recursion limit") {
+        "the answer is nested deeper than the 128 levels JSON is read to".to_string()
+    } else {
+        format!("the answer is not a message toolloop can read ({e})")
     }
 }
 

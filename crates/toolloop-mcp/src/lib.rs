@@ -22,9 +22,11 @@
 //!   become a line describing them; `isError` is a failed call the model reads.
 //! - **Waits**: starting a server, and listing its tools, are each bounded by
 //!   [`ServerConfig::startup_timeout`], and by a deadline when one is given
-//!   ([`McpTools::tools_by`]); a call by [`ServerConfig::call_timeout`] and the run's
-//!   cancellation. An answer rmcp cannot read (over 16 MiB, or nested deeper than 128 levels)
-//!   fails its request at once, naming the server ([`guard`]), instead of leaving it waiting.
+//!   ([`McpTools::tools_by`]); a call by [`ServerConfig::call_timeout`] (by default
+//!   [`config::DEFAULT_CALL_TIMEOUT`]) and the run's cancellation. An answer rmcp cannot read
+//!   (over 16 MiB, nested deeper than 128 levels, not JSON), over stdio or HTTP (a body or an
+//!   SSE event), fails its request at once, naming the server ([`guard`]), instead of leaving
+//!   it waiting.
 //! - **Secrets**: what toolloop says about a server (errors, its state, its stderr) never
 //!   repeats the secrets of its configuration ([`ServerConfig::secrets`]): a server that echoes
 //!   its `Authorization` header in a 401 is reported with `[redacted]` in its place.

@@ -138,6 +138,7 @@ pub fn to_output(result: CallToolResult) -> Result<ToolOutput, ToolError> {
             message,
             retryable: false,
             data,
+            spent: None,
         });
     }
     Ok(ToolOutput {

@@ -33,6 +33,9 @@ struct Request<'a> {
     /// The beta spelling: `{"type": "json_schema", "schema": …}`.
     #[serde(default)]
     output_format: Option<Value>,
+    /// Context editing by the server (see [`super::native`]).
+    #[serde(default)]
+    context_management: Option<Value>,
 }
 
 impl Request<'_> {
@@ -206,7 +209,14 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
-    if let Some((tokens, window)) = engine::over_window(shared, &scenario, body.len()) {
+    // Context editing by the server: the request counts as what is left once it is applied.
+    let cleared = match super::native::anthropic(headers, body, request.context_management.as_ref())
+    {
+        Ok(c) => c,
+        Err(message) => return bad(&message),
+    };
+    let counted = body.len() - cleared.as_ref().map_or(0, |c| c.bytes.min(body.len()));
+    if let Some((tokens, window)) = engine::over_window(shared, &scenario, counted) {
         return bad(&format!(
             "prompt is too long: {tokens} tokens > {window} maximum"
         ));
@@ -238,13 +248,17 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
             schema: t.input_schema.as_ref(),
         })
         .collect();
+    let applied = cleared.map(|c| {
+        shared.count_native_clear();
+        c.report
+    });
     reply(
         shared,
         &request,
         &scenario,
         &tools,
         progress,
-        body.len(),
+        (counted, applied),
         fault,
     )
 }
@@ -429,6 +443,8 @@ struct Message<'a> {
     stop_reason: Option<&'static str>,
     stop_sequence: Option<()>,
     usage: Usage,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    context_management: Option<&'a Value>,
 }
 
 #[derive(Serialize)]
@@ -452,6 +468,8 @@ enum Event<'a> {
     MessageDelta {
         delta: MessageDelta,
         usage: OutputUsage,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        context_management: Option<&'a Value>,
     },
     MessageStop,
 }
@@ -480,7 +498,7 @@ fn reply(
     scenario: &Scenario,
     tools: &[OfferedTool<'_>],
     progress: Progress,
-    body_len: usize,
+    (body_len, applied): (usize, Option<Value>),
     fault: Option<Drawn>,
 ) -> Prepared {
     let cut = fault.is_some_and(|d| d.kind == FaultKind::CutCall);
@@ -528,6 +546,7 @@ fn reply(
                     stop_reason: None,
                     stop_sequence: None,
                     usage: start_usage,
+                    context_management: None,
                 },
             },
         );
@@ -609,6 +628,7 @@ fn reply(
                     stop_sequence: None,
                 },
                 usage: OutputUsage { output_tokens },
+                context_management: applied.as_ref(),
             },
         );
         event(&mut sse, "message_stop", Event::MessageStop);
@@ -634,6 +654,7 @@ fn reply(
             stop_reason: Some(stop_reason),
             stop_sequence: None,
             usage,
+            context_management: applied.as_ref(),
         };
         Payload::Json(super::response::to_vec(&message))
     };

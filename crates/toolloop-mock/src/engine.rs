@@ -62,6 +62,13 @@ impl Progress {
         self.after_results = true;
     }
 
+    /// A compaction of the conversation (the Responses API's) carried the task this far.
+    pub(crate) fn compacted(&mut self, rounds: u32, results: u32) {
+        self.rounds = rounds;
+        self.results = results;
+        self.after_results = false;
+    }
+
     pub(crate) fn assistant_text(&mut self) {
         self.answers = self.answers.saturating_add(1);
         self.after_results = false;

@@ -41,6 +41,7 @@
 //! | `drop_tools` | `true`, `false` or `without_choice` | `false` | OpenAI route: the server drops the `tools` parameter (and `tool_choice`) without a word, always or when the request has no `tool_choice` (llama-cpp-python's `chatml-function-calling`); the reply is made as without tools and the prompt tokens are counted without the catalog |
 //! | `refuse_auto_stream` | `true` or `false` | `false` | OpenAI route: a streamed request with `tool_choice: "auto"` gets an empty stream, status 200 and no event (llama-cpp-python: "Automatic streaming tool choice is not supported") |
 //! | `refuse_json_schema` | `true` or `false` | `false` | OpenAI route: a `response_format` of type `json_schema` gets llama-cpp-python's HTTP 500 validation error ("Input should be 'text' or 'json_object'"); `json_object` is taken |
+//! | `empty_auto_answer` | `true` or `false` | `false` | OpenAI route: a final answer to a request with tools and `tool_choice: "auto"` is empty, no text and no call (llama-cpp-python's `chatml-function-calling`, whose grammar leaves no room for text then) |
 //! | `traceback` | `true` or `false` | `false` | error faults (`500`, `503`) carry a Python traceback, several lines long, as their message |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
@@ -148,6 +149,28 @@
 //! counts are read from the request's body, so a new task that follows a summary starts from
 //! them too.)
 //!
+//! # Context management by the server
+//!
+//! The mock applies the context management the real APIs do themselves, and reports it their
+//! way (counted in [`MockStats::native_clears`] and [`MockStats::native_compactions`]):
+//!
+//! - Anthropic `context_management` with a `clear_tool_uses_20250919` edit (refused with a 400
+//!   without the `anthropic-beta: context-management-2025-06-27` header): once the request
+//!   passes the edit's `trigger` (default 100 000 input tokens), the results of all tool uses
+//!   but the last `keep` (default 3; `exclude_tools` kept too) count as cleared, unless less
+//!   than `clear_at_least` tokens would go. The request's tokens (for `window=` and the usage)
+//!   are counted after the clearing, and the edit is reported in `context_management.
+//!   applied_edits` (`cleared_tool_uses`, `cleared_input_tokens`) in the message, or in the
+//!   stream's `message_delta`. The client sends the whole conversation each time, as it does
+//!   to the real API.
+//! - Responses `context_management: [{"type": "compaction", "compact_threshold": N}]`: a
+//!   request over `N` tokens is compacted: the response starts with a `compaction` item (an
+//!   opaque `encrypted_content` that carries where the task stands), and the request's tokens
+//!   are counted as its instructions, tools and that item. A compaction item sent back stands
+//!   for everything before it (the task goes on from it; a content the mock did not make is
+//!   refused with a 400); the client may leave out what comes before it, and what it sends
+//!   is counted.
+//!
 //! # Fault injection
 //!
 //! With `faults=` above 0, that share of the responses the mock would give are faults instead,
@@ -209,6 +232,7 @@ mod engine;
 mod fault;
 mod gemini;
 mod image;
+mod native;
 mod openai;
 mod response;
 mod responses;
@@ -324,12 +348,17 @@ pub struct MockStats {
     /// refused inside a 200 stream, as that API does.
     pub context_refusals: u64,
     /// Requests answered with a quirk of a real server that the scenario plays (`drop_tools`,
-    /// `refuse_auto_stream`, `refuse_json_schema`): a catalog dropped, an empty stream, a
-    /// format refused.
+    /// `refuse_auto_stream`, `refuse_json_schema`, `empty_auto_answer`): a catalog dropped, an
+    /// empty stream, a format refused, an empty answer.
     pub quirks: u64,
     /// Requests to summarise a conversation (toolloop's compaction: see "Context window"),
     /// answered with a mock summary.
     pub summaries: u64,
+    /// Anthropic requests whose old tool results the server cleared (`context_management`;
+    /// see "Context management by the server").
+    pub native_clears: u64,
+    /// Responses requests the server compacted (`context_management` of type `compaction`).
+    pub native_compactions: u64,
 }
 
 impl MockStats {
@@ -360,6 +389,8 @@ pub(crate) struct Shared {
     context_refusals: AtomicU64,
     quirks: AtomicU64,
     summaries: AtomicU64,
+    native_clears: AtomicU64,
+    native_compactions: AtomicU64,
 }
 
 impl Shared {
@@ -383,6 +414,8 @@ impl Shared {
             context_refusals: AtomicU64::new(0),
             quirks: AtomicU64::new(0),
             summaries: AtomicU64::new(0),
+            native_clears: AtomicU64::new(0),
+            native_compactions: AtomicU64::new(0),
         }
     }
 
@@ -403,6 +436,16 @@ impl Shared {
     /// Counts a request that asks for JSON matching a schema natively.
     pub(crate) fn saw_output_schema(&self) {
         self.output_schemas.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request whose old tool results the server cleared.
+    pub(crate) fn count_native_clear(&self) {
+        self.native_clears.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request the server compacted.
+    pub(crate) fn count_native_compaction(&self) {
+        self.native_compactions.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Counts a request refused for being larger than the context window.
@@ -439,6 +482,8 @@ impl Shared {
             context_refusals: self.context_refusals.load(Ordering::Relaxed),
             quirks: self.quirks.load(Ordering::Relaxed),
             summaries: self.summaries.load(Ordering::Relaxed),
+            native_clears: self.native_clears.load(Ordering::Relaxed),
+            native_compactions: self.native_compactions.load(Ordering::Relaxed),
         }
     }
 }

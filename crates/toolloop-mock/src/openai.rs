@@ -801,6 +801,16 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         }
         other => other,
     };
+    let auto = matches!(&request.tool_choice, Some(Value::String(c)) if c == "auto");
+    let reply = match reply {
+        // llama-cpp-python's `chatml-function-calling`: under `tool_choice: "auto"` the text
+        // after `message:` is held to a grammar of function names or the end: nothing.
+        Reply::Text(_) if scenario.empty_auto_answer && auto && !tools.is_empty() => {
+            shared.saw_quirk();
+            Reply::Text(String::new())
+        }
+        other => other,
+    };
     let reply = match scenario.text_calls {
         Some(dialect) => text::as_text(reply, dialect),
         None => reply,

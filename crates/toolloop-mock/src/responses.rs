@@ -158,7 +158,28 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Err(prepared) => return prepared,
     };
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
-    if engine::over_window(shared, &scenario, body.len()).is_some() {
+    // Compaction by the server: a request over the threshold is counted as its instructions,
+    // tools and the compaction item that replaces its input.
+    let threshold = match super::native::responses_threshold(&request) {
+        Ok(t) => t,
+        Err(message) => return bad(&message, Some("context_management")),
+    };
+    let mut counted = body.len();
+    let mut compaction = None;
+    if let Some(threshold) = threshold
+        && engine::request_tokens(body.len()) > threshold
+    {
+        let item = super::native::compaction_item(
+            shared.next_response_id(),
+            progress.rounds,
+            progress.results,
+        );
+        let input_bytes: usize = input.iter().map(|i| to_vec(i).len() + 1).sum();
+        counted = counted.saturating_sub(input_bytes) + to_vec(&item).len();
+        shared.count_native_compaction();
+        compaction = Some(item);
+    }
+    if engine::over_window(shared, &scenario, counted).is_some() {
         return context_length_exceeded(shared, model, &scenario, stream);
     }
     let fault = shared
@@ -207,10 +228,11 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         &tools,
         progress,
         Shape {
-            body_len: body.len(),
+            body_len: counted,
             stream,
             reasoning,
             output,
+            compaction,
         },
         fault,
     )
@@ -383,6 +405,22 @@ fn walk(items: &[Value], reasoning: bool) -> Result<Progress, Prepared> {
                     }
                 }
             }
+            "compaction" => {
+                if ledger.is_open() {
+                    close(&mut ledger)?;
+                }
+                match super::native::read_compaction(text_of(item, "encrypted_content")) {
+                    Some((rounds, results)) => progress.compacted(rounds, results),
+                    None => {
+                        return Err(bad(
+                            &format!(
+                                "Invalid 'input[{i}]': the compaction item's encrypted_content                                  is missing or was not made by this server."
+                            ),
+                            Some(&format!("input[{i}].encrypted_content")),
+                        ));
+                    }
+                }
+            }
             "reasoning" => {
                 if ledger.is_open() {
                     close(&mut ledger)?;
@@ -437,6 +475,8 @@ struct Shape<'r> {
     reasoning: bool,
     /// The schema of a structured-output request.
     output: Option<&'r Value>,
+    /// The compaction item the server made, given first.
+    compaction: Option<Value>,
 }
 
 fn reply(
@@ -469,6 +509,7 @@ fn reply(
         "total_tokens": input_tokens + output_tokens,
     });
     let mut output: Vec<Value> = Vec::new();
+    output.extend(shape.compaction);
     if shape.reasoning {
         output.push(json!({
             "type": "reasoning",

@@ -21,7 +21,8 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 /// The keys a scenario understands, for error messages.
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
                     retry_after, slow_delay, text_calls, accept_tools, distinct, drop_tools, \
-                    refuse_auto_stream, refuse_json_schema, traceback, window";
+                    refuse_auto_stream, refuse_json_schema, traceback, window, \
+                    empty_auto_answer";
 
 /// When the server drops the `tools` parameter without a word (`drop_tools=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -95,6 +96,10 @@ pub struct Scenario {
     /// Error faults (`500`, `503`) carry a Python traceback, several lines long, as their
     /// message (`traceback=true`).
     pub traceback: bool,
+    /// A final answer to a request with tools and `tool_choice: "auto"` is empty (no text, no
+    /// call), as llama-cpp-python's `chatml-function-calling` answers every text reply then
+    /// (`empty_auto_answer=true`).
+    pub empty_auto_answer: bool,
 }
 
 impl Default for Scenario {
@@ -117,6 +122,7 @@ impl Default for Scenario {
             drop_tools: DropTools::Never,
             refuse_auto_stream: false,
             refuse_json_schema: false,
+            empty_auto_answer: false,
             traceback: false,
         }
     }
@@ -157,7 +163,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 18] = [false; 18];
+        let mut seen: [bool; 19] = [false; 19];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -280,6 +286,10 @@ impl Scenario {
                     });
                     17
                 }
+                "empty_auto_answer" => {
+                    scenario.empty_auto_answer = boolean(key, value)?;
+                    18
+                }
                 _ => {
                     return Err(error(
                         Some(key),
@@ -389,6 +399,9 @@ impl fmt::Display for Scenario {
         }
         if self.traceback {
             put(f, format_args!("traceback=true"))?;
+        }
+        if self.empty_auto_answer {
+            put(f, format_args!("empty_auto_answer=true"))?;
         }
         if let Some(window) = self.window {
             put(f, format_args!("window={window}"))?;

@@ -118,6 +118,9 @@ async fn three_hundred_rounds_fit_an_8000_token_window_on_every_api() {
                 .config(config(ROUNDS, stream))
                 .context(ContextPolicy {
                     window: Some(WINDOW),
+                    // The machine's own stages, on every API (the providers' own are proved
+                    // in context_native.rs).
+                    native: false,
                     ..ContextPolicy::default()
                 })
                 .on_event(move |e| {

@@ -12,6 +12,17 @@
 //! the crash is not run again either: its intent is journaled first, and the model reads
 //! "outcome unknown" (unless the agent's `on_in_flight` handler asks for a retry).
 //!
+//! A sub-agent's call ([`toolloop::subagent::SubAgent`]) is a child invocation of the same
+//! object, keyed `{run id}/{call id}`, which runs the sub-agent's own machine the same way:
+//! Restate journals the call in the parent, so a parent replayed on another worker takes the
+//! child's result (or waits for the same child) instead of starting it again, and a child
+//! whose worker dies is replayed from its own journal. The child's time is bounded by the
+//! parent's deadline, its token and cost budgets hold, the depth cap
+//! ([`toolloop::subagent::Delegation::max_depth`]) is checked before it starts, and its calls
+//! that wait for a person are listed (with [`PendingApproval::path`](toolloop::approval::PendingApproval::path))
+//! and decided through its root run. The calls of one round run one after another here,
+//! children included.
+//!
 //! Calls that wait for a person ([`Step::Approve`](toolloop::engine::Step::Approve)) become
 //! Restate awakeables: [`client::pending`] lists them, [`client::decide`] resolves them
 //! (or `POST /restate/awakeables/{id}/resolve` on the ingress). Restate's cancel stops the run
@@ -31,5 +42,5 @@ pub mod service;
 pub mod worker;
 
 pub use client::{ClientError, invoke};
-pub use service::{RunRequest, RunService, SERVICE, WaitingApproval};
+pub use service::{ParentRun, RunRequest, RunService, SERVICE, WaitingApproval};
 pub use worker::{Worker, register, serve};

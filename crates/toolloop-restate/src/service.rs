@@ -10,8 +10,9 @@ use tokio_util::sync::CancellationToken;
 use toolloop::approval::{Answer, Decision, PendingApproval};
 use toolloop::config::RoundLimitDecision;
 use toolloop::engine::{Input, Interrupt, Machine, PhaseError, Step};
+use toolloop::subagent::SubAgent;
 use toolloop::toolbox::Toolbox;
-use toolloop::{Agent, Message, Outcome, SideEffect};
+use toolloop::{Agent, Message, Outcome, SideEffect, ToolError};
 
 /// The name of the virtual object in Restate (the first segment of the ingress path:
 /// `POST /toolloop/{run_id}/run`).
@@ -19,6 +20,10 @@ pub const SERVICE: &str = "toolloop";
 
 /// The state key under which a run lists the calls that wait for a person.
 const WAITING: &str = "waiting";
+
+/// The state key under which a run lists its sub-agents' runs in progress (their keys and
+/// names), whose waiting calls its `pending` handler lists too.
+const CHILDREN: &str = "children";
 
 /// What a run is asked: a transcript, or a prompt, or both (the prompt goes last, as a user
 /// message). The agent's system prompt goes first unless the messages start with one.
@@ -30,6 +35,62 @@ pub struct RunRequest {
     /// A user prompt after the messages.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<String>,
+    /// For a sub-agent's run (a child invocation, keyed `{parent run id}/{call id}`): which
+    /// agent runs and what bounds it. `None` for a run of the served agent itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentRun>,
+}
+
+/// What a sub-agent's run (see [`toolloop::subagent`]) takes from the run that called it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ParentRun {
+    /// The sub-agents' names from the served agent down to this one (`["reviewer"]`): each a
+    /// [`SubAgent`] among the tools of the one before.
+    pub path: Vec<String>,
+    /// The parent's deadline (milliseconds since the epoch), which bounds the child's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline_ms: Option<u64>,
+    /// The sub-agent's token budget ([`SubAgent::max_tokens`]): the run stops, as cancelled,
+    /// after the model call that passes it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The sub-agent's cost budget in US dollars ([`SubAgent::max_cost`]), likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_cost: Option<f64>,
+}
+
+impl ParentRun {
+    /// Whether the run has spent more than its budget allows (decided from journaled values
+    /// alone, so a replay decides the same).
+    fn over_budget(&self, machine: &Machine) -> bool {
+        let cost = machine.state().cost().unwrap_or(0.0);
+        self.max_tokens
+            .is_some_and(|max| spent_tokens(machine) > max)
+            || self.max_cost.is_some_and(|max| cost > max)
+    }
+
+    /// The tokens and dollars the run's budget has left (`None`: no limit).
+    fn left(&self, machine: &Machine) -> (Option<u64>, Option<f64>) {
+        let cost = machine.state().cost().unwrap_or(0.0);
+        (
+            self.max_tokens
+                .map(|max| max.saturating_sub(spent_tokens(machine))),
+            self.max_cost.map(|max| (max - cost).max(0.0)),
+        )
+    }
+}
+
+/// The tokens a run spent (its children's included).
+fn spent_tokens(machine: &Machine) -> u64 {
+    machine.state().usage().map_or(0, |u| u.total_tokens())
+}
+
+/// The tighter of two limits (`None`: no limit).
+fn tighter<T: PartialOrd>(a: Option<T>, b: Option<T>) -> Option<T> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(if b < a { b } else { a }),
+        (a, b) => a.or(b),
+    }
 }
 
 impl RunRequest {
@@ -38,6 +99,7 @@ impl RunRequest {
         RunRequest {
             messages,
             prompt: None,
+            parent: None,
         }
     }
 
@@ -90,7 +152,15 @@ impl RunService {
         request: Json<RunRequest>,
     ) -> Result<Json<Outcome>, HandlerError> {
         let run_id = ctx.key().to_string();
-        drive(&self.agent, &ctx, &run_id, request.into_inner())
+        let request = request.into_inner();
+        let path = request
+            .parent
+            .as_ref()
+            .map(|p| p.path.clone())
+            .unwrap_or_default();
+        let agent = sub_agent_at(&self.agent, &path)?;
+        let max_depth = self.agent.delegation().max_depth;
+        drive(agent, &ctx, &run_id, request, max_depth)
             .await
             .map(Json)
     }
@@ -101,9 +171,52 @@ impl RunService {
         &self,
         ctx: SharedObjectContext<'_>,
     ) -> Result<Json<Vec<WaitingApproval>>, HandlerError> {
-        let waiting = ctx.get::<Json<Vec<WaitingApproval>>>(WAITING).await?;
-        Ok(Json(waiting.map(Json::into_inner).unwrap_or_default()))
+        let mut waiting = ctx
+            .get::<Json<Vec<WaitingApproval>>>(WAITING)
+            .await?
+            .map(Json::into_inner)
+            .unwrap_or_default();
+        // A sub-agent's calls that wait, with the path to it and the run that holds them.
+        let children = ctx
+            .get::<Json<Vec<(String, String)>>>(CHILDREN)
+            .await?
+            .map(Json::into_inner)
+            .unwrap_or_default();
+        for (key, name) in children {
+            let theirs = ctx
+                .object_client::<RunServiceClient>(key.clone())
+                .pending()
+                .call()
+                .await?
+                .into_inner();
+            waiting.extend(theirs.into_iter().map(|mut w| {
+                w.pending.path.insert(0, name.clone());
+                w.pending.run_id.get_or_insert_with(|| key.clone());
+                w
+            }));
+        }
+        Ok(Json(waiting))
     }
+}
+
+/// The agent at `path` below `root`: each name a [`SubAgent`] among the tools of the one
+/// before (the empty path is `root`).
+fn sub_agent_at<'a>(root: &'a Agent, path: &[String]) -> Result<&'a Agent, TerminalError> {
+    let mut agent = root;
+    for name in path {
+        agent = agent
+            .toolbox()
+            .get(name)
+            .and_then(|t| t.sub_agent())
+            .map(SubAgent::agent)
+            .ok_or_else(|| {
+                TerminalError::new(format!(
+                    "no sub-agent `{name}` on the path {} of the served agent",
+                    path.join("/")
+                ))
+            })?;
+    }
+    Ok(agent)
 }
 
 fn now_ms() -> u64 {
@@ -150,11 +263,13 @@ async fn drive(
     ctx: &ObjectContext<'_>,
     run_id: &str,
     request: RunRequest,
+    max_depth: u32,
 ) -> Result<Outcome, HandlerError> {
     let started = std::time::Instant::now();
     // This execution's mark: an intent journaled with another mark is from an execution that
     // died.
     let mark = toolloop::journal::new_run_id();
+    let parent = request.parent.clone().unwrap_or_default();
     let mut machine = agent.start(request.into_messages());
     // The tools that run the calls (the machine knows their catalog).
     let mut toolbox = agent.toolbox().clone();
@@ -165,6 +280,11 @@ async fn drive(
             journaled(start)?.map(|s| s.saturating_add(t.as_millis() as u64))
         }
         None => None,
+    };
+    // A sub-agent's run ends by its parent's deadline too.
+    let deadline_ms = match (deadline_ms, parent.deadline_ms) {
+        (Some(own), Some(theirs)) => Some(own.min(theirs)),
+        (own, theirs) => own.or(theirs),
     };
     let model = agent.model().session();
     loop {
@@ -277,6 +397,11 @@ async fn drive(
                     );
                 }
                 take(&mut machine, input);
+                if parent.over_budget(&machine) {
+                    fed(machine.handle(Input::Interrupted {
+                        why: Interrupt::Cancelled,
+                    }));
+                }
             }
             step @ Step::EditContext { .. } => {
                 // The machine's edits follow from the journaled inputs: nothing to journal.
@@ -302,6 +427,30 @@ async fn drive(
                         let Some(call) = machine.shared_round_call(index) else {
                             continue;
                         };
+                        if let Some(sub) = toolbox.get(&call.name).and_then(|t| t.sub_agent()) {
+                            // A sub-agent's run is a child invocation, journaled as this run's
+                            // call: a replay takes its result, and a child that was running
+                            // goes on in its own invocation, from its own journal.
+                            fed(machine.handle(Input::ToolStarted {
+                                round,
+                                index,
+                                call_id: call.id.clone(),
+                            }));
+                            let child = Child {
+                                run_id,
+                                parent: &parent,
+                                deadline_ms,
+                                max_depth,
+                                left: parent.left(&machine),
+                            };
+                            let input = child.run(ctx, sub, &call, round, index).await?;
+                            let stops = !matches!(input, Some(Input::ToolFinished { .. }));
+                            take(&mut machine, input);
+                            if stops {
+                                break 'batches;
+                            }
+                            continue;
+                        }
                         let side_effecting = toolbox
                             .get(&call.name)
                             .is_some_and(|t| t.side_effect() == SideEffect::SideEffecting);
@@ -450,6 +599,106 @@ async fn drive(
     outcome.run_id = Some(run_id.to_string());
     tracing::info!(run_id, stop = ?outcome.stop_reason, "run finished");
     Ok(outcome)
+}
+
+/// Where a run that calls a sub-agent stands: what the child's run inherits.
+struct Child<'a> {
+    run_id: &'a str,
+    parent: &'a ParentRun,
+    deadline_ms: Option<u64>,
+    max_depth: u32,
+    /// What the calling run's budget has left, which bounds the child's.
+    left: (Option<u64>, Option<f64>),
+}
+
+impl Child<'_> {
+    /// Runs the sub-agent `sub` for `call` as a child invocation (keyed
+    /// `{run id}/{call id}`), and gives the call's result; `None` when the run was cancelled.
+    async fn run(
+        &self,
+        ctx: &ObjectContext<'_>,
+        sub: &SubAgent,
+        call: &toolloop::ToolCall,
+        round: u32,
+        index: usize,
+    ) -> Result<Option<Input>, HandlerError> {
+        let name = sub.name();
+        let mut path = self.parent.path.clone();
+        path.push(name.to_string());
+        let finished = |result, duration_ms| {
+            Some(Input::ToolFinished {
+                round,
+                index,
+                result,
+                duration_ms,
+                attempts: 1,
+            })
+        };
+        let depth = path.len() as u32;
+        if depth > self.max_depth {
+            // Decided from the journaled call alone: a replay decides the same.
+            let why = format!(
+                "the agent `{name}` was not run: delegation would go {depth} levels deep, and \
+                 the limit is {}; do this part yourself",
+                self.max_depth
+            );
+            return Ok(finished(Err(ToolError::new(why)), 0));
+        }
+        let (own_tokens, own_cost) = sub.budget();
+        let max_tokens = tighter(own_tokens, self.left.0);
+        let max_cost = tighter(own_cost, self.left.1);
+        if max_tokens == Some(0) || max_cost.is_some_and(|c| c <= 0.0) {
+            let why = format!("the agent `{name}` was not run: nothing is left in the budget");
+            return Ok(finished(Err(ToolError::new(why)), 0));
+        }
+        let key = SubAgent::child_run_id(self.run_id, &call.id);
+        let mut children = ctx
+            .get::<Json<Vec<(String, String)>>>(CHILDREN)
+            .await?
+            .map(Json::into_inner)
+            .unwrap_or_default();
+        children.push((key.clone(), name.to_string()));
+        ctx.set(CHILDREN, Json(children.clone()));
+        let request = RunRequest {
+            messages: sub.child_messages(&call.arguments),
+            prompt: None,
+            parent: Some(ParentRun {
+                path,
+                deadline_ms: self.deadline_ms,
+                max_tokens,
+                max_cost,
+            }),
+        };
+        tracing::info!(run_id = self.run_id, child = %key, "sub-agent {name} runs");
+        let done = ctx
+            .object_client::<RunServiceClient>(key.clone())
+            .run(Json(request))
+            .call()
+            .await;
+        children.retain(|(k, _)| k != &key);
+        if children.is_empty() {
+            ctx.clear(CHILDREN);
+        } else {
+            ctx.set(CHILDREN, Json(children));
+        }
+        Ok(match done {
+            Ok(outcome) => {
+                let mut outcome = outcome.into_inner();
+                outcome.run_id.get_or_insert(key);
+                let duration_ms = outcome.duration_ms;
+                finished(sub.result_of(outcome), duration_ms)
+            }
+            // Restate's cancel (it reaches the child too).
+            Err(e) if e.code() == 409 => None,
+            Err(e) => finished(
+                Err(ToolError::new(format!(
+                    "the agent `{name}` failed: {}",
+                    e.message()
+                ))),
+                0,
+            ),
+        })
+    }
 }
 
 #[cfg(test)]

@@ -97,7 +97,7 @@ fn main() {
 type Test = fn(&Ctx);
 
 /// The tests, run one after another against one server.
-const TESTS: [(&str, Test); 6] = [
+const TESTS: [(&str, Test); 10] = [
     (
         "runs_finish_through_the_ingress",
         runs_finish_through_the_ingress,
@@ -119,6 +119,22 @@ const TESTS: [(&str, Test); 6] = [
         "a_tool_sources_changing_tools_are_journaled_and_offered",
         a_tool_sources_changing_tools_are_journaled_and_offered,
     ),
+    (
+        "a_worker_killed_inside_a_sub_agent_is_replaced_without_repeating_calls",
+        a_worker_killed_inside_a_sub_agent_is_replaced_without_repeating_calls,
+    ),
+    (
+        "a_sub_agents_approvals_are_listed_and_decided_through_its_root",
+        a_sub_agents_approvals_are_listed_and_decided_through_its_root,
+    ),
+    (
+        "a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers",
+        a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers,
+    ),
+    (
+        "a_compacted_run_replays_without_summarising_again",
+        a_compacted_run_replays_without_summarising_again,
+    ),
 ];
 
 struct Ctx {
@@ -137,6 +153,12 @@ struct Config<'a> {
     ask: bool,
     /// The test tools come from a tool source, whose version moves after each call.
     source: bool,
+    /// The agent's one tool is the sub-agent `helper` on this model, with the test tools.
+    child_model: Option<&'a str>,
+    /// The sub-agent's token budget.
+    child_max_tokens: Option<u64>,
+    /// A context policy with this window (tokens), and room for 40 rounds.
+    window: Option<u64>,
 }
 
 /// Two worker processes on one address, registered with the server; killed on drop.
@@ -166,6 +188,21 @@ impl Workers {
                 .env("TOOLLOOP_TEST_EFFECT_MS", config.effect_ms.to_string())
                 .env("TOOLLOOP_TEST_ASK", if config.ask { "1" } else { "" })
                 .env("TOOLLOOP_TEST_SOURCE", if config.source { "1" } else { "" })
+                .env(
+                    "TOOLLOOP_TEST_CHILD_MODEL",
+                    config.child_model.unwrap_or(""),
+                )
+                .env(
+                    "TOOLLOOP_TEST_CHILD_MAX_TOKENS",
+                    config
+                        .child_max_tokens
+                        .map(|n| n.to_string())
+                        .unwrap_or_default(),
+                )
+                .env(
+                    "TOOLLOOP_TEST_WINDOW",
+                    config.window.map(|w| w.to_string()).unwrap_or_default(),
+                )
                 .env("RUST_LOG", "toolloop_restate=info")
                 .stdin(Stdio::null())
                 .stdout(Stdio::piped())
@@ -224,18 +261,47 @@ fn worker(addr: &str) {
             .with_ansi(false)
             .init();
         let var = |k: &str| std::env::var(k).unwrap_or_default();
-        let model = OpenAiModel::new(
-            OpenAiConfig::new(var("TOOLLOOP_TEST_MODEL"))
-                .with_base_url(var("TOOLLOOP_TEST_MODEL_URL")),
-        );
+        let model_for_root = || {
+            OpenAiModel::new(
+                OpenAiConfig::new(var("TOOLLOOP_TEST_MODEL"))
+                    .with_base_url(var("TOOLLOOP_TEST_MODEL_URL")),
+            )
+        };
+        let model = model_for_root();
         let tools = testtool::tools(Vec::new());
-        let mut builder = if var("TOOLLOOP_TEST_SOURCE") == "1" {
+        let child_model = var("TOOLLOOP_TEST_CHILD_MODEL");
+        let mut builder = if !child_model.is_empty() {
+            let model = OpenAiModel::new(
+                OpenAiConfig::new(child_model).with_base_url(var("TOOLLOOP_TEST_MODEL_URL")),
+            );
+            let mut helper = Agent::builder(model).tools(tools);
+            if var("TOOLLOOP_TEST_ASK") == "1" {
+                helper = helper.approvals(Approvals::ask_all());
+            }
+            let helper = helper.build().unwrap();
+            let mut helper = helper
+                .as_tool("helper", "Does the work with the test tools.")
+                .unwrap();
+            if let Ok(n) = var("TOOLLOOP_TEST_CHILD_MAX_TOKENS").parse() {
+                helper = helper.max_tokens(n);
+            }
+            Agent::builder(model_for_root()).tool(helper)
+        } else if var("TOOLLOOP_TEST_SOURCE") == "1" {
             Agent::builder(model).tool_source(Source::new(tools))
         } else {
             Agent::builder(model).tools(tools)
         };
         if var("TOOLLOOP_TEST_ASK") == "1" {
             builder = builder.approvals(Approvals::ask_all());
+        }
+        if let Ok(window) = var("TOOLLOOP_TEST_WINDOW").parse::<u64>() {
+            builder = builder.max_rounds(40).max_tool_calls(40).context(
+                toolloop::context::ContextPolicy {
+                    window: Some(window),
+                    keep_rounds: 2,
+                    ..Default::default()
+                },
+            );
         }
         let agent = builder.build().unwrap();
         let w = toolloop_restate::Worker::bind(addr.parse().unwrap()).unwrap();
@@ -346,6 +412,9 @@ fn runs_finish_through_the_ingress(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -404,6 +473,9 @@ fn concurrent_runs_spread_over_two_workers(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -444,6 +516,9 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
             effect_ms: 1500,
             ask: false,
             source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -509,6 +584,227 @@ fn a_killed_worker_is_replaced_without_repeating_calls(ctx: &Ctx) {
     eprintln!("killed worker {busy}: {unknown} calls outcome unknown, none repeated");
 }
 
+/// A run whose one call is the sub-agent `helper` (a child invocation): a worker running the
+/// child is killed while the child's tools run; the child goes on in the other worker from its
+/// own journal, and the parent takes its result, with no model call and no tool call made
+/// twice.
+fn a_worker_killed_inside_a_sub_agent_is_replaced_without_repeating_calls(ctx: &Ctx) {
+    let mut workers = Workers::start(
+        ctx,
+        Config {
+            name: "child-kill",
+            model: "mock:rounds=1",
+            effect_ms: 1500,
+            ask: false,
+            source: false,
+            child_model: Some("mock:rounds=2,parallel=2"),
+            child_max_tokens: None,
+            window: None,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let n = 2;
+    let before = ctx.mock.stats().requests;
+    let ids: Vec<String> = ctx.rt.block_on(async {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id = client::start(
+                &ingress,
+                &format!("child-{i}"),
+                prompt(&format!("child {i}")),
+            )
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        ids
+    });
+    // Every child is inside its first tool calls (each takes 1.5s).
+    let until = Instant::now() + Duration::from_secs(30);
+    while effect_counts(&workers.effects).len() < 2 * n {
+        assert!(
+            Instant::now() < until,
+            "the children did not reach their tools"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    // Kill a worker that runs a child (its model answered a run keyed `{parent}/{call}`).
+    let busy = (0..2)
+        .find(|&i| {
+            workers
+                .log(i)
+                .lines()
+                .any(|l| l.contains("model answered") && is_child(l))
+        })
+        .expect("a worker ran a child");
+    workers.kill(busy);
+    let outcomes: Vec<Outcome> = ctx.rt.block_on(async {
+        let mut outcomes = Vec::new();
+        for id in &ids {
+            outcomes.push(client::attach(&ingress, id).await.unwrap());
+        }
+        outcomes
+    });
+    let counts = effect_counts(&workers.effects);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "side effects repeated: {twice:?}");
+    assert_eq!(counts.len(), 4 * n, "four calls per child: {counts:?}");
+    for o in &outcomes {
+        assert_answered(o, "Done. I saw 1 tool results in 1 rounds.");
+        let call = &o.tool_calls[0];
+        assert_eq!(call.call.name, "helper");
+        assert_eq!(call.status, CallStatus::Ok, "{o:?}");
+        // The child's answer, with what it spent counted in the parent's.
+        assert!(
+            call.content.contains("I saw 4 tool results in 2 rounds"),
+            "{}",
+            call.content
+        );
+        let spent = call.spent.as_ref().expect("the child's spending");
+        assert_eq!(spent.path, ["helper"]);
+        assert_eq!(spent.rounds, 3);
+        let child = format!("{}/{}", o.run_id.as_deref().unwrap(), call.call.id);
+        assert_eq!(spent.run_id.as_deref(), Some(child.as_str()));
+        assert!(
+            counts
+                .keys()
+                .filter(|k| k.starts_with(&format!("{child}/")))
+                .count()
+                == 4,
+            "the child's calls are keyed under its run: {counts:?}"
+        );
+        assert!(o.usage.unwrap().total_tokens() > spent.usage.unwrap().total_tokens());
+    }
+    // Two model calls per parent, three per child: none made twice.
+    assert_eq!(ctx.mock.stats().requests - before, 5 * n as u64);
+    eprintln!("killed worker {busy} inside a child: nothing repeated");
+}
+
+/// A sub-agent's calls that wait for a person are listed by its root run's `pending`, with
+/// the path to the sub-agent and the child's run, and decided through the root.
+fn a_sub_agents_approvals_are_listed_and_decided_through_its_root(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "child-ask",
+            model: "mock:rounds=1",
+            effect_ms: 0,
+            ask: true,
+            source: false,
+            child_model: Some("mock:rounds=1,parallel=2"),
+            child_max_tokens: None,
+            window: None,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "child-ask", prompt("delegate")))
+        .unwrap();
+    // The root's own call of the sub-agent asks first.
+    let waiting = wait_pending(ctx, "child-ask", 1);
+    assert_eq!(waiting[0].pending.call.name, "helper");
+    assert!(waiting[0].pending.path.is_empty());
+    ctx.rt
+        .block_on(client::decide(&ingress, "child-ask", None, Answer::Approve))
+        .unwrap();
+    // Then the child's two calls, through the root.
+    let waiting = wait_pending(ctx, "child-ask", 2);
+    for w in &waiting {
+        assert_eq!(w.pending.path, ["helper"], "{w:?}");
+        let run = w.pending.run_id.as_deref().unwrap_or_default();
+        assert!(run.starts_with("child-ask/"), "{w:?}");
+    }
+    assert!(effect_counts(&workers.effects).is_empty(), "nothing ran");
+    let first = waiting[0].pending.call.id.clone();
+    ctx.rt
+        .block_on(client::decide(
+            &ingress,
+            "child-ask",
+            Some(std::slice::from_ref(&first)),
+            Answer::Approve,
+        ))
+        .unwrap();
+    ctx.rt
+        .block_on(client::decide(
+            &ingress,
+            "child-ask",
+            Some(std::slice::from_ref(&waiting[1].pending.call.id)),
+            Answer::Deny {
+                reason: Some("not this one".into()),
+            },
+        ))
+        .unwrap();
+    let o = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert_answered(&o, "Done. I saw 1 tool results in 1 rounds.");
+    assert_eq!(o.tool_calls[0].status, CallStatus::Ok, "{o:?}");
+    assert!(
+        o.tool_calls[0]
+            .content
+            .contains("I saw 2 tool results in 1 rounds"),
+        "{o:?}"
+    );
+    assert_eq!(
+        effect_counts(&workers.effects).len(),
+        1,
+        "the approved one ran"
+    );
+    assert!(
+        ctx.rt
+            .block_on(client::pending(&ingress, "child-ask"))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+/// A sub-agent that passes its token budget stops after that model call (its calls not run),
+/// and the parent reads why and answers anyway.
+fn a_sub_agent_over_its_budget_gives_an_error_and_the_parent_answers(ctx: &Ctx) {
+    let workers = Workers::start(
+        ctx,
+        Config {
+            name: "child-budget",
+            model: "mock:rounds=1",
+            effect_ms: 0,
+            ask: false,
+            source: false,
+            child_model: Some("mock:rounds=2,parallel=2"),
+            child_max_tokens: Some(10),
+            window: None,
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let before = ctx.mock.stats().requests;
+    let o = ctx
+        .rt
+        .block_on(client::invoke(&ingress, "child-budget", prompt("delegate")))
+        .unwrap();
+    assert_answered(&o, "Done. I saw 1 tool results in 1 rounds.");
+    let call = &o.tool_calls[0];
+    assert_eq!(call.status, CallStatus::Failed, "{o:?}");
+    assert!(
+        call.content.contains("went over its budget") && call.content.contains("limit is 10"),
+        "{}",
+        call.content
+    );
+    assert_eq!(call.spent.as_ref().map(|s| s.rounds), Some(1));
+    assert!(
+        effect_counts(&workers.effects).is_empty(),
+        "no call of the child ran"
+    );
+    // The parent's two model calls and the child's one.
+    assert_eq!(ctx.mock.stats().requests - before, 3);
+}
+
+/// Whether a worker's log line is about a sub-agent's run (its run id `child-N/{call id}`).
+fn is_child(line: &str) -> bool {
+    line.split("child-")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .is_some_and(|id| id.contains('/'))
+}
+
 fn wait_pending(ctx: &Ctx, run_id: &str, n: usize) -> Vec<toolloop_restate::WaitingApproval> {
     let until = Instant::now() + Duration::from_secs(30);
     loop {
@@ -537,6 +833,9 @@ fn approvals_wait_as_awakeables(ctx: &Ctx) {
             effect_ms: 0,
             ask: true,
             source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -624,6 +923,9 @@ fn cancel_stops_a_run_with_its_transcript(ctx: &Ctx) {
             effect_ms: 0,
             ask: true,
             source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let ingress = ctx.server.ingress.clone();
@@ -668,6 +970,9 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
             effect_ms: 0,
             ask: false,
             source: true,
+            child_model: None,
+            child_max_tokens: None,
+            window: None,
         },
     );
     let o = ctx
@@ -686,4 +991,77 @@ fn a_tool_sources_changing_tools_are_journaled_and_offered(ctx: &Ctx) {
         assert_eq!(c.status, CallStatus::Ok, "{c:?}");
     }
     assert_eq!(effect_counts(&workers.effects).len(), 2);
+}
+
+/// A run whose conversation is compacted under Restate (the summary is a journaled step), its
+/// worker killed with SIGKILL after the summary was journaled, in the tool call that follows:
+/// the other worker replays the run without asking the model for the summary again (the mock
+/// counts one summarising request per compaction), and the run finishes.
+fn a_compacted_run_replays_without_summarising_again(ctx: &Ctx) {
+    const ROUNDS: u32 = 16;
+    let mut workers = Workers::start(
+        ctx,
+        Config {
+            name: "compact",
+            model: "mock:rounds=16,window=1600",
+            effect_ms: 400,
+            ask: false,
+            source: false,
+            child_model: None,
+            child_max_tokens: None,
+            window: Some(1600),
+        },
+    );
+    let ingress = ctx.server.ingress.clone();
+    let before = ctx.mock.stats();
+    let id = ctx
+        .rt
+        .block_on(client::start(&ingress, "compact-0", prompt("compact 0")))
+        .unwrap();
+    // The summary has been asked for and answered; the run goes on into its next tool call.
+    let until = Instant::now() + Duration::from_secs(60);
+    while ctx.mock.stats().summaries == before.summaries {
+        assert!(Instant::now() < until, "the run was never compacted");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let calls = effect_counts(&workers.effects).len();
+    while effect_counts(&workers.effects).len() == calls {
+        assert!(
+            Instant::now() < until,
+            "the run did not go on after its compaction"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let busy = (0..2)
+        .find(|&i| workers.log(i).contains("model answered"))
+        .expect("a worker ran the run");
+    workers.kill(busy);
+    let summaries_at_kill = ctx.mock.stats().summaries - before.summaries;
+    let outcome = ctx.rt.block_on(client::attach(&ingress, &id)).unwrap();
+    assert!(
+        workers.log(1 - busy).contains("model answered"),
+        "the other worker took over"
+    );
+    assert_answered(
+        &outcome,
+        &format!("Done. I saw {ROUNDS} tool results in {ROUNDS} rounds."),
+    );
+    let context = outcome.context.as_ref().expect("the policy's report");
+    let after = ctx.mock.stats();
+    let summaries = after.summaries - before.summaries;
+    assert!(context.compactions >= 1);
+    // One summarising request per compaction: none was asked again on replay.
+    assert_eq!(summaries, u64::from(context.compactions));
+    assert!(summaries >= summaries_at_kill);
+    assert_eq!(after.context_refusals, before.context_refusals);
+    let twice: Vec<_> = effect_counts(&workers.effects)
+        .into_iter()
+        .filter(|(_, n)| *n > 1)
+        .collect();
+    assert!(twice.is_empty(), "side effects repeated: {twice:?}");
+    eprintln!(
+        "killed worker {busy} after {summaries_at_kill} summaries; {summaries} in all, {} \
+         compactions",
+        context.compactions
+    );
 }

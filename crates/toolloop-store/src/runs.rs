@@ -179,11 +179,10 @@ impl Store {
             .ok()
             .and_then(|v| v.as_str().map(str::to_string));
         // With a context policy, the session goes on from the conversation as last sent
-        // (compacted, old results cleared), not from the whole transcript.
-        let messages = outcome
-            .context
-            .as_deref()
-            .map_or(&outcome.messages[..], |c| &c.view[..]);
+        // (compacted, old results cleared, spilled results kept whole), not from the whole
+        // transcript.
+        let messages = outcome.continuation();
+        let messages = &messages[..];
         let text = encode_transcript(messages)?;
         let count = messages.len() as i64;
         let now = now_ms();

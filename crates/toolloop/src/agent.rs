@@ -20,6 +20,7 @@ use crate::output::OutputSchema;
 use crate::price::{Price, PriceTable};
 use crate::redact::{Redactor, StreamRedactor};
 use crate::stream::{Accumulator, StreamEvent};
+use crate::subagent::{Delegation, Inherited, Scope};
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::tool_source::ToolSource;
 use crate::toolbox::{Toolbox, ToolboxError};
@@ -58,6 +59,10 @@ pub struct Agent {
     /// The model that summarises a conversation being compacted, when not the run's own, and
     /// its price.
     context_model: Option<PricedModel>,
+    /// How far the agent's delegation goes (see [`crate::subagent`]).
+    delegation: Delegation,
+    /// For a sub-agent's run: what it inherits from its parent's.
+    inherited: Option<Arc<Inherited>>,
 }
 
 /// A model and its price, when known.
@@ -150,6 +155,7 @@ pub struct AgentBuilder {
     redactor: Option<Arc<Redactor>>,
     context_model: Option<Arc<dyn Model>>,
     limits: crate::context::LimitTable,
+    delegation: Delegation,
 }
 
 impl Agent {
@@ -263,6 +269,73 @@ impl Agent {
     /// The model settings of its runs.
     pub fn settings(&self) -> &ModelSettings {
         &self.settings
+    }
+
+    /// How far delegation to sub-agents goes from its runs ([`AgentBuilder::delegation`]).
+    pub fn delegation(&self) -> Delegation {
+        self.delegation
+    }
+
+    /// The model's price, when the price table knows it.
+    pub(crate) fn price(&self) -> Option<&Price> {
+        self.price.as_deref()
+    }
+
+    /// The model's name as requests give it.
+    pub(crate) fn model_name(&self) -> &str {
+        self.settings
+            .model
+            .as_deref()
+            .unwrap_or_else(|| self.model.name())
+    }
+
+    /// The agent as a sub-agent's run makes it: logged in the parent's journal, its events to
+    /// `on_event`, the root's approval handler (the child's own without one), its timeout
+    /// bounded by the parent's time left.
+    pub(crate) fn for_child(
+        &self,
+        inherited: Arc<Inherited>,
+        journal: Option<Arc<dyn Journal>>,
+        on_event: Option<EventHandler>,
+        on_approval: Option<OnApproval>,
+        timeout: Option<Duration>,
+    ) -> Agent {
+        let mut child = self.clone();
+        child.inherited = Some(inherited);
+        if journal.is_some() {
+            child.journal = journal;
+        }
+        let own = self.on_event.clone();
+        child.on_event = match (own, on_event) {
+            (Some(own), Some(up)) => Some(Arc::new(move |e: &Event| {
+                own(e);
+                up(e);
+            })),
+            (own, up) => up.or(own),
+        };
+        if on_approval.is_some() {
+            child.on_approval = on_approval;
+        }
+        if timeout != self.config.timeout {
+            let mut config = (*self.config).clone();
+            config.timeout = timeout;
+            child.config = Arc::new(config);
+        }
+        child
+    }
+
+    /// The scope a run gives its tools: the sub-agents it calls learn from it where they are
+    /// (see [`crate::subagent`]).
+    fn scope_for(&self, sink: &Option<EventHandler>) -> Arc<Scope> {
+        Arc::new(match &self.inherited {
+            None => Scope::root(
+                sink.clone(),
+                self.on_approval.clone(),
+                self.journal.clone(),
+                self.delegation,
+            ),
+            Some(inherited) => Scope::child(inherited, self.journal.clone(), self.delegation),
+        })
     }
 
     /// Runs the loop on a single user prompt (after the system prompt, if any).
@@ -455,6 +528,37 @@ impl Agent {
             .await)
     }
 
+    /// The outcome of a logged run as its log holds it, without running or changing anything
+    /// (no lease is taken): a finished run's outcome; an unfinished one's so far, as if
+    /// cancelled. Its `messages` (or, with a context policy, its `context` view) is the
+    /// conversation the run's next model call would have been sent: after a run that failed on
+    /// a model error ([`StopReason::ModelError`]), a new run started from it goes on where the
+    /// failed call left off, with nothing the run did made or run again.
+    ///
+    /// Fails when no journal is configured, the run is unknown, or its log does not replay.
+    pub async fn logged_outcome(&self, run_id: &str) -> Result<Outcome, JournalError> {
+        let journal = self
+            .journal
+            .clone()
+            .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
+        let mut records = journal.load(run_id).await?;
+        let live = self.tools_now().await;
+        crate::journal::upgrade(&mut records, &live, &self.config.approvals);
+        let machine = Machine::replay(
+            self.config.clone(),
+            (&self.hooks).into(),
+            live.catalog().clone(),
+            records,
+        )
+        .map_err(|source| JournalError::Corrupt {
+            run_id: run_id.to_string(),
+            source,
+        })?;
+        let mut outcome = machine.into_outcome(0);
+        outcome.run_id = Some(run_id.to_string());
+        Ok(outcome)
+    }
+
     /// Takes the run's lease and rebuilds its machine from its log (the lease is given back on
     /// failure), with the toolbox the run has now: the live tools, judged by the catalog the
     /// log holds last, if it holds one.
@@ -516,12 +620,23 @@ impl Agent {
         calls: Option<&[String]>,
         answer: Option<Answer>,
     ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        Box::pin(self.decide_approvals_in(run_id, calls, answer)).await
+    }
+
+    /// [`Agent::decide_approvals`]: the run's own calls, or else its children's (sub-agents of
+    /// calls in flight: see [`crate::subagent`]), each decided in the child's own log.
+    async fn decide_approvals_in(
+        &self,
+        run_id: &str,
+        calls: Option<&[String]>,
+        answer: Option<Answer>,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
         let journal = self
             .journal
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
-        let log = RunLog::new(journal, run_id.to_string());
-        let (mut machine, _) = self.take_and_replay(&log).await?;
+        let log = RunLog::new(journal.clone(), run_id.to_string());
+        let (mut machine, toolbox) = self.take_and_replay(&log).await?;
         let waiting: Vec<PendingApproval> = match machine.next_step() {
             Step::Approve(requests) => requests
                 .into_iter()
@@ -530,6 +645,30 @@ impl Agent {
                 .collect(),
             _ => Vec::new(),
         };
+        // Children of calls in flight, when the run's own calls wait for nothing.
+        let children: Vec<(String, String, Agent)> = if waiting.is_empty() {
+            machine
+                .in_flight()
+                .into_iter()
+                .filter_map(|i| machine.round_call(i))
+                .filter_map(|call| {
+                    let sub = toolbox.get(&call.name)?.sub_agent()?;
+                    let mut agent = sub.agent().clone();
+                    agent.journal = Some(journal.clone());
+                    Some((
+                        sub.name().to_string(),
+                        crate::subagent::SubAgent::child_run_id(run_id, &call.id),
+                        agent,
+                    ))
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if !children.is_empty() {
+            let _ = log.journal.release(run_id, &log.holder).await;
+            return self.decide_children(run_id, children, calls, answer).await;
+        }
         let result = (|| {
             let Some(answer) = answer else {
                 return Ok((waiting, Vec::new()));
@@ -578,6 +717,71 @@ impl Agent {
         let _ = log.journal.release(run_id, &log.holder).await;
         written?;
         result.map(|(chosen, _)| chosen)
+    }
+
+    /// Lists or decides what the children of a run's calls in flight wait for: `children` are
+    /// each child's name, run id and agent.
+    async fn decide_children(
+        &self,
+        run_id: &str,
+        children: Vec<(String, String, Agent)>,
+        calls: Option<&[String]>,
+        answer: Option<Answer>,
+    ) -> Result<Vec<PendingApproval>, ApprovalError> {
+        let below = |name: &str, child_id: &str, mut p: PendingApproval| {
+            p.path.insert(0, name.to_string());
+            if p.run_id.is_none() {
+                p.run_id = Some(child_id.to_string());
+            }
+            p
+        };
+        let mut waiting = Vec::new();
+        for (name, child_id, agent) in &children {
+            match agent.decide_approvals(child_id, None, None).await {
+                Ok(list) => waiting.extend(list.into_iter().map(|p| below(name, child_id, p))),
+                // A child that never started its log waits for nothing.
+                Err(ApprovalError::Journal(JournalError::NotFound(_))) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let Some(answer) = answer else {
+            return Ok(waiting);
+        };
+        if let Some(ids) = calls
+            && let Some(id) = ids
+                .iter()
+                .find(|id| !waiting.iter().any(|p| &p.call.id == *id))
+        {
+            return Err(ApprovalError::NotWaiting {
+                run_id: run_id.to_string(),
+                call_id: id.clone(),
+                waiting: waiting.iter().map(|p| p.call.id.clone()).collect(),
+            });
+        }
+        let mut decided = Vec::new();
+        for (name, child_id, agent) in &children {
+            let mine: Vec<String> = waiting
+                .iter()
+                .filter(|p| p.path.first() == Some(name) && p.run_id.is_some())
+                .filter(|p| {
+                    // The child's subtree: its own calls and its children's.
+                    p.run_id.as_deref() == Some(child_id.as_str())
+                        || p.run_id
+                            .as_deref()
+                            .is_some_and(|r| r.starts_with(&format!("{child_id}/")))
+                })
+                .filter(|p| calls.is_none_or(|ids| ids.contains(&p.call.id)))
+                .map(|p| p.call.id.clone())
+                .collect();
+            if mine.is_empty() {
+                continue;
+            }
+            let list = agent
+                .decide_approvals(child_id, Some(&mine), Some(answer.clone()))
+                .await?;
+            decided.extend(list.into_iter().map(|p| below(name, child_id, p)));
+        }
+        Ok(decided)
     }
 
     /// The machine of a new run on `messages`, the agent's system prompt first (unless the
@@ -635,11 +839,12 @@ impl Agent {
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
         let tools = crate::context::driver::request_tools(machine, machine.catalog().specs());
+        let settings = crate::context::driver::request_settings(machine, &self.settings);
         let request = ModelRequest {
             messages: machine.sent_messages(),
             reminders,
             tools: &tools,
-            settings: &self.settings,
+            settings: &settings,
         };
         self.call_model(model, request, round, sink).await
     }
@@ -704,6 +909,8 @@ impl Agent {
             cancel,
             deadline,
             sink,
+            None,
+            None,
         )
         .await
     }
@@ -754,7 +961,12 @@ impl Agent {
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> Outcome {
-        let span = crate::telemetry::run_span(self.model.name());
+        let agent = self
+            .inherited
+            .as_ref()
+            .and_then(|i| i.path.last())
+            .map_or("toolloop", String::as_str);
+        let span = crate::telemetry::run_span(self.model.name(), agent);
         let outcome = self
             .drive_in_span(machine, toolbox, cancel, sink, log)
             .instrument(span.clone())
@@ -802,6 +1014,7 @@ impl Agent {
         // Cancelled, with the tools' work, when the run is interrupted; the caller's token is
         // left alone.
         let tool_cancel = cancel.child_token();
+        let scope = self.scope_for(&sink);
         loop {
             emit(&mut machine);
             match machine.next_step() {
@@ -852,6 +1065,9 @@ impl Agent {
                     // Not waited for: a call lost to a crash is made again on resume.
                     take(&mut machine, &log, Input::ModelRequested { round });
                     let tools = crate::context::driver::request_tools(&machine, toolbox.specs());
+                    // With what the machine asks of the provider itself this round (a function
+                    // of its view: a resumed run asks the same).
+                    let settings = crate::context::driver::request_settings(&machine, &settings);
                     let request = ModelRequest {
                         messages: machine.sent_messages(),
                         reminders: &reminders,
@@ -1001,6 +1217,7 @@ impl Agent {
                             deadline,
                             &sink,
                             &log,
+                            &scope,
                         );
                         let interrupted = match guard(run, &cancel, deadline).await {
                             Ok(Ok(())) => None,
@@ -1022,7 +1239,12 @@ impl Agent {
                             break;
                         }
                         emit(&mut machine);
+                        if scope.has_awaiting() {
+                            // A child waits for approvals: the round's later calls wait too.
+                            break;
+                        }
                     }
+                    let waiting = scope.take_awaiting();
                     // The round's results are written while the next model call goes on (the
                     // call needs nothing durable: one lost to a crash is made again); the next
                     // flush, before any tool runs, waits for them. A crash before they are
@@ -1033,6 +1255,12 @@ impl Agent {
                     {
                         store_error = Some(e);
                         interrupt(&mut machine, Interrupt::StoreFailed);
+                        stopped = true;
+                    }
+                    if !stopped && !waiting.is_empty() {
+                        // Not logged: the children's calls stay in flight, and run again (each
+                        // child resuming from its log) when the run is resumed.
+                        fed(machine.await_child_approvals(waiting));
                     }
                 }
             }
@@ -1193,6 +1421,7 @@ impl Agent {
         deadline: Option<tokio::time::Instant>,
         sink: &Option<EventHandler>,
         log: &Option<RunLog>,
+        scope: &Arc<Scope>,
     ) -> Result<(), JournalError> {
         let round = machine.round();
         let limit = if batch.parallel {
@@ -1211,9 +1440,7 @@ impl Agent {
             let Some(call) = machine.round_call(index) else {
                 continue;
             };
-            rerun_safe &= toolbox
-                .get(&call.name)
-                .is_none_or(|t| t.side_effect() != SideEffect::SideEffecting);
+            rerun_safe &= toolbox.get(&call.name).is_none_or(|t| !intent_first(t));
             let intent = Input::ToolStarted {
                 round,
                 index,
@@ -1249,6 +1476,7 @@ impl Agent {
                     config: &self.config,
                     sink,
                     log,
+                    scope,
                 };
                 let span = crate::telemetry::tool_span(&job.call);
                 let on_end = span.clone();
@@ -1273,6 +1501,13 @@ impl Agent {
             // calls are over (a result lost to a crash makes the call "in flight" on resume,
             // never run twice when it has side effects).
             let (result, duration_ms, attempts) = done?;
+            if machine
+                .round_call(index)
+                .is_some_and(|c| scope.is_awaiting(&c.id))
+            {
+                // Its child waits for approvals: the call has no result yet.
+                continue;
+            }
             let finished = Input::ToolFinished {
                 round,
                 index,
@@ -1461,6 +1696,7 @@ struct ToolJob<'a> {
     config: &'a LoopConfig,
     sink: &'a Option<EventHandler>,
     log: &'a Option<RunLog>,
+    scope: &'a Arc<Scope>,
 }
 
 /// A finished call: its result, duration in milliseconds and attempts; or a run-log failure.
@@ -1483,7 +1719,7 @@ impl ToolJob<'_> {
                 index: self.index,
                 call_id: self.call.id.clone(),
             };
-            if tool.side_effect() == SideEffect::SideEffecting {
+            if intent_first(tool) {
                 log.now(intent).await?;
             } else {
                 log.soon(intent);
@@ -1506,6 +1742,8 @@ impl ToolJob<'_> {
                     self.cancel,
                     self.deadline,
                     self.sink.as_ref(),
+                    self.log.as_ref().map(|l| l.run_id.as_str()),
+                    Some(self.scope),
                 )
                 .await
             }
@@ -1513,6 +1751,13 @@ impl ToolJob<'_> {
         let duration_ms = started.elapsed().as_millis() as u64;
         Ok((done.result, duration_ms, done.attempts))
     }
+}
+
+/// Whether a call's intent is durable before it runs: a side-effecting tool's (a crash leaves
+/// it in flight, never silently repeated), and a sub-agent's (its run is logged under the
+/// call's id, which the log must hold for a resume to find that run again).
+fn intent_first(tool: &Arc<dyn Tool>) -> bool {
+    tool.side_effect() == SideEffect::SideEffecting || tool.sub_agent().is_some()
 }
 
 /// What one tool call came to: its result, how long it took and in how many attempts.
@@ -1577,6 +1822,8 @@ async fn call_tool_with(
     cancel: &CancellationToken,
     deadline: Option<tokio::time::Instant>,
     sink: Option<&EventHandler>,
+    run_id: Option<&str>,
+    scope: Option<&Arc<Scope>>,
 ) -> ToolCallResult {
     let started = Instant::now();
     let mut attempt = 0;
@@ -1597,6 +1844,8 @@ async fn call_tool_with(
             deadline,
             attempt,
             idempotency_key: idempotency_key.clone(),
+            run_id: run_id.map(str::to_string),
+            scope: scope.cloned(),
         };
         let running = AssertUnwindSafe(tool.call(call.arguments.clone(), ctx)).catch_unwind();
         let result = match config.tool_timeout {
@@ -1674,6 +1923,7 @@ impl AgentBuilder {
             redactor: None,
             context_model: None,
             limits: crate::context::LimitTable::builtin(),
+            delegation: Delegation::default(),
         }
     }
 
@@ -1685,6 +1935,13 @@ impl AgentBuilder {
     /// events and the outcome see it. Default: nothing is redacted.
     pub fn redact(mut self, redactor: Redactor) -> Self {
         self.redactor = (!redactor.is_empty()).then(|| Arc::new(redactor));
+        self
+    }
+
+    /// How far delegation to sub-agents goes from this agent's runs: how deep, and how many
+    /// children at once (see [`crate::subagent`]).
+    pub fn delegation(mut self, delegation: Delegation) -> Self {
+        self.delegation = delegation;
         self
     }
 
@@ -1946,6 +2203,7 @@ impl AgentBuilder {
             if policy.window.is_none() {
                 policy.window = self.limits.context_window(model_name);
             }
+            policy.provider = self.model.native_context();
         }
         let context_model = self.context_model.map(|m| {
             let price = self.prices.get(m.name()).cloned().map(Arc::new);
@@ -1969,6 +2227,8 @@ impl AgentBuilder {
             }),
             redactor: self.redactor,
             context_model,
+            delegation: self.delegation,
+            inherited: None,
         })
     }
 }

@@ -448,6 +448,13 @@ pub struct PendingApproval {
     pub call: ToolCall,
     /// What rules match against (the command line, the path, or the canonical arguments).
     pub subject: String,
+    /// Where the call waits: empty for the run's own calls; for a sub-agent's call, the
+    /// agents' names from the run down (`["reviewer"]`, see [`crate::subagent`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// The run whose log holds the call, for a sub-agent's call (`{parent}/{call_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
 }
 
 /// A person's (or a handler's) answer to a [`PendingApproval`].

@@ -230,9 +230,30 @@ pub enum Event {
         /// The summariser's usage (counted apart from the run's).
         usage: Option<Usage>,
     },
+    /// The provider edited the request's context itself (cleared old tool results, or
+    /// compacted the conversation; see [`crate::context::native`]), as it reported with its
+    /// response.
+    ContextEditedByProvider {
+        /// The round whose request it edited.
+        round: u32,
+        /// What it reported.
+        report: crate::context::NativeReport,
+    },
     /// The run ended.
     RunFinished {
         /// Everything it gathered.
         outcome: Box<Outcome>,
+    },
+    /// Something happened in a sub-agent's run (see [`crate::subagent`]): a parent's tool
+    /// call that runs another agent. A grandchild's events come as one `Child` event with the
+    /// whole path, not nested twice.
+    Child {
+        /// The agents' names from the run that emits the event down to the one where it
+        /// happened (`["reviewer"]`, `["planner", "reviewer"]`).
+        path: Vec<String>,
+        /// The parent's call that runs the child (its id, in the run one level up).
+        call_id: String,
+        /// What happened in the child's run.
+        event: Box<Event>,
     },
 }

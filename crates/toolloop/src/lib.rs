@@ -78,6 +78,7 @@ pub mod redact;
 pub mod result;
 pub mod schema;
 pub mod stream;
+pub mod subagent;
 pub mod telemetry;
 pub mod tool;
 pub mod tool_source;
@@ -94,6 +95,7 @@ pub use message::{Message, ToolCall, ToolResult};
 pub use model::{Model, ModelError, ModelResponse};
 pub use outcome::{Outcome, StopReason};
 pub use output::OutputSchema;
+pub use subagent::SubAgent;
 pub use tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 pub use usage::Usage;
 

@@ -45,6 +45,13 @@ pub trait Model: Send + Sync {
     fn session(&self) -> Box<dyn Model + '_> {
         Box::new(Forward(self))
     }
+
+    /// What the provider's API does to the context itself (see [`crate::context::native`]):
+    /// an adapter whose API can clear old tool results or compact the conversation says so,
+    /// and translates [`ModelSettings::context`] into its API's field. The default: nothing.
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport::default()
+    }
 }
 
 /// The default [`Model::session`]: the model itself.
@@ -66,6 +73,10 @@ impl<M: Model + ?Sized> Model for Forward<'_, M> {
 
     fn session(&self) -> Box<dyn Model + '_> {
         Box::new(Forward(self.0))
+    }
+
+    fn native_context(&self) -> crate::context::NativeSupport {
+        self.0.native_context()
     }
 }
 
@@ -211,6 +222,12 @@ pub struct ModelSettings {
     /// its API for JSON of that shape, and the loop validates the answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<crate::output::OutputSchema>,
+    /// The context management asked of the provider itself (see [`crate::context::native`]),
+    /// set by the run from its context policy when the adapter offers it
+    /// ([`Model::native_context`]); each adapter translates it into its API's field. An
+    /// adapter that offers none leaves it out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<crate::context::NativeContext>,
 }
 
 /// Why the model stopped.
@@ -252,6 +269,10 @@ pub struct ModelResponse {
     /// explanation back to the model, within the invalid-call budget.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub malformed_call: Option<String>,
+    /// What the provider reports it did to the request's context itself (see
+    /// [`crate::context::native`]), when it did something.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_edited: Option<crate::context::NativeReport>,
 }
 
 impl ModelResponse {
@@ -306,6 +327,9 @@ impl ModelResponse {
         }
         if let Some(why) = self.malformed_call {
             events.push(StreamEvent::MalformedCall(why));
+        }
+        if let Some(report) = self.context_edited {
+            events.push(StreamEvent::ContextEdited(report));
         }
         events.push(StreamEvent::Finish(self.finish_reason));
         events
@@ -559,6 +583,11 @@ mod tests {
                 data: json!({"type": "thinking"}),
             }],
             malformed_call: Some("bad tag".into()),
+            context_edited: Some(crate::context::NativeReport {
+                cleared_tool_uses: 2,
+                cleared_input_tokens: 300,
+                compacted: false,
+            }),
         };
         let events = r.clone().into_events();
         let stream: EventStream = Box::pin(futures::stream::iter(events.into_iter().map(Ok)));

@@ -166,6 +166,10 @@ pub struct ExecutedCall {
     pub duration_ms: u64,
     /// How many attempts were made (retries included).
     pub attempts: u32,
+    /// What the call spent on model calls of its own: a sub-agent's usage and cost, already
+    /// counted in the run's ([`Outcome::usage`], [`Outcome::cost`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<crate::usage::Spent>,
 }
 
 impl ExecutedCall {
@@ -245,6 +249,48 @@ pub enum ParseOutputError {
 }
 
 impl Outcome {
+    /// The conversation a next run (a session's next turn) goes on from: without a context
+    /// policy, the transcript; with one, the conversation as last sent (compacted, old results
+    /// cleared), its spilled results whole again, so that they survive with the session: the
+    /// next run spills them anew (the same preview under the same handle), and its
+    /// `read_result` reads them whole. A cleared result stays a stub.
+    pub fn continuation(&self) -> std::borrow::Cow<'_, [Message]> {
+        use std::borrow::Cow;
+        let Some(context) = self.context.as_deref() else {
+            return Cow::Borrowed(&self.messages);
+        };
+        if context.spilled == 0 {
+            return Cow::Borrowed(&context.view);
+        }
+        let whole: std::collections::HashMap<&str, &crate::message::ToolResult> = self
+            .messages
+            .iter()
+            .filter_map(|m| match m {
+                Message::Tool(r) if r.name != crate::context::policy::READ_RESULT => {
+                    Some((r.call_id.as_str(), r))
+                }
+                _ => None,
+            })
+            .collect();
+        let mut view = context.view.clone();
+        for m in &mut view {
+            if let Message::Tool(r) = m
+                && let Some(original) = whole.get(r.call_id.as_str())
+                && r.content != original.content
+                && r.content
+                    != crate::context::policy::cleared_stub(
+                        &original.name,
+                        &original.call_id,
+                        original.content.len(),
+                    )
+            {
+                r.content.clone_from(&original.content);
+                r.images.clone_from(&original.images);
+            }
+        }
+        Cow::Owned(view)
+    }
+
     /// The validated final answer as a `T` (the type whose schema the run used, typically:
     /// see [`crate::AgentBuilder::output_type`]).
     pub fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, ParseOutputError> {

@@ -4,6 +4,7 @@
 //! split across deltas) before they emit these events: each call has one `index` of the
 //! adapter's choosing, and calls are ordered by the first appearance of their index.
 
+use crate::context::NativeReport;
 use crate::message::{ProviderPart, ToolCall, new_call_id};
 use crate::model::{FinishReason, ModelResponse};
 use crate::usage::Usage;
@@ -53,6 +54,9 @@ pub enum StreamEvent {
     MalformedCall(String),
     /// Why the model stopped.
     Finish(FinishReason),
+    /// What the provider did to the request's context itself (see
+    /// [`ModelResponse::context_edited`]); several reports add up.
+    ContextEdited(NativeReport),
 }
 
 #[derive(Debug, Default)]
@@ -73,6 +77,7 @@ pub struct Accumulator {
     usage: Option<Usage>,
     malformed: Option<String>,
     finish: Option<FinishReason>,
+    context_edited: Option<NativeReport>,
 }
 
 impl Accumulator {
@@ -119,6 +124,10 @@ impl Accumulator {
             StreamEvent::Usage(u) => self.usage = Some(u),
             StreamEvent::MalformedCall(why) => self.malformed = Some(why),
             StreamEvent::Finish(f) => self.finish = Some(f),
+            StreamEvent::ContextEdited(r) => self
+                .context_edited
+                .get_or_insert_with(NativeReport::default)
+                .merge(r),
         }
     }
 
@@ -155,6 +164,7 @@ impl Accumulator {
             usage: self.usage,
             parts: self.parts,
             malformed_call: self.malformed,
+            context_edited: self.context_edited,
         }
     }
 }

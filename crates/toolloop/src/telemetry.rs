@@ -21,15 +21,16 @@ pub const TARGET: &str = "toolloop::genai";
 /// The target of the content events.
 pub const CONTENT_TARGET: &str = "toolloop::genai::content";
 
-/// The span of one run.
-pub(crate) fn run_span(model: &str) -> Span {
+/// The span of one run; `agent` is `toolloop` for a run of its own, or a sub-agent's name (its
+/// span is then a child of the parent's `execute_tool` span, the current one when it starts).
+pub(crate) fn run_span(model: &str, agent: &str) -> Span {
     tracing::info_span!(
         target: TARGET,
         "invoke_agent",
-        otel.name = "invoke_agent toolloop",
+        otel.name = format!("invoke_agent {agent}"),
         otel.kind = "internal",
         gen_ai.operation.name = "invoke_agent",
-        gen_ai.agent.name = "toolloop",
+        gen_ai.agent.name = agent,
         gen_ai.request.model = model,
         gen_ai.conversation.id = field::Empty,
         gen_ai.usage.input_tokens = field::Empty,

@@ -64,6 +64,13 @@ pub struct ToolContext {
     /// A key that stays the same for this call across retries and resumes; pass it on to the
     /// systems the tool changes so they can drop repeats.
     pub idempotency_key: String,
+    /// The id of the run that makes the call, when the run is logged (a sub-agent logs its
+    /// run under `{run_id}/{call_id}`: see [`crate::subagent`]).
+    pub run_id: Option<String>,
+    /// What a sub-agent called by this run inherits from it: the event stream, the approval
+    /// handler, the run log, the depth and the budget left (see [`crate::subagent`]). `None`
+    /// outside an agent's run.
+    pub scope: Option<std::sync::Arc<crate::subagent::Scope>>,
 }
 
 impl ToolContext {
@@ -77,6 +84,8 @@ impl ToolContext {
             cancel: CancellationToken::new(),
             deadline: None,
             attempt: 1,
+            run_id: None,
+            scope: None,
         }
     }
 }
@@ -94,6 +103,10 @@ pub struct ToolOutput {
     /// form each API takes (see [`crate::message::ToolResult::images`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<crate::image::Image>,
+    /// What the call spent on model calls of its own (a sub-agent's run): the run that made the
+    /// call adds it to its usage and cost. The model does not read it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<crate::usage::Spent>,
 }
 
 impl ToolOutput {
@@ -169,6 +182,10 @@ pub struct ToolError {
     pub retryable: bool,
     /// Structured detail.
     pub data: Option<Value>,
+    /// What the call spent on model calls of its own before it failed (a sub-agent's run);
+    /// see [`ToolOutput::spent`]. Boxed: most errors carry none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spent: Option<Box<crate::usage::Spent>>,
 }
 
 impl ToolError {
@@ -178,6 +195,7 @@ impl ToolError {
             message: message.into(),
             retryable: false,
             data: None,
+            spent: None,
         }
     }
 
@@ -250,6 +268,11 @@ pub trait Tool: Send + Sync {
     fn approval_required(&self, args: &Value) -> bool {
         let _ = args;
         false
+    }
+    /// The sub-agent this tool runs, when it is one ([`crate::subagent::SubAgent`]): how a run
+    /// finds its children (their approvals, their logs). Default: none.
+    fn sub_agent(&self) -> Option<&crate::subagent::SubAgent> {
+        None
     }
     /// Runs the call. `args` has passed the schema.
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError>;

@@ -423,6 +423,9 @@ impl Tool for LoggedTool {
             .as_ref()
             .is_some_and(|tool| tool.approval_required(args))
     }
+    fn sub_agent(&self) -> Option<&crate::subagent::SubAgent> {
+        self.live.as_ref().and_then(|t| t.sub_agent())
+    }
     async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         match &self.live {
             Some(tool) => tool.call(args, ctx).await,

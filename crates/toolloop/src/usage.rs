@@ -52,6 +52,35 @@ impl AddAssign for Usage {
     }
 }
 
+/// What a tool call spent on model calls of its own: a sub-agent's run (see
+/// [`crate::subagent`]). The run that made the call counts it in its own usage and cost, and
+/// reports it with the call ([`crate::outcome::ExecutedCall::spent`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct Spent {
+    /// Who spent it: the sub-agent's path from the run that made the call (`["reviewer"]`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub path: Vec<String>,
+    /// The run it was logged under, when it was logged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_id: Option<String>,
+    /// Tokens; `None` when no model call reported usage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+    /// Model calls that reported no usage.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub calls_without_usage: u32,
+    /// Cost in US dollars, when the prices are known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost: Option<f64>,
+    /// Model calls made.
+    #[serde(default)]
+    pub rounds: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -223,6 +223,7 @@ proptest! {
             spill_over: spill,
             spill_preview: 100,
             compact: true,
+            ..ContextPolicy::default()
         };
         let run = drive(policy.clone(), "the task", &rounds).map_err(TestCaseError::fail)?;
         let state = run.machine.state().clone();

@@ -128,6 +128,41 @@ async fn dropped_tools_are_told_by_the_prompt_tokens_and_auto_falls_back() {
     assert!(!auto.is_prompted());
 }
 
+/// llama-cpp-python 0.3.36's `chatml-function-calling` under `tool_choice: "auto"` makes tool
+/// calls, but its text answers are empty (its grammar leaves no room for text). Native calling
+/// then ends with an empty answer; `auto` takes an empty reply to a request with tools as
+/// native calling not working there and asks again prompt-based, streamed or not.
+#[tokio::test]
+async fn an_empty_reply_to_a_request_with_tools_makes_auto_fall_back() {
+    let scenario = "mock:empty_auto_answer=true,text_calls=hermes,accept_tools=true";
+    let server = server().await;
+    let dir = repo();
+    for stream in [false, true] {
+        let native = Arc::new(OpenAiModel::new(config(&server.base_url(), scenario)));
+        let (o, _) = run(native.clone(), dir.path(), stream).await;
+        assert_eq!(o.stop_reason, StopReason::EmptyAnswer, "stream {stream}");
+        let auto = Arc::new(Auto::new(native, Dialect::Hermes));
+        let (o, events) = run(auto.clone(), dir.path(), stream).await;
+        answered(&o);
+        assert!(auto.is_prompted(), "stream {stream}");
+        assert!(
+            o.text.as_deref().is_some_and(|t| t.starts_with("Done.")),
+            "{:?}",
+            o.text
+        );
+        if stream {
+            assert!(
+                events
+                    .iter()
+                    .any(|e| matches!(e, Event::ModelRetry { reason, .. }
+                    if reason.contains("with nothing"))),
+                "the streamed reply was asked for again, saying why"
+            );
+        }
+    }
+    assert_eq!(server.stats().rejected, 0);
+}
+
 /// llama-cpp-python takes `json_object` but not `json_schema` (a 500): the adapter asks for
 /// `json_object` with the schema in the prompt, remembers it, and the loop checks the answer.
 #[tokio::test]

@@ -7,6 +7,8 @@
 //! undecided again. `toolloop mcp trust` trusts the file as it is now; `toolloop mcp untrust`
 //! forgets the decision. A run on a terminal asks once (yes is remembered as trusted, no as
 //! declined); without a terminal it starts nothing and says which command trusts the file.
+//! Decisions are changed under an advisory lock (`mcp-trust.json.lock`) and written to a new
+//! file renamed over the old, so processes deciding at once keep every decision.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -169,20 +171,73 @@ pub(crate) fn note(file: &ProjectFile, trust: Trust) -> bool {
     said
 }
 
+/// How long an update waits for another process's update of the decisions to finish.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Changes the decisions at `path` by `change`, read and written under an exclusive advisory
+/// lock (on `<path>.lock`, held until the new file is renamed over the old): two processes
+/// trusting files at once both keep their entries. Writes only when `change` says so.
+fn update<R>(path: &Path, change: impl FnOnce(&mut Decisions) -> (R, bool)) -> Result<R, String> {
+    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+    let dir = path
+        .parent()
+        .ok_or_else(|| format!("{}: no directory", path.display()))?;
+    std::fs::create_dir_all(dir).map_err(at)?;
+    let _lock = lock(&path.with_extension("json.lock"))?;
+    let mut decisions = load(path)?;
+    let (out, changed) = change(&mut decisions);
+    if changed {
+        save(path, &decisions)?;
+    }
+    Ok(out)
+}
+
+/// The exclusive lock on the file at `path` (made when missing, readable by its owner only),
+/// released when dropped. Waits up to [`LOCK_WAIT`] for another holder.
+fn lock(path: &Path) -> Result<std::fs::File, String> {
+    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create(true).truncate(false);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options
+            .mode(0o600)
+            .custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32);
+    }
+    let file = options.open(path).map_err(at)?;
+    #[cfg(unix)]
+    {
+        use rustix::fs::{FlockOperation, flock};
+        let started = std::time::Instant::now();
+        loop {
+            match flock(&file, FlockOperation::NonBlockingLockExclusive) {
+                Ok(()) => break,
+                Err(rustix::io::Errno::WOULDBLOCK | rustix::io::Errno::INTR)
+                    if started.elapsed() < LOCK_WAIT =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
+                Err(rustix::io::Errno::WOULDBLOCK) => {
+                    return Err(format!(
+                        "{}: another toolloop has held the lock for {}s; try again",
+                        path.display(),
+                        LOCK_WAIT.as_secs()
+                    ));
+                }
+                Err(e) => return Err(at(e.into())),
+            }
+        }
+    }
+    Ok(file)
+}
+
 /// Remembers a decision about this version of the file.
 pub(crate) fn record(file: &ProjectFile, trusted: bool) -> Result<PathBuf, String> {
     let path = decisions_path().ok_or(
         "no data directory to remember the decision in (set HOME or XDG_DATA_HOME)".to_string(),
     )?;
-    let mut decisions = load(&path)?;
-    decisions.files.insert(
-        file.path.to_string_lossy().into_owned(),
-        Decision {
-            sha256: file.sha256.clone(),
-            trusted,
-        },
-    );
-    save(&path, &decisions)?;
+    record_at(&path, file, trusted)?;
     note(
         file,
         if trusted {
@@ -194,15 +249,70 @@ pub(crate) fn record(file: &ProjectFile, trusted: bool) -> Result<PathBuf, Strin
     Ok(path)
 }
 
+/// Remembers a decision about this version of the file in the decisions at `store`.
+fn record_at(store: &Path, file: &ProjectFile, trusted: bool) -> Result<(), String> {
+    update(store, |decisions| {
+        decisions.files.insert(
+            file.path.to_string_lossy().into_owned(),
+            Decision {
+                sha256: file.sha256.clone(),
+                trusted,
+            },
+        );
+        ((), true)
+    })
+}
+
 /// Forgets the decision about the file at `path` (canonical); the decision forgotten.
 pub(crate) fn forget(path: &Path) -> Result<Option<Decision>, String> {
     let Some(store) = decisions_path() else {
         return Ok(None);
     };
-    let mut decisions = load(&store)?;
-    let gone = decisions.files.remove(&path.to_string_lossy().into_owned());
-    if gone.is_some() {
-        save(&store, &decisions)?;
+    update(&store, |decisions| {
+        let gone = decisions.files.remove(&path.to_string_lossy().into_owned());
+        let changed = gone.is_some();
+        (gone, changed)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Threads recording decisions about different files at once, each with its own lock file
+    /// handle (as separate processes have): every decision is kept.
+    #[test]
+    fn concurrent_decisions_are_all_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("toolloop").join(TRUST_FILE);
+        let threads = 8;
+        let each = 25;
+        let barrier = std::sync::Barrier::new(threads);
+        std::thread::scope(|scope| {
+            for t in 0..threads {
+                let (store, barrier) = (&store, &barrier);
+                scope.spawn(move || {
+                    barrier.wait();
+                    for i in 0..each {
+                        let file = ProjectFile {
+                            path: PathBuf::from(format!("/p/{t}/{i}/.mcp.json")),
+                            bytes: Vec::new(),
+                            sha256: format!("{t}-{i}"),
+                        };
+                        record_at(store, &file, i % 2 == 0).unwrap();
+                    }
+                });
+            }
+        });
+        let decisions = load(&store).unwrap();
+        assert_eq!(decisions.files.len(), threads * each);
+        let d = &decisions.files["/p/3/4/.mcp.json"];
+        assert_eq!((d.sha256.as_str(), d.trusted), ("3-4", true));
+        // No temporary file is left behind.
+        let names: Vec<_> = std::fs::read_dir(store.parent().unwrap())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
     }
-    Ok(gone)
 }

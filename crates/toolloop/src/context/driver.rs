@@ -11,14 +11,33 @@ use crate::price::Price;
 use std::borrow::Cow;
 
 /// The settings of a summarisation call: the run's (model name, temperature, extra fields),
-/// without tools, tool choice or output schema; `separate` (a model of its own) uses its own
-/// name.
+/// without tools, tool choice, output schema or provider-native context management;
+/// `separate` (a model of its own) uses its own name.
 pub fn summary_settings(run: &ModelSettings, separate: bool) -> ModelSettings {
     ModelSettings {
         model: if separate { None } else { run.model.clone() },
         tool_choice: ToolChoice::default(),
         output: None,
+        context: None,
         ..run.clone()
+    }
+}
+
+/// The settings of the next model call: `settings` with the context management the machine
+/// asks of the provider ([`Machine::native_request`], in [`ModelSettings::context`]).
+/// Borrowed as they are when that changes nothing.
+pub fn request_settings<'a>(
+    machine: &Machine,
+    settings: &'a ModelSettings,
+) -> Cow<'a, ModelSettings> {
+    let native = machine.native_request();
+    if settings.context == native {
+        Cow::Borrowed(settings)
+    } else {
+        Cow::Owned(ModelSettings {
+            context: native,
+            ..settings.clone()
+        })
     }
 }
 

@@ -214,6 +214,16 @@ impl TokenEstimator {
         });
     }
 
+    /// The provider reported the input tokens of a request it edited itself (see
+    /// [`crate::context::native`]): the estimate becomes that figure, and the ratio of bytes
+    /// per token is left as it is (the request held less than what has been counted).
+    pub fn observe_edited(&mut self, reported_input_tokens: u64) {
+        self.anchor = Some(Anchor {
+            tokens: reported_input_tokens,
+            size: self.size,
+        });
+    }
+
     /// The estimated input tokens of a request holding what has been counted.
     pub fn estimate(&self) -> u64 {
         match self.anchor {

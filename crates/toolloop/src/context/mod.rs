@@ -8,15 +8,19 @@
 //! - [`overflow`]: a provider's refusal of a request too large for the window
 //!   ([`ContextOverflow`], carried by [`crate::model::ModelError::ContextOverflow`]);
 //! - [`policy`]: what a run does to stay inside the window: spill, clear, compact
-//!   ([`ContextPolicy`], applied by the machine, driven by the agent).
+//!   ([`ContextPolicy`], applied by the machine, driven by the agent);
+//! - [`native`]: what a provider does to the context itself, when its adapter offers it
+//!   ([`NativeSupport`], [`NativeContext`], [`NativeReport`]).
 
 pub mod driver;
 pub mod estimate;
 pub mod limits;
+pub mod native;
 pub mod overflow;
 pub mod policy;
 
 pub use estimate::TokenEstimator;
 pub use limits::{LimitTable, ModelLimits};
+pub use native::{NativeClear, NativeContext, NativeReport, NativeSupport};
 pub use overflow::ContextOverflow;
 pub use policy::ContextPolicy;

@@ -19,17 +19,42 @@
 //!    content of old results (the calls, their arguments and the model's own text stay).
 //! 3. **compact**: when the estimated size of the next request passes [`ContextPolicy::compact_at`]
 //!    of the window, the results of every round but the last are cleared first (one edit,
-//!    no model call); when the estimate still passes it, the older part of the conversation (all
+//!    no model call), when that frees at least a quarter of the threshold (clearing less
+//!    would change the conversation's prefix, and invalidate a prompt cache, round after
+//!    round); when the estimate still passes it, the older part of the conversation (all
 //!    but the system prompt and the most recent turns) is summarised by one model call with
 //!    [`COMPACT_PROMPT`], and replaced by a user message holding the summary
 //!    ([`SUMMARY_HEADER`]). Lost from the view: everything in the summarised part that the
 //!    summary does not say.
+//!
+//! **Provider-native stages.** With [`ContextPolicy::native`] on (the default), a stage that the
+//! provider's API does itself, by its adapter's declaration
+//! ([`crate::model::Model::native_context`]), is asked of the provider instead
+//! ([`ContextPolicy::native_request`], sent as [`crate::model::ModelSettings::context`]):
+//!
+//! - *clear*, by an API that clears old tool results (Anthropic's `clear_tool_uses_20250919`):
+//!   once the request passes half the compaction threshold, the provider clears the results
+//!   the machine's own clearing would (the same batches, the same clearing under pressure: the
+//!   request names how many of the latest calls keep theirs,
+//!   [`crate::engine::Machine::native_request`]); the machine logs its clearing edits as ever
+//!   but sends the results whole (the provider clears them on its side). A summary is still
+//!   made by the machine when the provider's clearing is not enough.
+//! - *compact*, by an API that compacts (the Responses API's `compaction`): the request asks it
+//!   to compact at the threshold; the machine then starts no summarisation of its own on its
+//!   estimate (a provider's refusal of a request for its size still makes it compact and
+//!   retry). The provider's compaction is an opaque item kept with its turn, and the adapter
+//!   sends nothing before the latest one.
+//!
+//! What the provider did comes back as [`crate::model::ModelResponse::context_edited`], logged
+//! with the response. The request field is a function of the policy alone, so a resumed run
+//! asks the same.
 //!
 //! A provider's refusal of a request too large for its window
 //! ([`crate::model::ModelError::ContextOverflow`]) makes the machine compact and retry that call
 //! once; refused again, the run stops with
 //! [`crate::outcome::StopReason::ContextExhausted`], its transcript kept.
 
+use crate::context::native::{NativeClear, NativeContext, NativeSupport};
 use serde::{Deserialize, Serialize};
 
 /// The name of the tool with which the model reads a spilled result.
@@ -79,6 +104,13 @@ pub struct ContextPolicy {
     pub spill_preview: usize,
     /// Whether to compact at all (default true).
     pub compact: bool,
+    /// Hand the stages the provider's API does itself to it (see the [module docs](self);
+    /// default true).
+    pub native: bool,
+    /// What the provider's API does itself, as the model's adapter declared it when the agent
+    /// was built ([`crate::model::Model::native_context`]); not read from a configuration.
+    #[serde(skip)]
+    pub provider: NativeSupport,
 }
 
 impl Default for ContextPolicy {
@@ -90,6 +122,8 @@ impl Default for ContextPolicy {
             spill_over: Some(16 * 1024),
             spill_preview: 1024,
             compact: true,
+            native: true,
+            provider: NativeSupport::default(),
         }
     }
 }
@@ -104,6 +138,8 @@ impl ContextPolicy {
             spill_over: None,
             spill_preview: 0,
             compact: false,
+            native: false,
+            provider: NativeSupport::default(),
         }
     }
 
@@ -117,6 +153,37 @@ impl ContextPolicy {
             0.8
         };
         Some(((window as f64) * share) as u64)
+    }
+
+    /// Whether the provider clears old tool results (the machine does not).
+    pub fn native_clears(&self) -> bool {
+        self.native && self.provider.clear_tool_results && self.keep_rounds > 0
+    }
+
+    /// Whether the provider compacts at the threshold (the machine does not, on its estimate).
+    pub fn native_compacts(&self) -> bool {
+        self.native && self.provider.compaction && self.compact && self.threshold().is_some()
+    }
+
+    /// What a request asks of the provider itself, if anything (see the [module docs](self)).
+    pub fn native_request(&self) -> Option<NativeContext> {
+        // Keeps the results of the last `keep_rounds` calls; a machine refines that to its
+        // batches ([`crate::engine::Machine::native_request`]).
+        let clear_tool_results = self.native_clears().then(|| NativeClear {
+            trigger_tokens: self.threshold().map(|t| (t / 2).max(1)),
+            keep_tool_uses: self.keep_rounds,
+            clear_at_least_tokens: None,
+        });
+        let compact_at_tokens = if self.native_compacts() {
+            self.threshold()
+        } else {
+            None
+        };
+        let request = NativeContext {
+            clear_tool_results,
+            compact_at_tokens,
+        };
+        (!request.is_empty()).then_some(request)
     }
 
     /// Checks the figures: `compact_at` in (0, 1], a window above 0, a preview that leaves
@@ -231,8 +298,9 @@ pub fn read_result_spec() -> crate::model::ToolSpec {
 /// The conversation to summarise as one text (each message on its own lines, tool calls with
 /// their arguments, results), at most about `max_bytes` long: each tool result is cut to its
 /// share of half of `max_bytes` (its head and tail kept; every call and result keeps its line),
-/// and when the whole is still longer, its middle is cut (the task at the start and the latest
-/// work at the end are what the summary needs most).
+/// cut further (down to its line alone) while the whole is too long, and when the whole is
+/// still longer, its middle is cut (the task at the start and the latest work at the end are
+/// what the summary needs most).
 pub fn render_for_summary(messages: &[crate::message::Message], max_bytes: usize) -> String {
     use crate::message::Message;
     let results = messages
@@ -240,7 +308,28 @@ pub fn render_for_summary(messages: &[crate::message::Message], max_bytes: usize
         .filter(|m| matches!(m, Message::Tool(_)))
         .count()
         .max(1);
-    let per_result = (max_bytes / 2 / results).clamp(160, 8192);
+    let share = (max_bytes / 2 / results).clamp(160, 8192);
+    let mut out = String::new();
+    for per_result in [share, 64, 0] {
+        out = render_with(messages, per_result);
+        if out.len() <= max_bytes {
+            return out;
+        }
+    }
+    let half = max_bytes / 2;
+    let head = floor_boundary(&out, half);
+    let tail = ceil_boundary(&out, out.len() - half).max(head);
+    format!(
+        "{}\n[… {} bytes of the conversation cut …]\n{}",
+        &out[..head],
+        tail - head,
+        &out[tail..]
+    )
+}
+
+/// [`render_for_summary`] with each tool result cut to `per_result` bytes.
+fn render_with(messages: &[crate::message::Message], per_result: usize) -> String {
+    use crate::message::Message;
     let mut out = String::new();
     for m in messages {
         match m {
@@ -285,17 +374,6 @@ pub fn render_for_summary(messages: &[crate::message::Message], max_bytes: usize
             }
         }
         out.push_str("\n\n");
-    }
-    if out.len() > max_bytes {
-        let half = max_bytes / 2;
-        let head = floor_boundary(&out, half);
-        let tail = ceil_boundary(&out, out.len() - half).max(head);
-        out = format!(
-            "{}\n[… {} bytes of the conversation cut …]\n{}",
-            &out[..head],
-            tail - head,
-            &out[tail..]
-        );
     }
     out
 }

@@ -39,7 +39,7 @@ impl Machine {
             }
         }
         let usage = response.usage;
-        self.context_observed(usage.as_ref());
+        self.context_observed(usage.as_ref(), response.context_edited);
         match usage {
             Some(u) => *self.state.usage.get_or_insert_with(Usage::default) += u,
             None => self.state.calls_without_usage += 1,

@@ -50,6 +50,8 @@ impl Machine {
                 index,
                 call: (*slot.call).clone(),
                 subject,
+                path: Vec::new(),
+                run_id: None,
             },
             verdict,
         }

@@ -554,6 +554,10 @@ impl Machine {
             CallStatus::Failed
         };
         slot.content = Some(result::cap(result::serialize(&outcome), max_chars));
+        let spent = match &outcome {
+            Ok(o) => o.spent.clone(),
+            Err(e) => e.spent.as_deref().cloned(),
+        };
         slot.status = Some(status);
         slot.output = Some(outcome);
         slot.duration_ms = duration_ms;
@@ -570,6 +574,9 @@ impl Machine {
                 duration_ms,
             }
         );
+        if let Some(spent) = spent {
+            self.add_spent(&spent);
+        }
         Ok(())
     }
 
@@ -702,9 +709,10 @@ impl Machine {
             let content = slot
                 .content
                 .unwrap_or_else(|| result::error_content("Not run."));
-            let images = match slot.output {
-                Some(Ok(output)) => output.images,
-                _ => Vec::new(),
+            let (images, spent) = match slot.output {
+                Some(Ok(output)) => (output.images, output.spent),
+                Some(Err(e)) => (Vec::new(), e.spent.map(|s| *s)),
+                None => (Vec::new(), None),
             };
             self.state.messages.push(Message::Tool(ToolResult {
                 call_id: slot.call.id.clone(),
@@ -720,6 +728,7 @@ impl Machine {
                 content,
                 duration_ms: slot.duration_ms,
                 attempts: slot.attempts,
+                spent,
             });
         }
         self.round_finished_event(finish_reason, usage);

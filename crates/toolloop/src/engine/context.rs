@@ -138,6 +138,34 @@ impl Machine {
         }
     }
 
+    /// What the next request asks of the provider itself, if anything (see
+    /// [`crate::context::native`]): [`ContextPolicy::native_request`], with the clearing of
+    /// old results where the machine's own would be: the machine makes its clearing edits as
+    /// ever (in batches of [`ContextPolicy::keep_rounds`] rounds, and all but the last round
+    /// past the threshold), logged, but leaves the view whole, and the request keeps the
+    /// results of the calls after the edits' boundary. The provider then clears the same
+    /// results round after round, more only at a batch, and a prompt cache holds between
+    /// batches. A function of the view and the logged edits: a resumed run asks what the run
+    /// would have asked.
+    pub fn native_request(&self) -> Option<crate::context::NativeContext> {
+        let policy = self.config.context.as_ref()?;
+        let mut request = policy.native_request()?;
+        if let Some(clear) = request.clear_tool_results.as_mut() {
+            let c = self.state.context.as_deref()?;
+            let kept: usize = c
+                .turns
+                .iter()
+                .filter(|&&t| t >= c.cleared_upto)
+                .map(|&t| match c.view.get(t) {
+                    Some(Message::Assistant(a)) => a.tool_calls.len(),
+                    _ => 0,
+                })
+                .sum();
+            clear.keep_tool_uses = u32::try_from(kept).unwrap_or(u32::MAX);
+        }
+        Some(request)
+    }
+
     /// The estimated input tokens of the next request (with a context policy; `None` without).
     pub fn context_estimate(&self) -> Option<u64> {
         self.state.context.as_ref()?;
@@ -230,17 +258,35 @@ impl Machine {
     }
 
     /// A response reported the request's input tokens: the estimate is anchored on them.
-    pub(super) fn context_observed(&mut self, usage: Option<&Usage>) {
-        if self.state.context.is_none() {
+    ///
+    /// When the provider may edit the request itself (see [`crate::context::native`]), the
+    /// reported figure holds less than the view: the estimate is anchored on it, and the ratio
+    /// of bytes per token is not calibrated from it. What the provider reports it did is
+    /// told as an event.
+    pub(super) fn context_observed(
+        &mut self,
+        usage: Option<&Usage>,
+        edited: Option<crate::context::NativeReport>,
+    ) {
+        let Some(policy) = self.config.context.as_ref() else {
             return;
-        }
+        };
+        let native = policy.native_clears() || policy.native_compacts();
         let reminders = std::mem::take(&mut self.estimate.reminders);
         if let Some(u) = usage
             && u.input_tokens > 0
         {
             self.estimate.tokens.add_size(reminders);
-            self.estimate.tokens.observe(u.input_tokens);
+            if native || edited.is_some() {
+                self.estimate.tokens.observe_edited(u.input_tokens);
+            } else {
+                self.estimate.tokens.observe(u.input_tokens);
+            }
             self.estimate.tokens.remove_size(reminders);
+        }
+        if let Some(report) = edited {
+            let round = self.state.round;
+            emit!(self, Event::ContextEditedByProvider { round, report });
         }
     }
 
@@ -321,22 +367,31 @@ impl Machine {
         }
     }
 
-    /// When the next request is estimated past the threshold and results before the last
-    /// round's are still whole: the edit that clears them all.
+    /// When the next request is estimated past the threshold and clearing the results before
+    /// the last round's frees at least a quarter of the threshold: the edit that clears them
+    /// all. Freeing less, the conversation is compacted instead: clearing a round or two at a
+    /// time under pressure would change the conversation's prefix (and invalidate a prompt
+    /// cache) every round.
     fn pressure_clear(&self, policy: &ContextPolicy) -> Option<ContextEdits> {
         let c = self.state.context.as_ref()?;
-        if self.estimate.tokens.estimate() <= policy.threshold()? {
+        let threshold = policy.threshold()?;
+        if self.estimate.tokens.estimate() <= threshold {
             return None;
         }
         let last = *c.turns.last()?;
-        let whole = c.view[c.cleared_upto.min(last)..last].iter().any(|m| {
-            matches!(m, Message::Tool(r)
-                if r.content.len() > policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len())
-        });
-        whole.then(|| ContextEdits {
-            spilled: Vec::new(),
-            preview: policy.spill_preview,
-            clear_before: last,
+        let mut freed = Size::default();
+        for m in &c.view[c.cleared_upto.min(last)..last] {
+            if let Message::Tool(r) = m {
+                let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len();
+                freed.bytes += r.content.len().saturating_sub(stub) as u64;
+            }
+        }
+        (freed.bytes > 0 && self.estimate.tokens.tokens_of(freed) >= threshold / 4).then(|| {
+            ContextEdits {
+                spilled: Vec::new(),
+                preview: policy.spill_preview,
+                clear_before: last,
+            }
         })
     }
 
@@ -401,14 +456,24 @@ impl Machine {
                 }
             );
         }
+        // A provider that clears old results itself clears these (the request says up to
+        // where, [`Machine::native_request`]): the view keeps them whole, the estimate counts
+        // them cleared.
+        let native = self
+            .config
+            .context
+            .as_ref()
+            .is_some_and(ContextPolicy::native_clears);
         for m in &mut c.view[c.cleared_upto.min(edits.clear_before)..edits.clear_before] {
             if let Message::Tool(r) = m {
                 let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
                 if stub.len() < r.content.len() {
                     self.estimate.tokens.remove_size(Size::of_text(&r.content));
                     self.estimate.tokens.add_size(Size::of_text(&stub));
-                    r.content = stub;
-                    r.images.clear();
+                    if !native {
+                        r.content = stub;
+                        r.images.clear();
+                    }
                 }
             }
         }
@@ -435,7 +500,9 @@ impl Machine {
         }
         let c = self.state.context.as_ref()?;
         let tokens_before = self.estimate.tokens.estimate();
-        if !forced && tokens_before <= policy.threshold()? {
+        // A provider that compacts at the threshold itself is left to do it; a refusal for
+        // size (`forced`) is still answered with a summary.
+        if !forced && (policy.native_compacts() || tokens_before <= policy.threshold()?) {
             return None;
         }
         let view = &c.view;
@@ -479,7 +546,22 @@ impl Machine {
         let window_bytes = policy.window.map_or(400_000.0, |w| {
             w as f64 * crate::context::estimate::DEFAULT_BYTES_PER_TOKEN * 0.6
         });
-        let text = policy::render_for_summary(&view[lead..cut], window_bytes as usize);
+        // Results the provider clears are summarised as what the model read of them.
+        let text = if policy.native_clears() && c.cleared_upto > lead {
+            let mut part = view[lead..cut].to_vec();
+            for m in part.iter_mut().take(c.cleared_upto.saturating_sub(lead)) {
+                if let Message::Tool(r) = m {
+                    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+                    if stub.len() < r.content.len() {
+                        r.content = stub;
+                        r.images.clear();
+                    }
+                }
+            }
+            policy::render_for_summary(&part, window_bytes as usize)
+        } else {
+            policy::render_for_summary(&view[lead..cut], window_bytes as usize)
+        };
         Some(CompactRequest {
             round,
             lead,

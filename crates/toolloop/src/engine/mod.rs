@@ -35,6 +35,8 @@
 //! - `calls`: call triage and scheduling, a response's calls checked and settled or planned,
 //!   [`Batch`]es, the calls' intents and results, `stop_when`, the end of a round;
 //! - `approvals`: the approval policy's verdicts and the decisions ([`ApprovalRequest`]);
+//! - `delegation`: what sub-agents' calls spent, and a run stopped while a child waits for
+//!   approvals ([`Machine::await_child_approvals`]);
 //! - `replay`: [`Machine::replay`], a log handed to a fresh machine ([`ReplayError`]).
 //!
 //! Invariants the machine keeps:
@@ -73,6 +75,7 @@ mod answer;
 mod approvals;
 mod calls;
 mod context;
+mod delegation;
 mod input;
 mod replay;
 mod state;

@@ -254,7 +254,9 @@ impl Transform {
                 self.inner_finish = Some(reason);
                 Vec::new()
             }
-            other @ (StreamEvent::Part(_) | StreamEvent::Usage(_)) => vec![other],
+            other @ (StreamEvent::Part(_)
+            | StreamEvent::Usage(_)
+            | StreamEvent::ContextEdited(_)) => vec![other],
         }
     }
 

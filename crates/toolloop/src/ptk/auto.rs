@@ -27,7 +27,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 /// model never sees the catalog. Such a reply is told by its usage: when a reply with no tool
 /// call reports fewer prompt tokens than the catalog alone would take
 /// ([`catalog_tokens_floor`]), the catalog was not in the prompt, and the call falls back as if
-/// refused. A complete call is made again prompt-based; a streamed one ends with
+/// refused. So is a reply that says nothing at all, no text and no tool call, to a request with
+/// tools ([`empty_reply`]: llama-cpp-python's `chatml-function-calling` answers every text reply
+/// under `tool_choice: "auto"` with nothing). A complete call is made again prompt-based; a
+/// streamed one ends with
 /// [`ModelError::StreamInterrupted`] (its text was shown), which the loop answers by asking again
 /// ([`LoopConfig::stream_restarts`](crate::config::LoopConfig::stream_restarts)), prompt-based.
 ///
@@ -105,9 +108,10 @@ pub fn catalog_tokens_floor(tools: &[ToolSpec]) -> u64 {
 /// rest of a prompt.
 const MIN_FLOOR: u64 = 48;
 
-/// Why a reply to a request with tools shows that the server dropped them, if it does: no tool
-/// call, and fewer prompt tokens than the catalog alone takes.
-fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Option<String> {
+/// Why a reply to a request with `tools` shows that the server dropped them, if it does: no
+/// tool call (`calls` is 0), and `usage` reports fewer prompt tokens than the catalog alone takes
+/// ([`catalog_tokens_floor`], judged only for catalogs large enough to tell).
+pub fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Option<String> {
     let prompt = usage?.input_tokens;
     let floor = catalog_tokens_floor(tools);
     (calls == 0 && !tools.is_empty() && prompt > 0 && floor >= MIN_FLOOR && prompt < floor).then(
@@ -118,6 +122,16 @@ fn dropped_tools(tools: &[ToolSpec], calls: usize, usage: Option<&Usage>) -> Opt
             )
         },
     )
+}
+
+/// Why a reply to a request with `tools` shows that native calling does not work there, when it
+/// says nothing at all: no text and no tool call (llama-cpp-python's
+/// `chatml-function-calling` under `tool_choice: "auto"` answers every text reply so: its
+/// grammar leaves no room for text). A request without tools is never judged.
+pub fn empty_reply(tools: &[ToolSpec], calls: usize, text: Option<&str>) -> Option<String> {
+    (calls == 0 && !tools.is_empty() && text.is_none_or(|t| t.trim().is_empty())).then(|| {
+        "it answered a request with tools with nothing: no text and no tool call".to_string()
+    })
 }
 
 /// A native stream whose end is held until its usage shows whether the server dropped the tools.
@@ -133,6 +147,8 @@ fn checked_stream(
         tools: Vec<ToolSpec>,
         calls: usize,
         usage: Option<Usage>,
+        /// Whether any text came.
+        text: bool,
         finish: Option<StreamEvent>,
         ended: bool,
         flag: Arc<AtomicBool>,
@@ -144,6 +160,7 @@ fn checked_stream(
         tools,
         calls: 0,
         usage: None,
+        text: false,
         finish: None,
         ended: false,
         flag: auto,
@@ -163,6 +180,7 @@ fn checked_stream(
                     match &event {
                         StreamEvent::ToolCallStart { .. } => st.calls += 1,
                         StreamEvent::Usage(u) => st.usage = Some(*u),
+                        StreamEvent::TextDelta(t) if !t.trim().is_empty() => st.text = true,
                         _ => {}
                     }
                     return Some((Ok(event), st));
@@ -173,7 +191,10 @@ fn checked_stream(
                 }
                 None => {
                     st.ended = true;
-                    if let Some(why) = dropped_tools(&st.tools, st.calls, st.usage.as_ref()) {
+                    let said = st.text.then_some("text");
+                    if let Some(why) = dropped_tools(&st.tools, st.calls, st.usage.as_ref())
+                        .or_else(|| empty_reply(&st.tools, st.calls, said))
+                    {
                         announce(&st.flag, &st.model, st.dialect, &why);
                         return Some((
                             Err(ModelError::StreamInterrupted(format!(
@@ -223,10 +244,15 @@ impl Auto {
         if !self.is_prompted() {
             match native.complete(request).await {
                 Err(ModelError::ToolsUnsupported(why)) => self.fall_back(&why),
-                Ok(r) => match dropped_tools(request.tools, r.tool_calls.len(), r.usage.as_ref()) {
-                    Some(why) => self.fall_back(&why),
-                    None => return Ok(r),
-                },
+                Ok(r) => {
+                    let calls = r.tool_calls.len();
+                    match dropped_tools(request.tools, calls, r.usage.as_ref())
+                        .or_else(|| empty_reply(request.tools, calls, r.text.as_deref()))
+                    {
+                        Some(why) => self.fall_back(&why),
+                        None => return Ok(r),
+                    }
+                }
                 other => return other,
             }
         }

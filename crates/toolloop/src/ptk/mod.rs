@@ -41,7 +41,7 @@ mod rescue;
 mod stream;
 
 pub use adapter::Prompted;
-pub use auto::{Auto, catalog_tokens_floor};
+pub use auto::{Auto, catalog_tokens_floor, dropped_tools, empty_reply};
 pub use dialect::{Dialect, UnknownDialect};
 pub use parser::{ParsedCall, ParsedReply, parse_reply};
 pub use render::{

@@ -35,8 +35,8 @@ pub(crate) trait HttpAdapter: Send + Sync {
     /// Where `request` goes, streamed or not.
     fn url(&self, request: &ModelRequest<'_>, stream: bool) -> String;
 
-    /// The headers of every call (the key among them, marked sensitive).
-    fn headers(&self) -> Result<HeaderMap, ModelError>;
+    /// The headers of a call of `request` (the key among them, marked sensitive).
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError>;
 
     /// The body of `request`, streamed or not, after checking what the configuration and the
     /// request add to it.
@@ -61,6 +61,12 @@ pub(crate) trait HttpAdapter: Send + Sync {
     /// Reads what an error means for the run: a refusal for the context's size becomes
     /// [`ModelError::ContextOverflow`], say.
     fn classify(error: ModelError) -> ModelError;
+
+    /// What the API does with the context itself (see [`Model::native_context`]). The
+    /// default: nothing.
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport::default()
+    }
 }
 
 #[async_trait]
@@ -74,7 +80,7 @@ impl<A: HttpAdapter> Model for A {
         self.transport()
             .post_json(
                 &self.url(request, false).into(),
-                &self.headers()?,
+                &self.headers(request)?,
                 body,
                 A::PARSE_ERROR,
                 A::decode,
@@ -88,7 +94,7 @@ impl<A: HttpAdapter> Model for A {
         let stream = open_sse_stream(
             self.transport(),
             self.url(request, true).into(),
-            self.headers()?,
+            self.headers(request)?,
             body,
             A::PARSE_ERROR,
             || A::stream_decoder(200),
@@ -96,6 +102,10 @@ impl<A: HttpAdapter> Model for A {
         .await
         .map_err(A::classify)?;
         Ok(Box::pin(stream.map(|item| item.map_err(A::classify))))
+    }
+
+    fn native_context(&self) -> crate::context::NativeSupport {
+        HttpAdapter::native_context(self)
     }
 }
 

@@ -21,6 +21,13 @@
 //! reminders is built the same way on every round, so round N+1's request repeats round N's
 //! prefix and reads it from the cache.
 //!
+//! Context management ([`crate::context::native`]): a request that asks the provider to clear
+//! old tool results carries `context_management` with one `clear_tool_uses_20250919` edit and
+//! the `anthropic-beta: context-management-2025-06-27` header (added to any beta the
+//! configuration's headers already name); the edits the API reports applying
+//! (`context_management.applied_edits`, in the response or the stream's `message_delta`)
+//! become [`ModelResponse::context_edited`].
+//!
 //! Usage: `input_tokens` is Anthropic's `input_tokens` plus `cache_read_input_tokens` plus
 //! `cache_creation_input_tokens` (toolloop's [`Usage`](crate::usage::Usage) counts cached tokens as
 //! input).
@@ -88,8 +95,8 @@ impl HttpAdapter for AnthropicModel {
         self.config.endpoint()
     }
 
-    fn headers(&self) -> Result<HeaderMap, ModelError> {
-        self.config.headers()
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        request::headers(&self.config, request)
     }
 
     fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
@@ -114,6 +121,14 @@ impl HttpAdapter for AnthropicModel {
 
     fn classify(error: ModelError) -> ModelError {
         classify(error)
+    }
+
+    /// The Messages API clears old tool results itself (`context_management`).
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport {
+            clear_tool_results: true,
+            compaction: false,
+        }
     }
 }
 

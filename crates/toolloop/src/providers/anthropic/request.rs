@@ -166,6 +166,59 @@ pub(super) fn mark_turn(turn: &mut Turn) -> bool {
     }
 }
 
+/// The beta that `context_management` needs (sent in the `anthropic-beta` header).
+pub(super) const CONTEXT_MANAGEMENT_BETA: &str = "context-management-2025-06-27";
+
+/// The request's `context_management` field, from the clearing of old tool results it asks
+/// of the provider ([`crate::model::ModelSettings::context`]): one `clear_tool_uses_20250919`
+/// edit (its trigger, the tool uses it keeps, the least it clears, in input tokens).
+pub(super) fn context_management(req: &ModelRequest<'_>) -> Option<Value> {
+    let clear = req.settings.context.as_ref()?.clear_tool_results?;
+    let mut edit = json!({
+        "type": "clear_tool_uses_20250919",
+        "keep": {"type": "tool_uses", "value": clear.keep_tool_uses},
+    });
+    if let Some(t) = clear.trigger_tokens {
+        edit["trigger"] = json!({"type": "input_tokens", "value": t});
+    }
+    if let Some(least) = clear.clear_at_least_tokens {
+        edit["clear_at_least"] = json!({"type": "input_tokens", "value": least});
+    }
+    Some(json!({"edits": [edit]}))
+}
+
+/// The `anthropic-beta` values a request needs: [`CONTEXT_MANAGEMENT_BETA`] when it asks the
+/// provider to clear old tool results.
+pub(super) fn betas(req: &ModelRequest<'_>) -> Option<&'static str> {
+    req.settings
+        .context
+        .as_ref()
+        .and_then(|c| c.clear_tool_results)
+        .map(|_| CONTEXT_MANAGEMENT_BETA)
+}
+
+/// The headers of a request: the configuration's, with the betas the request needs
+/// ([`betas`]) added to its `anthropic-beta` header.
+pub(super) fn headers(
+    config: &AnthropicConfig,
+    req: &ModelRequest<'_>,
+) -> Result<reqwest::header::HeaderMap, crate::model::ModelError> {
+    use reqwest::header::{HeaderName, HeaderValue};
+    let mut headers = config.headers()?;
+    if let Some(beta) = betas(req) {
+        let name = HeaderName::from_static("anthropic-beta");
+        let value = match headers.get(&name).and_then(|v| v.to_str().ok()) {
+            Some(old) if old.split(',').any(|b| b.trim() == beta) => old.to_string(),
+            Some(old) if !old.trim().is_empty() => format!("{old},{beta}"),
+            _ => beta.to_string(),
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(name, v);
+        }
+    }
+    Ok(headers)
+}
+
 /// The Messages request body for `req`.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
@@ -323,6 +376,9 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
     }
     if let Some(t) = req.settings.temperature {
         body.insert("temperature".into(), json_number(t));
+    }
+    if let Some(edits) = context_management(req) {
+        body.insert("context_management".into(), edits);
     }
     if stream {
         body.insert("stream".into(), json!(true));
@@ -708,6 +764,7 @@ mod tests {
             tool_choice: ToolChoice::Required,
             extra: Some(json!({"thinking": {"type": "enabled"}})),
             output: None,
+            context: None,
         };
         let cfg = AnthropicConfig {
             extra: Some(json!({"thinking": {"budget_tokens": 1024}, "top_k": 5})),
@@ -780,5 +837,73 @@ mod tests {
                 "required": ["a"], "additionalProperties": false}}})
         );
         assert!(b.get("output_format").is_none(), "the GA field, no beta");
+    }
+
+    #[test]
+    fn clearing_asked_of_the_provider_is_context_management_with_its_beta() {
+        let settings = ModelSettings {
+            context: Some(crate::context::NativeContext {
+                clear_tool_results: Some(crate::context::NativeClear {
+                    trigger_tokens: Some(3200),
+                    keep_tool_uses: 8,
+                    clear_at_least_tokens: Some(800),
+                }),
+                compact_at_tokens: None,
+            }),
+            ..ModelSettings::default()
+        };
+        let msgs = [Message::user("x")];
+        let req = ModelRequest {
+            messages: &msgs,
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let b = build_request_body(&req, &no_cache(), false);
+        assert_eq!(
+            b["context_management"],
+            json!({"edits": [{
+                "type": "clear_tool_uses_20250919",
+                "trigger": {"type": "input_tokens", "value": 3200},
+                "keep": {"type": "tool_uses", "value": 8},
+                "clear_at_least": {"type": "input_tokens", "value": 800},
+            }]})
+        );
+        let h = headers(&config(), &req).unwrap();
+        assert_eq!(h["anthropic-beta"], CONTEXT_MANAGEMENT_BETA);
+        // Nothing asked: no field, no beta.
+        let plain = ModelSettings::default();
+        let req = ModelRequest {
+            settings: &plain,
+            ..req
+        };
+        assert!(
+            build_request_body(&req, &no_cache(), false)
+                .get("context_management")
+                .is_none()
+        );
+        assert!(
+            headers(&config(), &req)
+                .unwrap()
+                .get("anthropic-beta")
+                .is_none()
+        );
+        // A request with compaction only asks nothing of this API.
+        let compaction = ModelSettings {
+            context: Some(crate::context::NativeContext {
+                clear_tool_results: None,
+                compact_at_tokens: Some(6400),
+            }),
+            ..ModelSettings::default()
+        };
+        let req = ModelRequest {
+            settings: &compaction,
+            ..req
+        };
+        assert!(
+            build_request_body(&req, &no_cache(), false)
+                .get("context_management")
+                .is_none()
+        );
     }
 }

@@ -2,6 +2,7 @@
 
 use super::config::PROVIDER;
 use super::error::stream_error;
+use crate::context::NativeReport;
 use crate::message::{ProviderPart, ToolCall};
 use crate::model::{ApiError, FinishReason, ModelError, ModelResponse};
 use crate::providers::adapter::snippet;
@@ -136,7 +137,27 @@ pub(super) fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
         usage,
         parts,
         malformed_call: None,
+        context_edited: applied_edits(v),
     })
+}
+
+/// What the API reports it cleared from the request (`context_management.applied_edits`, in a
+/// response or in a stream's `message_delta`), when it cleared anything: the tool uses and
+/// input tokens of every edit, added up.
+pub(super) fn applied_edits(v: &Value) -> Option<NativeReport> {
+    let edits = v.pointer("/context_management/applied_edits")?.as_array()?;
+    let mut report: Option<NativeReport> = None;
+    for edit in edits.iter().filter(|e| e.is_object()) {
+        let count = |k: &str| edit.get(k).and_then(Value::as_u64).unwrap_or(0);
+        report
+            .get_or_insert_with(NativeReport::default)
+            .merge(NativeReport {
+                cleared_tool_uses: count("cleared_tool_uses"),
+                cleared_input_tokens: count("cleared_input_tokens"),
+                compacted: false,
+            });
+    }
+    report
 }
 
 pub(super) fn decode_message_body(body: &[u8]) -> Result<ModelResponse, ModelError> {

@@ -170,6 +170,7 @@ impl SseDecode for StreamDecoder {
                     self.usage.update(u);
                     out.extend(self.usage.usage().map(StreamEvent::Usage));
                 }
+                out.extend(super::response::applied_edits(&v).map(StreamEvent::ContextEdited));
             }
             "message_stop" => self.stopped = true,
             "error" => return Err(ModelError::Api(stream_error(&v))),

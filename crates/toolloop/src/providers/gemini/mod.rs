@@ -96,7 +96,7 @@ impl HttpAdapter for GeminiModel {
         self.config.endpoint(self.model_for(request), stream)
     }
 
-    fn headers(&self) -> Result<HeaderMap, ModelError> {
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
         self.config.headers()
     }
 

@@ -232,7 +232,7 @@ pub(super) fn refuses_tool_choice(e: &ModelError) -> Option<String> {
         ModelError::Api(a) if matches!(a.status, 400 | 422 | 500) => {
             let m = a.message.to_ascii_lowercase();
             (m.contains("tool_choice") || m.contains("tool choice"))
-                .then(|| format!("HTTP {}: {}", a.status, preview(&a.message)))
+                .then(|| format!("HTTP {}: {}", a.status, gist(&a.message)))
         }
         _ => None,
     }
@@ -248,7 +248,7 @@ pub(super) fn refuses_json_schema(e: &ModelError) -> Option<String> {
             ["response_format", "json_schema", "json_object"]
                 .iter()
                 .any(|p| m.contains(p))
-                .then(|| format!("HTTP {}: {}", a.status, preview(&a.message)))
+                .then(|| format!("HTTP {}: {}", a.status, gist(&a.message)))
         }
         _ => None,
     }
@@ -257,6 +257,18 @@ pub(super) fn refuses_json_schema(e: &ModelError) -> Option<String> {
 /// A short, char-boundary-safe excerpt of external text for error messages.
 pub(super) fn preview(text: &str) -> String {
     adapter::preview(text, 300)
+}
+
+/// The gist of a server's error message for a one-line warning: its first paragraph (a Python
+/// traceback after it is left out), its lines joined, cut short.
+fn gist(text: &str) -> String {
+    let first = text.split("\n\n").next().unwrap_or(text);
+    let joined: Vec<&str> = first
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    preview(&joined.join(" "))
 }
 
 #[cfg(test)]

@@ -189,6 +189,7 @@ pub(super) mod typed {
             usage,
             parts: Vec::new(),
             malformed_call: None,
+            context_edited: None,
         };
         if let Some(Obj(msg)) = choice.message {
             response.text = msg.content.filter(|t| !t.is_empty()).map(Cow::into_owned);
@@ -307,6 +308,7 @@ pub(super) fn decode_value(body: &[u8]) -> Result<ModelResponse, ModelError> {
         usage,
         parts,
         malformed_call: None,
+        context_edited: None,
     })
 }
 

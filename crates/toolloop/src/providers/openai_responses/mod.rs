@@ -136,7 +136,7 @@ impl HttpAdapter for ResponsesModel {
         self.config.endpoint()
     }
 
-    fn headers(&self) -> Result<HeaderMap, ModelError> {
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
         self.config.headers()
     }
 
@@ -154,6 +154,14 @@ impl HttpAdapter for ResponsesModel {
 
     fn classify(error: ModelError) -> ModelError {
         classify(error)
+    }
+
+    /// The Responses API compacts the conversation itself (`context_management`).
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport {
+            clear_tool_results: false,
+            compaction: true,
+        }
     }
 }
 

@@ -19,6 +19,11 @@ use serde_json::{Map, Value, json};
 ///   [`ToolCall::arguments`](crate::message::ToolCall::arguments) as text: the model's invalid
 ///   argument text is never sent back).
 /// - A tool result is a `function_call_output` item with the call's `call_id`.
+/// - A `compaction` item (the server's compaction of the conversation, kept with its turn like
+///   a reasoning item) stands for everything before it: the input starts at the latest one
+///   (the instructions are still sent).
+/// - With compaction asked ([`crate::model::ModelSettings::context`]'s `compact_at_tokens`),
+///   `context_management: [{"type": "compaction", "compact_threshold": N}]`.
 /// - Transient reminders are trailing `developer` message items.
 ///
 /// `store` is `config.store` (`false` by default); with reasoning requested (see
@@ -46,9 +51,24 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     if !instructions.is_empty() {
         body.insert("instructions".into(), json!(instructions.join("\n\n")));
     }
-    let mut input = Vec::with_capacity(req.messages.len() + req.reminders.len());
-    for message in &req.messages[leading..] {
-        push_items(&mut input, message, config);
+    // The latest compaction item stands for everything before it: nothing before its turn is
+    // sent, and its turn is sent from the compaction item on.
+    let compacted = req.messages[leading..]
+        .iter()
+        .rposition(|m| compaction_at(m).is_some())
+        .map(|i| i + leading);
+    let from = compacted.unwrap_or(leading);
+    let mut input = Vec::with_capacity(req.messages.len() - from + req.reminders.len());
+    for (i, message) in req.messages[from..].iter().enumerate() {
+        match (i, message) {
+            (0, Message::Assistant(a)) if compacted.is_some() => {
+                let skip = compaction_at(message).unwrap_or(0);
+                let mut turn = a.clone();
+                turn.parts.drain(..skip);
+                push_items(&mut input, &Message::Assistant(turn), config);
+            }
+            _ => push_items(&mut input, message, config),
+        }
     }
     for reminder in req.wrapped_reminders() {
         input.push(json!({"type": "message", "role": "developer", "content": reminder}));
@@ -108,6 +128,12 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     if config.wants_reasoning(settings.extra.as_ref()) {
         body.insert("include".into(), json!(["reasoning.encrypted_content"]));
     }
+    if let Some(threshold) = settings.context.as_ref().and_then(|c| c.compact_at_tokens) {
+        body.insert(
+            "context_management".into(),
+            json!([{"type": "compaction", "compact_threshold": threshold}]),
+        );
+    }
     if stream {
         body.insert("stream".into(), json!(true));
     }
@@ -121,14 +147,29 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     body
 }
 
-/// Whether a kept reasoning item can be sent back: with `store` on, by its id; without, only
-/// with its encrypted content (the server refuses an id it did not store).
+/// Whether a kept reasoning or compaction item can be sent back: with `store` on, by its id;
+/// without, only with its encrypted content (the server refuses an id it did not store).
 fn replayable(item: &Value, config: &ResponsesConfig) -> bool {
-    item["type"] == "reasoning"
+    matches!(item["type"].as_str(), Some("reasoning" | "compaction"))
         && (config.store
             || item["encrypted_content"]
                 .as_str()
                 .is_some_and(|s| !s.is_empty()))
+}
+
+/// The index, among an assistant turn's parts, of its last compaction item (one this adapter
+/// can send back), if it holds one.
+fn compaction_at(message: &Message) -> Option<usize> {
+    let Message::Assistant(a) = message else {
+        return None;
+    };
+    a.parts.iter().rposition(|p| {
+        p.provider == PROVIDER
+            && p.data["type"] == "compaction"
+            && p.data["encrypted_content"]
+                .as_str()
+                .is_some_and(|s| !s.is_empty())
+    })
 }
 
 /// The `input` items of one message.
@@ -440,5 +481,102 @@ mod tests {
         let b = body(&config, &settings, false);
         assert_eq!(b["include"], json!(["reasoning.encrypted_content"]));
         assert_eq!(b["tool_choice"], "none");
+    }
+
+    #[test]
+    fn nothing_before_the_latest_compaction_is_sent_and_compaction_is_asked() {
+        let compaction = |n: u32| ProviderPart {
+            provider: PROVIDER.into(),
+            data: json!({"type": "compaction", "id": format!("cmp_{n}"),
+                         "encrypted_content": format!("enc{n}")}),
+        };
+        let turn = |n: u32, parts: Vec<ProviderPart>| {
+            Message::Assistant(AssistantMessage {
+                text: None,
+                tool_calls: vec![ToolCall {
+                    id: format!("call_{n}"),
+                    name: "read".into(),
+                    arguments: json!({}),
+                    invalid_arguments: None,
+                    provider_data: None,
+                }],
+                parts,
+            })
+        };
+        let result = |n: u32| {
+            Message::Tool(ToolResult {
+                call_id: format!("call_{n}"),
+                name: "read".into(),
+                content: format!("r{n}"),
+                is_error: false,
+                images: Vec::new(),
+            })
+        };
+        let reasoning = ProviderPart {
+            provider: PROVIDER.into(),
+            data: json!({"type": "reasoning", "id": "rs_0", "summary": [],
+                         "encrypted_content": "gAAA"}),
+        };
+        let messages = vec![
+            Message::system("be brief"),
+            Message::user("task"),
+            turn(1, vec![compaction(1)]),
+            result(1),
+            turn(2, vec![reasoning.clone(), compaction(2), reasoning]),
+            result(2),
+            turn(3, Vec::new()),
+            result(3),
+        ];
+        let settings = ModelSettings {
+            context: Some(crate::context::NativeContext {
+                clear_tool_results: None,
+                compact_at_tokens: Some(6400),
+            }),
+            ..ModelSettings::default()
+        };
+        let req = ModelRequest {
+            messages: &messages,
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let b = build_request_body(&req, &ResponsesConfig::new("gpt-test"), false);
+        assert_eq!(b["instructions"], "be brief");
+        assert_eq!(
+            b["context_management"],
+            json!([{"type": "compaction", "compact_threshold": 6400}])
+        );
+        let kinds: Vec<String> = b["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| {
+                format!(
+                    "{}:{}",
+                    i["type"].as_str().unwrap_or(""),
+                    i["id"].as_str().or(i["call_id"].as_str()).unwrap_or("")
+                )
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "compaction:cmp_2",
+                "reasoning:rs_0",
+                "function_call:call_2",
+                "function_call_output:call_2",
+                "function_call:call_3",
+                "function_call_output:call_3",
+            ]
+        );
+        // Without compaction asked, no field; the items are sent the same way.
+        let plain = ModelSettings::default();
+        let req = ModelRequest {
+            settings: &plain,
+            ..req
+        };
+        let b = build_request_body(&req, &ResponsesConfig::new("gpt-test"), false);
+        assert!(b.get("context_management").is_none());
+        assert_eq!(b["input"][0]["type"], "compaction");
     }
 }

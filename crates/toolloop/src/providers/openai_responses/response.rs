@@ -42,6 +42,14 @@ pub fn decode_response(v: &Value) -> Result<ModelResponse, ModelError> {
     Ok(out.finish(v))
 }
 
+/// What a response that holds a `compaction` item reports.
+pub(super) fn compaction_report() -> crate::context::NativeReport {
+    crate::context::NativeReport {
+        compacted: true,
+        ..Default::default()
+    }
+}
+
 /// The output items of a response, collected.
 #[derive(Default)]
 pub(super) struct Output {
@@ -49,6 +57,7 @@ pub(super) struct Output {
     calls: Vec<ToolCall>,
     parts: Vec<ProviderPart>,
     refused: bool,
+    compacted: bool,
 }
 
 impl Output {
@@ -68,6 +77,15 @@ impl Output {
                 provider: PROVIDER.into(),
                 data: item.clone(),
             }),
+            // The server compacted the conversation: its opaque item is kept with the turn and
+            // sent back, in place of everything before it.
+            Some("compaction") => {
+                self.compacted = true;
+                self.parts.push(ProviderPart {
+                    provider: PROVIDER.into(),
+                    data: item.clone(),
+                })
+            }
             // Built-in tools' items and types added later carry nothing the loop uses.
             _ => {}
         }
@@ -102,6 +120,7 @@ impl Output {
             usage: usage_of(response.get("usage")),
             parts: self.parts,
             malformed_call: None,
+            context_edited: self.compacted.then(compaction_report),
         }
     }
 }

@@ -191,6 +191,15 @@ impl StreamDecoder {
                 provider: PROVIDER.into(),
                 data: item.clone(),
             })),
+            Some("compaction") => {
+                out.push(StreamEvent::Part(ProviderPart {
+                    provider: PROVIDER.into(),
+                    data: item.clone(),
+                }));
+                out.push(StreamEvent::ContextEdited(
+                    super::response::compaction_report(),
+                ));
+            }
             _ => {}
         }
     }

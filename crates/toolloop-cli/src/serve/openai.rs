@@ -1,0 +1,843 @@
+//! `toolloop serve --openai ADDR`: an OpenAI-compatible API.
+//!
+//! | route | what |
+//! |---|---|
+//! | `GET /v1/models` | the agents (`agent:NAME`) and the gateway (`gateway:SPEC`) |
+//! | `POST /v1/chat/completions` | `agent:NAME`: a run of the agent on the conversation; `gateway:SPEC`: one reply of SPEC with the request's tools offered through prompt-based calling |
+//! | `POST /v1/responses` | `agent:NAME` with `input` (text or messages) |
+//! | `GET /v1/runs/{id}` | where a run stands, and the calls waiting for approval |
+//!
+//! Every route checks the token first (when there is one): a request without the right one
+//! gets 401 and nothing runs. A body larger than `--max-body` gets 413; a request beyond
+//! `--max-runs` at once gets 429. An agent run is logged in the store; an `Idempotency-Key`
+//! header ties a retried request to the run the first one started.
+
+use super::gateway::{self, Gateway};
+use super::wire::{self, BadRequest, ChatRequest};
+use super::{Agents, HttpArgs, RunError, RunHooks};
+use crate::spec::ProviderArgs;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures::StreamExt;
+use serde_json::{Value, json};
+use sha2::Digest;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use subtle::ConstantTimeEq;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use toolloop::Event;
+use toolloop::outcome::{Outcome, StopReason};
+
+/// The server's state, shared by every request.
+pub(crate) struct App {
+    agents: Arc<Agents>,
+    gateway: Gateway,
+    runs: Arc<Semaphore>,
+    max_runs: u32,
+    keep_on_disconnect: bool,
+    tracker: TaskTracker,
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    sha2::Sha256::digest(bytes).into()
+}
+
+/// An OpenAI-style error body.
+fn error(
+    status: StatusCode,
+    kind: &str,
+    code: Option<&str>,
+    message: impl Into<String>,
+) -> Response {
+    let body = json!({"error": {
+        "message": message.into(),
+        "type": kind,
+        "param": null,
+        "code": code,
+    }});
+    (status, axum::Json(body)).into_response()
+}
+
+fn bad_request(e: BadRequest) -> Response {
+    let body = json!({"error": {
+        "message": e.message,
+        "type": "invalid_request_error",
+        "param": e.param,
+        "code": null,
+    }});
+    (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
+}
+
+/// The token a server expects: its SHA-256 (compared in constant time, whatever its length).
+struct Guard(Option<[u8; 32]>);
+
+/// `router` behind the token check (none without a token): a request without
+/// `Authorization: Bearer TOKEN` gets 401 before anything else is done.
+pub(crate) fn with_token(router: Router, token: Option<&str>) -> Router {
+    let guard = Arc::new(Guard(token.map(|t| digest(t.as_bytes()))));
+    router.layer(middleware::from_fn_with_state(guard, authorize))
+}
+
+/// The router of the API around `app`, with its limits, behind `token`.
+pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Router {
+    let api = Router::new()
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(responses))
+        .route("/v1/runs/{id}", get(run_status))
+        .fallback(|| async {
+            error(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("not_found"),
+                "no such route: this server answers /v1/models, /v1/chat/completions, \
+                 /v1/responses and /v1/runs/{id}",
+            )
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+        .with_state(app);
+    with_token(api, token)
+}
+
+/// Runs the API on `addr` until SIGTERM or Ctrl-C; then stops accepting, lets the runs in
+/// progress finish within the grace period, and leaves the rest in the store, resumable.
+pub(crate) async fn serve(
+    addr: SocketAddr,
+    agents: Arc<Agents>,
+    provider: ProviderArgs,
+    http: HttpArgs,
+    token: Option<String>,
+) -> ExitCode {
+    let app = Arc::new(App {
+        agents,
+        gateway: Gateway::new(provider),
+        runs: Arc::new(Semaphore::new(http.max_runs as usize)),
+        max_runs: http.max_runs,
+        keep_on_disconnect: http.keep_on_disconnect,
+        tracker: TaskTracker::new(),
+    });
+    let listener = match tokio::net::TcpListener::bind(addr).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("toolloop: --openai {addr}: cannot listen: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let local = listener.local_addr().unwrap_or(addr);
+    eprintln!("toolloop: serving the OpenAI API on http://{local}/v1");
+    let max_body = usize::try_from(http.max_body).unwrap_or(usize::MAX);
+    let stop = CancellationToken::new();
+    let server = {
+        let stop = stop.clone();
+        let app = router(app.clone(), max_body, token.as_deref());
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        })
+    };
+    super::shutdown_signal().await;
+    stop.cancel();
+    app.tracker.close();
+    let running = app.tracker.len();
+    if running > 0 {
+        eprintln!(
+            "toolloop: stopping: no new requests; {running} run(s) in progress get {} to finish",
+            humantime::format_duration(http.grace)
+        );
+    }
+    tokio::select! {
+        _ = app.tracker.wait() => {}
+        _ = tokio::time::sleep(http.grace) => {
+            eprintln!(
+                "toolloop: {} run(s) still going are left in the store: resume them with \
+                 `toolloop resume RUN_ID`, or retry with the same Idempotency-Key",
+                app.tracker.len()
+            );
+            return ExitCode::SUCCESS;
+        }
+    }
+    // The connections close once their answers are written.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
+    ExitCode::SUCCESS
+}
+
+/// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
+async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
+    if let Some(expected) = &guard.0 {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !bool::from(digest(given.trim().as_bytes()).ct_eq(expected)) {
+            let mut r = error(
+                StatusCode::UNAUTHORIZED,
+                "invalid_request_error",
+                Some("invalid_api_key"),
+                "missing or wrong token: send the server's --auth-token as the API key \
+                 (Authorization: Bearer TOKEN)",
+            );
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    next.run(request).await
+}
+
+async fn models(State(app): State<Arc<App>>) -> Response {
+    let created = wire::now_secs();
+    let mut data: Vec<Value> = app
+        .agents
+        .all()
+        .iter()
+        .map(|a| json!({"id": format!("agent:{}", a.name), "object": "model", "created": created, "owned_by": "toolloop"}))
+        .collect();
+    data.push(json!({"id": "gateway:SPEC", "object": "model", "created": created, "owned_by": "toolloop"}));
+    axum::Json(json!({"object": "list", "data": data})).into_response()
+}
+
+/// What the `model` field names.
+enum Target<'a> {
+    Agent(&'a str),
+    Gateway(&'a str),
+}
+
+fn target(model: &str) -> Option<Target<'_>> {
+    if let Some(name) = model.strip_prefix("agent:") {
+        return Some(Target::Agent(name));
+    }
+    if model == "agent" {
+        return Some(Target::Agent("default"));
+    }
+    model.strip_prefix("gateway:").map(Target::Gateway)
+}
+
+fn unknown_model(model: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        Some("model_not_found"),
+        format!(
+            "model `{}`: expected agent:NAME (GET /v1/models lists them) or gateway:SPEC",
+            toolloop::result::shorten(model, 80)
+        ),
+    )
+}
+
+/// A permit for one more run, or 429.
+fn permit(app: &App) -> Result<OwnedSemaphorePermit, Box<Response>> {
+    app.runs.clone().try_acquire_owned().map_err(|_| {
+        let mut r = error(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_error",
+            Some("server_busy"),
+            format!(
+                "the server runs {} requests at once (--max-runs); try again shortly",
+                app.max_runs
+            ),
+        );
+        r.headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        Box::new(r)
+    })
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Box<Response>> {
+    match headers.get("idempotency-key") {
+        None => Ok(None),
+        Some(v) => match v.to_str() {
+            Ok(k) if !k.trim().is_empty() && k.len() <= 256 => Ok(Some(k.trim().to_string())),
+            _ => Err(Box::new(error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                "Idempotency-Key: expected 1 to 256 visible ASCII characters",
+            ))),
+        },
+    }
+}
+
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let request = match ChatRequest::parse(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e),
+    };
+    match target(&request.model) {
+        Some(Target::Agent(name)) => {
+            let name = name.to_string();
+            agent_chat(app, &name, request, &headers, Format::Chat).await
+        }
+        Some(Target::Gateway(spec)) => {
+            let spec = spec.to_string();
+            gateway_chat(app, &spec, request).await
+        }
+        None => unknown_model(&request.model),
+    }
+}
+
+async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Response {
+    let backend = match app.gateway.backend(spec) {
+        Ok(b) => b,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                Some("model_not_found"),
+                format!("model `gateway:{spec}`: {e}"),
+            );
+        }
+    };
+    let permit = match permit(&app) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
+    if request.stream {
+        match gateway::stream(backend, request, id).await {
+            Ok(events) => {
+                let body = events.map(move |b| {
+                    let _held = &permit;
+                    Ok::<_, std::convert::Infallible>(b)
+                });
+                sse_response(Body::from_stream(body))
+            }
+            Err(e) => backend_error(e),
+        }
+    } else {
+        let answer = gateway::complete(&backend, &request, &id).await;
+        drop(permit);
+        match answer {
+            Ok(v) => axum::Json(v).into_response(),
+            Err(e) => backend_error(e),
+        }
+    }
+}
+
+fn backend_error(e: toolloop::ModelError) -> Response {
+    error(
+        StatusCode::BAD_GATEWAY,
+        "server_error",
+        Some("backend_error"),
+        format!("the backend model failed: {e}"),
+    )
+}
+
+fn sse_response(body: Body) -> Response {
+    let mut r = Response::new(body);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+/// Which API a run answers in.
+#[derive(Clone, Copy, PartialEq)]
+enum Format {
+    Chat,
+    Responses,
+}
+
+/// Starts a run of agent `name` on `request`'s conversation, and answers in `format`, whole or
+/// streamed.
+async fn agent_chat(
+    app: Arc<App>,
+    name: &str,
+    request: ChatRequest,
+    headers: &HeaderMap,
+    format: Format,
+) -> Response {
+    let Some(index) = app.agents.all().iter().position(|a| a.name == name) else {
+        return unknown_model(&request.model);
+    };
+    if !request.tools.is_empty() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            format!("`tools`: agent:{name} runs its own tools; offer yours through gateway:SPEC"),
+        );
+    }
+    if !request
+        .messages
+        .iter()
+        .any(|m| matches!(m, toolloop::Message::User { .. }))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            None,
+            "`messages` holds no user message: nothing to do",
+        );
+    }
+    let key = match idempotency_key(headers) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let permit = match permit(&app) {
+        Ok(p) => p,
+        Err(r) => return *r,
+    };
+    let (tx, rx) = mpsc::unbounded_channel::<Event>();
+    let hooks = RunHooks {
+        stream: request.stream,
+        on_event: request.stream.then(|| {
+            let tx = tx.clone();
+            Arc::new(move |e: &Event| {
+                if matches!(e, Event::TextDelta { .. } | Event::ToolCallRequested { .. }) {
+                    let _ = tx.send(e.clone());
+                }
+            }) as toolloop::agent::EventHandler
+        }),
+        on_approval: None,
+    };
+    drop(tx);
+    let agent = match app.agents.all()[index].build(hooks) {
+        Ok(a) => a,
+        Err(e) => {
+            return error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, e);
+        }
+    };
+    let cancel = CancellationToken::new();
+    let run = {
+        let agents = app.agents.clone();
+        let cancel = cancel.clone();
+        let messages = request.messages;
+        app.tracker.spawn(async move {
+            let _permit = permit;
+            let spec = &agents.all()[index];
+            let out = spec
+                .run(&agent, agents.store(), messages, key.as_deref(), cancel)
+                .await;
+            drop(agent);
+            out
+        })
+    };
+    // The run stops when its client goes away (the answer's future, or the stream, dropped),
+    // unless --keep-on-disconnect.
+    let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
+    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
+    let model = request.model;
+    if !request.stream {
+        let outcome = run.await;
+        drop(guard);
+        return match outcome {
+            Ok(Ok(o)) => whole_answer(&id, &model, &o, format),
+            Ok(Err(e)) => run_error(e),
+            Err(e) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                format!("the run failed: {e}"),
+            ),
+        };
+    }
+    let include_usage = request.include_usage;
+    let stream = streamed_answer(id, model, rx, run, guard, include_usage, format);
+    sse_response(Body::from_stream(
+        stream.map(Ok::<_, std::convert::Infallible>),
+    ))
+}
+
+fn run_error(e: RunError) -> Response {
+    match e {
+        RunError::Busy(m) => error(
+            StatusCode::CONFLICT,
+            "invalid_request_error",
+            Some("run_in_progress"),
+            m,
+        ),
+        RunError::Failed(m) => error(StatusCode::INTERNAL_SERVER_ERROR, "server_error", None, m),
+    }
+}
+
+/// The answer's text: the validated JSON with an output schema, else the text.
+fn answer_text(o: &Outcome) -> Option<String> {
+    match &o.output {
+        Some(v) => Some(v.to_string()),
+        None => o.text.clone(),
+    }
+}
+
+/// What the run did, in a field of its own (OpenAI clients ignore it; the content stays the
+/// answer).
+fn run_info(o: &Outcome) -> Value {
+    let calls: Vec<Value> = o
+        .tool_calls
+        .iter()
+        .map(|c| json!({"round": c.round, "name": c.call.name, "arguments": c.call.arguments, "success": c.success()}))
+        .collect();
+    let mut v = json!({
+        "run_id": o.run_id,
+        "stop_reason": o.stop_reason,
+        "rounds": o.rounds,
+        "tool_calls": calls,
+    });
+    if !o.pending_approvals.is_empty() {
+        v["pending_approvals"] = json!(o.pending_approvals);
+    }
+    v
+}
+
+/// Whether the outcome is an answer (complete, or cut short by a budget: `length`).
+fn finish_of(o: &Outcome) -> Option<&'static str> {
+    match o.stop_reason {
+        StopReason::Answered => Some("stop"),
+        StopReason::MaxRounds
+        | StopReason::MaxToolCalls
+        | StopReason::Timeout
+        | StopReason::OutputTruncated
+        | StopReason::ContextExhausted => Some("length"),
+        _ => None,
+    }
+}
+
+/// A run that did not answer: 202 while it waits for approvals, else an error naming why.
+fn not_answered(o: &Outcome) -> Response {
+    let reason = serde_json::to_value(o.stop_reason)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default();
+    if o.stop_reason == StopReason::AwaitingApproval {
+        let run_id = o.run_id.clone().unwrap_or_default();
+        let body = json!({
+            "error": {
+                "message": format!("the run waits for approval of calls: see GET /v1/runs/{run_id}, decide with `toolloop approve|deny {run_id}`, then resume it"),
+                "type": "awaiting_approval",
+                "code": "awaiting_approval",
+                "param": null,
+            },
+            "toolloop": run_info(o),
+        });
+        return (StatusCode::ACCEPTED, axum::Json(body)).into_response();
+    }
+    let why = o
+        .error
+        .as_ref()
+        .map(|e| format!(": {}", e.message))
+        .unwrap_or_default();
+    let body = json!({
+        "error": {
+            "message": format!("the run stopped ({reason}){why}"),
+            "type": "server_error",
+            "code": reason,
+            "param": null,
+        },
+        "toolloop": run_info(o),
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
+fn whole_answer(id: &str, model: &str, o: &Outcome, format: Format) -> Response {
+    let Some(finish) = finish_of(o) else {
+        return not_answered(o);
+    };
+    let text = answer_text(o);
+    let mut v = match format {
+        Format::Chat => wire::completion(id, model, text.as_deref(), &[], finish, o.usage.as_ref()),
+        Format::Responses => response_object(model, o, text.as_deref().unwrap_or("")),
+    };
+    v["toolloop"] = run_info(o);
+    axum::Json(v).into_response()
+}
+
+/// A streamed agent answer: text deltas as they come; each tool call the agent makes as a
+/// chunk with no choices and a `toolloop` field (never in the content); then the finish.
+fn streamed_answer(
+    id: String,
+    model: String,
+    rx: mpsc::UnboundedReceiver<Event>,
+    run: tokio::task::JoinHandle<Result<Outcome, RunError>>,
+    guard: Option<tokio_util::sync::DropGuard>,
+    include_usage: bool,
+    format: Format,
+) -> futures::stream::BoxStream<'static, Bytes> {
+    struct St {
+        rx: mpsc::UnboundedReceiver<Event>,
+        run: Option<tokio::task::JoinHandle<Result<Outcome, RunError>>>,
+        _guard: Option<tokio_util::sync::DropGuard>,
+        id: String,
+        model: String,
+        include_usage: bool,
+        format: Format,
+        sequence: u64,
+        started: bool,
+    }
+    let st = St {
+        rx,
+        run: Some(run),
+        _guard: guard,
+        id,
+        model,
+        include_usage,
+        format,
+        sequence: 0,
+        started: false,
+    };
+    futures::stream::unfold(st, |mut st| async move {
+        if !st.started {
+            st.started = true;
+            let first = match st.format {
+                Format::Chat => wire::sse(&wire::chunk(
+                    &st.id,
+                    &st.model,
+                    json!({"role": "assistant", "content": ""}),
+                    None,
+                )),
+                Format::Responses => responses_event(
+                    &mut st.sequence,
+                    "response.created",
+                    json!({"response": {"id": st.id, "object": "response", "status": "in_progress", "model": st.model, "output": []}}),
+                ),
+            };
+            return Some((first, st));
+        }
+        if let Some(event) = st.rx.recv().await {
+            let bytes = match (&event, st.format) {
+                (Event::TextDelta { text, .. }, Format::Chat) => wire::sse(&wire::chunk(
+                    &st.id,
+                    &st.model,
+                    json!({"content": text}),
+                    None,
+                )),
+                (Event::TextDelta { text, .. }, Format::Responses) => responses_event(
+                    &mut st.sequence,
+                    "response.output_text.delta",
+                    json!({"item_id": format!("msg_{}", st.id), "output_index": 0, "content_index": 0, "delta": text}),
+                ),
+                (Event::ToolCallRequested { round, call }, Format::Chat) => wire::sse(&json!({
+                    "id": st.id,
+                    "object": "chat.completion.chunk",
+                    "created": wire::now_secs(),
+                    "model": st.model,
+                    "choices": [],
+                    "toolloop": {"tool_call": {"round": round, "name": call.name, "arguments": call.arguments}},
+                })),
+                (Event::ToolCallRequested { round, call }, Format::Responses) => responses_event(
+                    &mut st.sequence,
+                    "toolloop.tool_call",
+                    json!({"round": round, "name": call.name, "arguments": call.arguments}),
+                ),
+                _ => Bytes::new(),
+            };
+            return Some((bytes, st));
+        }
+        // The run is over (its agent, holding the sender, is gone).
+        let run = st.run.take()?;
+        let outcome = run.await;
+        let bytes = match outcome {
+            Ok(Ok(o)) => match (finish_of(&o), st.format) {
+                (Some(finish), Format::Chat) => {
+                    let mut last = wire::chunk(&st.id, &st.model, json!({}), Some(finish));
+                    last["toolloop"] = run_info(&o);
+                    let mut out = wire::sse(&last).to_vec();
+                    if st.include_usage {
+                        out.extend_from_slice(&wire::sse(&wire::usage_chunk(
+                            &st.id,
+                            &st.model,
+                            o.usage.as_ref(),
+                        )));
+                    }
+                    out.extend_from_slice(&wire::sse_done());
+                    Bytes::from(out)
+                }
+                (Some(_), Format::Responses) => {
+                    let text = answer_text(&o).unwrap_or_default();
+                    let mut response = response_object(&st.model, &o, &text);
+                    response["id"] = json!(st.id);
+                    response["toolloop"] = run_info(&o);
+                    responses_event(
+                        &mut st.sequence,
+                        "response.completed",
+                        json!({"response": response}),
+                    )
+                }
+                (None, _) => stream_error(&format!(
+                    "the run stopped ({}){}",
+                    serde_json::to_value(o.stop_reason)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    o.error
+                        .as_ref()
+                        .map(|e| format!(": {}", e.message))
+                        .unwrap_or_default()
+                )),
+            },
+            Ok(Err(e)) => stream_error(&e.to_string()),
+            Err(e) => stream_error(&format!("the run failed: {e}")),
+        };
+        Some((bytes, st))
+    })
+    .filter(|b| futures::future::ready(!b.is_empty()))
+    .boxed()
+}
+
+fn stream_error(message: &str) -> Bytes {
+    wire::sse(&json!({"error": {"message": message, "type": "server_error"}}))
+}
+
+/// One event of a streamed Responses answer.
+fn responses_event(sequence: &mut u64, kind: &str, mut data: Value) -> Bytes {
+    data["type"] = json!(kind);
+    data["sequence_number"] = json!(*sequence);
+    *sequence += 1;
+    Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
+}
+
+/// A whole Responses API `response` object holding the answer as one message.
+fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
+    let usage = o.usage.unwrap_or_default();
+    let id = format!(
+        "resp_{}",
+        o.run_id
+            .as_deref()
+            .map(|r| r.trim_start_matches("run_"))
+            .unwrap_or("none")
+    );
+    json!({
+        "id": id,
+        "object": "response",
+        "created_at": wire::now_secs(),
+        "status": "completed",
+        "model": model,
+        "output": [{
+            "type": "message",
+            "id": format!("msg_{}", id),
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }],
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    })
+}
+
+/// `POST /v1/responses`: `input` as text or messages, `instructions` as a system prompt.
+async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+    let v: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return bad_request(BadRequest {
+                message: format!("the body is not JSON: {e}"),
+                param: None,
+            });
+        }
+    };
+    let model = v
+        .get("model")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    let Some(Target::Agent(name)) = target(&model) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            Some("model_not_found"),
+            format!(
+                "model `{}`: the Responses API serves agent:NAME (the gateway is on \
+                 /v1/chat/completions)",
+                toolloop::result::shorten(&model, 80)
+            ),
+        );
+    };
+    let name = name.to_string();
+    let mut messages = Vec::new();
+    if let Some(i) = v.get("instructions").and_then(Value::as_str) {
+        messages.push(json!({"role": "system", "content": i}));
+    }
+    match v.get("input") {
+        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(items)) => messages.extend(items.iter().cloned()),
+        _ => {
+            return bad_request(BadRequest {
+                message: "`input` is required: text, or an array of messages".into(),
+                param: Some("input".into()),
+            });
+        }
+    }
+    let messages = match wire::read_messages(&messages) {
+        Ok(m) => m,
+        Err(e) => return bad_request(e),
+    };
+    let request = ChatRequest {
+        model,
+        messages,
+        tools: Vec::new(),
+        tool_choice: Default::default(),
+        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        include_usage: false,
+        temperature: None,
+        max_tokens: None,
+    };
+    agent_chat(app, &name, request, &headers, Format::Responses).await
+}
+
+/// `GET /v1/runs/{id}`: the run's summary from the store, and the calls that wait for a
+/// person's approval.
+async fn run_status(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    let Some(store) = app.agents.store() else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "invalid_request_error",
+            None,
+            "no store",
+        );
+    };
+    let summary = match store.run(&id).await {
+        Ok(Some(s)) => s,
+        Ok(None) => {
+            return error(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("run_not_found"),
+                format!("no run {}", toolloop::result::shorten(&id, 80)),
+            );
+        }
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            );
+        }
+    };
+    let mut pending = Vec::new();
+    if let Some(spec) = app.agents.all().first()
+        && let Ok(agent) = spec.build(RunHooks::default())
+        && let Ok(p) = agent.pending_approvals(&id).await
+    {
+        pending = p;
+    }
+    axum::Json(json!({
+        "run_id": summary.run_id,
+        "status": summary.status.as_str(),
+        "stop_reason": summary.stop_reason,
+        "records": summary.records,
+        "created_ms": summary.created_ms,
+        "updated_ms": summary.updated_ms,
+        "pending_approvals": pending,
+    }))
+    .into_response()
+}

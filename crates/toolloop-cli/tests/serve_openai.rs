@@ -1,0 +1,998 @@
+//! `toolloop serve --openai ADDR` over real HTTP: the agent as a model (whole and streamed, Chat
+//! Completions and Responses), the gateway in front of the mock's text-only mode (native
+//! `tool_calls` over several rounds; the mock checks that every call is answered once), and the
+//! server's limits (401, 413, 429), the idempotency key across a kill -9 and a restart.
+
+mod common;
+#[path = "../../../tools/npm/testing.rs"]
+mod npm;
+#[path = "../../../tools/python/testing.rs"]
+mod python;
+
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use toolloop_mock::{MockOptions, MockServer};
+
+/// A running `toolloop serve`, its stderr collected.
+pub struct Served {
+    child: Child,
+    pub base: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Served {
+    /// Starts `toolloop serve ARGS` in `dir` with `env`, and waits for its address.
+    pub fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
+        let mut c = common::command(&[&["serve"], args].concat(), dir);
+        c.env("OPENAI_API_KEY", "test")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        let mut child = c.spawn().expect("the binary starts");
+        let stderr = child.stderr.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let log = Arc::new(Mutex::new(String::new()));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if let Some(at) = line.split("serving the OpenAI API on ").nth(1) {
+                    let _ = tx.send(at.trim_end_matches("/v1").to_string());
+                }
+                let mut s = sink.lock().unwrap();
+                s.push_str(&line);
+                s.push('\n');
+            }
+        });
+        let base = match rx.recv_timeout(Duration::from_secs(60)) {
+            Ok(b) => b,
+            Err(_) => {
+                let _ = child.kill();
+                panic!("the server did not start: {}", log.lock().unwrap());
+            }
+        };
+        Served {
+            child,
+            base,
+            stderr: log,
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let ok = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM");
+    }
+
+    /// Waits for the process to exit, at most `limit`; its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        None
+    }
+
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn mock(rt: &tokio::runtime::Runtime) -> MockServer {
+    rt.block_on(toolloop_mock::start(MockOptions::default()))
+        .unwrap()
+}
+
+async fn post(url: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
+    let client = reqwest::Client::new();
+    let mut req = client.post(url).json(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+/// Posts a streamed request; the `data:` events, parsed (`[DONE]` as the string).
+async fn post_stream(url: &str, body: &Value) -> Vec<Value> {
+    let r = reqwest::Client::new()
+        .post(url)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(
+        r.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let text = r.text().await.unwrap();
+    text.split("\n\n")
+        .filter_map(|e| e.lines().find_map(|l| l.strip_prefix("data: ")))
+        .map(|d| serde_json::from_str(d).unwrap_or(Value::String(d.to_string())))
+        .collect()
+}
+
+#[test]
+fn the_agent_answers_as_a_model_whole_and_streamed_in_both_apis() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let agents = dir.path().join("agents.toml");
+    std::fs::write(
+        &agents,
+        "[agents.lister]\ndescription = \"Lists directories.\"\ntools = [\"list_dir\"]\n",
+    )
+    .unwrap();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--agents",
+            agents.to_str().unwrap(),
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        // A declared agent is a model of its own, run as `--agent lister` runs it: its tools.
+        let (status, v) = post(
+            &served.url("/v1/chat/completions"),
+            None,
+            &json!({"model": "agent:lister", "messages": [{"role": "user", "content": "Look around."}]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["tool_calls"][0]["name"], "list_dir", "{v}");
+        let models: Value = reqwest::get(served.url("/v1/models"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let ids: Vec<&str> = models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["id"].as_str().unwrap())
+            .collect();
+        assert!(ids.contains(&"agent:default"), "{models}");
+        assert!(ids.contains(&"agent:lister"), "{models}");
+
+        let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["object"], "chat.completion");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+        assert_eq!(
+            v["choices"][0]["message"]["content"],
+            "Done. I saw 1 tool results in 1 rounds."
+        );
+        // What the run did is beside the answer, never in it.
+        assert_eq!(v["toolloop"]["tool_calls"].as_array().unwrap().len(), 1);
+        let run_id = v["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let run: Value = reqwest::get(served.url(&format!("/v1/runs/{run_id}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(run["status"], "finished", "{run}");
+
+        let mut streamed = ask.clone();
+        streamed["stream"] = json!(true);
+        streamed["stream_options"] = json!({"include_usage": true});
+        let events = post_stream(&served.url("/v1/chat/completions"), &streamed).await;
+        let text: String = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(text, "Done. I saw 1 tool results in 1 rounds.");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["toolloop"]["tool_call"]["name"].is_string()),
+            "the call is reported beside the content: {events:?}"
+        );
+        let finishes: Vec<&Value> = events
+            .iter()
+            .filter_map(|e| e["choices"][0].get("finish_reason"))
+            .filter(|f| !f.is_null())
+            .collect();
+        assert_eq!(finishes, [&json!("stop")]);
+        assert!(events.iter().any(|e| e["usage"]["total_tokens"].as_u64() > Some(0)));
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let (status, v) = post(
+            &served.url("/v1/responses"),
+            None,
+            &json!({"model": "agent:default", "input": "Look around."}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["object"], "response");
+        assert_eq!(
+            v["output"][0]["content"][0]["text"],
+            "Done. I saw 1 tool results in 1 rounds."
+        );
+
+        let (status, v) = post(
+            &served.url("/v1/chat/completions"),
+            None,
+            &json!({"model": "agent:nobody", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await;
+        assert_eq!(status, 404, "{v}");
+        assert_eq!(v["error"]["code"], "model_not_found");
+    });
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+fn client_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+        {"type": "function", "function": {"name": "get_time", "description": "The time in a zone.",
+          "parameters": {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}
+    ])
+}
+
+/// Gathers the `tool_calls` of a streamed answer as OpenAI clients do (by index).
+fn gather_calls(events: &[Value]) -> (String, Vec<Value>, String) {
+    let mut text = String::new();
+    let mut calls: Vec<Value> = Vec::new();
+    let mut finish = String::new();
+    for e in events {
+        let choice = &e["choices"][0];
+        if let Some(t) = choice["delta"]["content"].as_str() {
+            text.push_str(t);
+        }
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+        for d in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = d["index"].as_u64().unwrap() as usize;
+            if i == calls.len() {
+                assert!(
+                    d["id"].is_string() && d["function"]["name"].is_string(),
+                    "{d}"
+                );
+                calls.push(json!({"id": d["id"], "type": "function",
+                    "function": {"name": d["function"]["name"], "arguments": ""}}));
+            }
+            let args = calls[i]["function"]["arguments"]
+                .as_str()
+                .unwrap()
+                .to_string()
+                + d["function"]["arguments"].as_str().unwrap_or("");
+            calls[i]["function"]["arguments"] = json!(args);
+        }
+    }
+    (text, calls, finish)
+}
+
+#[test]
+fn the_gateway_gives_native_tool_calls_for_a_text_only_model_over_several_rounds() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--base-url",
+            &url,
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    for stream in [false, true] {
+        rt.block_on(async {
+            let model = "gateway:openai:mock:text_calls=hermes,rounds=2,parallel=2,chunk=3";
+            let mut messages = vec![json!({"role": "user", "content": "Weather and time, please."})];
+            let mut rounds = 0;
+            loop {
+                let body = json!({"model": model, "messages": messages, "tools": client_tools(), "stream": stream});
+                let (text, calls, finish) = if stream {
+                    gather_calls(&post_stream(&served.url("/v1/chat/completions"), &body).await)
+                } else {
+                    let (status, v) = post(&served.url("/v1/chat/completions"), None, &body).await;
+                    assert_eq!(status, 200, "{v}");
+                    let m = &v["choices"][0]["message"];
+                    (
+                        m["content"].as_str().unwrap_or("").to_string(),
+                        m["tool_calls"].as_array().cloned().unwrap_or_default(),
+                        v["choices"][0]["finish_reason"].as_str().unwrap().to_string(),
+                    )
+                };
+                // No fragment of the dialect's tags reaches the client.
+                assert!(!text.contains("<tool_call>") && !text.contains("</tool_call>"), "{text}");
+                if calls.is_empty() {
+                    assert_eq!(finish, "stop");
+                    assert_eq!(text, "Done. I saw 4 tool results in 2 rounds.", "stream {stream}");
+                    break;
+                }
+                assert_eq!(finish, "tool_calls");
+                assert_eq!(calls.len(), 2, "{calls:?}");
+                rounds += 1;
+                messages.push(json!({"role": "assistant", "content": null, "tool_calls": calls}));
+                for c in &calls {
+                    let args: Value =
+                        serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+                    assert!(args.is_object(), "{c}");
+                    messages.push(json!({"role": "tool", "tool_call_id": c["id"], "content": format!("result of {}", c["function"]["name"])}));
+                }
+                assert!(rounds <= 2, "more rounds than the mock makes");
+            }
+            assert_eq!(rounds, 2);
+        });
+    }
+    // The backend never saw a `tools` parameter (it would have refused it).
+    assert_eq!(mock.stats().rejected, 0, "{:?}", mock.stats());
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn a_wrong_or_missing_token_gets_401_and_nothing_runs_and_limits_give_413_and_429() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "s3cret-token\n").unwrap();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=0,latency=1500ms",
+            "--base-url",
+            &url,
+            "--auth-token-file",
+            token_file.to_str().unwrap(),
+            "--max-body",
+            "2048",
+            "--max-runs",
+            "1",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "hi"}]});
+        let chat = served.url("/v1/chat/completions");
+        for token in [None, Some("wrong"), Some("s3cret-token-and-more")] {
+            let (status, v) = post(&chat, token, &ask).await;
+            assert_eq!(status, 401, "{token:?}: {v}");
+            assert_eq!(v["error"]["code"], "invalid_api_key");
+        }
+        let r = reqwest::get(served.url("/v1/models")).await.unwrap();
+        assert_eq!(r.status().as_u16(), 401);
+        assert_eq!(mock.stats().requests, 0, "nothing ran");
+
+        let big = json!({"model": "agent:default", "messages": [{"role": "user", "content": "x".repeat(4096)}]});
+        let (status, _) = post(&chat, Some("s3cret-token"), &big).await;
+        assert_eq!(status, 413);
+
+        // One run at a time: a second request while the first waits on the model gets 429.
+        let first = tokio::spawn({
+            let chat = chat.clone();
+            let ask = ask.clone();
+            async move { post(&chat, Some("s3cret-token"), &ask).await }
+        });
+        // The model takes 1.5 s to answer the first.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let (status, v) = post(&chat, Some("s3cret-token"), &ask).await;
+        assert!(!first.is_finished(), "the first run is still going");
+        assert_eq!(status, 429, "{v}");
+        let (status, v) = first.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        let (status, v) = post(&chat, Some("s3cret-token"), &ask).await;
+        assert_eq!(status, 200, "a slot is free again: {v}");
+    });
+    assert!(!served.stderr().contains("s3cret"), "{}", served.stderr());
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn listening_beyond_loopback_without_a_token_is_refused() {
+    let dir = common::repo();
+    let out = common::toolloop(&["serve", "--openai", "0.0.0.0:0"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--auth-token"), "{err}");
+    // The modes' flags: one mode, and each flag with its mode.
+    for (args, says) in [
+        (&["serve"][..], "--openai"),
+        (
+            &["serve", "--openai", "127.0.0.1:0", "--mcp"][..],
+            "cannot be used with",
+        ),
+        (
+            &[
+                "serve",
+                "--openai",
+                "127.0.0.1:0",
+                "--admin-url",
+                "http://x",
+            ][..],
+            "--restate",
+        ),
+        (
+            &["serve", "--openai", "127.0.0.1:0", "--workflow", "w.toml"][..],
+            "--mcp",
+        ),
+        (&["serve", "--mcp", "nowhere"][..], "127.0.0.1:8090"),
+    ] {
+        let out = common::toolloop(args, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+fn effect_counts(path: &Path) -> HashMap<String, u32> {
+    let mut counts = HashMap::new();
+    if let Ok(text) = std::fs::read_to_string(path) {
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            *counts.entry(line.to_string()).or_default() += 1;
+        }
+    }
+    counts
+}
+
+#[test]
+fn a_run_killed_with_the_server_finishes_on_retry_with_its_idempotency_key_without_repeating_an_effect()
+ {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let effects = dir.path().join("effects");
+    let store = dir.path().join("store.db");
+    let effects_s = effects.to_str().unwrap().to_string();
+    let args = [
+        "--openai",
+        "127.0.0.1:0",
+        "--model",
+        "openai:mock:rounds=3,parallel=2",
+        "--base-url",
+        &url,
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    let env = [
+        ("TOOLLOOP_TEST_EFFECTS", effects_s.as_str()),
+        ("TOOLLOOP_TEST_EFFECT_MS", "400"),
+    ];
+    let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Change things."}]});
+    let served = Served::start(dir.path(), &args, &env);
+    let chat = served.url("/v1/chat/completions");
+    // The first attempt: the server dies with the run's second round in flight.
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let first = tokio::spawn(
+            client
+                .post(&chat)
+                .header("Idempotency-Key", "order-42")
+                .json(&ask)
+                .send(),
+        );
+        let start = Instant::now();
+        while effect_counts(&effects).len() < 3 {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "no effects: {}",
+                served.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        served.kill9();
+        assert!(first.await.unwrap().is_err(), "the client lost its answer");
+    });
+    let before = effect_counts(&effects);
+    // The retry, on a new server over the same store, finishes that run.
+    let served = Served::start(dir.path(), &args, &env);
+    rt.block_on(async {
+        let r = reqwest::Client::new()
+            .post(served.url("/v1/chat/completions"))
+            .header("Idempotency-Key", "order-42")
+            .json(&ask)
+            .send()
+            .await
+            .unwrap();
+        let status = r.status().as_u16();
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(status, 200, "{v}\n{}", served.stderr());
+        assert_eq!(v["toolloop"]["stop_reason"], "answered");
+        assert_eq!(
+            v["toolloop"]["rounds"], 4,
+            "one run: three rounds of calls, then the answer"
+        );
+        // Again: the finished run's answer, nothing run again.
+        let after = effect_counts(&effects);
+        let again: Value = reqwest::Client::new()
+            .post(served.url("/v1/chat/completions"))
+            .header("Idempotency-Key", "order-42")
+            .json(&ask)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(again["toolloop"]["run_id"], v["toolloop"]["run_id"]);
+        assert_eq!(effect_counts(&effects), after);
+    });
+    let counts = effect_counts(&effects);
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "an effect repeated: {counts:?}"
+    );
+    assert!(counts.len() >= before.len());
+    assert!(counts.len() <= 6, "{counts:?}");
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The official `openai` Python SDK, unmodified, against both modes, whole and streamed: the
+/// agent answers as a model; the gateway in front of the mock's text-only mode gives it valid
+/// `tool_calls` over two rounds, which it answers (the mock checks every call answered once).
+#[test]
+#[cfg_attr(
+    not(toolloop_python),
+    ignore = "python3 is not on PATH: the test runs the official openai Python SDK (tools/python/requirements.txt)"
+)]
+fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from_the_gateway() {
+    let python = python::python();
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--dialect",
+            "qwen3-coder",
+        ],
+        &[("TOOLLOOP_AUTH_TOKEN", "py-token-123")],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
+    let out = std::process::Command::new(&python)
+        .arg(&script)
+        .arg(served.url("/v1"))
+        .arg("py-token-123")
+        .arg("agent:default")
+        .arg("gateway:openai:mock:text_calls=qwen3-coder,rounds=2,parallel=2,chunk=4")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        served.stderr()
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = "Done. I saw 1 tool results in 1 rounds.";
+    assert!(
+        seen["models"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("agent:default")),
+        "{seen}"
+    );
+    assert_eq!(seen["agent_whole"], answer);
+    assert_eq!(seen["agent_whole_finish"], "stop");
+    assert_eq!(seen["agent_streamed"], answer);
+    assert_eq!(seen["agent_streamed_finish"], json!(["stop"]));
+    assert_eq!(seen["agent_responses"], answer);
+    assert_eq!(seen["agent_responses_streamed"], json!([answer, answer]));
+    for mode in ["gateway_whole", "gateway_streamed"] {
+        assert_eq!(
+            seen[mode]["rounds"].as_array().unwrap().len(),
+            2,
+            "{mode}: {seen}"
+        );
+        assert_eq!(
+            seen[mode]["answer"], "Done. I saw 4 tool results in 2 rounds.",
+            "{mode}"
+        );
+    }
+    assert_eq!(seen["wrong_token"], 401);
+    assert_eq!(mock.stats().rejected, 0);
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The runs of a store: (run id, status, stop reason).
+fn runs_in(
+    rt: &tokio::runtime::Runtime,
+    store: &Path,
+) -> Vec<(String, String, Option<toolloop::StopReason>)> {
+    rt.block_on(async {
+        let store = toolloop_store::Store::open(store.to_str().unwrap())
+            .await
+            .unwrap();
+        let runs = store.runs(None).await.unwrap();
+        store.close().await;
+        runs.into_iter()
+            .map(|r| (r.run_id, r.status.as_str().to_string(), r.stop_reason))
+            .collect()
+    })
+}
+
+#[test]
+fn a_client_that_disconnects_cancels_its_run_unless_the_server_keeps_it() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    for keep in [false, true] {
+        let dir = common::repo();
+        let store = dir.path().join("store.db");
+        let mut args = vec![
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1,latency=600ms",
+            "--base-url",
+            &url,
+            "--store",
+            store.to_str().unwrap(),
+        ];
+        if keep {
+            args.push("--keep-on-disconnect");
+        }
+        let served = Served::start(dir.path(), &args, &[]);
+        rt.block_on(async {
+            let ask = json!({"model": "agent:default", "stream": true,
+                "messages": [{"role": "user", "content": "Look around."}]});
+            let mut r = reqwest::Client::new()
+                .post(served.url("/v1/chat/completions"))
+                .json(&ask)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status().as_u16(), 200);
+            // The first chunk, then the client goes away in the middle of the run.
+            let first = r.chunk().await.unwrap().unwrap();
+            assert!(String::from_utf8_lossy(&first).contains("chat.completion.chunk"));
+            drop(r);
+        });
+        let start = Instant::now();
+        let want = if keep {
+            toolloop::StopReason::Answered
+        } else {
+            toolloop::StopReason::Cancelled
+        };
+        loop {
+            let runs = runs_in(&rt, &store);
+            if runs.len() == 1 && runs[0].2 == Some(want) {
+                break;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "keep {keep}: {runs:?}\n{}",
+                served.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn approvals_that_need_a_person_are_denied_or_deferred_and_listed() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    let dir = common::repo();
+    let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
+    let base = [
+        "--openai",
+        "127.0.0.1:0",
+        "--model",
+        "openai:mock:rounds=1",
+        "--base-url",
+        &url,
+        "--ask",
+        "*",
+    ];
+    // No one to ask: the call is denied, and the model reads why.
+    let served = Served::start(dir.path(), &base, &[]);
+    rt.block_on(async {
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["tool_calls"][0]["success"], false, "{v}");
+    });
+    drop(served);
+    // Deferred: the run stops and waits; the call is listed with the run.
+    let mut args = base.to_vec();
+    args.push("--defer-approvals");
+    let served = Served::start(dir.path(), &args, &[]);
+    rt.block_on(async {
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
+        assert_eq!(status, 202, "{v}");
+        assert_eq!(v["error"]["code"], "awaiting_approval");
+        let run_id = v["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let run: Value = reqwest::get(served.url(&format!("/v1/runs/{run_id}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(run["status"], "awaiting_approval", "{run}");
+        assert_eq!(
+            run["pending_approvals"].as_array().unwrap().len(),
+            1,
+            "{run}"
+        );
+        assert!(
+            run["pending_approvals"][0]["call"]["name"].is_string(),
+            "{run}"
+        );
+        let r = reqwest::get(served.url("/v1/runs/run_nothing"))
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 404);
+    });
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumable() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let url = format!("{}/v1", mock.base_url());
+    let dir = common::repo();
+    let store = dir.path().join("store.db");
+    let args = |grace: &'static str| {
+        vec![
+            "--openai".to_string(),
+            "127.0.0.1:0".into(),
+            "--model".into(),
+            "openai:mock:rounds=1,latency=1s".into(),
+            "--base-url".into(),
+            url.clone(),
+            "--store".into(),
+            store.to_str().unwrap().into(),
+            "--grace".into(),
+            grace.into(),
+        ]
+    };
+    let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
+    // A long grace: the run in progress finishes and is answered; then the server exits.
+    let a = args("30s");
+    let mut served = Served::start(
+        dir.path(),
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let keyed = |key: &'static str| {
+            let (chat, ask) = (chat.clone(), ask.clone());
+            async move {
+                let r = reqwest::Client::new()
+                    .post(&chat)
+                    .header("Idempotency-Key", key)
+                    .json(&ask)
+                    .send()
+                    .await
+                    .unwrap();
+                let status = r.status().as_u16();
+                (status, r.json::<Value>().await.unwrap())
+            }
+        };
+        let run = tokio::spawn(keyed("k-0"));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // The same key while its run goes on: 409, nothing started twice.
+        let (status, v) = keyed("k-0").await;
+        assert_eq!(status, 409, "{v}");
+        assert_eq!(v["error"]["code"], "run_in_progress");
+        served.terminate();
+        let (status, v) = run.await.unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["toolloop"]["stop_reason"], "answered");
+    });
+    assert_eq!(
+        served.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        served.stderr()
+    );
+    drop(served);
+    // A short grace: the server exits with the run unfinished, which a retry with its key
+    // finishes on the next server.
+    let b = args("200ms");
+    let mut served = Served::start(
+        dir.path(),
+        &b.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let run = tokio::spawn({
+            let ask = ask.clone();
+            async move {
+                reqwest::Client::new()
+                    .post(&chat)
+                    .header("Idempotency-Key", "k-1")
+                    .json(&ask)
+                    .send()
+                    .await
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        served.terminate();
+        assert!(run.await.unwrap().is_err(), "the client lost its answer");
+    });
+    assert_eq!(
+        served.wait_exit(Duration::from_secs(20)),
+        Some(0),
+        "{}",
+        served.stderr()
+    );
+    assert!(
+        served.stderr().contains("left in the store"),
+        "{}",
+        served.stderr()
+    );
+    let left: Vec<_> = runs_in(&rt, &store)
+        .into_iter()
+        .filter(|r| r.1 == "interrupted")
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+    drop(served);
+    let served = Served::start(
+        dir.path(),
+        &b.iter().map(String::as_str).collect::<Vec<_>>(),
+        &[],
+    );
+    rt.block_on(async {
+        let v: Value = reqwest::Client::new()
+            .post(served.url("/v1/chat/completions"))
+            .header("Idempotency-Key", "k-1")
+            .json(&ask)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(v["toolloop"]["stop_reason"], "answered", "{v}");
+        assert_eq!(v["toolloop"]["run_id"], json!(left[0].0));
+    });
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+/// The official `openai` Node SDK (another language's client, from the npm lock file) against
+/// both modes, whole and streamed.
+#[test]
+#[cfg_attr(
+    not(toolloop_npm),
+    ignore = "node and npm are not on PATH: the test runs the official openai Node SDK (tools/npm/package-lock.json)"
+)]
+fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
+    let modules = npm::installed();
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--dialect",
+            "llama3",
+        ],
+        &[("TOOLLOOP_AUTH_TOKEN", "node-token-123")],
+    );
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node/openai_client.mjs");
+    let out = std::process::Command::new("node")
+        .arg(&script)
+        .arg(&modules)
+        .arg(served.url("/v1"))
+        .arg("node-token-123")
+        .arg("agent:default")
+        .arg("gateway:openai:mock:text_calls=llama3,rounds=2,chunk=5")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        served.stderr()
+    );
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let answer = "Done. I saw 1 tool results in 1 rounds.";
+    assert_eq!(seen["agent_whole"], answer);
+    assert_eq!(seen["agent_streamed"], answer);
+    for mode in ["gateway_whole", "gateway_streamed"] {
+        assert_eq!(
+            seen[mode]["rounds"],
+            json!([["get_weather"], ["get_weather"]]),
+            "{mode}: {seen}"
+        );
+        assert_eq!(
+            seen[mode]["answer"], "Done. I saw 2 tool results in 2 rounds.",
+            "{mode}"
+        );
+    }
+    assert_eq!(mock.stats().rejected, 0);
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
