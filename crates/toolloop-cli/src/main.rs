@@ -23,6 +23,7 @@ mod durable;
 mod logging;
 mod mcp;
 mod progress;
+mod record;
 mod run;
 mod sandbox;
 mod secrets;
