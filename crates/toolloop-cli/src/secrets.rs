@@ -76,6 +76,10 @@ pub(crate) fn note_key(key: &str) {
     let mut keys = MODEL_KEYS.lock().unwrap_or_else(|p| p.into_inner());
     keys.get_or_insert_with(toolloop::redact::Redactor::new)
         .add_secret(key);
+    // Nor is it recorded in a cassette.
+    if let Some(cassette) = crate::record::cassette() {
+        cassette.add_secret(key);
+    }
 }
 
 /// A redactor of the keys of every model built so far ([`note_key`]).

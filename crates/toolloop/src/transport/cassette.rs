@@ -186,7 +186,7 @@ pub struct Cassette {
     path: Option<PathBuf>,
     replay: bool,
     fallback: bool,
-    redactor: Redactor,
+    redactor: Mutex<Redactor>,
     inner: Mutex<Inner>,
 }
 
@@ -208,7 +208,7 @@ impl Cassette {
             path: Some(path.into()),
             replay: false,
             fallback: false,
-            redactor: Redactor::new(),
+            redactor: Mutex::new(Redactor::new()),
             inner: Mutex::new(Inner {
                 settings,
                 ..Inner::default()
@@ -227,7 +227,7 @@ impl Cassette {
             path: None,
             replay: false,
             fallback: false,
-            redactor: Redactor::new(),
+            redactor: Mutex::new(Redactor::new()),
             inner: Mutex::new(Inner {
                 settings,
                 ..Inner::default()
@@ -316,7 +316,7 @@ impl Cassette {
             path: None,
             replay: true,
             fallback: false,
-            redactor: Redactor::new(),
+            redactor: Mutex::new(Redactor::new()),
             inner: Mutex::new(inner),
         })
     }
@@ -329,9 +329,25 @@ impl Cassette {
     }
 
     /// Secrets to redact from what is recorded, besides each request's own credentials.
-    pub fn with_redactor(mut self, redactor: Redactor) -> Self {
-        self.redactor = redactor;
+    pub fn with_redactor(self, redactor: Redactor) -> Self {
+        *self.redactor.lock().unwrap_or_else(|e| e.into_inner()) = redactor;
         self
+    }
+
+    /// Adds a secret to redact from what is recorded from now on (a key known only once the
+    /// model is built).
+    pub fn add_secret(&self, secret: &str) {
+        self.redactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .add_secret(secret);
+    }
+
+    fn own_redactor(&self) -> Redactor {
+        self.redactor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Whether the cassette plays back (else it records).
@@ -433,7 +449,7 @@ impl Cassette {
                 )
             }
         };
-        Replayed::Miss(self.redactor.redact(&message))
+        Replayed::Miss(self.own_redactor().redact(&message))
     }
 
     /// Records a whole response to a request (status 2xx), keys redacted with `redactor` and
@@ -447,7 +463,7 @@ impl Cassette {
         redactor: &Redactor,
     ) {
         let body = body_value(body, redactor);
-        let body = redact_json(&self.redactor, body);
+        let body = redact_json(&self.own_redactor(), body);
         self.push(url, request, status, Some(body), None, redactor);
     }
 
@@ -461,7 +477,7 @@ impl Cassette {
         redactor: &Redactor,
     ) {
         let text = redact_text(&String::from_utf8_lossy(stream), redactor);
-        let text = self.redactor.redact(&text);
+        let text = self.own_redactor().redact(&text);
         self.push(
             url,
             request,
@@ -482,12 +498,13 @@ impl Cassette {
         redactor: &Redactor,
     ) {
         let endpoint = endpoint_of(url);
-        let request = redact_json(&self.redactor, body_value(request, redactor));
+        let own = self.own_redactor();
+        let request = redact_json(&own, body_value(request, redactor));
         let key = normalise(&endpoint, &request);
         let exchange = Exchange {
             hash: hash_hex(&key),
             endpoint,
-            url: self.redactor.redact(&redactor.redact(url)),
+            url: own.redact(&redactor.redact(url)),
             request,
             status,
             body,
@@ -523,7 +540,8 @@ impl Cassette {
 
     /// Records a tool's result, secrets redacted.
     pub fn record_tool(&self, name: &str, args: &Value, result: &Result<ToolOutput, ToolError>) {
-        let redact = |v: Value| redact_json(&self.redactor, v);
+        let own = self.own_redactor();
+        let redact = |v: Value| redact_json(&own, v);
         let (output, error) = match result {
             Ok(o) => (
                 serde_json::to_value(o)
