@@ -280,3 +280,50 @@ fn the_flags_are_checked() {
         assert!(stderr(&out).contains(want), "{all:?}: {}", stderr(&out));
     }
 }
+
+#[test]
+fn a_recorded_workflow_replays_offline() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = server(&rt, Vec::new());
+    let dir = common::repo();
+    let file = dir.path().join("w.toml");
+    std::fs::write(
+        &file,
+        "name = \"w\"\n[[steps]]\nid = \"one\"\nprompt = \"first\"\n[[steps]]\nid = \"two\"\n\
+         prompt = \"second, after: {{ steps.one.output }}\"\n",
+    )
+    .unwrap();
+    let cassette = dir.path().join("w.jsonl").to_string_lossy().into_owned();
+    let file = file.to_string_lossy().into_owned();
+    let base = format!("{}/v1", server.base_url());
+    let steps = |out: &Output| -> Value {
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(out));
+        let v = json_of(out);
+        v["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| json!([s["step_id"], s["text"], s["metadata"]["rounds"]]))
+            .collect()
+    };
+    let workflow = |args: &[&str]| {
+        let mut all = vec!["workflow", "run", &file, "--json"];
+        all.extend(args);
+        command(&all, dir.path()).output().unwrap()
+    };
+    let recorded = steps(&workflow(&[
+        "--model",
+        "openai:mock",
+        "--base-url",
+        &base,
+        "--record",
+        &cassette,
+    ]));
+    assert_eq!(recorded.as_array().map(Vec::len), Some(2), "{recorded}");
+    let before = server.stats().requests;
+    let replay = format!("replay:{cassette}");
+    let replayed = steps(&workflow(&["--model", &replay]));
+    assert_eq!(replayed, recorded);
+    assert_eq!(server.stats().requests, before, "a request was sent");
+    rt.block_on(server.shutdown());
+}
