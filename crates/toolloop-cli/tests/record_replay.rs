@@ -242,8 +242,14 @@ fn replayed_tools_write_no_file_and_run_no_command() {
         serde_json::from_str(&essence(&recorded).to_string().replace(KEY, "[redacted]")).unwrap();
     assert_eq!(essence(&replayed), without_key);
     assert_eq!(
-        replayed["tool_calls"][1]["output"], recorded["tool_calls"][1]["output"],
+        replayed["tool_calls"][1]["result"], recorded["tool_calls"][1]["result"],
         "the command's recorded output"
+    );
+    assert!(
+        replayed["tool_calls"][1]["result"]
+            .to_string()
+            .contains("done"),
+        "{replayed}"
     );
     assert!(!root.join("written.txt").exists(), "a file was written");
     assert!(!root.join("ran.txt").exists(), "a command ran");
