@@ -26,7 +26,8 @@ pub(crate) struct RecordArgs {
     #[arg(long, value_name = "SPEC")]
     pub replay_fallback: Option<String>,
     /// With `--model replay:FILE`: the tools answer with their recorded results and run
-    /// nothing (no file is written, no command run); a call the cassette does not hold fails.
+    /// nothing (no file is written, no command run, no MCP server started); a call the
+    /// cassette does not hold fails.
     #[arg(long)]
     pub replay_tools: bool,
 }

@@ -250,6 +250,16 @@ impl AgentArgs {
             );
         }
         crate::record::setup(&self.record, &self.provider.model, settings)?;
+        if self.record.replay_tools {
+            // Nothing is run: not even the MCP servers (their tools are not in the cassette).
+            if !self.mcp.mcp_config.is_empty() {
+                eprintln!(
+                    "toolloop: --replay-tools: the MCP servers of --mcp-config are not started"
+                );
+            }
+            self.mcp.mcp_config.clear();
+            self.mcp.no_mcp_json = true;
+        }
         Ok(())
     }
 

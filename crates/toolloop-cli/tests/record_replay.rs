@@ -227,10 +227,21 @@ fn replayed_tools_write_no_file_and_run_no_command() {
     std::fs::remove_file(root.join("written.txt")).unwrap();
     std::fs::remove_file(root.join("ran.txt")).unwrap();
 
+    // An MCP server that would leave a mark if it were started.
+    let mcp = root.join("mcp.json");
+    let mark = root.join("server-started");
+    std::fs::write(
+        &mcp,
+        json!({"mcpServers": {"marker": {"command": "sh", "args": ["-c", format!("touch '{}'", mark.display())]}}})
+            .to_string(),
+    )
+    .unwrap();
     let mut replay = vec![
         "--model".to_string(),
         format!("replay:{cassette_s}"),
         "--replay-tools".into(),
+        "--mcp-config".into(),
+        mcp.to_string_lossy().into_owned(),
     ];
     replay.extend(tool_flags);
     let before = server.stats().requests;
@@ -253,6 +264,7 @@ fn replayed_tools_write_no_file_and_run_no_command() {
     );
     assert!(!root.join("written.txt").exists(), "a file was written");
     assert!(!root.join("ran.txt").exists(), "a command ran");
+    assert!(!mark.exists(), "an MCP server was started");
     assert_eq!(server.stats().requests, before);
     rt.block_on(server.shutdown());
 }
