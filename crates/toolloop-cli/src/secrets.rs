@@ -51,6 +51,14 @@ fn is_proxy_var(name: &OsStr) -> bool {
         .any(|p| name.to_string_lossy().eq_ignore_ascii_case(p))
 }
 
+/// The variables kept out of the environment at start, for a child that is this same program
+/// (`toolloop eval`'s runs), which keeps them out of its own environment in turn.
+pub(crate) fn kept() -> Vec<(OsString, OsString)> {
+    KEPT.get()
+        .map(|k| k.iter().map(|(n, v)| (n.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
 /// A variable's value: as kept at start when it was secret, else from the environment.
 pub(crate) fn var(name: &str) -> Option<String> {
     if let Some(v) = KEPT.get().and_then(|k| k.get(OsStr::new(name))) {
@@ -76,6 +84,10 @@ pub(crate) fn note_key(key: &str) {
     let mut keys = MODEL_KEYS.lock().unwrap_or_else(|p| p.into_inner());
     keys.get_or_insert_with(toolloop::redact::Redactor::new)
         .add_secret(key);
+    // Nor is it recorded in a cassette.
+    if let Some(cassette) = crate::record::cassette() {
+        cassette.add_secret(key);
+    }
 }
 
 /// A redactor of the keys of every model built so far ([`note_key`]).

@@ -7,6 +7,8 @@
 //! stays in its adapter ([`crate::providers`]).
 
 #[cfg(feature = "http")]
+pub mod cassette;
+#[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "http")]
 pub mod request_log;
