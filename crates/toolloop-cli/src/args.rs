@@ -19,7 +19,8 @@ use toolloop_tools::sandbox::SandboxMode;
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ProviderArgs {
     /// The model, as provider:model: test, scripted:<file>, openai:<model> (Chat Completions),
-    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>.
+    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>, or
+    /// replay:<cassette> (a run recorded with --record, played back offline).
     #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
     pub model: String,
     /// Read the API key from this environment variable instead of the provider's usual one.
@@ -105,6 +106,10 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub provider: ProviderArgs,
+    /// Record and replay (this invocation's, not saved with the run).
+    #[command(flatten)]
+    #[serde(skip)]
+    pub record: crate::record::RecordArgs,
     /// A system prompt.
     #[arg(short = 's', long, conflicts_with = "system_file")]
     pub system: Option<String>,

@@ -73,6 +73,8 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::ModelError
         | StopReason::StoreFailed
         | StopReason::EmptyAnswer => ExitCode::FAILURE,
+        // A reason added to the engine after this was written: not an answer.
+        _ => ExitCode::FAILURE,
     }
 }
 

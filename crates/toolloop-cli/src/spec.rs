@@ -22,7 +22,7 @@ fn connect_retry(args: &ProviderArgs, transport: &mut toolloop::transport::http:
 
 /// The providers `--model` accepts, for error messages.
 pub(crate) const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
-                         anthropic:<model>, gemini:<model>";
+                         anthropic:<model>, gemini:<model>, replay:<cassette>";
 
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
 fn lookup<'a>(
@@ -107,6 +107,9 @@ pub(crate) fn debug_log(
 
 /// Builds the model a spec names, with the tool protocol asked for.
 pub(crate) fn model_from_args(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    // `replay:FILE`: the recorded provider, answered from the cassette.
+    let args = crate::record::resolve(cx, args)?;
+    let args = args.as_ref();
     let model = provider_model(args, cx.debug_log.as_ref())?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
@@ -180,6 +183,7 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -211,6 +215,7 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -234,6 +239,7 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -257,6 +263,7 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);

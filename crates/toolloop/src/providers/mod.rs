@@ -6,6 +6,8 @@
 use crate::model::{ApiError, ModelResponse};
 
 #[cfg(feature = "http")]
+pub(crate) mod adapter;
+#[cfg(feature = "http")]
 pub mod anthropic;
 #[cfg(feature = "http")]
 pub mod gemini;

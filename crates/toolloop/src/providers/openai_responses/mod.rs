@@ -58,13 +58,15 @@
 //! [`ModelError::Api`] with the error's code and message, retryable when the code or type says
 //! the server failed or was rate-limited.
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::transport::wire;
-use async_trait::async_trait;
+#[cfg(any(test, feature = "testing"))]
+use crate::providers::adapter;
+use crate::providers::adapter::HttpAdapter;
+use crate::transport::http::ErrorParser;
 use error::classify;
-use futures::StreamExt;
+use reqwest::header::HeaderMap;
 use response::decode_response_body;
 use stream::StreamDecoder;
 
@@ -76,7 +78,12 @@ mod stream;
 
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, PROVIDER, ResponsesConfig};
 pub use error::parse_error;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 pub use response::decode_response;
 
 /// A model behind the OpenAI Responses API.
@@ -113,40 +120,40 @@ impl ResponsesModel {
     }
 }
 
-#[async_trait]
-impl Model for ResponsesModel {
-    fn name(&self) -> &str {
+impl HttpAdapter for ResponsesModel {
+    type StreamDecoder = StreamDecoder;
+    const PARSE_ERROR: ErrorParser = parse_error;
+
+    fn model(&self) -> &str {
         &self.config.model
     }
 
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.request_body(request, false)?;
-        self.config
-            .transport
-            .post_json(
-                &self.config.endpoint().into(),
-                &self.config.headers()?,
-                body,
-                parse_error,
-                decode_response_body,
-            )
-            .await
-            .map_err(classify)
+    fn transport(&self) -> &crate::transport::http::HttpTransport {
+        &self.config.transport
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.request_body(request, true)?;
-        let stream = wire::open_sse_stream(
-            &self.config.transport,
-            self.config.endpoint().into(),
-            self.config.headers()?,
-            body,
-            parse_error,
-            || StreamDecoder::new(200),
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.config.endpoint()
+    }
+
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.config.headers()
+    }
+
+    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<bytes::Bytes, ModelError> {
+        self.request_body(request, stream)
+    }
+
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_response_body(body)
+    }
+
+    fn stream_decoder(status: u16) -> StreamDecoder {
+        StreamDecoder::new(status)
+    }
+
+    fn classify(error: ModelError) -> ModelError {
+        classify(error)
     }
 
     /// The Responses API compacts the conversation itself (`context_management`).
@@ -162,12 +169,5 @@ impl Model for ResponsesModel {
 /// `status`, the raw body, and whether it is an SSE stream.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    wire::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        StreamDecoder::new(status),
-        |body| wire::whole(decode_response_body(body)),
-    )
+    adapter::decode_recorded_by::<ResponsesModel>(status, body, stream)
 }
