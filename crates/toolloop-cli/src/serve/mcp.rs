@@ -116,20 +116,11 @@ impl AgentServer {
             .map_err(|_| {
                 ErrorData::internal_error("the workflow's tools or models did not start", None)
             })?;
-        if let Some(token) = context.meta.get_progress_token() {
-            let peer = context.peer.clone();
-            let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-            tokio::spawn(async move {
-                let mut n = 0.0;
-                while let Some(message) = rx.recv().await {
-                    n += 1.0;
-                    let mut p = ProgressNotificationParam::new(token.clone(), n);
-                    p.message = Some(message);
-                    if peer.notify_progress(p).await.is_err() {
-                        break;
-                    }
-                }
-            });
+        let progress = context
+            .meta
+            .get_progress_token()
+            .map(|token| Progress::start(context.peer.clone(), token));
+        if let Some(progress) = progress.clone() {
             runner = runner.on_event(move |e| {
                 let message = match e {
                     toolloop_workflow::WorkflowEvent::StepStarted { step, .. } => {
@@ -141,7 +132,7 @@ impl AgentServer {
                     } => format!("step {step}: calling {}", call.name),
                     _ => return,
                 };
-                let _ = tx.send(message);
+                progress.note(message);
             });
         }
         if let Some(store) = self.agents.store() {
@@ -153,6 +144,9 @@ impl AgentServer {
         let outcome = runner
             .run_tagged(&spec.workflow, &inputs, meta, context.ct.child_token())
             .await;
+        if let Some(progress) = &progress {
+            progress.flush().await;
+        }
         let outcome = match outcome {
             Ok(o) => o,
             Err(e) => {
@@ -191,37 +185,74 @@ impl AgentServer {
     }
 }
 
-/// Sends `notifications/progress` for a run's rounds and tool calls, in order, from the
-/// engine's (synchronous) event handler.
-fn progress_handler(
-    peer: Peer<RoleServer>,
-    token: rmcp::model::ProgressToken,
-) -> toolloop::agent::EventHandler {
-    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<String>();
-    tokio::spawn(async move {
-        let mut n = 0.0;
-        while let Some(message) = rx.recv().await {
-            n += 1.0;
-            let mut p = ProgressNotificationParam::new(token.clone(), n);
-            p.message = Some(message);
-            if peer.notify_progress(p).await.is_err() {
-                break;
+/// `notifications/progress` for one call, sent in order by a task of their own, so that the
+/// engine's (synchronous) event handler never waits on the client.
+#[derive(Clone)]
+struct Progress(tokio::sync::mpsc::UnboundedSender<ProgressMessage>);
+
+/// What the progress task is given: a message to send, or a request to say when every message
+/// before it has been handed to the transport.
+enum ProgressMessage {
+    Note(String),
+    Flush(oneshot::Sender<()>),
+}
+
+impl Progress {
+    /// Starts the task that sends the notifications for `token` to `peer`.
+    fn start(peer: Peer<RoleServer>, token: rmcp::model::ProgressToken) -> Self {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<ProgressMessage>();
+        tokio::spawn(async move {
+            let mut n = 0.0;
+            let mut gone = false;
+            while let Some(message) = rx.recv().await {
+                match message {
+                    ProgressMessage::Note(message) if !gone => {
+                        n += 1.0;
+                        let mut p = ProgressNotificationParam::new(token.clone(), n);
+                        p.message = Some(message);
+                        gone = peer.notify_progress(p).await.is_err();
+                    }
+                    ProgressMessage::Note(_) => {}
+                    ProgressMessage::Flush(done) => {
+                        let _ = done.send(());
+                    }
+                }
             }
+        });
+        Progress(tx)
+    }
+
+    /// Queues one notification.
+    fn note(&self, message: String) {
+        let _ = self.0.send(ProgressMessage::Note(message));
+    }
+
+    /// Waits (a few seconds at most) until every notification queued so far has been sent, so
+    /// that none arrives after the call's result, when the client no longer listens for it.
+    async fn flush(&self) {
+        let (done, sent) = oneshot::channel();
+        if self.0.send(ProgressMessage::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(5), sent).await;
         }
-    });
-    Arc::new(move |e: &Event| {
-        let message = match e {
-            Event::RoundStarted { round, .. } => format!("round {round}"),
-            Event::ToolCallRequested { round, call } => {
-                format!("round {round}: calling {}", call.name)
-            }
-            Event::ToolFinished { name, success, .. } => {
-                format!("{name} {}", if *success { "succeeded" } else { "failed" })
-            }
-            _ => return,
-        };
-        let _ = tx.send(message);
-    })
+    }
+
+    /// The engine's event handler for an agent's run: one note per round and per tool call.
+    fn handler(&self) -> toolloop::agent::EventHandler {
+        let progress = self.clone();
+        Arc::new(move |e: &Event| {
+            let message = match e {
+                Event::RoundStarted { round, .. } => format!("round {round}"),
+                Event::ToolCallRequested { round, call } => {
+                    format!("round {round}: calling {}", call.name)
+                }
+                Event::ToolFinished { name, success, .. } => {
+                    format!("{name} {}", if *success { "succeeded" } else { "failed" })
+                }
+                _ => return,
+            };
+            progress.note(message);
+        })
+    }
 }
 
 /// Asks the client about a call with an elicitation request (sessions before protocol
@@ -309,10 +340,11 @@ impl ServerHandler for AgentServer {
             }
         };
         let peer = context.peer.clone();
-        let on_event = context
+        let progress = context
             .meta
             .get_progress_token()
-            .map(|token| progress_handler(peer.clone(), token));
+            .map(|token| Progress::start(peer.clone(), token));
+        let on_event = progress.as_ref().map(Progress::handler);
         // Protocol 2026-07-28 on, the server asks nothing of the client itself: a question is
         // the call's result (`input_required`), and the client calls again with the answer.
         let modern = context
@@ -380,6 +412,7 @@ impl ServerHandler for AgentServer {
             asks,
             answer: None,
             cancel,
+            progress,
         };
         self.drive(waiting, &context).await
     }
@@ -398,6 +431,8 @@ type Ask = (PendingApproval, oneshot::Sender<Answer>);
 struct WaitingRun {
     run: tokio::task::JoinHandle<Result<toolloop::Outcome, super::RunError>>,
     asks: mpsc::UnboundedReceiver<Ask>,
+    /// The call's progress notifications, sent before its result.
+    progress: Option<Progress>,
     answer: Option<oneshot::Sender<Answer>>,
     cancel: CancellationToken,
 }
@@ -503,6 +538,9 @@ impl AgentServer {
                     let outcome = outcome
                         .map_err(|e| ErrorData::internal_error(format!("the run failed: {e}"), None))?
                         .map_err(|e| ErrorData::internal_error(e.to_string(), None))?;
+                    if let Some(progress) = &waiting.progress {
+                        progress.flush().await;
+                    }
                     return Ok(CallToolResponse::Complete(call_result(&outcome)));
                 }
                 Some((p, answer)) = waiting.asks.recv() => {
