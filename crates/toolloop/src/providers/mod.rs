@@ -10,6 +10,8 @@ pub mod anthropic;
 #[cfg(feature = "http")]
 pub mod gemini;
 #[cfg(feature = "http")]
+mod native_refusal;
+#[cfg(feature = "http")]
 pub mod openai;
 #[cfg(feature = "http")]
 pub mod openai_responses;

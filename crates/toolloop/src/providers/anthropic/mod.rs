@@ -35,6 +35,7 @@
 use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
+use crate::providers::native_refusal::{self, ContextRefusal};
 use crate::transport::wire;
 use async_trait::async_trait;
 use futures::StreamExt;
@@ -60,12 +61,17 @@ pub use response::decode_message;
 #[derive(Debug, Clone)]
 pub struct AnthropicModel {
     config: AnthropicConfig,
+    /// Whether the server refused `context_management` (shared by clones).
+    refusal: ContextRefusal,
 }
 
 impl AnthropicModel {
     /// A model with this configuration.
     pub fn new(config: AnthropicConfig) -> Self {
-        AnthropicModel { config }
+        AnthropicModel {
+            config,
+            refusal: ContextRefusal::default(),
+        }
     }
 
     /// The configuration.
@@ -74,13 +80,8 @@ impl AnthropicModel {
     }
 }
 
-#[async_trait]
-impl Model for AnthropicModel {
-    fn name(&self) -> &str {
-        &self.config.model
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+impl AnthropicModel {
+    async fn complete_once(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         wire::check_extras(
             "Anthropic",
             self.config.extra.as_ref(),
@@ -101,7 +102,7 @@ impl Model for AnthropicModel {
             .map_err(classify)
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+    async fn stream_once(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         wire::check_extras(
             "Anthropic",
             self.config.extra.as_ref(),
@@ -121,11 +122,78 @@ impl Model for AnthropicModel {
         .map_err(classify)?;
         Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
+}
 
-    /// The Messages API clears old tool results itself (`context_management`).
+#[async_trait]
+impl Model for AnthropicModel {
+    fn name(&self) -> &str {
+        &self.config.model
+    }
+
+    /// A request asking for `context_management` that the server refuses is sent again
+    /// without it (see [`crate::context::native`]).
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if let Some(settings) = self.refusal.settings_without(request) {
+            let request = ModelRequest {
+                settings: &settings,
+                ..*request
+            };
+            return self
+                .complete_once(&request)
+                .await
+                .map(native_refusal::mark_refused);
+        }
+        match self.complete_once(request).await {
+            Err(e) => {
+                let Some(settings) =
+                    self.refusal
+                        .learn(request, &e, &self.config.base_url, &self.config.model)
+                else {
+                    return Err(e);
+                };
+                let request = ModelRequest {
+                    settings: &settings,
+                    ..*request
+                };
+                self.complete_once(&request)
+                    .await
+                    .map(native_refusal::mark_refused)
+            }
+            done => done,
+        }
+    }
+
+    /// As [`Self::complete`], the refusal coming as the stream's opening error.
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let settings = match self.refusal.settings_without(request) {
+            Some(settings) => settings,
+            None => match self.stream_once(request).await {
+                Err(e) => {
+                    match self
+                        .refusal
+                        .learn(request, &e, &self.config.base_url, &self.config.model)
+                    {
+                        Some(settings) => settings,
+                        None => return Err(e),
+                    }
+                }
+                open => return open,
+            },
+        };
+        let request = ModelRequest {
+            settings: &settings,
+            ..*request
+        };
+        let stream = self.stream_once(&request).await?;
+        let head = futures::stream::once(async { Ok(native_refusal::refused_event()) });
+        Ok(Box::pin(head.chain(stream)))
+    }
+
+    /// The Messages API clears old tool results itself (`context_management`), unless this
+    /// model's server refused it.
     fn native_context(&self) -> crate::context::NativeSupport {
         crate::context::NativeSupport {
-            clear_tool_results: true,
+            clear_tool_results: !self.refusal.refused(),
             compaction: false,
         }
     }

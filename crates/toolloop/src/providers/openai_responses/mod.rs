@@ -61,6 +61,7 @@
 use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
+use crate::providers::native_refusal::{self, ContextRefusal};
 use crate::transport::wire;
 use async_trait::async_trait;
 use error::classify;
@@ -83,13 +84,18 @@ pub use response::decode_response;
 #[derive(Debug, Clone)]
 pub struct ResponsesModel {
     config: ResponsesConfig,
+    /// Whether the server refused `context_management` (shared by clones).
+    refusal: ContextRefusal,
 }
 
 impl ResponsesModel {
     /// A model with this configuration. A key that cannot be sent in a header is reported by the
     /// first call, as [`ModelError::Config`].
     pub fn new(config: ResponsesConfig) -> Self {
-        ResponsesModel { config }
+        ResponsesModel {
+            config,
+            refusal: ContextRefusal::default(),
+        }
     }
 
     /// The configuration.
@@ -113,13 +119,8 @@ impl ResponsesModel {
     }
 }
 
-#[async_trait]
-impl Model for ResponsesModel {
-    fn name(&self) -> &str {
-        &self.config.model
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+impl ResponsesModel {
+    async fn complete_once(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let body = self.request_body(request, false)?;
         self.config
             .transport
@@ -134,7 +135,7 @@ impl Model for ResponsesModel {
             .map_err(classify)
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+    async fn stream_once(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let body = self.request_body(request, true)?;
         let stream = wire::open_sse_stream(
             &self.config.transport,
@@ -148,12 +149,79 @@ impl Model for ResponsesModel {
         .map_err(classify)?;
         Ok(Box::pin(stream.map(|item| item.map_err(classify))))
     }
+}
 
-    /// The Responses API compacts the conversation itself (`context_management`).
+#[async_trait]
+impl Model for ResponsesModel {
+    fn name(&self) -> &str {
+        &self.config.model
+    }
+
+    /// A request asking for `context_management` that the server refuses is sent again
+    /// without it (see [`crate::context::native`]).
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if let Some(settings) = self.refusal.settings_without(request) {
+            let request = ModelRequest {
+                settings: &settings,
+                ..*request
+            };
+            return self
+                .complete_once(&request)
+                .await
+                .map(native_refusal::mark_refused);
+        }
+        match self.complete_once(request).await {
+            Err(e) => {
+                let Some(settings) =
+                    self.refusal
+                        .learn(request, &e, &self.config.base_url, &self.config.model)
+                else {
+                    return Err(e);
+                };
+                let request = ModelRequest {
+                    settings: &settings,
+                    ..*request
+                };
+                self.complete_once(&request)
+                    .await
+                    .map(native_refusal::mark_refused)
+            }
+            done => done,
+        }
+    }
+
+    /// As [`Self::complete`], the refusal coming as the stream's opening error.
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let settings = match self.refusal.settings_without(request) {
+            Some(settings) => settings,
+            None => match self.stream_once(request).await {
+                Err(e) => {
+                    match self
+                        .refusal
+                        .learn(request, &e, &self.config.base_url, &self.config.model)
+                    {
+                        Some(settings) => settings,
+                        None => return Err(e),
+                    }
+                }
+                open => return open,
+            },
+        };
+        let request = ModelRequest {
+            settings: &settings,
+            ..*request
+        };
+        let stream = self.stream_once(&request).await?;
+        let head = futures::stream::once(async { Ok(native_refusal::refused_event()) });
+        Ok(Box::pin(head.chain(stream)))
+    }
+
+    /// The Responses API compacts the conversation itself (`context_management`), unless
+    /// this model's server refused it.
     fn native_context(&self) -> crate::context::NativeSupport {
         crate::context::NativeSupport {
             clear_tool_results: false,
-            compaction: true,
+            compaction: !self.refusal.refused(),
         }
     }
 }
