@@ -1,5 +1,9 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
+// `unsafe` here is limited to `secrets` (the environment changed while the process has one
+// thread, a descriptor taken over); each block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 /// `println!` for stdout that never panics: a reader that went away (`toolloop … | head`) is
 /// not an error of ours, so a broken pipe is ignored; any other failure is said on stderr.
 #[macro_export]
@@ -21,9 +25,11 @@ mod chat;
 mod config;
 mod context;
 mod durable;
+mod eval;
 mod logging;
 mod mcp;
 mod progress;
+mod record;
 mod run;
 mod sandbox;
 mod secrets;
@@ -116,6 +122,9 @@ enum Command {
     /// Step workflows: `run` a workflow file, `check` it, `resume` a stopped run, `list` runs.
     #[command(subcommand)]
     Workflow(workflow::WorkflowCommand),
+    /// Run a suite of cases (TOML) against models and system prompts, check each run's
+    /// trajectory, answer, files and budget, and print the pass rates; exit 1 if a case failed.
+    Eval(eval::EvalArgs),
 }
 
 #[derive(clap::Args)]
@@ -238,6 +247,7 @@ fn main() -> ExitCode {
             Command::Man { out_dir } => man(out_dir.as_deref()),
             Command::Mcp(command) => mcp::mcp(command).await,
             Command::Workflow(command) => workflow::workflow(command).await,
+            Command::Eval(args) => eval::eval(args).await,
             Command::Mock(args) => {
                 let script = match &args.script {
                     None => Vec::new(),

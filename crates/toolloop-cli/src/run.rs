@@ -23,6 +23,10 @@ pub(crate) struct AgentArgs {
     #[command(flatten)]
     #[serde(flatten)]
     pub provider: ProviderArgs,
+    /// Record and replay (this invocation's, not saved with the run).
+    #[command(flatten)]
+    #[serde(skip)]
+    pub record: crate::record::RecordArgs,
     /// A system prompt.
     #[arg(short = 's', long, conflicts_with = "system_file")]
     pub system: Option<String>,
@@ -247,6 +251,26 @@ impl AgentArgs {
             price_table(Some(&text)).map_err(|e| format!("--prices {}: {e}", path.display()))?;
             self.price_entries = Some(text);
         }
+        // The cassette, once the settings are whole (they are recorded with it).
+        crate::record::note_fallback(&self.record);
+        let mut settings = serde_json::to_value(&*self).map_err(|e| e.to_string())?;
+        if let Some(o) = settings.as_object_mut() {
+            o.insert(
+                "toolloop_version".into(),
+                Value::from(env!("CARGO_PKG_VERSION")),
+            );
+        }
+        crate::record::setup(&self.record, &self.provider.model, settings)?;
+        if self.record.replay_tools {
+            // Nothing is run: not even the MCP servers (their tools are not in the cassette).
+            if !self.mcp.mcp_config.is_empty() {
+                eprintln!(
+                    "toolloop: --replay-tools: the MCP servers of --mcp-config are not started"
+                );
+            }
+            self.mcp.mcp_config.clear();
+            self.mcp.no_mcp_json = true;
+        }
         Ok(())
     }
 
@@ -401,6 +425,8 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
         | StopReason::ModelError
         | StopReason::StoreFailed
         | StopReason::EmptyAnswer => ExitCode::FAILURE,
+        // A reason added to the engine after this was written: not an answer.
+        _ => ExitCode::FAILURE,
     }
 }
 
@@ -600,6 +626,8 @@ pub(crate) async fn tools(
     );
     #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
+    // Recorded in the cassette, or answered from it (`--replay-tools`).
+    let tools = crate::record::wrap_tools(tools);
     // The servers list their tools before the run: within its timeout too.
     let deadline = agent.timeout.map(|t| tokio::time::Instant::now() + t);
     // Chat's prompt reads the terminal: it asks about a project's servers before it starts.

@@ -51,6 +51,14 @@ fn is_proxy_var(name: &OsStr) -> bool {
         .any(|p| name.to_string_lossy().eq_ignore_ascii_case(p))
 }
 
+/// The variables kept out of the environment at start, for a child that is this same program
+/// (`toolloop eval`'s runs), which keeps them out of its own environment in turn.
+pub(crate) fn kept() -> Vec<(OsString, OsString)> {
+    KEPT.get()
+        .map(|k| k.iter().map(|(n, v)| (n.clone(), v.clone())).collect())
+        .unwrap_or_default()
+}
+
 /// A variable's value: as kept at start when it was secret, else from the environment.
 pub(crate) fn var(name: &str) -> Option<String> {
     if let Some(v) = KEPT.get().and_then(|k| k.get(OsStr::new(name))) {
@@ -76,6 +84,10 @@ pub(crate) fn note_key(key: &str) {
     let mut keys = MODEL_KEYS.lock().unwrap_or_else(|p| p.into_inner());
     keys.get_or_insert_with(toolloop::redact::Redactor::new)
         .add_secret(key);
+    // Nor is it recorded in a cassette.
+    if let Some(cassette) = crate::record::cassette() {
+        cassette.add_secret(key);
+    }
 }
 
 /// A redactor of the keys of every model built so far ([`note_key`]).
@@ -98,7 +110,7 @@ pub(crate) fn inherit() -> Inherited {
         let Some(fd) = std::env::var_os(FD_VAR) else {
             return Inherited::default();
         };
-        // SAFETY (here and below): `main` calls this before anything else, while the process
+        // SAFETY: `main` calls this before anything else, while the process
         // has a single thread, so nothing reads the environment concurrently.
         unsafe { std::env::remove_var(FD_VAR) };
         let Some(fd) = fd.to_str().and_then(|f| f.parse::<i32>().ok()) else {
@@ -121,6 +133,7 @@ pub(crate) fn inherit() -> Inherited {
         drop(unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) });
         let vars = decode(&bytes);
         for (k, v) in &vars {
+            // SAFETY: as above, the process still has a single thread.
             unsafe { std::env::set_var(k, v) };
         }
         // Started through /proc/self/exe, the process is named `exe` (in ps, top, /proc's

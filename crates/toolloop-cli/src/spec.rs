@@ -16,7 +16,8 @@ use toolloop::ptk::{Auto, Dialect, Prompted};
 #[derive(Args, Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct ProviderArgs {
     /// The model, as provider:model: test, scripted:<file>, openai:<model> (Chat Completions),
-    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>.
+    /// openai-responses:<model> (the Responses API), anthropic:<model>, gemini:<model>, or
+    /// replay:<cassette> (a run recorded with --record, played back offline).
     #[arg(short = 'm', long, env = "TOOLLOOP_MODEL", default_value = "test")]
     pub model: String,
     /// Read the API key from this environment variable instead of the provider's usual one.
@@ -104,7 +105,7 @@ fn parse_extra(s: &str) -> Result<Box<Value>, String> {
 
 /// The providers `--model` accepts, for error messages.
 pub(crate) const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
-                         anthropic:<model>, gemini:<model>";
+                         anthropic:<model>, gemini:<model>, replay:<cassette>";
 
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
 fn lookup<'a>(
@@ -195,6 +196,9 @@ fn debug_log() -> Option<Arc<toolloop::transport::request_log::RequestLog>> {
 
 /// Builds the model a spec names, with the tool protocol asked for.
 pub(crate) fn model_from_args(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+    // `replay:FILE`: the recorded provider, answered from the cassette.
+    let args = crate::record::resolve(args)?;
+    let args = args.as_ref();
     let model = provider_model(args)?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
@@ -264,6 +268,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -295,6 +300,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -318,6 +324,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);
@@ -341,6 +348,7 @@ fn provider_model(args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log();
+            config.transport.cassette = crate::record::cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
                 crate::secrets::note_key(key);

@@ -66,6 +66,8 @@
 //! # let _ = outcome; Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod config;
 pub mod guard;
 #[cfg(feature = "http")]

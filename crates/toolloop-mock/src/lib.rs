@@ -1,7 +1,7 @@
 //! A mock LLM provider server on 127.0.0.1, for tests, demos, benchmarks and offline agent
 //! testing (`toolloop mock --port <p>`).
 //!
-//! It speaks three wire protocols, server side, with the same scenarios and the same checks:
+//! It speaks four wire protocols, server side, with the same scenarios and the same checks:
 //!
 //! | protocol | endpoint | streaming |
 //! |---|---|---|
@@ -224,6 +224,8 @@
 //! # Ok(())
 //! # }
 //! ```
+
+#![forbid(unsafe_code)]
 
 mod anthropic;
 mod conn;

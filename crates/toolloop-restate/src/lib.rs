@@ -35,6 +35,8 @@
 //!   cancel.
 //! - [`service`]: the virtual object and its driver.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod service;
 pub mod worker;

@@ -63,7 +63,7 @@ impl ParentRun {
     /// Whether the run has spent more than its budget allows (decided from journaled values
     /// alone, so a replay decides the same).
     fn over_budget(&self, machine: &Machine) -> bool {
-        let cost = machine.state().cost.unwrap_or(0.0);
+        let cost = machine.state().cost().unwrap_or(0.0);
         self.max_tokens
             .is_some_and(|max| spent_tokens(machine) > max)
             || self.max_cost.is_some_and(|max| cost > max)
@@ -71,7 +71,7 @@ impl ParentRun {
 
     /// The tokens and dollars the run's budget has left (`None`: no limit).
     fn left(&self, machine: &Machine) -> (Option<u64>, Option<f64>) {
-        let cost = machine.state().cost.unwrap_or(0.0);
+        let cost = machine.state().cost().unwrap_or(0.0);
         (
             self.max_tokens
                 .map(|max| max.saturating_sub(spent_tokens(machine))),
@@ -82,7 +82,7 @@ impl ParentRun {
 
 /// The tokens a run spent (its children's included).
 fn spent_tokens(machine: &Machine) -> u64 {
-    machine.state().usage.map_or(0, |u| u.total_tokens())
+    machine.state().usage().map_or(0, |u| u.total_tokens())
 }
 
 /// The tighter of two limits (`None`: no limit).
@@ -584,6 +584,14 @@ async fn drive(
                 if cancelled {
                     take(&mut machine, None);
                 }
+            }
+            // `Step` grows with the engine; a step this driver was not written for ends the
+            // run with an error that names it, rather than a guess.
+            other => {
+                return Err(TerminalError::new(format!(
+                    "toolloop-restate cannot drive the step {other:?}: update toolloop-restate to the toolloop it runs with"
+                ))
+                .into());
             }
         }
     }

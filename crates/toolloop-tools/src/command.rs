@@ -280,7 +280,7 @@ fn is_executable(path: &Path) -> bool {
 /// with, for `deny` and `ask` rules, the same command with its program named by its base name,
 /// by the path it is found at and by the file that path resolves to (links followed: `/bin/rm`,
 /// `./rm`, `//usr/bin//rm` and a link to `rm` all read `rm …`), and, after a launcher
-/// ([`LAUNCHERS`]: `env`, `busybox`, `xargs`, …), each command it could run. A shell (`sh -c`)
+/// (`env`, `busybox`, `xargs`, …), each command it could run. A shell (`sh -c`)
 /// runs what its script says, which no rule can read: the subject is uncertain, so every
 /// `deny` and `ask` rule of `run_command` applies to it.
 pub fn command_subject(root: &Path, argv: &[String]) -> Subject {

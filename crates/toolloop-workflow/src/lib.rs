@@ -42,6 +42,8 @@
 //! prompt = "Translate into French: {{ steps.extract.output.title }}"
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod check;
 mod definition;
 mod event;

@@ -476,10 +476,10 @@ impl Agent {
         })
     }
 
-    /// Continues a run from a saved state (see [`crate::engine::LoopState`]), without a run log.
+    /// Continues a run from a saved state (see [`crate::engine::Snapshot`]), without a run log.
     pub async fn continue_from(
         &self,
-        state: crate::engine::LoopState,
+        state: crate::engine::Snapshot,
         cancel: CancellationToken,
     ) -> Outcome {
         let toolbox = self.tools_now().await;

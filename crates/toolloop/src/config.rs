@@ -1,21 +1,21 @@
 //! The loop's limits, policies and hooks, with defaults from the original designs (see the glossary).
 //!
-//! | control | default | seed name |
+//! | control | default | also known as |
 //! | --- | --- | --- |
-//! | [`LoopConfig::max_rounds`] | 10 | `maxIterations` (000), `maxRounds` (001), `MaxIterations` (002) |
-//! | [`LoopConfig::max_tool_calls`] | 20 | `maxToolCalls` (000) |
-//! | [`LoopConfig::timeout`] | none | `timeout` (000) |
-//! | [`LoopConfig::detect_duplicates`] / [`LoopConfig::duplicate_window`] | on / 3 | `detectDuplicates` / `duplicateWindow` (000) |
-//! | [`LoopConfig::max_parallel`] | 10 | `PARALLEL_TOOL_BATCH_SIZE` (001) |
-//! | [`LoopConfig::parallel_mode`] | mixed | all-or-nothing in 001 |
-//! | [`LoopConfig::invalid_calls`] | feed back, budget 2 | 000 aborts (strict), 001/002 feed back |
-//! | [`LoopConfig::tool_retries`] | 2 | `retryFailedTools` / `maxToolRetries` (000) |
-//! | [`LoopConfig::max_result_chars`] | 4000 | `maxToolResultSize` (004) |
+//! | [`LoopConfig::max_rounds`] | 10 | `maxIterations`, `maxRounds`, `MaxIterations` |
+//! | [`LoopConfig::max_tool_calls`] | 20 | `maxToolCalls` |
+//! | [`LoopConfig::timeout`] | none | `timeout` |
+//! | [`LoopConfig::detect_duplicates`] / [`LoopConfig::duplicate_window`] | on / 3 | `detectDuplicates` / `duplicateWindow` |
+//! | [`LoopConfig::max_parallel`] | 10 | `PARALLEL_TOOL_BATCH_SIZE` |
+//! | [`LoopConfig::parallel_mode`] | mixed | the planner loop's all-or-nothing: [`ParallelMode::AllOrNothing`] |
+//! | [`LoopConfig::invalid_calls`] | feed back, budget 2 | stopping at the first: [`InvalidCallPolicy::Strict`] |
+//! | [`LoopConfig::tool_retries`] | 2 | `retryFailedTools` / `maxToolRetries` |
+//! | [`LoopConfig::max_result_chars`] | 4000 | `maxToolResultSize` |
 //! | [`LoopConfig::on_truncated_call`] | stop | — |
 //! | [`LoopConfig::stream_restarts`] | 2 | — |
-//! | [`Hooks::stop_when`] | none | `CheckTerminal` (002) |
-//! | [`Hooks::on_round_limit`] | none | `OnIterationLimit` (002) |
-//! | [`Hooks::reminders`] | none | `reminderChannel` (001) |
+//! | [`Hooks::stop_when`] | none | `CheckTerminal` |
+//! | [`Hooks::on_round_limit`] | none | `OnIterationLimit` |
+//! | [`Hooks::reminders`] | none | `reminderChannel` |
 
 use crate::message::ToolCall;
 use crate::tool::{ToolError, ToolOutput};

@@ -43,6 +43,7 @@ use serde::Serialize;
 /// Something that happened in a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Event {
     /// The run began.
     RunStarted {

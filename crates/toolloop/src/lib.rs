@@ -35,22 +35,27 @@
 //!   the next request's size, and the typed error of a request too large for the window.
 //! - [`tool`] and [`toolbox`]: tools, typed tools, argument validation; [`tool_source`]: tools
 //!   from outside the program that can change during a run (MCP servers').
-//! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI (and every
-//!   compatible server), Anthropic and Gemini, each in a folder of its own (configuration,
-//!   request, response, stream, errors), over the shared [`transport`] (HTTP with retries and
-//!   limits, Server-Sent Events); [`ptk`]: prompt-based tool calling for models without native
-//!   support.
+//! - [`providers`]: the adapters: offline `test` and `scripted` models; OpenAI Chat Completions
+//!   (and every compatible server) and Responses, Anthropic and Gemini, each in a folder of its
+//!   own (configuration, request, response, stream, errors), over the shared [`transport`]
+//!   (HTTP with retries and limits, Server-Sent Events); [`ptk`]: prompt-based tool calling for
+//!   models without native support.
 //! - [`journal`]: the run log that makes runs resumable after a crash; [`transcript`]:
 //!   checking and repairing stored transcripts.
+//! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
+//!   serialized and capped; [`redact`]: keeping API keys out of error messages.
 //!
 //! Beside this crate, each in its own so that a program compiles only what it uses:
 //! - `toolloop-store`: sessions and run logs in SQLite or PostgreSQL (implements [`journal`]);
-//! - `toolloop-tools`: built-in tools (file tools confined to a root directory);
+//! - `toolloop-tools`: built-in tools (file tools confined to a root directory, `run_command`
+//!   and its sandbox);
+//! - `toolloop-mcp`: MCP servers' tools as toolloop tools;
+//! - `toolloop-workflow`: step workflows, each step a run, chained by their outputs;
+//! - `toolloop-restate`: the agent as a durable service on Restate;
 //! - `toolloop-mock`: a mock provider server with fault injection, for tests, demos and
 //!   benchmarks;
 //! - `toolloop-cli`: the `toolloop` command.
-//! - [`schema`]: sample arguments from a JSON Schema; [`result`]: how tool results are
-//!   serialized and capped; [`redact`]: keeping API keys out of error messages.
+#![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod agent;

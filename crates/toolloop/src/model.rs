@@ -380,6 +380,7 @@ pub struct ApiError {
 /// one. Each message has its secrets removed before it is stored here (see [`crate::redact`]),
 /// and the error is cloned into events, outcomes and run logs.
 #[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     /// The provider answered with an error.
     #[error("{} error {}{}: {}", provider_label(.0), .0.status, .0.error_type.as_deref().map(|t| format!(" ({t})")).unwrap_or_default(), .0.message)]

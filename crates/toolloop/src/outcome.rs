@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// Why a run stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StopReason {
     /// The model answered without calling a tool.
     Answered,
@@ -53,6 +54,7 @@ impl StopReason {
 /// Error codes (the PTK Manager's `PTKErrorCode`, plus timeout and cancellation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// The model called a tool that does not exist.
     ToolNotFound,

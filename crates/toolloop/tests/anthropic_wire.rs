@@ -2,10 +2,9 @@
 //! round trips, retries on 529 honouring `retry-after`, and error events inside a stream.
 #![cfg(feature = "http")]
 
-use axum::body::Body;
-use axum::http::{HeaderMap, Response, Uri};
+mod wire;
+
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toolloop::message::{Message, ToolResult};
 use toolloop::model::{
@@ -13,25 +12,9 @@ use toolloop::model::{
 };
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::transport::http::{HttpTransport, RetryPolicy};
+use wire::{Reply, serve};
 
-/// One canned reply: status, extra headers, content type, body.
-#[derive(Clone)]
-struct Reply {
-    status: u16,
-    headers: Vec<(&'static str, &'static str)>,
-    content_type: &'static str,
-    body: String,
-}
-
-fn json_reply(status: u16, body: Value) -> Reply {
-    Reply {
-        status,
-        headers: vec![],
-        content_type: "application/json",
-        body: body.to_string(),
-    }
-}
-
+/// Anthropic's stream: each event named by its type.
 fn sse_reply(events: &[Value]) -> Reply {
     let mut body = String::new();
     for e in events {
@@ -41,46 +24,7 @@ fn sse_reply(events: &[Value]) -> Reply {
             e
         ));
     }
-    Reply {
-        status: 200,
-        headers: vec![],
-        content_type: "text/event-stream",
-        body,
-    }
-}
-
-#[derive(Default)]
-struct Seen {
-    requests: Vec<(String, HeaderMap, Value)>,
-}
-
-/// Serves `replies` in order (the last one repeats) and records every request.
-async fn serve(replies: Vec<Reply>) -> (String, Arc<Mutex<Seen>>) {
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let state = (seen.clone(), Arc::new(replies));
-    let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: String| {
-        let (seen, replies) = state.clone();
-        async move {
-            let n = {
-                let mut s = seen.lock().unwrap();
-                let parsed = serde_json::from_str(&body).unwrap_or(Value::Null);
-                s.requests.push((uri.to_string(), headers, parsed));
-                s.requests.len() - 1
-            };
-            let r = replies[n.min(replies.len() - 1)].clone();
-            let mut b = Response::builder()
-                .status(r.status)
-                .header("content-type", r.content_type);
-            for (k, v) in r.headers {
-                b = b.header(k, v);
-            }
-            b.body(Body::from(r.body)).unwrap()
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), seen)
+    Reply::sse(body)
 }
 
 fn model(base_url: &str, retries: u32) -> AnthropicModel {
@@ -140,8 +84,8 @@ fn request<'a>(
 #[tokio::test]
 async fn complete_round_trip_sends_headers_and_replays_the_turn() {
     let (url, seen) = serve(vec![
-        json_reply(200, tool_use_message()),
-        json_reply(200, final_message()),
+        Reply::json(200, tool_use_message()),
+        Reply::json(200, final_message()),
     ])
     .await;
     let m = model(&url, 0);
@@ -177,15 +121,15 @@ async fn complete_round_trip_sends_headers_and_replays_the_turn() {
         .unwrap();
     assert_eq!(r2.text.as_deref(), Some("done"));
 
-    let seen = seen.lock().unwrap();
-    assert_eq!(seen.requests.len(), 2);
-    let (uri, headers, first) = &seen.requests[0];
+    let seen = seen.requests();
+    assert_eq!(seen.len(), 2);
+    let (uri, headers, first) = (&seen[0].uri, &seen[0].headers, &seen[0].body);
     assert_eq!(uri, "/v1/messages");
     assert_eq!(headers["x-api-key"], "sk-test");
     assert_eq!(headers["anthropic-version"], "2023-06-01");
     assert_eq!(first["system"][0]["text"], "sys");
     assert!(first.get("stream").is_none());
-    let second = &seen.requests[1].2;
+    let second = &seen[1].body;
     let msgs = second["messages"].as_array().unwrap();
     assert_eq!(msgs.len(), 3);
     // The assistant turn goes back as received: signed thinking first.
@@ -233,32 +177,29 @@ async fn streamed_round_trip() {
         (u.input_tokens, u.output_tokens, u.cache_read_tokens),
         (107, 30, 100)
     );
-    let seen = seen.lock().unwrap();
-    assert_eq!(seen.requests[0].2["stream"], true);
-    assert_eq!(seen.requests[0].1["anthropic-version"], "2023-06-01");
+    let seen = seen.requests();
+    assert_eq!(seen[0].body["stream"], true);
+    assert_eq!(seen[0].headers["anthropic-version"], "2023-06-01");
 }
 
 fn overloaded() -> Reply {
-    Reply {
-        status: 529,
-        headers: vec![("retry-after", "0.3")],
-        content_type: "application/json",
-        body:
-            json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
-                .to_string(),
-    }
+    Reply::json(
+        529,
+        json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+    )
+    .header("retry-after", "0.3")
 }
 
 #[tokio::test]
 async fn overloaded_529_is_retried_after_the_servers_wait() {
-    let (url, seen) = serve(vec![overloaded(), json_reply(200, final_message())]).await;
+    let (url, seen) = serve(vec![overloaded(), Reply::json(200, final_message())]).await;
     let m = model(&url, 2);
     let settings = ModelSettings::default();
     let msgs = [Message::user("hi")];
     let started = Instant::now();
     let r = m.complete(&request(&msgs, &[], &settings)).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("done"));
-    assert_eq!(seen.lock().unwrap().requests.len(), 2);
+    assert_eq!(seen.count(), 2);
     // The backoff alone would be ~1 ms; the server asked for 300 ms.
     assert!(
         started.elapsed() >= Duration::from_millis(280),
@@ -285,14 +226,11 @@ async fn overloaded_529_is_retried_after_the_servers_wait() {
 
 #[tokio::test]
 async fn rate_limit_and_stream_open_are_retried_too() {
-    let limited = Reply {
-        status: 429,
-        headers: vec![("retry-after", "0")],
-        content_type: "application/json",
-        body:
-            json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}})
-                .to_string(),
-    };
+    let limited = Reply::json(
+        429,
+        json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+    )
+    .header("retry-after", "0");
     let (url, seen) = serve(vec![limited, sse_reply(&streamed_tool_use())]).await;
     let settings = ModelSettings::default();
     let msgs = [Message::user("hi")];
@@ -302,7 +240,7 @@ async fn rate_limit_and_stream_open_are_retried_too() {
         .unwrap();
     let r = ModelResponse::from_stream(stream).await.unwrap();
     assert_eq!(r.tool_calls.len(), 1);
-    assert_eq!(seen.lock().unwrap().requests.len(), 2);
+    assert_eq!(seen.count(), 2);
 }
 
 fn error_stream() -> Reply {
@@ -338,7 +276,7 @@ async fn error_event_inside_a_stream() {
         .unwrap();
     let r = ModelResponse::from_stream(stream).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("Let me look."));
-    assert_eq!(seen.lock().unwrap().requests.len(), 2);
+    assert_eq!(seen.count(), 2);
 }
 
 #[tokio::test]
@@ -352,7 +290,7 @@ async fn client_errors_are_typed_and_not_retried() {
         (404, "not_found_error"),
         (413, "request_too_large"),
     ] {
-        let (url, seen) = serve(vec![json_reply(
+        let (url, seen) = serve(vec![Reply::json(
             status,
             json!({"type": "error", "error": {"type": kind, "message": "no"}}),
         )])
@@ -369,10 +307,6 @@ async fn client_errors_are_typed_and_not_retried() {
             }
             other => panic!("{status}: expected an API error, got {other:?}"),
         }
-        assert_eq!(
-            seen.lock().unwrap().requests.len(),
-            1,
-            "{status} is not retried"
-        );
+        assert_eq!(seen.count(), 1, "{status} is not retried");
     }
 }

@@ -227,11 +227,11 @@ proptest! {
         };
         let run = drive(policy.clone(), "the task", &rounds).map_err(TestCaseError::fail)?;
         let state = run.machine.state().clone();
-        let results = state.messages.iter().filter(|m| matches!(m, Message::Tool(_))).count();
+        let results = state.messages().iter().filter(|m| matches!(m, Message::Tool(_))).count();
         prop_assert_eq!(results, rounds.iter().map(Vec::len).sum::<usize>());
         let again = replay(policy, run.log);
         prop_assert_eq!(again.state(), &state);
-        let ctx = state.context.as_ref().unwrap();
+        let ctx = state.context().unwrap();
         prop_assert_eq!(ctx.compactions as usize, run.compactions);
         if run.compactions > 0 {
             prop_assert_eq!(ctx.usage.unwrap().input_tokens, 100 * run.compactions as u64);
@@ -296,7 +296,7 @@ fn a_log_without_context_records_replays_as_it_ran() {
     };
     let m = replay(policy, run.log);
     assert!(m.is_finished());
-    assert_eq!(m.state().context.as_ref().unwrap().compactions, 0);
+    assert_eq!(m.state().context().unwrap().compactions, 0);
 }
 
 /// A result over `spill_over` is sent as its head and tail; `read_result` reads it whole,
@@ -503,7 +503,7 @@ fn results_are_cleared_in_batches_of_keep_rounds() {
         .collect();
     // Rounds 9, 13, 17 and 21 start after 8, 12, 16 and 20 rounds of calls.
     assert_eq!(edits, [9, 13, 17, 21]);
-    let view = &run.machine.state().context.as_ref().unwrap().view;
+    let view = &run.machine.state().context().unwrap().view;
     let whole = view
         .iter()
         .filter(|m| matches!(m, Message::Tool(r) if r.content.len() >= 500))
@@ -527,7 +527,7 @@ fn a_log_with_context_records_replays_without_a_policy() {
     });
     let m = Machine::replay(off, HookFlags::default(), catalog(), run.log).unwrap();
     assert!(m.is_finished());
-    assert!(m.state().context.is_none());
+    assert!(m.state().context().is_none());
     assert_eq!(m.messages(), run.machine.messages());
 }
 

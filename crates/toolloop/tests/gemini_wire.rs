@@ -3,10 +3,9 @@
 //! `RetryInfo` delay honoured on a retry.
 #![cfg(feature = "http")]
 
-use axum::body::Body;
-use axum::http::{HeaderMap, Response, Uri};
+mod wire;
+
 use serde_json::{Value, json};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use toolloop::model::{
@@ -14,63 +13,16 @@ use toolloop::model::{
 };
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel, PLACEHOLDER_THOUGHT_SIGNATURE};
 use toolloop::transport::http::{HttpTransport, RetryPolicy};
+use wire::{Reply, serve};
 
-#[derive(Clone)]
-struct Reply {
-    status: u16,
-    content_type: &'static str,
-    body: String,
-}
-
-fn json_reply(status: u16, body: Value) -> Reply {
-    Reply {
-        status,
-        content_type: "application/json",
-        body: body.to_string(),
-    }
-}
-
+/// Gemini's stream (`alt=sse`): one chunk an event.
 fn sse_reply(chunks: &[Value]) -> Reply {
-    Reply {
-        status: 200,
-        content_type: "text/event-stream",
-        body: chunks
+    Reply::sse(
+        chunks
             .iter()
             .map(|c| format!("data: {c}\r\n\r\n"))
             .collect(),
-    }
-}
-
-type Seen = Arc<Mutex<Vec<(String, HeaderMap, Value)>>>;
-
-/// Serves `replies` in order (the last one repeats) and records every request.
-async fn serve(replies: Vec<Reply>) -> (String, Seen) {
-    let seen: Seen = Arc::default();
-    let state = (seen.clone(), Arc::new(replies));
-    let app = axum::Router::new().fallback(move |uri: Uri, headers: HeaderMap, body: String| {
-        let (seen, replies) = state.clone();
-        async move {
-            let n = {
-                let mut s = seen.lock().unwrap();
-                s.push((
-                    uri.to_string(),
-                    headers,
-                    serde_json::from_str(&body).unwrap_or(Value::Null),
-                ));
-                s.len() - 1
-            };
-            let r = replies[n.min(replies.len() - 1)].clone();
-            Response::builder()
-                .status(r.status)
-                .header("content-type", r.content_type)
-                .body(Body::from(r.body))
-                .unwrap()
-        }
-    });
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (format!("http://{addr}"), seen)
+    )
 }
 
 fn model(base_url: &str, retries: u32) -> GeminiModel {
@@ -172,8 +124,8 @@ fn check_second_request(body: &Value) {
 #[tokio::test]
 async fn complete_round_trip_with_parallel_calls_and_signatures() {
     let (url, seen) = serve(vec![
-        json_reply(200, parallel_calls()),
-        json_reply(200, final_text()),
+        Reply::json(200, parallel_calls()),
+        Reply::json(200, final_text()),
     ])
     .await;
     let m = model(&url, 0);
@@ -197,8 +149,8 @@ async fn complete_round_trip_with_parallel_calls_and_signatures() {
     assert_eq!(r2.text.as_deref(), Some("Sunny, 12:00."));
     assert_eq!(r2.finish_reason, FinishReason::Stop);
 
-    let seen = seen.lock().unwrap();
-    let (uri, headers, first) = &seen[0];
+    let seen = seen.requests();
+    let (uri, headers, first) = (&seen[0].uri, &seen[0].headers, &seen[0].body);
     assert_eq!(uri, "/v1beta/models/gemini-test:generateContent");
     assert_eq!(headers["x-goog-api-key"], "g-test");
     assert_eq!(first["systemInstruction"]["parts"][0]["text"], "be brief");
@@ -209,7 +161,7 @@ async fn complete_round_trip_with_parallel_calls_and_signatures() {
             .len(),
         2
     );
-    check_second_request(&seen[1].2);
+    check_second_request(&seen[1].body);
 }
 
 #[tokio::test]
@@ -246,18 +198,18 @@ async fn streamed_round_trip() {
     .await
     .unwrap();
     assert_eq!(r2.text.as_deref(), Some("Sunny, 12:00."));
-    let seen = seen.lock().unwrap();
+    let seen = seen.requests();
     assert_eq!(
-        seen[0].0,
+        seen[0].uri,
         "/v1beta/models/gemini-test:streamGenerateContent?alt=sse"
     );
-    assert_eq!(seen[0].1["x-goog-api-key"], "g-test");
+    assert_eq!(seen[0].headers["x-goog-api-key"], "g-test");
     // The streamed call parts arrived in two chunks; they go back as one model turn.
-    check_second_request(&seen[1].2);
+    check_second_request(&seen[1].body);
 }
 
 fn exhausted(delay: &str) -> Reply {
-    json_reply(
+    Reply::json(
         429,
         json!({"error": {"code": 429, "message": "Resource has been exhausted", "status": "RESOURCE_EXHAUSTED", "details": [
             {"@type": "type.googleapis.com/google.rpc.QuotaFailure", "violations": []},
@@ -268,7 +220,7 @@ fn exhausted(delay: &str) -> Reply {
 
 #[tokio::test]
 async fn retry_info_delay_is_honoured() {
-    let (url, seen) = serve(vec![exhausted("0.3s"), json_reply(200, final_text())]).await;
+    let (url, seen) = serve(vec![exhausted("0.3s"), Reply::json(200, final_text())]).await;
     let settings = ModelSettings::default();
     let msgs = [Message::user("hi")];
     let started = Instant::now();
@@ -277,7 +229,7 @@ async fn retry_info_delay_is_honoured() {
         .await
         .unwrap();
     assert_eq!(r.text.as_deref(), Some("Sunny, 12:00."));
-    assert_eq!(seen.lock().unwrap().len(), 2);
+    assert_eq!(seen.count(), 2);
     // The backoff alone would be ~1 ms; RetryInfo asked for 300 ms.
     assert!(
         started.elapsed() >= Duration::from_millis(280),
@@ -361,13 +313,13 @@ async fn unsigned_calls_from_another_provider_get_the_placeholder_signature() {
         ("models/gemini-3-flash-preview", true),
         ("gemini-2.5-flash", false),
     ] {
-        let (url, seen) = serve(vec![json_reply(200, final_text())]).await;
+        let (url, seen) = serve(vec![Reply::json(200, final_text())]).await;
         let m = named_model(&url, 0, name);
         m.complete(&request(&transcript, &tools, &settings))
             .await
             .unwrap();
-        let seen = seen.lock().unwrap();
-        let parts = seen[0].2["contents"][1]["parts"]
+        let seen = seen.requests();
+        let parts = seen[0].body["contents"][1]["parts"]
             .as_array()
             .unwrap()
             .clone();

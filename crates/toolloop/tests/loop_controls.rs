@@ -1,5 +1,8 @@
 //! Every control of the loop, each with a test that fails if the control is removed.
 
+mod recording;
+use recording::Recording;
+
 use futures::StreamExt;
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -416,39 +419,17 @@ async fn on_round_limit_can_grant_rounds_or_stop_with_a_signal() {
     assert_eq!(out.rounds, 2);
 }
 
-/// What a recorded request held: its message count and reminders.
-type Seen = Arc<Mutex<Vec<(usize, Vec<String>)>>>;
-
-/// A model that records what it was sent.
-struct Recorder {
-    inner: ScriptedModel,
-    seen: Seen,
-}
-
-#[async_trait::async_trait]
-impl Model for Recorder {
-    fn name(&self) -> &str {
-        "recorder"
-    }
-    async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.seen
-            .lock()
-            .unwrap()
-            .push((r.messages.len(), r.wrapped_reminders().collect()));
-        self.inner.complete(r).await
-    }
-}
-
 #[tokio::test]
 async fn reminders_go_with_the_next_request_only_and_are_never_stored() {
-    let seen = Arc::new(Mutex::new(Vec::new()));
-    let model = Recorder {
-        inner: scripted(vec![
+    // Each request's message count and reminders.
+    let model = Recording::new(
+        Arc::new(scripted(vec![
             calls(vec![call("count", json!({"key": "a"}))]),
             ModelResponse::text("done"),
-        ]),
-        seen: seen.clone(),
-    };
+        ])),
+        |r| (r.messages.len(), r.wrapped_reminders().collect::<Vec<_>>()),
+    );
+    let seen = model.seen();
     let agent = builder(model)
         .tool(counter("count", Arc::new(AtomicU32::new(0))))
         .reminders(|view| {
@@ -1398,24 +1379,6 @@ async fn a_timeout_beyond_the_clock_is_no_deadline() {
     assert_eq!(count.load(Ordering::SeqCst), 1);
 }
 
-/// A model that keeps the text of every request it was sent.
-struct TextRecorder {
-    inner: ScriptedModel,
-    sent: Arc<Mutex<Vec<String>>>,
-}
-
-#[async_trait::async_trait]
-impl Model for TextRecorder {
-    fn name(&self) -> &str {
-        "text-recorder"
-    }
-    async fn complete(&self, r: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let text = r.messages.iter().map(|m| m.text()).collect::<Vec<_>>();
-        self.sent.lock().unwrap().push(text.join("\n"));
-        self.inner.complete(r).await
-    }
-}
-
 /// A secret the summarising model repeats in a compaction's summary is redacted, as in an
 /// answer: the requests that follow never carry it.
 #[tokio::test]
@@ -1423,17 +1386,18 @@ async fn a_secret_in_a_compaction_summary_is_redacted() {
     use toolloop::context::{ContextOverflow, ContextPolicy};
     use toolloop::providers::scripted::ScriptStep;
     const SECRET: &str = "sk-summary-secret-0123456789abcdef";
-    let sent = Arc::new(Mutex::new(Vec::new()));
     let overflow = ContextOverflow::new(400, Some("context_length_exceeded".into()), "too long");
     let mut steps: Vec<ScriptStep> = (0..4)
         .map(|i| ScriptStep::Respond(calls(vec![call("count", json!({"key": format!("k{i}")}))])))
         .collect();
     steps.push(ScriptStep::Fail(ModelError::ContextOverflow(overflow)));
     steps.push(ScriptStep::Respond(ModelResponse::text("done")));
-    let model = TextRecorder {
-        inner: ScriptedModel::from_steps(steps),
-        sent: sent.clone(),
-    };
+    // The text of every request.
+    let model = Recording::new(Arc::new(ScriptedModel::from_steps(steps)), |r| {
+        let text = r.messages.iter().map(|m| m.text()).collect::<Vec<_>>();
+        text.join("\n")
+    });
+    let sent = model.seen();
     let summariser = scripted(vec![ModelResponse::text(format!(
         "The task so far; the key is {SECRET}."
     ))]);

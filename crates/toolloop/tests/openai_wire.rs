@@ -3,17 +3,15 @@
 //! retries and error classification run over both OpenAI APIs: Chat Completions and Responses
 //! (`ResponsesModel`), which share the error format and the rules.
 
-use axum::Router;
+mod wire;
+
 use axum::body::Body;
-use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::routing::post;
 use bytes::Bytes;
 use futures::StreamExt;
 use serde_json::{Value, json};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use toolloop::message::{Message, ToolCall};
@@ -24,48 +22,12 @@ use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::providers::openai_responses::{ResponsesConfig, ResponsesModel};
 use toolloop::stream::StreamEvent;
 use toolloop::transport::http::RetryPolicy;
+use wire::Server;
 
-/// What the server saw of one request.
-#[derive(Debug, Clone)]
-struct Seen {
-    headers: HeaderMap,
-    body: Value,
-}
-
-/// Makes the response to request number `n` (0-based).
-type Reply = Arc<dyn Fn(u32) -> Response + Send + Sync>;
-
-#[derive(Clone)]
-struct Server {
-    count: Arc<AtomicU32>,
-    seen: Arc<Mutex<Vec<Seen>>>,
-    reply: Reply,
-}
-
-async fn handle(State(s): State<Server>, headers: HeaderMap, body: Bytes) -> Response {
-    let n = s.count.fetch_add(1, Ordering::SeqCst);
-    let body = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    s.seen.lock().unwrap().push(Seen { headers, body });
-    (s.reply)(n)
-}
-
-/// Starts a server; returns its base URL and the server state (request count, requests seen).
+/// Starts a server (see [`wire::serve_with`]); returns its base URL, `…/v1`, and the server.
 async fn serve(reply: impl Fn(u32) -> Response + Send + Sync + 'static) -> (String, Server) {
-    let server = Server {
-        count: Arc::new(AtomicU32::new(0)),
-        seen: Arc::new(Mutex::new(Vec::new())),
-        reply: Arc::new(reply),
-    };
-    let app = Router::new()
-        .route("/v1/chat/completions", post(handle))
-        .route("/v1/responses", post(handle))
-        .with_state(server.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
-    (format!("http://{addr}/v1"), server)
+    let (url, server) = wire::serve_with(reply).await;
+    (format!("{url}/v1"), server)
 }
 
 fn json_response(status: u16, body: &Value, headers: &[(&str, &str)]) -> Response {
@@ -234,7 +196,7 @@ async fn non_streamed_round_trip_sends_key_and_tools() {
         (50, 9, 32)
     );
 
-    let seen = server.seen.lock().unwrap().clone();
+    let seen = server.requests();
     assert_eq!(seen.len(), 1);
     assert_eq!(seen[0].headers["authorization"], "Bearer sk-test");
     assert_eq!(seen[0].headers["content-type"], "application/json");
@@ -255,12 +217,7 @@ async fn no_key_sends_no_authorization_header() {
     c.api_key = None;
     let r = call(&OpenAiModel::new(c), false).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("hi"));
-    assert!(
-        server.seen.lock().unwrap()[0]
-            .headers
-            .get("authorization")
-            .is_none()
-    );
+    assert!(server.requests()[0].headers.get("authorization").is_none());
 }
 
 fn streamed_tool_call_chunks() -> Vec<String> {
@@ -295,7 +252,7 @@ async fn streamed_round_trip() {
     assert_eq!(r.tool_calls[0].arguments, json!({"city": "Paris"}));
     assert_eq!(r.finish_reason, FinishReason::ToolCalls);
     assert_eq!(r.usage.unwrap().output_tokens, 12);
-    let seen = server.seen.lock().unwrap().clone();
+    let seen = server.requests();
     assert_eq!(seen[0].body["stream"], true);
     assert_eq!(
         seen[0].body["stream_options"],
@@ -323,7 +280,7 @@ async fn rate_limit_with_retry_after_ms_then_success() {
         let start = Instant::now();
         let r = call(model.as_ref(), false).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("done"), "{api:?}");
-        assert_eq!(server.count.load(Ordering::SeqCst), 2, "{api:?}");
+        assert_eq!(server.count(), 2, "{api:?}");
         // The backoff alone is ~1 ms: the wait shows the header was honoured.
         assert!(
             start.elapsed() >= Duration::from_millis(150),
@@ -352,11 +309,7 @@ async fn server_errors_twice_then_success() {
         .await;
         let r = call(model_of(api, &url).as_ref(), stream).await.unwrap();
         assert_eq!(r.text.as_deref(), Some("ok"), "{api:?}");
-        assert_eq!(
-            server.count.load(Ordering::SeqCst),
-            3,
-            "{api:?} stream: {stream}"
-        );
+        assert_eq!(server.count(), 3, "{api:?} stream: {stream}");
     }
 }
 
@@ -372,11 +325,7 @@ async fn retries_exhausted_give_the_typed_error() {
     })
     .await;
         let err = call(model_of(api, &url).as_ref(), false).await.unwrap_err();
-        assert_eq!(
-            server.count.load(Ordering::SeqCst),
-            3,
-            "1 attempt + 2 retries"
-        );
+        assert_eq!(server.count(), 3, "1 attempt + 2 retries");
         match err {
             ModelError::Api(e) => {
                 assert_eq!(e.status, 503);
@@ -402,7 +351,7 @@ async fn client_errors_are_not_retried() {
         })
         .await;
         let err = call(model_of(api, &url).as_ref(), true).await.unwrap_err();
-        assert_eq!(server.count.load(Ordering::SeqCst), 1);
+        assert_eq!(server.count(), 1);
         assert!(
             matches!(err, ModelError::Api(ref e) if e.status == 400 && !e.retryable),
             "{api:?}: {err:?}"
@@ -431,7 +380,7 @@ async fn a_server_without_tools_gives_tools_unsupported() {
             matches!(err, ModelError::ToolsUnsupported(ref m) if m.contains("does not support tools")),
             "{api:?}: {err:?}"
         );
-        assert_eq!(server.count.load(Ordering::SeqCst), 1);
+        assert_eq!(server.count(), 1);
     }
 }
 
@@ -457,7 +406,7 @@ async fn a_context_overflow_is_typed_and_not_retried_even_as_a_500() {
             "{api:?}: {err:?}"
         );
         assert!(!err.is_retryable());
-        assert_eq!(server.count.load(Ordering::SeqCst), 1, "{api:?} {stream}");
+        assert_eq!(server.count(), 1, "{api:?} {stream}");
     }
 }
 
@@ -574,7 +523,7 @@ async fn a_stream_that_delivered_text_then_broke_is_not_replayed() {
         settings: &settings,
     };
     let items: Vec<_> = model.stream(&req).await.unwrap().collect().await;
-    assert_eq!(server.count.load(Ordering::SeqCst), 1, "never replayed");
+    assert_eq!(server.count(), 1, "never replayed");
     assert!(
         matches!(&items[0], Ok(StreamEvent::TextDelta(t)) if t == "Hello"),
         "{items:?}"
@@ -603,7 +552,7 @@ async fn a_stream_that_broke_before_any_output_is_opened_again() {
     })
     .await;
     let r = call(&OpenAiModel::new(config(&url)), true).await.unwrap();
-    assert_eq!(server.count.load(Ordering::SeqCst), 2);
+    assert_eq!(server.count(), 2);
     assert_eq!(r.text.as_deref(), Some("Checking."));
     assert_eq!(r.tool_calls.len(), 1);
 }
@@ -628,11 +577,7 @@ async fn an_error_object_inside_a_200_stream_is_a_typed_error() {
     let err = call(&OpenAiModel::new(config(&url)), true)
         .await
         .unwrap_err();
-    assert_eq!(
-        server.count.load(Ordering::SeqCst),
-        1,
-        "a 400-class error is not retried"
-    );
+    assert_eq!(server.count(), 1, "a 400-class error is not retried");
     match err {
         ModelError::Api(e) => {
             assert_eq!(e.status, 200);
@@ -676,7 +621,7 @@ async fn the_next_turn_replays_calls_and_results_validly() {
     };
     let r = model.complete(&req).await.unwrap();
     assert_eq!(r.text.as_deref(), Some("It is sunny."));
-    let seen = server.seen.lock().unwrap().clone();
+    let seen = server.requests();
     let m = &seen[0].body["messages"];
     assert_eq!(m[1]["tool_calls"][0]["function"]["arguments"], "{}");
     assert_eq!(m[2]["tool_call_id"], "call_b");

@@ -3,7 +3,9 @@
 //! calls written as text, and the PTK Manager's "Tool Calling Flow".
 #![cfg(feature = "http")]
 
-use async_trait::async_trait;
+mod recording;
+use recording::Recording;
+
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -12,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use toolloop::agent::{Agent, AgentBuilder};
 use toolloop::event::Event;
 use toolloop::message::Message;
-use toolloop::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use toolloop::model::Model;
 use toolloop::outcome::{CallStatus, Outcome, StopReason};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::ptk::{Auto, Dialect, Prompted};
@@ -252,38 +254,6 @@ async fn openai_adapter_rescues_calls_written_as_text_streamed_and_not() {
     server.shutdown().await;
 }
 
-/// Records the requests the inner model gets, then passes them on.
-struct Recording {
-    inner: OpenAiModel,
-    requests: Mutex<Vec<(Vec<Message>, usize)>>,
-}
-
-impl Recording {
-    fn record(&self, request: &ModelRequest<'_>) {
-        self.requests
-            .lock()
-            .unwrap()
-            .push((request.messages.to_vec(), request.tools.len()));
-    }
-}
-
-#[async_trait]
-impl Model for Recording {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.record(request);
-        self.inner.complete(request).await
-    }
-
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.record(request);
-        self.inner.stream(request).await
-    }
-}
-
 #[derive(Deserialize, JsonSchema)]
 struct ReadFileArgs {
     /// File path
@@ -317,10 +287,10 @@ async fn seed_000_tool_calling_flow_runs_against_the_mock() {
                 }
             },
         );
-        let recording = Arc::new(Recording {
-            inner: openai(&server, "mock:text_calls=ptk,chunk=5"),
-            requests: Mutex::new(Vec::new()),
-        });
+        let recording = Arc::new(Recording::new(
+            Arc::new(openai(&server, "mock:text_calls=ptk,chunk=5")),
+            |request| (request.messages.to_vec(), request.tools.len()),
+        ));
         let model = Prompted::new(recording.clone(), Dialect::Ptk);
         let agent = Agent::builder(model)
             .tool(read_file)
@@ -337,7 +307,8 @@ async fn seed_000_tool_calling_flow_runs_against_the_mock() {
         assert_eq!(call.arguments, json!({"path": "package.json"}));
         assert!(o.tool_calls[0].content.contains("1.2.3"), "{what}");
 
-        let requests = recording.requests.lock().unwrap();
+        let requests = recording.seen();
+        let requests = requests.lock().unwrap();
         assert_eq!(requests.len(), 2, "{what}");
         // 1-3: the prompt and the tool, the catalog in the system prompt, no native tools.
         let (first, tools) = &requests[0];

@@ -4,19 +4,22 @@
 //! the run log (a resumed run holds answers to the schema it started with).
 #![cfg(feature = "http")]
 
+mod recording;
+use recording::Recording;
+
 mod mock_models;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::json;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::{Agent, AgentBuilder};
 use toolloop::engine::Machine;
 use toolloop::journal::{Journal, MemoryJournal, Record};
 use toolloop::message::Message;
-use toolloop::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use toolloop::model::{Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::outcome::{ErrorCode, Outcome, StopReason};
 use toolloop::output::OutputSchema;
 use toolloop::providers::scripted::ScriptedModel;
@@ -220,46 +223,6 @@ async fn answers_that_keep_failing_stop_the_run_over_the_budget_with_the_transcr
     }
 }
 
-/// Records what the prompted adapter asks of the model it wraps.
-struct Recording {
-    inner: Arc<dyn Model>,
-    seen: Mutex<Vec<(String, bool)>>,
-}
-
-impl Recording {
-    fn record(&self, request: &ModelRequest<'_>) {
-        let system = request
-            .messages
-            .iter()
-            .find_map(|m| match m {
-                Message::System { content } => Some(content.clone()),
-                _ => None,
-            })
-            .unwrap_or_default();
-        self.seen
-            .lock()
-            .unwrap()
-            .push((system, request.settings.output.is_some()));
-    }
-}
-
-#[async_trait]
-impl Model for Recording {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.record(request);
-        self.inner.complete(request).await
-    }
-
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.record(request);
-        self.inner.stream(request).await
-    }
-}
-
 #[tokio::test]
 async fn prompt_based_calling_puts_the_schema_in_the_prompt() {
     let server = mock(&[
@@ -267,10 +230,22 @@ async fn prompt_based_calling_puts_the_schema_in_the_prompt() {
         "{\"title\": \"x\", \"count\": 3, \"done\": false}",
     ])
     .await;
-    let inner = Arc::new(Recording {
-        inner: model("openai", &server, "mock:text_calls=hermes,rounds=1"),
-        seen: Mutex::new(Vec::new()),
-    });
+    // What the prompted adapter asks of the model it wraps: the system prompt, and whether
+    // JSON was asked for natively.
+    let inner = Arc::new(Recording::new(
+        model("openai", &server, "mock:text_calls=hermes,rounds=1"),
+        |request| {
+            let system = request
+                .messages
+                .iter()
+                .find_map(|m| match m {
+                    Message::System { content } => Some(content.clone()),
+                    _ => None,
+                })
+                .unwrap_or_default();
+            (system, request.settings.output.is_some())
+        },
+    ));
     let prompted = Prompted::new(inner.clone(), Dialect::Hermes);
     let agent = builder(Arc::new(prompted), false)
         .output_type::<Report>()
@@ -289,7 +264,8 @@ async fn prompt_based_calling_puts_the_schema_in_the_prompt() {
     assert_eq!(outcome.parse::<Report>().unwrap().count, 3);
     let fed = feedback(&outcome);
     assert!(fed.iter().any(|f| f.contains("required")), "{fed:?}");
-    let seen = inner.seen.lock().unwrap();
+    let seen = inner.seen();
+    let seen = seen.lock().unwrap();
     assert!(!seen.is_empty());
     for (system, native) in seen.iter() {
         assert!(!native, "the wrapped model is not asked for JSON natively");

@@ -2,7 +2,7 @@
 //!
 //! In this order:
 //! 1. Make the machine: [`Machine::new`] for a new run (the driver logs [`Input::Started`]),
-//!    [`Machine::replay`] from a run's log, [`Machine::resume`] from a saved [`LoopState`].
+//!    [`Machine::replay`] from a run's log, [`Machine::resume`] from a saved [`Snapshot`].
 //!    It is given what it decides by, as data: the configuration, a snapshot of the tools'
 //!    metadata ([`Catalog`]) and which hooks exist ([`HookFlags`]). It holds no tool and no
 //!    hook, and calls no user code.
@@ -23,13 +23,13 @@
 //!    then [`Machine::into_outcome`].
 //!
 //! [`crate::agent`] is the driver of an [`crate::Agent`]; `toolloop-restate` drives the same
-//! machine from Restate's journal. The machine's [`LoopState`] is a plain serializable value,
-//! so a run can be saved and rebuilt from it.
+//! machine from Restate's journal. [`Machine::snapshot`] saves the machine's state as a
+//! versioned [`Snapshot`], so a run can be saved and rebuilt from it.
 //!
 //! Where each concern lives (this file holds [`Machine`], its making, [`Machine::next_step`] and
 //! [`Machine::handle`], which sends each input to the module that takes it):
 //! - `input`: [`Input`], every input in one type, and [`HookFlags`];
-//! - `state`: [`LoopState`], [`Phase`], [`Slot`], and [`PhaseError`];
+//! - `state`: [`LoopState`] and its [`Snapshot`], [`Phase`], [`Slot`], and [`PhaseError`];
 //! - `answer`: the answer path, a response's usage and cost, a final answer and its output
 //!   schema, and how a run ends ([`Machine::into_outcome`]);
 //! - `calls`: call triage and scheduling, a response's calls checked and settled or planned,
@@ -87,10 +87,13 @@ pub use calls::Batch;
 pub use context::{CompactRequest, Compaction, ContextEdits, ContextState};
 pub use input::{HookFlags, Input};
 pub use replay::ReplayError;
-pub use state::{ApprovalState, Interrupt, LoopState, Phase, PhaseError, Slot};
+pub use state::{
+    ApprovalState, Interrupt, LoopState, Phase, PhaseError, SNAPSHOT_VERSION, Slot, Snapshot,
+};
 
 /// What the driver should do next.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum Step {
     /// A round is about to start and a `reminders` hook is set: call it with
     /// [`Machine::view`] and report its strings with [`Input::RemindersGiven`].
@@ -235,13 +238,14 @@ impl Machine {
         m
     }
 
-    /// A machine rebuilt from a saved state.
+    /// A machine rebuilt from a saved [`Snapshot`] (see [`Machine::snapshot`]).
     pub fn resume(
         config: Arc<LoopConfig>,
         hooks: HookFlags,
         catalog: Arc<Catalog>,
-        state: LoopState,
+        snapshot: Snapshot,
     ) -> Self {
+        let state = snapshot.into_state();
         let mut m = Machine {
             config,
             hooks,
@@ -291,6 +295,11 @@ impl Machine {
     /// The state.
     pub fn state(&self) -> &LoopState {
         &self.state
+    }
+
+    /// The state, saved: give it back to [`Machine::resume`] to go on from here.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot::new(self.state.clone())
     }
 
     /// The transcript so far.

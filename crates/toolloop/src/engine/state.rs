@@ -4,46 +4,200 @@
 
 use super::*;
 
-/// The machine's whole state: serializable, so a run can be saved and rebuilt.
+/// The machine's whole state, read through its methods. It is saved and given back as a
+/// [`Snapshot`] ([`Machine::snapshot`], [`Machine::resume`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoopState {
     /// The transcript.
-    pub messages: Vec<Message>,
+    pub(crate) messages: Vec<Message>,
     /// Model calls made.
-    pub round: u32,
+    pub(crate) round: u32,
     /// The round limit in force (`max_rounds` plus extensions).
-    pub round_limit: u32,
+    pub(crate) round_limit: u32,
     /// Tool calls executed.
-    pub tool_calls_executed: u32,
+    pub(crate) tool_calls_executed: u32,
     /// Invalid calls in a row.
-    pub consecutive_invalid: u32,
+    pub(crate) consecutive_invalid: u32,
     /// Usage summed over the model calls whose server reported it; `None` until one did.
     #[serde(default)]
-    pub usage: Option<Usage>,
+    pub(crate) usage: Option<Usage>,
     /// Model calls that returned without reporting usage (their tokens are not in `usage`).
     #[serde(default)]
-    pub calls_without_usage: u32,
+    pub(crate) calls_without_usage: u32,
     /// Cost so far, while every model call's cost was known.
-    pub cost: Option<f64>,
+    pub(crate) cost: Option<f64>,
     /// Every settled call.
-    pub calls: Vec<ExecutedCall>,
+    pub(crate) calls: Vec<ExecutedCall>,
     /// Where the machine is.
-    pub phase: Phase,
+    pub(crate) phase: Phase,
     /// The calls that wait for approval, when the run stopped for them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub pending_approvals: Vec<PendingApproval>,
+    pub(crate) pending_approvals: Vec<PendingApproval>,
     /// The schema the final answer must match, if any (see [`crate::output`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub output_schema: Option<OutputSchema>,
+    pub(crate) output_schema: Option<OutputSchema>,
     /// The conversation as sent and what the context policy did, when one is set (see
     /// [`crate::context::policy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub context: Option<Box<ContextState>>,
+    pub(crate) context: Option<Box<ContextState>>,
+}
+
+impl LoopState {
+    /// The transcript.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Model calls made.
+    pub fn round(&self) -> u32 {
+        self.round
+    }
+
+    /// The round limit in force (`max_rounds` plus extensions).
+    pub fn round_limit(&self) -> u32 {
+        self.round_limit
+    }
+
+    /// Tool calls executed.
+    pub fn tool_calls_executed(&self) -> u32 {
+        self.tool_calls_executed
+    }
+
+    /// Invalid calls in a row.
+    pub fn consecutive_invalid(&self) -> u32 {
+        self.consecutive_invalid
+    }
+
+    /// Usage summed over the model calls whose server reported it; `None` until one did.
+    pub fn usage(&self) -> Option<&Usage> {
+        self.usage.as_ref()
+    }
+
+    /// Model calls that returned without reporting usage (their tokens are not in
+    /// [`usage`](Self::usage)).
+    pub fn calls_without_usage(&self) -> u32 {
+        self.calls_without_usage
+    }
+
+    /// Cost so far, while every model call's cost was known.
+    pub fn cost(&self) -> Option<f64> {
+        self.cost
+    }
+
+    /// Every settled call.
+    pub fn calls(&self) -> &[ExecutedCall] {
+        &self.calls
+    }
+
+    /// Where the machine is.
+    pub fn phase(&self) -> &Phase {
+        &self.phase
+    }
+
+    /// The calls that wait for approval, when the run stopped for them.
+    pub fn pending_approvals(&self) -> &[PendingApproval] {
+        &self.pending_approvals
+    }
+
+    /// The schema the final answer must match, if any.
+    pub fn output_schema(&self) -> Option<&OutputSchema> {
+        self.output_schema.as_ref()
+    }
+
+    /// The conversation as sent and what the context policy did, when one is set.
+    pub fn context(&self) -> Option<&ContextState> {
+        self.context.as_deref()
+    }
+}
+
+/// The version of the [`Snapshot`]s this build writes. A snapshot of a later version is refused
+/// when it is read; earlier ones are read as they were written.
+pub const SNAPSHOT_VERSION: u32 = 1;
+
+/// A saved machine: an opaque value to store (it serializes with serde, as
+/// `{"version": 1, "state": {…}}`) and give back to [`Machine::resume`]
+/// (or [`crate::Agent::continue_from`]). Its version is checked when it is read: a snapshot
+/// written by a later toolloop is refused, with a message that says so.
+///
+/// ```
+/// # use toolloop::engine::{Machine, HookFlags, Snapshot};
+/// # use toolloop::config::LoopConfig;
+/// # use std::sync::Arc;
+/// let machine = Machine::new(Arc::new(LoopConfig::default()), HookFlags::default(),
+///     Default::default(), vec![toolloop::message::Message::user("hi")]);
+/// let saved = serde_json::to_string(&machine.snapshot()).unwrap();
+/// let snapshot: Snapshot = serde_json::from_str(&saved).unwrap();
+/// let again = Machine::resume(Arc::new(LoopConfig::default()), HookFlags::default(),
+///     Default::default(), snapshot);
+/// assert_eq!(again.messages(), machine.messages());
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "SnapshotRepr")]
+pub struct Snapshot {
+    state: LoopState,
+}
+
+impl Snapshot {
+    pub(crate) fn new(state: LoopState) -> Self {
+        Snapshot { state }
+    }
+
+    pub(crate) fn into_state(self) -> LoopState {
+        self.state
+    }
+
+    /// The saved state.
+    pub fn state(&self) -> &LoopState {
+        &self.state
+    }
+}
+
+impl Serialize for Snapshot {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Repr<'a> {
+            version: u32,
+            state: &'a LoopState,
+        }
+        Repr {
+            version: SNAPSHOT_VERSION,
+            state: &self.state,
+        }
+        .serialize(serializer)
+    }
+}
+
+/// A snapshot as it is written.
+#[derive(Deserialize)]
+struct SnapshotRepr {
+    version: u32,
+    state: serde_json::Value,
+}
+
+impl TryFrom<SnapshotRepr> for Snapshot {
+    type Error = String;
+
+    fn try_from(r: SnapshotRepr) -> Result<Self, String> {
+        if r.version > SNAPSHOT_VERSION {
+            return Err(format!(
+                "this snapshot is of version {}, written by a later toolloop; this one reads versions up to {SNAPSHOT_VERSION}",
+                r.version
+            ));
+        }
+        let state = serde_json::from_value(r.state).map_err(|e| {
+            format!(
+                "the state of a version {} snapshot does not read: {e}",
+                r.version
+            )
+        })?;
+        Ok(Snapshot { state })
+    }
 }
 
 /// Where the machine is.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "phase", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Phase {
     /// Ready for the next model call.
     Ready,

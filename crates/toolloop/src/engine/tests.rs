@@ -377,7 +377,7 @@ fn approval_subjects_come_with_the_response_and_rules_judge_them() {
         Arc::new(m.config().clone()),
         HookFlags::default(),
         shell_catalog(),
-        m.state().clone(),
+        m.snapshot(),
     );
     assert_eq!(resumed.next_step(), Step::Approve(requests));
 }
@@ -642,4 +642,44 @@ fn a_mixed_round_runs_parallel_safe_calls_together_and_others_alone() {
         }
         other => panic!("{other:?}"),
     }
+}
+
+#[test]
+fn a_snapshot_is_versioned_and_resumes_where_the_machine_was() {
+    let mut h = Harness::new(
+        LoopConfig::default(),
+        Hooks::default(),
+        vec![Message::user("hi")],
+    );
+    let Step::CallModel { round, .. } = h.m.next_step() else {
+        panic!("expected a model call")
+    };
+    assert_eq!(round, 1);
+    let saved = serde_json::to_value(h.m.snapshot()).unwrap();
+    assert_eq!(saved["version"], json!(SNAPSHOT_VERSION));
+    assert_eq!(saved["state"]["round"], json!(1));
+    let snapshot: Snapshot = serde_json::from_value(saved.clone()).unwrap();
+    let resumed = Machine::resume(
+        Arc::new(h.m.config().clone()),
+        HookFlags::default(),
+        h.m.catalog().clone(),
+        snapshot,
+    );
+    assert_eq!(resumed.state(), h.m.state());
+    assert_eq!(resumed.state().round(), 1);
+
+    // One written by a later release is refused, naming both versions.
+    let mut later = saved;
+    later["version"] = json!(SNAPSHOT_VERSION + 1);
+    let e = serde_json::from_value::<Snapshot>(later)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("version {}", SNAPSHOT_VERSION + 1))
+            && e.contains(&format!("up to {SNAPSHOT_VERSION}")),
+        "{e}"
+    );
+    // A bare state (no version) is not a snapshot.
+    let bare = serde_json::to_value(h.m.state()).unwrap();
+    assert!(serde_json::from_value::<Snapshot>(bare).is_err());
 }

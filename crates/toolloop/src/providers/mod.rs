@@ -6,11 +6,11 @@
 use crate::model::{ApiError, ModelResponse};
 
 #[cfg(feature = "http")]
+pub(crate) mod adapter;
+#[cfg(feature = "http")]
 pub mod anthropic;
 #[cfg(feature = "http")]
 pub mod gemini;
-#[cfg(feature = "http")]
-mod native_refusal;
 #[cfg(feature = "http")]
 pub mod openai;
 #[cfg(feature = "http")]

@@ -237,6 +237,10 @@ pub struct HttpTransport {
     /// at most 2 s) until this much time has passed since the call's first attempt, whatever
     /// [`HttpTransport::retry`] allows (default 10 s; zero: only the retry policy's retries).
     pub connect_retry: Duration,
+    /// The cassette every request and response is recorded in, or played back from (none by
+    /// default); see [`Cassette`](super::cassette::Cassette). Playing back, a request the
+    /// cassette holds is answered from it and nothing is sent.
+    pub cassette: Option<std::sync::Arc<super::cassette::Cassette>>,
 }
 
 /// The start of the message of a failure to connect (see [`HttpTransport::connect_retry`]).
@@ -427,6 +431,7 @@ impl HttpTransport {
             event_timeout: Duration::from_secs(600),
             debug_log: None,
             connect_retry: Duration::from_secs(10),
+            cassette: None,
         }
     }
 
@@ -663,6 +668,9 @@ impl HttpTransport {
         parse_error: ErrorParser,
         decode: impl Fn(&[u8]) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
+        if let Some(bytes) = self.replayed(url, &body)? {
+            return decode(&bytes);
+        }
         let budget = CallBudget::default();
         let redact = |e: ModelError| Redactor::for_request(url.as_str(), headers).redact_error(e);
         let mut attempt = 0;
@@ -680,7 +688,13 @@ impl HttpTransport {
             }
             let (error, retry) = match read {
                 Ok(bytes) => match decode(&bytes) {
-                    Ok(value) => return Ok(value),
+                    Ok(value) => {
+                        if let Some(cassette) = &self.cassette {
+                            let redactor = Redactor::for_request(url.as_str(), headers);
+                            cassette.record_body(url.as_str(), &body, 200, &bytes, &redactor);
+                        }
+                        return Ok(value);
+                    }
                     Err(e) => {
                         let retry = e.is_retryable() || !is_json(&bytes);
                         (redact(e), retry)
@@ -724,6 +738,20 @@ impl HttpTransport {
         parse_error: ErrorParser,
         budget: &CallBudget,
     ) -> Result<ByteStream, ModelError> {
+        if let Some(bytes) = self.replayed(url, &body)? {
+            // The events as recorded, one piece each, as a server would send them.
+            let pieces: Vec<Result<Bytes, ModelError>> =
+                split_stream(&bytes).into_iter().map(Ok).collect();
+            return Ok(Box::pin(futures::stream::iter(pieces)));
+        }
+        let tape = self.cassette.clone().map(|cassette| StreamTape {
+            cassette,
+            url: url.as_str().to_string(),
+            request: body.clone(),
+            received: Vec::new(),
+            broke: false,
+            redactor: Redactor::for_request(url.as_str(), headers),
+        });
         let response = self
             .with_retries(url, headers, || {
                 self.send_once(url, headers, &body, parse_error, budget)
@@ -738,10 +766,10 @@ impl HttpTransport {
                 Redactor::for_request(url.as_str(), headers),
             )
         });
-        let state = (response.bytes_stream(), 0usize, false, logged);
+        let state = (response.bytes_stream(), 0usize, false, (logged, tape));
         Ok(Box::pin(futures::stream::unfold(
             state,
-            move |(mut body, mut seen, ended, logged)| async move {
+            move |(mut body, mut seen, ended, (logged, mut tape))| async move {
                 if ended {
                     return None;
                 }
@@ -750,6 +778,9 @@ impl HttpTransport {
                     Ok(Some(chunk)) => {
                         if let Some((log, call, redactor)) = &logged {
                             log.chunk(*call, &chunk, redactor);
+                        }
+                        if let Some(tape) = &mut tape {
+                            tape.received.extend_from_slice(&chunk);
                         }
                         seen += chunk.len();
                         if seen > limit {
@@ -761,10 +792,78 @@ impl HttpTransport {
                     Err(e) => Err(e),
                 };
                 let ended = item.is_err();
-                Some((item, (body, seen, ended, logged)))
+                if ended && let Some(tape) = &mut tape {
+                    tape.broke = true;
+                }
+                Some((item, (body, seen, ended, (logged, tape))))
             },
         )))
     }
+}
+
+impl HttpTransport {
+    /// Playing back a cassette: the recorded response body for this request (`None`: not
+    /// playing back, or a request the cassette lacks that goes to the server, the fallback).
+    fn replayed(&self, url: &Endpoint, body: &[u8]) -> Result<Option<Vec<u8>>, ModelError> {
+        use super::cassette::Replayed;
+        let Some(cassette) = self.cassette.as_ref().filter(|c| c.is_replay()) else {
+            return Ok(None);
+        };
+        match cassette.replay_request(url.as_str(), body) {
+            Replayed::Hit(exchange) => Ok(Some(exchange.body_bytes())),
+            Replayed::Miss(_) if cassette.has_fallback() => Ok(None),
+            Replayed::Miss(why) => Err(ModelError::Config(format!(
+                "replaying a cassette: {why}\n(record the run again, or give a live model \
+                 to ask instead with a fallback, `--replay-fallback SPEC`)"
+            ))),
+        }
+    }
+}
+
+/// A streamed response being recorded: what arrived, recorded when the stream is dropped
+/// (read to its end, or left once the adapter had what it needed), unless it broke.
+struct StreamTape {
+    cassette: std::sync::Arc<super::cassette::Cassette>,
+    url: String,
+    request: Bytes,
+    received: Vec<u8>,
+    broke: bool,
+    redactor: Redactor,
+}
+
+impl Drop for StreamTape {
+    fn drop(&mut self) {
+        // Playing back with a fallback, only what went to the server is recorded (appended).
+        if !self.broke && !self.received.is_empty() {
+            self.cassette.record_stream(
+                &self.url,
+                &self.request,
+                200,
+                &self.received,
+                &self.redactor,
+            );
+        }
+    }
+}
+
+/// A recorded stream cut back into its events (each with its blank line).
+fn split_stream(bytes: &[u8]) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut i = 0;
+    while i + 1 < bytes.len() {
+        if bytes[i] == b'\n' && bytes[i + 1] == b'\n' {
+            out.push(Bytes::copy_from_slice(&bytes[start..i + 2]));
+            start = i + 2;
+            i += 2;
+        } else {
+            i += 1;
+        }
+    }
+    if start < bytes.len() {
+        out.push(Bytes::copy_from_slice(&bytes[start..]));
+    }
+    out
 }
 
 /// Wraps a stream opener so that a stream failing with a retryable error *before it delivered

@@ -1,17 +1,18 @@
 //! The transport shared by the HTTP provider adapters: the HTTP client with its retries and
-//! limits ([`http`]), the Server-Sent Events reader ([`sse`]), and the plumbing that carries
-//! bytes, events and errors between them and an adapter's decoder.
+//! limits ([`http`]) and the Server-Sent Events reader ([`sse`]). What carries bytes, events and
+//! errors between them and an adapter's decoder is the adapters' own
+//! (`providers::adapter`).
 //!
 //! Nothing here knows a wire format: what a provider's bodies, events and error objects mean
 //! stays in its adapter ([`crate::providers`]).
 
 #[cfg(feature = "http")]
+pub mod cassette;
+#[cfg(feature = "http")]
 pub mod http;
 #[cfg(feature = "http")]
 pub mod request_log;
 pub mod sse;
-#[cfg(feature = "http")]
-pub(crate) mod wire;
 
 /// Makes rustls's `ring` the process's default TLS crypto provider, unless the program has
 /// installed one already (then that one is used). reqwest builds every client's TLS

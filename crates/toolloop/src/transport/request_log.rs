@@ -223,7 +223,7 @@ fn header_map(headers: &HeaderMap, redactor: &Redactor) -> Value {
 
 /// A body as JSON when it is JSON, else as text; secrets redacted in the decoded text (a
 /// server may write a key it echoes with `\u` escapes, which redacting the bytes would miss).
-fn body_value(body: &[u8], redactor: &Redactor) -> Value {
+pub(crate) fn body_value(body: &[u8], redactor: &Redactor) -> Value {
     match serde_json::from_slice::<Value>(body) {
         Ok(mut value) => {
             redact_json_value(redactor, &mut value);
@@ -234,7 +234,7 @@ fn body_value(body: &[u8], redactor: &Redactor) -> Value {
 }
 
 /// Text that may hold JSON (a piece of a stream): its `\u` escapes written out, then redacted.
-fn redact_text(text: &str, redactor: &Redactor) -> String {
+pub(crate) fn redact_text(text: &str, redactor: &Redactor) -> String {
     redactor.redact(&unescape_json_text(text))
 }
 

@@ -1,8 +1,9 @@
 //! How to reach the Anthropic Messages API, and the checks made before anything is sent.
 
 use crate::model::ModelError;
+use crate::providers::adapter;
+use crate::providers::adapter::Vars;
 use crate::transport::http::HttpTransport;
-use crate::transport::wire;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -89,10 +90,11 @@ impl AnthropicConfig {
                     .into(),
             ));
         }
-        if let Some(url) = var("ANTHROPIC_BASE_URL").filter(|u| !u.trim().is_empty()) {
-            config.base_url = url.trim().to_string();
+        let vars = Vars::read(var, &["ANTHROPIC_BASE_URL"], &["ANTHROPIC_API_KEY"]);
+        if let Some(url) = vars.base_url {
+            config.base_url = url;
         }
-        config.api_key = var("ANTHROPIC_API_KEY").filter(|k| !k.trim().is_empty());
+        config.api_key = vars.api_key;
         if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
             return Err(ModelError::Config(
                 "ANTHROPIC_API_KEY is not set: the Anthropic API needs a key (or set \
@@ -104,7 +106,7 @@ impl AnthropicConfig {
     }
 
     /// The Messages endpoint: `{base_url}/v1/messages`.
-    pub fn messages_url(&self) -> String {
+    pub fn endpoint(&self) -> String {
         let base = self.base_url.trim_end_matches('/');
         let base = base.strip_suffix("/v1").unwrap_or(base);
         format!("{base}/v1/messages")
@@ -150,7 +152,7 @@ impl AnthropicConfig {
     /// Checks the configuration without sending anything: the base URL (see
     /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
     pub fn validate(&self) -> Result<(), ModelError> {
-        wire::validate_config(
+        adapter::validate_config(
             "Anthropic",
             &self.base_url,
             self.extra.as_ref(),
@@ -179,7 +181,7 @@ mod tests {
             _ => None,
         };
         let c = AnthropicConfig::from_vars("claude-x", vars).unwrap();
-        assert_eq!(c.messages_url(), "https://api.anthropic.com/v1/messages");
+        assert_eq!(c.endpoint(), "https://api.anthropic.com/v1/messages");
         assert_eq!(c.headers().unwrap()["x-api-key"], "sk-1");
         assert_eq!(c.headers().unwrap()["anthropic-version"], DEFAULT_VERSION);
         let err = AnthropicConfig::from_vars("claude-x", |_| None).unwrap_err();
@@ -188,6 +190,6 @@ mod tests {
             (k == "ANTHROPIC_BASE_URL").then(|| "http://127.0.0.1:9/v1/".to_string())
         })
         .unwrap();
-        assert_eq!(local.messages_url(), "http://127.0.0.1:9/v1/messages");
+        assert_eq!(local.endpoint(), "http://127.0.0.1:9/v1/messages");
     }
 }

@@ -3,8 +3,8 @@
 use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
+use crate::providers::adapter::snippet;
 use crate::transport::http::retryable_status;
-use crate::transport::wire::snippet;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 

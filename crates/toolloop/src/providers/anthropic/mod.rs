@@ -32,13 +32,13 @@
 //! `cache_creation_input_tokens` (toolloop's [`Usage`](crate::usage::Usage) counts cached tokens as
 //! input).
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::native_refusal::{self, ContextRefusal};
-use crate::transport::wire;
-use async_trait::async_trait;
-use futures::StreamExt;
+use crate::providers::adapter::{self, HttpAdapter};
+use crate::transport::http::{ErrorParser, HttpTransport};
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
 use response::decode_message_body;
 use stream::StreamDecoder;
 
@@ -54,15 +54,19 @@ pub use config::{
 };
 use error::classify;
 pub use error::parse_error;
-pub use request::{build_request_body, wire_id};
-pub use response::decode_message;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 
 /// A model behind the Anthropic Messages API.
 #[derive(Debug, Clone)]
 pub struct AnthropicModel {
     config: AnthropicConfig,
     /// Whether the server refused `context_management` (shared by clones).
-    refusal: ContextRefusal,
+    refusal: adapter::ContextRefusal,
 }
 
 impl AnthropicModel {
@@ -70,7 +74,7 @@ impl AnthropicModel {
     pub fn new(config: AnthropicConfig) -> Self {
         AnthropicModel {
             config,
-            refusal: ContextRefusal::default(),
+            refusal: adapter::ContextRefusal::default(),
         }
     }
 
@@ -80,134 +84,67 @@ impl AnthropicModel {
     }
 }
 
-impl AnthropicModel {
-    async fn complete_once(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        wire::check_extras(
-            "Anthropic",
-            self.config.extra.as_ref(),
-            Some(request),
-            OWNED_FIELDS,
-        )?;
-        let body = build_request_body(request, &self.config, false);
-        self.config
-            .transport
-            .post_json(
-                &self.config.messages_url().into(),
-                &request::headers(&self.config, request)?,
-                body.to_string().into(),
-                parse_error,
-                decode_message_body,
-            )
-            .await
-            .map_err(classify)
-    }
+impl HttpAdapter for AnthropicModel {
+    type StreamDecoder = StreamDecoder;
+    const PARSE_ERROR: ErrorParser = parse_error;
 
-    async fn stream_once(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        wire::check_extras(
-            "Anthropic",
-            self.config.extra.as_ref(),
-            Some(request),
-            OWNED_FIELDS,
-        )?;
-        let body = build_request_body(request, &self.config, true).to_string();
-        let stream = wire::open_sse_stream(
-            &self.config.transport,
-            self.config.messages_url().into(),
-            request::headers(&self.config, request)?,
-            body.into(),
-            parse_error,
-            StreamDecoder::default,
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
-    }
-}
-
-#[async_trait]
-impl Model for AnthropicModel {
-    fn name(&self) -> &str {
+    fn model(&self) -> &str {
         &self.config.model
     }
 
-    /// A request asking for `context_management` that the server refuses is sent again
-    /// without it (see [`crate::context::native`]).
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        if let Some(settings) = self.refusal.settings_without(request) {
-            let request = ModelRequest {
-                settings: &settings,
-                ..*request
-            };
-            return self
-                .complete_once(&request)
-                .await
-                .map(native_refusal::mark_refused);
-        }
-        match self.complete_once(request).await {
-            Err(e) => {
-                let Some(settings) =
-                    self.refusal
-                        .learn(request, &e, &self.config.base_url, &self.config.model)
-                else {
-                    return Err(e);
-                };
-                let request = ModelRequest {
-                    settings: &settings,
-                    ..*request
-                };
-                self.complete_once(&request)
-                    .await
-                    .map(native_refusal::mark_refused)
-            }
-            done => done,
-        }
+    fn transport(&self) -> &HttpTransport {
+        &self.config.transport
     }
 
-    /// As [`Self::complete`], the refusal coming as the stream's opening error.
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let settings = match self.refusal.settings_without(request) {
-            Some(settings) => settings,
-            None => match self.stream_once(request).await {
-                Err(e) => {
-                    match self
-                        .refusal
-                        .learn(request, &e, &self.config.base_url, &self.config.model)
-                    {
-                        Some(settings) => settings,
-                        None => return Err(e),
-                    }
-                }
-                open => return open,
-            },
-        };
-        let request = ModelRequest {
-            settings: &settings,
-            ..*request
-        };
-        let stream = self.stream_once(&request).await?;
-        let head = futures::stream::once(async { Ok(native_refusal::refused_event()) });
-        Ok(Box::pin(head.chain(stream)))
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.config.endpoint()
     }
 
-    /// The Messages API clears old tool results itself (`context_management`), unless this
-    /// model's server refused it.
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        request::headers(&self.config, request)
+    }
+
+    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+        adapter::check_extras(
+            "Anthropic",
+            self.config.extra.as_ref(),
+            Some(request),
+            OWNED_FIELDS,
+        )?;
+        Ok(build_request_body(request, &self.config, stream)
+            .to_string()
+            .into())
+    }
+
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_message_body(body)
+    }
+
+    fn stream_decoder(_status: u16) -> StreamDecoder {
+        StreamDecoder::default()
+    }
+
+    fn classify(error: ModelError) -> ModelError {
+        classify(error)
+    }
+
+    /// The Messages API clears old tool results itself (`context_management`).
     fn native_context(&self) -> crate::context::NativeSupport {
         crate::context::NativeSupport {
-            clear_tool_results: !self.refusal.refused(),
+            clear_tool_results: true,
             compaction: false,
         }
     }
+
+    /// A server or model without `context_management` refuses it: remembered here.
+    fn context_refusal(&self) -> Option<&adapter::ContextRefusal> {
+        Some(&self.refusal)
+    }
 }
+
 /// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
 /// whether the body is an SSE stream. Used by the conformance tests.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    wire::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        StreamDecoder::default(),
-        |body| wire::whole(decode_message_body(body)),
-    )
+    adapter::decode_recorded_by::<AnthropicModel>(status, body, stream)
 }

@@ -5,7 +5,7 @@ use super::config::{AnthropicConfig, MAX_CACHE_BREAKPOINTS, PROVIDER};
 use crate::image::{Image, ImageSource};
 use crate::message::Message;
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 pub(super) struct Turn {
@@ -42,7 +42,7 @@ fn image_block(image: &Image) -> Value {
 
 /// A tool-use id as Anthropic accepts it (`^[a-zA-Z0-9_-]+$`): other characters become `_`.
 /// Applied alike to `tool_use` and `tool_result`, so ids from other providers still pair up.
-pub fn wire_id(id: &str) -> String {
+pub(super) fn wire_id(id: &str) -> String {
     if id.is_empty() {
         return "toolu_missing_id".to_string();
     }
@@ -220,6 +220,7 @@ pub(super) fn headers(
 }
 
 /// The Messages request body for `req`.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
     let mut system: Vec<Value> = Vec::new();
     let mut turns: Vec<Turn> = Vec::new();

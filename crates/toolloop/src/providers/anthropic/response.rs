@@ -5,7 +5,7 @@ use super::error::stream_error;
 use crate::context::NativeReport;
 use crate::message::{ProviderPart, ToolCall};
 use crate::model::{ApiError, FinishReason, ModelError, ModelResponse};
-use crate::transport::wire::snippet;
+use crate::providers::adapter::snippet;
 use crate::usage::Usage;
 use serde_json::{Value, json};
 
@@ -73,7 +73,7 @@ pub(super) fn finish_reason(stop_reason: Option<&str>, has_calls: bool) -> Finis
 }
 
 /// Decodes a complete (non-streamed) Messages response.
-pub fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
+pub(super) fn decode_message(v: &Value) -> Result<ModelResponse, ModelError> {
     if v["type"] == "error" {
         return Err(ModelError::Api(ApiError {
             status: 200,

@@ -5,9 +5,9 @@ use super::error::stream_error;
 use super::response::{WireUsage, call_extras, finish_reason};
 use crate::message::ProviderPart;
 use crate::model::ModelError;
+use crate::providers::adapter::{SseDecode, snippet};
 use crate::stream::StreamEvent;
 use crate::transport::sse::SseEvent;
-use crate::transport::wire::{SseDecode, snippet};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
@@ -30,7 +30,7 @@ pub(super) enum Block {
 
 /// Turns Messages stream events into [`StreamEvent`]s.
 #[derive(Default)]
-pub(super) struct StreamDecoder {
+pub(crate) struct StreamDecoder {
     blocks: BTreeMap<u64, Block>,
     usage: WireUsage,
     stop_reason: Option<String>,

@@ -1,8 +1,9 @@
 //! How to reach the Gemini API, and the checks made before anything is sent.
 
 use crate::model::ModelError;
+use crate::providers::adapter;
+use crate::providers::adapter::Vars;
 use crate::transport::http::HttpTransport;
-use crate::transport::wire;
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
@@ -73,13 +74,15 @@ impl GeminiConfig {
                     .into(),
             ));
         }
-        let nonempty = |name: &str| var(name).filter(|v| !v.trim().is_empty());
-        if let Some(url) =
-            nonempty("GEMINI_BASE_URL").or_else(|| nonempty("GOOGLE_GEMINI_BASE_URL"))
-        {
-            config.base_url = url.trim().to_string();
+        let vars = Vars::read(
+            var,
+            &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+            &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+        );
+        if let Some(url) = vars.base_url {
+            config.base_url = url;
         }
-        config.api_key = nonempty("GEMINI_API_KEY").or_else(|| nonempty("GOOGLE_API_KEY"));
+        config.api_key = vars.api_key;
         if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
             return Err(ModelError::Config(
                 "neither GEMINI_API_KEY nor GOOGLE_API_KEY is set: the Gemini API needs a key \
@@ -104,14 +107,14 @@ impl GeminiConfig {
         }
     }
 
-    /// The `generateContent` endpoint for `model`.
-    pub fn generate_url(&self, model: &str) -> String {
-        format!("{}:generateContent", self.model_url(model))
-    }
-
-    /// The streaming endpoint for `model` (`streamGenerateContent?alt=sse`).
-    pub fn stream_url(&self, model: &str) -> String {
-        format!("{}:streamGenerateContent?alt=sse", self.model_url(model))
+    /// The endpoint for `model`: `generateContent`, or streamed,
+    /// `streamGenerateContent?alt=sse`.
+    pub fn endpoint(&self, model: &str, stream: bool) -> String {
+        if stream {
+            format!("{}:streamGenerateContent?alt=sse", self.model_url(model))
+        } else {
+            format!("{}:generateContent", self.model_url(model))
+        }
     }
 
     /// The request headers: `x-goog-api-key` when there is a key.
@@ -148,7 +151,7 @@ impl GeminiConfig {
     /// Checks the configuration without sending anything: the base URL (see
     /// [`crate::providers::check_base_url`]) and `extra` (none of the [`OWNED_FIELDS`]).
     pub fn validate(&self) -> Result<(), ModelError> {
-        wire::validate_config("Gemini", &self.base_url, self.extra.as_ref(), OWNED_FIELDS)
+        adapter::validate_config("Gemini", &self.base_url, self.extra.as_ref(), OWNED_FIELDS)
     }
 }
 
@@ -172,7 +175,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(
-            c.generate_url(&c.model),
+            c.endpoint(&c.model, false),
             "https://generativelanguage.googleapis.com/v1beta/models/gemini-2.5-flash:generateContent"
         );
         assert_eq!(c.headers().unwrap()["x-goog-api-key"], "g-key");
@@ -181,7 +184,7 @@ mod tests {
         })
         .unwrap();
         assert_eq!(
-            local.stream_url("m"),
+            local.endpoint("m", true),
             "http://127.0.0.1:1/v1beta/models/m:streamGenerateContent?alt=sse"
         );
         assert!(

@@ -29,12 +29,13 @@
 //! the `{"error": {code, message, status, details}}` body; a `google.rpc.RetryInfo` detail's
 //! `retryDelay` becomes the wait before a retry.
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::transport::wire;
-use async_trait::async_trait;
-use futures::StreamExt;
+use crate::providers::adapter::{self, HttpAdapter};
+use crate::transport::http::{ErrorParser, HttpTransport};
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
 use response::decode_body;
 use stream::ChunkDecoder;
 
@@ -48,7 +49,13 @@ pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROV
 use error::classify;
 pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
-pub use request::{PLACEHOLDER_THOUGHT_SIGNATURE, build_request_body};
+pub use request::PLACEHOLDER_THOUGHT_SIGNATURE;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 pub use response::decode_response;
 
 /// A model behind the Gemini API.
@@ -73,66 +80,46 @@ impl GeminiModel {
     }
 }
 
-#[async_trait]
-impl Model for GeminiModel {
-    fn name(&self) -> &str {
+impl HttpAdapter for GeminiModel {
+    type StreamDecoder = ChunkDecoder;
+    const PARSE_ERROR: ErrorParser = parse_error;
+
+    fn model(&self) -> &str {
         &self.config.model
     }
 
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        wire::check_extras(
+    fn transport(&self) -> &HttpTransport {
+        &self.config.transport
+    }
+
+    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> String {
+        self.config.endpoint(self.model_for(request), stream)
+    }
+
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.config.headers()
+    }
+
+    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+        adapter::check_extras(
             "Gemini",
             self.config.extra.as_ref(),
             Some(request),
             OWNED_FIELDS,
         )?;
-        let body = build_request_body(request, &self.config, false);
-        self.config
-            .transport
-            .post_json(
-                &self.config.generate_url(self.model_for(request)).into(),
-                &self.config.headers()?,
-                body.to_string().into(),
-                parse_error,
-                decode_body,
-            )
-            .await
-            .map_err(classify)
+        Ok(build_request_body(request, &self.config, stream)
+            .to_string()
+            .into())
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        wire::check_extras(
-            "Gemini",
-            self.config.extra.as_ref(),
-            Some(request),
-            OWNED_FIELDS,
-        )?;
-        let body = build_request_body(request, &self.config, true).to_string();
-        let stream = wire::open_sse_stream(
-            &self.config.transport,
-            self.config.stream_url(self.model_for(request)).into(),
-            self.config.headers()?,
-            body.into(),
-            parse_error,
-            ChunkDecoder::default,
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_body(body)
     }
-}
 
-/// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
-/// whether the body is an SSE stream (`alt=sse`). Used by the conformance tests.
-#[cfg(any(test, feature = "testing"))]
-pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    wire::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        ChunkDecoder::default(),
-        |body| match serde_json::from_slice::<serde_json::Value>(body) {
+    /// What the candidates hold before an error in them.
+    #[cfg(any(test, feature = "testing"))]
+    fn decode_partial(body: &[u8]) -> adapter::Partial {
+        match serde_json::from_slice::<serde_json::Value>(body) {
             Ok(v) => response::decode_chunks(std::slice::from_ref(&v)),
             Err(e) => (
                 ModelResponse::default(),
@@ -140,8 +127,23 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
                     "the Gemini response is not JSON ({e})"
                 ))),
             ),
-        },
-    )
+        }
+    }
+
+    fn stream_decoder(_status: u16) -> ChunkDecoder {
+        ChunkDecoder::default()
+    }
+
+    fn classify(error: ModelError) -> ModelError {
+        classify(error)
+    }
+}
+
+/// Decodes a recorded response body as the adapter would: `status` is the HTTP status, `stream`
+/// whether the body is an SSE stream (`alt=sse`). Used by the conformance tests.
+#[cfg(any(test, feature = "testing"))]
+pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
+    adapter::decode_recorded_by::<GeminiModel>(status, body, stream)
 }
 
 /// A real-shaped response: a thought part, then two parallel calls, the first signed.

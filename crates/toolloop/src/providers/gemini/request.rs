@@ -4,7 +4,7 @@ use super::config::{GeminiConfig, PROVIDER};
 use crate::image::{Image, ImageSource};
 use crate::message::{AssistantMessage, Message, ProviderPart};
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 /// A call of a model turn: our id, its name, and the id Gemini gave it, if any.
@@ -220,6 +220,7 @@ pub(super) fn place_results(turns: &mut [Turn]) {
 }
 
 /// The `generateContent` request body for `req` (the same for the streaming endpoint).
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
     let _ = stream; // streaming is chosen by the endpoint, not the body
     let mut system: Vec<Value> = Vec::new();

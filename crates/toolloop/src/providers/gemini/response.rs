@@ -2,8 +2,8 @@
 
 use super::stream::ChunkDecoder;
 use crate::model::{ModelError, ModelResponse};
-use crate::transport::wire;
-use crate::transport::wire::{Partial, snippet};
+use crate::providers::adapter;
+use crate::providers::adapter::{Partial, snippet};
 use serde_json::Value;
 
 /// Decodes a complete `generateContent` response (or a JSON array of streamed chunks).
@@ -28,7 +28,7 @@ pub(super) fn decode_chunks(chunks: &[Value]) -> Partial {
         .into_iter()
         .try_for_each(|c| decoder.chunk(c, &mut events))
         .and_then(|()| decoder.end(&mut events));
-    wire::accumulate(events, result)
+    adapter::accumulate(events, result)
 }
 
 pub(super) fn decode_body(body: &[u8]) -> Result<ModelResponse, ModelError> {

@@ -5,9 +5,9 @@ use super::config::PROVIDER;
 use super::error::api_error;
 use crate::message::{ProviderPart, new_call_id};
 use crate::model::{FinishReason, ModelError};
+use crate::providers::adapter::{SseDecode, snippet};
 use crate::stream::StreamEvent;
 use crate::transport::sse::SseEvent;
-use crate::transport::wire::{SseDecode, snippet};
 use crate::usage::Usage;
 use serde_json::{Map, Value, json};
 
@@ -78,7 +78,7 @@ pub(super) fn finish(
 /// Turns `GenerateContentResponse` chunks (one for a complete response, many for a stream)
 /// into [`StreamEvent`]s.
 #[derive(Default)]
-pub(super) struct ChunkDecoder {
+pub(crate) struct ChunkDecoder {
     calls: usize,
     finish_reason: Option<String>,
     finish_message: Option<String>,

@@ -2,6 +2,7 @@
 
 use super::error::preview;
 use crate::model::ModelError;
+use crate::providers::adapter::Vars;
 use crate::transport::http::HttpTransport;
 use serde_json::Value;
 
@@ -120,13 +121,13 @@ impl OpenAiConfig {
         api_key_env: Option<&str>,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ModelError> {
-        let nonempty = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let base_url = nonempty("OPENAI_BASE_URL")
-            .map(|u| u.trim().to_string())
+        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
+        let vars = Vars::read(lookup, &["OPENAI_BASE_URL"], &[key_var]);
+        let base_url = vars
+            .base_url
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let mut config = OpenAiConfig::new(model).with_base_url(base_url);
-        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
-        config.api_key = nonempty(key_var).map(|k| k.trim().to_string());
+        config.api_key = vars.api_key;
         if config.api_key.is_none() {
             if api_key_env.is_some() {
                 return Err(ModelError::Config(format!(
@@ -196,7 +197,7 @@ pub const OWNED_FIELDS: &[&str] = &[
 ];
 
 pub(super) fn refuse_owned_fields(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
-    crate::transport::wire::refuse_owned_fields("OpenAI", what, extra, OWNED_FIELDS)
+    crate::providers::adapter::refuse_owned_fields("OpenAI", what, extra, OWNED_FIELDS)
 }
 
 impl OpenAiConfig {

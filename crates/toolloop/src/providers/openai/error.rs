@@ -4,8 +4,8 @@ use super::response::as_count;
 use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
+use crate::providers::adapter;
 use crate::transport::http::{retry_after, retryable_status};
-use crate::transport::wire;
 use reqwest::header::HeaderMap;
 use serde_json::Value;
 
@@ -256,7 +256,7 @@ pub(super) fn refuses_json_schema(e: &ModelError) -> Option<String> {
 
 /// A short, char-boundary-safe excerpt of external text for error messages.
 pub(super) fn preview(text: &str) -> String {
-    wire::preview(text, 300)
+    adapter::preview(text, 300)
 }
 
 /// The gist of a server's error message for a one-line warning: its first paragraph (a Python

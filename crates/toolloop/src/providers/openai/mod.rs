@@ -91,9 +91,9 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
+use crate::providers::adapter;
 use crate::ptk::Rescue;
 use crate::transport::http::Endpoint;
-use crate::transport::wire;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
@@ -115,6 +115,11 @@ mod stream;
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, OpenAiConfig, PROVIDER, ReminderRole};
 pub(crate) use error::api_error_from_value;
 pub use error::parse_error;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(not(feature = "testing"))]
+use request::WireRequest;
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub use request::{WireRequest, build_request_body};
 
 /// A model behind the OpenAI Chat Completions API.
@@ -394,7 +399,7 @@ impl OpenAiModel {
         let inner = &self.inner;
         let rescue_tools: Option<Arc<[ToolSpec]>> =
             self.rescues(request).then(|| Arc::from(request.tools));
-        let stream = wire::open_sse_stream(
+        let stream = adapter::open_sse_stream(
             &inner.config.transport,
             inner.url.clone(),
             inner.headers(),
@@ -533,13 +538,13 @@ impl Model for OpenAiSession {
 /// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    wire::decode_recorded(
+    adapter::decode_recorded(
         status,
         body,
         stream,
         parse_error,
         ChunkDecoder::new(status),
-        |body| wire::whole(decode_response(body)),
+        |body| adapter::whole(decode_response(body)),
     )
 }
 

@@ -7,7 +7,7 @@ use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
 use crate::output::OutputSchema;
-use crate::transport::wire::json_number;
+use crate::providers::adapter::json_number;
 use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
@@ -24,6 +24,7 @@ use serde_json::{Value, json};
 /// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
 /// a JSON object is ignored here ([`OpenAiModel`](super::OpenAiModel) refuses it with a clear
 /// error).
+#[cfg(any(test, feature = "testing"))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream: bool) -> Value {
     // Serializing into a value cannot fail: every map key is a string.
     serde_json::to_value(WireRequest::new(req, config, stream)).unwrap_or(Value::Null)
@@ -31,6 +32,7 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream:
 
 /// A Chat Completions request body that serializes straight from the conversation, borrowing
 /// it; [`build_request_body`] is the same body as a JSON value.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub struct WireRequest<'a> {
     req: &'a ModelRequest<'a>,
     config: &'a OpenAiConfig,
@@ -49,6 +51,7 @@ pub struct WireRequest<'a> {
     json_object_output: bool,
 }
 
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 impl<'a> WireRequest<'a> {
     /// The body of `req` for a server configured by `config`, streamed or not.
     pub fn new(req: &'a ModelRequest<'a>, config: &'a OpenAiConfig, stream: bool) -> Self {

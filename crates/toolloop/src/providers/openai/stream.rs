@@ -5,10 +5,10 @@ use super::error::{api_error_from_value, preview};
 use super::response::{arguments_text, content_text, map_finish, settle_finish, usage_of};
 use crate::message::ProviderPart;
 use crate::model::{FinishReason, ModelError};
+use crate::providers::adapter::SseDecode;
 use crate::ptk::Rescue;
 use crate::stream::StreamEvent;
 use crate::transport::sse::SseEvent;
-use crate::transport::wire::SseDecode;
 use serde_json::{Value, json};
 
 /// One tool call being streamed.
@@ -274,7 +274,7 @@ mod tests {
     use super::*;
     use crate::model::{ModelResponse, ToolSpec};
     use crate::providers::Decoded;
-    use crate::transport::wire;
+    use crate::providers::adapter;
     use proptest::prelude::*;
 
     fn decode_stream(body: &str) -> Decoded {
@@ -367,7 +367,7 @@ mod tests {
     /// Decodes `body` fed in the given pieces, as events (so ids made up for missing ones do not
     /// differ between runs).
     fn events_in_pieces(body: &[u8], cuts: &[usize]) -> (Vec<StreamEvent>, Option<String>) {
-        let mut d = wire::SseReader::new(ChunkDecoder::new(200));
+        let mut d = adapter::SseReader::new(ChunkDecoder::new(200));
         let mut out = Vec::new();
         let mut last = 0;
         let mut cuts: Vec<usize> = cuts.iter().map(|c| c % (body.len() + 1)).collect();
@@ -403,7 +403,7 @@ mod tests {
         let body = sse(&chunks);
         let mut decoder = ChunkDecoder::new(200);
         decoder.rescue = Some(Rescue::new(tools));
-        let mut reader = wire::SseReader::new(decoder);
+        let mut reader = adapter::SseReader::new(decoder);
         let mut events = Vec::new();
         reader.push(body.as_bytes(), &mut events).unwrap();
         reader.finish(&mut events).unwrap();

@@ -2,8 +2,9 @@
 //! anything is sent.
 
 use crate::model::ModelError;
+use crate::providers::adapter;
+use crate::providers::adapter::Vars;
 use crate::transport::http::HttpTransport;
-use crate::transport::wire;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::Value;
 
@@ -118,13 +119,13 @@ impl ResponsesConfig {
                     .into(),
             ));
         }
-        let nonempty = |name: &str| lookup(name).filter(|v| !v.trim().is_empty());
-        let base_url = nonempty("OPENAI_BASE_URL")
-            .map(|u| u.trim().to_string())
+        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
+        let vars = Vars::read(lookup, &["OPENAI_BASE_URL"], &[key_var]);
+        let base_url = vars
+            .base_url
             .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
         let mut config = ResponsesConfig::new(model.trim()).with_base_url(base_url);
-        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
-        config.api_key = nonempty(key_var).map(|k| k.trim().to_string());
+        config.api_key = vars.api_key;
         if config.api_key.is_none() {
             if api_key_env.is_some() {
                 return Err(ModelError::Config(format!(
@@ -195,7 +196,7 @@ impl ResponsesConfig {
     /// [`OWNED_FIELDS`]).
     pub fn validate(&self) -> Result<(), ModelError> {
         check_extra("the adapter's `extra`", self.extra.as_ref())?;
-        wire::validate_config(
+        adapter::validate_config(
             "OpenAI Responses",
             &self.base_url,
             self.extra.as_ref(),
@@ -208,12 +209,12 @@ impl ResponsesConfig {
 pub(super) fn check_extra(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
     match extra {
         None | Some(Value::Object(_)) => {
-            wire::refuse_owned_fields("OpenAI Responses", what, extra, OWNED_FIELDS)
+            adapter::refuse_owned_fields("OpenAI Responses", what, extra, OWNED_FIELDS)
         }
         Some(other) => Err(ModelError::Config(format!(
             "{what} must be a JSON object of top-level request fields (like \
              {{\"reasoning\": {{\"effort\": \"low\"}}}}), got {}",
-            wire::preview(&other.to_string(), 300)
+            adapter::preview(&other.to_string(), 300)
         ))),
     }
 }

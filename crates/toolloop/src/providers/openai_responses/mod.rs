@@ -58,14 +58,15 @@
 //! [`ModelError::Api`] with the error's code and message, retryable when the code or type says
 //! the server failed or was rate-limited.
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::native_refusal::{self, ContextRefusal};
-use crate::transport::wire;
-use async_trait::async_trait;
+#[cfg(any(test, feature = "testing"))]
+use crate::providers::adapter;
+use crate::providers::adapter::HttpAdapter;
+use crate::transport::http::ErrorParser;
 use error::classify;
-use futures::StreamExt;
+use reqwest::header::HeaderMap;
 use response::decode_response_body;
 use stream::StreamDecoder;
 
@@ -77,7 +78,12 @@ mod stream;
 
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, PROVIDER, ResponsesConfig};
 pub use error::parse_error;
+// Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub use request::build_request_body;
+#[cfg(not(feature = "testing"))]
+use request::build_request_body;
 pub use response::decode_response;
 
 /// A model behind the OpenAI Responses API.
@@ -85,7 +91,7 @@ pub use response::decode_response;
 pub struct ResponsesModel {
     config: ResponsesConfig,
     /// Whether the server refused `context_management` (shared by clones).
-    refusal: ContextRefusal,
+    refusal: crate::providers::adapter::ContextRefusal,
 }
 
 impl ResponsesModel {
@@ -94,7 +100,7 @@ impl ResponsesModel {
     pub fn new(config: ResponsesConfig) -> Self {
         ResponsesModel {
             config,
-            refusal: ContextRefusal::default(),
+            refusal: crate::providers::adapter::ContextRefusal::default(),
         }
     }
 
@@ -119,110 +125,53 @@ impl ResponsesModel {
     }
 }
 
-impl ResponsesModel {
-    async fn complete_once(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.request_body(request, false)?;
-        self.config
-            .transport
-            .post_json(
-                &self.config.endpoint().into(),
-                &self.config.headers()?,
-                body,
-                parse_error,
-                decode_response_body,
-            )
-            .await
-            .map_err(classify)
-    }
+impl HttpAdapter for ResponsesModel {
+    type StreamDecoder = StreamDecoder;
+    const PARSE_ERROR: ErrorParser = parse_error;
 
-    async fn stream_once(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.request_body(request, true)?;
-        let stream = wire::open_sse_stream(
-            &self.config.transport,
-            self.config.endpoint().into(),
-            self.config.headers()?,
-            body,
-            parse_error,
-            || StreamDecoder::new(200),
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
-    }
-}
-
-#[async_trait]
-impl Model for ResponsesModel {
-    fn name(&self) -> &str {
+    fn model(&self) -> &str {
         &self.config.model
     }
 
-    /// A request asking for `context_management` that the server refuses is sent again
-    /// without it (see [`crate::context::native`]).
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        if let Some(settings) = self.refusal.settings_without(request) {
-            let request = ModelRequest {
-                settings: &settings,
-                ..*request
-            };
-            return self
-                .complete_once(&request)
-                .await
-                .map(native_refusal::mark_refused);
-        }
-        match self.complete_once(request).await {
-            Err(e) => {
-                let Some(settings) =
-                    self.refusal
-                        .learn(request, &e, &self.config.base_url, &self.config.model)
-                else {
-                    return Err(e);
-                };
-                let request = ModelRequest {
-                    settings: &settings,
-                    ..*request
-                };
-                self.complete_once(&request)
-                    .await
-                    .map(native_refusal::mark_refused)
-            }
-            done => done,
-        }
+    fn transport(&self) -> &crate::transport::http::HttpTransport {
+        &self.config.transport
     }
 
-    /// As [`Self::complete`], the refusal coming as the stream's opening error.
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let settings = match self.refusal.settings_without(request) {
-            Some(settings) => settings,
-            None => match self.stream_once(request).await {
-                Err(e) => {
-                    match self
-                        .refusal
-                        .learn(request, &e, &self.config.base_url, &self.config.model)
-                    {
-                        Some(settings) => settings,
-                        None => return Err(e),
-                    }
-                }
-                open => return open,
-            },
-        };
-        let request = ModelRequest {
-            settings: &settings,
-            ..*request
-        };
-        let stream = self.stream_once(&request).await?;
-        let head = futures::stream::once(async { Ok(native_refusal::refused_event()) });
-        Ok(Box::pin(head.chain(stream)))
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.config.endpoint()
     }
 
-    /// The Responses API compacts the conversation itself (`context_management`), unless
-    /// this model's server refused it.
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.config.headers()
+    }
+
+    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<bytes::Bytes, ModelError> {
+        self.request_body(request, stream)
+    }
+
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_response_body(body)
+    }
+
+    fn stream_decoder(status: u16) -> StreamDecoder {
+        StreamDecoder::new(status)
+    }
+
+    fn classify(error: ModelError) -> ModelError {
+        classify(error)
+    }
+
+    /// The Responses API compacts the conversation itself (`context_management`).
     fn native_context(&self) -> crate::context::NativeSupport {
         crate::context::NativeSupport {
             clear_tool_results: false,
-            compaction: !self.refusal.refused(),
+            compaction: true,
         }
+    }
+
+    /// A server or model without `context_management` refuses it: remembered here.
+    fn context_refusal(&self) -> Option<&crate::providers::adapter::ContextRefusal> {
+        Some(&self.refusal)
     }
 }
 
@@ -230,12 +179,5 @@ impl Model for ResponsesModel {
 /// `status`, the raw body, and whether it is an SSE stream.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    wire::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        StreamDecoder::new(status),
-        |body| wire::whole(decode_response_body(body)),
-    )
+    adapter::decode_recorded_by::<ResponsesModel>(status, body, stream)
 }

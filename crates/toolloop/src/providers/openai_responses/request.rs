@@ -3,7 +3,7 @@
 use super::config::{PROVIDER, ResponsesConfig};
 use crate::message::Message;
 use crate::model::{ModelRequest, ToolChoice};
-use crate::transport::wire::{json_number, merge_extras};
+use crate::providers::adapter::{json_number, merge_extras};
 use serde_json::{Map, Value, json};
 
 /// The JSON body of one Responses API request.
@@ -31,6 +31,7 @@ use serde_json::{Map, Value, json};
 /// `config.extra`, then `settings.extra`, are merged into the top level last (objects merged
 /// recursively); a value that is not a JSON object is ignored here
 /// ([`ResponsesModel`](super::ResponsesModel) refuses it with a clear error).
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stream: bool) -> Value {
     let settings = req.settings;
     let mut body = Map::new();

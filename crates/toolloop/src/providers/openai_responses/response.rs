@@ -4,7 +4,7 @@ use super::config::PROVIDER;
 use super::error::event_error;
 use crate::message::{ProviderPart, ToolCall, new_call_id};
 use crate::model::{FinishReason, ModelError, ModelResponse};
-use crate::transport::wire::snippet;
+use crate::providers::adapter::snippet;
 use crate::usage::Usage;
 use serde_json::{Value, json};
 

@@ -7,9 +7,9 @@ use super::response::{
 };
 use crate::message::ProviderPart;
 use crate::model::{FinishReason, ModelError};
+use crate::providers::adapter::{SseDecode, snippet};
 use crate::stream::StreamEvent;
 use crate::transport::sse::SseEvent;
-use crate::transport::wire::{SseDecode, snippet};
 use serde_json::Value;
 
 /// What an output item being streamed is.
@@ -43,7 +43,7 @@ struct Item {
 /// of first appearance; unknown events are ignored; the stream is complete at
 /// `response.completed` or `response.incomplete`.
 #[derive(Debug)]
-pub(super) struct StreamDecoder {
+pub(crate) struct StreamDecoder {
     /// HTTP status, reported with an in-stream error.
     status: u16,
     items: Vec<Item>,

@@ -110,7 +110,7 @@ pub(crate) fn refuses_context(e: &ModelError) -> Option<String> {
         format!(
             "HTTP {}: {}",
             a.status,
-            crate::transport::wire::preview(&a.message, 200)
+            super::plumbing::preview(&a.message, 200)
         )
     })
 }

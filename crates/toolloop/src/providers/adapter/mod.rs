@@ -1,0 +1,256 @@
+//! What the HTTP adapters share: the [`HttpAdapter`] trait an adapter implements (where a call
+//! goes, its headers and body, what its error bodies, responses and stream events mean), the one
+//! [`Model`] implementation over it, and the plumbing that carries bytes, events and errors
+//! between the transport, an adapter's decoder and the caller ([`plumbing`]).
+//!
+//! An adapter says what its API means; how a call is made (retries, streams opened again, keys
+//! kept out of errors) is the same for every adapter and lives here and in
+//! [`crate::transport`].
+
+mod native_refusal;
+mod plumbing;
+
+pub(crate) use native_refusal::ContextRefusal;
+use native_refusal::{mark_refused, refused_event};
+pub(crate) use plumbing::*;
+
+use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+#[cfg(any(test, feature = "testing"))]
+use crate::providers::Decoded;
+use crate::transport::http::{ErrorParser, HttpTransport};
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use reqwest::header::HeaderMap;
+
+/// One HTTP provider's API, as an adapter describes it. The calls are made by the one
+/// [`Model`] implementation over this trait, the same for every adapter.
+pub(crate) trait HttpAdapter: Send + Sync {
+    /// Decodes the events of a streamed response.
+    type StreamDecoder: SseDecode;
+
+    /// The model's name (what [`Model::name`] says).
+    fn model(&self) -> &str;
+
+    /// The HTTP client calls go through.
+    fn transport(&self) -> &HttpTransport;
+
+    /// Where `request` goes, streamed or not.
+    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> String;
+
+    /// The headers of a call of `request` (the key among them, marked sensitive).
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError>;
+
+    /// The body of `request`, streamed or not, after checking what the configuration and the
+    /// request add to it.
+    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError>;
+
+    /// What an error body means (a non-2xx status).
+    const PARSE_ERROR: ErrorParser;
+
+    /// Decodes a complete (not streamed) response body.
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError>;
+
+    /// A complete response body decoded as far as it goes, with the error that stopped it (the
+    /// conformance tests' recorded bodies). By default: all of it, or nothing and the error.
+    #[cfg(any(test, feature = "testing"))]
+    fn decode_partial(body: &[u8]) -> Partial {
+        whole(Self::decode(body))
+    }
+
+    /// A decoder for a streamed response that came with `status`.
+    fn stream_decoder(status: u16) -> Self::StreamDecoder;
+
+    /// Reads what an error means for the run: a refusal for the context's size becomes
+    /// [`ModelError::ContextOverflow`], say.
+    fn classify(error: ModelError) -> ModelError;
+
+    /// What the API does with the context itself (see [`Model::native_context`]). The
+    /// default: nothing.
+    fn native_context(&self) -> crate::context::NativeSupport {
+        crate::context::NativeSupport::default()
+    }
+
+    /// Where the adapter remembers that its server refused the context management a request
+    /// asked of it (see [`ContextRefusal`]); `None` (the default) for an API that has none.
+    fn context_refusal(&self) -> Option<&ContextRefusal> {
+        None
+    }
+}
+
+#[async_trait]
+impl<A: HttpAdapter> Model for A {
+    fn name(&self) -> &str {
+        self.model()
+    }
+
+    /// A request asking for context management that the server refuses is sent again
+    /// without it (see [`ContextRefusal`]).
+    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        let Some(refusal) = self.context_refusal() else {
+            return complete_once(self, request).await;
+        };
+        if let Some(settings) = refusal.settings_without(request) {
+            let request = ModelRequest {
+                settings: &settings,
+                ..*request
+            };
+            return complete_once(self, &request).await.map(mark_refused);
+        }
+        match complete_once(self, request).await {
+            Err(e) => {
+                let Some(settings) =
+                    refusal.learn(request, &e, &self.url(request, false), self.model())
+                else {
+                    return Err(e);
+                };
+                let request = ModelRequest {
+                    settings: &settings,
+                    ..*request
+                };
+                complete_once(self, &request).await.map(mark_refused)
+            }
+            done => done,
+        }
+    }
+
+    /// As [`Model::complete`], the refusal coming as the stream's opening error.
+    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
+        let Some(refusal) = self.context_refusal() else {
+            return stream_once(self, request).await;
+        };
+        let settings = match refusal.settings_without(request) {
+            Some(settings) => settings,
+            None => match stream_once(self, request).await {
+                Err(e) => match refusal.learn(request, &e, &self.url(request, false), self.model())
+                {
+                    Some(settings) => settings,
+                    None => return Err(e),
+                },
+                open => return open,
+            },
+        };
+        let request = ModelRequest {
+            settings: &settings,
+            ..*request
+        };
+        let stream = stream_once(self, &request).await?;
+        let head = futures::stream::once(async { Ok(refused_event()) });
+        Ok(Box::pin(head.chain(stream)))
+    }
+
+    /// What the API does with the context itself, unless the server refused it.
+    fn native_context(&self) -> crate::context::NativeSupport {
+        if self.context_refusal().is_some_and(ContextRefusal::refused) {
+            return crate::context::NativeSupport::default();
+        }
+        HttpAdapter::native_context(self)
+    }
+}
+
+/// One complete call of `request`, as it is.
+async fn complete_once<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<ModelResponse, ModelError> {
+    let body = this.body(request, false)?;
+    this.transport()
+        .post_json(
+            &this.url(request, false).into(),
+            &this.headers(request)?,
+            body,
+            A::PARSE_ERROR,
+            A::decode,
+        )
+        .await
+        .map_err(A::classify)
+}
+
+/// One streamed call of `request`, as it is.
+async fn stream_once<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<EventStream, ModelError> {
+    let body = this.body(request, true)?;
+    let stream = open_sse_stream(
+        this.transport(),
+        this.url(request, true).into(),
+        this.headers(request)?,
+        body,
+        A::PARSE_ERROR,
+        || A::stream_decoder(200),
+    )
+    .await
+    .map_err(A::classify)?;
+    Ok(Box::pin(stream.map(|item| item.map_err(A::classify))))
+}
+
+/// Decodes a recorded response body as adapter `A` would: `status` is the HTTP status, `stream`
+/// whether the body is an SSE stream. Used by the conformance tests.
+#[cfg(any(test, feature = "testing"))]
+pub(crate) fn decode_recorded_by<A: HttpAdapter>(
+    status: u16,
+    body: &[u8],
+    stream: bool,
+) -> Decoded {
+    plumbing::decode_recorded(
+        status,
+        body,
+        stream,
+        A::PARSE_ERROR,
+        A::stream_decoder(status),
+        A::decode_partial,
+    )
+}
+
+/// What an adapter's configuration reads from the environment (`from_env`, `from_vars`): the
+/// server's base URL and the API key, each the first of its variables that is set and not
+/// blank, trimmed.
+#[derive(Debug, Default)]
+pub(crate) struct Vars {
+    /// The base URL, when one of its variables is set.
+    pub(crate) base_url: Option<String>,
+    /// The API key, when one of its variables is set.
+    pub(crate) api_key: Option<String>,
+}
+
+impl Vars {
+    /// Reads the variables named, in order, through `lookup`.
+    pub(crate) fn read(
+        lookup: impl Fn(&str) -> Option<String>,
+        base_url_vars: &[&str],
+        key_vars: &[&str],
+    ) -> Vars {
+        let first = |names: &[&str]| {
+            names
+                .iter()
+                .find_map(|name| lookup(name).filter(|v| !v.trim().is_empty()))
+                .map(|v| v.trim().to_string())
+        };
+        Vars {
+            base_url: first(base_url_vars),
+            api_key: first(key_vars),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Vars;
+
+    #[test]
+    fn each_setting_is_its_first_variable_set_and_not_blank_trimmed() {
+        let env = |name: &str| match name {
+            "A_URL" => Some("  ".to_string()),
+            "B_URL" => Some(" http://127.0.0.1:9 ".to_string()),
+            "A_KEY" => Some("k1\n".to_string()),
+            "B_KEY" => Some("k2".to_string()),
+            _ => None,
+        };
+        let vars = Vars::read(env, &["A_URL", "B_URL"], &["A_KEY", "B_KEY"]);
+        assert_eq!(vars.base_url.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(vars.api_key.as_deref(), Some("k1"));
+        let none = Vars::read(|_| None, &["A_URL"], &["A_KEY"]);
+        assert!(none.base_url.is_none() && none.api_key.is_none());
+    }
+}
