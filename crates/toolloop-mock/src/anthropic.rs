@@ -209,6 +209,27 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
     };
+    // A model or server without context management refuses the field or its beta.
+    if scenario.refuse_context {
+        let beta = headers
+            .get_all("anthropic-beta")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|b| b.trim() == super::native::ANTHROPIC_BETA);
+        if request.context_management.is_some() {
+            shared.saw_quirk();
+            return bad("context_management: Extra inputs are not permitted");
+        }
+        if beta {
+            shared.saw_quirk();
+            return bad(&format!(
+                "Unexpected value(s) `{}` for the `anthropic-beta` header. Please consult our \
+                 documentation at docs.anthropic.com or try again without the header.",
+                super::native::ANTHROPIC_BETA
+            ));
+        }
+    }
     // Context editing by the server: the request counts as what is left once it is applied.
     let cleared = match super::native::anthropic(headers, body, request.context_management.as_ref())
     {

@@ -42,6 +42,7 @@
 //! | `refuse_auto_stream` | `true` or `false` | `false` | OpenAI route: a streamed request with `tool_choice: "auto"` gets an empty stream, status 200 and no event (llama-cpp-python: "Automatic streaming tool choice is not supported") |
 //! | `refuse_json_schema` | `true` or `false` | `false` | OpenAI route: a `response_format` of type `json_schema` gets llama-cpp-python's HTTP 500 validation error ("Input should be 'text' or 'json_object'"); `json_object` is taken |
 //! | `empty_auto_answer` | `true` or `false` | `false` | OpenAI route: a final answer to a request with tools and `tool_choice: "auto"` is empty, no text and no call (llama-cpp-python's `chatml-function-calling`, whose grammar leaves no room for text then) |
+//! | `refuse_context` | `true` or `false` | `false` | Anthropic and Responses routes: a request asking for context management done by the server (`context_management`, or Anthropic's `context-management-2025-06-27` beta) is refused with HTTP 400 naming it, in the API's own error shape, as a model or server without the feature does |
 //! | `traceback` | `true` or `false` | `false` | error faults (`500`, `503`) carry a Python traceback, several lines long, as their message |
 //!
 //! A duration is `0`, or a number with a unit: `250us` (or `µs`), `5ms`, `1.5s`, `1m`; at most
@@ -348,8 +349,9 @@ pub struct MockStats {
     /// refused inside a 200 stream, as that API does.
     pub context_refusals: u64,
     /// Requests answered with a quirk of a real server that the scenario plays (`drop_tools`,
-    /// `refuse_auto_stream`, `refuse_json_schema`, `empty_auto_answer`): a catalog dropped, an
-    /// empty stream, a format refused, an empty answer.
+    /// `refuse_auto_stream`, `refuse_json_schema`, `empty_auto_answer`, `refuse_context`): a
+    /// catalog dropped, an empty stream, a format refused, an empty answer, context
+    /// management refused.
     pub quirks: u64,
     /// Requests to summarise a conversation (toolloop's compaction: see "Context window"),
     /// answered with a mock summary.

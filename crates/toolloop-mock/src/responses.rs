@@ -160,6 +160,15 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     // Compaction by the server: a request over the threshold is counted as its instructions,
     // tools and the compaction item that replaces its input.
+    if scenario.refuse_context && request.get("context_management").is_some() {
+        shared.saw_quirk();
+        return error(
+            StatusCode::BAD_REQUEST,
+            "Unknown parameter: 'context_management'.",
+            Some("context_management"),
+            Some("unknown_parameter"),
+        );
+    }
     let threshold = match super::native::responses_threshold(&request) {
         Ok(t) => t,
         Err(message) => return bad(&message, Some("context_management")),

@@ -22,7 +22,7 @@ pub const MAX_DELAY: Duration = Duration::from_secs(600);
 const KEYS: &str = "rounds, parallel, latency, chunk, chunk_delay, faults, seed, fault_kinds, \
                     retry_after, slow_delay, text_calls, accept_tools, distinct, drop_tools, \
                     refuse_auto_stream, refuse_json_schema, traceback, window, \
-                    empty_auto_answer";
+                    empty_auto_answer, refuse_context";
 
 /// When the server drops the `tools` parameter without a word (`drop_tools=`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -100,6 +100,11 @@ pub struct Scenario {
     /// call), as llama-cpp-python's `chatml-function-calling` answers every text reply then
     /// (`empty_auto_answer=true`).
     pub empty_auto_answer: bool,
+    /// Refuse a request that asks for context management done by the server, as a model or
+    /// server without it does (`refuse_context=true`): HTTP 400 naming the field in each API's
+    /// own error shape (Anthropic Messages: `context_management` or its beta header;
+    /// Responses: `Unknown parameter: 'context_management'`).
+    pub refuse_context: bool,
 }
 
 impl Default for Scenario {
@@ -124,6 +129,7 @@ impl Default for Scenario {
             refuse_json_schema: false,
             empty_auto_answer: false,
             traceback: false,
+            refuse_context: false,
         }
     }
 }
@@ -163,7 +169,7 @@ impl Scenario {
         let Some((_, params)) = model.split_once(':') else {
             return Ok(scenario);
         };
-        let mut seen: [bool; 19] = [false; 19];
+        let mut seen: [bool; 20] = [false; 20];
         for param in params.split(',') {
             let param = param.trim();
             if param.is_empty() {
@@ -290,6 +296,10 @@ impl Scenario {
                     scenario.empty_auto_answer = boolean(key, value)?;
                     18
                 }
+                "refuse_context" => {
+                    scenario.refuse_context = boolean(key, value)?;
+                    19
+                }
                 _ => {
                     return Err(error(
                         Some(key),
@@ -402,6 +412,9 @@ impl fmt::Display for Scenario {
         }
         if self.empty_auto_answer {
             put(f, format_args!("empty_auto_answer=true"))?;
+        }
+        if self.refuse_context {
+            put(f, format_args!("refuse_context=true"))?;
         }
         if let Some(window) = self.window {
             put(f, format_args!("window={window}"))?;
@@ -540,6 +553,9 @@ mod tests {
         let e = Scenario::from_model("mock:drop_tools=sometimes").unwrap_err();
         assert_eq!(e.key.as_deref(), Some("drop_tools"));
         assert!(e.message.contains("`without_choice`"), "{e}");
+        let refusing = Scenario::from_model("mock:refuse_context=true").unwrap();
+        assert!(refusing.refuse_context);
+        assert_eq!(refusing.model_name(), "mock:refuse_context=true");
     }
 
     #[test]

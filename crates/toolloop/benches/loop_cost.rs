@@ -6,10 +6,11 @@
 //! more as the conversation grows: the figure to watch is the per-round cost at 1000 rounds as
 //! a ratio to the per-round cost at 10 rounds (the baseline, measured in the same run).
 //!
-//! Then what a context policy adds per round at 300 rounds (the estimate kept up to date and
-//! old results cleared, every round; no compaction, which costs a model call): the per-round
-//! cost with the policy against without, best of several runs each (the target is at most 5 %
-//! of the loop's own per-round cost).
+//! Then what a context policy adds per round at 300 rounds (the view kept beside the
+//! transcript, the estimate kept up to date, and old results cleared in batches of
+//! `keep_rounds`; no compaction, which costs a model call): the per-round cost with the policy
+//! against without, best of several runs each (the target is at most 5 % of the loop's own
+//! per-round cost).
 //!
 //! Run: `cargo bench -p toolloop --bench loop_cost`
 
@@ -130,8 +131,9 @@ fn main() {
         };
         println!("{rounds:>8} {:>14.2} {:>18.2}", ns / 1000.0, ns / base);
     }
-    // The context policy's own cost: clearing every round past the 8th, the estimate, and
-    // the spill check (nothing is spilled), with no window (no compaction).
+    // The context policy's own cost: the view, the estimate, the spill check (nothing is
+    // spilled) and the clearing of old results, in batches (every 8 rounds, the 8 rounds
+    // before the last 8), with no window (no compaction).
     let policy = ContextPolicy {
         window: None,
         keep_rounds: 8,

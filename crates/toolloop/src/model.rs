@@ -587,6 +587,7 @@ mod tests {
                 cleared_tool_uses: 2,
                 cleared_input_tokens: 300,
                 compacted: false,
+                refused: true,
             }),
         };
         let events = r.clone().into_events();

@@ -15,6 +15,14 @@
 //! - OpenAI Responses: compaction (`context_management: [{"type": "compaction",
 //!   "compact_threshold": N}]`); the opaque `compaction` item it returns is kept with its turn
 //!   and sent back, and the items before the latest one are no longer sent.
+//!
+//! A model or server without these features refuses the field (HTTP 400 naming it). The
+//! adapter then sends the request again without it, remembers the refusal for that model
+//! (asks nothing of it again, and declares no support from then on), warns once, and reports
+//! [`NativeReport::refused`] with the response: the machine takes the stages back (its own
+//! clearing and compaction) from the next round on. The report is part of the logged response,
+//! so a replay or a resumed run makes the same switch at the same point and sends what the run
+//! sent.
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +89,13 @@ pub struct NativeReport {
     /// adapter's part, and sent back).
     #[serde(default)]
     pub compacted: bool,
+    /// The server refused the context management the request asked for (a model or server
+    /// without it answers HTTP 400 naming the field): the adapter sent the request again
+    /// without it, and the machine does these stages itself from here on (see
+    /// [`crate::context::policy`]). The adapter remembers the refusal and asks nothing of
+    /// that server and model again.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
 }
 
 impl NativeReport {
@@ -93,5 +108,6 @@ impl NativeReport {
             .cleared_input_tokens
             .saturating_add(other.cleared_input_tokens);
         self.compacted |= other.compacted;
+        self.refused |= other.refused;
     }
 }

@@ -45,6 +45,11 @@ pub struct ContextState {
     pub retried: Option<u32>,
     /// Compactions made.
     pub compactions: u32,
+    /// The provider refused the context management asked of it
+    /// ([`crate::context::NativeReport::refused`]): the machine clears and compacts itself
+    /// from then on.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub native_refused: bool,
     /// The summariser's usage, apart from the run's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<Usage>,
@@ -189,6 +194,14 @@ impl Machine {
         if self.state.context.is_none() {
             self.state.context = Some(Box::default());
         }
+        if self
+            .state
+            .context
+            .as_ref()
+            .is_some_and(|c| c.native_refused)
+        {
+            self.hand_back_native();
+        }
         self.sync_view();
         self.rebuild_estimate(None);
     }
@@ -285,8 +298,50 @@ impl Machine {
             self.estimate.tokens.remove_size(reminders);
         }
         if let Some(report) = edited {
+            if report.refused {
+                self.native_refused();
+            }
             let round = self.state.round;
             emit!(self, Event::ContextEditedByProvider { round, report });
+        }
+    }
+
+    /// The provider refused the context management asked of it: the machine does the stages
+    /// itself from the next round on. The results the provider was to clear (the view kept
+    /// them whole, [`Machine::native_request`]) become stubs now, as the estimate already
+    /// counts them. A function of the view and of the logged response: a replay makes the same
+    /// switch at the same point.
+    fn native_refused(&mut self) {
+        let Some(c) = self.state.context.as_mut() else {
+            return;
+        };
+        if std::mem::replace(&mut c.native_refused, true) {
+            return;
+        }
+        let cleared_natively = self
+            .config
+            .context
+            .as_ref()
+            .is_some_and(ContextPolicy::native_clears);
+        if cleared_natively {
+            let upto = c.cleared_upto.min(c.view.len());
+            for m in &mut c.view[..upto] {
+                if let Message::Tool(r) = m {
+                    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+                    if stub.len() < r.content.len() {
+                        r.content = stub;
+                        r.images.clear();
+                    }
+                }
+            }
+        }
+        self.hand_back_native();
+    }
+
+    /// The policy in force without the provider's stages.
+    fn hand_back_native(&mut self) {
+        if let Some(policy) = Arc::make_mut(&mut self.config).context.as_mut() {
+            policy.provider = crate::context::NativeSupport::default();
         }
     }
 

@@ -7,8 +7,11 @@
 //! kept out of errors) is the same for every adapter and lives here and in
 //! [`crate::transport`].
 
+mod native_refusal;
 mod plumbing;
 
+pub(crate) use native_refusal::ContextRefusal;
+use native_refusal::{mark_refused, refused_event};
 pub(crate) use plumbing::*;
 
 use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
@@ -67,6 +70,12 @@ pub(crate) trait HttpAdapter: Send + Sync {
     fn native_context(&self) -> crate::context::NativeSupport {
         crate::context::NativeSupport::default()
     }
+
+    /// Where the adapter remembers that its server refused the context management a request
+    /// asked of it (see [`ContextRefusal`]); `None` (the default) for an API that has none.
+    fn context_refusal(&self) -> Option<&ContextRefusal> {
+        None
+    }
 }
 
 #[async_trait]
@@ -75,38 +84,105 @@ impl<A: HttpAdapter> Model for A {
         self.model()
     }
 
+    /// A request asking for context management that the server refuses is sent again
+    /// without it (see [`ContextRefusal`]).
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let body = self.body(request, false)?;
-        self.transport()
-            .post_json(
-                &self.url(request, false).into(),
-                &self.headers(request)?,
-                body,
-                A::PARSE_ERROR,
-                A::decode,
-            )
-            .await
-            .map_err(A::classify)
+        let Some(refusal) = self.context_refusal() else {
+            return complete_once(self, request).await;
+        };
+        if let Some(settings) = refusal.settings_without(request) {
+            let request = ModelRequest {
+                settings: &settings,
+                ..*request
+            };
+            return complete_once(self, &request).await.map(mark_refused);
+        }
+        match complete_once(self, request).await {
+            Err(e) => {
+                let Some(settings) =
+                    refusal.learn(request, &e, &self.url(request, false), self.model())
+                else {
+                    return Err(e);
+                };
+                let request = ModelRequest {
+                    settings: &settings,
+                    ..*request
+                };
+                complete_once(self, &request).await.map(mark_refused)
+            }
+            done => done,
+        }
     }
 
+    /// As [`Model::complete`], the refusal coming as the stream's opening error.
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let body = self.body(request, true)?;
-        let stream = open_sse_stream(
-            self.transport(),
-            self.url(request, true).into(),
-            self.headers(request)?,
-            body,
-            A::PARSE_ERROR,
-            || A::stream_decoder(200),
-        )
-        .await
-        .map_err(A::classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(A::classify))))
+        let Some(refusal) = self.context_refusal() else {
+            return stream_once(self, request).await;
+        };
+        let settings = match refusal.settings_without(request) {
+            Some(settings) => settings,
+            None => match stream_once(self, request).await {
+                Err(e) => match refusal.learn(request, &e, &self.url(request, false), self.model())
+                {
+                    Some(settings) => settings,
+                    None => return Err(e),
+                },
+                open => return open,
+            },
+        };
+        let request = ModelRequest {
+            settings: &settings,
+            ..*request
+        };
+        let stream = stream_once(self, &request).await?;
+        let head = futures::stream::once(async { Ok(refused_event()) });
+        Ok(Box::pin(head.chain(stream)))
     }
 
+    /// What the API does with the context itself, unless the server refused it.
     fn native_context(&self) -> crate::context::NativeSupport {
+        if self.context_refusal().is_some_and(ContextRefusal::refused) {
+            return crate::context::NativeSupport::default();
+        }
         HttpAdapter::native_context(self)
     }
+}
+
+/// One complete call of `request`, as it is.
+async fn complete_once<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<ModelResponse, ModelError> {
+    let body = this.body(request, false)?;
+    this.transport()
+        .post_json(
+            &this.url(request, false).into(),
+            &this.headers(request)?,
+            body,
+            A::PARSE_ERROR,
+            A::decode,
+        )
+        .await
+        .map_err(A::classify)
+}
+
+/// One streamed call of `request`, as it is.
+async fn stream_once<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<EventStream, ModelError> {
+    let body = this.body(request, true)?;
+    let stream = open_sse_stream(
+        this.transport(),
+        this.url(request, true).into(),
+        this.headers(request)?,
+        body,
+        A::PARSE_ERROR,
+        || A::stream_decoder(200),
+    )
+    .await
+    .map_err(A::classify)?;
+    Ok(Box::pin(stream.map(|item| item.map_err(A::classify))))
 }
 
 /// Decodes a recorded response body as adapter `A` would: `status` is the HTTP status, `stream`

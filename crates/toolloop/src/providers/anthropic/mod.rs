@@ -65,12 +65,17 @@ use request::build_request_body;
 #[derive(Debug, Clone)]
 pub struct AnthropicModel {
     config: AnthropicConfig,
+    /// Whether the server refused `context_management` (shared by clones).
+    refusal: adapter::ContextRefusal,
 }
 
 impl AnthropicModel {
     /// A model with this configuration.
     pub fn new(config: AnthropicConfig) -> Self {
-        AnthropicModel { config }
+        AnthropicModel {
+            config,
+            refusal: adapter::ContextRefusal::default(),
+        }
     }
 
     /// The configuration.
@@ -129,6 +134,11 @@ impl HttpAdapter for AnthropicModel {
             clear_tool_results: true,
             compaction: false,
         }
+    }
+
+    /// A server or model without `context_management` refuses it: remembered here.
+    fn context_refusal(&self) -> Option<&adapter::ContextRefusal> {
+        Some(&self.refusal)
     }
 }
 

@@ -154,7 +154,7 @@ pub(super) fn applied_edits(v: &Value) -> Option<NativeReport> {
             .merge(NativeReport {
                 cleared_tool_uses: count("cleared_tool_uses"),
                 cleared_input_tokens: count("cleared_input_tokens"),
-                compacted: false,
+                ..NativeReport::default()
             });
     }
     report

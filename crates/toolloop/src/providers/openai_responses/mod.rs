@@ -90,13 +90,18 @@ pub use response::decode_response;
 #[derive(Debug, Clone)]
 pub struct ResponsesModel {
     config: ResponsesConfig,
+    /// Whether the server refused `context_management` (shared by clones).
+    refusal: crate::providers::adapter::ContextRefusal,
 }
 
 impl ResponsesModel {
     /// A model with this configuration. A key that cannot be sent in a header is reported by the
     /// first call, as [`ModelError::Config`].
     pub fn new(config: ResponsesConfig) -> Self {
-        ResponsesModel { config }
+        ResponsesModel {
+            config,
+            refusal: crate::providers::adapter::ContextRefusal::default(),
+        }
     }
 
     /// The configuration.
@@ -162,6 +167,11 @@ impl HttpAdapter for ResponsesModel {
             clear_tool_results: false,
             compaction: true,
         }
+    }
+
+    /// A server or model without `context_management` refuses it: remembered here.
+    fn context_refusal(&self) -> Option<&crate::providers::adapter::ContextRefusal> {
+        Some(&self.refusal)
     }
 }
 
