@@ -383,6 +383,54 @@ impl RunTools {
 pub(crate) struct SelectedMcp {
     servers: Arc<McpTools>,
     selection: Selection,
+    /// The names offered when the run started (a declared agent may list them).
+    listed: Vec<String>,
+}
+
+impl SelectedMcp {
+    /// The names the servers offered when the run started.
+    pub(crate) fn names(&self) -> impl Iterator<Item = &str> {
+        self.listed.iter().map(String::as_str)
+    }
+
+    /// Whether the servers offered a tool of this name when the run started.
+    pub(crate) fn offered(&self, name: &str) -> bool {
+        self.listed.iter().any(|n| n == name)
+    }
+
+    /// These servers' tools of the names in `only`, as a source of their own (for a declared
+    /// agent that lists some of them).
+    pub(crate) fn only(self: &Arc<Self>, only: Vec<String>) -> Arc<dyn ToolSource> {
+        Arc::new(OnlyMcp {
+            inner: self.clone(),
+            only,
+        })
+    }
+}
+
+/// Some of the MCP servers' tools, by name.
+struct OnlyMcp {
+    inner: Arc<SelectedMcp>,
+    only: Vec<String>,
+}
+
+#[async_trait::async_trait]
+impl ToolSource for OnlyMcp {
+    fn name(&self) -> &str {
+        "mcp"
+    }
+
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        let tools = self.inner.tools(reserved).await?;
+        Ok(tools
+            .into_iter()
+            .filter(|t| self.only.iter().any(|n| n == t.name()))
+            .collect())
+    }
 }
 
 #[async_trait::async_trait]
@@ -438,12 +486,18 @@ pub(crate) async fn assemble(
             .tools_by(&reserved, deadline)
             .await
             .map_err(|e| ToolsError::Failed(e.to_string()))?;
+        let mut names = Vec::new();
         for t in listed.iter().filter(|t| selection.offers(t.name())) {
-            if let Err(e) = Toolbox::new().add_arc(t.clone()) {
-                eprintln!("toolloop: warning: MCP tool left out: {e}");
+            match Toolbox::new().add_arc(t.clone()) {
+                Ok(_) => names.push(t.name().to_string()),
+                Err(e) => eprintln!("toolloop: warning: MCP tool left out: {e}"),
             }
         }
-        tools.mcp = Some(Arc::new(SelectedMcp { servers, selection }));
+        tools.mcp = Some(Arc::new(SelectedMcp {
+            servers,
+            selection,
+            listed: names,
+        }));
     }
     Ok(tools)
 }

@@ -39,6 +39,7 @@ use toolloop::approval::{Action, Approvals, Rule};
 use toolloop::image::Image;
 use toolloop::subagent::{SubAgent, check_graph};
 use toolloop::tool::Tool;
+use toolloop::tool_source::ToolSource;
 
 /// Says `message` on stderr and returns `code`.
 fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
@@ -272,12 +273,7 @@ pub(crate) fn agent_builder_with(
     model: Arc<dyn toolloop::model::Model>,
     tools: crate::mcp::RunTools,
 ) -> Result<AgentBuilder, String> {
-    let mut builder =
-        crate::setup::attach(cx, agent, agent_builder_base(cx, agent, model)?, tools.own)?;
-    if let Some(mcp) = tools.mcp {
-        builder = builder.tool_source_arc(mcp);
-    }
-    Ok(builder)
+    crate::setup::attach(cx, agent, agent_builder_base(cx, agent, model)?, tools)
 }
 
 /// The agent `agent` describes around `model`, without tools: its limits, approval rules,
@@ -432,29 +428,46 @@ impl AgentsArgs {
 }
 
 /// Gives the main agent its tools and sub-agents: with `--agent NAME`, that agent's tool
-/// subset (and its sub-agents); otherwise the run's tools and every agent declared.
+/// subset (and its sub-agents); otherwise the run's tools, its MCP servers' tools and every
+/// agent declared.
 pub(crate) fn attach(
     cx: &Cx,
     args: &AgentArgs,
     builder: AgentBuilder,
-    tools: Vec<Arc<dyn Tool>>,
+    tools: crate::mcp::RunTools,
 ) -> Result<AgentBuilder, String> {
     let defs = &args.agents.agent_defs;
     let mut made = BTreeMap::new();
-    match args.agents.direct() {
+    let run = Offered {
+        own: &tools.own,
+        mcp: tools.mcp.as_ref(),
+    };
+    let (own, source) = match args.agents.direct() {
         Some(def) => {
             let name = args.agents.agent_name.as_deref().unwrap_or_default();
-            let own = select(cx, args, name, def, &tools, &mut made)?;
-            Ok(builder.tools(own))
+            select(cx, args, name, def, &run, &mut made)?
         }
         None => {
-            let mut all = tools.clone();
+            let mut all = tools.own.clone();
             for name in defs.keys() {
-                all.push(sub_agent(cx, args, name, &tools, &mut made)?);
+                all.push(sub_agent(cx, args, name, &run, &mut made)?);
             }
-            Ok(builder.tools(all))
+            let source = tools.mcp.clone().map(|m| m as Arc<dyn ToolSource>);
+            (all, source)
         }
-    }
+    };
+    let builder = builder.tools(own);
+    Ok(match source {
+        Some(source) => builder.tool_source_arc(source),
+        None => builder,
+    })
+}
+
+/// The tools a run offers, from which a declared agent's are chosen: the built-in ones, and
+/// its MCP servers' (listed afresh as they change).
+struct Offered<'a> {
+    own: &'a [Arc<dyn Tool>],
+    mcp: Option<&'a Arc<crate::mcp::SelectedMcp>>,
 }
 
 /// Every declared agent as a tool, for workflow steps to choose by name (beside `tools`, the
@@ -465,35 +478,49 @@ pub(crate) fn agent_tools(
     tools: &[Arc<dyn Tool>],
 ) -> Result<Vec<Arc<dyn Tool>>, String> {
     let mut made = BTreeMap::new();
+    let run = Offered {
+        own: tools,
+        mcp: None,
+    };
     args.agents
         .agent_defs
         .keys()
-        .map(|name| sub_agent(cx, args, name, tools, &mut made))
+        .map(|name| sub_agent(cx, args, name, &run, &mut made))
         .collect()
 }
 
-/// The tools `def` lists (the run's tools and other agents), or the run's tools.
+/// An agent's tools: its own, and a source of MCP servers' tools.
+type Chosen = (Vec<Arc<dyn Tool>>, Option<Arc<dyn ToolSource>>);
+
+/// The tools `def` lists (the run's tools, its MCP servers' tools and other agents), or the
+/// run's tools; the MCP servers' as a source of their own, so that they follow the servers.
 fn select(
     cx: &Cx,
     args: &AgentArgs,
     name: &str,
     def: &AgentDef,
-    tools: &[Arc<dyn Tool>],
+    run: &Offered,
     made: &mut BTreeMap<String, Arc<dyn Tool>>,
-) -> Result<Vec<Arc<dyn Tool>>, String> {
+) -> Result<Chosen, String> {
     let Some(list) = &def.tools else {
-        return Ok(tools.to_vec());
+        let source = run.mcp.map(|m| m.clone() as Arc<dyn ToolSource>);
+        return Ok((run.own.to_vec(), source));
     };
     let mut chosen = Vec::new();
+    let mut from_servers = Vec::new();
     for wanted in list {
         if args.agents.agent_defs.contains_key(wanted) {
-            chosen.push(sub_agent(cx, args, wanted, tools, made)?);
-        } else if let Some(t) = tools.iter().find(|t| t.name() == wanted) {
+            chosen.push(sub_agent(cx, args, wanted, run, made)?);
+        } else if let Some(t) = run.own.iter().find(|t| t.name() == wanted) {
             chosen.push(t.clone());
+        } else if run.mcp.is_some_and(|m| m.offered(wanted)) {
+            from_servers.push(wanted.clone());
         } else {
-            let known: Vec<&str> = tools
+            let known: Vec<&str> = run
+                .own
                 .iter()
                 .map(|t| t.name())
+                .chain(run.mcp.iter().flat_map(|m| m.names()))
                 .chain(args.agents.agent_defs.keys().map(String::as_str))
                 .collect();
             return Err(format!(
@@ -502,7 +529,11 @@ fn select(
             ));
         }
     }
-    Ok(chosen)
+    let source = match run.mcp {
+        Some(m) if !from_servers.is_empty() => Some(m.only(from_servers)),
+        _ => None,
+    };
+    Ok((chosen, source))
 }
 
 /// The agent `name` as a tool (made once; the graph has no cycle, checked before).
@@ -510,7 +541,7 @@ fn sub_agent(
     cx: &Cx,
     args: &AgentArgs,
     name: &str,
-    tools: &[Arc<dyn Tool>],
+    run: &Offered,
     made: &mut BTreeMap<String, Arc<dyn Tool>>,
 ) -> Result<Arc<dyn Tool>, String> {
     if let Some(t) = made.get(name) {
@@ -521,7 +552,7 @@ fn sub_agent(
         .agent_defs
         .get(name)
         .ok_or_else(|| format!("no agent `{name}`"))?;
-    let own = select(cx, args, name, def, tools, made)?;
+    let (own, source) = select(cx, args, name, def, run, made)?;
     let mut child_args = args.clone();
     if let Some(spec) = &def.model {
         // The agent's own model, and the context policy of that model: the window the run's
@@ -544,8 +575,11 @@ fn sub_agent(
     // The child's output is its answer to the parent, never the run's schema.
     child_args.output = None;
     child_args.stream = false;
-    let agent = crate::setup::agent_builder_base(cx, &child_args, model)?
-        .tools(own)
+    let mut builder = crate::setup::agent_builder_base(cx, &child_args, model)?.tools(own);
+    if let Some(source) = source {
+        builder = builder.tool_source_arc(source);
+    }
+    let agent = builder
         .build()
         .map_err(|e| format!("[agents.{name}]: {e}"))?;
     let mut tool = SubAgent::new(name, def.description.clone(), agent)
@@ -696,7 +730,17 @@ mod tests {
         );
         args.agents.agent_defs.insert("same".into(), def(None));
         let window = |name: &str| {
-            let tool = sub_agent(cx, &args, name, &[], &mut BTreeMap::new()).unwrap();
+            let tool = sub_agent(
+                cx,
+                &args,
+                name,
+                &Offered {
+                    own: &[],
+                    mcp: None,
+                },
+                &mut BTreeMap::new(),
+            )
+            .unwrap();
             let sub = tool.sub_agent().unwrap();
             sub.agent().config().context.as_ref().and_then(|c| c.window)
         };

@@ -483,3 +483,69 @@ fn a_childs_commands_run_in_the_runs_sandbox() {
     assert!(stderr(&out).contains("no terminal"), "{}", stderr(&out));
     rt.block_on(server.shutdown());
 }
+
+/// A declared agent may list its run's MCP tools: the child is offered the one it lists (and
+/// nothing else of the servers'), calls it on the server, and the parent gets the answer.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn a_declared_agent_uses_the_mcp_tool_it_lists() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(
+        &rt,
+        vec![vec![
+            call("payer", json!({"task": "say hi"})),
+            call("echo", json!({"text": "hi from the child"})),
+        ]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let agents = agents_file(dir.path(), "echo");
+    let log = dir.path().join("mcp.log");
+    let config = dir.path().join("servers.json");
+    std::fs::write(
+        &config,
+        json!({"mcpServers": {"t": {
+            "command": env!("CARGO_BIN_EXE_toolloop-mcp-test-server"),
+            "env": {"TOOLLOOP_MCP_TEST_LOG": log},
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let out = toolloop(
+        &[
+            "run",
+            "--json",
+            "--model",
+            "openai:mock",
+            "--base-url",
+            &base,
+            "--agents",
+            &agents,
+            "--agent",
+            "boss",
+            "--mcp-config",
+            config.to_str().unwrap(),
+            "go",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let v = json_of(&out);
+    assert_eq!(v["stop_reason"], "answered", "{v}");
+    assert_eq!(v["tool_calls"][0]["name"], "payer", "{v}");
+    assert_eq!(v["tool_calls"][0]["status"], "ok", "{v}");
+    let calls = std::fs::read_to_string(&log).unwrap_or_default();
+    assert_eq!(
+        calls
+            .lines()
+            .filter(|l| l.starts_with("call echo "))
+            .count(),
+        1,
+        "the child called the server's tool once: {calls}"
+    );
+    // boss: its call and its answer; payer: its call of `echo` and its answer. A scripted
+    // call the request did not offer is refused by the mock: none was.
+    let stats = server.stats();
+    assert_eq!((stats.requests, stats.rejected), (4, 0), "{stats:?}");
+    rt.block_on(server.shutdown());
+}
