@@ -13,6 +13,7 @@ pub mod http;
 #[cfg(feature = "http")]
 pub mod request_log;
 pub mod sse;
+pub mod wire;
 
 /// Makes rustls's `ring` the process's default TLS crypto provider, unless the program has
 /// installed one already (then that one is used). reqwest builds every client's TLS
@@ -26,7 +27,6 @@ pub fn install_tls_provider() {
 
 /// Why a provider's base URL was refused by [`check_base_url`]. The messages show the URL
 /// without any password or key it carries.
-#[cfg(feature = "http")]
 #[derive(Debug, thiserror::Error)]
 pub enum BaseUrlError {
     /// The text does not parse as a URL.
@@ -85,7 +85,6 @@ pub enum BaseUrlError {
     },
 }
 
-#[cfg(feature = "http")]
 const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
                         https://api.example.com/v1";
 
@@ -105,12 +104,11 @@ const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
 /// let e = e.to_string();
 /// assert!(!e.contains("hunter2") && !e.contains("sekrit"), "{e}");
 /// ```
-#[cfg(feature = "http")]
 pub fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
     let raw = url.trim();
     // What the messages show: never a password or a key the URL carries.
     let url = crate::redact::redact_url_credentials(raw);
-    let parsed = match reqwest::Url::parse(raw) {
+    let parsed = match url::Url::parse(raw) {
         Ok(u) => u,
         Err(e) => {
             return Err(BaseUrlError::NotAUrl {

@@ -14,14 +14,20 @@ pub(crate) use native_refusal::ContextRefusal;
 use native_refusal::{mark_refused, refused_event};
 pub(crate) use plumbing::*;
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+#[cfg(feature = "http")]
+use crate::model::{EventStream, Model};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
+#[cfg(feature = "http")]
 use async_trait::async_trait;
 use bytes::Bytes;
+#[cfg(feature = "http")]
 use futures::StreamExt;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 
 /// One HTTP provider's API, as an adapter describes it. The calls are made by the one
 /// [`Model`] implementation over this trait, the same for every adapter.
@@ -33,6 +39,7 @@ pub(crate) trait HttpAdapter: Send + Sync {
     fn model(&self) -> &str;
 
     /// The HTTP client calls go through.
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport;
 
     /// Where `request` goes, streamed or not.
@@ -78,6 +85,7 @@ pub(crate) trait HttpAdapter: Send + Sync {
     }
 }
 
+#[cfg(feature = "http")]
 #[async_trait]
 impl<A: HttpAdapter> Model for A {
     fn name(&self) -> &str {
@@ -149,6 +157,7 @@ impl<A: HttpAdapter> Model for A {
 }
 
 /// One complete call of `request`, as it is.
+#[cfg(feature = "http")]
 async fn complete_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,
@@ -167,6 +176,7 @@ async fn complete_once<A: HttpAdapter>(
 }
 
 /// One streamed call of `request`, as it is.
+#[cfg(feature = "http")]
 async fn stream_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,

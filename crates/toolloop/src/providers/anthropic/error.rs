@@ -4,8 +4,8 @@ use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
 use crate::providers::adapter::snippet;
-use crate::transport::http::retryable_status;
-use reqwest::header::HeaderMap;
+use crate::transport::wire::retryable_status;
+use http::header::HeaderMap;
 use serde_json::Value;
 
 pub(super) fn error_type_for_status(status: u16) -> Option<&'static str> {

@@ -36,9 +36,11 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use response::decode_message_body;
 use stream::StreamDecoder;
 
@@ -92,6 +94,7 @@ impl HttpAdapter for AnthropicModel {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
     }

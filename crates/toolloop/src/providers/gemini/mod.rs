@@ -33,9 +33,11 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use response::decode_body;
 use stream::ChunkDecoder;
 
@@ -88,6 +90,7 @@ impl HttpAdapter for GeminiModel {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
     }

@@ -5,8 +5,8 @@ use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
 use crate::providers::adapter;
-use crate::transport::http::{retry_after, retryable_status};
-use reqwest::header::HeaderMap;
+use crate::transport::wire::{retry_after, retryable_status};
+use http::header::HeaderMap;
 use serde_json::Value;
 
 /// Reads an error body (the [`crate::transport::http::ErrorParser`] of this adapter). Understands

@@ -93,14 +93,14 @@ use crate::model::{
 use crate::providers::Decoded;
 use crate::providers::adapter;
 use crate::ptk::Rescue;
-use crate::transport::http::Endpoint;
+use crate::transport::wire::Endpoint;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
 pub(crate) use error::{classify, context_overflow};
 use futures::StreamExt;
+use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use request::EncodedPrefix;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use response::decode_response;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -251,6 +251,7 @@ impl OpenAiModel {
 
     /// Whether a request in `shape` holds something the server could refuse (and that could be
     /// left out or replaced on a second try).
+    #[cfg(feature = "http")]
     fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
         (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
             || (!shape.json_object && request.settings.output.is_some())
@@ -258,6 +259,7 @@ impl OpenAiModel {
 
     /// When `error` is the server refusing a field of a request in `shape`, remembers it (and
     /// says so, once) and gives the shape to try next.
+    #[cfg(feature = "http")]
     fn learn(
         &self,
         request: &ModelRequest<'_>,
@@ -314,6 +316,7 @@ impl OpenAiModel {
 
     /// A complete call, written as `encode` writes it in the shape the server accepts: a
     /// refused field is left out (or replaced) and the call made again.
+    #[cfg(feature = "http")]
     async fn complete_shaped(
         &self,
         request: &ModelRequest<'_>,
@@ -335,6 +338,7 @@ impl OpenAiModel {
     /// A streamed call, written as `encode` writes it in the shape the server accepts. A
     /// refusal may come as the stream's opening error, as its first event, or as an empty
     /// stream.
+    #[cfg(feature = "http")]
     async fn stream_shaped(
         &self,
         request: &ModelRequest<'_>,
@@ -370,6 +374,7 @@ impl OpenAiModel {
     }
 
     /// Sends a complete call with this body.
+    #[cfg(feature = "http")]
     async fn send(
         &self,
         request: &ModelRequest<'_>,
@@ -391,6 +396,7 @@ impl OpenAiModel {
     }
 
     /// Opens a streamed call with this body.
+    #[cfg(feature = "http")]
     async fn send_streamed(
         &self,
         request: &ModelRequest<'_>,
@@ -417,16 +423,55 @@ impl OpenAiModel {
     }
 }
 
+/// The adapter's parts for a transport of the caller's ([`crate::providers::wire`]).
+impl OpenAiModel {
+    /// Where calls go.
+    pub(crate) fn wire_url(&self) -> &str {
+        self.inner.url.as_str()
+    }
+
+    /// The headers of every call (the key among them, marked sensitive).
+    pub(crate) fn wire_headers(&self) -> Result<HeaderMap, ModelError> {
+        self.inner.headers.clone()
+    }
+
+    /// A complete response body decoded, calls written as text rescued when configured.
+    pub(crate) fn wire_decode(
+        &self,
+        request: &ModelRequest<'_>,
+        body: &[u8],
+    ) -> Result<ModelResponse, ModelError> {
+        let response = decode_response(body).map_err(classify)?;
+        Ok(if self.rescues(request) {
+            Rescue::apply(response, request.tools)
+        } else {
+            response
+        })
+    }
+
+    /// The decoder of a streamed response to `request`.
+    pub(crate) fn wire_stream_decoder(
+        &self,
+        request: &ModelRequest<'_>,
+    ) -> Box<dyn adapter::ReadSse> {
+        let mut decoder = ChunkDecoder::new(200);
+        decoder.rescue = self.rescues(request).then(|| Rescue::new(request.tools));
+        Box::new(adapter::SseReader::new(decoder))
+    }
+}
+
 fn serialize_error(e: serde_json::Error) -> ModelError {
     ModelError::Other(format!("could not serialize the request: {e}"))
 }
 
+#[cfg(feature = "http")]
 impl Inner {
     fn headers(&self) -> HeaderMap {
         self.headers.clone().unwrap_or_default()
     }
 }
 
+#[cfg(feature = "http")]
 #[async_trait]
 impl Model for OpenAiModel {
     fn name(&self) -> &str {
@@ -512,6 +557,7 @@ impl std::fmt::Debug for OpenAiSession {
     }
 }
 
+#[cfg(feature = "http")]
 #[async_trait]
 impl Model for OpenAiSession {
     fn name(&self) -> &str {

@@ -105,7 +105,7 @@ mod tests {
 
     #[test]
     fn context_overflow_in_each_place_the_api_reports_it() {
-        use reqwest::header::HeaderMap;
+        use http::header::HeaderMap;
         const MESSAGE: &str = "Your input exceeds the context window of this model. Please adjust your input and try again.";
         let typed = |e: ApiError| match classify(ModelError::Api(e)) {
             ModelError::ContextOverflow(o) => o,

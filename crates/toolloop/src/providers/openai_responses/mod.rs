@@ -64,9 +64,9 @@ use crate::providers::Decoded;
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::adapter;
 use crate::providers::adapter::HttpAdapter;
-use crate::transport::http::ErrorParser;
+use crate::transport::wire::ErrorParser;
 use error::classify;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use response::decode_response_body;
 use stream::StreamDecoder;
 
@@ -133,6 +133,7 @@ impl HttpAdapter for ResponsesModel {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     fn transport(&self) -> &crate::transport::http::HttpTransport {
         &self.config.transport
     }
