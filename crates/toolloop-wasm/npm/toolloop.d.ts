@@ -85,7 +85,7 @@ export interface RunOptions {
   checkpoints?: boolean;
 }
 
-export interface ExecutedCall { id: string; name: string; arguments: unknown; status: string; content: string; [k: string]: unknown }
+export interface ExecutedCall { round: number; call: ToolCall; status: string; content: string; duration_ms: number; attempts: number; [k: string]: unknown }
 export interface Usage { input_tokens: number; output_tokens: number; [k: string]: unknown }
 
 export interface RunResult {

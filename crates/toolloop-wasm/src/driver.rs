@@ -137,7 +137,10 @@ struct ModelCall {
 fn wire_adapter(spec: &ModelSpec) -> Result<WireAdapter, String> {
     let name = spec.model.clone().unwrap_or_default();
     if name.is_empty() {
-        return Err(format!("the model (provider `{}`) needs a name", spec.provider));
+        return Err(format!(
+            "the model (provider `{}`) needs a name",
+            spec.provider
+        ));
     }
     let base = spec.base_url.clone();
     let key = spec.api_key.clone();
@@ -376,6 +379,15 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// Tells the host an event the driver makes (the machine makes the others).
+    fn emit(&self, event: &Event) {
+        if self.events
+            && let Ok(text) = serde_json::to_string(event)
+        {
+            self.host.event(&text);
+        }
+    }
+
     fn checkpoint(&self) {
         if self.checkpoints
             && let Ok(state) = serde_json::to_string(&self.machine.snapshot())
@@ -445,10 +457,12 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                 let events = run.events;
                 let result = model
                     .call(host, &request, |t| {
-                        if events && let Ok(text) = serde_json::to_string(&Event::TextDelta {
-                            round,
-                            text: t.to_string(),
-                        }) {
+                        if events
+                            && let Ok(text) = serde_json::to_string(&Event::TextDelta {
+                                round,
+                                text: t.to_string(),
+                            })
+                        {
                             host.event(&text);
                         }
                     })
@@ -481,6 +495,12 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             call_id: call.id.clone(),
                         })?;
+                        run.emit(&Event::ToolStarted {
+                            round,
+                            call_id: call.id.clone(),
+                            name: call.name.clone(),
+                            attempt: 1,
+                        });
                         let started = now_ms();
                         let args = call.arguments.to_string();
                         let answer = host.tool(&call.name, &args, &call.id).await;
@@ -513,7 +533,17 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
         }
     }
     let state = run.machine.snapshot();
-    let outcome = run.machine.into_outcome((now_ms() - started).max(0.0) as u64);
+    let events = run.events;
+    let outcome = run
+        .machine
+        .into_outcome((now_ms() - started).max(0.0) as u64);
+    if events
+        && let Ok(text) = serde_json::to_string(&Event::RunFinished {
+            outcome: Box::new(outcome.clone()),
+        })
+    {
+        host.event(&text);
+    }
     serde_json::to_string(&RunResult {
         text: &outcome.text,
         stop_reason: &outcome.stop_reason,

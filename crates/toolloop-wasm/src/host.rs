@@ -84,7 +84,8 @@ impl Host {
 
     /// A JavaScript model's answer (JSON text) to a request (JSON text).
     pub(crate) async fn complete(&self, request: &str) -> Result<String, String> {
-        self.call_text("complete", &[JsValue::from_str(request)]).await
+        self.call_text("complete", &[JsValue::from_str(request)])
+            .await
     }
 
     /// Runs a tool; its answer as JSON text.
@@ -120,7 +121,8 @@ impl Host {
                 &[JsValue::from_str(url), h.into(), JsValue::from_str(&body)],
             )
             .await?;
-        let get = |k: &str| Reflect::get(&reply, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED);
+        let get =
+            |k: &str| Reflect::get(&reply, &JsValue::from_str(k)).unwrap_or(JsValue::UNDEFINED);
         let status = get("status")
             .as_f64()
             .filter(|s| (100.0..600.0).contains(s))

@@ -46,3 +46,30 @@ pub async fn run(spec: String, host: JsValue) -> Result<String, JsValue> {
 pub fn version() -> String {
     env!("CARGO_PKG_VERSION").to_string()
 }
+
+/// Decodes a recorded response body as the adapter of `api` (`openai-chat`,
+/// `openai-responses`, `anthropic-messages`, `gemini`) decodes it: the HTTP `status`, the
+/// body, whether it is a stream. JSON text: `{ response, error }`. The conformance corpus is
+/// replayed through it, so that the WebAssembly build's decoders are checked as the native
+/// ones are.
+#[wasm_bindgen(js_name = decodeRecorded)]
+pub fn decode_recorded(
+    api: &str,
+    status: u16,
+    body: &[u8],
+    stream: bool,
+) -> Result<String, JsValue> {
+    use toolloop::providers::{anthropic, gemini, openai, openai_responses};
+    let decoded = match api {
+        "openai-chat" => openai::decode_recorded(status, body, stream),
+        "openai-responses" => openai_responses::decode_recorded(status, body, stream),
+        "anthropic-messages" => anthropic::decode_recorded(status, body, stream),
+        "gemini" => gemini::decode_recorded(status, body, stream),
+        other => return Err(JsValue::from_str(&format!("unknown API `{other}`"))),
+    };
+    serde_json::to_string(&serde_json::json!({
+        "response": decoded.response,
+        "error": decoded.error,
+    }))
+    .map_err(|e| JsValue::from_str(&e.to_string()))
+}

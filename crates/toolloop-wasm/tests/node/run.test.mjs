@@ -43,7 +43,7 @@ for (const provider of Object.keys(bases)) {
       assert.equal(result.text, 'Done. I saw 2 tool results in 2 rounds.');
       assert.equal(result.toolCalls.length, 2);
       assert.equal(ran.length, 2);
-      assert.ok(result.toolCalls.every((c) => c.status === 'success'), JSON.stringify(result.toolCalls));
+      assert.ok(result.toolCalls.every((c) => c.status === 'ok'), JSON.stringify(result.toolCalls));
       assert.ok(events.includes('tool_finished') && events.includes('run_finished'), events.join());
       if (stream) assert.ok(events.includes('text_delta'), events.join());
     });
@@ -91,7 +91,7 @@ test('prompt-based calling: the catalog is taught in the prompt, the calls parse
   assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
   assert.equal(result.text, 'The sum is 42.');
   assert.equal(result.toolCalls.length, 1);
-  assert.equal(result.toolCalls[0].name, 'add');
+  assert.equal(result.toolCalls[0].call.name, 'add');
   assert.equal(asked[0].tools.length, 0, 'the model gets no native tools');
   assert.match(asked[0].messages[0].content, /PTK_CALL/);
   assert.match(JSON.stringify(asked[1].messages), /PTK_RESULT/);
