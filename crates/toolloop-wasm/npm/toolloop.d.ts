@@ -101,6 +101,9 @@ export interface RunResult {
 
 export type StreamItem = RunEvent | { type: 'result'; result: RunResult };
 
+/** Whether an item of `streamLoop` is its last, the result. */
+export function isResult(item: StreamItem): item is { type: 'result'; result: RunResult };
+
 export function init(input?: unknown): Promise<unknown>;
 export function runLoop(options: RunOptions): Promise<RunResult>;
 export function streamLoop(options: RunOptions): AsyncGenerator<StreamItem, void, unknown>;

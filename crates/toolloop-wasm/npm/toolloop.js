@@ -112,6 +112,11 @@ function toResponse(answer) {
   };
 }
 
+/** Whether an item of `streamLoop` is its last, the result. */
+export function isResult(item) {
+  return item?.type === 'result' && 'result' in item;
+}
+
 function modelSpec(model) {
   if (!model) throw new TypeError('runLoop: `model` is required');
   if (typeof model.complete === 'function') {

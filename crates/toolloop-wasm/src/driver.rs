@@ -124,7 +124,7 @@ impl Limits {
 
 /// How the model is reached.
 enum Caller {
-    Wire(WireAdapter),
+    Wire(Box<WireAdapter>),
     Host,
 }
 
@@ -201,7 +201,7 @@ impl ModelCall {
     fn new(spec: &ModelSpec) -> Result<Self, String> {
         let caller = match spec.provider.as_str() {
             "host" => Caller::Host,
-            _ => Caller::Wire(wire_adapter(spec)?),
+            _ => Caller::Wire(Box::new(wire_adapter(spec)?)),
         };
         Ok(ModelCall {
             caller,

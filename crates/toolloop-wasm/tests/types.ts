@@ -1,6 +1,6 @@
 // Checked by scripts/wasm-build with `tsc --strict`: the dozen lines that replace a hand-written
 // loop type-check against the package's declarations.
-import { runLoop, streamLoop, type Tool, type RunResult, type CompleteModel } from '../npm/toolloop.js';
+import { runLoop, streamLoop, isResult, type Tool, type RunResult, type CompleteModel } from '../npm/toolloop.js';
 
 const weather: Tool<{ city: string }> = {
   name: 'weather',
@@ -21,7 +21,7 @@ export async function demo(signal: AbortSignal): Promise<string> {
     signal,
   });
   for await (const item of streamLoop({ model: inPage, tools: [weather], state: result.state })) {
-    if (item.type === 'result' && 'result' in item) return String(item.result.text);
+    if (isResult(item)) return String(item.result.text);
   }
   return result.stopReason === 'answered' ? (result.text ?? '') : result.stopReason;
 }
