@@ -14,6 +14,7 @@
 //! --defer-approvals the run stops and waits).
 
 use super::{Agents, HttpArgs, RunHooks};
+use crate::CliError;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -614,26 +615,23 @@ static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Serves the agents on stdin and stdout until the client goes away (or SIGTERM); then the
 /// runs in progress are cancelled and get `grace` to save their outcome.
-pub(crate) async fn serve_stdio(agents: Arc<Agents>, grace: std::time::Duration) -> ExitCode {
+pub(crate) async fn serve_stdio(
+    agents: Arc<Agents>,
+    grace: std::time::Duration,
+) -> Result<ExitCode, CliError> {
     eprintln!("toolloop: serving the agents over MCP on stdin and stdout");
     let runs = Waiting::default();
-    let service = match AgentServer::new(agents, runs.clone())
+    let service = AgentServer::new(agents, runs.clone())
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("toolloop: --mcp: the client did not start a session: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+        .map_err(|e| CliError::failure("--mcp: the client did not start a session", e))?;
     let stop = service.cancellation_token();
     tokio::select! {
         _ = service.waiting() => {}
         _ = super::shutdown_signal() => stop.cancel(),
     }
     runs.close(grace).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the agents over streamable HTTP at `http://ADDR/mcp` until SIGTERM or Ctrl-C.
@@ -642,19 +640,15 @@ pub(crate) async fn serve_http(
     agents: Arc<Agents>,
     http: HttpArgs,
     token: Option<String>,
-) -> ExitCode {
+) -> Result<ExitCode, CliError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService,
     };
     let stop = CancellationToken::new();
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --mcp {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--mcp {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(stop.child_token())
@@ -692,5 +686,5 @@ pub(crate) async fn serve_http(
     stop.cancel();
     let _ = tokio::time::timeout(http.grace, server).await;
     waiting.close(http.grace).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

@@ -15,6 +15,7 @@
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
 use super::{Agents, HttpArgs, RunError, RunHooks};
+use crate::CliError;
 use crate::args::ProviderArgs;
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -115,7 +116,7 @@ pub(crate) async fn serve(
     provider: ProviderArgs,
     http: HttpArgs,
     token: Option<String>,
-) -> ExitCode {
+) -> Result<ExitCode, CliError> {
     let app = Arc::new(App {
         gateway: Gateway::new(agents.cx().clone(), provider),
         agents,
@@ -124,13 +125,9 @@ pub(crate) async fn serve(
         keep_on_disconnect: http.keep_on_disconnect,
         tracker: TaskTracker::new(),
     });
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --openai {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--openai {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     eprintln!("toolloop: serving the OpenAI API on http://{local}/v1");
     let max_body = usize::try_from(http.max_body).unwrap_or(usize::MAX);
@@ -162,12 +159,12 @@ pub(crate) async fn serve(
                  `toolloop resume RUN_ID`, or retry with the same Idempotency-Key",
                 app.tracker.len()
             );
-            return ExitCode::SUCCESS;
+            return Ok(ExitCode::SUCCESS);
         }
     }
     // The connections close once their answers are written.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
