@@ -51,7 +51,11 @@ mod tests {
         assert!(other.record.cassette().is_none());
         crate::secrets::note_key(&one, "sk-0123456789abcdef");
         let said = "the key is sk-0123456789abcdef";
-        assert!(!crate::secrets::redactor(&one).redact(said).contains("0123456789"));
+        assert!(
+            !crate::secrets::redactor(&one)
+                .redact(said)
+                .contains("0123456789")
+        );
         assert_eq!(crate::secrets::redactor(&other).redact(said), said);
     }
 }

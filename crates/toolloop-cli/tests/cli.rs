@@ -135,11 +135,19 @@ fn an_error_is_said_once_with_its_cause_and_escaped() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{7}'), "{stderr:?}");
-    let said: Vec<&str> = stderr.lines().filter(|l| l.starts_with("toolloop: ")).collect();
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("toolloop: "))
+        .collect();
     assert_eq!(
         said,
-        [r"toolloop: --system-file notes\x1b]0;owned\x07\x1b[2J.md: No such file or directory (os error 2)"],
+        [
+            r"toolloop: --system-file notes\x1b]0;owned\x07\x1b[2J.md: No such file or directory (os error 2)"
+        ],
         "{stderr}"
     );
     // A store that cannot be opened: a failure (1), said with the store's own words.
