@@ -80,17 +80,20 @@ pub(crate) struct ServeArgs {
 /// The flags of the HTTP modes (`--openai`, `--mcp ADDR`).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct HttpArgs {
-    /// The token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
-    /// key), compared in constant time. Required to listen on anything but loopback. Prefer
-    /// --auth-token-file or the variable: a command line is visible to other users.
+    /// A token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
+    /// key), compared in constant time. Required to listen on anything but loopback. Repeat it
+    /// to let several clients in: then each sees only the runs it started (`GET
+    /// /v1/runs/{id}`, `Idempotency-Key`). Prefer --auth-token-file or the variable: a command
+    /// line is visible to other users.
     #[arg(
         long,
         env = "TOOLLOOP_AUTH_TOKEN",
         value_name = "TOKEN",
         hide_env_values = true
     )]
-    pub auth_token: Option<String>,
-    /// Read the token from this file (its first line).
+    pub auth_token: Vec<String>,
+    /// Read the tokens from this file: one a line (blank lines and lines starting with `#`
+    /// are skipped); several tokens are several clients, as with a repeated --auth-token.
     #[arg(long, value_name = "FILE", conflicts_with = "auth_token")]
     pub auth_token_file: Option<PathBuf>,
     /// The largest request body, in bytes; a larger one gets 413.
@@ -113,25 +116,34 @@ pub(crate) struct HttpArgs {
 }
 
 impl HttpArgs {
-    /// The token the flags give, read from its file when one is named.
-    fn token(&self) -> Result<Option<String>, String> {
+    /// The tokens the flags give, read from their file when one is named; none: no token is
+    /// asked for.
+    fn tokens(&self) -> Result<Vec<String>, String> {
         if let Some(path) = &self.auth_token_file {
             let text = toolloop::user_file::read_to_string(path, 64 * 1024)
                 .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
-            let token = text.lines().next().unwrap_or("").trim().to_string();
-            if token.is_empty() {
+            let tokens: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_string)
+                .collect();
+            if tokens.is_empty() {
                 return Err(format!(
                     "--auth-token-file {}: the file holds no token",
                     path.display()
                 ));
             }
-            return Ok(Some(token));
+            return Ok(tokens);
         }
-        match &self.auth_token {
-            Some(t) if t.trim().is_empty() => Err("--auth-token: the token is empty".into()),
-            Some(t) => Ok(Some(t.trim().to_string())),
-            None => Ok(None),
+        let mut tokens = Vec::new();
+        for t in &self.auth_token {
+            if t.trim().is_empty() {
+                return Err("--auth-token: the token is empty".into());
+            }
+            tokens.push(t.trim().to_string());
         }
+        Ok(tokens)
     }
 }
 
@@ -154,7 +166,7 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
     if let Some(addr) = args.restate {
         return serve_restate(cx, args, addr).await;
     }
-    let token = match args.http.token() {
+    let tokens = match args.http.tokens() {
         Ok(t) => t,
         Err(e) => return usage_error(e),
     };
@@ -166,16 +178,16 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     if let Some(addr) = args.openai {
-        if !addr.ip().is_loopback() && token.is_none() {
+        if !addr.ip().is_loopback() && tokens.is_empty() {
             return usage_error(format!(
                 "--openai {addr}: listening beyond loopback needs --auth-token or \
                  --auth-token-file (clients send it as their API key)"
             ));
         }
-        return openai::serve(addr, agents, args.agent.provider.clone(), args.http, token).await;
+        return openai::serve(addr, agents, args.agent.provider.clone(), args.http, tokens).await;
     }
     match args.mcp.as_deref() {
-        Some("stdio") | None => mcp::serve_stdio(agents, args.http.grace).await,
+        Some("stdio") | None => mcp::serve_stdio(agents, &args.http).await,
         Some(addr) => {
             let addr: SocketAddr = match addr.parse() {
                 Ok(a) => a,
@@ -186,13 +198,13 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
                     ));
                 }
             };
-            if !addr.ip().is_loopback() && token.is_none() {
+            if !addr.ip().is_loopback() && tokens.is_empty() {
                 return usage_error(format!(
                     "--mcp {addr}: listening beyond loopback needs --auth-token or \
                      --auth-token-file"
                 ));
             }
-            mcp::serve_http(addr, agents, args.http, token).await
+            mcp::serve_http(addr, agents, args.http, tokens).await
         }
     }
 }
@@ -481,70 +493,142 @@ impl AgentSpec {
         self.args.output.as_ref().map(|o| &o.schema)
     }
 
-    /// Runs `messages`: a fresh run, or, with an idempotency key, the run that key started
-    /// (continued from its last durable step when it was cut short, its outcome when it had
-    /// finished). The outcome is saved in the store.
+    /// Runs `messages` for `client`: a fresh run, or, with an idempotency key, the run that
+    /// key started (continued from its last durable step when it was cut short, its outcome
+    /// when it had finished). The outcome is saved in the store.
     pub(crate) async fn run(
         &self,
         agent: &Agent,
         store: Option<&Store>,
         messages: Vec<Message>,
         idempotency_key: Option<&str>,
+        client: &Client,
         cancel: CancellationToken,
     ) -> Result<Outcome, RunError> {
-        let outcome = match (idempotency_key, store) {
-            (Some(key), Some(store)) => {
-                let run_id = self.idempotent_run_id(key);
-                let known = store
-                    .run(&run_id)
-                    .await
-                    .map_err(|e| RunError::Failed(e.to_string()))?;
-                if known.is_some() {
-                    agent.resume(&run_id, cancel).await.map_err(|e| match e {
-                        JournalError::Locked { .. } => RunError::Busy(format!(
-                            "a request with this Idempotency-Key is still running (run \
-                             {run_id})"
-                        )),
-                        other => RunError::Failed(other.to_string()),
-                    })?
-                } else {
-                    let outcome = agent.run_with_id(&run_id, messages, cancel).await;
-                    if outcome.stop_reason == toolloop::outcome::StopReason::StoreFailed
-                        && outcome
-                            .error
-                            .as_ref()
-                            .is_some_and(|e| e.message.contains("is held by"))
-                    {
-                        return Err(RunError::Busy(format!(
-                            "a request with this Idempotency-Key is still running (run \
-                             {run_id})"
-                        )));
-                    }
-                    outcome
-                }
-            }
-            _ => agent.run_cancellable(messages, cancel).await,
-        };
-        if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
-            && let Err(e) = store.save_outcome(run_id, &outcome).await
-        {
-            tracing::warn!("the run {run_id} finished, but saving its outcome failed: {e}");
-        }
-        Ok(outcome)
+        let scope = format!("agent:{}", self.name);
+        run_keyed(
+            agent,
+            store,
+            messages,
+            idempotency_key.map(|k| client.keyed_run_id(&scope, k)),
+            client,
+            cancel,
+        )
+        .await
+    }
+}
+
+/// Who sent a request, when the server tells its clients apart (it has several tokens): a tag
+/// made from the client's token (a digest: the token itself is never kept). A client's runs
+/// carry its tag in their ids, so that it sees only those (`GET /v1/runs/{id}`), and the same
+/// `Idempotency-Key` from two clients names two runs. With one token (or none), every request
+/// is the same client, `Client(None)`, and run ids are as they always were.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Client(pub Option<String>);
+
+impl Client {
+    /// The client whose token has this SHA-256 digest.
+    pub(crate) fn from_token_digest(digest: &[u8; 32]) -> Client {
+        let mut h = sha2::Sha256::new();
+        h.update(b"toolloop serve client\0");
+        h.update(digest);
+        let tag = h.finalize();
+        let hex: String = tag[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Client(Some(format!("c{hex}")))
     }
 
-    /// The run id an idempotency key stands for (per agent): a digest, so that the key itself
-    /// is not stored.
-    fn idempotent_run_id(&self, key: &str) -> String {
+    /// Whether run `run_id` is this client's (any run is, when clients are not told apart).
+    pub(crate) fn owns(&self, run_id: &str) -> bool {
+        match &self.0 {
+            None => true,
+            Some(tag) => run_id
+                .strip_prefix("run_")
+                .and_then(|r| r.strip_prefix(tag.as_str()))
+                .is_some_and(|r| r.starts_with('_')),
+        }
+    }
+
+    /// The id of a fresh run of this client (`None`: any fresh id).
+    fn fresh_run_id(&self) -> Option<String> {
+        let tag = self.0.as_ref()?;
+        let id = toolloop::journal::new_run_id();
+        Some(format!("run_{tag}_{}", id.trim_start_matches("run_")))
+    }
+
+    /// The run id an idempotency key stands for, per `scope` (an agent, a gateway backend)
+    /// and per client: a digest, so that the key itself is not stored.
+    pub(crate) fn keyed_run_id(&self, scope: &str, key: &str) -> String {
         let mut h = sha2::Sha256::new();
         h.update(b"toolloop serve idempotency\0");
-        h.update(self.name.as_bytes());
+        // The agents' ids are as they were before the gateway shared the scheme.
+        h.update(scope.strip_prefix("agent:").unwrap_or(scope).as_bytes());
         h.update(b"\0");
         h.update(key.as_bytes());
+        if let Some(tag) = &self.0 {
+            h.update(b"\0");
+            h.update(tag.as_bytes());
+        }
         let digest = h.finalize();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("run_idem_{hex}")
+        match &self.0 {
+            None => format!("run_idem_{hex}"),
+            Some(tag) => format!("run_{tag}_idem_{hex}"),
+        }
     }
+}
+
+/// Runs `messages` with `agent`: under `run_id` when given (the run that id names, continued
+/// from its last durable step when it was cut short, its outcome when it had finished; 409
+/// while another request holds it), else as a fresh run of `client`. The outcome is saved in
+/// the store.
+pub(crate) async fn run_keyed(
+    agent: &Agent,
+    store: Option<&Store>,
+    messages: Vec<Message>,
+    run_id: Option<String>,
+    client: &Client,
+    cancel: CancellationToken,
+) -> Result<Outcome, RunError> {
+    let busy = |run_id: &str| {
+        RunError::Busy(format!(
+            "a request with this Idempotency-Key is still running (run {run_id})"
+        ))
+    };
+    let outcome = match (run_id, store) {
+        (Some(run_id), Some(store)) => {
+            let known = store
+                .run(&run_id)
+                .await
+                .map_err(|e| RunError::Failed(e.to_string()))?;
+            if known.is_some() {
+                agent.resume(&run_id, cancel).await.map_err(|e| match e {
+                    JournalError::Locked { .. } => busy(&run_id),
+                    other => RunError::Failed(other.to_string()),
+                })?
+            } else {
+                let outcome = agent.run_with_id(&run_id, messages, cancel).await;
+                if outcome.stop_reason == toolloop::outcome::StopReason::StoreFailed
+                    && outcome
+                        .error
+                        .as_ref()
+                        .is_some_and(|e| e.message.contains("is held by"))
+                {
+                    return Err(busy(&run_id));
+                }
+                outcome
+            }
+        }
+        _ => match client.fresh_run_id().filter(|_| store.is_some()) {
+            Some(id) => agent.run_with_id(&id, messages, cancel).await,
+            None => agent.run_cancellable(messages, cancel).await,
+        },
+    };
+    if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
+        && let Err(e) = store.save_outcome(run_id, &outcome).await
+    {
+        tracing::warn!("the run {run_id} finished, but saving its outcome failed: {e}");
+    }
+    Ok(outcome)
 }
 
 /// Resolves when the process is asked to stop: SIGTERM, or Ctrl-C (SIGINT).

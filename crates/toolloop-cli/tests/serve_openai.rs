@@ -996,3 +996,242 @@ fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
     drop(served);
     rt.block_on(mock.shutdown());
 }
+
+/// An OpenAI-compatible backend with no tool calling that answers with the texts given, in
+/// order (the last again once they run out), whole or streamed in small pieces, and keeps every
+/// request body it gets.
+struct Scripted {
+    base: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Scripted {
+    async fn start(replies: &[&str]) -> Scripted {
+        use axum::response::IntoResponse;
+        type Shared = Arc<(Vec<String>, Arc<Mutex<Vec<Value>>>)>;
+        async fn reply(
+            axum::extract::State(st): axum::extract::State<Shared>,
+            axum::Json(body): axum::Json<Value>,
+        ) -> axum::response::Response {
+            assert!(body.get("tools").is_none(), "the backend has no tool calling");
+            let n = {
+                let mut b = st.1.lock().unwrap();
+                b.push(body.clone());
+                b.len() - 1
+            };
+            let text = st.0[n.min(st.0.len() - 1)].clone();
+            let usage = json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15});
+            if body["stream"] != true {
+                return axum::Json(json!({
+                    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": usage,
+                }))
+                .into_response();
+            }
+            let chunk = |delta: Value, finish: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                )
+            };
+            let chars: Vec<char> = text.chars().collect();
+            let mut out = String::new();
+            for piece in chars.chunks(4) {
+                out.push_str(&chunk(
+                    json!({"content": piece.iter().collect::<String>()}),
+                    Value::Null,
+                ));
+            }
+            out.push_str(&chunk(json!({}), json!("stop")));
+            out.push_str("data: [DONE]\n\n");
+            ([("content-type", "text/event-stream")], out).into_response()
+        }
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let shared: Shared = Arc::new((
+            replies.iter().map(|r| r.to_string()).collect(),
+            bodies.clone(),
+        ));
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(reply))
+            .with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Scripted { base, bodies, task }
+    }
+
+    fn requests(&self) -> usize {
+        self.bodies.lock().unwrap().len()
+    }
+
+    /// The messages of request `n`, as text.
+    fn messages(&self, n: usize) -> String {
+        self.bodies.lock().unwrap()[n]["messages"].to_string()
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A call written wrong in the hermes dialect: plain words in the tag.
+const BROKEN_CALL: &str = "<tool_call>get the weather please</tool_call>";
+const GOOD_CALL: &str =
+    "Checking.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+
+async fn post_keyed(url: &str, token: Option<&str>, key: &str, body: &Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("Idempotency-Key", key)
+        .json(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[test]
+fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_asked_again() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[
+        BROKEN_CALL,
+        GOOD_CALL,
+        BROKEN_CALL,
+        GOOD_CALL,
+    ]));
+    let dir = common::repo();
+    let store = dir.path().join("store.db");
+    let args = [
+        "--openai",
+        "127.0.0.1:0",
+        "--base-url",
+        &backend.base,
+        "--dialect",
+        "hermes",
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    let body = json!({"model": "gateway:openai:qwen", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": client_tools()});
+    let served = Served::start(dir.path(), &args, &[]);
+    let chat = served.url("/v1/chat/completions");
+    let first = rt.block_on(async {
+        let (status, v) = post_keyed(&chat, None, "weather-1", &body).await;
+        assert_eq!(status, 200, "{v}\n{}", served.stderr());
+        let m = &v["choices"][0]["message"];
+        // The broken call went back to the backend, which wrote it right: the client gets the
+        // call, never the broken one.
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        assert_eq!(m["tool_calls"].as_array().unwrap().len(), 1, "{v}");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+        let args: Value =
+            serde_json::from_str(m["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
+                .unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        assert_eq!(m["content"].as_str().unwrap().trim(), "Checking.", "{v}");
+        assert!(!v.to_string().contains("get the weather please"), "{v}");
+        assert_eq!(backend.requests(), 2, "asked once more");
+        assert!(
+            backend.messages(1).contains("get the weather please")
+                && backend.messages(1).contains("could not be read"),
+            "the second request shows the backend its broken call and why: {}",
+            backend.messages(1)
+        );
+        // The request is a run in the store, shown at /v1/runs/{id}.
+        let run_id = v["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let run: Value = reqwest::get(served.url(&format!("/v1/runs/{run_id}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(run["status"], "finished", "{run}");
+        // A retry with the same key gets the same answer, and the backend is not asked again.
+        let (status, again) = post_keyed(&chat, None, "weather-1", &body).await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"], v["choices"]);
+        assert_eq!(backend.requests(), 2);
+        v
+    });
+    // So does a retry on a server started again over the same store.
+    served.kill9();
+    let served = Served::start(dir.path(), &args, &[]);
+    rt.block_on(async {
+        let (status, again) =
+            post_keyed(&served.url("/v1/chat/completions"), None, "weather-1", &body).await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"], first["choices"]);
+        assert_eq!(again["toolloop"]["run_id"], first["toolloop"]["run_id"]);
+        assert_eq!(backend.requests(), 2, "no second backend call after the restart");
+    });
+    // `toolloop runs` lists it.
+    let out = common::toolloop(&["runs", "--store", store.to_str().unwrap()], dir.path());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains(first["toolloop"]["run_id"].as_str().unwrap()),
+        "{listed}"
+    );
+
+    // Streamed: the same, the broken call never sent.
+    let streamed = rt.block_on(async {
+        let mut b = body.clone();
+        b["stream"] = json!(true);
+        post_stream(&served.url("/v1/chat/completions"), &b).await
+    });
+    let (text, calls, finish) = gather_calls(&streamed);
+    assert_eq!(finish, "tool_calls", "{streamed:?}");
+    assert_eq!(calls.len(), 1, "{streamed:?}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(text.trim(), "Checking.", "{streamed:?}");
+    assert!(
+        !format!("{streamed:?}").contains("get the weather please"),
+        "{streamed:?}"
+    );
+    assert_eq!(backend.requests(), 4, "{streamed:?}");
+    drop(served);
+}
+
+#[test]
+fn a_gateway_request_whose_backend_keeps_writing_broken_calls_gets_a_clear_error() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[BROKEN_CALL]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--base-url",
+            &backend.base,
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let body = json!({"model": "gateway:openai:qwen", "messages": [{"role": "user", "content": "Weather?"}], "tools": client_tools()});
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &body).await;
+        assert_eq!(status, 502, "{v}");
+        assert_eq!(v["error"]["code"], "malformed_tool_call", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("3 times in a row"),
+            "{v}"
+        );
+        assert_eq!(backend.requests(), 3, "asked again twice, then given up");
+    });
+}

@@ -14,11 +14,11 @@
 
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
-use super::{Agents, HttpArgs, RunError, RunHooks};
+use super::{Agents, Client, HttpArgs, RunError, RunHooks};
 use crate::args::ProviderArgs;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -76,18 +76,20 @@ fn bad_request(e: BadRequest) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
-/// The token a server expects: its SHA-256 (compared in constant time, whatever its length).
-struct Guard(Option<[u8; 32]>);
+/// The tokens a server accepts: their SHA-256 digests (compared in constant time, whatever
+/// their length). With several, each request is told which client it comes from
+/// ([`Client`], a request extension).
+struct Guard(Vec<[u8; 32]>);
 
-/// `router` behind the token check (none without a token): a request without
-/// `Authorization: Bearer TOKEN` gets 401 before anything else is done.
-pub(crate) fn with_token(router: Router, token: Option<&str>) -> Router {
-    let guard = Arc::new(Guard(token.map(|t| digest(t.as_bytes()))));
+/// `router` behind the token check (none without tokens): a request without
+/// `Authorization: Bearer TOKEN` (one of `tokens`) gets 401 before anything else is done.
+pub(crate) fn with_token(router: Router, tokens: &[String]) -> Router {
+    let guard = Arc::new(Guard(tokens.iter().map(|t| digest(t.as_bytes())).collect()));
     router.layer(middleware::from_fn_with_state(guard, authorize))
 }
 
 /// The router of the API around `app`, with its limits, behind `token`.
-pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Router {
+pub(crate) fn router(app: Arc<App>, max_body: usize, tokens: &[String]) -> Router {
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
@@ -104,7 +106,7 @@ pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Rou
         })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
-    with_token(api, token)
+    with_token(api, tokens)
 }
 
 /// Runs the API on `addr` until SIGTERM or Ctrl-C; then stops accepting, lets the runs in
@@ -114,7 +116,7 @@ pub(crate) async fn serve(
     agents: Arc<Agents>,
     provider: ProviderArgs,
     http: HttpArgs,
-    token: Option<String>,
+    tokens: Vec<String>,
 ) -> ExitCode {
     let app = Arc::new(App {
         gateway: Gateway::new(agents.cx().clone(), provider),
@@ -137,7 +139,7 @@ pub(crate) async fn serve(
     let stop = CancellationToken::new();
     let server = {
         let stop = stop.clone();
-        let app = router(app.clone(), max_body, token.as_deref());
+        let app = router(app.clone(), max_body, &tokens);
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
@@ -171,15 +173,25 @@ pub(crate) async fn serve(
 }
 
 /// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
-async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    if let Some(expected) = &guard.0 {
+/// The request then carries its [`Client`].
+async fn authorize(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
+    let mut client = Client::default();
+    if !guard.0.is_empty() {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !bool::from(digest(given.trim().as_bytes()).ct_eq(expected)) {
+        let given = digest(given.trim().as_bytes());
+        // Every token is compared (no early exit): the time does not tell which one matched.
+        let mut matched: Option<&[u8; 32]> = None;
+        for expected in &guard.0 {
+            if bool::from(given.ct_eq(expected)) {
+                matched = Some(expected);
+            }
+        }
+        let Some(expected) = matched else {
             let mut r = error(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
@@ -190,8 +202,12 @@ async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
+        };
+        if guard.0.len() > 1 {
+            client = Client::from_token_digest(expected);
         }
     }
+    request.extensions_mut().insert(client);
     next.run(request).await
 }
 
@@ -270,6 +286,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Box<Response>>
 
 async fn chat_completions(
     State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -280,17 +297,25 @@ async fn chat_completions(
     match target(&request.model) {
         Some(Target::Agent(name)) => {
             let name = name.to_string();
-            agent_chat(app, &name, request, &headers, Format::Chat).await
+            agent_chat(app, &name, request, &headers, &client, Format::Chat).await
         }
         Some(Target::Gateway(spec)) => {
             let spec = spec.to_string();
-            gateway_chat(app, &spec, request).await
+            gateway_chat(app, &spec, request, &headers, &client).await
         }
         None => unknown_model(&request.model),
     }
 }
 
-async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Response {
+/// A gateway request: a run of the engine with the client's tools (see [`gateway`]), logged in
+/// the store like an agent's, its `Idempotency-Key` honoured the same way.
+async fn gateway_chat(
+    app: Arc<App>,
+    spec: &str,
+    request: ChatRequest,
+    headers: &HeaderMap,
+    client: &Client,
+) -> Response {
     let backend = match app.gateway.backend(spec) {
         Ok(b) => b,
         Err(e) => {
@@ -302,39 +327,124 @@ async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Respon
             );
         }
     };
+    let key = match idempotency_key(headers) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let journal = app
+        .agents
+        .store()
+        .map(|s| s.run_journal(toolloop_store::RunTags::default()));
+    let agent = match gateway::agent(backend, &request, journal, None) {
+        Ok(a) => a,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                None,
+                e,
+            );
+        }
+    };
     let permit = match permit(&app) {
         Ok(p) => p,
         Err(r) => return *r,
     };
+    let cancel = CancellationToken::new();
+    let run = {
+        let agents = app.agents.clone();
+        let cancel = cancel.clone();
+        let run_id = key.map(|k| client.keyed_run_id(&format!("gateway:{spec}"), &k));
+        let client = client.clone();
+        let messages = request.messages.clone();
+        app.tracker.spawn(async move {
+            let _permit = permit;
+            super::run_keyed(&agent, agents.store(), messages, run_id, &client, cancel).await
+        })
+    };
+    let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
     let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
-    if request.stream {
-        match gateway::stream(backend, request, id).await {
-            Ok(events) => {
-                let body = events.map(move |b| {
-                    let _held = &permit;
-                    Ok::<_, std::convert::Infallible>(b)
-                });
-                sse_response(Body::from_stream(body))
+    let model = request.model;
+    let reply = |outcome: Result<Result<Outcome, RunError>, tokio::task::JoinError>| match outcome
+    {
+        Ok(Ok(o)) => match gateway::answer(&o) {
+            Ok(a) => Ok((a, run_info(&o))),
+            Err(f) => Err((f, Some(run_info(&o)))),
+        },
+        Ok(Err(RunError::Busy(m))) => Err((
+            gateway::Failure {
+                status: 409,
+                code: "run_in_progress",
+                message: m,
+            },
+            None,
+        )),
+        Ok(Err(RunError::Failed(m))) => Err((
+            gateway::Failure {
+                status: 500,
+                code: "run_failed",
+                message: m,
+            },
+            None,
+        )),
+        Err(e) => Err((
+            gateway::Failure {
+                status: 500,
+                code: "run_failed",
+                message: format!("the run failed: {e}"),
+            },
+            None,
+        )),
+    };
+    if !request.stream {
+        let outcome = run.await;
+        drop(guard);
+        return match reply(outcome) {
+            Ok((a, info)) => {
+                let mut v = gateway::completion(&id, &model, &a);
+                v["toolloop"] = info;
+                axum::Json(v).into_response()
             }
-            Err(e) => backend_error(e),
-        }
-    } else {
-        let answer = gateway::complete(&backend, &request, &id).await;
-        drop(permit);
-        match answer {
-            Ok(v) => axum::Json(v).into_response(),
-            Err(e) => backend_error(e),
-        }
+            Err((f, info)) => {
+                let status = StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let mut body = json!({"error": {
+                    "message": f.message,
+                    "type": if status == StatusCode::CONFLICT { "invalid_request_error" } else { "server_error" },
+                    "param": null,
+                    "code": f.code,
+                }});
+                if let Some(info) = info {
+                    body["toolloop"] = info;
+                }
+                (status, axum::Json(body)).into_response()
+            }
+        };
     }
-}
-
-fn backend_error(e: toolloop::ModelError) -> Response {
-    error(
-        StatusCode::BAD_GATEWAY,
-        "server_error",
-        Some("backend_error"),
-        format!("the backend model failed: {e}"),
-    )
+    // Streamed: the first chunk at once, the rest when the backend's reply is whole and known
+    // good (a broken call sent back to the backend must never reach the client).
+    let include_usage = request.include_usage;
+    let first = wire::sse(&wire::chunk(
+        &id,
+        &model,
+        json!({"role": "assistant", "content": ""}),
+        None,
+    ));
+    let rest = async move {
+        let outcome = run.await;
+        drop(guard);
+        match reply(outcome) {
+            Ok((a, _)) => gateway::chunks(&id, &model, &a, include_usage),
+            Err((f, _)) => wire::sse(&json!({"error": {
+                "message": f.message,
+                "type": "server_error",
+                "code": f.code,
+            }})),
+        }
+    };
+    let body = futures::stream::once(async move { first })
+        .chain(futures::stream::once(rest))
+        .map(Ok::<_, std::convert::Infallible>);
+    sse_response(Body::from_stream(body))
 }
 
 fn sse_response(body: Body) -> Response {
@@ -362,6 +472,7 @@ async fn agent_chat(
     name: &str,
     request: ChatRequest,
     headers: &HeaderMap,
+    client: &Client,
     format: Format,
 ) -> Response {
     let Some(index) = app.agents.all().iter().position(|a| a.name == name) else {
@@ -401,7 +512,13 @@ async fn agent_chat(
         on_event: request.stream.then(|| {
             let tx = tx.clone();
             Arc::new(move |e: &Event| {
-                if matches!(e, Event::TextDelta { .. } | Event::ToolCallRequested { .. }) {
+                if matches!(
+                    e,
+                    Event::TextDelta { .. }
+                        | Event::ToolCallRequested { .. }
+                        | Event::RoundStarted { .. }
+                        | Event::ModelRetry { .. }
+                ) {
                     let _ = tx.send(e.clone());
                 }
             }) as toolloop::agent::EventHandler
@@ -420,11 +537,19 @@ async fn agent_chat(
         let agents = app.agents.clone();
         let cancel = cancel.clone();
         let messages = request.messages;
+        let client = client.clone();
         app.tracker.spawn(async move {
             let _permit = permit;
             let spec = &agents.all()[index];
             let out = spec
-                .run(&agent, agents.store(), messages, key.as_deref(), cancel)
+                .run(
+                    &agent,
+                    agents.store(),
+                    messages,
+                    key.as_deref(),
+                    &client,
+                    cancel,
+                )
                 .await;
             drop(agent);
             out
@@ -558,8 +683,13 @@ fn whole_answer(id: &str, model: &str, o: &Outcome, format: Format) -> Response 
     axum::Json(v).into_response()
 }
 
-/// A streamed agent answer: text deltas as they come; each tool call the agent makes as a
-/// chunk with no choices and a `toolloop` field (never in the content); then the finish.
+/// A streamed agent answer. Only the answer is content: the model's text is held for each
+/// round until the round shows what it is (the round's text cannot be taken back once sent,
+/// and only its end tells whether tool calls follow it), so the answer comes as one delta when
+/// the run ends. What the run does is progress, beside the content: each round's text before
+/// its tool calls, and each tool call, as a chunk with no choices and a `toolloop` field
+/// (`{"text": {"round", "text"}}`, `{"tool_call": {"round", "name", "arguments"}}`), or the
+/// Responses API's `toolloop.text` and `toolloop.tool_call` events. Then the finish.
 fn streamed_answer(
     id: String,
     model: String,
@@ -579,6 +709,29 @@ fn streamed_answer(
         format: Format,
         sequence: u64,
         started: bool,
+        /// The text of the round going on, held until the round shows what it is.
+        round_text: String,
+    }
+    /// A progress event (never content): a chunk with no choices and a `toolloop` field, or
+    /// a `toolloop.*` event of the Responses API.
+    fn progress(st: &mut St, what: Value) -> Bytes {
+        match st.format {
+            Format::Chat => wire::sse(&json!({
+                "id": st.id,
+                "object": "chat.completion.chunk",
+                "created": wire::now_secs(),
+                "model": st.model,
+                "choices": [],
+                "toolloop": what,
+            })),
+            Format::Responses => {
+                let (kind, data) = match what {
+                    Value::Object(m) => m.into_iter().next().unwrap_or_default(),
+                    other => (String::new(), other),
+                };
+                responses_event(&mut st.sequence, &format!("toolloop.{kind}"), data)
+            }
+        }
     }
     let st = St {
         rx,
@@ -590,6 +743,7 @@ fn streamed_answer(
         format,
         sequence: 0,
         started: false,
+        round_text: String::new(),
     };
     futures::stream::unfold(st, |mut st| async move {
         if !st.started {
@@ -610,31 +764,35 @@ fn streamed_answer(
             return Some((first, st));
         }
         if let Some(event) = st.rx.recv().await {
-            let bytes = match (&event, st.format) {
-                (Event::TextDelta { text, .. }, Format::Chat) => wire::sse(&wire::chunk(
-                    &st.id,
-                    &st.model,
-                    json!({"content": text}),
-                    None,
-                )),
-                (Event::TextDelta { text, .. }, Format::Responses) => responses_event(
-                    &mut st.sequence,
-                    "response.output_text.delta",
-                    json!({"item_id": format!("msg_{}", st.id), "output_index": 0, "content_index": 0, "delta": text}),
-                ),
-                (Event::ToolCallRequested { round, call }, Format::Chat) => wire::sse(&json!({
-                    "id": st.id,
-                    "object": "chat.completion.chunk",
-                    "created": wire::now_secs(),
-                    "model": st.model,
-                    "choices": [],
-                    "toolloop": {"tool_call": {"round": round, "name": call.name, "arguments": call.arguments}},
-                })),
-                (Event::ToolCallRequested { round, call }, Format::Responses) => responses_event(
-                    &mut st.sequence,
-                    "toolloop.tool_call",
-                    json!({"round": round, "name": call.name, "arguments": call.arguments}),
-                ),
+            let bytes = match event {
+                // A round's text is held until the round shows what it is: the text before
+                // its tool calls (progress, beside the content), or the answer, sent as the
+                // content when the run ends.
+                Event::TextDelta { text, .. } => {
+                    st.round_text.push_str(&text);
+                    Bytes::new()
+                }
+                // A new round, or a model call made again: the text held was not the answer
+                // (a reply sent back to be corrected) or is void.
+                Event::RoundStarted { .. } | Event::ModelRetry { .. } => {
+                    st.round_text.clear();
+                    Bytes::new()
+                }
+                Event::ToolCallRequested { round, call } => {
+                    let mut out = Vec::new();
+                    let text = std::mem::take(&mut st.round_text);
+                    if !text.is_empty() {
+                        out.extend_from_slice(&progress(
+                            &mut st,
+                            json!({"text": {"round": round, "text": text}}),
+                        ));
+                    }
+                    out.extend_from_slice(&progress(
+                        &mut st,
+                        json!({"tool_call": {"round": round, "name": call.name, "arguments": call.arguments}}),
+                    ));
+                    Bytes::from(out)
+                }
                 _ => Bytes::new(),
             };
             return Some((bytes, st));
@@ -645,9 +803,18 @@ fn streamed_answer(
         let bytes = match outcome {
             Ok(Ok(o)) => match (finish_of(&o), st.format) {
                 (Some(finish), Format::Chat) => {
+                    let mut out = Vec::new();
+                    if let Some(text) = answer_text(&o).filter(|t| !t.is_empty()) {
+                        out.extend_from_slice(&wire::sse(&wire::chunk(
+                            &st.id,
+                            &st.model,
+                            json!({"content": text}),
+                            None,
+                        )));
+                    }
                     let mut last = wire::chunk(&st.id, &st.model, json!({}), Some(finish));
                     last["toolloop"] = run_info(&o);
-                    let mut out = wire::sse(&last).to_vec();
+                    out.extend_from_slice(&wire::sse(&last));
                     if st.include_usage {
                         out.extend_from_slice(&wire::sse(&wire::usage_chunk(
                             &st.id,
@@ -660,14 +827,23 @@ fn streamed_answer(
                 }
                 (Some(_), Format::Responses) => {
                     let text = answer_text(&o).unwrap_or_default();
+                    let mut out = Vec::new();
+                    if !text.is_empty() {
+                        out.extend_from_slice(&responses_event(
+                            &mut st.sequence,
+                            "response.output_text.delta",
+                            json!({"item_id": format!("msg_{}", st.id), "output_index": 0, "content_index": 0, "delta": text}),
+                        ));
+                    }
                     let mut response = response_object(&st.model, &o, &text);
                     response["id"] = json!(st.id);
                     response["toolloop"] = run_info(&o);
-                    responses_event(
+                    out.extend_from_slice(&responses_event(
                         &mut st.sequence,
                         "response.completed",
                         json!({"response": response}),
-                    )
+                    ));
+                    Bytes::from(out)
                 }
                 (None, _) => stream_error(&format!(
                     "the run stopped ({}){}",
@@ -734,7 +910,12 @@ fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
 }
 
 /// `POST /v1/responses`: `input` as text or messages, `instructions` as a system prompt.
-async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn responses(
+    State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -762,6 +943,29 @@ async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
         );
     };
     let name = name.to_string();
+    // Fields this server does not serve are refused by name, never ignored: a client that
+    // counts on them would get an answer to another question.
+    for (field, why) in [
+        (
+            "tools",
+            "agent:NAME runs its own tools; offer yours through gateway:SPEC on \
+             /v1/chat/completions",
+        ),
+        (
+            "previous_response_id",
+            "this server keeps no conversation between responses; send the whole \
+             conversation as `input`",
+        ),
+    ] {
+        if v.get(field).is_some_and(|f| {
+            !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty())
+        }) {
+            return bad_request(BadRequest {
+                message: format!("`{field}` is not supported here: {why}"),
+                param: Some(field.into()),
+            });
+        }
+    }
     let mut messages = Vec::new();
     if let Some(i) = v.get("instructions").and_then(Value::as_str) {
         messages.push(json!({"role": "system", "content": i}));
@@ -790,12 +994,16 @@ async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
         temperature: None,
         max_tokens: None,
     };
-    agent_chat(app, &name, request, &headers, Format::Responses).await
+    agent_chat(app, &name, request, &headers, &client, Format::Responses).await
 }
 
 /// `GET /v1/runs/{id}`: the run's summary from the store, and the calls that wait for a
 /// person's approval.
-async fn run_status(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+async fn run_status(
+    State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
+    Path(id): Path<String>,
+) -> Response {
     let Some(store) = app.agents.store() else {
         return error(
             StatusCode::NOT_FOUND,
@@ -804,7 +1012,13 @@ async fn run_status(State(app): State<Arc<App>>, Path(id): Path<String>) -> Resp
             "no store",
         );
     };
-    let summary = match store.run(&id).await {
+    // Another client's run is as unknown as a run that does not exist.
+    let known = if client.owns(&id) {
+        store.run(&id).await
+    } else {
+        Ok(None)
+    };
+    let summary = match known {
         Ok(Some(s)) => s,
         Ok(None) => {
             return error(

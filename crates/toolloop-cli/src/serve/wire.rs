@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 use toolloop::image::Image;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult, parse_arguments};
-use toolloop::model::{FinishReason, ToolChoice, ToolSpec};
+use toolloop::model::{ToolChoice, ToolSpec};
 use toolloop::usage::Usage;
 
 /// What a request asks, read from its JSON body.
@@ -349,18 +349,6 @@ pub(crate) fn now_secs() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// `finish_reason` for an engine's reason.
-pub(crate) fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
-    if calls {
-        return "tool_calls";
-    }
-    match reason {
-        FinishReason::Length => "length",
-        FinishReason::ContentFilter => "content_filter",
-        _ => "stop",
-    }
 }
 
 /// The `usage` object.
