@@ -53,7 +53,8 @@ pub(crate) struct ServeArgs {
     /// and answer with its final text;
     /// `model: "gateway:SPEC"` offers the request's own tools to the model SPEC
     /// (`openai:qwen3` behind `--base-url`) through prompt-based tool calling and answers with
-    /// standard `tool_calls` (nothing runs on the server). `GET /v1/models` lists them,
+    /// standard `tool_calls` (nothing runs on the server; a call written wrong is sent back
+    /// to SPEC to correct). `GET /v1/models` lists them,
     /// `GET /v1/runs/{id}` shows a run. Any address but loopback needs --auth-token.
     #[arg(long, value_name = "ADDR")]
     pub openai: Option<SocketAddr>,
@@ -77,7 +78,8 @@ pub(crate) struct ServeArgs {
     pub agent: AgentArgs,
 }
 
-/// The flags of the HTTP modes (`--openai`, `--mcp ADDR`).
+/// The flags of the serving modes (`--openai`, `--mcp`; --max-runs and --grace hold for MCP over
+/// stdio too).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct HttpArgs {
     /// A token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
@@ -100,7 +102,8 @@ pub(crate) struct HttpArgs {
     #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024,
           value_parser = clap::value_parser!(u64).range(1024..=1024 * 1024 * 1024))]
     pub max_body: u64,
-    /// Runs (and gateway requests) at once; one more gets 429.
+    /// Runs at once (agents, gateway requests, workflows over MCP); one more gets 429 (over
+    /// MCP, a tool error saying so).
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_runs: u32,

@@ -1235,3 +1235,162 @@ fn a_gateway_request_whose_backend_keeps_writing_broken_calls_gets_a_clear_error
         assert_eq!(backend.requests(), 3, "asked again twice, then given up");
     });
 }
+
+#[test]
+fn a_streamed_agent_answer_holds_only_the_final_answer_as_content() {
+    let rt = rt();
+    // The model writes words before its call, then the answer: twice, for the two APIs.
+    let before = "I will look around first.\n<tool_call>{\"name\": \"list_dir\", \"arguments\": {\"path\": \".\"}}</tool_call>";
+    let answer = "Here is the answer: one file.";
+    let backend = rt.block_on(Scripted::start(&[before, answer, before, answer]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:qwen",
+            "--base-url",
+            &backend.base,
+            "--tool-protocol",
+            "prompt",
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let events = post_stream(
+            &served.url("/v1/chat/completions"),
+            &json!({"model": "agent:default", "stream": true,
+                    "messages": [{"role": "user", "content": "What is here?"}]}),
+        )
+        .await;
+        let content: String = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, answer, "{events:?}");
+        // The words before the call are progress, beside the content, before the call.
+        let text_at = events
+            .iter()
+            .position(|e| e["toolloop"]["text"]["text"].as_str().is_some_and(|t| t.contains("I will look around first.")))
+            .unwrap_or_else(|| panic!("{events:?}"));
+        let call_at = events
+            .iter()
+            .position(|e| e["toolloop"]["tool_call"]["name"] == "list_dir")
+            .unwrap_or_else(|| panic!("{events:?}"));
+        assert!(text_at < call_at);
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let events = post_stream(
+            &served.url("/v1/responses"),
+            &json!({"model": "agent:default", "stream": true, "input": "What is here?"}),
+        )
+        .await;
+        let content: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(content, answer, "{events:?}");
+        assert!(
+            events
+                .iter()
+                .any(|e| e["type"] == "toolloop.text"
+                    && e["text"].as_str().is_some_and(|t| t.contains("I will look around first."))),
+            "{events:?}"
+        );
+        let done = events
+            .iter()
+            .find(|e| e["type"] == "response.completed")
+            .unwrap();
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], answer);
+    });
+    assert_eq!(backend.requests(), 4);
+}
+
+async fn get_as(url: &str, token: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[test]
+fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# the clients\ntoken-of-ann\n\ntoken-of-bob\n").unwrap();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=0",
+            "--base-url",
+            &url,
+            "--auth-token-file",
+            tokens.to_str().unwrap(),
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "hi"}]});
+        // The same key from two clients names two runs: each is run.
+        let (status, ann) = post_keyed(&chat, Some("token-of-ann"), "job-1", &ask).await;
+        assert_eq!(status, 200, "{ann}");
+        let (status, bob) = post_keyed(&chat, Some("token-of-bob"), "job-1", &ask).await;
+        assert_eq!(status, 200, "{bob}");
+        let ann_run = ann["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let bob_run = bob["toolloop"]["run_id"].as_str().unwrap().to_string();
+        assert_ne!(ann_run, bob_run);
+        assert_eq!(mock.stats().requests, 2, "two runs, two model calls");
+        // Ann's retry is Ann's run again.
+        let (_, again) = post_keyed(&chat, Some("token-of-ann"), "job-1", &ask).await;
+        assert_eq!(again["toolloop"]["run_id"], ann["toolloop"]["run_id"]);
+        assert_eq!(mock.stats().requests, 2);
+        // Each sees its own runs only; another's is as unknown as no run at all.
+        let runs = |id: &str| served.url(&format!("/v1/runs/{id}"));
+        assert_eq!(get_as(&runs(&ann_run), "token-of-ann").await.0, 200);
+        assert_eq!(get_as(&runs(&bob_run), "token-of-bob").await.0, 200);
+        let (status, v) = get_as(&runs(&ann_run), "token-of-bob").await;
+        assert_eq!(status, 404, "{v}");
+        assert_eq!(v["error"]["code"], "run_not_found");
+        assert_eq!(get_as(&runs(&bob_run), "token-of-ann").await.0, 404);
+        // A run without a key is its client's too.
+        let (status, v) = post(&chat, Some("token-of-bob"), &ask).await;
+        assert_eq!(status, 200, "{v}");
+        let fresh = v["toolloop"]["run_id"].as_str().unwrap();
+        assert_eq!(get_as(&runs(fresh), "token-of-bob").await.0, 200);
+        assert_eq!(get_as(&runs(fresh), "token-of-ann").await.0, 404);
+        // A token not in the file gets nothing.
+        assert_eq!(get_as(&runs(fresh), "token-of-eve").await.0, 401);
+
+        // The Responses API refuses what it does not serve, naming the field.
+        let responses = served.url("/v1/responses");
+        for (field, value) in [
+            ("tools", client_tools()),
+            ("previous_response_id", json!("resp_123")),
+        ] {
+            let mut body = json!({"model": "agent:default", "input": "hi"});
+            body[field] = value;
+            let (status, v) = post(&responses, Some("token-of-ann"), &body).await;
+            assert_eq!(status, 400, "{v}");
+            assert_eq!(v["error"]["param"], field, "{v}");
+        }
+    });
+    assert!(!served.stderr().contains("token-of"), "{}", served.stderr());
+    drop(served);
+    rt.block_on(mock.shutdown());
+}

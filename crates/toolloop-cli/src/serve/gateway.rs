@@ -227,7 +227,8 @@ pub(crate) fn answer(o: &Outcome) -> Result<Answer, Failure> {
             status: 502,
             code: "malformed_tool_call",
             message: format!(
-                "the backend model wrote tool calls that could not be used {} times in a                  row (each was sent back to it to correct){}",
+                "the backend model wrote tool calls that could not be used {} times in a \
+                 row (each was sent back to it to correct){}",
                 REASKS + 1,
                 o.error
                     .as_ref()

@@ -9,8 +9,9 @@
 //!
 //! Every route checks the token first (when there is one): a request without the right one
 //! gets 401 and nothing runs. A body larger than `--max-body` gets 413; a request beyond
-//! `--max-runs` at once gets 429. An agent run is logged in the store; an `Idempotency-Key`
-//! header ties a retried request to the run the first one started.
+//! `--max-runs` at once gets 429. Each request (an agent's, the gateway's) is a run logged in
+//! the store; an `Idempotency-Key` header ties a retried request to the run the first one
+//! started. With several tokens, each client sees only its own runs and keys ([`Client`]).
 
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
