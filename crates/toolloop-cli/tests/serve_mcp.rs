@@ -478,13 +478,13 @@ fn runs_at_once_are_limited_and_each_run_has_the_agents_budgets() {
     );
     let results = seen["concurrent"].as_array().unwrap();
     assert_eq!(results.len(), 2, "{seen}");
-    let busy: Vec<&Value> = results
-        .iter()
-        .filter(|r| r["is_error"] == true)
-        .collect();
+    let busy: Vec<&Value> = results.iter().filter(|r| r["is_error"] == true).collect();
     assert_eq!(busy.len(), 1, "{seen}");
     let why = busy[0]["text"][0].as_str().unwrap();
-    assert!(why.contains("--max-runs") && why.contains("at most 1"), "{why}");
+    assert!(
+        why.contains("--max-runs") && why.contains("at most 1"),
+        "{why}"
+    );
     assert!(
         results.iter().any(|r| r["is_error"] == false),
         "the other call answers: {seen}"

@@ -1014,7 +1014,10 @@ impl Scripted {
             axum::extract::State(st): axum::extract::State<Shared>,
             axum::Json(body): axum::Json<Value>,
         ) -> axum::response::Response {
-            assert!(body.get("tools").is_none(), "the backend has no tool calling");
+            assert!(
+                body.get("tools").is_none(),
+                "the backend has no tool calling"
+            );
             let n = {
                 let mut b = st.1.lock().unwrap();
                 b.push(body.clone());
@@ -1083,8 +1086,7 @@ impl Drop for Scripted {
 
 /// A call written wrong in the hermes dialect: plain words in the tag.
 const BROKEN_CALL: &str = "<tool_call>get the weather please</tool_call>";
-const GOOD_CALL: &str =
-    "Checking.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+const GOOD_CALL: &str = "Checking.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
 
 async fn post_keyed(url: &str, token: Option<&str>, key: &str, body: &Value) -> (u16, Value) {
     let mut req = reqwest::Client::new()
@@ -1136,9 +1138,12 @@ fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_a
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
         assert_eq!(m["tool_calls"].as_array().unwrap().len(), 1, "{v}");
         assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
-        let args: Value =
-            serde_json::from_str(m["tool_calls"][0]["function"]["arguments"].as_str().unwrap())
-                .unwrap();
+        let args: Value = serde_json::from_str(
+            m["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(args, json!({"city": "Paris"}));
         assert_eq!(m["content"].as_str().unwrap().trim(), "Checking.", "{v}");
         assert!(!v.to_string().contains("get the weather please"), "{v}");
@@ -1169,12 +1174,21 @@ fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_a
     served.kill9();
     let served = Served::start(dir.path(), &args, &[]);
     rt.block_on(async {
-        let (status, again) =
-            post_keyed(&served.url("/v1/chat/completions"), None, "weather-1", &body).await;
+        let (status, again) = post_keyed(
+            &served.url("/v1/chat/completions"),
+            None,
+            "weather-1",
+            &body,
+        )
+        .await;
         assert_eq!(status, 200, "{again}");
         assert_eq!(again["choices"], first["choices"]);
         assert_eq!(again["toolloop"]["run_id"], first["toolloop"]["run_id"]);
-        assert_eq!(backend.requests(), 2, "no second backend call after the restart");
+        assert_eq!(
+            backend.requests(),
+            2,
+            "no second backend call after the restart"
+        );
     });
     // `toolloop runs` lists it.
     let out = common::toolloop(&["runs", "--store", store.to_str().unwrap()], dir.path());
@@ -1275,7 +1289,11 @@ fn a_streamed_agent_answer_holds_only_the_final_answer_as_content() {
         // The words before the call are progress, beside the content, before the call.
         let text_at = events
             .iter()
-            .position(|e| e["toolloop"]["text"]["text"].as_str().is_some_and(|t| t.contains("I will look around first.")))
+            .position(|e| {
+                e["toolloop"]["text"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("I will look around first."))
+            })
             .unwrap_or_else(|| panic!("{events:?}"));
         let call_at = events
             .iter()
@@ -1296,10 +1314,10 @@ fn a_streamed_agent_answer_holds_only_the_final_answer_as_content() {
             .collect();
         assert_eq!(content, answer, "{events:?}");
         assert!(
-            events
-                .iter()
-                .any(|e| e["type"] == "toolloop.text"
-                    && e["text"].as_str().is_some_and(|t| t.contains("I will look around first."))),
+            events.iter().any(|e| e["type"] == "toolloop.text"
+                && e["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("I will look around first."))),
             "{events:?}"
         );
         let done = events
@@ -1346,7 +1364,8 @@ fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
     );
     rt.block_on(async {
         let chat = served.url("/v1/chat/completions");
-        let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "hi"}]});
+        let ask =
+            json!({"model": "agent:default", "messages": [{"role": "user", "content": "hi"}]});
         // The same key from two clients names two runs: each is run.
         let (status, ann) = post_keyed(&chat, Some("token-of-ann"), "job-1", &ask).await;
         assert_eq!(status, 200, "{ann}");

@@ -312,11 +312,7 @@ pub(crate) fn chunks(id: &str, model: &str, a: &Answer, include_usage: bool) -> 
         Some(a.finish),
     )));
     if include_usage {
-        out.extend_from_slice(&wire::sse(&wire::usage_chunk(
-            id,
-            model,
-            a.usage.as_ref(),
-        )));
+        out.extend_from_slice(&wire::sse(&wire::usage_chunk(id, model, a.usage.as_ref())));
     }
     out.extend_from_slice(&wire::sse_done());
     bytes::Bytes::from(out)

@@ -104,7 +104,7 @@ impl AgentServer {
         let spec = &self.agents.workflows()[index];
         let _permit = match self.waiting.permit() {
             Ok(p) => p,
-            Err(busy) => return Ok(busy),
+            Err(busy) => return Ok(*busy),
         };
         let mut inputs = std::collections::BTreeMap::new();
         for (k, v) in args {
@@ -335,7 +335,7 @@ impl ServerHandler for AgentServer {
         let spec = &self.agents.all()[index];
         let permit = match self.waiting.permit() {
             Ok(p) => p,
-            Err(busy) => return Ok(busy),
+            Err(busy) => return Ok(*busy),
         };
         let args = request.arguments.unwrap_or_default();
         let task = match args.get("task") {
@@ -478,7 +478,7 @@ impl Waiting {
 
     /// A permit for one more run, or the tool error that says the server is full (at once:
     /// a call over the limit never waits).
-    fn permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, CallToolResponse> {
+    fn permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Box<CallToolResponse>> {
         self.3.clone().try_acquire_owned().map_err(|_| {
             let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
                 "the server is busy: it runs at most {} agents or workflows at once \
@@ -486,7 +486,7 @@ impl Waiting {
                 self.4
             ))]);
             r.structured_content = Some(json!({"error": "server_busy"}));
-            CallToolResponse::Complete(r)
+            Box::new(CallToolResponse::Complete(r))
         })
     }
 
@@ -715,10 +715,7 @@ pub(crate) async fn serve_http(
         LocalSessionManager::default().into(),
         config,
     );
-    let app = super::openai::with_token(
-        axum::Router::new().nest_service("/mcp", service),
-        &tokens,
-    );
+    let app = super::openai::with_token(axum::Router::new().nest_service("/mcp", service), &tokens);
     eprintln!("toolloop: serving the agents over MCP on http://{local}/mcp");
     let server = {
         let stop = stop.clone();

@@ -339,12 +339,7 @@ async fn gateway_chat(
     let agent = match gateway::agent(backend, &request, journal, None) {
         Ok(a) => a,
         Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "invalid_request_error",
-                None,
-                e,
-            );
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, e);
         }
     };
     let permit = match permit(&app) {
@@ -366,8 +361,7 @@ async fn gateway_chat(
     let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
     let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
     let model = request.model;
-    let reply = |outcome: Result<Result<Outcome, RunError>, tokio::task::JoinError>| match outcome
-    {
+    let reply = |outcome: Result<Result<Outcome, RunError>, tokio::task::JoinError>| match outcome {
         Ok(Ok(o)) => match gateway::answer(&o) {
             Ok(a) => Ok((a, run_info(&o))),
             Err(f) => Err((f, Some(run_info(&o)))),
@@ -958,9 +952,9 @@ async fn responses(
              conversation as `input`",
         ),
     ] {
-        if v.get(field).is_some_and(|f| {
-            !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty())
-        }) {
+        if v.get(field)
+            .is_some_and(|f| !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty()))
+        {
             return bad_request(BadRequest {
                 message: format!("`{field}` is not supported here: {why}"),
                 param: Some(field.into()),
