@@ -13,10 +13,10 @@ mod mcp;
 mod openai;
 mod wire;
 
+use crate::CliError;
 use crate::args::AgentArgs;
 use crate::args::StoreArgs;
 use crate::cx::Cx;
-use crate::run::usage_error;
 use crate::setup::{agent_builder_with, tools};
 use crate::spec::model_from_args;
 use clap::Args;
@@ -121,10 +121,11 @@ pub(crate) struct HttpArgs {
 impl HttpArgs {
     /// The tokens the flags give, read from their file when one is named; none: no token is
     /// asked for.
-    fn tokens(&self) -> Result<Vec<String>, String> {
+    fn tokens(&self) -> Result<Vec<String>, CliError> {
         if let Some(path) = &self.auth_token_file {
-            let text = toolloop::user_file::read_to_string(path, 64 * 1024)
-                .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
+            let text = toolloop::user_file::read_to_string(path, 64 * 1024).map_err(|e| {
+                CliError::invalid(format!("--auth-token-file {}", path.display()), e)
+            })?;
             let tokens: Vec<String> = text
                 .lines()
                 .map(str::trim)
@@ -132,17 +133,17 @@ impl HttpArgs {
                 .map(str::to_string)
                 .collect();
             if tokens.is_empty() {
-                return Err(format!(
+                return Err(CliError::usage(format!(
                     "--auth-token-file {}: the file holds no token",
                     path.display()
-                ));
+                )));
             }
             return Ok(tokens);
         }
         let mut tokens = Vec::new();
         for t in &self.auth_token {
             if t.trim().is_empty() {
-                return Err("--auth-token: the token is empty".into());
+                return Err(CliError::usage("--auth-token: the token is empty"));
             }
             tokens.push(t.trim().to_string());
         }
@@ -150,42 +151,34 @@ impl HttpArgs {
     }
 }
 
-pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare(cx) {
-        return usage_error(e);
-    }
-    if let Err(e) = args.agent.check() {
-        return usage_error(e);
-    }
-    if let Err(e) = args.agent.mcp.absolutize() {
-        return usage_error(e);
-    }
+pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> Result<ExitCode, CliError> {
+    args.agent.prepare(cx)?;
+    args.agent.check()?;
+    args.agent.mcp.absolutize()?;
     if args.restate.is_none() && (args.admin_url.is_some() || args.advertise.is_some()) {
-        return usage_error("--admin-url and --advertise go with --restate");
+        return Err(CliError::usage(
+            "--admin-url and --advertise go with --restate",
+        ));
     }
     if !args.workflows.is_empty() && args.mcp.is_none() {
-        return usage_error("--workflow: workflows are served over MCP only (add --mcp)");
+        return Err(CliError::usage(
+            "--workflow: workflows are served over MCP only (add --mcp)",
+        ));
     }
     if let Some(addr) = args.restate {
         return serve_restate(cx, args, addr).await;
     }
-    let tokens = match args.http.tokens() {
-        Ok(t) => t,
-        Err(e) => return usage_error(e),
-    };
+    let tokens = args.http.tokens()?;
     // Nothing asks a person on a terminal: a call that needs approval is denied, or, with
     // --defer-approvals, the run stops and waits (the modes' own handlers decide).
     args.agent.approval.no_prompt = true;
-    let agents = match Agents::open(cx, &args).await {
-        Ok(a) => Arc::new(a),
-        Err(code) => return code,
-    };
+    let agents = Arc::new(Agents::open(cx, &args).await?);
     if let Some(addr) = args.openai {
         if !addr.ip().is_loopback() && tokens.is_empty() {
-            return usage_error(format!(
+            return Err(CliError::usage(format!(
                 "--openai {addr}: listening beyond loopback needs --auth-token or \
                  --auth-token-file (clients send it as their API key)"
-            ));
+            )));
         }
         return openai::serve(addr, agents, args.agent.provider.clone(), args.http, tokens).await;
     }
@@ -195,17 +188,17 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
             let addr: SocketAddr = match addr.parse() {
                 Ok(a) => a,
                 Err(_) => {
-                    return usage_error(format!(
+                    return Err(CliError::usage(format!(
                         "--mcp {addr}: expected an address like 127.0.0.1:8090 (or no value \
                          for stdio)"
-                    ));
+                    )));
                 }
             };
             if !addr.ip().is_loopback() && tokens.is_empty() {
-                return usage_error(format!(
+                return Err(CliError::usage(format!(
                     "--mcp {addr}: listening beyond loopback needs --auth-token or \
                      --auth-token-file"
-                ));
+                )));
             }
             mcp::serve_http(addr, agents, args.http, tokens).await
         }
@@ -213,36 +206,18 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
 }
 
 #[cfg(feature = "restate")]
-async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> ExitCode {
-    let tools = match tools(cx, &args.agent).await {
-        Ok(t) => t,
-        Err(e) => return e.report(),
-    };
-    let model = match model_from_args(cx, &args.agent.provider) {
-        Ok(m) => m,
-        Err(e) => return usage_error(e),
-    };
-    let agent = match agent_builder_with(cx, &args.agent, model, tools)
-        .and_then(|b| b.build().map_err(|e| e.to_string()))
-    {
-        Ok(a) => a,
-        Err(e) => return usage_error(e),
-    };
-    let worker = match toolloop_restate::Worker::bind(listen) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("toolloop: --restate: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let addr = match worker.local_addr() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("toolloop: --restate {listen}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    eprintln!("toolloop: serving the agent to Restate on {addr}");
+async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> Result<ExitCode, CliError> {
+    let tools = tools(cx, &args.agent).await?;
+    let model = model_from_args(cx, &args.agent.provider)?;
+    let agent = agent_builder_with(cx, &args.agent, model, tools)?
+        .build()
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let worker =
+        toolloop_restate::Worker::bind(listen).map_err(|e| CliError::failure("--restate", e))?;
+    let addr = worker
+        .local_addr()
+        .map_err(|e| CliError::failure(format!("--restate {listen}"), e))?;
+    crate::error::warn(format!("serving the agent to Restate on {addr}"));
     let serving = tokio::spawn(worker.serve(agent, async {
         let _ = tokio::signal::ctrl_c().await;
     }));
@@ -252,26 +227,28 @@ async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> ExitCode
             .clone()
             .unwrap_or_else(|| format!("http://{addr}"));
         match toolloop_restate::register(admin, &endpoint, Duration::from_secs(60)).await {
-            Ok(()) => eprintln!("toolloop: registered {endpoint} with {admin}"),
+            Ok(()) => crate::error::warn(format!("registered {endpoint} with {admin}")),
             Err(e) => {
-                eprintln!("toolloop: --admin-url: {e}");
                 serving.abort();
-                return ExitCode::FAILURE;
+                return Err(CliError::failure("--admin-url", e));
             }
         }
     }
-    match serving.await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("toolloop: the worker stopped: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    serving
+        .await
+        .map_err(|e| CliError::failure("the worker stopped", e))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(not(feature = "restate"))]
-async fn serve_restate(_cx: &Cx, _args: ServeArgs, _listen: SocketAddr) -> ExitCode {
-    usage_error("--restate: this toolloop was built without the `restate` feature")
+async fn serve_restate(
+    _cx: &Cx,
+    _args: ServeArgs,
+    _listen: SocketAddr,
+) -> Result<ExitCode, CliError> {
+    Err(CliError::usage(
+        "--restate: this toolloop was built without the `restate` feature",
+    ))
 }
 
 /// The agents a server offers, each built afresh for every run (with that run's event and
@@ -340,14 +317,11 @@ impl std::fmt::Display for RunError {
 }
 
 impl Agents {
-    async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, ExitCode> {
+    async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, CliError> {
         crate::sandbox::protect_store(cx, args.store.store.as_deref());
         let store = crate::durable::open_store(cx, &args.store).await?;
-        let tools = match tools(cx, &args.agent).await {
-            Ok(t) => t,
-            Err(e) => return Err(e.report()),
-        };
-        let model = model_from_args(cx, &args.agent.provider).map_err(usage_error)?;
+        let tools = tools(cx, &args.agent).await?;
+        let model = model_from_args(cx, &args.agent.provider)?;
         let meta = crate::durable::run_meta(&args.agent);
         let journal = store.run_journal(RunTags {
             meta: Some(meta),
@@ -366,16 +340,16 @@ impl Agents {
             journal: Some(journal),
         };
         // Checked once, so that a bad flag is a usage error at start, not a failed request.
-        spec.build(RunHooks::default()).map_err(usage_error)?;
+        spec.build(RunHooks::default()).map_err(CliError::Usage)?;
         let mut agents = vec![spec];
         // The declared agents (`[agents.NAME]`, `--agents FILE`), each as `--agent NAME` runs
         // it: its model, system prompt, tools and limits.
         for (name, def) in &args.agent.agents.agent_defs {
             if agents.iter().any(|a| &a.name == name) {
-                eprintln!(
-                    "toolloop: the agent `{name}` is not served: `default` names the agent \
+                crate::error::warn(format!(
+                    "the agent `{name}` is not served: `default` names the agent \
                      the flags describe"
-                );
+                ));
                 continue;
             }
             let mut settings = args.agent.clone();
@@ -383,9 +357,9 @@ impl Agents {
             settings
                 .take_direct_agent()
                 .and_then(|()| cx.config.resolve_model(&mut settings.provider))
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| e.context(format!("[agents.{name}]")))?;
             let model = model_from_args(cx, &settings.provider)
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| e.context(format!("[agents.{name}]")))?;
             let journal = store.run_journal(RunTags {
                 meta: Some(crate::durable::run_meta(&settings)),
                 ..RunTags::default()
@@ -401,7 +375,7 @@ impl Agents {
                 journal: Some(journal),
             };
             spec.build(RunHooks::default())
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| CliError::usage(format!("[agents.{name}]: {e}")))?;
             agents.push(spec);
         }
         let mut workflows: Vec<WorkflowSpec> = Vec::new();
@@ -410,7 +384,7 @@ impl Agents {
             if agents.iter().any(|a| a.name == workflow.name)
                 || workflows.iter().any(|w| w.workflow.name == workflow.name)
             {
-                return Err(usage_error(format!(
+                return Err(CliError::usage(format!(
                     "--workflow {}: the name `{}` is taken (by the agent or another workflow)",
                     file.display(),
                     workflow.name
@@ -459,7 +433,8 @@ impl AgentSpec {
             own: self.own.clone(),
             mcp: self.mcp.clone(),
         };
-        let mut builder = agent_builder_with(&self.cx, &args, self.model.clone(), tools)?;
+        let mut builder = agent_builder_with(&self.cx, &args, self.model.clone(), tools)
+            .map_err(|e| crate::error::chain(&e))?;
         if let Some(journal) = &self.journal {
             builder = builder.journal(journal.clone());
         }

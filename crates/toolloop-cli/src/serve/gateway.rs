@@ -62,13 +62,16 @@ impl Gateway {
         let mut args = self.base.clone();
         args.model = spec.to_string();
         args.tool_protocol = ToolProtocol::Native;
-        self.cx.config.resolve_model(&mut args)?;
+        self.cx
+            .config
+            .resolve_model(&mut args)
+            .map_err(|e| crate::error::chain(&e))?;
         if args.model.trim() == "test" || args.model.starts_with("scripted:") {
             return Err(format!(
                 "`gateway:{spec}`: expected a provider's model (openai:NAME, anthropic:NAME, …)"
             ));
         }
-        let inner = model_from_args(&self.cx, &args)?;
+        let inner = model_from_args(&self.cx, &args).map_err(|e| crate::error::chain(&e))?;
         let prompted = Arc::new(
             Prompted::new(inner, self.base.dialect).implicit_think(self.base.implicit_think),
         );

@@ -14,6 +14,7 @@
 //! --defer-approvals the run stops and waits).
 
 use super::{Agents, HttpArgs, RunHooks};
+use crate::CliError;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -654,26 +655,23 @@ static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Serves the agents on stdin and stdout until the client goes away (or SIGTERM); then the
 /// runs in progress are cancelled and get `grace` to save their outcome.
-pub(crate) async fn serve_stdio(agents: Arc<Agents>, http: &HttpArgs) -> ExitCode {
+pub(crate) async fn serve_stdio(
+    agents: Arc<Agents>,
+    http: &HttpArgs,
+) -> Result<ExitCode, CliError> {
     eprintln!("toolloop: serving the agents over MCP on stdin and stdout");
     let runs = Waiting::new(http.max_runs);
-    let service = match AgentServer::new(agents, runs.clone())
+    let service = AgentServer::new(agents, runs.clone())
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("toolloop: --mcp: the client did not start a session: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+        .map_err(|e| CliError::failure("--mcp: the client did not start a session", e))?;
     let stop = service.cancellation_token();
     tokio::select! {
         _ = service.waiting() => {}
         _ = super::shutdown_signal() => stop.cancel(),
     }
     runs.close(http.grace).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the agents over streamable HTTP at `http://ADDR/mcp` until SIGTERM or Ctrl-C.
@@ -682,19 +680,15 @@ pub(crate) async fn serve_http(
     agents: Arc<Agents>,
     http: HttpArgs,
     tokens: Vec<String>,
-) -> ExitCode {
+) -> Result<ExitCode, CliError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService,
     };
     let stop = CancellationToken::new();
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --mcp {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--mcp {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(stop.child_token())
@@ -729,5 +723,5 @@ pub(crate) async fn serve_http(
     stop.cancel();
     let _ = tokio::time::timeout(http.grace, server).await;
     waiting.close(http.grace).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

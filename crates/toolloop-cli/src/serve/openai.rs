@@ -16,6 +16,7 @@
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
 use super::{Agents, Client, HttpArgs, RunError, RunHooks};
+use crate::CliError;
 use crate::args::ProviderArgs;
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -89,7 +90,7 @@ pub(crate) fn with_token(router: Router, tokens: &[String]) -> Router {
     router.layer(middleware::from_fn_with_state(guard, authorize))
 }
 
-/// The router of the API around `app`, with its limits, behind `token`.
+/// The router of the API around `app`, with its limits, behind `tokens`.
 pub(crate) fn router(app: Arc<App>, max_body: usize, tokens: &[String]) -> Router {
     let api = Router::new()
         .route("/v1/models", get(models))
@@ -118,7 +119,7 @@ pub(crate) async fn serve(
     provider: ProviderArgs,
     http: HttpArgs,
     tokens: Vec<String>,
-) -> ExitCode {
+) -> Result<ExitCode, CliError> {
     let app = Arc::new(App {
         gateway: Gateway::new(agents.cx().clone(), provider),
         agents,
@@ -127,13 +128,9 @@ pub(crate) async fn serve(
         keep_on_disconnect: http.keep_on_disconnect,
         tracker: TaskTracker::new(),
     });
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --openai {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--openai {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     eprintln!("toolloop: serving the OpenAI API on http://{local}/v1");
     let max_body = usize::try_from(http.max_body).unwrap_or(usize::MAX);
@@ -165,12 +162,12 @@ pub(crate) async fn serve(
                  `toolloop resume RUN_ID`, or retry with the same Idempotency-Key",
                 app.tracker.len()
             );
-            return ExitCode::SUCCESS;
+            return Ok(ExitCode::SUCCESS);
         }
     }
     // The connections close once their answers are written.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
