@@ -471,28 +471,28 @@ impl AgentSpec {
         self.args.output.as_ref().map(|o| &o.schema)
     }
 
-    /// Runs `messages` for `client`: a fresh run, or, with an idempotency key, the run that
-    /// key started (continued from its last durable step when it was cut short, its outcome
-    /// when it had finished). The outcome is saved in the store.
-    pub(crate) async fn run(
-        &self,
-        agent: &Agent,
-        store: Option<&Store>,
-        messages: Vec<Message>,
-        idempotency_key: Option<&str>,
-        client: &Client,
-        cancel: CancellationToken,
-    ) -> Result<Outcome, RunError> {
-        let scope = format!("agent:{}", self.name);
-        run_keyed(
-            agent,
-            store,
-            messages,
-            idempotency_key.map(|k| client.keyed_run_id(&scope, k)),
-            client,
-            cancel,
-        )
-        .await
+    /// The id the run of a request of `client` gets (see [`Client::run_id`]).
+    pub(crate) fn run_id(&self, client: &Client, idempotency_key: Option<&str>) -> RunId {
+        client.run_id(&format!("agent:{}", self.name), idempotency_key)
+    }
+}
+
+/// The id a request's run is logged under, known before it starts (a Responses API answer's id
+/// is its run's, from its first event).
+#[derive(Clone, Debug)]
+pub(crate) enum RunId {
+    /// An idempotency key's: the run it started, if there is one, else a new run.
+    Keyed(String),
+    /// A new run's.
+    Fresh(String),
+}
+
+impl RunId {
+    /// The id.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            RunId::Keyed(id) | RunId::Fresh(id) => id,
+        }
     }
 }
 
@@ -526,11 +526,18 @@ impl Client {
         }
     }
 
-    /// The id of a fresh run of this client (`None`: any fresh id).
-    fn fresh_run_id(&self) -> Option<String> {
-        let tag = self.0.as_ref()?;
+    /// The id of the run of a request of this client to `scope` (an agent, a gateway
+    /// backend): the key's when it has one, else a new id (with the client's tag when clients
+    /// are told apart).
+    pub(crate) fn run_id(&self, scope: &str, idempotency_key: Option<&str>) -> RunId {
+        if let Some(key) = idempotency_key {
+            return RunId::Keyed(self.keyed_run_id(scope, key));
+        }
         let id = toolloop::journal::new_run_id();
-        Some(format!("run_{tag}_{}", id.trim_start_matches("run_")))
+        RunId::Fresh(match &self.0 {
+            None => id,
+            Some(tag) => format!("run_{tag}_{}", id.trim_start_matches("run_")),
+        })
     }
 
     /// The run id an idempotency key stands for, per `scope` (an agent, a gateway backend)
@@ -555,16 +562,14 @@ impl Client {
     }
 }
 
-/// Runs `messages` with `agent`: under `run_id` when given (the run that id names, continued
-/// from its last durable step when it was cut short, its outcome when it had finished; 409
-/// while another request holds it), else as a fresh run of `client`. The outcome is saved in
-/// the store.
+/// Runs `messages` with `agent` under `run_id`: a key's names the run it started, continued
+/// from its last durable step when it was cut short, its outcome when it had finished (409
+/// while another request holds it); a fresh id, a new run. The outcome is saved in the store.
 pub(crate) async fn run_keyed(
     agent: &Agent,
     store: Option<&Store>,
     messages: Vec<Message>,
-    run_id: Option<String>,
-    client: &Client,
+    run_id: RunId,
     cancel: CancellationToken,
 ) -> Result<Outcome, RunError> {
     let busy = |run_id: &str| {
@@ -573,7 +578,7 @@ pub(crate) async fn run_keyed(
         ))
     };
     let outcome = match (run_id, store) {
-        (Some(run_id), Some(store)) => {
+        (RunId::Keyed(run_id), Some(store)) => {
             let known = store
                 .run(&run_id)
                 .await
@@ -596,10 +601,8 @@ pub(crate) async fn run_keyed(
                 outcome
             }
         }
-        _ => match client.fresh_run_id().filter(|_| store.is_some()) {
-            Some(id) => agent.run_with_id(&id, messages, cancel).await,
-            None => agent.run_cancellable(messages, cancel).await,
-        },
+        (RunId::Fresh(id), Some(_)) => agent.run_with_id(&id, messages, cancel).await,
+        (_, None) => agent.run_cancellable(messages, cancel).await,
     };
     if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
         && let Err(e) = store.save_outcome(run_id, &outcome).await

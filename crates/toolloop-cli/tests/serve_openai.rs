@@ -1396,7 +1396,24 @@ fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
         // A token not in the file gets nothing.
         assert_eq!(get_as(&runs(fresh), "token-of-eve").await.0, 401);
 
-        // The Responses API refuses what it does not serve, naming the field.
+        // A response continues only its own client's conversations.
+        let (status, v) = post(
+            &served.url("/v1/responses"),
+            Some("token-of-ann"),
+            &json!({"model": "agent:default", "input": "hi"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let follow =
+            json!({"model": "agent:default", "input": "and?", "previous_response_id": v["id"]});
+        let (status, w) = post(&served.url("/v1/responses"), Some("token-of-bob"), &follow).await;
+        assert_eq!(status, 400, "{w}");
+        assert_eq!(w["error"]["param"], "previous_response_id");
+        let (status, w) = post(&served.url("/v1/responses"), Some("token-of-ann"), &follow).await;
+        assert_eq!(status, 200, "{w}");
+
+        // The Responses API refuses what it does not serve, naming the field; an unknown
+        // previous response likewise.
         let responses = served.url("/v1/responses");
         for (field, value) in [
             ("tools", client_tools()),
@@ -1412,4 +1429,77 @@ fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
     assert!(!served.stderr().contains("token-of"), "{}", served.stderr());
     drop(served);
     rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn a_response_continues_the_conversation_of_the_previous_one() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[
+        "Answer one.",
+        "Answer two.",
+        "Answer three.",
+    ]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:qwen",
+            "--base-url",
+            &backend.base,
+            "--tool-protocol",
+            "prompt",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let url = served.url("/v1/responses");
+        let (status, first) = post(
+            &url,
+            None,
+            &json!({"model": "agent:default", "input": "First question?", "instructions": "Be brief."}),
+        )
+        .await;
+        assert_eq!(status, 200, "{first}");
+        assert_eq!(first["output"][0]["content"][0]["text"], "Answer one.");
+        let (status, second) = post(
+            &url,
+            None,
+            &json!({"model": "agent:default", "input": "Second question?", "previous_response_id": first["id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{second}");
+        assert_eq!(second["output"][0]["content"][0]["text"], "Answer two.");
+        let seen = backend.messages(1);
+        for part in ["Be brief.", "First question?", "Answer one.", "Second question?"] {
+            assert!(seen.contains(part), "{part} missing from {seen}");
+        }
+        // Streamed, the answer's id is the same from its first event to its last, and it
+        // continues too.
+        let events = post_stream(
+            &url,
+            &json!({"model": "agent:default", "stream": true, "input": "Third?", "previous_response_id": second["id"]}),
+        )
+        .await;
+        let created = events.iter().find(|e| e["type"] == "response.created").unwrap();
+        let done = events.iter().find(|e| e["type"] == "response.completed").unwrap();
+        assert_eq!(created["response"]["id"], done["response"]["id"], "{events:?}");
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], "Answer three.");
+        let seen = backend.messages(2);
+        for part in ["First question?", "Answer two.", "Third?"] {
+            assert!(seen.contains(part), "{part} missing from {seen}");
+        }
+        // The answer's id names its run.
+        let run = done["response"]["id"].as_str().unwrap().replacen("resp_", "run_", 1);
+        let status: Value = reqwest::get(served.url(&format!("/v1/runs/{run}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status["status"], "finished", "{status}");
+    });
+    assert_eq!(backend.requests(), 3);
 }

@@ -407,12 +407,12 @@ impl ServerHandler for AgentServer {
             self.waiting.1.spawn(async move {
                 let _permit = permit;
                 let spec = &agents.all()[index];
-                spec.run(
+                let run_id = spec.run_id(&super::Client::default(), None);
+                super::run_keyed(
                     &agent,
                     agents.store(),
                     vec![toolloop::Message::user(task)],
-                    None,
-                    &super::Client::default(),
+                    run_id,
                     cancel,
                 )
                 .await

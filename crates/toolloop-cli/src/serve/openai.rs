@@ -347,12 +347,11 @@ async fn gateway_chat(
     let run = {
         let agents = app.agents.clone();
         let cancel = cancel.clone();
-        let run_id = key.map(|k| client.keyed_run_id(&format!("gateway:{spec}"), &k));
-        let client = client.clone();
+        let run_id = client.run_id(&format!("gateway:{spec}"), key.as_deref());
         let messages = request.messages.clone();
         app.tracker.spawn(async move {
             let _permit = permit;
-            super::run_keyed(&agent, agents.store(), messages, run_id, &client, cancel).await
+            super::run_keyed(&agent, agents.store(), messages, run_id, cancel).await
         })
     };
     let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
@@ -525,24 +524,19 @@ async fn agent_chat(
         }
     };
     let cancel = CancellationToken::new();
+    let run_id = app.agents.all()[index].run_id(client, key.as_deref());
+    // A Responses API answer's id is its run's (`previous_response_id` names the run).
+    let id = match format {
+        Format::Chat => format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]),
+        Format::Responses => response_id(run_id.as_str()),
+    };
     let run = {
         let agents = app.agents.clone();
         let cancel = cancel.clone();
         let messages = request.messages;
-        let client = client.clone();
         app.tracker.spawn(async move {
             let _permit = permit;
-            let spec = &agents.all()[index];
-            let out = spec
-                .run(
-                    &agent,
-                    agents.store(),
-                    messages,
-                    key.as_deref(),
-                    &client,
-                    cancel,
-                )
-                .await;
+            let out = super::run_keyed(&agent, agents.store(), messages, run_id, cancel).await;
             drop(agent);
             out
         })
@@ -550,7 +544,6 @@ async fn agent_chat(
     // The run stops when its client goes away (the answer's future, or the stream, dropped),
     // unless --keep-on-disconnect.
     let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
-    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
     let model = request.model;
     if !request.stream {
         let outcome = run.await;
@@ -870,16 +863,22 @@ fn responses_event(sequence: &mut u64, kind: &str, mut data: Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
+/// The id of the Responses API answer of run `run_id`.
+fn response_id(run_id: &str) -> String {
+    format!("resp_{}", run_id.strip_prefix("run_").unwrap_or(run_id))
+}
+
+/// The run a Responses API answer's id names.
+fn run_of_response(id: &str) -> Option<String> {
+    id.strip_prefix("resp_")
+        .filter(|r| !r.is_empty())
+        .map(|r| format!("run_{r}"))
+}
+
 /// A whole Responses API `response` object holding the answer as one message.
 fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
     let usage = o.usage.unwrap_or_default();
-    let id = format!(
-        "resp_{}",
-        o.run_id
-            .as_deref()
-            .map(|r| r.trim_start_matches("run_"))
-            .unwrap_or("none")
-    );
+    let id = response_id(o.run_id.as_deref().unwrap_or("none"));
     json!({
         "id": id,
         "object": "response",
@@ -937,18 +936,11 @@ async fn responses(
     let name = name.to_string();
     // Fields this server does not serve are refused by name, never ignored: a client that
     // counts on them would get an answer to another question.
-    for (field, why) in [
-        (
-            "tools",
-            "agent:NAME runs its own tools; offer yours through gateway:SPEC on \
+    for (field, why) in [(
+        "tools",
+        "agent:NAME runs its own tools; offer yours through gateway:SPEC on \
              /v1/chat/completions",
-        ),
-        (
-            "previous_response_id",
-            "this server keeps no conversation between responses; send the whole \
-             conversation as `input`",
-        ),
-    ] {
+    )] {
         if v.get(field)
             .is_some_and(|f| !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty()))
         {
@@ -958,13 +950,10 @@ async fn responses(
             });
         }
     }
-    let mut messages = Vec::new();
-    if let Some(i) = v.get("instructions").and_then(Value::as_str) {
-        messages.push(json!({"role": "system", "content": i}));
-    }
+    let mut items = Vec::new();
     match v.get("input") {
-        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => messages.extend(items.iter().cloned()),
+        Some(Value::String(s)) => items.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(given)) => items.extend(given.iter().cloned()),
         _ => {
             return bad_request(BadRequest {
                 message: "`input` is required: text, or an array of messages".into(),
@@ -972,10 +961,34 @@ async fn responses(
             });
         }
     }
-    let messages = match wire::read_messages(&messages) {
+    let input = match wire::read_messages(&items) {
         Ok(m) => m,
         Err(e) => return bad_request(e),
     };
+    // The conversation so far: the previous response's, when it continues one.
+    let mut messages = match v.get("previous_response_id") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(previous)) => {
+            match previous_conversation(&app, &name, &client, previous).await {
+                Ok(m) => m,
+                Err(r) => return *r,
+            }
+        }
+        Some(_) => {
+            return bad_request(BadRequest {
+                message: "`previous_response_id`: expected a response's id (a string)".into(),
+                param: Some("previous_response_id".into()),
+            });
+        }
+    };
+    // The instructions are the system prompt: this request's replace those before.
+    if let Some(i) = v.get("instructions").and_then(Value::as_str) {
+        match messages.first_mut() {
+            Some(first @ toolloop::Message::System { .. }) => *first = toolloop::Message::system(i),
+            _ => messages.insert(0, toolloop::Message::system(i)),
+        }
+    }
+    messages.extend(input);
     let request = ChatRequest {
         model,
         messages,
@@ -987,6 +1000,68 @@ async fn responses(
         max_tokens: None,
     };
     agent_chat(app, &name, request, &headers, &client, Format::Responses).await
+}
+
+/// The conversation of the answer `previous` (a Responses API id: its run's, in the store): the
+/// messages of that finished run of agent `name`, its answer last. Another client's answer is
+/// as unknown as none.
+async fn previous_conversation(
+    app: &App,
+    name: &str,
+    client: &Client,
+    previous: &str,
+) -> Result<Vec<toolloop::Message>, Box<Response>> {
+    let refuse = |message: String| {
+        Box::new(bad_request(BadRequest {
+            message: format!("`previous_response_id`: {message}"),
+            param: Some("previous_response_id".into()),
+        }))
+    };
+    let shown = toolloop::result::shorten(previous, 80);
+    let unknown = || refuse(format!("no response {shown} on this server"));
+    let run_id = run_of_response(previous).ok_or_else(unknown)?;
+    let store = app.agents.store().ok_or_else(unknown)?;
+    if !client.owns(&run_id) {
+        return Err(unknown());
+    }
+    match store.run(&run_id).await {
+        Ok(Some(s)) if s.status.as_str() == "finished" => {}
+        Ok(Some(s)) => {
+            return Err(refuse(format!(
+                "the response {shown} is not finished (its run is {}): continue it once it is",
+                s.status.as_str()
+            )));
+        }
+        Ok(None) => return Err(unknown()),
+        Err(e) => {
+            return Err(Box::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            )));
+        }
+    }
+    let spec = app
+        .agents
+        .all()
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(unknown)?;
+    let agent = spec.build(RunHooks::default()).map_err(|e| {
+        Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            None,
+            e,
+        ))
+    })?;
+    // A finished run's outcome comes from its log: nothing is run again.
+    let outcome = agent
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .map_err(|e| refuse(format!("the conversation of {shown} cannot be read: {e}")))?;
+    Ok(outcome.messages)
 }
 
 /// `GET /v1/runs/{id}`: the run's summary from the store, and the calls that wait for a
