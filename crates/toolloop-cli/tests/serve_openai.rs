@@ -1503,3 +1503,96 @@ fn a_response_continues_the_conversation_of_the_previous_one() {
     });
     assert_eq!(backend.requests(), 3);
 }
+
+#[test]
+fn the_gateway_answers_the_responses_api_with_function_calls() {
+    let rt = rt();
+    let answer = "It is sunny in Paris.";
+    let backend = rt.block_on(Scripted::start(&[GOOD_CALL, answer, GOOD_CALL]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--base-url",
+            &backend.base,
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    rt.block_on(async {
+        let url = served.url("/v1/responses");
+        let ask = json!({"model": "gateway:openai:qwen", "input": "Weather in Paris?", "tools": tools});
+        let (status, v) = post(&url, None, &ask).await;
+        assert_eq!(status, 200, "{v}");
+        assert!(v["id"].as_str().unwrap().starts_with("resp_"), "{v}");
+        let call = v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("{v}"))
+            .clone();
+        assert_eq!(call["name"], "get_weather");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        // The client runs the call and sends its output back with the conversation.
+        let (status, v) = post(
+            &url,
+            None,
+            &json!({"model": "gateway:openai:qwen", "tools": tools, "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                call,
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 24 C"},
+            ]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["output"][0]["type"], "message", "{v}");
+        assert_eq!(v["output"][0]["content"][0]["text"], answer);
+        assert!(backend.messages(1).contains("sunny, 24 C"), "{}", backend.messages(1));
+
+        // Streamed: the call as the Responses API streams one, under one id throughout.
+        let mut streamed = ask.clone();
+        streamed["stream"] = json!(true);
+        let events = post_stream(&url, &streamed).await;
+        let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(kinds.first(), Some(&"response.created"), "{kinds:?}");
+        assert_eq!(kinds.last(), Some(&"response.completed"), "{kinds:?}");
+        for kind in [
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+        ] {
+            assert!(kinds.contains(&kind), "{kind} missing: {kinds:?}");
+        }
+        let done = events.last().unwrap();
+        assert_eq!(events[0]["response"]["id"], done["response"]["id"]);
+        let sequence: Vec<u64> = events
+            .iter()
+            .filter_map(|e| e["sequence_number"].as_u64())
+            .collect();
+        assert_eq!(sequence, (0..sequence.len() as u64).collect::<Vec<_>>());
+        assert!(
+            done["response"]["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["type"] == "function_call" && i["name"] == "get_weather"),
+            "{done}"
+        );
+
+        // The gateway keeps no conversation.
+        let mut follow = ask.clone();
+        follow["previous_response_id"] = done["response"]["id"].clone();
+        let (status, v) = post(&url, None, &follow).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "previous_response_id");
+    });
+    assert_eq!(backend.requests(), 3);
+}

@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `GET /v1/models` | the agents (`agent:NAME`) and the gateway (`gateway:SPEC`) |
 //! | `POST /v1/chat/completions` | `agent:NAME`: a run of the agent on the conversation; `gateway:SPEC`: one reply of SPEC with the request's tools offered through prompt-based calling |
-//! | `POST /v1/responses` | `agent:NAME` with `input` (text or messages) |
+//! | `POST /v1/responses` | `agent:NAME` with `input` (text or items), continuing a stored answer with `previous_response_id`; `gateway:SPEC` with the request's `tools`, answered with `function_call` items |
 //! | `GET /v1/runs/{id}` | where a run stands, and the calls waiting for approval |
 //!
 //! Every route checks the token first (when there is one): a request without the right one
@@ -36,6 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolloop::Event;
+use toolloop::model::ToolChoice;
 use toolloop::outcome::{Outcome, StopReason};
 
 /// The server's state, shared by every request.
@@ -299,7 +300,7 @@ async fn chat_completions(
         }
         Some(Target::Gateway(spec)) => {
             let spec = spec.to_string();
-            gateway_chat(app, &spec, request, &headers, &client).await
+            gateway_chat(app, &spec, request, &headers, &client, Format::Chat).await
         }
         None => unknown_model(&request.model),
     }
@@ -313,6 +314,7 @@ async fn gateway_chat(
     request: ChatRequest,
     headers: &HeaderMap,
     client: &Client,
+    format: Format,
 ) -> Response {
     let backend = match app.gateway.backend(spec) {
         Ok(b) => b,
@@ -344,10 +346,11 @@ async fn gateway_chat(
         Err(r) => return *r,
     };
     let cancel = CancellationToken::new();
+    let run_id = client.run_id(&format!("gateway:{spec}"), key.as_deref());
     let run = {
         let agents = app.agents.clone();
         let cancel = cancel.clone();
-        let run_id = client.run_id(&format!("gateway:{spec}"), key.as_deref());
+        let run_id = run_id.clone();
         let messages = request.messages.clone();
         app.tracker.spawn(async move {
             let _permit = permit;
@@ -355,7 +358,10 @@ async fn gateway_chat(
         })
     };
     let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
-    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
+    let id = match format {
+        Format::Chat => format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]),
+        Format::Responses => response_id(run_id.as_str()),
+    };
     let model = request.model;
     let reply = |outcome: Result<Result<Outcome, RunError>, tokio::task::JoinError>| match outcome {
         Ok(Ok(o)) => match gateway::answer(&o) {
@@ -392,7 +398,10 @@ async fn gateway_chat(
         drop(guard);
         return match reply(outcome) {
             Ok((a, info)) => {
-                let mut v = gateway::completion(&id, &model, &a);
+                let mut v = match format {
+                    Format::Chat => gateway::completion(&id, &model, &a),
+                    Format::Responses => gateway_response(&id, &model, &a),
+                };
                 v["toolloop"] = info;
                 axum::Json(v).into_response()
             }
@@ -414,28 +423,146 @@ async fn gateway_chat(
     // Streamed: the first chunk at once, the rest when the backend's reply is whole and known
     // good (a broken call sent back to the backend must never reach the client).
     let include_usage = request.include_usage;
-    let first = wire::sse(&wire::chunk(
-        &id,
-        &model,
-        json!({"role": "assistant", "content": ""}),
-        None,
-    ));
+    let first = match format {
+        Format::Chat => wire::sse(&wire::chunk(
+            &id,
+            &model,
+            json!({"role": "assistant", "content": ""}),
+            None,
+        )),
+        Format::Responses => responses_event(
+            &mut 0,
+            "response.created",
+            json!({"response": {"id": id, "object": "response", "status": "in_progress", "model": model, "output": []}}),
+        ),
+    };
     let rest = async move {
         let outcome = run.await;
         drop(guard);
-        match reply(outcome) {
-            Ok((a, _)) => gateway::chunks(&id, &model, &a, include_usage),
-            Err((f, _)) => wire::sse(&json!({"error": {
+        match (reply(outcome), format) {
+            (Ok((a, _)), Format::Chat) => gateway::chunks(&id, &model, &a, include_usage),
+            (Ok((a, info)), Format::Responses) => gateway_response_events(&id, &model, &a, info),
+            (Err((f, _)), Format::Chat) => wire::sse(&json!({"error": {
                 "message": f.message,
                 "type": "server_error",
                 "code": f.code,
             }})),
+            (Err((f, _)), Format::Responses) => responses_event(
+                &mut 1,
+                "error",
+                json!({"code": f.code, "message": f.message, "param": null}),
+            ),
         }
     };
     let body = futures::stream::once(async move { first })
         .chain(futures::stream::once(rest))
         .map(Ok::<_, std::convert::Infallible>);
     sse_response(Body::from_stream(body))
+}
+
+/// A gateway answer as a Responses API `response`: the text as a message item, each call as a
+/// `function_call` item.
+fn gateway_response(id: &str, model: &str, a: &gateway::Answer) -> Value {
+    let usage = a.usage.unwrap_or_default();
+    let mut output = Vec::new();
+    if let Some(text) = a.text.as_deref().filter(|t| !t.trim().is_empty()) {
+        output.push(json!({
+            "type": "message",
+            "id": format!("msg_{id}"),
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }));
+    }
+    for call in &a.calls {
+        output.push(json!({
+            "type": "function_call",
+            "id": format!("fc_{}", call.id),
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments.to_string(),
+            "status": "completed",
+        }));
+    }
+    json!({
+        "id": id,
+        "object": "response",
+        "created_at": wire::now_secs(),
+        "status": if a.finish == "length" { "incomplete" } else { "completed" },
+        "model": model,
+        "output": output,
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    })
+}
+
+/// A streamed gateway answer's events after `response.created`: each output item added, its
+/// text or arguments, done; then `response.completed` with the whole response.
+fn gateway_response_events(id: &str, model: &str, a: &gateway::Answer, info: Value) -> Bytes {
+    let mut response = gateway_response(id, model, a);
+    response["toolloop"] = info;
+    let mut seq = 1;
+    let mut out = Vec::new();
+    let items = response["output"].as_array().cloned().unwrap_or_default();
+    for (index, item) in items.iter().enumerate() {
+        let mut added = item.clone();
+        let item_id = item["id"].clone();
+        match item["type"].as_str() {
+            Some("message") => {
+                added["content"] = json!([]);
+                added["status"] = json!("in_progress");
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                ));
+                let text = item["content"][0]["text"].clone();
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_text.delta",
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": text}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_text.done",
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+                ));
+            }
+            _ => {
+                added["arguments"] = json!("");
+                added["status"] = json!("in_progress");
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item_id, "output_index": index, "delta": item["arguments"]}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item_id, "output_index": index, "arguments": item["arguments"]}),
+                ));
+            }
+        }
+        out.extend_from_slice(&responses_event(
+            &mut seq,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+    }
+    out.extend_from_slice(&responses_event(
+        &mut seq,
+        "response.completed",
+        json!({"response": response}),
+    ));
+    Bytes::from(out)
 }
 
 fn sse_response(body: Body) -> Response {
@@ -921,39 +1048,46 @@ async fn responses(
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let Some(Target::Agent(name)) = target(&model) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            Some("model_not_found"),
-            format!(
-                "model `{}`: the Responses API serves agent:NAME (the gateway is on \
-                 /v1/chat/completions)",
-                toolloop::result::shorten(&model, 80)
-            ),
-        );
+    // What `model` names, owned (the request takes `model`).
+    enum Named {
+        Agent(String),
+        Gateway(String),
+    }
+    let target = match target(&model) {
+        Some(Target::Agent(n)) => Named::Agent(n.to_string()),
+        Some(Target::Gateway(s)) => Named::Gateway(s.to_string()),
+        None => return unknown_model(&model),
     };
-    let name = name.to_string();
-    // Fields this server does not serve are refused by name, never ignored: a client that
-    // counts on them would get an answer to another question.
-    for (field, why) in [(
-        "tools",
-        "agent:NAME runs its own tools; offer yours through gateway:SPEC on \
-             /v1/chat/completions",
-    )] {
-        if v.get(field)
+    let is_set = |field: &str| {
+        v.get(field)
             .is_some_and(|f| !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty()))
-        {
-            return bad_request(BadRequest {
-                message: format!("`{field}` is not supported here: {why}"),
-                param: Some(field.into()),
-            });
-        }
+    };
+    // Fields a target does not serve are refused by name, never ignored: a client that counts
+    // on them would get an answer to another question.
+    let refused = match target {
+        Named::Agent(_) if is_set("tools") => Some((
+            "tools",
+            "agent:NAME runs its own tools; offer yours through gateway:SPEC",
+        )),
+        Named::Gateway(_) if is_set("previous_response_id") => Some((
+            "previous_response_id",
+            "the gateway keeps no conversation; send the whole conversation as `input`",
+        )),
+        _ => None,
+    };
+    if let Some((field, why)) = refused {
+        return bad_request(BadRequest {
+            message: format!("`{field}` is not supported here: {why}"),
+            param: Some(field.into()),
+        });
     }
     let mut items = Vec::new();
     match v.get("input") {
         Some(Value::String(s)) => items.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(given)) => items.extend(given.iter().cloned()),
+        Some(Value::Array(given)) => match wire::responses_input(given) {
+            Ok(m) => items = m,
+            Err(e) => return bad_request(e),
+        },
         _ => {
             return bad_request(BadRequest {
                 message: "`input` is required: text, or an array of messages".into(),
@@ -966,15 +1100,15 @@ async fn responses(
         Err(e) => return bad_request(e),
     };
     // The conversation so far: the previous response's, when it continues one.
-    let mut messages = match v.get("previous_response_id") {
-        None | Some(Value::Null) => Vec::new(),
-        Some(Value::String(previous)) => {
-            match previous_conversation(&app, &name, &client, previous).await {
+    let mut messages = match (v.get("previous_response_id"), &target) {
+        (None | Some(Value::Null), _) | (_, Named::Gateway(_)) => Vec::new(),
+        (Some(Value::String(previous)), Named::Agent(name)) => {
+            match previous_conversation(&app, name, &client, previous).await {
                 Ok(m) => m,
                 Err(r) => return *r,
             }
         }
-        Some(_) => {
+        (Some(_), _) => {
             return bad_request(BadRequest {
                 message: "`previous_response_id`: expected a response's id (a string)".into(),
                 param: Some("previous_response_id".into()),
@@ -989,17 +1123,69 @@ async fn responses(
         }
     }
     messages.extend(input);
+    let tools = match v.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(t)) => match wire::read_tools(t) {
+            Ok(t) => t,
+            Err(e) => return bad_request(e),
+        },
+        Some(_) => {
+            return bad_request(BadRequest {
+                message: "`tools` must be an array".into(),
+                param: Some("tools".into()),
+            });
+        }
+    };
+    let tool_choice = match v.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(c)) if c == "auto" => ToolChoice::Auto,
+        Some(Value::String(c)) if c == "none" => ToolChoice::None,
+        Some(Value::String(c)) if c == "required" => ToolChoice::Required,
+        Some(c) => match c.get("name").and_then(Value::as_str) {
+            Some(name) => ToolChoice::Tool(name.to_string()),
+            None => {
+                return bad_request(BadRequest {
+                    message: "`tool_choice`: expected auto, none, required or {\"type\": \
+                              \"function\", \"name\": …}"
+                        .into(),
+                    param: Some("tool_choice".into()),
+                });
+            }
+        },
+    };
+    let temperature = match v.get("temperature") {
+        None | Some(Value::Null) => None,
+        Some(t) => match t.as_f64() {
+            Some(t) if (0.0..=2.0).contains(&t) => Some(t as f32),
+            _ => {
+                return bad_request(BadRequest {
+                    message: "`temperature`: expected a number from 0 to 2".into(),
+                    param: Some("temperature".into()),
+                });
+            }
+        },
+    };
     let request = ChatRequest {
         model,
         messages,
-        tools: Vec::new(),
-        tool_choice: Default::default(),
+        tools,
+        tool_choice,
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: false,
-        temperature: None,
-        max_tokens: None,
+        temperature,
+        max_tokens: v
+            .get("max_output_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok()),
     };
-    agent_chat(app, &name, request, &headers, &client, Format::Responses).await
+    match target {
+        Named::Agent(name) => {
+            agent_chat(app, &name, request, &headers, &client, Format::Responses).await
+        }
+        Named::Gateway(spec) => {
+            gateway_chat(app, &spec, request, &headers, &client, Format::Responses).await
+        }
+    }
 }
 
 /// The conversation of the answer `previous` (a Responses API id: its run's, in the store): the

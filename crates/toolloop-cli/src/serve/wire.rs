@@ -296,9 +296,71 @@ pub(crate) fn read_messages(raw: &[Value]) -> Result<Vec<Message>, BadRequest> {
     Ok(out)
 }
 
+/// The Responses API's `input` items as Chat Completions messages: a `message` (or an item with
+/// a `role`) as it is; a `function_call` as a call of the assistant message before it (a new
+/// one when the item before was not the assistant's); a `function_call_output` as a `tool`
+/// message. An item of another type is an error naming it.
+pub(crate) fn responses_input(raw: &[Value]) -> Result<Vec<Value>, BadRequest> {
+    let mut out: Vec<Value> = Vec::with_capacity(raw.len());
+    for (i, item) in raw.iter().enumerate() {
+        let kind = item.get("type").and_then(Value::as_str);
+        match kind {
+            Some("function_call") => {
+                let call = json!({
+                    "id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {
+                        "name": item.get("name").cloned().unwrap_or(Value::Null),
+                        "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+                    },
+                });
+                let last_is_assistant = out
+                    .last()
+                    .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+                if !last_is_assistant {
+                    out.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
+                }
+                if let Some(Value::Object(m)) = out.last_mut() {
+                    match m.get_mut("tool_calls") {
+                        Some(Value::Array(calls)) => calls.push(call),
+                        _ => {
+                            m.insert("tool_calls".into(), json!([call]));
+                        }
+                    }
+                }
+            }
+            Some("function_call_output") => {
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => json!(s),
+                    Some(other) => json!(other.to_string()),
+                    None => json!(""),
+                };
+                out.push(json!({
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                    "content": output,
+                }));
+            }
+            Some("message") | None => out.push(item.clone()),
+            Some(other) => {
+                return Err(bad(
+                    format!(
+                        "input[{i}].type `{}`: expected message, function_call or \
+                         function_call_output",
+                        toolloop::result::shorten(other, 40)
+                    ),
+                    format!("input[{i}].type"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads `tools`: each `{"type": "function", "function": {"name", "description",
-/// "parameters"}}`.
-fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
+/// "parameters"}}` (Chat Completions), or `{"type": "function", "name", "description",
+/// "parameters"}` (the Responses API).
+pub(crate) fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
     let mut out: Vec<ToolSpec> = Vec::with_capacity(raw.len());
     for (i, t) in raw.iter().enumerate() {
         let f = t.get("function").unwrap_or(t);
