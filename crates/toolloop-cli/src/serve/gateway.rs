@@ -23,7 +23,7 @@ use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use toolloop::agent::{Agent, EventHandler};
+use toolloop::agent::Agent;
 use toolloop::config::{InvalidCallPolicy, LoopConfig};
 use toolloop::journal::Journal;
 use toolloop::message::{Message, ToolCall};
@@ -132,12 +132,11 @@ impl Tool for ClientTool {
 }
 
 /// The run of one gateway request: `backend` with the request's tools and settings, logged in
-/// `journal`, events to `on_event`.
+/// `journal`.
 pub(crate) fn agent(
     backend: Arc<Prompted>,
     request: &ChatRequest,
     journal: Option<Arc<dyn Journal>>,
-    on_event: Option<EventHandler>,
 ) -> Result<Agent, String> {
     let config = LoopConfig {
         // The first round, and one for each reply sent back to be corrected.
@@ -165,9 +164,6 @@ pub(crate) fn agent(
         }));
     if let Some(journal) = journal {
         builder = builder.journal(journal);
-    }
-    if let Some(f) = on_event {
-        builder = builder.on_event(move |e| f(e));
     }
     builder.build().map_err(|e| format!("`tools`: {e}"))
 }

@@ -335,7 +335,7 @@ async fn gateway_chat(
         .agents
         .store()
         .map(|s| s.run_journal(toolloop_store::RunTags::default()));
-    let agent = match gateway::agent(backend, &request, journal, None) {
+    let agent = match gateway::agent(backend, &request, journal) {
         Ok(a) => a,
         Err(e) => {
             return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, e);
