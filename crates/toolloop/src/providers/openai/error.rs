@@ -192,7 +192,7 @@ pub(crate) fn tools_unsupported(err: &ApiError) -> bool {
 /// [`context_overflow`]), and a refusal of tools.
 pub(crate) const ERRORS: ErrorMeaning = ErrorMeaning {
     context_overflow,
-    tools_unsupported: tools_unsupported,
+    tools_unsupported,
 };
 
 /// The start of the error for a 2xx stream that ended without a single event.
