@@ -381,7 +381,9 @@ impl RunTools {
 
 /// The MCP servers' tools that `--tools` / `--no-tools` select, whose schemas compile.
 pub(crate) struct SelectedMcp {
-    servers: Arc<McpTools>,
+    /// The servers' tools (recorded in the run's cassette, or, with `--replay-tools`, the
+    /// recorded ones).
+    servers: Arc<dyn ToolSource>,
     selection: Selection,
     /// The names offered when the run started (a declared agent may list them).
     listed: Vec<String>,
@@ -440,7 +442,7 @@ impl ToolSource for SelectedMcp {
     }
 
     fn version(&self) -> u64 {
-        self.servers.tools_version()
+        self.servers.version()
     }
 
     async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
@@ -493,8 +495,31 @@ pub(crate) async fn assemble(
                 Err(e) => eprintln!("toolloop: warning: MCP tool left out: {e}"),
             }
         }
+        let servers: Arc<dyn ToolSource> = match crate::record::cassette() {
+            // Their listings and results in the cassette too.
+            Some(c) => c.wrap_source(servers),
+            None => servers,
+        };
         tools.mcp = Some(Arc::new(SelectedMcp {
             servers,
+            selection,
+            listed: names,
+        }));
+    } else if let Some(recorded) = crate::record::replayed_mcp_tools() {
+        // `--replay-tools`: no server is started; the recorded servers' tools are offered and
+        // answered from the cassette.
+        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        let listed = recorded
+            .tools(&reserved)
+            .await
+            .map_err(|e| ToolsError::Failed(e.to_string()))?;
+        let names = listed
+            .iter()
+            .filter(|t| selection.offers(t.name()))
+            .map(|t| t.name().to_string())
+            .collect();
+        tools.mcp = Some(Arc::new(SelectedMcp {
+            servers: recorded,
             selection,
             listed: names,
         }));

@@ -154,6 +154,16 @@ pub(crate) fn note_fallback(args: &RecordArgs) {
     }
 }
 
+/// With `--replay-tools`, the MCP servers' tools as the cassette recorded them (their results
+/// answered from it; no server is started); `None` otherwise, or when the recording had none.
+pub(crate) fn replayed_mcp_tools() -> Option<Arc<dyn toolloop::tool_source::ToolSource>> {
+    let cassette = cassette()?;
+    if !cassette.is_replay() || !REPLAY_TOOLS.get().copied().unwrap_or(false) {
+        return None;
+    }
+    cassette.replayed_source("mcp")
+}
+
 /// The tools, their results recorded in the cassette, or answered from it with
 /// `--replay-tools`; as they are without a cassette, or when a cassette is played back with the
 /// tools run live.
