@@ -1,7 +1,8 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
 // `unsafe` here is limited to `secrets` (the environment changed while the process has one
-// thread, a descriptor taken over); each block says why it is sound.
+// thread, a descriptor taken over) and `eval` (a run killed when the eval dies, set between
+// fork and exec); each block says why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 /// `println!` for stdout that never panics: a reader that went away (`toolloop … | head`) is
@@ -27,6 +28,7 @@ mod context;
 mod cx;
 mod durable;
 mod eval;
+mod eval_report;
 mod logging;
 mod mcp;
 mod progress;
