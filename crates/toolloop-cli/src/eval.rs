@@ -13,6 +13,7 @@
 //! that covers the case's definition, its variant and its repetition; a suite started again
 //! (after a kill, say) takes the results found there and runs only the rest (`--fresh`: all).
 
+use crate::CliError;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap};
@@ -335,7 +336,7 @@ fn check(expect: &Expect, outcome: &Value, root: &Path, suite_dir: &Path) -> Vec
                 }
                 Err(e) => failed.push(format!("{}: {}", path.display(), e.message)),
             },
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(crate::error::chain(&e)),
         }
     }
     if let Some(path) = &expect.answer_equals_file {
@@ -490,12 +491,12 @@ struct Job {
     key: String,
 }
 
-fn load(path: &Path) -> Result<Suite, String> {
+fn load(path: &Path) -> Result<Suite, CliError> {
     let text = toolloop::user_file::read_to_string(path, MAX_SUITE_BYTES)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let suite: Suite =
-        toml::from_str(&text).map_err(|e| format!("{}: not a suite: {e}", path.display()))?;
-    let at = |m: String| format!("{}: {m}", path.display());
+        .map_err(|e| CliError::invalid(path.display().to_string(), e))?;
+    let suite: Suite = toml::from_str(&text)
+        .map_err(|e| CliError::invalid(format!("{}: not a suite", path.display()), e))?;
+    let at = |m: String| CliError::usage(format!("{}: {m}", path.display()));
     if suite.cases.is_empty() {
         return Err(at("no cases ([[cases]])".into()));
     }
@@ -581,17 +582,13 @@ fn load(path: &Path) -> Result<Suite, String> {
 }
 
 /// Runs `toolloop eval`.
-pub(crate) async fn eval(args: EvalArgs) -> ExitCode {
+pub(crate) async fn eval(args: EvalArgs) -> Result<ExitCode, CliError> {
     if let Some(EvalCommand::Compare(c)) = args.command {
         return crate::eval_report::compare(&c);
     }
-    match tokio::task::spawn_blocking(move || eval_blocking(args)).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("toolloop: eval: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    tokio::task::spawn_blocking(move || eval_blocking(args))
+        .await
+        .map_err(|e| CliError::failure("eval", e))?
 }
 
 /// What every run of a suite shares.
@@ -602,14 +599,13 @@ struct Ctx<'a> {
     suite_dir: &'a Path,
 }
 
-fn eval_blocking(args: EvalArgs) -> ExitCode {
+fn eval_blocking(args: EvalArgs) -> Result<ExitCode, CliError> {
     let Some(suite_path) = args.suite.clone() else {
-        return crate::run::usage_error("eval: give a suite file (or `compare A.json B.json`)");
+        return Err(CliError::usage(
+            "eval: give a suite file (or `compare A.json B.json`)",
+        ));
     };
-    let suite = match load(&suite_path) {
-        Ok(s) => s,
-        Err(e) => return crate::run::usage_error(e),
-    };
+    let suite = load(&suite_path)?;
     let suite_dir = suite_path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -620,16 +616,18 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
         name.push(".eval");
         suite_dir.join(name)
     });
-    if let Err(e) = std::fs::create_dir_all(&out) {
-        return crate::run::usage_error(format!("--out {}: {e}", out.display()));
-    }
+    std::fs::create_dir_all(&out)
+        .map_err(|e| CliError::invalid(format!("--out {}", out.display()), e))?;
     let jobs = plan(&suite);
     let state_path = out.join("results.jsonl");
     if args.fresh
         && let Err(e) = std::fs::remove_file(&state_path)
         && e.kind() != std::io::ErrorKind::NotFound
     {
-        return crate::run::usage_error(format!("--fresh: {}: {e}", state_path.display()));
+        return Err(CliError::invalid(
+            format!("--fresh: {}", state_path.display()),
+            e,
+        ));
     }
     let done = read_state(&state_path);
     let state = match std::fs::OpenOptions::new()
@@ -638,12 +636,16 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
         .open(&state_path)
     {
         Ok(f) => Mutex::new(f),
-        Err(e) => return crate::run::usage_error(format!("{}: {e}", state_path.display())),
+        Err(e) => {
+            return Err(CliError::invalid(
+                format!("--out: {}", state_path.display()),
+                e,
+            ));
+        }
     };
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => return crate::run::usage_error(format!("eval: cannot find this program: {e}")),
-    };
+    // Exit code 2: the command cannot run its cases.
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::invalid("eval: cannot find this program", e))?;
     let mut results: Vec<(usize, Value)> = Vec::new();
     let mut todo = Vec::new();
     for (n, job) in jobs.into_iter().enumerate() {
@@ -724,19 +726,19 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
     };
     let report_path = out.join("report.json");
     if let Err(e) = std::fs::write(&report_path, format!("{report}\n")) {
-        eprintln!("toolloop: eval: {}: {e}", report_path.display());
+        crate::error::warn(format!("eval: {}: {e}", report_path.display()));
         code = ExitCode::FAILURE;
     }
     if let Some(path) = &args.junit
         && let Err(e) = std::fs::write(path, crate::eval_report::junit(&report))
     {
-        eprintln!("toolloop: eval: --junit {}: {e}", path.display());
+        crate::error::warn(format!("eval: --junit {}: {e}", path.display()));
         code = ExitCode::FAILURE;
     }
     if let Some(path) = &args.html
         && let Err(e) = std::fs::write(path, crate::eval_report::html(&report))
     {
-        eprintln!("toolloop: eval: --html {}: {e}", path.display());
+        crate::error::warn(format!("eval: --html {}: {e}", path.display()));
         code = ExitCode::FAILURE;
     }
     if args.json {
@@ -744,7 +746,7 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
     } else {
         crate::eval_report::print_table(&summary, &results);
     }
-    code
+    Ok(code)
 }
 
 /// Every run of the suite, in order: each case × model × system prompt × repetition.

@@ -5,6 +5,7 @@
 //! XML (characters XML 1.0 cannot hold replaced) and for HTML (the report loads nothing and
 //! runs no script; its Content-Security-Policy forbids both).
 
+use crate::CliError;
 use crate::eval::cut;
 use serde_json::{Value, json};
 use std::path::PathBuf;
@@ -406,23 +407,24 @@ pub(crate) struct CompareArgs {
 /// The largest results file `compare` reads.
 const MAX_REPORT_BYTES: u64 = 256 * 1024 * 1024;
 
-fn read_report(path: &std::path::Path) -> Result<Vec<Value>, String> {
+fn read_report(path: &std::path::Path) -> Result<Vec<Value>, CliError> {
+    let what = || format!("eval compare: {}", path.display());
     let text = toolloop::user_file::read_to_string(path, MAX_REPORT_BYTES)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| CliError::invalid(what(), e))?;
     let v: Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: not the JSON of `toolloop eval --json`: {e}",
-            path.display()
+        CliError::invalid(
+            format!("{}: not the JSON of `toolloop eval --json`", what()),
+            e,
         )
     })?;
     match v["summary"].as_array() {
         Some(rows) => Ok(rows.clone()),
         None => match v["results"].as_array() {
             Some(results) => Ok(summarise(results)),
-            None => Err(format!(
+            None => Err(CliError::usage(format!(
                 "{}: no `summary`: not the JSON of `toolloop eval --json`",
-                path.display()
-            )),
+                what()
+            ))),
         },
     }
 }
@@ -485,11 +487,9 @@ fn pct(v: &Value) -> String {
 
 /// `toolloop eval compare A.json B.json`: exit 0 when no pass rate fell, 1 when one did, 2
 /// when a file cannot be read.
-pub(crate) fn compare(args: &CompareArgs) -> ExitCode {
-    let (before, after) = match (read_report(&args.before), read_report(&args.after)) {
-        (Ok(b), Ok(a)) => (b, a),
-        (Err(e), _) | (_, Err(e)) => return crate::run::usage_error(format!("eval compare: {e}")),
-    };
+pub(crate) fn compare(args: &CompareArgs) -> Result<ExitCode, CliError> {
+    let before = read_report(&args.before)?;
+    let after = read_report(&args.after)?;
     let same = |x: &Value, y: &Value| x["case"] == y["case"] && x["variant"] == y["variant"];
     let mut rows: Vec<Value> = before
         .iter()
@@ -560,9 +560,9 @@ pub(crate) fn compare(args: &CompareArgs) -> ExitCode {
         }
         outln!("{better} better, {worse} worse");
     }
-    if worse > 0 {
+    Ok(if worse > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
