@@ -634,7 +634,17 @@ fn eval_blocking(args: EvalArgs) -> Result<ExitCode, CliError> {
         .create(true)
         .append(true)
         .open(&state_path)
-    {
+        .and_then(|mut f| {
+            // A line cut short by a kill is ended, so that the next result starts a line.
+            let cut_short = std::fs::read(&state_path)
+                .ok()
+                .and_then(|b| b.last().copied())
+                .is_some_and(|b| b != b'\n');
+            if cut_short {
+                f.write_all(b"\n")?;
+            }
+            Ok(f)
+        }) {
         Ok(f) => Mutex::new(f),
         Err(e) => {
             return Err(CliError::invalid(

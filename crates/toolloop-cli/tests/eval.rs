@@ -414,6 +414,13 @@ fn a_killed_suite_resumes_without_running_finished_cases_again() {
     }
     let finished = finished_runs(&out);
     assert!((2..6).contains(&finished), "{finished} runs had finished");
+    // A result cut short by the kill (as a kill in the middle of a write leaves it).
+    let mut state = std::fs::OpenOptions::new()
+        .append(true)
+        .open(out.join("results.jsonl"))
+        .unwrap();
+    std::io::Write::write_all(&mut state, b"{\"case\": \"c5\", \"key\": \"c").unwrap();
+    drop(state);
     let o = eval(
         dir.path(),
         &base,
@@ -440,6 +447,17 @@ fn a_killed_suite_resumes_without_running_finished_cases_again() {
         err.contains(&format!("{finished} of 6 runs already have a result")),
         "{err}"
     );
+    // Started again once more: every run has its result, none is made again.
+    let before = server.stats().requests;
+    let o = eval(
+        dir.path(),
+        &base,
+        &[suite.to_str().unwrap(), "--out", out.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(server.stats().requests, before);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("6 of 6 runs already have a result"), "{err}");
     // --fresh runs them all.
     let before = server.stats().requests;
     let o = eval(
