@@ -126,8 +126,10 @@ enum Command {
     /// Step workflows: `run` a workflow file, `check` it, `resume` a stopped run, `list` runs.
     #[command(subcommand)]
     Workflow(workflow::WorkflowCommand),
-    /// Run a suite of cases (TOML) against models and system prompts, check each run's
-    /// trajectory, answer, files and budget, and print the pass rates; exit 1 if a case failed.
+    /// Run a suite of cases (TOML: prompts, conversations, workflows) against models and system
+    /// prompts, check each run's trajectory, answer, files and budget (and an LLM judge's
+    /// verdict), and print the pass rates; exit 1 if a case failed. `eval compare A.json B.json`
+    /// shows what got better or worse.
     Eval(eval::EvalArgs),
 }
 
