@@ -129,7 +129,10 @@ fn bad_usage_and_configuration_exit_2_with_a_clear_message() {
 fn an_error_is_said_once_with_its_cause_and_escaped() {
     let dir = repo();
     let hostile = "notes\u{1b}]0;owned\u{7}\u{1b}[2J.md";
-    let out = toolloop(&["run", "--system-file", hostile, "hi"], dir.path());
+    let out = toolloop(
+        &["run", "--model", "test", "--system-file", hostile, "hi"],
+        dir.path(),
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(

@@ -97,7 +97,7 @@ impl From<GeminiConfig> for WireAdapter {
     }
 }
 
-/// The call of an adapter built on [`HttpAdapter`].
+/// The call of `request` by adapter `a`, written as the adapter writes it now.
 fn call_of<A: HttpAdapter>(
     a: &A,
     request: &ModelRequest<'_>,
@@ -106,35 +106,58 @@ fn call_of<A: HttpAdapter>(
     Ok(WireCall {
         url: a.url(request, stream),
         headers: a.headers(request)?,
-        body: a.body(request, stream)?,
+        body: a.body(request, stream, a.shape(stream))?,
     })
+}
+
+/// A complete 2xx body, as adapter `a` reads it for `request`.
+fn decode_by<A: HttpAdapter>(
+    a: &A,
+    request: &ModelRequest<'_>,
+    body: &[u8],
+) -> Result<ModelResponse, ModelError> {
+    A::decode(body)
+        .map(|r| a.finish(request, r))
+        .map_err(A::classify)
+}
+
+/// What a non-2xx reply means to adapter `A`: its parser and its classification.
+fn errors_of<A: HttpAdapter>(_: &A) -> (ErrorParser, fn(ModelError) -> ModelError) {
+    (A::PARSE_ERROR, A::classify)
+}
+
+/// The stream reader of adapter `a` for `request`.
+fn reader_of<A: HttpAdapter>(
+    a: &A,
+    request: &ModelRequest<'_>,
+) -> (Box<dyn ReadSse>, fn(ModelError) -> ModelError) {
+    let make = a.decoders(request);
+    (Box::new(SseReader::new(make())), A::classify)
+}
+
+/// Runs `$f` on the adapter, whichever it is.
+macro_rules! each {
+    ($api:expr, $a:ident => $f:expr) => {
+        match $api {
+            Api::OpenAi($a) => $f,
+            Api::Responses($a) => $f,
+            Api::Anthropic($a) => $f,
+            Api::Gemini($a) => $f,
+        }
+    };
 }
 
 impl WireAdapter {
     /// The model's name.
     pub fn model(&self) -> &str {
-        match &self.api {
-            Api::OpenAi(m) => &m.config().model,
-            Api::Responses(m) => HttpAdapter::model(m),
-            Api::Anthropic(m) => HttpAdapter::model(m),
-            Api::Gemini(m) => HttpAdapter::model(m),
-        }
+        each!(&self.api, a => HttpAdapter::model(a))
     }
 
     /// The call that sends `request`, streamed or not, after the checks the adapter makes
     /// before every call (a key that cannot be sent in a header, `extra` fields that collide
     /// with the adapter's own).
     pub fn call(&self, request: &ModelRequest<'_>, stream: bool) -> Result<WireCall, ModelError> {
-        match &self.api {
-            Api::OpenAi(m) => Ok(WireCall {
-                url: m.wire_url().to_string(),
-                headers: m.wire_headers()?,
-                body: m.request_body(request, stream)?,
-            }),
-            Api::Responses(m) => call_of(m, request, stream),
-            Api::Anthropic(m) => call_of(m, request, stream),
-            Api::Gemini(m) => call_of(m, request, stream),
-        }
+        each!(&self.api, a => call_of(a, request, stream))
     }
 
     /// What the server's reply to `call` means: a 2xx body decoded as a complete response, any
@@ -151,13 +174,7 @@ impl WireAdapter {
         if !(200..300).contains(&status) {
             return Err(self.error(&redactor, status, headers, body));
         }
-        let decoded = match &self.api {
-            Api::OpenAi(m) => m.wire_decode(request, body),
-            Api::Responses(_) => decode::<ResponsesModel>(body),
-            Api::Anthropic(_) => decode::<AnthropicModel>(body),
-            Api::Gemini(_) => decode::<GeminiModel>(body),
-        };
-        decoded.map_err(|e| redactor.redact_error(e))
+        each!(&self.api, a => decode_by(a, request, body)).map_err(|e| redactor.redact_error(e))
     }
 
     /// The error a non-2xx reply means, as the adapter's transport reports it.
@@ -169,15 +186,7 @@ impl WireAdapter {
         body: &[u8],
     ) -> ModelError {
         let body = redactor.redact_bytes(body);
-        let (parse, classify): (ErrorParser, fn(ModelError) -> ModelError) = match &self.api {
-            Api::OpenAi(_) => (
-                crate::providers::openai::parse_error,
-                crate::providers::openai::classify,
-            ),
-            Api::Responses(_) => (ResponsesModel::PARSE_ERROR, ResponsesModel::classify),
-            Api::Anthropic(_) => (AnthropicModel::PARSE_ERROR, AnthropicModel::classify),
-            Api::Gemini(_) => (GeminiModel::PARSE_ERROR, GeminiModel::classify),
-        };
+        let (parse, classify) = each!(&self.api, a => errors_of(a));
         let mut err = parse(status, headers, &body);
         if err.retry_after.is_none() {
             err.retry_after = retry_after(headers);
@@ -191,18 +200,7 @@ impl WireAdapter {
     /// A reader of the streamed (Server-Sent Events) 2xx reply to `call`, which was made for
     /// `request` with `stream` set.
     pub fn stream_reader(&self, request: &ModelRequest<'_>, call: &WireCall) -> StreamReader {
-        let reader: Box<dyn ReadSse> = match &self.api {
-            Api::OpenAi(m) => m.wire_stream_decoder(request),
-            Api::Responses(_) => Box::new(SseReader::new(ResponsesModel::stream_decoder(200))),
-            Api::Anthropic(_) => Box::new(SseReader::new(AnthropicModel::stream_decoder(200))),
-            Api::Gemini(_) => Box::new(SseReader::new(GeminiModel::stream_decoder(200))),
-        };
-        let classify: fn(ModelError) -> ModelError = match &self.api {
-            Api::OpenAi(_) => crate::providers::openai::classify,
-            Api::Responses(_) => ResponsesModel::classify,
-            Api::Anthropic(_) => AnthropicModel::classify,
-            Api::Gemini(_) => GeminiModel::classify,
-        };
+        let (reader, classify) = each!(&self.api, a => reader_of(a, request));
         StreamReader {
             reader,
             classify,
@@ -210,10 +208,6 @@ impl WireAdapter {
             ended: false,
         }
     }
-}
-
-fn decode<A: HttpAdapter>(body: &[u8]) -> Result<ModelResponse, ModelError> {
-    A::decode(body).map_err(A::classify)
 }
 
 /// A streamed reply being read: give it the body's bytes as they arrive

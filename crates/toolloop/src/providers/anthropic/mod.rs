@@ -50,11 +50,11 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{
     AnthropicConfig, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_VERSION, MAX_CACHE_BREAKPOINTS,
     OWNED_FIELDS, PROVIDER,
 };
-use error::classify;
 pub use error::parse_error;
 // Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
 #[cfg(feature = "testing")]
@@ -88,12 +88,15 @@ impl AnthropicModel {
 
 impl HttpAdapter for AnthropicModel {
     type StreamDecoder = StreamDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
@@ -107,7 +110,12 @@ impl HttpAdapter for AnthropicModel {
         request::headers(&self.config, request)
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<Bytes, ModelError> {
         adapter::check_extras(
             "Anthropic",
             self.config.extra.as_ref(),
@@ -119,16 +127,14 @@ impl HttpAdapter for AnthropicModel {
             .into())
     }
 
+    fn shape(&self, _stream: bool) {}
+
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_message_body(body)
     }
 
     fn stream_decoder(_status: u16) -> StreamDecoder {
         StreamDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 
     /// The Messages API clears old tool results itself (`context_management`).

@@ -47,8 +47,8 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
-use error::classify;
 pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
 pub use request::PLACEHOLDER_THOUGHT_SIGNATURE;
@@ -84,12 +84,15 @@ impl GeminiModel {
 
 impl HttpAdapter for GeminiModel {
     type StreamDecoder = ChunkDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
@@ -103,7 +106,12 @@ impl HttpAdapter for GeminiModel {
         self.config.headers()
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<Bytes, ModelError> {
         adapter::check_extras(
             "Gemini",
             self.config.extra.as_ref(),
@@ -114,6 +122,8 @@ impl HttpAdapter for GeminiModel {
             .to_string()
             .into())
     }
+
+    fn shape(&self, _stream: bool) {}
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_body(body)
@@ -135,10 +145,6 @@ impl HttpAdapter for GeminiModel {
 
     fn stream_decoder(_status: u16) -> ChunkDecoder {
         ChunkDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 }
 

@@ -4,7 +4,7 @@
 //! {base_url}/chat/completions` and turns the reply, complete or streamed (Server-Sent Events),
 //! into a [`ModelResponse`] or [`StreamEvent`](crate::stream::StreamEvent)s. Retries, backoff,
 //! `Retry-After` and the body-size cap come from
-//! [`HttpTransport`](crate::transport::http::HttpTransport); a stream that has delivered output is
+//! [`HttpTransport`]; a stream that has delivered output is
 //! never replayed.
 //!
 //! # Pointing it at a server
@@ -91,14 +91,15 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter;
+use crate::providers::adapter::{self, ErrorMeaning, HttpAdapter};
 use crate::ptk::Rescue;
-use crate::transport::wire::Endpoint;
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
-pub(crate) use error::{classify, context_overflow};
-use futures::StreamExt;
+pub(crate) use error::{context_overflow, tools_unsupported};
 use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use request::EncodedPrefix;
 use response::decode_response;
@@ -123,15 +124,18 @@ use request::WireRequest;
 pub use request::{WireRequest, build_request_body};
 
 /// A model behind the OpenAI Chat Completions API.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenAiModel {
     inner: Arc<Inner>,
+    /// A session's encoding of its run's conversation so far ([`OpenAiSession`]); `None`: every
+    /// request encodes every message.
+    prefix: Option<Arc<Mutex<EncodedPrefix>>>,
 }
 
 #[derive(Debug)]
 struct Inner {
     config: OpenAiConfig,
-    url: Endpoint,
+    url: String,
     headers: Result<HeaderMap, ModelError>,
     /// What this server refused so far (the model talks to one server).
     refused: Refused,
@@ -153,15 +157,20 @@ struct Refused {
 
 /// How a request is written, after what the server refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Shape {
+pub(crate) struct Shape {
     /// Leave `tool_choice` out.
     omit_tool_choice: bool,
     /// Ask for `json_object` output (with the schema in the prompt) instead of `json_schema`.
     json_object: bool,
 }
 
-/// Encodes the body of a request in a shape.
-type Encode<'e> = dyn Fn(Shape) -> Result<Bytes, ModelError> + Send + Sync + 'e;
+impl std::fmt::Debug for OpenAiModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiModel")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
 
 impl OpenAiModel {
     /// A model with this configuration. A key that cannot be sent in a header is reported by the
@@ -183,7 +192,7 @@ impl OpenAiModel {
                 )),
             },
         };
-        let url = Endpoint::new(config.endpoint());
+        let url = config.endpoint();
         OpenAiModel {
             inner: Arc::new(Inner {
                 config,
@@ -191,6 +200,7 @@ impl OpenAiModel {
                 headers,
                 refused: Refused::default(),
             }),
+            prefix: None,
         }
     }
 
@@ -212,19 +222,33 @@ impl OpenAiModel {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Bytes, ModelError> {
-        self.check(request)?;
-        self.encode(request, stream, self.shape(stream))
+        OpenAiModel {
+            inner: self.inner.clone(),
+            prefix: None,
+        }
+        .body(request, stream, HttpAdapter::shape(self, stream))
     }
 
+    /// The body in `shape`: every message encoded, or, in a session, the messages added since
+    /// its previous request (the encoding of the conversation kept for the next one).
     fn encode(
         &self,
         request: &ModelRequest<'_>,
         stream: bool,
         shape: Shape,
     ) -> Result<Bytes, ModelError> {
-        serde_json::to_vec(&self.wire(request, stream, shape))
-            .map(Bytes::from)
-            .map_err(serialize_error)
+        let wire = self.wire(request, stream, shape);
+        let Some(prefix) = &self.prefix else {
+            return serde_json::to_vec(&wire)
+                .map(Bytes::from)
+                .map_err(serialize_error);
+        };
+        let mut slot = prefix.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
+        let mut taken = std::mem::take(&mut *slot);
+        let body = wire.encode_cached(&mut taken).map_err(serialize_error)?;
+        *slot = taken;
+        Ok(body)
     }
 
     /// The body of `request` in `shape`.
@@ -239,6 +263,52 @@ impl OpenAiModel {
             .json_object_output(shape.json_object)
     }
 
+    /// The checks made before every call: `extra`s and the key's header.
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
+        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
+        self.inner.headers.as_ref().map_err(Clone::clone)?;
+        Ok(())
+    }
+}
+
+fn serialize_error(e: serde_json::Error) -> ModelError {
+    ModelError::Other(format!("could not serialize the request: {e}"))
+}
+
+impl HttpAdapter for OpenAiModel {
+    type StreamDecoder = ChunkDecoder;
+    type Shape = Shape;
+    const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
+
+    fn model(&self) -> &str {
+        &self.inner.config.model
+    }
+
+    #[cfg(feature = "http")]
+    fn transport(&self) -> &HttpTransport {
+        &self.inner.config.transport
+    }
+
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.inner.url.clone()
+    }
+
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.inner.headers.clone()
+    }
+
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Shape,
+    ) -> Result<Bytes, ModelError> {
+        self.check(request)?;
+        self.encode(request, stream, shape)
+    }
+
     /// How requests are written to this server now, after what it refused.
     fn shape(&self, stream: bool) -> Shape {
         let refused = &self.inner.refused;
@@ -249,17 +319,8 @@ impl OpenAiModel {
         }
     }
 
-    /// Whether a request in `shape` holds something the server could refuse (and that could be
-    /// left out or replaced on a second try).
-    #[cfg(feature = "http")]
-    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
-        (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
-            || (!shape.json_object && request.settings.output.is_some())
-    }
-
     /// When `error` is the server refusing a field of a request in `shape`, remembers it (and
     /// says so, once) and gives the shape to try next.
-    #[cfg(feature = "http")]
     fn learn(
         &self,
         request: &ModelRequest<'_>,
@@ -314,184 +375,47 @@ impl OpenAiModel {
         None
     }
 
-    /// A complete call, written as `encode` writes it in the shape the server accepts: a
-    /// refused field is left out (or replaced) and the call made again.
-    #[cfg(feature = "http")]
-    async fn complete_shaped(
-        &self,
-        request: &ModelRequest<'_>,
-        encode: &Encode<'_>,
-    ) -> Result<ModelResponse, ModelError> {
-        let mut shape = self.shape(false);
-        loop {
-            let body = encode(shape)?;
-            match self.send(request, body).await {
-                Err(e) => match self.learn(request, shape, false, &e) {
-                    Some(next) => shape = next,
-                    None => return Err(e),
-                },
-                done => return done,
-            }
-        }
+    /// Whether a request in `shape` holds something the server could refuse (and that could be
+    /// left out or replaced on a second try): a refused `tool_choice` can come as an empty
+    /// stream (llama-cpp-python).
+    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
+        (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
+            || (!shape.json_object && request.settings.output.is_some())
     }
 
-    /// A streamed call, written as `encode` writes it in the shape the server accepts. A
-    /// refusal may come as the stream's opening error, as its first event, or as an empty
-    /// stream.
-    #[cfg(feature = "http")]
-    async fn stream_shaped(
-        &self,
-        request: &ModelRequest<'_>,
-        encode: &Encode<'_>,
-    ) -> Result<EventStream, ModelError> {
-        let mut shape = self.shape(true);
-        loop {
-            let body = encode(shape)?;
-            let error = match self.send_streamed(request, body).await {
-                Ok(stream) if !self.may_be_refused(request, shape) => return Ok(stream),
-                Ok(mut stream) => match stream.next().await {
-                    Some(Err(e)) => e,
-                    Some(first) => {
-                        return Ok(Box::pin(futures::stream::iter([first]).chain(stream)));
-                    }
-                    None => return Ok(Box::pin(futures::stream::empty())),
-                },
-                Err(e) => e,
-            };
-            match self.learn(request, shape, true, &error) {
-                Some(next) => shape = next,
-                None => return Err(error),
-            }
-        }
-    }
-
-    /// The checks made before every call: `extra`s and the key's header.
-    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
-        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
-        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
-        self.inner.headers.as_ref().map_err(Clone::clone)?;
-        Ok(())
-    }
-
-    /// Sends a complete call with this body.
-    #[cfg(feature = "http")]
-    async fn send(
-        &self,
-        request: &ModelRequest<'_>,
-        body: Bytes,
-    ) -> Result<ModelResponse, ModelError> {
-        let inner = &self.inner;
-        let headers = inner.headers.as_ref().map_err(Clone::clone)?;
-        let response = inner
-            .config
-            .transport
-            .post_json(&inner.url, headers, body, parse_error, decode_response)
-            .await
-            .map_err(classify)?;
-        Ok(if self.rescues(request) {
+    /// Calls a server wrote as text are rescued (see [`Rescue`]).
+    fn finish(&self, request: &ModelRequest<'_>, response: ModelResponse) -> ModelResponse {
+        if self.rescues(request) {
             Rescue::apply(response, request.tools)
         } else {
             response
-        })
+        }
     }
 
-    /// Opens a streamed call with this body.
-    #[cfg(feature = "http")]
-    async fn send_streamed(
+    fn decoders(
         &self,
         request: &ModelRequest<'_>,
-        body: Bytes,
-    ) -> Result<EventStream, ModelError> {
-        let inner = &self.inner;
+    ) -> impl Fn() -> ChunkDecoder + Send + Sync + 'static {
         let rescue_tools: Option<Arc<[ToolSpec]>> =
             self.rescues(request).then(|| Arc::from(request.tools));
-        let stream = adapter::open_sse_stream(
-            &inner.config.transport,
-            inner.url.clone(),
-            inner.headers(),
-            body,
-            parse_error,
-            move || {
-                let mut decoder = ChunkDecoder::new(200);
-                decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
-                decoder
-            },
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
-    }
-}
-
-/// The adapter's parts for a transport of the caller's ([`crate::providers::wire`]).
-impl OpenAiModel {
-    /// Where calls go.
-    pub(crate) fn wire_url(&self) -> &str {
-        self.inner.url.as_str()
+        move || {
+            let mut decoder = ChunkDecoder::new(200);
+            decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+            decoder
+        }
     }
 
-    /// The headers of every call (the key among them, marked sensitive).
-    pub(crate) fn wire_headers(&self) -> Result<HeaderMap, ModelError> {
-        self.inner.headers.clone()
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_response(body)
     }
 
-    /// A complete response body decoded, calls written as text rescued when configured.
-    pub(crate) fn wire_decode(
-        &self,
-        request: &ModelRequest<'_>,
-        body: &[u8],
-    ) -> Result<ModelResponse, ModelError> {
-        let response = decode_response(body).map_err(classify)?;
-        Ok(if self.rescues(request) {
-            Rescue::apply(response, request.tools)
-        } else {
-            response
-        })
+    fn stream_decoder(status: u16) -> ChunkDecoder {
+        ChunkDecoder::new(status)
     }
 
-    /// The decoder of a streamed response to `request`.
-    pub(crate) fn wire_stream_decoder(
-        &self,
-        request: &ModelRequest<'_>,
-    ) -> Box<dyn adapter::ReadSse> {
-        let mut decoder = ChunkDecoder::new(200);
-        decoder.rescue = self.rescues(request).then(|| Rescue::new(request.tools));
-        Box::new(adapter::SseReader::new(decoder))
-    }
-}
-
-fn serialize_error(e: serde_json::Error) -> ModelError {
-    ModelError::Other(format!("could not serialize the request: {e}"))
-}
-
-#[cfg(feature = "http")]
-impl Inner {
-    fn headers(&self) -> HeaderMap {
-        self.headers.clone().unwrap_or_default()
-    }
-}
-
-#[cfg(feature = "http")]
-#[async_trait]
-impl Model for OpenAiModel {
-    fn name(&self) -> &str {
-        &self.inner.config.model
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.check(request)?;
-        self.complete_shaped(request, &|shape| self.encode(request, false, shape))
-            .await
-    }
-
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.check(request)?;
-        self.stream_shaped(request, &|shape| self.encode(request, true, shape))
-            .await
-    }
-
-    fn session(&self) -> Box<dyn Model + '_> {
-        Box::new(OpenAiSession::new(self))
+    #[cfg(feature = "http")]
+    fn session(&self) -> Option<Box<dyn Model + '_>> {
+        Some(Box::new(OpenAiSession::new(self)))
     }
 }
 
@@ -507,16 +431,18 @@ impl Model for OpenAiModel {
 /// changed before the last one it encoded would go unnoticed. A body still held elsewhere (by a
 /// transport retrying) is never written over.
 pub struct OpenAiSession {
+    /// The model, with the session's encoding of the conversation.
     model: OpenAiModel,
-    prefix: Mutex<EncodedPrefix>,
 }
 
 impl OpenAiSession {
     /// A session of `model`, with nothing encoded yet.
     pub fn new(model: &OpenAiModel) -> Self {
         OpenAiSession {
-            model: model.clone(),
-            prefix: Mutex::new(EncodedPrefix::default()),
+            model: OpenAiModel {
+                inner: model.inner.clone(),
+                prefix: Some(Arc::default()),
+            },
         }
     }
 
@@ -528,24 +454,8 @@ impl OpenAiSession {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Bytes, ModelError> {
-        self.model.check(request)?;
-        self.encode(request, stream, self.model.shape(stream))
-    }
-
-    /// The body in `shape`, reusing (and keeping) the encoding of the conversation.
-    fn encode(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-        shape: Shape,
-    ) -> Result<Bytes, ModelError> {
-        let wire = self.model.wire(request, stream, shape);
-        let mut slot = self.prefix.lock().unwrap_or_else(PoisonError::into_inner);
-        // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
-        let mut prefix = std::mem::take(&mut *slot);
-        let body = wire.encode_cached(&mut prefix).map_err(serialize_error)?;
-        *slot = prefix;
-        Ok(body)
+        let model = &self.model;
+        model.body(request, stream, model.shape(stream))
     }
 }
 
@@ -565,17 +475,11 @@ impl Model for OpenAiSession {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.model.check(request)?;
-        self.model
-            .complete_shaped(request, &|shape| self.encode(request, false, shape))
-            .await
+        self.model.complete(request).await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.model.check(request)?;
-        self.model
-            .stream_shaped(request, &|shape| self.encode(request, true, shape))
-            .await
+        self.model.stream(request).await
     }
 }
 
@@ -584,14 +488,7 @@ impl Model for OpenAiSession {
 /// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    adapter::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        ChunkDecoder::new(status),
-        |body| adapter::whole(decode_response(body)),
-    )
+    adapter::decode_recorded_by::<OpenAiModel>(status, body, stream)
 }
 
 /// A response without its tool calls' ids (made up where the server sent none, so they differ

@@ -63,9 +63,9 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 use crate::providers::Decoded;
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::adapter;
+use crate::providers::adapter::ErrorMeaning;
 use crate::providers::adapter::HttpAdapter;
 use crate::transport::wire::ErrorParser;
-use error::classify;
 use http::header::HeaderMap;
 use response::decode_response_body;
 use stream::StreamDecoder;
@@ -127,7 +127,9 @@ impl ResponsesModel {
 
 impl HttpAdapter for ResponsesModel {
     type StreamDecoder = StreamDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
@@ -146,9 +148,16 @@ impl HttpAdapter for ResponsesModel {
         self.config.headers()
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<bytes::Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<bytes::Bytes, ModelError> {
         self.request_body(request, stream)
     }
+
+    fn shape(&self, _stream: bool) {}
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_response_body(body)
@@ -156,10 +165,6 @@ impl HttpAdapter for ResponsesModel {
 
     fn stream_decoder(status: u16) -> StreamDecoder {
         StreamDecoder::new(status)
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 
     /// The Responses API compacts the conversation itself (`context_management`).
