@@ -288,7 +288,7 @@ impl Durable {
             ExitCode::FAILURE
         })?;
         let conversation = match outcome.context {
-            Some(context) => context.view,
+            Some(_) => outcome.view().to_vec(),
             None => outcome.messages,
         };
         // The session holds the failed run's turn (it saved it), or what came before it.

@@ -86,7 +86,7 @@ pub(crate) async fn complete(
 ) -> Result<Value, ModelError> {
     let settings = settings(request);
     let model_request = ModelRequest {
-        messages: &request.messages,
+        messages: (&request.messages).into(),
         reminders: &[],
         tools: &request.tools,
         settings: &settings,
@@ -114,7 +114,7 @@ pub(crate) async fn stream(
 ) -> Result<futures::stream::BoxStream<'static, bytes::Bytes>, ModelError> {
     let settings = settings(&request);
     let model_request = ModelRequest {
-        messages: &request.messages,
+        messages: (&request.messages).into(),
         reminders: &[],
         tools: &request.tools,
         settings: &settings,

@@ -124,7 +124,7 @@ impl Model for Prompted {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
         let inner_request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,
@@ -146,7 +146,7 @@ impl Model for Prompted {
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
         let inner_request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,
