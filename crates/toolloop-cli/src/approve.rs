@@ -9,6 +9,7 @@
 //! flag would allow it; with `--defer-approvals` the run stops instead (exit code 4), to be
 //! decided with `toolloop approve|deny` and continued with `toolloop resume`.
 
+use crate::CliError;
 use crate::args::ApprovalArgs;
 use crate::args::{DurabilityArg, StoreArgs};
 use crate::cx::Cx;
@@ -234,10 +235,10 @@ pub(crate) fn show_pending(outcome: &Outcome) {
         );
     }
     if let Some(id) = &outcome.run_id {
-        eprintln!(
-            "toolloop: decide with `toolloop approve {id} <call-id>|--all` or `toolloop deny \
-             {id} <call-id>|--all [--reason …]`, then `toolloop resume {id}`"
-        );
+        crate::error::warn(format!(
+            "decide with `toolloop approve {id} <call-id>|--all` or `toolloop deny {id} \
+             <call-id>|--all [--reason …]`, then `toolloop resume {id}`"
+        ));
     }
 }
 
@@ -287,8 +288,8 @@ pub(crate) async fn decide(
     args: DecideArgs,
     approve: bool,
     reason: Option<String>,
-) -> ExitCode {
-    let run_args = match crate::setup::saved_run(
+) -> Result<ExitCode, CliError> {
+    let run_args = crate::setup::saved_run(
         cx,
         &args.run_id,
         args.store.clone(),
@@ -296,36 +297,22 @@ pub(crate) async fn decide(
         args.json,
         DurabilityArg::Process,
     )
-    .await
-    {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let store = match open_store(cx, &args.store).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+    .await?;
+    let store = open_store(cx, &args.store).await?;
     // The log is replayed, never continued: no model is called.
     let placeholder = Arc::new(toolloop::providers::scripted::ScriptedModel::new(Vec::new()));
-    let tools = match crate::setup::tools(cx, &run_args.agent).await {
-        Ok(t) => t,
-        Err(e) => return e.report(),
+    let tools = crate::setup::tools(cx, &run_args.agent).await?;
+    let does_not_load = || {
+        format!(
+            "the saved configuration of run {} does not load",
+            args.run_id
+        )
     };
-    let agent = match crate::setup::agent_builder_with(cx, &run_args.agent, placeholder, tools)
-        .and_then(|b| {
-            b.journal(Arc::new(store))
-                .build()
-                .map_err(|e| e.to_string())
-        }) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!(
-                "toolloop: the saved configuration of run {} does not load: {e}",
-                args.run_id
-            );
-            return ExitCode::FAILURE;
-        }
-    };
+    let agent = crate::setup::agent_builder_with(cx, &run_args.agent, placeholder, tools)
+        .map_err(|e| CliError::failure(does_not_load(), e))?
+        .journal(Arc::new(store))
+        .build()
+        .map_err(|e| CliError::failure(does_not_load(), e))?;
     let listing = args.calls.is_empty() && !args.all;
     let answer = match (listing, approve) {
         (true, _) => None,
@@ -333,27 +320,21 @@ pub(crate) async fn decide(
         (false, false) => Some(Answer::Deny { reason }),
     };
     let calls = (!args.all).then_some(args.calls.as_slice());
-    let decided = match agent.decide_approvals(&args.run_id, calls, answer).await {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("toolloop: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let decided = agent
+        .decide_approvals(&args.run_id, calls, answer)
+        .await
+        .map_err(|e| CliError::failure("", e))?;
     if args.json {
         crate::outln!("{}", serde_json::json!(decided));
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     if decided.is_empty() {
-        eprintln!(
-            "toolloop: no call of run {} waits for approval",
-            args.run_id
-        );
-        return if listing {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::FAILURE
-        };
+        let none = format!("no call of run {} waits for approval", args.run_id);
+        if !listing {
+            return Err(CliError::failed(none));
+        }
+        crate::error::warn(none);
+        return Ok(ExitCode::SUCCESS);
     }
     let verb = match (listing, approve) {
         (true, _) => "waiting",
@@ -370,15 +351,15 @@ pub(crate) async fn decide(
         );
     }
     if !listing {
-        eprintln!(
-            "toolloop: continue the run with `toolloop resume {}`",
+        crate::error::warn(format!(
+            "continue the run with `toolloop resume {}`",
             args.run_id
-        );
+        ));
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `toolloop deny`.
-pub(crate) async fn deny(cx: &Cx, args: DenyArgs) -> ExitCode {
+pub(crate) async fn deny(cx: &Cx, args: DenyArgs) -> Result<ExitCode, CliError> {
     decide(cx, args.decide, false, args.reason).await
 }

@@ -389,10 +389,10 @@ pub(crate) struct AgentsArgs {
 pub(crate) fn parse_defs(
     value: toml::Value,
     at: &str,
-) -> Result<BTreeMap<String, AgentDef>, String> {
+) -> Result<BTreeMap<String, AgentDef>, crate::CliError> {
     let defs: BTreeMap<String, AgentDef> = value
         .try_into()
-        .map_err(|e| format!("{at}: [agents]: {e}"))?;
+        .map_err(|e| crate::CliError::invalid(format!("{at}: [agents]"), e))?;
     for (name, def) in &defs {
         let valid = !name.is_empty()
             && name.len() <= 64
@@ -400,25 +400,31 @@ pub(crate) fn parse_defs(
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
         if !valid {
-            return Err(format!(
+            return Err(crate::CliError::usage(format!(
                 "{at}: [agents.{name}]: an agent's name is 1 to 64 letters, digits, `_` or `-`"
-            ));
+            )));
         }
         if def.description.trim().is_empty() {
-            return Err(format!("{at}: [agents.{name}]: `description` is empty"));
+            return Err(crate::CliError::usage(format!(
+                "{at}: [agents.{name}]: `description` is empty"
+            )));
         }
         if let Some(t) = &def.timeout {
-            parse_timeout(t).map_err(|e| format!("{at}: [agents.{name}] timeout: {e}"))?;
+            parse_timeout(t).map_err(|e| {
+                crate::CliError::usage(format!("{at}: [agents.{name}] timeout: {e}"))
+            })?;
         }
         if def.max_rounds == Some(0) {
-            return Err(format!("{at}: [agents.{name}] max_rounds: at least 1"));
+            return Err(crate::CliError::usage(format!(
+                "{at}: [agents.{name}] max_rounds: at least 1"
+            )));
         }
         if let Some(c) = def.max_cost
             && !(c.is_finite() && c >= 0.0)
         {
-            return Err(format!(
+            return Err(crate::CliError::usage(format!(
                 "{at}: [agents.{name}] max_cost: a number of dollars, 0 or more"
-            ));
+            )));
         }
     }
     Ok(defs)

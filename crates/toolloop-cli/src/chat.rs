@@ -8,6 +8,7 @@
 //! On a terminal, lines are edited with history (kept in the data directory); a few commands
 //! start with `/`: `/model`, `/tools`, `/context`, `/compact`, `/clear`, `/exit`, `/help`.
 
+use crate::CliError;
 use crate::args::{AgentArgs, DurableArgs, RunArgs, StoreArgs};
 use crate::cx::Cx;
 use crate::durable::format_ms;
@@ -35,21 +36,13 @@ pub(crate) struct ChatArgs {
     attach: Vec<String>,
 }
 
-pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare(cx) {
-        eprintln!("toolloop: {e}");
-        return ExitCode::from(crate::EXIT_USAGE);
-    }
+pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> Result<ExitCode, CliError> {
+    args.agent.prepare(cx)?;
     let session = args.session.clone().unwrap_or_else(new_session_name);
     crate::sandbox::protect_store(cx, args.store.store.as_deref());
     // Fail early on a bad store or model, before the first line.
-    if let Err(code) = crate::durable::open_store(cx, &args.store).await {
-        return code;
-    }
-    if let Err(e) = crate::spec::model_from_args(cx, &args.agent.provider) {
-        eprintln!("toolloop: {e}");
-        return ExitCode::from(crate::EXIT_USAGE);
-    }
+    crate::durable::open_store(cx, &args.store).await?;
+    crate::spec::model_from_args(cx, &args.agent.provider)?;
     // The root's .mcp.json is asked about now, before the prompt reads the terminal (the runs
     // do not ask); an error in the configuration is reported by the first run.
     let _ = crate::mcp::server_configs(cx, &args.agent.mcp, &args.agent.root, true).await;
@@ -65,10 +58,7 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
     let mut sigint = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
     {
         Ok(s) => s,
-        Err(e) => {
-            eprintln!("toolloop chat: cannot listen for Ctrl-C: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return Err(CliError::io("chat: cannot listen for Ctrl-C", e)),
     };
     tokio::spawn(async move {
         loop {
@@ -95,24 +85,21 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
                 eprintln!();
                 // Right after a cancelling Ctrl-C, this is the second one: quit as interrupted.
                 if last_interrupt.is_some_and(|t| t.elapsed() < QUIT_WINDOW) {
-                    return ExitCode::from(130);
+                    return Ok(ExitCode::from(130));
                 }
-                return ExitCode::SUCCESS;
+                return Ok(ExitCode::SUCCESS);
             }
         };
         let line = match line {
             Input::Line(l) => l,
-            Input::End => return ExitCode::SUCCESS,
+            Input::End => return Ok(ExitCode::SUCCESS),
             Input::Interrupted => {
                 if last_interrupt.is_some_and(|t| t.elapsed() < QUIT_WINDOW) {
-                    return ExitCode::from(130);
+                    return Ok(ExitCode::from(130));
                 }
-                return ExitCode::SUCCESS;
+                return Ok(ExitCode::SUCCESS);
             }
-            Input::Failed(e) => {
-                eprintln!("toolloop: cannot read stdin: {e}");
-                return ExitCode::FAILURE;
-            }
+            Input::Failed(e) => return Err(CliError::failed(format!("cannot read stdin: {e}"))),
         };
         let prompt = line.trim();
         if prompt.is_empty() {
@@ -123,7 +110,7 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
         } else if let Some(command) = prompt.strip_prefix('/') {
             match slash(cx, command, &mut args, &mut session).await {
                 Slash::Continue => continue,
-                Slash::Quit => return ExitCode::SUCCESS,
+                Slash::Quit => return Ok(ExitCode::SUCCESS),
             }
         } else {
             prompt.to_string()
@@ -160,7 +147,13 @@ pub(crate) async fn chat(cx: &Cx, mut args: ChatArgs) -> ExitCode {
         last_interrupt = None;
         loop {
             tokio::select! {
-                _ = &mut run => break,
+                result = &mut run => {
+                    // A turn that could not run is said; the chat goes on.
+                    if let Err(e) = result {
+                        crate::error::report(&e);
+                    }
+                    break;
+                }
                 Some(()) = interrupts.recv() => {
                     if cancelled_at.is_some_and(|t| t.elapsed() < QUIT_WINDOW) {
                         eprintln!("\ntoolloop chat: quit; `toolloop runs --session {session}` lists the unfinished run");
@@ -241,7 +234,7 @@ async fn slash(cx: &Cx, command: &str, args: &mut ChatArgs, session: &mut String
                         crate::terminal::escape(&args.agent.provider.model, false)
                     );
                 }
-                Err(e) => eprintln!("toolloop: {}", crate::terminal::escape(&e, false)),
+                Err(e) => crate::error::warn(crate::error::chain(&e)),
             }
             Slash::Continue
         }
@@ -268,7 +261,7 @@ async fn slash(cx: &Cx, command: &str, args: &mut ChatArgs, session: &mut String
                     }
                     args.attach.push(item);
                 }
-                Err(e) => eprintln!("toolloop: {e}"),
+                Err(e) => crate::error::warn(crate::error::chain(&e)),
             }
             Slash::Continue
         }
@@ -303,9 +296,7 @@ async fn slash(cx: &Cx, command: &str, args: &mut ChatArgs, session: &mut String
                         }
                     }
                 }
-                Err(e) => {
-                    let _ = e.report();
-                }
+                Err(e) => crate::error::warn(crate::error::chain(&e)),
             }
             Slash::Continue
         }

@@ -25,6 +25,7 @@
 //! A key the command does not know is an error naming it (a typo never passes silently); values
 //! are checked by the same parsers as the flags.
 
+use crate::CliError;
 use crate::args::{ProviderArgs, ToolProtocol};
 use clap::parser::ValueSource;
 use serde::Deserialize;
@@ -93,7 +94,7 @@ pub(crate) fn path() -> Option<PathBuf> {
 
 /// Reads the file at [`path`]; a missing file is an empty configuration (unless
 /// `TOOLLOOP_CONFIG` names it: then it must exist).
-pub(crate) fn load() -> Result<ConfigFile, String> {
+pub(crate) fn load() -> Result<ConfigFile, CliError> {
     let Some(path) = path() else {
         return Ok(ConfigFile::default());
     };
@@ -103,14 +104,17 @@ pub(crate) fn load() -> Result<ConfigFile, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => {
             Ok(ConfigFile::default())
         }
-        Err(e) => Err(format!("configuration file {}: {e}", path.display())),
+        Err(e) => Err(CliError::invalid(
+            format!("configuration file {}", path.display()),
+            e,
+        )),
     }
 }
 
 /// Parses a configuration file's text (`path` names it in errors).
-pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
+pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, CliError> {
     let at = || format!("configuration file {}", path.display());
-    let table: toml::Table = toml::from_str(text).map_err(|e| format!("{}: {e}", at()))?;
+    let table: toml::Table = toml::from_str(text).map_err(|e| CliError::invalid(at(), e))?;
     let mut config = ConfigFile {
         path: Some(path.to_path_buf()),
         ..ConfigFile::default()
@@ -123,16 +127,19 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
         if key == "models" {
             let models: BTreeMap<String, NamedModel> = value
                 .try_into()
-                .map_err(|e| format!("{}: [models]: {e}", at()))?;
+                .map_err(|e| CliError::invalid(format!("{}: [models]", at()), e))?;
             for (name, m) in &models {
                 if name.contains(':') || name == "test" {
-                    return Err(format!(
+                    return Err(CliError::usage(format!(
                         "{}: [models.{name}]: a model's name may not be `test` or contain `:`",
                         at()
-                    ));
+                    )));
                 }
                 if m.model.trim().is_empty() {
-                    return Err(format!("{}: [models.{name}]: `model` is empty", at()));
+                    return Err(CliError::usage(format!(
+                        "{}: [models.{name}]: `model` is empty",
+                        at()
+                    )));
                 }
             }
             config.models = models;
@@ -145,22 +152,22 @@ pub(crate) fn parse(text: &str, path: &Path) -> Result<ConfigFile, String> {
                 .collect::<Result<Vec<_>, _>>(),
             v => scalar(&key, v).map(|s| vec![s]),
         }
-        .map_err(|e| format!("{}: {e}", at()))?;
+        .map_err(|e| e.context(at()))?;
         config.flags.insert(key, values);
     }
     Ok(config)
 }
 
-fn scalar(key: &str, value: toml::Value) -> Result<String, String> {
+fn scalar(key: &str, value: toml::Value) -> Result<String, CliError> {
     match value {
         toml::Value::String(s) => Ok(s),
         toml::Value::Integer(i) => Ok(i.to_string()),
         toml::Value::Float(f) => Ok(f.to_string()),
         toml::Value::Boolean(b) => Ok(b.to_string()),
         toml::Value::Table(t) => Ok(toml_to_json(toml::Value::Table(t)).to_string()),
-        _ => Err(format!(
+        _ => Err(CliError::usage(format!(
             "`{key}`: expected a string, a number, a boolean or a table"
-        )),
+        ))),
     }
 }
 
@@ -194,7 +201,7 @@ pub(crate) struct Loaded {
 pub(crate) fn apply(
     mut command: clap::Command,
     config: &ConfigFile,
-) -> Result<clap::Command, String> {
+) -> Result<clap::Command, CliError> {
     let at = config
         .path
         .as_ref()
@@ -231,10 +238,10 @@ pub(crate) fn apply(
             };
         }
         if !known {
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "{at}: unknown key `{key}`; expected a long flag of `toolloop run` with `_` for \
                  `-` (e.g. `max_rounds`), or a [models.NAME] table"
-            ));
+            )));
         }
     }
     Ok(command)
@@ -284,7 +291,7 @@ impl Loaded {
     /// When `--model` names a model of the file, puts its settings in `args` (a setting given by a
     /// flag or the environment wins). Afterwards `args.model` is `provider:model`, so the run's
     /// saved configuration does not depend on the file.
-    pub(crate) fn resolve_model(&self, args: &mut ProviderArgs) -> Result<(), String> {
+    pub(crate) fn resolve_model(&self, args: &mut ProviderArgs) -> Result<(), CliError> {
         let name = args.model.trim().to_string();
         let name = name.as_str();
         let Some(named) = self.file.models.get(name).cloned() else {
@@ -301,7 +308,9 @@ impl Loaded {
             && let Some(extra) = named.extra
         {
             if !extra.is_object() {
-                return Err(format!("[models.{name}] extra: expected a table"));
+                return Err(CliError::usage(format!(
+                    "[models.{name}] extra: expected a table"
+                )));
             }
             args.extra = Some(Box::new(extra));
         }
@@ -315,7 +324,7 @@ impl Loaded {
         {
             args.dialect = d
                 .parse()
-                .map_err(|e| format!("[models.{name}] dialect: {e}"))?;
+                .map_err(|e| CliError::usage(format!("[models.{name}] dialect: {e}")))?;
         }
         Ok(())
     }
@@ -331,25 +340,25 @@ pub(crate) enum ConfigCommand {
 }
 
 /// Runs `toolloop config …`.
-pub(crate) fn config_command(cx: &crate::cx::Cx, command: ConfigCommand) -> std::process::ExitCode {
+pub(crate) fn config_command(
+    cx: &crate::cx::Cx,
+    command: ConfigCommand,
+) -> Result<std::process::ExitCode, CliError> {
     match command {
         ConfigCommand::Path => match path() {
             Some(p) => {
                 crate::outln!("{}", crate::terminal::escape(&p.to_string_lossy(), false));
-                std::process::ExitCode::SUCCESS
+                Ok(std::process::ExitCode::SUCCESS)
             }
-            None => {
-                eprintln!(
-                    "toolloop: no configuration directory (HOME is not set); set {CONFIG_VAR}"
-                );
-                std::process::ExitCode::FAILURE
-            }
+            None => Err(CliError::failed(format!(
+                "no configuration directory (HOME is not set); set {CONFIG_VAR}"
+            ))),
         },
         ConfigCommand::Show => {
             let config = &cx.config.file;
             let Some(path) = &config.path else {
-                eprintln!("toolloop: no configuration file");
-                return std::process::ExitCode::SUCCESS;
+                crate::error::warn("no configuration file");
+                return Ok(std::process::ExitCode::SUCCESS);
             };
             crate::outln!(
                 "# {}",
@@ -376,9 +385,9 @@ pub(crate) fn config_command(cx: &crate::cx::Cx, command: ConfigCommand) -> std:
                     "{}",
                     crate::terminal::escape(&toolloop::redact::redact_url_credentials(&text), true)
                 ),
-                Err(e) => eprintln!("toolloop: {e}"),
+                Err(e) => crate::error::warn(e),
             }
-            std::process::ExitCode::SUCCESS
+            Ok(std::process::ExitCode::SUCCESS)
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `--no-compact`, `--no-native-context`, the same keys in the configuration file), the policy they make, and the
 //! chat's `/context` and `/compact`.
 
+use crate::CliError;
 use crate::args::ContextArgs;
 use crate::cx::Cx;
 use toolloop::Message;
@@ -17,7 +18,7 @@ const PREVIEW: usize = 1024;
 
 impl ContextArgs {
     /// The policy the flags make, for the model `spec` names.
-    pub(crate) fn policy(&self, spec: &str) -> Result<ContextPolicy, String> {
+    pub(crate) fn policy(&self, spec: &str) -> Result<ContextPolicy, CliError> {
         let defaults = ContextPolicy::default();
         let spill_over = match self.spill_over.unwrap_or(SPILL_OVER) {
             0 => None,
@@ -35,7 +36,7 @@ impl ContextArgs {
         };
         policy
             .validate()
-            .map_err(|e| format!("--spill-over: {e}"))?;
+            .map_err(|e| CliError::usage(format!("--spill-over: {e}")))?;
         Ok(policy)
     }
 
@@ -45,11 +46,11 @@ impl ContextArgs {
         cx: &Cx,
         provider: &crate::args::ProviderArgs,
         builder: AgentBuilder,
-    ) -> Result<AgentBuilder, String> {
+    ) -> Result<AgentBuilder, CliError> {
         let mut builder = builder.context(self.policy(&provider.model)?);
         if let Some(spec) = &self.compact_model {
             let model = crate::spec::model_from_args_named(cx, provider, Some(spec))
-                .map_err(|e| format!("--compact-model: {e}"))?;
+                .map_err(|e| e.context("--compact-model"))?;
             builder = builder.context_model_arc(model);
         }
         Ok(builder)
@@ -152,15 +153,13 @@ pub(crate) async fn show(
     store: &crate::args::StoreArgs,
     session: &str,
 ) {
-    let Ok(store) = crate::durable::open_store(cx, store).await else {
-        return;
+    let store = match crate::durable::open_store(cx, store).await {
+        Ok(s) => s,
+        Err(e) => return crate::error::warn(crate::error::chain(&e)),
     };
     let messages = match store.session_messages(session).await {
         Ok(m) => m,
-        Err(e) => {
-            eprintln!("toolloop: session {session}: {e}");
-            return;
-        }
+        Err(e) => return crate::error::warn(format!("session {session}: {e}")),
     };
     let mut messages = messages;
     if let Some(system) = &agent.system
@@ -179,10 +178,7 @@ pub(crate) async fn show(
                 parameters: t.parameters().clone(),
             })
             .collect(),
-        Err(e) => {
-            let _ = e.report();
-            return;
-        }
+        Err(e) => return crate::error::warn(crate::error::chain(&e)),
     };
     let parts = Parts::of(&messages, &specs);
     eprintln!("{}", parts.render(window_of(agent), 40));
@@ -197,19 +193,22 @@ pub(crate) async fn compact(
     session: &str,
     focus: &str,
 ) {
-    let Ok(store) = crate::durable::open_store(cx, store).await else {
-        return;
+    let store = match crate::durable::open_store(cx, store).await {
+        Ok(s) => s,
+        Err(e) => return crate::error::warn(crate::error::chain(&e)),
     };
     let holder = format!("pid {} (/compact)", std::process::id());
     if let Err(e) = store.lock_session(session, &holder).await {
-        eprintln!("toolloop: {e}");
-        return;
+        return crate::error::warn(e);
     }
     let done = async {
         let messages = store
             .session_messages(session)
             .await
-            .map_err(|e| format!("session {session}: {e}"))?;
+            .map_err(|e| CliError::Store {
+                context: format!("session {session}"),
+                source: e,
+            })?;
         let model = crate::spec::model_from_args_named(
             cx,
             &agent.provider,
@@ -228,7 +227,8 @@ pub(crate) async fn compact(
             Some(focus),
             max_bytes,
         )
-        .await?;
+        .await
+        .map_err(CliError::Failed)?;
         // The summary is the model's text, stored with the session: redacted as an answer is.
         let lead = compacted
             .messages
@@ -236,15 +236,18 @@ pub(crate) async fn compact(
             .take_while(|m| matches!(m, Message::System { .. }))
             .count();
         if let Some(summary) = compacted.messages.get_mut(lead) {
-            *summary = Message::user(crate::secrets::redactor().redact(summary.text()));
+            *summary = Message::user(crate::secrets::redactor(cx).redact(summary.text()));
         }
         store
             .save_session(session, &compacted.messages)
             .await
-            .map_err(|e| format!("session {session}: {e}"))?;
+            .map_err(|e| CliError::Store {
+                context: format!("session {session}"),
+                source: e,
+            })?;
         let before = Parts::of(&messages, &[]).total();
         let after = Parts::of(&compacted.messages, &[]).total();
-        Ok::<_, String>(format!(
+        Ok::<_, CliError>(format!(
             "compacted: {} messages summarised, about {before} → {after} tokens",
             compacted.summarised
         ))
@@ -253,7 +256,7 @@ pub(crate) async fn compact(
     let _ = store.unlock_session(session, &holder).await;
     match done {
         Ok(line) => eprintln!("{line}"),
-        Err(e) => eprintln!("toolloop: /compact: {}", crate::terminal::escape(&e, false)),
+        Err(e) => crate::error::warn(format!("/compact: {}", crate::error::chain(&e))),
     }
 }
 

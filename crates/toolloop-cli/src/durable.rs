@@ -1,13 +1,12 @@
 //! Every run the command makes is logged to the store, so it can be resumed; `--session`
 //! continues a named conversation.
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::{DurabilityArg, DurableArgs, StoreArgs};
 use crate::cx::Cx;
 use serde::Serialize;
 use serde_json::Value;
 use std::collections::HashMap;
-use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 use toolloop::agent::Agent;
@@ -28,7 +27,7 @@ impl DurabilityArg {
 }
 
 /// Opens the store the flags name (one per location per process).
-pub(crate) async fn open_store(cx: &Cx, args: &StoreArgs) -> Result<Store, ExitCode> {
+pub(crate) async fn open_store(cx: &Cx, args: &StoreArgs) -> Result<Store, CliError> {
     open_store_with(cx, args, Durability::default()).await
 }
 
@@ -43,17 +42,16 @@ pub(crate) async fn open_store_with(
     cx: &Cx,
     args: &StoreArgs,
     durability: Durability,
-) -> Result<Store, ExitCode> {
+) -> Result<Store, CliError> {
     let location = match &args.store {
         Some(s) if !s.trim().is_empty() => s.trim().to_string(),
         _ => match Store::default_location() {
             Some(p) => p.to_string_lossy().into_owned(),
             None => {
-                eprintln!(
-                    "toolloop: no store: set --store <path|postgres://…> (or TOOLLOOP_STORE), \
-                     or HOME / XDG_DATA_HOME for the default location"
-                );
-                return Err(ExitCode::from(EXIT_USAGE));
+                return Err(CliError::usage(
+                    "no store: set --store <path|postgres://…> (or TOOLLOOP_STORE), or HOME / \
+                     XDG_DATA_HOME for the default location",
+                ));
             }
         },
     };
@@ -68,10 +66,10 @@ pub(crate) async fn open_store_with(
             }
             Ok(store)
         }
-        Err(e) => {
-            eprintln!("toolloop: {e}; choose another with --store <path|postgres://…>");
-            Err(ExitCode::FAILURE)
-        }
+        Err(source) => Err(CliError::Store {
+            context: format!("{source}; choose another with --store <path|postgres://…>"),
+            source,
+        }),
     }
 }
 
@@ -115,17 +113,16 @@ impl Durable {
         cx: &Cx,
         durable: &DurableArgs,
         args: &T,
-    ) -> Result<Self, ExitCode> {
+    ) -> Result<Self, CliError> {
         let durability = match durable.durability.store() {
             Some(d) if !durable.no_store => d,
             _ => {
                 if durable.session.is_some() || durable.resume.is_some() || durable.retry.is_some()
                 {
-                    eprintln!(
-                        "toolloop: --durability none (--no-store) writes nothing, so it cannot \
-                         go with --session or resume; use --durability process or power"
-                    );
-                    return Err(ExitCode::from(EXIT_USAGE));
+                    return Err(CliError::usage(
+                        "--durability none (--no-store) writes nothing, so it cannot go with \
+                         --session or resume; use --durability process or power",
+                    ));
                 }
                 return Ok(Durable {
                     store: None,
@@ -159,36 +156,33 @@ impl Durable {
             None => format!("pid {} ({lease})", std::process::id()),
         };
         if let Err(e) = store.lock_session(&name, &holder).await {
-            match (&e, &this.resume) {
+            return Err(match (&e, &this.resume) {
                 // Two resumes of one run: the run is what is taken.
                 (StoreError::SessionBusy { holder: other, .. }, Some(id))
                     if other.contains(&format!("resuming {id} ")) =>
                 {
-                    let locked = JournalError::Locked {
+                    CliError::journal(JournalError::Locked {
                         run_id: id.clone(),
                         holder: other.clone(),
-                    };
-                    eprintln!("toolloop: {locked}");
+                    })
                 }
-                _ => eprintln!("toolloop: {e}"),
-            }
-            return Err(ExitCode::FAILURE);
+                _ => CliError::store(e),
+            });
         }
         this.holder = Some(holder);
         if this.resume.is_none() {
             match store.session(&name).await {
                 Ok(Some(s)) => {
                     for r in &s.repairs {
-                        eprintln!("toolloop: session {name}: repaired: {r}");
+                        crate::error::warn(format!("session {name}: repaired: {r}"));
                     }
                     this.history = s.messages;
                     this.revision = Some(s.summary.revision);
                 }
                 Ok(None) => this.revision = Some(0),
                 Err(e) => {
-                    eprintln!("toolloop: {e}");
                     this.close().await;
-                    return Err(ExitCode::FAILURE);
+                    return Err(CliError::store(e));
                 }
             }
         }
@@ -201,7 +195,7 @@ impl Durable {
             (&self.store, &self.session, self.holder.take())
             && let Err(e) = store.unlock_session(name, &holder).await
         {
-            eprintln!("toolloop: cannot give back session {name}: {e}");
+            crate::error::warn(format!("cannot give back session {name}: {e}"));
         }
     }
 
@@ -222,7 +216,7 @@ impl Durable {
         agent: &Agent,
         prompt: Message,
         cancel: CancellationToken,
-    ) -> Result<Outcome, ExitCode> {
+    ) -> Result<Outcome, CliError> {
         let result = self.run_held(agent, prompt, cancel).await;
         self.close().await;
         result
@@ -233,28 +227,27 @@ impl Durable {
         agent: &Agent,
         prompt: Message,
         cancel: CancellationToken,
-    ) -> Result<Outcome, ExitCode> {
+    ) -> Result<Outcome, CliError> {
         let outcome = match (&self.resume, &self.store) {
             (Some(run_id), Some(store)) => {
                 // Continuing a run whose session has moved on would drop the later turns.
-                if let Err(e) = store.check_resume(run_id).await {
-                    eprintln!("toolloop: cannot resume: {e}");
-                    return Err(ExitCode::FAILURE);
+                if let Err(source) = store.check_resume(run_id).await {
+                    return Err(CliError::Store {
+                        context: "cannot resume".into(),
+                        source,
+                    });
                 }
-                agent.resume(run_id, cancel).await.map_err(|e| {
-                    eprintln!("toolloop: {e}");
-                    match e {
-                        JournalError::NotFound(_) => ExitCode::from(EXIT_USAGE),
-                        _ => ExitCode::FAILURE,
-                    }
-                })?
+                agent
+                    .resume(run_id, cancel)
+                    .await
+                    .map_err(CliError::journal)?
             }
             (None, Some(_)) if self.retry.is_some() => {
                 let failed = self.retry.clone().unwrap_or_default();
                 let conversation = self.conversation_of(agent, &failed).await?;
                 let outcome = agent.run_cancellable(conversation, cancel).await;
                 if let Some(id) = &outcome.run_id {
-                    eprintln!("toolloop: run {failed} was continued as run {id}");
+                    crate::error::warn(format!("run {failed} was continued as run {id}"));
                 }
                 outcome
             }
@@ -269,10 +262,13 @@ impl Durable {
         if let (Some(run_id), Some(store)) = (&outcome.run_id, &self.store)
             && let Err(e) = store.save_outcome(run_id, &outcome).await
         {
-            eprintln!("toolloop: the run finished, but saving it failed: {e}");
             if matches!(e, StoreError::SessionMoved { .. }) {
-                return Err(ExitCode::FAILURE);
+                return Err(CliError::Store {
+                    context: "the run finished, but saving it failed".into(),
+                    source: e,
+                });
             }
+            crate::error::warn(format!("the run finished, but saving it failed: {e}"));
         }
         Ok(outcome)
     }
@@ -282,11 +278,13 @@ impl Durable {
     /// The conversation of the failed run `failed` as its log holds it (its context view, with
     /// a context policy), for a new run to go on from. Refused when the session has had other
     /// turns saved since (going on would drop them).
-    async fn conversation_of(&self, agent: &Agent, failed: &str) -> Result<Vec<Message>, ExitCode> {
-        let outcome = agent.logged_outcome(failed).await.map_err(|e| {
-            eprintln!("toolloop: {e}");
-            ExitCode::FAILURE
-        })?;
+    async fn conversation_of(&self, agent: &Agent, failed: &str) -> Result<Vec<Message>, CliError> {
+        // The run was found before: a log that fails now is a failure (exit code 1), not a
+        // wrong argument, whatever it says.
+        let outcome = agent
+            .logged_outcome(failed)
+            .await
+            .map_err(|e| CliError::failed(e.to_string()))?;
         let conversation = match outcome.context {
             Some(_) => outcome.view().to_vec(),
             None => outcome.messages,
@@ -295,12 +293,11 @@ impl Durable {
         if let Some(name) = &self.session
             && !conversation.starts_with(&self.history)
         {
-            eprintln!(
-                "toolloop: cannot continue run {failed}: session {name} has had other turns saved \
-                 since it failed, which going on from it would drop; continue the conversation in \
-                 a new run: toolloop run --session {name} \"…\""
-            );
-            return Err(ExitCode::FAILURE);
+            return Err(CliError::failed(format!(
+                "cannot continue run {failed}: session {name} has had other turns saved since it \
+                 failed, which going on from it would drop; continue the conversation in a new \
+                 run: toolloop run --session {name} \"…\""
+            )));
         }
         Ok(conversation)
     }

@@ -7,6 +7,7 @@
 //! (`<out>/<case>.<n>.<repetition>.jsonl`) so that a failure can be replayed with
 //! `--model replay:FILE`.
 
+use crate::CliError;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -233,7 +234,7 @@ fn check(expect: &Expect, outcome: &Value, root: &Path, suite_dir: &Path) -> Vec
                 }
                 Err(e) => failed.push(format!("{}: {}", path.display(), e.message)),
             },
-            Err(e) => failed.push(e),
+            Err(e) => failed.push(crate::error::chain(&e)),
         }
     }
     if let Some(path) = &expect.answer_equals_file {
@@ -328,12 +329,12 @@ struct Job {
     rep: u32,
 }
 
-fn load(path: &Path) -> Result<Suite, String> {
+fn load(path: &Path) -> Result<Suite, CliError> {
     let text = toolloop::user_file::read_to_string(path, MAX_SUITE_BYTES)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let suite: Suite =
-        toml::from_str(&text).map_err(|e| format!("{}: not a suite: {e}", path.display()))?;
-    let at = |m: String| format!("{}: {m}", path.display());
+        .map_err(|e| CliError::invalid(path.display().to_string(), e))?;
+    let suite: Suite = toml::from_str(&text)
+        .map_err(|e| CliError::invalid(format!("{}: not a suite", path.display()), e))?;
+    let at = |m: String| CliError::usage(format!("{}: {m}", path.display()));
     if suite.cases.is_empty() {
         return Err(at("no cases ([[cases]])".into()));
     }
@@ -376,21 +377,14 @@ fn load(path: &Path) -> Result<Suite, String> {
 }
 
 /// Runs `toolloop eval`.
-pub(crate) async fn eval(args: EvalArgs) -> ExitCode {
-    match tokio::task::spawn_blocking(move || eval_blocking(args)).await {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("toolloop: eval: {e}");
-            ExitCode::FAILURE
-        }
-    }
+pub(crate) async fn eval(args: EvalArgs) -> Result<ExitCode, CliError> {
+    tokio::task::spawn_blocking(move || eval_blocking(args))
+        .await
+        .map_err(|e| CliError::failure("eval", e))?
 }
 
-fn eval_blocking(args: EvalArgs) -> ExitCode {
-    let suite = match load(&args.suite) {
-        Ok(s) => s,
-        Err(e) => return crate::run::usage_error(e),
-    };
+fn eval_blocking(args: EvalArgs) -> Result<ExitCode, CliError> {
+    let suite = load(&args.suite)?;
     let suite_dir = args
         .suite
         .parent()
@@ -402,9 +396,8 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
         name.push(".eval");
         suite_dir.join(name)
     });
-    if let Err(e) = std::fs::create_dir_all(&out) {
-        return crate::run::usage_error(format!("--out {}: {e}", out.display()));
-    }
+    std::fs::create_dir_all(&out)
+        .map_err(|e| CliError::invalid(format!("--out {}", out.display()), e))?;
     let models: Vec<Option<String>> = if suite.models.is_empty() {
         vec![None]
     } else {
@@ -437,10 +430,9 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
             }
         }
     }
-    let exe = match std::env::current_exe() {
-        Ok(e) => e,
-        Err(e) => return crate::run::usage_error(format!("eval: cannot find this program: {e}")),
-    };
+    // Exit code 2, as before: the command cannot run its cases.
+    let exe = std::env::current_exe()
+        .map_err(|e| CliError::invalid("eval: cannot find this program", e))?;
     let queue = Arc::new(Mutex::new(jobs.into_iter().enumerate().collect::<Vec<_>>()));
     let results: Arc<Mutex<Vec<(usize, Value)>>> = Arc::default();
     let suite = Arc::new(suite);
@@ -482,11 +474,11 @@ fn eval_blocking(args: EvalArgs) -> ExitCode {
     } else {
         print_table(&summary, &results);
     }
-    if failed > 0 {
+    Ok(if failed > 0 {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }
 
 fn run_job(exe: &Path, suite: &Suite, job: &Job, out: &Path, suite_dir: &Path, n: usize) -> Value {

@@ -37,7 +37,7 @@ impl Drop for Guard {
         if let Some(provider) = self.provider.take()
             && let Err(e) = provider.shutdown()
         {
-            eprintln!("toolloop: could not send the last traces: {e}");
+            crate::error::warn(format!("could not send the last traces: {e}"));
         }
     }
 }
@@ -103,7 +103,7 @@ fn stderr_filter(verbose: u8) -> EnvFilter {
     match std::env::var("RUST_LOG") {
         Ok(spec) if !spec.trim().is_empty() => {
             EnvFilter::try_new(spec.trim()).unwrap_or_else(|e| {
-                eprintln!("toolloop: RUST_LOG: {e}; logging warnings only");
+                crate::error::warn(format!("RUST_LOG: {e}; logging warnings only"));
                 EnvFilter::new("warn")
             })
         }
@@ -218,12 +218,12 @@ pub(crate) fn init(verbose: u8, traces: &TraceArgs, secrets: &LogSecrets) -> Gua
                     provider: Some(provider),
                 };
             }
-            Err(e) => eprintln!("toolloop: no traces: {e}"),
+            Err(e) => crate::error::warn(format!("no traces: {e}")),
         }
     }
     #[cfg(not(feature = "otel"))]
     if traces_wanted(traces) {
-        eprintln!("toolloop: no traces: this build has no OpenTelemetry (cargo feature `otel`)");
+        crate::error::warn("no traces: this build has no OpenTelemetry (cargo feature `otel`)");
     }
     let _ = registry.try_init();
     Guard {

@@ -26,6 +26,7 @@ mod config;
 mod context;
 mod cx;
 mod durable;
+mod error;
 mod eval;
 mod logging;
 mod mcp;
@@ -51,8 +52,7 @@ use std::process::ExitCode;
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Exit code for bad usage or configuration.
-pub const EXIT_USAGE: u8 = 2;
+pub(crate) use error::CliError;
 
 /// The largest `toolloop mock --script` or `--answers` file.
 const MOCK_FILE_MAX_BYTES: u64 = toolloop::providers::scripted::SCRIPT_MAX_BYTES;
@@ -152,36 +152,25 @@ struct MockArgs {
 /// Parses the command line over the configuration file's defaults. Also returns the variables
 /// that hold keys by choice (`--api-key-env`, and the `api_key_env` of the configuration file's
 /// models), and the configuration the command runs with.
-fn parse() -> Result<(Cli, Vec<String>, config::Loaded), ExitCode> {
+fn parse() -> Result<(Cli, Vec<String>, config::Loaded), CliError> {
     // `toolloop config …` works with a broken file, to find and show it.
     let configuring = std::env::args_os().nth(1).is_some_and(|a| a == "config");
     let file = match config::load() {
         Ok(f) => f,
         Err(e) if configuring => {
-            eprintln!("toolloop: {e}");
+            error::warn(error::chain(&e));
             config::ConfigFile::default()
         }
-        Err(e) => {
-            eprintln!("toolloop: {e}");
-            return Err(ExitCode::from(EXIT_USAGE));
-        }
+        Err(e) => return Err(e),
     };
-    let command = match config::apply(Cli::command(), &file) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("toolloop: {e}");
-            return Err(ExitCode::from(EXIT_USAGE));
-        }
-    };
+    let command = config::apply(Cli::command(), &file)?;
     let matches = command.get_matches();
     let loaded = config::Loaded {
         file,
         explicit: config::explicit_flags(&matches),
     };
-    let cli = Cli::from_arg_matches(&matches).map_err(|e| {
-        let _ = e.print();
-        ExitCode::from(EXIT_USAGE)
-    })?;
+    // The matches are the command's own: this does not fail (clap said any error and exited).
+    let cli = Cli::from_arg_matches(&matches).map_err(|e| CliError::usage(e.to_string()))?;
     let mut key_vars: Vec<String> = loaded
         .file
         .models
@@ -204,7 +193,7 @@ fn main() -> ExitCode {
     let inherited = secrets::inherit();
     let (cli, key_vars, config) = match parse() {
         Ok(c) => c,
-        Err(code) => return code,
+        Err(e) => return error::report(&e),
     };
     secrets::seal(&key_vars, inherited);
     // One TLS crypto provider for every HTTP client of the process (MCP servers, the trace
@@ -220,10 +209,7 @@ fn main() -> ExitCode {
     let debug_log = match debug_requests.map(|target| spec::debug_log(&target)) {
         None => None,
         Some(Ok(log)) => Some(log),
-        Some(Err(e)) => {
-            eprintln!("toolloop: {e}");
-            return ExitCode::from(EXIT_USAGE);
-        }
+        Some(Err(e)) => return error::report(&e),
     };
     let cx = std::sync::Arc::new(cx::Cx {
         config,
@@ -236,88 +222,12 @@ fn main() -> ExitCode {
         .build()
     {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("toolloop: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return error::report(&CliError::io("cannot start the async runtime", e)),
     };
     runtime.block_on(async {
-        let code = match cli.command {
-            Command::Run(args) => run::run(&cx, args).await,
-            Command::Chat(args) => chat::chat(&cx, args).await,
-            Command::Sessions(command) => sessions::sessions(&cx, command).await,
-            Command::Runs(args) => sessions::runs(&cx, args).await,
-            Command::Resume(args) => sessions::resume(&cx, args).await,
-            Command::Approve(args) => approve::decide(&cx, args, true, None).await,
-            Command::Deny(args) => approve::deny(&cx, args).await,
-            Command::Config(command) => config::config_command(&cx, command),
-            Command::Serve(args) => serve::serve(&cx, args).await,
-            Command::Completions { shell } => {
-                let mut command = Cli::command();
-                let mut out = Vec::new();
-                clap_complete::generate(shell, &mut command, "toolloop", &mut out);
-                outln!("{}", String::from_utf8_lossy(&out).trim_end());
-                ExitCode::SUCCESS
-            }
-            Command::Man { out_dir } => man(out_dir.as_deref()),
-            Command::Mcp(command) => mcp::mcp(&cx, command).await,
-            Command::Workflow(command) => workflow::workflow(&cx, command).await,
-            Command::Eval(args) => eval::eval(args).await,
-            Command::Mock(args) => {
-                let script = match &args.script {
-                    None => Vec::new(),
-                    Some(path) => {
-                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
-                            .map_err(|e| e.to_string())
-                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                        {
-                            Ok(s) => s,
-                            Err(e) => {
-                                eprintln!(
-                                    "toolloop mock: --script {}: {e}; expected a JSON array of \
-                                 rounds, each an array of {{\"name\": …, \"arguments\": {{…}}}}",
-                                    path.display()
-                                );
-                                return ExitCode::from(EXIT_USAGE);
-                            }
-                        }
-                    }
-                };
-                let answers = match &args.answers {
-                    None => Vec::new(),
-                    Some(path) => {
-                        match toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
-                            .map_err(|e| e.to_string())
-                            .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
-                        {
-                            Ok(a) => a,
-                            Err(e) => {
-                                eprintln!(
-                                    "toolloop mock: --answers {}: {e}; expected a JSON array of \
-                                 {{\"when\": …, \"text\": …}}",
-                                    path.display()
-                                );
-                                return ExitCode::from(EXIT_USAGE);
-                            }
-                        }
-                    }
-                };
-                let options = toolloop_mock::MockOptions {
-                    answers_by_prompt: answers,
-                    port: args.port,
-                    default_latency: args.latency.map(std::time::Duration::from_millis),
-                    script,
-                    ..Default::default()
-                };
-                match toolloop_mock::serve(options).await {
-                    Ok(()) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("toolloop mock: {e}");
-                        ExitCode::FAILURE
-                    }
-                }
-            }
-        };
+        let code = command(&cx, cli.command)
+            .await
+            .unwrap_or_else(|e| error::report(&e));
         // The MCP servers the command started stop with it, and its stores close.
         mcp::shutdown(&cx).await;
         durable::close_stores(&cx).await;
@@ -325,24 +235,93 @@ fn main() -> ExitCode {
     })
 }
 
+/// Runs the subcommand: the exit code of its outcome, or why it failed (said by `main`).
+async fn command(cx: &std::sync::Arc<cx::Cx>, command: Command) -> Result<ExitCode, CliError> {
+    match command {
+        Command::Run(args) => run::run(cx, args).await,
+        Command::Chat(args) => chat::chat(cx, args).await,
+        Command::Sessions(command) => sessions::sessions(cx, command).await,
+        Command::Runs(args) => sessions::runs(cx, args).await,
+        Command::Resume(args) => sessions::resume(cx, args).await,
+        Command::Approve(args) => approve::decide(cx, args, true, None).await,
+        Command::Deny(args) => approve::deny(cx, args).await,
+        Command::Config(command) => config::config_command(cx, command),
+        Command::Serve(args) => serve::serve(cx, args).await,
+        Command::Completions { shell } => {
+            let mut command = Cli::command();
+            let mut out = Vec::new();
+            clap_complete::generate(shell, &mut command, "toolloop", &mut out);
+            outln!("{}", String::from_utf8_lossy(&out).trim_end());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man { out_dir } => man(out_dir.as_deref()),
+        Command::Mcp(command) => mcp::mcp(cx, command).await,
+        Command::Workflow(command) => workflow::workflow(cx, command).await,
+        Command::Eval(args) => eval::eval(args).await,
+        Command::Mock(args) => mock(args).await,
+    }
+}
+
+/// A `toolloop mock --script` or `--answers` file: JSON of the shape `expected` says.
+fn mock_file<T: serde::de::DeserializeOwned>(
+    flag: &str,
+    path: &std::path::Path,
+    expected: &str,
+) -> Result<T, CliError> {
+    let what = || format!("{flag} {}", path.display());
+    let text = toolloop::user_file::read_to_string(path, MOCK_FILE_MAX_BYTES)
+        .map_err(|e| CliError::invalid(what(), format!("{e}; expected {expected}")))?;
+    serde_json::from_str(&text)
+        .map_err(|e| CliError::invalid(what(), format!("{e}; expected {expected}")))
+}
+
+/// `toolloop mock`: the mock provider until the command is stopped.
+async fn mock(args: MockArgs) -> Result<ExitCode, CliError> {
+    let script = match &args.script {
+        None => Vec::new(),
+        Some(path) => mock_file(
+            "--script",
+            path,
+            "a JSON array of rounds, each an array of {\"name\": …, \"arguments\": {…}}",
+        )?,
+    };
+    let answers = match &args.answers {
+        None => Vec::new(),
+        Some(path) => mock_file(
+            "--answers",
+            path,
+            "a JSON array of {\"when\": …, \"text\": …}",
+        )?,
+    };
+    let options = toolloop_mock::MockOptions {
+        answers_by_prompt: answers,
+        port: args.port,
+        default_latency: args.latency.map(std::time::Duration::from_millis),
+        script,
+        ..Default::default()
+    };
+    toolloop_mock::serve(options)
+        .await
+        .map_err(|e| CliError::io("mock", e))?;
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `toolloop man`: the manual page on stdout, or every command's page in a directory.
-fn man(out_dir: Option<&std::path::Path>) -> ExitCode {
+fn man(out_dir: Option<&std::path::Path>) -> Result<ExitCode, CliError> {
     let command = Cli::command();
     let Some(dir) = out_dir else {
         let mut out = Vec::new();
-        if let Err(e) = clap_mangen::Man::new(command).render(&mut out) {
-            eprintln!("toolloop: cannot render the manual page: {e}");
-            return ExitCode::FAILURE;
-        }
+        clap_mangen::Man::new(command)
+            .render(&mut out)
+            .map_err(|e| CliError::io("cannot render the manual page", e))?;
         outln!("{}", String::from_utf8_lossy(&out).trim_end());
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     };
-    if let Err(e) = clap_mangen::generate_to(command, dir) {
-        eprintln!(
-            "toolloop: cannot write the manual pages to {}: {e}",
-            dir.display()
-        );
-        return ExitCode::FAILURE;
-    }
-    ExitCode::SUCCESS
+    clap_mangen::generate_to(command, dir).map_err(|e| {
+        CliError::io(
+            format!("cannot write the manual pages to {}", dir.display()),
+            e,
+        )
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

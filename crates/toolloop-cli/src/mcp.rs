@@ -3,7 +3,7 @@
 //! `--no-tools`, and `toolloop mcp list|trust|untrust`. The servers start once per process (a
 //! chat's runs share them) and are shut down when the command ends.
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::McpArgs;
 use crate::cx::Cx;
 use clap::{Args, Subcommand};
@@ -26,11 +26,11 @@ pub(crate) const PROJECT_FILE: &str = ".mcp.json";
 impl McpArgs {
     /// Makes the config paths absolute (they are saved with the run, and a resume may start
     /// elsewhere), checking that they exist.
-    pub(crate) fn absolutize(&mut self) -> Result<(), String> {
+    pub(crate) fn absolutize(&mut self) -> Result<(), CliError> {
         for path in &mut self.mcp_config {
             *path = path
                 .canonicalize()
-                .map_err(|e| format!("--mcp-config {}: {e}", path.display()))?;
+                .map_err(|e| CliError::invalid(format!("--mcp-config {}", path.display()), e))?;
         }
         for p in self.tools.iter().chain(&self.no_tools) {
             glob(p)?;
@@ -39,12 +39,15 @@ impl McpArgs {
     }
 }
 
-fn glob(pattern: &str) -> Result<Glob, String> {
-    Glob::new(pattern.trim())
-        .map_err(|e| format!("--tools/--no-tools `{pattern}` is not a name or glob: {e}"))
+fn glob(pattern: &str) -> Result<Glob, CliError> {
+    Glob::new(pattern.trim()).map_err(|e| {
+        CliError::usage(format!(
+            "--tools/--no-tools `{pattern}` is not a name or glob: {e}"
+        ))
+    })
 }
 
-fn globset(patterns: &[String]) -> Result<Option<GlobSet>, String> {
+fn globset(patterns: &[String]) -> Result<Option<GlobSet>, CliError> {
     let patterns: Vec<&String> = patterns.iter().filter(|p| !p.trim().is_empty()).collect();
     if patterns.is_empty() {
         return Ok(None);
@@ -53,7 +56,9 @@ fn globset(patterns: &[String]) -> Result<Option<GlobSet>, String> {
     for p in patterns {
         b.add(glob(p)?);
     }
-    b.build().map(Some).map_err(|e| e.to_string())
+    b.build()
+        .map(Some)
+        .map_err(|e| CliError::invalid("--tools/--no-tools", e))
 }
 
 /// The servers of the flags, and the project file's when they are not started.
@@ -85,16 +90,16 @@ fn parse(
     path: &Path,
     label: &str,
     expand: bool,
-) -> Result<Vec<ServerConfig>, String> {
-    let doc: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("{label}: not valid JSON: {e}"))?;
+) -> Result<Vec<ServerConfig>, CliError> {
+    let doc: Value = serde_json::from_slice(bytes)
+        .map_err(|e| CliError::usage(format!("{label}: not valid JSON: {e}")))?;
     let lookup = |name: &str| crate::secrets::var(name);
     let servers = if expand {
         toolloop_mcp::parse_mcp_servers(&doc, &lookup)
     } else {
         toolloop_mcp::parse_mcp_servers_verbatim(&doc)
     };
-    let mut servers = servers.map_err(|e| format!("{label}: {e}"))?;
+    let mut servers = servers.map_err(|e| CliError::usage(format!("{label}: {e}")))?;
     for s in &mut servers {
         // A sandboxed server cannot read toolloop's own files either.
         if let Some(policy) = &mut s.sandbox {
@@ -112,13 +117,17 @@ fn parse(
     Ok(servers)
 }
 
-fn add(out: &mut Vec<ServerConfig>, servers: Vec<ServerConfig>, label: &str) -> Result<(), String> {
+fn add(
+    out: &mut Vec<ServerConfig>,
+    servers: Vec<ServerConfig>,
+    label: &str,
+) -> Result<(), CliError> {
     for s in servers {
         if out.iter().any(|o| o.name == s.name) {
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "{label}: an MCP server named `{}` is already configured",
                 s.name
-            ));
+            )));
         }
         out.push(s);
     }
@@ -135,11 +144,11 @@ pub(crate) async fn server_configs(
     args: &McpArgs,
     root: &Path,
     may_ask: bool,
-) -> Result<Configured, String> {
+) -> Result<Configured, CliError> {
     let mut out = Configured::default();
     for path in &args.mcp_config {
         let label = format!("--mcp-config {}", path.display());
-        let bytes = trust::read_config(path).map_err(|e| format!("{label}: {e}"))?;
+        let bytes = trust::read_config(path).map_err(|e| CliError::invalid(&label, e))?;
         let servers = parse(cx, &bytes, path, &label, true)?;
         add(&mut out.servers, servers, &label)?;
     }
@@ -163,11 +172,11 @@ pub(crate) async fn server_configs(
         Ok(s) => s,
         Err(e) => {
             if !trust::note(cx, &file, trust::Trust::Undecided) {
-                eprintln!(
-                    "toolloop: warning: not starting the MCP servers of {}: {}",
+                crate::error::warn(format!(
+                    "warning: not starting the MCP servers of {}: {}",
                     escape(&label),
-                    escape(&e)
-                );
+                    escape(&crate::error::chain(&e))
+                ));
             }
             return Ok(out);
         }
@@ -193,13 +202,13 @@ pub(crate) async fn server_configs(
             "this version of the file is not trusted (a project's file can run any command \
              and read your keys)"
         };
-        eprintln!(
-            "toolloop: not starting the MCP servers of {} ({}): {why}; review it, then trust \
-             it with `toolloop mcp trust --root {}`",
+        crate::error::warn(format!(
+            "not starting the MCP servers of {} ({}): {why}; review it, then trust it with \
+             `toolloop mcp trust --root {}`",
             escape(&label),
             escape(&names.join(", ")),
             escape(&dir.display().to_string())
-        );
+        ));
     }
     out.untrusted = Some(Untrusted {
         file: file.path,
@@ -288,7 +297,10 @@ async fn ask(cx: &Cx, file: &trust::ProjectFile, servers: &[ServerConfig]) -> tr
         return trust::Trust::Undecided;
     };
     if let Err(e) = trust::record(cx, file, trusted) {
-        eprintln!("toolloop: warning: cannot remember the decision: {e}");
+        crate::error::warn(format!(
+            "warning: cannot remember the decision: {}",
+            crate::error::chain(&e)
+        ));
     }
     if trusted {
         trust::Trust::Trusted
@@ -301,7 +313,7 @@ async fn ask(cx: &Cx, file: &trust::ProjectFile, servers: &[ServerConfig]) -> tr
 #[derive(Default)]
 pub(crate) struct Servers(Mutex<Option<(String, Arc<McpTools>)>>);
 
-fn servers_for(cx: &Cx, configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, String> {
+fn servers_for(cx: &Cx, configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, CliError> {
     // A library's log line may repeat what a server sent back: never the configured secrets.
     cx.log_secrets
         .add(configs.iter().flat_map(ServerConfig::secrets));
@@ -312,7 +324,7 @@ fn servers_for(cx: &Cx, configs: Vec<ServerConfig>) -> Result<Arc<McpTools>, Str
     {
         return Ok(tools.clone());
     }
-    let tools = Arc::new(McpTools::new(configs).map_err(|e| e.to_string())?);
+    let tools = Arc::new(McpTools::new(configs).map_err(|e| CliError::usage(e.to_string()))?);
     if let Some((_, old)) = slot.replace((key, tools.clone())) {
         tokio::spawn(async move { old.shutdown().await });
     }
@@ -329,30 +341,6 @@ pub(crate) async fn shutdown(cx: &Cx) {
         .take();
     if let Some((_, servers)) = servers {
         servers.shutdown().await;
-    }
-}
-
-/// A failure to assemble the tools: a usage error (a bad flag or file) or a server that failed.
-pub(crate) enum ToolsError {
-    /// Exit code 2.
-    Usage(String),
-    /// Exit code 1.
-    Failed(String),
-}
-
-impl ToolsError {
-    /// Says it on stderr; the exit code.
-    pub(crate) fn report(self) -> ExitCode {
-        match self {
-            ToolsError::Usage(m) => {
-                eprintln!("toolloop: {m}");
-                ExitCode::from(EXIT_USAGE)
-            }
-            ToolsError::Failed(m) => {
-                eprintln!("toolloop: {m}");
-                ExitCode::FAILURE
-            }
-        }
     }
 }
 
@@ -466,12 +454,9 @@ pub(crate) async fn assemble(
     builtin: Vec<Arc<dyn Tool>>,
     deadline: Option<tokio::time::Instant>,
     may_ask: bool,
-) -> Result<RunTools, ToolsError> {
-    let configs = server_configs(cx, args, root, may_ask)
-        .await
-        .map_err(ToolsError::Usage)?
-        .servers;
-    let selection = Selection::new(args).map_err(ToolsError::Usage)?;
+) -> Result<RunTools, CliError> {
+    let configs = server_configs(cx, args, root, may_ask).await?.servers;
+    let selection = Selection::new(args)?;
     let reserved: Vec<String> = builtin.iter().map(|t| t.name().to_string()).collect();
     let mut tools = RunTools {
         own: builtin,
@@ -479,18 +464,15 @@ pub(crate) async fn assemble(
     };
     tools.own.retain(|t| selection.offers(t.name()));
     if !configs.is_empty() {
-        let servers = servers_for(cx, configs).map_err(ToolsError::Usage)?;
+        let servers = servers_for(cx, configs)?;
         let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
         // Listed now, so that a server that does not start is reported before the run.
-        let listed = servers
-            .tools_by(&reserved, deadline)
-            .await
-            .map_err(|e| ToolsError::Failed(e.to_string()))?;
+        let listed = servers.tools_by(&reserved, deadline).await?;
         let mut names = Vec::new();
         for t in listed.iter().filter(|t| selection.offers(t.name())) {
             match Toolbox::new().add_arc(t.clone()) {
                 Ok(_) => names.push(t.name().to_string()),
-                Err(e) => eprintln!("toolloop: warning: MCP tool left out: {e}"),
+                Err(e) => crate::error::warn(format!("warning: MCP tool left out: {e}")),
             }
         }
         tools.mcp = Some(Arc::new(SelectedMcp {
@@ -509,7 +491,7 @@ struct Selection {
 }
 
 impl Selection {
-    fn new(args: &McpArgs) -> Result<Self, String> {
+    fn new(args: &McpArgs) -> Result<Self, CliError> {
         Ok(Selection {
             only: globset(&args.tools)?,
             without: globset(&args.no_tools)?,
@@ -578,7 +560,7 @@ fn transport_text(t: &Transport) -> String {
     }
 }
 
-pub(crate) async fn mcp(cx: &Cx, command: McpCommand) -> ExitCode {
+pub(crate) async fn mcp(cx: &Cx, command: McpCommand) -> Result<ExitCode, CliError> {
     match command {
         McpCommand::List(args) => list(cx, args).await,
         McpCommand::Trust(args) => trust_command(cx, args),
@@ -587,33 +569,17 @@ pub(crate) async fn mcp(cx: &Cx, command: McpCommand) -> ExitCode {
 }
 
 /// `toolloop mcp trust`: trusts the root's .mcp.json as it is, printing what that starts.
-fn trust_command(cx: &Cx, args: TrustArgs) -> ExitCode {
-    let file = match trust::read_project(&args.root) {
-        Ok(Some(f)) => f,
-        Ok(None) => {
-            eprintln!(
-                "toolloop: no {PROJECT_FILE} in {}",
-                escape(&args.root.display().to_string())
-            );
-            return ExitCode::from(EXIT_USAGE);
-        }
-        Err(e) => return ToolsError::Usage(e).report(),
+fn trust_command(cx: &Cx, args: TrustArgs) -> Result<ExitCode, CliError> {
+    let Some(file) = trust::read_project(&args.root)? else {
+        return Err(CliError::usage(format!(
+            "no {PROJECT_FILE} in {}",
+            args.root.display()
+        )));
     };
     let label = file.path.display().to_string();
-    let servers = match parse(cx, &file.bytes, &file.path, &label, false) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("toolloop: not trusted: {}", escape(&e));
-            return ExitCode::from(EXIT_USAGE);
-        }
-    };
-    let store = match trust::record(cx, &file, true) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("toolloop: {}", escape(&e));
-            return ExitCode::FAILURE;
-        }
-    };
+    let servers =
+        parse(cx, &file.bytes, &file.path, &label, false).map_err(|e| e.context("not trusted"))?;
+    let store = trust::record(cx, &file, true)?;
     outln!(
         "trusted {} (sha256 {}); its MCP servers start from now on:",
         escape(&label),
@@ -638,11 +604,11 @@ fn trust_command(cx: &Cx, args: TrustArgs) -> ExitCode {
                 .to_string()
         )
     );
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// `toolloop mcp untrust`: forgets the decision about the root's .mcp.json.
-fn untrust_command(args: TrustArgs) -> ExitCode {
+fn untrust_command(args: TrustArgs) -> Result<ExitCode, CliError> {
     let path = args.root.join(PROJECT_FILE);
     // The file may be gone: the decision is by its path.
     let path = match path.canonicalize() {
@@ -650,56 +616,40 @@ fn untrust_command(args: TrustArgs) -> ExitCode {
         Err(_) => match args.root.canonicalize() {
             Ok(root) => root.join(PROJECT_FILE),
             Err(e) => {
-                eprintln!(
-                    "toolloop: --root {}: {e}",
-                    escape(&args.root.display().to_string())
-                );
-                return ExitCode::from(EXIT_USAGE);
+                return Err(CliError::invalid(
+                    format!("--root {}", args.root.display()),
+                    e,
+                ));
             }
         },
     };
     let label = escape(&path.display().to_string());
-    match trust::forget(&path) {
-        Ok(Some(d)) => {
+    match trust::forget(&path)? {
+        Some(d) => {
             let was = if d.trusted { "trusted" } else { "declined" };
             outln!(
                 "forgot that {label} was {was}; its MCP servers do not start until it is trusted again"
             );
-            ExitCode::SUCCESS
         }
-        Ok(None) => {
+        None => {
             outln!("nothing was decided about {label}; its MCP servers do not start");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("toolloop: {}", escape(&e));
-            ExitCode::FAILURE
         }
     }
+    Ok(ExitCode::SUCCESS)
 }
 
-async fn list(cx: &Cx, args: ListArgs) -> ExitCode {
+async fn list(cx: &Cx, args: ListArgs) -> Result<ExitCode, CliError> {
     let Configured {
         servers: configs,
         untrusted,
-    } = match server_configs(cx, &args.mcp, &args.root, true).await {
-        Ok(c) => c,
-        Err(e) => return ToolsError::Usage(e).report(),
-    };
+    } = server_configs(cx, &args.mcp, &args.root, true).await?;
     if configs.is_empty() && untrusted.is_none() {
-        eprintln!(
-            "toolloop: no MCP servers: give --mcp-config FILE, or put a {PROJECT_FILE} in the root"
-        );
-        return ExitCode::from(EXIT_USAGE);
+        return Err(CliError::usage(format!(
+            "no MCP servers: give --mcp-config FILE, or put a {PROJECT_FILE} in the root"
+        )));
     }
-    let selection = match Selection::new(&args.mcp) {
-        Ok(s) => s,
-        Err(e) => return ToolsError::Usage(e).report(),
-    };
-    let servers = match servers_for(cx, configs) {
-        Ok(s) => s,
-        Err(e) => return ToolsError::Usage(e).report(),
-    };
+    let selection = Selection::new(&args.mcp)?;
+    let servers = servers_for(cx, configs)?;
     let not_started: Vec<Value> = untrusted
         .iter()
         .flat_map(|u| {
@@ -804,9 +754,10 @@ async fn list(cx: &Cx, args: ListArgs) -> ExitCode {
             }
         }
     }
-    if failed {
+    // Each server that failed says why in its state.
+    Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
-    }
+    })
 }

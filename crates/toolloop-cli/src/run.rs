@@ -1,6 +1,6 @@
 //! `toolloop run`: one agent run on a prompt.
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::RunArgs;
 use crate::cx::Cx;
 use crate::progress::Progress;
@@ -20,41 +20,36 @@ const MAX_STDIN_PROMPT: u64 = 64 * 1024 * 1024;
 
 /// The prompt piped on stdin; an error on a terminal (nothing was piped), for an empty prompt,
 /// or for text that is not UTF-8.
-fn read_stdin_prompt() -> Result<String, String> {
+fn read_stdin_prompt() -> Result<String, CliError> {
     use std::io::Read;
     let stdin = std::io::stdin();
     if stdin.is_terminal() {
-        return Err(
-            "no prompt: give it as an argument, or pipe it on stdin (`… | toolloop run -`)".into(),
-        );
+        return Err(CliError::usage(
+            "no prompt: give it as an argument, or pipe it on stdin (`… | toolloop run -`)",
+        ));
     }
     let mut bytes = Vec::new();
     stdin
         .lock()
         .take(MAX_STDIN_PROMPT + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| format!("cannot read the prompt from stdin: {e}"))?;
+        .map_err(|e| CliError::io("cannot read the prompt from stdin", e))?;
     if bytes.len() as u64 > MAX_STDIN_PROMPT {
-        return Err(format!(
+        return Err(CliError::usage(format!(
             "the prompt on stdin is longer than {} MiB",
             MAX_STDIN_PROMPT / (1024 * 1024)
-        ));
+        )));
     }
     let text = String::from_utf8(bytes).map_err(|e| {
-        format!(
+        CliError::usage(format!(
             "the prompt on stdin is not UTF-8 (invalid byte at offset {})",
             e.utf8_error().valid_up_to()
-        )
+        ))
     })?;
     if text.trim().is_empty() {
-        return Err("the prompt on stdin is empty".into());
+        return Err(CliError::usage("the prompt on stdin is empty"));
     }
     Ok(text)
-}
-
-pub(crate) fn usage_error(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("toolloop: {message}");
-    ExitCode::from(EXIT_USAGE)
 }
 
 /// 0 answered; 3 a budget or terminal condition stopped the run; 1 other failures.
@@ -78,16 +73,11 @@ pub(crate) fn exit_code(reason: StopReason) -> ExitCode {
     }
 }
 
-pub(crate) async fn run(cx: &Cx, mut args: RunArgs) -> ExitCode {
+pub(crate) async fn run(cx: &Cx, mut args: RunArgs) -> Result<ExitCode, CliError> {
     if args.prompt == "-" {
-        match read_stdin_prompt() {
-            Ok(p) => args.prompt = p,
-            Err(e) => return usage_error(e),
-        }
+        args.prompt = read_stdin_prompt()?;
     }
-    if let Err(e) = args.agent.prepare(cx) {
-        return usage_error(e);
-    }
+    args.agent.prepare(cx)?;
     args.agent.stream_on_terminal(args.json || args.jsonl);
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
@@ -100,7 +90,11 @@ pub(crate) async fn run(cx: &Cx, mut args: RunArgs) -> ExitCode {
 }
 
 /// Runs (or resumes) until done or `cancel`; prints the outcome; the exit code.
-pub(crate) async fn run_with(cx: &Cx, args: RunArgs, cancel: CancellationToken) -> ExitCode {
+pub(crate) async fn run_with(
+    cx: &Cx,
+    args: RunArgs,
+    cancel: CancellationToken,
+) -> Result<ExitCode, CliError> {
     run_with_note(cx, args, cancel, "toolloop: cancelling").await
 }
 
@@ -111,23 +105,13 @@ pub(crate) async fn run_with_note(
     mut args: RunArgs,
     cancel: CancellationToken,
     note: &'static str,
-) -> ExitCode {
-    if let Err(e) = args.agent.check() {
-        return usage_error(e);
-    }
-    if let Err(e) = args.agent.mcp.absolutize() {
-        return usage_error(e);
-    }
-    let images = match attachments(&args.attach) {
-        Ok(images) => images,
-        Err(e) => return usage_error(e),
-    };
+) -> Result<ExitCode, CliError> {
+    args.agent.check()?;
+    args.agent.mcp.absolutize()?;
+    let images = attachments(&args.attach)?;
     let started = std::time::Instant::now();
     crate::sandbox::protect_store(cx, args.durable.store.store.as_deref());
-    let tools = match tools(cx, &args.agent).await {
-        Ok(t) => t,
-        Err(e) => return e.report(),
-    };
+    let tools = tools(cx, &args.agent).await?;
     let rules = &args.agent.approval;
     let has_rules = [&rules.allow, &rules.ask, &rules.deny]
         .iter()
@@ -141,10 +125,7 @@ pub(crate) async fn run_with_note(
         let names: Vec<&str> = offered.iter().map(|t| t.name()).collect();
         crate::approve::warn_unoffered(rules, &names);
     }
-    let model = match model_from_args(cx, &args.agent.provider) {
-        Ok(m) => m,
-        Err(e) => return usage_error(e),
-    };
+    let model = model_from_args(cx, &args.agent.provider)?;
     // The time the MCP servers took to list their tools counts against the run's timeout.
     let mut agent_args = args.agent.clone();
     agent_args.timeout = agent_args.timeout.map(|t| {
@@ -152,10 +133,7 @@ pub(crate) async fn run_with_note(
             .max(Duration::from_millis(1))
     });
     let person_only = crate::approve::person_only(&tools.own);
-    let builder = match agent_builder_with(cx, &agent_args, model, tools) {
-        Ok(b) => b,
-        Err(e) => return usage_error(e),
-    };
+    let builder = agent_builder_with(cx, &agent_args, model, tools)?;
     let machine_output = args.json || args.jsonl;
     let stream_text = args.agent.stream && !machine_output;
     let progress = Arc::new(Progress::new(
@@ -184,10 +162,7 @@ pub(crate) async fn run_with_note(
     {
         builder = builder.on_approval(move |p| ask(p));
     }
-    let mut durable = match crate::durable::Durable::open(cx, &args.durable, &args).await {
-        Ok(d) => d,
-        Err(code) => return code,
-    };
+    let mut durable = crate::durable::Durable::open(cx, &args.durable, &args).await?;
     if let Some(journal) = durable.journal() {
         builder = builder.journal(journal);
     }
@@ -195,15 +170,12 @@ pub(crate) async fn run_with_note(
         Ok(a) => a,
         Err(e) => {
             durable.close().await;
-            return usage_error(e);
+            return Err(CliError::usage(e.to_string()));
         }
     };
     progress.set_window(agent.config().context.as_ref().and_then(|c| c.window));
     let prompt = Message::user_with_images(args.prompt.clone(), images);
-    let outcome = match durable.run(&agent, prompt, cancel).await {
-        Ok(o) => o,
-        Err(code) => return code,
-    };
+    let outcome = durable.run(&agent, prompt, cancel).await?;
     progress.finish();
     if args.json {
         outln!("{}", outcome_json(&outcome));
@@ -240,6 +212,7 @@ pub(crate) async fn run_with_note(
                 .as_ref()
                 .map(|s| format!(" (signal {})", crate::terminal::escape(s, false)))
                 .unwrap_or_default();
+            // Escaped already (a diagnostic's lines are indented, so not `warn`).
             eprintln!(
                 "toolloop: stopped: {}{signal}{why}",
                 serde_json::to_value(outcome.stop_reason)
@@ -250,7 +223,7 @@ pub(crate) async fn run_with_note(
             crate::approve::show_pending(&outcome);
         }
     }
-    exit_code(outcome.stop_reason)
+    Ok(exit_code(outcome.stop_reason))
 }
 
 /// Aborts a task when dropped.
@@ -270,7 +243,7 @@ fn event_line(event: &toolloop::Event) {
     }
     match serde_json::to_string(event) {
         Ok(line) => outln!("{line}"),
-        Err(e) => eprintln!("toolloop: cannot write an event as JSON: {e}"),
+        Err(e) => crate::error::warn(format!("cannot write an event as JSON: {e}")),
     }
 }
 

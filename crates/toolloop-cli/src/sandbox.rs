@@ -77,12 +77,12 @@ pub(crate) fn warn(
                 .iter()
                 .map(|p| crate::terminal::escape(&p.display().to_string(), false).into_owned())
                 .collect();
-            eprintln!(
-                "toolloop: warning: {} inside --root, where sandboxed commands may write; the \
+            crate::error::warn(format!(
+                "warning: {} inside --root, where sandboxed commands may write; the \
                  sandbox cannot keep {} from them (choose a narrower --root)",
                 list.join(", "),
                 if list.len() == 1 { "it" } else { "them" }
-            );
+            ));
         }
         return;
     }
@@ -90,11 +90,11 @@ pub(crate) fn warn(
         return;
     };
     if !cx.sandbox.warned.swap(true, Ordering::Relaxed) {
-        eprintln!(
-            "toolloop: warning: commands cannot run in a sandbox here: {why}. run_command calls \
+        crate::error::warn(format!(
+            "warning: commands cannot run in a sandbox here: {why}. run_command calls \
              run with all of your rights and are asked about (use --sandbox off to silence \
              this, or run toolloop in a container or a virtual machine)"
-        );
+        ));
     }
 }
 

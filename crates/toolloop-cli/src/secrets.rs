@@ -32,7 +32,10 @@ use std::collections::HashMap;
 use std::ffi::{OsStr, OsString};
 use std::sync::OnceLock;
 
-/// The variables taken out of the environment at start, by name.
+/// The variables taken out of the environment at start, by name. Process-wide, as the
+/// environment they were taken from is: they are taken before the command line is read (and
+/// before any thread exists, see [`seal`]), so before any per-command state (`Cx`) can exist,
+/// and what a provider reads through [`var`] is what the environment would have said.
 static KEPT: OnceLock<HashMap<OsString, OsString>> = OnceLock::new();
 
 /// The variable that tells a process started again where its secrets are.
@@ -67,32 +70,34 @@ pub(crate) fn var(name: &str) -> Option<String> {
     std::env::var(name).ok()
 }
 
-/// The keys of the models the command built, which the model's answers are redacted of.
-static MODEL_KEYS: std::sync::Mutex<Option<toolloop::redact::Redactor>> =
-    std::sync::Mutex::new(None);
+/// The keys of the models a command built, which the model's answers are redacted of (kept
+/// in [`crate::cx::Cx`]).
+#[derive(Default)]
+pub(crate) struct ModelKeys(std::sync::Mutex<Option<toolloop::redact::Redactor>>);
 
 /// The fewest characters a key must have to be looked for in the model's text: a shorter one
 /// is no real credential (`test`, for a local server), and replacing it would garble answers.
 const ANSWER_KEY_MIN_CHARS: usize = 8;
 
 /// Notes the key of a model the command built: a model's answer that repeats it is redacted
-/// ([`redactor`]), when it has at least [`ANSWER_KEY_MIN_CHARS`] characters.
-pub(crate) fn note_key(key: &str) {
+/// ([`redactor`]), when it has at least [`ANSWER_KEY_MIN_CHARS`] characters; nor is it
+/// recorded in the command's cassette.
+pub(crate) fn note_key(cx: &crate::cx::Cx, key: &str) {
     if key.trim().chars().count() < ANSWER_KEY_MIN_CHARS {
         return;
     }
-    let mut keys = MODEL_KEYS.lock().unwrap_or_else(|p| p.into_inner());
+    let mut keys = cx.model_keys.0.lock().unwrap_or_else(|p| p.into_inner());
     keys.get_or_insert_with(toolloop::redact::Redactor::new)
         .add_secret(key);
-    // Nor is it recorded in a cassette.
-    if let Some(cassette) = crate::record::cassette() {
+    if let Some(cassette) = cx.record.cassette() {
         cassette.add_secret(key);
     }
 }
 
-/// A redactor of the keys of every model built so far ([`note_key`]).
-pub(crate) fn redactor() -> toolloop::redact::Redactor {
-    MODEL_KEYS
+/// A redactor of the keys of every model the command built so far ([`note_key`]).
+pub(crate) fn redactor(cx: &crate::cx::Cx) -> toolloop::redact::Redactor {
+    cx.model_keys
+        .0
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .clone()

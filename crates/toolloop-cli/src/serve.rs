@@ -13,10 +13,10 @@ mod mcp;
 mod openai;
 mod wire;
 
+use crate::CliError;
 use crate::args::AgentArgs;
 use crate::args::StoreArgs;
 use crate::cx::Cx;
-use crate::run::usage_error;
 use crate::setup::{agent_builder_with, tools};
 use crate::spec::model_from_args;
 use clap::Args;
@@ -53,7 +53,8 @@ pub(crate) struct ServeArgs {
     /// and answer with its final text;
     /// `model: "gateway:SPEC"` offers the request's own tools to the model SPEC
     /// (`openai:qwen3` behind `--base-url`) through prompt-based tool calling and answers with
-    /// standard `tool_calls` (nothing runs on the server). `GET /v1/models` lists them,
+    /// standard `tool_calls` (nothing runs on the server; a call written wrong is sent back
+    /// to SPEC to correct). `GET /v1/models` lists them,
     /// `GET /v1/runs/{id}` shows a run. Any address but loopback needs --auth-token.
     #[arg(long, value_name = "ADDR")]
     pub openai: Option<SocketAddr>,
@@ -77,27 +78,32 @@ pub(crate) struct ServeArgs {
     pub agent: AgentArgs,
 }
 
-/// The flags of the HTTP modes (`--openai`, `--mcp ADDR`).
+/// The flags of the serving modes (`--openai`, `--mcp`; --max-runs and --grace hold for MCP over
+/// stdio too).
 #[derive(Args, Debug, Clone)]
 pub(crate) struct HttpArgs {
-    /// The token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
-    /// key), compared in constant time. Required to listen on anything but loopback. Prefer
-    /// --auth-token-file or the variable: a command line is visible to other users.
+    /// A token clients must send (`Authorization: Bearer TOKEN`; an OpenAI client's API
+    /// key), compared in constant time. Required to listen on anything but loopback. Repeat it
+    /// to let several clients in: then each sees only the runs it started (`GET
+    /// /v1/runs/{id}`, `Idempotency-Key`). Prefer --auth-token-file or the variable: a command
+    /// line is visible to other users.
     #[arg(
         long,
         env = "TOOLLOOP_AUTH_TOKEN",
         value_name = "TOKEN",
         hide_env_values = true
     )]
-    pub auth_token: Option<String>,
-    /// Read the token from this file (its first line).
+    pub auth_token: Vec<String>,
+    /// Read the tokens from this file: one a line (blank lines and lines starting with `#`
+    /// are skipped); several tokens are several clients, as with a repeated --auth-token.
     #[arg(long, value_name = "FILE", conflicts_with = "auth_token")]
     pub auth_token_file: Option<PathBuf>,
     /// The largest request body, in bytes; a larger one gets 413.
     #[arg(long, value_name = "BYTES", default_value_t = 4 * 1024 * 1024,
           value_parser = clap::value_parser!(u64).range(1024..=1024 * 1024 * 1024))]
     pub max_body: u64,
-    /// Runs (and gateway requests) at once; one more gets 429.
+    /// Runs at once (agents, gateway requests, workflows over MCP); one more gets 429 (over
+    /// MCP, a tool error saying so).
     #[arg(long, value_name = "N", default_value_t = 16,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub max_runs: u32,
@@ -113,121 +119,105 @@ pub(crate) struct HttpArgs {
 }
 
 impl HttpArgs {
-    /// The token the flags give, read from its file when one is named.
-    fn token(&self) -> Result<Option<String>, String> {
+    /// The tokens the flags give, read from their file when one is named; none: no token is
+    /// asked for.
+    fn tokens(&self) -> Result<Vec<String>, CliError> {
         if let Some(path) = &self.auth_token_file {
-            let text = toolloop::user_file::read_to_string(path, 64 * 1024)
-                .map_err(|e| format!("--auth-token-file {}: {e}", path.display()))?;
-            let token = text.lines().next().unwrap_or("").trim().to_string();
-            if token.is_empty() {
-                return Err(format!(
+            let text = toolloop::user_file::read_to_string(path, 64 * 1024).map_err(|e| {
+                CliError::invalid(format!("--auth-token-file {}", path.display()), e)
+            })?;
+            let tokens: Vec<String> = text
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_string)
+                .collect();
+            if tokens.is_empty() {
+                return Err(CliError::usage(format!(
                     "--auth-token-file {}: the file holds no token",
                     path.display()
-                ));
+                )));
             }
-            return Ok(Some(token));
+            return Ok(tokens);
         }
-        match &self.auth_token {
-            Some(t) if t.trim().is_empty() => Err("--auth-token: the token is empty".into()),
-            Some(t) => Ok(Some(t.trim().to_string())),
-            None => Ok(None),
+        let mut tokens = Vec::new();
+        for t in &self.auth_token {
+            if t.trim().is_empty() {
+                return Err(CliError::usage("--auth-token: the token is empty"));
+            }
+            tokens.push(t.trim().to_string());
         }
+        Ok(tokens)
     }
 }
 
-pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare(cx) {
-        return usage_error(e);
-    }
-    if let Err(e) = args.agent.check() {
-        return usage_error(e);
-    }
-    if let Err(e) = args.agent.mcp.absolutize() {
-        return usage_error(e);
-    }
+pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> Result<ExitCode, CliError> {
+    args.agent.prepare(cx)?;
+    args.agent.check()?;
+    args.agent.mcp.absolutize()?;
     if args.restate.is_none() && (args.admin_url.is_some() || args.advertise.is_some()) {
-        return usage_error("--admin-url and --advertise go with --restate");
+        return Err(CliError::usage(
+            "--admin-url and --advertise go with --restate",
+        ));
     }
     if !args.workflows.is_empty() && args.mcp.is_none() {
-        return usage_error("--workflow: workflows are served over MCP only (add --mcp)");
+        return Err(CliError::usage(
+            "--workflow: workflows are served over MCP only (add --mcp)",
+        ));
     }
     if let Some(addr) = args.restate {
         return serve_restate(cx, args, addr).await;
     }
-    let token = match args.http.token() {
-        Ok(t) => t,
-        Err(e) => return usage_error(e),
-    };
+    let tokens = args.http.tokens()?;
     // Nothing asks a person on a terminal: a call that needs approval is denied, or, with
     // --defer-approvals, the run stops and waits (the modes' own handlers decide).
     args.agent.approval.no_prompt = true;
-    let agents = match Agents::open(cx, &args).await {
-        Ok(a) => Arc::new(a),
-        Err(code) => return code,
-    };
+    let agents = Arc::new(Agents::open(cx, &args).await?);
     if let Some(addr) = args.openai {
-        if !addr.ip().is_loopback() && token.is_none() {
-            return usage_error(format!(
+        if !addr.ip().is_loopback() && tokens.is_empty() {
+            return Err(CliError::usage(format!(
                 "--openai {addr}: listening beyond loopback needs --auth-token or \
                  --auth-token-file (clients send it as their API key)"
-            ));
+            )));
         }
-        return openai::serve(addr, agents, args.agent.provider.clone(), args.http, token).await;
+        return openai::serve(addr, agents, args.agent.provider.clone(), args.http, tokens).await;
     }
     match args.mcp.as_deref() {
-        Some("stdio") | None => mcp::serve_stdio(agents, args.http.grace).await,
+        Some("stdio") | None => mcp::serve_stdio(agents, &args.http).await,
         Some(addr) => {
             let addr: SocketAddr = match addr.parse() {
                 Ok(a) => a,
                 Err(_) => {
-                    return usage_error(format!(
+                    return Err(CliError::usage(format!(
                         "--mcp {addr}: expected an address like 127.0.0.1:8090 (or no value \
                          for stdio)"
-                    ));
+                    )));
                 }
             };
-            if !addr.ip().is_loopback() && token.is_none() {
-                return usage_error(format!(
+            if !addr.ip().is_loopback() && tokens.is_empty() {
+                return Err(CliError::usage(format!(
                     "--mcp {addr}: listening beyond loopback needs --auth-token or \
                      --auth-token-file"
-                ));
+                )));
             }
-            mcp::serve_http(addr, agents, args.http, token).await
+            mcp::serve_http(addr, agents, args.http, tokens).await
         }
     }
 }
 
 #[cfg(feature = "restate")]
-async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> ExitCode {
-    let tools = match tools(cx, &args.agent).await {
-        Ok(t) => t,
-        Err(e) => return e.report(),
-    };
-    let model = match model_from_args(cx, &args.agent.provider) {
-        Ok(m) => m,
-        Err(e) => return usage_error(e),
-    };
-    let agent = match agent_builder_with(cx, &args.agent, model, tools)
-        .and_then(|b| b.build().map_err(|e| e.to_string()))
-    {
-        Ok(a) => a,
-        Err(e) => return usage_error(e),
-    };
-    let worker = match toolloop_restate::Worker::bind(listen) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("toolloop: --restate: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let addr = match worker.local_addr() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("toolloop: --restate {listen}: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    eprintln!("toolloop: serving the agent to Restate on {addr}");
+async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> Result<ExitCode, CliError> {
+    let tools = tools(cx, &args.agent).await?;
+    let model = model_from_args(cx, &args.agent.provider)?;
+    let agent = agent_builder_with(cx, &args.agent, model, tools)?
+        .build()
+        .map_err(|e| CliError::usage(e.to_string()))?;
+    let worker =
+        toolloop_restate::Worker::bind(listen).map_err(|e| CliError::failure("--restate", e))?;
+    let addr = worker
+        .local_addr()
+        .map_err(|e| CliError::failure(format!("--restate {listen}"), e))?;
+    crate::error::warn(format!("serving the agent to Restate on {addr}"));
     let serving = tokio::spawn(worker.serve(agent, async {
         let _ = tokio::signal::ctrl_c().await;
     }));
@@ -237,26 +227,28 @@ async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> ExitCode
             .clone()
             .unwrap_or_else(|| format!("http://{addr}"));
         match toolloop_restate::register(admin, &endpoint, Duration::from_secs(60)).await {
-            Ok(()) => eprintln!("toolloop: registered {endpoint} with {admin}"),
+            Ok(()) => crate::error::warn(format!("registered {endpoint} with {admin}")),
             Err(e) => {
-                eprintln!("toolloop: --admin-url: {e}");
                 serving.abort();
-                return ExitCode::FAILURE;
+                return Err(CliError::failure("--admin-url", e));
             }
         }
     }
-    match serving.await {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("toolloop: the worker stopped: {e}");
-            ExitCode::FAILURE
-        }
-    }
+    serving
+        .await
+        .map_err(|e| CliError::failure("the worker stopped", e))?;
+    Ok(ExitCode::SUCCESS)
 }
 
 #[cfg(not(feature = "restate"))]
-async fn serve_restate(_cx: &Cx, _args: ServeArgs, _listen: SocketAddr) -> ExitCode {
-    usage_error("--restate: this toolloop was built without the `restate` feature")
+async fn serve_restate(
+    _cx: &Cx,
+    _args: ServeArgs,
+    _listen: SocketAddr,
+) -> Result<ExitCode, CliError> {
+    Err(CliError::usage(
+        "--restate: this toolloop was built without the `restate` feature",
+    ))
 }
 
 /// The agents a server offers, each built afresh for every run (with that run's event and
@@ -325,14 +317,11 @@ impl std::fmt::Display for RunError {
 }
 
 impl Agents {
-    async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, ExitCode> {
+    async fn open(cx: &Arc<Cx>, args: &ServeArgs) -> Result<Agents, CliError> {
         crate::sandbox::protect_store(cx, args.store.store.as_deref());
         let store = crate::durable::open_store(cx, &args.store).await?;
-        let tools = match tools(cx, &args.agent).await {
-            Ok(t) => t,
-            Err(e) => return Err(e.report()),
-        };
-        let model = model_from_args(cx, &args.agent.provider).map_err(usage_error)?;
+        let tools = tools(cx, &args.agent).await?;
+        let model = model_from_args(cx, &args.agent.provider)?;
         let meta = crate::durable::run_meta(&args.agent);
         let journal = store.run_journal(RunTags {
             meta: Some(meta),
@@ -351,16 +340,16 @@ impl Agents {
             journal: Some(journal),
         };
         // Checked once, so that a bad flag is a usage error at start, not a failed request.
-        spec.build(RunHooks::default()).map_err(usage_error)?;
+        spec.build(RunHooks::default()).map_err(CliError::Usage)?;
         let mut agents = vec![spec];
         // The declared agents (`[agents.NAME]`, `--agents FILE`), each as `--agent NAME` runs
         // it: its model, system prompt, tools and limits.
         for (name, def) in &args.agent.agents.agent_defs {
             if agents.iter().any(|a| &a.name == name) {
-                eprintln!(
-                    "toolloop: the agent `{name}` is not served: `default` names the agent \
+                crate::error::warn(format!(
+                    "the agent `{name}` is not served: `default` names the agent \
                      the flags describe"
-                );
+                ));
                 continue;
             }
             let mut settings = args.agent.clone();
@@ -368,9 +357,9 @@ impl Agents {
             settings
                 .take_direct_agent()
                 .and_then(|()| cx.config.resolve_model(&mut settings.provider))
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| e.context(format!("[agents.{name}]")))?;
             let model = model_from_args(cx, &settings.provider)
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| e.context(format!("[agents.{name}]")))?;
             let journal = store.run_journal(RunTags {
                 meta: Some(crate::durable::run_meta(&settings)),
                 ..RunTags::default()
@@ -386,7 +375,7 @@ impl Agents {
                 journal: Some(journal),
             };
             spec.build(RunHooks::default())
-                .map_err(|e| usage_error(format!("[agents.{name}]: {e}")))?;
+                .map_err(|e| CliError::usage(format!("[agents.{name}]: {e}")))?;
             agents.push(spec);
         }
         let mut workflows: Vec<WorkflowSpec> = Vec::new();
@@ -395,7 +384,7 @@ impl Agents {
             if agents.iter().any(|a| a.name == workflow.name)
                 || workflows.iter().any(|w| w.workflow.name == workflow.name)
             {
-                return Err(usage_error(format!(
+                return Err(CliError::usage(format!(
                     "--workflow {}: the name `{}` is taken (by the agent or another workflow)",
                     file.display(),
                     workflow.name
@@ -444,7 +433,8 @@ impl AgentSpec {
             own: self.own.clone(),
             mcp: self.mcp.clone(),
         };
-        let mut builder = agent_builder_with(&self.cx, &args, self.model.clone(), tools)?;
+        let mut builder = agent_builder_with(&self.cx, &args, self.model.clone(), tools)
+            .map_err(|e| crate::error::chain(&e))?;
         if let Some(journal) = &self.journal {
             builder = builder.journal(journal.clone());
         }
@@ -481,70 +471,145 @@ impl AgentSpec {
         self.args.output.as_ref().map(|o| &o.schema)
     }
 
-    /// Runs `messages`: a fresh run, or, with an idempotency key, the run that key started
-    /// (continued from its last durable step when it was cut short, its outcome when it had
-    /// finished). The outcome is saved in the store.
-    pub(crate) async fn run(
-        &self,
-        agent: &Agent,
-        store: Option<&Store>,
-        messages: Vec<Message>,
-        idempotency_key: Option<&str>,
-        cancel: CancellationToken,
-    ) -> Result<Outcome, RunError> {
-        let outcome = match (idempotency_key, store) {
-            (Some(key), Some(store)) => {
-                let run_id = self.idempotent_run_id(key);
-                let known = store
-                    .run(&run_id)
-                    .await
-                    .map_err(|e| RunError::Failed(e.to_string()))?;
-                if known.is_some() {
-                    agent.resume(&run_id, cancel).await.map_err(|e| match e {
-                        JournalError::Locked { .. } => RunError::Busy(format!(
-                            "a request with this Idempotency-Key is still running (run \
-                             {run_id})"
-                        )),
-                        other => RunError::Failed(other.to_string()),
-                    })?
-                } else {
-                    let outcome = agent.run_with_id(&run_id, messages, cancel).await;
-                    if outcome.stop_reason == toolloop::outcome::StopReason::StoreFailed
-                        && outcome
-                            .error
-                            .as_ref()
-                            .is_some_and(|e| e.message.contains("is held by"))
-                    {
-                        return Err(RunError::Busy(format!(
-                            "a request with this Idempotency-Key is still running (run \
-                             {run_id})"
-                        )));
-                    }
-                    outcome
-                }
-            }
-            _ => agent.run_cancellable(messages, cancel).await,
-        };
-        if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
-            && let Err(e) = store.save_outcome(run_id, &outcome).await
-        {
-            tracing::warn!("the run {run_id} finished, but saving its outcome failed: {e}");
+    /// The id the run of a request of `client` gets (see [`Client::run_id`]).
+    pub(crate) fn run_id(&self, client: &Client, idempotency_key: Option<&str>) -> RunId {
+        client.run_id(&format!("agent:{}", self.name), idempotency_key)
+    }
+}
+
+/// The id a request's run is logged under, known before it starts (a Responses API answer's id
+/// is its run's, from its first event).
+#[derive(Clone, Debug)]
+pub(crate) enum RunId {
+    /// An idempotency key's: the run it started, if there is one, else a new run.
+    Keyed(String),
+    /// A new run's.
+    Fresh(String),
+}
+
+impl RunId {
+    /// The id.
+    pub(crate) fn as_str(&self) -> &str {
+        match self {
+            RunId::Keyed(id) | RunId::Fresh(id) => id,
         }
-        Ok(outcome)
+    }
+}
+
+/// Who sent a request, when the server tells its clients apart (it has several tokens): a tag
+/// made from the client's token (a digest: the token itself is never kept). A client's runs
+/// carry its tag in their ids, so that it sees only those (`GET /v1/runs/{id}`), and the same
+/// `Idempotency-Key` from two clients names two runs. With one token (or none), every request
+/// is the same client, `Client(None)`, and run ids are as they always were.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Client(pub Option<String>);
+
+impl Client {
+    /// The client whose token has this SHA-256 digest.
+    pub(crate) fn from_token_digest(digest: &[u8; 32]) -> Client {
+        let mut h = sha2::Sha256::new();
+        h.update(b"toolloop serve client\0");
+        h.update(digest);
+        let tag = h.finalize();
+        let hex: String = tag[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Client(Some(format!("c{hex}")))
     }
 
-    /// The run id an idempotency key stands for (per agent): a digest, so that the key itself
-    /// is not stored.
-    fn idempotent_run_id(&self, key: &str) -> String {
+    /// Whether run `run_id` is this client's (any run is, when clients are not told apart).
+    pub(crate) fn owns(&self, run_id: &str) -> bool {
+        match &self.0 {
+            None => true,
+            Some(tag) => run_id
+                .strip_prefix("run_")
+                .and_then(|r| r.strip_prefix(tag.as_str()))
+                .is_some_and(|r| r.starts_with('_')),
+        }
+    }
+
+    /// The id of the run of a request of this client to `scope` (an agent, a gateway
+    /// backend): the key's when it has one, else a new id (with the client's tag when clients
+    /// are told apart).
+    pub(crate) fn run_id(&self, scope: &str, idempotency_key: Option<&str>) -> RunId {
+        if let Some(key) = idempotency_key {
+            return RunId::Keyed(self.keyed_run_id(scope, key));
+        }
+        let id = toolloop::journal::new_run_id();
+        RunId::Fresh(match &self.0 {
+            None => id,
+            Some(tag) => format!("run_{tag}_{}", id.trim_start_matches("run_")),
+        })
+    }
+
+    /// The run id an idempotency key stands for, per `scope` (an agent, a gateway backend)
+    /// and per client: a digest, so that the key itself is not stored.
+    pub(crate) fn keyed_run_id(&self, scope: &str, key: &str) -> String {
         let mut h = sha2::Sha256::new();
         h.update(b"toolloop serve idempotency\0");
-        h.update(self.name.as_bytes());
+        // The agents' ids are as they were before the gateway shared the scheme.
+        h.update(scope.strip_prefix("agent:").unwrap_or(scope).as_bytes());
         h.update(b"\0");
         h.update(key.as_bytes());
+        if let Some(tag) = &self.0 {
+            h.update(b"\0");
+            h.update(tag.as_bytes());
+        }
         let digest = h.finalize();
         let hex: String = digest[..16].iter().map(|b| format!("{b:02x}")).collect();
-        format!("run_idem_{hex}")
+        match &self.0 {
+            None => format!("run_idem_{hex}"),
+            Some(tag) => format!("run_{tag}_idem_{hex}"),
+        }
     }
+}
+
+/// Runs `messages` with `agent` under `run_id`: a key's names the run it started, continued
+/// from its last durable step when it was cut short, its outcome when it had finished (409
+/// while another request holds it); a fresh id, a new run. The outcome is saved in the store.
+pub(crate) async fn run_keyed(
+    agent: &Agent,
+    store: Option<&Store>,
+    messages: Vec<Message>,
+    run_id: RunId,
+    cancel: CancellationToken,
+) -> Result<Outcome, RunError> {
+    let busy = |run_id: &str| {
+        RunError::Busy(format!(
+            "a request with this Idempotency-Key is still running (run {run_id})"
+        ))
+    };
+    let outcome = match (run_id, store) {
+        (RunId::Keyed(run_id), Some(store)) => {
+            let known = store
+                .run(&run_id)
+                .await
+                .map_err(|e| RunError::Failed(e.to_string()))?;
+            if known.is_some() {
+                agent.resume(&run_id, cancel).await.map_err(|e| match e {
+                    JournalError::Locked { .. } => busy(&run_id),
+                    other => RunError::Failed(other.to_string()),
+                })?
+            } else {
+                let outcome = agent.run_with_id(&run_id, messages, cancel).await;
+                if outcome.stop_reason == toolloop::outcome::StopReason::StoreFailed
+                    && outcome
+                        .error
+                        .as_ref()
+                        .is_some_and(|e| e.message.contains("is held by"))
+                {
+                    return Err(busy(&run_id));
+                }
+                outcome
+            }
+        }
+        (RunId::Fresh(id), Some(_)) => agent.run_with_id(&id, messages, cancel).await,
+        (_, None) => agent.run_cancellable(messages, cancel).await,
+    };
+    if let (Some(run_id), Some(store)) = (&outcome.run_id, store)
+        && let Err(e) = store.save_outcome(run_id, &outcome).await
+    {
+        tracing::warn!("the run {run_id} finished, but saving its outcome failed: {e}");
+    }
+    Ok(outcome)
 }
 
 /// Resolves when the process is asked to stop: SIGTERM, or Ctrl-C (SIGINT).

@@ -1,6 +1,6 @@
 //! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::{DurabilityArg, StoreArgs};
 use crate::cx::Cx;
 use crate::durable::{format_ms, open_store};
@@ -77,21 +77,13 @@ pub(crate) struct ResumeArgs {
     base_url: Option<String>,
 }
 
-fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
-    eprintln!("toolloop: {message}");
-    code
-}
-
-pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> ExitCode {
+pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> Result<ExitCode, CliError> {
     match command {
         SessionsCommand::List { store, json } => {
-            let store = match open_store(cx, &store).await {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
+            let store = open_store(cx, &store).await?;
             let list = match store.sessions().await {
                 Ok(l) => l,
-                Err(e) => return fail(e, ExitCode::FAILURE),
+                Err(e) => return Err(CliError::store(e)),
             };
             if json {
                 outln!("{}", json!(list));
@@ -115,22 +107,14 @@ pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> ExitCode {
                     );
                 }
             }
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         SessionsCommand::Show { name, store, json } => {
-            let store = match open_store(cx, &store).await {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
+            let store = open_store(cx, &store).await?;
             let session = match store.session(&name).await {
                 Ok(Some(s)) => s,
-                Ok(None) => {
-                    return fail(
-                        format!("no session named `{name}`"),
-                        ExitCode::from(EXIT_USAGE),
-                    );
-                }
-                Err(e) => return fail(e, ExitCode::FAILURE),
+                Ok(None) => return Err(CliError::usage(format!("no session named `{name}`"))),
+                Err(e) => return Err(CliError::store(e)),
             };
             let runs = store.runs(Some(&name)).await.unwrap_or_default();
             let delegated = delegated(&store, &runs).await;
@@ -148,7 +132,7 @@ pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> ExitCode {
                         "delegated": delegated,
                     })
                 );
-                return ExitCode::SUCCESS;
+                return Ok(ExitCode::SUCCESS);
             }
             outln!(
                 "session {} · {} messages · {} runs · updated {} UTC",
@@ -169,24 +153,15 @@ pub(crate) async fn sessions(cx: &Cx, command: SessionsCommand) -> ExitCode {
                     out(d.folded());
                 }
             }
-            ExitCode::SUCCESS
+            Ok(ExitCode::SUCCESS)
         }
         SessionsCommand::Rm { name, store } => {
-            let store = match open_store(cx, &store).await {
-                Ok(s) => s,
-                Err(code) => return code,
-            };
-            match store.remove_session(&name).await {
-                Ok(true) => {
-                    eprintln!("removed session {name}");
-                    ExitCode::SUCCESS
-                }
-                Ok(false) => fail(
-                    format!("no session named `{name}`"),
-                    ExitCode::from(EXIT_USAGE),
-                ),
-                Err(e) => fail(e, ExitCode::FAILURE),
+            let store = open_store(cx, &store).await?;
+            if !store.remove_session(&name).await.map_err(CliError::store)? {
+                return Err(CliError::usage(format!("no session named `{name}`")));
             }
+            eprintln!("removed session {name}");
+            Ok(ExitCode::SUCCESS)
         }
     }
 }
@@ -341,14 +316,11 @@ fn print_message(m: &Message) {
     }
 }
 
-pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> ExitCode {
-    let store = match open_store(cx, &args.store).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> Result<ExitCode, CliError> {
+    let store = open_store(cx, &args.store).await?;
     let runs = match store.runs(args.session.as_deref()).await {
         Ok(r) => r,
-        Err(e) => return fail(e, ExitCode::FAILURE),
+        Err(e) => return Err(CliError::store(e)),
     };
     // Sub-agents' runs (`{parent}/{call id}`) carry no session: they come with their root's.
     let runs = if args.session.is_some() && !runs.is_empty() {
@@ -362,7 +334,7 @@ pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> ExitCode {
                 );
                 with_children
             }
-            Err(e) => return fail(e, ExitCode::FAILURE),
+            Err(e) => return Err(CliError::store(e)),
         }
     } else {
         runs
@@ -370,11 +342,11 @@ pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> ExitCode {
     let runs = as_tree(runs);
     if args.json {
         outln!("{}", json!(runs));
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     if runs.is_empty() {
         eprintln!("no runs in {}", store.location());
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     outln!(
         "{:<36} {:<17} {:<17} {:>7}  {:<19}  SESSION",
@@ -411,7 +383,7 @@ pub(crate) async fn runs(cx: &Cx, args: RunsArgs) -> ExitCode {
             r.session.as_deref().unwrap_or("-")
         );
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Runs in tree order: each run followed by its sub-agents' runs (`{parent}/{call id}`), in
@@ -450,13 +422,13 @@ fn as_tree(runs: Vec<toolloop_store::RunSummary>) -> Vec<toolloop_store::RunSumm
 }
 
 /// Rebuilds the run's agent from the configuration kept with it, and continues the run.
-pub(crate) async fn resume(cx: &Cx, args: ResumeArgs) -> ExitCode {
+pub(crate) async fn resume(cx: &Cx, args: ResumeArgs) -> Result<ExitCode, CliError> {
     let retry = match already_ended(cx, &args).await {
-        Some(Ended::Said(code)) => return code,
+        Some(Ended::Said(code)) => return Ok(code),
         Some(Ended::Retry) => true,
         None => false,
     };
-    match saved_run(
+    let mut run_args = saved_run(
         cx,
         &args.run_id,
         args.store,
@@ -464,17 +436,12 @@ pub(crate) async fn resume(cx: &Cx, args: ResumeArgs) -> ExitCode {
         args.json,
         args.durability,
     )
-    .await
-    {
-        Ok(mut run_args) => {
-            if retry {
-                // A new run goes on from the failed one's conversation (see `DurableArgs::retry`).
-                run_args.durable.retry = run_args.durable.resume.take();
-            }
-            crate::run::run(cx, run_args).await
-        }
-        Err(code) => code,
+    .await?;
+    if retry {
+        // A new run goes on from the failed one's conversation (see `DurableArgs::retry`).
+        run_args.durable.retry = run_args.durable.resume.take();
     }
+    crate::run::run(cx, run_args).await
 }
 
 /// What `toolloop resume` makes of a run that had already ended.
@@ -505,12 +472,11 @@ async fn already_ended(cx: &Cx, args: &ResumeArgs) -> Option<Ended> {
         .unwrap_or_default();
     let ended = crate::durable::format_ms(run.updated_ms);
     if reason == StopReason::ModelError {
-        eprintln!(
-            "toolloop: run {} had failed on a model error ({ended} UTC): continuing it in a new \
-             run from its log (its model answers and tool results are kept; nothing is made or \
-             run again)",
+        crate::error::warn(format!(
+            "run {} had failed on a model error ({ended} UTC): continuing it in a new run from \
+             its log (its model answers and tool results are kept; nothing is made or run again)",
             run.run_id
-        );
+        ));
         return Some(Ended::Retry);
     }
     let said = format!(
@@ -525,7 +491,7 @@ async fn already_ended(cx: &Cx, args: &ResumeArgs) -> Option<Ended> {
                    "error": {"code": "ALREADY_ENDED", "message": said}})
         );
     }
-    eprintln!("toolloop: {said}");
+    crate::error::warn(&said);
     if matches!(reason, StopReason::Timeout | StopReason::EmptyAnswer) {
         let again = match &run.session {
             Some(s) => format!("toolloop run --session {s} \"…\" (or toolloop chat --session {s})"),

@@ -21,7 +21,7 @@
 //! max_cost = 0.25
 //! ```
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::{
     AgentArgs, AgentDef, AgentsArgs, ApprovalArgs, DurabilityArg, DurableArgs, MAX_OUTPUT_TOKENS,
     MAX_TIMEOUT, RunArgs, StoreArgs, check_temperature, parse_defs, parse_timeout,
@@ -32,7 +32,6 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::Path;
-use std::process::ExitCode;
 use std::sync::Arc;
 use toolloop::agent::AgentBuilder;
 use toolloop::approval::{Action, Approvals, Rule};
@@ -41,15 +40,9 @@ use toolloop::subagent::{SubAgent, check_graph};
 use toolloop::tool::Tool;
 use toolloop::tool_source::ToolSource;
 
-/// Says `message` on stderr and returns `code`.
-fn fail(message: impl std::fmt::Display, code: ExitCode) -> ExitCode {
-    eprintln!("toolloop: {message}");
-    code
-}
-
 /// The images `--attach` names: files are read (and checked to be images); URLs (anything with
 /// `://`, and `data:` URLs) are checked.
-pub(crate) fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
+pub(crate) fn attachments(items: &[String]) -> Result<Vec<Image>, CliError> {
     items
         .iter()
         .map(|item| {
@@ -59,8 +52,7 @@ pub(crate) fn attachments(items: &[String]) -> Result<Vec<Image>, String> {
             } else {
                 Image::from_file(item)
             };
-            image
-                .map_err(|e| crate::terminal::escape(&format!("--attach: {e}"), false).into_owned())
+            image.map_err(|e| CliError::invalid("--attach", e))
         })
         .collect()
 }
@@ -70,22 +62,22 @@ impl AgentArgs {
     /// file is replaced by its settings, and what the flags name in files (`--system-file`) is
     /// read in, so that the run's saved configuration needs neither. Says on stderr when no
     /// model was chosen anywhere (the offline test model answers).
-    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), String> {
+    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), CliError> {
         self.agents.prepare(cx)?;
         self.take_direct_agent()?;
         cx.config.resolve_model(&mut self.provider)?;
         if self.provider.model.trim() == "test" && !cx.config.model_chosen() {
-            eprintln!(
-                "toolloop: no model configured: the offline test model answers. Choose one with \
-                 --model provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in \
-                 the configuration file (`toolloop config path`)."
+            crate::error::warn(
+                "no model configured: the offline test model answers. Choose one with --model \
+                 provider:model (e.g. openai:gpt-4.1-mini), TOOLLOOP_MODEL, or `model` in the \
+                 configuration file (`toolloop config path`).",
             );
         }
-        self.read_files()
+        self.read_files(cx)
     }
 
     /// `--agent NAME`: the run becomes that agent's (its model, system prompt and limits).
-    pub(crate) fn take_direct_agent(&mut self) -> Result<(), String> {
+    pub(crate) fn take_direct_agent(&mut self) -> Result<(), CliError> {
         if let Some(def) = self.agents.direct().cloned() {
             // `--agent NAME`: the run is that agent's.
             if let Some(model) = def.model {
@@ -102,17 +94,17 @@ impl AgentArgs {
                 self.max_tool_calls = n;
             }
             if let Some(t) = &def.timeout {
-                self.timeout = Some(parse_timeout(t)?);
+                self.timeout = Some(parse_timeout(t).map_err(CliError::Usage)?);
             }
         }
         Ok(())
     }
 
     /// Reads in what the flags name in files (`--system-file`, `--output-schema`, `--prices`).
-    fn read_files(&mut self) -> Result<(), String> {
+    fn read_files(&mut self, cx: &Cx) -> Result<(), CliError> {
         if let Some(path) = self.system_file.take() {
             let text = toolloop::user_file::read_to_string(&path, MAX_SYSTEM_FILE_BYTES)
-                .map_err(|e| format!("--system-file {}: {e}", path.display()))?;
+                .map_err(|e| CliError::invalid(format!("--system-file {}", path.display()), e))?;
             self.system = Some(text);
         }
         if let Some(path) = self.output_schema.take() {
@@ -120,25 +112,27 @@ impl AgentArgs {
         }
         if let Some(path) = self.prices.take() {
             let text = toolloop::user_file::read_to_string(&path, MAX_PRICES_BYTES)
-                .map_err(|e| format!("--prices {}: {e}", path.display()))?;
-            price_table(Some(&text)).map_err(|e| format!("--prices {}: {e}", path.display()))?;
+                .map_err(|e| CliError::invalid(format!("--prices {}", path.display()), e))?;
+            price_table(Some(&text))
+                .map_err(|e| e.context(format!("--prices {}", path.display())))?;
             self.price_entries = Some(text);
         }
         // The cassette, once the settings are whole (they are recorded with it).
-        crate::record::note_fallback(&self.record);
-        let mut settings = serde_json::to_value(&*self).map_err(|e| e.to_string())?;
+        crate::record::note_fallback(cx, &self.record);
+        let mut settings = serde_json::to_value(&*self)
+            .map_err(|e| CliError::failed(format!("cannot write the settings as JSON: {e}")))?;
         if let Some(o) = settings.as_object_mut() {
             o.insert(
                 "toolloop_version".into(),
                 Value::from(env!("CARGO_PKG_VERSION")),
             );
         }
-        crate::record::setup(&self.record, &self.provider.model, settings)?;
+        crate::record::setup(cx, &self.record, &self.provider.model, settings)?;
         if self.record.replay_tools {
             // Nothing is run: not even the MCP servers (their tools are not in the cassette).
             if !self.mcp.mcp_config.is_empty() {
-                eprintln!(
-                    "toolloop: --replay-tools: the MCP servers of --mcp-config are not started"
+                crate::error::warn(
+                    "--replay-tools: the MCP servers of --mcp-config are not started",
                 );
             }
             self.mcp.mcp_config.clear();
@@ -164,35 +158,37 @@ impl AgentArgs {
     /// them: one saved with a run), and what depends on the provider. A saved timeout beyond
     /// [`MAX_TIMEOUT`] (from an older version that accepted one) is brought down to it, with a
     /// note on stderr, so that the run can still be resumed.
-    pub(crate) fn check(&mut self) -> Result<(), String> {
+    pub(crate) fn check(&mut self) -> Result<(), CliError> {
         self.agents.check()?;
         if self.max_rounds == 0 {
-            return Err("--max-rounds 0: a run needs at least 1 round".into());
+            return Err(CliError::usage(
+                "--max-rounds 0: a run needs at least 1 round",
+            ));
         }
         if let Some(n) = self.max_output_tokens
             && !(1..=MAX_OUTPUT_TOKENS).contains(&n)
         {
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "--max-output-tokens {n}: expected 1 to {MAX_OUTPUT_TOKENS}"
-            ));
+            )));
         }
         if let Some(t) = self.temperature {
-            check_temperature(t).map_err(|e| format!("--temperature: {e}"))?;
+            check_temperature(t).map_err(|e| CliError::usage(format!("--temperature: {e}")))?;
             if t > 1.0 && self.provider.model.trim().starts_with("anthropic:") {
-                return Err(format!(
+                return Err(CliError::usage(format!(
                     "--temperature {t}: Anthropic accepts a temperature from 0 to 1"
-                ));
+                )));
             }
         }
         match self.timeout {
             Some(t) if t.is_zero() => {
-                return Err("--timeout 0: expected a positive duration".into());
+                return Err(CliError::usage("--timeout 0: expected a positive duration"));
             }
             Some(t) if t > MAX_TIMEOUT => {
-                eprintln!(
-                    "toolloop: the saved timeout ({}s) is beyond the longest, 30 days: using 30 days",
+                crate::error::warn(format!(
+                    "the saved timeout ({}s) is beyond the longest, 30 days: using 30 days",
                     t.as_secs()
-                );
+                ));
                 self.timeout = Some(MAX_TIMEOUT);
             }
             _ => {}
@@ -212,17 +208,23 @@ const MAX_PRICES_BYTES: u64 = 1024 * 1024;
 
 /// Reads an `--output-schema` file: a JSON Schema (an object), named after its `title`, else
 /// after the file. The errors name the flag and the file.
-pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::OutputSchema, String> {
+pub(crate) fn read_output_schema(
+    path: &std::path::Path,
+) -> Result<toolloop::OutputSchema, CliError> {
     let at = || format!("--output-schema {}", path.display());
     let text = toolloop::user_file::read_to_string(path, MAX_SCHEMA_BYTES)
-        .map_err(|e| format!("{}: {e}; expected a JSON Schema", at()))?;
-    let schema: Value = serde_json::from_str(&text)
-        .map_err(|e| format!("{}: not JSON ({e}); expected a JSON Schema object", at()))?;
+        .map_err(|e| CliError::invalid(at(), format!("{e}; expected a JSON Schema")))?;
+    let schema: Value = serde_json::from_str(&text).map_err(|e| {
+        CliError::invalid(
+            at(),
+            format!("not JSON ({e}); expected a JSON Schema object"),
+        )
+    })?;
     if !schema.is_object() {
-        return Err(format!(
+        return Err(CliError::usage(format!(
             "{}: expected a JSON Schema object (`{{\"type\": \"object\", …}}`)",
             at()
-        ));
+        )));
     }
     let name = schema
         .get("title")
@@ -236,28 +238,26 @@ pub(crate) fn read_output_schema(path: &std::path::Path) -> Result<toolloop::Out
         })
         .unwrap_or_default();
     let output = toolloop::OutputSchema::new(name, schema);
-    output
-        .compile()
-        .map_err(|e| format!("{}: not a valid JSON Schema: {}", at(), e.message))?;
+    output.compile().map_err(|e| {
+        CliError::usage(format!("{}: not a valid JSON Schema: {}", at(), e.message))
+    })?;
     Ok(output)
 }
 
 /// The tools `agent` offers: the file tools, `run_command` when allowed, and the tools of the
 /// MCP servers configured, as selected by `--tools` / `--no-tools`.
-pub(crate) async fn tools(
-    cx: &Cx,
-    agent: &AgentArgs,
-) -> Result<crate::mcp::RunTools, crate::mcp::ToolsError> {
-    use crate::mcp::ToolsError;
+pub(crate) async fn tools(cx: &Cx, agent: &AgentArgs) -> Result<crate::mcp::RunTools, CliError> {
     let mut tools = toolloop_tools::fs::builtin_tools(&agent.root, agent.allow_write)
-        .map_err(|e| ToolsError::Usage(format!("--root {}: {e}", agent.root.display())))?;
-    tools.extend(
-        crate::setup::command_tools(cx, &agent.root, &agent.approval).map_err(ToolsError::Usage)?,
-    );
+        .map_err(|e| CliError::invalid(format!("--root {}", agent.root.display()), e))?;
+    tools.extend(crate::setup::command_tools(
+        cx,
+        &agent.root,
+        &agent.approval,
+    )?);
     #[cfg(feature = "test-hooks")]
     let tools = crate::testtool::tools(tools);
     // Recorded in the cassette, or answered from it (`--replay-tools`).
-    let tools = crate::record::wrap_tools(tools);
+    let tools = crate::record::wrap_tools(cx, tools);
     // The servers list their tools before the run: within its timeout too.
     let deadline = agent.timeout.map(|t| tokio::time::Instant::now() + t);
     // Chat's prompt reads the terminal: it asks about a project's servers before it starts.
@@ -272,7 +272,7 @@ pub(crate) fn agent_builder_with(
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
     tools: crate::mcp::RunTools,
-) -> Result<AgentBuilder, String> {
+) -> Result<AgentBuilder, CliError> {
     crate::setup::attach(cx, agent, agent_builder_base(cx, agent, model)?, tools)
 }
 
@@ -282,12 +282,12 @@ pub(crate) fn agent_builder_base(
     cx: &Cx,
     agent: &AgentArgs,
     model: Arc<dyn toolloop::model::Model>,
-) -> Result<AgentBuilder, String> {
+) -> Result<AgentBuilder, CliError> {
     let mut builder = AgentBuilder::new(model)
         .max_rounds(agent.max_rounds)
         .max_tool_calls(agent.max_tool_calls)
         .stream(agent.stream)
-        .redact(crate::secrets::redactor())
+        .redact(crate::secrets::redactor(cx))
         .approvals(crate::setup::approvals(&agent.approval)?);
     if let Some(system) = &agent.system {
         builder = builder.system(system.clone());
@@ -306,28 +306,28 @@ pub(crate) fn agent_builder_base(
     }
     if agent.price_entries.is_some() {
         let table =
-            price_table(agent.price_entries.as_deref()).map_err(|e| format!("--prices: {e}"))?;
+            price_table(agent.price_entries.as_deref()).map_err(|e| e.context("--prices"))?;
         builder = builder.prices(table);
     }
     agent.context.apply(cx, &agent.provider, builder)
 }
 
 /// The built-in price table with the entries of a `--prices` file.
-fn price_table(entries: Option<&str>) -> Result<toolloop::price::PriceTable, String> {
+fn price_table(entries: Option<&str>) -> Result<toolloop::price::PriceTable, CliError> {
     let mut table = toolloop::price::PriceTable::builtin();
     if let Some(text) = entries {
         table.extend_from_json(text).map_err(|e| {
-            format!(
+            CliError::usage(format!(
                 "not a prices file: {e}; expected a JSON object like \
                  {{\"MODEL\": {{\"input\": 1.0, \"output\": 2.0}}}} (US dollars per million tokens)"
-            )
+            ))
         })?;
     }
     Ok(table)
 }
 
 /// The run's approval policy from the flags.
-pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
+pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, CliError> {
     let mut policy = Approvals::default();
     for (action, flag, specs) in [
         (Action::Deny, "deny", &args.deny),
@@ -336,11 +336,11 @@ pub(crate) fn approvals(args: &ApprovalArgs) -> Result<Approvals, String> {
     ] {
         for spec in specs {
             let r = Rule::parse(action, spec).map_err(|e| {
-                format!(
+                CliError::usage(format!(
                     "--{flag} {}: {}",
                     toolloop::result::shorten(spec, 100),
                     e.message
-                )
+                ))
             })?;
             policy = policy.rule(r);
         }
@@ -353,7 +353,7 @@ pub(crate) fn command_tools(
     cx: &Cx,
     root: &Path,
     args: &ApprovalArgs,
-) -> Result<Vec<Arc<dyn Tool>>, String> {
+) -> Result<Vec<Arc<dyn Tool>>, CliError> {
     if !args.allow_commands {
         return Ok(Vec::new());
     }
@@ -365,7 +365,7 @@ pub(crate) fn command_tools(
     config.sandbox = crate::sandbox::policy(cx, &args.sandbox);
     let policy = config.sandbox.clone();
     let tool = toolloop_tools::command::RunCommand::new(config)
-        .map_err(|e| format!("--root {}: {e}", root.display()))?;
+        .map_err(|e| CliError::invalid(format!("--root {}", root.display()), e))?;
     crate::sandbox::warn(cx, &tool, &policy, root);
     Ok(vec![Arc::new(tool)])
 }
@@ -373,19 +373,20 @@ pub(crate) fn command_tools(
 impl AgentsArgs {
     /// Gathers the agents of the configuration file and `--agents`, checks them (no agent
     /// lists itself, at any depth; `--agent` names one), and keeps them for the run.
-    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), String> {
+    pub(crate) fn prepare(&mut self, cx: &Cx) -> Result<(), CliError> {
         let mut defs = cx.config.file.agents.clone();
         if let Some(path) = self.agents.take() {
             let at = format!("--agents {}", path.display());
-            let text = std::fs::read_to_string(&path).map_err(|e| format!("{at}: {e}"))?;
-            let mut table: toml::Table = toml::from_str(&text).map_err(|e| format!("{at}: {e}"))?;
+            let text = std::fs::read_to_string(&path).map_err(|e| CliError::invalid(&at, e))?;
+            let mut table: toml::Table =
+                toml::from_str(&text).map_err(|e| CliError::invalid(&at, e))?;
             let agents = table
                 .remove("agents")
-                .ok_or_else(|| format!("{at}: no [agents.NAME] table"))?;
+                .ok_or_else(|| CliError::usage(format!("{at}: no [agents.NAME] table")))?;
             if let Some(key) = table.keys().next() {
-                return Err(format!(
+                return Err(CliError::usage(format!(
                     "{at}: unknown key `{key}` (only [agents.NAME] tables)"
-                ));
+                )));
             }
             defs.extend(parse_defs(agents, &at)?);
         }
@@ -396,25 +397,25 @@ impl AgentsArgs {
     }
 
     /// Checks the agents kept (saved with a run, too).
-    pub(crate) fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), CliError> {
         let defs = &self.agent_defs;
         check_graph(defs.iter().map(|(name, d)| {
             let tools = d.tools.iter().flatten().map(String::as_str).collect();
             (name.as_str(), tools)
         }))
-        .map_err(|e| format!("[agents]: {e}"))?;
+        .map_err(|e| CliError::usage(format!("[agents]: {e}")))?;
         if let Some(name) = &self.agent_name
             && !defs.contains_key(name)
         {
             let known: Vec<&str> = defs.keys().map(String::as_str).collect();
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "--agent {name}: no such agent; agents: {}",
                 if known.is_empty() {
                     "none".into()
                 } else {
                     known.join(", ")
                 }
-            ));
+            )));
         }
         Ok(())
     }
@@ -435,7 +436,7 @@ pub(crate) fn attach(
     args: &AgentArgs,
     builder: AgentBuilder,
     tools: crate::mcp::RunTools,
-) -> Result<AgentBuilder, String> {
+) -> Result<AgentBuilder, CliError> {
     let defs = &args.agents.agent_defs;
     let mut made = BTreeMap::new();
     let run = Offered {
@@ -476,7 +477,7 @@ pub(crate) fn agent_tools(
     cx: &Cx,
     args: &AgentArgs,
     tools: &[Arc<dyn Tool>],
-) -> Result<Vec<Arc<dyn Tool>>, String> {
+) -> Result<Vec<Arc<dyn Tool>>, CliError> {
     let mut made = BTreeMap::new();
     let run = Offered {
         own: tools,
@@ -501,7 +502,7 @@ fn select(
     def: &AgentDef,
     run: &Offered,
     made: &mut BTreeMap<String, Arc<dyn Tool>>,
-) -> Result<Chosen, String> {
+) -> Result<Chosen, CliError> {
     let Some(list) = &def.tools else {
         let source = run.mcp.map(|m| m.clone() as Arc<dyn ToolSource>);
         return Ok((run.own.to_vec(), source));
@@ -523,10 +524,10 @@ fn select(
                 .chain(run.mcp.iter().flat_map(|m| m.names()))
                 .chain(args.agents.agent_defs.keys().map(String::as_str))
                 .collect();
-            return Err(format!(
+            return Err(CliError::usage(format!(
                 "[agents.{name}] tools: no tool or agent `{wanted}`; there are: {}",
                 known.join(", ")
-            ));
+            )));
         }
     }
     let source = match run.mcp {
@@ -543,7 +544,7 @@ fn sub_agent(
     name: &str,
     run: &Offered,
     made: &mut BTreeMap<String, Arc<dyn Tool>>,
-) -> Result<Arc<dyn Tool>, String> {
+) -> Result<Arc<dyn Tool>, CliError> {
     if let Some(t) = made.get(name) {
         return Ok(t.clone());
     }
@@ -551,7 +552,7 @@ fn sub_agent(
         .agents
         .agent_defs
         .get(name)
-        .ok_or_else(|| format!("no agent `{name}`"))?;
+        .ok_or_else(|| CliError::usage(format!("no agent `{name}`")))?;
     let (own, source) = select(cx, args, name, def, run, made)?;
     let mut child_args = args.clone();
     if let Some(spec) = &def.model {
@@ -560,16 +561,19 @@ fn sub_agent(
         child_args.provider.model = spec.clone();
         cx.config
             .resolve_model(&mut child_args.provider)
-            .map_err(|e| format!("[agents.{name}] model: {e}"))?;
+            .map_err(|e| e.context(format!("[agents.{name}] model")))?;
         child_args.context.context_window = None;
     }
     let model = crate::spec::model_from_args(cx, &child_args.provider)
-        .map_err(|e| format!("[agents.{name}] model: {e}"))?;
+        .map_err(|e| e.context(format!("[agents.{name}] model")))?;
     child_args.system = def.system.clone();
     child_args.max_rounds = def.max_rounds.unwrap_or(args.max_rounds);
     child_args.max_tool_calls = def.max_tool_calls.unwrap_or(args.max_tool_calls);
     child_args.timeout = match &def.timeout {
-        Some(t) => Some(parse_timeout(t).map_err(|e| format!("[agents.{name}] timeout: {e}"))?),
+        Some(t) => Some(
+            parse_timeout(t)
+                .map_err(|e| CliError::usage(format!("[agents.{name}] timeout: {e}")))?,
+        ),
         None => None,
     };
     // The child's output is its answer to the parent, never the run's schema.
@@ -581,16 +585,16 @@ fn sub_agent(
     }
     let agent = builder
         .build()
-        .map_err(|e| format!("[agents.{name}]: {e}"))?;
+        .map_err(|e| CliError::usage(format!("[agents.{name}]: {e}")))?;
     let mut tool = SubAgent::new(name, def.description.clone(), agent)
-        .map_err(|e| format!("[agents.{name}]: {e}"))?;
+        .map_err(|e| CliError::usage(format!("[agents.{name}]: {e}")))?;
     if let Some(n) = def.max_tokens {
         tool = tool.max_tokens(n);
     }
     if let Some(c) = def.max_cost {
         tool = tool
             .max_cost(c)
-            .map_err(|e| format!("[agents.{name}] max_cost: {e}"))?;
+            .map_err(|e| CliError::usage(format!("[agents.{name}] max_cost: {e}")))?;
     }
     let tool: Arc<dyn Tool> = Arc::new(tool);
     made.insert(name.to_string(), tool.clone());
@@ -606,27 +610,25 @@ pub(crate) async fn saved_run(
     base_url: Option<String>,
     json: bool,
     durability: DurabilityArg,
-) -> Result<RunArgs, ExitCode> {
+) -> Result<RunArgs, CliError> {
     let store = open_store(cx, &store_args).await?;
     let (session, meta) = match store.run_tags(run_id).await {
         Ok(Some(t)) => t,
         Ok(None) => {
-            return Err(fail(
-                format!("no run with id {} in {}", run_id, store.location()),
-                ExitCode::from(EXIT_USAGE),
-            ));
+            return Err(CliError::usage(format!(
+                "no run with id {} in {}",
+                run_id,
+                store.location()
+            )));
         }
-        Err(e) => return Err(fail(e, ExitCode::FAILURE)),
+        Err(e) => return Err(CliError::store(e)),
     };
     let Some(Value::Object(mut config)) = meta else {
-        return Err(fail(
-            format!(
-                "run {} was not started by the toolloop command (it has no saved configuration); \
-                 resume it from the program that started it",
-                run_id
-            ),
-            ExitCode::from(EXIT_USAGE),
-        ));
+        return Err(CliError::usage(format!(
+            "run {} was not started by the toolloop command (it has no saved configuration); \
+             resume it from the program that started it",
+            run_id
+        )));
     };
     // Credentials were not stored with the run: they must be given again.
     let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
@@ -645,21 +647,18 @@ pub(crate) async fn saved_run(
             .iter()
             .map(|f| format!("--{}", f.replace('_', "-")))
             .collect();
-        return Err(fail(
-            format!(
-                "run {id} was started with credentials in {flags} (a user name or password, or \
+        return Err(CliError::usage(format!(
+            "run {id} was started with credentials in {flags} (a user name or password, or \
                  query parameters such as ?key=), which are never stored; give the full value \
                  again: toolloop resume {id} {example}",
-                id = run_id,
-                flags = flags.join(", "),
-                example = flags
-                    .iter()
-                    .map(|f| format!("{f} <URL>"))
-                    .collect::<Vec<_>>()
-                    .join(" "),
-            ),
-            ExitCode::from(EXIT_USAGE),
-        ));
+            id = run_id,
+            flags = flags.join(", "),
+            example = flags
+                .iter()
+                .map(|f| format!("{f} <URL>"))
+                .collect::<Vec<_>>()
+                .join(" "),
+        )));
     }
     config.insert("prompt".into(), Value::String(String::new()));
     config.insert("json".into(), Value::Bool(json));
@@ -675,13 +674,10 @@ pub(crate) async fn saved_run(
     let run_args: RunArgs = match serde_json::from_value(Value::Object(config)) {
         Ok(a) => a,
         Err(e) => {
-            return Err(fail(
-                format!(
-                    "the saved configuration of run {} does not load: {e}",
-                    run_id
-                ),
-                ExitCode::FAILURE,
-            ));
+            return Err(CliError::failed(format!(
+                "the saved configuration of run {} does not load: {e}",
+                run_id
+            )));
         }
     };
     Ok(run_args)

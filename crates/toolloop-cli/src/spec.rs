@@ -1,10 +1,11 @@
 //! `--model <provider:model>`: which model to run, and the provider flags.
 
+use crate::CliError;
 use crate::args::{ProviderArgs, ToolProtocol};
 use crate::cx::Cx;
 use serde_json::Value;
 use std::sync::Arc;
-use toolloop::model::{Model, ModelError};
+use toolloop::model::Model;
 use toolloop::providers::anthropic::{AnthropicConfig, AnthropicModel};
 use toolloop::providers::gemini::{GeminiConfig, GeminiModel};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
@@ -45,20 +46,20 @@ fn lookup<'a>(
     }
 }
 
-fn named_key_is_set(args: &ProviderArgs) -> Result<(), String> {
+fn named_key_is_set(args: &ProviderArgs) -> Result<(), CliError> {
     if let Some(var) = &args.api_key_env
         && crate::secrets::var(var).is_none_or(|v| v.trim().is_empty())
     {
-        return Err(format!(
+        return Err(CliError::usage(format!(
             "--api-key-env {var}: the variable is not set (or is empty)"
-        ));
+        )));
     }
     Ok(())
 }
 
 /// Checks the base URL before anything is sent, naming where it came from: `--base-url`, else
 /// the first of `url_vars` that is set.
-fn check_base_url(args: &ProviderArgs, url_vars: &[&str]) -> Result<(), String> {
+fn check_base_url(args: &ProviderArgs, url_vars: &[&str]) -> Result<(), CliError> {
     let (source, url) = match &args.base_url {
         Some(url) => ("--base-url".to_string(), url.clone()),
         None => match url_vars.iter().find_map(|var| {
@@ -70,23 +71,23 @@ fn check_base_url(args: &ProviderArgs, url_vars: &[&str]) -> Result<(), String> 
             None => return Ok(()),
         },
     };
-    toolloop::providers::check_base_url(&url).map_err(|e| format!("{source}: {e}"))
+    toolloop::providers::check_base_url(&url).map_err(|e| CliError::invalid(source, e))
 }
 
 /// Refuses an `--extra` that sets a request field the provider's adapter writes itself
 /// (`owned`, the adapter's list).
-fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<(), String> {
+fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<(), CliError> {
     let Some(Value::Object(fields)) = args.extra.as_deref() else {
         return Ok(());
     };
     match fields.keys().find(|k| owned.contains(&k.as_str())) {
         None => Ok(()),
-        Some(name) => Err(format!(
+        Some(name) => Err(CliError::usage(format!(
             "--extra may not set `{name}`: the {provider} adapter writes it itself (the \
              conversation, the tools, the model and streaming belong to the run); the fields it \
              owns are {}",
             owned.join(", ")
-        )),
+        ))),
     }
 }
 
@@ -94,23 +95,23 @@ fn check_extra(args: &ProviderArgs, provider: &str, owned: &[&str]) -> Result<()
 /// a file, or stderr for `-`.
 pub(crate) fn debug_log(
     target: &str,
-) -> Result<Arc<toolloop::transport::request_log::RequestLog>, String> {
+) -> Result<Arc<toolloop::transport::request_log::RequestLog>, CliError> {
     use toolloop::transport::request_log::RequestLog;
     let log = if target == "-" {
         RequestLog::stderr()
     } else {
         RequestLog::create(std::path::Path::new(target))
-            .map_err(|e| format!("--debug-requests {target}: {e}"))?
+            .map_err(|e| CliError::invalid(format!("--debug-requests {target}"), e))?
     };
     Ok(Arc::new(log))
 }
 
 /// Builds the model a spec names, with the tool protocol asked for.
-pub(crate) fn model_from_args(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, String> {
+pub(crate) fn model_from_args(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliError> {
     // `replay:FILE`: the recorded provider, answered from the cassette.
     let args = crate::record::resolve(cx, args)?;
     let args = args.as_ref();
-    let model = provider_model(args, cx.debug_log.as_ref())?;
+    let model = provider_model(cx, args)?;
     Ok(match args.tool_protocol {
         ToolProtocol::Native => model,
         ToolProtocol::Prompt => {
@@ -128,7 +129,7 @@ pub(crate) fn model_from_args_named(
     cx: &Cx,
     args: &ProviderArgs,
     name: Option<&str>,
-) -> Result<Arc<dyn Model>, String> {
+) -> Result<Arc<dyn Model>, CliError> {
     let Some(name) = name else {
         return model_from_args(cx, args);
     };
@@ -141,10 +142,8 @@ pub(crate) fn model_from_args_named(
 /// The provider's model, as the spec names it. Its key is noted, so that answers repeating it
 /// are redacted ([`crate::secrets::note_key`]), and the variable it came from is kept from
 /// child processes (a run resumed from the store names it only now).
-fn provider_model(
-    args: &ProviderArgs,
-    debug_log: Option<&Arc<toolloop::transport::request_log::RequestLog>>,
-) -> Result<Arc<dyn Model>, String> {
+fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliError> {
+    let debug_log = cx.debug_log.as_ref();
     if let Some(var) = &args.api_key_env {
         toolloop::redact::mark_secret_env_name(var);
     }
@@ -153,22 +152,22 @@ fn provider_model(
         Some((p, r)) => (p, Some(r)),
         None => (spec, None),
     };
-    let need_name = |rest: Option<&str>| -> Result<String, String> {
+    let need_name = |rest: Option<&str>| -> Result<String, CliError> {
         match rest.map(str::trim) {
             Some(m) if !m.is_empty() => Ok(m.to_string()),
-            _ => Err(format!(
+            _ => Err(CliError::usage(format!(
                 "`{spec}` names no model: expected {provider}:<model>"
-            )),
+            ))),
         }
     };
-    let cfg_err = |e: ModelError| e.to_string();
+    let cfg_err = CliError::ModelSettings;
     match provider {
         "test" if rest.is_none() => Ok(Arc::new(TestModel::new().answer(TestAnswer::Summary))),
         "scripted" => {
             let path = need_name(rest)?;
             ScriptedModel::from_file(path)
                 .map(|m| Arc::new(m) as Arc<dyn Model>)
-                .map_err(|e| e.to_string())
+                .map_err(|e| CliError::invalid("--model", e))
         }
         "openai" => {
             let model = need_name(rest)?;
@@ -183,10 +182,10 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = crate::record::cassette();
+            config.transport.cassette = cx.record.cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
-                crate::secrets::note_key(key);
+                crate::secrets::note_key(cx, key);
             }
             // A compatible server may drop the catalog without a word; OpenAI's own API does not.
             let compatible = !config.is_openai();
@@ -215,10 +214,10 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = crate::record::cassette();
+            config.transport.cassette = cx.record.cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
-                crate::secrets::note_key(key);
+                crate::secrets::note_key(cx, key);
             }
             Ok(Arc::new(ResponsesModel::new(config)))
         }
@@ -239,10 +238,10 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = crate::record::cassette();
+            config.transport.cassette = cx.record.cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
-                crate::secrets::note_key(key);
+                crate::secrets::note_key(cx, key);
             }
             Ok(Arc::new(AnthropicModel::new(config)))
         }
@@ -263,13 +262,15 @@ fn provider_model(
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
             config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = crate::record::cassette();
+            config.transport.cassette = cx.record.cassette();
             connect_retry(args, &mut config.transport);
             if let Some(key) = &config.api_key {
-                crate::secrets::note_key(key);
+                crate::secrets::note_key(cx, key);
             }
             Ok(Arc::new(GeminiModel::new(config)))
         }
-        _ => Err(format!("unknown model `{spec}`: expected one of {KNOWN}")),
+        _ => Err(CliError::usage(format!(
+            "unknown model `{spec}`: expected one of {KNOWN}"
+        ))),
     }
 }

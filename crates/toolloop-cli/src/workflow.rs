@@ -1,7 +1,7 @@
 //! `toolloop workflow`: run, check, resume and list step workflows (see the
 //! `toolloop-workflow` crate for the format).
 
-use crate::EXIT_USAGE;
+use crate::CliError;
 use crate::args::{AgentArgs, DurabilityArg, StoreArgs};
 use crate::cx::Cx;
 use crate::durable::open_store_with;
@@ -161,13 +161,8 @@ fn parse_input(s: &str) -> Result<(String, String), String> {
     }
 }
 
-fn usage(message: impl std::fmt::Display) -> ExitCode {
-    eprintln!("toolloop: {message}");
-    ExitCode::from(EXIT_USAGE)
-}
-
 /// `toolloop workflow …`.
-pub(crate) async fn workflow(cx: &Arc<Cx>, command: WorkflowCommand) -> ExitCode {
+pub(crate) async fn workflow(cx: &Arc<Cx>, command: WorkflowCommand) -> Result<ExitCode, CliError> {
     match command {
         WorkflowCommand::Run(args) => run(cx, args).await,
         WorkflowCommand::Check(args) => check(cx, args).await,
@@ -182,8 +177,8 @@ pub(crate) fn load(
     file: &std::path::Path,
     files: FilesArgs,
     agent: &AgentArgs,
-) -> Result<Workflow, ExitCode> {
-    let mut workflow = Workflow::from_file_with(file, files.access()).map_err(usage)?;
+) -> Result<Workflow, CliError> {
+    let mut workflow = Workflow::from_file_with(file, files.access())?;
     let d = &mut workflow.defaults;
     if d.max_rounds.is_none() && cx.config.is_set("max_rounds") {
         d.max_rounds = Some(agent.max_rounds);
@@ -201,40 +196,48 @@ pub(crate) fn load(
 
 /// The runner for `agent`'s settings: its model as the default, steps' models built like
 /// `--model`, its tools, its approval rules.
-pub(crate) async fn runner(cx: &Arc<Cx>, agent: &mut AgentArgs) -> Result<Runner, ExitCode> {
-    agent.check().map_err(usage)?;
-    agent.mcp.absolutize().map_err(usage)?;
+pub(crate) async fn runner(cx: &Arc<Cx>, agent: &mut AgentArgs) -> Result<Runner, CliError> {
+    agent.check()?;
+    agent.mcp.absolutize()?;
     // A workflow's steps take the MCP servers' tools as listed when it starts.
-    let mut tools = tools(cx, agent).await.map_err(|e| e.report())?.all().await;
+    let mut tools = tools(cx, agent).await?.all().await;
     // The declared agents, as tools steps may name.
-    let agents = crate::setup::agent_tools(cx, agent, &tools).map_err(usage)?;
+    let agents = crate::setup::agent_tools(cx, agent, &tools)?;
     tools.extend(agents);
-    let model = model_from_args_named(cx, &agent.provider, None).map_err(usage)?;
+    let model = model_from_args_named(cx, &agent.provider, None)?;
     let provider = agent.provider.clone();
     let settings = agent.clone();
     // Check the approval rules once; each step's agent gets them.
-    crate::setup::agent_builder_base(cx, agent, model.clone()).map_err(usage)?;
+    crate::setup::agent_builder_base(cx, agent, model.clone())?;
     Ok(Runner::new(model)
         .tools(tools)
         .models({
             let cx = cx.clone();
-            move |name| model_from_args_named(&cx, &provider, Some(name))
+            move |name| {
+                model_from_args_named(&cx, &provider, Some(name))
+                    .map_err(|e| crate::error::chain(&e))
+            }
         })
-        .configure(move |b| {
-            let mut b = b.stream(settings.stream).redact(crate::secrets::redactor());
-            if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
-                b = b.approvals(approvals);
+        .configure({
+            let cx = cx.clone();
+            move |b| {
+                let mut b = b
+                    .stream(settings.stream)
+                    .redact(crate::secrets::redactor(&cx));
+                if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
+                    b = b.approvals(approvals);
+                }
+                if let Some(system) = &settings.system {
+                    b = b.system(system.clone());
+                }
+                if let Some(t) = settings.temperature {
+                    b = b.temperature(t);
+                }
+                if let Some(n) = settings.max_output_tokens {
+                    b = b.max_output_tokens(n);
+                }
+                b
             }
-            if let Some(system) = &settings.system {
-                b = b.system(system.clone());
-            }
-            if let Some(t) = settings.temperature {
-                b = b.temperature(t);
-            }
-            if let Some(n) = settings.max_output_tokens {
-                b = b.max_output_tokens(n);
-            }
-            b
         }))
 }
 
@@ -247,7 +250,7 @@ fn events(runner: Runner, jsonl: bool, progress: Arc<Progress>) -> Runner {
             }
             match serde_json::to_string(e) {
                 Ok(line) => outln!("{line}"),
-                Err(e) => eprintln!("toolloop: cannot write an event as JSON: {e}"),
+                Err(e) => crate::error::warn(format!("cannot write an event as JSON: {e}")),
             }
             return;
         }
@@ -287,7 +290,7 @@ fn events(runner: Runner, jsonl: bool, progress: Arc<Progress>) -> Runner {
     })
 }
 
-async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> ExitCode {
+async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> Result<ExitCode, CliError> {
     if let Some(id) = args.resume.take() {
         return resume(
             cx,
@@ -302,20 +305,14 @@ async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> ExitCode {
         .await;
     }
     let Some(file) = args.file.clone() else {
-        return usage("workflow run: give the workflow file (or --resume ID)");
+        return Err(CliError::usage(
+            "workflow run: give the workflow file (or --resume ID)",
+        ));
     };
-    if let Err(e) = args.agent.prepare(cx) {
-        return usage(e);
-    }
-    let workflow = match load(cx, &file, args.files, &args.agent) {
-        Ok(w) => w,
-        Err(code) => return code,
-    };
+    args.agent.prepare(cx)?;
+    let workflow = load(cx, &file, args.files, &args.agent)?;
     let inputs: BTreeMap<String, String> = args.inputs.iter().cloned().collect();
-    let mut runner = match runner(cx, &mut args.agent).await {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
+    let mut runner = runner(cx, &mut args.agent).await?;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json && !args.jsonl,
         false,
@@ -326,10 +323,7 @@ async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> ExitCode {
         _ => None,
     };
     if let Some(durability) = durability {
-        let store = match open_store_with(cx, &args.store, durability).await {
-            Ok(s) => s,
-            Err(code) => return code,
-        };
+        let store = open_store_with(cx, &args.store, durability).await?;
         runner = runner
             .journal(store.run_journal(toolloop_store::RunTags::default()))
             .log(Arc::new(StoreLog::new(store)));
@@ -340,33 +334,26 @@ async fn run(cx: &Arc<Cx>, mut args: WorkflowRunArgs) -> ExitCode {
     finish(outcome, args.json, args.jsonl, &progress)
 }
 
-async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> ExitCode {
-    let store = match open_store_with(cx, &args.store, toolloop_store::Durability::default()).await
-    {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
+async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> Result<ExitCode, CliError> {
+    let store = open_store_with(cx, &args.store, toolloop_store::Durability::default()).await?;
     let log = Arc::new(StoreLog::new(store.clone()));
     let record = match toolloop_workflow::WorkflowLog::load(log.as_ref(), &args.id).await {
         Ok(Some(r)) => r,
         Ok(None) => {
-            return usage(format!(
+            return Err(CliError::usage(format!(
                 "no workflow run with id {} in {} (`toolloop workflow list` shows them)",
                 args.id,
                 store.location()
-            ));
+            )));
         }
-        Err(e) => {
-            eprintln!("toolloop: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return Err(CliError::failure("", e)),
     };
     let Value::Object(mut config) = record.meta.clone() else {
-        return usage(format!(
+        return Err(CliError::usage(format!(
             "workflow run {} was not started by the toolloop command (it has no saved \
              settings); resume it from the program that started it",
             args.id
-        ));
+        )));
     };
     let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
         Some(Value::Array(fields)) => fields
@@ -380,27 +367,20 @@ async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> ExitCode {
         removed.retain(|f| f != "base_url");
     }
     if !removed.is_empty() {
-        return usage(format!(
+        return Err(CliError::usage(format!(
             "workflow run {} was started with credentials in --{}, which are never stored; give \
              the full value again with --base-url <URL>",
             args.id,
             removed.join(", --").replace('_', "-")
-        ));
+        )));
     }
-    let mut agent: AgentArgs = match serde_json::from_value(Value::Object(config)) {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!(
-                "toolloop: the saved settings of workflow run {} do not load: {e}",
-                args.id
-            );
-            return ExitCode::FAILURE;
-        }
-    };
-    let mut runner = match runner(cx, &mut agent).await {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
+    let mut agent: AgentArgs = serde_json::from_value(Value::Object(config)).map_err(|e| {
+        CliError::failure(
+            format!("the saved settings of workflow run {} do not load", args.id),
+            e,
+        )
+    })?;
+    let mut runner = runner(cx, &mut agent).await?;
     let progress = Arc::new(Progress::new(
         std::io::stderr().is_terminal() && !args.json && !args.jsonl,
         false,
@@ -430,16 +410,10 @@ fn finish(
     json: bool,
     jsonl: bool,
     progress: &Progress,
-) -> ExitCode {
+) -> Result<ExitCode, CliError> {
     progress.finish();
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e @ (WorkflowError::Log(_) | WorkflowError::NotFound(_))) => {
-            eprintln!("toolloop: {e}");
-            return ExitCode::FAILURE;
-        }
-        Err(e) => return usage(e),
-    };
+    // Exit code 1 for a failed log or an unknown run, 2 for the rest (see `CliError`).
+    let outcome = outcome?;
     let value = serde_json::to_value(&outcome).unwrap_or(Value::Null);
     if json {
         outln!("{value}");
@@ -479,36 +453,24 @@ fn finish(
             );
         }
     }
-    match outcome.status {
+    Ok(match outcome.status {
         WorkflowStatus::Succeeded => ExitCode::SUCCESS,
         WorkflowStatus::Cancelled | WorkflowStatus::Running => ExitCode::FAILURE,
         WorkflowStatus::Failed => match outcome.stop_reason() {
             Some(reason) => exit_code(reason),
             None => ExitCode::FAILURE,
         },
-    }
+    })
 }
 
-async fn check(cx: &Arc<Cx>, mut args: WorkflowCheckArgs) -> ExitCode {
-    if let Err(e) = args.agent.prepare(cx) {
-        return usage(e);
-    }
-    let workflow = match load(cx, &args.file, args.files, &args.agent) {
-        Ok(w) => w,
-        Err(code) => return code,
-    };
-    let runner = match runner(cx, &mut args.agent).await {
-        Ok(r) => r,
-        Err(code) => return code,
-    };
-    if let Err(e) = runner.check(&workflow) {
-        return usage(e);
-    }
+async fn check(cx: &Arc<Cx>, mut args: WorkflowCheckArgs) -> Result<ExitCode, CliError> {
+    args.agent.prepare(cx)?;
+    let workflow = load(cx, &args.file, args.files, &args.agent)?;
+    let runner = runner(cx, &mut args.agent).await?;
+    runner.check(&workflow)?;
     if !args.inputs.is_empty() {
         let inputs: BTreeMap<String, String> = args.inputs.iter().cloned().collect();
-        if let Err(e) = workflow.resolve_inputs(&inputs) {
-            return usage(e);
-        }
+        workflow.resolve_inputs(&inputs)?;
     }
     outln!(
         "{}: workflow {} checks: {} steps, {} inputs",
@@ -517,24 +479,15 @@ async fn check(cx: &Arc<Cx>, mut args: WorkflowCheckArgs) -> ExitCode {
         workflow.steps.len(),
         workflow.inputs.len()
     );
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
-async fn list(cx: &Cx, args: WorkflowListArgs) -> ExitCode {
-    let store = match crate::durable::open_store(cx, &args.store).await {
-        Ok(s) => s,
-        Err(code) => return code,
-    };
-    let runs = match store.workflows().await {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("toolloop: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+async fn list(cx: &Cx, args: WorkflowListArgs) -> Result<ExitCode, CliError> {
+    let store = crate::durable::open_store(cx, &args.store).await?;
+    let runs = store.workflows().await.map_err(CliError::store)?;
     if args.json {
         outln!("{}", serde_json::to_value(&runs).unwrap_or(Value::Null));
-        return ExitCode::SUCCESS;
+        return Ok(ExitCode::SUCCESS);
     }
     for r in runs {
         outln!(
@@ -545,5 +498,5 @@ async fn list(cx: &Cx, args: WorkflowListArgs) -> ExitCode {
             crate::terminal::escape(&r.name, false)
         );
     }
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

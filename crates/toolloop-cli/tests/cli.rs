@@ -122,6 +122,47 @@ fn bad_usage_and_configuration_exit_2_with_a_clear_message() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot read the script"));
 }
 
+/// An error is said once, in `main`, as `toolloop: ` and what was being done followed by its
+/// cause, with the exit code of its kind; a name the user (or a project) gave that holds
+/// control characters is shown escaped, never sent to the terminal.
+#[test]
+fn an_error_is_said_once_with_its_cause_and_escaped() {
+    let dir = repo();
+    let hostile = "notes\u{1b}]0;owned\u{7}\u{1b}[2J.md";
+    let out = toolloop(
+        &["run", "--model", "test", "--system-file", hostile, "hi"],
+        dir.path(),
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        !stderr.contains('\u{1b}') && !stderr.contains('\u{7}'),
+        "{stderr:?}"
+    );
+    let said: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("toolloop: "))
+        .collect();
+    assert_eq!(
+        said,
+        [
+            r"toolloop: --system-file notes\x1b]0;owned\x07\x1b[2J.md: No such file or directory (os error 2)"
+        ],
+        "{stderr}"
+    );
+    // A store that cannot be opened: a failure (1), said with the store's own words.
+    let file = dir.path().join("README.md");
+    let store = format!("{}/store.db", file.display());
+    let out = toolloop(&["sessions", "list", "--store", &store], dir.path());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.matches("toolloop: ").count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("cannot open the store") && stderr.contains("choose another with --store"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn write_file_is_offered_only_with_allow_write() {
     let dir = repo();

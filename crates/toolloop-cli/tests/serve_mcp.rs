@@ -65,7 +65,8 @@ fn over_stdio_env(args: &[&str], mode: &str, elicit: Option<&str>, env: &[(&str,
     };
     c.env_remove("CANCEL_AFTER")
         .env_remove("CALL_TOOL")
-        .env_remove("CALL_ARGS");
+        .env_remove("CALL_ARGS")
+        .env_remove("CONCURRENT");
     for (k, v) in env {
         c.env(k, v);
     }
@@ -444,5 +445,70 @@ prompt = "Again: {{ steps.one.output }}"
     );
     // Both steps asked the model, the first with the input filled in.
     assert_eq!(mock.stats().requests, 2);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+#[cfg_attr(
+    not(toolloop_python),
+    ignore = "python3 is not on PATH: the test runs the official MCP Python SDK (tools/python/requirements.txt)"
+)]
+fn runs_at_once_are_limited_and_each_run_has_the_agents_budgets() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let root = dir.path().to_str().unwrap();
+    // One run at a time: of two calls at once (the model takes 1.5 s), one is refused at once
+    // with a tool error that says why; the other answers.
+    let seen = over_stdio_env(
+        &[
+            "--model",
+            "openai:mock:rounds=0,latency=1500ms",
+            "--base-url",
+            &url,
+            "--root",
+            root,
+            "--max-runs",
+            "1",
+        ],
+        "auto",
+        None,
+        &[("CONCURRENT", "2")],
+    );
+    let results = seen["concurrent"].as_array().unwrap();
+    assert_eq!(results.len(), 2, "{seen}");
+    let busy: Vec<&Value> = results.iter().filter(|r| r["is_error"] == true).collect();
+    assert_eq!(busy.len(), 1, "{seen}");
+    let why = busy[0]["text"][0].as_str().unwrap();
+    assert!(
+        why.contains("--max-runs") && why.contains("at most 1"),
+        "{why}"
+    );
+    assert!(
+        results.iter().any(|r| r["is_error"] == false),
+        "the other call answers: {seen}"
+    );
+    assert_eq!(mock.stats().requests, 1, "the refused call ran nothing");
+
+    // The agent's budgets bound each run, as over --openai: a run that wants three rounds of
+    // calls stops at --max-rounds, and the client reads why.
+    let seen = over_stdio(
+        &[
+            "--model",
+            "openai:mock:rounds=3",
+            "--base-url",
+            &url,
+            "--root",
+            root,
+            "--max-rounds",
+            "1",
+        ],
+        "auto",
+        None,
+    );
+    assert_eq!(seen["is_error"], true, "{seen}");
+    let text = seen["text"][0].as_str().unwrap();
+    assert!(text.contains("max_rounds"), "{text}");
     rt.block_on(mock.shutdown());
 }

@@ -653,7 +653,12 @@ fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from
     assert_eq!(seen["agent_streamed_finish"], json!(["stop"]));
     assert_eq!(seen["agent_responses"], answer);
     assert_eq!(seen["agent_responses_streamed"], json!([answer, answer]));
-    for mode in ["gateway_whole", "gateway_streamed"] {
+    for mode in [
+        "gateway_whole",
+        "gateway_streamed",
+        "gateway_responses_whole",
+        "gateway_responses_streamed",
+    ] {
         assert_eq!(
             seen[mode]["rounds"].as_array().unwrap().len(),
             2,
@@ -995,4 +1000,604 @@ fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
     assert_eq!(mock.stats().rejected, 0);
     drop(served);
     rt.block_on(mock.shutdown());
+}
+
+/// An OpenAI-compatible backend with no tool calling that answers with the texts given, in
+/// order (the last again once they run out), whole or streamed in small pieces, and keeps every
+/// request body it gets.
+struct Scripted {
+    base: String,
+    bodies: Arc<Mutex<Vec<Value>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Scripted {
+    async fn start(replies: &[&str]) -> Scripted {
+        use axum::response::IntoResponse;
+        type Shared = Arc<(Vec<String>, Arc<Mutex<Vec<Value>>>)>;
+        async fn reply(
+            axum::extract::State(st): axum::extract::State<Shared>,
+            axum::Json(body): axum::Json<Value>,
+        ) -> axum::response::Response {
+            assert!(
+                body.get("tools").is_none(),
+                "the backend has no tool calling"
+            );
+            let n = {
+                let mut b = st.1.lock().unwrap();
+                b.push(body.clone());
+                b.len() - 1
+            };
+            let text = st.0[n.min(st.0.len() - 1)].clone();
+            let usage = json!({"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15});
+            if body["stream"] != true {
+                return axum::Json(json!({
+                    "id": "x", "object": "chat.completion", "created": 0, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}],
+                    "usage": usage,
+                }))
+                .into_response();
+            }
+            let chunk = |delta: Value, finish: Value| {
+                format!(
+                    "data: {}\n\n",
+                    json!({"id": "x", "object": "chat.completion.chunk", "created": 0, "model": "m",
+                           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+                )
+            };
+            let chars: Vec<char> = text.chars().collect();
+            let mut out = String::new();
+            for piece in chars.chunks(4) {
+                out.push_str(&chunk(
+                    json!({"content": piece.iter().collect::<String>()}),
+                    Value::Null,
+                ));
+            }
+            out.push_str(&chunk(json!({}), json!("stop")));
+            out.push_str("data: [DONE]\n\n");
+            ([("content-type", "text/event-stream")], out).into_response()
+        }
+        let bodies = Arc::new(Mutex::new(Vec::new()));
+        let shared: Shared = Arc::new((
+            replies.iter().map(|r| r.to_string()).collect(),
+            bodies.clone(),
+        ));
+        let app = axum::Router::new()
+            .route("/v1/chat/completions", axum::routing::post(reply))
+            .with_state(shared);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}/v1", listener.local_addr().unwrap());
+        let task = tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Scripted { base, bodies, task }
+    }
+
+    fn requests(&self) -> usize {
+        self.bodies.lock().unwrap().len()
+    }
+
+    /// The messages of request `n`, as text.
+    fn messages(&self, n: usize) -> String {
+        self.bodies.lock().unwrap()[n]["messages"].to_string()
+    }
+}
+
+impl Drop for Scripted {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A call written wrong in the hermes dialect: plain words in the tag.
+const BROKEN_CALL: &str = "<tool_call>get the weather please</tool_call>";
+const GOOD_CALL: &str = "Checking.\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}</tool_call>";
+
+async fn post_keyed(url: &str, token: Option<&str>, key: &str, body: &Value) -> (u16, Value) {
+    let mut req = reqwest::Client::new()
+        .post(url)
+        .header("Idempotency-Key", key)
+        .json(body);
+    if let Some(t) = token {
+        req = req.bearer_auth(t);
+    }
+    let r = req.send().await.unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+#[test]
+fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_asked_again() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[
+        BROKEN_CALL,
+        GOOD_CALL,
+        BROKEN_CALL,
+        GOOD_CALL,
+    ]));
+    let dir = common::repo();
+    let store = dir.path().join("store.db");
+    let args = [
+        "--openai",
+        "127.0.0.1:0",
+        "--base-url",
+        &backend.base,
+        "--dialect",
+        "hermes",
+        "--store",
+        store.to_str().unwrap(),
+    ];
+    let body = json!({"model": "gateway:openai:qwen", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": client_tools()});
+    let served = Served::start(dir.path(), &args, &[]);
+    let chat = served.url("/v1/chat/completions");
+    let first = rt.block_on(async {
+        let (status, v) = post_keyed(&chat, None, "weather-1", &body).await;
+        assert_eq!(status, 200, "{v}\n{}", served.stderr());
+        let m = &v["choices"][0]["message"];
+        // The broken call went back to the backend, which wrote it right: the client gets the
+        // call, never the broken one.
+        assert_eq!(v["choices"][0]["finish_reason"], "tool_calls", "{v}");
+        assert_eq!(m["tool_calls"].as_array().unwrap().len(), 1, "{v}");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather");
+        let args: Value = serde_json::from_str(
+            m["tool_calls"][0]["function"]["arguments"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        assert_eq!(m["content"].as_str().unwrap().trim(), "Checking.", "{v}");
+        assert!(!v.to_string().contains("get the weather please"), "{v}");
+        assert_eq!(backend.requests(), 2, "asked once more");
+        assert!(
+            backend.messages(1).contains("get the weather please")
+                && backend.messages(1).contains("could not be read"),
+            "the second request shows the backend its broken call and why: {}",
+            backend.messages(1)
+        );
+        // The request is a run in the store, shown at /v1/runs/{id}.
+        let run_id = v["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let run: Value = reqwest::get(served.url(&format!("/v1/runs/{run_id}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(run["status"], "finished", "{run}");
+        // A retry with the same key gets the same answer, and the backend is not asked again.
+        let (status, again) = post_keyed(&chat, None, "weather-1", &body).await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"], v["choices"]);
+        assert_eq!(backend.requests(), 2);
+        v
+    });
+    // So does a retry on a server started again over the same store.
+    served.kill9();
+    let served = Served::start(dir.path(), &args, &[]);
+    rt.block_on(async {
+        let (status, again) = post_keyed(
+            &served.url("/v1/chat/completions"),
+            None,
+            "weather-1",
+            &body,
+        )
+        .await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["choices"], first["choices"]);
+        assert_eq!(again["toolloop"]["run_id"], first["toolloop"]["run_id"]);
+        assert_eq!(
+            backend.requests(),
+            2,
+            "no second backend call after the restart"
+        );
+    });
+    // `toolloop runs` lists it.
+    let out = common::toolloop(&["runs", "--store", store.to_str().unwrap()], dir.path());
+    let listed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        listed.contains(first["toolloop"]["run_id"].as_str().unwrap()),
+        "{listed}"
+    );
+
+    // Streamed: the same, the broken call never sent.
+    let streamed = rt.block_on(async {
+        let mut b = body.clone();
+        b["stream"] = json!(true);
+        post_stream(&served.url("/v1/chat/completions"), &b).await
+    });
+    let (text, calls, finish) = gather_calls(&streamed);
+    assert_eq!(finish, "tool_calls", "{streamed:?}");
+    assert_eq!(calls.len(), 1, "{streamed:?}");
+    assert_eq!(calls[0]["function"]["name"], "get_weather");
+    assert_eq!(text.trim(), "Checking.", "{streamed:?}");
+    assert!(
+        !format!("{streamed:?}").contains("get the weather please"),
+        "{streamed:?}"
+    );
+    assert_eq!(backend.requests(), 4, "{streamed:?}");
+    drop(served);
+}
+
+#[test]
+fn a_gateway_request_whose_backend_keeps_writing_broken_calls_gets_a_clear_error() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[BROKEN_CALL]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--base-url",
+            &backend.base,
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let body = json!({"model": "gateway:openai:qwen", "messages": [{"role": "user", "content": "Weather?"}], "tools": client_tools()});
+        let (status, v) = post(&served.url("/v1/chat/completions"), None, &body).await;
+        assert_eq!(status, 502, "{v}");
+        assert_eq!(v["error"]["code"], "malformed_tool_call", "{v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("3 times in a row"),
+            "{v}"
+        );
+        assert_eq!(backend.requests(), 3, "asked again twice, then given up");
+    });
+}
+
+#[test]
+fn a_streamed_agent_answer_holds_only_the_final_answer_as_content() {
+    let rt = rt();
+    // The model writes words before its call, then the answer: twice, for the two APIs.
+    let before = "I will look around first.\n<tool_call>{\"name\": \"list_dir\", \"arguments\": {\"path\": \".\"}}</tool_call>";
+    let answer = "Here is the answer: one file.";
+    let backend = rt.block_on(Scripted::start(&[before, answer, before, answer]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:qwen",
+            "--base-url",
+            &backend.base,
+            "--tool-protocol",
+            "prompt",
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let events = post_stream(
+            &served.url("/v1/chat/completions"),
+            &json!({"model": "agent:default", "stream": true,
+                    "messages": [{"role": "user", "content": "What is here?"}]}),
+        )
+        .await;
+        let content: String = events
+            .iter()
+            .filter_map(|e| e["choices"][0]["delta"]["content"].as_str())
+            .collect();
+        assert_eq!(content, answer, "{events:?}");
+        // The words before the call are progress, beside the content, before the call.
+        let text_at = events
+            .iter()
+            .position(|e| {
+                e["toolloop"]["text"]["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("I will look around first."))
+            })
+            .unwrap_or_else(|| panic!("{events:?}"));
+        let call_at = events
+            .iter()
+            .position(|e| e["toolloop"]["tool_call"]["name"] == "list_dir")
+            .unwrap_or_else(|| panic!("{events:?}"));
+        assert!(text_at < call_at);
+        assert_eq!(events.last().unwrap(), "[DONE]");
+
+        let events = post_stream(
+            &served.url("/v1/responses"),
+            &json!({"model": "agent:default", "stream": true, "input": "What is here?"}),
+        )
+        .await;
+        let content: String = events
+            .iter()
+            .filter(|e| e["type"] == "response.output_text.delta")
+            .filter_map(|e| e["delta"].as_str())
+            .collect();
+        assert_eq!(content, answer, "{events:?}");
+        assert!(
+            events.iter().any(|e| e["type"] == "toolloop.text"
+                && e["text"]
+                    .as_str()
+                    .is_some_and(|t| t.contains("I will look around first."))),
+            "{events:?}"
+        );
+        let done = events
+            .iter()
+            .find(|e| e["type"] == "response.completed")
+            .unwrap();
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], answer);
+    });
+    assert_eq!(backend.requests(), 4);
+}
+
+async fn get_as(url: &str, token: &str) -> (u16, Value) {
+    let r = reqwest::Client::new()
+        .get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+#[test]
+fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, "# the clients\ntoken-of-ann\n\ntoken-of-bob\n").unwrap();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=0",
+            "--base-url",
+            &url,
+            "--auth-token-file",
+            tokens.to_str().unwrap(),
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let chat = served.url("/v1/chat/completions");
+        let ask =
+            json!({"model": "agent:default", "messages": [{"role": "user", "content": "hi"}]});
+        // The same key from two clients names two runs: each is run.
+        let (status, ann) = post_keyed(&chat, Some("token-of-ann"), "job-1", &ask).await;
+        assert_eq!(status, 200, "{ann}");
+        let (status, bob) = post_keyed(&chat, Some("token-of-bob"), "job-1", &ask).await;
+        assert_eq!(status, 200, "{bob}");
+        let ann_run = ann["toolloop"]["run_id"].as_str().unwrap().to_string();
+        let bob_run = bob["toolloop"]["run_id"].as_str().unwrap().to_string();
+        assert_ne!(ann_run, bob_run);
+        assert_eq!(mock.stats().requests, 2, "two runs, two model calls");
+        // Ann's retry is Ann's run again.
+        let (_, again) = post_keyed(&chat, Some("token-of-ann"), "job-1", &ask).await;
+        assert_eq!(again["toolloop"]["run_id"], ann["toolloop"]["run_id"]);
+        assert_eq!(mock.stats().requests, 2);
+        // Each sees its own runs only; another's is as unknown as no run at all.
+        let runs = |id: &str| served.url(&format!("/v1/runs/{id}"));
+        assert_eq!(get_as(&runs(&ann_run), "token-of-ann").await.0, 200);
+        assert_eq!(get_as(&runs(&bob_run), "token-of-bob").await.0, 200);
+        let (status, v) = get_as(&runs(&ann_run), "token-of-bob").await;
+        assert_eq!(status, 404, "{v}");
+        assert_eq!(v["error"]["code"], "run_not_found");
+        assert_eq!(get_as(&runs(&bob_run), "token-of-ann").await.0, 404);
+        // A run without a key is its client's too.
+        let (status, v) = post(&chat, Some("token-of-bob"), &ask).await;
+        assert_eq!(status, 200, "{v}");
+        let fresh = v["toolloop"]["run_id"].as_str().unwrap();
+        assert_eq!(get_as(&runs(fresh), "token-of-bob").await.0, 200);
+        assert_eq!(get_as(&runs(fresh), "token-of-ann").await.0, 404);
+        // A token not in the file gets nothing.
+        assert_eq!(get_as(&runs(fresh), "token-of-eve").await.0, 401);
+
+        // A response continues only its own client's conversations.
+        let (status, v) = post(
+            &served.url("/v1/responses"),
+            Some("token-of-ann"),
+            &json!({"model": "agent:default", "input": "hi"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let follow =
+            json!({"model": "agent:default", "input": "and?", "previous_response_id": v["id"]});
+        let (status, w) = post(&served.url("/v1/responses"), Some("token-of-bob"), &follow).await;
+        assert_eq!(status, 400, "{w}");
+        assert_eq!(w["error"]["param"], "previous_response_id");
+        let (status, w) = post(&served.url("/v1/responses"), Some("token-of-ann"), &follow).await;
+        assert_eq!(status, 200, "{w}");
+
+        // The Responses API refuses what it does not serve, naming the field; an unknown
+        // previous response likewise.
+        let responses = served.url("/v1/responses");
+        for (field, value) in [
+            ("tools", client_tools()),
+            ("previous_response_id", json!("resp_123")),
+        ] {
+            let mut body = json!({"model": "agent:default", "input": "hi"});
+            body[field] = value;
+            let (status, v) = post(&responses, Some("token-of-ann"), &body).await;
+            assert_eq!(status, 400, "{v}");
+            assert_eq!(v["error"]["param"], field, "{v}");
+        }
+    });
+    assert!(!served.stderr().contains("token-of"), "{}", served.stderr());
+    drop(served);
+    rt.block_on(mock.shutdown());
+}
+
+#[test]
+fn a_response_continues_the_conversation_of_the_previous_one() {
+    let rt = rt();
+    let backend = rt.block_on(Scripted::start(&[
+        "Answer one.",
+        "Answer two.",
+        "Answer three.",
+    ]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:qwen",
+            "--base-url",
+            &backend.base,
+            "--tool-protocol",
+            "prompt",
+        ],
+        &[],
+    );
+    rt.block_on(async {
+        let url = served.url("/v1/responses");
+        let (status, first) = post(
+            &url,
+            None,
+            &json!({"model": "agent:default", "input": "First question?", "instructions": "Be brief."}),
+        )
+        .await;
+        assert_eq!(status, 200, "{first}");
+        assert_eq!(first["output"][0]["content"][0]["text"], "Answer one.");
+        let (status, second) = post(
+            &url,
+            None,
+            &json!({"model": "agent:default", "input": "Second question?", "previous_response_id": first["id"]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{second}");
+        assert_eq!(second["output"][0]["content"][0]["text"], "Answer two.");
+        let seen = backend.messages(1);
+        for part in ["Be brief.", "First question?", "Answer one.", "Second question?"] {
+            assert!(seen.contains(part), "{part} missing from {seen}");
+        }
+        // Streamed, the answer's id is the same from its first event to its last, and it
+        // continues too.
+        let events = post_stream(
+            &url,
+            &json!({"model": "agent:default", "stream": true, "input": "Third?", "previous_response_id": second["id"]}),
+        )
+        .await;
+        let created = events.iter().find(|e| e["type"] == "response.created").unwrap();
+        let done = events.iter().find(|e| e["type"] == "response.completed").unwrap();
+        assert_eq!(created["response"]["id"], done["response"]["id"], "{events:?}");
+        assert_eq!(done["response"]["output"][0]["content"][0]["text"], "Answer three.");
+        let seen = backend.messages(2);
+        for part in ["First question?", "Answer two.", "Third?"] {
+            assert!(seen.contains(part), "{part} missing from {seen}");
+        }
+        // The answer's id names its run.
+        let run = done["response"]["id"].as_str().unwrap().replacen("resp_", "run_", 1);
+        let status: Value = reqwest::get(served.url(&format!("/v1/runs/{run}")))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(status["status"], "finished", "{status}");
+    });
+    assert_eq!(backend.requests(), 3);
+}
+
+#[test]
+fn the_gateway_answers_the_responses_api_with_function_calls() {
+    let rt = rt();
+    let answer = "It is sunny in Paris.";
+    let backend = rt.block_on(Scripted::start(&[GOOD_CALL, answer, GOOD_CALL]));
+    let dir = common::repo();
+    let served = Served::start(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--base-url",
+            &backend.base,
+            "--dialect",
+            "hermes",
+        ],
+        &[],
+    );
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "The weather in a city.",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    rt.block_on(async {
+        let url = served.url("/v1/responses");
+        let ask = json!({"model": "gateway:openai:qwen", "input": "Weather in Paris?", "tools": tools});
+        let (status, v) = post(&url, None, &ask).await;
+        assert_eq!(status, 200, "{v}");
+        assert!(v["id"].as_str().unwrap().starts_with("resp_"), "{v}");
+        let call = v["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "function_call")
+            .unwrap_or_else(|| panic!("{v}"))
+            .clone();
+        assert_eq!(call["name"], "get_weather");
+        let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+        assert_eq!(args, json!({"city": "Paris"}));
+        // The client runs the call and sends its output back with the conversation.
+        let (status, v) = post(
+            &url,
+            None,
+            &json!({"model": "gateway:openai:qwen", "tools": tools, "input": [
+                {"role": "user", "content": "Weather in Paris?"},
+                call,
+                {"type": "function_call_output", "call_id": call["call_id"], "output": "sunny, 24 C"},
+            ]}),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["output"][0]["type"], "message", "{v}");
+        assert_eq!(v["output"][0]["content"][0]["text"], answer);
+        assert!(backend.messages(1).contains("sunny, 24 C"), "{}", backend.messages(1));
+
+        // Streamed: the call as the Responses API streams one, under one id throughout.
+        let mut streamed = ask.clone();
+        streamed["stream"] = json!(true);
+        let events = post_stream(&url, &streamed).await;
+        let kinds: Vec<&str> = events.iter().filter_map(|e| e["type"].as_str()).collect();
+        assert_eq!(kinds.first(), Some(&"response.created"), "{kinds:?}");
+        assert_eq!(kinds.last(), Some(&"response.completed"), "{kinds:?}");
+        for kind in [
+            "response.output_item.added",
+            "response.function_call_arguments.delta",
+            "response.function_call_arguments.done",
+            "response.output_item.done",
+        ] {
+            assert!(kinds.contains(&kind), "{kind} missing: {kinds:?}");
+        }
+        let done = events.last().unwrap();
+        assert_eq!(events[0]["response"]["id"], done["response"]["id"]);
+        let sequence: Vec<u64> = events
+            .iter()
+            .filter_map(|e| e["sequence_number"].as_u64())
+            .collect();
+        assert_eq!(sequence, (0..sequence.len() as u64).collect::<Vec<_>>());
+        assert!(
+            done["response"]["output"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|i| i["type"] == "function_call" && i["name"] == "get_weather"),
+            "{done}"
+        );
+
+        // The gateway keeps no conversation.
+        let mut follow = ask.clone();
+        follow["previous_response_id"] = done["response"]["id"].clone();
+        let (status, v) = post(&url, None, &follow).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "previous_response_id");
+    });
+    assert_eq!(backend.requests(), 3);
 }

@@ -55,6 +55,11 @@ pub trait Model: Send + Sync {
 }
 
 /// The default [`Model::session`]: the model itself.
+pub(crate) fn forward<M: Model + ?Sized>(model: &M) -> Box<dyn Model + '_> {
+    Box::new(Forward(model))
+}
+
+/// The default [`Model::session`]: the model itself.
 struct Forward<'a, M: ?Sized>(&'a M);
 
 #[async_trait]

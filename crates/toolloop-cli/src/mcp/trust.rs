@@ -10,6 +10,7 @@
 //! Decisions are changed under an advisory lock (`mcp-trust.json.lock`) and written to a new
 //! file renamed over the old, so processes deciding at once keep every decision.
 
+use crate::CliError;
 use crate::cx::Cx;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -63,15 +64,15 @@ pub(crate) fn read_config(path: &Path) -> std::io::Result<Vec<u8>> {
 }
 
 /// The root's project file, read; `None` when there is none.
-pub(crate) fn read_project(root: &Path) -> Result<Option<ProjectFile>, String> {
+pub(crate) fn read_project(root: &Path) -> Result<Option<ProjectFile>, CliError> {
     let path = root.join(super::PROJECT_FILE);
     if std::fs::symlink_metadata(&path).is_err() {
         return Ok(None);
     }
     let path = path
         .canonicalize()
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    let bytes = read_config(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+        .map_err(|e| CliError::invalid(path.display().to_string(), e))?;
+    let bytes = read_config(&path).map_err(|e| CliError::invalid(path.display().to_string(), e))?;
     let sha256 = hex(&Sha256::digest(&bytes));
     Ok(Some(ProjectFile {
         path,
@@ -91,23 +92,28 @@ pub(crate) fn decisions_path() -> Option<PathBuf> {
     Some(dir.join("toolloop").join(TRUST_FILE))
 }
 
-fn load(path: &Path) -> Result<Decisions, String> {
+fn load(path: &Path) -> Result<Decisions, CliError> {
     match read_config(path) {
-        Ok(bytes) => serde_json::from_slice(&bytes)
-            .map_err(|e| format!("{}: not a file of MCP trust decisions: {e}", path.display())),
+        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
+            CliError::failed(format!(
+                "{}: not a file of MCP trust decisions: {e}",
+                path.display()
+            ))
+        }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Decisions::default()),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(CliError::io(path.display().to_string(), e)),
     }
 }
 
 /// Writes the decisions whole (a new file renamed over the old), readable by the owner only.
-fn save(path: &Path, decisions: &Decisions) -> Result<(), String> {
-    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+fn save(path: &Path, decisions: &Decisions) -> Result<(), CliError> {
+    let at = |e: std::io::Error| CliError::io(path.display().to_string(), e);
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: no directory", path.display()))?;
+        .ok_or_else(|| CliError::failed(format!("{}: no directory", path.display())))?;
     std::fs::create_dir_all(dir).map_err(at)?;
-    let text = serde_json::to_vec_pretty(decisions).map_err(|e| e.to_string())?;
+    let text = serde_json::to_vec_pretty(decisions)
+        .map_err(|e| CliError::failed(format!("{}: {e}", path.display())))?;
     let mut tmp = tempfile_in(dir).map_err(at)?;
     tmp.1.write_all(&text).map_err(at)?;
     tmp.1.sync_all().map_err(at)?;
@@ -174,11 +180,11 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 /// Changes the decisions at `path` by `change`, read and written under an exclusive advisory
 /// lock (on `<path>.lock`, held until the new file is renamed over the old): two processes
 /// trusting files at once both keep their entries. Writes only when `change` says so.
-fn update<R>(path: &Path, change: impl FnOnce(&mut Decisions) -> (R, bool)) -> Result<R, String> {
-    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+fn update<R>(path: &Path, change: impl FnOnce(&mut Decisions) -> (R, bool)) -> Result<R, CliError> {
+    let at = |e: std::io::Error| CliError::io(path.display().to_string(), e);
     let dir = path
         .parent()
-        .ok_or_else(|| format!("{}: no directory", path.display()))?;
+        .ok_or_else(|| CliError::failed(format!("{}: no directory", path.display())))?;
     std::fs::create_dir_all(dir).map_err(at)?;
     let _lock = lock(&path.with_extension("json.lock"))?;
     let mut decisions = load(path)?;
@@ -191,8 +197,8 @@ fn update<R>(path: &Path, change: impl FnOnce(&mut Decisions) -> (R, bool)) -> R
 
 /// The exclusive lock on the file at `path` (made when missing, readable by its owner only),
 /// released when dropped. Waits up to [`LOCK_WAIT`] for another holder.
-fn lock(path: &Path) -> Result<std::fs::File, String> {
-    let at = |e: std::io::Error| format!("{}: {e}", path.display());
+fn lock(path: &Path) -> Result<std::fs::File, CliError> {
+    let at = |e: std::io::Error| CliError::io(path.display().to_string(), e);
     let mut options = std::fs::OpenOptions::new();
     options.read(true).write(true).create(true).truncate(false);
     #[cfg(unix)]
@@ -216,11 +222,11 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
                 Err(rustix::io::Errno::WOULDBLOCK) => {
-                    return Err(format!(
+                    return Err(CliError::failed(format!(
                         "{}: another toolloop has held the lock for {}s; try again",
                         path.display(),
                         LOCK_WAIT.as_secs()
-                    ));
+                    )));
                 }
                 Err(e) => return Err(at(e.into())),
             }
@@ -230,10 +236,12 @@ fn lock(path: &Path) -> Result<std::fs::File, String> {
 }
 
 /// Remembers a decision about this version of the file.
-pub(crate) fn record(cx: &Cx, file: &ProjectFile, trusted: bool) -> Result<PathBuf, String> {
-    let path = decisions_path().ok_or(
-        "no data directory to remember the decision in (set HOME or XDG_DATA_HOME)".to_string(),
-    )?;
+pub(crate) fn record(cx: &Cx, file: &ProjectFile, trusted: bool) -> Result<PathBuf, CliError> {
+    let path = decisions_path().ok_or_else(|| {
+        CliError::failed(
+            "no data directory to remember the decision in (set HOME or XDG_DATA_HOME)",
+        )
+    })?;
     record_at(&path, file, trusted)?;
     note(
         cx,
@@ -248,7 +256,7 @@ pub(crate) fn record(cx: &Cx, file: &ProjectFile, trusted: bool) -> Result<PathB
 }
 
 /// Remembers a decision about this version of the file in the decisions at `store`.
-fn record_at(store: &Path, file: &ProjectFile, trusted: bool) -> Result<(), String> {
+fn record_at(store: &Path, file: &ProjectFile, trusted: bool) -> Result<(), CliError> {
     update(store, |decisions| {
         decisions.files.insert(
             file.path.to_string_lossy().into_owned(),
@@ -262,7 +270,7 @@ fn record_at(store: &Path, file: &ProjectFile, trusted: bool) -> Result<(), Stri
 }
 
 /// Forgets the decision about the file at `path` (canonical); the decision forgotten.
-pub(crate) fn forget(path: &Path) -> Result<Option<Decision>, String> {
+pub(crate) fn forget(path: &Path) -> Result<Option<Decision>, CliError> {
     let Some(store) = decisions_path() else {
         return Ok(None);
     };

@@ -14,6 +14,7 @@
 //! --defer-approvals the run stops and waits).
 
 use super::{Agents, HttpArgs, RunHooks};
+use crate::CliError;
 use rmcp::ErrorData;
 use rmcp::handler::server::ServerHandler;
 use rmcp::model::{
@@ -102,6 +103,10 @@ impl AgentServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let spec = &self.agents.workflows()[index];
+        let _permit = match self.waiting.permit() {
+            Ok(p) => p,
+            Err(busy) => return Ok(*busy),
+        };
         let mut inputs = std::collections::BTreeMap::new();
         for (k, v) in args {
             let text = match v {
@@ -329,6 +334,10 @@ impl ServerHandler for AgentServer {
             ));
         };
         let spec = &self.agents.all()[index];
+        let permit = match self.waiting.permit() {
+            Ok(p) => p,
+            Err(busy) => return Ok(*busy),
+        };
         let args = request.arguments.unwrap_or_default();
         let task = match args.get("task") {
             Some(Value::String(t)) if !t.trim().is_empty() => t.clone(),
@@ -396,12 +405,14 @@ impl ServerHandler for AgentServer {
             let agents = self.agents.clone();
             let cancel = cancel.clone();
             self.waiting.1.spawn(async move {
+                let _permit = permit;
                 let spec = &agents.all()[index];
-                spec.run(
+                let run_id = spec.run_id(&super::Client::default(), None);
+                super::run_keyed(
                     &agent,
                     agents.store(),
                     vec![toolloop::Message::user(task)],
-                    None,
+                    run_id,
                     cancel,
                 )
                 .await
@@ -441,15 +452,45 @@ struct WaitingRun {
 /// outcome before it exits), and those that asked the client something and wait for it to
 /// call again, by request state (an opaque random handle: the client echoes it, nothing is
 /// read from it).
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Waiting(
     Arc<std::sync::Mutex<std::collections::HashMap<String, WaitingRun>>>,
     tokio_util::task::TaskTracker,
     /// The parent of every run's cancellation token.
     CancellationToken,
+    /// The runs at once (`--max-runs`), for every session: a run holds a permit to its end,
+    /// through any wait for the client's answer.
+    Arc<tokio::sync::Semaphore>,
+    /// That limit.
+    u32,
 );
 
 impl Waiting {
+    /// No runs yet; at most `max_runs` at once.
+    pub(crate) fn new(max_runs: u32) -> Waiting {
+        Waiting(
+            Arc::default(),
+            tokio_util::task::TaskTracker::new(),
+            CancellationToken::new(),
+            Arc::new(tokio::sync::Semaphore::new(max_runs as usize)),
+            max_runs,
+        )
+    }
+
+    /// A permit for one more run, or the tool error that says the server is full (at once:
+    /// a call over the limit never waits).
+    fn permit(&self) -> Result<tokio::sync::OwnedSemaphorePermit, Box<CallToolResponse>> {
+        self.3.clone().try_acquire_owned().map_err(|_| {
+            let mut r = CallToolResult::error(vec![ContentBlock::text(format!(
+                "the server is busy: it runs at most {} agents or workflows at once \
+                 (--max-runs), and that many are running; try again shortly",
+                self.4
+            ))]);
+            r.structured_content = Some(json!({"error": "server_busy"}));
+            Box::new(CallToolResponse::Complete(r))
+        })
+    }
+
     fn take(&self, state: &str) -> Option<WaitingRun> {
         self.0.lock().ok()?.remove(state)
     }
@@ -614,26 +655,23 @@ static SESSIONS: AtomicU64 = AtomicU64::new(0);
 
 /// Serves the agents on stdin and stdout until the client goes away (or SIGTERM); then the
 /// runs in progress are cancelled and get `grace` to save their outcome.
-pub(crate) async fn serve_stdio(agents: Arc<Agents>, grace: std::time::Duration) -> ExitCode {
+pub(crate) async fn serve_stdio(
+    agents: Arc<Agents>,
+    http: &HttpArgs,
+) -> Result<ExitCode, CliError> {
     eprintln!("toolloop: serving the agents over MCP on stdin and stdout");
-    let runs = Waiting::default();
-    let service = match AgentServer::new(agents, runs.clone())
+    let runs = Waiting::new(http.max_runs);
+    let service = AgentServer::new(agents, runs.clone())
         .serve((tokio::io::stdin(), tokio::io::stdout()))
         .await
-    {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("toolloop: --mcp: the client did not start a session: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+        .map_err(|e| CliError::failure("--mcp: the client did not start a session", e))?;
     let stop = service.cancellation_token();
     tokio::select! {
         _ = service.waiting() => {}
         _ = super::shutdown_signal() => stop.cancel(),
     }
-    runs.close(grace).await;
-    ExitCode::SUCCESS
+    runs.close(http.grace).await;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Serves the agents over streamable HTTP at `http://ADDR/mcp` until SIGTERM or Ctrl-C.
@@ -641,20 +679,16 @@ pub(crate) async fn serve_http(
     addr: SocketAddr,
     agents: Arc<Agents>,
     http: HttpArgs,
-    token: Option<String>,
-) -> ExitCode {
+    tokens: Vec<String>,
+) -> Result<ExitCode, CliError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
     use rmcp::transport::streamable_http_server::{
         StreamableHttpServerConfig, StreamableHttpService,
     };
     let stop = CancellationToken::new();
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --mcp {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--mcp {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     let mut config = StreamableHttpServerConfig::default()
         .with_cancellation_token(stop.child_token())
@@ -665,7 +699,7 @@ pub(crate) async fn serve_http(
         config = config.disable_allowed_hosts();
     }
     // One set of waiting runs for every session (a stateless request has a server of its own).
-    let waiting = Waiting::default();
+    let waiting = Waiting::new(http.max_runs);
     let runs = waiting.clone();
     let service = StreamableHttpService::new(
         move || {
@@ -675,10 +709,7 @@ pub(crate) async fn serve_http(
         LocalSessionManager::default().into(),
         config,
     );
-    let app = super::openai::with_token(
-        axum::Router::new().nest_service("/mcp", service),
-        token.as_deref(),
-    );
+    let app = super::openai::with_token(axum::Router::new().nest_service("/mcp", service), &tokens);
     eprintln!("toolloop: serving the agents over MCP on http://{local}/mcp");
     let server = {
         let stop = stop.clone();
@@ -692,5 +723,5 @@ pub(crate) async fn serve_http(
     stop.cancel();
     let _ = tokio::time::timeout(http.grace, server).await;
     waiting.close(http.grace).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }

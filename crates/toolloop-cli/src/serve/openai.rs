@@ -4,21 +4,23 @@
 //! |---|---|
 //! | `GET /v1/models` | the agents (`agent:NAME`) and the gateway (`gateway:SPEC`) |
 //! | `POST /v1/chat/completions` | `agent:NAME`: a run of the agent on the conversation; `gateway:SPEC`: one reply of SPEC with the request's tools offered through prompt-based calling |
-//! | `POST /v1/responses` | `agent:NAME` with `input` (text or messages) |
+//! | `POST /v1/responses` | `agent:NAME` with `input` (text or items), continuing a stored answer with `previous_response_id`; `gateway:SPEC` with the request's `tools`, answered with `function_call` items |
 //! | `GET /v1/runs/{id}` | where a run stands, and the calls waiting for approval |
 //!
 //! Every route checks the token first (when there is one): a request without the right one
 //! gets 401 and nothing runs. A body larger than `--max-body` gets 413; a request beyond
-//! `--max-runs` at once gets 429. An agent run is logged in the store; an `Idempotency-Key`
-//! header ties a retried request to the run the first one started.
+//! `--max-runs` at once gets 429. Each request (an agent's, the gateway's) is a run logged in
+//! the store; an `Idempotency-Key` header ties a retried request to the run the first one
+//! started. With several tokens, each client sees only its own runs and keys ([`Client`]).
 
 use super::gateway::{self, Gateway};
 use super::wire::{self, BadRequest, ChatRequest};
-use super::{Agents, HttpArgs, RunError, RunHooks};
+use super::{Agents, Client, HttpArgs, RunError, RunHooks};
+use crate::CliError;
 use crate::args::ProviderArgs;
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{DefaultBodyLimit, Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -34,6 +36,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use toolloop::Event;
+use toolloop::model::ToolChoice;
 use toolloop::outcome::{Outcome, StopReason};
 
 /// The server's state, shared by every request.
@@ -76,18 +79,20 @@ fn bad_request(e: BadRequest) -> Response {
     (StatusCode::BAD_REQUEST, axum::Json(body)).into_response()
 }
 
-/// The token a server expects: its SHA-256 (compared in constant time, whatever its length).
-struct Guard(Option<[u8; 32]>);
+/// The tokens a server accepts: their SHA-256 digests (compared in constant time, whatever
+/// their length). With several, each request is told which client it comes from
+/// ([`Client`], a request extension).
+struct Guard(Vec<[u8; 32]>);
 
-/// `router` behind the token check (none without a token): a request without
-/// `Authorization: Bearer TOKEN` gets 401 before anything else is done.
-pub(crate) fn with_token(router: Router, token: Option<&str>) -> Router {
-    let guard = Arc::new(Guard(token.map(|t| digest(t.as_bytes()))));
+/// `router` behind the token check (none without tokens): a request without
+/// `Authorization: Bearer TOKEN` (one of `tokens`) gets 401 before anything else is done.
+pub(crate) fn with_token(router: Router, tokens: &[String]) -> Router {
+    let guard = Arc::new(Guard(tokens.iter().map(|t| digest(t.as_bytes())).collect()));
     router.layer(middleware::from_fn_with_state(guard, authorize))
 }
 
-/// The router of the API around `app`, with its limits, behind `token`.
-pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Router {
+/// The router of the API around `app`, with its limits, behind `tokens`.
+pub(crate) fn router(app: Arc<App>, max_body: usize, tokens: &[String]) -> Router {
     let api = Router::new()
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat_completions))
@@ -104,7 +109,7 @@ pub(crate) fn router(app: Arc<App>, max_body: usize, token: Option<&str>) -> Rou
         })
         .layer(DefaultBodyLimit::max(max_body))
         .with_state(app);
-    with_token(api, token)
+    with_token(api, tokens)
 }
 
 /// Runs the API on `addr` until SIGTERM or Ctrl-C; then stops accepting, lets the runs in
@@ -114,8 +119,8 @@ pub(crate) async fn serve(
     agents: Arc<Agents>,
     provider: ProviderArgs,
     http: HttpArgs,
-    token: Option<String>,
-) -> ExitCode {
+    tokens: Vec<String>,
+) -> Result<ExitCode, CliError> {
     let app = Arc::new(App {
         gateway: Gateway::new(agents.cx().clone(), provider),
         agents,
@@ -124,20 +129,16 @@ pub(crate) async fn serve(
         keep_on_disconnect: http.keep_on_disconnect,
         tracker: TaskTracker::new(),
     });
-    let listener = match tokio::net::TcpListener::bind(addr).await {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("toolloop: --openai {addr}: cannot listen: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| CliError::io(format!("--openai {addr}: cannot listen"), e))?;
     let local = listener.local_addr().unwrap_or(addr);
     eprintln!("toolloop: serving the OpenAI API on http://{local}/v1");
     let max_body = usize::try_from(http.max_body).unwrap_or(usize::MAX);
     let stop = CancellationToken::new();
     let server = {
         let stop = stop.clone();
-        let app = router(app.clone(), max_body, token.as_deref());
+        let app = router(app.clone(), max_body, &tokens);
         tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(stop.cancelled_owned())
@@ -162,24 +163,34 @@ pub(crate) async fn serve(
                  `toolloop resume RUN_ID`, or retry with the same Idempotency-Key",
                 app.tracker.len()
             );
-            return ExitCode::SUCCESS;
+            return Ok(ExitCode::SUCCESS);
         }
     }
     // The connections close once their answers are written.
     let _ = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
-    ExitCode::SUCCESS
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The token check, before anything else: 401 without the right `Authorization: Bearer …`.
-async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next) -> Response {
-    if let Some(expected) = &guard.0 {
+/// The request then carries its [`Client`].
+async fn authorize(State(guard): State<Arc<Guard>>, mut request: Request, next: Next) -> Response {
+    let mut client = Client::default();
+    if !guard.0.is_empty() {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .unwrap_or("");
-        if !bool::from(digest(given.trim().as_bytes()).ct_eq(expected)) {
+        let given = digest(given.trim().as_bytes());
+        // Every token is compared (no early exit): the time does not tell which one matched.
+        let mut matched: Option<&[u8; 32]> = None;
+        for expected in &guard.0 {
+            if bool::from(given.ct_eq(expected)) {
+                matched = Some(expected);
+            }
+        }
+        let Some(expected) = matched else {
             let mut r = error(
                 StatusCode::UNAUTHORIZED,
                 "invalid_request_error",
@@ -190,8 +201,12 @@ async fn authorize(State(guard): State<Arc<Guard>>, request: Request, next: Next
             r.headers_mut()
                 .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
             return r;
+        };
+        if guard.0.len() > 1 {
+            client = Client::from_token_digest(expected);
         }
     }
+    request.extensions_mut().insert(client);
     next.run(request).await
 }
 
@@ -270,6 +285,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, Box<Response>>
 
 async fn chat_completions(
     State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -280,17 +296,26 @@ async fn chat_completions(
     match target(&request.model) {
         Some(Target::Agent(name)) => {
             let name = name.to_string();
-            agent_chat(app, &name, request, &headers, Format::Chat).await
+            agent_chat(app, &name, request, &headers, &client, Format::Chat).await
         }
         Some(Target::Gateway(spec)) => {
             let spec = spec.to_string();
-            gateway_chat(app, &spec, request).await
+            gateway_chat(app, &spec, request, &headers, &client, Format::Chat).await
         }
         None => unknown_model(&request.model),
     }
 }
 
-async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Response {
+/// A gateway request: a run of the engine with the client's tools (see [`gateway`]), logged in
+/// the store like an agent's, its `Idempotency-Key` honoured the same way.
+async fn gateway_chat(
+    app: Arc<App>,
+    spec: &str,
+    request: ChatRequest,
+    headers: &HeaderMap,
+    client: &Client,
+    format: Format,
+) -> Response {
     let backend = match app.gateway.backend(spec) {
         Ok(b) => b,
         Err(e) => {
@@ -302,39 +327,242 @@ async fn gateway_chat(app: Arc<App>, spec: &str, request: ChatRequest) -> Respon
             );
         }
     };
+    let key = match idempotency_key(headers) {
+        Ok(k) => k,
+        Err(r) => return *r,
+    };
+    let journal = app
+        .agents
+        .store()
+        .map(|s| s.run_journal(toolloop_store::RunTags::default()));
+    let agent = match gateway::agent(backend, &request, journal) {
+        Ok(a) => a,
+        Err(e) => {
+            return error(StatusCode::BAD_REQUEST, "invalid_request_error", None, e);
+        }
+    };
     let permit = match permit(&app) {
         Ok(p) => p,
         Err(r) => return *r,
     };
-    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
-    if request.stream {
-        match gateway::stream(backend, request, id).await {
-            Ok(events) => {
-                let body = events.map(move |b| {
-                    let _held = &permit;
-                    Ok::<_, std::convert::Infallible>(b)
-                });
-                sse_response(Body::from_stream(body))
+    let cancel = CancellationToken::new();
+    let run_id = client.run_id(&format!("gateway:{spec}"), key.as_deref());
+    let run = {
+        let agents = app.agents.clone();
+        let cancel = cancel.clone();
+        let run_id = run_id.clone();
+        let messages = request.messages.clone();
+        app.tracker.spawn(async move {
+            let _permit = permit;
+            super::run_keyed(&agent, agents.store(), messages, run_id, cancel).await
+        })
+    };
+    let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
+    let id = match format {
+        Format::Chat => format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]),
+        Format::Responses => response_id(run_id.as_str()),
+    };
+    let model = request.model;
+    let reply = |outcome: Result<Result<Outcome, RunError>, tokio::task::JoinError>| match outcome {
+        Ok(Ok(o)) => match gateway::answer(&o) {
+            Ok(a) => Ok((a, run_info(&o))),
+            Err(f) => Err((f, Some(run_info(&o)))),
+        },
+        Ok(Err(RunError::Busy(m))) => Err((
+            gateway::Failure {
+                status: 409,
+                code: "run_in_progress",
+                message: m,
+            },
+            None,
+        )),
+        Ok(Err(RunError::Failed(m))) => Err((
+            gateway::Failure {
+                status: 500,
+                code: "run_failed",
+                message: m,
+            },
+            None,
+        )),
+        Err(e) => Err((
+            gateway::Failure {
+                status: 500,
+                code: "run_failed",
+                message: format!("the run failed: {e}"),
+            },
+            None,
+        )),
+    };
+    if !request.stream {
+        let outcome = run.await;
+        drop(guard);
+        return match reply(outcome) {
+            Ok((a, info)) => {
+                let mut v = match format {
+                    Format::Chat => gateway::completion(&id, &model, &a),
+                    Format::Responses => gateway_response(&id, &model, &a),
+                };
+                v["toolloop"] = info;
+                axum::Json(v).into_response()
             }
-            Err(e) => backend_error(e),
-        }
-    } else {
-        let answer = gateway::complete(&backend, &request, &id).await;
-        drop(permit);
-        match answer {
-            Ok(v) => axum::Json(v).into_response(),
-            Err(e) => backend_error(e),
-        }
+            Err((f, info)) => {
+                let status = StatusCode::from_u16(f.status).unwrap_or(StatusCode::BAD_GATEWAY);
+                let mut body = json!({"error": {
+                    "message": f.message,
+                    "type": if status == StatusCode::CONFLICT { "invalid_request_error" } else { "server_error" },
+                    "param": null,
+                    "code": f.code,
+                }});
+                if let Some(info) = info {
+                    body["toolloop"] = info;
+                }
+                (status, axum::Json(body)).into_response()
+            }
+        };
     }
+    // Streamed: the first chunk at once, the rest when the backend's reply is whole and known
+    // good (a broken call sent back to the backend must never reach the client).
+    let include_usage = request.include_usage;
+    let first = match format {
+        Format::Chat => wire::sse(&wire::chunk(
+            &id,
+            &model,
+            json!({"role": "assistant", "content": ""}),
+            None,
+        )),
+        Format::Responses => responses_event(
+            &mut 0,
+            "response.created",
+            json!({"response": {"id": id, "object": "response", "status": "in_progress", "model": model, "output": []}}),
+        ),
+    };
+    let rest = async move {
+        let outcome = run.await;
+        drop(guard);
+        match (reply(outcome), format) {
+            (Ok((a, _)), Format::Chat) => gateway::chunks(&id, &model, &a, include_usage),
+            (Ok((a, info)), Format::Responses) => gateway_response_events(&id, &model, &a, info),
+            (Err((f, _)), Format::Chat) => wire::sse(&json!({"error": {
+                "message": f.message,
+                "type": "server_error",
+                "code": f.code,
+            }})),
+            (Err((f, _)), Format::Responses) => responses_event(
+                &mut 1,
+                "error",
+                json!({"code": f.code, "message": f.message, "param": null}),
+            ),
+        }
+    };
+    let body = futures::stream::once(async move { first })
+        .chain(futures::stream::once(rest))
+        .map(Ok::<_, std::convert::Infallible>);
+    sse_response(Body::from_stream(body))
 }
 
-fn backend_error(e: toolloop::ModelError) -> Response {
-    error(
-        StatusCode::BAD_GATEWAY,
-        "server_error",
-        Some("backend_error"),
-        format!("the backend model failed: {e}"),
-    )
+/// A gateway answer as a Responses API `response`: the text as a message item, each call as a
+/// `function_call` item.
+fn gateway_response(id: &str, model: &str, a: &gateway::Answer) -> Value {
+    let usage = a.usage.unwrap_or_default();
+    let mut output = Vec::new();
+    if let Some(text) = a.text.as_deref().filter(|t| !t.trim().is_empty()) {
+        output.push(json!({
+            "type": "message",
+            "id": format!("msg_{id}"),
+            "status": "completed",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }));
+    }
+    for call in &a.calls {
+        output.push(json!({
+            "type": "function_call",
+            "id": format!("fc_{}", call.id),
+            "call_id": call.id,
+            "name": call.name,
+            "arguments": call.arguments.to_string(),
+            "status": "completed",
+        }));
+    }
+    json!({
+        "id": id,
+        "object": "response",
+        "created_at": wire::now_secs(),
+        "status": if a.finish == "length" { "incomplete" } else { "completed" },
+        "model": model,
+        "output": output,
+        "usage": {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "total_tokens": usage.input_tokens + usage.output_tokens,
+        },
+    })
+}
+
+/// A streamed gateway answer's events after `response.created`: each output item added, its
+/// text or arguments, done; then `response.completed` with the whole response.
+fn gateway_response_events(id: &str, model: &str, a: &gateway::Answer, info: Value) -> Bytes {
+    let mut response = gateway_response(id, model, a);
+    response["toolloop"] = info;
+    let mut seq = 1;
+    let mut out = Vec::new();
+    let items = response["output"].as_array().cloned().unwrap_or_default();
+    for (index, item) in items.iter().enumerate() {
+        let mut added = item.clone();
+        let item_id = item["id"].clone();
+        match item["type"].as_str() {
+            Some("message") => {
+                added["content"] = json!([]);
+                added["status"] = json!("in_progress");
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                ));
+                let text = item["content"][0]["text"].clone();
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_text.delta",
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "delta": text}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_text.done",
+                    json!({"item_id": item_id, "output_index": index, "content_index": 0, "text": text}),
+                ));
+            }
+            _ => {
+                added["arguments"] = json!("");
+                added["status"] = json!("in_progress");
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.output_item.added",
+                    json!({"output_index": index, "item": added}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.function_call_arguments.delta",
+                    json!({"item_id": item_id, "output_index": index, "delta": item["arguments"]}),
+                ));
+                out.extend_from_slice(&responses_event(
+                    &mut seq,
+                    "response.function_call_arguments.done",
+                    json!({"item_id": item_id, "output_index": index, "arguments": item["arguments"]}),
+                ));
+            }
+        }
+        out.extend_from_slice(&responses_event(
+            &mut seq,
+            "response.output_item.done",
+            json!({"output_index": index, "item": item}),
+        ));
+    }
+    out.extend_from_slice(&responses_event(
+        &mut seq,
+        "response.completed",
+        json!({"response": response}),
+    ));
+    Bytes::from(out)
 }
 
 fn sse_response(body: Body) -> Response {
@@ -362,6 +590,7 @@ async fn agent_chat(
     name: &str,
     request: ChatRequest,
     headers: &HeaderMap,
+    client: &Client,
     format: Format,
 ) -> Response {
     let Some(index) = app.agents.all().iter().position(|a| a.name == name) else {
@@ -401,7 +630,13 @@ async fn agent_chat(
         on_event: request.stream.then(|| {
             let tx = tx.clone();
             Arc::new(move |e: &Event| {
-                if matches!(e, Event::TextDelta { .. } | Event::ToolCallRequested { .. }) {
+                if matches!(
+                    e,
+                    Event::TextDelta { .. }
+                        | Event::ToolCallRequested { .. }
+                        | Event::RoundStarted { .. }
+                        | Event::ModelRetry { .. }
+                ) {
                     let _ = tx.send(e.clone());
                 }
             }) as toolloop::agent::EventHandler
@@ -416,16 +651,19 @@ async fn agent_chat(
         }
     };
     let cancel = CancellationToken::new();
+    let run_id = app.agents.all()[index].run_id(client, key.as_deref());
+    // A Responses API answer's id is its run's (`previous_response_id` names the run).
+    let id = match format {
+        Format::Chat => format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]),
+        Format::Responses => response_id(run_id.as_str()),
+    };
     let run = {
         let agents = app.agents.clone();
         let cancel = cancel.clone();
         let messages = request.messages;
         app.tracker.spawn(async move {
             let _permit = permit;
-            let spec = &agents.all()[index];
-            let out = spec
-                .run(&agent, agents.store(), messages, key.as_deref(), cancel)
-                .await;
+            let out = super::run_keyed(&agent, agents.store(), messages, run_id, cancel).await;
             drop(agent);
             out
         })
@@ -433,7 +671,6 @@ async fn agent_chat(
     // The run stops when its client goes away (the answer's future, or the stream, dropped),
     // unless --keep-on-disconnect.
     let guard = (!app.keep_on_disconnect).then(|| cancel.drop_guard());
-    let id = format!("chatcmpl-{}", &toolloop::journal::new_run_id()[4..]);
     let model = request.model;
     if !request.stream {
         let outcome = run.await;
@@ -558,8 +795,13 @@ fn whole_answer(id: &str, model: &str, o: &Outcome, format: Format) -> Response 
     axum::Json(v).into_response()
 }
 
-/// A streamed agent answer: text deltas as they come; each tool call the agent makes as a
-/// chunk with no choices and a `toolloop` field (never in the content); then the finish.
+/// A streamed agent answer. Only the answer is content: the model's text is held for each
+/// round until the round shows what it is (the round's text cannot be taken back once sent,
+/// and only its end tells whether tool calls follow it), so the answer comes as one delta when
+/// the run ends. What the run does is progress, beside the content: each round's text before
+/// its tool calls, and each tool call, as a chunk with no choices and a `toolloop` field
+/// (`{"text": {"round", "text"}}`, `{"tool_call": {"round", "name", "arguments"}}`), or the
+/// Responses API's `toolloop.text` and `toolloop.tool_call` events. Then the finish.
 fn streamed_answer(
     id: String,
     model: String,
@@ -579,6 +821,29 @@ fn streamed_answer(
         format: Format,
         sequence: u64,
         started: bool,
+        /// The text of the round going on, held until the round shows what it is.
+        round_text: String,
+    }
+    /// A progress event (never content): a chunk with no choices and a `toolloop` field, or
+    /// a `toolloop.*` event of the Responses API.
+    fn progress(st: &mut St, what: Value) -> Bytes {
+        match st.format {
+            Format::Chat => wire::sse(&json!({
+                "id": st.id,
+                "object": "chat.completion.chunk",
+                "created": wire::now_secs(),
+                "model": st.model,
+                "choices": [],
+                "toolloop": what,
+            })),
+            Format::Responses => {
+                let (kind, data) = match what {
+                    Value::Object(m) => m.into_iter().next().unwrap_or_default(),
+                    other => (String::new(), other),
+                };
+                responses_event(&mut st.sequence, &format!("toolloop.{kind}"), data)
+            }
+        }
     }
     let st = St {
         rx,
@@ -590,6 +855,7 @@ fn streamed_answer(
         format,
         sequence: 0,
         started: false,
+        round_text: String::new(),
     };
     futures::stream::unfold(st, |mut st| async move {
         if !st.started {
@@ -610,31 +876,35 @@ fn streamed_answer(
             return Some((first, st));
         }
         if let Some(event) = st.rx.recv().await {
-            let bytes = match (&event, st.format) {
-                (Event::TextDelta { text, .. }, Format::Chat) => wire::sse(&wire::chunk(
-                    &st.id,
-                    &st.model,
-                    json!({"content": text}),
-                    None,
-                )),
-                (Event::TextDelta { text, .. }, Format::Responses) => responses_event(
-                    &mut st.sequence,
-                    "response.output_text.delta",
-                    json!({"item_id": format!("msg_{}", st.id), "output_index": 0, "content_index": 0, "delta": text}),
-                ),
-                (Event::ToolCallRequested { round, call }, Format::Chat) => wire::sse(&json!({
-                    "id": st.id,
-                    "object": "chat.completion.chunk",
-                    "created": wire::now_secs(),
-                    "model": st.model,
-                    "choices": [],
-                    "toolloop": {"tool_call": {"round": round, "name": call.name, "arguments": call.arguments}},
-                })),
-                (Event::ToolCallRequested { round, call }, Format::Responses) => responses_event(
-                    &mut st.sequence,
-                    "toolloop.tool_call",
-                    json!({"round": round, "name": call.name, "arguments": call.arguments}),
-                ),
+            let bytes = match event {
+                // A round's text is held until the round shows what it is: the text before
+                // its tool calls (progress, beside the content), or the answer, sent as the
+                // content when the run ends.
+                Event::TextDelta { text, .. } => {
+                    st.round_text.push_str(&text);
+                    Bytes::new()
+                }
+                // A new round, or a model call made again: the text held was not the answer
+                // (a reply sent back to be corrected) or is void.
+                Event::RoundStarted { .. } | Event::ModelRetry { .. } => {
+                    st.round_text.clear();
+                    Bytes::new()
+                }
+                Event::ToolCallRequested { round, call } => {
+                    let mut out = Vec::new();
+                    let text = std::mem::take(&mut st.round_text);
+                    if !text.is_empty() {
+                        out.extend_from_slice(&progress(
+                            &mut st,
+                            json!({"text": {"round": round, "text": text}}),
+                        ));
+                    }
+                    out.extend_from_slice(&progress(
+                        &mut st,
+                        json!({"tool_call": {"round": round, "name": call.name, "arguments": call.arguments}}),
+                    ));
+                    Bytes::from(out)
+                }
                 _ => Bytes::new(),
             };
             return Some((bytes, st));
@@ -645,9 +915,18 @@ fn streamed_answer(
         let bytes = match outcome {
             Ok(Ok(o)) => match (finish_of(&o), st.format) {
                 (Some(finish), Format::Chat) => {
+                    let mut out = Vec::new();
+                    if let Some(text) = answer_text(&o).filter(|t| !t.is_empty()) {
+                        out.extend_from_slice(&wire::sse(&wire::chunk(
+                            &st.id,
+                            &st.model,
+                            json!({"content": text}),
+                            None,
+                        )));
+                    }
                     let mut last = wire::chunk(&st.id, &st.model, json!({}), Some(finish));
                     last["toolloop"] = run_info(&o);
-                    let mut out = wire::sse(&last).to_vec();
+                    out.extend_from_slice(&wire::sse(&last));
                     if st.include_usage {
                         out.extend_from_slice(&wire::sse(&wire::usage_chunk(
                             &st.id,
@@ -660,14 +939,23 @@ fn streamed_answer(
                 }
                 (Some(_), Format::Responses) => {
                     let text = answer_text(&o).unwrap_or_default();
+                    let mut out = Vec::new();
+                    if !text.is_empty() {
+                        out.extend_from_slice(&responses_event(
+                            &mut st.sequence,
+                            "response.output_text.delta",
+                            json!({"item_id": format!("msg_{}", st.id), "output_index": 0, "content_index": 0, "delta": text}),
+                        ));
+                    }
                     let mut response = response_object(&st.model, &o, &text);
                     response["id"] = json!(st.id);
                     response["toolloop"] = run_info(&o);
-                    responses_event(
+                    out.extend_from_slice(&responses_event(
                         &mut st.sequence,
                         "response.completed",
                         json!({"response": response}),
-                    )
+                    ));
+                    Bytes::from(out)
                 }
                 (None, _) => stream_error(&format!(
                     "the run stopped ({}){}",
@@ -702,16 +990,22 @@ fn responses_event(sequence: &mut u64, kind: &str, mut data: Value) -> Bytes {
     Bytes::from(format!("event: {kind}\ndata: {data}\n\n"))
 }
 
+/// The id of the Responses API answer of run `run_id`.
+fn response_id(run_id: &str) -> String {
+    format!("resp_{}", run_id.strip_prefix("run_").unwrap_or(run_id))
+}
+
+/// The run a Responses API answer's id names.
+fn run_of_response(id: &str) -> Option<String> {
+    id.strip_prefix("resp_")
+        .filter(|r| !r.is_empty())
+        .map(|r| format!("run_{r}"))
+}
+
 /// A whole Responses API `response` object holding the answer as one message.
 fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
     let usage = o.usage.unwrap_or_default();
-    let id = format!(
-        "resp_{}",
-        o.run_id
-            .as_deref()
-            .map(|r| r.trim_start_matches("run_"))
-            .unwrap_or("none")
-    );
+    let id = response_id(o.run_id.as_deref().unwrap_or("none"));
     json!({
         "id": id,
         "object": "response",
@@ -734,7 +1028,12 @@ fn response_object(model: &str, o: &Outcome, text: &str) -> Value {
 }
 
 /// `POST /v1/responses`: `input` as text or messages, `instructions` as a system prompt.
-async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes) -> Response {
+async fn responses(
+    State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let v: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => {
@@ -749,26 +1048,46 @@ async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    let Some(Target::Agent(name)) = target(&model) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "invalid_request_error",
-            Some("model_not_found"),
-            format!(
-                "model `{}`: the Responses API serves agent:NAME (the gateway is on \
-                 /v1/chat/completions)",
-                toolloop::result::shorten(&model, 80)
-            ),
-        );
-    };
-    let name = name.to_string();
-    let mut messages = Vec::new();
-    if let Some(i) = v.get("instructions").and_then(Value::as_str) {
-        messages.push(json!({"role": "system", "content": i}));
+    // What `model` names, owned (the request takes `model`).
+    enum Named {
+        Agent(String),
+        Gateway(String),
     }
+    let target = match target(&model) {
+        Some(Target::Agent(n)) => Named::Agent(n.to_string()),
+        Some(Target::Gateway(s)) => Named::Gateway(s.to_string()),
+        None => return unknown_model(&model),
+    };
+    let is_set = |field: &str| {
+        v.get(field)
+            .is_some_and(|f| !f.is_null() && f.as_array().is_none_or(|a| !a.is_empty()))
+    };
+    // Fields a target does not serve are refused by name, never ignored: a client that counts
+    // on them would get an answer to another question.
+    let refused = match target {
+        Named::Agent(_) if is_set("tools") => Some((
+            "tools",
+            "agent:NAME runs its own tools; offer yours through gateway:SPEC",
+        )),
+        Named::Gateway(_) if is_set("previous_response_id") => Some((
+            "previous_response_id",
+            "the gateway keeps no conversation; send the whole conversation as `input`",
+        )),
+        _ => None,
+    };
+    if let Some((field, why)) = refused {
+        return bad_request(BadRequest {
+            message: format!("`{field}` is not supported here: {why}"),
+            param: Some(field.into()),
+        });
+    }
+    let mut items = Vec::new();
     match v.get("input") {
-        Some(Value::String(s)) => messages.push(json!({"role": "user", "content": s})),
-        Some(Value::Array(items)) => messages.extend(items.iter().cloned()),
+        Some(Value::String(s)) => items.push(json!({"role": "user", "content": s})),
+        Some(Value::Array(given)) => match wire::responses_input(given) {
+            Ok(m) => items = m,
+            Err(e) => return bad_request(e),
+        },
         _ => {
             return bad_request(BadRequest {
                 message: "`input` is required: text, or an array of messages".into(),
@@ -776,26 +1095,168 @@ async fn responses(State(app): State<Arc<App>>, headers: HeaderMap, body: Bytes)
             });
         }
     }
-    let messages = match wire::read_messages(&messages) {
+    let input = match wire::read_messages(&items) {
         Ok(m) => m,
         Err(e) => return bad_request(e),
+    };
+    // The conversation so far: the previous response's, when it continues one.
+    let mut messages = match (v.get("previous_response_id"), &target) {
+        (None | Some(Value::Null), _) | (_, Named::Gateway(_)) => Vec::new(),
+        (Some(Value::String(previous)), Named::Agent(name)) => {
+            match previous_conversation(&app, name, &client, previous).await {
+                Ok(m) => m,
+                Err(r) => return *r,
+            }
+        }
+        (Some(_), _) => {
+            return bad_request(BadRequest {
+                message: "`previous_response_id`: expected a response's id (a string)".into(),
+                param: Some("previous_response_id".into()),
+            });
+        }
+    };
+    // The instructions are the system prompt: this request's replace those before.
+    if let Some(i) = v.get("instructions").and_then(Value::as_str) {
+        match messages.first_mut() {
+            Some(first @ toolloop::Message::System { .. }) => *first = toolloop::Message::system(i),
+            _ => messages.insert(0, toolloop::Message::system(i)),
+        }
+    }
+    messages.extend(input);
+    let tools = match v.get("tools") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(t)) => match wire::read_tools(t) {
+            Ok(t) => t,
+            Err(e) => return bad_request(e),
+        },
+        Some(_) => {
+            return bad_request(BadRequest {
+                message: "`tools` must be an array".into(),
+                param: Some("tools".into()),
+            });
+        }
+    };
+    let tool_choice = match v.get("tool_choice") {
+        None | Some(Value::Null) => ToolChoice::Auto,
+        Some(Value::String(c)) if c == "auto" => ToolChoice::Auto,
+        Some(Value::String(c)) if c == "none" => ToolChoice::None,
+        Some(Value::String(c)) if c == "required" => ToolChoice::Required,
+        Some(c) => match c.get("name").and_then(Value::as_str) {
+            Some(name) => ToolChoice::Tool(name.to_string()),
+            None => {
+                return bad_request(BadRequest {
+                    message: "`tool_choice`: expected auto, none, required or {\"type\": \
+                              \"function\", \"name\": …}"
+                        .into(),
+                    param: Some("tool_choice".into()),
+                });
+            }
+        },
+    };
+    let temperature = match v.get("temperature") {
+        None | Some(Value::Null) => None,
+        Some(t) => match t.as_f64() {
+            Some(t) if (0.0..=2.0).contains(&t) => Some(t as f32),
+            _ => {
+                return bad_request(BadRequest {
+                    message: "`temperature`: expected a number from 0 to 2".into(),
+                    param: Some("temperature".into()),
+                });
+            }
+        },
     };
     let request = ChatRequest {
         model,
         messages,
-        tools: Vec::new(),
-        tool_choice: Default::default(),
+        tools,
+        tool_choice,
         stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
         include_usage: false,
-        temperature: None,
-        max_tokens: None,
+        temperature,
+        max_tokens: v
+            .get("max_output_tokens")
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok()),
     };
-    agent_chat(app, &name, request, &headers, Format::Responses).await
+    match target {
+        Named::Agent(name) => {
+            agent_chat(app, &name, request, &headers, &client, Format::Responses).await
+        }
+        Named::Gateway(spec) => {
+            gateway_chat(app, &spec, request, &headers, &client, Format::Responses).await
+        }
+    }
+}
+
+/// The conversation of the answer `previous` (a Responses API id: its run's, in the store): the
+/// messages of that finished run of agent `name`, its answer last. Another client's answer is
+/// as unknown as none.
+async fn previous_conversation(
+    app: &App,
+    name: &str,
+    client: &Client,
+    previous: &str,
+) -> Result<Vec<toolloop::Message>, Box<Response>> {
+    let refuse = |message: String| {
+        Box::new(bad_request(BadRequest {
+            message: format!("`previous_response_id`: {message}"),
+            param: Some("previous_response_id".into()),
+        }))
+    };
+    let shown = toolloop::result::shorten(previous, 80);
+    let unknown = || refuse(format!("no response {shown} on this server"));
+    let run_id = run_of_response(previous).ok_or_else(unknown)?;
+    let store = app.agents.store().ok_or_else(unknown)?;
+    if !client.owns(&run_id) {
+        return Err(unknown());
+    }
+    match store.run(&run_id).await {
+        Ok(Some(s)) if s.status.as_str() == "finished" => {}
+        Ok(Some(s)) => {
+            return Err(refuse(format!(
+                "the response {shown} is not finished (its run is {}): continue it once it is",
+                s.status.as_str()
+            )));
+        }
+        Ok(None) => return Err(unknown()),
+        Err(e) => {
+            return Err(Box::new(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                None,
+                e.to_string(),
+            )));
+        }
+    }
+    let spec = app
+        .agents
+        .all()
+        .iter()
+        .find(|a| a.name == name)
+        .ok_or_else(unknown)?;
+    let agent = spec.build(RunHooks::default()).map_err(|e| {
+        Box::new(error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "server_error",
+            None,
+            e,
+        ))
+    })?;
+    // A finished run's outcome comes from its log: nothing is run again.
+    let outcome = agent
+        .resume(&run_id, CancellationToken::new())
+        .await
+        .map_err(|e| refuse(format!("the conversation of {shown} cannot be read: {e}")))?;
+    Ok(outcome.messages)
 }
 
 /// `GET /v1/runs/{id}`: the run's summary from the store, and the calls that wait for a
 /// person's approval.
-async fn run_status(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+async fn run_status(
+    State(app): State<Arc<App>>,
+    Extension(client): Extension<Client>,
+    Path(id): Path<String>,
+) -> Response {
     let Some(store) = app.agents.store() else {
         return error(
             StatusCode::NOT_FOUND,
@@ -804,7 +1265,13 @@ async fn run_status(State(app): State<Arc<App>>, Path(id): Path<String>) -> Resp
             "no store",
         );
     };
-    let summary = match store.run(&id).await {
+    // Another client's run is as unknown as a run that does not exist.
+    let known = if client.owns(&id) {
+        store.run(&id).await
+    } else {
+        Ok(None)
+    };
+    let summary = match known {
         Ok(Some(s)) => s,
         Ok(None) => {
             return error(

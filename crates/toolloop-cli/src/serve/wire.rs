@@ -6,7 +6,7 @@
 use serde_json::{Map, Value, json};
 use toolloop::image::Image;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult, parse_arguments};
-use toolloop::model::{FinishReason, ToolChoice, ToolSpec};
+use toolloop::model::{ToolChoice, ToolSpec};
 use toolloop::usage::Usage;
 
 /// What a request asks, read from its JSON body.
@@ -296,9 +296,71 @@ pub(crate) fn read_messages(raw: &[Value]) -> Result<Vec<Message>, BadRequest> {
     Ok(out)
 }
 
+/// The Responses API's `input` items as Chat Completions messages: a `message` (or an item with
+/// a `role`) as it is; a `function_call` as a call of the assistant message before it (a new
+/// one when the item before was not the assistant's); a `function_call_output` as a `tool`
+/// message. An item of another type is an error naming it.
+pub(crate) fn responses_input(raw: &[Value]) -> Result<Vec<Value>, BadRequest> {
+    let mut out: Vec<Value> = Vec::with_capacity(raw.len());
+    for (i, item) in raw.iter().enumerate() {
+        let kind = item.get("type").and_then(Value::as_str);
+        match kind {
+            Some("function_call") => {
+                let call = json!({
+                    "id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                    "type": "function",
+                    "function": {
+                        "name": item.get("name").cloned().unwrap_or(Value::Null),
+                        "arguments": item.get("arguments").cloned().unwrap_or(Value::Null),
+                    },
+                });
+                let last_is_assistant = out
+                    .last()
+                    .is_some_and(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+                if !last_is_assistant {
+                    out.push(json!({"role": "assistant", "content": null, "tool_calls": []}));
+                }
+                if let Some(Value::Object(m)) = out.last_mut() {
+                    match m.get_mut("tool_calls") {
+                        Some(Value::Array(calls)) => calls.push(call),
+                        _ => {
+                            m.insert("tool_calls".into(), json!([call]));
+                        }
+                    }
+                }
+            }
+            Some("function_call_output") => {
+                let output = match item.get("output") {
+                    Some(Value::String(s)) => json!(s),
+                    Some(other) => json!(other.to_string()),
+                    None => json!(""),
+                };
+                out.push(json!({
+                    "role": "tool",
+                    "tool_call_id": item.get("call_id").cloned().unwrap_or(Value::Null),
+                    "content": output,
+                }));
+            }
+            Some("message") | None => out.push(item.clone()),
+            Some(other) => {
+                return Err(bad(
+                    format!(
+                        "input[{i}].type `{}`: expected message, function_call or \
+                         function_call_output",
+                        toolloop::result::shorten(other, 40)
+                    ),
+                    format!("input[{i}].type"),
+                ));
+            }
+        }
+    }
+    Ok(out)
+}
+
 /// Reads `tools`: each `{"type": "function", "function": {"name", "description",
-/// "parameters"}}`.
-fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
+/// "parameters"}}` (Chat Completions), or `{"type": "function", "name", "description",
+/// "parameters"}` (the Responses API).
+pub(crate) fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
     let mut out: Vec<ToolSpec> = Vec::with_capacity(raw.len());
     for (i, t) in raw.iter().enumerate() {
         let f = t.get("function").unwrap_or(t);
@@ -349,18 +411,6 @@ pub(crate) fn now_secs() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0)
-}
-
-/// `finish_reason` for an engine's reason.
-pub(crate) fn finish_reason(reason: FinishReason, calls: bool) -> &'static str {
-    if calls {
-        return "tool_calls";
-    }
-    match reason {
-        FinishReason::Length => "length",
-        FinishReason::ContentFilter => "content_filter",
-        _ => "stop",
-    }
 }
 
 /// The `usage` object.

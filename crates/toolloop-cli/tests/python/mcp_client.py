@@ -8,6 +8,7 @@ Lists the tools, runs the agent's tool with a progress callback, and, when ELICI
 environment, answers elicitations (approving when ELICIT is "yes"). Prints one JSON line of what
 it saw; any failure raises (exit code 1). MODE is the SDK's connect mode (auto, legacy).
 CALL_TOOL and CALL_ARGS (JSON) name another tool to call and its arguments.
+With CONCURRENT=N, the first tool is called N times at once, and each result is kept.
 With CANCEL_AFTER=SECONDS, the call is abandoned after that long (the SDK then sends
 `notifications/cancelled`), and the client waits a second before it closes.
 """
@@ -66,6 +67,18 @@ async def main():
             except Exception as e:  # the SDK's timeout error
                 seen["cancelled"] = type(e).__name__
             await asyncio.sleep(1.0)
+            print(json.dumps(seen))
+            return
+        concurrent = int(os.environ.get("CONCURRENT") or "0")
+        if concurrent:
+            async def one():
+                r = await client.call_tool(tools.tools[0].name, {"task": "Look around."})
+                return {
+                    "is_error": bool(r.is_error),
+                    "text": [c.text for c in r.content if getattr(c, "type", "") == "text"],
+                }
+
+            seen["concurrent"] = await asyncio.gather(*[one() for _ in range(concurrent)])
             print(json.dumps(seen))
             return
         name = os.environ.get("CALL_TOOL") or tools.tools[0].name

@@ -3,7 +3,8 @@
 usage: openai_client.py BASE_URL TOKEN AGENT_MODEL GATEWAY_MODEL
 
 Runs the agent as a model (Chat Completions whole and streamed, Responses), then the gateway
-over several rounds of client-side tool calls, whole and streamed, answering every call once.
+over several rounds of client-side tool calls, whole and streamed, in both APIs, answering
+every call once.
 Prints one JSON line of what it saw; any failure raises (exit code 1).
 """
 
@@ -150,6 +151,52 @@ def gateway(stream):
 
 seen["gateway_whole"] = gateway(False)
 seen["gateway_streamed"] = gateway(True)
+
+RESPONSES_TOOLS = [
+    {"type": "function", **t["function"]} for t in TOOLS
+]
+
+
+def gateway_responses(stream):
+    """The gateway through the Responses API: function_call items out, their outputs back."""
+    items = [{"role": "user", "content": "Weather and time, please."}]
+    rounds = []
+    for _ in range(10):
+        if stream:
+            response = None
+            kinds = []
+            for event in client.responses.create(
+                model=gateway_model, input=items, tools=RESPONSES_TOOLS, stream=True
+            ):
+                kinds.append(event.type)
+                if event.type == "response.completed":
+                    response = event.response
+            assert kinds[0] == "response.created", kinds
+            assert response is not None, kinds
+        else:
+            response = client.responses.create(
+                model=gateway_model, input=items, tools=RESPONSES_TOOLS
+            )
+        calls = [o for o in response.output if o.type == "function_call"]
+        if not calls:
+            return {"rounds": rounds, "answer": response.output_text}
+        for c in calls:
+            assert c.call_id and c.name in ("get_weather", "get_time"), c
+            assert isinstance(json.loads(c.arguments), dict), c
+        rounds.append([c.name for c in calls])
+        for c in calls:
+            items.append(
+                {"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments}
+            )
+        for c in calls:
+            items.append(
+                {"type": "function_call_output", "call_id": c.call_id, "output": "sunny at noon"}
+            )
+    raise AssertionError("the gateway never answered")
+
+
+seen["gateway_responses_whole"] = gateway_responses(False)
+seen["gateway_responses_streamed"] = gateway_responses(True)
 
 try:
     openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).models.list()

@@ -25,9 +25,13 @@ use reqwest::header::HeaderMap;
 
 /// One HTTP provider's API, as an adapter describes it. The calls are made by the one
 /// [`Model`] implementation over this trait, the same for every adapter.
-pub(crate) trait HttpAdapter: Send + Sync {
+pub(crate) trait HttpAdapter: Send + Sync + 'static {
     /// Decodes the events of a streamed response.
     type StreamDecoder: SseDecode;
+
+    /// How a request is written after what the server refused of earlier ones (fields left out
+    /// or replaced: see [`HttpAdapter::learn`]); `()` for an API whose requests have one shape.
+    type Shape: Copy + Send + Sync;
 
     /// The model's name (what [`Model::name`] says).
     fn model(&self) -> &str;
@@ -41,9 +45,54 @@ pub(crate) trait HttpAdapter: Send + Sync {
     /// The headers of a call of `request` (the key among them, marked sensitive).
     fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError>;
 
-    /// The body of `request`, streamed or not, after checking what the configuration and the
-    /// request add to it.
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError>;
+    /// The body of `request` in `shape`, streamed or not, after checking what the
+    /// configuration and the request add to it.
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Self::Shape,
+    ) -> Result<Bytes, ModelError>;
+
+    /// How requests (streamed or not) are written to this server now, after what it refused.
+    fn shape(&self, stream: bool) -> Self::Shape;
+
+    /// When `error` is the server refusing a field of a request written in `shape`, remembers
+    /// it and gives the shape to send the request in again. The default: nothing is learned.
+    fn learn(
+        &self,
+        request: &ModelRequest<'_>,
+        shape: Self::Shape,
+        stream: bool,
+        error: &ModelError,
+    ) -> Option<Self::Shape> {
+        let _ = (request, shape, stream, error);
+        None
+    }
+
+    /// Whether a streamed request in `shape` holds something the server could refuse with its
+    /// stream's first event (or an empty stream), rather than with an error status: its first
+    /// event is then read before the stream is handed on. The default: no.
+    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Self::Shape) -> bool {
+        let _ = (request, shape);
+        false
+    }
+
+    /// A complete response to `request` as the caller gets it. The default: as decoded.
+    fn finish(&self, request: &ModelRequest<'_>, response: ModelResponse) -> ModelResponse {
+        let _ = request;
+        response
+    }
+
+    /// What makes the decoders of the stream of `request` (one for each time the stream is
+    /// opened). The default: [`HttpAdapter::stream_decoder`] of a 200.
+    fn decoders(
+        &self,
+        request: &ModelRequest<'_>,
+    ) -> impl Fn() -> Self::StreamDecoder + Send + Sync + 'static {
+        let _ = request;
+        || Self::stream_decoder(200)
+    }
 
     /// What an error body means (a non-2xx status).
     const PARSE_ERROR: ErrorParser;
@@ -76,6 +125,12 @@ pub(crate) trait HttpAdapter: Send + Sync {
     fn context_refusal(&self) -> Option<&ContextRefusal> {
         None
     }
+
+    /// The model for one run (see [`Model::session`]), when the adapter keeps state between a
+    /// run's requests. The default: `None`, the model itself.
+    fn session(&self) -> Option<Box<dyn Model + '_>> {
+        None
+    }
 }
 
 #[async_trait]
@@ -85,7 +140,7 @@ impl<A: HttpAdapter> Model for A {
     }
 
     /// A request asking for context management that the server refuses is sent again
-    /// without it (see [`ContextRefusal`]).
+    /// without it (see `ContextRefusal`).
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let Some(refusal) = self.context_refusal() else {
             return complete_once(self, request).await;
@@ -139,6 +194,10 @@ impl<A: HttpAdapter> Model for A {
         Ok(Box::pin(head.chain(stream)))
     }
 
+    fn session(&self) -> Box<dyn Model + '_> {
+        HttpAdapter::session(self).unwrap_or_else(|| crate::model::forward(self))
+    }
+
     /// What the API does with the context itself, unless the server refused it.
     fn native_context(&self) -> crate::context::NativeSupport {
         if self.context_refusal().is_some_and(ContextRefusal::refused) {
@@ -148,37 +207,76 @@ impl<A: HttpAdapter> Model for A {
     }
 }
 
-/// One complete call of `request`, as it is.
+/// One complete call of `request`, written in the shape the server accepts: a field it refuses
+/// is left out (or replaced) and the call made again.
 async fn complete_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,
 ) -> Result<ModelResponse, ModelError> {
-    let body = this.body(request, false)?;
-    this.transport()
-        .post_json(
-            &this.url(request, false).into(),
-            &this.headers(request)?,
-            body,
-            A::PARSE_ERROR,
-            A::decode,
-        )
-        .await
-        .map_err(A::classify)
+    let mut shape = this.shape(false);
+    loop {
+        let body = this.body(request, false, shape)?;
+        let sent = this
+            .transport()
+            .post_json(
+                &this.url(request, false).into(),
+                &this.headers(request)?,
+                body,
+                A::PARSE_ERROR,
+                A::decode,
+            )
+            .await
+            .map_err(A::classify);
+        match sent {
+            Err(e) => match this.learn(request, shape, false, &e) {
+                Some(next) => shape = next,
+                None => return Err(e),
+            },
+            Ok(response) => return Ok(this.finish(request, response)),
+        }
+    }
 }
 
-/// One streamed call of `request`, as it is.
+/// One streamed call of `request`, written in the shape the server accepts. A refusal may come
+/// as the stream's opening error, as its first event, or as an empty stream.
 async fn stream_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,
 ) -> Result<EventStream, ModelError> {
-    let body = this.body(request, true)?;
+    let mut shape = this.shape(true);
+    loop {
+        let body = this.body(request, true, shape)?;
+        let error = match open_stream(this, request, body).await {
+            Ok(stream) if !this.may_be_refused(request, shape) => return Ok(stream),
+            Ok(mut stream) => match stream.next().await {
+                Some(Err(e)) => e,
+                Some(first) => {
+                    return Ok(Box::pin(futures::stream::iter([first]).chain(stream)));
+                }
+                None => return Ok(Box::pin(futures::stream::empty())),
+            },
+            Err(e) => e,
+        };
+        match this.learn(request, shape, true, &error) {
+            Some(next) => shape = next,
+            None => return Err(error),
+        }
+    }
+}
+
+/// Opens the stream of `request` with this body.
+async fn open_stream<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+    body: Bytes,
+) -> Result<EventStream, ModelError> {
     let stream = open_sse_stream(
         this.transport(),
         this.url(request, true).into(),
         this.headers(request)?,
         body,
         A::PARSE_ERROR,
-        || A::stream_decoder(200),
+        this.decoders(request),
     )
     .await
     .map_err(A::classify)?;

@@ -86,6 +86,7 @@ impl AnthropicModel {
 
 impl HttpAdapter for AnthropicModel {
     type StreamDecoder = StreamDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
 
     fn model(&self) -> &str {
@@ -104,7 +105,12 @@ impl HttpAdapter for AnthropicModel {
         request::headers(&self.config, request)
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<Bytes, ModelError> {
         adapter::check_extras(
             "Anthropic",
             self.config.extra.as_ref(),
@@ -115,6 +121,8 @@ impl HttpAdapter for AnthropicModel {
             .to_string()
             .into())
     }
+
+    fn shape(&self, _stream: bool) {}
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_message_body(body)

@@ -82,6 +82,7 @@ impl GeminiModel {
 
 impl HttpAdapter for GeminiModel {
     type StreamDecoder = ChunkDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
 
     fn model(&self) -> &str {
@@ -100,7 +101,12 @@ impl HttpAdapter for GeminiModel {
         self.config.headers()
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<Bytes, ModelError> {
         adapter::check_extras(
             "Gemini",
             self.config.extra.as_ref(),
@@ -111,6 +117,8 @@ impl HttpAdapter for GeminiModel {
             .to_string()
             .into())
     }
+
+    fn shape(&self, _stream: bool) {}
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_body(body)

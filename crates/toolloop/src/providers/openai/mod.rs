@@ -4,7 +4,7 @@
 //! {base_url}/chat/completions` and turns the reply, complete or streamed (Server-Sent Events),
 //! into a [`ModelResponse`] or [`StreamEvent`](crate::stream::StreamEvent)s. Retries, backoff,
 //! `Retry-After` and the body-size cap come from
-//! [`HttpTransport`](crate::transport::http::HttpTransport); a stream that has delivered output is
+//! [`HttpTransport`]; a stream that has delivered output is
 //! never replayed.
 //!
 //! # Pointing it at a server
@@ -91,14 +91,13 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter;
+use crate::providers::adapter::{self, HttpAdapter};
 use crate::ptk::Rescue;
-use crate::transport::http::Endpoint;
+use crate::transport::http::{ErrorParser, HttpTransport};
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
 pub(crate) use error::{classify, context_overflow};
-use futures::StreamExt;
 use request::EncodedPrefix;
 use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use response::decode_response;
@@ -123,15 +122,18 @@ use request::WireRequest;
 pub use request::{WireRequest, build_request_body};
 
 /// A model behind the OpenAI Chat Completions API.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct OpenAiModel {
     inner: Arc<Inner>,
+    /// A session's encoding of its run's conversation so far ([`OpenAiSession`]); `None`: every
+    /// request encodes every message.
+    prefix: Option<Arc<Mutex<EncodedPrefix>>>,
 }
 
 #[derive(Debug)]
 struct Inner {
     config: OpenAiConfig,
-    url: Endpoint,
+    url: String,
     headers: Result<HeaderMap, ModelError>,
     /// What this server refused so far (the model talks to one server).
     refused: Refused,
@@ -153,15 +155,20 @@ struct Refused {
 
 /// How a request is written, after what the server refused.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-struct Shape {
+pub(crate) struct Shape {
     /// Leave `tool_choice` out.
     omit_tool_choice: bool,
     /// Ask for `json_object` output (with the schema in the prompt) instead of `json_schema`.
     json_object: bool,
 }
 
-/// Encodes the body of a request in a shape.
-type Encode<'e> = dyn Fn(Shape) -> Result<Bytes, ModelError> + Send + Sync + 'e;
+impl std::fmt::Debug for OpenAiModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OpenAiModel")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
 
 impl OpenAiModel {
     /// A model with this configuration. A key that cannot be sent in a header is reported by the
@@ -183,7 +190,7 @@ impl OpenAiModel {
                 )),
             },
         };
-        let url = Endpoint::new(config.endpoint());
+        let url = config.endpoint();
         OpenAiModel {
             inner: Arc::new(Inner {
                 config,
@@ -191,6 +198,7 @@ impl OpenAiModel {
                 headers,
                 refused: Refused::default(),
             }),
+            prefix: None,
         }
     }
 
@@ -212,19 +220,33 @@ impl OpenAiModel {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Bytes, ModelError> {
-        self.check(request)?;
-        self.encode(request, stream, self.shape(stream))
+        OpenAiModel {
+            inner: self.inner.clone(),
+            prefix: None,
+        }
+        .body(request, stream, HttpAdapter::shape(self, stream))
     }
 
+    /// The body in `shape`: every message encoded, or, in a session, the messages added since
+    /// its previous request (the encoding of the conversation kept for the next one).
     fn encode(
         &self,
         request: &ModelRequest<'_>,
         stream: bool,
         shape: Shape,
     ) -> Result<Bytes, ModelError> {
-        serde_json::to_vec(&self.wire(request, stream, shape))
-            .map(Bytes::from)
-            .map_err(serialize_error)
+        let wire = self.wire(request, stream, shape);
+        let Some(prefix) = &self.prefix else {
+            return serde_json::to_vec(&wire)
+                .map(Bytes::from)
+                .map_err(serialize_error);
+        };
+        let mut slot = prefix.lock().unwrap_or_else(PoisonError::into_inner);
+        // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
+        let mut taken = std::mem::take(&mut *slot);
+        let body = wire.encode_cached(&mut taken).map_err(serialize_error)?;
+        *slot = taken;
+        Ok(body)
     }
 
     /// The body of `request` in `shape`.
@@ -240,7 +262,7 @@ impl OpenAiModel {
     }
 
     /// How requests are written to this server now, after what it refused.
-    fn shape(&self, stream: bool) -> Shape {
+    fn shape_now(&self, stream: bool) -> Shape {
         let refused = &self.inner.refused;
         Shape {
             omit_tool_choice: refused.tool_choice.load(Ordering::Relaxed)
@@ -251,14 +273,14 @@ impl OpenAiModel {
 
     /// Whether a request in `shape` holds something the server could refuse (and that could be
     /// left out or replaced on a second try).
-    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
+    fn refusable(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
         (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
             || (!shape.json_object && request.settings.output.is_some())
     }
 
     /// When `error` is the server refusing a field of a request in `shape`, remembers it (and
     /// says so, once) and gives the shape to try next.
-    fn learn(
+    fn learn_refusal(
         &self,
         request: &ModelRequest<'_>,
         shape: Shape,
@@ -312,55 +334,6 @@ impl OpenAiModel {
         None
     }
 
-    /// A complete call, written as `encode` writes it in the shape the server accepts: a
-    /// refused field is left out (or replaced) and the call made again.
-    async fn complete_shaped(
-        &self,
-        request: &ModelRequest<'_>,
-        encode: &Encode<'_>,
-    ) -> Result<ModelResponse, ModelError> {
-        let mut shape = self.shape(false);
-        loop {
-            let body = encode(shape)?;
-            match self.send(request, body).await {
-                Err(e) => match self.learn(request, shape, false, &e) {
-                    Some(next) => shape = next,
-                    None => return Err(e),
-                },
-                done => return done,
-            }
-        }
-    }
-
-    /// A streamed call, written as `encode` writes it in the shape the server accepts. A
-    /// refusal may come as the stream's opening error, as its first event, or as an empty
-    /// stream.
-    async fn stream_shaped(
-        &self,
-        request: &ModelRequest<'_>,
-        encode: &Encode<'_>,
-    ) -> Result<EventStream, ModelError> {
-        let mut shape = self.shape(true);
-        loop {
-            let body = encode(shape)?;
-            let error = match self.send_streamed(request, body).await {
-                Ok(stream) if !self.may_be_refused(request, shape) => return Ok(stream),
-                Ok(mut stream) => match stream.next().await {
-                    Some(Err(e)) => e,
-                    Some(first) => {
-                        return Ok(Box::pin(futures::stream::iter([first]).chain(stream)));
-                    }
-                    None => return Ok(Box::pin(futures::stream::empty())),
-                },
-                Err(e) => e,
-            };
-            match self.learn(request, shape, true, &error) {
-                Some(next) => shape = next,
-                None => return Err(error),
-            }
-        }
-    }
-
     /// The checks made before every call: `extra`s and the key's header.
     fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
         check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
@@ -368,85 +341,98 @@ impl OpenAiModel {
         self.inner.headers.as_ref().map_err(Clone::clone)?;
         Ok(())
     }
-
-    /// Sends a complete call with this body.
-    async fn send(
-        &self,
-        request: &ModelRequest<'_>,
-        body: Bytes,
-    ) -> Result<ModelResponse, ModelError> {
-        let inner = &self.inner;
-        let headers = inner.headers.as_ref().map_err(Clone::clone)?;
-        let response = inner
-            .config
-            .transport
-            .post_json(&inner.url, headers, body, parse_error, decode_response)
-            .await
-            .map_err(classify)?;
-        Ok(if self.rescues(request) {
-            Rescue::apply(response, request.tools)
-        } else {
-            response
-        })
-    }
-
-    /// Opens a streamed call with this body.
-    async fn send_streamed(
-        &self,
-        request: &ModelRequest<'_>,
-        body: Bytes,
-    ) -> Result<EventStream, ModelError> {
-        let inner = &self.inner;
-        let rescue_tools: Option<Arc<[ToolSpec]>> =
-            self.rescues(request).then(|| Arc::from(request.tools));
-        let stream = adapter::open_sse_stream(
-            &inner.config.transport,
-            inner.url.clone(),
-            inner.headers(),
-            body,
-            parse_error,
-            move || {
-                let mut decoder = ChunkDecoder::new(200);
-                decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
-                decoder
-            },
-        )
-        .await
-        .map_err(classify)?;
-        Ok(Box::pin(stream.map(|item| item.map_err(classify))))
-    }
 }
 
 fn serialize_error(e: serde_json::Error) -> ModelError {
     ModelError::Other(format!("could not serialize the request: {e}"))
 }
 
-impl Inner {
-    fn headers(&self) -> HeaderMap {
-        self.headers.clone().unwrap_or_default()
-    }
-}
+impl HttpAdapter for OpenAiModel {
+    type StreamDecoder = ChunkDecoder;
+    type Shape = Shape;
+    const PARSE_ERROR: ErrorParser = parse_error;
 
-#[async_trait]
-impl Model for OpenAiModel {
-    fn name(&self) -> &str {
+    fn model(&self) -> &str {
         &self.inner.config.model
     }
 
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.check(request)?;
-        self.complete_shaped(request, &|shape| self.encode(request, false, shape))
-            .await
+    fn transport(&self) -> &HttpTransport {
+        &self.inner.config.transport
     }
 
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.check(request)?;
-        self.stream_shaped(request, &|shape| self.encode(request, true, shape))
-            .await
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.inner.url.clone()
     }
 
-    fn session(&self) -> Box<dyn Model + '_> {
-        Box::new(OpenAiSession::new(self))
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.inner.headers.clone()
+    }
+
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Shape,
+    ) -> Result<Bytes, ModelError> {
+        self.check(request)?;
+        self.encode(request, stream, shape)
+    }
+
+    fn shape(&self, stream: bool) -> Shape {
+        self.shape_now(stream)
+    }
+
+    fn learn(
+        &self,
+        request: &ModelRequest<'_>,
+        shape: Shape,
+        stream: bool,
+        error: &ModelError,
+    ) -> Option<Shape> {
+        self.learn_refusal(request, shape, stream, error)
+    }
+
+    /// A refused `tool_choice` can come as an empty stream (llama-cpp-python).
+    fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
+        self.refusable(request, shape)
+    }
+
+    /// Calls a server wrote as text are rescued (see [`Rescue`]).
+    fn finish(&self, request: &ModelRequest<'_>, response: ModelResponse) -> ModelResponse {
+        if self.rescues(request) {
+            Rescue::apply(response, request.tools)
+        } else {
+            response
+        }
+    }
+
+    fn decoders(
+        &self,
+        request: &ModelRequest<'_>,
+    ) -> impl Fn() -> ChunkDecoder + Send + Sync + 'static {
+        let rescue_tools: Option<Arc<[ToolSpec]>> =
+            self.rescues(request).then(|| Arc::from(request.tools));
+        move || {
+            let mut decoder = ChunkDecoder::new(200);
+            decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+            decoder
+        }
+    }
+
+    fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
+        decode_response(body)
+    }
+
+    fn stream_decoder(status: u16) -> ChunkDecoder {
+        ChunkDecoder::new(status)
+    }
+
+    fn classify(error: ModelError) -> ModelError {
+        classify(error)
+    }
+
+    fn session(&self) -> Option<Box<dyn Model + '_>> {
+        Some(Box::new(OpenAiSession::new(self)))
     }
 }
 
@@ -462,16 +448,18 @@ impl Model for OpenAiModel {
 /// changed before the last one it encoded would go unnoticed. A body still held elsewhere (by a
 /// transport retrying) is never written over.
 pub struct OpenAiSession {
+    /// The model, with the session's encoding of the conversation.
     model: OpenAiModel,
-    prefix: Mutex<EncodedPrefix>,
 }
 
 impl OpenAiSession {
     /// A session of `model`, with nothing encoded yet.
     pub fn new(model: &OpenAiModel) -> Self {
         OpenAiSession {
-            model: model.clone(),
-            prefix: Mutex::new(EncodedPrefix::default()),
+            model: OpenAiModel {
+                inner: model.inner.clone(),
+                prefix: Some(Arc::default()),
+            },
         }
     }
 
@@ -483,24 +471,8 @@ impl OpenAiSession {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<Bytes, ModelError> {
-        self.model.check(request)?;
-        self.encode(request, stream, self.model.shape(stream))
-    }
-
-    /// The body in `shape`, reusing (and keeping) the encoding of the conversation.
-    fn encode(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-        shape: Shape,
-    ) -> Result<Bytes, ModelError> {
-        let wire = self.model.wire(request, stream, shape);
-        let mut slot = self.prefix.lock().unwrap_or_else(PoisonError::into_inner);
-        // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
-        let mut prefix = std::mem::take(&mut *slot);
-        let body = wire.encode_cached(&mut prefix).map_err(serialize_error)?;
-        *slot = prefix;
-        Ok(body)
+        let model = &self.model;
+        model.body(request, stream, model.shape_now(stream))
     }
 }
 
@@ -519,17 +491,11 @@ impl Model for OpenAiSession {
     }
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.model.check(request)?;
-        self.model
-            .complete_shaped(request, &|shape| self.encode(request, false, shape))
-            .await
+        self.model.complete(request).await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.model.check(request)?;
-        self.model
-            .stream_shaped(request, &|shape| self.encode(request, true, shape))
-            .await
+        self.model.stream(request).await
     }
 }
 
@@ -538,14 +504,7 @@ impl Model for OpenAiSession {
 /// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    adapter::decode_recorded(
-        status,
-        body,
-        stream,
-        parse_error,
-        ChunkDecoder::new(status),
-        |body| adapter::whole(decode_response(body)),
-    )
+    adapter::decode_recorded_by::<OpenAiModel>(status, body, stream)
 }
 
 /// A response without its tool calls' ids (made up where the server sent none, so they differ

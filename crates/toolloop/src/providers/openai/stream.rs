@@ -24,7 +24,7 @@ pub(super) struct Slot {
 /// Reads a Chat Completions SSE stream and emits normalized [`StreamEvent`]s: our tool-call
 /// indices count from 0 in order of first appearance, whatever the server's indices were.
 #[derive(Debug)]
-pub(super) struct ChunkDecoder {
+pub(crate) struct ChunkDecoder {
     /// HTTP status, reported with an in-stream error.
     status: u16,
     slots: Vec<Slot>,

@@ -127,6 +127,7 @@ impl ResponsesModel {
 
 impl HttpAdapter for ResponsesModel {
     type StreamDecoder = StreamDecoder;
+    type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
 
     fn model(&self) -> &str {
@@ -145,9 +146,16 @@ impl HttpAdapter for ResponsesModel {
         self.config.headers()
     }
 
-    fn body(&self, request: &ModelRequest<'_>, stream: bool) -> Result<bytes::Bytes, ModelError> {
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        _shape: (),
+    ) -> Result<bytes::Bytes, ModelError> {
         self.request_body(request, stream)
     }
+
+    fn shape(&self, _stream: bool) {}
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_response_body(body)

@@ -1,0 +1,534 @@
+//! The drive loop: [`Machine::next_step`], each step done in a function of its own, its answer
+//! logged and handed to the machine, until the run is over.
+//!
+//! [`Agent::drive`] opens the run's span and makes a [`Drive`], what one run's steps share; its
+//! loop asks the machine for the next step and calls the step's function: `give_reminders`,
+//! `check_stop`, `call_model` (after `refresh_tools`), `approve`, `edit_context`, `compact`,
+//! `decide_round_limit`, `run_tools`; at [`Step::Finished`], `finish` writes the run's end and
+//! makes the outcome. Every answer goes through `take`: queued in the run log, then handed to
+//! the machine.
+
+use super::{Agent, EventHandler, RunLog};
+use crate::approval::{Decision, Verdict};
+use crate::engine::{
+    ApprovalRequest, Batch, CompactRequest, Input, Interrupt, Machine, Phase, PhaseError, Step,
+};
+use crate::event::Event;
+use crate::journal::JournalError;
+use crate::model::{Model, ModelRequest, ModelSettings};
+use crate::outcome::{ErrorCode, Outcome, StopReason};
+use crate::subagent::Scope;
+use crate::toolbox::Toolbox;
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+impl Agent {
+    /// Drives the machine to its end, inside the run's `invoke_agent` span.
+    pub(super) async fn drive(
+        &self,
+        machine: Machine,
+        toolbox: Arc<Toolbox>,
+        cancel: CancellationToken,
+        sink: Option<EventHandler>,
+        log: Option<RunLog>,
+    ) -> Outcome {
+        let agent = self
+            .inherited
+            .as_ref()
+            .and_then(|i| i.path.last())
+            .map_or("toolloop", String::as_str);
+        let span = crate::telemetry::run_span(self.model.name(), agent);
+        let outcome = Drive::new(self, machine, toolbox, cancel, sink, log)
+            .run()
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::run_finished(&span, &outcome);
+        outcome
+    }
+}
+
+/// One run being driven: the machine, and what its steps share.
+struct Drive<'a> {
+    agent: &'a Agent,
+    machine: Machine,
+    /// The run's tools (with tool sources, they can change between rounds).
+    toolbox: Arc<Toolbox>,
+    /// The caller's token.
+    cancel: CancellationToken,
+    /// Cancelled, with the tools' work, when the run is interrupted; the caller's token is left
+    /// alone.
+    tool_cancel: CancellationToken,
+    deadline: Option<Instant>,
+    sink: Option<EventHandler>,
+    log: Option<RunLog>,
+    /// The run log's failure that stopped the run, if one did.
+    store_error: Option<JournalError>,
+    /// The model settings of the run's requests.
+    settings: Cow<'a, ModelSettings>,
+    /// The model's session for this run.
+    model: Box<dyn Model + 'a>,
+    /// What the run's tools learn of where they are (sub-agents).
+    scope: Arc<Scope>,
+    started: Instant,
+}
+
+impl<'a> Drive<'a> {
+    fn new(
+        agent: &'a Agent,
+        mut machine: Machine,
+        toolbox: Arc<Toolbox>,
+        cancel: CancellationToken,
+        sink: Option<EventHandler>,
+        log: Option<RunLog>,
+    ) -> Self {
+        let started = Instant::now();
+        // A timeout too large to add to the clock (`Duration::MAX`, say) is no deadline at all.
+        let deadline = agent
+            .config
+            .timeout
+            .and_then(|t| tokio::time::Instant::now().checked_add(t));
+        machine.set_events(sink.is_some());
+        // A resumed run keeps the output schema it started with, whatever the agent's now.
+        let settings: Cow<'_, ModelSettings> =
+            if machine.output_schema() == agent.settings.output.as_ref() {
+                Cow::Borrowed(&*agent.settings)
+            } else {
+                let mut s = (*agent.settings).clone();
+                s.output = machine.output_schema().cloned();
+                Cow::Owned(s)
+            };
+        // The transcript only grows during a run, so adapters may reuse their encoding of it.
+        let model = agent.model.session();
+        let tool_cancel = cancel.child_token();
+        let scope = agent.scope_for(&sink);
+        Drive {
+            agent,
+            machine,
+            toolbox,
+            cancel,
+            tool_cancel,
+            deadline,
+            sink,
+            log,
+            store_error: None,
+            settings,
+            model,
+            scope,
+            started,
+        }
+    }
+
+    /// The loop: each step the machine asks for, done, until it is finished.
+    async fn run(mut self) -> Outcome {
+        loop {
+            self.emit();
+            match self.machine.next_step() {
+                Step::Finished => {
+                    // What the last step settled (a round's end, when a limit stops the run).
+                    self.emit();
+                    break;
+                }
+                Step::GetReminders => self.give_reminders(),
+                Step::CheckStop => self.check_stop(),
+                Step::CallModel { round, reminders } => {
+                    if self.refresh_tools(round).await {
+                        self.call_model(round, reminders).await;
+                    }
+                }
+                Step::Approve(requests) => self.approve(requests).await,
+                step @ Step::EditContext { .. } => self.edit_context(step),
+                Step::Compact(request) => self.compact(request).await,
+                Step::DecideRoundLimit => self.decide_round_limit().await,
+                Step::RunTools(batches) => self.run_tools(batches).await,
+            }
+        }
+        self.finish().await
+    }
+
+    /// Hands the machine's events to the sink (drops them without one).
+    fn emit(&mut self) {
+        if let Some(sink) = &self.sink {
+            for e in self.machine.take_events() {
+                sink(&e);
+            }
+        } else {
+            self.machine.take_events().for_each(drop);
+        }
+    }
+
+    /// Logs an input and hands it to the machine.
+    fn take(&mut self, input: Input) {
+        take(&mut self.machine, &self.log, input);
+    }
+
+    /// Stops the run on a run-log failure.
+    fn store_failed(&mut self, e: JournalError) {
+        self.store_error = Some(e);
+        interrupt(&mut self.machine, Interrupt::StoreFailed);
+    }
+
+    /// [`Step::GetReminders`]: the `reminders` hook's answer.
+    fn give_reminders(&mut self) {
+        // Durable with the round's response: asked again on resume if lost.
+        let input = Input::RemindersGiven {
+            round: self.machine.round() + 1,
+            reminders: self.agent.reminders_for(&self.machine),
+        };
+        self.take(input);
+    }
+
+    /// [`Step::CheckStop`]: the `stop_when` hook's answer.
+    fn check_stop(&mut self) {
+        // Durable with the next step's records: asked again on resume if lost.
+        let input = Input::StopChecked {
+            round: self.machine.round(),
+            signal: self.agent.stop_signal_for(&self.machine),
+        };
+        self.take(input);
+    }
+
+    /// Before a model call: the tool sources' tools now, the machine told when they changed.
+    /// `false` when the run was interrupted while they were listed.
+    async fn refresh_tools(&mut self, round: u32) -> bool {
+        if !self.agent.has_tool_sources() {
+            return true;
+        }
+        let now = match guard(self.agent.tools_now(), &self.cancel, self.deadline).await {
+            Ok(now) => now,
+            Err(why) => {
+                self.take(Input::Interrupted { why });
+                return false;
+            }
+        };
+        if !Arc::ptr_eq(&now, &self.toolbox) {
+            // Durable with the round's response: listed again on resume if
+            // lost. The machine knows the same catalog already.
+            if !now.same_catalog(&self.toolbox) {
+                let tools = Input::ToolsChanged {
+                    round,
+                    tools: now.catalog().clone(),
+                };
+                self.take(tools);
+            }
+            self.toolbox = now;
+        }
+        true
+    }
+
+    /// [`Step::CallModel`]: the model call, its response (or failure) handed to the machine.
+    async fn call_model(&mut self, round: u32, reminders: Vec<String>) {
+        let agent = self.agent;
+        self.emit();
+        // Not waited for: a call lost to a crash is made again on resume.
+        self.take(Input::ModelRequested { round });
+        let machine = &self.machine;
+        let tools = crate::context::driver::request_tools(machine, self.toolbox.specs());
+        // With what the machine asks of the provider itself this round (a function
+        // of its view: a resumed run asks the same).
+        let settings = crate::context::driver::request_settings(machine, &self.settings);
+        let request = ModelRequest {
+            messages: machine.sent_messages(),
+            reminders: &reminders,
+            tools: &tools,
+            settings: &settings,
+        };
+        let span = crate::telemetry::chat_span(agent.model.name(), round);
+        let call = agent
+            .call_model(&*self.model, request, round, self.sink.as_ref())
+            .instrument(span.clone());
+        let called = guard(call, &self.cancel, self.deadline).await;
+        if let Ok(r) = &called {
+            crate::telemetry::chat_finished(&span, r);
+            trace_response(round, r);
+        }
+        // The previous round's results were written during the call: a response
+        // is taken only on a log that holds them.
+        if let (Ok(Ok(_)), Some(log)) = (&called, &self.log)
+            && let Err(e) = log.settle().await
+        {
+            self.store_failed(e);
+            return;
+        }
+        let input = match called {
+            // Durable with the intents of the calls it asks for (or with the run's
+            // end).
+            Ok(Ok(response)) => agent.response_input(&self.toolbox, round, response),
+            // The failure ends the run (a refusal for size starts a compaction);
+            // it is durable with the run's end (or the compaction's summary).
+            Ok(Err(e)) => crate::context::driver::failed_call_input(&self.machine, round, e),
+            Err(why) => Input::Interrupted { why },
+        };
+        self.take(input);
+    }
+
+    /// [`Step::Approve`]: each call's decision, by rule or by a person (the `on_approval`
+    /// handler); without a handler, the calls that ask wait and the run stops for them.
+    async fn approve(&mut self, requests: Vec<ApprovalRequest>) {
+        // Before a person is asked, what the round holds is durable: a crash while
+        // asking asks again on resume, about the same calls.
+        if requests.iter().any(|r| r.verdict == Verdict::Ask)
+            && self.agent.on_approval.is_some()
+            && let Some(log) = &self.log
+            && let Err(e) = log.flush().await
+        {
+            self.store_failed(e);
+            return;
+        }
+        let mut deferred = Vec::new();
+        let mut interrupted = None;
+        for r in requests {
+            let call = &r.pending.call;
+            let decision = match Decision::by_rule(call, &r.verdict) {
+                Some(decision) => decision,
+                None => {
+                    if let Some(sink) = &self.sink {
+                        sink(&Event::ApprovalRequested {
+                            round: r.pending.round,
+                            call: call.clone(),
+                            subject: r.pending.subject.clone(),
+                        });
+                    }
+                    let Some(ask) = &self.agent.on_approval else {
+                        deferred.push(r.pending);
+                        continue;
+                    };
+                    match guard(ask(&r.pending), &self.cancel, self.deadline).await {
+                        Ok(answer) => Decision::by_person(call, answer),
+                        Err(why) => {
+                            interrupted = Some(why);
+                            break;
+                        }
+                    }
+                }
+            };
+            // Durable before the call runs (with its intent), or with the run's
+            // stop: a decision lost to a crash is taken again.
+            let input = Input::ApprovalDecided {
+                round: r.pending.round,
+                index: r.pending.index,
+                decision,
+            };
+            self.take(input);
+        }
+        if let Some(why) = interrupted {
+            self.take(Input::Interrupted { why });
+        } else if !deferred.is_empty() {
+            fed(self.machine.await_approval());
+        }
+    }
+
+    /// [`Step::EditContext`]: the context policy's edits of the conversation.
+    fn edit_context(&mut self, step: Step) {
+        // Durable with the round's response: made again on resume if lost.
+        if let Some(input) = crate::context::driver::edits_input(step) {
+            self.take(input);
+        }
+    }
+
+    /// [`Step::Compact`]: the conversation summarised, the summary durable before the run goes
+    /// on.
+    async fn compact(&mut self, request: Box<CompactRequest>) {
+        let summarised = self.agent.summarise(&self.settings, &request);
+        let input = match guard(summarised, &self.cancel, self.deadline).await {
+            Ok(input) => input,
+            Err(why) => Input::Interrupted { why },
+        };
+        self.take(input);
+        // The summary is durable before the run goes on: a resumed run does not
+        // ask for it again.
+        if let Some(log) = &self.log
+            && let Err(e) = log.flush().await
+        {
+            self.store_failed(e);
+        }
+    }
+
+    /// [`Step::DecideRoundLimit`]: the `on_round_limit` hook's answer.
+    async fn decide_round_limit(&mut self) {
+        let decision = self.agent.round_limit_for(&self.machine);
+        // Asked again on resume if lost to a crash.
+        let input = match guard(decision, &self.cancel, self.deadline).await {
+            Ok(decision) => Input::RoundLimitDecided { decision },
+            Err(why) => Input::Interrupted { why },
+        };
+        self.take(input);
+    }
+
+    /// [`Step::RunTools`]: the round's batches in order, each call's result handed to the
+    /// machine as it finishes; then the round's results written behind the next model call.
+    async fn run_tools(&mut self, batches: Vec<Batch>) {
+        let mut stopped = false;
+        for batch in batches {
+            let run = self.agent.run_batch(
+                &mut self.machine,
+                &self.toolbox,
+                batch,
+                &self.tool_cancel,
+                self.deadline,
+                &self.sink,
+                &self.log,
+                &self.scope,
+            );
+            let interrupted = match guard(run, &self.cancel, self.deadline).await {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => {
+                    self.store_error = Some(e);
+                    Some((Interrupt::StoreFailed, false))
+                }
+                Err(why) => Some((why, true)),
+            };
+            if let Some((why, logged)) = interrupted {
+                self.tool_cancel.cancel();
+                let input = Input::Interrupted { why };
+                if logged {
+                    self.take(input);
+                } else {
+                    fed(self.machine.handle(input));
+                }
+                stopped = true;
+                break;
+            }
+            self.emit();
+            if self.scope.has_awaiting() {
+                // A child waits for approvals: the round's later calls wait too.
+                break;
+            }
+        }
+        let waiting = self.scope.take_awaiting();
+        // The round's results are written while the next model call goes on (the
+        // call needs nothing durable: one lost to a crash is made again); the next
+        // flush, before any tool runs, waits for them. A crash before they are
+        // written leaves the calls in flight, as a crash just before would.
+        if !stopped
+            && let Some(log) = &self.log
+            && let Err(e) = log.flush_behind().await
+        {
+            self.store_failed(e);
+            stopped = true;
+        }
+        if !stopped && !waiting.is_empty() {
+            // Not logged: the children's calls stay in flight, and run again (each
+            // child resuming from its log) when the run is resumed.
+            fed(self.machine.await_child_approvals(waiting));
+        }
+    }
+
+    /// The run's end: logged (unless it waits for approvals), the lease given back, the
+    /// outcome made and sent to the sink.
+    async fn finish(self) -> Outcome {
+        let Drive {
+            machine,
+            sink,
+            log,
+            store_error,
+            started,
+            ..
+        } = self;
+        // A run that waits for approvals is not over: its log stays open for the decisions and
+        // the resume.
+        let awaiting = matches!(
+            machine.state().phase,
+            Phase::Done {
+                stop_reason: StopReason::AwaitingApproval,
+                ..
+            }
+        );
+        if let Some(log) = &log {
+            if !awaiting {
+                log.soon(Input::Finished);
+            }
+            if let Err(e) = log.flush().await {
+                tracing::warn!(run_id = %log.run_id, "the run's end was not logged: {e}");
+            }
+        }
+        let mut outcome = machine.into_outcome(started.elapsed().as_millis() as u64);
+        // The run log's own error, on the error of a run it stopped (and of no other).
+        if let (Some(e), Some(err)) = (store_error, outcome.error.as_mut())
+            && err.code == ErrorCode::StoreFailed
+        {
+            err.message = format!("{}: {e}", err.message);
+        }
+        if let Some(log) = &log {
+            outcome.run_id = Some(log.run_id.clone());
+            let _ = log.journal.release(&log.run_id, &log.holder).await;
+        }
+        if let Some(sink) = &sink {
+            sink(&Event::RunFinished {
+                outcome: Box::new(outcome.clone()),
+            });
+        }
+        outcome
+    }
+}
+
+/// Traces what a model call came to.
+fn trace_response(round: u32, r: &Result<crate::model::ModelResponse, crate::model::ModelError>) {
+    match r {
+        Ok(response) => {
+            tracing::info!(
+                round,
+                tool_calls = response.tool_calls.len(),
+                finish = ?response.finish_reason,
+                "model answered"
+            );
+            tracing::debug!(
+                round,
+                text_chars = response.text.as_deref().map_or(0, |t| t.chars().count()),
+                input_tokens = response.usage.map(|u| u.input_tokens),
+                output_tokens = response.usage.map(|u| u.output_tokens),
+                calls = %response.tool_calls.iter().map(|c| c.name.as_str()).collect::<Vec<_>>().join(", "),
+                "model answer"
+            );
+        }
+        Err(e) => tracing::info!(round, error = %e, "model call failed"),
+    }
+}
+
+/// Logs an input (durable with the run's next write, when the run is logged) and hands it to
+/// the machine.
+pub(super) fn take(machine: &mut Machine, log: &Option<RunLog>, input: Input) {
+    if let Some(log) = log {
+        log.soon(input.clone());
+    }
+    fed(machine.handle(input));
+}
+
+/// Stops the run without logging why (the run log is what failed, or there is none).
+pub(super) fn interrupt(machine: &mut Machine, why: Interrupt) {
+    fed(machine.handle(Input::Interrupted { why }));
+}
+
+/// Checks an input the driver fed the machine. The driver only feeds what the machine asked
+/// for, so a refusal is a bug in the driver: it fails tests (debug builds) and is logged.
+pub(super) fn fed(result: Result<(), PhaseError>) {
+    if let Err(e) = result {
+        debug_assert!(
+            false,
+            "the driver fed the loop an input it did not ask for: {e}"
+        );
+        tracing::error!(error = %e, "the driver fed the loop an input it did not ask for");
+    }
+}
+
+pub(super) async fn guard<T>(
+    fut: impl Future<Output = T>,
+    cancel: &CancellationToken,
+    deadline: Option<tokio::time::Instant>,
+) -> Result<T, Interrupt> {
+    let sleep = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Interrupt::Cancelled),
+        _ = sleep => Err(Interrupt::Timeout),
+        v = fut => Ok(v),
+    }
+}
