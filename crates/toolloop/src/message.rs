@@ -566,7 +566,8 @@ impl<'a> Iterator for MessagesIter<'a> {
         self.front = self.front.saturating_add(n).min(self.back);
         let edited = self.messages.edited;
         let front = self.front;
-        self.next_edit += edited[self.next_edit.min(edited.len())..].partition_point(|(i, _)| *i < front);
+        self.next_edit +=
+            edited[self.next_edit.min(edited.len())..].partition_point(|(i, _)| *i < front);
         self.next()
     }
 }
@@ -767,11 +768,21 @@ mod tests {
     fn messages_read_parts_and_edits_as_one_sequence() {
         let head = vec![Message::system("s"), Message::user("summary")];
         let tail: Vec<Message> = (0..6).map(|i| Message::user(format!("t{i}"))).collect();
-        let edited = vec![(1, Message::user("S")), (4, Message::user("T2")), (7, Message::user("T5"))];
+        let edited = vec![
+            (1, Message::user("S")),
+            (4, Message::user("T2")),
+            (7, Message::user("T5")),
+        ];
         let view = Messages::edited(&head, &tail, &edited);
         let expected: Vec<Message> = ["s", "S", "t0", "t1", "T2", "t3", "t4", "T5"]
             .into_iter()
-            .map(|t| if t == "s" { Message::system(t) } else { Message::user(t) })
+            .map(|t| {
+                if t == "s" {
+                    Message::system(t)
+                } else {
+                    Message::user(t)
+                }
+            })
             .collect();
         assert_eq!(view.len(), expected.len());
         assert_eq!(view.to_vec(), expected);
@@ -798,7 +809,10 @@ mod tests {
                     if skip > 0 {
                         it.nth(skip - 1);
                     }
-                    assert_eq!(it.collect::<Vec<_>>(), expected[from + skip..to].iter().collect::<Vec<_>>());
+                    assert_eq!(
+                        it.collect::<Vec<_>>(),
+                        expected[from + skip..to].iter().collect::<Vec<_>>()
+                    );
                 }
             }
         }

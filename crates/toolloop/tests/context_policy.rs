@@ -9,8 +9,8 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use toolloop::config::LoopConfig;
 use toolloop::context::{ContextOverflow, ContextPolicy};
-use toolloop::engine::{Compaction, HookFlags, Input, Machine, Step};
 use toolloop::engine::ContextState;
+use toolloop::engine::{Compaction, HookFlags, Input, Machine, Step};
 use toolloop::message::{Message, Messages, ToolCall};
 use toolloop::model::ModelResponse;
 use toolloop::outcome::StopReason;
@@ -608,7 +608,10 @@ fn the_view_holds_no_copy_of_the_transcript() {
     let run = drive(untouched, "the task", &rounds).unwrap();
     let ctx = run.machine.state().context().unwrap();
     let saved = serde_json::to_value(ctx).unwrap();
-    assert!(saved.get("head").is_none() && saved.get("edited").is_none(), "{saved}");
+    assert!(
+        saved.get("head").is_none() && saved.get("edited").is_none(),
+        "{saved}"
+    );
     // The view as last sent: the transcript but its final answer.
     let transcript = run.machine.messages();
     assert_eq!(ctx.view(transcript), transcript[..transcript.len() - 1]);
@@ -623,7 +626,11 @@ fn the_view_holds_no_copy_of_the_transcript() {
     let saved = serde_json::to_value(ctx).unwrap();
     assert!(saved.get("head").is_none(), "{saved}");
     let edited = saved["edited"].as_array().unwrap();
-    assert_eq!(edited.len(), 16, "the results of the 16 rounds before the last 4");
+    assert_eq!(
+        edited.len(),
+        16,
+        "the results of the 16 rounds before the last 4"
+    );
     for e in edited {
         assert!(e[1]["content"].as_str().unwrap().contains("cleared"), "{e}");
     }
@@ -641,7 +648,12 @@ fn the_view_holds_no_copy_of_the_transcript() {
         .pointer_mut("/state/context")
         .expect("the snapshot holds the context state") = earlier;
     let snapshot = serde_json::from_value(snapshot).unwrap();
-    let resumed = Machine::resume(config(clearing.clone()), HookFlags::default(), catalog(), snapshot);
+    let resumed = Machine::resume(
+        config(clearing.clone()),
+        HookFlags::default(),
+        catalog(),
+        snapshot,
+    );
     let resumed = drive_on(resumed, run.log[..half].to_vec(), &rounds)
         .unwrap()
         .machine;
