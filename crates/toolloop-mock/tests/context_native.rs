@@ -176,7 +176,7 @@ async fn anthropic_clears_old_results_itself_in_an_8000_token_window() {
         assert_eq!(ran.logged, clears, "{label}");
         // The machine cleared nothing itself: the view's results that are still there are
         // whole (the summaries replaced the older ones).
-        assert!(ran.outcome.context.is_some(), "the policy's report");
+        let ctx = ran.outcome.context.as_ref().expect("the policy's report");
         assert!(
             ran.outcome
                 .view()
