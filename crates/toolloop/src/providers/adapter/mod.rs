@@ -7,9 +7,11 @@
 //! kept out of errors) is the same for every adapter and lives here and in
 //! [`crate::transport`].
 
+mod meaning;
 mod native_refusal;
 mod plumbing;
 
+pub(crate) use meaning::{ErrorMeaning, tools_always_supported};
 pub(crate) use native_refusal::ContextRefusal;
 use native_refusal::{mark_refused, refused_event};
 pub(crate) use plumbing::*;
@@ -110,9 +112,15 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     /// A decoder for a streamed response that came with `status`.
     fn stream_decoder(status: u16) -> Self::StreamDecoder;
 
+    /// What the API's errors mean for the run (see [`ErrorMeaning`]).
+    const ERRORS: ErrorMeaning;
+
     /// Reads what an error means for the run: a refusal for the context's size becomes
-    /// [`ModelError::ContextOverflow`], say.
-    fn classify(error: ModelError) -> ModelError;
+    /// [`ModelError::ContextOverflow`], say ([`ErrorMeaning::classify`] of
+    /// [`HttpAdapter::ERRORS`]).
+    fn classify(error: ModelError) -> ModelError {
+        Self::ERRORS.classify(error)
+    }
 
     /// What the API does with the context itself (see [`Model::native_context`]). The
     /// default: nothing.

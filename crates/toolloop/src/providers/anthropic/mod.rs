@@ -48,11 +48,11 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{
     AnthropicConfig, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_VERSION, MAX_CACHE_BREAKPOINTS,
     OWNED_FIELDS, PROVIDER,
 };
-use error::classify;
 pub use error::parse_error;
 // Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
 #[cfg(feature = "testing")]
@@ -88,6 +88,7 @@ impl HttpAdapter for AnthropicModel {
     type StreamDecoder = StreamDecoder;
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
@@ -130,10 +131,6 @@ impl HttpAdapter for AnthropicModel {
 
     fn stream_decoder(_status: u16) -> StreamDecoder {
         StreamDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 
     /// The Messages API clears old tool results itself (`context_management`).

@@ -45,8 +45,8 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
-use error::classify;
 pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
 pub use request::PLACEHOLDER_THOUGHT_SIGNATURE;
@@ -84,6 +84,7 @@ impl HttpAdapter for GeminiModel {
     type StreamDecoder = ChunkDecoder;
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
@@ -140,10 +141,6 @@ impl HttpAdapter for GeminiModel {
 
     fn stream_decoder(_status: u16) -> ChunkDecoder {
         ChunkDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 }
 
