@@ -222,7 +222,7 @@ impl ModelCall {
         };
         let (messages, reminders, settings) = toolloop::ptk::rewrite(request, dialect);
         let inner = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,
@@ -449,7 +449,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::Finished => break,
             Step::CallModel { round, reminders } => {
                 let request = ModelRequest {
-                    messages: run.machine.messages(),
+                    messages: run.machine.sent_messages(),
                     reminders: &reminders,
                     tools: &specs,
                     settings: &settings,

@@ -521,6 +521,13 @@ impl PartialEq<Vec<Message>> for Messages<'_> {
     }
 }
 
+impl Serialize for Messages<'_> {
+    /// As the slice of its messages would: a JSON array in the transcript's form.
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter())
+    }
+}
+
 impl<'a> IntoIterator for Messages<'a> {
     type Item = &'a Message;
     type IntoIter = MessagesIter<'a>;
@@ -836,5 +843,28 @@ mod tests {
         let whole = Messages::from(&tail);
         assert_eq!(whole.as_slice(), Some(&tail[..]));
         assert_eq!(format!("{whole:?}"), format!("{tail:?}"));
+    }
+
+    /// A view serialises as the messages it stands for would, replacements in place: what a
+    /// driver hands a host as JSON is the conversation sent.
+    #[test]
+    fn messages_serialise_as_the_sequence_they_read_as() {
+        let head = vec![Message::system("s")];
+        let tail = vec![Message::user("a"), Message::user("b"), Message::user("c")];
+        let edited = vec![(2, Message::user("B"))];
+        let view = Messages::edited(&head, &tail, &edited);
+        assert_eq!(
+            serde_json::to_value(view).unwrap(),
+            json!([
+                {"role": "system", "content": "s"},
+                {"role": "user", "content": "a"},
+                {"role": "user", "content": "B"},
+                {"role": "user", "content": "c"},
+            ])
+        );
+        assert_eq!(
+            serde_json::to_string(&view.slice(1..3)).unwrap(),
+            serde_json::to_string(&[Message::user("a"), Message::user("B")]).unwrap()
+        );
     }
 }
