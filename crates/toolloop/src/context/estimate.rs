@@ -107,8 +107,64 @@ impl Size {
     }
 }
 
-/// The length of a JSON value's compact encoding, counted without building it.
+/// The length of a JSON value's compact encoding (as `serde_json::to_string` writes it),
+/// counted by walking the value: no encoding is made, except of a number that is not an
+/// integer (its shortest form is what the encoder would find).
 fn json_len(value: &serde_json::Value) -> u64 {
+    use serde_json::Value;
+    match value {
+        Value::Null | Value::Bool(true) => 4,
+        Value::Bool(false) => 5,
+        Value::Number(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => decimal_len(u),
+            (None, Some(i)) => 1 + decimal_len(i.unsigned_abs()),
+            (None, None) => encoded_len(n),
+        },
+        Value::String(s) => json_str_len(s),
+        Value::Array(items) => {
+            // Brackets, and a comma between items.
+            let commas = items.len().saturating_sub(1) as u64;
+            2 + commas + items.iter().map(json_len).sum::<u64>()
+        }
+        Value::Object(map) => {
+            // Braces, a colon per member, and a comma between members.
+            let commas = map.len().saturating_sub(1) as u64;
+            2 + commas
+                + map
+                    .iter()
+                    .map(|(k, v)| json_str_len(k) + 1 + json_len(v))
+                    .sum::<u64>()
+        }
+    }
+}
+
+/// The digits of `n` in decimal.
+fn decimal_len(mut n: u64) -> u64 {
+    let mut len = 1;
+    while n >= 10 {
+        n /= 10;
+        len += 1;
+    }
+    len
+}
+
+/// The length of `s` as a JSON string: its quotes, and the escapes `serde_json` writes (a
+/// quote, a backslash and the controls below U+0020; `\b`, `\t`, `\n`, `\f` and `\r` in two
+/// bytes, the others as `\u00XX`).
+fn json_str_len(s: &str) -> u64 {
+    let escapes: u64 = s
+        .bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\x08' | b'\t' | b'\n' | b'\x0c' | b'\r' => 1,
+            0..=0x1f => 5,
+            _ => 0,
+        })
+        .sum();
+    2 + s.len() as u64 + escapes
+}
+
+/// The length of a value's compact encoding, by encoding it to a counter.
+fn encoded_len(value: &impl serde::Serialize) -> u64 {
     struct Count(u64);
     impl Write for Count {
         fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -120,7 +176,7 @@ fn json_len(value: &serde_json::Value) -> u64 {
         }
     }
     let mut count = Count(0);
-    // Writing a `Value` to a sink that never fails cannot fail.
+    // Writing a number to a sink that never fails cannot fail.
     let _ = serde_json::to_writer(&mut count, value);
     count.0
 }
@@ -450,7 +506,60 @@ mod tests {
         ]
     }
 
+    /// Any JSON value: every kind of number, strings with every escape and non-ASCII text,
+    /// nested arrays and objects.
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        use serde_json::Value;
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::Bool),
+            any::<u64>().prop_map(|n| json!(n)),
+            any::<i64>().prop_map(|n| json!(n)),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(|f| json!(f)),
+            "(?s).{0,24}".prop_map(Value::String),
+            "[\"\\\\\u{0}-\u{1f}\u{7f}/é€😀a]{0,12}".prop_map(Value::String),
+        ];
+        leaf.prop_recursive(4, 48, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
+                prop::collection::btree_map("(?s).{0,8}", inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The walk counts a value's compact encoding byte for byte, escapes included.
+    #[test]
+    fn json_len_counts_the_escapes_and_numbers() {
+        for v in [
+            json!(null),
+            json!(false),
+            json!(0),
+            json!(u64::MAX),
+            json!(i64::MIN),
+            json!(-1),
+            json!(0.1),
+            json!(-1.5e300),
+            json!("a\"b\\c\u{0}\u{8}\t\n\u{c}\r\u{1f}\u{7f}/é😀"),
+            json!({"n": [1, {"": []}], "k\n": {}}),
+        ] {
+            assert_eq!(
+                json_len(&v),
+                serde_json::to_string(&v).unwrap().len() as u64,
+                "{v}"
+            );
+        }
+    }
+
     proptest! {
+        /// The walk gives the length of what `serde_json` writes, for any value.
+        #[test]
+        fn json_len_is_the_encoded_length(v in json_value()) {
+            prop_assert_eq!(json_len(&v), serde_json::to_string(&v).unwrap().len() as u64);
+        }
+
         /// Counting message by message gives what counting the whole does, with or without a
         /// report in between.
         #[test]
