@@ -212,11 +212,37 @@ impl ContextPolicy {
 
 /// The stub that replaces a cleared result.
 pub fn cleared_stub(name: &str, call_id: &str, bytes: usize) -> String {
-    format!(
-        "[result of `{}` (call {}) cleared from the context to save space: {bytes} bytes]",
-        crate::result::shorten(name, crate::result::ECHO_CHARS),
-        crate::result::shorten(call_id, crate::result::ECHO_CHARS),
-    )
+    // Built piece by piece at its exact length: one allocation per cleared result, no
+    // formatting machinery (a batch clears many).
+    let name = crate::result::shorten(name, crate::result::ECHO_CHARS);
+    let call_id = crate::result::shorten(call_id, crate::result::ECHO_CHARS);
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = bytes;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    // ASCII digits.
+    let bytes = std::str::from_utf8(&digits[at..]).unwrap_or_default();
+    let pieces = [
+        "[result of `",
+        &name,
+        "` (call ",
+        &call_id,
+        ") cleared from the context to save space: ",
+        bytes,
+        " bytes]",
+    ];
+    let mut stub = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    for p in pieces {
+        stub.push_str(p);
+    }
+    stub
 }
 
 /// What the model reads of a spilled result: its first and last `preview` bytes (cut at
@@ -381,6 +407,35 @@ fn render_with(messages: &[crate::message::Message], per_result: usize) -> Strin
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stub is what the model has always been sent for a cleared result (a request's
+    /// bytes must not change): byte counts of every width, long and non-ASCII names and ids
+    /// shortened as before.
+    #[test]
+    fn cleared_stub_is_the_documented_line() {
+        let long = "é".repeat(80);
+        for (name, id, bytes) in [
+            ("echo", "call_7", 0usize),
+            ("read_file", "call_abc", 9),
+            ("read_file", "call_abc", 10),
+            ("grep", "c", 123_456_789),
+            (long.as_str(), long.as_str(), usize::MAX),
+            ("", "", 1),
+        ] {
+            let expected = format!(
+                "[result of `{}` (call {}) cleared from the context to save space: {bytes} bytes]",
+                crate::result::shorten(name, crate::result::ECHO_CHARS),
+                crate::result::shorten(id, crate::result::ECHO_CHARS),
+            );
+            let stub = cleared_stub(name, id, bytes);
+            assert_eq!(stub, expected);
+            assert_eq!(stub.capacity(), stub.len(), "built at its exact length");
+        }
+        assert_eq!(
+            cleared_stub("echo", "call_7", 42),
+            "[result of `echo` (call call_7) cleared from the context to save space: 42 bytes]"
+        );
+    }
 
     #[test]
     fn previews_and_pages_cut_at_character_boundaries() {
