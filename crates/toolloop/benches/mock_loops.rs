@@ -35,7 +35,7 @@
 //! peak of live heap per in-flight loop (transcripts and connections included), and the errors
 //! the operating system gave (file descriptors, ephemeral ports). The process's open-files soft
 //! limit is raised to its hard limit first (`raise_open_files_limit`), in the child too; both
-//! are printed. Then the bare client alone at the same concurrency and latency (the ceiling of
+//! are printed (`TOOLLOOP_BENCH_NOFILE_AS_IS` leaves them as they are). Then the bare client alone at the same concurrency and latency (the ceiling of
 //! this machine and mock), and the loops' share of it. Add `journal` to log every run to a
 //! SQLite store in `process` mode (in `TOOLLOOP_BENCH_DIR` or a temporary directory), each
 //! run then checked to be finished with a whole log.
@@ -559,7 +559,9 @@ fn own_cost(rounds: usize) {
 /// Serves the mock in this process (child mode) and prints its base URL.
 fn serve_child() {
     // The child holds the server's side of every connection.
-    let _ = toolloop::transport::raise_open_files_limit();
+    if std::env::var_os("TOOLLOOP_BENCH_NOFILE_AS_IS").is_none() {
+        let _ = toolloop::transport::raise_open_files_limit();
+    }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let server = start(MockOptions::default()).await.expect("mock starts");
@@ -781,7 +783,8 @@ struct Failures {
 
 impl Failures {
     fn add(&mut self, message: String) {
-        if message.contains("os error") {
+        // As the loop's errors say it (`os error 24`), or as reqwest's debug form does.
+        if message.contains("os error") || message.contains("Os {") {
             self.os += 1;
         }
         *self.by_message.entry(message).or_default() += 1;
@@ -797,7 +800,12 @@ impl Failures {
 /// N loops of R rounds at once, once, against the mock answering after `ms` milliseconds;
 /// journaled to SQLite in `process` mode with `journal`.
 fn at_scale(n: usize, rounds: usize, ms: u64, journal: bool) {
-    match toolloop::transport::raise_open_files_limit() {
+    // `TOOLLOOP_BENCH_NOFILE_AS_IS` leaves the limit as it is, to see what it costs.
+    let raised = match std::env::var_os("TOOLLOOP_BENCH_NOFILE_AS_IS") {
+        Some(_) => Err(std::io::Error::other("TOOLLOOP_BENCH_NOFILE_AS_IS is set")),
+        None => toolloop::transport::raise_open_files_limit(),
+    };
+    match raised {
         Ok(l) => println!(
             "open files: soft limit {:?} -> {:?} (hard {:?})",
             l.before, l.now, l.hard
