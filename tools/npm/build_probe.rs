@@ -4,13 +4,17 @@
 //! the tests are compiled as ignored, with the reason, so they are reported as skipped and never
 //! as passed. Likewise `toolloop_python` when `python3` is on `PATH`, for the tests that run
 //! the Python clients (installed by `scripts/python-install` from
-//! `tools/python/requirements.txt`). No process is started and nothing is downloaded here.
+//! `tools/python/requirements.txt`), and `toolloop_chromium` when a Chromium that `.ci/chromium`
+//! would find is on `PATH` (or `TOOLLOOP_CHROMIUM` names one), for the browser tests. No process
+//! is started and nothing is downloaded here.
 
 use std::path::Path;
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(toolloop_npm)");
     println!("cargo::rustc-check-cfg=cfg(toolloop_python)");
+    println!("cargo::rustc-check-cfg=cfg(toolloop_chromium)");
+    println!("cargo::rerun-if-env-changed=TOOLLOOP_CHROMIUM");
     println!("cargo::rerun-if-env-changed=PATH");
     println!("cargo::rerun-if-changed=../../tools/npm/build_probe.rs");
     let path = std::env::var_os("PATH").unwrap_or_default();
@@ -20,6 +24,18 @@ fn main() {
     }
     if found("python3") {
         println!("cargo::rustc-cfg=toolloop_python");
+    }
+    // The browser `.ci/chromium` finds (or installs, which CI does before building).
+    let browsers = [
+        "chromium",
+        "chromium-browser",
+        "google-chrome-stable",
+        "google-chrome",
+    ];
+    if std::env::var_os("TOOLLOOP_CHROMIUM").is_some_and(|b| !b.is_empty())
+        || browsers.iter().any(|b| found(b))
+    {
+        println!("cargo::rustc-cfg=toolloop_chromium");
     }
 }
 

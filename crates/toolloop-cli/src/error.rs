@@ -15,6 +15,7 @@
 //! | 4 | the run waits for approvals (an outcome, not an error) |
 //! | 130 | `chat` quit with Ctrl-C (an outcome, not an error) |
 //!
+//! (`chat` says the error of a turn that could not run through [`report`] too, and goes on.)
 //! Warnings and progress lines, which do not end the command, go through [`warn`].
 
 use std::process::ExitCode;

@@ -1,7 +1,8 @@
 //! `toolloop`: a command-line agent on the toolloop engine.
 
 // `unsafe` here is limited to `secrets` (the environment changed while the process has one
-// thread, a descriptor taken over); each block says why it is sound.
+// thread, a descriptor taken over) and `eval` (a run killed when the eval dies, set between
+// fork and exec); each block says why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 /// `println!` for stdout that never panics: a reader that went away (`toolloop … | head`) is
@@ -28,6 +29,7 @@ mod cx;
 mod durable;
 mod error;
 mod eval;
+mod eval_report;
 mod logging;
 mod mcp;
 mod progress;
@@ -124,8 +126,10 @@ enum Command {
     /// Step workflows: `run` a workflow file, `check` it, `resume` a stopped run, `list` runs.
     #[command(subcommand)]
     Workflow(workflow::WorkflowCommand),
-    /// Run a suite of cases (TOML) against models and system prompts, check each run's
-    /// trajectory, answer, files and budget, and print the pass rates; exit 1 if a case failed.
+    /// Run a suite of cases (TOML: prompts, conversations, workflows) against models and system
+    /// prompts, check each run's trajectory, answer, files and budget (and an LLM judge's
+    /// verdict), and print the pass rates; exit 1 if a case failed. `eval compare A.json B.json`
+    /// shows what got better or worse.
     Eval(eval::EvalArgs),
 }
 

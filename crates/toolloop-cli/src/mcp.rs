@@ -369,7 +369,9 @@ impl RunTools {
 
 /// The MCP servers' tools that `--tools` / `--no-tools` select, whose schemas compile.
 pub(crate) struct SelectedMcp {
-    servers: Arc<McpTools>,
+    /// The servers' tools (recorded in the run's cassette, or, with `--replay-tools`, the
+    /// recorded ones).
+    servers: Arc<dyn ToolSource>,
     selection: Selection,
     /// The names offered when the run started (a declared agent may list them).
     listed: Vec<String>,
@@ -428,7 +430,7 @@ impl ToolSource for SelectedMcp {
     }
 
     fn version(&self) -> u64 {
-        self.servers.tools_version()
+        self.servers.version()
     }
 
     async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
@@ -475,8 +477,31 @@ pub(crate) async fn assemble(
                 Err(e) => crate::error::warn(format!("warning: MCP tool left out: {e}")),
             }
         }
+        let servers: Arc<dyn ToolSource> = match cx.record.cassette() {
+            // Their listings and results in the cassette too.
+            Some(c) => c.wrap_source(servers),
+            None => servers,
+        };
         tools.mcp = Some(Arc::new(SelectedMcp {
             servers,
+            selection,
+            listed: names,
+        }));
+    } else if let Some(recorded) = crate::record::replayed_mcp_tools(cx) {
+        // `--replay-tools`: no server is started; the recorded servers' tools are offered and
+        // answered from the cassette.
+        let reserved: Vec<&str> = reserved.iter().map(String::as_str).collect();
+        let listed = recorded
+            .tools(&reserved)
+            .await
+            .map_err(|e| CliError::failure("the recorded MCP tools", e))?;
+        let names = listed
+            .iter()
+            .filter(|t| selection.offers(t.name()))
+            .map(|t| t.name().to_string())
+            .collect();
+        tools.mcp = Some(Arc::new(SelectedMcp {
+            servers: recorded,
             selection,
             listed: names,
         }));

@@ -172,6 +172,16 @@ pub(crate) fn note_fallback(cx: &Cx, args: &RecordArgs) {
     }
 }
 
+/// With `--replay-tools`, the MCP servers' tools as the cassette recorded them (their results
+/// answered from it; no server is started); `None` otherwise, or when the recording had none.
+pub(crate) fn replayed_mcp_tools(cx: &Cx) -> Option<Arc<dyn toolloop::tool_source::ToolSource>> {
+    let cassette = cx.record.cassette()?;
+    if !cassette.is_replay() || !cx.record.replay_tools.get().copied().unwrap_or(false) {
+        return None;
+    }
+    cassette.replayed_source("mcp")
+}
+
 /// The tools, their results recorded in the cassette, or answered from it with
 /// `--replay-tools`; as they are without a cassette, or when a cassette is played back with the
 /// tools run live.

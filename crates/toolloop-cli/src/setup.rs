@@ -129,10 +129,12 @@ impl AgentArgs {
         }
         crate::record::setup(cx, &self.record, &self.provider.model, settings)?;
         if self.record.replay_tools {
-            // Nothing is run: not even the MCP servers (their tools are not in the cassette).
+            // Nothing is run: not even the MCP servers (the cassette holds their tools and
+            // results).
             if !self.mcp.mcp_config.is_empty() {
                 crate::error::warn(
-                    "--replay-tools: the MCP servers of --mcp-config are not started",
+                    "--replay-tools: the MCP servers of --mcp-config are not started; their \
+                     tools are answered from the cassette",
                 );
             }
             self.mcp.mcp_config.clear();

@@ -345,3 +345,75 @@ fn a_recorded_workflow_replays_offline() {
     assert_eq!(server.stats().requests, before, "a request was sent");
     rt.block_on(server.shutdown());
 }
+
+/// An MCP server's tools are recorded too: a replay with `--replay-tools` offers them and
+/// answers their calls from the cassette without starting the server.
+#[cfg(feature = "test-hooks")]
+#[test]
+fn mcp_tools_are_recorded_and_replayed_without_starting_the_server() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = server(
+        &rt,
+        vec![vec![ScriptCall {
+            name: "echo".into(),
+            arguments: json!({"text": "from the server"}),
+        }]],
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("server.log");
+    let config = dir.path().join("mcp.json");
+    std::fs::write(
+        &config,
+        json!({"mcpServers": {"t": {
+            "command": env!("CARGO_BIN_EXE_toolloop-mcp-test-server"),
+            "env": {"TOOLLOOP_MCP_TEST_LOG": log},
+        }}})
+        .to_string(),
+    )
+    .unwrap();
+    let cassette = dir.path().join("mcp.jsonl");
+    let mut args = vec![
+        "--model".to_string(),
+        "openai:mock:rounds=1".into(),
+        "--base-url".into(),
+        format!("{}/v1", server.base_url()),
+        "--mcp-config".into(),
+        config.to_string_lossy().into_owned(),
+        "--tools".into(),
+        "echo".into(),
+        "--no-store".into(),
+    ];
+    let mut recording = args.clone();
+    recording.extend(["--record".into(), cassette.to_string_lossy().into_owned()]);
+    let recorded = json_of(&run(dir.path(), &recording, "Echo something."));
+    assert_eq!(recorded["stop_reason"], "answered", "{recorded:#}");
+    assert_eq!(recorded["tool_calls"][0]["name"], "echo", "{recorded:#}");
+    assert_eq!(recorded["tool_calls"][0]["success"], true, "{recorded:#}");
+    let text = std::fs::read_to_string(&cassette).unwrap();
+    assert!(text.contains("\"type\":\"catalog\""), "{text}");
+    assert!(
+        text.contains("from the server"),
+        "the result is kept: {text}"
+    );
+    let calls_on_server = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(calls_on_server.contains("call echo"), "{calls_on_server}");
+    std::fs::remove_file(&log).unwrap();
+
+    let requests = server.stats().requests;
+    args[0..4].clone_from_slice(&[
+        "--model".into(),
+        format!("replay:{}", cassette.display()),
+        "--replay-tools".into(),
+        "--no-stream".into(),
+    ]);
+    let out = run(dir.path(), &args, "Echo something.");
+    let replayed = json_of(&out);
+    assert_eq!(essence(&replayed), essence(&recorded), "{}", stderr(&out));
+    assert_eq!(
+        replayed["tool_calls"][0]["result"],
+        recorded["tool_calls"][0]["result"]
+    );
+    assert_eq!(server.stats().requests, requests, "no request to the mock");
+    assert!(!log.exists(), "the MCP server was not started");
+    rt.block_on(server.shutdown());
+}

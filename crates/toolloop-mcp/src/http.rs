@@ -159,70 +159,28 @@ fn checked_events(events: Events, request: Option<RequestId>) -> Events {
         .boxed()
 }
 
-impl StreamableHttpClient for Guarded {
-    type Error = reqwest::Error;
+/// A POST as rmcp asks for it: the URI, the message, the session, the `Authorization` header
+/// and the custom headers.
+type Post = (
+    Arc<str>,
+    ClientJsonRpcMessage,
+    Option<Arc<str>>,
+    Option<String>,
+    HashMap<HeaderName, HeaderValue>,
+);
 
-    async fn post_message(
+impl Guarded {
+    /// Sends a POST through rmcp's client within `limits`; an answer toolloop cannot read
+    /// becomes an error answer to the request.
+    async fn post(
         &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-    ) -> Result<StreamableHttpPostResponse, Error> {
-        self.post_message_with_response_limits(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            custom_headers,
-            StreamableHttpResponseLimits::default(),
-        )
-        .await
-    }
-
-    async fn post_message_with_max_sse_event_size(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
-        max_sse_event_size: usize,
-    ) -> Result<StreamableHttpPostResponse, Error> {
-        let mut limits = StreamableHttpResponseLimits::default();
-        limits.max_sse_event_size = max_sse_event_size;
-        self.post_message_with_response_limits(
-            uri,
-            message,
-            session_id,
-            auth_header,
-            custom_headers,
-            limits,
-        )
-        .await
-    }
-
-    async fn post_message_with_response_limits(
-        &self,
-        uri: Arc<str>,
-        message: ClientJsonRpcMessage,
-        session_id: Option<Arc<str>>,
-        auth_header: Option<String>,
-        custom_headers: HashMap<HeaderName, HeaderValue>,
+        (uri, message, session, auth, headers): Post,
         limits: StreamableHttpResponseLimits,
     ) -> Result<StreamableHttpPostResponse, Error> {
         let request = request_id(&message);
         let answer = self
             .0
-            .post_message_with_response_limits(
-                uri,
-                message,
-                session_id,
-                auth_header,
-                custom_headers,
-                limits,
-            )
+            .post_message_with_response_limits(uri, message, session, auth, headers, limits)
             .await;
         match answer {
             Ok(StreamableHttpPostResponse::Sse(events, session)) => Ok(
@@ -241,6 +199,51 @@ impl StreamableHttpClient for Guarded {
             }
             other => other,
         }
+    }
+}
+
+impl StreamableHttpClient for Guarded {
+    type Error = reqwest::Error;
+
+    async fn post_message(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let post = (uri, message, session_id, auth_header, custom_headers);
+        self.post(post, StreamableHttpResponseLimits::default())
+            .await
+    }
+
+    async fn post_message_with_max_sse_event_size(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        max_sse_event_size: usize,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let mut limits = StreamableHttpResponseLimits::default();
+        limits.max_sse_event_size = max_sse_event_size;
+        let post = (uri, message, session_id, auth_header, custom_headers);
+        self.post(post, limits).await
+    }
+
+    async fn post_message_with_response_limits(
+        &self,
+        uri: Arc<str>,
+        message: ClientJsonRpcMessage,
+        session_id: Option<Arc<str>>,
+        auth_header: Option<String>,
+        custom_headers: HashMap<HeaderName, HeaderValue>,
+        limits: StreamableHttpResponseLimits,
+    ) -> Result<StreamableHttpPostResponse, Error> {
+        let post = (uri, message, session_id, auth_header, custom_headers);
+        self.post(post, limits).await
     }
 
     async fn delete_session(

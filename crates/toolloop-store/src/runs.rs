@@ -303,36 +303,39 @@ impl Store {
 
     /// Runs, oldest first: all of them, or those of one session.
     pub async fn runs(&self, session: Option<&str>) -> Result<Vec<RunSummary>, StoreError> {
-        let now = now_ms();
-        let rows = on_pool!(&self.inner.pool, p => {
-            sqlx::query(&sql::list_runs())
-                .bind(session)
-                .fetch_all(p)
-                .await
-                .map_err(db("listing runs"))?
-                .iter()
-                .map(|r| run_summary(r, now))
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(db("reading runs"))?
-        });
-        Ok(rows)
+        self.summaries(&sql::list_runs(), session, "listing runs")
+            .await
     }
 
     /// One run, or `None`.
     pub async fn run(&self, run_id: &str) -> Result<Option<RunSummary>, StoreError> {
+        let found = self
+            .summaries(&sql::one_run(), Some(run_id), "reading a run")
+            .await?;
+        Ok(found.into_iter().next())
+    }
+
+    /// The runs `query` selects, with `key` as its `$1`, read as of now; `doing` says what the
+    /// reading was for when it fails.
+    async fn summaries(
+        &self,
+        query: &str,
+        key: Option<&str>,
+        doing: &str,
+    ) -> Result<Vec<RunSummary>, StoreError> {
         let now = now_ms();
-        let row = on_pool!(&self.inner.pool, p => {
-            sqlx::query(&sql::one_run())
-                .bind(run_id)
-                .fetch_optional(p)
+        let rows = on_pool!(&self.inner.pool, p => {
+            sqlx::query(query)
+                .bind(key)
+                .fetch_all(p)
                 .await
-                .map_err(db("reading a run"))?
-                .as_ref()
+                .map_err(db(doing))?
+                .iter()
                 .map(|r| run_summary(r, now))
-                .transpose()
-                .map_err(db("reading a run"))?
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(db(doing))?
         });
-        Ok(row)
+        Ok(rows)
     }
 
     /// A run's session and application metadata (see [`RunTags`](crate::RunTags)); `None` when there is no

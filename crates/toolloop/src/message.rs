@@ -290,17 +290,29 @@ pub fn canonical_json(value: &Value) -> String {
     out
 }
 
+/// What makes this process's call ids differ from another's: the clock and the process id.
+#[cfg(not(target_arch = "wasm32"))]
+fn call_id_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    nanos ^ (u64::from(std::process::id()) << 32)
+}
+
+/// In WebAssembly (no process id, no system clock): a time-ordered UUID's clock and random bits,
+/// from JavaScript.
+#[cfg(target_arch = "wasm32")]
+fn call_id_seed() -> u64 {
+    let v = uuid::Uuid::now_v7().as_u128();
+    (v >> 80) as u64 ^ v as u64
+}
+
 /// A fresh tool-call id, unique within this process and unlikely to collide across processes.
 pub fn new_call_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    let seed = *SEED.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        nanos ^ (u64::from(std::process::id()) << 32)
-    });
+    let seed = *SEED.get_or_init(call_id_seed);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("call_{:012x}{:06x}", seed & 0xffff_ffff_ffff, n & 0xff_ffff)
 }

@@ -55,6 +55,7 @@ pub trait Model: Send + Sync {
 }
 
 /// The default [`Model::session`]: the model itself.
+#[cfg(feature = "http")]
 pub(crate) fn forward<M: Model + ?Sized>(model: &M) -> Box<dyn Model + '_> {
     Box::new(Forward(model))
 }

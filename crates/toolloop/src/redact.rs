@@ -120,8 +120,7 @@ impl Redactor {
     /// `authorization`, `proxy-authorization`, `x-api-key`, `api-key` or `x-goog-api-key` (and,
     /// for an `Authorization: Bearer …` or `Basic …`, the credential alone), and the password
     /// and secret query values written in the URL.
-    #[cfg(feature = "http")]
-    pub fn for_request(url: &str, headers: &reqwest::header::HeaderMap) -> Self {
+    pub fn for_request(url: &str, headers: &http::header::HeaderMap) -> Self {
         const NAMES: &[&str] = &[
             "authorization",
             "proxy-authorization",
@@ -142,7 +141,7 @@ impl Redactor {
                 r.add_secret(credential);
             }
         }
-        if let Ok(parsed) = reqwest::Url::parse(url) {
+        if let Ok(parsed) = url::Url::parse(url) {
             if let Some(password) = parsed.password() {
                 r.add_secret(password);
             }

@@ -64,7 +64,6 @@ impl ContextOverflow {
 /// ignored), past at most a few separator characters (spaces, quotes, colons, parentheses,
 /// `=`): `number_after("count (1200) exceeds", "count")` is 1200. `None` when the marker is
 /// missing or no number follows it, or the number does not fit.
-#[cfg(any(feature = "http", test))]
 pub(crate) fn number_after(text: &str, marker: &str) -> Option<u64> {
     let at = find_ignore_case(text, marker)?;
     let rest = &text[at + marker.len()..];
@@ -84,7 +83,6 @@ pub(crate) fn number_after(text: &str, marker: &str) -> Option<u64> {
 }
 
 /// Where `needle` first occurs in `haystack`, ignoring ASCII case.
-#[cfg(any(feature = "http", test))]
 pub(crate) fn find_ignore_case(haystack: &str, needle: &str) -> Option<usize> {
     if needle.is_empty() || needle.len() > haystack.len() {
         return None;
@@ -95,7 +93,6 @@ pub(crate) fn find_ignore_case(haystack: &str, needle: &str) -> Option<usize> {
 }
 
 /// Whether `haystack` holds `needle`, ignoring ASCII case.
-#[cfg(any(feature = "http", test))]
 pub(crate) fn contains_ignore_case(haystack: &str, needle: &str) -> bool {
     find_ignore_case(haystack, needle).is_some()
 }

@@ -5,24 +5,26 @@
 #[cfg(any(test, feature = "testing"))]
 use crate::model::{ApiError, ModelResponse};
 
-#[cfg(feature = "http")]
+// Without `http`, the transport's parts (retries, refusals learned) are built and unused.
+#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub(crate) mod adapter;
-#[cfg(feature = "http")]
+// Without `http`, the transport's parts (retries, refusals learned) are built and unused.
+#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub mod anthropic;
-#[cfg(feature = "http")]
 pub mod gemini;
-#[cfg(feature = "http")]
+// Without `http`, the transport's parts (retries, refusals learned) are built and unused.
+#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub mod openai;
-#[cfg(feature = "http")]
+// Without `http`, the transport's parts (retries, refusals learned) are built and unused.
+#[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub mod openai_responses;
 pub mod scripted;
 pub mod test_model;
-#[cfg(feature = "http")]
+pub mod wire;
 pub use crate::transport::check_base_url;
 
 /// For an API that takes a tool result's images beside the result rather than in it: a line
 /// that says which call they came from, and the images (`None` when the result has none).
-#[cfg(feature = "http")]
 pub(crate) fn tool_result_images(
     result: &crate::message::ToolResult,
 ) -> Option<(String, &[crate::image::Image])> {

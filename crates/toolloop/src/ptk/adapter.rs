@@ -71,38 +71,48 @@ impl Prompted {
         &self,
         request: &ModelRequest<'_>,
     ) -> (Vec<Message>, Vec<String>, ModelSettings) {
-        let mut messages = render_messages(request.messages, request.tools, self.dialect);
-        let mut reminders = request.reminders.to_vec();
-        let mut settings = request.settings.clone();
-        // An output schema becomes instructions in the system prompt: the inner model must stay
-        // free to write calls as text, so it is not asked for JSON natively.
-        if let Some(output) = settings.output.take() {
-            let instructions = output.instructions();
-            match messages.first_mut() {
-                Some(Message::System { content }) => {
-                    content.push_str("\n\n");
-                    content.push_str(&instructions);
-                }
-                _ => messages.insert(0, Message::system(instructions)),
-            }
-        }
-        if !request.tools.is_empty() {
-            match &settings.tool_choice {
-                ToolChoice::Auto => {}
-                ToolChoice::None => reminders.push("Do not call any tool in this reply; answer in plain text.".into()),
-                ToolChoice::Required => reminders.push(format!(
-                    "Call at least one tool in this reply, in the format given in the system prompt:\n{}",
-                    self.dialect.format()
-                )),
-                ToolChoice::Tool(name) => reminders.push(format!(
-                    "Call the tool `{name}` in this reply, in the format given in the system prompt:\n{}",
-                    self.dialect.format()
-                )),
-            }
-        }
-        settings.tool_choice = ToolChoice::Auto;
-        (messages, reminders, settings)
+        rewrite(request, self.dialect)
     }
+}
+
+/// The request a model without native tools gets for `request`, taught `dialect`: messages,
+/// reminders and settings (what [`Prompted`] sends its inner model; for a driver that calls
+/// the model itself, with [`PromptedReply`] to read the reply).
+pub fn rewrite(
+    request: &ModelRequest<'_>,
+    dialect: Dialect,
+) -> (Vec<Message>, Vec<String>, ModelSettings) {
+    let mut messages = render_messages(request.messages, request.tools, dialect);
+    let mut reminders = request.reminders.to_vec();
+    let mut settings = request.settings.clone();
+    // An output schema becomes instructions in the system prompt: the inner model must stay
+    // free to write calls as text, so it is not asked for JSON natively.
+    if let Some(output) = settings.output.take() {
+        let instructions = output.instructions();
+        match messages.first_mut() {
+            Some(Message::System { content }) => {
+                content.push_str("\n\n");
+                content.push_str(&instructions);
+            }
+            _ => messages.insert(0, Message::system(instructions)),
+        }
+    }
+    if !request.tools.is_empty() {
+        match &settings.tool_choice {
+            ToolChoice::Auto => {}
+            ToolChoice::None => reminders.push("Do not call any tool in this reply; answer in plain text.".into()),
+            ToolChoice::Required => reminders.push(format!(
+                "Call at least one tool in this reply, in the format given in the system prompt:\n{}",
+                dialect.format()
+            )),
+            ToolChoice::Tool(name) => reminders.push(format!(
+                "Call the tool `{name}` in this reply, in the format given in the system prompt:\n{}",
+                dialect.format()
+            )),
+        }
+    }
+    settings.tool_choice = ToolChoice::Auto;
+    (messages, reminders, settings)
 }
 
 impl std::fmt::Debug for Prompted {
@@ -192,6 +202,34 @@ struct State {
     transform: Transform,
     queue: VecDeque<Result<StreamEvent, ModelError>>,
     done: bool,
+}
+
+/// The prompted adapter's reading of a reply, for a driver that calls the model itself: the
+/// inner model's events in (a streamed reply's as they come, or a complete one's
+/// [`ModelResponse::into_events`]), the events of the reply with its calls parsed out.
+pub struct PromptedReply(Transform);
+
+impl PromptedReply {
+    /// A reader of a reply to a request offering `tools`, taught `dialect`.
+    pub fn new(tools: &[ToolSpec], dialect: Dialect, implicit_think: bool) -> Self {
+        PromptedReply(Transform::new(tools, implicit_think, dialect))
+    }
+
+    /// One event of the inner model's reply; the events it completes.
+    pub fn push(&mut self, event: StreamEvent) -> Vec<StreamEvent> {
+        self.0.on_event(event)
+    }
+
+    /// The reply ended: its last events.
+    pub fn finish(&mut self) -> Vec<StreamEvent> {
+        self.0.finish()
+    }
+}
+
+impl std::fmt::Debug for PromptedReply {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PromptedReply").finish_non_exhaustive()
+    }
 }
 
 /// Turns the inner model's events into the prompted adapter's.

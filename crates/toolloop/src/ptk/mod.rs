@@ -40,7 +40,7 @@ mod render;
 mod rescue;
 mod stream;
 
-pub use adapter::Prompted;
+pub use adapter::{Prompted, PromptedReply, rewrite};
 pub use auto::{Auto, catalog_tokens_floor, dropped_tools, empty_reply};
 pub use dialect::{Dialect, UnknownDialect};
 pub use parser::{ParsedCall, ParsedReply, parse_reply};

@@ -30,7 +30,11 @@
 //! - `{"type": "exchange", "endpoint", "hash", "url", "request", "status", "body"}` for a whole
 //!   response (`body`: the JSON, or the text when it is not JSON), or with `"events": [...]` in
 //!   place of `body` for a streamed one (each string one event, with its blank line);
-//! - `{"type": "tool", "name", "args", "output"}` (or `"error"`) for a tool's result.
+//! - `{"type": "tool", "name", "args", "output"}` (or `"error"`) for a tool's result;
+//! - `{"type": "catalog", "source", "tools": [{"name", "description", "parameters",
+//!   "side_effect", "parallel_safe"}]}` for the last listing of a tool source (an MCP server's
+//!   tools: [`Cassette::wrap_source`]), so that a replay that starts no server offers them
+//!   again ([`Cassette::replayed_source`]).
 //!
 //! Keys never reach the file: the credential headers are not stored, and the URL, the bodies and
 //! the events go through the same [`Redactor`] as the request debug log (the request's own
@@ -41,6 +45,7 @@
 use super::request_log::{body_value, redact_text};
 use crate::redact::Redactor;
 use crate::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use crate::tool_source::{ToolSource, ToolSourceError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use std::io::Write;
@@ -144,6 +149,36 @@ enum Line {
     },
     Exchange(Exchange),
     Tool(ToolRecord),
+    Catalog(Catalog),
+}
+
+/// The tools a [`ToolSource`] (an MCP server's) offered, as the model saw them, so that a
+/// replay that starts no server offers them again ([`Cassette::replayed_source`]).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Catalog {
+    /// The source's name.
+    pub source: String,
+    /// Its tools, in the order it listed them.
+    pub tools: Vec<ToolSpec>,
+}
+
+/// One tool of a [`Catalog`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolSpec {
+    /// The name the model calls it by.
+    pub name: String,
+    /// Its description.
+    #[serde(default)]
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    #[serde(default)]
+    pub parameters: Value,
+    /// What its calls may change.
+    #[serde(default)]
+    pub side_effect: crate::tool::SideEffect,
+    /// Whether its calls may run at once.
+    #[serde(default)]
+    pub parallel_safe: bool,
 }
 
 /// Why a cassette could not be read or written.
@@ -176,6 +211,8 @@ struct Inner {
     used: Vec<bool>,
     tools: Vec<ToolRecord>,
     tools_used: Vec<bool>,
+    /// The tool sources' last listings, by source.
+    catalogs: Vec<Catalog>,
     replayed: u64,
     write_error: Option<String>,
 }
@@ -306,6 +343,10 @@ impl Cassette {
                 Line::Tool(t) => {
                     inner.tools.push(t);
                     inner.tools_used.push(false);
+                }
+                Line::Catalog(c) => {
+                    inner.catalogs.retain(|k| k.source != c.source);
+                    inner.catalogs.push(c);
                 }
             }
         }
@@ -572,6 +613,80 @@ impl Cassette {
             .map_err(|e| inner.write_error = Some(e.to_string()));
     }
 
+    /// The tools that the source named `source` offered in the recording (its last listing).
+    pub fn catalog(&self, source: &str) -> Option<Catalog> {
+        self.lock()
+            .catalogs
+            .iter()
+            .find(|c| c.source == source)
+            .cloned()
+    }
+
+    /// Records what `tools` of the source `source` are (their definitions), replacing the
+    /// source's earlier listing.
+    pub fn record_catalog(&self, source: &str, tools: &[Arc<dyn Tool>]) {
+        let catalog = Catalog {
+            source: source.to_string(),
+            tools: tools
+                .iter()
+                .map(|t| ToolSpec {
+                    name: t.name().to_string(),
+                    description: t.description().to_string(),
+                    parameters: t.parameters().clone(),
+                    side_effect: t.side_effect(),
+                    parallel_safe: t.parallel_safe(),
+                })
+                .collect(),
+        };
+        let mut inner = self.lock();
+        if inner.catalogs.contains(&catalog) {
+            return;
+        }
+        inner.catalogs.retain(|c| c.source != source);
+        inner.catalogs.push(catalog);
+        let _ = self
+            .save(&inner)
+            .map_err(|e| inner.write_error = Some(e.to_string()));
+    }
+
+    /// `source` (an MCP server's tools, say), its listings recorded as a [`Catalog`] and its
+    /// tools' results recorded in the cassette ([`Cassette::wrap_tool`]). Playing back, the
+    /// source is returned as it is (its tools run live); see [`Cassette::replayed_source`] for
+    /// a replay that starts nothing.
+    pub fn wrap_source(self: &Arc<Self>, source: Arc<dyn ToolSource>) -> Arc<dyn ToolSource> {
+        if self.is_replay() {
+            return source;
+        }
+        Arc::new(RecordedSource {
+            inner: source,
+            cassette: self.clone(),
+        })
+    }
+
+    /// The tools the source named `source` offered in the recording, each answering its calls
+    /// from the cassette and running nothing (a call the cassette does not hold fails); `None`
+    /// when the cassette holds no listing of that source.
+    pub fn replayed_source(self: &Arc<Self>, source: &str) -> Option<Arc<dyn ToolSource>> {
+        let catalog = self.catalog(source)?;
+        let tools = catalog
+            .tools
+            .into_iter()
+            .map(|spec| {
+                self.wrap_tool(
+                    Arc::new(RecordedDefinition {
+                        spec,
+                        cassette: self.clone(),
+                    }),
+                    true,
+                )
+            })
+            .collect();
+        Some(Arc::new(ReplayedSource {
+            name: source.to_string(),
+            tools,
+        }))
+    }
+
     /// `tool`, its calls recorded in the cassette, or, with `replay_tools`, answered from it
     /// without running the tool (a call the cassette does not hold fails, and runs nothing).
     pub fn wrap_tool(self: &Arc<Self>, tool: Arc<dyn Tool>, replay_tools: bool) -> Arc<dyn Tool> {
@@ -614,6 +729,11 @@ fn render(inner: &Inner) -> String {
     }
     for t in &inner.tools {
         let line = serde_json::to_value(Line::Tool(t.clone())).unwrap_or(Value::Null);
+        out.push_str(&line.to_string());
+        out.push('\n');
+    }
+    for c in &inner.catalogs {
+        let line = serde_json::to_value(Line::Catalog(c.clone())).unwrap_or(Value::Null);
         out.push_str(&line.to_string());
         out.push('\n');
     }
@@ -861,9 +981,151 @@ impl Tool for RecordedTool {
     }
 }
 
+/// A tool source whose listings and results are recorded.
+struct RecordedSource {
+    inner: Arc<dyn ToolSource>,
+    cassette: Arc<Cassette>,
+}
+
+#[async_trait::async_trait]
+impl ToolSource for RecordedSource {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn version(&self) -> u64 {
+        self.inner.version()
+    }
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        let tools = self.inner.tools(reserved).await?;
+        self.cassette.record_catalog(self.inner.name(), &tools);
+        Ok(tools
+            .into_iter()
+            .map(|t| self.cassette.wrap_tool(t, false))
+            .collect())
+    }
+}
+
+/// The tools of a recorded [`Catalog`], which never change.
+struct ReplayedSource {
+    name: String,
+    tools: Vec<Arc<dyn Tool>>,
+}
+
+#[async_trait::async_trait]
+impl ToolSource for ReplayedSource {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn version(&self) -> u64 {
+        0
+    }
+    async fn tools(&self, reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        Ok(self
+            .tools
+            .iter()
+            .filter(|t| !reserved.contains(&t.name()))
+            .cloned()
+            .collect())
+    }
+}
+
+/// A recorded tool definition; its calls are answered by the [`RecordedTool`] around it.
+struct RecordedDefinition {
+    spec: ToolSpec,
+    cassette: Arc<Cassette>,
+}
+
+#[async_trait::async_trait]
+impl Tool for RecordedDefinition {
+    fn name(&self) -> &str {
+        &self.spec.name
+    }
+    fn description(&self) -> &str {
+        &self.spec.description
+    }
+    fn parameters(&self) -> &Value {
+        &self.spec.parameters
+    }
+    fn parallel_safe(&self) -> bool {
+        self.spec.parallel_safe
+    }
+    fn side_effect(&self) -> crate::tool::SideEffect {
+        self.spec.side_effect
+    }
+    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+        // Never reached: the wrapper answers from the cassette. Answer from it all the same.
+        self.cassette
+            .replay_tool(&self.spec.name, &args)
+            .unwrap_or_else(|| Err(ToolError::new("this call is not in the cassette")))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_sources_tools_are_recorded_and_offered_again_on_replay() {
+        struct Echo(Value);
+        #[async_trait::async_trait]
+        impl Tool for Echo {
+            fn name(&self) -> &str {
+                "echo"
+            }
+            fn description(&self) -> &str {
+                "Gives back the text."
+            }
+            fn parameters(&self) -> &Value {
+                &self.0
+            }
+            fn side_effect(&self) -> crate::tool::SideEffect {
+                crate::tool::SideEffect::ReadOnly
+            }
+            async fn call(&self, args: Value, _: ToolContext) -> Result<ToolOutput, ToolError> {
+                Ok(ToolOutput {
+                    message: format!("echo {args}"),
+                    ..ToolOutput::default()
+                })
+            }
+        }
+        struct Source(Vec<Arc<dyn Tool>>);
+        #[async_trait::async_trait]
+        impl ToolSource for Source {
+            fn name(&self) -> &str {
+                "mcp"
+            }
+            fn version(&self) -> u64 {
+                1
+            }
+            async fn tools(&self, _: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+                Ok(self.0.clone())
+            }
+        }
+        let schema = json!({"type": "object", "properties": {"t": {"type": "integer"}}});
+        let recording = Arc::new(Cassette::in_memory(json!({})));
+        let source = recording.wrap_source(Arc::new(Source(vec![Arc::new(Echo(schema.clone()))])));
+        let ctx = || ToolContext::detached("c1", "echo");
+        let live = source.tools(&[]).await.unwrap();
+        let out = live[0].call(json!({"t": 1}), ctx()).await.unwrap();
+        assert_eq!(out.message, "echo {\"t\":1}");
+
+        let replay = Arc::new(Cassette::parse(&recording.to_jsonl()).unwrap());
+        assert!(replay.replayed_source("other").is_none());
+        let source = replay.replayed_source("mcp").unwrap();
+        let tools = source.tools(&[]).await.unwrap();
+        assert_eq!(tools.len(), 1);
+        assert_eq!(tools[0].name(), "echo");
+        assert_eq!(tools[0].description(), "Gives back the text.");
+        assert_eq!(tools[0].parameters(), &schema);
+        assert_eq!(tools[0].side_effect(), crate::tool::SideEffect::ReadOnly);
+        let again = tools[0].call(json!({"t": 1}), ctx()).await.unwrap();
+        assert_eq!(again.message, out.message);
+        // Another call is not in the cassette, and the recorded one is answered once.
+        assert!(tools[0].call(json!({"t": 2}), ctx()).await.is_err());
+        assert!(tools[0].call(json!({"t": 1}), ctx()).await.is_err());
+        // A name the agent's own tools take is left out.
+        assert!(source.tools(&["echo"]).await.unwrap().is_empty());
+    }
 
     #[test]
     fn events_split_and_join_back() {

@@ -13,6 +13,7 @@ pub mod http;
 #[cfg(feature = "http")]
 pub mod request_log;
 pub mod sse;
+pub mod wire;
 
 /// The process's limit on open files (`RLIMIT_NOFILE`) before and after
 /// [`raise_open_files_limit`].
@@ -83,7 +84,6 @@ pub fn install_tls_provider() {
 
 /// Why a provider's base URL was refused by [`check_base_url`]. The messages show the URL
 /// without any password or key it carries.
-#[cfg(feature = "http")]
 #[derive(Debug, thiserror::Error)]
 pub enum BaseUrlError {
     /// The text does not parse as a URL.
@@ -142,7 +142,6 @@ pub enum BaseUrlError {
     },
 }
 
-#[cfg(feature = "http")]
 const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
                         https://api.example.com/v1";
 
@@ -162,12 +161,11 @@ const EXPECTED: &str = "expected an http:// or https:// URL with a host, like \
 /// let e = e.to_string();
 /// assert!(!e.contains("hunter2") && !e.contains("sekrit"), "{e}");
 /// ```
-#[cfg(feature = "http")]
 pub fn check_base_url(url: &str) -> Result<(), BaseUrlError> {
     let raw = url.trim();
     // What the messages show: never a password or a key the URL carries.
     let url = crate::redact::redact_url_credentials(raw);
-    let parsed = match reqwest::Url::parse(raw) {
+    let parsed = match url::Url::parse(raw) {
         Ok(u) => u,
         Err(e) => {
             return Err(BaseUrlError::NotAUrl {

@@ -7,21 +7,30 @@
 //! kept out of errors) is the same for every adapter and lives here and in
 //! [`crate::transport`].
 
+mod meaning;
 mod native_refusal;
 mod plumbing;
 
+pub(crate) use meaning::{ErrorMeaning, tools_always_supported};
 pub(crate) use native_refusal::ContextRefusal;
 use native_refusal::{mark_refused, refused_event};
 pub(crate) use plumbing::*;
 
-use crate::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
+#[cfg(feature = "http")]
+use crate::model::{EventStream, Model};
+use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
+#[cfg(feature = "http")]
 use async_trait::async_trait;
 use bytes::Bytes;
+#[cfg(feature = "http")]
 use futures::StreamExt;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 
 /// One HTTP provider's API, as an adapter describes it. The calls are made by the one
 /// [`Model`] implementation over this trait, the same for every adapter.
@@ -37,6 +46,7 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     fn model(&self) -> &str;
 
     /// The HTTP client calls go through.
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport;
 
     /// Where `request` goes, streamed or not.
@@ -110,9 +120,15 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     /// A decoder for a streamed response that came with `status`.
     fn stream_decoder(status: u16) -> Self::StreamDecoder;
 
+    /// What the API's errors mean for the run (see [`ErrorMeaning`]).
+    const ERRORS: ErrorMeaning;
+
     /// Reads what an error means for the run: a refusal for the context's size becomes
-    /// [`ModelError::ContextOverflow`], say.
-    fn classify(error: ModelError) -> ModelError;
+    /// [`ModelError::ContextOverflow`], say ([`ErrorMeaning::classify`] of
+    /// [`HttpAdapter::ERRORS`]).
+    fn classify(error: ModelError) -> ModelError {
+        Self::ERRORS.classify(error)
+    }
 
     /// What the API does with the context itself (see [`Model::native_context`]). The
     /// default: nothing.
@@ -128,11 +144,13 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
 
     /// The model for one run (see [`Model::session`]), when the adapter keeps state between a
     /// run's requests. The default: `None`, the model itself.
+    #[cfg(feature = "http")]
     fn session(&self) -> Option<Box<dyn Model + '_>> {
         None
     }
 }
 
+#[cfg(feature = "http")]
 #[async_trait]
 impl<A: HttpAdapter> Model for A {
     fn name(&self) -> &str {
@@ -209,6 +227,7 @@ impl<A: HttpAdapter> Model for A {
 
 /// One complete call of `request`, written in the shape the server accepts: a field it refuses
 /// is left out (or replaced) and the call made again.
+#[cfg(feature = "http")]
 async fn complete_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,
@@ -239,6 +258,7 @@ async fn complete_once<A: HttpAdapter>(
 
 /// One streamed call of `request`, written in the shape the server accepts. A refusal may come
 /// as the stream's opening error, as its first event, or as an empty stream.
+#[cfg(feature = "http")]
 async fn stream_once<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,
@@ -265,6 +285,7 @@ async fn stream_once<A: HttpAdapter>(
 }
 
 /// Opens the stream of `request` with this body.
+#[cfg(feature = "http")]
 async fn open_stream<A: HttpAdapter>(
     this: &A,
     request: &ModelRequest<'_>,

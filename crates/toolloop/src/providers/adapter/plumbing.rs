@@ -8,21 +8,35 @@
 
 #[cfg(any(test, feature = "testing"))]
 use crate::model::ApiError;
-use crate::model::{EventStream, ModelError, ModelResponse};
+#[cfg(feature = "http")]
+use crate::model::EventStream;
+use crate::model::{ModelError, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
+#[cfg(feature = "http")]
 use crate::redact::Redactor;
 use crate::stream::{Accumulator, StreamEvent};
+#[cfg(feature = "http")]
 use crate::transport::http::{
-    ByteStream, CallBudget, Endpoint, ErrorParser, HttpTransport, no_event_error, resilient_stream,
+    ByteStream, CallBudget, HttpTransport, no_event_error, resilient_stream,
 };
 use crate::transport::sse::{SseDecoder, SseEvent};
+#[cfg(feature = "http")]
+use crate::transport::wire::Endpoint;
+#[cfg(any(test, feature = "testing", feature = "http"))]
+use crate::transport::wire::ErrorParser;
+#[cfg(feature = "http")]
 use bytes::Bytes;
+#[cfg(feature = "http")]
 use futures::StreamExt;
-use reqwest::header::HeaderMap;
+#[cfg(any(test, feature = "testing", feature = "http"))]
+use http::header::HeaderMap;
 use serde_json::Value;
+#[cfg(feature = "http")]
 use std::collections::VecDeque;
+#[cfg(feature = "http")]
 use std::sync::{Arc, Mutex};
+#[cfg(feature = "http")]
 use std::time::Duration;
 
 /// What one provider's stream events mean: turns SSE events into [`StreamEvent`]s.
@@ -90,10 +104,33 @@ impl<D: SseDecode> SseReader<D> {
     }
 }
 
+/// An SSE body being read, whatever its provider (what [`crate::providers::wire`] hands out).
+pub(crate) trait ReadSse: Send {
+    /// As [`SseReader::push`].
+    fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
+    /// As [`SseReader::finish`].
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
+    /// As [`SseReader::done`].
+    fn done(&self) -> bool;
+}
+
+impl<D: SseDecode> ReadSse for SseReader<D> {
+    fn push(&mut self, bytes: &[u8], out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        SseReader::push(self, bytes, out)
+    }
+    fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        SseReader::finish(self, out)
+    }
+    fn done(&self) -> bool {
+        SseReader::done(self)
+    }
+}
+
 /// A transport failure while a 2xx body is read is a broken connection (reqwest reports it as a
 /// body or decode error, which the transport marks retryable), so that [`resilient_stream`]
 /// opens the stream again when nothing was delivered yet. A failure the transport marked final
 /// (an idle timeout) stays final, and other errors (a body over the size limit) are kept.
+#[cfg(feature = "http")]
 fn broken(e: ModelError) -> ModelError {
     match e {
         ModelError::Transport { message, retryable } => ModelError::Transport {
@@ -107,6 +144,7 @@ fn broken(e: ModelError) -> ModelError {
 /// Decodes an SSE response body with `decoder`. Events that arrived before an error are
 /// delivered first, then the error, then nothing more. With `event_timeout`, a body that goes
 /// that long without an SSE event (nothing, or only comments) ends with an error.
+#[cfg(feature = "http")]
 pub(crate) fn sse_event_stream<D: SseDecode>(
     bytes: ByteStream,
     decoder: D,
@@ -172,6 +210,7 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
 }
 
 /// Everything needed to open one streamed call, again if need be.
+#[cfg(feature = "http")]
 struct Opener<F> {
     transport: HttpTransport,
     url: Endpoint,
@@ -183,6 +222,7 @@ struct Opener<F> {
     budget: Arc<CallBudget>,
 }
 
+#[cfg(feature = "http")]
 impl<D: SseDecode, F: Fn() -> D> Opener<F> {
     async fn open(&self) -> Result<EventStream, ModelError> {
         let bytes = self
@@ -229,6 +269,7 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
 /// transport's retries) is this call's error; a stream that fails with a retryable error before
 /// delivering output is opened again ([`resilient_stream`]), one that already delivered output
 /// never is.
+#[cfg(feature = "http")]
 pub(crate) async fn open_sse_stream<D, F>(
     transport: &HttpTransport,
     url: Endpoint,

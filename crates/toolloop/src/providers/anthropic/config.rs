@@ -3,8 +3,9 @@
 use crate::model::ModelError;
 use crate::providers::adapter;
 use crate::providers::adapter::Vars;
+#[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 /// The provider name on [`ProviderPart`](crate::message::ProviderPart)s this adapter produces.
@@ -38,21 +39,23 @@ pub struct AnthropicConfig {
     /// `extra` (`{"thinking": {"type": "enabled", "budget_tokens": 2048}}`).
     pub extra: Option<Value>,
     /// The HTTP transport (retries, limits).
+    #[cfg(feature = "http")]
     pub transport: HttpTransport,
 }
 
 impl std::fmt::Debug for AnthropicConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AnthropicConfig")
-            .field("model", &self.model)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("version", &self.version)
-            .field("max_tokens", &self.max_tokens)
-            .field("cache", &self.cache)
-            .field("extra", &self.extra)
-            .field("transport", &self.transport)
-            .finish()
+        let mut d = f.debug_struct("AnthropicConfig");
+        d.field("model", &self.model);
+        d.field("base_url", &self.base_url);
+        d.field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"));
+        d.field("version", &self.version);
+        d.field("max_tokens", &self.max_tokens);
+        d.field("cache", &self.cache);
+        d.field("extra", &self.extra);
+        #[cfg(feature = "http")]
+        d.field("transport", &self.transport);
+        d.finish()
     }
 }
 
@@ -67,6 +70,7 @@ impl AnthropicConfig {
             max_tokens: DEFAULT_MAX_TOKENS,
             cache: true,
             extra: None,
+            #[cfg(feature = "http")]
             transport: HttpTransport::new(),
         }
     }

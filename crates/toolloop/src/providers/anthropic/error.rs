@@ -2,10 +2,11 @@
 
 use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
-use crate::model::{ApiError, ModelError};
+use crate::model::ApiError;
 use crate::providers::adapter::snippet;
-use crate::transport::http::retryable_status;
-use reqwest::header::HeaderMap;
+use crate::providers::adapter::{ErrorMeaning, tools_always_supported};
+use crate::transport::wire::retryable_status;
+use http::header::HeaderMap;
 use serde_json::Value;
 
 pub(super) fn error_type_for_status(status: u16) -> Option<&'static str> {
@@ -79,17 +80,12 @@ pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
     Some(o)
 }
 
-/// Turns an API error that says the request does not fit the context window into
-/// [`ModelError::ContextOverflow`].
-pub(crate) fn classify(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Api(a) => match context_overflow(&a) {
-            Some(o) => ModelError::ContextOverflow(o),
-            None => ModelError::Api(a),
-        },
-        other => other,
-    }
-}
+/// What this API's errors mean for the run: a refusal for the context's size (with its counts,
+/// [`context_overflow`]).
+pub(crate) const ERRORS: ErrorMeaning = ErrorMeaning {
+    context_overflow,
+    tools_unsupported: tools_always_supported,
+};
 
 pub(super) fn stream_error(v: &Value) -> ApiError {
     let error = &v["error"];
@@ -114,6 +110,7 @@ pub(super) fn stream_error(v: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ModelError;
 
     #[test]
     fn errors_are_typed() {
@@ -153,7 +150,7 @@ mod tests {
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"prompt is too long: 208310 tokens > 200000 maximum"},"request_id":"req_011CVQe1dLrGNMJyE1ghG1av"}"#,
         );
         assert!(!e.retryable);
-        let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+        let ModelError::ContextOverflow(o) = ERRORS.classify(ModelError::Api(e)) else {
             panic!("not an overflow");
         };
         assert_eq!(
@@ -167,7 +164,7 @@ mod tests {
             &h,
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"input length and `max_tokens` exceed context limit: 199759 + 8192 > 200000, decrease input length or `max_tokens` and try again"}}"#,
         );
-        let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+        let ModelError::ContextOverflow(o) = ERRORS.classify(ModelError::Api(e)) else {
             panic!("not an overflow");
         };
         assert_eq!(
@@ -178,7 +175,7 @@ mod tests {
         let e = stream_error(&serde_json::json!({"type": "error", "error": {
             "type": "invalid_request_error", "message": "prompt is too long: 12 tokens > 10 maximum"}}));
         assert!(matches!(
-            classify(ModelError::Api(e)),
+            ERRORS.classify(ModelError::Api(e)),
             ModelError::ContextOverflow(o) if o.status == 200 && o.limit == Some(10)
         ));
         // An output limit alone is not an overflow (ChatGPTNextWeb/NextChat#4964).
@@ -187,6 +184,9 @@ mod tests {
             &h,
             br#"{"type":"error","error":{"type":"invalid_request_error","message":"max_tokens: 10000 > 4096, which is the maximum allowed number of output tokens for claude-3-5-sonnet-20240620"}}"#,
         );
-        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        assert!(matches!(
+            ERRORS.classify(ModelError::Api(e)),
+            ModelError::Api(_)
+        ));
     }
 }

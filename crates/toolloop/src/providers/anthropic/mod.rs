@@ -36,9 +36,11 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use response::decode_message_body;
 use stream::StreamDecoder;
 
@@ -48,11 +50,11 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{
     AnthropicConfig, DEFAULT_BASE_URL, DEFAULT_MAX_TOKENS, DEFAULT_VERSION, MAX_CACHE_BREAKPOINTS,
     OWNED_FIELDS, PROVIDER,
 };
-use error::classify;
 pub use error::parse_error;
 // Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
 #[cfg(feature = "testing")]
@@ -88,11 +90,14 @@ impl HttpAdapter for AnthropicModel {
     type StreamDecoder = StreamDecoder;
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
     }
@@ -130,10 +135,6 @@ impl HttpAdapter for AnthropicModel {
 
     fn stream_decoder(_status: u16) -> StreamDecoder {
         StreamDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 
     /// The Messages API clears old tool results itself (`context_management`).

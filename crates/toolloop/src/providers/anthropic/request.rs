@@ -202,8 +202,8 @@ pub(super) fn betas(req: &ModelRequest<'_>) -> Option<&'static str> {
 pub(super) fn headers(
     config: &AnthropicConfig,
     req: &ModelRequest<'_>,
-) -> Result<reqwest::header::HeaderMap, crate::model::ModelError> {
-    use reqwest::header::{HeaderName, HeaderValue};
+) -> Result<http::header::HeaderMap, crate::model::ModelError> {
+    use http::header::{HeaderName, HeaderValue};
     let mut headers = config.headers()?;
     if let Some(beta) = betas(req) {
         let name = HeaderName::from_static("anthropic-beta");

@@ -3,8 +3,9 @@
 use crate::model::ModelError;
 use crate::providers::adapter;
 use crate::providers::adapter::Vars;
+#[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::Value;
 
 /// The provider name on [`ProviderPart`](crate::message::ProviderPart)s and in `provider_data` this
@@ -29,18 +30,20 @@ pub struct GeminiConfig {
     /// `extra` (`{"generationConfig": {"thinkingConfig": {"thinkingBudget": 1024}}}`).
     pub extra: Option<Value>,
     /// The HTTP transport (retries, limits).
+    #[cfg(feature = "http")]
     pub transport: HttpTransport,
 }
 
 impl std::fmt::Debug for GeminiConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GeminiConfig")
-            .field("model", &self.model)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("extra", &self.extra)
-            .field("transport", &self.transport)
-            .finish()
+        let mut d = f.debug_struct("GeminiConfig");
+        d.field("model", &self.model);
+        d.field("base_url", &self.base_url);
+        d.field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"));
+        d.field("extra", &self.extra);
+        #[cfg(feature = "http")]
+        d.field("transport", &self.transport);
+        d.finish()
     }
 }
 
@@ -52,6 +55,7 @@ impl GeminiConfig {
             base_url: DEFAULT_BASE_URL.to_string(),
             api_key: None,
             extra: None,
+            #[cfg(feature = "http")]
             transport: HttpTransport::new(),
         }
     }

@@ -2,10 +2,11 @@
 
 use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
-use crate::model::{ApiError, ModelError};
+use crate::model::ApiError;
 use crate::providers::adapter::snippet;
-use crate::transport::http::retryable_status;
-use reqwest::header::HeaderMap;
+use crate::providers::adapter::{ErrorMeaning, tools_always_supported};
+use crate::transport::wire::retryable_status;
+use http::header::HeaderMap;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -90,17 +91,12 @@ pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
     Some(o)
 }
 
-/// Turns an API error that says the request does not fit the context window into
-/// [`ModelError::ContextOverflow`].
-pub(crate) fn classify(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Api(a) => match context_overflow(&a) {
-            Some(o) => ModelError::ContextOverflow(o),
-            None => ModelError::Api(a),
-        },
-        other => other,
-    }
-}
+/// What this API's errors mean for the run: a refusal for the context's size (with its counts,
+/// [`context_overflow`]).
+pub(crate) const ERRORS: ErrorMeaning = ErrorMeaning {
+    context_overflow,
+    tools_unsupported: tools_always_supported,
+};
 
 /// Turns a Gemini error response (`{"error": {code, message, status, details}}`, or a one-element
 /// array of it) into an [`ApiError`]: `error_type` is the status name (`RESOURCE_EXHAUSTED`),
@@ -131,6 +127,7 @@ pub fn parse_error(status: u16, _headers: &HeaderMap, body: &[u8]) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ModelError;
     use serde_json::json;
 
     #[test]
@@ -167,7 +164,7 @@ mod tests {
         ] {
             let e = parse_error(400, &HeaderMap::new(), body.as_bytes());
             assert!(!e.retryable);
-            let ModelError::ContextOverflow(o) = classify(ModelError::Api(e)) else {
+            let ModelError::ContextOverflow(o) = ERRORS.classify(ModelError::Api(e)) else {
                 panic!("not an overflow: {body}");
             };
             assert_eq!(
@@ -182,6 +179,9 @@ mod tests {
             &HeaderMap::new(),
             br#"{"error":{"code":400,"message":"Invalid value at 'generation_config.max_output_tokens'","status":"INVALID_ARGUMENT"}}"#,
         );
-        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        assert!(matches!(
+            ERRORS.classify(ModelError::Api(e)),
+            ModelError::Api(_)
+        ));
     }
 }

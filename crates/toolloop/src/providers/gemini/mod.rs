@@ -33,9 +33,11 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use bytes::Bytes;
-use reqwest::header::HeaderMap;
+use http::header::HeaderMap;
 use response::decode_body;
 use stream::ChunkDecoder;
 
@@ -45,8 +47,8 @@ mod request;
 mod response;
 mod stream;
 
+use crate::providers::adapter::ErrorMeaning;
 pub use config::{API_VERSION, DEFAULT_BASE_URL, GeminiConfig, OWNED_FIELDS, PROVIDER};
-use error::classify;
 pub(crate) use error::overflow_counts;
 pub use error::{parse_duration, parse_error};
 pub use request::PLACEHOLDER_THOUGHT_SIGNATURE;
@@ -84,11 +86,14 @@ impl HttpAdapter for GeminiModel {
     type StreamDecoder = ChunkDecoder;
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
+    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
     }
@@ -140,10 +145,6 @@ impl HttpAdapter for GeminiModel {
 
     fn stream_decoder(_status: u16) -> ChunkDecoder {
         ChunkDecoder::default()
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 }
 

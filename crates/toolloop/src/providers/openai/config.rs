@@ -3,6 +3,7 @@
 use super::error::preview;
 use crate::model::ModelError;
 use crate::providers::adapter::Vars;
+#[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
 use serde_json::Value;
 
@@ -38,6 +39,7 @@ pub struct OpenAiConfig {
     /// Extra top-level request fields (a JSON object), merged into every request body last.
     pub extra: Option<Value>,
     /// The HTTP client, with its retry policy and body-size limit.
+    #[cfg(feature = "http")]
     pub transport: HttpTransport,
     /// Where transient reminders go (default: `System` for OpenAI's own API, `User` elsewhere).
     pub reminder_role: ReminderRole,
@@ -63,16 +65,17 @@ pub struct OpenAiConfig {
 
 impl std::fmt::Debug for OpenAiConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("OpenAiConfig")
-            .field("model", &self.model)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("extra", &self.extra)
-            .field("transport", &self.transport)
-            .field("reminder_role", &self.reminder_role)
-            .field("rescue_text_tool_calls", &self.rescue_text_tool_calls)
-            .field("explicit_tool_choice", &self.explicit_tool_choice)
-            .finish()
+        let mut d = f.debug_struct("OpenAiConfig");
+        d.field("model", &self.model);
+        d.field("base_url", &self.base_url);
+        d.field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"));
+        d.field("extra", &self.extra);
+        #[cfg(feature = "http")]
+        d.field("transport", &self.transport);
+        d.field("reminder_role", &self.reminder_role);
+        d.field("rescue_text_tool_calls", &self.rescue_text_tool_calls);
+        d.field("explicit_tool_choice", &self.explicit_tool_choice);
+        d.finish()
     }
 }
 
@@ -84,6 +87,7 @@ impl OpenAiConfig {
             base_url: DEFAULT_BASE_URL.to_string(),
             api_key: None,
             extra: None,
+            #[cfg(feature = "http")]
             transport: HttpTransport::new(),
             reminder_role: ReminderRole::System,
             rescue_text_tool_calls: false,

@@ -5,8 +5,9 @@ use crate::context::ContextOverflow;
 use crate::context::overflow::{contains_ignore_case, number_after};
 use crate::model::{ApiError, ModelError};
 use crate::providers::adapter;
-use crate::transport::http::{retry_after, retryable_status};
-use reqwest::header::HeaderMap;
+use crate::providers::adapter::ErrorMeaning;
+use crate::transport::wire::{retry_after, retryable_status};
+use http::header::HeaderMap;
 use serde_json::Value;
 
 /// Reads an error body (the [`crate::transport::http::ErrorParser`] of this adapter). Understands
@@ -161,7 +162,7 @@ pub(crate) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
 }
 
 /// Whether an error says the server or model does not accept a tool catalog.
-pub(super) fn tools_unsupported(err: &ApiError) -> bool {
+pub(crate) fn tools_unsupported(err: &ApiError) -> bool {
     if !matches!(err.status, 400 | 404 | 422 | 500) {
         return false;
     }
@@ -187,19 +188,12 @@ pub(super) fn tools_unsupported(err: &ApiError) -> bool {
     PATTERNS.iter().any(|p| m.contains(p))
 }
 
-/// Turns an API error that says the request does not fit the context window into
-/// [`ModelError::ContextOverflow`], and one that says tools are unsupported into
-/// [`ModelError::ToolsUnsupported`].
-pub(crate) fn classify(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Api(a) => match context_overflow(&a) {
-            Some(o) => ModelError::ContextOverflow(o),
-            None if tools_unsupported(&a) => ModelError::ToolsUnsupported(a.message),
-            None => ModelError::Api(a),
-        },
-        other => other,
-    }
-}
+/// What this API's errors mean for the run: a refusal for the context's size (with its counts,
+/// [`context_overflow`]), and a refusal of tools.
+pub(crate) const ERRORS: ErrorMeaning = ErrorMeaning {
+    context_overflow,
+    tools_unsupported,
+};
 
 /// The start of the error for a 2xx stream that ended without a single event.
 pub(super) const EMPTY_STREAM: &str = "the server answered with an empty stream";
@@ -304,7 +298,7 @@ mod tests {
         assert_eq!(e.error_type.as_deref(), Some("BadRequestError"));
         assert!(tools_unsupported(&e));
         assert!(matches!(
-            classify(ModelError::Api(e)),
+            ERRORS.classify(ModelError::Api(e)),
             ModelError::ToolsUnsupported(m) if m.contains("enable-auto-tool-choice")
         ));
         let e = parse_error(
@@ -313,7 +307,7 @@ mod tests {
             br#"{"error":{"message":"registry.ollama.ai/library/gemma:2b does not support tools","type":"api_error","param":null,"code":null}}"#,
         );
         assert!(matches!(
-            classify(ModelError::Api(e)),
+            ERRORS.classify(ModelError::Api(e)),
             ModelError::ToolsUnsupported(_)
         ));
         let e = parse_error(502, &h, b"<html>Bad Gateway</html>");
@@ -331,7 +325,10 @@ mod tests {
         assert_eq!(e.message, "m");
         // A plain 400 about something else stays an API error.
         let e = parse_error(400, &h, br#"{"error":{"message":"bad temperature"}}"#);
-        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        assert!(matches!(
+            ERRORS.classify(ModelError::Api(e)),
+            ModelError::Api(_)
+        ));
         // Long non-JSON bodies are cut on a char boundary.
         let long = "é".repeat(1000);
         let e = parse_error(500, &h, long.as_bytes());
@@ -342,7 +339,7 @@ mod tests {
     fn overflow(status: u16, body: &str) -> ContextOverflow {
         let e = parse_error(status, &HeaderMap::new(), body.as_bytes());
         assert!(!e.retryable, "an overflow is never retried: {e:?}");
-        match classify(ModelError::Api(e)) {
+        match ERRORS.classify(ModelError::Api(e)) {
             ModelError::ContextOverflow(o) => o,
             other => panic!("not an overflow: {other:?}"),
         }
@@ -458,7 +455,7 @@ mod tests {
             None,
         );
         assert!(matches!(
-            classify(ModelError::Api(e)),
+            ERRORS.classify(ModelError::Api(e)),
             ModelError::ContextOverflow(o) if o.input_tokens == Some(9000) && o.status == 200
         ));
         // Other errors that speak of tokens are not overflows.
@@ -468,7 +465,7 @@ mod tests {
         ] {
             let e = parse_error(400, &HeaderMap::new(), body.as_bytes());
             assert!(
-                matches!(classify(ModelError::Api(e)), ModelError::Api(_)),
+                matches!(ERRORS.classify(ModelError::Api(e)), ModelError::Api(_)),
                 "{body}"
             );
         }

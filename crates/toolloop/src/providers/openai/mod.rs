@@ -91,15 +91,17 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter::{self, HttpAdapter};
+use crate::providers::adapter::{self, ErrorMeaning, HttpAdapter};
 use crate::ptk::Rescue;
-use crate::transport::http::{ErrorParser, HttpTransport};
+#[cfg(feature = "http")]
+use crate::transport::http::HttpTransport;
+use crate::transport::wire::ErrorParser;
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
-pub(crate) use error::{classify, context_overflow};
+pub(crate) use error::{context_overflow, tools_unsupported};
+use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use request::EncodedPrefix;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use response::decode_response;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -261,8 +263,54 @@ impl OpenAiModel {
             .json_object_output(shape.json_object)
     }
 
+    /// The checks made before every call: `extra`s and the key's header.
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
+        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
+        self.inner.headers.as_ref().map_err(Clone::clone)?;
+        Ok(())
+    }
+}
+
+fn serialize_error(e: serde_json::Error) -> ModelError {
+    ModelError::Other(format!("could not serialize the request: {e}"))
+}
+
+impl HttpAdapter for OpenAiModel {
+    type StreamDecoder = ChunkDecoder;
+    type Shape = Shape;
+    const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
+
+    fn model(&self) -> &str {
+        &self.inner.config.model
+    }
+
+    #[cfg(feature = "http")]
+    fn transport(&self) -> &HttpTransport {
+        &self.inner.config.transport
+    }
+
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
+        self.inner.url.clone()
+    }
+
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
+        self.inner.headers.clone()
+    }
+
+    fn body(
+        &self,
+        request: &ModelRequest<'_>,
+        stream: bool,
+        shape: Shape,
+    ) -> Result<Bytes, ModelError> {
+        self.check(request)?;
+        self.encode(request, stream, shape)
+    }
+
     /// How requests are written to this server now, after what it refused.
-    fn shape_now(&self, stream: bool) -> Shape {
+    fn shape(&self, stream: bool) -> Shape {
         let refused = &self.inner.refused;
         Shape {
             omit_tool_choice: refused.tool_choice.load(Ordering::Relaxed)
@@ -271,16 +319,9 @@ impl OpenAiModel {
         }
     }
 
-    /// Whether a request in `shape` holds something the server could refuse (and that could be
-    /// left out or replaced on a second try).
-    fn refusable(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
-        (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
-            || (!shape.json_object && request.settings.output.is_some())
-    }
-
     /// When `error` is the server refusing a field of a request in `shape`, remembers it (and
     /// says so, once) and gives the shape to try next.
-    fn learn_refusal(
+    fn learn(
         &self,
         request: &ModelRequest<'_>,
         shape: Shape,
@@ -334,67 +375,12 @@ impl OpenAiModel {
         None
     }
 
-    /// The checks made before every call: `extra`s and the key's header.
-    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
-        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
-        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
-        self.inner.headers.as_ref().map_err(Clone::clone)?;
-        Ok(())
-    }
-}
-
-fn serialize_error(e: serde_json::Error) -> ModelError {
-    ModelError::Other(format!("could not serialize the request: {e}"))
-}
-
-impl HttpAdapter for OpenAiModel {
-    type StreamDecoder = ChunkDecoder;
-    type Shape = Shape;
-    const PARSE_ERROR: ErrorParser = parse_error;
-
-    fn model(&self) -> &str {
-        &self.inner.config.model
-    }
-
-    fn transport(&self) -> &HttpTransport {
-        &self.inner.config.transport
-    }
-
-    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
-        self.inner.url.clone()
-    }
-
-    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
-        self.inner.headers.clone()
-    }
-
-    fn body(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-        shape: Shape,
-    ) -> Result<Bytes, ModelError> {
-        self.check(request)?;
-        self.encode(request, stream, shape)
-    }
-
-    fn shape(&self, stream: bool) -> Shape {
-        self.shape_now(stream)
-    }
-
-    fn learn(
-        &self,
-        request: &ModelRequest<'_>,
-        shape: Shape,
-        stream: bool,
-        error: &ModelError,
-    ) -> Option<Shape> {
-        self.learn_refusal(request, shape, stream, error)
-    }
-
-    /// A refused `tool_choice` can come as an empty stream (llama-cpp-python).
+    /// Whether a request in `shape` holds something the server could refuse (and that could be
+    /// left out or replaced on a second try): a refused `tool_choice` can come as an empty
+    /// stream (llama-cpp-python).
     fn may_be_refused(&self, request: &ModelRequest<'_>, shape: Shape) -> bool {
-        self.refusable(request, shape)
+        (!shape.omit_tool_choice && request::sends_tool_choice(request, &self.inner.config))
+            || (!shape.json_object && request.settings.output.is_some())
     }
 
     /// Calls a server wrote as text are rescued (see [`Rescue`]).
@@ -427,10 +413,7 @@ impl HttpAdapter for OpenAiModel {
         ChunkDecoder::new(status)
     }
 
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
-    }
-
+    #[cfg(feature = "http")]
     fn session(&self) -> Option<Box<dyn Model + '_>> {
         Some(Box::new(OpenAiSession::new(self)))
     }
@@ -472,7 +455,7 @@ impl OpenAiSession {
         stream: bool,
     ) -> Result<Bytes, ModelError> {
         let model = &self.model;
-        model.body(request, stream, model.shape_now(stream))
+        model.body(request, stream, model.shape(stream))
     }
 }
 
@@ -484,6 +467,7 @@ impl std::fmt::Debug for OpenAiSession {
     }
 }
 
+#[cfg(feature = "http")]
 #[async_trait]
 impl Model for OpenAiSession {
     fn name(&self) -> &str {

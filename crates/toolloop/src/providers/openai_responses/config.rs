@@ -4,8 +4,9 @@
 use crate::model::ModelError;
 use crate::providers::adapter;
 use crate::providers::adapter::Vars;
+#[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
 use serde_json::Value;
 
 /// OpenAI's own API.
@@ -56,22 +57,24 @@ pub struct ResponsesConfig {
     /// Extra top-level request fields (a JSON object), merged into every request body last.
     pub extra: Option<Value>,
     /// The HTTP client, with its retry policy and body-size limit.
+    #[cfg(feature = "http")]
     pub transport: HttpTransport,
 }
 
 impl std::fmt::Debug for ResponsesConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResponsesConfig")
-            .field("model", &self.model)
-            .field("base_url", &self.base_url)
-            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
-            .field("store", &self.store)
-            .field("reasoning", &self.reasoning)
-            .field("parallel_tool_calls", &self.parallel_tool_calls)
-            .field("strict", &self.strict)
-            .field("extra", &self.extra)
-            .field("transport", &self.transport)
-            .finish()
+        let mut d = f.debug_struct("ResponsesConfig");
+        d.field("model", &self.model);
+        d.field("base_url", &self.base_url);
+        d.field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"));
+        d.field("store", &self.store);
+        d.field("reasoning", &self.reasoning);
+        d.field("parallel_tool_calls", &self.parallel_tool_calls);
+        d.field("strict", &self.strict);
+        d.field("extra", &self.extra);
+        #[cfg(feature = "http")]
+        d.field("transport", &self.transport);
+        d.finish()
     }
 }
 
@@ -87,6 +90,7 @@ impl ResponsesConfig {
             parallel_tool_calls: None,
             strict: false,
             extra: None,
+            #[cfg(feature = "http")]
             transport: HttpTransport::new(),
         }
     }

@@ -7,7 +7,8 @@
 
 use crate::context::ContextOverflow;
 use crate::context::overflow::contains_ignore_case;
-use crate::model::{ApiError, ModelError};
+use crate::model::ApiError;
+use crate::providers::adapter::ErrorMeaning;
 use crate::providers::openai::api_error_from_value;
 use serde_json::Value;
 
@@ -26,18 +27,12 @@ pub(super) fn context_overflow(err: &ApiError) -> Option<ContextOverflow> {
     crate::providers::openai::context_overflow(err)
 }
 
-/// Turns an API error that says the request does not fit the context window into
-/// [`ModelError::ContextOverflow`], and one that says tools are unsupported into
-/// [`ModelError::ToolsUnsupported`].
-pub(super) fn classify(e: ModelError) -> ModelError {
-    match e {
-        ModelError::Api(a) => match context_overflow(&a) {
-            Some(o) => ModelError::ContextOverflow(o),
-            None => crate::providers::openai::classify(ModelError::Api(a)),
-        },
-        other => other,
-    }
-}
+/// What this API's errors mean for the run: a refusal for the context's size (with its counts,
+/// [`context_overflow`]), and a refusal of tools.
+pub(crate) const ERRORS: ErrorMeaning = ErrorMeaning {
+    context_overflow,
+    tools_unsupported: crate::providers::openai::tools_unsupported,
+};
 
 /// The error of a stream's `error` event (`{"type": "error", "code", "message", "param"}`, or
 /// the same fields under `error`), or of a `failed` response's `error` object
@@ -76,6 +71,7 @@ pub(super) fn event_error(status: u16, v: &Value) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ModelError;
     use serde_json::json;
 
     #[test]
@@ -105,9 +101,9 @@ mod tests {
 
     #[test]
     fn context_overflow_in_each_place_the_api_reports_it() {
-        use reqwest::header::HeaderMap;
+        use http::header::HeaderMap;
         const MESSAGE: &str = "Your input exceeds the context window of this model. Please adjust your input and try again.";
-        let typed = |e: ApiError| match classify(ModelError::Api(e)) {
+        let typed = |e: ApiError| match ERRORS.classify(ModelError::Api(e)) {
             ModelError::ContextOverflow(o) => o,
             other => panic!("not an overflow: {other:?}"),
         };
@@ -155,6 +151,9 @@ mod tests {
             200,
             &json!({"code": "invalid_prompt", "message": "Invalid prompt"}),
         );
-        assert!(matches!(classify(ModelError::Api(e)), ModelError::Api(_)));
+        assert!(matches!(
+            ERRORS.classify(ModelError::Api(e)),
+            ModelError::Api(_)
+        ));
     }
 }

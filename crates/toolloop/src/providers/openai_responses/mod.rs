@@ -63,10 +63,10 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 use crate::providers::Decoded;
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::adapter;
+use crate::providers::adapter::ErrorMeaning;
 use crate::providers::adapter::HttpAdapter;
-use crate::transport::http::ErrorParser;
-use error::classify;
-use reqwest::header::HeaderMap;
+use crate::transport::wire::ErrorParser;
+use http::header::HeaderMap;
 use response::decode_response_body;
 use stream::StreamDecoder;
 
@@ -129,11 +129,13 @@ impl HttpAdapter for ResponsesModel {
     type StreamDecoder = StreamDecoder;
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
+    const ERRORS: ErrorMeaning = error::ERRORS;
 
     fn model(&self) -> &str {
         &self.config.model
     }
 
+    #[cfg(feature = "http")]
     fn transport(&self) -> &crate::transport::http::HttpTransport {
         &self.config.transport
     }
@@ -163,10 +165,6 @@ impl HttpAdapter for ResponsesModel {
 
     fn stream_decoder(status: u16) -> StreamDecoder {
         StreamDecoder::new(status)
-    }
-
-    fn classify(error: ModelError) -> ModelError {
-        classify(error)
     }
 
     /// The Responses API compacts the conversation itself (`context_management`).
