@@ -58,14 +58,14 @@ fn direct_body() -> Value {
     let tools = tools();
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,
     };
     let (messages, reminders, settings) = prompted.rewrite(&request);
     let inner = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &reminders,
         tools: &[],
         settings: &settings,

@@ -286,7 +286,7 @@ impl Durable {
             .await
             .map_err(|e| CliError::failed(e.to_string()))?;
         let conversation = match outcome.context {
-            Some(context) => context.view,
+            Some(_) => outcome.view().to_vec(),
             None => outcome.messages,
         };
         // The session holds the failed run's turn (it saved it), or what came before it.

@@ -200,6 +200,12 @@ fn main() -> ExitCode {
         Err(e) => return error::report(&e),
     };
     secrets::seal(&key_vars, inherited);
+    // Every model call in flight holds a connection and so a file descriptor: many loops at
+    // once (`toolloop serve`, `toolloop mock`) need more than the 1,024 that many systems give a
+    // program to start with. The soft limit goes up to the hard one, which the administrator
+    // sets (README: "Many loops in one process"); a failure leaves the limit as it was.
+    #[cfg(unix)]
+    let _ = toolloop::transport::raise_open_files_limit();
     // One TLS crypto provider for every HTTP client of the process (MCP servers, the trace
     // exporter): ring, chosen here once.
     let _ = rustls::crypto::ring::default_provider().install_default();

@@ -437,3 +437,44 @@ fn a_glob_of_100000_stars_is_refused_naming_the_flag() {
         refused(&out, flag, "at most 4096");
     }
 }
+
+/// The command raises its soft limit on open files to the hard one at start-up (every model call
+/// in flight holds a connection): started with a soft limit of 256, it runs with the hard one.
+#[cfg(target_os = "linux")]
+#[test]
+fn the_command_raises_its_open_files_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_toolloop");
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", "ulimit -Sn 256 && exec \"$0\" mock --port 0", bin])
+        .current_dir(dir.path())
+        .env("TOOLLOOP_CONFIG", "")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let limits = format!("/proc/{}/limits", child.id());
+    // "Max open files            SOFT                 HARD                 files"
+    let open_files = || -> Option<(String, String)> {
+        let text = std::fs::read_to_string(&limits).ok()?;
+        let line = text.lines().find(|l| l.starts_with("Max open files"))?;
+        let mut words = line["Max open files".len()..].split_whitespace();
+        Some((words.next()?.to_string(), words.next()?.to_string()))
+    };
+    let started = std::time::Instant::now();
+    let mut seen = None;
+    while started.elapsed() < std::time::Duration::from_secs(20) {
+        let running = std::fs::read_to_string(format!("/proc/{}/comm", child.id()))
+            .is_ok_and(|c| c.trim() == "toolloop");
+        seen = open_files();
+        if running && seen.as_ref().is_some_and(|(soft, hard)| soft == hard) {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let (soft, hard) = seen.expect("the command's limits");
+    assert_ne!(hard, "256", "the hard limit is 256 here: nothing to raise");
+    assert_eq!(soft, hard, "the soft limit stayed below the hard one");
+}

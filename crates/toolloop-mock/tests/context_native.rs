@@ -178,7 +178,8 @@ async fn anthropic_clears_old_results_itself_in_an_8000_token_window() {
         // whole (the summaries replaced the older ones).
         let ctx = ran.outcome.context.as_ref().expect("the policy's report");
         assert!(
-            ctx.view
+            ran.outcome
+                .view()
                 .iter()
                 .all(|m| !matches!(m, Message::Tool(r) if r.content.len() < 2048)),
             "{label}"

@@ -158,7 +158,7 @@ async fn three_hundred_rounds_fit_an_8000_token_window_on_every_api() {
                 .count();
             assert_eq!(full_results, ROUNDS as usize, "{label}");
             let ctx = outcome.context.as_ref().expect("the policy's report");
-            assert!(ctx.view.len() < outcome.messages.len() / 4, "{label}");
+            assert!(ctx.view_len() < outcome.messages.len() / 4, "{label}");
             let after = server.stats();
             assert_eq!(
                 after.context_refusals - before.context_refusals,

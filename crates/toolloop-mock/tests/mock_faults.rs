@@ -556,7 +556,7 @@ mod clients {
         }];
         let settings = ModelSettings::default();
         let request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &[],
             tools: &tools,
             settings: &settings,

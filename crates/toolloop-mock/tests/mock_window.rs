@@ -82,7 +82,7 @@ async fn call(model: &dyn Model, prompt_bytes: usize, stream: bool) -> Option<Co
     }];
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,

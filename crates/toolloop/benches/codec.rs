@@ -74,7 +74,7 @@ fn main() {
     let settings = ModelSettings::default();
     let messages = conversation(5);
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,
@@ -100,7 +100,7 @@ fn main() {
     let earlier = &messages[..messages.len() - 3];
     let body = |messages: &[Message], session: Option<&OpenAiSession>| {
         let request = ModelRequest {
-            messages,
+            messages: messages.into(),
             ..request
         };
         match session {

@@ -28,6 +28,18 @@
 //! commit. `TOOLLOOP_BENCH_COMMIT_DELAY_US` sets the stores' commit delay (µs) and
 //! `TOOLLOOP_BENCH_WRITERS` PostgreSQL's writers, to compare settings.
 //!
+//! With `latency=MS` after N and R (`cargo bench -p toolloop --bench mock_loops -- 10000 3
+//! latency=1000`) it runs N loops of R rounds all at once, once, against the mock in a child
+//! process answering every request after MS milliseconds: how many finished, throughput as a
+//! share of the ideal (N × (R + 1) requests in (R + 1) × MS, the latency-bound time), the
+//! peak of live heap per in-flight loop (transcripts and connections included), and the errors
+//! the operating system gave (file descriptors, ephemeral ports). The process's open-files soft
+//! limit is raised to its hard limit first (`raise_open_files_limit`), in the child too; both
+//! are printed (`TOOLLOOP_BENCH_NOFILE_AS_IS` leaves them as they are). Then the bare client alone at the same concurrency and latency (the ceiling of
+//! this machine and mock), and the loops' share of it. Add `journal` to log every run to a
+//! SQLite store in `process` mode (in `TOOLLOOP_BENCH_DIR` or a temporary directory), each
+//! run then checked to be finished with a whole log.
+//!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
 use async_trait::async_trait;
@@ -546,6 +558,10 @@ fn own_cost(rounds: usize) {
 
 /// Serves the mock in this process (child mode) and prints its base URL.
 fn serve_child() {
+    // The child holds the server's side of every connection.
+    if std::env::var_os("TOOLLOOP_BENCH_NOFILE_AS_IS").is_none() {
+        let _ = toolloop::transport::raise_open_files_limit();
+    }
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     rt.block_on(async {
         let server = start(MockOptions::default()).await.expect("mock starts");
@@ -564,6 +580,14 @@ fn main() {
         .collect();
     let big_n = args.first().copied().unwrap_or(1000);
     let rounds = args.get(1).copied().unwrap_or(5);
+    // `latency=MS`: N loops at once against a slow mock, once (see the module's documentation).
+    if let Some(ms) = std::env::args().skip(1).find_map(|a| {
+        a.strip_prefix("latency=")
+            .and_then(|v| v.parse::<u64>().ok())
+    }) {
+        let journal = std::env::args().skip(1).any(|a| a == "journal");
+        return at_scale(big_n, rounds, ms, journal);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -674,17 +698,7 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
 
 /// Memory per in-flight loop, with the mock in a child process so only the loops count.
 fn memory(n: usize, rounds: usize) {
-    let exe = std::env::current_exe().expect("own path");
-    let mut child = Command::new(exe)
-        .env("TOOLLOOP_BENCH_CHILD", "1")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("child starts");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("child prints its URL");
-    let url = format!("{}/v1", line.trim());
+    let (url, mut child) = child_mock();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -742,4 +756,224 @@ fn http_client() -> reqwest::Client {
     http_client_builder()
         .build()
         .expect("the HTTP client builds")
+}
+
+/// Starts the mock in a child process (its base URL, with `/v1`, and the child).
+fn child_mock() -> (String, std::process::Child) {
+    let exe = std::env::current_exe().expect("own path");
+    let mut child = Command::new(exe)
+        .env("TOOLLOOP_BENCH_CHILD", "1")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("child starts");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("child prints its URL");
+    (format!("{}/v1", line.trim()), child)
+}
+
+/// What went wrong in failed runs, by message, with the ones from the operating system
+/// (`os error N`: descriptors, ports) counted apart.
+#[derive(Default)]
+struct Failures {
+    by_message: std::collections::BTreeMap<String, usize>,
+    os: usize,
+}
+
+impl Failures {
+    fn add(&mut self, message: String) {
+        // As the loop's errors say it (`os error 24`), or as reqwest's debug form does.
+        if message.contains("os error") || message.contains("Os {") {
+            self.os += 1;
+        }
+        *self.by_message.entry(message).or_default() += 1;
+    }
+
+    fn print(&self) {
+        for (message, count) in self.by_message.iter().take(5) {
+            println!("  {count} × {message}");
+        }
+    }
+}
+
+/// N loops of R rounds at once, once, against the mock answering after `ms` milliseconds;
+/// journaled to SQLite in `process` mode with `journal`.
+fn at_scale(n: usize, rounds: usize, ms: u64, journal: bool) {
+    // `TOOLLOOP_BENCH_NOFILE_AS_IS` leaves the limit as it is, to see what it costs.
+    let raised = match std::env::var_os("TOOLLOOP_BENCH_NOFILE_AS_IS") {
+        Some(_) => Err(std::io::Error::other("TOOLLOOP_BENCH_NOFILE_AS_IS is set")),
+        None => toolloop::transport::raise_open_files_limit(),
+    };
+    match raised {
+        Ok(l) => println!(
+            "open files: soft limit {:?} -> {:?} (hard {:?})",
+            l.before, l.now, l.hard
+        ),
+        Err(e) => println!("open files: the soft limit could not be raised: {e}"),
+    }
+    let (url, mut child) = child_mock();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        use toolloop::journal::Journal;
+        use toolloop_store::{Durability, RunStatus, Store};
+        let scenario =
+            format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true,latency={ms}ms");
+        let ideal = (rounds + 1) as f64 * ms as f64 / 1000.0;
+        let tmp = tempfile::tempdir().expect("a temporary directory");
+        let store = if journal {
+            let dir = std::env::var_os("TOOLLOOP_BENCH_DIR")
+                .map(std::path::PathBuf::from)
+                .unwrap_or_else(|| tmp.path().to_path_buf());
+            let path = dir.join(format!("mock-loops-scale-{}.db", std::process::id()));
+            let store = Store::open_with(path.to_str().expect("a UTF-8 path"), Durability::Process)
+                .await
+                .expect("the SQLite store opens");
+            Some((commit_delay(store), path))
+        } else {
+            None
+        };
+        println!(
+            "at scale: N={n} loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), \
+             all at once, the mock (a child process) answering after {ms} ms{}; ideal {ideal:.2} s",
+            if journal { ", journaled to SQLite (process)" } else { "" }
+        );
+
+        // The bare client alone: N tasks each sending a run's bodies, one after another.
+        let bodies = one_run_bodies(&url, &scenario, rounds).await;
+        let client = bare_client(n);
+        let start = Instant::now();
+        let endpoint = format!("{url}/chat/completions");
+        let mut failures = Failures::default();
+        let tasks: Vec<_> = (0..n)
+            .map(|_| {
+                let client = client.clone();
+                let bodies = bodies.clone();
+                let endpoint = endpoint.clone();
+                tokio::spawn(async move {
+                    for body in bodies {
+                        let sent = client
+                            .post(&endpoint)
+                            .header("content-type", "application/json")
+                            .body(body)
+                            .send()
+                            .await;
+                        match sent {
+                            Ok(r) if r.status().is_success() => {
+                                if let Err(e) = r.bytes().await {
+                                    return Err(format!("{e:?}"));
+                                }
+                            }
+                            Ok(r) => return Err(format!("HTTP {}", r.status())),
+                            Err(e) => return Err(format!("{e:?}")),
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        let mut raw_done = 0;
+        for t in tasks {
+            match t.await.expect("task") {
+                Ok(()) => raw_done += 1,
+                Err(e) => failures.add(e),
+            }
+        }
+        let raw_secs = start.elapsed().as_secs_f64();
+        println!(
+            "bare client: {raw_done}/{n} finished in {raw_secs:.2} s: {:.0} requests/s, {:.0}% of the ideal; {} OS errors",
+            (raw_done * bodies.len()) as f64 / raw_secs,
+            100.0 * ideal / raw_secs,
+            failures.os,
+        );
+        failures.print();
+        // Its connections go before the loops open theirs.
+        drop(client);
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+
+        let logged: Option<Arc<dyn Journal>> = store.as_ref().map(|(s, _)| Arc::new(s.clone()) as _);
+        let per_run = match &logged {
+            Some(_) => {
+                let memory = Arc::new(toolloop::journal::MemoryJournal::new());
+                let one = journaled_agent(&url, &scenario, rounds, Some(memory.clone()))
+                    .prompt("go")
+                    .await;
+                memory
+                    .load(one.run_id.as_deref().expect("an id"))
+                    .await
+                    .expect("a log")
+                    .len()
+            }
+            None => 0,
+        };
+        let a = journaled_agent(&url, &scenario, rounds, logged.clone());
+        LIVE.store(0, Ordering::Relaxed);
+        PEAK.store(0, Ordering::Relaxed);
+        COUNTING.store(true, Ordering::Relaxed);
+        let start = Instant::now();
+        let mut running: futures::stream::FuturesUnordered<_> = (0..n)
+            .map(|_| {
+                let a = a.clone();
+                tokio::spawn(async move { a.prompt("go").await })
+            })
+            .collect();
+        let mut failures = Failures::default();
+        let mut finished = 0usize;
+        let mut ids = Vec::new();
+        while let Some(o) = futures::StreamExt::next(&mut running).await {
+            let o = o.expect("loop task");
+            if o.rounds as usize == rounds + 1 && o.error.is_none() {
+                finished += 1;
+            } else {
+                failures.add(match &o.error {
+                    Some(e) => e.message.clone(),
+                    None => format!("{} rounds", o.rounds),
+                });
+            }
+            ids.extend(o.run_id);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        COUNTING.store(false, Ordering::Relaxed);
+        let peak = PEAK.load(Ordering::Relaxed).max(0) as f64;
+        println!(
+            "loops: {finished}/{n} finished in {secs:.2} s: {:.0} requests/s, {:.0}% of the ideal, \
+             {:.0}% of the bare client's time; {:.1} KiB of heap per in-flight loop at the peak \
+             (transcripts and connections included); {} OS errors; process peak RSS {} KiB",
+            (finished * (rounds + 1)) as f64 / secs,
+            100.0 * ideal / secs,
+            100.0 * raw_secs / secs,
+            peak / n as f64 / 1024.0,
+            failures.os,
+            rss_kib("VmHWM:"),
+        );
+        failures.print();
+        if let Some((store, path)) = store {
+            let mut whole = 0;
+            for id in &ids {
+                let log = store.load(id).await.unwrap_or_default();
+                let done = store
+                    .run(id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|r| r.status == RunStatus::Finished);
+                if done && log.len() == per_run {
+                    whole += 1;
+                }
+            }
+            println!(
+                "journal: {whole}/{n} runs finished with a whole log ({per_run} records each); {} ids",
+                ids.len()
+            );
+            drop(store);
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+            }
+        }
+    });
+    let _ = child.kill();
+    let _ = child.wait();
 }

@@ -317,6 +317,287 @@ pub fn new_call_id() -> String {
     format!("call_{:012x}{:06x}", seed & 0xffff_ffff_ffff, n & 0xff_ffff)
 }
 
+/// A conversation to send, read in place: the messages of a [`crate::model::ModelRequest`].
+///
+/// Without a context policy it is the transcript itself (a slice). With one it is the policy's
+/// *view* (see [`crate::context::policy`]) read over the transcript without copying it: the
+/// view's own messages (after a compaction, the system prompt and the summary), then the
+/// transcript's from some point on, with the results the policy spilled or cleared read from
+/// their replacements. It is `Copy`, indexes like a slice (`messages[i]`, [`Messages::get`],
+/// [`Messages::slice`]) and iterates as `&Message` (`for m in messages`). Build one from a
+/// slice with `Messages::from(&slice[..])`, or `(&vec).into()`.
+#[derive(Clone, Copy)]
+pub struct Messages<'a> {
+    /// The messages before the transcript's part.
+    head: &'a [Message],
+    /// The transcript's part.
+    tail: &'a [Message],
+    /// Messages replaced, by index in `head` and `tail` read as one, in order of it.
+    edited: &'a [(usize, Message)],
+    /// The range of that whole sequence this value covers.
+    start: usize,
+    end: usize,
+}
+
+impl<'a> Messages<'a> {
+    /// `head` then `tail`, with `edited`'s messages in place of theirs (indices into `head` and
+    /// `tail` read as one sequence, increasing).
+    pub(crate) fn edited(
+        head: &'a [Message],
+        tail: &'a [Message],
+        edited: &'a [(usize, Message)],
+    ) -> Self {
+        debug_assert!(edited.windows(2).all(|w| w[0].0 < w[1].0));
+        Messages {
+            head,
+            tail,
+            edited,
+            start: 0,
+            end: head.len() + tail.len(),
+        }
+    }
+
+    /// How many messages it holds.
+    pub fn len(&self) -> usize {
+        self.end - self.start
+    }
+
+    /// Whether it holds none.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.end
+    }
+
+    /// The message at `index`, if there is one.
+    pub fn get(&self, index: usize) -> Option<&'a Message> {
+        let k = self.start.checked_add(index)?;
+        (k < self.end).then(|| self.at(k))
+    }
+
+    /// The first message.
+    pub fn first(&self) -> Option<&'a Message> {
+        self.get(0)
+    }
+
+    /// The last message.
+    pub fn last(&self) -> Option<&'a Message> {
+        self.len().checked_sub(1).and_then(|i| self.get(i))
+    }
+
+    /// The messages in `range` (of this value's indices), as a slice of it would hold.
+    ///
+    /// # Panics
+    ///
+    /// When the range is out of bounds or decreasing, as slicing a slice would.
+    pub fn slice(&self, range: impl std::ops::RangeBounds<usize>) -> Messages<'a> {
+        use std::ops::Bound;
+        let from = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i + 1,
+            Bound::Unbounded => 0,
+        };
+        let to = match range.end_bound() {
+            Bound::Included(&i) => i + 1,
+            Bound::Excluded(&i) => i,
+            Bound::Unbounded => self.len(),
+        };
+        assert!(
+            from <= to && to <= self.len(),
+            "messages {from}..{to} out of the {} held",
+            self.len()
+        );
+        Messages {
+            start: self.start + from,
+            end: self.start + to,
+            ..*self
+        }
+    }
+
+    /// The messages in order.
+    pub fn iter(&self) -> MessagesIter<'a> {
+        MessagesIter {
+            next_edit: self.edited.partition_point(|(i, _)| *i < self.start),
+            front: self.start,
+            back: self.end,
+            messages: *self,
+        }
+    }
+
+    /// The messages, copied.
+    pub fn to_vec(&self) -> Vec<Message> {
+        self.iter().cloned().collect()
+    }
+
+    /// The messages as one slice, when they are one (no message of them replaced, none of
+    /// them before the transcript's part, or all).
+    pub fn as_slice(&self) -> Option<&'a [Message]> {
+        let lo = self.edited.partition_point(|(i, _)| *i < self.start);
+        if self.edited.get(lo).is_some_and(|(i, _)| *i < self.end) {
+            return None;
+        }
+        let h = self.head.len();
+        if self.end <= h {
+            Some(&self.head[self.start..self.end])
+        } else if self.start >= h {
+            Some(&self.tail[self.start - h..self.end - h])
+        } else {
+            None
+        }
+    }
+
+    fn at(&self, k: usize) -> &'a Message {
+        if !self.edited.is_empty()
+            && let Ok(j) = self.edited.binary_search_by_key(&k, |(i, _)| *i)
+        {
+            return &self.edited[j].1;
+        }
+        self.base(k)
+    }
+
+    fn base(&self, k: usize) -> &'a Message {
+        match k.checked_sub(self.head.len()) {
+            None => &self.head[k],
+            Some(t) => &self.tail[t],
+        }
+    }
+}
+
+impl Default for Messages<'_> {
+    /// No messages.
+    fn default() -> Self {
+        Messages::from(&[][..])
+    }
+}
+
+impl<'a> From<&'a [Message]> for Messages<'a> {
+    fn from(messages: &'a [Message]) -> Self {
+        Messages::edited(messages, &[], &[])
+    }
+}
+
+impl<'a> From<&'a Vec<Message>> for Messages<'a> {
+    fn from(messages: &'a Vec<Message>) -> Self {
+        Messages::from(messages.as_slice())
+    }
+}
+
+impl<'a, const N: usize> From<&'a [Message; N]> for Messages<'a> {
+    fn from(messages: &'a [Message; N]) -> Self {
+        Messages::from(messages.as_slice())
+    }
+}
+
+impl std::ops::Index<usize> for Messages<'_> {
+    type Output = Message;
+
+    fn index(&self, index: usize) -> &Message {
+        match self.get(index) {
+            Some(m) => m,
+            None => panic!("message {index} out of the {} held", self.len()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Messages<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl PartialEq for Messages<'_> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<[Message]> for Messages<'_> {
+    fn eq(&self, other: &[Message]) -> bool {
+        self.len() == other.len() && self.iter().eq(other.iter())
+    }
+}
+
+impl PartialEq<Vec<Message>> for Messages<'_> {
+    fn eq(&self, other: &Vec<Message>) -> bool {
+        *self == other[..]
+    }
+}
+
+impl<'a> IntoIterator for Messages<'a> {
+    type Item = &'a Message;
+    type IntoIter = MessagesIter<'a>;
+
+    fn into_iter(self) -> MessagesIter<'a> {
+        self.iter()
+    }
+}
+
+impl<'a> IntoIterator for &Messages<'a> {
+    type Item = &'a Message;
+    type IntoIter = MessagesIter<'a>;
+
+    fn into_iter(self) -> MessagesIter<'a> {
+        self.iter()
+    }
+}
+
+/// The iterator of [`Messages`].
+#[derive(Clone)]
+pub struct MessagesIter<'a> {
+    messages: Messages<'a>,
+    front: usize,
+    back: usize,
+    /// The first replaced message at `front` or after.
+    next_edit: usize,
+}
+
+impl<'a> Iterator for MessagesIter<'a> {
+    type Item = &'a Message;
+
+    fn next(&mut self) -> Option<&'a Message> {
+        if self.front >= self.back {
+            return None;
+        }
+        let k = self.front;
+        self.front += 1;
+        let edited = self.messages.edited;
+        while edited.get(self.next_edit).is_some_and(|(i, _)| *i < k) {
+            self.next_edit += 1;
+        }
+        match edited.get(self.next_edit) {
+            Some((i, m)) if *i == k => Some(m),
+            _ => Some(self.messages.base(k)),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let n = self.back - self.front;
+        (n, Some(n))
+    }
+
+    fn nth(&mut self, n: usize) -> Option<&'a Message> {
+        // Skipped in O(log n): an encoder resuming after the messages it encoded before.
+        self.front = self.front.saturating_add(n).min(self.back);
+        let edited = self.messages.edited;
+        let front = self.front;
+        self.next_edit +=
+            edited[self.next_edit.min(edited.len())..].partition_point(|(i, _)| *i < front);
+        self.next()
+    }
+}
+
+impl DoubleEndedIterator for MessagesIter<'_> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        if self.front >= self.back {
+            return None;
+        }
+        self.back -= 1;
+        Some(self.messages.at(self.back))
+    }
+}
+
+impl ExactSizeIterator for MessagesIter<'_> {}
+
+impl std::iter::FusedIterator for MessagesIter<'_> {}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -491,5 +772,69 @@ mod tests {
             serde_json::to_value(&a).unwrap(),
             json!({"role": "assistant", "text": "hi"})
         );
+    }
+
+    /// A view of two parts with replaced messages reads as the sequence it stands for, by
+    /// index, by slice, forwards, backwards and skipping.
+    #[test]
+    fn messages_read_parts_and_edits_as_one_sequence() {
+        let head = vec![Message::system("s"), Message::user("summary")];
+        let tail: Vec<Message> = (0..6).map(|i| Message::user(format!("t{i}"))).collect();
+        let edited = vec![
+            (1, Message::user("S")),
+            (4, Message::user("T2")),
+            (7, Message::user("T5")),
+        ];
+        let view = Messages::edited(&head, &tail, &edited);
+        let expected: Vec<Message> = ["s", "S", "t0", "t1", "T2", "t3", "t4", "T5"]
+            .into_iter()
+            .map(|t| {
+                if t == "s" {
+                    Message::system(t)
+                } else {
+                    Message::user(t)
+                }
+            })
+            .collect();
+        assert_eq!(view.len(), expected.len());
+        assert_eq!(view.to_vec(), expected);
+        assert_eq!(view, expected);
+        for (i, m) in expected.iter().enumerate() {
+            assert_eq!(&view[i], m, "message {i}");
+            assert_eq!(view.get(i), Some(m), "message {i}");
+        }
+        assert_eq!(view.get(expected.len()), None);
+        assert_eq!(view.last(), expected.last());
+        let back: Vec<&Message> = view.iter().rev().collect();
+        assert_eq!(back, expected.iter().rev().collect::<Vec<_>>());
+        for from in 0..=expected.len() {
+            for to in from..=expected.len() {
+                let part = view.slice(from..to);
+                assert_eq!(part.to_vec(), expected[from..to], "{from}..{to}");
+                for skip in 0..=to - from {
+                    assert_eq!(
+                        part.iter().nth(skip),
+                        expected[from..to].get(skip),
+                        "{from}..{to} skipping {skip}"
+                    );
+                    let mut it = part.iter();
+                    if skip > 0 {
+                        it.nth(skip - 1);
+                    }
+                    assert_eq!(
+                        it.collect::<Vec<_>>(),
+                        expected[from + skip..to].iter().collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
+        // One slice when no message of the range is replaced and the range is in one part.
+        assert_eq!(view.slice(5..7).as_slice(), Some(&tail[3..5]));
+        assert_eq!(view.slice(..1).as_slice(), Some(&head[..1]));
+        assert_eq!(view.slice(..3).as_slice(), None);
+        assert_eq!(view.slice(3..5).as_slice(), None);
+        let whole = Messages::from(&tail);
+        assert_eq!(whole.as_slice(), Some(&tail[..]));
+        assert_eq!(format!("{whole:?}"), format!("{tail:?}"));
     }
 }

@@ -5,7 +5,7 @@
 //! [`StreamEvent`]s. The [`Accumulator`] turns a stream into the response, so streamed and
 //! non-streamed runs produce identical transcripts.
 
-use crate::message::{AssistantMessage, Message, ProviderPart, ToolCall};
+use crate::message::{AssistantMessage, Message, Messages, ProviderPart, ToolCall};
 use crate::stream::{Accumulator, StreamEvent};
 use crate::usage::Usage;
 use async_trait::async_trait;
@@ -89,8 +89,10 @@ impl<M: Model + ?Sized> Model for Forward<'_, M> {
 /// What one model call is asked.
 #[derive(Debug, Clone, Copy)]
 pub struct ModelRequest<'a> {
-    /// The conversation so far.
-    pub messages: &'a [Message],
+    /// The conversation so far: the transcript, or, with a context policy, the view the
+    /// policy keeps of it, read in place (see [`Messages`]; built from a slice with
+    /// `(&messages).into()`).
+    pub messages: Messages<'a>,
     /// Transient reminders for this request only. Each adapter puts them where its API accepts
     /// them, wrapped in `<system-reminder>` tags, after the conversation; they are never stored.
     pub reminders: &'a [String],

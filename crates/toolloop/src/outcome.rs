@@ -224,8 +224,10 @@ pub struct Outcome {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pending_approvals: Vec<crate::approval::PendingApproval>,
     /// With a context policy: the conversation as last sent (compacted, results cleared and
-    /// spilled; pass it to a next run to continue from it) and what the policy did, the
-    /// summariser's usage and cost apart from the run's (see [`crate::context::policy`]).
+    /// spilled), kept as edits over [`Outcome::messages`] and read with [`Outcome::view`]
+    /// (pass [`Outcome::continuation`] to a next run to continue from it), and what the
+    /// policy did, the summariser's usage and cost apart from the run's (see
+    /// [`crate::context::policy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context: Option<Box<crate::engine::ContextState>>,
 }
@@ -249,6 +251,17 @@ pub enum ParseOutputError {
 }
 
 impl Outcome {
+    /// The conversation as the run last sent it: with a context policy, its view (compacted,
+    /// results cleared and spilled; see [`crate::context::policy`]), read over
+    /// [`Outcome::messages`] ([`crate::engine::ContextState::view`]); without one, the
+    /// transcript.
+    pub fn view(&self) -> crate::message::Messages<'_> {
+        match self.context.as_deref() {
+            Some(context) => context.view(&self.messages),
+            None => crate::message::Messages::from(self.messages.as_slice()),
+        }
+    }
+
     /// The conversation a next run (a session's next turn) goes on from: without a context
     /// policy, the transcript; with one, the conversation as last sent (compacted, old results
     /// cleared), its spilled results whole again, so that they survive with the session: the
@@ -259,8 +272,12 @@ impl Outcome {
         let Some(context) = self.context.as_deref() else {
             return Cow::Borrowed(&self.messages);
         };
+        let view = context.view(&self.messages);
         if context.spilled == 0 {
-            return Cow::Borrowed(&context.view);
+            return match view.as_slice() {
+                Some(whole) => Cow::Borrowed(whole),
+                None => Cow::Owned(view.to_vec()),
+            };
         }
         let whole: std::collections::HashMap<&str, &crate::message::ToolResult> = self
             .messages
@@ -272,7 +289,7 @@ impl Outcome {
                 _ => None,
             })
             .collect();
-        let mut view = context.view.clone();
+        let mut view = view.to_vec();
         for m in &mut view {
             if let Message::Tool(r) = m
                 && let Some(original) = whole.get(r.call_id.as_str())

@@ -74,7 +74,7 @@ fn request<'a>(
     settings: &'a ModelSettings,
 ) -> ModelRequest<'a> {
     ModelRequest {
-        messages,
+        messages: messages.into(),
         reminders: &[],
         tools,
         settings,

@@ -9,8 +9,9 @@ use std::sync::Arc;
 use proptest::prelude::*;
 use toolloop::config::LoopConfig;
 use toolloop::context::{ContextOverflow, ContextPolicy};
+use toolloop::engine::ContextState;
 use toolloop::engine::{Compaction, HookFlags, Input, Machine, Step};
-use toolloop::message::{Message, ToolCall};
+use toolloop::message::{Message, Messages, ToolCall};
 use toolloop::model::ModelResponse;
 use toolloop::outcome::StopReason;
 use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
@@ -41,7 +42,8 @@ fn config(policy: ContextPolicy) -> Arc<LoopConfig> {
 
 /// Checks the conversation a request sends: every call has exactly one result, right after
 /// its turn, in the turn's call order; no result answers nothing.
-fn check_view(view: &[Message]) -> Result<(), String> {
+fn check_view<'a>(view: impl Into<Messages<'a>>) -> Result<(), String> {
+    let view = view.into();
     let mut i = 0;
     while i < view.len() {
         match &view[i] {
@@ -82,14 +84,26 @@ struct Run {
 fn drive(policy: ContextPolicy, prompt: &str, rounds: &[Vec<usize>]) -> Result<Run, String> {
     let cfg = config(policy);
     let messages = vec![Message::system("Be brief."), Message::user(prompt)];
-    let mut log = vec![Input::Started {
+    let log = vec![Input::Started {
         messages: messages.clone(),
         output_schema: None,
     }];
-    let mut m = Machine::new(cfg, HookFlags::default(), catalog(), messages);
+    let m = Machine::new(cfg, HookFlags::default(), catalog(), messages);
+    drive_on(m, log, rounds)
+}
+
+/// [`drive`] from a machine that ran (or was resumed) so far, its log so far in `log`.
+fn drive_on(mut m: Machine, mut log: Vec<Input>, rounds: &[Vec<usize>]) -> Result<Run, String> {
     let mut compactions = 0;
     let mut max_sent_tokens = 0;
-    let mut next_call = 0u64;
+    let mut next_call = m
+        .messages()
+        .iter()
+        .map(|m| match m {
+            Message::Assistant(a) => a.tool_calls.len() as u64,
+            _ => 0,
+        })
+        .sum::<u64>();
     let feed = |m: &mut Machine, log: &mut Vec<Input>, input: Input| {
         log.push(input.clone());
         m.handle(input).map_err(|e| e.to_string())
@@ -232,6 +246,14 @@ proptest! {
         let again = replay(policy, run.log);
         prop_assert_eq!(again.state(), &state);
         let ctx = state.context().unwrap();
+        // Saved and loaded, in today's form or in the earlier one (the whole view written
+        // out), the state reads as the same view.
+        let view = ctx.view(state.messages());
+        let saved: ContextState = serde_json::from_value(serde_json::to_value(ctx).unwrap()).unwrap();
+        prop_assert_eq!(saved.view(state.messages()), view);
+        prop_assert_eq!(&saved, ctx);
+        let earlier: ContextState = serde_json::from_value(earlier_form(ctx, state.messages())).unwrap();
+        prop_assert_eq!(earlier.view(state.messages()), view);
         prop_assert_eq!(ctx.compactions as usize, run.compactions);
         if run.compactions > 0 {
             prop_assert_eq!(ctx.usage.unwrap().input_tokens, 100 * run.compactions as u64);
@@ -503,7 +525,7 @@ fn results_are_cleared_in_batches_of_keep_rounds() {
         .collect();
     // Rounds 9, 13, 17 and 21 start after 8, 12, 16 and 20 rounds of calls.
     assert_eq!(edits, [9, 13, 17, 21]);
-    let view = &run.machine.state().context().unwrap().view;
+    let view = run.machine.sent_messages();
     let whole = view
         .iter()
         .filter(|m| matches!(m, Message::Tool(r) if r.content.len() >= 500))
@@ -555,4 +577,86 @@ fn past_the_threshold_results_are_cleared_before_a_summary_is_asked() {
     // 60 results of 2 KB are 30,000 tokens: clearing alone kept 60 rounds inside 6,000.
     assert_eq!(run.compactions, 0);
     assert!(run.max_sent_tokens < 6_000, "{}", run.max_sent_tokens);
+}
+
+/// `state` saved in the form of earlier versions: the whole view written out in `view`.
+fn earlier_form(state: &ContextState, transcript: &[Message]) -> serde_json::Value {
+    let mut saved = serde_json::to_value(state).unwrap();
+    let fields = saved.as_object_mut().unwrap();
+    for part in ["head", "shared_from", "edited"] {
+        fields.remove(part);
+    }
+    fields.insert(
+        "view".into(),
+        serde_json::to_value(state.view(transcript).to_vec()).unwrap(),
+    );
+    saved
+}
+
+/// The view reads the transcript's messages in place: the state holds none of them, only the
+/// results it replaced (here the cleared ones, each a stub), and a state saved by an earlier
+/// version (the whole view written out) goes on as the same run.
+#[test]
+fn the_view_holds_no_copy_of_the_transcript() {
+    let rounds = vec![vec![500]; 20];
+    let untouched = ContextPolicy {
+        window: None,
+        keep_rounds: 0,
+        spill_over: None,
+        ..ContextPolicy::default()
+    };
+    let run = drive(untouched, "the task", &rounds).unwrap();
+    let ctx = run.machine.state().context().unwrap();
+    let saved = serde_json::to_value(ctx).unwrap();
+    assert!(
+        saved.get("head").is_none() && saved.get("edited").is_none(),
+        "{saved}"
+    );
+    // The view as last sent: the transcript but its final answer.
+    let transcript = run.machine.messages();
+    assert_eq!(ctx.view(transcript), transcript[..transcript.len() - 1]);
+
+    let clearing = ContextPolicy {
+        keep_rounds: 4,
+        ..ContextPolicy::default()
+    };
+    let run = drive(clearing.clone(), "the task", &rounds).unwrap();
+    let state = run.machine.state();
+    let ctx = state.context().unwrap();
+    let saved = serde_json::to_value(ctx).unwrap();
+    assert!(saved.get("head").is_none(), "{saved}");
+    let edited = saved["edited"].as_array().unwrap();
+    assert_eq!(
+        edited.len(),
+        16,
+        "the results of the 16 rounds before the last 4"
+    );
+    for e in edited {
+        assert!(e[1]["content"].as_str().unwrap().contains("cleared"), "{e}");
+    }
+    // Resumed halfway from a snapshot whose view is in the earlier form, the run goes on
+    // as the one that was never stopped.
+    let half = run
+        .log
+        .iter()
+        .position(|i| matches!(i, Input::ContextEdited { round: 13, .. }))
+        .unwrap();
+    let m = replay(clearing.clone(), run.log[..half].to_vec());
+    let earlier = earlier_form(m.state().context().unwrap(), m.messages());
+    let mut snapshot = serde_json::to_value(m.snapshot()).unwrap();
+    *snapshot
+        .pointer_mut("/state/context")
+        .expect("the snapshot holds the context state") = earlier;
+    let snapshot = serde_json::from_value(snapshot).unwrap();
+    let resumed = Machine::resume(
+        config(clearing.clone()),
+        HookFlags::default(),
+        catalog(),
+        snapshot,
+    );
+    let resumed = drive_on(resumed, run.log[..half].to_vec(), &rounds)
+        .unwrap()
+        .machine;
+    assert_eq!(resumed.messages(), state.messages());
+    assert_eq!(resumed.sent_messages(), ctx.view(state.messages()));
 }

@@ -219,7 +219,7 @@ async fn call(model: &dyn Model, stream: bool) -> Result<ModelResponse, ModelErr
     let messages = [Message::user("hello")];
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &[],
         settings: &settings,
@@ -664,7 +664,7 @@ async fn a_llama_cpp_python_server_gets_a_request_it_accepts() {
     let tools = weather();
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,
@@ -700,7 +700,7 @@ async fn tool_choice_auto_is_explicit_except_for_openai_unless_configured() {
     let tools = weather();
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,

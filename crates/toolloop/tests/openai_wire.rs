@@ -147,7 +147,7 @@ async fn call(model: &dyn Model, stream: bool) -> Result<ModelResponse, ModelErr
     let tools = tools();
     let settings = ModelSettings::default();
     let req = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &tools,
         settings: &settings,
@@ -517,7 +517,7 @@ async fn a_stream_that_delivered_text_then_broke_is_not_replayed() {
     let messages = [Message::user("hi")];
     let settings = ModelSettings::default();
     let req = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &[],
         settings: &settings,
@@ -614,7 +614,7 @@ async fn the_next_turn_replays_calls_and_results_validly() {
     let settings = ModelSettings::default();
     let reminders = vec!["stay on task".to_string()];
     let req = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &reminders,
         tools: &tools,
         settings: &settings,

@@ -74,7 +74,7 @@ fn with_field(field: &str) -> Option<Value> {
 async fn call_error(model: &dyn Model, settings: &ModelSettings, stream: bool) -> String {
     let messages = [Message::user("hi")];
     let request = ModelRequest {
-        messages: &messages,
+        messages: (&messages).into(),
         reminders: &[],
         tools: &[],
         settings,

@@ -565,7 +565,7 @@ async fn call(
     settings: &ModelSettings,
 ) -> ModelResponse {
     let request = ModelRequest {
-        messages,
+        messages: messages.into(),
         reminders: &[],
         tools,
         settings,
@@ -797,7 +797,7 @@ async fn inner_stream_errors_pass_through() {
     let model = Prompted::new(Arc::new(Failing), Dialect::Ptk);
     let settings = ModelSettings::default();
     let request = ModelRequest {
-        messages: &[],
+        messages: Default::default(),
         reminders: &[],
         tools: &[],
         settings: &settings,

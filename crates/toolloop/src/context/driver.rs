@@ -51,7 +51,7 @@ pub async fn summarise(
     request: &CompactRequest,
 ) -> Input {
     let call = ModelRequest {
-        messages: &request.messages,
+        messages: (&request.messages).into(),
         reminders: &[],
         tools: &[],
         settings,
@@ -162,7 +162,7 @@ pub async fn compact_conversation(
         Message::user(instruction),
     ];
     let request = ModelRequest {
-        messages: &request_messages,
+        messages: (&request_messages).into(),
         reminders: &[],
         tools: &[],
         settings,

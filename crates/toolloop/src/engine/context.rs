@@ -19,14 +19,31 @@ use super::*;
 use crate::context::ContextOverflow;
 use crate::context::estimate::{Size, TokenEstimator};
 use crate::context::policy::{self, COMPACT_MARKER, COMPACT_PROMPT, ContextPolicy, READ_RESULT};
+use crate::message::Messages;
 
 /// The conversation as it is sent, and what the policy did to it: part of [`LoopState`] when a
 /// context policy is set.
+///
+/// The view is kept as edits over the transcript, not as a copy of it: its own messages first
+/// (after a compaction, the leading system messages and the summary), then the transcript's
+/// from a point on, with the results spilled and cleared replaced. [`ContextState::view`]
+/// reads it over the transcript ([`crate::Outcome::view`], [`Machine::sent_messages`]).
+///
+/// Its serde form holds those parts; a state saved in the earlier form, with the whole view
+/// in `view`, loads as the same view.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "SavedContextState")]
 pub struct ContextState {
-    /// The conversation as sent: the transcript's messages with spilled and cleared results
-    /// and compacted parts replaced.
-    pub view: Vec<Message>,
+    /// The view's own messages, before its part read from the transcript.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    head: Vec<Message>,
+    /// The view's messages after `head` are the transcript's from this index on (to `synced`).
+    #[serde(default)]
+    shared_from: usize,
+    /// The view's messages that differ from the transcript's (results spilled and cleared),
+    /// by view index, in order of it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    edited: Vec<(usize, Message)>,
     /// How many of the transcript's messages the view holds (the rest are added at the next
     /// round's start).
     pub synced: usize,
@@ -56,6 +73,112 @@ pub struct ContextState {
     /// The summariser's cost, while every summarisation's cost was known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cost: Option<f64>,
+}
+
+/// [`ContextState`] as saved, in its form today or in the earlier one (the whole view in
+/// `view`).
+#[derive(Deserialize)]
+struct SavedContextState {
+    #[serde(default)]
+    view: Option<Vec<Message>>,
+    #[serde(default)]
+    head: Vec<Message>,
+    #[serde(default)]
+    shared_from: usize,
+    #[serde(default)]
+    edited: Vec<(usize, Message)>,
+    synced: usize,
+    unspilled_from: usize,
+    cleared_upto: usize,
+    turns: Vec<usize>,
+    spilled: u32,
+    prepared: u32,
+    #[serde(default)]
+    retried: Option<u32>,
+    compactions: u32,
+    #[serde(default)]
+    native_refused: bool,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    cost: Option<f64>,
+}
+
+impl From<SavedContextState> for ContextState {
+    fn from(s: SavedContextState) -> Self {
+        // The earlier form held the whole view: it is the view's own part, and the
+        // transcript's messages after `synced` follow it.
+        let (head, shared_from, mut edited) = match s.view {
+            Some(view) => (view, s.synced, Vec::new()),
+            None => (s.head, s.shared_from, s.edited),
+        };
+        // One edit per message, in order, none in the view's own part: a damaged file must
+        // not break the order [`Messages`] reads them in.
+        edited.sort_by_key(|(i, _)| *i);
+        edited.dedup_by_key(|(i, _)| *i);
+        edited.retain(|(i, _)| *i >= head.len());
+        ContextState {
+            head,
+            shared_from: shared_from.min(s.synced),
+            edited,
+            synced: s.synced,
+            unspilled_from: s.unspilled_from,
+            cleared_upto: s.cleared_upto,
+            turns: s.turns,
+            spilled: s.spilled,
+            prepared: s.prepared,
+            retried: s.retried,
+            compactions: s.compactions,
+            native_refused: s.native_refused,
+            usage: s.usage,
+            cost: s.cost,
+        }
+    }
+}
+
+impl ContextState {
+    /// The conversation as sent, read over `transcript` (the run's transcript:
+    /// [`LoopState::messages`], [`crate::Outcome::messages`]): its messages with spilled and
+    /// cleared results and compacted parts replaced, read in place.
+    pub fn view<'a>(&'a self, transcript: &'a [Message]) -> Messages<'a> {
+        let to = self.synced.min(transcript.len());
+        let tail = &transcript[self.shared_from.min(to)..to];
+        Messages::edited(&self.head, tail, &self.edited)
+    }
+
+    /// How many messages the view holds.
+    pub fn view_len(&self) -> usize {
+        self.head.len() + self.synced.saturating_sub(self.shared_from)
+    }
+
+    /// Puts `message` in the view at `index`, in place of what is there.
+    fn replace(&mut self, index: usize, message: Message) {
+        if let Some(m) = self.head.get_mut(index) {
+            *m = message;
+            return;
+        }
+        match self.edited.binary_search_by_key(&index, |(i, _)| *i) {
+            Ok(j) => self.edited[j].1 = message,
+            Err(j) => self.edited.insert(j, (index, message)),
+        }
+    }
+}
+
+/// `r` with `content` in place of its own (and its images, unless `images`).
+fn replaced(r: &ToolResult, content: String, images: bool) -> Message {
+    Message::Tool(ToolResult {
+        call_id: r.call_id.clone(),
+        name: r.name.clone(),
+        content,
+        is_error: r.is_error,
+        images: if images { r.images.clone() } else { Vec::new() },
+    })
+}
+
+/// The stub a cleared result becomes, when it is shorter than the result.
+fn cleared(r: &ToolResult) -> Option<Message> {
+    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+    (stub.len() < r.content.len()).then(|| replaced(r, stub, false))
 }
 
 /// Edits to the view at the start of a round ([`Step::EditContext`], [`Input::ContextEdited`]).
@@ -135,11 +258,11 @@ impl Machine {
     }
 
     /// The conversation to send to the model: the transcript itself, or, with a context policy,
-    /// the view the policy keeps (see [`crate::context::policy`]).
-    pub fn sent_messages(&self) -> &[Message] {
+    /// the view the policy keeps of it (see [`crate::context::policy`]), read in place.
+    pub fn sent_messages(&self) -> Messages<'_> {
         match &self.state.context {
-            Some(c) => &c.view,
-            None => &self.state.messages,
+            Some(c) => c.view(&self.state.messages),
+            None => Messages::from(self.state.messages.as_slice()),
         }
     }
 
@@ -157,11 +280,12 @@ impl Machine {
         let mut request = policy.native_request()?;
         if let Some(clear) = request.clear_tool_results.as_mut() {
             let c = self.state.context.as_deref()?;
+            let view = c.view(&self.state.messages);
             let kept: usize = c
                 .turns
                 .iter()
                 .filter(|&&t| t >= c.cleared_upto)
-                .map(|&t| match c.view.get(t) {
+                .map(|&t| match view.get(t) {
                     Some(Message::Assistant(a)) => a.tool_calls.len(),
                     _ => 0,
                 })
@@ -217,7 +341,7 @@ impl Machine {
         }
         tokens.add_size(tools);
         if let Some(c) = &self.state.context {
-            for m in &c.view {
+            for m in c.view(&self.state.messages) {
                 tokens.add(m);
             }
         }
@@ -248,14 +372,17 @@ impl Machine {
         let Some(c) = self.state.context.as_mut() else {
             return;
         };
-        for m in &self.state.messages[c.synced.min(self.state.messages.len())..] {
+        // The view reads the transcript's messages in place: only the turns and the estimate
+        // follow.
+        let from = c.synced.min(self.state.messages.len());
+        let at = c.view_len();
+        for (i, m) in self.state.messages[from..].iter().enumerate() {
             if let Message::Assistant(a) = m
                 && !a.tool_calls.is_empty()
             {
-                c.turns.push(c.view.len());
+                c.turns.push(at + i);
             }
             self.estimate.tokens.add(m);
-            c.view.push(m.clone());
         }
         c.synced = self.state.messages.len();
     }
@@ -324,14 +451,12 @@ impl Machine {
             .as_ref()
             .is_some_and(ContextPolicy::native_clears);
         if cleared_natively {
-            let upto = c.cleared_upto.min(c.view.len());
-            for m in &mut c.view[..upto] {
-                if let Message::Tool(r) = m {
-                    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
-                    if stub.len() < r.content.len() {
-                        r.content = stub;
-                        r.images.clear();
-                    }
+            let upto = c.cleared_upto.min(c.view_len());
+            for i in 0..upto {
+                if let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i)
+                    && let Some(stub) = cleared(r)
+                {
+                    c.replace(i, stub);
                 }
             }
         }
@@ -362,7 +487,7 @@ impl Machine {
             };
             return Some(Step::EditContext { round: next, edits });
         }
-        c.unspilled_from = c.view.len();
+        c.unspilled_from = c.view_len();
         // Past the threshold, the results of every round but the last are cleared first: a
         // model call is made only when that is not enough.
         if let Some(edits) = self.pressure_clear(&policy) {
@@ -391,7 +516,8 @@ impl Machine {
         };
         let mut spilled = Vec::new();
         if let Some(over) = policy.spill_over {
-            for m in &c.view[c.unspilled_from.min(c.view.len())..] {
+            let view = c.view(&self.state.messages);
+            for m in view.slice(c.unspilled_from.min(view.len())..) {
                 if let Message::Tool(r) = m
                     && r.content.len() > over
                     && r.name != READ_RESULT
@@ -435,7 +561,8 @@ impl Machine {
         }
         let last = *c.turns.last()?;
         let mut freed = Size::default();
-        for m in &c.view[c.cleared_upto.min(last)..last] {
+        let view = c.view(&self.state.messages);
+        for m in view.slice(c.cleared_upto.min(last)..last.min(view.len())) {
             if let Message::Tool(r) = m {
                 let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len();
                 freed.bytes += r.content.len().saturating_sub(stub) as u64;
@@ -468,7 +595,7 @@ impl Machine {
                 ),
             ));
         }
-        let held = self.state.context.as_ref().map(|c| c.view.len());
+        let held = self.state.context.as_ref().map(|c| c.view_len());
         match held {
             None => {
                 return Err(self.phase_error("context_edited", "; no context policy is set".into()));
@@ -488,18 +615,27 @@ impl Machine {
             return Ok(());
         };
         let offered_before = c.spilled > 0;
-        let from = c.unspilled_from.min(c.view.len());
+        let from = c.unspilled_from.min(c.view_len());
         for id in &edits.spilled {
-            let found = c.view[from..].iter_mut().find_map(|m| match m {
-                Message::Tool(r) if &r.call_id == id => Some(r),
-                _ => None,
-            });
-            let Some(r) = found else { continue };
+            let view = c.view(&self.state.messages);
+            let found = view
+                .slice(from..)
+                .iter()
+                .position(|m| matches!(m, Message::Tool(r) if &r.call_id == id));
+            let Some(i) = found.map(|p| p + from) else {
+                continue;
+            };
+            let Some(Message::Tool(r)) = view.get(i) else {
+                continue;
+            };
             let bytes = r.content.len();
             let before = Size::of_text(&r.content);
-            r.content = policy::spilled_preview(&r.content, id, edits.preview);
+            let preview = policy::spilled_preview(&r.content, id, edits.preview);
+            let shown = preview.len();
             self.estimate.tokens.remove_size(before);
-            self.estimate.tokens.add_size(Size::of_text(&r.content));
+            self.estimate.tokens.add_size(Size::of_text(&preview));
+            let preview = replaced(r, preview, true);
+            c.replace(i, preview);
             c.spilled += 1;
             emit!(
                 self,
@@ -507,7 +643,7 @@ impl Machine {
                     round,
                     call_id: id.clone(),
                     bytes,
-                    shown: r.content.len(),
+                    shown,
                 }
             );
         }
@@ -519,21 +655,22 @@ impl Machine {
             .context
             .as_ref()
             .is_some_and(ContextPolicy::native_clears);
-        for m in &mut c.view[c.cleared_upto.min(edits.clear_before)..edits.clear_before] {
-            if let Message::Tool(r) = m {
-                let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
-                if stub.len() < r.content.len() {
-                    self.estimate.tokens.remove_size(Size::of_text(&r.content));
-                    self.estimate.tokens.add_size(Size::of_text(&stub));
-                    if !native {
-                        r.content = stub;
-                        r.images.clear();
-                    }
+        for i in c.cleared_upto.min(edits.clear_before)..edits.clear_before {
+            let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i) else {
+                continue;
+            };
+            let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+            if stub.len() < r.content.len() {
+                self.estimate.tokens.remove_size(Size::of_text(&r.content));
+                self.estimate.tokens.add_size(Size::of_text(&stub));
+                if !native {
+                    let stub = replaced(r, stub, false);
+                    c.replace(i, stub);
                 }
             }
         }
         c.cleared_upto = c.cleared_upto.max(edits.clear_before);
-        c.unspilled_from = c.view.len();
+        c.unspilled_from = c.view_len();
         let offered_now = c.spilled > 0;
         self.state.phase = Phase::Ready;
         if offered_now && !offered_before {
@@ -560,7 +697,7 @@ impl Machine {
         if !forced && (policy.native_compacts() || tokens_before <= policy.threshold()?) {
             return None;
         }
-        let view = &c.view;
+        let view = c.view(&self.state.messages);
         let lead = view
             .iter()
             .take_while(|m| matches!(m, Message::System { .. }))
@@ -603,7 +740,7 @@ impl Machine {
         });
         // Results the provider clears are summarised as what the model read of them.
         let text = if policy.native_clears() && c.cleared_upto > lead {
-            let mut part = view[lead..cut].to_vec();
+            let mut part = view.slice(lead..cut).to_vec();
             for m in part.iter_mut().take(c.cleared_upto.saturating_sub(lead)) {
                 if let Message::Tool(r) = m {
                     let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
@@ -615,7 +752,7 @@ impl Machine {
             }
             policy::render_for_summary(&part, window_bytes as usize)
         } else {
-            policy::render_for_summary(&view[lead..cut], window_bytes as usize)
+            policy::render_for_summary(&view.slice(lead..cut).to_vec(), window_bytes as usize)
         };
         Some(CompactRequest {
             round,
@@ -665,9 +802,25 @@ impl Machine {
             compaction.summary
         ));
         let dropped = cut - lead;
-        c.view.splice(lead..cut, [summary]);
+        // The view becomes its first `lead` messages, the summary, and its messages from `cut`
+        // on: its own part is the first two (and any of its own part after `cut`), the
+        // transcript's starts where `cut` was in it.
+        let view = c.view(&self.state.messages);
+        let own = c.head.len();
+        let mut head = view.slice(..lead).to_vec();
+        head.push(summary);
+        if cut < own {
+            head.extend(view.slice(cut..own).iter().cloned());
+        }
+        c.shared_from += cut.saturating_sub(own);
+        c.edited = std::mem::take(&mut c.edited)
+            .into_iter()
+            .filter(|(i, _)| *i >= cut)
+            .map(|(i, m)| (i - dropped + 1, m))
+            .collect();
+        c.head = head;
         c.turns = c
-            .view
+            .view(&self.state.messages)
             .iter()
             .enumerate()
             .filter(|(_, m)| matches!(m, Message::Assistant(a) if !a.tool_calls.is_empty()))
@@ -678,7 +831,7 @@ impl Machine {
         } else {
             lead + 1
         };
-        c.unspilled_from = c.view.len();
+        c.unspilled_from = c.view_len();
         c.compactions += 1;
         if let Some(u) = compaction.usage {
             *c.usage.get_or_insert_with(Usage::default) += u;
@@ -812,7 +965,7 @@ impl Machine {
             } => self.state.phase = Phase::AwaitingModel { reminders },
             _ => {
                 if let Some(c) = self.state.context.as_mut() {
-                    c.unspilled_from = c.view.len();
+                    c.unspilled_from = c.view_len();
                     c.prepared = next;
                 }
             }

@@ -92,7 +92,7 @@ mod tool_image_tests {
         let messages = conversation();
         let settings = ModelSettings::default();
         f(&ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,

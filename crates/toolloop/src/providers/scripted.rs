@@ -307,7 +307,7 @@ mod tests {
         .unwrap();
         let (msgs, settings) = req();
         let r = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,
@@ -326,7 +326,7 @@ mod tests {
         let json = r#"[{"text": "héllo wörld, a longer text", "tool_calls": [{"name": "f", "id": "c1", "arguments": {"q": "ünïcode"}}]}]"#;
         let (msgs, settings) = req();
         let r = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,

@@ -127,7 +127,7 @@ impl Model for TestModel {
             .iter()
             .rposition(|m| matches!(m, Message::User { .. }))
             .unwrap_or(0);
-        let since = &request.messages[last_user..];
+        let since = request.messages.slice(last_user..);
         let called = since
             .iter()
             .any(|m| matches!(m, Message::Assistant(a) if !a.tool_calls.is_empty()));

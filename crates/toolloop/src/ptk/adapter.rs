@@ -134,7 +134,7 @@ impl Model for Prompted {
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
         let inner_request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,
@@ -156,7 +156,7 @@ impl Model for Prompted {
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
         let inner_request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,

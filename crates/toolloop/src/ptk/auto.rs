@@ -398,7 +398,7 @@ mod tests {
         let messages = [Message::user("go")];
         let settings = ModelSettings::default();
         let request = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &[],
             tools: &tools,
             settings: &settings,

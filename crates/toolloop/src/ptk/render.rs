@@ -443,7 +443,12 @@ fn has_malformed_attempt(message: &AssistantMessage) -> bool {
 /// correction (see [`crate::model::ModelResponse::malformed_call`]): it teaches the exact call
 /// format, so it is written as it is (the parts of it that quote the model were escaped when it
 /// was made).
-pub fn render_messages(messages: &[Message], tools: &[ToolSpec], dialect: Dialect) -> Vec<Message> {
+pub fn render_messages<'a>(
+    messages: impl Into<crate::message::Messages<'a>>,
+    tools: &[ToolSpec],
+    dialect: Dialect,
+) -> Vec<Message> {
+    let messages = messages.into();
     let catalog = render_system_prompt(tools, dialect);
     let mut placed = catalog.is_empty();
     let mut out = Vec::with_capacity(messages.len() + 1);

@@ -15,6 +15,63 @@ pub mod request_log;
 pub mod sse;
 pub mod wire;
 
+/// The process's limit on open files (`RLIMIT_NOFILE`) before and after
+/// [`raise_open_files_limit`].
+#[cfg(unix)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenFilesLimit {
+    /// The soft limit before (`None`: unlimited).
+    pub before: Option<u64>,
+    /// The soft limit now (`None`: unlimited).
+    pub now: Option<u64>,
+    /// The hard limit, which only a privileged process can raise (`None`: unlimited).
+    pub hard: Option<u64>,
+}
+
+/// Raises the process's soft limit on open files (`RLIMIT_NOFILE`) to its hard limit, and says
+/// what it was and is.
+///
+/// Every HTTP/1.1 request in flight holds a connection, and every connection a file descriptor,
+/// so a process that runs thousands of loops at once needs as many descriptors as it has model
+/// calls in flight (besides its tools' files, its store and, when the server runs in the same
+/// process, the server's side of each connection). Many systems start programs with a soft
+/// limit of 1,024 and a hard limit far above it (`ulimit -Sn` and `ulimit -Hn` show both); any
+/// process may raise its soft limit up to the hard one, and this does that. toolloop never does
+/// it behind a program's back: the `toolloop` command calls this at start-up, and a program
+/// that embeds the library calls it itself when it means to hold many loops. Raising the hard
+/// limit takes the administrator (`/etc/security/limits.conf`, systemd's `LimitNOFILE=`, or a
+/// container's `--ulimit nofile=`). See the README's "Many loops in one process".
+///
+/// Fails only when the system refuses the change; the limit is then left as it was.
+#[cfg(unix)]
+pub fn raise_open_files_limit() -> std::io::Result<OpenFilesLimit> {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let mut result = OpenFilesLimit {
+        before: limit.current,
+        now: limit.current,
+        hard: limit.maximum,
+    };
+    let higher = match (limit.current, limit.maximum) {
+        (Some(soft), Some(hard)) => hard > soft,
+        (Some(_), None) => true,
+        (None, _) => false,
+    };
+    if higher {
+        // macOS refuses a soft limit above `kern.maxfilesperproc` even when the hard limit
+        // is unlimited: that is an error, and the limit stays as it was.
+        setrlimit(
+            Resource::Nofile,
+            rustix::process::Rlimit {
+                current: limit.maximum,
+                maximum: limit.maximum,
+            },
+        )?;
+        result.now = getrlimit(Resource::Nofile).current;
+    }
+    Ok(result)
+}
+
 /// Makes rustls's `ring` the process's default TLS crypto provider, unless the program has
 /// installed one already (then that one is used). reqwest builds every client's TLS
 /// configuration from the process's default, so this runs before any client is built:

@@ -439,7 +439,7 @@ mod tests {
     ) -> Value {
         let settings = ModelSettings::default();
         let req = ModelRequest {
-            messages,
+            messages: messages.into(),
             reminders,
             tools,
             settings: &settings,
@@ -773,7 +773,7 @@ mod tests {
         let tools = [tool("a")];
         let msgs = [Message::user("x")];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &tools,
             settings: &settings,
@@ -824,7 +824,7 @@ mod tests {
         };
         let msgs = [Message::user("x")];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,
@@ -854,7 +854,7 @@ mod tests {
         };
         let msgs = [Message::user("x")];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,

@@ -369,7 +369,7 @@ mod tests {
     fn body(messages: &[Message], reminders: &[String], tools: &[ToolSpec]) -> Value {
         let settings = ModelSettings::default();
         let req = ModelRequest {
-            messages,
+            messages: messages.into(),
             reminders,
             tools,
             settings: &settings,
@@ -518,7 +518,7 @@ mod tests {
         };
         let msgs = [Message::user("x")];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &tools,
             settings: &settings,
@@ -547,7 +547,7 @@ mod tests {
         };
         let msgs = [Message::user("x")];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,

@@ -91,7 +91,7 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter::{self, ErrorMeaning, HttpAdapter};
+use crate::providers::adapter::{ErrorMeaning, HttpAdapter};
 use crate::ptk::Rescue;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
@@ -488,7 +488,7 @@ impl Model for OpenAiSession {
 /// event inside a stream gives [`Decoded::error`]; [`Decoded::response`] holds what arrived before.
 #[cfg(any(test, feature = "testing"))]
 pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
-    adapter::decode_recorded_by::<OpenAiModel>(status, body, stream)
+    crate::providers::adapter::decode_recorded_by::<OpenAiModel>(status, body, stream)
 }
 
 /// A response without its tool calls' ids (made up where the server sent none, so they differ

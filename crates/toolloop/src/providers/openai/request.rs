@@ -2,7 +2,7 @@
 
 use super::config::{OpenAiConfig, PROVIDER, ReminderRole};
 use crate::image::Image;
-use crate::message::{Message, ToolCall};
+use crate::message::{Message, Messages, ToolCall};
 use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
@@ -213,7 +213,7 @@ pub(super) struct WireMessages<'a> {
 impl<'a> WireMessages<'a> {
     /// The messages sent as they are (all of them, or all but a last user turn that the
     /// reminders are appended to), and what follows them: `(role, content, images)` messages.
-    fn split(&self) -> (&'a [Message], Vec<Tail<'a>>) {
+    fn split(&self) -> (Messages<'a>, Vec<Tail<'a>>) {
         let messages = self.req.messages;
         let mut reminders: Vec<String> = self.req.wrapped_reminders().collect();
         reminders.extend(self.note.clone());
@@ -235,9 +235,9 @@ impl<'a> WireMessages<'a> {
             ReminderRole::User => {
                 let joined = reminders.join("\n");
                 // Appended to a last user turn, so that no two user turns follow each other.
-                match messages.split_last() {
-                    Some((Message::User { content, images }, head)) => (
-                        head,
+                match messages.last() {
+                    Some(Message::User { content, images }) => (
+                        messages.slice(..messages.len() - 1),
                         vec![Tail {
                             role: "user",
                             content: format!("{content}\n\n{joined}"),
@@ -460,13 +460,14 @@ struct ToolImages<'a>(Vec<&'a crate::message::ToolResult>);
 impl<'a> ToolImages<'a> {
     /// The images to send after `messages[i]`: when it is the last tool result of a round
     /// whose results hold images.
-    fn after(messages: &'a [Message], i: usize) -> Option<ToolImages<'a>> {
+    fn after(messages: Messages<'a>, i: usize) -> Option<ToolImages<'a>> {
         if !matches!(messages.get(i), Some(Message::Tool(_)))
             || matches!(messages.get(i + 1), Some(Message::Tool(_)))
         {
             return None;
         }
-        let mut with_images: Vec<&crate::message::ToolResult> = messages[..=i]
+        let mut with_images: Vec<&crate::message::ToolResult> = messages
+            .slice(..=i)
             .iter()
             .rev()
             .map_while(|m| match m {
@@ -804,7 +805,7 @@ mod tests {
                     Step::Tools(i) => tools = &catalogs[i],
                 }
                 let request = ModelRequest {
-                    messages: &messages,
+                    messages: (&messages).into(),
                     reminders: &reminders,
                     tools,
                     settings: &settings,
@@ -834,7 +835,7 @@ mod tests {
             parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
         }];
         let req = ModelRequest {
-            messages,
+            messages: messages.into(),
             reminders,
             tools: &tools,
             settings: s,
@@ -986,7 +987,7 @@ mod tests {
         let msgs = [Message::user("x")];
         let tools = [];
         let req = ModelRequest {
-            messages: &msgs,
+            messages: (&msgs).into(),
             reminders: &[],
             tools: &tools,
             settings: &s,

@@ -43,7 +43,9 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
         .iter()
         .take_while(|m| matches!(m, Message::System { .. }))
         .count();
-    let instructions: Vec<&str> = req.messages[..leading]
+    let instructions: Vec<&str> = req
+        .messages
+        .slice(..leading)
         .iter()
         .map(Message::text)
         .filter(|t| !t.is_empty())
@@ -53,13 +55,15 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     }
     // The latest compaction item stands for everything before it: nothing before its turn is
     // sent, and its turn is sent from the compaction item on.
-    let compacted = req.messages[leading..]
+    let compacted = req
+        .messages
+        .slice(leading..)
         .iter()
         .rposition(|m| compaction_at(m).is_some())
         .map(|i| i + leading);
     let from = compacted.unwrap_or(leading);
     let mut input = Vec::with_capacity(req.messages.len() - from + req.reminders.len());
-    for (i, message) in req.messages[from..].iter().enumerate() {
+    for (i, message) in req.messages.slice(from..).iter().enumerate() {
         match (i, message) {
             (0, Message::Assistant(a)) if compacted.is_some() => {
                 let skip = compaction_at(message).unwrap_or(0);
@@ -297,7 +301,7 @@ mod tests {
         }];
         let reminders = ["mind the budget".to_string()];
         let req = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &tools,
             settings,
@@ -317,7 +321,7 @@ mod tests {
         )];
         let settings = ModelSettings::default();
         let req = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,
@@ -535,7 +539,7 @@ mod tests {
             ..ModelSettings::default()
         };
         let req = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &[],
             tools: &[],
             settings: &settings,
