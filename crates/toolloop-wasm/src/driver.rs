@@ -252,7 +252,7 @@ impl ModelCall {
         };
         let (messages, reminders, settings) = toolloop::ptk::rewrite(request, dialect);
         let inner = ModelRequest {
-            messages: &messages,
+            messages: (&messages).into(),
             reminders: &reminders,
             tools: &[],
             settings: &settings,
@@ -285,7 +285,7 @@ impl ModelCall {
         match &self.caller {
             Caller::Host => {
                 let text = serde_json::to_string(&json!({
-                    "messages": request.messages,
+                    "messages": request.messages.iter().collect::<Vec<_>>(),
                     "reminders": request.reminders,
                     "tools": request.tools,
                     "settings": request.settings,
@@ -481,7 +481,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::Finished => break,
             Step::CallModel { round, reminders } => {
                 let request = ModelRequest {
-                    messages: run.machine.messages(),
+                    messages: run.machine.messages().into(),
                     reminders: &reminders,
                     tools: &specs,
                     settings: &settings,
