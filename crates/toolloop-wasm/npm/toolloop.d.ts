@@ -59,6 +59,12 @@ export interface Limits {
   maxToolCalls?: number;
   detectDuplicates?: boolean;
   maxResultChars?: number;
+  /**
+   * Retries of a model call that failed with a retryable error (network failure, 429, 5xx)
+   * before it delivered output, after a backoff (the server's `retry-after`, else 0.5 s
+   * doubling, with jitter); default 2. Each retry is announced by a `model_retry` event.
+   */
+  modelRetries?: number;
 }
 
 export type StopReason =

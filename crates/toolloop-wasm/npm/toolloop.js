@@ -32,6 +32,13 @@ export async function runWith(engine, options) {
   if (checkpoints) spec.checkpoints = true;
   const host = {
     aborted: () => Boolean(signal?.aborted),
+    // The backoff before a failed model call is made again; cut short by the signal.
+    sleep: (ms) => new Promise((resolve) => {
+      if (signal?.aborted) return resolve();
+      const done = () => { clearTimeout(timer); signal?.removeEventListener('abort', done); resolve(); };
+      const timer = setTimeout(done, ms);
+      signal?.addEventListener('abort', done, { once: true });
+    }),
     async http(url, headers, body) {
       const f = model.fetch ?? globalThis.fetch;
       const res = await f(url, { method: 'POST', headers, body, signal });

@@ -100,6 +100,9 @@ pub struct Limits {
     pub detect_duplicates: Option<bool>,
     /// The longest tool result sent to the model, in characters.
     pub max_result_chars: Option<usize>,
+    /// Retries of a model call that failed with a retryable error (a network failure, 429,
+    /// 5xx) before it delivered output (default 2, as natively).
+    pub model_retries: Option<u32>,
 }
 
 impl Limits {
@@ -197,6 +200,33 @@ fn transport(message: String) -> ModelError {
     }
 }
 
+/// A failure of the connection (`fetch` rejected, a body read failed): retried, as the native
+/// transport retries it.
+fn network(message: String) -> ModelError {
+    ModelError::Transport {
+        message,
+        retryable: true,
+    }
+}
+
+/// The first wait before a model call is made again; it doubles on each retry.
+const RETRY_BASE_MS: f64 = 500.0;
+/// The longest wait, and the longest server-requested one honoured (as natively).
+const RETRY_MAX_MS: f64 = 30_000.0;
+
+/// The wait before retry number `attempt` (1-based), as the native transport's policy: the
+/// server's `retry-after` when it gave one, else the base doubled per retry with ±50 % jitter,
+/// both capped.
+fn retry_delay_ms(attempt: u32, error: &ModelError) -> f64 {
+    if let ModelError::Api(a) = error
+        && let Some(hint) = a.retry_after
+    {
+        return (hint.as_secs_f64() * 1000.0).min(RETRY_MAX_MS);
+    }
+    let exp = RETRY_BASE_MS * f64::from(1u32 << attempt.saturating_sub(1).min(16));
+    (exp * (0.5 + js_sys::Math::random())).min(RETRY_MAX_MS)
+}
+
 impl ModelCall {
     fn new(spec: &ModelSpec) -> Result<Self, String> {
         let caller = match spec.provider.as_str() {
@@ -255,7 +285,7 @@ impl ModelCall {
         match &self.caller {
             Caller::Host => {
                 let text = serde_json::to_string(&json!({
-                    "messages": request.messages,
+                    "messages": request.messages.iter().collect::<Vec<_>>(),
                     "reminders": request.reminders,
                     "tools": request.tools,
                     "settings": request.settings,
@@ -275,12 +305,12 @@ impl ModelCall {
                 let reply = host
                     .post(&call.url, &call.headers, &call.body)
                     .await
-                    .map_err(|e| transport(call.redactor().redact(&e)))?;
+                    .map_err(|e| network(call.redactor().redact(&e)))?;
                 if !self.stream || !(200..300).contains(&reply.status) {
                     let body = reply
                         .body(MAX_BODY)
                         .await
-                        .map_err(|e| transport(call.redactor().redact(&e)))?;
+                        .map_err(|e| network(call.redactor().redact(&e)))?;
                     let r = adapter.response(request, &call, reply.status, &reply.headers, &body);
                     if let Ok(r) = &r
                         && let Some(t) = &r.text
@@ -304,7 +334,7 @@ impl ModelCall {
                     let chunk = reply
                         .next()
                         .await
-                        .map_err(|e| transport(call.redactor().redact(&e)))?;
+                        .map_err(|e| network(call.redactor().redact(&e)))?;
                     let r = match chunk {
                         Some(bytes) => reader.push(&bytes, &mut events),
                         None => reader.finish(&mut events),
@@ -408,6 +438,8 @@ impl Run<'_> {
 pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, String> {
     let started = now_ms();
     let config = Arc::new(spec.limits.config(spec.model.stream));
+    let model_retries = spec.limits.model_retries.unwrap_or(2);
+    let stream_restarts = config.stream_restarts;
     let entries = spec
         .tools
         .into_iter()
@@ -455,18 +487,50 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     settings: &settings,
                 };
                 let events = run.events;
-                let result = model
-                    .call(host, &request, |t| {
-                        if events
-                            && let Ok(text) = serde_json::to_string(&Event::TextDelta {
-                                round,
-                                text: t.to_string(),
-                            })
-                        {
-                            host.event(&text);
+                // Retries as the native agent's: a retryable failure before any output is
+                // made again after a backoff; a stream that broke after delivering output is
+                // restarted (`model_retry` tells listeners to drop its deltas).
+                let (mut retries, mut restarts) = (0u32, 0u32);
+                let result = loop {
+                    let delivered = std::cell::Cell::new(false);
+                    let result = model
+                        .call(host, &request, |t| {
+                            delivered.set(true);
+                            if events
+                                && let Ok(text) = serde_json::to_string(&Event::TextDelta {
+                                    round,
+                                    text: t.to_string(),
+                                })
+                            {
+                                host.event(&text);
+                            }
+                        })
+                        .await;
+                    let e = match result {
+                        Err(e) if e.is_retryable() && !host.aborted() => e,
+                        other => break other,
+                    };
+                    if delivered.get() {
+                        if restarts >= stream_restarts {
+                            break Err(e);
                         }
-                    })
-                    .await;
+                        restarts += 1;
+                    } else {
+                        if retries >= model_retries {
+                            break Err(e);
+                        }
+                        retries += 1;
+                        host.sleep(retry_delay_ms(retries, &e)).await;
+                        if host.aborted() {
+                            break Err(e);
+                        }
+                    }
+                    run.emit(&Event::ModelRetry {
+                        round,
+                        attempt: retries + restarts + 1,
+                        reason: e.to_string(),
+                    });
+                };
                 if host.aborted() {
                     run.interrupt()?;
                     continue;

@@ -75,6 +75,14 @@ impl Host {
             .is_some_and(|v| v.is_truthy())
     }
 
+    /// Waits `ms` milliseconds (the host's `sleep`, which ends early when the run is
+    /// cancelled); no wait when the host has none.
+    pub(crate) async fn sleep(&self, ms: f64) {
+        if self.has("sleep") {
+            let _ = self.call("sleep", &[JsValue::from_f64(ms)]).await;
+        }
+    }
+
     /// Hands an event (JSON text) to the host.
     pub(crate) fn event(&self, json: &str) {
         if let Ok(f) = self.function("event") {

@@ -51,7 +51,8 @@ pub fn version() -> String {
 /// `openai-responses`, `anthropic-messages`, `gemini`) decodes it: the HTTP `status`, the
 /// body, whether it is a stream. JSON text: `{ response, error }`. The conformance corpus is
 /// replayed through it, so that the WebAssembly build's decoders are checked as the native
-/// ones are.
+/// ones are. Only with the `conformance` feature (the tests' build, not the shipped module).
+#[cfg(feature = "conformance")]
 #[wasm_bindgen(js_name = decodeRecorded)]
 pub fn decode_recorded(
     api: &str,

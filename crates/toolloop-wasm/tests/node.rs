@@ -1,8 +1,9 @@
 //! The npm package, tested from outside: builds it (`scripts/wasm-build`, once per test process),
 //! then runs its Node tests (`tests/node/*.test.mjs`) against toolloop's mock server, and the demo
 //! page in headless Chromium (`tests/browser.mjs`). Both are ignored, with the reason, when `node`
-//! and `npm` are not on `PATH`; the browser test says it skipped when there is no Chromium
-//! (`.ci/chromium` prints nothing) (puppeteer-core comes from `scripts/npm-install`).
+//! and `npm` are not on `PATH`; the browser test also when the build found no Chromium (the
+//! `toolloop_chromium` cfg of `tools/npm/build_probe.rs`; puppeteer-core comes from
+//! `scripts/npm-install`).
 
 #[path = "../../../tools/npm/testing.rs"]
 mod npm;
@@ -67,16 +68,19 @@ async fn the_npm_package_passes_its_node_tests_against_the_mock() {
 }
 
 #[test]
-#[cfg_attr(not(toolloop_npm), ignore = "node and npm are not on PATH")]
+#[cfg_attr(
+    not(all(toolloop_npm, toolloop_chromium)),
+    ignore = "needs node and npm (puppeteer-core) and a Chromium on PATH (.ci/chromium installs Debian's)"
+)]
 fn the_demo_page_runs_a_loop_with_tool_calls_in_chromium() {
     let chromium = Command::new(root().join(".ci/chromium"))
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_default();
-    if chromium.is_empty() {
-        eprintln!("skipped: no Chromium (.ci/chromium found none and could not install it)");
-        return;
-    }
+    assert!(
+        !chromium.is_empty(),
+        "the build found a Chromium, .ci/chromium does not: rebuild to skip this test"
+    );
     build();
     let shot = root().join("target/toolloop-wasm-demo.png");
     let _ = std::fs::remove_file(&shot);

@@ -51,13 +51,63 @@ for (const provider of Object.keys(bases)) {
 }
 
 test('a server error is the run\'s typed stop reason', { skip: !mock && 'TOOLLOOP_MOCK_URL is not set' }, async () => {
+  let posts = 0;
   const result = await runLoop({
-    model: { provider: 'anthropic', model: 'mock:faults=1,fault_kinds=500', baseUrl: mock, apiKey: 'sk-secret-123' },
+    model: {
+      provider: 'anthropic', model: 'mock:faults=1,fault_kinds=500', baseUrl: mock, apiKey: 'sk-secret-123',
+      fetch: (url, init) => { posts += 1; return fetch(url, init); },
+    },
     messages: [{ role: 'user', content: 'hi' }],
+    limits: { modelRetries: 1 },
   });
+  assert.equal(posts, 2, 'the failed call is retried once (modelRetries: 1), then the run ends');
   assert.equal(result.stopReason, 'model_error');
   assert.match(result.outcome.error.message, /500/);
   assert.ok(!JSON.stringify(result).includes('sk-secret-123'));
+});
+
+for (const stream of [false, true]) {
+  test(`a model call that fails once with a retryable error is made again (${stream ? 'streamed' : 'complete'})`, { skip: !mock && 'TOOLLOOP_MOCK_URL is not set' }, async () => {
+    const seen = [];
+    // The server answers 503 to the first request (asking for no wait), then the mock answers.
+    const flaky = (url, init) => {
+      seen.push(url);
+      if (seen.length === 1) {
+        return Promise.resolve(new Response('{"error":{"type":"server_error","message":"busy"}}', {
+          status: 503, headers: { 'content-type': 'application/json', 'retry-after': '0' },
+        }));
+      }
+      return fetch(url, init);
+    };
+    const events = [];
+    const result = await runLoop({
+      model: { provider: 'openai', model: 'mock:rounds=1', baseUrl: `${mock}/v1`, apiKey: 'sk-test', stream, fetch: flaky },
+      tools: [lookup],
+      messages: [{ role: 'user', content: 'look a word up' }],
+      onEvent: (e) => events.push(e),
+    });
+    assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+    assert.equal(result.toolCalls.length, 1);
+    assert.equal(seen.length, 3, 'one failed call, its retry, the second round');
+    const retries = events.filter((e) => e.type === 'model_retry');
+    assert.equal(retries.length, 1, JSON.stringify(retries));
+    assert.equal(retries[0].attempt, 2);
+    assert.match(retries[0].reason, /503|busy/);
+  });
+}
+
+test('retries stop at modelRetries: a server that keeps failing ends the run', { skip: !mock && 'TOOLLOOP_MOCK_URL is not set' }, async () => {
+  let posts = 0;
+  const result = await runLoop({
+    model: {
+      provider: 'gemini', model: 'mock:faults=1,fault_kinds=429', baseUrl: mock, apiKey: 'sk-test',
+      fetch: (url, init) => { posts += 1; return fetch(url, init); },
+    },
+    messages: [{ role: 'user', content: 'hi' }],
+    limits: { modelRetries: 0 },
+  });
+  assert.equal(posts, 1);
+  assert.equal(result.stopReason, 'model_error');
 });
 
 /** A JavaScript model that plays `replies` in order and records what it was asked. */
