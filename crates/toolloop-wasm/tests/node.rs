@@ -82,7 +82,9 @@ fn the_demo_page_runs_a_loop_with_tool_calls_in_chromium() {
         "the build found a Chromium, .ci/chromium does not: rebuild to skip this test"
     );
     build();
-    let shot = root().join("target/toolloop-wasm-demo.png");
+    // The build directory cargo gives integration tests for their files (it exists, wherever
+    // CARGO_TARGET_DIR puts it).
+    let shot = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("toolloop-wasm-demo.png");
     let _ = std::fs::remove_file(&shot);
     let out = Command::new("node")
         .arg(root().join("crates/toolloop-wasm/tests/browser.mjs"))
