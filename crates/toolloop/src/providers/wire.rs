@@ -13,7 +13,7 @@
 //! let adapter = WireAdapter::from(OpenAiConfig::new("gpt-4o-mini"));
 //! let messages = [Message::user("hi")];
 //! let settings = ModelSettings::default();
-//! let request = ModelRequest { messages: &messages, reminders: &[], tools: &[], settings: &settings };
+//! let request = ModelRequest { messages: (&messages).into(), reminders: &[], tools: &[], settings: &settings };
 //! let call = adapter.call(&request, false).unwrap();
 //! assert!(call.url.ends_with("/chat/completions"));
 //! let body = br#"{"choices":[{"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}"#;
