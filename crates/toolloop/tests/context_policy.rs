@@ -660,3 +660,69 @@ fn the_view_holds_no_copy_of_the_transcript() {
     assert_eq!(resumed.messages(), state.messages());
     assert_eq!(resumed.sent_messages(), ctx.view(state.messages()));
 }
+
+/// A snapshot whose context state or compaction in flight points past the view (a file from
+/// another version, damaged, or written by hand) is refused when it is read, naming what is
+/// wrong, rather than resuming into a machine that slices out of range.
+#[test]
+fn a_snapshot_with_indices_past_the_view_is_refused() {
+    let rounds = vec![vec![2_048]; 150];
+    let policy = ContextPolicy {
+        window: Some(6_000),
+        ..ContextPolicy::default()
+    };
+    let run = drive(policy.clone(), "the task", &rounds).unwrap();
+    let at = run
+        .log
+        .iter()
+        .position(|i| matches!(i, Input::Compacted { .. }))
+        .expect("a compaction");
+    let mut m = replay(policy.clone(), run.log[..at].to_vec());
+    let Step::Compact(request) = m.next_step() else {
+        panic!("expected the compaction")
+    };
+    let saved = serde_json::to_value(m.snapshot()).unwrap();
+    let view_len = m.sent_messages().len();
+    let transcript = m.messages().len();
+
+    // As saved, it reads and goes on.
+    let snapshot: toolloop::engine::Snapshot = serde_json::from_value(saved.clone()).unwrap();
+    let mut resumed = Machine::resume(config(policy), HookFlags::default(), catalog(), snapshot);
+    assert_eq!(resumed.next_step(), Step::Compact(request.clone()));
+
+    let damaged = [
+        (
+            "/state/phase/request/lead",
+            serde_json::json!(request.cut + 1),
+        ),
+        ("/state/phase/request/cut", serde_json::json!(view_len + 1)),
+        ("/state/context/synced", serde_json::json!(transcript + 1)),
+        (
+            "/state/context/cleared_upto",
+            serde_json::json!(view_len + 1),
+        ),
+        (
+            "/state/context/unspilled_from",
+            serde_json::json!(view_len + 1),
+        ),
+        ("/state/context/turns", serde_json::json!([view_len])),
+        ("/state/context/turns", serde_json::json!([3, 2])),
+        (
+            "/state/context/edited",
+            serde_json::json!([[view_len, Message::user("x")]]),
+        ),
+    ];
+    for (pointer, value) in damaged {
+        let mut bad = saved.clone();
+        let (parent, key) = pointer.rsplit_once('/').unwrap();
+        bad.pointer_mut(parent)
+            .and_then(|p| p.as_object_mut())
+            .expect("the snapshot holds the part")
+            .insert(key.to_string(), value.clone());
+        let e = serde_json::from_value::<toolloop::engine::Snapshot>(bad)
+            .expect_err(&format!("{pointer} = {value} is refused"))
+            .to_string();
+        let field = pointer.rsplit('/').next().unwrap();
+        assert!(e.contains(field), "{pointer}: {e}");
+    }
+}

@@ -151,6 +151,46 @@ impl ContextState {
         self.head.len() + self.synced.saturating_sub(self.shared_from)
     }
 
+    /// Whether the state is one a run leaves over a transcript of `transcript` messages: it
+    /// holds no more of the transcript than there is, and its indices are the view's. A
+    /// snapshot is checked when it is read ([`Snapshot`]), so that a damaged or hand-written
+    /// one is refused rather than resumed into a machine that reads past the view.
+    pub(super) fn check(&self, transcript: usize) -> Result<(), String> {
+        if self.synced > transcript {
+            return Err(format!(
+                "the context state's `synced` is {}, the transcript holds {transcript} messages",
+                self.synced
+            ));
+        }
+        let len = self.view_len();
+        if let Some((i, _)) = self.edited.last()
+            && *i >= len
+        {
+            return Err(format!(
+                "the context state's `edited` replaces message {i}, the view holds {len}"
+            ));
+        }
+        for (name, at) in [
+            ("unspilled_from", self.unspilled_from),
+            ("cleared_upto", self.cleared_upto),
+        ] {
+            if at > len {
+                return Err(format!(
+                    "the context state's `{name}` is {at}, the view holds {len} messages"
+                ));
+            }
+        }
+        if !self.turns.windows(2).all(|w| w[0] < w[1])
+            || self.turns.last().is_some_and(|&t| t >= len)
+        {
+            return Err(format!(
+                "the context state's `turns` are not increasing indices of the view's {len} \
+                 messages"
+            ));
+        }
+        Ok(())
+    }
+
     /// Puts `message` in the view at `index`, in place of what is there.
     fn replace(&mut self, index: usize, message: Message) {
         if let Some(m) = self.head.get_mut(index) {

@@ -184,13 +184,42 @@ impl TryFrom<SnapshotRepr> for Snapshot {
                 r.version
             ));
         }
-        let state = serde_json::from_value(r.state).map_err(|e| {
+        let state: LoopState = serde_json::from_value(r.state).map_err(|e| {
             format!(
                 "the state of a version {} snapshot does not read: {e}",
                 r.version
             )
         })?;
+        state.check().map_err(|e| {
+            format!(
+                "the state of a version {} snapshot is not one a run leaves: {e}",
+                r.version
+            )
+        })?;
         Ok(Snapshot { state })
+    }
+}
+
+impl LoopState {
+    /// Whether the indices the state holds are within what it holds: the context state's
+    /// within its view and the transcript ([`ContextState`]), a compaction in flight within
+    /// the view. (What is checked as inputs arrive, such as a call's index, is not.)
+    fn check(&self) -> Result<(), String> {
+        let Some(c) = &self.context else {
+            return Ok(());
+        };
+        c.check(self.messages.len())?;
+        if let Phase::Compacting { request, .. } = &self.phase {
+            let len = c.view_len();
+            if request.lead >= request.cut || request.cut > len {
+                return Err(format!(
+                    "the compaction it waits for replaces the view's messages from `lead` {} \
+                     to `cut` {}, of the {len} it holds",
+                    request.lead, request.cut
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
