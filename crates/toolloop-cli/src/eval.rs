@@ -571,10 +571,12 @@ fn load(path: &Path) -> Result<Suite, CliError> {
             }
         }
     }
-    let runs = suite.cases.len()
-        * suite.models.len().max(1)
-        * suite.systems.len().max(1)
-        * suite.repeat as usize;
+    let runs = suite
+        .cases
+        .len()
+        .saturating_mul(suite.models.len().max(1))
+        .saturating_mul(suite.systems.len().max(1))
+        .saturating_mul(suite.repeat as usize);
     if runs > MAX_RUNS {
         return Err(at(format!("{runs} runs, more than {MAX_RUNS}")));
     }
@@ -1024,9 +1026,10 @@ fn run_conversation(
             c["turn"] = json!(i + 1);
             calls.push(c);
         }
-        rounds += outcome["rounds"].as_u64().unwrap_or(0);
-        tokens += outcome["usage"]["total_tokens"].as_u64().unwrap_or(0);
-        ms += outcome["duration_ms"].as_u64().unwrap_or(0);
+        // Saturating: the tokens are what the provider said.
+        rounds = rounds.saturating_add(outcome["rounds"].as_u64().unwrap_or(0));
+        tokens = tokens.saturating_add(outcome["usage"]["total_tokens"].as_u64().unwrap_or(0));
+        ms = ms.saturating_add(outcome["duration_ms"].as_u64().unwrap_or(0));
         if let Some(c) = outcome["cost"].as_f64() {
             cost = Some(cost.unwrap_or(0.0) + c);
         }
