@@ -375,6 +375,55 @@ expect.judge = { model = "openai:mock:rounds=0", rubric = "Greets the user (judg
 }
 
 #[test]
+fn a_prompt_longer_than_an_argument_may_be_reaches_the_run_and_the_judge() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock_with(
+        &rt,
+        toolloop_mock::MockOptions {
+            answers_by_prompt: vec![toolloop_mock::MockAnswer {
+                when: "judge-pass".into(),
+                text: "{\"verdict\": \"pass\", \"reason\": \"It greets.\"}".into(),
+            }],
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.toml");
+    // Linux caps one argument at 128 KiB; the task is quoted whole to the judge.
+    let long = "x".repeat(200_000);
+    std::fs::write(
+        &suite,
+        format!(
+            "models = [\"openai:mock:rounds=0\"]\n[[cases]]\nid = \"long\"\n\
+             prompt = \"Say hello. {long} (the end)\"\n\
+             expect.judge = {{ model = \"openai:mock:rounds=0\", rubric = \"Greets (judge-pass).\" }}\n"
+        ),
+    )
+    .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let out = dir.path().join("out");
+    let o = eval(
+        dir.path(),
+        &base,
+        &[
+            suite.to_str().unwrap(),
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let v = json_out(&o);
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    let r = &v["results"][0];
+    assert_eq!(r["judge"]["verdict"], "pass", "{r:#}");
+    let run = std::fs::read_to_string(r["cassette"].as_str().unwrap()).unwrap();
+    assert!(run.contains(&format!("Say hello. {long} (the end)")));
+    let judged = std::fs::read_to_string(r["judge"]["cassette"].as_str().unwrap()).unwrap();
+    assert!(judged.contains(&format!("Say hello. {long} (the end)")));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
 fn a_results_file_holding_huge_numbers_is_summed_without_overflow() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let server = mock(&rt);
