@@ -35,8 +35,12 @@ pub(crate) fn summarise(results: &[Value]) -> Vec<Value> {
         if let Some(c) = r["cost"].as_f64() {
             row["cost"] = json!(row["cost"].as_f64().unwrap_or(0.0) + c);
         }
+        // Saturating: a results file may hold any number.
         row["duration_ms"] = json!(
-            row["duration_ms"].as_u64().unwrap_or(0) + r["duration_ms"].as_u64().unwrap_or(0)
+            row["duration_ms"]
+                .as_u64()
+                .unwrap_or(0)
+                .saturating_add(r["duration_ms"].as_u64().unwrap_or(0))
         );
     }
     for row in &mut rows {
@@ -47,6 +51,14 @@ pub(crate) fn summarise(results: &[Value]) -> Vec<Value> {
         row["pass_rate"] = json!(if n == 0 { 0.0 } else { p as f64 / n as f64 });
     }
     rows
+}
+
+/// The runs' time, in milliseconds (saturating: a results file may hold any number).
+fn total_ms(results: &[Value]) -> u64 {
+    results
+        .iter()
+        .map(|r| r["duration_ms"].as_u64().unwrap_or(0))
+        .fold(0, u64::saturating_add)
 }
 
 fn failures_of(r: &Value) -> Vec<&str> {
@@ -123,10 +135,7 @@ fn xml(s: &str) -> String {
 pub(crate) fn junit(report: &Value) -> String {
     let results = report["results"].as_array().cloned().unwrap_or_default();
     let name = report["suite"].as_str().unwrap_or("toolloop eval");
-    let total_ms: u64 = results
-        .iter()
-        .map(|r| r["duration_ms"].as_u64().unwrap_or(0))
-        .sum();
+    let total_ms = total_ms(&results);
     let secs = |ms: u64| format!("{:.3}", ms as f64 / 1000.0);
     let mut x = String::from("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
     x.push_str(&format!(
@@ -341,10 +350,7 @@ pub(crate) fn html(report: &Value) -> String {
         .iter()
         .filter_map(|r| r["cost"].as_f64())
         .fold(None, |sum, c| Some(sum.unwrap_or(0.0) + c));
-    let ms: u64 = results
-        .iter()
-        .map(|r| r["duration_ms"].as_u64().unwrap_or(0))
-        .sum();
+    let ms = total_ms(&results);
     p.push_str(&format!(
         "<h1>toolloop eval: {}</h1><p id=\"totals\">{runs} runs: {passed} passed, {failed} \
          failed ({}% passed) · cost {} · time {}</p>",

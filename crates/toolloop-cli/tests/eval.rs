@@ -130,6 +130,22 @@ fn a_bad_suite_is_a_usage_error() {
             "{text}: {err}"
         );
     }
+    // So many runs that counting them overflows a u64: refused all the same.
+    let many = vec!["\"m\""; 100_000].join(",");
+    std::fs::write(
+        &suite,
+        format!(
+            "models = [{many}]\nsystems = [{many}]\nrepeat = 4294967295\n\
+             [[cases]]\nid = \"a\"\nprompt = \"x\"\n"
+        ),
+    )
+    .unwrap();
+    let o = command(&["eval", suite.to_str().unwrap()], dir.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("more than 10000"), "{err}");
 }
 
 fn mock_with(
@@ -355,6 +371,105 @@ expect.judge = { model = "openai:mock:rounds=0", rubric = "Greets the user (judg
     let judged = std::fs::read_to_string(r[0]["judge"]["cassette"].as_str().unwrap()).unwrap();
     assert!(judged.contains("judge-pass") && judged.contains("Say hello."));
     assert!(judged.contains("You grade the work of an AI agent"));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_prompt_longer_than_an_argument_may_be_reaches_the_run_and_the_judge() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock_with(
+        &rt,
+        toolloop_mock::MockOptions {
+            answers_by_prompt: vec![toolloop_mock::MockAnswer {
+                when: "judge-pass".into(),
+                text: "{\"verdict\": \"pass\", \"reason\": \"It greets.\"}".into(),
+            }],
+            ..Default::default()
+        },
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.toml");
+    // Linux caps one argument at 128 KiB; the task is quoted whole to the judge.
+    let long = "x".repeat(200_000);
+    std::fs::write(
+        &suite,
+        format!(
+            "models = [\"openai:mock:rounds=0\"]\n[[cases]]\nid = \"long\"\n\
+             prompt = \"Say hello. {long} (the end)\"\n\
+             expect.judge = {{ model = \"openai:mock:rounds=0\", rubric = \"Greets (judge-pass).\" }}\n"
+        ),
+    )
+    .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let out = dir.path().join("out");
+    let o = eval(
+        dir.path(),
+        &base,
+        &[
+            suite.to_str().unwrap(),
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let v = json_out(&o);
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    let r = &v["results"][0];
+    assert_eq!(r["judge"]["verdict"], "pass", "{r:#}");
+    let run = std::fs::read_to_string(r["cassette"].as_str().unwrap()).unwrap();
+    assert!(run.contains(&format!("Say hello. {long} (the end)")));
+    let judged = std::fs::read_to_string(r["judge"]["cassette"].as_str().unwrap()).unwrap();
+    assert!(judged.contains(&format!("Say hello. {long} (the end)")));
+    rt.block_on(server.shutdown());
+}
+
+#[test]
+fn a_results_file_holding_huge_numbers_is_summed_without_overflow() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt);
+    let dir = tempfile::tempdir().unwrap();
+    let suite = dir.path().join("s.toml");
+    std::fs::write(
+        &suite,
+        "models = [\"openai:mock:rounds=0\"]\nrepeat = 2\n[[cases]]\nid = \"a\"\nprompt = \"Hi.\"\n",
+    )
+    .unwrap();
+    let base = format!("{}/v1", server.base_url());
+    let out = dir.path().join("out");
+    let args = [
+        suite.to_str().unwrap(),
+        "--json",
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    assert_eq!(eval(dir.path(), &base, &args).status.code(), Some(0));
+    // Each kept result says it took u64::MAX milliseconds.
+    let state = out.join("results.jsonl");
+    let kept: Vec<String> = std::fs::read_to_string(&state)
+        .unwrap()
+        .lines()
+        .map(|l| {
+            let mut v: Value = serde_json::from_str(l).unwrap();
+            v["duration_ms"] = u64::MAX.into();
+            v.to_string()
+        })
+        .collect();
+    assert_eq!(kept.len(), 2);
+    std::fs::write(&state, kept.join("\n") + "\n").unwrap();
+    let (junit, html) = (dir.path().join("j.xml"), dir.path().join("r.html"));
+    let mut with_reports = args.to_vec();
+    with_reports.extend(["--junit", junit.to_str().unwrap()]);
+    with_reports.extend(["--html", html.to_str().unwrap()]);
+    let o = eval(dir.path(), &base, &with_reports);
+    let v = json_out(&o);
+    assert_eq!(o.status.code(), Some(0), "{v:#}");
+    assert_eq!(v["summary"][0]["duration_ms"], u64::MAX, "{v:#}");
+    assert!(
+        std::fs::read_to_string(&junit)
+            .unwrap()
+            .contains("<testcase ")
+    );
+    assert!(std::fs::read_to_string(&html).unwrap().contains("</html>"));
     rt.block_on(server.shutdown());
 }
 

@@ -622,17 +622,18 @@ impl Cassette {
             .cloned()
     }
 
-    /// Records what `tools` of the source `source` are (their definitions), replacing the
-    /// source's earlier listing.
+    /// Records what `tools` of the source `source` are (their definitions, secrets redacted),
+    /// replacing the source's earlier listing.
     pub fn record_catalog(&self, source: &str, tools: &[Arc<dyn Tool>]) {
+        let own = self.own_redactor();
         let catalog = Catalog {
             source: source.to_string(),
             tools: tools
                 .iter()
                 .map(|t| ToolSpec {
                     name: t.name().to_string(),
-                    description: t.description().to_string(),
-                    parameters: t.parameters().clone(),
+                    description: own.redact(t.description()),
+                    parameters: redact_json(&own, t.parameters().clone()),
                     side_effect: t.side_effect(),
                     parallel_safe: t.parallel_safe(),
                 })
@@ -1125,6 +1126,38 @@ mod tests {
         assert!(tools[0].call(json!({"t": 1}), ctx()).await.is_err());
         // A name the agent's own tools take is left out.
         assert!(source.tools(&["echo"]).await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_sources_listing_is_recorded_with_its_secrets_redacted() {
+        struct Keyed(Value);
+        #[async_trait::async_trait]
+        impl Tool for Keyed {
+            fn name(&self) -> &str {
+                "fetch"
+            }
+            fn description(&self) -> &str {
+                "Fetches with the token sk-live-0123456789abcdef."
+            }
+            fn parameters(&self) -> &Value {
+                &self.0
+            }
+            async fn call(&self, _: Value, _: ToolContext) -> Result<ToolOutput, ToolError> {
+                Ok(ToolOutput::default())
+            }
+        }
+        let secret = "sk-live-0123456789abcdef";
+        let schema = json!({"type": "object", "properties": {"token": {"default": secret}}});
+        let cassette =
+            Cassette::in_memory(json!({})).with_redactor(Redactor::new().with_secret(secret));
+        let tools: Vec<Arc<dyn Tool>> = vec![Arc::new(Keyed(schema))];
+        cassette.record_catalog("mcp", &tools);
+        let text = cassette.to_jsonl();
+        assert!(
+            text.contains("\"catalog\"") && text.contains("Fetches with"),
+            "{text}"
+        );
+        assert!(!text.contains(secret), "{text}");
     }
 
     #[test]
