@@ -431,6 +431,9 @@ fn a_wrong_or_missing_token_gets_401_and_nothing_runs_and_limits_give_413_and_42
         let big = json!({"model": "agent:default", "messages": [{"role": "user", "content": "x".repeat(4096)}]});
         let (status, _) = post(&chat, Some("s3cret-token"), &big).await;
         assert_eq!(status, 413);
+        // The token is checked before the body is read: a stranger's large body gets 401.
+        let (status, v) = post(&chat, Some("wrong"), &big).await;
+        assert_eq!(status, 401, "{v}");
 
         // One run at a time: a second request while the first waits on the model gets 429.
         let first = tokio::spawn({
