@@ -431,6 +431,9 @@ fn a_wrong_or_missing_token_gets_401_and_nothing_runs_and_limits_give_413_and_42
         let big = json!({"model": "agent:default", "messages": [{"role": "user", "content": "x".repeat(4096)}]});
         let (status, _) = post(&chat, Some("s3cret-token"), &big).await;
         assert_eq!(status, 413);
+        // The token is checked before the body is read: a stranger's large body gets 401.
+        let (status, v) = post(&chat, Some("wrong"), &big).await;
+        assert_eq!(status, 401, "{v}");
 
         // One run at a time: a second request while the first waits on the model gets 429.
         let first = tokio::spawn({
@@ -1253,6 +1256,38 @@ fn a_gateway_request_whose_backend_keeps_writing_broken_calls_gets_a_clear_error
         );
         assert_eq!(backend.requests(), 3, "asked again twice, then given up");
     });
+}
+
+#[test]
+fn a_gateway_spec_that_names_a_file_on_the_server_is_refused() {
+    let rt = rt();
+    let dir = common::repo();
+    // A script the model would answer from, and a file that is no cassette.
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, r#"[{"text": "read from the server's disk"}]"#).unwrap();
+    let served = Served::start(dir.path(), &["--openai", "127.0.0.1:0"], &[]);
+    rt.block_on(async {
+        for spec in [
+            format!("scripted:{}", script.display()),
+            format!(" scripted:{}", script.display()),
+            format!("replay:{}", script.display()),
+            format!(" replay:{}", dir.path().join("README.md").display()),
+            "test".to_string(),
+        ] {
+            let body = json!({"model": format!("gateway:{spec}"), "messages": [{"role": "user", "content": "hi"}], "tools": client_tools()});
+            let (status, v) = post(&served.url("/v1/chat/completions"), None, &body).await;
+            assert_eq!(status, 400, "{spec}: {v}");
+            assert_eq!(v["error"]["code"], "model_not_found", "{spec}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("expected a provider's model"),
+                "{spec}: {v}"
+            );
+        }
+    });
+    assert!(!served.stderr().contains("read from the server's disk"));
 }
 
 #[test]

@@ -66,9 +66,14 @@ impl Gateway {
             .config
             .resolve_model(&mut args)
             .map_err(|e| crate::error::chain(&e))?;
-        if args.model.trim() == "test" || args.model.starts_with("scripted:") {
+        // The spec is the client's: only a provider's model, never one that reads a file on
+        // the server (`scripted:FILE`, `replay:FILE`, which would also set the cassette of
+        // every model made after it) nor the built-in test model.
+        let provider = args.model.trim().split(':').next().unwrap_or("").trim();
+        if matches!(provider, "test" | "scripted" | "replay") {
             return Err(format!(
-                "`gateway:{spec}`: expected a provider's model (openai:NAME, anthropic:NAME, …)"
+                "`gateway:{}`: expected a provider's model (openai:NAME, anthropic:NAME, …)",
+                toolloop::result::shorten(spec, 80)
             ));
         }
         let inner = model_from_args(&self.cx, &args).map_err(|e| crate::error::chain(&e))?;

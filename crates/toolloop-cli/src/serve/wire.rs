@@ -4,6 +4,7 @@
 //! not read is an error naming the field, never a panic.
 
 use serde_json::{Map, Value, json};
+use std::collections::{HashMap, HashSet};
 use toolloop::image::Image;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult, parse_arguments};
 use toolloop::model::{ToolChoice, ToolSpec};
@@ -207,6 +208,10 @@ fn user_content(v: Option<&Value>, at: &str) -> Result<Message, BadRequest> {
 /// assistant turn that made the call.
 pub(crate) fn read_messages(raw: &[Value]) -> Result<Vec<Message>, BadRequest> {
     let mut out: Vec<Message> = Vec::with_capacity(raw.len());
+    // The tool of each call id, the latest assistant message's first (a lookup per tool
+    // message, not a search back through the conversation: a body of many tool messages must
+    // not take time that grows with their square).
+    let mut tool_of: HashMap<String, String> = HashMap::new();
     for (i, m) in raw.iter().enumerate() {
         let at = format!("messages[{i}]");
         let role = m.get("role").and_then(Value::as_str).unwrap_or("");
@@ -240,6 +245,10 @@ pub(crate) fn read_messages(raw: &[Value]) -> Result<Vec<Message>, BadRequest> {
                         calls.push(call);
                     }
                 }
+                // The first call of an id in a message names its tool, as a search would.
+                for c in calls.iter().rev() {
+                    tool_of.insert(c.id.clone(), c.name.clone());
+                }
                 Message::Assistant(AssistantMessage {
                     text: (!text.is_empty()).then_some(text),
                     tool_calls: calls,
@@ -253,17 +262,9 @@ pub(crate) fn read_messages(raw: &[Value]) -> Result<Vec<Message>, BadRequest> {
                         format!("{at}.tool_call_id"),
                     ));
                 };
-                let name = out
-                    .iter()
-                    .rev()
-                    .find_map(|p| match p {
-                        Message::Assistant(a) => a
-                            .tool_calls
-                            .iter()
-                            .find(|c| c.id == call_id)
-                            .map(|c| c.name.clone()),
-                        _ => None,
-                    })
+                let name = tool_of
+                    .get(call_id)
+                    .cloned()
                     .ok_or_else(|| {
                         bad(
                             format!(
@@ -362,6 +363,7 @@ pub(crate) fn responses_input(raw: &[Value]) -> Result<Vec<Value>, BadRequest> {
 /// "parameters"}` (the Responses API).
 pub(crate) fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
     let mut out: Vec<ToolSpec> = Vec::with_capacity(raw.len());
+    let mut names: HashSet<&str> = HashSet::with_capacity(raw.len());
     for (i, t) in raw.iter().enumerate() {
         let f = t.get("function").unwrap_or(t);
         let Some(name) = f.get("name").and_then(Value::as_str) else {
@@ -376,7 +378,7 @@ pub(crate) fn read_tools(raw: &[Value]) -> Result<Vec<ToolSpec>, BadRequest> {
                 format!("tools[{i}]"),
             ));
         }
-        if out.iter().any(|s| s.name == name) {
+        if !names.insert(name) {
             return Err(bad(
                 format!("tools[{i}]: two tools are named {name}"),
                 format!("tools[{i}]"),
@@ -527,6 +529,35 @@ mod tests {
             Message::Assistant(a) => assert_eq!(a.tool_calls[0].arguments, json!({"q": 1})),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_body_of_many_tool_messages_or_tools_reads_in_time_linear_in_its_size() {
+        // What a 4 MiB body can hold: a time that grows with the square of the count would
+        // hold a worker for minutes.
+        const N: usize = 100_000;
+        let mut messages = vec![
+            json!({"role": "user", "content": "hi"}),
+            json!({"role": "assistant", "tool_calls": [
+                {"id": "c", "function": {"name": "first"}},
+                {"id": "c", "function": {"name": "second"}}
+            ]}),
+        ];
+        messages.extend((0..N).map(|_| json!({"role": "tool", "tool_call_id": "c"})));
+        let tools: Vec<Value> = (0..N)
+            .map(|i| json!({"type": "function", "function": {"name": format!("t{i}")}}))
+            .collect();
+        let body = json!({"model": "m", "messages": messages, "tools": tools}).to_string();
+        let start = std::time::Instant::now();
+        let r = ChatRequest::parse(body.as_bytes()).unwrap();
+        let took = start.elapsed();
+        assert_eq!((r.messages.len(), r.tools.len()), (N + 2, N));
+        match &r.messages[N + 1] {
+            // The first call with the id names the tool, as before.
+            Message::Tool(t) => assert_eq!(t.name, "first"),
+            other => panic!("{other:?}"),
+        }
+        assert!(took < std::time::Duration::from_secs(10), "{took:?}");
     }
 
     #[test]
