@@ -250,3 +250,29 @@ test('a host whose values throw when read: the run settles', async () => {
   assert.match(result.outcome.error.message, /http: /);
 });
 
+// A server that streams without end (comments, which make no event): the run ends with the
+// body's limit (32 MiB, as natively), not with the module's memory.
+test('a stream that never ends is cut at the body limit', async () => {
+  const engine = await init();
+  const spec = JSON.stringify({
+    model: { provider: 'openai', model: 'm', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'sk-test', stream: true },
+    messages: [{ role: 'user', content: 'hi' }],
+    limits: { modelRetries: 0 },
+  });
+  const chunk = new TextEncoder().encode(`: ${'x'.repeat(1 << 20)}\n\n`);
+  let stopped = false;
+  const host = {
+    http: async () => ({
+      status: 200,
+      headers: { 'content-type': 'text/event-stream' },
+      // After other tasks (timers): a body read as fast as it is made would starve them.
+      read: () => new Promise((r) => setImmediate(() => r(stopped ? undefined : chunk))),
+    }),
+  };
+  const out = await settled(engine.run(spec, host));
+  stopped = true;
+  assert.equal(out.how, 'resolved', String(out.error ?? out.how));
+  const result = JSON.parse(out.value);
+  assert.equal(result.stopReason, 'model_error', JSON.stringify(result.outcome));
+  assert.match(result.outcome.error.message, /limit of 33554432 bytes/);
+});
