@@ -18,7 +18,7 @@ use toolloop::stream::{Accumulator, StreamEvent};
 use toolloop::toolbox::{Catalog, CatalogEntry};
 use toolloop::{LoopConfig, ToolError, ToolOutput};
 
-/// The largest complete reply body read (as the native transport's default).
+/// The largest reply body read, complete or streamed (as the native transport's default).
 const MAX_BODY: usize = 32 * 1024 * 1024;
 
 /// A run, as the JavaScript wrapper describes it (JSON, camelCase).
@@ -330,13 +330,23 @@ impl ModelCall {
                         acc.push(e);
                     }
                 };
+                // A stream is held to the complete body's limit, as natively: a server that
+                // never ends one would otherwise grow the module's memory until it aborts.
+                let mut seen = 0usize;
                 while !reader.done() {
                     let chunk = reply
                         .next()
                         .await
                         .map_err(|e| network(call.redactor().redact(&e)))?;
                     let r = match chunk {
-                        Some(bytes) => reader.push(&bytes, &mut events),
+                        Some(bytes) => {
+                            seen = seen.saturating_add(bytes.len());
+                            if seen > MAX_BODY {
+                                Err(ModelError::BodyTooLarge { limit: MAX_BODY })
+                            } else {
+                                reader.push(&bytes, &mut events)
+                            }
+                        }
                         None => reader.finish(&mut events),
                     };
                     take(&mut events, &mut acc);

@@ -17,7 +17,10 @@ pub(crate) struct Reply {
     this: JsValue,
 }
 
-/// The text of a JavaScript error (its `message`, else the value as text).
+/// The text of a JavaScript error (its `message`, else the value as JSON). Only through
+/// bindings that catch: the value's own formatting (`Debug`, which reads its `name`, `message`
+/// and `stack` and calls `toString`) may throw, and what it throws would unwind through the
+/// module, leaving the run's promise never settled.
 pub(crate) fn describe(e: &JsValue) -> String {
     if let Some(s) = e.as_string() {
         return s;
@@ -25,7 +28,8 @@ pub(crate) fn describe(e: &JsValue) -> String {
     Reflect::get(e, &JsValue::from_str("message"))
         .ok()
         .and_then(|m| m.as_string())
-        .unwrap_or_else(|| format!("{e:?}"))
+        .or_else(|| js_sys::JSON::stringify(e).ok().and_then(|s| s.as_string()))
+        .unwrap_or_else(|| "a value that is neither an error with a message nor JSON".into())
 }
 
 impl Host {
@@ -137,10 +141,17 @@ impl Host {
             .ok_or("http: the reply has no status")? as u16;
         let mut map = http::HeaderMap::new();
         let head = get("headers");
-        if let Some(obj) = head.dyn_ref::<js_sys::Object>() {
-            for entry in js_sys::Object::entries(obj).iter() {
-                let pair: js_sys::Array = entry.unchecked_into();
-                let (Some(k), Some(v)) = (pair.get(0).as_string(), pair.get(1).as_string()) else {
+        // Through `Reflect`, whose bindings catch: `Object.entries` runs the object's getters
+        // (and a proxy's traps) with no catch, and what one throws would unwind through the
+        // module, leaving the run's promise never settled.
+        if head.is_object()
+            && let Ok(keys) = Reflect::own_keys(&head)
+        {
+            for key in keys.iter() {
+                let (Some(k), Some(v)) = (
+                    key.as_string(),
+                    Reflect::get(&head, &key).ok().and_then(|v| v.as_string()),
+                ) else {
                     continue;
                 };
                 if let (Ok(k), Ok(v)) = (

@@ -390,13 +390,17 @@ impl<'a> Messages<'a> {
     /// When the range is out of bounds or decreasing, as slicing a slice would.
     pub fn slice(&self, range: impl std::ops::RangeBounds<usize>) -> Messages<'a> {
         use std::ops::Bound;
+        // A bound past `usize::MAX` (`..=usize::MAX`) is out of range, as a slice has it, not a
+        // wrap to 0.
+        let past =
+            || -> usize { panic!("messages past usize::MAX out of the {} held", self.len()) };
         let from = match range.start_bound() {
             Bound::Included(&i) => i,
-            Bound::Excluded(&i) => i + 1,
+            Bound::Excluded(&i) => i.checked_add(1).unwrap_or_else(past),
             Bound::Unbounded => 0,
         };
         let to = match range.end_bound() {
-            Bound::Included(&i) => i + 1,
+            Bound::Included(&i) => i.checked_add(1).unwrap_or_else(past),
             Bound::Excluded(&i) => i,
             Bound::Unbounded => self.len(),
         };
@@ -843,6 +847,16 @@ mod tests {
         let whole = Messages::from(&tail);
         assert_eq!(whole.as_slice(), Some(&tail[..]));
         assert_eq!(format!("{whole:?}"), format!("{tail:?}"));
+    }
+
+    /// A range past `usize::MAX` is out of bounds, as for a slice: a panic that says so, never
+    /// a wrap to an empty range.
+    #[test]
+    #[should_panic(expected = "out of the 1 held")]
+    fn a_slice_to_usize_max_inclusive_is_out_of_bounds() {
+        let messages = [Message::user("a")];
+        let view = Messages::from(&messages);
+        let _ = view.slice(..=usize::MAX);
     }
 
     /// A view serialises as the messages it stands for would, replacements in place: what a

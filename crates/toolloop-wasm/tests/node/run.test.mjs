@@ -2,7 +2,7 @@
 // tests/node.rs) and in-process JavaScript models.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { runLoop, streamLoop } from '../../npm/node.js';
+import { init, runLoop, streamLoop } from '../../npm/node.js';
 
 const mock = process.env.TOOLLOOP_MOCK_URL;
 
@@ -201,4 +201,78 @@ test('streamLoop yields the events, then the result', async () => {
   assert.equal(types.at(-1), 'result');
   assert.ok(types.includes('tool_started'));
   assert.equal(result.text, 'eight');
+});
+
+/** How `promise` settles, or `never settled` after five seconds. */
+function settled(promise) {
+  let timer;
+  const never = new Promise((r) => { timer = setTimeout(() => r({ how: 'never settled' }), 5000); });
+  return Promise.race([
+    promise.then((value) => ({ how: 'resolved', value }), (error) => ({ how: 'rejected', error })),
+    never,
+  ]).finally(() => clearTimeout(timer));
+}
+
+// The engine's own `run`, with a host written against it (not the wrapper's, which hands the
+// engine plain values): what the host's values run when read (a getter, a proxy's trap, a
+// `toString`) may throw, and the run still settles, with the error as its own.
+test('a host whose values throw when read: the run settles', async () => {
+  const engine = await init();
+  const spec = JSON.stringify({
+    model: { provider: 'openai', model: 'm', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'sk-test' },
+    messages: [{ role: 'user', content: 'hi' }],
+    limits: { modelRetries: 0 },
+  });
+  const body = new TextEncoder().encode(
+    '{"choices":[{"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}');
+  // Headers with a getter that throws, and a proxy whose trap throws.
+  const heads = [
+    { 'content-type': 'application/json', get 'x-trap'() { throw new Error('a getter'); } },
+    new Proxy({}, { ownKeys() { throw new Error('a trap'); } }),
+  ];
+  for (const headers of heads) {
+    let sent = false;
+    const host = {
+      http: async () => ({ status: 200, headers, read: async () => (sent ? undefined : ((sent = true), body)) }),
+    };
+    const out = await settled(engine.run(spec, host));
+    assert.equal(out.how, 'resolved', String(out.error ?? out.how));
+    assert.equal(JSON.parse(out.value).text, 'hello');
+  }
+  // A rejection whose message throws when made text.
+  const odd = new Error();
+  Object.defineProperty(odd, 'message', { value: { toString() { throw new Error('formatting'); } } });
+  const failing = { http: async () => { throw odd; } };
+  const out = await settled(engine.run(spec, failing));
+  assert.equal(out.how, 'resolved', String(out.error ?? out.how));
+  const result = JSON.parse(out.value);
+  assert.equal(result.stopReason, 'model_error', JSON.stringify(result.outcome));
+  assert.match(result.outcome.error.message, /http: /);
+});
+
+// A server that streams without end (comments, which make no event): the run ends with the
+// body's limit (32 MiB, as natively), not with the module's memory.
+test('a stream that never ends is cut at the body limit', async () => {
+  const engine = await init();
+  const spec = JSON.stringify({
+    model: { provider: 'openai', model: 'm', baseUrl: 'http://127.0.0.1:9/v1', apiKey: 'sk-test', stream: true },
+    messages: [{ role: 'user', content: 'hi' }],
+    limits: { modelRetries: 0 },
+  });
+  const chunk = new TextEncoder().encode(`: ${'x'.repeat(1 << 20)}\n\n`);
+  let stopped = false;
+  const host = {
+    http: async () => ({
+      status: 200,
+      headers: { 'content-type': 'text/event-stream' },
+      // After other tasks (timers): a body read as fast as it is made would starve them.
+      read: () => new Promise((r) => setImmediate(() => r(stopped ? undefined : chunk))),
+    }),
+  };
+  const out = await settled(engine.run(spec, host));
+  stopped = true;
+  assert.equal(out.how, 'resolved', String(out.error ?? out.how));
+  const result = JSON.parse(out.value);
+  assert.equal(result.stopReason, 'model_error', JSON.stringify(result.outcome));
+  assert.match(result.outcome.error.message, /limit of 33554432 bytes/);
 });

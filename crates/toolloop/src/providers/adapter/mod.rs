@@ -22,7 +22,6 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
 #[cfg(feature = "http")]
-#[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
 use crate::transport::wire::ErrorParser;
 #[cfg(feature = "http")]
