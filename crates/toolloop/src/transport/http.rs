@@ -333,13 +333,19 @@ fn redirect_error(
 impl HttpTransport {
     /// A transport with the default policy and limits.
     pub fn new() -> Self {
-        super::install_tls_provider();
-        // Never reqwest's default client in its place: that one follows redirects.
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(30))
-            .pool_max_idle_per_host(1024)
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
+        // Never reqwest's default client in its place: that one follows redirects. The TLS
+        // configuration reads the system's roots at the first `https://` connection, not here.
+        let client = super::tls::client_config()
+            .map_err(|e| e.to_string())
+            .and_then(|tls| {
+                reqwest::Client::builder()
+                    .connect_timeout(Duration::from_secs(30))
+                    .pool_max_idle_per_host(1024)
+                    .redirect(reqwest::redirect::Policy::none())
+                    .tls_backend_preconfigured(tls)
+                    .build()
+                    .map_err(|e| e.to_string())
+            })
             .map_err(|e| ModelError::Config(format!("the HTTP client could not be built: {e}")));
         HttpTransport {
             client,

@@ -13,6 +13,8 @@ pub mod http;
 #[cfg(feature = "http")]
 pub mod request_log;
 pub mod sse;
+#[cfg(feature = "http")]
+pub mod tls;
 pub mod wire;
 
 /// The process's limit on open files (`RLIMIT_NOFILE`) before and after
