@@ -74,7 +74,8 @@ pub(crate) async fn open_store_with(
 }
 
 /// Closes every store the command opened (see [`Store::close`]): their writes are finished and
-/// a SQLite file's log is copied into it and removed, so the next command opens it at once.
+/// a SQLite file's log is copied into it and removed once it is past 1 MiB, else left for the
+/// next command to read and write on (which saves the disk syncs of copying it at every end).
 pub(crate) async fn close_stores(cx: &Cx) {
     let stores: Vec<Store> = cx
         .stores

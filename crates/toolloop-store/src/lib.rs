@@ -65,8 +65,15 @@
 //!   cut after its tool ran is a side effect repeated on resume: choose
 //!   [`Durability::PowerCut`] for tools whose effects must never repeat after a machine crash.
 //! - **Closing.** [`Store::close`] commits what was handed to the writer and closes the
-//!   connections, for a process about to end: on a SQLite file the last connection to close
-//!   copies the log into the database and removes it, so the next process opens it at once.
+//!   connections, for a process about to end. On a SQLite file whose log (WAL) has grown past
+//!   1 MiB, the last connection to close copies the log into the database and removes it, so
+//!   the next process opens it at once. A shorter log is left in place: its commits are as
+//!   durable there, every connection reads them, and the next process reads it through once
+//!   (well under a millisecond) and appends to it. Copying it in at every close would cost a
+//!   process that makes one run (one `toolloop run`) two syncs of the disk at its end and two
+//!   more at its first commit (a new log, its header and its directory synced), which on a busy
+//!   disk is most of what the store costs it. (A copy of the store made with `cp` while no
+//!   process has it open takes the `-wal` file with the database.)
 //! - **Leases.** [`Journal::acquire`] takes a run for a holder: the lease names the holder's
 //!   host, process and process start time, and has an expiry the store renews in the background
 //!   (every third of [`Store::with_lease_ttl`], 30 s by default) while the run goes on. Another

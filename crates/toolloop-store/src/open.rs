@@ -276,15 +276,23 @@ impl Store {
     /// connections close. On a SQLite file the last connection to close copies the log into
     /// the database and removes it, so the next process to open the store starts at once
     /// instead of reading the log through first (which it must do after a process that did not
-    /// close, as after a crash). Every clone of the store is closed with it.
+    /// close, as after a crash); but a log shorter than 1 MiB is left in place, committed, for
+    /// the next process to read (well under a millisecond) and write on: copying it in costs
+    /// every process that makes a run a few syncs of the disk (see the crate's docs, "Closing").
+    /// Every clone of the store is closed with it.
     pub async fn close(&self) {
         if let Ok(held) = self.inner.held.lock() {
             for h in held.values() {
                 h.stop();
             }
         }
+        // Opened before the others close, and closed after them.
+        #[cfg(feature = "sqlite")]
+        let keeper = self.inner.writer.log_keeper();
         self.inner.writer.close().await;
         on_pool!(&self.inner.pool, p => p.close().await);
+        #[cfg(feature = "sqlite")]
+        drop(keeper);
     }
 
     /// What the store's writer has committed since the store was opened (see [`WriterStats`]).

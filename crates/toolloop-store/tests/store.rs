@@ -1198,7 +1198,7 @@ async fn the_log_is_written_in_order_each_run_linked_and_read_back_by_its_links(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_closed_store_has_committed_everything_and_leaves_no_log_behind() {
+async fn a_closed_store_has_committed_everything() {
     let dir = tempfile::tempdir().unwrap();
     for (kind, store) in stores(&dir).await {
         let run_id = new_run_id();
@@ -1220,13 +1220,69 @@ async fn a_closed_store_has_committed_everything_and_leaves_no_log_behind() {
             .await
             .unwrap_err();
         assert!(err.to_string().contains("closed"), "{kind}: {err}");
-        if kind == "sqlite" {
-            // The last connection copied the log into the database and removed it.
-            let wal = format!("{}-wal", store.location());
-            assert!(!std::path::Path::new(&wal).exists(), "{wal} is left");
-        }
         let again = another_process(kind, &store).await;
         assert_eq!(again.load(&run_id).await.unwrap().len(), 3, "{kind}");
         again.close().await;
     }
+}
+
+/// The length of a SQLite store's log (WAL) file and its inode; `None` when there is none.
+fn log_file(store: &Store) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(format!("{}-wal", store.location())).ok()?;
+    Some((m.len(), m.ino()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn closing_a_sqlite_store_keeps_a_short_log_for_the_next_process_and_copies_a_long_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("closing.db");
+    let path = path.to_str().unwrap();
+    let started = Record::Started {
+        messages: vec![Message::user("go")],
+        output_schema: None,
+    };
+    // A process that makes one run: its short log stays, with what it committed.
+    let first = Store::open(path).await.unwrap();
+    let run_id = new_run_id();
+    first.acquire_new(&run_id, "first").await.unwrap();
+    first.append(&run_id, &started).await.unwrap();
+    first.append(&run_id, &Record::Finished).await.unwrap();
+    first.close().await;
+    let (kept, inode) = log_file(&first).expect("the short log is kept");
+    assert!(kept > 0 && kept < 1 << 20, "{kept} bytes");
+    // The next process reads it, and writes on in the same log (not a new one, whose creation
+    // and header the disk would sync) and leaves it again.
+    let second = Store::open(path).await.unwrap();
+    assert_eq!(second.load(&run_id).await.unwrap().len(), 2);
+    let next = new_run_id();
+    second.acquire_new(&next, "second").await.unwrap();
+    second.append(&next, &started).await.unwrap();
+    second.close().await;
+    let (grown, same) = log_file(&second).expect("the log is kept again");
+    assert_eq!(same, inode, "the log was made anew");
+    assert!(grown > kept, "the log did not grow: {kept} then {grown} bytes");
+    // Past 1 MiB of log, the last connection to close copies it in and removes it, so no
+    // process reads more than that through when it opens the store.
+    let third = Store::open(path).await.unwrap();
+    let long = new_run_id();
+    third.acquire_new(&long, "third").await.unwrap();
+    let body = "x".repeat(1000);
+    let step: Vec<Record> = (0..20)
+        .map(|i| Record::StopChecked {
+            round: i,
+            signal: Some(body.clone()),
+        })
+        .collect();
+    for _ in 0..60 {
+        third.append_all(&long, &step).await.unwrap();
+    }
+    assert!(log_file(&third).is_some_and(|(len, _)| len >= 1 << 20));
+    third.close().await;
+    assert_eq!(log_file(&third), None, "the long log is left");
+    let fourth = Store::open(path).await.unwrap();
+    assert_eq!(fourth.load(&run_id).await.unwrap().len(), 2);
+    assert_eq!(fourth.load(&next).await.unwrap().len(), 1);
+    assert_eq!(fourth.load(&long).await.unwrap().len(), 1200);
+    fourth.close().await;
 }

@@ -382,6 +382,16 @@ impl Writer {
 
     /// Closes the writer: what was queued is committed, and every later append is refused.
     /// Returns once each lane has stopped and closed its connections.
+    /// For a SQLite file whose log is short, the connection that keeps it (see
+    /// [`sqlite::log_keeper`]); `None` otherwise.
+    #[cfg(feature = "sqlite")]
+    pub(crate) fn log_keeper(&self) -> Option<rusqlite::Connection> {
+        match &self.place {
+            Place::File(file) => sqlite::log_keeper(file),
+            _ => None,
+        }
+    }
+
     pub(crate) async fn close(&self) {
         let mut ends = Vec::new();
         for lane in &self.lanes {

@@ -550,6 +550,43 @@ pub(super) fn serve(
     let _ = end.send(());
 }
 
+/// The log's length, in bytes, below which closing the store leaves the log in place (see
+/// [`log_keeper`]). The next process to open the store reads a log this long through once, in
+/// well under a millisecond per MiB from the page cache.
+pub(crate) const KEEP_LOG_BELOW: u64 = 1 << 20;
+
+/// For [`crate::Store::close`]: when the file's log (WAL) is shorter than [`KEEP_LOG_BELOW`], a
+/// connection that holds the file open while the store's other connections close, and closes
+/// last without copying the log into the database (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). The
+/// commits in the log are as durable there as in the database file (the store's
+/// [`crate::Durability`] says how far), and every connection reads them; what is saved is the
+/// checkpoint's syncs of the log and of the database at every close, the removal of the log,
+/// and, at the next process's first commit, the creation of a new log with the syncs of its
+/// header and of its directory: for a process that makes one run, most of the store's cost
+/// on a busy disk. A longer log (or a failure here) is copied in and removed by the last
+/// connection to close, as SQLite does by default, which bounds what the next process reads.
+pub(crate) fn log_keeper(file: &File) -> Option<rusqlite::Connection> {
+    use rusqlite::OpenFlags;
+    use rusqlite::config::DbConfig;
+    let mut log = file.path.clone().into_os_string();
+    log.push("-wal");
+    if std::fs::metadata(&log).ok()?.len() >= KEEP_LOG_BELOW {
+        return None;
+    }
+    let c = rusqlite::Connection::open_with_flags(
+        &file.path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .ok()?;
+    c.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+        .ok()?;
+    // A read opens the log and takes the shared lock that a closing connection checks for
+    // before it checkpoints (it does only when it is the last).
+    c.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+        .ok()?;
+    Some(c)
+}
+
 /// Runs the checkpoints it is asked for, one at a time, until the writer is gone.
 pub(super) fn checkpoint(file: File, asked: std::sync::mpsc::Receiver<()>) {
     let mut conn: Option<rusqlite::Connection> = None;
@@ -576,12 +613,15 @@ pub(super) fn checkpoint(file: File, asked: std::sync::mpsc::Receiver<()>) {
 /// passes [`WAL_AUTOCHECKPOINT`] pages (SQLite's `wal_autocheckpoint`, a safety net that bounds
 /// the log; at SQLite's default of 1,000 it would stall every thousandth page's commit, and with
 /// `synchronous=FULL` sync the database file in it). Instead the writer asks a thread of its own
-/// for a passive checkpoint after its first commit and every [`CHECKPOINT_EVERY`] bytes of
-/// records or [`CHECKPOINT_COMMITS`] commits, whichever comes first (a commit writes at least
+/// for a passive checkpoint every [`CHECKPOINT_EVERY`] bytes of records or
+/// [`CHECKPOINT_COMMITS`] commits, whichever comes first (a commit writes at least
 /// a few pages, whatever its records' size), so the log is copied into the database while
 /// commits go on (a long log makes every read of a page dearer), and the safety net
 /// finds little left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`],
-/// so the end of a burst of writes is not left in the log. A checkpoint copies each page the
+/// so the end of a burst of writes is not left in the log. (Not after the first commit: a
+/// short-lived process, such as one `toolloop run`, would pay a connection and two syncs for
+/// it, and the log it leaves is kept or copied when the store closes: see [`log_keeper`].) A
+/// checkpoint copies each page the
 /// log holds once, however many commits wrote it: the pages that every commit writes (the
 /// runs' tails, the log's last pages) are copied once per checkpoint, so checkpoints a few
 /// megabytes apart cost little more than the records themselves.
@@ -631,10 +671,7 @@ impl Checkpoints {
     fn committed(&mut self, bytes: usize) {
         self.since += bytes;
         self.commits += 1;
-        if self.thread.is_none()
-            || self.since >= CHECKPOINT_EVERY
-            || self.commits >= CHECKPOINT_COMMITS
-        {
+        if self.since >= CHECKPOINT_EVERY || self.commits >= CHECKPOINT_COMMITS {
             self.start();
         }
     }
