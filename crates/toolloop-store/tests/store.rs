@@ -1261,7 +1261,10 @@ async fn closing_a_sqlite_store_keeps_a_short_log_for_the_next_process_and_copie
     second.close().await;
     let (grown, same) = log_file(&second).expect("the log is kept again");
     assert_eq!(same, inode, "the log was made anew");
-    assert!(grown > kept, "the log did not grow: {kept} then {grown} bytes");
+    assert!(
+        grown > kept,
+        "the log did not grow: {kept} then {grown} bytes"
+    );
     // Past 1 MiB of log, the last connection to close copies it in and removes it, so no
     // process reads more than that through when it opens the store.
     let third = Store::open(path).await.unwrap();

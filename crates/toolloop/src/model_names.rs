@@ -6,7 +6,58 @@
 //! ASCII case; failing that, the longest entry that one of them starts with followed by `-` (so
 //! a dated `gpt-4o-2099-01-01` finds `gpt-4o`).
 
+use serde::Deserialize;
+use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash};
+
+/// A built-in table (prices, limits): rows by model name, the names borrowed from the vendored
+/// dataset, under a fast hash (the names are the crate's own data, not an attacker's).
+pub(crate) type Builtin<T> = foldhash::HashMap<Cow<'static, str>, T>;
+
+/// A vendored dataset (`data/*.json`, see `data/README.md`): when it was retrieved, its
+/// columns, and a row of `N` optional figures per model. Read with the names and the date
+/// borrowed from the text (a table of thousands of rows is read at the first lookup of every
+/// process that looks up a price or a limit).
+#[derive(Deserialize)]
+pub(crate) struct Dataset<'a, T> {
+    #[serde(borrow)]
+    pub(crate) retrieved: Cow<'a, str>,
+    #[serde(borrow)]
+    pub(crate) columns: Vec<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub(crate) models: Rows<'a, T>,
+}
+
+/// The rows of a dataset's `models` object, in the file's order.
+pub(crate) struct Rows<'a, T>(pub(crate) Vec<(Cow<'a, str>, T)>);
+
+/// A model name, borrowed from the text when it has no escapes.
+#[derive(Deserialize)]
+struct Name<'a>(#[serde(borrow)] Cow<'a, str>);
+
+impl<'de: 'a, 'a, T: Deserialize<'de>> Deserialize<'de> for Rows<'a, T> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit<'a, T>(std::marker::PhantomData<(&'a (), T)>);
+        impl<'de: 'a, 'a, T: Deserialize<'de>> serde::de::Visitor<'de> for Visit<'a, T> {
+            type Value = Rows<'a, T>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("an object of rows by model name")
+            }
+            fn visit_map<M: serde::de::MapAccess<'de>>(
+                self,
+                mut map: M,
+            ) -> Result<Self::Value, M::Error> {
+                let mut rows = Vec::with_capacity(map.size_hint().unwrap_or(4096));
+                while let Some((Name(name), row)) = map.next_entry::<Name<'de>, T>()? {
+                    rows.push((name, row));
+                }
+                Ok(Rows(rows))
+            }
+        }
+        d.deserialize_map(Visit(std::marker::PhantomData))
+    }
+}
 
 /// The names a model is looked up under, most specific first.
 fn candidates(model: &str) -> Vec<&str> {
@@ -26,7 +77,11 @@ fn candidates(model: &str) -> Vec<&str> {
 }
 
 /// The row of `model` in `table` (see the [module docs](self) for the order of the tries).
-pub(crate) fn lookup<'a, T>(table: &'a HashMap<String, T>, model: &str) -> Option<&'a T> {
+pub(crate) fn lookup<'a, K, T, S>(table: &'a HashMap<K, T, S>, model: &str) -> Option<&'a T>
+where
+    K: Borrow<str> + Hash + Eq,
+    S: BuildHasher,
+{
     let names = candidates(model);
     for name in &names {
         if let Some(p) = table.get(*name) {
@@ -34,7 +89,10 @@ pub(crate) fn lookup<'a, T>(table: &'a HashMap<String, T>, model: &str) -> Optio
         }
     }
     for name in &names {
-        if let Some((_, p)) = table.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)) {
+        if let Some((_, p)) = table
+            .iter()
+            .find(|(k, _)| text(*k).eq_ignore_ascii_case(name))
+        {
             return Some(p);
         }
     }
@@ -42,16 +100,22 @@ pub(crate) fn lookup<'a, T>(table: &'a HashMap<String, T>, model: &str) -> Optio
         let found = table
             .iter()
             .filter(|(k, _)| {
+                let k = text(*k);
                 name.len() > k.len()
                     && name.as_bytes()[..k.len()].eq_ignore_ascii_case(k.as_bytes())
                     && name.as_bytes()[k.len()] == b'-'
             })
-            .max_by_key(|(k, _)| k.len());
+            .max_by_key(|(k, _)| text(*k).len());
         if let Some((_, p)) = found {
             return Some(p);
         }
     }
     None
+}
+
+/// A table's key as text.
+fn text<K: Borrow<str>>(k: &K) -> &str {
+    k.borrow()
 }
 
 #[cfg(test)]

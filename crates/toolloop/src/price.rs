@@ -7,9 +7,10 @@
 //! Users add or override entries with [`PriceTable::insert`] or
 //! [`PriceTable::extend_from_json`] (the command's `--prices FILE`).
 
-use crate::model_names::lookup;
+use crate::model_names::{Builtin, Dataset, lookup};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -83,14 +84,14 @@ pub struct PriceTable {
 const DATASET: &str = include_str!("../data/prices.json");
 
 /// The built-in prices: the dataset, then the hand-checked rows for names it lacks.
-static BUILTIN_TABLE: LazyLock<HashMap<String, Price>> = LazyLock::new(|| {
+static BUILTIN_TABLE: LazyLock<Builtin<Price>> = LazyLock::new(|| {
     let mut table = parse_dataset(DATASET).unwrap_or_else(|e| {
         // The file is checked by a test; a broken build must not crash a run.
         tracing::warn!("the built-in price dataset does not parse: {e}");
-        HashMap::new()
+        Builtin::default()
     });
     for (name, input, output, cache_read, cache_write, source) in BUILTIN {
-        table.entry((*name).to_string()).or_insert_with(|| Price {
+        table.entry(Cow::Borrowed(*name)).or_insert_with(|| Price {
             input: *input,
             output: *output,
             cache_read: *cache_read,
@@ -103,33 +104,30 @@ static BUILTIN_TABLE: LazyLock<HashMap<String, Price>> = LazyLock::new(|| {
 });
 
 /// Reads the vendored dataset's format (see `data/README.md`).
-fn parse_dataset(text: &str) -> Result<HashMap<String, Price>, String> {
-    #[derive(Deserialize)]
-    struct Dataset {
-        retrieved: String,
-        columns: Vec<String>,
-        models: HashMap<String, [Option<f64>; 4]>,
-    }
-    let d: Dataset = serde_json::from_str(text).map_err(|e| e.to_string())?;
+fn parse_dataset(text: &'static str) -> Result<Builtin<Price>, String> {
+    let d: Dataset<[Option<f64>; 4]> = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if d.columns != ["input", "output", "cache_read", "cache_write"] {
         return Err(format!("unexpected columns {:?}", d.columns));
     }
-    Ok(d.models
-        .into_iter()
-        .filter_map(|(name, [input, output, cache_read, cache_write])| {
-            Some((
-                name,
-                Price {
-                    input: input?,
-                    output: output?,
-                    cache_read,
-                    cache_write,
-                    source: DATASET_SOURCE.to_string(),
-                    as_of: d.retrieved.clone(),
-                },
-            ))
-        })
-        .collect())
+    let mut table =
+        Builtin::with_capacity_and_hasher(d.models.0.len() + BUILTIN.len(), Default::default());
+    for (name, [input, output, cache_read, cache_write]) in d.models.0 {
+        let (Some(input), Some(output)) = (input, output) else {
+            continue;
+        };
+        table.insert(
+            name,
+            Price {
+                input,
+                output,
+                cache_read,
+                cache_write,
+                source: DATASET_SOURCE.to_string(),
+                as_of: d.retrieved.to_string(),
+            },
+        );
+    }
+    Ok(table)
 }
 
 const DATASET_SOURCE: &str =

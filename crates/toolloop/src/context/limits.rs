@@ -7,7 +7,7 @@
 //! Users add or override entries with [`LimitTable::insert`] or [`LimitTable::extend_from_json`];
 //! an entry added to a table wins over the built-in one.
 
-use crate::model_names::lookup;
+use crate::model_names::{Builtin, Dataset, lookup};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -61,40 +61,33 @@ const DATASET: &str = include_str!("../../data/limits.json");
 const DATASET_SOURCE: &str =
     "LiteLLM model_prices_and_context_window.json (https://github.com/BerriAI/litellm)";
 
-static BUILTIN_TABLE: LazyLock<HashMap<String, ModelLimits>> = LazyLock::new(|| {
+static BUILTIN_TABLE: LazyLock<Builtin<ModelLimits>> = LazyLock::new(|| {
     parse_dataset(DATASET).unwrap_or_else(|e| {
         // The file is checked by a test; a broken build must not crash a run.
         tracing::warn!("the built-in model limits dataset does not parse: {e}");
-        HashMap::new()
+        Builtin::default()
     })
 });
 
 /// Reads the vendored dataset's format (see `data/README.md`).
-fn parse_dataset(text: &str) -> Result<HashMap<String, ModelLimits>, String> {
-    #[derive(Deserialize)]
-    struct Dataset {
-        retrieved: String,
-        columns: Vec<String>,
-        models: HashMap<String, [Option<u64>; 2]>,
-    }
-    let d: Dataset = serde_json::from_str(text).map_err(|e| e.to_string())?;
+fn parse_dataset(text: &'static str) -> Result<Builtin<ModelLimits>, String> {
+    let d: Dataset<[Option<u64>; 2]> = serde_json::from_str(text).map_err(|e| e.to_string())?;
     if d.columns != ["context_window", "max_output_tokens"] {
         return Err(format!("unexpected columns {:?}", d.columns));
     }
-    Ok(d.models
-        .into_iter()
-        .map(|(name, [context_window, max_output_tokens])| {
-            (
-                name,
-                ModelLimits {
-                    context_window,
-                    max_output_tokens,
-                    source: DATASET_SOURCE.to_string(),
-                    as_of: d.retrieved.clone(),
-                },
-            )
-        })
-        .collect())
+    let mut table = Builtin::with_capacity_and_hasher(d.models.0.len(), Default::default());
+    for (name, [context_window, max_output_tokens]) in d.models.0 {
+        table.insert(
+            name,
+            ModelLimits {
+                context_window,
+                max_output_tokens,
+                source: DATASET_SOURCE.to_string(),
+                as_of: d.retrieved.to_string(),
+            },
+        );
+    }
+    Ok(table)
 }
 
 impl LimitTable {
