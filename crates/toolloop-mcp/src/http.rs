@@ -26,14 +26,14 @@ use std::sync::Arc;
 /// How many redirects are followed (same origin, 307 and 308 only: they keep the body).
 const MAX_REDIRECTS: usize = 10;
 
-/// rmcp's transport for `url` with `headers` on every request. The TLS crypto provider is
-/// rustls's `ring` (installed as the process default when none is).
+/// rmcp's transport for `url` with `headers` on every request. TLS is toolloop's
+/// ([`toolloop::transport::tls::client_config`]): rustls's `ring` (installed as the process
+/// default when none is), the system's roots read at the first `https://` connection, once per
+/// process.
 pub(crate) fn transport(
     url: &str,
     headers: &BTreeMap<String, String>,
 ) -> Result<rmcp::transport::StreamableHttpClientTransport<Guarded>, String> {
-    // reqwest builds its TLS configuration from the process's default provider.
-    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut custom = HashMap::new();
     for (name, value) in headers {
         let header = HeaderName::from_bytes(name.as_bytes())
@@ -43,9 +43,12 @@ pub(crate) fn transport(
         value.set_sensitive(true);
         custom.insert(header, value);
     }
+    let tls = toolloop::transport::tls::client_config()
+        .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .redirect(same_origin_redirects())
+        .tls_backend_preconfigured(tls)
         .build()
         .map_err(|e| format!("cannot make an HTTP client: {e}"))?;
     let config = StreamableHttpClientTransportConfig::with_uri(url)
