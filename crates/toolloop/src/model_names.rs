@@ -140,4 +140,24 @@ mod tests {
         assert_eq!(lookup(&table, "gpt-4oz"), None);
         assert_eq!(lookup(&table, ""), None);
     }
+
+    #[test]
+    fn a_dataset_is_read_with_its_names_borrowed_unless_escaped() {
+        let text = r#"{"retrieved": "2026-01-01", "columns": ["a"],
+            "models": {"gpt-4o": [1], "caf\u00e9": [null], "gpt-4o": [2]}}"#;
+        let d: Dataset<[Option<u8>; 1]> = serde_json::from_str(text).unwrap();
+        assert_eq!(d.retrieved, "2026-01-01");
+        assert_eq!(d.columns, ["a"]);
+        let rows = &d.models.0;
+        assert_eq!(rows.len(), 3);
+        assert!(matches!(rows[0].0, Cow::Borrowed("gpt-4o")));
+        assert!(matches!(&rows[1].0, Cow::Owned(n) if n == "café"));
+        // Later rows of a name win, as in a map read from the same text.
+        let table: Builtin<Option<u8>> = d.models.0.into_iter().map(|(n, [v])| (n, v)).collect();
+        assert_eq!(lookup(&table, "openai:GPT-4o-2024"), Some(&Some(2)));
+        assert_eq!(lookup(&table, "café"), Some(&None));
+        let wrong: Result<Dataset<[Option<u8>; 1]>, _> =
+            serde_json::from_str(r#"{"retrieved": "x", "columns": [], "models": [1]}"#);
+        assert!(wrong.is_err());
+    }
 }
