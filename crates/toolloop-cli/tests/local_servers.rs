@@ -654,3 +654,153 @@ fn native_calling_warns_when_the_server_drops_the_tools() {
     }
     assert_eq!(server.stats().rejected, 0);
 }
+
+/// The test certificates (see `tests/data/tls/README.md`).
+fn tls_file(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/tls")
+        .join(name)
+}
+
+/// A model server on `https://127.0.0.1:PORT` (the test authority's certificate) that answers
+/// every request with `text`; its port.
+fn tls_server(text: &'static str) -> u16 {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = vec![CertificateDer::from_pem_file(tls_file("server.pem")).unwrap()];
+    let key = PrivateKeyDer::from_pem_file(tls_file("server.key")).unwrap();
+    let config = std::sync::Arc::new(
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .unwrap(),
+    );
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming().flatten() {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                // The request: its head, then as many bytes as it says (a client that refused
+                // the certificate ends here).
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                let body_at = loop {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                    if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                        break at + 4;
+                    }
+                };
+                let head = String::from_utf8_lossy(&got[..body_at]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                while got.len() < body_at + length {
+                    match tls.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let body = serde_json::json!({
+                    "id": "tls-1",
+                    "object": "chat.completion",
+                    "created": 0,
+                    "model": "m",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+                })
+                .to_string();
+                let _ = write!(
+                    tls,
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = tls.flush();
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    port
+}
+
+/// The system's root certificates are read at the first `https://` connection only: a system
+/// without any (a slim container) still reaches a model server on `http://`, and an `https://`
+/// server's certificate is checked against the roots the system gives (`SSL_CERT_FILE` here),
+/// refused when they do not vouch for it, with a message naming the roots when there are none.
+#[test]
+fn root_certificates_are_read_for_https_only_and_still_checked() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let server = mock(&rt, MockOptions::default());
+    let no_dir = tempfile::tempdir().unwrap();
+    let run = |base_url: &str, roots: &std::path::Path| {
+        let dir = repo();
+        command(
+            &[
+                "run",
+                "--json",
+                "--no-store",
+                "--connect-retry",
+                "0",
+                "-m",
+                "openai:mock:rounds=0",
+                "--base-url",
+                base_url,
+                "Hello.",
+            ],
+            dir.path(),
+        )
+        .env("SSL_CERT_FILE", roots)
+        .env("SSL_CERT_DIR", no_dir.path())
+        .output()
+        .unwrap()
+    };
+    let none = std::path::Path::new("/dev/null");
+    let out = run(&format!("{}/v1", server.base_url()), none);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json_of(&out)["stop_reason"], "answered");
+
+    let https = format!("https://127.0.0.1:{}/v1", tls_server("over TLS"));
+    let out = run(&https, &tls_file("ca.pem"));
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(json_of(&out)["text"], "over TLS");
+    // A root that did not sign the server's certificate.
+    let out = run(&https, &tls_file("server.pem"));
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json_of(&out);
+    let message = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("certificate") && message.contains("UnknownIssuer"),
+        "{v}\n{}",
+        stderr(&out)
+    );
+    let out = run(&https, none);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let v = json_of(&out);
+    let message = v["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        message.contains("root certificates could not be read")
+            && message.contains("SSL_CERT_FILE"),
+        "{v}\n{}",
+        stderr(&out)
+    );
+}
