@@ -1244,6 +1244,8 @@ async fn closing_a_sqlite_store_keeps_a_short_log_for_the_next_process_and_copie
     };
     // A process that makes one run: its short log stays, with what it committed.
     let first = Store::open(path).await.unwrap();
+    let database = || std::fs::metadata(path).unwrap().len();
+    let made = database();
     let run_id = new_run_id();
     first.acquire_new(&run_id, "first").await.unwrap();
     first.append(&run_id, &started).await.unwrap();
@@ -1265,6 +1267,9 @@ async fn closing_a_sqlite_store_keeps_a_short_log_for_the_next_process_and_copie
         grown > kept,
         "the log did not grow: {kept} then {grown} bytes"
     );
+    // Nothing was copied into the database: neither process checkpointed (not at its first
+    // commit, not at its close), so neither synced the disk for it.
+    assert_eq!(database(), made, "a checkpoint ran");
     // Past 1 MiB of log, the last connection to close copies it in and removes it, so no
     // process reads more than that through when it opens the store.
     let third = Store::open(path).await.unwrap();
