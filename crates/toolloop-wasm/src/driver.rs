@@ -238,6 +238,36 @@ struct ModelCall {
     /// tools. A request carries only what differs, so that the conversation crosses into
     /// JavaScript once, not once per round.
     held: std::cell::RefCell<Held>,
+    /// The machine's [`ViewMark`] for the round's call (set by the driver before it).
+    view_mark: std::cell::Cell<Option<ViewMark>>,
+}
+
+/// What changes when the machine changes messages it already sent (a clearing of old results,
+/// a compaction): between two requests with the same mark the conversation only grew, so the
+/// messages held need no comparing (which would cost the conversation's length each round).
+/// Without a context policy the transcript is only ever appended to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ViewMark {
+    compactions: u32,
+    cleared_upto: usize,
+    native_refused: bool,
+}
+
+impl ViewMark {
+    fn of(machine: &Machine) -> ViewMark {
+        match machine.context_state() {
+            Some(c) => ViewMark {
+                compactions: c.compactions,
+                cleared_upto: c.cleared_upto,
+                native_refused: c.native_refused,
+            },
+            None => ViewMark {
+                compactions: 0,
+                cleared_upto: 0,
+                native_refused: false,
+            },
+        }
+    }
 }
 
 /// See [`ModelCall::held`].
@@ -246,6 +276,8 @@ struct Held {
     messages: Vec<Message>,
     tools: Option<Vec<ToolSpec>>,
     settings: Option<ModelSettings>,
+    /// The machine's mark when the messages were sent.
+    mark: Option<ViewMark>,
 }
 
 /// A request to a JavaScript model, as its wrapper (`npm/toolloop.js`) reads it: it keeps the
@@ -281,15 +313,30 @@ impl<'a> HostRequest<'a> {
 
 impl Held {
     /// The request for `request`, as the difference from what the wrapper holds; what it holds
-    /// then. The common part is found by comparing messages in memory (no encoding, no
-    /// crossing), so the request's cost follows what is new, not the conversation's length.
-    fn request<'a>(&mut self, request: &ModelRequest<'a>) -> HostRequest<'a> {
-        let from = self
-            .messages
-            .iter()
-            .zip(request.messages.iter())
-            .take_while(|(held, sent)| held == sent)
-            .count();
+    /// then. With the same `mark` as the last request's (the conversation only grew), what is
+    /// held is a prefix of it, checked by its last message; otherwise (another mark, or none:
+    /// messages rendered anew each call) the common part is found by comparing messages in
+    /// memory. Either way only what changed is encoded and crosses.
+    fn request<'a>(
+        &mut self,
+        request: &ModelRequest<'a>,
+        mark: Option<ViewMark>,
+    ) -> HostRequest<'a> {
+        let held = self.messages.len();
+        let grown = mark.is_some()
+            && mark == self.mark
+            && held <= request.messages.len()
+            && (held == 0 || request.messages.get(held - 1) == self.messages.last());
+        self.mark = mark;
+        let from = if grown {
+            held
+        } else {
+            self.messages
+                .iter()
+                .zip(request.messages.iter())
+                .take_while(|(held, sent)| held == sent)
+                .count()
+        };
         self.messages.truncate(from);
         let messages: Vec<&Message> = request.messages.iter().skip(from).collect();
         self.messages.extend(messages.iter().map(|&m| m.clone()));
@@ -413,6 +460,7 @@ impl ModelCall {
             stream: spec.stream,
             prompted: spec.prompted,
             held: Default::default(),
+            view_mark: Default::default(),
         })
     }
 
@@ -466,7 +514,9 @@ impl ModelCall {
                 let request = if summary {
                     HostRequest::summary(request)
                 } else {
-                    self.held.borrow_mut().request(request)
+                    // Prompt-based calling renders the messages anew each call: compared.
+                    let mark = self.view_mark.get().filter(|_| self.prompted.is_none());
+                    self.held.borrow_mut().request(request, mark)
                 };
                 let text =
                     serde_json::to_string(&request).map_err(|e| ModelError::Other(e.to_string()));
@@ -737,6 +787,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     settings: &settings,
                 };
                 let events = run.events;
+                model.view_mark.set(Some(ViewMark::of(&run.machine)));
                 // Retries as the native agent's: a retryable failure before any output is
                 // made again after a backoff; a stream that broke after delivering output is
                 // restarted (`model_retry` tells listeners to drop its deltas).
