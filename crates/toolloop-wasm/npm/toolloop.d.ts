@@ -114,7 +114,10 @@ export interface Limits {
  * its messages). Each field is optional (toolloop's defaults otherwise).
  */
 export interface ContextOptions {
-  /** The model's context window in tokens; no compaction is started by the estimate without it. */
+  /**
+   * The model's context window in tokens (default: the window toolloop knows for the
+   * endpoint's model name); no compaction is started by the estimate without one.
+   */
   window?: number;
   /** Compact when the estimated next request passes this share of the window (default 0.8). */
   compactAt?: number;

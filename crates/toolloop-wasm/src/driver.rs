@@ -721,7 +721,20 @@ fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<
 pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, String> {
     let started = now_ms();
     let mut config = spec.limits.config(spec.model.stream);
-    config.context = spec.context.as_ref().map(ContextOptions::policy);
+    if let Some(options) = &spec.context {
+        // As the native agent's: the policy checked, and the model's known window when none
+        // is given.
+        let mut policy = options.policy();
+        policy
+            .validate()
+            .map_err(|e| format!("the context policy: {e}"))?;
+        if policy.window.is_none()
+            && let Some(name) = &spec.model.model
+        {
+            policy.window = toolloop::context::LimitTable::builtin().context_window(name);
+        }
+        config.context = Some(policy);
+    }
     let config = Arc::new(config);
     let model_retries = spec.limits.model_retries.unwrap_or(2);
     let stream_restarts = config.stream_restarts;

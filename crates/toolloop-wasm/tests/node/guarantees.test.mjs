@@ -189,6 +189,14 @@ test('without approve, the run stops awaiting approval; its state goes on with o
   assert.equal(result.text, 'removed it');
 });
 
+test('a context policy that does not hold is refused, naming the field', async () => {
+  const { model } = scripted(['hi']);
+  await assert.rejects(
+    runLoop({ model, messages: [{ role: 'user', content: 'hi' }], context: { compactAt: 3 } }),
+    /the context policy: compact_at is 3/,
+  );
+});
+
 test('the context policy: a long result is spilled and read back with read_result', async () => {
   const long = Array.from({ length: 40 }, (_, i) => `line ${i} of the report`).join('\n');
   let ran = 0;
