@@ -175,6 +175,30 @@ export interface RunOptions {
    * (`outcome.pending_approvals`): resume its `state` with an `approve`.
    */
   approve?: (pending: PendingApproval, context: { signal: AbortSignal }) => ApprovalAnswer | Promise<ApprovalAnswer>;
+  /**
+   * Before each round: strings sent with that round's request only (after the conversation,
+   * never kept in it). A hook that throws adds none.
+   */
+  reminders?: (view: LoopView) => string[] | Promise<string[]>;
+  /**
+   * After every call of a round ran: a signal (any text) ends the run with `terminal_signal`
+   * (`outcome.signal`); `null` goes on. A hook that throws does not stop the run.
+   */
+  stopWhen?: (calls: RoundCall[]) => string | null | undefined | Promise<string | null | undefined>;
+}
+
+/** The loop as the `reminders` hook sees it: the round about to start and what was spent. */
+export interface LoopView {
+  round: number;
+  toolCalls: number;
+  usage: Usage | null;
+  lastCall: ExecutedCall | null;
+}
+
+/** A call of the round and its result (`null`: it did not run: invalid, duplicate, denied). */
+export interface RoundCall {
+  call: ToolCall;
+  result: { ok: { message: string; data?: unknown; [k: string]: unknown } } | { error: string } | null;
 }
 
 export interface ExecutedCall { round: number; call: ToolCall; status: string; content: string; duration_ms: number; attempts: number; [k: string]: unknown }

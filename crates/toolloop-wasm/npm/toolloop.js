@@ -20,7 +20,7 @@ export async function* streamLoop(options) {
 
 /** The loop with an engine already loaded (`engine.run`); shared by both builds. */
 export async function runWith(engine, options) {
-  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve } = options;
+  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen } = options;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
@@ -127,6 +127,20 @@ export async function runWith(engine, options) {
   };
   if (typeof approve === 'function') {
     host.approve = async (pending) => JSON.stringify(toAnswer(await guarded(approve(JSON.parse(pending), { signal: stop.signal }))));
+  }
+  // Hooks, asked by the engine as natively: strings for the next round's request only, and a
+  // signal (text) that ends the run after a round's calls.
+  if (typeof reminders === 'function') {
+    host.reminders = async (view) => {
+      const list = await guarded(Promise.resolve(reminders(JSON.parse(view))));
+      return JSON.stringify(Array.isArray(list) ? list.filter((r) => typeof r === 'string') : []);
+    };
+  }
+  if (typeof stopWhen === 'function') {
+    host.stopWhen = async (calls) => {
+      const signal_ = await guarded(Promise.resolve(stopWhen(JSON.parse(calls))));
+      return JSON.stringify(typeof signal_ === 'string' && signal_ ? signal_ : null);
+    };
   }
   if (onEvent) host.event = (json) => onEvent(JSON.parse(json));
   try {

@@ -693,6 +693,11 @@ impl Run<'_> {
     }
 }
 
+/// The round a [`Step::GetReminders`] is for: the one about to start.
+fn view_round(machine: &Machine) -> u32 {
+    machine.round() + 1
+}
+
 /// The approval subjects of a response's calls, as the machine weighs them: a call of a tool
 /// that needs approval is weighed by its canonical arguments (a JavaScript tool has no subject
 /// of its own, as a native tool has by default); others by nothing (empty when none is).
@@ -761,7 +766,13 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
     let catalog = Arc::new(Catalog::new(entries).map_err(|e| format!("the tools: {e}"))?);
     let specs: Vec<ToolSpec> = catalog.specs().to_vec();
     let model = ModelCall::new(&spec.model)?;
-    let hooks = HookFlags::default();
+    // The hooks the host has: asked by the machine as natively ([`Step::GetReminders`],
+    // [`Step::CheckStop`]).
+    let hooks = HookFlags {
+        reminders: host.has("reminders"),
+        stop_when: host.has("stopWhen"),
+        ..HookFlags::default()
+    };
     let machine = match spec.state {
         Some(state) => Machine::resume(config, hooks, catalog, state),
         None => Machine::new(config, hooks, catalog, spec.messages),
@@ -977,6 +988,61 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                         .map_err(|e| format!("the engine refused to wait for approvals: {e}"))?;
                     run.flush();
                 }
+            }
+            Step::GetReminders => {
+                // The round about to start, as the hook sees it; its strings go with that
+                // round's request only. A hook that fails adds none.
+                let view = run.machine.view();
+                let view = json!({
+                    "round": view.round,
+                    "toolCalls": view.tool_calls,
+                    "usage": view.usage,
+                    "lastCall": view.last_call,
+                })
+                .to_string();
+                let answer = host.hook("reminders", &view).await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let reminders: Vec<String> = answer
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default();
+                let round = view_round(&run.machine);
+                run.feed(Input::RemindersGiven { round, reminders })?;
+            }
+            Step::CheckStop => {
+                // Every call of the round ran: the hook may end the run with a signal (its
+                // text), as `stop_when` does natively. A hook that fails does not stop it.
+                let calls: Vec<Value> = run
+                    .machine
+                    .round_calls()
+                    .iter()
+                    .map(|c| {
+                        json!({
+                            "call": c.call,
+                            "result": match c.result {
+                                Some(Ok(o)) => json!({ "ok": o }),
+                                Some(Err(e)) => json!({ "error": e.message }),
+                                None => Value::Null,
+                            },
+                        })
+                    })
+                    .collect();
+                let answer = host
+                    .hook("stopWhen", &Value::Array(calls).to_string())
+                    .await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let signal: Option<String> = answer
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .flatten();
+                let round = run.machine.round();
+                run.feed(Input::StopChecked { round, signal })?;
             }
             step @ Step::EditContext { .. } => {
                 if let Some(input) = toolloop::context::driver::edits_input(step) {

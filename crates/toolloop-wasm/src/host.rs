@@ -130,6 +130,11 @@ impl Host {
         .await
     }
 
+    /// A hook's answer (JSON text) to its argument (JSON text).
+    pub(crate) async fn hook(&self, name: &str, arg: &str) -> Result<String, String> {
+        self.call_text(name, &[JsValue::from_str(arg)]).await
+    }
+
     /// A person's answer (JSON text of a [`toolloop::approval::Answer`]) on a call that waits
     /// for approval (`pending`: JSON text of a [`toolloop::approval::PendingApproval`]).
     pub(crate) async fn approve(&self, pending: &str) -> Result<String, String> {

@@ -23,6 +23,11 @@
 //!   text of a [`toolloop::approval::PendingApproval`]); resolves to JSON text,
 //!   `{ "answer": "approve" }` or `{ "answer": "deny", "reason": … }`. Without it, such a call
 //!   waits and the run stops with `awaiting_approval`;
+//! - `reminders(view)`, when set: before each round, strings sent with that round's request
+//!   only (`view` is JSON text, `{ round, toolCalls, usage, lastCall }`; the answer JSON text
+//!   of a list of strings);
+//! - `stopWhen(calls)`, when set: after a round's calls ran (`calls` is JSON text,
+//!   `[{ call, result }]`), the signal that ends the run (JSON text of a string), or `null`;
 //! - `sleep(ms)`: resolves after `ms` milliseconds, or sooner when the run is stopped;
 //! - `event(json)`: an event of the run;
 //! - `aborted()`: whether the run must stop: `"timeout"` past its time limit, another true

@@ -37,6 +37,8 @@ export async function demo(signal: AbortSignal): Promise<string> {
     limits: { timeoutMs: 60_000, toolTimeoutMs: 5_000, toolRetries: 1, toolRetryBackoffMs: 100 },
     context: { window: 8192, keepRounds: 4, spillOver: null },
     approve: async ({ call }) => (call.name === 'remove' ? { approved: false, reason: 'not now' } : true),
+    reminders: ({ round }) => [`This is round ${round}.`],
+    stopWhen: (calls) => (calls.some((c) => c.result !== null && 'error' in c.result) ? 'a call failed' : null),
   })) {
     if (isResult(item)) return String(item.result.text);
   }

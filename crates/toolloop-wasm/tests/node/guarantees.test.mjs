@@ -272,3 +272,30 @@ test('the context policy: past the window the conversation is compacted by the m
   assert.ok(after.some((m) => typeof m.content === 'string' && m.content.includes('SUMMARY: fetched several times')), JSON.stringify(after));
   assert.ok(after.length < result.messages.length, 'the model reads the compacted conversation');
 });
+
+test('hooks: reminders go with one round\'s request; stopWhen ends the run with its signal', async () => {
+  const echo = { name: 'echo', description: 'Echoes.', parameters: { type: 'object' }, run: ({ n }) => n };
+  const { model, asked } = scripted([call('echo', { n: 1 }), call('echo', { n: 2 }), call('echo', { n: 3 }), 'done']);
+  const views = [];
+  const result = await runLoop({
+    model, tools: [echo], messages: [{ role: 'user', content: 'go' }],
+    reminders: (view) => { views.push(view); return [`round ${view.round} of 5`]; },
+    stopWhen: (calls) => (calls.some((c) => c.result?.ok?.data === 2) ? 'saw two' : null),
+  });
+  assert.equal(result.stopReason, 'terminal_signal', JSON.stringify(result.outcome));
+  assert.equal(result.outcome.signal, 'saw two');
+  assert.equal(asked.length, 2, 'the run ended after the second round\'s calls');
+  assert.deepEqual(asked.map((r) => r.reminders), [['round 1 of 5'], ['round 2 of 5']]);
+  assert.deepEqual(views.map((v) => v.round), [1, 2]);
+  assert.equal(views[1].toolCalls, 1);
+  assert.ok(!JSON.stringify(result.messages).includes('round 1 of 5'), 'reminders are not kept in the conversation');
+
+  // Hooks that throw: no reminders, no stop.
+  const again = scripted([call('echo', { n: 1 }), 'done']);
+  const r = await runLoop({
+    model: again.model, tools: [echo], messages: [{ role: 'user', content: 'go' }],
+    reminders: () => { throw new Error('broken'); }, stopWhen: () => { throw new Error('broken'); },
+  });
+  assert.equal(r.stopReason, 'answered', JSON.stringify(r.outcome));
+  assert.deepEqual(again.asked.map((q) => q.reminders), [[], []]);
+});
