@@ -291,17 +291,9 @@ pub(crate) fn agent_builder_base(
         .stream(agent.stream)
         .redact(crate::secrets::redactor(cx))
         .approvals(crate::setup::approvals(&agent.approval)?);
-    if let Some(system) = &agent.system {
-        builder = builder.system(system.clone());
-    }
+    builder = model_settings(agent, builder);
     if let Some(t) = agent.timeout {
         builder = builder.timeout(t);
-    }
-    if let Some(t) = agent.temperature {
-        builder = builder.temperature(t);
-    }
-    if let Some(n) = agent.max_output_tokens {
-        builder = builder.max_output_tokens(n);
     }
     if let Some(output) = &agent.output {
         builder = builder.output_schema(output.clone());
@@ -312,6 +304,20 @@ pub(crate) fn agent_builder_base(
         builder = builder.prices(table);
     }
     agent.context.apply(cx, &agent.provider, builder)
+}
+
+/// `agent`'s system prompt and model settings (temperature, most output tokens) on `builder`.
+pub(crate) fn model_settings(agent: &AgentArgs, mut builder: AgentBuilder) -> AgentBuilder {
+    if let Some(system) = &agent.system {
+        builder = builder.system(system.clone());
+    }
+    if let Some(t) = agent.temperature {
+        builder = builder.temperature(t);
+    }
+    if let Some(n) = agent.max_output_tokens {
+        builder = builder.max_output_tokens(n);
+    }
+    builder
 }
 
 /// The built-in price table with the entries of a `--prices` file.

@@ -227,16 +227,7 @@ pub(crate) async fn runner(cx: &Arc<Cx>, agent: &mut AgentArgs) -> Result<Runner
                 if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
                     b = b.approvals(approvals);
                 }
-                if let Some(system) = &settings.system {
-                    b = b.system(system.clone());
-                }
-                if let Some(t) = settings.temperature {
-                    b = b.temperature(t);
-                }
-                if let Some(n) = settings.max_output_tokens {
-                    b = b.max_output_tokens(n);
-                }
-                b
+                crate::setup::model_settings(&settings, b)
             }
         }))
 }
@@ -392,6 +383,20 @@ async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> Result<ExitCode, CliE
     finish(outcome, args.json, args.jsonl, &progress)
 }
 
+/// How a workflow run ended, for messages: its id and status, and the step that failed.
+pub(crate) fn how_it_ended(outcome: &WorkflowOutcome) -> String {
+    format!(
+        "{} {}{}",
+        outcome.workflow_id,
+        outcome.status.as_str(),
+        outcome
+            .failed_step
+            .as_ref()
+            .map(|s| format!(" at step {s}"))
+            .unwrap_or_default()
+    )
+}
+
 fn ctrl_c() -> CancellationToken {
     let cancel = CancellationToken::new();
     let on_ctrl_c = cancel.clone();
@@ -441,16 +446,7 @@ fn finish(
             outln!("{text}");
         }
         if !outcome.success {
-            eprintln!(
-                "toolloop: workflow {} {}{}",
-                outcome.workflow_id,
-                outcome.status.as_str(),
-                outcome
-                    .failed_step
-                    .as_ref()
-                    .map(|s| format!(" at step {s}"))
-                    .unwrap_or_default()
-            );
+            eprintln!("toolloop: workflow {}", how_it_ended(&outcome));
         }
     }
     Ok(match outcome.status {
