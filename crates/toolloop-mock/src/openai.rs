@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
 use super::fault::{Drawn, FaultKind, Protocol};
-use super::response::{Payload, Prepared, SseWriter, to_vec};
+use super::response::{ArgsOnWire, Payload, Prepared, SseWriter};
 use super::scenario::{DropTools, Scenario};
 use super::text::{self, CatalogTool};
 use toolloop::model::ToolSpec;
@@ -977,20 +977,12 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         };
         Payload::Json(super::response::to_vec(&completion))
     };
-    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
-    match ctx.fault {
-        None => prepared,
-        Some(drawn) => {
-            // Where a cut lands in a JSON body: in the first call's arguments (a JSON string on
-            // this wire), else in the text.
-            let (after, needle) = match &reply {
-                Reply::Calls(calls) => calls
-                    .first()
-                    .map(|c| (to_vec(&c.name), to_vec(&c.arguments_json)))
-                    .unwrap_or_default(),
-                Reply::Text(text) => (Vec::new(), to_vec(text)),
-            };
-            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
-        }
-    }
+    Prepared::answer(
+        payload,
+        shared,
+        scenario,
+        ctx.fault,
+        &reply,
+        ArgsOnWire::String,
+    )
 }
