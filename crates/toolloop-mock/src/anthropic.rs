@@ -195,16 +195,10 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
     if request.max_tokens.is_none() {
         return bad("max_tokens: Field required");
     }
-    let scenario = match Scenario::from_model(&request.model) {
+    let scenario = match engine::native_scenario(&request.model) {
         Ok(s) => s,
-        Err(e) => return bad(&format!("model: {}", e.message)),
+        Err(message) => return bad(&message),
     };
-    if scenario.text_calls.is_some() {
-        return bad(
-            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
-             OpenAI-compatible route only (POST /v1/chat/completions)",
-        );
-    }
     let progress = match walk(&request.messages) {
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,

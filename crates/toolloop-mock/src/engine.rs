@@ -186,6 +186,21 @@ pub(crate) struct Call<'a> {
     pub arguments_json: String,
 }
 
+/// The scenario a model name asks for, on a route of a wire with native tool calls; the
+/// message of the wire's 400 when it names no valid scenario, or the text-only mode, which
+/// only the OpenAI-compatible route serves.
+pub(crate) fn native_scenario(model: &str) -> Result<Scenario, String> {
+    let scenario = Scenario::from_model(model).map_err(|e| format!("model: {}", e.message))?;
+    if scenario.text_calls.is_some() {
+        return Err(
+            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+                    OpenAI-compatible route only (POST /v1/chat/completions)"
+                .into(),
+        );
+    }
+    Ok(scenario)
+}
+
 /// What the mock answers.
 pub(crate) enum Reply<'a> {
     Calls(Vec<Call<'a>>),

@@ -200,16 +200,10 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         Ok(r) => r,
         Err(e) => return bad(&format!("Invalid JSON payload received. {e}")),
     };
-    let scenario = match Scenario::from_model(model) {
+    let scenario = match engine::native_scenario(model) {
         Ok(s) => s,
-        Err(e) => return bad(&format!("model: {}", e.message)),
+        Err(message) => return bad(&message),
     };
-    if scenario.text_calls.is_some() {
-        return bad(
-            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
-             OpenAI-compatible route only (POST /v1/chat/completions)",
-        );
-    }
     let progress = match walk(&request.contents) {
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,

@@ -144,6 +144,15 @@ struct ErrorDetail<'a> {
     code: Option<&'a str>,
 }
 
+/// The error of a fault drawn to replace the answer (see [`Prepared::early_fault`]), as OpenAI's
+/// APIs write it: a 429 says `rate_limit_exceeded`.
+pub(crate) fn early_fault(drawn: Drawn, scenario: &Scenario) -> Option<Prepared> {
+    Prepared::early_fault(drawn, scenario, |status, message| {
+        let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
+        error(status, message, None, code)
+    })
+}
+
 /// An error in OpenAI's shape.
 pub(crate) fn error(
     status: StatusCode,
@@ -276,12 +285,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "openai", body);
-    if let Some(early) = fault.and_then(|d| {
-        Prepared::early_fault(d, &scenario, |status, message| {
-            let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
-            error(status, message, None, code)
-        })
-    }) {
+    if let Some(early) = fault.and_then(|d| early_fault(d, &scenario)) {
         return early;
     }
     let ctx = Ctx {

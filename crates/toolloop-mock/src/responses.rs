@@ -194,12 +194,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "responses", body);
-    if let Some(early) = fault.and_then(|d| {
-        Prepared::early_fault(d, &scenario, |status, message| {
-            let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
-            error(status, message, None, code)
-        })
-    }) {
+    if let Some(early) = fault.and_then(|d| super::openai::early_fault(d, &scenario)) {
         return early;
     }
     let choice = request.get("tool_choice");
