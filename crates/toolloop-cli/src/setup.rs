@@ -639,17 +639,7 @@ pub(crate) async fn saved_run(
         )));
     };
     // Credentials were not stored with the run: they must be given again.
-    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
-        Some(Value::Array(fields)) => fields
-            .iter()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if let Some(url) = &base_url {
-        config.insert("base_url".into(), Value::String(url.clone()));
-        removed.retain(|f| f != "base_url");
-    }
+    let removed = restore_credentials(&mut config, base_url.as_deref());
     if !removed.is_empty() {
         let flags: Vec<String> = removed
             .iter()
@@ -690,6 +680,27 @@ pub(crate) async fn saved_run(
     };
     Ok(run_args)
 }
+/// A run's saved settings made whole for a resume: the credentials they were saved without
+/// (see [`crate::durable::CREDENTIALS_REMOVED`]) given again, `base_url` when given. The names
+/// of the fields still missing theirs; empty when none is.
+pub(crate) fn restore_credentials(
+    config: &mut serde_json::Map<String, Value>,
+    base_url: Option<&str>,
+) -> Vec<String> {
+    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
+        Some(Value::Array(fields)) => fields
+            .iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = base_url {
+        config.insert("base_url".into(), Value::String(url.to_string()));
+        removed.retain(|f| f != "base_url");
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -346,17 +346,7 @@ async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> Result<ExitCode, CliE
             args.id
         )));
     };
-    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
-        Some(Value::Array(fields)) => fields
-            .iter()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if let Some(url) = &args.base_url {
-        config.insert("base_url".into(), Value::String(url.clone()));
-        removed.retain(|f| f != "base_url");
-    }
+    let removed = crate::setup::restore_credentials(&mut config, args.base_url.as_deref());
     if !removed.is_empty() {
         return Err(CliError::usage(format!(
             "workflow run {} was started with credentials in --{}, which are never stored; give \
