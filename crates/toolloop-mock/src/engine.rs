@@ -633,6 +633,22 @@ mod tests {
     }
 
     #[test]
+    fn the_native_wires_refuse_text_only_mode_and_bad_scenarios() {
+        assert_eq!(
+            native_scenario("mock:text_calls=qwen3-coder")
+                .err()
+                .as_deref(),
+            Some(
+                "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+                 OpenAI-compatible route only (POST /v1/chat/completions)"
+            )
+        );
+        let bad = native_scenario("mock:rounds=x").unwrap_err();
+        assert!(bad.starts_with("model: "), "{bad}");
+        assert!(native_scenario("mock:rounds=2").is_ok());
+    }
+
+    #[test]
     fn distinct_calls_number_their_first_string_argument() {
         let schema = json!({"type": "object", "properties": {
             "n": {"type": "integer"}, "path": {"type": "string"}}});
