@@ -160,7 +160,12 @@ mod lite {
 
         fn compile(&mut self, pattern: &str) -> Result<(), String> {
             if !self.patterns.contains_key(pattern) {
-                let re = regex::Regex::new(pattern)
+                // ECMA-262, as JSON Schema reads patterns (`\d` and `\w` are ASCII there),
+                // translated for `regex` the way `jsonschema` translates it natively.
+                let translated = jsonschema_regex::to_rust_regex(pattern).map_err(|()| {
+                    format!("the pattern `{pattern}` is not a regular expression read here")
+                })?;
+                let re = regex::Regex::new(&translated)
                     .map_err(|e| format!("the pattern `{pattern}` is not read here: {e}"))?;
                 self.patterns.insert(pattern.to_string(), re);
             }
@@ -300,11 +305,10 @@ mod lite {
                             format!("{value} is greater than or equal to the maximum of {m}"),
                         );
                     }
-                    if let Some(m) = num("multipleOf").filter(|m| *m > 0.0) {
-                        let q = x / m;
-                        if !q.is_finite() || (q - q.round()).abs() > 1e-9 * q.abs().max(1.0) {
-                            push(out, most, path, format!("{value} is not a multiple of {m}"));
-                        }
+                    if let Some(m) = num("multipleOf").filter(|m| *m > 0.0)
+                        && !is_multiple_of(n, m)
+                    {
+                        push(out, most, path, format!("{value} is not a multiple of {m}"));
                     }
                 }
                 Value::String(text) => {
@@ -609,6 +613,63 @@ mod lite {
         }
     }
 
+    /// Whether `n` is a multiple of `m` (positive), as `jsonschema` reads it: exactly for
+    /// integers, and for a fractional `m` in the decimals both numbers print as (`0.3` is a
+    /// multiple of `0.1`, though not in binary).
+    fn is_multiple_of(n: &serde_json::Number, m: f64) -> bool {
+        if m.fract() == 0.0 {
+            if m <= 9_007_199_254_740_992.0 {
+                // `m` is a whole number of at most 2^53: exact.
+                if let Some(v) = n.as_u64() {
+                    return v % (m as u64) == 0;
+                }
+                if let Some(v) = n.as_i64() {
+                    return v % (m as i64) == 0;
+                }
+            }
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            return x.fract() == 0.0 && x % m == 0.0;
+        }
+        let x = n.as_f64().unwrap_or(f64::NAN);
+        if x == 0.0 {
+            return true;
+        }
+        if !(x.abs() >= m) {
+            return false;
+        }
+        let (Some((xm, xd)), Some((mm, md))) = (decimal(x), decimal(m)) else {
+            return false;
+        };
+        // x / m = (xm · 10^md) / (mm · 10^xd); cancel the shared power of ten first.
+        let shared = xd.min(md);
+        if md > shared {
+            // mm divides xm · 10^(md - shared) exactly when it divides it modulo mm.
+            let mm = mm.unsigned_abs();
+            let mut ten = 1u128 % mm;
+            for _ in 0..(md - shared) {
+                ten = ten * 10 % mm;
+            }
+            xm.unsigned_abs() % mm * ten % mm == 0
+        } else {
+            // (xm) / (mm · 10^(xd - shared)): a divisor past `i128` is larger than xm.
+            let divisor = u32::try_from(xd - shared)
+                .ok()
+                .and_then(|p| 10u128.checked_pow(p))
+                .and_then(|p| p.checked_mul(mm.unsigned_abs()));
+            divisor.is_some_and(|d| xm.unsigned_abs() % d == 0)
+        }
+    }
+
+    /// A finite `f64` as the shortest decimal that reads back as it: `mantissa / 10^decimals`.
+    fn decimal(x: f64) -> Option<(i128, i32)> {
+        let text = format!("{x:e}");
+        let (digits, exponent) = text.split_once('e')?;
+        let exponent: i32 = exponent.parse().ok()?;
+        let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+        let mantissa: i128 = format!("{whole}{fraction}").parse().ok()?;
+        Some((mantissa, i32::try_from(fraction.len()).ok()? - exponent))
+    }
+
     /// JSON equality, with numbers equal by value (`1` and `1.0`).
     fn same(a: &Value, b: &Value) -> bool {
         match (a, b) {
@@ -747,6 +808,415 @@ mod lite {
             ] {
                 let e = Lite::new(&schema).err().expect("refused");
                 assert!(e.contains(words), "{e}");
+            }
+        }
+    }
+
+    /// `Lite` against the `jsonschema` crate: on every schema both read, they accept the same
+    /// values.
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    mod agreement {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::json;
+
+        /// Whether both checkers give the same verdict on `value` (`Ok` when `jsonschema`
+        /// does not read the schema); the error names the schema, the value and each verdict.
+        fn agree(schema: &Value, value: &Value) -> Result<(), String> {
+            let Ok(native) = jsonschema::validator_for(schema) else {
+                return Ok(());
+            };
+            let lite = Lite::new(schema)
+                .map_err(|e| format!("lite refuses {schema} that jsonschema reads: {e}"))?;
+            let native = native.is_valid(value);
+            let ours = lite.problems(value, 1);
+            if native == ours.is_empty() {
+                Ok(())
+            } else {
+                Err(format!(
+                    "schema {schema}\nvalue {value}\njsonschema valid: {native}\nlite: {ours:?}"
+                ))
+            }
+        }
+
+        /// Property names the schemas below use, so that generated objects meet them.
+        const KEYS: [&str; 6] = ["a", "b", "c", "kind", "x1", "é"];
+        /// Patterns both checkers read (the ASCII classes `\d` and `\w` included).
+        const PATTERNS: [&str; 7] = ["^a", "^[a-c]+$", r"\d", r"^\w+$", "x[0-9]$", "^$", "é"];
+
+        /// Numbers at the boundaries the schemas below use, and hard ones for floats.
+        fn number() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    json!(0),
+                    json!(-0.0),
+                    json!(1),
+                    json!(1.0),
+                    json!(-1),
+                    json!(2),
+                    json!(2.5),
+                    json!(3),
+                    json!(0.1),
+                    json!(0.3),
+                    json!(0.30000000000000004),
+                    json!(0.5),
+                    json!(7),
+                    json!(10),
+                    json!(1e300),
+                    json!(1e-300),
+                    json!(u64::MAX),
+                    json!(i64::MIN),
+                    json!(9_007_199_254_740_993_u64),
+                    json!(4.000_000_000_000_001),
+                ]),
+                any::<i64>().prop_map(|n| json!(n)),
+                (-20i32..20).prop_map(|n| json!(n)),
+                (-40i32..40).prop_map(|n| json!(f64::from(n) / 4.0)),
+                any::<f64>()
+                    .prop_filter("finite", |x| x.is_finite())
+                    .prop_map(|x| json!(x)),
+            ]
+        }
+
+        fn string() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "",
+                    "a",
+                    "ab",
+                    "abc",
+                    "abcd",
+                    "A",
+                    "1",
+                    "x1",
+                    "x٣",
+                    "٣",
+                    "é",
+                    "ab_1",
+                    "kind",
+                    "\u{1F600}",
+                    "a\nb",
+                ])
+                .prop_map(String::from),
+                prop::sample::select(KEYS.to_vec()).prop_map(String::from),
+                "[a-c1٣é_ ]{0,5}",
+                any::<String>(),
+            ]
+        }
+
+        /// JSON values, mostly made of the numbers, strings and keys the schemas use.
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                number(),
+                string().prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                    prop::collection::vec(
+                        (
+                            prop_oneof![
+                                3 => prop::sample::select(KEYS.to_vec()).prop_map(String::from),
+                                1 => string(),
+                            ],
+                            inner
+                        ),
+                        0..5
+                    )
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn small() -> impl Strategy<Value = Value> {
+            (0u64..4).prop_map(|n| json!(n))
+        }
+
+        fn keys() -> impl Strategy<Value = Value> {
+            prop::collection::vec(prop::sample::select(KEYS.to_vec()), 0..3).prop_map(|k| json!(k))
+        }
+
+        /// A schema with one keyword that takes no subschema.
+        fn leaf_schema() -> BoxedStrategy<Value> {
+            let types = prop::sample::select(vec![
+                "null", "boolean", "object", "array", "string", "number", "integer",
+            ]);
+            let limit = prop::sample::select(vec![
+                json!(0),
+                json!(1),
+                json!(2.5),
+                json!(-1),
+                json!(7),
+                json!(0.3),
+            ]);
+            let multiple = prop::sample::select(vec![
+                json!(0.5),
+                json!(2),
+                json!(3),
+                json!(0.1),
+                json!(0.01),
+                json!(1e-3),
+                json!(1.5),
+            ]);
+            prop_oneof![
+                any::<bool>().prop_map(Value::Bool),
+                types.clone().prop_map(|t| json!({ "type": t })),
+                (types.clone(), types).prop_map(|(a, b)| json!({ "type": [a, b] })),
+                prop::collection::vec(value(), 0..4).prop_map(|e| json!({ "enum": e })),
+                value().prop_map(|c| json!({ "const": c })),
+                (
+                    prop::sample::select(vec![
+                        "minimum",
+                        "maximum",
+                        "exclusiveMinimum",
+                        "exclusiveMaximum"
+                    ]),
+                    limit
+                )
+                    .prop_map(|(k, n)| json!({ k: n })),
+                multiple.prop_map(|m| json!({ "multipleOf": m })),
+                (
+                    prop::sample::select(vec![
+                        "minLength",
+                        "maxLength",
+                        "minItems",
+                        "maxItems",
+                        "minProperties",
+                        "maxProperties"
+                    ]),
+                    small()
+                )
+                    .prop_map(|(k, n)| json!({ k: n })),
+                prop::sample::select(PATTERNS.to_vec()).prop_map(|p| json!({ "pattern": p })),
+                any::<bool>().prop_map(|u| json!({ "uniqueItems": u })),
+                keys().prop_map(|k| json!({ "required": k })),
+                (prop::sample::select(KEYS.to_vec()), keys())
+                    .prop_map(|(k, r)| json!({ "dependentRequired": { k: r } })),
+                prop::sample::select(vec!["email", "date", "uri", "ipv4"])
+                    .prop_map(|f| json!({ "format": f })),
+                Just(json!({ "$ref": "#/$defs/d" })),
+            ]
+            .boxed()
+        }
+
+        /// Small schemas built from the keywords `Lite` checks; `#/$defs/d` is defined.
+        fn schema() -> impl Strategy<Value = Value> {
+            let tree = leaf_schema().prop_recursive(3, 16, 3, |inner| {
+                let key = prop::sample::select(KEYS.to_vec());
+                let list = prop::collection::vec(inner.clone(), 1..3);
+                prop_oneof![
+                    (key.clone(), inner.clone())
+                        .prop_map(|(k, s)| json!({ "properties": { k: s } })),
+                    (prop::sample::select(PATTERNS.to_vec()), inner.clone())
+                        .prop_map(|(p, s)| json!({ "patternProperties": { p: s } })),
+                    inner
+                        .clone()
+                        .prop_map(|s| json!({ "additionalProperties": s })),
+                    (key.clone(), inner.clone(), inner.clone()).prop_map(|(k, s, a)| json!({
+                        "properties": { k: s },
+                        "additionalProperties": a
+                    })),
+                    inner.clone().prop_map(|s| json!({ "propertyNames": s })),
+                    (key, inner.clone()).prop_map(|(k, s)| json!({ "dependentSchemas": { k: s } })),
+                    inner.clone().prop_map(|s| json!({ "items": s })),
+                    (list.clone(), prop::option::of(inner.clone())).prop_map(|(p, rest)| {
+                        let mut s = json!({ "prefixItems": p });
+                        if let Some(rest) = rest {
+                            s["items"] = rest;
+                        }
+                        s
+                    }),
+                    (
+                        inner.clone(),
+                        prop::option::of(small()),
+                        prop::option::of(small())
+                    )
+                        .prop_map(|(c, least, most)| {
+                            let mut s = json!({ "contains": c });
+                            if let Some(n) = least {
+                                s["minContains"] = n;
+                            }
+                            if let Some(n) = most {
+                                s["maxContains"] = n;
+                            }
+                            s
+                        }),
+                    list.clone().prop_map(|l| json!({ "allOf": l })),
+                    list.clone().prop_map(|l| json!({ "anyOf": l })),
+                    list.prop_map(|l| json!({ "oneOf": l })),
+                    inner.clone().prop_map(|s| json!({ "not": s })),
+                    (
+                        inner.clone(),
+                        prop::option::of(inner.clone()),
+                        prop::option::of(inner.clone())
+                    )
+                        .prop_map(|(i, t, e)| {
+                            let mut s = json!({ "if": i });
+                            if let Some(t) = t {
+                                s["then"] = t;
+                            }
+                            if let Some(e) = e {
+                                s["else"] = e;
+                            }
+                            s
+                        }),
+                    // Two schemas' keywords in one object.
+                    (inner.clone(), inner).prop_map(|(a, b)| match (a, b) {
+                        (Value::Object(mut a), Value::Object(b)) => {
+                            a.extend(b);
+                            Value::Object(a)
+                        }
+                        (a, _) => a,
+                    }),
+                ]
+            });
+            // `#/$defs/d` may be referred to from the tree, not from itself.
+            let defs = leaf_schema()
+                .prop_filter("no reference", |s| s.get("$ref").is_none())
+                .prop_recursive(2, 6, 2, |inner| {
+                    prop_oneof![
+                        inner.clone().prop_map(|s| json!({ "items": s })),
+                        (prop::sample::select(KEYS.to_vec()), inner.clone())
+                            .prop_map(|(k, s)| json!({ "properties": { k: s } })),
+                        prop::collection::vec(inner, 1..3).prop_map(|l| json!({ "anyOf": l })),
+                    ]
+                });
+            (tree, defs).prop_map(|(tree, d)| match tree {
+                Value::Object(mut s) => {
+                    s.insert("$defs".into(), json!({ "d": d }));
+                    Value::Object(s)
+                }
+                other => other,
+            })
+        }
+
+        /// Schemas written out for each keyword `Lite` checks, with values at their edges.
+        fn written_schemas() -> Vec<Value> {
+            vec![
+                json!({"type": "integer"}),
+                json!({"type": ["string", "null"]}),
+                json!({"enum": [1, "a", [1], {"a": 1}, null]}),
+                json!({"const": {"a": [1, 2.0]}}),
+                json!({"minimum": 1, "maximum": 7}),
+                json!({"exclusiveMinimum": 0, "exclusiveMaximum": 2.5}),
+                json!({"minimum": 9_007_199_254_740_993_u64}),
+                json!({"maximum": -9_007_199_254_740_993_i64}),
+                json!({"multipleOf": 0.1}),
+                json!({"multipleOf": 0.01}),
+                json!({"multipleOf": 3}),
+                json!({"multipleOf": 1e-3}),
+                json!({"type": "integer", "multipleOf": 0.5}),
+                json!({"minLength": 2, "maxLength": 3}),
+                json!({"pattern": r"^\d+$"}),
+                json!({"pattern": r"^\w+$"}),
+                json!({"pattern": "x[0-9]$"}),
+                json!({"format": "email"}),
+                json!({"minItems": 1, "maxItems": 3, "uniqueItems": true}),
+                json!({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false}),
+                json!({"items": {"type": "number"}}),
+                json!({"contains": {"type": "integer"}, "minContains": 2, "maxContains": 3}),
+                json!({"contains": {"const": 1}, "minContains": 0}),
+                json!({
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                    "patternProperties": {"^x": {"type": "number"}, r"\d": {"minimum": 0}},
+                    "additionalProperties": false,
+                    "required": ["a"]
+                }),
+                json!({"additionalProperties": {"type": "string"}}),
+                json!({"minProperties": 1, "maxProperties": 2}),
+                json!({"propertyNames": {"pattern": "^[a-c]+$"}}),
+                json!({"dependentRequired": {"a": ["b", "c"]}}),
+                json!({"dependentSchemas": {"a": {"required": ["kind"]}}}),
+                json!({"allOf": [{"minimum": 0}, {"multipleOf": 2}]}),
+                json!({"anyOf": [{"type": "string"}, {"type": "integer"}]}),
+                json!({"oneOf": [{"minimum": 0}, {"maximum": 10}]}),
+                json!({"not": {"type": "object"}}),
+                json!({
+                    "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                    "then": {"required": ["a"]},
+                    "else": {"required": ["b"]}
+                }),
+                json!({
+                    "$defs": {"node": {"type": "object", "properties": {"a": {"$ref": "#/$defs/node"}}}},
+                    "$ref": "#/$defs/node"
+                }),
+                json!({"definitions": {"n": {"type": "array", "items": {"$ref": "#"}}}, "anyOf": [{"type": "integer"}, {"$ref": "#/definitions/n"}]}),
+                json!({"$defs": {"a b": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/a%20b"}}}),
+                // Draft 4–7 forms.
+                json!({"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}}),
+                json!({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"], "b": {"required": ["c"]}}}),
+                json!({"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": true}),
+                json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}),
+                json!({"dependencies": {"a": ["b"]}}),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn written_schemas_agree_with_jsonschema(
+                which in any::<prop::sample::Index>(),
+                value in value(),
+            ) {
+                let schemas = written_schemas();
+                let schema = which.get(&schemas);
+                prop_assert!(agree(schema, &value).is_ok(), "{}", agree(schema, &value).unwrap_err());
+            }
+
+            #[test]
+            fn generated_schemas_agree_with_jsonschema(schema in schema(), value in value()) {
+                prop_assert!(agree(&schema, &value).is_ok(), "{}", agree(&schema, &value).unwrap_err());
+            }
+        }
+
+        /// What the properties above found `Lite` getting wrong, each with `Lite`'s own verdict.
+        #[test]
+        fn divergences_found_are_fixed() {
+            for (schema, value, valid) in [
+                // Patterns are ECMA-262: `\w` and `\d` are ASCII.
+                (json!({"pattern": r"^\w+$"}), json!("٣"), false),
+                (json!({"pattern": r"^\d$"}), json!("٣"), false),
+                (json!({"pattern": r"^\d$"}), json!("3"), true),
+                (
+                    json!({"patternProperties": {r"^\w$": false}}),
+                    json!({"é": 1}),
+                    true,
+                ),
+                // `multipleOf` is exact, not within a tolerance.
+                (
+                    json!({"multipleOf": 3}),
+                    json!(370_488_982_361_164_u64),
+                    false,
+                ),
+                (
+                    json!({"multipleOf": 3}),
+                    json!(370_488_982_361_163_u64),
+                    true,
+                ),
+                (
+                    json!({"multipleOf": 0.5}),
+                    json!(-5.408_438_092_510_351e-53),
+                    false,
+                ),
+                (json!({"multipleOf": 0.1}), json!(0.3), true),
+                (json!({"multipleOf": 0.1}), json!(0.35), false),
+                (json!({"multipleOf": 1e-3}), json!(1e300), true),
+            ] {
+                agree(&schema, &value).unwrap();
+                let ours = Lite::new(&schema).unwrap().problems(&value, 1);
+                assert_eq!(ours.is_empty(), valid, "{schema} {value}: {ours:?}");
+            }
+        }
+
+        #[test]
+        fn every_written_schema_is_read_by_both() {
+            for schema in written_schemas() {
+                assert!(jsonschema::validator_for(&schema).is_ok(), "{schema}");
+                assert!(Lite::new(&schema).is_ok(), "{schema}");
             }
         }
     }
