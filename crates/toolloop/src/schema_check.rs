@@ -4,14 +4,18 @@
 //! compact checker of its own, so that the module stays small: the `jsonschema` crate with its
 //! regular-expression engines, big numbers and bundled meta-schemas is about half the module.
 //! It checks the keywords of JSON Schema's validation vocabulary (`type`, `enum`, `const`, the
-//! numeric, string, array and object keywords, `pattern` and `patternProperties` with the
-//! `regex` crate, `allOf`/`anyOf`/`oneOf`/`not`, `if`/`then`/`else`, `dependentRequired`,
-//! `dependentSchemas`, draft 4–7's `dependencies` and tuple `items`) and follows references
-//! inside the schema (`#`, `#/$defs/…`, `#/definitions/…`). `format` is an annotation, as it
-//! is natively by default. A schema that uses what it does not check (`unevaluatedProperties`,
-//! `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, a reference to another document, a
-//! pattern the `regex` crate does not read) is refused when the tools are set, naming the
-//! keyword: never accepted and left unchecked.
+//! numeric, string, array and object keywords, `pattern` and `patternProperties` as ECMA-262
+//! patterns translated for the `regex` crate as `jsonschema` translates them,
+//! `allOf`/`anyOf`/`oneOf`/`not`, `if`/`then`/`else`, `dependentRequired`,
+//! `dependentSchemas`, draft 4–7's `dependencies` and tuple `items`) as the draft the root's
+//! `$schema` names has them (2020-12 when it names none), and follows references inside the
+//! schema (`#`, `#/$defs/…`, `#/definitions/…`). `format` is an annotation, as it is natively
+//! for 2019-09 and 2020-12 (natively, draft 4–7 schemas assert it: the one difference left). A
+//! schema that uses what it does not check (`unevaluatedProperties`, `unevaluatedItems`,
+//! `$dynamicRef`, `$recursiveRef`, a reference to another document or under a nested `$id`, a
+//! reference that comes back to itself for the same value, a pattern the `regex` crate does
+//! not read) is refused when the tools are set, naming the keyword: never accepted and left
+//! unchecked. The tests' `agreement` module checks both accept the same values.
 
 use serde_json::Value;
 
@@ -51,6 +55,43 @@ impl Checker {
         {
             self.inner.problems(value, most)
         }
+    }
+}
+
+/// Whether the WebAssembly build's checker gives `value` the verdict (valid or not) that the
+/// native one, the `jsonschema` crate, gives it against `schema`. `Ok` when they agree, when
+/// `jsonschema` does not read the schema, or when the WebAssembly checker refuses it by name
+/// (a keyword, pattern or reference it does not check); otherwise the error shows the schema,
+/// the value and both verdicts. For tests and the `schema_agreement` fuzz target.
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
+pub fn webassembly_checker_agrees(schema: &Value, value: &Value) -> Result<(), String> {
+    let Ok(native) = jsonschema::validator_for(schema) else {
+        return Ok(());
+    };
+    let lite = match lite::Lite::new(schema) {
+        Ok(lite) => lite,
+        Err(e)
+            if [
+                "WebAssembly build",
+                "pattern",
+                "reference",
+                "nested too deeply",
+            ]
+            .iter()
+            .any(|named| e.contains(named)) =>
+        {
+            return Ok(());
+        }
+        Err(e) => return Err(format!("lite refuses {schema} that jsonschema reads: {e}")),
+    };
+    let native = native.is_valid(value);
+    let ours = lite.problems(value, 1);
+    if native == ours.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema {schema}\nvalue {value}\njsonschema valid: {native}\nlite: {ours:?}"
+        ))
     }
 }
 
@@ -1048,30 +1089,7 @@ mod lite {
         use proptest::prelude::*;
         use serde_json::json;
 
-        /// Whether both checkers give the same verdict on `value` (`Ok` when `jsonschema`
-        /// does not read the schema); the error names the schema, the value and each verdict.
-        fn agree(schema: &Value, value: &Value) -> Result<(), String> {
-            let Ok(native) = jsonschema::validator_for(schema) else {
-                return Ok(());
-            };
-            let lite = match Lite::new(schema) {
-                Ok(lite) => lite,
-                // Refused by name: what it does not check.
-                Err(e) if e.contains("WebAssembly build") || e.contains("pattern") => {
-                    return Ok(());
-                }
-                Err(e) => return Err(format!("lite refuses {schema} that jsonschema reads: {e}")),
-            };
-            let native = native.is_valid(value);
-            let ours = lite.problems(value, 1);
-            if native == ours.is_empty() {
-                Ok(())
-            } else {
-                Err(format!(
-                    "schema {schema}\nvalue {value}\njsonschema valid: {native}\nlite: {ours:?}"
-                ))
-            }
-        }
+        use crate::schema_check::webassembly_checker_agrees as agree;
 
         /// Property names the schemas below use, so that generated objects meet them.
         const KEYS: [&str; 6] = ["a", "b", "c", "kind", "x1", "é"];
