@@ -867,7 +867,7 @@ mod lite {
         if x == 0.0 {
             return true;
         }
-        if !(x.abs() >= m) {
+        if x.is_nan() || x.abs() < m {
             return false;
         }
         let (Some((xm, xd)), Some((mm, md))) = (decimal(x), decimal(m)) else {
