@@ -13,6 +13,10 @@
 //! per-round cost).
 //!
 //! Run: `cargo bench -p toolloop --bench loop_cost`
+//!
+//! For a profiler, `LOOP_COST_SIDE=with` (or `without`, `view`) runs only that side of the
+//! context policy's comparison (300 rounds, `LOOP_COST_RUNS` runs, default 20) and prints its
+//! per-round cost: `LOOP_COST_SIDE=with valgrind --tool=callgrind target/release/deps/loop_cost-…`.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -115,6 +119,34 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // The context policy's own cost: the view, the estimate, the spill check (nothing is
+    // spilled) and the clearing of old results, in batches (every 8 rounds, the 8 rounds
+    // before the last 8), with no window (no compaction).
+    let policy = ContextPolicy {
+        window: None,
+        keep_rounds: 8,
+        ..ContextPolicy::default()
+    };
+    // The same without clearing: the view and the estimate alone.
+    let view_only = ContextPolicy {
+        keep_rounds: 0,
+        ..policy.clone()
+    };
+    if let Ok(side) = std::env::var("LOOP_COST_SIDE") {
+        let runs = std::env::var("LOOP_COST_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(20);
+        let context = match side.as_str() {
+            "with" => Some(policy),
+            "view" => Some(view_only),
+            "without" => None,
+            other => panic!("LOOP_COST_SIDE is `with`, `view` or `without`, not `{other}`"),
+        };
+        let ns = per_round_ns_with(&rt, 300, runs, context);
+        println!("{side}: {:.2} µs per round at 300 rounds", ns / 1000.0);
+        return;
+    }
     // warm up
     per_round_ns(&rt, 100, 3);
     let base = per_round_ns(&rt, 10, 200);
@@ -131,19 +163,6 @@ fn main() {
         };
         println!("{rounds:>8} {:>14.2} {:>18.2}", ns / 1000.0, ns / base);
     }
-    // The context policy's own cost: the view, the estimate, the spill check (nothing is
-    // spilled) and the clearing of old results, in batches (every 8 rounds, the 8 rounds
-    // before the last 8), with no window (no compaction).
-    let policy = ContextPolicy {
-        window: None,
-        keep_rounds: 8,
-        ..ContextPolicy::default()
-    };
-    // The same without clearing: the view and the estimate alone.
-    let view_only = ContextPolicy {
-        keep_rounds: 0,
-        ..policy.clone()
-    };
     let (mut without, mut with, mut viewed) = (f64::MAX, f64::MAX, f64::MAX);
     for _ in 0..5 {
         without = without.min(per_round_ns_with(&rt, 300, 20, None));
