@@ -227,21 +227,23 @@ pub fn cleared_stub(name: &str, call_id: &str, bytes: usize) -> String {
             break;
         }
     }
-    // ASCII digits.
-    let bytes = std::str::from_utf8(&digits[at..]).unwrap_or_default();
+    let digits = &digits[at..];
     let pieces = [
         "[result of `",
         &name,
         "` (call ",
         &call_id,
         ") cleared from the context to save space: ",
-        bytes,
-        " bytes]",
     ];
-    let mut stub = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    let mut stub = String::with_capacity(
+        pieces.iter().map(|p| p.len()).sum::<usize>() + digits.len() + " bytes]".len(),
+    );
     for p in pieces {
         stub.push_str(p);
     }
+    // ASCII digits, one `char` each.
+    stub.extend(digits.iter().map(|&d| char::from(d)));
+    stub.push_str(" bytes]");
     stub
 }
 

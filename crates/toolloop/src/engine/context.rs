@@ -583,9 +583,7 @@ impl Machine {
         // them when the `keep`-th before the boundary is one, an O(1) check every round.
         let clear_before = match c.turns.len().checked_sub(keep) {
             Some(boundary)
-                if keep > 0
-                    && boundary >= keep
-                    && c.turns[boundary - keep] >= c.cleared_upto =>
+                if keep > 0 && boundary >= keep && c.turns[boundary - keep] >= c.cleared_upto =>
             {
                 c.turns[boundary].max(c.cleared_upto)
             }
@@ -707,20 +705,45 @@ impl Machine {
             .context
             .as_ref()
             .is_some_and(ContextPolicy::native_clears);
-        for i in c.cleared_upto.min(edits.clear_before)..edits.clear_before {
-            let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i) else {
-                continue;
-            };
-            let bytes = r.content.len();
-            if let Some(stub_len) = policy::shorter_stub_len(&r.name, &r.call_id, bytes) {
+        // First the estimate, in one pass over the view's messages (nothing is built: a
+        // result no longer than its stub stays as it is); then, when the machine clears them
+        // itself and some shrink, their stubs, in place.
+        let range = c.cleared_upto.min(edits.clear_before)..edits.clear_before;
+        let mut shrinking = 0;
+        for m in c.view(&self.state.messages).slice(range.clone()) {
+            if let Message::Tool(r) = m
+                && let Some(stub) = policy::shorter_stub_len(&r.name, &r.call_id, r.content.len())
+            {
                 self.estimate.tokens.remove_size(Size::of_text(&r.content));
                 self.estimate.tokens.add_size(Size {
-                    bytes: stub_len as u64,
+                    bytes: stub as u64,
                     images: 0,
                 });
-                if !native {
-                    let stub = policy::cleared_stub(&r.name, &r.call_id, bytes);
-                    c.replace(i, replaced(r, stub, false));
+                shrinking += 1;
+            }
+        }
+        if !native && shrinking > 0 {
+            c.edited.reserve(shrinking);
+            // The usual batch: transcript messages that no edit touched, with none after
+            // them, so that their stubs follow the edits in order.
+            let own = c.head.len();
+            let usual = (range.start >= own
+                && c.edited.last().is_none_or(|(i, _)| *i < range.start))
+            .then(|| c.shared_from + (range.start - own))
+            .and_then(|from| self.state.messages.get(from..from + range.len()));
+            if let Some(tail) = usual {
+                c.edited
+                    .extend(tail.iter().enumerate().filter_map(|(k, m)| match m {
+                        Message::Tool(r) => cleared(r).map(|stub| (range.start + k, stub)),
+                        _ => None,
+                    }));
+            } else {
+                for i in range {
+                    if let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i)
+                        && let Some(stub) = cleared(r)
+                    {
+                        c.replace(i, stub);
+                    }
                 }
             }
         }
