@@ -256,6 +256,11 @@ pub fn cleared_stub_len(name: &str, call_id: &str, bytes: usize) -> usize {
         + decimal_len(bytes)
 }
 
+/// The digits of `n` in decimal.
+fn decimal_len(n: usize) -> usize {
+    crate::context::estimate::decimal_len(n as u64) as usize
+}
+
 /// The length of [`cleared_stub`]`(name, call_id, bytes)` when it is shorter than the
 /// `bytes` of the result it would replace (clearing the result saves something), else `None`.
 /// A result no longer than the shortest stub is known not to shrink at once.
@@ -285,16 +290,6 @@ fn shortened_len(text: &str, max_chars: usize) -> usize {
             end + "…[".len() + decimal_len(rest) + " more characters]".len()
         }
     }
-}
-
-/// The digits of `n` in decimal.
-fn decimal_len(mut n: usize) -> usize {
-    let mut len = 1;
-    while n >= 10 {
-        n /= 10;
-        len += 1;
-    }
-    len
 }
 
 /// What the model reads of a spilled result: its first and last `preview` bytes (cut at
