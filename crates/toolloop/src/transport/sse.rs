@@ -3,7 +3,8 @@
 //! Bytes go in as they arrive, in chunks of any size; complete events come out. Comment lines
 //! (starting with `:`) are skipped, `event:` lines are optional, several `data:` lines join with
 //! `\n`, and both `\n` and `\r\n` line ends are accepted. A `[DONE]` marker is passed through as
-//! data; callers decide what it means.
+//! data; callers decide what it means. [`SseDecoder::push_each`] lends each event to a closure
+//! instead of returning copies: the adapters read streams that way, without allocating per event.
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
