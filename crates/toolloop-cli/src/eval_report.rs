@@ -113,6 +113,16 @@ pub(crate) fn print_table(summary: &[Value], results: &[Value]) {
 /// `s` for XML text and attributes: the five special characters escaped, and the characters
 /// XML 1.0 cannot hold (most control characters) replaced by U+FFFD.
 fn xml(s: &str) -> String {
+    escape(s, "&apos;", |c| {
+        ((c as u32) < 0x20 && !matches!(c, '\t' | '\n' | '\r'))
+            || c == '\u{FFFE}'
+            || c == '\u{FFFF}'
+    })
+}
+
+/// `s` with `&`, `<`, `>`, `"` escaped, `'` written as `apos`, and the characters `unfit` for
+/// the markup replaced by U+FFFD.
+fn escape(s: &str, apos: &str, unfit: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         match c {
@@ -120,9 +130,8 @@ fn xml(s: &str) -> String {
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
             '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&apos;"),
-            '\t' | '\n' | '\r' => out.push(c),
-            c if (c as u32) < 0x20 || c == '\u{FFFE}' || c == '\u{FFFF}' => out.push('\u{FFFD}'),
+            '\'' => out.push_str(apos),
+            c if unfit(c) => out.push('\u{FFFD}'),
             c => out.push(c),
         }
     }
@@ -192,19 +201,7 @@ pub(crate) fn junit(report: &Value) -> String {
 
 /// `s` for HTML text and attribute values.
 fn h(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            '\0' => out.push('\u{FFFD}'),
-            c => out.push(c),
-        }
-    }
-    out
+    escape(s, "&#39;", |c| c == '\0')
 }
 
 /// The longest text of one message in a transcript.
@@ -571,4 +568,22 @@ pub(crate) fn compare(args: &CompareArgs) -> Result<ExitCode, CliError> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{h, xml};
+
+    #[test]
+    fn xml_and_html_escape_what_each_cannot_hold() {
+        let s = "a&b<c>d\"e'f\tg\nh\ri\u{0}j\u{1b}k\u{FFFE}l\u{FFFF}m";
+        assert_eq!(
+            xml(s),
+            "a&amp;b&lt;c&gt;d&quot;e&apos;f\tg\nh\ri\u{FFFD}j\u{FFFD}k\u{FFFD}l\u{FFFD}m"
+        );
+        assert_eq!(
+            h(s),
+            "a&amp;b&lt;c&gt;d&quot;e&#39;f\tg\nh\ri\u{FFFD}j\u{1b}k\u{FFFE}l\u{FFFF}m"
+        );
+    }
 }

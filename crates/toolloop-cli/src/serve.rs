@@ -614,6 +614,27 @@ pub(crate) async fn run_keyed(
     Ok(outcome)
 }
 
+/// Serves `app` on `listener` until the process is asked to stop ([`shutdown_signal`]), then
+/// cancels `stop`, which ends the server's accepting of connections. The server's task is
+/// returned, to wait for the connections still open.
+pub(crate) async fn serve_until_signal(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    stop: &tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let server = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop.cancelled_owned())
+                .await
+        })
+    };
+    shutdown_signal().await;
+    stop.cancel();
+    server
+}
+
 /// Resolves when the process is asked to stop: SIGTERM, or Ctrl-C (SIGINT).
 pub(crate) async fn shutdown_signal() {
     #[cfg(unix)]

@@ -291,17 +291,9 @@ pub(crate) fn agent_builder_base(
         .stream(agent.stream)
         .redact(crate::secrets::redactor(cx))
         .approvals(crate::setup::approvals(&agent.approval)?);
-    if let Some(system) = &agent.system {
-        builder = builder.system(system.clone());
-    }
+    builder = model_settings(agent, builder);
     if let Some(t) = agent.timeout {
         builder = builder.timeout(t);
-    }
-    if let Some(t) = agent.temperature {
-        builder = builder.temperature(t);
-    }
-    if let Some(n) = agent.max_output_tokens {
-        builder = builder.max_output_tokens(n);
     }
     if let Some(output) = &agent.output {
         builder = builder.output_schema(output.clone());
@@ -312,6 +304,20 @@ pub(crate) fn agent_builder_base(
         builder = builder.prices(table);
     }
     agent.context.apply(cx, &agent.provider, builder)
+}
+
+/// `agent`'s system prompt and model settings (temperature, most output tokens) on `builder`.
+pub(crate) fn model_settings(agent: &AgentArgs, mut builder: AgentBuilder) -> AgentBuilder {
+    if let Some(system) = &agent.system {
+        builder = builder.system(system.clone());
+    }
+    if let Some(t) = agent.temperature {
+        builder = builder.temperature(t);
+    }
+    if let Some(n) = agent.max_output_tokens {
+        builder = builder.max_output_tokens(n);
+    }
+    builder
 }
 
 /// The built-in price table with the entries of a `--prices` file.
@@ -633,17 +639,7 @@ pub(crate) async fn saved_run(
         )));
     };
     // Credentials were not stored with the run: they must be given again.
-    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
-        Some(Value::Array(fields)) => fields
-            .iter()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if let Some(url) = &base_url {
-        config.insert("base_url".into(), Value::String(url.clone()));
-        removed.retain(|f| f != "base_url");
-    }
+    let removed = restore_credentials(&mut config, base_url.as_deref());
     if !removed.is_empty() {
         let flags: Vec<String> = removed
             .iter()
@@ -684,6 +680,27 @@ pub(crate) async fn saved_run(
     };
     Ok(run_args)
 }
+/// A run's saved settings made whole for a resume: the credentials they were saved without
+/// (see [`crate::durable::CREDENTIALS_REMOVED`]) given again, `base_url` when given. The names
+/// of the fields still missing theirs; empty when none is.
+pub(crate) fn restore_credentials(
+    config: &mut serde_json::Map<String, Value>,
+    base_url: Option<&str>,
+) -> Vec<String> {
+    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
+        Some(Value::Array(fields)) => fields
+            .iter()
+            .filter_map(|f| f.as_str().map(str::to_string))
+            .collect(),
+        _ => Vec::new(),
+    };
+    if let Some(url) = base_url {
+        config.insert("base_url".into(), Value::String(url.to_string()));
+        removed.retain(|f| f != "base_url");
+    }
+    removed
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

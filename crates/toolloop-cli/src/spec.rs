@@ -14,10 +14,22 @@ use toolloop::providers::scripted::ScriptedModel;
 use toolloop::providers::test_model::{TestAnswer, TestModel};
 use toolloop::ptk::{Auto, Prompted};
 
-/// Sets `--connect-retry` on a provider's transport.
-fn connect_retry(args: &ProviderArgs, transport: &mut toolloop::transport::http::HttpTransport) {
+/// Sets up a provider's transport from the command (`--debug-requests`, the cassette of
+/// `--record`, `--connect-retry`), and notes its key, so that answers repeating it are redacted
+/// ([`crate::secrets::note_key`]).
+fn connect(
+    cx: &Cx,
+    args: &ProviderArgs,
+    transport: &mut toolloop::transport::http::HttpTransport,
+    api_key: Option<&str>,
+) {
+    transport.debug_log = cx.debug_log.clone();
+    transport.cassette = cx.record.cassette();
     if let Some(wait) = args.connect_retry {
         transport.connect_retry = wait;
+    }
+    if let Some(key) = api_key {
+        crate::secrets::note_key(cx, key);
     }
 }
 
@@ -143,7 +155,6 @@ pub(crate) fn model_from_args_named(
 /// are redacted ([`crate::secrets::note_key`]), and the variable it came from is kept from
 /// child processes (a run resumed from the store names it only now).
 fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliError> {
-    let debug_log = cx.debug_log.as_ref();
     if let Some(var) = &args.api_key_env {
         toolloop::redact::mark_secret_env_name(var);
     }
@@ -181,12 +192,7 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = cx.record.cassette();
-            connect_retry(args, &mut config.transport);
-            if let Some(key) = &config.api_key {
-                crate::secrets::note_key(cx, key);
-            }
+            connect(cx, args, &mut config.transport, config.api_key.as_deref());
             // A compatible server may drop the catalog without a word; OpenAI's own API does not.
             let compatible = !config.is_openai();
             let model: Arc<dyn Model> = Arc::new(OpenAiModel::new(config));
@@ -213,12 +219,7 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = cx.record.cassette();
-            connect_retry(args, &mut config.transport);
-            if let Some(key) = &config.api_key {
-                crate::secrets::note_key(cx, key);
-            }
+            connect(cx, args, &mut config.transport, config.api_key.as_deref());
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
@@ -237,12 +238,7 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = cx.record.cassette();
-            connect_retry(args, &mut config.transport);
-            if let Some(key) = &config.api_key {
-                crate::secrets::note_key(cx, key);
-            }
+            connect(cx, args, &mut config.transport, config.api_key.as_deref());
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -261,12 +257,7 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             .map_err(cfg_err)?;
             config.extra = args.extra.as_deref().cloned();
             config.validate().map_err(cfg_err)?;
-            config.transport.debug_log = debug_log.cloned();
-            config.transport.cassette = cx.record.cassette();
-            connect_retry(args, &mut config.transport);
-            if let Some(key) = &config.api_key {
-                crate::secrets::note_key(cx, key);
-            }
+            connect(cx, args, &mut config.transport, config.api_key.as_deref());
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(CliError::usage(format!(

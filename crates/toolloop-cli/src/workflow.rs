@@ -227,16 +227,7 @@ pub(crate) async fn runner(cx: &Arc<Cx>, agent: &mut AgentArgs) -> Result<Runner
                 if let Ok(approvals) = crate::setup::approvals(&settings.approval) {
                     b = b.approvals(approvals);
                 }
-                if let Some(system) = &settings.system {
-                    b = b.system(system.clone());
-                }
-                if let Some(t) = settings.temperature {
-                    b = b.temperature(t);
-                }
-                if let Some(n) = settings.max_output_tokens {
-                    b = b.max_output_tokens(n);
-                }
-                b
+                crate::setup::model_settings(&settings, b)
             }
         }))
 }
@@ -355,17 +346,7 @@ async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> Result<ExitCode, CliE
             args.id
         )));
     };
-    let mut removed: Vec<String> = match config.remove(crate::durable::CREDENTIALS_REMOVED) {
-        Some(Value::Array(fields)) => fields
-            .iter()
-            .filter_map(|f| f.as_str().map(str::to_string))
-            .collect(),
-        _ => Vec::new(),
-    };
-    if let Some(url) = &args.base_url {
-        config.insert("base_url".into(), Value::String(url.clone()));
-        removed.retain(|f| f != "base_url");
-    }
+    let removed = crate::setup::restore_credentials(&mut config, args.base_url.as_deref());
     if !removed.is_empty() {
         return Err(CliError::usage(format!(
             "workflow run {} was started with credentials in --{}, which are never stored; give \
@@ -390,6 +371,20 @@ async fn resume(cx: &Arc<Cx>, args: WorkflowResumeArgs) -> Result<ExitCode, CliE
         .log(log);
     let outcome = runner.resume(&args.id, ctrl_c()).await;
     finish(outcome, args.json, args.jsonl, &progress)
+}
+
+/// How a workflow run ended, for messages: its id and status, and the step that failed.
+pub(crate) fn how_it_ended(outcome: &WorkflowOutcome) -> String {
+    format!(
+        "{} {}{}",
+        outcome.workflow_id,
+        outcome.status.as_str(),
+        outcome
+            .failed_step
+            .as_ref()
+            .map(|s| format!(" at step {s}"))
+            .unwrap_or_default()
+    )
 }
 
 fn ctrl_c() -> CancellationToken {
@@ -441,16 +436,7 @@ fn finish(
             outln!("{text}");
         }
         if !outcome.success {
-            eprintln!(
-                "toolloop: workflow {} {}{}",
-                outcome.workflow_id,
-                outcome.status.as_str(),
-                outcome
-                    .failed_step
-                    .as_ref()
-                    .map(|s| format!(" at step {s}"))
-                    .unwrap_or_default()
-            );
+            eprintln!("toolloop: workflow {}", how_it_ended(&outcome));
         }
     }
     Ok(match outcome.status {

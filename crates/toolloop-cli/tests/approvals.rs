@@ -4,33 +4,13 @@
 //! failure" end to end.
 
 mod common;
-use common::{command, json_of, toolloop};
+use common::{Transcript, call, command, json_of, scripted_mock, stderr, toolloop};
 
 use serde_json::{Value, json};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::process::{Output, Stdio};
-use std::time::{Duration, Instant};
-use toolloop_mock::{MockOptions, MockServer, ScriptCall};
-
-fn call(name: &str, arguments: Value) -> ScriptCall {
-    ScriptCall {
-        name: name.into(),
-        arguments,
-    }
-}
-
-fn mock(rt: &tokio::runtime::Runtime, script: Vec<Vec<ScriptCall>>) -> MockServer {
-    rt.block_on(toolloop_mock::start(MockOptions {
-        script,
-        ..MockOptions::default()
-    }))
-    .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
+use std::time::Duration;
 
 fn run(dir: &Path, url: &str, flags: &[&str]) -> Output {
     let base = format!("{url}/v1");
@@ -50,7 +30,7 @@ fn run(dir: &Path, url: &str, flags: &[&str]) -> Output {
 #[test]
 fn rules_allow_and_deny_and_without_a_terminal_an_unruled_call_is_denied() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![
             vec![
@@ -110,7 +90,7 @@ fn rules_allow_and_deny_and_without_a_terminal_an_unruled_call_is_denied() {
 #[test]
 fn deferred_approvals_are_decided_and_resumed_across_processes() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![
             vec![call(
@@ -210,7 +190,7 @@ fn deferred_approvals_are_decided_and_resumed_across_processes() {
 #[test]
 fn keys_are_absent_from_a_commands_environment() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![call("run_command", json!({"command": ["printenv"]}))]],
     );
@@ -254,7 +234,7 @@ fn keys_are_absent_from_a_commands_environment() {
 #[test]
 fn run_the_tests_and_fix_the_failure_end_to_end() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![
             vec![call("run_command", json!({"command": ["sh", "check.sh"]}))],
@@ -352,7 +332,7 @@ fn killed_while_asking_on_a_terminal_resume_asks_again() {
         );
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![call(
             "run_command",
@@ -386,37 +366,15 @@ fn killed_while_asking_on_a_terminal_resume_asks_again() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stdout.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = String::new();
-    let wait_for = |seen: &mut String, what: &str| {
-        let start = Instant::now();
-        while !seen.contains(what) {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "no `{what}` in: {seen}"
-            );
-            if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
-                seen.push_str(&String::from_utf8_lossy(&b));
-            }
-        }
-    };
-    wait_for(&mut seen, "allow? [y]es");
-    assert!(seen.contains("touch asked.txt"), "{seen}");
+    let mut screen = Transcript::of(child.stdout.take().unwrap());
+    screen.wait_for("allow? [y]es", 1, Duration::from_secs(30));
+    assert!(screen.seen.contains("touch asked.txt"), "{}", screen.seen);
     let pid = toolloop_pid(child.id()).expect("toolloop runs under script");
     // SAFETY: a plain kill(2) of a process this test started.
     unsafe {
         libc_kill(pid, 9);
     }
-    wait_for(&mut seen, "EXIT=");
+    screen.wait_for("EXIT=", 1, Duration::from_secs(30));
     let _ = child.stdin.take().map(|mut s| s.write_all(b""));
     let _ = child.wait();
     assert!(!dir.path().join("asked.txt").exists());
@@ -475,7 +433,7 @@ fn which(program: &str) -> String {
 fn ask_and_deny_rules_win_over_every_spelling() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let rm = which("rm");
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call(
@@ -589,7 +547,7 @@ fn ask_and_deny_rules_win_over_every_spelling() {
 #[test]
 fn a_rule_for_a_tool_not_offered_is_warned_about() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(&rt, Vec::new());
+    let server = scripted_mock(&rt, Vec::new());
     let dir = tempfile::tempdir().unwrap();
     let out = run(
         dir.path(),
@@ -646,7 +604,7 @@ fn always_covers_later_calls_on_the_same_subject_as_the_question_says() {
         );
     }
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![
             vec![call(
@@ -689,53 +647,32 @@ fn always_covers_later_calls_on_the_same_subject_as_the_question_says() {
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-    std::thread::spawn(move || {
-        let mut buf = [0u8; 4096];
-        while let Ok(n) = stdout.read(&mut buf) {
-            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                break;
-            }
-        }
-    });
-    let mut seen = String::new();
-    let wait_for = |seen: &mut String, what: &str, count: usize| {
-        let start = Instant::now();
-        while seen.matches(what).count() < count {
-            assert!(
-                start.elapsed() < Duration::from_secs(30),
-                "no `{what}` (x{count}) in: {seen}"
-            );
-            if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
-                seen.push_str(&String::from_utf8_lossy(&b));
-            }
-        }
-    };
+    let mut screen = Transcript::of(child.stdout.take().unwrap());
     let question = "allow? [y]es / [n]o / [a]lways";
-    wait_for(&mut seen, question, 1);
+    screen.wait_for(question, 1, Duration::from_secs(30));
     // The question may arrive in pieces: wait for its end before reading it whole.
-    wait_for(&mut seen, "(whatever the content)", 1);
+    screen.wait_for("(whatever the content)", 1, Duration::from_secs(30));
     assert!(
-        seen.contains(
+        screen.seen.contains(
             "[a]lways: yes, and to every later `write_file` call on `notes/a.txt` in this run \
              (whatever the content)"
         ),
-        "{seen}"
+        "{}",
+        screen.seen
     );
     stdin.write_all(b"a\n").unwrap();
     stdin.flush().unwrap();
     // The second write (same file, another spelling, other content) is not asked about; the
     // third (another file) is.
-    wait_for(&mut seen, question, 2);
-    assert!(seen.contains("notes/b.txt"), "{seen}");
+    screen.wait_for(question, 2, Duration::from_secs(30));
+    assert!(screen.seen.contains("notes/b.txt"), "{}", screen.seen);
     stdin.write_all(b"n\n").unwrap();
     stdin.flush().unwrap();
-    wait_for(&mut seen, "EXIT=", 1);
+    screen.wait_for("EXIT=", 1, Duration::from_secs(30));
     drop(stdin);
     let _ = child.wait();
-    assert!(seen.contains("EXIT=0"), "{seen}");
-    assert_eq!(seen.matches(question).count(), 2, "{seen}");
+    assert!(screen.seen.contains("EXIT=0"), "{}", screen.seen);
+    assert_eq!(screen.seen.matches(question).count(), 2, "{}", screen.seen);
     assert_eq!(
         std::fs::read_to_string(dir.path().join("notes/a.txt")).unwrap(),
         "two"
@@ -751,7 +688,7 @@ fn always_covers_later_calls_on_the_same_subject_as_the_question_says() {
 fn a_link_made_in_the_same_round_does_not_slip_past_a_rule() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let rm = which("rm");
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call("run_command", json!({"command": ["ln", "-s", rm, "del"]})),

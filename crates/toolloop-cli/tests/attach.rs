@@ -2,7 +2,7 @@
 //! the session, and a file that is not an image is a usage error before any model call.
 
 mod common;
-use common::{json_of, repo, toolloop};
+use common::{json_of, mock, repo, toolloop};
 
 /// The eight bytes that open every PNG file, then the start of its header chunk.
 const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0\0\0";
@@ -10,9 +10,7 @@ const PNG: &[u8] = b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\0\x01\0\0\0\x01\x08\x06\0
 #[test]
 fn attached_images_reach_every_provider_and_stay_in_the_session() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt
-        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-        .unwrap();
+    let server = mock(&rt);
     let base = server.base_url();
     let dir = repo();
     std::fs::write(dir.path().join("shot.png"), PNG).unwrap();
@@ -72,9 +70,7 @@ fn attached_images_reach_every_provider_and_stay_in_the_session() {
 #[test]
 fn what_is_not_an_image_is_refused_before_any_model_call() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt
-        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-        .unwrap();
+    let server = mock(&rt);
     let url = format!("{}/v1", server.base_url());
     let dir = repo();
     for (attach, expected) in [

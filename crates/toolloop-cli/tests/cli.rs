@@ -1,7 +1,7 @@
 //! The `toolloop` command, run as a user would.
 
 mod common;
-use common::{json_of, repo, toolloop};
+use common::{json_of, mock, repo, toolloop};
 
 #[test]
 fn test_model_runs_offline_and_answers() {
@@ -180,9 +180,7 @@ fn write_file_is_offered_only_with_allow_write() {
 #[test]
 fn every_provider_completes_a_multi_round_parallel_scenario_against_the_mock() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt
-        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-        .unwrap();
+    let server = mock(&rt);
     let base = server.base_url();
     let dir = repo();
     for (provider, url, extra) in [

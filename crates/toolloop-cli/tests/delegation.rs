@@ -5,31 +5,31 @@
 //! own tools, so one script drives parent and child.
 
 mod common;
-use common::{command, json_of, toolloop};
+use common::{call, command, json_of, scripted_mock, stderr, toolloop};
 
 use serde_json::{Value, json};
 use std::path::Path;
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
-use toolloop_mock::{MockOptions, MockServer, ScriptCall};
 
-fn call(name: &str, arguments: Value) -> ScriptCall {
-    ScriptCall {
-        name: name.into(),
-        arguments,
-    }
-}
-
-fn mock(rt: &tokio::runtime::Runtime, script: Vec<Vec<ScriptCall>>) -> MockServer {
-    rt.block_on(toolloop_mock::start(MockOptions {
-        script,
-        ..MockOptions::default()
-    }))
-    .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
+/// `toolloop run OUTPUT` of the agent `boss` of `agents` on the mock at `base`, with `flags`,
+/// asked to "go".
+fn boss<'a>(base: &'a str, agents: &'a str, output: &'a str, flags: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        "run",
+        output,
+        "--model",
+        "openai:mock",
+        "--base-url",
+        base,
+        "--agents",
+        agents,
+        "--agent",
+        "boss",
+    ];
+    args.extend_from_slice(flags);
+    args.push("go");
+    args
 }
 
 /// `boss` delegates to `payer`, which has the tool `tool`.
@@ -59,7 +59,7 @@ max_rounds = 4
 #[test]
 fn a_childs_call_that_needs_approval_is_deferred_approved_and_the_run_finishes() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call("payer", json!({"task": "pay the bill"})),
@@ -70,24 +70,18 @@ fn a_childs_call_that_needs_approval_is_deferred_approved_and_the_run_finishes()
     let agents = agents_file(dir.path(), "run_command");
     let base = format!("{}/v1", server.base_url());
     let out = toolloop(
-        &[
-            "run",
-            "--json",
-            "--model",
-            "openai:mock",
-            "--base-url",
+        &boss(
             &base,
-            "--agents",
             &agents,
-            "--agent",
-            "boss",
-            "--allow-commands",
-            // Sandboxed commands run unasked: this rule asks about touch.
-            "--ask",
-            "run_command:touch *",
-            "--defer-approvals",
-            "go",
-        ],
+            "--json",
+            &[
+                "--allow-commands",
+                // Sandboxed commands run unasked: this rule asks about touch.
+                "--ask",
+                "run_command:touch *",
+                "--defer-approvals",
+            ],
+        ),
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
@@ -140,7 +134,7 @@ fn effect_lines(path: &Path) -> usize {
 #[test]
 fn a_kill_inside_a_child_then_resume_repeats_no_model_call_and_no_side_effect() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call("payer", json!({"task": "pay the bill"})),
@@ -152,21 +146,7 @@ fn a_kill_inside_a_child_then_resume_repeats_no_model_call_and_no_side_effect() 
     let effects = dir.path().join("effects.txt");
     let base = format!("{}/v1", server.base_url());
     let mut child = command(
-        &[
-            "run",
-            "--json",
-            "--model",
-            "openai:mock",
-            "--base-url",
-            &base,
-            "--agents",
-            &agents,
-            "--agent",
-            "boss",
-            "--session",
-            "kill-in-child",
-            "go",
-        ],
+        &boss(&base, &agents, "--json", &["--session", "kill-in-child"]),
         dir.path(),
     )
     .env("OPENAI_API_KEY", "test")
@@ -230,7 +210,7 @@ fn a_kill_inside_a_child_then_resume_repeats_no_model_call_and_no_side_effect() 
 #[test]
 fn agents_are_offered_as_tools_and_a_recursive_definition_is_refused() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![call("helper", json!({"task": "read the README"}))]],
     );
@@ -333,7 +313,7 @@ tools = ["a"]
 #[test]
 fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call("payer", json!({"task": "pay the bill"})),
@@ -345,21 +325,7 @@ fn delegated_work_is_a_tree_in_runs_and_folded_in_sessions_show() {
     let effects = dir.path().join("effects.txt");
     let base = format!("{}/v1", server.base_url());
     let out = command(
-        &[
-            "run",
-            "--jsonl",
-            "--model",
-            "openai:mock",
-            "--base-url",
-            &base,
-            "--agents",
-            &agents,
-            "--agent",
-            "boss",
-            "--session",
-            "folded",
-            "go",
-        ],
+        &boss(&base, &agents, "--jsonl", &["--session", "folded"]),
         dir.path(),
     )
     .env("OPENAI_API_KEY", "test")
@@ -435,7 +401,7 @@ fn a_childs_commands_run_in_the_runs_sandbox() {
     let write = |name: &str| json!({"command": ["sh", "-c", format!("echo pwned > '{}'", outside.join(name).display())]});
     let mut leave = write("left");
     leave["sandbox"] = json!(false);
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![
             vec![
@@ -454,21 +420,12 @@ fn a_childs_commands_run_in_the_runs_sandbox() {
     let agents = agents_file(&root, "run_command");
     let base = format!("{}/v1", server.base_url());
     let out = toolloop(
-        &[
-            "run",
-            "--json",
-            "--model",
-            "openai:mock",
-            "--base-url",
+        &boss(
             &base,
-            "--agents",
             &agents,
-            "--agent",
-            "boss",
-            "--allow-commands",
-            "--allow-shell",
-            "go",
-        ],
+            "--json",
+            &["--allow-commands", "--allow-shell"],
+        ),
         &root,
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -490,7 +447,7 @@ fn a_childs_commands_run_in_the_runs_sandbox() {
 #[test]
 fn a_declared_agent_uses_the_mcp_tool_it_lists() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = mock(
+    let server = scripted_mock(
         &rt,
         vec![vec![
             call("payer", json!({"task": "say hi"})),
@@ -512,21 +469,12 @@ fn a_declared_agent_uses_the_mcp_tool_it_lists() {
     .unwrap();
     let base = format!("{}/v1", server.base_url());
     let out = toolloop(
-        &[
-            "run",
-            "--json",
-            "--model",
-            "openai:mock",
-            "--base-url",
+        &boss(
             &base,
-            "--agents",
             &agents,
-            "--agent",
-            "boss",
-            "--mcp-config",
-            config.to_str().unwrap(),
-            "go",
-        ],
+            "--json",
+            &["--mcp-config", config.to_str().unwrap()],
+        ),
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));

@@ -11,7 +11,7 @@
 #![cfg(feature = "test-hooks")]
 
 mod common;
-use common::json_of;
+use common::{json_of, mock};
 
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -112,11 +112,6 @@ fn effect_counts(path: &Path) -> HashMap<String, u32> {
         }
     }
     counts
-}
-
-fn mock(rt: &tokio::runtime::Runtime) -> toolloop_mock::MockServer {
-    rt.block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-        .unwrap()
 }
 
 /// The crash test. Each job is a 4-round run of 2 parallel side-effecting calls; the process

@@ -3,7 +3,7 @@
 //! error naming the file.
 
 mod common;
-use common::command;
+use common::{command, json_of, mock};
 
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -20,11 +20,6 @@ fn eval(dir: &Path, base: &str, args: &[&str]) -> Output {
         .env("OPENAI_BASE_URL", base)
         .env("OPENAI_API_KEY", "test-key-for-the-mock")
         .output()
-        .unwrap()
-}
-
-fn mock(rt: &tokio::runtime::Runtime) -> toolloop_mock::MockServer {
-    rt.block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
         .unwrap()
 }
 
@@ -155,14 +150,20 @@ fn mock_with(
     rt.block_on(toolloop_mock::start(options)).unwrap()
 }
 
-fn json_out(o: &Output) -> Value {
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {}\n{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        )
-    })
+/// `toolloop eval SUITE --json --out OUT`: how it ended, and its report.
+fn eval_suite(dir: &Path, base: &str, suite: &Path, out: &Path) -> (Output, Value) {
+    let o = eval(
+        dir,
+        base,
+        &[
+            suite.to_str().unwrap(),
+            "--json",
+            "--out",
+            out.to_str().unwrap(),
+        ],
+    );
+    let v = json_of(&o);
+    (o, v)
 }
 
 #[test]
@@ -216,17 +217,7 @@ answer_regex = "^Done\\."
     let out = dir.path().join("out");
     let base = format!("{}/v1", server.base_url());
     let before = server.stats().requests;
-    let o = eval(
-        dir.path(),
-        &base,
-        &[
-            suite.to_str().unwrap(),
-            "--json",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    let v = json_out(&o);
+    let (o, v) = eval_suite(dir.path(), &base, &suite, &out);
     assert_eq!(o.status.code(), Some(0), "{v:#}");
     let talk = &v["results"][0];
     assert_eq!(talk["case"], "talk");
@@ -275,7 +266,7 @@ answer_regex = "^Done\\."
         )
         .output()
         .unwrap();
-        let r = json_out(&o);
+        let r = json_of(&o);
         assert_eq!(r["stop_reason"], "answered", "{r:#}");
     }
     assert_eq!(
@@ -333,17 +324,7 @@ expect.judge = { model = "openai:mock:rounds=0", rubric = "Greets the user (judg
     .unwrap();
     let base = format!("{}/v1", server.base_url());
     let out = dir.path().join("out");
-    let o = eval(
-        dir.path(),
-        &base,
-        &[
-            suite.to_str().unwrap(),
-            "--json",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    let v = json_out(&o);
+    let (o, v) = eval_suite(dir.path(), &base, &suite, &out);
     assert_eq!(o.status.code(), Some(1), "{v:#}");
     let r = v["results"].as_array().unwrap();
     assert_eq!(r[0]["passed"], true, "{:#}", r[0]);
@@ -402,17 +383,7 @@ fn a_prompt_longer_than_an_argument_may_be_reaches_the_run_and_the_judge() {
     .unwrap();
     let base = format!("{}/v1", server.base_url());
     let out = dir.path().join("out");
-    let o = eval(
-        dir.path(),
-        &base,
-        &[
-            suite.to_str().unwrap(),
-            "--json",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    let v = json_out(&o);
+    let (o, v) = eval_suite(dir.path(), &base, &suite, &out);
     assert_eq!(o.status.code(), Some(0), "{v:#}");
     let r = &v["results"][0];
     assert_eq!(r["judge"]["verdict"], "pass", "{r:#}");
@@ -461,7 +432,7 @@ fn a_results_file_holding_huge_numbers_is_summed_without_overflow() {
     with_reports.extend(["--junit", junit.to_str().unwrap()]);
     with_reports.extend(["--html", html.to_str().unwrap()]);
     let o = eval(dir.path(), &base, &with_reports);
-    let v = json_out(&o);
+    let v = json_of(&o);
     assert_eq!(o.status.code(), Some(0), "{v:#}");
     assert_eq!(v["summary"][0]["duration_ms"], u64::MAX, "{v:#}");
     assert!(
@@ -536,17 +507,7 @@ fn a_killed_suite_resumes_without_running_finished_cases_again() {
         .unwrap();
     std::io::Write::write_all(&mut state, b"{\"case\": \"c5\", \"key\": \"c").unwrap();
     drop(state);
-    let o = eval(
-        dir.path(),
-        &base,
-        &[
-            suite.to_str().unwrap(),
-            "--json",
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    let v = json_out(&o);
+    let (o, v) = eval_suite(dir.path(), &base, &suite, &out);
     assert_eq!(o.status.code(), Some(0), "{v:#}");
     assert_eq!(v["runs"], 6);
     assert_eq!(v["failed"], 0);
@@ -644,7 +605,7 @@ expect = { answer_contains = ["Done."] }
             html.to_str().unwrap(),
         ],
     );
-    let v = json_out(&o);
+    let v = json_of(&o);
     assert_eq!(o.status.code(), Some(1), "{v:#}");
     rt.block_on(server.shutdown());
     (v, junit, html)
@@ -785,7 +746,7 @@ fn compare_shows_what_got_better_or_worse() {
         "--json",
     ]);
     assert_eq!(o.status.code(), Some(1), "a pass rate fell");
-    let v = json_out(&o);
+    let v = json_of(&o);
     let rows = v["rows"].as_array().unwrap();
     let row = |case: &str| rows.iter().find(|r| r["case"] == case).unwrap().clone();
     assert_eq!(row("x")["status"], "worse");

@@ -2,7 +2,7 @@
 //! configuration file, event lines, completions and the manual page.
 
 mod common;
-use common::{command, json_of, repo, toolloop};
+use common::{command, json_of, repo, stderr, toolloop};
 use std::io::Write;
 use std::process::{Output, Stdio};
 
@@ -21,10 +21,6 @@ fn with_stdin(args: &[&str], dir: &std::path::Path, stdin: &str) -> Output {
         .write_all(stdin.as_bytes())
         .unwrap();
     child.wait_with_output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// A script for the scripted model: one tool call, then an answer.

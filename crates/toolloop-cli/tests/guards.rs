@@ -4,13 +4,9 @@
 
 mod common;
 
-use common::{command, json_of, repo, toolloop};
+use common::{command, json_of, repo, stderr, toolloop};
 use std::path::Path;
 use std::process::Output;
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
 
 fn stdout(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()

@@ -3,7 +3,7 @@
 //! lines when a limit stops a run, and resuming a run that had already ended.
 
 mod common;
-use common::{command, json_of, repo, toolloop};
+use common::{command, json_of, repo, stderr, toolloop};
 use std::io::{Read, Write};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
@@ -11,10 +11,6 @@ use toolloop_mock::{MockOptions, MockServer};
 
 fn mock(rt: &tokio::runtime::Runtime, options: MockOptions) -> MockServer {
     rt.block_on(toolloop_mock::start(options)).unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// `run --json` with an OpenAI model of the mock's.

@@ -899,7 +899,7 @@ fn approve_and_resume_do_not_start_a_mcp_json_planted_after_the_run() {
 #[cfg(feature = "test-hooks")]
 #[test]
 fn on_a_terminal_a_projects_servers_are_asked_about_once() {
-    use std::io::{Read, Write};
+    use std::io::Write;
     if std::process::Command::new("script")
         .arg("--version")
         .output()
@@ -929,25 +929,17 @@ fn on_a_terminal_a_projects_servers_are_asked_about_once() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        let mut stdout = child.stdout.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        std::thread::spawn(move || {
-            let mut buf = [0u8; 4096];
-            while let Ok(n) = stdout.read(&mut buf) {
-                if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
-                    break;
-                }
-            }
-        });
-        let mut seen = String::new();
+        let mut screen = common::Transcript::of(child.stdout.take().unwrap());
         let mut stdin = child.stdin.take();
         let started = Instant::now();
-        while !seen.contains("EXIT=") {
-            assert!(started.elapsed() < Duration::from_secs(60), "{seen}");
-            if let Ok(b) = rx.recv_timeout(Duration::from_millis(100)) {
-                seen.push_str(&String::from_utf8_lossy(&b));
-            }
-            if seen.contains("[y]es / [n]o")
+        while !screen.seen.contains("EXIT=") {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{}",
+                screen.seen
+            );
+            screen.poll();
+            if screen.seen.contains("[y]es / [n]o")
                 && let (Some(answer), Some(mut s)) = (answer, stdin.take())
             {
                 s.write_all(answer).unwrap();
@@ -958,7 +950,7 @@ fn on_a_terminal_a_projects_servers_are_asked_about_once() {
         }
         let _ = child.kill();
         let _ = child.wait();
-        seen
+        screen.seen
     };
     let first = on_terminal(Some(b"y\n"));
     assert!(

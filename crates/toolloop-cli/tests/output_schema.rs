@@ -1,7 +1,7 @@
 //! `toolloop run --output-schema FILE`: the answer is JSON validated against the schema.
 
 mod common;
-use common::{command, json_of, repo, toolloop};
+use common::{command, json_of, mock, repo, toolloop};
 use serde_json::json;
 
 const SCHEMA: &str = r#"{
@@ -17,9 +17,7 @@ const SCHEMA: &str = r#"{
 #[test]
 fn every_provider_answers_with_validated_json_against_the_mock() {
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let server = rt
-        .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
-        .unwrap();
+    let server = mock(&rt);
     let base = server.base_url();
     let dir = repo();
     std::fs::write(dir.path().join("answer.json"), SCHEMA).unwrap();

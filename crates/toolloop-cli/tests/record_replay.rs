@@ -6,7 +6,7 @@
 #![cfg(target_os = "linux")]
 
 mod common;
-use common::{command, json_of};
+use common::{command, json_of, stderr};
 
 use serde_json::{Value, json};
 use std::path::Path;
@@ -52,10 +52,6 @@ fn run(dir: &Path, args: &[String], prompt: &str) -> Output {
         .env("GEMINI_API_KEY", KEY)
         .output()
         .unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// What a replay must give again.

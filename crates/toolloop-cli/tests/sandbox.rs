@@ -5,7 +5,7 @@
 #![cfg(target_os = "linux")]
 
 mod common;
-use common::{command, json_of};
+use common::{command, json_of, stderr};
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
@@ -80,10 +80,6 @@ fn run(p: &Place, server: &MockServer, flags: &[&str], env: &[(&str, &str)]) -> 
         c.env(k, v);
     }
     c.output().unwrap()
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 fn sh(script: String) -> Value {

@@ -4,32 +4,14 @@
 //! content, approvals by elicitation, and the token of the HTTP endpoint.
 
 mod common;
+use common::{Served, mock, rt};
 #[path = "../../../tools/python/testing.rs"]
 mod python;
 
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use toolloop_mock::{MockOptions, MockServer};
 
 const NEEDS_PYTHON: &str = "python3 is not on PATH: the test runs the official MCP Python SDK (tools/python/requirements.txt)";
-
-fn rt() -> tokio::runtime::Runtime {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn mock(rt: &tokio::runtime::Runtime) -> MockServer {
-    rt.block_on(toolloop_mock::start(MockOptions::default()))
-        .unwrap()
-}
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/mcp_client.py")
@@ -192,59 +174,11 @@ fn approvals_inside_a_run_are_asked_of_the_mcp_client_by_elicitation() {
     rt.block_on(mock.shutdown());
 }
 
-/// A running `toolloop serve --mcp ADDR`.
-struct Served {
-    child: Child,
-    url: String,
-    stderr: Arc<Mutex<String>>,
+/// Starts `toolloop serve --mcp 127.0.0.1:0 ARGS` in `dir`, and waits for its address.
+fn serve(dir: &Path, args: &[&str]) -> Served {
+    let args = [&["--mcp", "127.0.0.1:0"], args].concat();
+    Served::start(dir, &args, &[], "serving the agents over MCP on ")
 }
-
-impl Served {
-    fn start(dir: &Path, args: &[&str]) -> Served {
-        let mut full = vec!["serve", "--mcp", "127.0.0.1:0"];
-        full.extend_from_slice(args);
-        let mut c = common::command(&full, dir);
-        c.env("OPENAI_API_KEY", "test")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.split("serving the agents over MCP on ").nth(1) {
-                    let _ = tx.send(at.to_string());
-                }
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        let url = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(u) => u,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the server did not start: {}", log.lock().unwrap());
-            }
-        };
-        Served {
-            child,
-            url,
-            stderr: log,
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 #[cfg_attr(
     not(toolloop_python),
@@ -265,7 +199,7 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
     .unwrap();
     let token = dir.path().join("token");
     std::fs::write(&token, "mcp-token-7\n").unwrap();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--model",
@@ -283,7 +217,7 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
     // Without the token: 401, before any MCP message is read.
     let status = rt.block_on(async {
         reqwest::Client::new()
-            .post(&served.url)
+            .post(&served.address)
             .json(&json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"}))
             .send()
             .await
@@ -296,7 +230,7 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
         let out = std::process::Command::new(python::python())
             .arg(script())
             .arg("http")
-            .arg(&served.url)
+            .arg(&served.address)
             .arg("mcp-token-7")
             .arg(mode)
             .env("ELICIT", "yes")
@@ -310,7 +244,7 @@ fn the_mcp_python_sdk_runs_the_agent_over_streamable_http_behind_the_token() {
             "{mode}: {}\n{}\nserver: {}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr),
-            served.stderr.lock().unwrap()
+            served.stderr()
         );
         let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(seen["tools"][0]["name"], "default", "{seen}");

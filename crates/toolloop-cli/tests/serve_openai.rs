@@ -4,6 +4,7 @@
 //! server's limits (401, 413, 429), the idempotency key across a kill -9 and a restart.
 
 mod common;
+use common::{Served, mock, rt};
 #[path = "../../../tools/npm/testing.rs"]
 mod npm;
 #[path = "../../../tools/python/testing.rs"]
@@ -11,115 +12,13 @@ mod python;
 
 use serde_json::{Value, json};
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
 use std::path::Path;
-use std::process::{Child, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use toolloop_mock::{MockOptions, MockServer};
 
-/// A running `toolloop serve`, its stderr collected.
-pub struct Served {
-    child: Child,
-    pub base: String,
-    stderr: Arc<Mutex<String>>,
-}
-
-impl Served {
-    /// Starts `toolloop serve ARGS` in `dir` with `env`, and waits for its address.
-    pub fn start(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
-        let mut c = common::command(&[&["serve"], args].concat(), dir);
-        c.env("OPENAI_API_KEY", "test")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            c.env(k, v);
-        }
-        let mut child = c.spawn().expect("the binary starts");
-        let stderr = child.stderr.take().unwrap();
-        let (tx, rx) = std::sync::mpsc::channel();
-        let log = Arc::new(Mutex::new(String::new()));
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Some(at) = line.split("serving the OpenAI API on ").nth(1) {
-                    let _ = tx.send(at.trim_end_matches("/v1").to_string());
-                }
-                let mut s = sink.lock().unwrap();
-                s.push_str(&line);
-                s.push('\n');
-            }
-        });
-        let base = match rx.recv_timeout(Duration::from_secs(60)) {
-            Ok(b) => b,
-            Err(_) => {
-                let _ = child.kill();
-                panic!("the server did not start: {}", log.lock().unwrap());
-            }
-        };
-        Served {
-            child,
-            base,
-            stderr: log,
-        }
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    pub fn stderr(&self) -> String {
-        self.stderr.lock().unwrap().clone()
-    }
-
-    /// Sends SIGTERM.
-    pub fn terminate(&self) {
-        let ok = std::process::Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill -TERM");
-    }
-
-    /// Waits for the process to exit, at most `limit`; its exit code.
-    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
-        let start = Instant::now();
-        while start.elapsed() < limit {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return status.code();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-
-    pub fn kill9(mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn rt() -> tokio::runtime::Runtime {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-fn mock(rt: &tokio::runtime::Runtime) -> MockServer {
-    rt.block_on(toolloop_mock::start(MockOptions::default()))
-        .unwrap()
+/// Starts `toolloop serve ARGS` in `dir` with `env`, and waits for its address.
+fn serve(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Served {
+    Served::start(dir, args, env, "serving the OpenAI API on ")
 }
 
 async fn post(url: &str, token: Option<&str>, body: &Value) -> (u16, Value) {
@@ -169,7 +68,7 @@ fn the_agent_answers_as_a_model_whole_and_streamed_in_both_apis() {
         "[agents.lister]\ndescription = \"Lists directories.\"\ntools = [\"list_dir\"]\n",
     )
     .unwrap();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -331,7 +230,7 @@ fn the_gateway_gives_native_tool_calls_for_a_text_only_model_over_several_rounds
     let mock = mock(&rt);
     let dir = common::repo();
     let url = format!("{}/v1", mock.base_url());
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -398,7 +297,7 @@ fn a_wrong_or_missing_token_gets_401_and_nothing_runs_and_limits_give_413_and_42
     let url = format!("{}/v1", mock.base_url());
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "s3cret-token\n").unwrap();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -528,7 +427,7 @@ fn a_run_killed_with_the_server_finishes_on_retry_with_its_idempotency_key_witho
         ("TOOLLOOP_TEST_EFFECT_MS", "400"),
     ];
     let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Change things."}]});
-    let served = Served::start(dir.path(), &args, &env);
+    let served = serve(dir.path(), &args, &env);
     let chat = served.url("/v1/chat/completions");
     // The first attempt: the server dies with the run's second round in flight.
     rt.block_on(async {
@@ -554,7 +453,7 @@ fn a_run_killed_with_the_server_finishes_on_retry_with_its_idempotency_key_witho
     });
     let before = effect_counts(&effects);
     // The retry, on a new server over the same store, finishes that run.
-    let served = Served::start(dir.path(), &args, &env);
+    let served = serve(dir.path(), &args, &env);
     rt.block_on(async {
         let r = reqwest::Client::new()
             .post(served.url("/v1/chat/completions"))
@@ -606,42 +505,15 @@ fn a_run_killed_with_the_server_finishes_on_retry_with_its_idempotency_key_witho
     ignore = "python3 is not on PATH: the test runs the official openai Python SDK (tools/python/requirements.txt)"
 )]
 fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from_the_gateway() {
-    let python = python::python();
-    let rt = rt();
-    let mock = mock(&rt);
-    let dir = common::repo();
-    let url = format!("{}/v1", mock.base_url());
-    let served = Served::start(
-        dir.path(),
-        &[
-            "--openai",
-            "127.0.0.1:0",
-            "--model",
-            "openai:mock:rounds=1",
-            "--base-url",
-            &url,
-            "--dialect",
-            "qwen3-coder",
-        ],
-        &[("TOOLLOOP_AUTH_TOKEN", "py-token-123")],
-    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/python/openai_client.py");
-    let out = std::process::Command::new(&python)
-        .arg(&script)
-        .arg(served.url("/v1"))
-        .arg("py-token-123")
-        .arg("agent:default")
-        .arg("gateway:openai:mock:text_calls=qwen3-coder,rounds=2,parallel=2,chunk=4")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        served.stderr()
+    let mut client = std::process::Command::new(python::python());
+    client.arg(&script);
+    let seen = sdk_client_run(
+        client,
+        "qwen3-coder",
+        "py-token-123",
+        "gateway:openai:mock:text_calls=qwen3-coder,rounds=2,parallel=2,chunk=4",
     );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answer = "Done. I saw 1 tool results in 1 rounds.";
     assert!(
         seen["models"]
@@ -673,9 +545,54 @@ fn the_official_openai_python_sdk_uses_the_agent_and_gets_native_tool_calls_from
         );
     }
     assert_eq!(seen["wrong_token"], 401);
+}
+
+/// Serves the agent, and the gateway in front of the mock (whose backend writes calls in
+/// `dialect`), behind `token`; runs `client`, an official SDK's script, with the server's URL,
+/// the token, the agent's model and `gateway`, the gateway's model; and returns what the script
+/// saw (its stdout, as JSON). The mock checks every call of the gateway's rounds answered once.
+fn sdk_client_run(
+    mut client: std::process::Command,
+    dialect: &str,
+    token: &str,
+    gateway: &str,
+) -> Value {
+    let rt = rt();
+    let mock = mock(&rt);
+    let dir = common::repo();
+    let url = format!("{}/v1", mock.base_url());
+    let served = serve(
+        dir.path(),
+        &[
+            "--openai",
+            "127.0.0.1:0",
+            "--model",
+            "openai:mock:rounds=1",
+            "--base-url",
+            &url,
+            "--dialect",
+            dialect,
+        ],
+        &[("TOOLLOOP_AUTH_TOKEN", token)],
+    );
+    let out = client
+        .arg(served.url("/v1"))
+        .arg(token)
+        .arg("agent:default")
+        .arg(gateway)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        served.stderr()
+    );
     assert_eq!(mock.stats().rejected, 0);
     drop(served);
     rt.block_on(mock.shutdown());
+    serde_json::from_slice(&out.stdout).unwrap()
 }
 
 /// The runs of a store: (run id, status, stop reason).
@@ -716,7 +633,7 @@ fn a_client_that_disconnects_cancels_its_run_unless_the_server_keeps_it() {
         if keep {
             args.push("--keep-on-disconnect");
         }
-        let served = Served::start(dir.path(), &args, &[]);
+        let served = serve(dir.path(), &args, &[]);
         rt.block_on(async {
             let ask = json!({"model": "agent:default", "stream": true,
                 "messages": [{"role": "user", "content": "Look around."}]});
@@ -772,7 +689,7 @@ fn approvals_that_need_a_person_are_denied_or_deferred_and_listed() {
         "*",
     ];
     // No one to ask: the call is denied, and the model reads why.
-    let served = Served::start(dir.path(), &base, &[]);
+    let served = serve(dir.path(), &base, &[]);
     rt.block_on(async {
         let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
         assert_eq!(status, 200, "{v}");
@@ -782,7 +699,7 @@ fn approvals_that_need_a_person_are_denied_or_deferred_and_listed() {
     // Deferred: the run stops and waits; the call is listed with the run.
     let mut args = base.to_vec();
     args.push("--defer-approvals");
-    let served = Served::start(dir.path(), &args, &[]);
+    let served = serve(dir.path(), &args, &[]);
     rt.block_on(async {
         let (status, v) = post(&served.url("/v1/chat/completions"), None, &ask).await;
         assert_eq!(status, 202, "{v}");
@@ -837,7 +754,7 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
     let ask = json!({"model": "agent:default", "messages": [{"role": "user", "content": "Look around."}]});
     // A long grace: the run in progress finishes and is answered; then the server exits.
     let a = args("30s");
-    let mut served = Served::start(
+    let mut served = serve(
         dir.path(),
         &a.iter().map(String::as_str).collect::<Vec<_>>(),
         &[],
@@ -879,7 +796,7 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
     // A short grace: the server exits with the run unfinished, which a retry with its key
     // finishes on the next server.
     let b = args("200ms");
-    let mut served = Served::start(
+    let mut served = serve(
         dir.path(),
         &b.iter().map(String::as_str).collect::<Vec<_>>(),
         &[],
@@ -918,7 +835,7 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
     drop(served);
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &b.iter().map(String::as_str).collect::<Vec<_>>(),
         &[],
@@ -949,43 +866,15 @@ fn sigterm_lets_runs_finish_within_the_grace_period_and_leaves_the_rest_resumabl
     ignore = "node and npm are not on PATH: the test runs the official openai Node SDK (tools/npm/package-lock.json)"
 )]
 fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
-    let modules = npm::installed();
-    let rt = rt();
-    let mock = mock(&rt);
-    let dir = common::repo();
-    let url = format!("{}/v1", mock.base_url());
-    let served = Served::start(
-        dir.path(),
-        &[
-            "--openai",
-            "127.0.0.1:0",
-            "--model",
-            "openai:mock:rounds=1",
-            "--base-url",
-            &url,
-            "--dialect",
-            "llama3",
-        ],
-        &[("TOOLLOOP_AUTH_TOKEN", "node-token-123")],
-    );
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/node/openai_client.mjs");
-    let out = std::process::Command::new("node")
-        .arg(&script)
-        .arg(&modules)
-        .arg(served.url("/v1"))
-        .arg("node-token-123")
-        .arg("agent:default")
-        .arg("gateway:openai:mock:text_calls=llama3,rounds=2,chunk=5")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        served.stderr()
+    let mut client = std::process::Command::new("node");
+    client.arg(&script).arg(npm::installed());
+    let seen = sdk_client_run(
+        client,
+        "llama3",
+        "node-token-123",
+        "gateway:openai:mock:text_calls=llama3,rounds=2,chunk=5",
     );
-    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
     let answer = "Done. I saw 1 tool results in 1 rounds.";
     assert_eq!(seen["agent_whole"], answer);
     assert_eq!(seen["agent_streamed"], answer);
@@ -1000,9 +889,6 @@ fn the_official_openai_node_sdk_uses_the_agent_and_the_gateway() {
             "{mode}"
         );
     }
-    assert_eq!(mock.stats().rejected, 0);
-    drop(served);
-    rt.block_on(mock.shutdown());
 }
 
 /// An OpenAI-compatible backend with no tool calling that answers with the texts given, in
@@ -1135,7 +1021,7 @@ fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_a
         store.to_str().unwrap(),
     ];
     let body = json!({"model": "gateway:openai:qwen", "messages": [{"role": "user", "content": "Weather in Paris?"}], "tools": client_tools()});
-    let served = Served::start(dir.path(), &args, &[]);
+    let served = serve(dir.path(), &args, &[]);
     let chat = served.url("/v1/chat/completions");
     let first = rt.block_on(async {
         let (status, v) = post_keyed(&chat, None, "weather-1", &body).await;
@@ -1180,7 +1066,7 @@ fn a_gateway_request_is_a_run_with_its_idempotency_key_and_a_malformed_call_is_a
     });
     // So does a retry on a server started again over the same store.
     served.kill9();
-    let served = Served::start(dir.path(), &args, &[]);
+    let served = serve(dir.path(), &args, &[]);
     rt.block_on(async {
         let (status, again) = post_keyed(
             &served.url("/v1/chat/completions"),
@@ -1230,7 +1116,7 @@ fn a_gateway_request_whose_backend_keeps_writing_broken_calls_gets_a_clear_error
     let rt = rt();
     let backend = rt.block_on(Scripted::start(&[BROKEN_CALL]));
     let dir = common::repo();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -1265,7 +1151,7 @@ fn a_gateway_spec_that_names_a_file_on_the_server_is_refused() {
     // A script the model would answer from, and a file that is no cassette.
     let script = dir.path().join("script.json");
     std::fs::write(&script, r#"[{"text": "read from the server's disk"}]"#).unwrap();
-    let served = Served::start(dir.path(), &["--openai", "127.0.0.1:0"], &[]);
+    let served = serve(dir.path(), &["--openai", "127.0.0.1:0"], &[]);
     rt.block_on(async {
         for spec in [
             format!("scripted:{}", script.display()),
@@ -1298,7 +1184,7 @@ fn a_streamed_agent_answer_holds_only_the_final_answer_as_content() {
     let answer = "Here is the answer: one file.";
     let backend = rt.block_on(Scripted::start(&[before, answer, before, answer]));
     let dir = common::repo();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -1388,7 +1274,7 @@ fn with_several_tokens_each_client_sees_only_its_runs_and_keys() {
     let url = format!("{}/v1", mock.base_url());
     let tokens = dir.path().join("tokens");
     std::fs::write(&tokens, "# the clients\ntoken-of-ann\n\ntoken-of-bob\n").unwrap();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -1480,7 +1366,7 @@ fn a_response_continues_the_conversation_of_the_previous_one() {
         "Answer three.",
     ]));
     let dir = common::repo();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",
@@ -1550,7 +1436,7 @@ fn the_gateway_answers_the_responses_api_with_function_calls() {
     let answer = "It is sunny in Paris.";
     let backend = rt.block_on(Scripted::start(&[GOOD_CALL, answer, GOOD_CALL]));
     let dir = common::repo();
-    let served = Served::start(
+    let served = serve(
         dir.path(),
         &[
             "--openai",

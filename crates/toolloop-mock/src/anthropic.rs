@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
 use super::fault::{Drawn, FaultKind, Protocol};
-use super::response::{Payload, Prepared, SseWriter, to_vec};
+use super::response::{ArgsOnWire, Payload, Prepared, SseWriter};
 use super::scenario::Scenario;
 
 #[derive(Deserialize)]
@@ -195,16 +195,10 @@ pub(crate) fn handle(shared: &Shared, headers: &HeaderMap, body: &[u8]) -> Prepa
     if request.max_tokens.is_none() {
         return bad("max_tokens: Field required");
     }
-    let scenario = match Scenario::from_model(&request.model) {
+    let scenario = match engine::native_scenario(&request.model) {
         Ok(s) => s,
-        Err(e) => return bad(&format!("model: {}", e.message)),
+        Err(message) => return bad(&message),
     };
-    if scenario.text_calls.is_some() {
-        return bad(
-            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
-             OpenAI-compatible route only (POST /v1/chat/completions)",
-        );
-    }
     let progress = match walk(&request.messages) {
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
@@ -679,19 +673,5 @@ fn reply(
         };
         Payload::Json(super::response::to_vec(&message))
     };
-    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
-    match fault {
-        None => prepared,
-        Some(drawn) => {
-            // Where a cut lands in a JSON body: in the first call's input, else in the text.
-            let (after, needle) = match &reply {
-                Reply::Calls(calls) => calls
-                    .first()
-                    .map(|c| (to_vec(&c.name), c.arguments_json.as_bytes().to_vec()))
-                    .unwrap_or_default(),
-                Reply::Text(text) => (Vec::new(), to_vec(text)),
-            };
-            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
-        }
-    }
+    Prepared::answer(payload, shared, scenario, fault, &reply, ArgsOnWire::Object)
 }

@@ -186,6 +186,21 @@ pub(crate) struct Call<'a> {
     pub arguments_json: String,
 }
 
+/// The scenario a model name asks for, on a route of a wire with native tool calls; the
+/// message of the wire's 400 when it names no valid scenario, or the text-only mode, which
+/// only the OpenAI-compatible route serves.
+pub(crate) fn native_scenario(model: &str) -> Result<Scenario, String> {
+    let scenario = Scenario::from_model(model).map_err(|e| format!("model: {}", e.message))?;
+    if scenario.text_calls.is_some() {
+        return Err(
+            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+                    OpenAI-compatible route only (POST /v1/chat/completions)"
+                .into(),
+        );
+    }
+    Ok(scenario)
+}
+
 /// What the mock answers.
 pub(crate) enum Reply<'a> {
     Calls(Vec<Call<'a>>),
@@ -615,6 +630,22 @@ mod tests {
             panic!("expected text")
         };
         assert!(text.contains("6 tool results"), "{text}");
+    }
+
+    #[test]
+    fn the_native_wires_refuse_text_only_mode_and_bad_scenarios() {
+        assert_eq!(
+            native_scenario("mock:text_calls=qwen3-coder")
+                .err()
+                .as_deref(),
+            Some(
+                "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
+                 OpenAI-compatible route only (POST /v1/chat/completions)"
+            )
+        );
+        let bad = native_scenario("mock:rounds=x").unwrap_err();
+        assert!(bad.starts_with("model: "), "{bad}");
+        assert!(native_scenario("mock:rounds=2").is_ok());
     }
 
     #[test]

@@ -8,7 +8,7 @@ use serde_json::Value;
 use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces};
 use super::fault::{Drawn, Protocol};
-use super::response::{Payload, Prepared, SseWriter, to_vec};
+use super::response::{ArgsOnWire, Payload, Prepared, SseWriter};
 use super::scenario::Scenario;
 
 /// Which method the path asked for.
@@ -200,16 +200,10 @@ pub(crate) fn handle(shared: &Shared, model: &str, method: Method, body: &[u8]) 
         Ok(r) => r,
         Err(e) => return bad(&format!("Invalid JSON payload received. {e}")),
     };
-    let scenario = match Scenario::from_model(model) {
+    let scenario = match engine::native_scenario(model) {
         Ok(s) => s,
-        Err(e) => return bad(&format!("model: {}", e.message)),
+        Err(message) => return bad(&message),
     };
-    if scenario.text_calls.is_some() {
-        return bad(
-            "model: bad mock scenario: text-only mode (`text_calls=`) is served on the \
-             OpenAI-compatible route only (POST /v1/chat/completions)",
-        );
-    }
     let progress = match walk(&request.contents) {
         Ok(p) => engine::read_summaries(p, body),
         Err(prepared) => return prepared,
@@ -575,20 +569,5 @@ fn reply(
             Payload::Json(out)
         }
     };
-    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
-    match fault {
-        None => prepared,
-        Some(drawn) => {
-            // Gemini sends each call whole, in one chunk: a cut lands inside its `args` object
-            // (or the text), in the middle of a line when streamed.
-            let (after, needle) = match &reply {
-                Reply::Calls(calls) => calls
-                    .first()
-                    .map(|c| (to_vec(&c.name), c.arguments_json.as_bytes().to_vec()))
-                    .unwrap_or_default(),
-                Reply::Text(text) => (Vec::new(), to_vec(text)),
-            };
-            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
-        }
-    }
+    Prepared::answer(payload, shared, scenario, fault, &reply, ArgsOnWire::Object)
 }

@@ -648,15 +648,8 @@ async fn openai_route(
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let started = Instant::now();
-    let prepared = match body {
-        Ok(body) => openai::handle(&shared, &body),
-        Err(rejection) => {
-            let (status, message) = body_error(&rejection);
-            openai::error(status, &message, None, None)
-        }
-    };
-    finish(&shared, started, prepared, Some(&conn)).await
+    let error = |status, message: &str| openai::error(status, message, None, None);
+    answer_post(&shared, &conn, body, |b| openai::handle(&shared, b), error).await
 }
 
 async fn responses_route(
@@ -664,15 +657,15 @@ async fn responses_route(
     ConnectInfo(conn): ConnectInfo<ConnHandle>,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    let started = Instant::now();
-    let prepared = match body {
-        Ok(body) => responses::handle(&shared, &body),
-        Err(rejection) => {
-            let (status, message) = body_error(&rejection);
-            openai::error(status, &message, None, None)
-        }
-    };
-    finish(&shared, started, prepared, Some(&conn)).await
+    let error = |status, message: &str| openai::error(status, message, None, None);
+    answer_post(
+        &shared,
+        &conn,
+        body,
+        |b| responses::handle(&shared, b),
+        error,
+    )
+    .await
 }
 
 async fn anthropic_route(
@@ -681,15 +674,28 @@ async fn anthropic_route(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
+    let handle = |b: &Bytes| anthropic::handle(&shared, &headers, b);
+    answer_post(&shared, &conn, body, handle, anthropic::error).await
+}
+
+/// A request of one wire: its body answered by `handle`, or, when the body cannot be read,
+/// by the wire's `error`; then sent ([`finish`]).
+async fn answer_post(
+    shared: &Shared,
+    conn: &ConnHandle,
+    body: Result<Bytes, BytesRejection>,
+    handle: impl FnOnce(&Bytes) -> Prepared,
+    error: impl FnOnce(StatusCode, &str) -> Prepared,
+) -> Response {
     let started = Instant::now();
     let prepared = match body {
-        Ok(body) => anthropic::handle(&shared, &headers, &body),
+        Ok(body) => handle(&body),
         Err(rejection) => {
             let (status, message) = body_error(&rejection);
-            anthropic::error(status, &message)
+            error(status, &message)
         }
     };
-    finish(&shared, started, prepared, Some(&conn)).await
+    finish(shared, started, prepared, Some(conn)).await
 }
 
 async fn gemini_route(

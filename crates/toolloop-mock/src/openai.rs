@@ -7,7 +7,7 @@ use serde_json::Value;
 use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, Str, pieces_with_cut};
 use super::fault::{Drawn, FaultKind, Protocol};
-use super::response::{Payload, Prepared, SseWriter, to_vec};
+use super::response::{ArgsOnWire, Payload, Prepared, SseWriter};
 use super::scenario::{DropTools, Scenario};
 use super::text::{self, CatalogTool};
 use toolloop::model::ToolSpec;
@@ -144,6 +144,15 @@ struct ErrorDetail<'a> {
     code: Option<&'a str>,
 }
 
+/// The error of a fault drawn to replace the answer (see [`Prepared::early_fault`]), as OpenAI's
+/// APIs write it: a 429 says `rate_limit_exceeded`.
+pub(crate) fn early_fault(drawn: Drawn, scenario: &Scenario) -> Option<Prepared> {
+    Prepared::early_fault(drawn, scenario, |status, message| {
+        let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
+        error(status, message, None, code)
+    })
+}
+
 /// An error in OpenAI's shape.
 pub(crate) fn error(
     status: StatusCode,
@@ -276,12 +285,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "openai", body);
-    if let Some(early) = fault.and_then(|d| {
-        Prepared::early_fault(d, &scenario, |status, message| {
-            let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
-            error(status, message, None, code)
-        })
-    }) {
+    if let Some(early) = fault.and_then(|d| early_fault(d, &scenario)) {
         return early;
     }
     let ctx = Ctx {
@@ -977,20 +981,12 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         };
         Payload::Json(super::response::to_vec(&completion))
     };
-    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
-    match ctx.fault {
-        None => prepared,
-        Some(drawn) => {
-            // Where a cut lands in a JSON body: in the first call's arguments (a JSON string on
-            // this wire), else in the text.
-            let (after, needle) = match &reply {
-                Reply::Calls(calls) => calls
-                    .first()
-                    .map(|c| (to_vec(&c.name), to_vec(&c.arguments_json)))
-                    .unwrap_or_default(),
-                Reply::Text(text) => (Vec::new(), to_vec(text)),
-            };
-            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
-        }
-    }
+    Prepared::answer(
+        payload,
+        shared,
+        scenario,
+        ctx.fault,
+        &reply,
+        ArgsOnWire::String,
+    )
 }

@@ -7,7 +7,9 @@ use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::Response;
 use serde::Serialize;
 
+use super::Shared;
 use super::conn::ConnHandle;
+use super::engine::Reply;
 use super::fault::{self, Drawn, FaultKind};
 use super::scenario::Scenario;
 
@@ -44,6 +46,15 @@ pub(crate) enum Reset {
     InBody(usize),
 }
 
+/// How a wire writes a call's arguments in a JSON body.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ArgsOnWire {
+    /// As the JSON object itself (Anthropic's `input`, Gemini's `args`).
+    Object,
+    /// As a JSON string holding the object (OpenAI's `arguments`, in both APIs).
+    String,
+}
+
 pub(crate) enum Payload {
     Json(Vec<u8>),
     Sse(SseWriter),
@@ -70,6 +81,38 @@ impl Prepared {
             chunk_delay,
             injected: None,
         }
+    }
+
+    /// The 200 reply of `payload`, paced as `shared` and `scenario` say (the latency, the delay
+    /// between SSE events), with the fault drawn for it, if any, applied ([`Prepared::with_fault`]).
+    /// A cut lands in the first call's arguments, found after the call's name, as the wire writes
+    /// them in its body (`args`); in a reply of text, in the text.
+    pub(crate) fn answer(
+        payload: Payload,
+        shared: &Shared,
+        scenario: &Scenario,
+        fault: Option<Drawn>,
+        reply: &Reply<'_>,
+        args: ArgsOnWire,
+    ) -> Prepared {
+        let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
+        let Some(drawn) = fault else {
+            return prepared;
+        };
+        let (after, needle) = match reply {
+            Reply::Calls(calls) => calls
+                .first()
+                .map(|c| {
+                    let args = match args {
+                        ArgsOnWire::Object => c.arguments_json.as_bytes().to_vec(),
+                        ArgsOnWire::String => to_vec(&c.arguments_json),
+                    };
+                    (to_vec(&c.name), args)
+                })
+                .unwrap_or_default(),
+            Reply::Text(text) => (Vec::new(), to_vec(text)),
+        };
+        prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
     }
 
     /// Applies a fault drawn for this reply that does not replace it by an error: `reset`,

@@ -16,7 +16,7 @@ use super::Shared;
 use super::engine::{self, Ledger, OfferedTool, Problem, Progress, Reply, pieces_with_cut};
 use super::fault::{Drawn, FaultKind, Protocol};
 use super::openai::error;
-use super::response::{Payload, Prepared, SseWriter, to_vec};
+use super::response::{ArgsOnWire, Payload, Prepared, SseWriter, to_vec};
 use super::scenario::Scenario;
 
 fn bad(message: &str, param: Option<&str>) -> Prepared {
@@ -194,12 +194,7 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let fault = shared
         .faults
         .draw(&scenario, Protocol::OpenAi, "responses", body);
-    if let Some(early) = fault.and_then(|d| {
-        Prepared::early_fault(d, &scenario, |status, message| {
-            let code = (status == StatusCode::TOO_MANY_REQUESTS).then_some("rate_limit_exceeded");
-            error(status, message, None, code)
-        })
-    }) {
+    if let Some(early) = fault.and_then(|d| super::openai::early_fault(d, &scenario)) {
         return early;
     }
     let choice = request.get("tool_choice");
@@ -673,21 +668,7 @@ fn reply(
     } else {
         Payload::Json(to_vec(&response("completed", &output, Some(&usage))))
     };
-    let prepared = Prepared::ok(payload, shared.latency(scenario), scenario.chunk_delay);
-    match fault {
-        None => prepared,
-        Some(drawn) => {
-            // Where a cut lands in a JSON body: in the first call's arguments, else in the text.
-            let (after, needle) = match &reply {
-                Reply::Calls(calls) => calls
-                    .first()
-                    .map(|c| (to_vec(&c.name), to_vec(&c.arguments_json)))
-                    .unwrap_or_default(),
-                Reply::Text(text) => (Vec::new(), to_vec(text)),
-            };
-            prepared.with_fault(drawn, scenario.slow_delay, &after, &needle)
-        }
-    }
+    Prepared::answer(payload, shared, scenario, fault, &reply, ArgsOnWire::String)
 }
 
 #[cfg(test)]

@@ -9,14 +9,34 @@ export type Message =
 
 export interface ToolCall { id: string; name: string; arguments: unknown; [k: string]: unknown }
 
-/** A tool: `run` gets the (validated) arguments, and the run's AbortSignal. */
+/**
+ * A tool: `run` gets the (validated) arguments and the attempt's context. An error it throws is
+ * the call's result, which the model reads; one with `retryable: true` (see `ToolError`) is
+ * first made again, up to `limits.toolRetries` times.
+ */
 export interface Tool<A = any> {
   name: string;
   description?: string;
   /** The JSON Schema of the arguments. */
   parameters?: Record<string, unknown>;
-  run(args: A, context: { signal?: AbortSignal; callId: string }): unknown | Promise<unknown>;
+  /** Each call waits for `RunOptions.approve` (a person's decision) before it runs. */
+  needsApproval?: boolean;
+  run(args: A, context: ToolContext): unknown | Promise<unknown>;
 }
+
+export interface ToolContext {
+  /**
+   * Aborted when the run is cancelled or its time is up, and when this attempt passes
+   * `limits.toolTimeoutMs`. The run goes on without waiting for a tool that ignores it.
+   */
+  signal: AbortSignal;
+  callId: string;
+  /** The attempt (1-based). */
+  attempt: number;
+}
+
+/** An error a tool throws; `retryable: true` has the call made again (`limits.toolRetries`). */
+export interface ToolError extends Error { retryable?: boolean }
 
 export type Provider = 'openai' | 'openai-responses' | 'anthropic' | 'gemini';
 export type Dialect = 'ptk' | 'hermes' | 'mistral' | 'llama3' | 'pythonic' | 'react' | (string & {});
@@ -34,7 +54,11 @@ export interface Endpoint {
   fetch?: typeof fetch;
 }
 
-/** What a `complete` model is asked. */
+/**
+ * What a `complete` model is asked: the whole conversation, each call (the engine sends the
+ * package only what changed since the last call; `messages` is a fresh array each time, its
+ * messages shared with earlier calls: read them, do not change them).
+ */
 export interface ModelRequest {
   messages: Message[];
   reminders: string[];
@@ -65,7 +89,61 @@ export interface Limits {
    * doubling, with jitter); default 2. Each retry is announced by a `model_retry` event.
    */
   modelRetries?: number;
+  /**
+   * The run's wall-clock limit in milliseconds: past it the run stops with `timeout`, cutting
+   * short the model call or tool under way (whose signal is aborted).
+   */
+  timeoutMs?: number;
+  /**
+   * The limit of one attempt of a tool call in milliseconds: past it the attempt's signal is
+   * aborted and it fails with a retryable error ("the tool did not finish within …").
+   */
+  toolTimeoutMs?: number;
+  /** Retries of a tool call whose attempt failed with a retryable error (default 2). */
+  toolRetries?: number;
+  /** The first wait before a tool call is made again, in milliseconds; doubles each time (default 200). */
+  toolRetryBackoffMs?: number;
 }
+
+/**
+ * What the run does to stay inside the model's context window (toolloop's `ContextPolicy`,
+ * applied by the engine): long results are spilled (the model gets a preview and reads the
+ * rest with a `read_result` tool the engine offers and answers), old rounds' results are
+ * cleared, and past `compactAt` of `window` the older part of the conversation is summarised
+ * by the run's model (a `complete` model is then asked with no tools, the part to summarise in
+ * its messages). Each field is optional (toolloop's defaults otherwise).
+ */
+export interface ContextOptions {
+  /**
+   * The model's context window in tokens (default: the window toolloop knows for the
+   * endpoint's model name); no compaction is started by the estimate without one.
+   */
+  window?: number;
+  /** Compact when the estimated next request passes this share of the window (default 0.8). */
+  compactAt?: number;
+  /** Keep the results of this many most recent rounds whole (default 8; 0: never clear). */
+  keepRounds?: number;
+  /** Spill a result longer than this many bytes (default 16384; `null`: never). */
+  spillOver?: number | null;
+  /** Bytes of a spilled result shown at its head and at its tail (default 1024). */
+  spillPreview?: number;
+  /** Whether to compact at all (default true). */
+  compact?: boolean;
+}
+
+/** A call that waits for a person's approval, as `approve` is given it. */
+export interface PendingApproval {
+  round: number;
+  index: number;
+  /** The call, exactly as it would run. */
+  call: ToolCall;
+  /** What the decision is about (the call's canonical arguments). */
+  subject: string;
+  [k: string]: unknown;
+}
+
+/** `true` runs the call; `false` or `{ approved: false, reason }` denies it (the model reads why). */
+export type ApprovalAnswer = boolean | { approved: boolean; reason?: string };
 
 export type StopReason =
   | 'answered' | 'max_rounds' | 'max_tool_calls' | 'timeout' | 'cancelled' | 'terminal_signal'
@@ -89,6 +167,38 @@ export interface RunOptions {
   state?: RunState | string;
   /** Emit a `checkpoint` event with the state after each model call and each round's tools. */
   checkpoints?: boolean;
+  /** The context policy (none by default: the conversation is sent whole). */
+  context?: ContextOptions;
+  /**
+   * Decides on each call of a tool marked `needsApproval`, before it runs. A handler that
+   * throws denies. Without one, such a call waits and the run stops with `awaiting_approval`
+   * (`outcome.pending_approvals`): resume its `state` with an `approve`.
+   */
+  approve?: (pending: PendingApproval, context: { signal: AbortSignal }) => ApprovalAnswer | Promise<ApprovalAnswer>;
+  /**
+   * Before each round: strings sent with that round's request only (after the conversation,
+   * never kept in it). A hook that throws adds none.
+   */
+  reminders?: (view: LoopView) => string[] | Promise<string[]>;
+  /**
+   * After every call of a round ran: a signal (any text) ends the run with `terminal_signal`
+   * (`outcome.signal`); `null` goes on. A hook that throws does not stop the run.
+   */
+  stopWhen?: (calls: RoundCall[]) => string | null | undefined | Promise<string | null | undefined>;
+}
+
+/** The loop as the `reminders` hook sees it: the round about to start and what was spent. */
+export interface LoopView {
+  round: number;
+  toolCalls: number;
+  usage: Usage | null;
+  lastCall: ExecutedCall | null;
+}
+
+/** A call of the round and its result (`null`: it did not run: invalid, duplicate, denied). */
+export interface RoundCall {
+  call: ToolCall;
+  result: { ok: { message: string; data?: unknown; [k: string]: unknown } } | { error: string } | null;
 }
 
 export interface ExecutedCall { round: number; call: ToolCall; status: string; content: string; duration_ms: number; attempts: number; [k: string]: unknown }

@@ -20,28 +20,48 @@ export async function* streamLoop(options) {
 
 /** The loop with an engine already loaded (`engine.run`); shared by both builds. */
 export async function runWith(engine, options) {
-  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints } = options;
+  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen } = options;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
-    tools: tools.map(({ name, description = '', parameters = { type: 'object' } }) => ({ name, description, parameters })),
+    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval }) => (
+      needsApproval ? { name, description, parameters, needsApproval: true } : { name, description, parameters })),
     messages: messages.map(toMessage),
   };
   if (limits) spec.limits = limits;
   if (state) spec.state = typeof state === 'string' ? JSON.parse(state) : state;
   if (checkpoints) spec.checkpoints = true;
+  if (context) spec.context = context;
+  // The run's own signal: it aborts when the caller's does (`cancelled`) or when the run's
+  // time limit passes (`timeout`). Tools, `fetch` and the model get it; what the engine awaits
+  // is cut short by it even when the awaited code ignores it.
+  const stop = new AbortController();
+  let why = null;
+  const halt = (reason) => { if (!stop.signal.aborted) { why = reason; stop.abort(new Error(`the run was stopped: ${reason}`)); } };
+  const onCancel = () => halt('cancelled');
+  if (signal?.aborted) halt('cancelled');
+  else signal?.addEventListener('abort', onCancel, { once: true });
+  const deadline = limits?.timeoutMs == null ? null : setTimeout(() => halt('timeout'), limits.timeoutMs);
+  const stopped = new Promise((_, reject) => {
+    const fail = () => reject(stop.signal.reason);
+    if (stop.signal.aborted) fail(); else stop.signal.addEventListener('abort', fail, { once: true });
+  });
+  stopped.catch(() => {});
+  const guarded = (work) => Promise.race([work, stopped]);
+  // What the model was sent so far (the engine sends only what differs).
+  const held = { messages: [], tools: [], settings: {} };
   const host = {
-    aborted: () => Boolean(signal?.aborted),
-    // The backoff before a failed model call is made again; cut short by the signal.
+    aborted: () => (stop.signal.aborted ? why : false),
+    // The backoff before a failed call is made again; cut short by the run's signal.
     sleep: (ms) => new Promise((resolve) => {
-      if (signal?.aborted) return resolve();
-      const done = () => { clearTimeout(timer); signal?.removeEventListener('abort', done); resolve(); };
+      if (stop.signal.aborted) return resolve();
+      const done = () => { clearTimeout(timer); stop.signal.removeEventListener('abort', done); resolve(); };
       const timer = setTimeout(done, ms);
-      signal?.addEventListener('abort', done, { once: true });
+      stop.signal.addEventListener('abort', done, { once: true });
     }),
     async http(url, headers, body) {
       const f = model.fetch ?? globalThis.fetch;
-      const res = await f(url, { method: 'POST', headers, body, signal });
+      const res = await guarded(f(url, { method: 'POST', headers, body, signal: stop.signal }));
       const head = {};
       res.headers.forEach((v, k) => { head[k] = v; });
       const reader = res.body ? res.body.getReader() : null;
@@ -50,29 +70,92 @@ export async function runWith(engine, options) {
         headers: head,
         async read() {
           if (!reader) return undefined;
-          const { value, done } = await reader.read();
+          const { value, done } = await guarded(reader.read());
           return done ? undefined : value;
         },
       };
     },
+    // The engine sends what changed since its last request (see `held` in the crate's
+    // driver): the conversation is kept here, and the model gets a copy of it each call.
     async complete(request) {
-      const answer = await model.complete(JSON.parse(request), { signal });
+      const r = JSON.parse(request);
+      let request_ = null;
+      if (r.summary) {
+        request_ = { messages: r.messages, reminders: r.reminders, tools: [], settings: r.settings ?? {} };
+      } else {
+        if (r.from > held.messages.length) throw new Error('the model\'s conversation is out of step with the engine');
+        held.messages.length = r.from;
+        for (const m of r.messages) held.messages.push(m);
+        if (r.tools) held.tools = r.tools;
+        if (r.settings) held.settings = r.settings;
+        request_ = { messages: held.messages.slice(), reminders: r.reminders, tools: held.tools, settings: held.settings };
+      }
+      const answer = await guarded(model.complete(request_, { signal: stop.signal }));
       return JSON.stringify(toResponse(answer));
     },
-    async tool(name, args, callId) {
+    // One attempt of a tool call: its own signal (aborted when the run stops or the attempt
+    // passes the tool's time limit, which fails it with a retryable error, as natively).
+    async tool(name, args, callId, attempt, timeoutMs) {
       const tool = byName.get(name);
       if (!tool) return JSON.stringify({ error: `no tool named ${name}` });
+      const own = new AbortController();
+      const onStop = () => own.abort(stop.signal.reason);
+      stop.signal.addEventListener('abort', onStop, { once: true });
+      let timer;
+      const racers = [stopped];
+      if (timeoutMs != null) {
+        racers.push(new Promise((resolve) => {
+          timer = setTimeout(() => {
+            own.abort(new Error('the tool\'s time limit passed'));
+            resolve({ error: `the tool did not finish within ${(timeoutMs / 1000).toFixed(1)}s`, retryable: true });
+          }, timeoutMs);
+        }));
+      }
+      const running = Promise.resolve()
+        .then(() => tool.run(JSON.parse(args), { signal: own.signal, callId, attempt }))
+        .then(
+          (value) => ({ ok: value === undefined ? null : value }),
+          (e) => ({ error: String(e?.message ?? e), retryable: e?.retryable === true }),
+        );
       try {
-        const value = await tool.run(JSON.parse(args), { signal, callId });
-        return JSON.stringify({ ok: value === undefined ? null : value });
-      } catch (e) {
-        return JSON.stringify({ error: String(e?.message ?? e) });
+        return JSON.stringify(await Promise.race([running, ...racers]));
+      } finally {
+        clearTimeout(timer);
+        stop.signal.removeEventListener('abort', onStop);
       }
     },
   };
+  if (typeof approve === 'function') {
+    host.approve = async (pending) => JSON.stringify(toAnswer(await guarded(approve(JSON.parse(pending), { signal: stop.signal }))));
+  }
+  // Hooks, asked by the engine as natively: strings for the next round's request only, and a
+  // signal (text) that ends the run after a round's calls.
+  if (typeof reminders === 'function') {
+    host.reminders = async (view) => {
+      const list = await guarded(Promise.resolve(reminders(JSON.parse(view))));
+      return JSON.stringify(Array.isArray(list) ? list.filter((r) => typeof r === 'string') : []);
+    };
+  }
+  if (typeof stopWhen === 'function') {
+    host.stopWhen = async (calls) => {
+      const signal_ = await guarded(Promise.resolve(stopWhen(JSON.parse(calls))));
+      return JSON.stringify(typeof signal_ === 'string' && signal_ ? signal_ : null);
+    };
+  }
   if (onEvent) host.event = (json) => onEvent(JSON.parse(json));
-  const out = JSON.parse(await engine.run(JSON.stringify(spec), host));
-  return out;
+  try {
+    return JSON.parse(await engine.run(JSON.stringify(spec), host));
+  } finally {
+    clearTimeout(deadline);
+    signal?.removeEventListener('abort', onCancel);
+  }
+}
+
+/** An `approve` callback's answer as the engine's: `true`, or `{ approved, reason }`. */
+function toAnswer(a) {
+  if (a === true || a?.approved === true) return { answer: 'approve' };
+  const reason = typeof a?.reason === 'string' ? a.reason : undefined;
+  return reason === undefined ? { answer: 'deny' } : { answer: 'deny', reason };
 }
 
 /** The run's events as an async iterator; the last item is `{ type: 'result', result }`. */

@@ -4,7 +4,9 @@ use crate::host::{Host, now_ms};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use toolloop::engine::{HookFlags, Input, Interrupt, Machine, Snapshot, Step};
+use toolloop::approval::{Action, Answer, Decision, Subject};
+use toolloop::context::policy::ContextPolicy;
+use toolloop::engine::{Compaction, HookFlags, Input, Interrupt, Machine, Snapshot, Step};
 use toolloop::event::Event;
 use toolloop::message::Message;
 use toolloop::model::{ModelError, ModelRequest, ModelResponse, ModelSettings, ToolSpec};
@@ -43,6 +45,67 @@ pub struct RunSpec {
     /// and each round's tools.
     #[serde(default)]
     pub checkpoints: bool,
+    /// The context policy: what the run does to stay inside the model's context window.
+    #[serde(default)]
+    pub context: Option<ContextOptions>,
+}
+
+/// The context policy as JavaScript gives it (each field optional: toolloop's defaults
+/// otherwise; see [`ContextPolicy`]).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ContextOptions {
+    /// The model's context window in tokens (no compaction is started by the estimate
+    /// without it; a provider's refusal for size still starts one).
+    pub window: Option<u64>,
+    /// Compact when the estimated next request passes this share of the window.
+    pub compact_at: Option<f64>,
+    /// Keep the results of this many most recent rounds whole; older ones are cleared.
+    pub keep_rounds: Option<u32>,
+    /// Spill a result longer than this many bytes (`null`: never); the model reads it with
+    /// `read_result`, which the engine answers.
+    #[serde(default, deserialize_with = "some_or_null")]
+    pub spill_over: Option<Option<usize>>,
+    /// Bytes of a spilled result shown at its head and at its tail.
+    pub spill_preview: Option<usize>,
+    /// Whether to compact at all.
+    pub compact: Option<bool>,
+}
+
+/// A field that may be given as `null` (`Some(None)`), apart from left out (`None`).
+fn some_or_null<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+impl ContextOptions {
+    fn policy(&self) -> ContextPolicy {
+        let mut p = ContextPolicy {
+            // The requests of this driver ask nothing of the provider itself.
+            native: false,
+            ..ContextPolicy::default()
+        };
+        p.window = self.window;
+        if let Some(v) = self.compact_at {
+            p.compact_at = v;
+        }
+        if let Some(v) = self.keep_rounds {
+            p.keep_rounds = v;
+        }
+        if let Some(v) = self.spill_over {
+            p.spill_over = v;
+        }
+        if let Some(v) = self.spill_preview {
+            p.spill_preview = v;
+        }
+        if let Some(v) = self.compact {
+            p.compact = v;
+        }
+        p
+    }
 }
 
 /// Which model, and how it is called.
@@ -82,6 +145,9 @@ pub struct ToolDecl {
     /// The JSON Schema of its arguments.
     #[serde(default = "any_object")]
     pub parameters: Value,
+    /// Whether each call waits for a person's approval (the host's `approve`) before it runs.
+    #[serde(default)]
+    pub needs_approval: bool,
 }
 
 fn any_object() -> Value {
@@ -103,6 +169,18 @@ pub struct Limits {
     /// Retries of a model call that failed with a retryable error (a network failure, 429,
     /// 5xx) before it delivered output (default 2, as natively).
     pub model_retries: Option<u32>,
+    /// The run's wall-clock limit in milliseconds: past it the run stops with `timeout` (the
+    /// host aborts what is under way at that time; the driver checks between steps).
+    pub timeout_ms: Option<f64>,
+    /// The limit of one attempt of a tool call in milliseconds: past it the attempt fails
+    /// with a retryable error (the host enforces it; the driver passes it on).
+    pub tool_timeout_ms: Option<f64>,
+    /// Retries of a tool call whose attempt failed with a retryable error (default 2, as
+    /// natively).
+    pub tool_retries: Option<u32>,
+    /// The first wait before a tool call is made again, in milliseconds; it doubles on each
+    /// retry (default 200, as natively).
+    pub tool_retry_backoff_ms: Option<f64>,
 }
 
 impl Limits {
@@ -120,9 +198,30 @@ impl Limits {
         if let Some(n) = self.max_result_chars {
             c.max_result_chars = n;
         }
+        if let Some(n) = self.tool_retries {
+            c.tool_retries = n;
+        }
+        if let Some(ms) = self.tool_retry_backoff_ms {
+            c.tool_retry_backoff = duration_ms(ms);
+        }
+        if let Some(ms) = self.tool_timeout_ms {
+            c.tool_timeout = Some(duration_ms(ms));
+        }
+        if let Some(ms) = self.timeout_ms {
+            c.timeout = Some(duration_ms(ms));
+        }
         c.stream = stream;
         c
     }
+}
+
+/// `ms` milliseconds as a duration (a negative or not-a-number value is none, one too large
+/// is the largest).
+fn duration_ms(ms: f64) -> std::time::Duration {
+    if ms.is_nan() || ms <= 0.0 {
+        return std::time::Duration::ZERO;
+    }
+    std::time::Duration::try_from_secs_f64(ms / 1000.0).unwrap_or(std::time::Duration::MAX)
 }
 
 /// How the model is reached.
@@ -135,6 +234,129 @@ struct ModelCall {
     caller: Caller,
     stream: bool,
     prompted: Option<Dialect>,
+    /// What a JavaScript model's wrapper holds from earlier requests: the messages and the
+    /// tools. A request carries only what differs, so that the conversation crosses into
+    /// JavaScript once, not once per round.
+    held: std::cell::RefCell<Held>,
+    /// The machine's [`ViewMark`] for the round's call (set by the driver before it).
+    view_mark: std::cell::Cell<Option<ViewMark>>,
+}
+
+/// What changes when the machine changes messages it already sent (a clearing of old results,
+/// a compaction): between two requests with the same mark the conversation only grew, so the
+/// messages held need no comparing (which would cost the conversation's length each round).
+/// Without a context policy the transcript is only ever appended to.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct ViewMark {
+    compactions: u32,
+    cleared_upto: usize,
+    native_refused: bool,
+}
+
+impl ViewMark {
+    fn of(machine: &Machine) -> ViewMark {
+        match machine.context_state() {
+            Some(c) => ViewMark {
+                compactions: c.compactions,
+                cleared_upto: c.cleared_upto,
+                native_refused: c.native_refused,
+            },
+            None => ViewMark {
+                compactions: 0,
+                cleared_upto: 0,
+                native_refused: false,
+            },
+        }
+    }
+}
+
+/// See [`ModelCall::held`].
+#[derive(Default)]
+struct Held {
+    messages: Vec<Message>,
+    tools: Option<Vec<ToolSpec>>,
+    settings: Option<ModelSettings>,
+    /// The machine's mark when the messages were sent.
+    mark: Option<ViewMark>,
+}
+
+/// A request to a JavaScript model, as its wrapper (`npm/toolloop.js`) reads it: it keeps the
+/// messages before `from` (from earlier requests), puts `messages` after them, and takes
+/// `tools` and `settings` when they are given (they did not change otherwise). A summarisation
+/// (`summary`) carries its whole conversation, which the wrapper does not keep.
+#[derive(Serialize)]
+struct HostRequest<'a> {
+    from: usize,
+    messages: Vec<&'a Message>,
+    reminders: &'a [String],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tools: Option<&'a [ToolSpec]>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    settings: Option<&'a ModelSettings>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    summary: bool,
+}
+
+impl<'a> HostRequest<'a> {
+    /// A summarisation's request: all of it, kept apart from the conversation.
+    fn summary(request: &ModelRequest<'a>) -> Self {
+        HostRequest {
+            from: 0,
+            messages: request.messages.iter().collect(),
+            reminders: request.reminders,
+            tools: None,
+            settings: Some(request.settings),
+            summary: true,
+        }
+    }
+}
+
+impl Held {
+    /// The request for `request`, as the difference from what the wrapper holds; what it holds
+    /// then. With the same `mark` as the last request's (the conversation only grew), what is
+    /// held is a prefix of it, checked by its last message; otherwise (another mark, or none:
+    /// messages rendered anew each call) the common part is found by comparing messages in
+    /// memory. Either way only what changed is encoded and crosses.
+    fn request<'a>(
+        &mut self,
+        request: &ModelRequest<'a>,
+        mark: Option<ViewMark>,
+    ) -> HostRequest<'a> {
+        let held = self.messages.len();
+        let grown = mark.is_some()
+            && mark == self.mark
+            && held <= request.messages.len()
+            && (held == 0 || request.messages.get(held - 1) == self.messages.last());
+        self.mark = mark;
+        let from = if grown {
+            held
+        } else {
+            self.messages
+                .iter()
+                .zip(request.messages.iter())
+                .take_while(|(held, sent)| held == sent)
+                .count()
+        };
+        self.messages.truncate(from);
+        let messages: Vec<&Message> = request.messages.iter().skip(from).collect();
+        self.messages.extend(messages.iter().map(|&m| m.clone()));
+        let tools = (self.tools.as_deref() != Some(request.tools)).then(|| {
+            self.tools = Some(request.tools.to_vec());
+            request.tools
+        });
+        let settings = (self.settings.as_ref() != Some(request.settings)).then(|| {
+            self.settings = Some(request.settings.clone());
+            request.settings
+        });
+        HostRequest {
+            from,
+            messages,
+            reminders: request.reminders,
+            tools,
+            settings,
+            summary: false,
+        }
+    }
 }
 
 fn wire_adapter(spec: &ModelSpec) -> Result<WireAdapter, String> {
@@ -237,18 +459,22 @@ impl ModelCall {
             caller,
             stream: spec.stream,
             prompted: spec.prompted,
+            held: Default::default(),
+            view_mark: Default::default(),
         })
     }
 
     /// One model call: the response, the text deltas told to the host as they come.
+    /// `summary`: a summarisation of the conversation (the context policy's), not a round.
     async fn call(
         &self,
         host: &Host,
         request: &ModelRequest<'_>,
+        summary: bool,
         mut delta: impl FnMut(&str),
     ) -> Result<ModelResponse, ModelError> {
         let Some(dialect) = self.prompted else {
-            return self.inner(host, request, &mut delta).await;
+            return self.inner(host, request, summary, &mut delta).await;
         };
         let (messages, reminders, settings) = toolloop::ptk::rewrite(request, dialect);
         let inner = ModelRequest {
@@ -267,7 +493,7 @@ impl ModelCall {
                 acc.push(e);
             }
         };
-        let response = self.inner(host, &inner, &mut |_| {}).await?;
+        let response = self.inner(host, &inner, summary, &mut |_| {}).await?;
         for e in response.into_events() {
             take(reply.push(e), &mut acc);
         }
@@ -280,18 +506,28 @@ impl ModelCall {
         &self,
         host: &Host,
         request: &ModelRequest<'_>,
+        summary: bool,
         delta: &mut dyn FnMut(&str),
     ) -> Result<ModelResponse, ModelError> {
         match &self.caller {
             Caller::Host => {
-                let text = serde_json::to_string(&json!({
-                    "messages": request.messages.iter().collect::<Vec<_>>(),
-                    "reminders": request.reminders,
-                    "tools": request.tools,
-                    "settings": request.settings,
-                }))
-                .map_err(|e| ModelError::Other(e.to_string()))?;
-                let answer = host.complete(&text).await.map_err(transport)?;
+                let request = if summary {
+                    HostRequest::summary(request)
+                } else {
+                    // Prompt-based calling renders the messages anew each call: compared.
+                    let mark = self.view_mark.get().filter(|_| self.prompted.is_none());
+                    self.held.borrow_mut().request(request, mark)
+                };
+                let text =
+                    serde_json::to_string(&request).map_err(|e| ModelError::Other(e.to_string()));
+                let answer = match text {
+                    Ok(text) => host.complete(&text).await,
+                    Err(e) => Err(e.to_string()),
+                };
+                // What the wrapper holds is unsure after a failure: the next request carries
+                // everything.
+                let answer = answer.inspect_err(|_| *self.held.borrow_mut() = Held::default());
+                let answer = answer.map_err(transport)?;
                 let response: ModelResponse = serde_json::from_str(&answer).map_err(|e| {
                     ModelError::Other(format!("the model's answer does not parse: {e}"))
                 })?;
@@ -378,6 +614,10 @@ struct ToolAnswer {
     ok: Option<Value>,
     #[serde(default)]
     error: Option<String>,
+    /// Whether the error is worth another attempt (a thrown error with `retryable: true`,
+    /// an attempt past the tool's time limit).
+    #[serde(default)]
+    retryable: bool,
 }
 
 fn tool_result(answer: Result<String, String>) -> Result<ToolOutput, ToolError> {
@@ -385,6 +625,7 @@ fn tool_result(answer: Result<String, String>) -> Result<ToolOutput, ToolError> 
     let a: ToolAnswer = serde_json::from_str(&text)
         .map_err(|e| ToolError::new(format!("the tool's answer does not parse: {e}")))?;
     match (a.error, a.ok) {
+        (Some(e), _) if a.retryable => Err(ToolError::retryable(e)),
         (Some(e), _) => Err(ToolError::new(e)),
         (None, Some(v)) => Ok(ToolOutput::json(&v)),
         (None, None) => Ok(ToolOutput::json(&Value::Null)),
@@ -396,6 +637,8 @@ struct Run<'h> {
     machine: Machine,
     events: bool,
     checkpoints: bool,
+    /// When the run's time is up (milliseconds since the epoch), with a time limit.
+    deadline: Option<f64>,
 }
 
 impl Run<'_> {
@@ -437,19 +680,72 @@ impl Run<'_> {
         }
     }
 
-    fn interrupt(&mut self) -> Result<(), String> {
-        self.feed(Input::Interrupted {
-            why: Interrupt::Cancelled,
-        })
+    /// Why the run must stop now, if it must: its time is up, or the caller cancelled.
+    fn interrupted(&self) -> Option<Interrupt> {
+        if self.deadline.is_some_and(|d| now_ms() >= d) {
+            return Some(Interrupt::Timeout);
+        }
+        self.host.interrupted()
     }
+
+    fn interrupt(&mut self, why: Interrupt) -> Result<(), String> {
+        self.feed(Input::Interrupted { why })
+    }
+}
+
+/// The round a [`Step::GetReminders`] is for: the one about to start.
+fn view_round(machine: &Machine) -> u32 {
+    machine.round() + 1
+}
+
+/// The approval subjects of a response's calls, as the machine weighs them: a call of a tool
+/// that needs approval is weighed by its canonical arguments (a JavaScript tool has no subject
+/// of its own, as a native tool has by default); others by nothing (empty when none is).
+fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<Subject>> {
+    let approvals = &machine.config().approvals;
+    let subjects: Vec<Option<Subject>> = response
+        .tool_calls
+        .iter()
+        .map(|call| {
+            let default = machine
+                .catalog()
+                .get(&call.name)
+                .map_or(Action::Allow, CatalogEntry::approval_default);
+            approvals
+                .weighs_subject(&call.name, default)
+                .then(|| call.canonical_arguments().into())
+        })
+        .collect();
+    if subjects.iter().all(Option::is_none) {
+        return Vec::new();
+    }
+    subjects
 }
 
 /// Runs `spec` with `host` doing the I/O; the result as JSON text.
 pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, String> {
     let started = now_ms();
-    let config = Arc::new(spec.limits.config(spec.model.stream));
+    let mut config = spec.limits.config(spec.model.stream);
+    if let Some(options) = &spec.context {
+        // As the native agent's: the policy checked, and the model's known window when none
+        // is given.
+        let mut policy = options.policy();
+        policy
+            .validate()
+            .map_err(|e| format!("the context policy: {e}"))?;
+        if policy.window.is_none()
+            && let Some(name) = &spec.model.model
+        {
+            policy.window = toolloop::context::LimitTable::builtin().context_window(name);
+        }
+        config.context = Some(policy);
+    }
+    let config = Arc::new(config);
     let model_retries = spec.limits.model_retries.unwrap_or(2);
     let stream_restarts = config.stream_restarts;
+    let (tool_retries, tool_backoff) = (config.tool_retries, config.tool_retry_backoff);
+    let tool_timeout_ms = config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0);
+    let deadline = config.timeout.map(|d| started + d.as_secs_f64() * 1000.0);
     let entries = spec
         .tools
         .into_iter()
@@ -460,13 +756,23 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             side_effect: Default::default(),
             parallel_safe: false,
             terminal: false,
-            default_approval: None,
+            default_approval: Some(if t.needs_approval {
+                Action::Ask
+            } else {
+                Action::Allow
+            }),
         })
         .collect();
     let catalog = Arc::new(Catalog::new(entries).map_err(|e| format!("the tools: {e}"))?);
     let specs: Vec<ToolSpec> = catalog.specs().to_vec();
     let model = ModelCall::new(&spec.model)?;
-    let hooks = HookFlags::default();
+    // The hooks the host has: asked by the machine as natively ([`Step::GetReminders`],
+    // [`Step::CheckStop`]).
+    let hooks = HookFlags {
+        reminders: host.has("reminders"),
+        stop_when: host.has("stopWhen"),
+        ..HookFlags::default()
+    };
     let machine = match spec.state {
         Some(state) => Machine::resume(config, hooks, catalog, state),
         None => Machine::new(config, hooks, catalog, spec.messages),
@@ -476,27 +782,36 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
         machine,
         events: host.has("event"),
         checkpoints: spec.checkpoints,
+        deadline,
     };
     run.machine.set_events(run.events);
     run.flush();
     let settings = ModelSettings::default();
+    // The state of a round whose calls wait for approvals, when the run stopped for them.
+    let mut waiting_state = None;
     loop {
         let step = run.machine.next_step();
         run.flush();
-        if !matches!(step, Step::Finished) && host.aborted() {
-            run.interrupt()?;
+        if !matches!(step, Step::Finished)
+            && let Some(why) = run.interrupted()
+        {
+            run.interrupt(why)?;
             continue;
         }
         match step {
             Step::Finished => break,
             Step::CallModel { round, reminders } => {
+                // `read_result` is offered once a result was spilled (the machine answers it).
+                let tools = toolloop::context::driver::request_tools(&run.machine, &specs);
+                let settings = toolloop::context::driver::request_settings(&run.machine, &settings);
                 let request = ModelRequest {
                     messages: run.machine.sent_messages(),
                     reminders: &reminders,
-                    tools: &specs,
+                    tools: &tools,
                     settings: &settings,
                 };
                 let events = run.events;
+                model.view_mark.set(Some(ViewMark::of(&run.machine)));
                 // Retries as the native agent's: a retryable failure before any output is
                 // made again after a backoff; a stream that broke after delivering output is
                 // restarted (`model_retry` tells listeners to drop its deltas).
@@ -504,7 +819,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                 let result = loop {
                     let delivered = std::cell::Cell::new(false);
                     let result = model
-                        .call(host, &request, |t| {
+                        .call(host, &request, false, |t| {
                             delivered.set(true);
                             if events
                                 && let Ok(text) = serde_json::to_string(&Event::TextDelta {
@@ -517,7 +832,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                         })
                         .await;
                     let e = match result {
-                        Err(e) if e.is_retryable() && !host.aborted() => e,
+                        Err(e) if e.is_retryable() && run.interrupted().is_none() => e,
                         other => break other,
                     };
                     if delivered.get() {
@@ -531,7 +846,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                         }
                         retries += 1;
                         host.sleep(retry_delay_ms(retries, &e)).await;
-                        if host.aborted() {
+                        if run.interrupted().is_some() {
                             break Err(e);
                         }
                     }
@@ -541,16 +856,16 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                         reason: e.to_string(),
                     });
                 };
-                if host.aborted() {
-                    run.interrupt()?;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
                     continue;
                 }
                 let input = match result {
                     Ok(response) => Input::ModelResponded {
                         round,
+                        subjects: approval_subjects(&run.machine, &response),
                         response,
                         cost: None,
-                        subjects: Vec::new(),
                     },
                     Err(e) => toolloop::context::driver::failed_call_input(&run.machine, round, e),
                 };
@@ -569,35 +884,208 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             call_id: call.id.clone(),
                         })?;
-                        run.emit(&Event::ToolStarted {
-                            round,
-                            call_id: call.id.clone(),
-                            name: call.name.clone(),
-                            attempt: 1,
-                        });
                         let started = now_ms();
                         let args = call.arguments.to_string();
-                        let answer = host.tool(&call.name, &args, &call.id).await;
+                        // As the native agent's: an attempt that fails with a retryable error
+                        // (one past the tool's time limit among them) is made again after a
+                        // backoff that doubles, up to `tool_retries` times.
+                        let mut attempt = 0u32;
+                        let result = loop {
+                            attempt += 1;
+                            run.emit(&Event::ToolStarted {
+                                round,
+                                call_id: call.id.clone(),
+                                name: call.name.clone(),
+                                attempt,
+                            });
+                            let answer = host
+                                .tool(&call.name, &args, &call.id, attempt, tool_timeout_ms)
+                                .await;
+                            match tool_result(answer) {
+                                Err(e)
+                                    if e.retryable
+                                        && attempt <= tool_retries
+                                        && run.interrupted().is_none() =>
+                                {
+                                    let wait =
+                                        tool_backoff.saturating_mul(1 << (attempt - 1).min(10));
+                                    host.sleep(wait.as_secs_f64() * 1000.0).await;
+                                    if run.interrupted().is_some() {
+                                        break Err(e);
+                                    }
+                                }
+                                result => break result,
+                            }
+                        };
                         let duration_ms = (now_ms() - started).max(0.0) as u64;
-                        if host.aborted() {
-                            run.interrupt()?;
+                        if let Some(why) = run.interrupted() {
+                            run.interrupt(why)?;
                             break 'batches;
                         }
                         run.feed(Input::ToolFinished {
                             round,
                             index,
-                            result: tool_result(answer),
+                            result,
                             duration_ms,
-                            attempts: 1,
+                            attempts: attempt,
                         })?;
                     }
                 }
                 run.checkpoint();
             }
+            Step::Approve(requests) => {
+                // Each call's decision, by a rule, or by the host's `approve` (a person);
+                // without one, the calls that ask wait, and the run stops for them
+                // (`awaiting_approval`): its state, resumed with an `approve`, asks again.
+                let mut waiting = false;
+                let mut interrupted = None;
+                for r in requests {
+                    let call = &r.pending.call;
+                    let decision = match Decision::by_rule(call, &r.verdict) {
+                        Some(decision) => decision,
+                        None => {
+                            run.emit(&Event::ApprovalRequested {
+                                round: r.pending.round,
+                                call: call.clone(),
+                                subject: r.pending.subject.clone(),
+                            });
+                            if !host.has("approve") {
+                                waiting = true;
+                                continue;
+                            }
+                            let pending = serde_json::to_string(&r.pending)
+                                .map_err(|e| format!("the approval request: {e}"))?;
+                            let answer = host.approve(&pending).await;
+                            if let Some(why) = run.interrupted() {
+                                interrupted = Some(why);
+                                break;
+                            }
+                            // An answer that is not one (the handler threw, or gave something
+                            // else) denies: a call that needs an approval never runs without.
+                            let answer = answer
+                                .and_then(|t| serde_json::from_str(&t).map_err(|e| e.to_string()))
+                                .unwrap_or_else(|e| Answer::Deny {
+                                    reason: Some(format!("the approval handler failed: {e}")),
+                                });
+                            Decision::by_person(call, answer)
+                        }
+                    };
+                    run.feed(Input::ApprovalDecided {
+                        round: r.pending.round,
+                        index: r.pending.index,
+                        decision,
+                    })?;
+                }
+                if let Some(why) = interrupted {
+                    run.interrupt(why)?;
+                } else if waiting {
+                    // The state to go on from is the round's, its calls waiting: the machine
+                    // ends the run here (a native run goes on from its log, which holds the
+                    // round).
+                    waiting_state = Some(run.machine.snapshot());
+                    run.machine
+                        .await_approval()
+                        .map_err(|e| format!("the engine refused to wait for approvals: {e}"))?;
+                    run.flush();
+                }
+            }
+            Step::GetReminders => {
+                // The round about to start, as the hook sees it; its strings go with that
+                // round's request only. A hook that fails adds none.
+                let view = run.machine.view();
+                let view = json!({
+                    "round": view.round,
+                    "toolCalls": view.tool_calls,
+                    "usage": view.usage,
+                    "lastCall": view.last_call,
+                })
+                .to_string();
+                let answer = host.hook("reminders", &view).await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let reminders: Vec<String> = answer
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or_default();
+                let round = view_round(&run.machine);
+                run.feed(Input::RemindersGiven { round, reminders })?;
+            }
+            Step::CheckStop => {
+                // Every call of the round ran: the hook may end the run with a signal (its
+                // text), as `stop_when` does natively. A hook that fails does not stop it.
+                let calls: Vec<Value> = run
+                    .machine
+                    .round_calls()
+                    .iter()
+                    .map(|c| {
+                        json!({
+                            "call": c.call,
+                            "result": match c.result {
+                                Some(Ok(o)) => json!({ "ok": o }),
+                                Some(Err(e)) => json!({ "error": e.message }),
+                                None => Value::Null,
+                            },
+                        })
+                    })
+                    .collect();
+                let answer = host
+                    .hook("stopWhen", &Value::Array(calls).to_string())
+                    .await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let signal: Option<String> = answer
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .flatten();
+                let round = run.machine.round();
+                run.feed(Input::StopChecked { round, signal })?;
+            }
             step @ Step::EditContext { .. } => {
                 if let Some(input) = toolloop::context::driver::edits_input(step) {
                     run.feed(input)?;
                 }
+            }
+            Step::Compact(request) => {
+                // The conversation's older part summarised by the run's model, as natively.
+                let summary_settings =
+                    toolloop::context::driver::summary_settings(&settings, false);
+                let call = ModelRequest {
+                    messages: (&request.messages).into(),
+                    reminders: &[],
+                    tools: &[],
+                    settings: &summary_settings,
+                };
+                let result = model.call(host, &call, true, |_| {}).await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let input = match result.map(|r| (r.text.filter(|t| !t.trim().is_empty()), r.usage))
+                {
+                    Ok((Some(summary), usage)) => Input::Compacted {
+                        round: request.round,
+                        compaction: Compaction {
+                            cut: request.cut,
+                            summary,
+                            usage,
+                            cost: None,
+                        },
+                    },
+                    Ok((None, _)) => Input::CompactionFailed {
+                        round: request.round,
+                        message: "the summariser answered with no text".into(),
+                    },
+                    Err(e) => Input::CompactionFailed {
+                        round: request.round,
+                        message: e.to_string(),
+                    },
+                };
+                run.feed(input)?;
+                run.checkpoint();
             }
             other => {
                 return Err(format!(
@@ -606,7 +1094,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             }
         }
     }
-    let state = run.machine.snapshot();
+    let state = waiting_state.unwrap_or_else(|| run.machine.snapshot());
     let events = run.events;
     let outcome = run
         .machine

@@ -71,12 +71,19 @@ impl Host {
             .ok_or_else(|| format!("{name} gave something other than text"))
     }
 
-    /// Whether the caller cancelled.
-    pub(crate) fn aborted(&self) -> bool {
-        self.function("aborted")
+    /// Why the run must stop, if it must: the host's `aborted()` answers `"timeout"` when the
+    /// run's time limit passed, another true value when the caller cancelled.
+    pub(crate) fn interrupted(&self) -> Option<toolloop::engine::Interrupt> {
+        use toolloop::engine::Interrupt;
+        let v = self
+            .function("aborted")
             .ok()
-            .and_then(|f| f.call0(&self.obj).ok())
-            .is_some_and(|v| v.is_truthy())
+            .and_then(|f| f.call0(&self.obj).ok())?;
+        if v.as_string().is_some_and(|s| s == "timeout") {
+            Some(Interrupt::Timeout)
+        } else {
+            v.is_truthy().then_some(Interrupt::Cancelled)
+        }
     }
 
     /// Waits `ms` milliseconds (the host's `sleep`, which ends early when the run is
@@ -100,17 +107,39 @@ impl Host {
             .await
     }
 
-    /// Runs a tool; its answer as JSON text.
-    pub(crate) async fn tool(&self, name: &str, args: &str, id: &str) -> Result<String, String> {
+    /// Runs attempt `attempt` (1-based) of a tool call, within `timeout_ms` when given; its
+    /// answer as JSON text.
+    pub(crate) async fn tool(
+        &self,
+        name: &str,
+        args: &str,
+        id: &str,
+        attempt: u32,
+        timeout_ms: Option<f64>,
+    ) -> Result<String, String> {
         self.call_text(
             "tool",
             &[
                 JsValue::from_str(name),
                 JsValue::from_str(args),
                 JsValue::from_str(id),
+                JsValue::from_f64(f64::from(attempt)),
+                timeout_ms.map_or(JsValue::UNDEFINED, JsValue::from_f64),
             ],
         )
         .await
+    }
+
+    /// A hook's answer (JSON text) to its argument (JSON text).
+    pub(crate) async fn hook(&self, name: &str, arg: &str) -> Result<String, String> {
+        self.call_text(name, &[JsValue::from_str(arg)]).await
+    }
+
+    /// A person's answer (JSON text of a [`toolloop::approval::Answer`]) on a call that waits
+    /// for approval (`pending`: JSON text of a [`toolloop::approval::PendingApproval`]).
+    pub(crate) async fn approve(&self, pending: &str) -> Result<String, String> {
+        self.call_text("approve", &[JsValue::from_str(pending)])
+            .await
     }
 
     /// A `POST` of `body` to `url`.

@@ -10,13 +10,28 @@
 //! - `http(url, headers, body, signalled)`: a `POST`; resolves to `{ status, headers, read }`
 //!   where `headers` is an object and `read()` gives the body's next chunk (`Uint8Array`) or
 //!   `undefined` at its end;
-//! - `complete(request)`: a JavaScript model; `request` is JSON text
-//!   (`{ messages, reminders, tools, settings }`), the answer JSON text of a
-//!   [`toolloop::ModelResponse`] (at least `{ "text": … }`);
-//! - `tool(name, arguments, callId)`: runs a tool; resolves to JSON text, `{ "ok": value }` or
-//!   `{ "error": message }`;
+//! - `complete(request)`: a JavaScript model; `request` is JSON text,
+//!   `{ from, messages, reminders, tools?, settings?, summary? }`: the conversation is the one
+//!   of the previous request up to `from`, then `messages` (only what changed crosses);
+//!   `tools` and `settings` come when they changed; a `summary` request (the context policy's
+//!   summarisation) carries its whole conversation and is not part of the run's. The answer is
+//!   JSON text of a [`toolloop::ModelResponse`] (at least `{ "text": … }`);
+//! - `tool(name, arguments, callId, attempt, timeoutMs)`: runs attempt `attempt` of a tool
+//!   call, within `timeoutMs` when given; resolves to JSON text, `{ "ok": value }` or
+//!   `{ "error": message, "retryable": bool }`;
+//! - `approve(pending)`: a person's answer on a call that waits for approval (`pending` is JSON
+//!   text of a [`toolloop::approval::PendingApproval`]); resolves to JSON text,
+//!   `{ "answer": "approve" }` or `{ "answer": "deny", "reason": … }`. Without it, such a call
+//!   waits and the run stops with `awaiting_approval`;
+//! - `reminders(view)`, when set: before each round, strings sent with that round's request
+//!   only (`view` is JSON text, `{ round, toolCalls, usage, lastCall }`; the answer JSON text
+//!   of a list of strings);
+//! - `stopWhen(calls)`, when set: after a round's calls ran (`calls` is JSON text,
+//!   `[{ call, result }]`), the signal that ends the run (JSON text of a string), or `null`;
+//! - `sleep(ms)`: resolves after `ms` milliseconds, or sooner when the run is stopped;
 //! - `event(json)`: an event of the run;
-//! - `aborted()`: whether the caller cancelled.
+//! - `aborted()`: whether the run must stop: `"timeout"` past its time limit, another true
+//!   value when the caller cancelled. The host also cuts short what is under way then.
 
 #![forbid(unsafe_code)]
 

@@ -49,6 +49,7 @@ async fn the_npm_package_passes_its_node_tests_against_the_mock() {
         Command::new("node")
             .arg("--test")
             .arg(tests.join("run.test.mjs"))
+            .arg(tests.join("guarantees.test.mjs"))
             .arg(tests.join("conformance.test.mjs"))
             .env("TOOLLOOP_MOCK_URL", url)
             .output()

@@ -77,6 +77,7 @@ pub mod ptk;
 pub mod redact;
 pub mod result;
 pub mod schema;
+mod schema_check;
 pub mod stream;
 pub mod subagent;
 pub mod telemetry;

@@ -105,9 +105,11 @@ impl OutputSchema {
                 message: "expected a JSON Schema object".into(),
             });
         }
-        let validator = jsonschema::validator_for(&self.schema).map_err(|e| OutputSchemaError {
-            name: self.name.clone(),
-            message: e.to_string(),
+        let validator = crate::schema_check::Checker::new(&self.schema).map_err(|message| {
+            OutputSchemaError {
+                name: self.name.clone(),
+                message,
+            }
         })?;
         Ok(OutputCheck { validator })
     }
@@ -226,7 +228,7 @@ fn clean_name(name: &str) -> String {
 
 /// A compiled [`OutputSchema`]: checks final answers.
 pub struct OutputCheck {
-    validator: jsonschema::Validator,
+    validator: crate::schema_check::Checker,
 }
 
 impl std::fmt::Debug for OutputCheck {
@@ -252,19 +254,7 @@ impl OutputCheck {
 
     /// Validates a JSON value against the schema.
     pub fn validate(&self, value: &Value) -> Result<(), InvalidOutput> {
-        if self.validator.is_valid(value) {
-            return Ok(());
-        }
-        let problems: Vec<String> = self
-            .validator
-            .iter_errors(value)
-            .take(5)
-            .map(|e| {
-                let path = e.instance_path().to_string();
-                let path = if path.is_empty() { "/".into() } else { path };
-                format!("at `{path}`: {e}")
-            })
-            .collect();
+        let problems = self.validator.problems(value, 5);
         if problems.is_empty() {
             Ok(())
         } else {

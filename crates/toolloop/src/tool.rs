@@ -342,6 +342,14 @@ impl<A, F> FnTool<A, F> {
         self.side_effect = side_effect;
         self
     }
+
+    /// Offers `parameters` as the JSON Schema of the arguments, in place of the one made from
+    /// `A`: for a tool whose arguments are known only at run time (with `A` =
+    /// [`serde_json::Value`], the function gets them as they came, once they pass the schema).
+    pub fn with_parameters(mut self, parameters: Value) -> Self {
+        self.parameters = parameters;
+        self
+    }
 }
 
 #[async_trait]
@@ -410,5 +418,25 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.message.contains("arguments do not fit"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_typed_tool_may_offer_a_schema_known_at_run_time() {
+        let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+        let t = tool_fn(
+            "weather",
+            "Weather.",
+            |a: Value, _ctx: ToolContext| async move { Ok::<_, ToolError>(ToolOutput::data(a)) },
+        )
+        .with_parameters(schema.clone());
+        assert_eq!(t.parameters(), &schema);
+        let out = t
+            .call(
+                json!({"city": "Oslo"}),
+                ToolContext::detached("c1", "weather"),
+            )
+            .await
+            .unwrap();
+        assert_eq!(out.data, Some(json!({"city": "Oslo"})));
     }
 }

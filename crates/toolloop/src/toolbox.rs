@@ -205,7 +205,7 @@ pub fn subject_of(tool: &dyn Tool, args: &Value) -> crate::approval::Subject {
 pub struct Catalog {
     entries: Vec<CatalogEntry>,
     specs: Vec<ToolSpec>,
-    validators: Vec<Arc<jsonschema::Validator>>,
+    validators: Vec<Arc<crate::schema_check::Checker>>,
     /// Looked up several times per call: a fast hash, not a DoS-resistant one (the names are
     /// the program's own, or a log's that the program wrote).
     by_name: foldhash::HashMap<String, usize>,
@@ -235,12 +235,13 @@ impl Catalog {
         if self.by_name.contains_key(name) {
             return Err(ToolboxError::Duplicate(name.clone()));
         }
-        let validator = jsonschema::validator_for(&entry.parameters).map_err(|e| {
-            ToolboxError::InvalidSchema {
-                name: name.clone(),
-                message: e.to_string(),
-            }
-        })?;
+        let validator =
+            crate::schema_check::Checker::new(&entry.parameters).map_err(|message| {
+                ToolboxError::InvalidSchema {
+                    name: name.clone(),
+                    message,
+                }
+            })?;
         self.specs.push(ToolSpec {
             name: name.clone(),
             description: entry.description.clone(),
@@ -292,23 +293,7 @@ impl Catalog {
         let Some(i) = self.index(name) else {
             return Err(ArgumentsError::UnknownTool(name.to_string()));
         };
-        let validator = &self.validators[i];
-        if validator.is_valid(args) {
-            return Ok(());
-        }
-        let problems: Vec<String> = validator
-            .iter_errors(args)
-            .take(5)
-            .map(|e| {
-                let path = e.instance_path().to_string();
-                let path = if path.is_empty() {
-                    "/".to_string()
-                } else {
-                    path
-                };
-                format!("at `{path}`: {e}")
-            })
-            .collect();
+        let problems = self.validators[i].problems(args, 5);
         if problems.is_empty() {
             Ok(())
         } else {

@@ -19,7 +19,6 @@ use super::wire::{self, ChatRequest};
 use crate::args::{ProviderArgs, ToolProtocol};
 use crate::cx::Cx;
 use crate::spec::model_from_args;
-use async_trait::async_trait;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,9 +27,10 @@ use toolloop::config::{InvalidCallPolicy, LoopConfig};
 use toolloop::journal::Journal;
 use toolloop::message::{Message, ToolCall};
 use toolloop::model::ModelSettings;
+use toolloop::model::ToolSpec;
 use toolloop::outcome::{CallStatus, Outcome, StopReason};
 use toolloop::ptk::Prompted;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 use toolloop::usage::Usage;
 
 /// The backends the gateway has made, by spec (each keeps its HTTP connections).
@@ -99,41 +99,23 @@ pub(crate) const REASKS: u32 = 2;
 const CLIENT_CALLS: &str = "client_tool_calls";
 
 /// A tool of the client's: offered to the backend, never run here. A valid call of it ends the
-/// run after its round, and goes to the client as a `tool_calls` entry.
-struct ClientTool {
-    name: String,
-    description: String,
-    parameters: Value,
-}
-
-#[async_trait]
-impl Tool for ClientTool {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn description(&self) -> &str {
-        &self.description
-    }
-    fn parameters(&self) -> &Value {
-        &self.parameters
-    }
-    fn parallel_safe(&self) -> bool {
-        true
-    }
-    fn terminal(&self) -> bool {
-        true
-    }
-    fn side_effect(&self) -> SideEffect {
-        // Nothing happens here: a retry may "run" it again.
-        SideEffect::ReadOnly
-    }
-    async fn call(&self, _args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput {
+/// run after its round, and goes to the client as a `tool_calls` entry. Nothing happens here,
+/// so it is read-only (a retry may "run" it again) and parallel-safe.
+fn client_tool(spec: &ToolSpec) -> Arc<dyn Tool> {
+    let call = |_: Value, _: ToolContext| async {
+        Ok::<_, ToolError>(ToolOutput {
             message: "the client runs this call; its result comes with the next request".into(),
             signal: Some(CLIENT_CALLS.into()),
             ..ToolOutput::default()
         })
-    }
+    };
+    Arc::new(
+        tool_fn(spec.name.clone(), spec.description.clone(), call)
+            .with_parameters(spec.parameters.clone())
+            .allow_parallel()
+            .make_terminal()
+            .with_side_effect(SideEffect::ReadOnly),
+    )
 }
 
 /// The run of one gateway request: `backend` with the request's tools and settings, logged in
@@ -160,13 +142,7 @@ pub(crate) fn agent(
             tool_choice: request.tool_choice.clone(),
             ..ModelSettings::default()
         })
-        .tools(request.tools.iter().map(|t| {
-            Arc::new(ClientTool {
-                name: t.name.clone(),
-                description: t.description.clone(),
-                parameters: t.parameters.clone(),
-            }) as Arc<dyn Tool>
-        }));
+        .tools(request.tools.iter().map(client_tool));
     if let Some(journal) = journal {
         builder = builder.journal(journal);
     }

@@ -176,14 +176,8 @@ impl AgentServer {
                 }
             },
             _ => CallToolResult::error(vec![ContentBlock::text(format!(
-                "workflow run {} {}{}",
-                outcome.workflow_id,
-                outcome.status.as_str(),
-                outcome
-                    .failed_step
-                    .as_ref()
-                    .map(|s| format!(" at step {s}"))
-                    .unwrap_or_default()
+                "workflow run {}",
+                crate::workflow::how_it_ended(&outcome)
             ))]),
         };
         Ok(CallToolResponse::Complete(result))
@@ -711,16 +705,7 @@ pub(crate) async fn serve_http(
     );
     let app = super::openai::with_token(axum::Router::new().nest_service("/mcp", service), &tokens);
     eprintln!("toolloop: serving the agents over MCP on http://{local}/mcp");
-    let server = {
-        let stop = stop.clone();
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        })
-    };
-    super::shutdown_signal().await;
-    stop.cancel();
+    let server = super::serve_until_signal(listener, app, &stop).await;
     let _ = tokio::time::timeout(http.grace, server).await;
     waiting.close(http.grace).await;
     Ok(ExitCode::SUCCESS)

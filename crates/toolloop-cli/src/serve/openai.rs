@@ -136,17 +136,8 @@ pub(crate) async fn serve(
     eprintln!("toolloop: serving the OpenAI API on http://{local}/v1");
     let max_body = usize::try_from(http.max_body).unwrap_or(usize::MAX);
     let stop = CancellationToken::new();
-    let server = {
-        let stop = stop.clone();
-        let app = router(app.clone(), max_body, &tokens);
-        tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(stop.cancelled_owned())
-                .await
-        })
-    };
-    super::shutdown_signal().await;
-    stop.cancel();
+    let router = router(app.clone(), max_body, &tokens);
+    let server = super::serve_until_signal(listener, router, &stop).await;
     app.tracker.close();
     let running = app.tracker.len();
     if running > 0 {

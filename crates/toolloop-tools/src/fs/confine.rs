@@ -572,7 +572,7 @@ mod sys {
     //! Directory handles as checked paths: the same rules, without protection against a
     //! concurrent swap.
 
-    use super::{Kind, Meta};
+    use super::{Meta, kind_of};
     use std::ffi::{OsStr, OsString};
     use std::fs::{self, File, OpenOptions};
     use std::io;
@@ -582,18 +582,8 @@ mod sys {
     pub struct Handle(PathBuf);
 
     fn meta_of(meta: &fs::Metadata) -> Meta {
-        let file_type = meta.file_type();
-        let kind = if file_type.is_symlink() {
-            Kind::Symlink
-        } else if file_type.is_dir() {
-            Kind::Dir
-        } else if file_type.is_file() {
-            Kind::File
-        } else {
-            Kind::Other
-        };
         Meta {
-            kind,
+            kind: kind_of(&meta.file_type()),
             len: meta.len(),
             mode: 0,
             owner: None,

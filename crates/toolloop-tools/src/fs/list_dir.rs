@@ -2,21 +2,17 @@
 
 use super::confine::{Found, Kind};
 use super::root::Root;
-use super::{
-    LIST_MAX_ENTRIES, blocking, cancelled, default_dot, io_error, parse_args, path_subject,
-};
-use async_trait::async_trait;
+use super::{FileTool, LIST_MAX_ENTRIES, cancelled, default_dot, file_tool, io_error};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::io;
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
-use toolloop::approval::Subject;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
+use toolloop::tool::{SideEffect, ToolError, ToolOutput};
 
 #[derive(Deserialize, JsonSchema)]
-struct ListDirArgs {
+pub(super) struct ListDirArgs {
     /// The directory to list, relative to the root; `.` is the root itself.
     #[serde(default = "default_dot")]
     #[schemars(example = &"src")]
@@ -31,7 +27,6 @@ struct ListDirArgs {
 #[derive(Debug, Clone)]
 pub struct ListDir {
     root: Root,
-    parameters: Value,
 }
 
 impl ListDir {
@@ -41,10 +36,7 @@ impl ListDir {
     }
 
     pub(super) fn with_root(root: Root) -> Self {
-        ListDir {
-            root,
-            parameters: schema_of::<ListDirArgs>(),
-        }
+        ListDir { root }
     }
 
     fn list(&self, args: &ListDirArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
@@ -112,31 +104,19 @@ impl ListDir {
     }
 }
 
-#[async_trait]
-impl Tool for ListDir {
-    fn approval_subject(&self, args: &Value) -> Subject {
-        path_subject(&self.root, args)
+impl FileTool for ListDir {
+    const NAME: &'static str = "list_dir";
+    const DESCRIPTION: &'static str = "List a directory under the workspace root. Each entry has \
+         `name`, `kind` (file, dir, symlink or other) and, for files, `size` in bytes; entries are \
+         sorted by name. `path` is relative to the root (default `.`, the root itself).";
+    const SIDE_EFFECT: SideEffect = SideEffect::ReadOnly;
+    type Args = ListDirArgs;
+    fn root(&self) -> &Root {
+        &self.root
     }
-    fn name(&self) -> &str {
-        "list_dir"
-    }
-    fn description(&self) -> &str {
-        "List a directory under the workspace root. Each entry has `name`, `kind` (file, dir, \
-         symlink or other) and, for files, `size` in bytes; entries are sorted by name. `path` \
-         is relative to the root (default `.`, the root itself)."
-    }
-    fn parameters(&self) -> &Value {
-        &self.parameters
-    }
-    fn parallel_safe(&self) -> bool {
-        true
-    }
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::ReadOnly
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let args: ListDirArgs = parse_args(self.name(), args)?;
-        let this = self.clone();
-        blocking(self.name(), &ctx, move |stop| this.list(&args, stop)).await
+    fn run(&self, args: &ListDirArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
+        self.list(args, stop)
     }
 }
+
+file_tool!(ListDir);

@@ -59,6 +59,7 @@ pub use read_file::ReadFile;
 pub use search_files::SearchFiles;
 pub use write_file::WriteFile;
 
+use schemars::JsonSchema;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::io;
@@ -66,7 +67,7 @@ use std::path::Path;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use toolloop::approval::Subject;
-use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
+use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 
 use root::{Root, lexical};
 
@@ -125,9 +126,75 @@ fn path_subject(root: &Root, args: &Value) -> Subject {
     }
 }
 
-fn parse_args<T: DeserializeOwned>(tool: &str, args: Value) -> Result<T, ToolError> {
-    serde_json::from_value(args)
-        .map_err(|e| ToolError::new(format!("the arguments of `{tool}` do not fit: {e}")))
+/// What makes one file tool: its name, description and side effect, its arguments, and the
+/// blocking work of a call. [`file_tool!`] makes the [`Tool`] of a type from this, the same for
+/// every file tool: the approval subject is the path the call touches ([`path_subject`]), the
+/// schema is the arguments' ([`schema_of`]), read-only tools are parallel-safe, and a call
+/// parses its arguments and runs the work off the async threads ([`blocking`]).
+trait FileTool: Clone + Send + Sync + 'static {
+    /// The name the model uses.
+    const NAME: &'static str;
+    /// What the tool does, for the model.
+    const DESCRIPTION: &'static str;
+    /// What a call changes; a read-only tool is also parallel-safe.
+    const SIDE_EFFECT: SideEffect;
+    /// The arguments of a call.
+    type Args: DeserializeOwned + JsonSchema + Send + 'static;
+    /// The root the tool is confined to.
+    fn root(&self) -> &Root;
+    /// The work of one call, on a blocking thread; stops when `stop` is cancelled.
+    fn run(&self, args: &Self::Args, stop: &CancellationToken) -> Result<ToolOutput, ToolError>;
+}
+
+/// The [`Tool`] of a [`FileTool`]. A macro only because `Tool` is another crate's trait: one
+/// generic `impl<T: FileTool> Tool for T` is not allowed.
+macro_rules! file_tool {
+    ($tool:ty) => {
+        #[async_trait::async_trait]
+        impl toolloop::tool::Tool for $tool {
+            fn approval_subject(&self, args: &serde_json::Value) -> toolloop::approval::Subject {
+                $crate::fs::path_subject(<Self as $crate::fs::FileTool>::root(self), args)
+            }
+            fn name(&self) -> &str {
+                <Self as $crate::fs::FileTool>::NAME
+            }
+            fn description(&self) -> &str {
+                <Self as $crate::fs::FileTool>::DESCRIPTION
+            }
+            fn parameters(&self) -> &serde_json::Value {
+                static PARAMETERS: std::sync::OnceLock<serde_json::Value> =
+                    std::sync::OnceLock::new();
+                PARAMETERS
+                    .get_or_init(toolloop::tool::schema_of::<<Self as $crate::fs::FileTool>::Args>)
+            }
+            fn parallel_safe(&self) -> bool {
+                <Self as $crate::fs::FileTool>::SIDE_EFFECT == toolloop::tool::SideEffect::ReadOnly
+            }
+            fn side_effect(&self) -> toolloop::tool::SideEffect {
+                <Self as $crate::fs::FileTool>::SIDE_EFFECT
+            }
+            async fn call(
+                &self,
+                args: serde_json::Value,
+                ctx: toolloop::tool::ToolContext,
+            ) -> Result<toolloop::tool::ToolOutput, toolloop::tool::ToolError> {
+                $crate::fs::call(self, args, ctx).await
+            }
+        }
+    };
+}
+use file_tool;
+
+/// A file tool's call: its arguments parsed, its work run by [`blocking`].
+async fn call<T: FileTool>(
+    tool: &T,
+    args: Value,
+    ctx: ToolContext,
+) -> Result<ToolOutput, ToolError> {
+    let args: T::Args = serde_json::from_value(args)
+        .map_err(|e| ToolError::new(format!("the arguments of `{}` do not fit: {e}", T::NAME)))?;
+    let tool = tool.clone();
+    blocking(T::NAME, &ctx, move |stop| tool.run(&args, stop)).await
 }
 
 /// Runs blocking file-system work off the async threads.

@@ -3,26 +3,23 @@
 use super::confine::{Found, Kind};
 use super::root::{Root, not_regular, open_regular};
 use super::{
-    DEFAULT_READ_LIMIT, READ_MAX_BYTES, blocking, cancelled, io_error, kib, looks_binary,
-    parse_args, path_subject,
+    DEFAULT_READ_LIMIT, FileTool, READ_MAX_BYTES, cancelled, file_tool, io_error, kib, looks_binary,
 };
-use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
 use tokio_util::sync::CancellationToken;
-use toolloop::approval::Subject;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
+use toolloop::tool::{SideEffect, ToolError, ToolOutput};
 
 fn default_read_limit() -> usize {
     DEFAULT_READ_LIMIT
 }
 
 #[derive(Deserialize, JsonSchema)]
-struct ReadFileArgs {
+pub(super) struct ReadFileArgs {
     /// The file to read, relative to the root, with `/` separators.
     #[schemars(example = &"README.md", example = &"src/main.rs")]
     path: String,
@@ -46,7 +43,6 @@ struct ReadFileArgs {
 pub struct ReadFile {
     root: Root,
     max_bytes: usize,
-    parameters: Value,
 }
 
 impl ReadFile {
@@ -59,7 +55,6 @@ impl ReadFile {
         ReadFile {
             root,
             max_bytes: READ_MAX_BYTES,
-            parameters: schema_of::<ReadFileArgs>(),
         }
     }
 
@@ -70,37 +65,25 @@ impl ReadFile {
     }
 }
 
-#[async_trait]
-impl Tool for ReadFile {
-    fn approval_subject(&self, args: &Value) -> Subject {
-        path_subject(&self.root, args)
+impl FileTool for ReadFile {
+    const NAME: &'static str = "read_file";
+    const DESCRIPTION: &'static str = "Read a UTF-8 text file under the workspace root. Returns \
+         `content` (the lines read, newlines kept) with `first_line` and `last_line` (1-based). \
+         Reads up to `limit` lines (default 2000) after skipping `offset` lines, and at most 256 \
+         KiB per call; when more remains, the result gives `next_offset` to continue. Paths are \
+         relative to the root; absolute paths, `..` and links leading outside the root are \
+         refused. Binary files are refused.";
+    const SIDE_EFFECT: SideEffect = SideEffect::ReadOnly;
+    type Args = ReadFileArgs;
+    fn root(&self) -> &Root {
+        &self.root
     }
-    fn name(&self) -> &str {
-        "read_file"
-    }
-    fn description(&self) -> &str {
-        "Read a UTF-8 text file under the workspace root. Returns `content` (the lines read, \
-         newlines kept) with `first_line` and `last_line` (1-based). Reads up to `limit` lines \
-         (default 2000) after skipping `offset` lines, and at most 256 KiB per call; when more \
-         remains, the result gives `next_offset` to continue. Paths are relative to the root; \
-         absolute paths, `..` and links leading outside the root are refused. Binary files are \
-         refused."
-    }
-    fn parameters(&self) -> &Value {
-        &self.parameters
-    }
-    fn parallel_safe(&self) -> bool {
-        true
-    }
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::ReadOnly
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let args: ReadFileArgs = parse_args(self.name(), args)?;
-        let this = self.clone();
-        blocking(self.name(), &ctx, move |stop| this.read(&args, stop)).await
+    fn run(&self, args: &ReadFileArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
+        self.read(args, stop)
     }
 }
+
+file_tool!(ReadFile);
 
 impl ReadFile {
     fn read(&self, args: &ReadFileArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {

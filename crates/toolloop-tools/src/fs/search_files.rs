@@ -3,10 +3,9 @@
 use super::confine::{Found, Handle, Kind};
 use super::root::{Root, open_regular};
 use super::{
-    MATCH_TEXT_CHARS, SEARCH_MAX_FILE_BYTES, SEARCH_MAX_RESULTS, blocking, default_dot,
-    looks_binary, parse_args, path_subject,
+    FileTool, MATCH_TEXT_CHARS, SEARCH_MAX_FILE_BYTES, SEARCH_MAX_RESULTS, default_dot, file_tool,
+    looks_binary,
 };
-use async_trait::async_trait;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -15,8 +14,7 @@ use std::io::{self, Read};
 use std::path::{Component, Path};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
-use toolloop::approval::Subject;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
+use toolloop::tool::{SideEffect, ToolError, ToolOutput};
 
 fn default_pattern() -> String {
     "*.md".into()
@@ -27,7 +25,7 @@ fn default_max_results() -> usize {
 }
 
 #[derive(Deserialize, JsonSchema)]
-struct SearchFilesArgs {
+pub(super) struct SearchFilesArgs {
     /// A glob for file names, such as `*.rs` or `Cargo.toml`. With a `/` it matches the path
     /// from the root instead, such as `src/**/*.rs`. `*` matches every file.
     #[serde(default = "default_pattern")]
@@ -60,7 +58,6 @@ struct SearchFilesArgs {
 #[derive(Debug, Clone)]
 pub struct SearchFiles {
     root: Root,
-    parameters: Value,
 }
 
 impl SearchFiles {
@@ -70,10 +67,7 @@ impl SearchFiles {
     }
 
     pub(super) fn with_root(root: Root) -> Self {
-        SearchFiles {
-            root,
-            parameters: schema_of::<SearchFilesArgs>(),
-        }
+        SearchFiles { root }
     }
 
     /// The regular file a path found by the walk names, resolved again beneath the root
@@ -265,33 +259,25 @@ fn shorten(line: &str) -> String {
     }
 }
 
-#[async_trait]
-impl Tool for SearchFiles {
-    fn approval_subject(&self, args: &Value) -> Subject {
-        path_subject(&self.root, args)
+impl FileTool for SearchFiles {
+    const NAME: &'static str = "search_files";
+    const DESCRIPTION: &'static str = "Find files under a directory of the workspace root. \
+         `pattern` is a glob on file names (`*.rs`, `Cargo.toml`; with a `/` it matches the path \
+         from the root, as in `src/**/*.rs`). With `regex`, only files containing a matching line \
+         are reported, together with each matching line and its 1-based line number. Respects \
+         .gitignore and skips .git. Returns at most `max_results` files (or matching lines).";
+    const SIDE_EFFECT: SideEffect = SideEffect::ReadOnly;
+    type Args = SearchFilesArgs;
+    fn root(&self) -> &Root {
+        &self.root
     }
-    fn name(&self) -> &str {
-        "search_files"
-    }
-    fn description(&self) -> &str {
-        "Find files under a directory of the workspace root. `pattern` is a glob on file names \
-         (`*.rs`, `Cargo.toml`; with a `/` it matches the path from the root, as in \
-         `src/**/*.rs`). With `regex`, only files containing a matching line are reported, \
-         together with each matching line and its 1-based line number. Respects .gitignore and \
-         skips .git. Returns at most `max_results` files (or matching lines)."
-    }
-    fn parameters(&self) -> &Value {
-        &self.parameters
-    }
-    fn parallel_safe(&self) -> bool {
-        true
-    }
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::ReadOnly
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let args: SearchFilesArgs = parse_args(self.name(), args)?;
-        let this = self.clone();
-        blocking(self.name(), &ctx, move |stop| this.search(&args, stop)).await
+    fn run(
+        &self,
+        args: &SearchFilesArgs,
+        stop: &CancellationToken,
+    ) -> Result<ToolOutput, ToolError> {
+        self.search(args, stop)
     }
 }
+
+file_tool!(SearchFiles);

@@ -2,22 +2,20 @@
 
 use super::confine::{Found, Handle, Kind};
 use super::root::{Root, dangling, not_regular, open_regular};
-use super::{blocking, cancelled, confine, io_error, parse_args, path_subject};
-use async_trait::async_trait;
+use super::{FileTool, cancelled, confine, file_tool, io_error};
 use schemars::JsonSchema;
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::json;
 use std::ffi::{OsStr, OsString};
 use std::fs;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
-use toolloop::approval::Subject;
-use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, schema_of};
+use toolloop::tool::{SideEffect, ToolError, ToolOutput};
 
 #[derive(Deserialize, JsonSchema)]
-struct WriteFileArgs {
+pub(super) struct WriteFileArgs {
     /// The file to write, relative to the root, with `/` separators. Missing parent
     /// directories are created.
     #[schemars(example = &"notes/hello.txt")]
@@ -36,7 +34,6 @@ struct WriteFileArgs {
 #[derive(Debug, Clone)]
 pub struct WriteFile {
     root: Root,
-    parameters: Value,
 }
 
 impl WriteFile {
@@ -46,10 +43,7 @@ impl WriteFile {
     }
 
     pub(super) fn with_root(root: Root) -> Self {
-        WriteFile {
-            root,
-            parameters: schema_of::<WriteFileArgs>(),
-        }
+        WriteFile { root }
     }
 
     fn write(
@@ -246,29 +240,20 @@ impl Drop for TempFile<'_> {
     }
 }
 
-#[async_trait]
-impl Tool for WriteFile {
-    fn approval_subject(&self, args: &Value) -> Subject {
-        path_subject(&self.root, args)
+impl FileTool for WriteFile {
+    const NAME: &'static str = "write_file";
+    const DESCRIPTION: &'static str = "Write a UTF-8 text file under the workspace root: `content` \
+         becomes the whole file. Creates the file and any missing parent directories, or replaces \
+         the file if it exists. Paths are relative to the root; absolute paths, `..` and links \
+         leading outside the root are refused.";
+    const SIDE_EFFECT: SideEffect = SideEffect::Idempotent;
+    type Args = WriteFileArgs;
+    fn root(&self) -> &Root {
+        &self.root
     }
-    fn name(&self) -> &str {
-        "write_file"
-    }
-    fn description(&self) -> &str {
-        "Write a UTF-8 text file under the workspace root: `content` becomes the whole file. \
-         Creates the file and any missing parent directories, or replaces the file if it \
-         exists. Paths are relative to the root; absolute paths, `..` and links leading \
-         outside the root are refused."
-    }
-    fn parameters(&self) -> &Value {
-        &self.parameters
-    }
-    fn side_effect(&self) -> SideEffect {
-        SideEffect::Idempotent
-    }
-    async fn call(&self, args: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        let args: WriteFileArgs = parse_args(self.name(), args)?;
-        let this = self.clone();
-        blocking(self.name(), &ctx, move |stop| this.write(&args, stop)).await
+    fn run(&self, args: &WriteFileArgs, stop: &CancellationToken) -> Result<ToolOutput, ToolError> {
+        self.write(args, stop)
     }
 }
+
+file_tool!(WriteFile);

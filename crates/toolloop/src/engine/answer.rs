@@ -233,19 +233,7 @@ impl Machine {
                 self.finish(StopReason::TerminalSignal, None, None);
                 self.set_signal(signal);
             }
-            _ => {
-                let limit = self.state.round_limit;
-                self.finish(
-                    StopReason::MaxRounds,
-                    None,
-                    Some(RunError {
-                        code: ErrorCode::MaxIterationsReached,
-                        message: format!(
-                            "max rounds reached ({limit}) before the model gave a final answer"
-                        ),
-                    }),
-                );
-            }
+            _ => self.finish_max_rounds(),
         }
         Ok(())
     }
@@ -311,6 +299,21 @@ impl Machine {
         if let Phase::Done { signal: s, .. } = &mut self.state.phase {
             *s = Some(signal);
         }
+    }
+
+    /// Ends the run at the round limit, before the model gave a final answer.
+    pub(super) fn finish_max_rounds(&mut self) {
+        let limit = self.state.round_limit;
+        self.finish(
+            StopReason::MaxRounds,
+            None,
+            Some(RunError {
+                code: ErrorCode::MaxIterationsReached,
+                message: format!(
+                    "max rounds reached ({limit}) before the model gave a final answer"
+                ),
+            }),
+        );
     }
 
     pub(super) fn finish(

@@ -140,11 +140,22 @@ impl Machine {
                 "; no call of the round waits for an approval".into(),
             ));
         }
+        self.stop_for_approvals(waiting, "", |p| {
+            result::shorten(&p.call.name, result::ECHO_CHARS).into_owned()
+        });
+        Ok(())
+    }
+
+    /// Ends the run to wait for the `waiting` approvals (of calls `whose`, as the message says
+    /// it), each named in the message by `name`.
+    pub(super) fn stop_for_approvals(
+        &mut self,
+        waiting: Vec<PendingApproval>,
+        whose: &str,
+        name: impl Fn(&PendingApproval) -> String,
+    ) {
         let n = waiting.len();
-        let names: Vec<String> = waiting
-            .iter()
-            .map(|p| result::shorten(&p.call.name, result::ECHO_CHARS).into_owned())
-            .collect();
+        let names: Vec<String> = waiting.iter().map(name).collect();
         self.state.pending_approvals = waiting;
         self.finish(
             StopReason::AwaitingApproval,
@@ -152,12 +163,11 @@ impl Machine {
             Some(RunError {
                 code: ErrorCode::AwaitingApproval,
                 message: format!(
-                    "{n} tool call(s) wait for approval ({}); approve or deny them, then resume \
-                     the run",
+                    "{n} tool call(s){whose} wait for approval ({}); approve or deny them, then \
+                     resume the run",
                     names.join(", ")
                 ),
             }),
         );
-        Ok(())
     }
 }

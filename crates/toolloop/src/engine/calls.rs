@@ -563,17 +563,7 @@ impl Machine {
         slot.duration_ms = duration_ms;
         slot.attempts = attempts;
         self.state.tool_calls_executed += 1;
-        emit!(
-            self,
-            Event::ToolFinished {
-                round,
-                call_id: slot.call.id.clone(),
-                name: slot.call.name.clone(),
-                success: status == CallStatus::Ok,
-                status,
-                duration_ms,
-            }
-        );
+        emit!(self, finished(round, &slot.call, status, duration_ms));
         if let Some(spent) = spent {
             self.add_spent(&spent);
         }
@@ -624,17 +614,7 @@ impl Machine {
              changes the world, so it was not run again. It may or may not have taken effect; \
              check before calling it again.",
         ));
-        emit!(
-            self,
-            Event::ToolFinished {
-                round,
-                call_id: slot.call.id.clone(),
-                name: slot.call.name.clone(),
-                success: false,
-                status: CallStatus::Unknown,
-                duration_ms: 0,
-            }
-        );
+        emit!(self, finished(round, &slot.call, CallStatus::Unknown, 0));
         Ok(())
     }
 
@@ -788,5 +768,17 @@ impl Machine {
             }),
             _ => None,
         })
+    }
+}
+
+/// The event of a call that finished with `status`.
+fn finished(round: u32, call: &ToolCall, status: CallStatus, duration_ms: u64) -> Event {
+    Event::ToolFinished {
+        round,
+        call_id: call.id.clone(),
+        name: call.name.clone(),
+        success: status == CallStatus::Ok,
+        status,
+        duration_ms,
     }
 }

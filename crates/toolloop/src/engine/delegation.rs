@@ -34,27 +34,10 @@ impl Machine {
                 "; no call of the round has a child waiting for an approval".into(),
             ));
         }
-        let n = waiting.len();
-        let names: Vec<String> = waiting
-            .iter()
-            .map(|p| {
-                let name = result::shorten(&p.call.name, result::ECHO_CHARS);
-                format!("{} in {}", name, p.path.join("/"))
-            })
-            .collect();
-        self.state.pending_approvals = waiting;
-        self.finish(
-            StopReason::AwaitingApproval,
-            None,
-            Some(RunError {
-                code: ErrorCode::AwaitingApproval,
-                message: format!(
-                    "{n} tool call(s) of sub-agents wait for approval ({}); approve or deny \
-                     them, then resume the run",
-                    names.join(", ")
-                ),
-            }),
-        );
+        self.stop_for_approvals(waiting, " of sub-agents", |p| {
+            let name = result::shorten(&p.call.name, result::ECHO_CHARS);
+            format!("{} in {}", name, p.path.join("/"))
+        });
         Ok(())
     }
 }

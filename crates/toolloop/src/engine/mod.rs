@@ -406,17 +406,7 @@ impl Machine {
                         self.state.phase = Phase::RoundLimit;
                         return Step::DecideRoundLimit;
                     }
-                    let limit = self.state.round_limit;
-                    self.finish(
-                        StopReason::MaxRounds,
-                        None,
-                        Some(RunError {
-                            code: ErrorCode::MaxIterationsReached,
-                            message: format!(
-                                "max rounds reached ({limit}) before the model gave a final answer"
-                            ),
-                        }),
-                    );
+                    self.finish_max_rounds();
                     return Step::Finished;
                 }
                 if let Some(step) = self.context_step() {

@@ -115,6 +115,20 @@ pub fn rewrite(
     (messages, reminders, settings)
 }
 
+/// The request of a [`rewrite`] for the inner model, which is offered no tools.
+fn without_tools<'a>(
+    messages: &'a [Message],
+    reminders: &'a [String],
+    settings: &'a ModelSettings,
+) -> ModelRequest<'a> {
+    ModelRequest {
+        messages: messages.into(),
+        reminders,
+        tools: &[],
+        settings,
+    }
+}
+
 impl std::fmt::Debug for Prompted {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Prompted")
@@ -133,13 +147,10 @@ impl Model for Prompted {
 
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
-        let inner_request = ModelRequest {
-            messages: (&messages).into(),
-            reminders: &reminders,
-            tools: &[],
-            settings: &settings,
-        };
-        let response = self.inner.complete(&inner_request).await?;
+        let response = self
+            .inner
+            .complete(&without_tools(&messages, &reminders, &settings))
+            .await?;
         // The same transformation as streaming, so both give the same transcript.
         let mut transform = Transform::new(request.tools, self.implicit_think, self.dialect);
         let mut acc = Accumulator::new();
@@ -155,13 +166,10 @@ impl Model for Prompted {
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
         let (messages, reminders, settings) = self.rewrite(request);
-        let inner_request = ModelRequest {
-            messages: (&messages).into(),
-            reminders: &reminders,
-            tools: &[],
-            settings: &settings,
-        };
-        let inner = self.inner.stream(&inner_request).await?;
+        let inner = self
+            .inner
+            .stream(&without_tools(&messages, &reminders, &settings))
+            .await?;
         let state = State {
             inner,
             transform: Transform::new(request.tools, self.implicit_think, self.dialect),

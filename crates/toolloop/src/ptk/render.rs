@@ -118,14 +118,7 @@ fn glm_call(name: &str, args: &Value) -> Option<String> {
         if !plain_name(key) || key.to_ascii_lowercase().contains("</arg_key") {
             return None;
         }
-        let text = match value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let lower = text.to_ascii_lowercase();
-        if BREAKERS.iter().any(|b| lower.contains(b)) {
-            return None;
-        }
+        let text = value_text(value, BREAKERS)?;
         out.push_str(&format!(
             "<arg_key>{key}</arg_key>\n<arg_value>{text}</arg_value>\n"
         ));
@@ -197,14 +190,7 @@ fn qwen3_coder(name: &str, args: &Value) -> Option<String> {
         if !safe_name(key) {
             return None;
         }
-        let text = match value {
-            Value::String(s) => s.clone(),
-            other => other.to_string(),
-        };
-        let lower = text.to_ascii_lowercase();
-        if BREAKERS.iter().any(|b| lower.contains(b)) {
-            return None;
-        }
+        let text = value_text(value, BREAKERS)?;
         out.push_str(&format!("<parameter={key}>\n{text}\n</parameter>\n"));
     }
     out.push_str("</function>\n</tool_call>");
@@ -512,6 +498,17 @@ pub fn render_messages<'a>(
         out.insert(0, Message::system(catalog));
     }
     out
+}
+
+/// An argument's value as a tag-delimited dialect writes it (a string as it is, anything else as
+/// JSON); `None` when it holds, in any case, one of the `breakers` that would end its tag early.
+fn value_text(value: &Value, breakers: &[&str]) -> Option<String> {
+    let text = match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    };
+    let lower = text.to_ascii_lowercase();
+    (!breakers.iter().any(|b| lower.contains(b))).then_some(text)
 }
 
 #[cfg(test)]

@@ -1,0 +1,301 @@
+// The Rust library's guarantees in the JavaScript driver, in Node: what a JavaScript model is
+// sent (only what changed), tool retries and time limits, the run's time limit, approvals and
+// the context policy. In-process models and tools only (no server).
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { init, runLoop, runWith } from '../../npm/node.js';
+
+/** A JavaScript model that plays `replies` in order (a function of the request when one is a
+ * function) and records a copy of what it was asked. */
+function scripted(replies, extra = {}) {
+  const asked = [];
+  let n = 0;
+  return {
+    asked,
+    model: {
+      nativeTools: true,
+      ...extra,
+      complete: (request) => {
+        asked.push(structuredClone(request));
+        const reply = replies[Math.min(n++, replies.length - 1)];
+        return typeof reply === 'function' ? reply(request) : reply;
+      },
+    },
+  };
+}
+
+const call = (name, args = {}) => ({ tool_calls: [{ name, arguments: args }] });
+
+/** The engine, with a record of the raw requests it sends a JavaScript model. */
+async function recording() {
+  const engine = await init();
+  const raw = [];
+  return {
+    raw,
+    engine: {
+      run: (spec, host) => {
+        const complete = host.complete;
+        host.complete = (request) => { raw.push(JSON.parse(request)); return complete.call(host, request); };
+        return engine.run(spec, host);
+      },
+    },
+  };
+}
+
+test('a JavaScript model is sent only what changed; it still gets the whole conversation', async () => {
+  const { raw, engine } = await recording();
+  const echo = { name: 'echo', description: 'Echoes.', parameters: { type: 'object' }, run: ({ n }) => n };
+  const { model, asked } = scripted([call('echo', { n: 1 }), call('echo', { n: 2 }), call('echo', { n: 3 }), 'done']);
+  const result = await runWith(engine, { model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 6 } });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.equal(raw.length, 4);
+  // The first request carries the conversation, the tools and the settings; each later one
+  // the round's assistant turn and tool result only, after what the model already has.
+  assert.deepEqual(raw.map((r) => [r.from, r.messages.length]), [[0, 1], [1, 2], [3, 2], [5, 2]]);
+  assert.equal(raw[0].tools.length, 1);
+  assert.ok(raw.slice(1).every((r) => r.tools === undefined && r.settings === undefined), JSON.stringify(raw[1]));
+  // The model reads the whole conversation each round, in a copy of its own.
+  assert.deepEqual(asked.map((r) => r.messages.length), [1, 3, 5, 7]);
+  assert.deepEqual(asked.map((r) => r.tools.map((t) => t.name)), [['echo'], ['echo'], ['echo'], ['echo']]);
+  assert.deepEqual(asked[3].messages, result.messages.slice(0, 7));
+});
+
+test('a tool error marked retryable is retried with backoff, up to toolRetries', async () => {
+  const attempts = [];
+  const flaky = {
+    name: 'flaky', description: 'Fails twice.', parameters: { type: 'object' },
+    run: (_args, { attempt }) => {
+      attempts.push(attempt);
+      if (attempt < 3) throw Object.assign(new Error(`try ${attempt} failed`), { retryable: true });
+      return 'ok at last';
+    },
+  };
+  const events = [];
+  const { model } = scripted([call('flaky'), 'done']);
+  const result = await runLoop({
+    model, tools: [flaky], messages: [{ role: 'user', content: 'go' }],
+    limits: { toolRetries: 2, toolRetryBackoffMs: 1 }, onEvent: (e) => events.push(e),
+  });
+  assert.equal(result.stopReason, 'answered');
+  assert.deepEqual(attempts, [1, 2, 3]);
+  assert.equal(result.toolCalls[0].status, 'ok', JSON.stringify(result.toolCalls[0]));
+  assert.equal(result.toolCalls[0].attempts, 3);
+  assert.deepEqual(events.filter((e) => e.type === 'tool_started').map((e) => e.attempt), [1, 2, 3]);
+
+  // One retry only: the second failure is the call's result. An error not marked retryable
+  // is not retried.
+  for (const [limits, retryable, expected] of [[{ toolRetries: 1, toolRetryBackoffMs: 1 }, true, 2], [{}, false, 1]]) {
+    let tries = 0;
+    const failing = { ...flaky, run: () => { tries += 1; throw Object.assign(new Error('down'), { retryable }); } };
+    const again = scripted([call('flaky'), 'done']);
+    const r = await runLoop({ model: again.model, tools: [failing], messages: [{ role: 'user', content: 'go' }], limits });
+    assert.equal(tries, expected);
+    assert.equal(r.toolCalls[0].attempts, expected);
+    assert.notEqual(r.toolCalls[0].status, 'ok');
+    assert.match(r.toolCalls[0].content, /down/);
+  }
+});
+
+test('an attempt past toolTimeoutMs fails with a retryable error and its signal is aborted', async () => {
+  const signals = [];
+  const hang = {
+    name: 'hang', description: 'Never answers.', parameters: { type: 'object' },
+    // Ignores its signal: the time limit holds all the same.
+    run: (_args, { signal }) => { signals.push(signal); return new Promise(() => {}); },
+  };
+  const { model } = scripted([call('hang'), 'done']);
+  const started = Date.now();
+  const result = await runLoop({
+    model, tools: [hang], messages: [{ role: 'user', content: 'go' }],
+    limits: { toolTimeoutMs: 100, toolRetries: 1, toolRetryBackoffMs: 1 },
+  });
+  assert.equal(result.stopReason, 'answered');
+  assert.equal(signals.length, 2, 'the attempt past the limit was made again once');
+  assert.ok(signals.every((s) => s.aborted));
+  assert.equal(result.toolCalls[0].attempts, 2);
+  assert.match(result.toolCalls[0].content, /did not finish within 0\.1s/);
+  assert.ok(Date.now() - started < 5000);
+});
+
+test('the run stops with `timeout` at timeoutMs, even inside a tool that ignores its signal', async () => {
+  let signal = null;
+  const hang = {
+    name: 'hang', description: 'Never answers.', parameters: { type: 'object' },
+    run: (_args, ctx) => { signal = ctx.signal; return new Promise(() => {}); },
+  };
+  const { model } = scripted([call('hang'), 'done']);
+  const started = Date.now();
+  const result = await runLoop({ model, tools: [hang], messages: [{ role: 'user', content: 'go' }], limits: { timeoutMs: 150 } });
+  assert.equal(result.stopReason, 'timeout', JSON.stringify(result.outcome));
+  assert.ok(signal.aborted, 'the tool was told');
+  assert.ok(Date.now() - started < 5000);
+  assert.equal(result.toolCalls.length, 1, 'the call has its one result');
+
+  // A model that never answers is cut short the same way.
+  const silent = { nativeTools: true, complete: () => new Promise(() => {}) };
+  const r = await runLoop({ model: silent, messages: [{ role: 'user', content: 'go' }], limits: { timeoutMs: 100 } });
+  assert.equal(r.stopReason, 'timeout');
+});
+
+test('a tool that needs approval asks approve(call): approved it runs, denied it does not', async () => {
+  const ran = [];
+  const remove = {
+    name: 'remove', description: 'Removes a file.', needsApproval: true,
+    parameters: { type: 'object', properties: { path: { type: 'string' } } },
+    run: ({ path }) => { ran.push(path); return `removed ${path}`; },
+  };
+  const asked = [];
+  const approve = (pending) => {
+    asked.push(pending);
+    return pending.call.arguments.path === '/tmp/a' ? true : { approved: false, reason: 'not that one' };
+  };
+  const { model } = scripted([
+    { tool_calls: [{ name: 'remove', arguments: { path: '/tmp/a' } }, { name: 'remove', arguments: { path: '/etc/b' } }] },
+    'done',
+  ]);
+  const events = [];
+  const result = await runLoop({
+    model, tools: [remove], messages: [{ role: 'user', content: 'clean up' }], approve, onEvent: (e) => events.push(e.type),
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.deepEqual(ran, ['/tmp/a']);
+  assert.deepEqual(asked.map((p) => p.call.name), ['remove', 'remove']);
+  assert.equal(result.toolCalls[1].status, 'denied', JSON.stringify(result.toolCalls[1]));
+  assert.match(result.toolCalls[1].content, /not that one/);
+  assert.ok(events.includes('approval_requested'), events.join());
+
+  // A tool without the mark runs without asking; a handler that throws denies.
+  const free = { ...remove, name: 'free', needsApproval: false };
+  ran.length = 0;
+  const two = scripted([{ tool_calls: [{ name: 'free', arguments: { path: 'x' } }, { name: 'remove', arguments: { path: 'y' } }] }, 'done']);
+  const r = await runLoop({ model: two.model, tools: [free, remove], messages: [{ role: 'user', content: 'go' }], approve: () => { throw new Error('no one is there'); } });
+  assert.deepEqual(ran, ['x']);
+  assert.equal(r.toolCalls[1].status, 'denied');
+  assert.match(r.toolCalls[1].content, /no one is there/);
+});
+
+test('without approve, the run stops awaiting approval; its state goes on with one', async () => {
+  const ran = [];
+  const remove = { name: 'remove', description: 'Removes.', needsApproval: true, parameters: { type: 'object' }, run: () => { ran.push(1); return 'removed'; } };
+  const first = scripted([call('remove')]);
+  const waiting = await runLoop({ model: first.model, tools: [remove], messages: [{ role: 'user', content: 'go' }] });
+  assert.equal(waiting.stopReason, 'awaiting_approval', JSON.stringify(waiting.outcome));
+  assert.equal(ran.length, 0);
+  assert.equal(waiting.outcome.pending_approvals.length, 1);
+  const second = scripted(['removed it']);
+  const result = await runLoop({ model: second.model, tools: [remove], state: waiting.state, approve: () => true });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.equal(ran.length, 1);
+  assert.equal(result.text, 'removed it');
+});
+
+test('a context policy that does not hold is refused, naming the field', async () => {
+  const { model } = scripted(['hi']);
+  await assert.rejects(
+    runLoop({ model, messages: [{ role: 'user', content: 'hi' }], context: { compactAt: 3 } }),
+    /the context policy: compact_at is 3/,
+  );
+});
+
+test('the context policy: a long result is spilled and read back with read_result', async () => {
+  const long = Array.from({ length: 40 }, (_, i) => `line ${i} of the report`).join('\n');
+  let ran = 0;
+  const report = { name: 'report', description: 'A long report.', parameters: { type: 'object' }, run: () => { ran += 1; return long; } };
+  const { model, asked } = scripted([
+    call('report'),
+    (request) => {
+      const preview = request.messages.at(-1);
+      const handle = /handle="([^"]+)"/.exec(preview.content)[1];
+      return call('read_result', { handle, offset: 0, limit: 200 });
+    },
+    'read it',
+  ]);
+  const result = await runLoop({
+    model, tools: [report], messages: [{ role: 'user', content: 'report' }],
+    context: { spillOver: 300, spillPreview: 40 }, limits: { maxResultChars: 0 },
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.equal(ran, 1);
+  assert.ok(asked[1].messages.at(-1).content.length < long.length, 'the model read a preview');
+  assert.match(asked[1].messages.at(-1).content, /read_result/);
+  assert.deepEqual(asked[1].tools.map((t) => t.name), ['report', 'read_result'], 'read_result is offered once a result was spilled');
+  assert.equal(result.toolCalls[1].call.name, 'read_result');
+  assert.equal(result.toolCalls[1].status, 'ok');
+  assert.match(asked[2].messages.at(-1).content, /line 0 of the report/);
+});
+
+test('the context policy: old results are cleared, and the model reads the conversation as the engine sends it', async () => {
+  const { raw, engine } = await recording();
+  const big = 'x'.repeat(500);
+  const fetchit = { name: 'fetch', description: 'Fetches.', parameters: { type: 'object' }, run: () => big };
+  const { model, asked } = scripted([call('fetch', { n: 1 }), call('fetch', { n: 2 }), call('fetch', { n: 3 }), call('fetch', { n: 4 }), 'done']);
+  const result = await runWith(engine, {
+    model, tools: [fetchit], messages: [{ role: 'user', content: 'fetch' }],
+    context: { keepRounds: 1, spillOver: null }, limits: { maxResultChars: 0, maxRounds: 8 },
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  const last = asked.at(-1).messages;
+  const cleared = last.filter((m) => m.role === 'tool' && /cleared from the context/.test(m.content));
+  assert.ok(cleared.length >= 2, JSON.stringify(last.map((m) => m.content ?? m.text)));
+  assert.equal(last.at(-1).content.includes(big), true, 'the latest result is whole');
+  // A clearing replaced messages the model had: that request started before them.
+  assert.ok(raw.some((r, i) => i > 0 && r.from < asked[i - 1].messages.length), JSON.stringify(raw.map((r) => r.from)));
+});
+
+test('the context policy: past the window the conversation is compacted by the model', async () => {
+  // Long turns of the model's own (which clearing results does not shrink), small results.
+  const ok = { name: 'fetch', description: 'Fetches.', parameters: { type: 'object' }, run: () => 'ok' };
+  let round = 0;
+  const summaries = [];
+  const seen = [];
+  const model = {
+    nativeTools: true,
+    complete: (request) => {
+      seen.push(structuredClone(request));
+      if (request.messages.some((m) => typeof m.content === 'string' && m.content.includes('--- conversation to summarise ---'))) {
+        summaries.push(request);
+        return 'SUMMARY: fetched several times';
+      }
+      round += 1;
+      return round < 8 ? { text: `step ${round}: ${'thinking '.repeat(100)}`, tool_calls: [{ name: 'fetch', arguments: { n: round } }] } : 'done';
+    },
+  };
+  const result = await runLoop({
+    model, tools: [ok], messages: [{ role: 'user', content: 'fetch' }],
+    context: { window: 1500, compactAt: 0.5, spillOver: null }, limits: { maxRounds: 12 },
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.ok(summaries.length >= 1, 'the model was asked for a summary');
+  assert.equal(summaries[0].tools.length, 0, 'a summarisation offers no tools');
+  assert.ok(result.outcome.context.compactions >= 1, JSON.stringify(result.outcome.context));
+  const after = seen.at(-1).messages;
+  assert.ok(after.some((m) => typeof m.content === 'string' && m.content.includes('SUMMARY: fetched several times')), JSON.stringify(after));
+  assert.ok(after.length < result.messages.length, 'the model reads the compacted conversation');
+});
+
+test('hooks: reminders go with one round\'s request; stopWhen ends the run with its signal', async () => {
+  const echo = { name: 'echo', description: 'Echoes.', parameters: { type: 'object' }, run: ({ n }) => n };
+  const { model, asked } = scripted([call('echo', { n: 1 }), call('echo', { n: 2 }), call('echo', { n: 3 }), 'done']);
+  const views = [];
+  const result = await runLoop({
+    model, tools: [echo], messages: [{ role: 'user', content: 'go' }],
+    reminders: (view) => { views.push(view); return [`round ${view.round} of 5`]; },
+    stopWhen: (calls) => (calls.some((c) => c.result?.ok?.data === 2) ? 'saw two' : null),
+  });
+  assert.equal(result.stopReason, 'terminal_signal', JSON.stringify(result.outcome));
+  assert.equal(result.outcome.signal, 'saw two');
+  assert.equal(asked.length, 2, 'the run ended after the second round\'s calls');
+  assert.deepEqual(asked.map((r) => r.reminders), [['round 1 of 5'], ['round 2 of 5']]);
+  assert.deepEqual(views.map((v) => v.round), [1, 2]);
+  assert.equal(views[1].toolCalls, 1);
+  assert.ok(!JSON.stringify(result.messages).includes('round 1 of 5'), 'reminders are not kept in the conversation');
+
+  // Hooks that throw: no reminders, no stop.
+  const again = scripted([call('echo', { n: 1 }), 'done']);
+  const r = await runLoop({
+    model: again.model, tools: [echo], messages: [{ role: 'user', content: 'go' }],
+    reminders: () => { throw new Error('broken'); }, stopWhen: () => { throw new Error('broken'); },
+  });
+  assert.equal(r.stopReason, 'answered', JSON.stringify(r.outcome));
+  assert.deepEqual(again.asked.map((q) => q.reminders), [[], []]);
+});
