@@ -10,9 +10,16 @@
 //! transcript, the estimate kept up to date, and old results cleared in batches of
 //! `keep_rounds`; no compaction, which costs a model call): the per-round cost with the policy
 //! against without, best of several runs each (the target is at most 5 % of the loop's own
-//! per-round cost).
+//! per-round cost). The echoed results (`{"n":…}`) are shorter than a cleared result's stub,
+//! so clearing checks them and replaces none; the last line is the same comparison with
+//! results of 2 KB, each replaced by its stub once it is old.
 //!
 //! Run: `cargo bench -p toolloop --bench loop_cost`
+//!
+//! For a profiler, `LOOP_COST_SIDE=with` (or `without`, `view`, `with-2k`, `without-2k`) runs
+//! only that side of the context policy's comparison (300 rounds, `LOOP_COST_RUNS` runs,
+//! default 20) and prints its per-round cost:
+//! `LOOP_COST_SIDE=with valgrind --tool=callgrind target/release/deps/loop_cost-…`.
 
 use async_trait::async_trait;
 use serde_json::{Value, json};
@@ -59,6 +66,9 @@ impl Model for InstantModel {
 
 struct Echo {
     schema: Value,
+    /// The bytes of each result; 0: the arguments echoed (`{"n":…}`, shorter than a cleared
+    /// result's stub, so clearing replaces none).
+    result_bytes: usize,
 }
 
 #[async_trait]
@@ -73,7 +83,10 @@ impl Tool for Echo {
         &self.schema
     }
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::data(args))
+        if self.result_bytes == 0 {
+            return Ok(ToolOutput::data(args));
+        }
+        Ok(ToolOutput::text("r".repeat(self.result_bytes)))
     }
 }
 
@@ -87,6 +100,16 @@ fn per_round_ns_with(
     reps: usize,
     context: Option<ContextPolicy>,
 ) -> f64 {
+    per_round_ns_of(rt, rounds, reps, context, 0)
+}
+
+fn per_round_ns_of(
+    rt: &tokio::runtime::Runtime,
+    rounds: usize,
+    reps: usize,
+    context: Option<ContextPolicy>,
+    result_bytes: usize,
+) -> f64 {
     let mut builder = Agent::builder(InstantModel { rounds });
     if let Some(policy) = context {
         builder = builder.context(policy);
@@ -94,6 +117,7 @@ fn per_round_ns_with(
     let agent = builder
         .tool(Echo {
             schema: json!({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}),
+            result_bytes,
         })
         .max_rounds(rounds as u32 + 1)
         .max_tool_calls(rounds as u32)
@@ -115,6 +139,39 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
+    // The context policy's own cost: the view, the estimate, the spill check (nothing is
+    // spilled) and the clearing of old results, in batches (every 8 rounds, the 8 rounds
+    // before the last 8), with no window (no compaction).
+    let policy = ContextPolicy {
+        window: None,
+        keep_rounds: 8,
+        ..ContextPolicy::default()
+    };
+    // The same without clearing: the view and the estimate alone.
+    let view_only = ContextPolicy {
+        keep_rounds: 0,
+        ..policy.clone()
+    };
+    if let Ok(side) = std::env::var("LOOP_COST_SIDE") {
+        let runs = std::env::var("LOOP_COST_RUNS")
+            .ok()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or(20);
+        let (context, bytes) = match side.as_str() {
+            "with" => (Some(policy), 0),
+            "view" => (Some(view_only), 0),
+            "without" => (None, 0),
+            "with-2k" => (Some(policy), RESULT_BYTES),
+            "without-2k" => (None, RESULT_BYTES),
+            other => panic!(
+                "LOOP_COST_SIDE is `with`, `view`, `without`, `with-2k` or `without-2k`, not \
+                 `{other}`"
+            ),
+        };
+        let ns = per_round_ns_of(&rt, 300, runs, context, bytes);
+        println!("{side}: {:.2} µs per round at 300 rounds", ns / 1000.0);
+        return;
+    }
     // warm up
     per_round_ns(&rt, 100, 3);
     let base = per_round_ns(&rt, 10, 200);
@@ -131,24 +188,20 @@ fn main() {
         };
         println!("{rounds:>8} {:>14.2} {:>18.2}", ns / 1000.0, ns / base);
     }
-    // The context policy's own cost: the view, the estimate, the spill check (nothing is
-    // spilled) and the clearing of old results, in batches (every 8 rounds, the 8 rounds
-    // before the last 8), with no window (no compaction).
-    let policy = ContextPolicy {
-        window: None,
-        keep_rounds: 8,
-        ..ContextPolicy::default()
-    };
-    // The same without clearing: the view and the estimate alone.
-    let view_only = ContextPolicy {
-        keep_rounds: 0,
-        ..policy.clone()
-    };
     let (mut without, mut with, mut viewed) = (f64::MAX, f64::MAX, f64::MAX);
+    let (mut without_2k, mut with_2k) = (f64::MAX, f64::MAX);
     for _ in 0..5 {
         without = without.min(per_round_ns_with(&rt, 300, 20, None));
         with = with.min(per_round_ns_with(&rt, 300, 20, Some(policy.clone())));
         viewed = viewed.min(per_round_ns_with(&rt, 300, 20, Some(view_only.clone())));
+        without_2k = without_2k.min(per_round_ns_of(&rt, 300, 20, None, RESULT_BYTES));
+        with_2k = with_2k.min(per_round_ns_of(
+            &rt,
+            300,
+            20,
+            Some(policy.clone()),
+            RESULT_BYTES,
+        ));
     }
     println!("context policy at 300 rounds (keep_rounds 8, no compaction)");
     println!(
@@ -163,4 +216,15 @@ fn main() {
         (viewed - without) / 1000.0,
         (viewed - without) * 100.0 / without
     );
+    println!(
+        "  with results of {RESULT_BYTES} bytes (each old one cleared to a stub): without {:.2} µs \
+         per round, with {:.2} µs per round: +{:.2} µs ({:+.1} %)",
+        without_2k / 1000.0,
+        with_2k / 1000.0,
+        (with_2k - without_2k) / 1000.0,
+        (with_2k - without_2k) * 100.0 / without_2k
+    );
 }
+
+/// The bytes of each result in the comparison where clearing replaces old results with stubs.
+const RESULT_BYTES: usize = 2048;

@@ -40,6 +40,12 @@
 //! SQLite store in `process` mode (in `TOOLLOOP_BENCH_DIR` or a temporary directory), each
 //! run then checked to be finished with a whole log.
 //!
+//! With `stream` after N and R (`cargo bench -p toolloop --bench mock_loops -- 1000 5 stream`)
+//! it compares the same loops asking for streamed replies (`stream: true`, Server-Sent Events
+//! from the mock, through the same adapter) with the loops taking complete replies, at N=1 and N:
+//! the cost of a streamed round as a ratio over pairs of trials (see `stream_cost`). `loop stream`
+//! runs only the streamed loops, for a profiler.
+//!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
 use async_trait::async_trait;
@@ -159,12 +165,37 @@ fn journaled_agent_with(
     journal: Option<Arc<dyn toolloop::journal::Journal>>,
     side_effect: SideEffect,
 ) -> Agent {
+    agent_of(base_url, scenario, rounds, journal, side_effect, false)
+}
+
+/// The same loops as [`agent`], asking the model for streamed replies (`stream: true`: the
+/// mock answers with Server-Sent Events) when `stream` is set.
+fn streaming_agent(base_url: &str, scenario: &str, rounds: usize, stream: bool) -> Agent {
+    agent_of(
+        base_url,
+        scenario,
+        rounds,
+        None,
+        SideEffect::SideEffecting,
+        stream,
+    )
+}
+
+fn agent_of(
+    base_url: &str,
+    scenario: &str,
+    rounds: usize,
+    journal: Option<Arc<dyn toolloop::journal::Journal>>,
+    side_effect: SideEffect,
+    stream: bool,
+) -> Agent {
     let mut config = OpenAiConfig::new(scenario).with_base_url(base_url);
     config.transport.retry.max_retries = 0;
     let mut builder = Agent::builder(OpenAiModel::new(config))
         .tool(echo_with(side_effect))
         .max_rounds(rounds as u32 + 1)
-        .max_tool_calls(((rounds + 1) * PARALLEL) as u32);
+        .max_tool_calls(((rounds + 1) * PARALLEL) as u32)
+        .stream(stream);
     if let Some(journal) = journal {
         builder = builder.journal(journal);
     }
@@ -485,6 +516,79 @@ async fn journal_cost(n: usize, rounds: usize) {
     server.shutdown().await;
 }
 
+/// Streamed loops against the same loops with complete replies, at N=1 and N=`n`: the same
+/// agent, adapter and mock, with `stream: true` (the mock answers with Server-Sent Events, text
+/// and arguments in 16-character deltas, a usage chunk and `[DONE]`). Each plain trial is
+/// followed by a streamed one, five times; the cost of a streamed round is the plain side's
+/// rounds/s over the streamed side's, the median pair's (with the range). Every streamed run is
+/// checked to have made its rounds, and one run of each kind to give the same transcript.
+async fn stream_cost(n: usize, rounds: usize) {
+    let server = start(MockOptions::default()).await.expect("mock starts");
+    let url = format!("{}/v1", server.base_url());
+    let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
+    let plain = streaming_agent(&url, &scenario, rounds, false);
+    let streamed = streaming_agent(&url, &scenario, rounds, true);
+    let (p, s) = (plain.prompt("go").await, streamed.prompt("go").await);
+    assert!(
+        p.error.is_none() && s.error.is_none(),
+        "{:?} {:?}",
+        p.error,
+        s.error
+    );
+    assert_eq!(
+        without_call_ids(&p.messages),
+        without_call_ids(&s.messages),
+        "a streamed run gives the transcript of a plain one"
+    );
+    println!(
+        "stream: N loops of R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round); \
+         streamed vs complete replies, {TRIALS} pairs of {TRIAL_SECS} s"
+    );
+    println!(
+        "{:>6} {:>14} {:>15} {:>16}",
+        "N", "plain r/s", "streamed r/s", "streamed cost"
+    );
+    for n in [1, n] {
+        loop_workers(&plain, n, rounds, Work::Runs(1)).await;
+        loop_workers(&streamed, n, rounds, Work::Runs(1)).await;
+        let mut pairs = Vec::new();
+        for _ in 0..TRIALS {
+            let base = sustained(TRIAL_SECS, |w| loop_workers(&plain, n, rounds, w)).await;
+            let rps = sustained(TRIAL_SECS, |w| loop_workers(&streamed, n, rounds, w)).await;
+            pairs.push((base / rps, base, rps));
+        }
+        pairs.sort_by(|x, y| x.0.total_cmp(&y.0));
+        let (ratio, base, rps) = pairs[pairs.len() / 2];
+        println!(
+            "{n:>6} {base:>14.0} {rps:>15.0} {ratio:>15.2}x   (pairs: {:.2}–{:.2}x)",
+            pairs[0].0,
+            pairs[pairs.len() - 1].0,
+        );
+    }
+    server.shutdown().await;
+}
+
+/// A transcript as JSON with its call ids left out (the mock numbers them across runs).
+fn without_call_ids(messages: &[toolloop::message::Message]) -> Value {
+    let mut v = serde_json::to_value(messages).expect("a transcript serializes");
+    for m in v.as_array_mut().into_iter().flatten() {
+        if let Some(o) = m.as_object_mut() {
+            o.remove("call_id");
+        }
+        for call in m
+            .get_mut("tool_calls")
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if let Some(o) = call.as_object_mut() {
+                o.remove("id");
+            }
+        }
+    }
+    v
+}
+
 /// The store with the commit delay `TOOLLOOP_BENCH_COMMIT_DELAY_US` says (µs), and the writers
 /// `TOOLLOOP_BENCH_WRITERS` says (PostgreSQL), where they say one.
 fn commit_delay(store: toolloop_store::Store) -> toolloop_store::Store {
@@ -597,6 +701,10 @@ fn main() {
     if let Some(side) = std::env::args().skip(1).find(|a| a == "loop" || a == "raw") {
         return rt.block_on(profile_side(side == "loop", big_n, rounds));
     }
+    // `stream` after N and R compares streamed loops with the same loops with complete replies.
+    if std::env::args().skip(1).any(|a| a == "stream") {
+        return rt.block_on(stream_cost(big_n, rounds));
+    }
     // `journal` after N and R compares journaled loops with the same loops without a journal.
     if std::env::args().skip(1).any(|a| a == "journal") {
         return rt.block_on(journal_cost(big_n, rounds));
@@ -674,14 +782,20 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     } else {
         SideEffect::SideEffecting
     };
-    let a = journaled_agent_with(&url, &scenario, rounds, journal, side_effect);
+    // `stream` after `loop`: the loops ask for streamed replies.
+    let stream = std::env::args().skip(1).any(|a| a == "stream");
+    let a = agent_of(&url, &scenario, rounds, journal, side_effect, stream);
     let client = bare_client(n);
     let rate = if looping {
         sustained(20.0, |w| loop_workers(&a, n, rounds, w)).await
     } else {
         sustained(20.0, |w| raw_workers(&client, &url, &bodies, n, w)).await
     };
-    let side = if looping { "loop" } else { "bare client" };
+    let side = match (looping, stream) {
+        (true, true) => "streamed loop",
+        (true, false) => "loop",
+        _ => "bare client",
+    };
     println!("{side}: {rate:.0} rounds/s at N={n}");
     if let Some(store) = store {
         let s = store.writer_stats();

@@ -96,6 +96,8 @@ pub use message::{Message, ToolCall, ToolResult};
 pub use model::{Model, ModelError, ModelResponse};
 pub use outcome::{Outcome, StopReason};
 pub use output::OutputSchema;
+#[cfg(all(feature = "testing", not(target_arch = "wasm32")))]
+pub use schema_check::webassembly_checker_agrees;
 pub use subagent::SubAgent;
 pub use tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput, tool_fn};
 pub use usage::Usage;

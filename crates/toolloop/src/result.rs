@@ -41,6 +41,10 @@ pub const ECHO_CHARS: usize = 64;
 /// head and a note of how many characters were left out. A model's tool name or call id can be
 /// any length; an error message that names it must not grow with it.
 pub fn shorten(text: &str, max_chars: usize) -> std::borrow::Cow<'_, str> {
+    // No more bytes than `max_chars`: no more characters either (the usual name, at once).
+    if text.len() <= max_chars {
+        return std::borrow::Cow::Borrowed(text);
+    }
     match text.char_indices().nth(max_chars) {
         None => std::borrow::Cow::Borrowed(text),
         Some((end, _)) => {

@@ -4,14 +4,18 @@
 //! compact checker of its own, so that the module stays small: the `jsonschema` crate with its
 //! regular-expression engines, big numbers and bundled meta-schemas is about half the module.
 //! It checks the keywords of JSON Schema's validation vocabulary (`type`, `enum`, `const`, the
-//! numeric, string, array and object keywords, `pattern` and `patternProperties` with the
-//! `regex` crate, `allOf`/`anyOf`/`oneOf`/`not`, `if`/`then`/`else`, `dependentRequired`,
-//! `dependentSchemas`, draft 4–7's `dependencies` and tuple `items`) and follows references
-//! inside the schema (`#`, `#/$defs/…`, `#/definitions/…`). `format` is an annotation, as it
-//! is natively by default. A schema that uses what it does not check (`unevaluatedProperties`,
-//! `unevaluatedItems`, `$dynamicRef`, `$recursiveRef`, a reference to another document, a
-//! pattern the `regex` crate does not read) is refused when the tools are set, naming the
-//! keyword: never accepted and left unchecked.
+//! numeric, string, array and object keywords, `pattern` and `patternProperties` as ECMA-262
+//! patterns translated for the `regex` crate as `jsonschema` translates them,
+//! `allOf`/`anyOf`/`oneOf`/`not`, `if`/`then`/`else`, `dependentRequired`,
+//! `dependentSchemas`, draft 4–7's `dependencies` and tuple `items`) as the draft the root's
+//! `$schema` names has them (2020-12 when it names none), and follows references inside the
+//! schema (`#`, `#/$defs/…`, `#/definitions/…`). `format` is an annotation, as it is natively
+//! for 2019-09 and 2020-12 (natively, draft 4–7 schemas assert it: the one difference left). A
+//! schema that uses what it does not check (`unevaluatedProperties`, `unevaluatedItems`,
+//! `$dynamicRef`, `$recursiveRef`, a reference to another document or under a nested `$id`, a
+//! reference that comes back to itself for the same value, a pattern the `regex` crate does
+//! not read) is refused when the tools are set, naming the keyword: never accepted and left
+//! unchecked. The tests' `agreement` module checks both accept the same values.
 
 use serde_json::Value;
 
@@ -54,6 +58,43 @@ impl Checker {
     }
 }
 
+/// Whether the WebAssembly build's checker gives `value` the verdict (valid or not) that the
+/// native one, the `jsonschema` crate, gives it against `schema`. `Ok` when they agree, when
+/// `jsonschema` does not read the schema, or when the WebAssembly checker refuses it by name
+/// (a keyword, pattern or reference it does not check); otherwise the error shows the schema,
+/// the value and both verdicts. For tests and the `schema_agreement` fuzz target.
+#[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
+pub fn webassembly_checker_agrees(schema: &Value, value: &Value) -> Result<(), String> {
+    let Ok(native) = jsonschema::validator_for(schema) else {
+        return Ok(());
+    };
+    let lite = match lite::Lite::new(schema) {
+        Ok(lite) => lite,
+        Err(e)
+            if [
+                "WebAssembly build",
+                "pattern",
+                "reference",
+                "nested too deeply",
+            ]
+            .iter()
+            .any(|named| e.contains(named)) =>
+        {
+            return Ok(());
+        }
+        Err(e) => return Err(format!("lite refuses {schema} that jsonschema reads: {e}")),
+    };
+    let native = native.is_valid(value);
+    let ours = lite.problems(value, 1);
+    if native == ours.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "schema {schema}\nvalue {value}\njsonschema valid: {native}\nlite: {ours:?}"
+        ))
+    }
+}
+
 /// A problem at a JSON path (`/` for the value itself).
 fn at(path: &str, message: &str) -> String {
     let path = if path.is_empty() { "/" } else { path };
@@ -75,6 +116,9 @@ mod lite {
         root: Value,
         /// The schema's patterns (`pattern`, `patternProperties`' keys), compiled.
         patterns: HashMap<String, regex::Regex>,
+        /// The draft its `$schema` names: 4, 6, 7, 2019 (2019-09) or 2020 (2020-12, the
+        /// default).
+        draft: u16,
     }
 
     impl Lite {
@@ -82,6 +126,7 @@ mod lite {
             let mut lite = Lite {
                 root: schema.clone(),
                 patterns: HashMap::new(),
+                draft: draft(schema),
             };
             if !schema.is_object() && !schema.is_boolean() {
                 return Err(format!(
@@ -89,6 +134,7 @@ mod lite {
                 ));
             }
             lite.prepare(schema, schema, 0)?;
+            no_loop_in_place(schema, schema, &mut Vec::new(), &mut HashMap::new())?;
             Ok(lite)
         }
 
@@ -113,6 +159,20 @@ mod lite {
                          the schema"
                     ));
                 }
+            }
+            // Below a nested `$id`, `#…` references are resolved from that subschema (a
+            // resource of its own); here they are resolved from the root.
+            if depth > 0
+                && s.get("$id")
+                    .and_then(Value::as_str)
+                    .is_some_and(|id| !id.starts_with('#'))
+                && schema.to_string().contains("\"$ref\"")
+            {
+                return Err(
+                    "`$id` inside the schema, with references under it, is not followed by the \
+                     WebAssembly build; leave it out of the schema"
+                        .into(),
+                );
             }
             if let Some(r) = s.get("$ref") {
                 let r = r.as_str().ok_or("`$ref` must be a string")?;
@@ -158,9 +218,32 @@ mod lite {
             Ok(())
         }
 
+        /// `keyword` of the schema `s`, if the draft has it and it applies (up to draft 7,
+        /// `$ref` hides the keywords beside it).
+        fn get<'a>(&self, s: &'a Map<String, Value>, keyword: &str) -> Option<&'a Value> {
+            let since = match keyword {
+                "const" | "contains" | "propertyNames" => 6,
+                "if" => 7,
+                "dependentRequired" | "dependentSchemas" | "minContains" | "maxContains" => 2019,
+                "prefixItems" => 2020,
+                _ => 0,
+            };
+            if self.draft < since
+                || (self.draft <= 7 && keyword != "$ref" && s.contains_key("$ref"))
+            {
+                return None;
+            }
+            s.get(keyword)
+        }
+
         fn compile(&mut self, pattern: &str) -> Result<(), String> {
             if !self.patterns.contains_key(pattern) {
-                let re = regex::Regex::new(pattern)
+                // ECMA-262, as JSON Schema reads patterns (`\d` and `\w` are ASCII there),
+                // translated for `regex` the way `jsonschema` translates it natively.
+                let translated = jsonschema_regex::to_rust_regex(pattern).map_err(|()| {
+                    format!("the pattern `{pattern}` is not a regular expression read here")
+                })?;
+                let re = regex::Regex::new(&translated)
                     .map_err(|e| format!("the pattern `{pattern}` is not read here: {e}"))?;
                 self.patterns.insert(pattern.to_string(), re);
             }
@@ -207,25 +290,25 @@ mod lite {
                 out.push(at(path, "the schema's references lead too deep"));
                 return;
             }
-            if let Some(r) = s.get("$ref").and_then(Value::as_str)
+            if let Some(r) = self.get(s, "$ref").and_then(Value::as_str)
                 && let Some(target) = resolve(&self.root, r)
             {
                 self.check(target, value, path, out, most, depth + 1);
             }
-            if let Some(t) = s.get("type") {
+            if let Some(t) = self.get(s, "type") {
                 let fits = match t {
-                    Value::String(t) => is_type(value, t),
+                    Value::String(t) => self.is_type(value, t),
                     Value::Array(ts) => ts
                         .iter()
                         .filter_map(Value::as_str)
-                        .any(|t| is_type(value, t)),
+                        .any(|t| self.is_type(value, t)),
                     _ => true,
                 };
                 if !fits {
                     push(out, most, path, format!("{value} is not of type {t}"));
                 }
             }
-            if let Some(Value::Array(options)) = s.get("enum")
+            if let Some(Value::Array(options)) = self.get(s, "enum")
                 && !options.iter().any(|o| same(o, value))
             {
                 push(
@@ -235,26 +318,26 @@ mod lite {
                     format!("{value} is not one of {}", Value::Array(options.clone())),
                 );
             }
-            if let Some(c) = s.get("const")
+            if let Some(c) = self.get(s, "const")
                 && !same(c, value)
             {
                 push(out, most, path, format!("{c} was expected"));
             }
             match value {
                 Value::Number(n) => {
-                    let x = n.as_f64().unwrap_or(f64::NAN);
-                    let num = |k: &str| s.get(k).and_then(Value::as_f64);
+                    use std::cmp::Ordering::{Greater, Less};
+                    let num = |k: &str| self.get(s, k).and_then(Value::as_number);
                     let draft4_exclusive =
-                        |k: &str| s.get(k).and_then(Value::as_bool) == Some(true);
+                        |k: &str| self.get(s, k).and_then(Value::as_bool) == Some(true);
                     if let Some(m) = num("minimum") {
-                        if draft4_exclusive("exclusiveMinimum") && x <= m {
+                        if draft4_exclusive("exclusiveMinimum") && order(n, m) != Greater {
                             push(
                                 out,
                                 most,
                                 path,
                                 format!("{value} is less than or equal to the minimum of {m}"),
                             );
-                        } else if x < m {
+                        } else if order(n, m) == Less {
                             push(
                                 out,
                                 most,
@@ -264,14 +347,14 @@ mod lite {
                         }
                     }
                     if let Some(m) = num("maximum") {
-                        if draft4_exclusive("exclusiveMaximum") && x >= m {
+                        if draft4_exclusive("exclusiveMaximum") && order(n, m) != Less {
                             push(
                                 out,
                                 most,
                                 path,
                                 format!("{value} is greater than or equal to the maximum of {m}"),
                             );
-                        } else if x > m {
+                        } else if order(n, m) == Greater {
                             push(
                                 out,
                                 most,
@@ -281,7 +364,7 @@ mod lite {
                         }
                     }
                     if let Some(m) = num("exclusiveMinimum")
-                        && x <= m
+                        && order(n, m) != Greater
                     {
                         push(
                             out,
@@ -291,7 +374,7 @@ mod lite {
                         );
                     }
                     if let Some(m) = num("exclusiveMaximum")
-                        && x >= m
+                        && order(n, m) != Less
                     {
                         push(
                             out,
@@ -300,16 +383,17 @@ mod lite {
                             format!("{value} is greater than or equal to the maximum of {m}"),
                         );
                     }
-                    if let Some(m) = num("multipleOf").filter(|m| *m > 0.0) {
-                        let q = x / m;
-                        if !q.is_finite() || (q - q.round()).abs() > 1e-9 * q.abs().max(1.0) {
-                            push(out, most, path, format!("{value} is not a multiple of {m}"));
-                        }
+                    if let Some(m) = num("multipleOf")
+                        .and_then(serde_json::Number::as_f64)
+                        .filter(|m| *m > 0.0)
+                        && !is_multiple_of(n, m)
+                    {
+                        push(out, most, path, format!("{value} is not a multiple of {m}"));
                     }
                 }
                 Value::String(text) => {
                     let len = || text.chars().count() as u64;
-                    if let Some(m) = s.get("minLength").and_then(Value::as_u64)
+                    if let Some(m) = self.get(s, "minLength").and_then(count)
                         && len() < m
                     {
                         push(
@@ -319,7 +403,7 @@ mod lite {
                             format!("{value} is shorter than {m} characters"),
                         );
                     }
-                    if let Some(m) = s.get("maxLength").and_then(Value::as_u64)
+                    if let Some(m) = self.get(s, "maxLength").and_then(count)
                         && len() > m
                     {
                         push(
@@ -329,7 +413,7 @@ mod lite {
                             format!("{value} is longer than {m} characters"),
                         );
                     }
-                    if let Some(p) = s.get("pattern").and_then(Value::as_str)
+                    if let Some(p) = self.get(s, "pattern").and_then(Value::as_str)
                         && let Some(re) = self.patterns.get(p)
                         && !re.is_match(text)
                     {
@@ -338,17 +422,17 @@ mod lite {
                 }
                 Value::Array(items) => {
                     let n = items.len() as u64;
-                    if let Some(m) = s.get("minItems").and_then(Value::as_u64)
+                    if let Some(m) = self.get(s, "minItems").and_then(count)
                         && n < m
                     {
                         push(out, most, path, format!("{value} has less than {m} items"));
                     }
-                    if let Some(m) = s.get("maxItems").and_then(Value::as_u64)
+                    if let Some(m) = self.get(s, "maxItems").and_then(count)
                         && n > m
                     {
                         push(out, most, path, format!("{value} has more than {m} items"));
                     }
-                    if s.get("uniqueItems").and_then(Value::as_bool) == Some(true)
+                    if self.get(s, "uniqueItems").and_then(Value::as_bool) == Some(true)
                         && items
                             .iter()
                             .enumerate()
@@ -358,9 +442,11 @@ mod lite {
                     }
                     // The schemas of the first items (`prefixItems`, or draft 4–7's `items`
                     // array), then of the rest (`items`, or `additionalItems` after an array).
-                    let (prefix, rest) = match (s.get("prefixItems"), s.get("items")) {
+                    let (prefix, rest) = match (self.get(s, "prefixItems"), self.get(s, "items")) {
                         (Some(Value::Array(p)), rest) => (p.as_slice(), rest),
-                        (_, Some(Value::Array(p))) => (p.as_slice(), s.get("additionalItems")),
+                        (_, Some(Value::Array(p))) => {
+                            (p.as_slice(), self.get(s, "additionalItems"))
+                        }
                         (_, rest) => (&[][..], rest),
                     };
                     for (i, item) in items.iter().enumerate() {
@@ -371,12 +457,12 @@ mod lite {
                             self.child(sub, item, &i.to_string(), path, out, most, depth);
                         }
                     }
-                    if let Some(c) = s.get("contains") {
+                    if let Some(c) = self.get(s, "contains") {
                         let found = items
                             .iter()
                             .filter(|i| self.is_valid(c, i, depth + 1))
                             .count() as u64;
-                        let least = s.get("minContains").and_then(Value::as_u64).unwrap_or(1);
+                        let least = self.get(s, "minContains").and_then(count).unwrap_or(1);
                         if found < least {
                             push(
                                 out,
@@ -385,7 +471,7 @@ mod lite {
                                 format!("None of {value} are valid under the given schema"),
                             );
                         }
-                        if let Some(m) = s.get("maxContains").and_then(Value::as_u64)
+                        if let Some(m) = self.get(s, "maxContains").and_then(count)
                             && found > m
                         {
                             push(
@@ -402,12 +488,12 @@ mod lite {
                 }
                 _ => {}
             }
-            if let Some(Value::Array(all)) = s.get("allOf") {
+            if let Some(Value::Array(all)) = self.get(s, "allOf") {
                 for sub in all {
                     self.check(sub, value, path, out, most, depth + 1);
                 }
             }
-            if let Some(Value::Array(any)) = s.get("anyOf")
+            if let Some(Value::Array(any)) = self.get(s, "anyOf")
                 && !any.iter().any(|sub| self.is_valid(sub, value, depth + 1))
             {
                 push(
@@ -419,7 +505,7 @@ mod lite {
                     ),
                 );
             }
-            if let Some(Value::Array(one)) = s.get("oneOf") {
+            if let Some(Value::Array(one)) = self.get(s, "oneOf") {
                 match one
                     .iter()
                     .filter(|sub| self.is_valid(sub, value, depth + 1))
@@ -444,7 +530,7 @@ mod lite {
                     ),
                 }
             }
-            if let Some(not) = s.get("not")
+            if let Some(not) = self.get(s, "not")
                 && self.is_valid(not, value, depth + 1)
             {
                 push(
@@ -454,11 +540,11 @@ mod lite {
                     format!("{value} should not be valid under {not}"),
                 );
             }
-            if let Some(cond) = s.get("if") {
+            if let Some(cond) = self.get(s, "if") {
                 let branch = if self.is_valid(cond, value, depth + 1) {
-                    s.get("then")
+                    self.get(s, "then")
                 } else {
-                    s.get("else")
+                    self.get(s, "else")
                 };
                 if let Some(branch) = branch {
                     self.check(branch, value, path, out, most, depth + 1);
@@ -483,12 +569,12 @@ mod lite {
                 }
             };
             let n = obj.len() as u64;
-            if let Some(m) = s.get("minProperties").and_then(Value::as_u64)
+            if let Some(m) = self.get(s, "minProperties").and_then(count)
                 && n < m
             {
                 fail(out, path, format!("{value} has less than {m} properties"));
             }
-            if let Some(m) = s.get("maxProperties").and_then(Value::as_u64)
+            if let Some(m) = self.get(s, "maxProperties").and_then(count)
                 && n > m
             {
                 fail(out, path, format!("{value} has more than {m} properties"));
@@ -500,11 +586,11 @@ mod lite {
                     }
                 }
             };
-            if let Some(Value::Array(names)) = s.get("required") {
+            if let Some(Value::Array(names)) = self.get(s, "required") {
                 required(out, path, names);
             }
             for key in ["dependentRequired", "dependencies"] {
-                if let Some(Value::Object(deps)) = s.get(key) {
+                if let Some(Value::Object(deps)) = self.get(s, key) {
                     for (name, dep) in deps {
                         if obj.contains_key(name) {
                             match dep {
@@ -515,17 +601,17 @@ mod lite {
                     }
                 }
             }
-            if let Some(Value::Object(deps)) = s.get("dependentSchemas") {
+            if let Some(Value::Object(deps)) = self.get(s, "dependentSchemas") {
                 for (name, schema) in deps {
                     if obj.contains_key(name) {
                         self.check(schema, value, path, out, most, depth + 1);
                     }
                 }
             }
-            let props = s.get("properties").and_then(Value::as_object);
-            let patterns = s.get("patternProperties").and_then(Value::as_object);
-            let additional = s.get("additionalProperties");
-            let names = s.get("propertyNames");
+            let props = self.get(s, "properties").and_then(Value::as_object);
+            let patterns = self.get(s, "patternProperties").and_then(Value::as_object);
+            let additional = self.get(s, "additionalProperties");
+            let names = self.get(s, "propertyNames");
             let mut unexpected = Vec::new();
             for (key, item) in obj {
                 if let Some(names) = names
@@ -586,11 +672,162 @@ mod lite {
         }
     }
 
+    /// Refuses a schema that, through `$ref`, comes back to itself for the same value (as
+    /// `{"$ref": "#"}` does): `jsonschema` takes such a loop as no constraint; this module
+    /// would follow it to its depth limit. `chain` is the subschemas walked for the same value
+    /// down to `schema`; `state` marks those being walked (`false`) and walked (`true`).
+    fn no_loop_in_place(
+        root: &Value,
+        schema: &Value,
+        chain: &mut Vec<*const Value>,
+        state: &mut HashMap<*const Value, bool>,
+    ) -> Result<(), String> {
+        let Value::Object(s) = schema else {
+            return Ok(());
+        };
+        let here = std::ptr::from_ref(schema);
+        if chain.contains(&here) {
+            return Err(
+                "the schema refers back to itself (`$ref`) for the same value, which the \
+                 WebAssembly build does not check; leave that reference out of the schema"
+                    .into(),
+            );
+        }
+        if state.contains_key(&here) || chain.len() > MAX_DEPTH {
+            return Ok(());
+        }
+        state.insert(here, false);
+        // The subschemas that apply to the same value.
+        let mut same: Vec<&Value> = Vec::new();
+        if let Some(target) = s
+            .get("$ref")
+            .and_then(Value::as_str)
+            .and_then(|r| resolve(root, r))
+        {
+            same.push(target);
+        }
+        for k in ["allOf", "anyOf", "oneOf"] {
+            if let Some(Value::Array(list)) = s.get(k) {
+                same.extend(list);
+            }
+        }
+        for k in ["not", "if", "then", "else"] {
+            same.extend(s.get(k));
+        }
+        for k in ["dependentSchemas", "dependencies"] {
+            if let Some(Value::Object(deps)) = s.get(k) {
+                same.extend(deps.values());
+            }
+        }
+        chain.push(here);
+        for sub in same {
+            no_loop_in_place(root, sub, chain, state)?;
+        }
+        chain.pop();
+        // The other subschemas apply to parts of the value: a chain of their own.
+        for (k, sub) in s {
+            match (k.as_str(), sub) {
+                ("enum" | "const" | "default" | "examples" | "required" | "type", _) => {}
+                (_, Value::Object(_)) => no_loop_in_place(root, sub, &mut Vec::new(), state)?,
+                (_, Value::Array(items)) => {
+                    for item in items {
+                        no_loop_in_place(root, item, &mut Vec::new(), state)?;
+                    }
+                }
+                _ => {}
+            }
+        }
+        state.insert(here, true);
+        Ok(())
+    }
+
     /// Adds a problem at `path`, unless `out` holds `most` already.
     fn push(out: &mut Vec<String>, most: usize, path: &str, message: String) {
         if out.len() < most {
             out.push(at(path, &message));
         }
+    }
+
+    impl Lite {
+        /// Whether `value` is of the JSON Schema type `t` (in draft 4, `1.0` is no integer).
+        fn is_type(&self, value: &Value, t: &str) -> bool {
+            if self.draft == 4 && t == "integer" {
+                // As `jsonschema` reads it: written without a fraction or an exponent (an
+                // exponent past 2^63 writes a whole number anyway).
+                return value.as_number().is_some_and(|n| {
+                    let text = n.to_string();
+                    n.is_i64()
+                        || n.is_u64()
+                        || if text.contains(['e', 'E']) {
+                            n.as_f64()
+                                .is_some_and(|x| x.abs() >= 9_223_372_036_854_775_808.0)
+                        } else {
+                            !text.contains('.')
+                        }
+                });
+            }
+            is_type(value, t)
+        }
+    }
+
+    /// The draft the root's `$schema` names (2020-12 when it names none).
+    fn draft(root: &Value) -> u16 {
+        let named = root.get("$schema").and_then(Value::as_str).unwrap_or("");
+        if named.contains("draft-04") {
+            4
+        } else if named.contains("draft-06") {
+            6
+        } else if named.contains("draft-07") {
+            7
+        } else if named.contains("2019-09") {
+            2019
+        } else {
+            2020
+        }
+    }
+
+    /// How `a` compares with `b`, exactly (integers past 2^53 included).
+    fn order(a: &serde_json::Number, b: &serde_json::Number) -> std::cmp::Ordering {
+        let int = |n: &serde_json::Number| {
+            n.as_i64()
+                .map(i128::from)
+                .or_else(|| n.as_u64().map(i128::from))
+        };
+        match (int(a), int(b)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(x), None) => int_to_float(x, b.as_f64().unwrap_or(f64::NAN)),
+            (None, Some(y)) => int_to_float(y, a.as_f64().unwrap_or(f64::NAN)).reverse(),
+            (None, None) => {
+                let (x, y) = (a.as_f64().unwrap_or(0.0), b.as_f64().unwrap_or(0.0));
+                x.partial_cmp(&y).unwrap_or(std::cmp::Ordering::Equal)
+            }
+        }
+    }
+
+    /// How the integer `x` compares with the finite float `y`, exactly.
+    fn int_to_float(x: i128, y: f64) -> std::cmp::Ordering {
+        use std::cmp::Ordering::{Greater, Less};
+        if y >= 1.7e38 {
+            return Less;
+        }
+        if y <= -1.7e38 {
+            return Greater;
+        }
+        let whole = y.floor();
+        // `whole` is an integer within `i128`: the conversion is exact.
+        match x.cmp(&(whole as i128)) {
+            std::cmp::Ordering::Equal if y > whole => Less,
+            o => o,
+        }
+    }
+
+    /// A count (`minLength`, `maxItems`, …): a whole number, `2.0` included.
+    fn count(v: &Value) -> Option<u64> {
+        v.as_u64().or_else(|| {
+            v.as_f64()
+                .filter(|x| *x >= 0.0 && x.fract() == 0.0 && *x < 1.8e19)
+                .map(|x| x as u64)
+        })
     }
 
     /// Whether `value` is of the JSON Schema type `t`.
@@ -609,13 +846,90 @@ mod lite {
         }
     }
 
+    /// Whether `n` is a multiple of `m` (positive), as `jsonschema` reads it: exactly for
+    /// integers, and for a fractional `m` in the decimals both numbers print as (`0.3` is a
+    /// multiple of `0.1`, though not in binary).
+    fn is_multiple_of(n: &serde_json::Number, m: f64) -> bool {
+        if m.fract() == 0.0 {
+            if m <= 9_007_199_254_740_992.0 {
+                // `m` is a whole number of at most 2^53: exact.
+                if let Some(v) = n.as_u64() {
+                    return v % (m as u64) == 0;
+                }
+                if let Some(v) = n.as_i64() {
+                    return v % (m as i64) == 0;
+                }
+            }
+            let x = n.as_f64().unwrap_or(f64::NAN);
+            return x.fract() == 0.0 && x % m == 0.0;
+        }
+        let x = n.as_f64().unwrap_or(f64::NAN);
+        if x == 0.0 {
+            return true;
+        }
+        if x.is_nan() || x.abs() < m {
+            return false;
+        }
+        let (Some((xm, xd)), Some((mm, md))) = (decimal(x), decimal(m)) else {
+            return false;
+        };
+        // x / m = (xm · 10^md) / (mm · 10^xd); cancel the shared power of ten first.
+        let shared = xd.min(md);
+        let scale = |mantissa: i128, decimals: i32| {
+            let places = u32::try_from(decimals - shared).ok()?;
+            mantissa.checked_mul(10_i128.checked_pow(places)?)
+        };
+        match (scale(xm, md), scale(mm, xd)) {
+            (Some(a), Some(b)) if b != 0 => a % b == 0,
+            // Past `i128`, `jsonschema` reads a whole `x` as the integer it is in binary,
+            // x = a·2^p, and `m` as its decimal mm / 10^md: x / m is whole when mm divides
+            // a · 2^p · 10^md. Otherwise, in the decimals: mm divides xm · 10^(md - xd).
+            _ => {
+                let mm = mm.unsigned_abs();
+                let pow = |base: u128, times: i32| {
+                    (0..times.max(0)).fold(1 % mm, |acc, _| acc * base % mm)
+                };
+                if x.fract() == 0.0 {
+                    let (a, p) = odd_parts(x);
+                    u128::from(a) % mm * pow(2, p) % mm * pow(10, md) % mm == 0
+                } else {
+                    xm.unsigned_abs() % mm * pow(10, md - xd) % mm == 0
+                }
+            }
+        }
+    }
+
+    /// A finite, non-zero `f64` as `a · 2^p` with `a` odd (sign dropped).
+    fn odd_parts(x: f64) -> (u64, i32) {
+        let bits = x.abs().to_bits();
+        let exponent = i32::try_from((bits >> 52) & 0x7ff).unwrap_or(0);
+        let fraction = bits & ((1 << 52) - 1);
+        let (mut a, mut p) = if exponent == 0 {
+            (fraction, -1074)
+        } else {
+            (fraction | (1 << 52), exponent - 1075)
+        };
+        while a != 0 && a % 2 == 0 {
+            a /= 2;
+            p += 1;
+        }
+        (a.max(1), p)
+    }
+
+    /// A finite `f64` as the shortest decimal that reads back as it: `mantissa / 10^decimals`.
+    fn decimal(x: f64) -> Option<(i128, i32)> {
+        let text = format!("{x:e}");
+        let (digits, exponent) = text.split_once('e')?;
+        let exponent: i32 = exponent.parse().ok()?;
+        let (whole, fraction) = digits.split_once('.').unwrap_or((digits, ""));
+        let mantissa: i128 = format!("{whole}{fraction}").parse().ok()?;
+        Some((mantissa, i32::try_from(fraction.len()).ok()? - exponent))
+    }
+
     /// JSON equality, with numbers equal by value (`1` and `1.0`).
     fn same(a: &Value, b: &Value) -> bool {
         match (a, b) {
-            (Value::Number(x), Value::Number(y)) => match (x.as_i64(), y.as_i64()) {
-                (Some(x), Some(y)) => x == y,
-                _ => x.as_f64() == y.as_f64(),
-            },
+            (Value::Number(x), Value::Number(y)) => order(x, y) == std::cmp::Ordering::Equal,
             (Value::Array(x), Value::Array(y)) => {
                 x.len() == y.len() && x.iter().zip(y).all(|(a, b)| same(a, b))
             }
@@ -725,9 +1039,14 @@ mod lite {
             let s = json!({"$defs": {"node": {"type": "object", "properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"});
             assert!(problems(s.clone(), json!({"next": {"next": {}}})).is_empty());
             assert_eq!(problems(s, json!({"next": {"next": 1}})).len(), 1);
-            // A reference to itself, with no progress in the value: it ends, with a problem.
-            let s = json!({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"});
-            assert_eq!(problems(s, json!(1)).len(), 1);
+            // A reference to itself through a value nested deeper than the depth limit: it
+            // ends, with a problem.
+            let mut deep = json!(1);
+            for _ in 0..200 {
+                deep = json!({ "next": deep });
+            }
+            let s = json!({"$defs": {"node": {"properties": {"next": {"$ref": "#/$defs/node"}}}}, "$ref": "#/$defs/node"});
+            assert_eq!(problems(s, deep).len(), 1);
         }
 
         #[test]
@@ -743,10 +1062,487 @@ mod lite {
                 ),
                 (json!({"pattern": "(?=a)"}), "(?=a)"),
                 (json!({"type": 3}), "`type`"),
+                // `jsonschema` takes a loop that never goes into the value as no constraint.
+                (json!({"$ref": "#"}), "refers back to itself"),
+                (
+                    json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}]}}, "properties": {"x": {"$ref": "#/$defs/a"}}}),
+                    "refers back to itself",
+                ),
+                // References under a nested `$id` resolve from it, not from the root.
+                (
+                    json!({"$defs": {"s": {"$id": "http://x.test/sub", "$ref": "#/$defs/t", "$defs": {"t": {}}}}}),
+                    "`$id`",
+                ),
                 (json!(3), "not a JSON Schema"),
             ] {
                 let e = Lite::new(&schema).err().expect("refused");
                 assert!(e.contains(words), "{e}");
+            }
+        }
+    }
+
+    /// `Lite` against the `jsonschema` crate: on every schema both read, they accept the same
+    /// values.
+    #[cfg(all(test, not(target_arch = "wasm32")))]
+    mod agreement {
+        use super::*;
+        use proptest::prelude::*;
+        use serde_json::json;
+
+        use crate::schema_check::webassembly_checker_agrees as agree;
+
+        /// Property names the schemas below use, so that generated objects meet them.
+        const KEYS: [&str; 6] = ["a", "b", "c", "kind", "x1", "é"];
+        /// Patterns both checkers read (the ASCII classes `\d` and `\w` included).
+        const PATTERNS: [&str; 7] = ["^a", "^[a-c]+$", r"\d", r"^\w+$", "x[0-9]$", "^$", "é"];
+
+        /// Numbers at the boundaries the schemas below use, and hard ones for floats.
+        fn number() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    json!(0),
+                    json!(-0.0),
+                    json!(1),
+                    json!(1.0),
+                    json!(-1),
+                    json!(2),
+                    json!(2.5),
+                    json!(3),
+                    json!(0.1),
+                    json!(0.3),
+                    json!(0.30000000000000004),
+                    json!(0.5),
+                    json!(7),
+                    json!(10),
+                    json!(1e300),
+                    json!(1e-300),
+                    json!(u64::MAX),
+                    json!(i64::MIN),
+                    json!(9_007_199_254_740_993_u64),
+                    json!(4.000_000_000_000_001),
+                ]),
+                any::<i64>().prop_map(|n| json!(n)),
+                (-20i32..20).prop_map(|n| json!(n)),
+                (-40i32..40).prop_map(|n| json!(f64::from(n) / 4.0)),
+                any::<f64>()
+                    .prop_filter("finite", |x| x.is_finite())
+                    .prop_map(|x| json!(x)),
+            ]
+        }
+
+        fn string() -> impl Strategy<Value = String> {
+            prop_oneof![
+                prop::sample::select(vec![
+                    "",
+                    "a",
+                    "ab",
+                    "abc",
+                    "abcd",
+                    "A",
+                    "1",
+                    "x1",
+                    "x٣",
+                    "٣",
+                    "é",
+                    "ab_1",
+                    "kind",
+                    "\u{1F600}",
+                    "a\nb",
+                ])
+                .prop_map(String::from),
+                prop::sample::select(KEYS.to_vec()).prop_map(String::from),
+                "[a-c1٣é_ ]{0,5}",
+                any::<String>(),
+            ]
+        }
+
+        /// JSON values, mostly made of the numbers, strings and keys the schemas use.
+        fn value() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::Bool),
+                number(),
+                string().prop_map(Value::String),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+                    prop::collection::vec(
+                        (
+                            prop_oneof![
+                                3 => prop::sample::select(KEYS.to_vec()).prop_map(String::from),
+                                1 => string(),
+                            ],
+                            inner
+                        ),
+                        0..5
+                    )
+                    .prop_map(|kv| Value::Object(kv.into_iter().collect())),
+                ]
+            })
+        }
+
+        fn small() -> impl Strategy<Value = Value> {
+            (0u64..4).prop_map(|n| json!(n))
+        }
+
+        fn keys() -> impl Strategy<Value = Value> {
+            prop::collection::vec(prop::sample::select(KEYS.to_vec()), 0..3).prop_map(|k| json!(k))
+        }
+
+        /// A schema with one keyword that takes no subschema.
+        fn leaf_schema() -> BoxedStrategy<Value> {
+            let types = prop::sample::select(vec![
+                "null", "boolean", "object", "array", "string", "number", "integer",
+            ]);
+            let limit = prop::sample::select(vec![
+                json!(0),
+                json!(1),
+                json!(2.5),
+                json!(-1),
+                json!(7),
+                json!(0.3),
+            ]);
+            let multiple = prop::sample::select(vec![
+                json!(0.5),
+                json!(2),
+                json!(3),
+                json!(0.1),
+                json!(0.01),
+                json!(1e-3),
+                json!(1.5),
+            ]);
+            prop_oneof![
+                any::<bool>().prop_map(Value::Bool),
+                types.clone().prop_map(|t| json!({ "type": t })),
+                (types.clone(), types).prop_map(|(a, b)| json!({ "type": [a, b] })),
+                prop::collection::vec(value(), 0..4).prop_map(|e| json!({ "enum": e })),
+                value().prop_map(|c| json!({ "const": c })),
+                (
+                    prop::sample::select(vec![
+                        "minimum",
+                        "maximum",
+                        "exclusiveMinimum",
+                        "exclusiveMaximum"
+                    ]),
+                    limit
+                )
+                    .prop_map(|(k, n)| json!({ k: n })),
+                multiple.prop_map(|m| json!({ "multipleOf": m })),
+                (
+                    prop::sample::select(vec![
+                        "minLength",
+                        "maxLength",
+                        "minItems",
+                        "maxItems",
+                        "minProperties",
+                        "maxProperties"
+                    ]),
+                    small()
+                )
+                    .prop_map(|(k, n)| json!({ k: n })),
+                prop::sample::select(PATTERNS.to_vec()).prop_map(|p| json!({ "pattern": p })),
+                any::<bool>().prop_map(|u| json!({ "uniqueItems": u })),
+                keys().prop_map(|k| json!({ "required": k })),
+                (prop::sample::select(KEYS.to_vec()), keys())
+                    .prop_map(|(k, r)| json!({ "dependentRequired": { k: r } })),
+                prop::sample::select(vec!["email", "date", "uri", "ipv4"])
+                    .prop_map(|f| json!({ "format": f })),
+                Just(json!({ "$ref": "#/$defs/d" })),
+            ]
+            .boxed()
+        }
+
+        /// Small schemas built from the keywords `Lite` checks; `#/$defs/d` is defined.
+        fn schema() -> impl Strategy<Value = Value> {
+            let tree = leaf_schema().prop_recursive(3, 16, 3, |inner| {
+                let key = prop::sample::select(KEYS.to_vec());
+                let list = prop::collection::vec(inner.clone(), 1..3);
+                prop_oneof![
+                    (key.clone(), inner.clone())
+                        .prop_map(|(k, s)| json!({ "properties": { k: s } })),
+                    (prop::sample::select(PATTERNS.to_vec()), inner.clone())
+                        .prop_map(|(p, s)| json!({ "patternProperties": { p: s } })),
+                    inner
+                        .clone()
+                        .prop_map(|s| json!({ "additionalProperties": s })),
+                    (key.clone(), inner.clone(), inner.clone()).prop_map(|(k, s, a)| json!({
+                        "properties": { k: s },
+                        "additionalProperties": a
+                    })),
+                    inner.clone().prop_map(|s| json!({ "propertyNames": s })),
+                    (key, inner.clone()).prop_map(|(k, s)| json!({ "dependentSchemas": { k: s } })),
+                    inner.clone().prop_map(|s| json!({ "items": s })),
+                    (list.clone(), prop::option::of(inner.clone())).prop_map(|(p, rest)| {
+                        let mut s = json!({ "prefixItems": p });
+                        if let Some(rest) = rest {
+                            s["items"] = rest;
+                        }
+                        s
+                    }),
+                    (
+                        inner.clone(),
+                        prop::option::of(small()),
+                        prop::option::of(small())
+                    )
+                        .prop_map(|(c, least, most)| {
+                            let mut s = json!({ "contains": c });
+                            if let Some(n) = least {
+                                s["minContains"] = n;
+                            }
+                            if let Some(n) = most {
+                                s["maxContains"] = n;
+                            }
+                            s
+                        }),
+                    list.clone().prop_map(|l| json!({ "allOf": l })),
+                    list.clone().prop_map(|l| json!({ "anyOf": l })),
+                    list.prop_map(|l| json!({ "oneOf": l })),
+                    inner.clone().prop_map(|s| json!({ "not": s })),
+                    (
+                        inner.clone(),
+                        prop::option::of(inner.clone()),
+                        prop::option::of(inner.clone())
+                    )
+                        .prop_map(|(i, t, e)| {
+                            let mut s = json!({ "if": i });
+                            if let Some(t) = t {
+                                s["then"] = t;
+                            }
+                            if let Some(e) = e {
+                                s["else"] = e;
+                            }
+                            s
+                        }),
+                    // Two schemas' keywords in one object.
+                    (inner.clone(), inner).prop_map(|(a, b)| match (a, b) {
+                        (Value::Object(mut a), Value::Object(b)) => {
+                            a.extend(b);
+                            Value::Object(a)
+                        }
+                        (a, _) => a,
+                    }),
+                ]
+            });
+            // `#/$defs/d` may be referred to from the tree, not from itself.
+            let defs = leaf_schema()
+                .prop_filter("no reference", |s| s.get("$ref").is_none())
+                .prop_recursive(2, 6, 2, |inner| {
+                    prop_oneof![
+                        inner.clone().prop_map(|s| json!({ "items": s })),
+                        (prop::sample::select(KEYS.to_vec()), inner.clone())
+                            .prop_map(|(k, s)| json!({ "properties": { k: s } })),
+                        prop::collection::vec(inner, 1..3).prop_map(|l| json!({ "anyOf": l })),
+                    ]
+                });
+            (tree, defs).prop_map(|(tree, d)| match tree {
+                Value::Object(mut s) => {
+                    s.insert("$defs".into(), json!({ "d": d }));
+                    Value::Object(s)
+                }
+                other => other,
+            })
+        }
+
+        /// Schemas written out for each keyword `Lite` checks, with values at their edges.
+        fn written_schemas() -> Vec<Value> {
+            vec![
+                json!({"type": "integer"}),
+                json!({"type": ["string", "null"]}),
+                json!({"enum": [1, "a", [1], {"a": 1}, null]}),
+                json!({"const": {"a": [1, 2.0]}}),
+                json!({"minimum": 1, "maximum": 7}),
+                json!({"exclusiveMinimum": 0, "exclusiveMaximum": 2.5}),
+                json!({"minimum": 9_007_199_254_740_993_u64}),
+                json!({"maximum": -9_007_199_254_740_993_i64}),
+                json!({"multipleOf": 0.1}),
+                json!({"multipleOf": 0.01}),
+                json!({"multipleOf": 3}),
+                json!({"multipleOf": 1e-3}),
+                json!({"type": "integer", "multipleOf": 0.5}),
+                json!({"minLength": 2, "maxLength": 3}),
+                json!({"pattern": r"^\d+$"}),
+                json!({"pattern": r"^\w+$"}),
+                json!({"pattern": "x[0-9]$"}),
+                json!({"format": "email"}),
+                json!({"minItems": 1, "maxItems": 3, "uniqueItems": true}),
+                json!({"prefixItems": [{"type": "integer"}, {"type": "string"}], "items": false}),
+                json!({"items": {"type": "number"}}),
+                json!({"contains": {"type": "integer"}, "minContains": 2, "maxContains": 3}),
+                json!({"contains": {"const": 1}, "minContains": 0}),
+                json!({
+                    "type": "object",
+                    "properties": {"a": {"type": "integer"}, "b": {"type": "string"}},
+                    "patternProperties": {"^x": {"type": "number"}, r"\d": {"minimum": 0}},
+                    "additionalProperties": false,
+                    "required": ["a"]
+                }),
+                json!({"additionalProperties": {"type": "string"}}),
+                json!({"minProperties": 1, "maxProperties": 2}),
+                json!({"propertyNames": {"pattern": "^[a-c]+$"}}),
+                json!({"dependentRequired": {"a": ["b", "c"]}}),
+                json!({"dependentSchemas": {"a": {"required": ["kind"]}}}),
+                json!({"allOf": [{"minimum": 0}, {"multipleOf": 2}]}),
+                json!({"anyOf": [{"type": "string"}, {"type": "integer"}]}),
+                json!({"oneOf": [{"minimum": 0}, {"maximum": 10}]}),
+                json!({"not": {"type": "object"}}),
+                json!({
+                    "if": {"properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+                    "then": {"required": ["a"]},
+                    "else": {"required": ["b"]}
+                }),
+                json!({
+                    "$defs": {"node": {"type": "object", "properties": {"a": {"$ref": "#/$defs/node"}}}},
+                    "$ref": "#/$defs/node"
+                }),
+                json!({"definitions": {"n": {"type": "array", "items": {"$ref": "#"}}}, "anyOf": [{"type": "integer"}, {"$ref": "#/definitions/n"}]}),
+                json!({"$defs": {"a b": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/a%20b"}}}),
+                // Draft 4–7 forms.
+                json!({"$schema": "http://json-schema.org/draft-07/schema#", "items": [{"type": "integer"}], "additionalItems": {"type": "string"}}),
+                json!({"$schema": "http://json-schema.org/draft-07/schema#", "dependencies": {"a": ["b"], "b": {"required": ["c"]}}}),
+                json!({"$schema": "http://json-schema.org/draft-04/schema#", "minimum": 1, "exclusiveMinimum": true}),
+                json!({"$schema": "http://json-schema.org/draft-04/schema#", "type": "integer"}),
+                json!({"dependencies": {"a": ["b"]}}),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+            #[test]
+            fn written_schemas_agree_with_jsonschema(
+                which in any::<prop::sample::Index>(),
+                value in value(),
+            ) {
+                let schemas = written_schemas();
+                let schema = which.get(&schemas);
+                prop_assert!(agree(schema, &value).is_ok(), "{}", agree(schema, &value).unwrap_err());
+            }
+
+            #[test]
+            fn generated_schemas_agree_with_jsonschema(schema in schema(), value in value()) {
+                prop_assert!(agree(&schema, &value).is_ok(), "{}", agree(&schema, &value).unwrap_err());
+            }
+        }
+
+        const D4: &str = "http://json-schema.org/draft-04/schema#";
+        const D7: &str = "http://json-schema.org/draft-07/schema#";
+        const D19: &str = "https://json-schema.org/draft/2019-09/schema";
+
+        /// What the properties above found `Lite` getting wrong, each with `Lite`'s own verdict.
+        #[test]
+        fn divergences_found_are_fixed() {
+            for (schema, value, valid) in [
+                // Patterns are ECMA-262: `\w` and `\d` are ASCII.
+                (json!({"pattern": r"^\w+$"}), json!("٣"), false),
+                (json!({"pattern": r"^\d$"}), json!("٣"), false),
+                (json!({"pattern": r"^\d$"}), json!("3"), true),
+                (
+                    json!({"patternProperties": {r"^\w$": false}}),
+                    json!({"é": 1}),
+                    true,
+                ),
+                // `multipleOf` is exact, not within a tolerance.
+                (
+                    json!({"multipleOf": 3}),
+                    json!(370_488_982_361_164_u64),
+                    false,
+                ),
+                (
+                    json!({"multipleOf": 3}),
+                    json!(370_488_982_361_163_u64),
+                    true,
+                ),
+                (
+                    json!({"multipleOf": 0.5}),
+                    json!(-5.408_438_092_510_351e-53),
+                    false,
+                ),
+                (json!({"multipleOf": 0.1}), json!(0.3), true),
+                (json!({"multipleOf": 0.1}), json!(0.35), false),
+                (json!({"multipleOf": 1e-3}), json!(1e300), true),
+                // Counts written as whole floats.
+                (json!({"minLength": 2.0}), json!("a"), false),
+                (json!({"maxItems": 1.0}), json!([1, 2]), false),
+                (
+                    json!({"contains": true, "minContains": 2.0}),
+                    json!([1]),
+                    false,
+                ),
+                // Integers past 2^53 compare exactly.
+                (
+                    json!({"minimum": 9_007_199_254_740_993_u64}),
+                    json!(9_007_199_254_740_992_u64),
+                    false,
+                ),
+                (
+                    json!({"const": 9_007_199_254_740_993_u64}),
+                    json!(9_007_199_254_740_992_u64),
+                    false,
+                ),
+                (
+                    json!({"exclusiveMaximum": 9_007_199_254_740_992.0}),
+                    json!(9_007_199_254_740_993_u64),
+                    false,
+                ),
+                // The draft `$schema` names: its keywords, and up to draft 7 `$ref` hides the
+                // keywords beside it.
+                (
+                    json!({"$schema": D7, "$ref": "#/definitions/a", "definitions": {"a": {"type": "string"}}, "type": "integer"}),
+                    json!("x"),
+                    true,
+                ),
+                (
+                    json!({"$schema": D7, "dependentRequired": {"a": ["b"]}}),
+                    json!({"a": 1}),
+                    true,
+                ),
+                (
+                    json!({"$schema": D7, "dependentSchemas": {"a": false}}),
+                    json!({"a": 1}),
+                    true,
+                ),
+                (
+                    json!({"$schema": D7, "if": false, "else": false}),
+                    json!(1),
+                    false,
+                ),
+                (json!({"$schema": D4, "const": 1}), json!(2), true),
+                (json!({"$schema": D4, "contains": false}), json!([1]), true),
+                (
+                    json!({"$schema": D4, "if": false, "else": false}),
+                    json!(1),
+                    true,
+                ),
+                (
+                    json!({"$schema": D4, "propertyNames": false}),
+                    json!({"a": 1}),
+                    true,
+                ),
+                (json!({"$schema": D4, "type": "integer"}), json!(1.0), false),
+                (
+                    json!({"$schema": D4, "type": "integer"}),
+                    json!(-2.955_039_302_955_817e213),
+                    true,
+                ),
+                (
+                    json!({"$schema": D19, "prefixItems": [false]}),
+                    json!([1]),
+                    true,
+                ),
+                (json!({"$schema": D19, "items": [false]}), json!([1]), false),
+            ] {
+                agree(&schema, &value).unwrap();
+                let ours = Lite::new(&schema).unwrap().problems(&value, 1);
+                assert_eq!(ours.is_empty(), valid, "{schema} {value}: {ours:?}");
+            }
+        }
+
+        #[test]
+        fn every_written_schema_is_read_by_both() {
+            for schema in written_schemas() {
+                assert!(jsonschema::validator_for(&schema).is_ok(), "{schema}");
+                assert!(Lite::new(&schema).is_ok(), "{schema}");
             }
         }
     }

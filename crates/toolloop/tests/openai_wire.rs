@@ -630,3 +630,87 @@ async fn the_next_turn_replays_calls_and_results_validly() {
         json!({"role": "user", "content": "<system-reminder>stay on task</system-reminder>"})
     );
 }
+
+/// The same loops against the mock, streamed (Server-Sent Events, text and arguments in small
+/// deltas) and not: the transcripts are the same, and the text deltas make the answers.
+#[tokio::test]
+async fn streamed_and_complete_loops_give_the_same_transcript_over_http() {
+    use toolloop::agent::Agent;
+    use toolloop::event::Event;
+    use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+    #[derive(serde::Deserialize, schemars::JsonSchema)]
+    struct Echo {
+        /// What to echo.
+        text: String,
+    }
+    let server = toolloop_mock::start(toolloop_mock::MockOptions::default())
+        .await
+        .unwrap();
+    let url = format!("{}/v1", server.base_url());
+    for scenario in [
+        "mock:rounds=3,parallel=2,distinct=true",
+        // One character per delta: arguments and text cut everywhere, non-ASCII included.
+        "mock:rounds=2,parallel=3,chunk=1",
+    ] {
+        let run = |stream: bool| {
+            let url = url.clone();
+            async move {
+                let deltas = Arc::new(std::sync::Mutex::new(String::new()));
+                let seen = deltas.clone();
+                let echo = tool_fn(
+                    "echo",
+                    "Echoes its input.",
+                    |args: Echo, _ctx: ToolContext| async move {
+                        Ok::<_, ToolError>(ToolOutput::text(args.text))
+                    },
+                );
+                let agent = Agent::builder(OpenAiModel::new(
+                    OpenAiConfig::new(scenario).with_base_url(url),
+                ))
+                .tool(echo)
+                .stream(stream)
+                .on_event(move |e| {
+                    if let Event::TextDelta { text, .. } = e {
+                        seen.lock().unwrap().push_str(text);
+                    }
+                })
+                .build()
+                .unwrap();
+                let out = agent.prompt("go — ünïcode").await;
+                assert!(out.error.is_none(), "{scenario}: {:?}", out.error);
+                let deltas = deltas.lock().unwrap().clone();
+                (out, deltas)
+            }
+        };
+        let (complete, no_deltas) = run(false).await;
+        let (streamed, deltas) = run(true).await;
+        // The mock numbers its call ids across requests: the ids differ, and nothing else.
+        let without_ids = |messages: &[Message]| {
+            let mut messages = messages.to_vec();
+            for m in &mut messages {
+                match m {
+                    Message::Assistant(a) => a.tool_calls.iter_mut().for_each(|c| c.id.clear()),
+                    Message::Tool(r) => r.call_id.clear(),
+                    _ => {}
+                }
+            }
+            messages
+        };
+        assert_eq!(
+            without_ids(&complete.messages),
+            without_ids(&streamed.messages),
+            "{scenario}"
+        );
+        assert!(complete.messages.len() > 4, "{scenario}");
+        assert!(no_deltas.is_empty());
+        let texts: String = streamed
+            .messages
+            .iter()
+            .filter(|m| matches!(m, Message::Assistant(_)))
+            .map(Message::text)
+            .collect();
+        assert_eq!(deltas, texts, "{scenario}");
+        assert!(!deltas.is_empty(), "{scenario}");
+    }
+    server.shutdown().await;
+}

@@ -65,7 +65,9 @@ impl Agent {
     ) -> Result<ModelResponse, ModelError> {
         let mut stream = model.stream(request).await?;
         let mut acc = Accumulator::new();
-        let mut held = self.redactor.as_deref().map(StreamRedactor::new);
+        // Text deltas go out as events only when someone listens (the response's text is
+        // redacted whole, by `call_model`).
+        let mut held = sink.and(self.redactor.as_deref().map(StreamRedactor::new));
         let emit = |text: String| {
             if let Some(sink) = sink
                 && !text.is_empty()
@@ -75,7 +77,9 @@ impl Agent {
         };
         while let Some(event) = stream.next().await {
             let event = event?;
-            if let StreamEvent::TextDelta(text) = &event {
+            if sink.is_some()
+                && let StreamEvent::TextDelta(text) = &event
+            {
                 match &mut held {
                     Some(held) => emit(held.push(text)),
                     None => emit(text.clone()),

@@ -139,7 +139,7 @@ fn json_len(value: &serde_json::Value) -> u64 {
 }
 
 /// The digits of `n` in decimal.
-fn decimal_len(mut n: u64) -> u64 {
+pub(crate) fn decimal_len(mut n: u64) -> u64 {
     let mut len = 1;
     while n >= 10 {
         n /= 10;

@@ -227,22 +227,69 @@ pub fn cleared_stub(name: &str, call_id: &str, bytes: usize) -> String {
             break;
         }
     }
-    // ASCII digits.
-    let bytes = std::str::from_utf8(&digits[at..]).unwrap_or_default();
+    let digits = &digits[at..];
     let pieces = [
         "[result of `",
         &name,
         "` (call ",
         &call_id,
         ") cleared from the context to save space: ",
-        bytes,
-        " bytes]",
     ];
-    let mut stub = String::with_capacity(pieces.iter().map(|p| p.len()).sum());
+    let mut stub = String::with_capacity(
+        pieces.iter().map(|p| p.len()).sum::<usize>() + digits.len() + " bytes]".len(),
+    );
     for p in pieces {
         stub.push_str(p);
     }
+    // ASCII digits, one `char` each.
+    stub.extend(digits.iter().map(|&d| char::from(d)));
+    stub.push_str(" bytes]");
     stub
+}
+
+/// The length in bytes of [`cleared_stub`]`(name, call_id, bytes)`, counted without building
+/// it: whether clearing a result makes it shorter is known before anything is allocated.
+pub fn cleared_stub_len(name: &str, call_id: &str, bytes: usize) -> usize {
+    STUB_FIXED
+        + shortened_len(name, crate::result::ECHO_CHARS)
+        + shortened_len(call_id, crate::result::ECHO_CHARS)
+        + decimal_len(bytes)
+}
+
+/// The digits of `n` in decimal.
+fn decimal_len(n: usize) -> usize {
+    crate::context::estimate::decimal_len(n as u64) as usize
+}
+
+/// The length of [`cleared_stub`]`(name, call_id, bytes)` when it is shorter than the
+/// `bytes` of the result it would replace (clearing the result saves something), else `None`.
+/// A result no longer than the shortest stub is known not to shrink at once.
+pub fn shorter_stub_len(name: &str, call_id: &str, bytes: usize) -> Option<usize> {
+    if bytes <= STUB_FIXED + 1 {
+        return None;
+    }
+    let len = cleared_stub_len(name, call_id, bytes);
+    (len < bytes).then_some(len)
+}
+
+/// The bytes of every stub besides the name, the call id and the digits of the size.
+const STUB_FIXED: usize =
+    "[result of `` (call ) cleared from the context to save space:  bytes]".len();
+
+/// The length of [`crate::result::shorten`]`(text, max_chars)`, counted without building it.
+fn shortened_len(text: &str, max_chars: usize) -> usize {
+    // No more bytes than `max_chars`: no more characters either, and nothing is cut.
+    if text.len() <= max_chars {
+        return text.len();
+    }
+    match text.char_indices().nth(max_chars) {
+        None => text.len(),
+        Some((end, _)) => {
+            let rest = text[end..].chars().count();
+            // `…[{rest} more characters]`
+            end + "…[".len() + decimal_len(rest) + " more characters]".len()
+        }
+    }
 }
 
 /// What the model reads of a spilled result: its first and last `preview` bytes (cut at
@@ -414,7 +461,11 @@ mod tests {
     #[test]
     fn cleared_stub_is_the_documented_line() {
         let long = "é".repeat(80);
+        let (at_cap, past_cap) = ("x".repeat(64), "x".repeat(65));
+        let mixed = format!("{}{}", "é".repeat(40), "y".repeat(30));
         for (name, id, bytes) in [
+            (at_cap.as_str(), past_cap.as_str(), 7usize),
+            (mixed.as_str(), "é", 1_000),
             ("echo", "call_7", 0usize),
             ("read_file", "call_abc", 9),
             ("read_file", "call_abc", 10),
@@ -430,6 +481,16 @@ mod tests {
             let stub = cleared_stub(name, id, bytes);
             assert_eq!(stub, expected);
             assert_eq!(stub.capacity(), stub.len(), "built at its exact length");
+            assert_eq!(cleared_stub_len(name, id, bytes), stub.len());
+            // Whether a result of about the stub's length shrinks, at every length near it.
+            for result in stub.len().saturating_sub(2)..stub.len() + 2 {
+                let shrinks = cleared_stub(name, id, result).len() < result;
+                assert_eq!(
+                    shorter_stub_len(name, id, result),
+                    shrinks.then(|| cleared_stub(name, id, result).len()),
+                    "{name:?} {id:?} {result}"
+                );
+            }
         }
         assert_eq!(
             cleared_stub("echo", "call_7", 42),

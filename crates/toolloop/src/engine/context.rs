@@ -217,8 +217,16 @@ fn replaced(r: &ToolResult, content: String, images: bool) -> Message {
 
 /// The stub a cleared result becomes, when it is shorter than the result.
 fn cleared(r: &ToolResult) -> Option<Message> {
-    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
-    (stub.len() < r.content.len()).then(|| replaced(r, stub, false))
+    clears(r).then(|| {
+        let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+        replaced(r, stub, false)
+    })
+}
+
+/// Whether clearing `r` makes it shorter (the stub is shorter than its content), known
+/// without building the stub.
+fn clears(r: &ToolResult) -> bool {
+    policy::shorter_stub_len(&r.name, &r.call_id, r.content.len()).is_some()
 }
 
 /// Edits to the view at the start of a round ([`Step::EditContext`], [`Input::ContextEdited`]).
@@ -570,16 +578,16 @@ impl Machine {
         // them at once. A provider's prompt cache then holds across `keep` rounds, where
         // clearing one result every round would change the prefix every round.
         let keep = policy.keep_rounds as usize;
-        let clear_before = if keep > 0 && c.turns.len() > keep {
-            let boundary = c.turns.len() - keep;
-            let done = c.turns[..boundary].partition_point(|&t| t < c.cleared_upto);
-            if boundary - done >= keep {
+        // The turns before the last `keep` whose results are not cleared yet are those from
+        // the first at or past `cleared_upto` (the turns are in order): there are `keep` of
+        // them when the `keep`-th before the boundary is one, an O(1) check every round.
+        let clear_before = match c.turns.len().checked_sub(keep) {
+            Some(boundary)
+                if keep > 0 && boundary >= keep && c.turns[boundary - keep] >= c.cleared_upto =>
+            {
                 c.turns[boundary].max(c.cleared_upto)
-            } else {
-                c.cleared_upto
             }
-        } else {
-            c.cleared_upto
+            _ => c.cleared_upto,
         };
         ContextEdits {
             spilled,
@@ -604,8 +612,10 @@ impl Machine {
         let view = c.view(&self.state.messages);
         for m in view.slice(c.cleared_upto.min(last)..last.min(view.len())) {
             if let Message::Tool(r) = m {
-                let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len()).len();
-                freed.bytes += r.content.len().saturating_sub(stub) as u64;
+                let bytes = r.content.len();
+                if let Some(stub) = policy::shorter_stub_len(&r.name, &r.call_id, bytes) {
+                    freed.bytes += (bytes - stub) as u64;
+                }
             }
         }
         (freed.bytes > 0 && self.estimate.tokens.tokens_of(freed) >= threshold / 4).then(|| {
@@ -695,17 +705,45 @@ impl Machine {
             .context
             .as_ref()
             .is_some_and(ContextPolicy::native_clears);
-        for i in c.cleared_upto.min(edits.clear_before)..edits.clear_before {
-            let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i) else {
-                continue;
-            };
-            let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
-            if stub.len() < r.content.len() {
+        // First the estimate, in one pass over the view's messages (nothing is built: a
+        // result no longer than its stub stays as it is); then, when the machine clears them
+        // itself and some shrink, their stubs, in place.
+        let range = c.cleared_upto.min(edits.clear_before)..edits.clear_before;
+        let mut shrinking = 0;
+        for m in c.view(&self.state.messages).slice(range.clone()) {
+            if let Message::Tool(r) = m
+                && let Some(stub) = policy::shorter_stub_len(&r.name, &r.call_id, r.content.len())
+            {
                 self.estimate.tokens.remove_size(Size::of_text(&r.content));
-                self.estimate.tokens.add_size(Size::of_text(&stub));
-                if !native {
-                    let stub = replaced(r, stub, false);
-                    c.replace(i, stub);
+                self.estimate.tokens.add_size(Size {
+                    bytes: stub as u64,
+                    images: 0,
+                });
+                shrinking += 1;
+            }
+        }
+        if !native && shrinking > 0 {
+            c.edited.reserve(shrinking);
+            // The usual batch: transcript messages that no edit touched, with none after
+            // them, so that their stubs follow the edits in order.
+            let own = c.head.len();
+            let usual = (range.start >= own
+                && c.edited.last().is_none_or(|(i, _)| *i < range.start))
+            .then(|| c.shared_from + (range.start - own))
+            .and_then(|from| self.state.messages.get(from..from + range.len()));
+            if let Some(tail) = usual {
+                c.edited
+                    .extend(tail.iter().enumerate().filter_map(|(k, m)| match m {
+                        Message::Tool(r) => cleared(r).map(|stub| (range.start + k, stub)),
+                        _ => None,
+                    }));
+            } else {
+                for i in range {
+                    if let Some(Message::Tool(r)) = c.view(&self.state.messages).get(i)
+                        && let Some(stub) = cleared(r)
+                    {
+                        c.replace(i, stub);
+                    }
                 }
             }
         }
@@ -731,10 +769,15 @@ impl Machine {
             return None;
         }
         let c = self.state.context.as_ref()?;
+        // A provider that compacts at the threshold itself is left to do it, and without a
+        // window the estimate starts none (checked before the estimate is made: the usual
+        // case, every round); a refusal for size (`forced`) is still answered with a summary.
+        let threshold = policy.threshold();
+        if !forced && (threshold.is_none() || policy.native_compacts()) {
+            return None;
+        }
         let tokens_before = self.estimate.tokens.estimate();
-        // A provider that compacts at the threshold itself is left to do it; a refusal for
-        // size (`forced`) is still answered with a summary.
-        if !forced && (policy.native_compacts() || tokens_before <= policy.threshold()?) {
+        if !forced && threshold.is_some_and(|t| tokens_before <= t) {
             return None;
         }
         let view = c.view(&self.state.messages);
@@ -782,12 +825,11 @@ impl Machine {
         let text = if policy.native_clears() && c.cleared_upto > lead {
             let mut part = view.slice(lead..cut).to_vec();
             for m in part.iter_mut().take(c.cleared_upto.saturating_sub(lead)) {
-                if let Message::Tool(r) = m {
-                    let stub = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
-                    if stub.len() < r.content.len() {
-                        r.content = stub;
-                        r.images.clear();
-                    }
+                if let Message::Tool(r) = m
+                    && clears(r)
+                {
+                    r.content = policy::cleared_stub(&r.name, &r.call_id, r.content.len());
+                    r.images.clear();
                 }
             }
             policy::render_for_summary(&part, window_bytes as usize)

@@ -5,6 +5,7 @@ use super::stream::StreamParser;
 use crate::model::{FinishReason, ModelResponse, ToolSpec};
 use crate::stream::{Accumulator, StreamEvent};
 use serde_json::{Value, json};
+use std::sync::Arc;
 
 /// Recovers tool calls that a model wrote as text in a response of a native tool-calling API
 /// (Ollama and vLLM pass a call through as `content` when their own parser misses it, with
@@ -41,6 +42,16 @@ impl Rescue {
     pub fn new(tools: &[ToolSpec]) -> Self {
         Rescue {
             parser: (!tools.is_empty()).then(|| StreamParser::new(tools)),
+            held: Vec::new(),
+            calls: 0,
+        }
+    }
+
+    /// [`Rescue::new`] with the tools shared rather than copied (a rescue per streamed reply to
+    /// the same catalog copies nothing).
+    pub fn shared(tools: &Arc<[ToolSpec]>) -> Self {
+        Rescue {
+            parser: (!tools.is_empty()).then(|| StreamParser::shared(tools.clone())),
             held: Vec::new(),
             calls: 0,
         }

@@ -7,6 +7,7 @@ use crate::message::{ProviderPart, new_call_id};
 use crate::model::ToolSpec;
 use crate::stream::StreamEvent;
 use serde_json::json;
+use std::sync::Arc;
 
 /// Reads text and tool calls out of a reply as it streams in.
 ///
@@ -34,6 +35,15 @@ impl StreamParser {
     pub fn new(tools: &[ToolSpec]) -> Self {
         StreamParser {
             scanner: Scanner::new(tools),
+            next_index: 0,
+        }
+    }
+
+    /// [`StreamParser::new`] with the tools shared rather than copied (a parser per reply to
+    /// the same catalog copies nothing).
+    pub fn shared(tools: Arc<[ToolSpec]>) -> Self {
+        StreamParser {
+            scanner: Scanner::shared(tools),
             next_index: 0,
         }
     }

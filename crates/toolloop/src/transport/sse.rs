@@ -3,7 +3,8 @@
 //! Bytes go in as they arrive, in chunks of any size; complete events come out. Comment lines
 //! (starting with `:`) are skipped, `event:` lines are optional, several `data:` lines join with
 //! `\n`, and both `\n` and `\r\n` line ends are accepted. A `[DONE]` marker is passed through as
-//! data; callers decide what it means.
+//! data; callers decide what it means. [`SseDecoder::push_each`] lends each event to a closure
+//! instead of returning copies: the adapters read streams that way, without allocating per event.
 
 /// One event.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -15,11 +16,22 @@ pub struct SseEvent {
 }
 
 /// The reader's state between chunks.
+///
+/// Lines are read where they lie in the bytes given, and only the start of a line that a chunk
+/// cut is kept until the next chunk. The event being read keeps its strings from one event to the
+/// next, so that [`SseDecoder::push_each`] reads a stream without allocating once its buffers
+/// have grown.
 #[derive(Debug, Default)]
 pub struct SseDecoder {
-    buf: Vec<u8>,
-    event: Option<String>,
-    data: Option<String>,
+    /// The start of a line that the bytes given so far have not ended.
+    partial: Vec<u8>,
+    /// The event being read: its fields so far.
+    current: SseEvent,
+    /// Whether a `data:` line came for the current event (an event without one is not
+    /// delivered).
+    has_data: bool,
+    /// The string of the last `event:` field, kept for the next one.
+    spare_event: String,
 }
 
 impl SseDecoder {
@@ -30,68 +42,145 @@ impl SseDecoder {
 
     /// Adds bytes and returns the events they complete.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
-        self.buf.extend_from_slice(bytes);
         let mut out = Vec::new();
-        let mut start = 0;
-        while let Some(pos) = self.buf[start..].iter().position(|&b| b == b'\n') {
-            let end = start + pos;
-            let mut line = &self.buf[start..end];
-            if line.last() == Some(&b'\r') {
-                line = &line[..line.len() - 1];
-            }
-            let line = String::from_utf8_lossy(line).into_owned();
-            start = end + 1;
-            self.line(&line, &mut out);
+        let read = self.push_each(bytes, |e| {
+            out.push(e.clone());
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match read {
+            Ok(()) => out,
+            Err(never) => match never {},
         }
-        self.buf.drain(..start);
-        out
+    }
+
+    /// Adds bytes and lends each event they complete to `f`, in order, without copying it. An
+    /// error from `f` stops the reading: it is returned, and the rest of `bytes` is not read.
+    pub fn push_each<E>(
+        &mut self,
+        mut bytes: &[u8],
+        mut f: impl FnMut(&SseEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.partial.is_empty() {
+            let Some(pos) = bytes.iter().position(|&b| b == b'\n') else {
+                self.partial.extend_from_slice(bytes);
+                return Ok(());
+            };
+            let mut line = std::mem::take(&mut self.partial);
+            line.extend_from_slice(&bytes[..pos]);
+            bytes = &bytes[pos + 1..];
+            let read = self.line(strip_cr(&line), &mut f);
+            line.clear();
+            self.partial = line;
+            read?;
+        }
+        while let Some(pos) = bytes.iter().position(|&b| b == b'\n') {
+            let line = &bytes[..pos];
+            bytes = &bytes[pos + 1..];
+            self.line(strip_cr(line), &mut f)?;
+        }
+        self.partial.extend_from_slice(bytes);
+        Ok(())
     }
 
     /// Ends the input: an event not followed by a blank line is still delivered.
     pub fn finish(&mut self) -> Option<SseEvent> {
-        if !self.buf.is_empty() {
-            let rest = std::mem::take(&mut self.buf);
-            let line = String::from_utf8_lossy(&rest).into_owned();
-            let mut out = Vec::new();
-            self.line(line.trim_end_matches('\r'), &mut out);
-            if let Some(e) = out.pop() {
-                return Some(e);
-            }
+        let mut last = None;
+        let read = self.finish_each(|e| {
+            last = Some(e.clone());
+            Ok::<(), std::convert::Infallible>(())
+        });
+        match read {
+            Ok(()) => last,
+            Err(never) => match never {},
         }
-        self.dispatch()
     }
 
-    fn dispatch(&mut self) -> Option<SseEvent> {
-        let data = self.data.take();
-        let event = self.event.take();
-        data.map(|data| SseEvent { event, data })
+    /// Ends the input as [`SseDecoder::finish`] does, lending the last event to `f`.
+    pub fn finish_each<E>(
+        &mut self,
+        mut f: impl FnMut(&SseEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        if !self.partial.is_empty() {
+            let rest = std::mem::take(&mut self.partial);
+            let mut end = rest.len();
+            while end > 0 && rest[end - 1] == b'\r' {
+                end -= 1;
+            }
+            // A line left without its newline can only end an event, never deliver one before.
+            self.line(&rest[..end], &mut f)?;
+        }
+        self.dispatch(&mut f)
     }
 
-    fn line(&mut self, line: &str, out: &mut Vec<SseEvent>) {
+    /// Delivers the event read so far, if it has data, and starts the next one.
+    fn dispatch<E>(&mut self, f: &mut impl FnMut(&SseEvent) -> Result<(), E>) -> Result<(), E> {
+        let delivered = if self.has_data {
+            f(&self.current)
+        } else {
+            Ok(())
+        };
+        self.has_data = false;
+        self.current.data.clear();
+        if let Some(mut event) = self.current.event.take() {
+            event.clear();
+            self.spare_event = event;
+        }
+        delivered
+    }
+
+    fn line<E>(
+        &mut self,
+        line: &[u8],
+        f: &mut impl FnMut(&SseEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
         if line.is_empty() {
-            if let Some(e) = self.dispatch() {
-                out.push(e);
+            return self.dispatch(f);
+        }
+        if line[0] == b':' {
+            return Ok(());
+        }
+        // `:` is ASCII, so it never lies inside a multi-byte character, and the field and the
+        // value decode (lossily) as the whole line would.
+        let (field, value) = match line.iter().position(|&b| b == b':') {
+            Some(i) => {
+                let value = &line[i + 1..];
+                (&line[..i], value.strip_prefix(b" ").unwrap_or(value))
             }
-            return;
-        }
-        if line.starts_with(':') {
-            return;
-        }
-        let (field, value) = match line.split_once(':') {
-            Some((f, v)) => (f, v.strip_prefix(' ').unwrap_or(v)),
-            None => (line, ""),
+            None => (line, &b""[..]),
         };
         match field {
-            "data" => match &mut self.data {
-                Some(d) => {
-                    d.push('\n');
-                    d.push_str(value);
+            b"data" => {
+                if self.has_data {
+                    self.current.data.push('\n');
                 }
-                None => self.data = Some(value.to_string()),
-            },
-            "event" => self.event = Some(value.to_string()),
+                self.has_data = true;
+                push_lossy(&mut self.current.data, value);
+            }
+            b"event" => {
+                let mut event = std::mem::take(&mut self.spare_event);
+                if let Some(old) = self.current.event.take() {
+                    event = old;
+                    event.clear();
+                }
+                push_lossy(&mut event, value);
+                self.current.event = Some(event);
+            }
             _ => {}
         }
+        Ok(())
+    }
+}
+
+/// A line without the `\r` of a `\r\n` line end.
+fn strip_cr(line: &[u8]) -> &[u8] {
+    line.strip_suffix(b"\r").unwrap_or(line)
+}
+
+/// Appends `bytes` as text, invalid UTF-8 replaced by U+FFFD.
+fn push_lossy(to: &mut String, bytes: &[u8]) {
+    match std::str::from_utf8(bytes) {
+        Ok(text) => to.push_str(text),
+        Err(_) => to.push_str(&String::from_utf8_lossy(bytes)),
     }
 }
 
@@ -138,6 +227,41 @@ mod tests {
     fn last_event_without_blank_line_is_kept() {
         assert_eq!(all(&[b"data: {}"]).len(), 1);
         assert_eq!(all(&[b"data: {}\n"]).len(), 1);
+    }
+
+    #[test]
+    fn text_cut_inside_a_character_is_whole_and_invalid_bytes_are_replaced() {
+        let body = "data: ünï\n\n".as_bytes();
+        // Cut between the two bytes of `ü`, then of `ï`.
+        assert_eq!(all(&[&body[..7], &body[7..10], &body[10..]]), all(&[body]));
+        assert_eq!(all(&[body])[0].data, "ünï");
+        let events = all(&[b"data: a\xffb\n", b"event: x\xfe\n\n"]);
+        assert_eq!(
+            events,
+            vec![SseEvent {
+                event: Some("x\u{fffd}".into()),
+                data: "a\u{fffd}b".into()
+            }]
+        );
+    }
+
+    #[test]
+    fn an_event_without_data_is_not_delivered_and_its_name_does_not_carry_over() {
+        assert_eq!(
+            all(&[b"event: ping\n\ndata: x\n\n"]),
+            vec![SseEvent {
+                event: None,
+                data: "x".into()
+            }]
+        );
+        // Ended by the end of the input, with a `\r` left.
+        assert_eq!(
+            all(&[b"event: a\ndata: y\n\r"]),
+            vec![SseEvent {
+                event: Some("a".into()),
+                data: "y".into()
+            }]
+        );
     }
 
     proptest! {

@@ -79,11 +79,11 @@ impl<D: SseDecode> SseReader<D> {
         bytes: &[u8],
         out: &mut Vec<StreamEvent>,
     ) -> Result<(), ModelError> {
-        for ev in self.sse.push(bytes) {
-            self.events += 1;
-            self.decoder.event(&ev, out)?;
-        }
-        Ok(())
+        let (decoder, events) = (&mut self.decoder, &mut self.events);
+        self.sse.push_each(bytes, |ev| {
+            *events += 1;
+            decoder.event(ev, out)
+        })
     }
 
     /// Ends the body: decodes a last event left without its blank line, then the decoder's
@@ -92,15 +92,20 @@ impl<D: SseDecode> SseReader<D> {
         if self.decoder.done() {
             return Ok(());
         }
-        if let Some(ev) = self.sse.finish() {
-            self.decoder.event(&ev, out)?;
-        }
+        let decoder = &mut self.decoder;
+        self.sse.finish_each(|ev| decoder.event(ev, out))?;
         self.decoder.finish(out)
     }
 
     /// Whether the response is complete before the body ended.
     pub(crate) fn done(&self) -> bool {
         self.decoder.done()
+    }
+
+    /// The provider's decoder.
+    #[cfg(test)]
+    pub(crate) fn decoder(&self) -> &D {
+        &self.decoder
     }
 }
 

@@ -139,6 +139,9 @@ struct Inner {
     headers: Result<HeaderMap, ModelError>,
     /// What this server refused so far (the model talks to one server).
     refused: Refused,
+    /// The tool catalog of the last streamed request with the text-call rescue on, shared by
+    /// the rescues of the streams to come while the catalog stays the same.
+    rescue_tools: Mutex<Option<Arc<[ToolSpec]>>>,
 }
 
 /// Request fields a server refused, learned from its answers and remembered for its later
@@ -199,6 +202,7 @@ impl OpenAiModel {
                 url,
                 headers,
                 refused: Refused::default(),
+                rescue_tools: Mutex::default(),
             }),
             prefix: None,
         }
@@ -261,6 +265,24 @@ impl OpenAiModel {
         WireRequest::new(request, &self.inner.config, stream)
             .without_tool_choice(shape.omit_tool_choice)
             .json_object_output(shape.json_object)
+    }
+
+    /// `tools`, shared: the copy made for an earlier stream when it holds the same tools (the
+    /// catalog of a run, and of most runs, stays the same), else a new one, kept for the next.
+    fn shared_tools(&self, tools: &[ToolSpec]) -> Arc<[ToolSpec]> {
+        let mut kept = self
+            .inner
+            .rescue_tools
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match kept.as_ref() {
+            Some(shared) if shared[..] == *tools => shared.clone(),
+            _ => {
+                let shared: Arc<[ToolSpec]> = Arc::from(tools);
+                *kept = Some(shared.clone());
+                shared
+            }
+        }
     }
 
     /// The checks made before every call: `extra`s and the key's header.
@@ -396,11 +418,12 @@ impl HttpAdapter for OpenAiModel {
         &self,
         request: &ModelRequest<'_>,
     ) -> impl Fn() -> ChunkDecoder + Send + Sync + 'static {
-        let rescue_tools: Option<Arc<[ToolSpec]>> =
-            self.rescues(request).then(|| Arc::from(request.tools));
+        let rescue_tools: Option<Arc<[ToolSpec]>> = self
+            .rescues(request)
+            .then(|| self.shared_tools(request.tools));
         move || {
             let mut decoder = ChunkDecoder::new(200);
-            decoder.rescue = rescue_tools.as_deref().map(Rescue::new);
+            decoder.rescue = rescue_tools.as_ref().map(Rescue::shared);
             decoder
         }
     }
@@ -497,4 +520,29 @@ pub fn decode_recorded(status: u16, body: &[u8], stream: bool) -> Decoded {
 fn without_ids(mut r: ModelResponse) -> ModelResponse {
     r.tool_calls.iter_mut().for_each(|c| c.id.clear());
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn streams_offering_the_same_tools_share_one_copy_of_them() {
+        let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
+        let tools = vec![ToolSpec {
+            name: "read".into(),
+            description: "Reads a file.".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }];
+        let first = model.shared_tools(&tools);
+        // Another run's catalog, equal but not the same memory: no new copy.
+        assert!(Arc::ptr_eq(&first, &model.shared_tools(&tools.clone())));
+        let mut changed = tools.clone();
+        changed[0].parameters["properties"]["path"]["maxLength"] = json!(10);
+        let second = model.shared_tools(&changed);
+        assert!(!Arc::ptr_eq(&first, &second));
+        assert_eq!(&second[..], &changed[..]);
+        assert_eq!(&first[..], &tools[..]);
+    }
 }

@@ -45,7 +45,7 @@ pub(super) mod typed {
 
     /// A usage object of whole counts (anything else goes the value path).
     #[derive(Deserialize)]
-    struct WireUsage {
+    pub(in crate::providers::openai) struct WireUsage {
         #[serde(default)]
         prompt_tokens: Option<u64>,
         #[serde(default)]
@@ -73,7 +73,7 @@ pub(super) mod typed {
     impl WireUsage {
         /// The usage, or `None` without a prompt or completion count (then the tokens are
         /// unknown, not zero).
-        fn usage(&self) -> Option<Usage> {
+        pub(in crate::providers::openai) fn usage(&self) -> Option<Usage> {
             if self.prompt_tokens.is_none() && self.completion_tokens.is_none() {
                 return None;
             }
@@ -142,7 +142,7 @@ pub(super) mod typed {
     }
 
     /// A value that must be a JSON object: a derived `Deserialize` would also take an array.
-    struct Obj<T>(T);
+    pub(in crate::providers::openai) struct Obj<T>(pub(in crate::providers::openai) T);
 
     impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
         fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -2,7 +2,10 @@
 
 use super::config::PROVIDER;
 use super::error::{api_error_from_value, preview};
-use super::response::{arguments_text, content_text, map_finish, settle_finish, usage_of};
+use super::response::typed::{Obj, WireUsage};
+use super::response::{
+    arguments_text, content_text, map_finish, parse_usage, settle_finish, usage_of,
+};
 use crate::message::ProviderPart;
 use crate::model::{FinishReason, ModelError};
 use crate::providers::adapter::SseDecode;
@@ -10,6 +13,7 @@ use crate::ptk::Rescue;
 use crate::stream::StreamEvent;
 use crate::transport::sse::SseEvent;
 use serde_json::{Value, json};
+use std::borrow::Cow;
 
 /// One tool call being streamed.
 #[derive(Debug)]
@@ -39,6 +43,11 @@ pub(crate) struct ChunkDecoder {
     done: bool,
     /// Whether any SSE event came.
     seen: bool,
+    /// Every chunk takes the value path (to check that both paths agree).
+    value_only: bool,
+    /// Chunks read through the typed path (to check that the usual ones take it).
+    #[cfg(test)]
+    typed_chunks: usize,
 }
 
 impl ChunkDecoder {
@@ -53,15 +62,25 @@ impl ChunkDecoder {
             rescue: None,
             done: false,
             seen: false,
+            value_only: false,
+            #[cfg(test)]
+            typed_chunks: 0,
         }
     }
 
+    /// A decoder that reads every chunk as a JSON value, never through the typed path.
+    #[cfg(test)]
+    fn value_only(status: u16) -> Self {
+        ChunkDecoder {
+            value_only: true,
+            ..ChunkDecoder::new(status)
+        }
+    }
+
+    /// The value path's delta (a `delta` or `message` object of a chunk's choice).
     fn delta(&mut self, d: &Value, out: &mut Vec<StreamEvent>) {
-        if let Some(t) = content_text(d.get("content")).filter(|t| !t.is_empty()) {
-            match self.rescue.as_mut() {
-                Some(rescue) => out.extend(rescue.push(&t)),
-                None => out.push(StreamEvent::TextDelta(t)),
-            }
+        if let Some(t) = content_text(d.get("content")) {
+            self.text(&t, out);
         }
         if let Some(r) = d.get("reasoning_content").and_then(Value::as_str) {
             self.reasoning.push_str(r);
@@ -71,27 +90,48 @@ impl ChunkDecoder {
         }
         if let Some(calls) = d.get("tool_calls").and_then(Value::as_array) {
             for tc in calls {
-                self.tool_delta(tc, out);
+                let f = tc.get("function");
+                let wire = tc
+                    .get("index")
+                    .and_then(Value::as_u64)
+                    .or_else(|| f.and_then(|f| f.get("index")).and_then(Value::as_u64));
+                let id = tc.get("id").and_then(Value::as_str);
+                let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
+                let args = arguments_text(f.and_then(|f| f.get("arguments")));
+                let extra = tc.get("extra_content").filter(|x| !x.is_null()).cloned();
+                self.tool_delta(wire, id, name, args, extra, out);
             }
         }
     }
 
-    fn tool_delta(&mut self, tc: &Value, out: &mut Vec<StreamEvent>) {
-        let f = tc.get("function");
-        let wire = tc
-            .get("index")
-            .and_then(Value::as_u64)
-            .or_else(|| f.and_then(|f| f.get("index")).and_then(Value::as_u64));
-        let id = tc
-            .get("id")
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty());
-        let name = f
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .filter(|s| !s.is_empty());
-        let args = arguments_text(f.and_then(|f| f.get("arguments")));
+    /// A piece of text (through the rescue when it is on).
+    fn text(&mut self, t: &str, out: &mut Vec<StreamEvent>) {
+        if t.is_empty() {
+            return;
+        }
+        match self.rescue.as_mut() {
+            Some(rescue) => out.extend(rescue.push(t)),
+            None => out.push(StreamEvent::TextDelta(t.to_string())),
+        }
+    }
 
+    /// Whether a choice with this index is the one followed (the first one seen).
+    fn follows(&mut self, index: u64) -> bool {
+        *self.choice.get_or_insert(index) == index
+    }
+
+    /// One tool call's delta: its wire index, id, name, argument text and `extra_content`.
+    fn tool_delta(
+        &mut self,
+        wire: Option<u64>,
+        id: Option<&str>,
+        name: Option<&str>,
+        args: String,
+        extra: Option<Value>,
+        out: &mut Vec<StreamEvent>,
+    ) {
+        let id = id.filter(|s| !s.is_empty());
+        let name = name.filter(|s| !s.is_empty());
         let (index, is_new) = self.slot_for(wire, id, name.is_some());
         let slot = &mut self.slots[index];
         let new_id = slot.id.is_none() && id.is_some();
@@ -113,12 +153,101 @@ impl ChunkDecoder {
                 arguments: args,
             });
         }
-        if let Some(x) = tc.get("extra_content").filter(|x| !x.is_null()) {
+        if let Some(x) = extra {
             out.push(StreamEvent::ToolCallData {
                 index,
                 data: json!({"extra_content": x}),
             });
         }
+    }
+
+    /// A chunk of the usual shape, read through typed, borrowing structures: the same events
+    /// as [`ChunkDecoder::value_chunk`] gives for it.
+    fn typed_chunk(&mut self, chunk: typed::Chunk<'_>, out: &mut Vec<StreamEvent>) {
+        if let Some(u) = chunk.usage() {
+            out.push(StreamEvent::Usage(u));
+        }
+        for Obj(choice) in chunk.choices.unwrap_or_default() {
+            if !self.follows(choice.index.unwrap_or(0)) {
+                continue;
+            }
+            if let Some(Obj(delta)) = choice.delta {
+                if let Some(t) = delta.content {
+                    self.text(&t, out);
+                }
+                if let Some(r) = delta.reasoning_content {
+                    self.reasoning.push_str(&r);
+                }
+                if let Some(r) = delta.refusal {
+                    self.refusal.push_str(&r);
+                }
+                for Obj(call) in delta.tool_calls.unwrap_or_default() {
+                    let f = call.function.map(|Obj(f)| f);
+                    let wire = call.index.or_else(|| f.as_ref().and_then(|f| f.index));
+                    let (name, args) = match f {
+                        Some(f) => (f.name, f.arguments),
+                        None => (None, None),
+                    };
+                    self.tool_delta(
+                        wire,
+                        call.id.as_deref(),
+                        name.as_deref(),
+                        args.map(Cow::into_owned).unwrap_or_default(),
+                        call.extra_content,
+                        out,
+                    );
+                }
+            }
+            if let Some(f) = choice.finish_reason {
+                self.finish = Some(map_finish(&f));
+            }
+        }
+    }
+
+    /// Any chunk, read as a JSON value: every quirk, and errors inside the stream.
+    fn value_chunk(
+        &mut self,
+        ev: &SseEvent,
+        data: &str,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        // A 2xx stream with an event that is not JSON was corrupted or cut short on the way:
+        // as retryable as a broken connection (never replayed once output was delivered).
+        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
+            message: format!(
+                "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
+                 got: {}",
+                preview(data)
+            ),
+            retryable: true,
+        })?;
+        let has_error = v.get("error").is_some_and(|e| !e.is_null());
+        if has_error || ev.event.as_deref() == Some("error") {
+            if self.finish.is_none() {
+                return Err(ModelError::Api(api_error_from_value(self.status, &v, None)));
+            }
+            // After a finish_reason, an error chunk only restates why the generation ended
+            // (OpenRouter's "Token limit reached" after `length`); its usage still counts.
+            tracing::debug!(chunk = %preview(data), "error chunk after the finish, ignored");
+        }
+        if let Some(u) = usage_of(&v) {
+            out.push(StreamEvent::Usage(u));
+        }
+        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for c in choices {
+                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
+                if !self.follows(idx) {
+                    continue;
+                }
+                if let Some(delta) = c.get("delta").or_else(|| c.get("message")) {
+                    self.delta(delta, out);
+                }
+                if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
+                    self.finish = Some(map_finish(f));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The call a delta belongs to, and whether it is new.
@@ -205,43 +334,20 @@ impl SseDecode for ChunkDecoder {
             self.end(out);
             return Ok(());
         }
-        // A 2xx stream with an event that is not JSON was corrupted or cut short on the way:
-        // as retryable as a broken connection (never replayed once output was delivered).
-        let v: Value = serde_json::from_str(data).map_err(|e| ModelError::Transport {
-            message: format!(
-                "a stream event is not JSON ({e}); expected a chat.completion.chunk object, \
-                 got: {}",
-                preview(data)
-            ),
-            retryable: true,
-        })?;
-        let has_error = v.get("error").is_some_and(|e| !e.is_null());
-        if has_error || ev.event.as_deref() == Some("error") {
-            if self.finish.is_none() {
-                return Err(ModelError::Api(api_error_from_value(self.status, &v, None)));
+        // The usual chunk takes the typed path; anything else (an error, an odd shape) the
+        // value path, which gives the same events for every chunk the typed path reads.
+        if !self.value_only
+            && ev.event.as_deref() != Some("error")
+            && let Some(chunk) = typed::parse(data)
+        {
+            #[cfg(test)]
+            {
+                self.typed_chunks += 1;
             }
-            // After a finish_reason, an error chunk only restates why the generation ended
-            // (OpenRouter's "Token limit reached" after `length`); its usage still counts.
-            tracing::debug!(chunk = %preview(data), "error chunk after the finish, ignored");
+            self.typed_chunk(chunk, out);
+            return Ok(());
         }
-        if let Some(u) = usage_of(&v) {
-            out.push(StreamEvent::Usage(u));
-        }
-        if let Some(choices) = v.get("choices").and_then(Value::as_array) {
-            for c in choices {
-                let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0);
-                if *self.choice.get_or_insert(idx) != idx {
-                    continue;
-                }
-                if let Some(delta) = c.get("delta").or_else(|| c.get("message")) {
-                    self.delta(delta, out);
-                }
-                if let Some(f) = c.get("finish_reason").and_then(Value::as_str) {
-                    self.finish = Some(map_finish(f));
-                }
-            }
-        }
-        Ok(())
+        self.value_chunk(ev, data, out)
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
@@ -264,6 +370,103 @@ impl SseDecode for ChunkDecoder {
 
     fn done(&self) -> bool {
         self.done
+    }
+}
+
+/// The usual `chat.completion.chunk`, read without building a JSON value: strings borrowed
+/// from the event where they hold no escape. A field of another type than these (content as an
+/// array of parts, arguments as an object, a fractional count), a repeated field, a `message`
+/// in place of a `delta`, or an error makes [`typed::parse`] give `None`, and the chunk goes the
+/// value path.
+mod typed {
+    use super::{Obj, Value, WireUsage, parse_usage};
+    use crate::usage::Usage;
+    use serde::Deserialize;
+    use serde::de::IgnoredAny;
+    use std::borrow::Cow;
+
+    #[derive(Deserialize)]
+    pub(super) struct Chunk<'a> {
+        #[serde(default)]
+        error: Option<IgnoredAny>,
+        #[serde(default, borrow)]
+        pub(super) choices: Option<Vec<Obj<Choice<'a>>>>,
+        #[serde(default)]
+        usage: Option<Obj<WireUsage>>,
+        #[serde(default)]
+        x_groq: Option<Value>,
+    }
+
+    impl Chunk<'_> {
+        /// The usage (`usage`, else Groq's `x_groq.usage`), as the value path reads it.
+        pub(super) fn usage(&self) -> Option<Usage> {
+            match (&self.usage, &self.x_groq) {
+                (Some(Obj(u)), _) => u.usage(),
+                (None, Some(x)) => x
+                    .get("usage")
+                    .filter(|u| u.is_object())
+                    .and_then(parse_usage),
+                (None, None) => None,
+            }
+        }
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Choice<'a> {
+        #[serde(default)]
+        pub(super) index: Option<u64>,
+        #[serde(default, borrow)]
+        pub(super) delta: Option<Obj<Delta<'a>>>,
+        #[serde(default)]
+        message: Option<IgnoredAny>,
+        #[serde(default, borrow)]
+        pub(super) finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct Delta<'a> {
+        #[serde(default, borrow)]
+        pub(super) content: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub(super) reasoning_content: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub(super) refusal: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub(super) tool_calls: Option<Vec<Obj<CallDelta<'a>>>>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct CallDelta<'a> {
+        #[serde(default)]
+        pub(super) index: Option<u64>,
+        #[serde(default, borrow)]
+        pub(super) id: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub(super) function: Option<Obj<FunctionDelta<'a>>>,
+        #[serde(default)]
+        pub(super) extra_content: Option<Value>,
+    }
+
+    #[derive(Deserialize)]
+    pub(super) struct FunctionDelta<'a> {
+        #[serde(default)]
+        pub(super) index: Option<u64>,
+        #[serde(default, borrow)]
+        pub(super) name: Option<Cow<'a, str>>,
+        #[serde(default, borrow)]
+        pub(super) arguments: Option<Cow<'a, str>>,
+    }
+
+    /// The chunk, or `None` when it is not of the usual shape (or holds an error).
+    pub(super) fn parse(data: &str) -> Option<Chunk<'_>> {
+        let Obj(chunk): Obj<Chunk<'_>> = serde_json::from_str(data).ok()?;
+        let odd = chunk.error.is_some()
+            || chunk
+                .choices
+                .iter()
+                .flatten()
+                .any(|c| c.0.message.is_some());
+        (!odd).then_some(chunk)
     }
 }
 
@@ -470,6 +673,202 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The events and the error of a whole SSE body decoded by `decoder`, with the number of
+    /// chunks that took the typed path.
+    fn decode_with(
+        body: &[u8],
+        decoder: ChunkDecoder,
+    ) -> (Vec<StreamEvent>, Option<String>, usize) {
+        let mut reader = adapter::SseReader::new(decoder);
+        let mut out = Vec::new();
+        let result = reader
+            .push(body, &mut out)
+            .and_then(|()| reader.finish(&mut out));
+        let typed = reader.decoder().typed_chunks;
+        (out, result.err().map(|e| e.to_string()), typed)
+    }
+
+    /// Both paths give the same events and error for `body`; `Ok` says how many chunks took the
+    /// typed path.
+    fn paths_agree(body: &[u8]) -> Result<usize, String> {
+        let (events, error, typed) = decode_with(body, ChunkDecoder::new(200));
+        let (value_events, value_error, _) = decode_with(body, ChunkDecoder::value_only(200));
+        if (&events, &error) == (&value_events, &value_error) {
+            Ok(typed)
+        } else {
+            Err(format!(
+                "typed {events:?} {error:?}\nvalue {value_events:?} {value_error:?}\nbody {}",
+                String::from_utf8_lossy(body)
+            ))
+        }
+    }
+
+    #[test]
+    fn typed_and_value_chunks_agree_on_the_corpus() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/conformance");
+        let (mut typed, mut streams) = (0, 0);
+        for case in std::fs::read_dir(&dir).unwrap() {
+            let case = case.unwrap().path();
+            let Ok(meta) = std::fs::read(case.join("meta.json")) else {
+                continue;
+            };
+            let meta: Value = serde_json::from_slice(&meta).unwrap();
+            if meta["api"] != "openai-chat" || meta["stream"] != true {
+                continue;
+            }
+            let file = meta["response_file"].as_str().unwrap_or("response.sse");
+            let body = std::fs::read(case.join(file)).unwrap();
+            streams += 1;
+            match paths_agree(&body) {
+                Ok(n) => typed += n,
+                Err(e) => panic!("{}: {e}", case.display()),
+            }
+        }
+        assert!(streams >= 12, "only {streams} streams in the corpus");
+        // The servers' usual chunks are read without a JSON value.
+        assert!(
+            typed >= 60,
+            "the typed path took only {typed} corpus chunks"
+        );
+    }
+
+    /// Chunks built from the usual fields, each absent, of the right type, or odd: null, of the
+    /// wrong type, empty, escaped.
+    fn chunk_body() -> BoxedStrategy<String> {
+        let odd = proptest::sample::select(vec![
+            "null",
+            "0",
+            "1",
+            "-1",
+            "0.0",
+            "\"\"",
+            "\"x\\n\\u00e9\"",
+            "{}",
+            "[]",
+            "{\"a\":1}",
+            "[{\"type\":\"text\",\"text\":\"hi\"}]",
+        ])
+        .prop_map(str::to_string)
+        .boxed();
+        let pick = |good: &[&'static str]| {
+            let good = proptest::sample::select(good.to_vec()).prop_map(str::to_string);
+            prop_oneof![12 => good, 1 => odd.clone()].boxed()
+        };
+        let object = |fields: Vec<(&'static str, BoxedStrategy<String>)>| {
+            let fields: Vec<_> = fields
+                .into_iter()
+                .map(|(k, v)| {
+                    proptest::option::weighted(0.7, v.prop_map(move |v| format!("\"{k}\":{v}")))
+                })
+                .collect();
+            fields
+                .prop_map(|f| {
+                    format!(
+                        "{{{}}}",
+                        f.into_iter().flatten().collect::<Vec<_>>().join(",")
+                    )
+                })
+                .boxed()
+        };
+        let array = |item: BoxedStrategy<String>| {
+            proptest::collection::vec(item, 0..3)
+                .prop_map(|items| format!("[{}]", items.join(",")))
+                .boxed()
+        };
+        let either =
+            |good: BoxedStrategy<String>| prop_oneof![12 => good, 1 => odd.clone()].boxed();
+        let function = object(vec![
+            ("index", pick(&["0", "1"])),
+            ("name", pick(&["\"read\"", "\"\"", "\"r\\u00e9ad\""])),
+            (
+                "arguments",
+                pick(&["\"{\\\"a\\\":\"", "\"1}\"", "\"\"", "{\"a\":1}", "null"]),
+            ),
+        ]);
+        let call = object(vec![
+            ("index", pick(&["0", "1", "null"])),
+            ("id", pick(&["\"call_1\"", "\"call_2\"", "\"\"", "null"])),
+            ("type", pick(&["\"function\""])),
+            ("function", either(function)),
+            (
+                "extra_content",
+                pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+            ),
+        ]);
+        let delta = object(vec![
+            ("role", pick(&["\"assistant\""])),
+            ("content", pick(&["\"hi\"", "\"\"", "\"a\\\"b\"", "null"])),
+            ("tool_calls", either(array(call))),
+            ("reasoning_content", pick(&["\"why\"", "\"\""])),
+            ("refusal", pick(&["\"no\"", "null"])),
+        ]);
+        let choice = object(vec![
+            ("index", pick(&["0", "0", "1"])),
+            ("delta", either(delta.clone())),
+            ("message", pick(&["null"])),
+            ("logprobs", pick(&["null"])),
+            (
+                "finish_reason",
+                pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "null"]),
+            ),
+        ]);
+        let usage = object(vec![
+            ("prompt_tokens", pick(&["3", "3", "3.0"])),
+            ("completion_tokens", pick(&["2"])),
+            (
+                "prompt_tokens_details",
+                pick(&["{\"cached_tokens\":1}", "null"]),
+            ),
+            (
+                "completion_tokens_details",
+                pick(&["{\"reasoning_tokens\":7}", "{}"]),
+            ),
+        ]);
+        let groq = "{\"usage\":{\"prompt_tokens\":5}}";
+        object(vec![
+            ("id", pick(&["\"chatcmpl-1\""])),
+            ("object", pick(&["\"chat.completion.chunk\""])),
+            ("choices", either(array(choice))),
+            ("usage", pick(&["null"]).prop_union(usage).boxed()),
+            ("x_groq", pick(&[groq])),
+            (
+                "error",
+                pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
+            ),
+        ])
+    }
+
+    #[test]
+    fn typed_chunks_agree_with_the_value_path() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let chunks = proptest::collection::vec(chunk_body(), 1..6);
+        let (mut typed, mut all, cases) = (0, 0, 2000);
+        for n in 0..cases {
+            let chunks = chunks.new_tree(&mut runner).unwrap().current();
+            all += chunks.len();
+            let mut body = String::new();
+            for c in &chunks {
+                // Now and then an `error` event name, which the value path reads.
+                let event = if n % 50 == 0 { "event: error\n" } else { "" };
+                body.push_str(&format!("{event}data: {c}\n\n"));
+            }
+            if n % 3 != 0 {
+                body.push_str("data: [DONE]\n\n");
+            }
+            match paths_agree(body.as_bytes()) {
+                Ok(n) => typed += n,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        // The chunks must exercise the typed path, not only the fallback.
+        assert!(
+            typed * 8 > all,
+            "the typed path took only {typed} of {all} chunks"
+        );
     }
 
     proptest! {

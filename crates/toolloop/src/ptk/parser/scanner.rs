@@ -12,6 +12,7 @@ use super::text::{find_ci, first_char_len, starts_with_ci};
 use super::{ParsedCall, Piece};
 use crate::model::ToolSpec;
 use crate::ptk::dialect::Dialect;
+use std::sync::Arc;
 
 /// What to do with the text at the front of the buffer.
 #[derive(Debug)]
@@ -191,7 +192,8 @@ const EAGER_LIMIT: usize = 512;
 /// The incremental scanner shared by [`parse_reply`] and the stream parser.
 #[derive(Debug)]
 pub(crate) struct Scanner {
-    tools: Vec<ToolSpec>,
+    /// The tools offered (shared: a scanner per streamed reply copies no catalog).
+    tools: Arc<[ToolSpec]>,
     buf: String,
     /// Whether `buf` starts at the beginning of a line (only spaces since the last newline).
     line_start: bool,
@@ -215,8 +217,13 @@ pub(crate) struct Scanner {
 
 impl Scanner {
     pub(crate) fn new(tools: &[ToolSpec]) -> Self {
+        Scanner::shared(Arc::from(tools))
+    }
+
+    /// A scanner for a reply to a request offering `tools`, shared with whoever holds them.
+    pub(crate) fn shared(tools: Arc<[ToolSpec]>) -> Self {
         Scanner {
-            tools: tools.to_vec(),
+            tools,
             buf: String::new(),
             line_start: true,
             started: false,
