@@ -37,7 +37,8 @@ use toolloop_store::{RunTags, Store};
 #[command(group(clap::ArgGroup::new("mode").required(true).args(["restate", "openai", "mcp"])))]
 pub(crate) struct ServeArgs {
     /// Serve the agent to a Restate server: listen on this address (`127.0.0.1:9080`) for the
-    /// server's calls. Several workers may share one address.
+    /// server's calls. Several workers may share one address. Needs the command built with the
+    /// `restate` feature (not a default one: `cargo install toolloop-cli --features restate`).
     #[arg(long, value_name = "ADDR")]
     pub restate: Option<SocketAddr>,
     /// Register this worker with Restate's admin API at this URL (`http://127.0.0.1:9070`).
@@ -247,7 +248,8 @@ async fn serve_restate(
     _listen: SocketAddr,
 ) -> Result<ExitCode, CliError> {
     Err(CliError::usage(
-        "--restate: this toolloop was built without the `restate` feature",
+        "--restate: this toolloop was built without the `restate` feature, which is not a default \
+         one (cargo install toolloop-cli --features restate)",
     ))
 }
 
