@@ -187,7 +187,10 @@ impl Store {
         let count = messages.len() as i64;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
-            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            let mut tx = p
+                .begin_with(crate::begin_write(p))
+                .await
+                .map_err(db("starting a transaction"))?;
             let row = sqlx::query(sql::RUN_META)
                 .bind(run_id)
                 .fetch_optional(&mut *tx)

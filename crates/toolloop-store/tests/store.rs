@@ -596,6 +596,45 @@ async fn a_run_never_overwrites_a_turn_saved_after_it_started() {
     }
 }
 
+/// Two processes on one SQLite file: a run's outcome (its stop reason, and its turn of the
+/// session) is saved while the other process holds the write lock, once the other commits,
+/// instead of failing with "database is locked".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_is_saved_while_another_process_writes_to_the_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kind, store) = stores(&dir).await.remove(0);
+    let session = unique("busy");
+    let out = agent(
+        ScriptedModel::new(vec![ModelResponse::text("one")]),
+        store.run_journal(RunTags {
+            session_revision: Some(0),
+            ..RunTags::session(session.clone())
+        }),
+        Arc::new(Mutex::new(HashMap::new())),
+    )
+    .prompt("first")
+    .await;
+    let run_id = out.run_id.clone().unwrap();
+    // The other process has written, and commits a moment later.
+    let mut other = hold_writes(kind, store.location()).await;
+    sqlx::raw_sql("CREATE TABLE another_process (x INTEGER)")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let commit = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    };
+    let (saved, ()) = tokio::join!(store.save_outcome(&run_id, &out), commit);
+    saved.unwrap();
+    assert_eq!(
+        store.session_messages(&session).await.unwrap(),
+        out.messages
+    );
+    let run = store.runs(Some(&session)).await.unwrap();
+    assert_eq!(run[0].status, RunStatus::Finished);
+}
+
 #[tokio::test]
 async fn a_session_is_held_by_one_holder_at_a_time() {
     let dir = tempfile::tempdir().unwrap();
