@@ -525,10 +525,25 @@ async fn a_broken_stored_transcript_loads_repaired() {
 async fn bad_locations_fail_with_a_clear_error() {
     let err = Store::open("").await.unwrap_err().to_string();
     assert!(err.contains("empty path"), "{err}");
-    let err = Store::open("postgres://nobody:secret@127.0.0.1:1/none")
+    // A server that is not PostgreSQL: it answers the client's first message with bytes of
+    // another protocol. (A refused connection gives the same error, but only when the pool
+    // gives up retrying, 15 seconds later.)
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let not_postgres = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut first = [0u8; 8];
+            let _ = socket.read_exact(&mut first).await;
+            let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let err = Store::open(&format!("postgres://nobody:secret@127.0.0.1:{port}/none"))
         .await
         .unwrap_err()
         .to_string();
+    not_postgres.abort();
     assert!(err.contains("cannot open the store"), "{err}");
     assert!(!err.contains("secret"), "the password is hidden: {err}");
     let dir = tempfile::tempdir().unwrap();
