@@ -109,6 +109,8 @@ use stream::ChunkDecoder;
 
 mod config;
 mod error;
+#[cfg(test)]
+mod json_text;
 mod request;
 mod response;
 mod stream;
