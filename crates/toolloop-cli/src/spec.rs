@@ -37,6 +37,55 @@ fn connect(
 pub(crate) const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
                          anthropic:<model>, gemini:<model>, replay:<cassette>";
 
+/// What the command sets on an HTTP adapter's configuration once it is read: the flags'
+/// `extra`, then the adapter's own checks, then the connection (see [`connect`]).
+trait AdapterConfig {
+    /// The `extra` request fields, the transport and the key.
+    fn parts(
+        &mut self,
+    ) -> (
+        &mut Option<Value>,
+        &mut toolloop::transport::http::HttpTransport,
+        Option<&str>,
+    );
+    /// The adapter's checks (`validate` of its configuration).
+    fn check(&self) -> Result<(), toolloop::model::ModelError>;
+}
+
+macro_rules! adapter_config {
+    ($($config:ty),*) => {$(
+        impl AdapterConfig for $config {
+            fn parts(
+                &mut self,
+            ) -> (
+                &mut Option<Value>,
+                &mut toolloop::transport::http::HttpTransport,
+                Option<&str>,
+            ) {
+                (&mut self.extra, &mut self.transport, self.api_key.as_deref())
+            }
+            fn check(&self) -> Result<(), toolloop::model::ModelError> {
+                self.validate()
+            }
+        }
+    )*};
+}
+adapter_config!(OpenAiConfig, ResponsesConfig, AnthropicConfig, GeminiConfig);
+
+/// `config` with the flags' `extra`, checked, and connected.
+fn configured<C: AdapterConfig>(
+    cx: &Cx,
+    args: &ProviderArgs,
+    config: Result<C, toolloop::model::ModelError>,
+) -> Result<C, CliError> {
+    let mut config = config.map_err(CliError::ModelSettings)?;
+    *config.parts().0 = args.extra.as_deref().cloned();
+    config.check().map_err(CliError::ModelSettings)?;
+    let (_, transport, key) = config.parts();
+    connect(cx, args, transport, key);
+    Ok(config)
+}
+
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
 fn lookup<'a>(
     args: &'a ProviderArgs,
@@ -171,7 +220,6 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             ))),
         }
     };
-    let cfg_err = CliError::ModelSettings;
     match provider {
         "test" if rest.is_none() => Ok(Arc::new(TestModel::new().answer(TestAnswer::Summary))),
         "scripted" => {
@@ -184,15 +232,15 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             let model = need_name(rest)?;
             check_base_url(args, &["OPENAI_BASE_URL"])?;
             check_extra(args, "OpenAI", toolloop::providers::openai::OWNED_FIELDS)?;
-            let mut config = OpenAiConfig::from_vars(
-                &model,
-                args.api_key_env.as_deref(),
-                lookup(args, &[], &["OPENAI_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(
+                cx,
+                args,
+                OpenAiConfig::from_vars(
+                    &model,
+                    args.api_key_env.as_deref(),
+                    lookup(args, &[], &["OPENAI_BASE_URL"]),
+                ),
+            )?;
             // A compatible server may drop the catalog without a word; OpenAI's own API does not.
             let compatible = !config.is_openai();
             let model: Arc<dyn Model> = Arc::new(OpenAiModel::new(config));
@@ -211,15 +259,15 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
                 "OpenAI Responses",
                 toolloop::providers::openai_responses::OWNED_FIELDS,
             )?;
-            let mut config = ResponsesConfig::from_vars(
-                &model,
-                args.api_key_env.as_deref(),
-                lookup(args, &[], &["OPENAI_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(
+                cx,
+                args,
+                ResponsesConfig::from_vars(
+                    &model,
+                    args.api_key_env.as_deref(),
+                    lookup(args, &[], &["OPENAI_BASE_URL"]),
+                ),
+            )?;
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
@@ -231,14 +279,14 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
                 "Anthropic",
                 toolloop::providers::anthropic::OWNED_FIELDS,
             )?;
-            let mut config = AnthropicConfig::from_vars(
-                model,
-                lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(
+                cx,
+                args,
+                AnthropicConfig::from_vars(
+                    model,
+                    lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
+                ),
+            )?;
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
@@ -246,18 +294,18 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             named_key_is_set(args)?;
             check_base_url(args, &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"])?;
             check_extra(args, "Gemini", toolloop::providers::gemini::OWNED_FIELDS)?;
-            let mut config = GeminiConfig::from_vars(
-                model,
-                lookup(
-                    args,
-                    &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-                    &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+            let config = configured(
+                cx,
+                args,
+                GeminiConfig::from_vars(
+                    model,
+                    lookup(
+                        args,
+                        &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+                        &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+                    ),
                 ),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            )?;
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(CliError::usage(format!(

@@ -101,11 +101,8 @@ impl ResponsesConfig {
         self
     }
 
-    /// Reads the key and the base URL from the environment: the key from the variable named
-    /// `api_key_env`, else `OPENAI_API_KEY`; the base URL from `OPENAI_BASE_URL`, else OpenAI's.
-    ///
-    /// A missing key is an error for OpenAI's own API, and when `api_key_env` names a variable
-    /// that is not set; other servers may need no key.
+    /// Reads the key and the base URL from the environment as
+    /// [`OpenAiConfig::from_env`] does (the same variables and checks); a blank model is refused.
     pub fn from_env(model: &str, api_key_env: Option<&str>) -> Result<Self, ModelError> {
         Self::from_vars(model, api_key_env, |name| std::env::var(name).ok())
     }
