@@ -197,6 +197,19 @@ fn bad(message: &str, param: Option<&str>) -> Prepared {
     error(StatusCode::BAD_REQUEST, message, param, None)
 }
 
+/// The scenario the model name asks for, or the OpenAI-shaped 400 that names what is wrong
+/// with it (the Chat Completions and Responses APIs answer alike).
+pub(crate) fn scenario(model: &str) -> Result<Scenario, Prepared> {
+    Scenario::from_model(model).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &e.message,
+            Some("model"),
+            Some("invalid_scenario"),
+        )
+    })
+}
+
 /// Answers one request body.
 pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let request: Request<'_> = match serde_json::from_slice(body) {
@@ -208,16 +221,9 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             );
         }
     };
-    let scenario = match Scenario::from_model(&request.model) {
+    let scenario = match scenario(&request.model) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                Some("model"),
-                Some("invalid_scenario"),
-            );
-        }
+        Err(answer) => return answer,
     };
     let mut request = request;
     let mut body_len = body.len();

@@ -117,16 +117,9 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Some(m) => m,
         None => return bad("Missing required parameter: 'model'.", Some("model")),
     };
-    let scenario = match Scenario::from_model(model) {
+    let scenario = match super::openai::scenario(model) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                Some("model"),
-                Some("invalid_scenario"),
-            );
-        }
+        Err(answer) => return answer,
     };
     if scenario.text_calls.is_some() {
         return bad(
