@@ -72,13 +72,60 @@ macro_rules! adapter_config {
 }
 adapter_config!(OpenAiConfig, ResponsesConfig, AnthropicConfig, GeminiConfig);
 
-/// `config` with the flags' `extra`, checked, and connected.
+/// How the flags reach one HTTP adapter: its name in messages, the request fields it writes
+/// itself, and the variables of its key and base URL.
+struct Adapter<'a> {
+    name: &'a str,
+    owned: &'a [&'a str],
+    key_vars: &'a [&'a str],
+    url_vars: &'a [&'a str],
+}
+
+/// `openai:<model>`.
+const OPENAI: Adapter<'static> = Adapter {
+    name: "OpenAI",
+    owned: toolloop::providers::openai::OWNED_FIELDS,
+    key_vars: &[],
+    url_vars: &["OPENAI_BASE_URL"],
+};
+
+/// `openai-responses:<model>`.
+const OPENAI_RESPONSES: Adapter<'static> = Adapter {
+    name: "OpenAI Responses",
+    owned: toolloop::providers::openai_responses::OWNED_FIELDS,
+    key_vars: &[],
+    url_vars: &["OPENAI_BASE_URL"],
+};
+
+/// `anthropic:<model>`.
+const ANTHROPIC: Adapter<'static> = Adapter {
+    name: "Anthropic",
+    owned: toolloop::providers::anthropic::OWNED_FIELDS,
+    key_vars: &["ANTHROPIC_API_KEY"],
+    url_vars: &["ANTHROPIC_BASE_URL"],
+};
+
+/// `gemini:<model>`.
+const GEMINI: Adapter<'static> = Adapter {
+    name: "Gemini",
+    owned: toolloop::providers::gemini::OWNED_FIELDS,
+    key_vars: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+    url_vars: &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+};
+
+/// An HTTP adapter's configuration as the flags give it: the base URL (`--base-url`, else the
+/// adapter's variable) and `--extra` checked first, then the configuration `read` through the
+/// variables (see [`lookup`]), given the flags' `extra`, checked by the adapter, and connected.
 fn configured<C: AdapterConfig>(
     cx: &Cx,
     args: &ProviderArgs,
-    config: Result<C, toolloop::model::ModelError>,
+    adapter: &Adapter<'_>,
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<C, toolloop::model::ModelError>,
 ) -> Result<C, CliError> {
-    let mut config = config.map_err(CliError::ModelSettings)?;
+    check_base_url(args, adapter.url_vars)?;
+    check_extra(args, adapter.name, adapter.owned)?;
+    let mut config =
+        read(&lookup(args, adapter.key_vars, adapter.url_vars)).map_err(CliError::ModelSettings)?;
     *config.parts().0 = args.extra.as_deref().cloned();
     config.check().map_err(CliError::ModelSettings)?;
     let (_, transport, key) = config.parts();
@@ -230,17 +277,9 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "openai" => {
             let model = need_name(rest)?;
-            check_base_url(args, &["OPENAI_BASE_URL"])?;
-            check_extra(args, "OpenAI", toolloop::providers::openai::OWNED_FIELDS)?;
-            let config = configured(
-                cx,
-                args,
-                OpenAiConfig::from_vars(
-                    &model,
-                    args.api_key_env.as_deref(),
-                    lookup(args, &[], &["OPENAI_BASE_URL"]),
-                ),
-            )?;
+            let config = configured(cx, args, &OPENAI, |vars| {
+                OpenAiConfig::from_vars(&model, args.api_key_env.as_deref(), vars)
+            })?;
             // A compatible server may drop the catalog without a word; OpenAI's own API does not.
             let compatible = !config.is_openai();
             let model: Arc<dyn Model> = Arc::new(OpenAiModel::new(config));
@@ -253,59 +292,25 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "openai-responses" => {
             let model = need_name(rest)?;
-            check_base_url(args, &["OPENAI_BASE_URL"])?;
-            check_extra(
-                args,
-                "OpenAI Responses",
-                toolloop::providers::openai_responses::OWNED_FIELDS,
-            )?;
-            let config = configured(
-                cx,
-                args,
-                ResponsesConfig::from_vars(
-                    &model,
-                    args.api_key_env.as_deref(),
-                    lookup(args, &[], &["OPENAI_BASE_URL"]),
-                ),
-            )?;
+            let config = configured(cx, args, &OPENAI_RESPONSES, |vars| {
+                ResponsesConfig::from_vars(&model, args.api_key_env.as_deref(), vars)
+            })?;
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
             let model = need_name(rest)?;
             named_key_is_set(args)?;
-            check_base_url(args, &["ANTHROPIC_BASE_URL"])?;
-            check_extra(
-                args,
-                "Anthropic",
-                toolloop::providers::anthropic::OWNED_FIELDS,
-            )?;
-            let config = configured(
-                cx,
-                args,
-                AnthropicConfig::from_vars(
-                    model,
-                    lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
-                ),
-            )?;
+            let config = configured(cx, args, &ANTHROPIC, |vars| {
+                AnthropicConfig::from_vars(model, vars)
+            })?;
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
             let model = need_name(rest)?;
             named_key_is_set(args)?;
-            check_base_url(args, &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"])?;
-            check_extra(args, "Gemini", toolloop::providers::gemini::OWNED_FIELDS)?;
-            let config = configured(
-                cx,
-                args,
-                GeminiConfig::from_vars(
-                    model,
-                    lookup(
-                        args,
-                        &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-                        &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
-                    ),
-                ),
-            )?;
+            let config = configured(cx, args, &GEMINI, |vars| {
+                GeminiConfig::from_vars(model, vars)
+            })?;
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(CliError::usage(format!(
