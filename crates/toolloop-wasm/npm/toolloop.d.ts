@@ -185,9 +185,22 @@ export interface RunOptions {
    * (`outcome.signal`); `null` goes on. A hook that throws does not stop the run.
    */
   stopWhen?: (calls: RoundCall[]) => string | null | undefined | Promise<string | null | undefined>;
+  /**
+   * When `limits.maxRounds` is reached: `{ extend: n }` grants `n` more rounds (then it is
+   * asked again at the new limit), `{ signal }` ends the run with `terminal_signal`
+   * (`outcome.signal`), `'stop'` (or anything else) stops it with `max_rounds`, as without
+   * the hook. A hook that throws stops the run.
+   */
+  onRoundLimit?: (view: LoopView) => RoundLimitAnswer | Promise<RoundLimitAnswer>;
 }
 
-/** The loop as the `reminders` hook sees it: the round about to start and what was spent. */
+/** What `onRoundLimit` decides. */
+export type RoundLimitAnswer = { extend: number } | { signal: string } | 'stop' | null | undefined;
+
+/**
+ * The loop as the `reminders` and `onRoundLimit` hooks see it: the round about to start (for
+ * `reminders`) or just run (for `onRoundLimit`), and what was spent.
+ */
 export interface LoopView {
   round: number;
   toolCalls: number;

@@ -20,7 +20,7 @@ export async function* streamLoop(options) {
 
 /** The loop with an engine already loaded (`engine.run`); shared by both builds. */
 export async function runWith(engine, options) {
-  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen } = options;
+  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen, onRoundLimit } = options;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
@@ -142,6 +142,9 @@ export async function runWith(engine, options) {
       return JSON.stringify(typeof signal_ === 'string' && signal_ ? signal_ : null);
     };
   }
+  if (typeof onRoundLimit === 'function') {
+    host.onRoundLimit = async (view) => JSON.stringify(toRoundLimit(await guarded(Promise.resolve(onRoundLimit(JSON.parse(view))))));
+  }
   if (onEvent) host.event = (json) => onEvent(JSON.parse(json));
   try {
     return JSON.parse(await engine.run(JSON.stringify(spec), host));
@@ -156,6 +159,16 @@ function toAnswer(a) {
   if (a === true || a?.approved === true) return { answer: 'approve' };
   const reason = typeof a?.reason === 'string' ? a.reason : undefined;
   return reason === undefined ? { answer: 'deny' } : { answer: 'deny', reason };
+}
+
+/** An `onRoundLimit` answer as the engine's decision: `{ extend: n }` (n a positive whole
+ * number) grants n more rounds, `{ signal: text }` ends the run with `terminal_signal`; any
+ * other answer stops it with `max_rounds`. */
+function toRoundLimit(a) {
+  const n = a?.extend;
+  if (Number.isInteger(n) && n > 0) return { extend: Math.min(n, 0xffffffff) };
+  if (typeof a?.signal === 'string' && a.signal) return { signal: a.signal };
+  return 'stop';
 }
 
 /** The run's events as an async iterator; the last item is `{ type: 'result', result }`. */

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use toolloop::approval::{Action, Answer, Decision, Subject};
+use toolloop::config::RoundLimitDecision;
 use toolloop::context::policy::ContextPolicy;
 use toolloop::engine::{Compaction, HookFlags, Input, Interrupt, Machine, Snapshot, Step};
 use toolloop::event::Event;
@@ -693,6 +694,19 @@ impl Run<'_> {
     }
 }
 
+/// The loop as the `reminders` and `onRoundLimit` hooks see it (JSON text):
+/// `{ round, toolCalls, usage, lastCall }`.
+fn view_json(machine: &Machine) -> String {
+    let view = machine.view();
+    json!({
+        "round": view.round,
+        "toolCalls": view.tool_calls,
+        "usage": view.usage,
+        "lastCall": view.last_call,
+    })
+    .to_string()
+}
+
 /// The round a [`Step::GetReminders`] is for: the one about to start.
 fn view_round(machine: &Machine) -> u32 {
     machine.round() + 1
@@ -771,7 +785,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
     let hooks = HookFlags {
         reminders: host.has("reminders"),
         stop_when: host.has("stopWhen"),
-        ..HookFlags::default()
+        on_round_limit: host.has("onRoundLimit"),
     };
     let machine = match spec.state {
         Some(state) => Machine::resume(config, hooks, catalog, state),
@@ -992,14 +1006,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::GetReminders => {
                 // The round about to start, as the hook sees it; its strings go with that
                 // round's request only. A hook that fails adds none.
-                let view = run.machine.view();
-                let view = json!({
-                    "round": view.round,
-                    "toolCalls": view.tool_calls,
-                    "usage": view.usage,
-                    "lastCall": view.last_call,
-                })
-                .to_string();
+                let view = view_json(&run.machine);
                 let answer = host.hook("reminders", &view).await;
                 if let Some(why) = run.interrupted() {
                     run.interrupt(why)?;
@@ -1011,6 +1018,22 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     .unwrap_or_default();
                 let round = view_round(&run.machine);
                 run.feed(Input::RemindersGiven { round, reminders })?;
+            }
+            Step::DecideRoundLimit => {
+                // `maxRounds` is reached: the hook grants more rounds (`{ "extend": n }`),
+                // ends the run with a signal (`{ "signal": text }`), or stops it (`"stop"`),
+                // as `on_round_limit` does natively. A hook that fails, or answers something
+                // else, stops the run with `max_rounds`.
+                let answer = host.hook("onRoundLimit", &view_json(&run.machine)).await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let decision = answer
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok())
+                    .unwrap_or(RoundLimitDecision::Stop);
+                run.feed(Input::RoundLimitDecided { decision })?;
             }
             Step::CheckStop => {
                 // Every call of the round ran: the hook may end the run with a signal (its

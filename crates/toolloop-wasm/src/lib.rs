@@ -28,6 +28,10 @@
 //!   of a list of strings);
 //! - `stopWhen(calls)`, when set: after a round's calls ran (`calls` is JSON text,
 //!   `[{ call, result }]`), the signal that ends the run (JSON text of a string), or `null`;
+//! - `onRoundLimit(view)`, when set: when `maxRounds` is reached (`view` as `reminders`
+//!   gets it), JSON text of toolloop's [`toolloop::config::RoundLimitDecision`]:
+//!   `{ "extend": n }` grants `n` more rounds, `{ "signal": text }` ends the run with it,
+//!   `"stop"` stops it. Without it, or when it fails, the run stops with `max_rounds`;
 //! - `sleep(ms)`: resolves after `ms` milliseconds, or sooner when the run is stopped;
 //! - `event(json)`: an event of the run;
 //! - `aborted()`: whether the run must stop: `"timeout"` past its time limit, another true

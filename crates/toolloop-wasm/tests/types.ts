@@ -38,6 +38,7 @@ export async function demo(signal: AbortSignal): Promise<string> {
     context: { window: 8192, keepRounds: 4, spillOver: null },
     approve: async ({ call }) => (call.name === 'remove' ? { approved: false, reason: 'not now' } : true),
     reminders: ({ round }) => [`This is round ${round}.`],
+    onRoundLimit: ({ round, toolCalls }) => (toolCalls > 20 ? { signal: 'too many calls' } : round < 20 ? { extend: 5 } : 'stop'),
     stopWhen: (calls) => (calls.some((c) => c.result !== null && 'error' in c.result) ? 'a call failed' : null),
   })) {
     if (isResult(item)) return String(item.result.text);

@@ -299,3 +299,49 @@ test('hooks: reminders go with one round\'s request; stopWhen ends the run with 
   assert.equal(r.stopReason, 'answered', JSON.stringify(r.outcome));
   assert.deepEqual(again.asked.map((q) => q.reminders), [[], []]);
 });
+
+test('onRoundLimit: grants more rounds, ends the run with a signal, or stops it at the limit', async () => {
+  const echo = { name: 'echo', description: 'Echoes.', parameters: { type: 'object' }, run: ({ n }) => n };
+  const calls = (k) => Array.from({ length: k }, (_, i) => call('echo', { n: i + 1 }));
+  // Granted two more rounds once: the model answers in round 4, after the limit of 2.
+  const views = [];
+  const granted = scripted([...calls(3), 'done']);
+  const r1 = await runLoop({
+    model: granted.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: (view) => { views.push(view); return views.length === 1 ? { extend: 2 } : 'stop'; },
+  });
+  assert.equal(r1.stopReason, 'answered', JSON.stringify(r1.outcome));
+  assert.equal(r1.text, 'done');
+  assert.equal(granted.asked.length, 4);
+  assert.deepEqual(views.map((v) => [v.round, v.toolCalls]), [[2, 2]]);
+
+  // Asked again at the new limit: stopped there.
+  const twice = scripted(calls(10));
+  const asked = [];
+  const r2 = await runLoop({
+    model: twice.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: async ({ round }) => { asked.push(round); return round < 4 ? { extend: 1 } : 'stop'; },
+  });
+  assert.equal(r2.stopReason, 'max_rounds', JSON.stringify(r2.outcome));
+  assert.deepEqual(asked, [2, 3, 4]);
+  assert.equal(twice.asked.length, 4);
+
+  // A signal ends the run with it.
+  const signalled = scripted(calls(10));
+  const r3 = await runLoop({
+    model: signalled.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 3 },
+    onRoundLimit: () => ({ signal: 'out of rounds, wrapping up' }),
+  });
+  assert.equal(r3.stopReason, 'terminal_signal', JSON.stringify(r3.outcome));
+  assert.equal(r3.outcome.signal, 'out of rounds, wrapping up');
+  assert.equal(signalled.asked.length, 3);
+
+  // A hook that throws, or answers nonsense (no positive whole number of rounds), stops the
+  // run at the limit, as without the hook.
+  for (const hook of [() => { throw new Error('broken'); }, () => ({ extend: 0 }), () => ({ extend: 1.5 }), () => ({ extend: -3 }), () => 7]) {
+    const m = scripted(calls(10));
+    const r = await runLoop({ model: m.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 }, onRoundLimit: hook });
+    assert.equal(r.stopReason, 'max_rounds', `${hook}: ${JSON.stringify(r.outcome)}`);
+    assert.equal(m.asked.length, 2, String(hook));
+  }
+});
