@@ -20,18 +20,23 @@ export async function* streamLoop(options) {
 
 /** The loop with an engine already loaded (`engine.run`); shared by both builds. */
 export async function runWith(engine, options) {
-  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen, onRoundLimit } = options;
+  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approvals, approve, reminders, stopWhen, onRoundLimit } = options;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
-    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval }) => (
-      needsApproval ? { name, description, parameters, needsApproval: true } : { name, description, parameters })),
+    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval, approvalSubject }) => {
+      const decl = { name, description, parameters };
+      if (needsApproval) decl.needsApproval = true;
+      if (typeof approvalSubject === 'function') decl.approvalSubject = true;
+      return decl;
+    }),
     messages: messages.map(toMessage),
   };
   if (limits) spec.limits = limits;
   if (state) spec.state = typeof state === 'string' ? JSON.parse(state) : state;
   if (checkpoints) spec.checkpoints = true;
   if (context) spec.context = context;
+  if (approvals) spec.approvals = approvals;
   // The run's own signal: it aborts when the caller's does (`cancelled`) or when the run's
   // time limit passes (`timeout`). Tools, `fetch` and the model get it; what the engine awaits
   // is cut short by it even when the awaited code ignores it.
@@ -124,6 +129,13 @@ export async function runWith(engine, options) {
         stop.signal.removeEventListener('abort', onStop);
       }
     },
+  };
+  // A call's approval subject, as its tool's `approvalSubject` gives it (what approval rules'
+  // subject globs match); the engine asks only for tools that have one.
+  host.subject = (name, args) => {
+    const subject = byName.get(name)?.approvalSubject?.(JSON.parse(args));
+    if (typeof subject !== 'string') throw new TypeError(`approvalSubject of ${name} gave ${typeof subject}, not a string`);
+    return subject;
   };
   if (typeof approve === 'function') {
     host.approve = async (pending) => JSON.stringify(toAnswer(await guarded(approve(JSON.parse(pending), { signal: stop.signal }))));

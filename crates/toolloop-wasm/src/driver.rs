@@ -4,7 +4,7 @@ use crate::host::{Host, now_ms};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use toolloop::approval::{Action, Answer, Decision, Subject};
+use toolloop::approval::{Action, Answer, Approvals, Decision, Rule, Subject};
 use toolloop::config::RoundLimitDecision;
 use toolloop::context::policy::ContextPolicy;
 use toolloop::engine::{Compaction, HookFlags, Input, Interrupt, Machine, Snapshot, Step};
@@ -49,6 +49,62 @@ pub struct RunSpec {
     /// The context policy: what the run does to stay inside the model's context window.
     #[serde(default)]
     pub context: Option<ContextOptions>,
+    /// Approval rules: which calls run, which wait for the host's `approve`, which never run.
+    #[serde(default)]
+    pub approvals: Option<ApprovalOptions>,
+}
+
+/// Approval rules as JavaScript gives them: toolloop's [`Approvals`], each rule a glob over
+/// the tool's name and, optionally, one over the call's approval subject (the tool's
+/// `approvalSubject`, else the call's canonical JSON arguments).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalOptions {
+    /// The rules; `deny` wins over `ask`, and `ask` over `allow`, whatever their order.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+    /// The action when no rule matches (the tool's own otherwise: ask with `needsApproval`,
+    /// else allow).
+    #[serde(default)]
+    pub default: Option<Action>,
+}
+
+/// One approval rule ([`Rule`]).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleSpec {
+    /// `allow`, `ask` or `deny`.
+    pub action: Action,
+    /// A glob over the tool's name.
+    pub tool: String,
+    /// A glob over the call's approval subject (every call of the tool without it).
+    #[serde(default)]
+    pub subject: Option<String>,
+}
+
+impl ApprovalOptions {
+    /// toolloop's [`Approvals`], every glob checked (an error names the rule that does not
+    /// compile).
+    fn approvals(self) -> Result<Approvals, String> {
+        let rules = self
+            .rules
+            .into_iter()
+            .map(|r| {
+                let rule = Rule {
+                    action: r.action,
+                    tool: r.tool,
+                    subject: r.subject,
+                };
+                rule.check()
+                    .map_err(|e| format!("the approval rule `{rule}`: {e}"))?;
+                Ok(rule)
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Approvals {
+            rules,
+            default: self.default,
+        })
+    }
 }
 
 /// The context policy as JavaScript gives it (each field optional: toolloop's defaults
@@ -149,6 +205,10 @@ pub struct ToolDecl {
     /// Whether each call waits for a person's approval (the host's `approve`) before it runs.
     #[serde(default)]
     pub needs_approval: bool,
+    /// Whether the tool gives its calls' approval subject itself (the host's `subject`);
+    /// otherwise a call's subject is its canonical JSON arguments.
+    #[serde(default)]
+    pub approval_subject: bool,
 }
 
 fn any_object() -> Value {
@@ -712,10 +772,17 @@ fn view_round(machine: &Machine) -> u32 {
     machine.round() + 1
 }
 
-/// The approval subjects of a response's calls, as the machine weighs them: a call of a tool
-/// that needs approval is weighed by its canonical arguments (a JavaScript tool has no subject
-/// of its own, as a native tool has by default); others by nothing (empty when none is).
-fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<Subject>> {
+/// The approval subjects of a response's calls, as the machine weighs them: a call that
+/// needs one (a rule names its tool, or it is not simply allowed) is weighed by what its tool's
+/// `approvalSubject` gives (the host's `subject`), else by its canonical arguments, as a native
+/// tool is by default; others by nothing (empty when none is). A subject the tool fails to
+/// give is uncertain: every `deny` and `ask` rule of the tool matches the call.
+fn approval_subjects(
+    machine: &Machine,
+    response: &ModelResponse,
+    own_subject: &std::collections::HashSet<String>,
+    host: &Host,
+) -> Vec<Option<Subject>> {
     let approvals = &machine.config().approvals;
     let subjects: Vec<Option<Subject>> = response
         .tool_calls
@@ -725,9 +792,17 @@ fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<
                 .catalog()
                 .get(&call.name)
                 .map_or(Action::Allow, CatalogEntry::approval_default);
-            approvals
-                .weighs_subject(&call.name, default)
-                .then(|| call.canonical_arguments().into())
+            approvals.weighs_subject(&call.name, default).then(|| {
+                let canonical = call.canonical_arguments();
+                if !own_subject.contains(&call.name) {
+                    return Subject::new(canonical);
+                }
+                match host.subject(&call.name, &call.arguments.to_string()) {
+                    Ok(text) => Subject::new(text),
+                    Err(e) => Subject::new(canonical)
+                        .uncertain(format!("its tool's approvalSubject failed: {e}")),
+                }
+            })
         })
         .collect();
     if subjects.iter().all(Option::is_none) {
@@ -754,12 +829,22 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
         }
         config.context = Some(policy);
     }
+    if let Some(approvals) = spec.approvals {
+        config.approvals = approvals.approvals()?;
+    }
     let config = Arc::new(config);
     let model_retries = spec.limits.model_retries.unwrap_or(2);
     let stream_restarts = config.stream_restarts;
     let (tool_retries, tool_backoff) = (config.tool_retries, config.tool_retry_backoff);
     let tool_timeout_ms = config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0);
     let deadline = config.timeout.map(|d| started + d.as_secs_f64() * 1000.0);
+    // The tools that give their calls' approval subject themselves.
+    let own_subject: std::collections::HashSet<String> = spec
+        .tools
+        .iter()
+        .filter(|t| t.approval_subject)
+        .map(|t| t.name.clone())
+        .collect();
     let entries = spec
         .tools
         .into_iter()
@@ -877,7 +962,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                 let input = match result {
                     Ok(response) => Input::ModelResponded {
                         round,
-                        subjects: approval_subjects(&run.machine, &response),
+                        subjects: approval_subjects(&run.machine, &response, &own_subject, host),
                         response,
                         cost: None,
                     },

@@ -23,6 +23,10 @@
 //!   text of a [`toolloop::approval::PendingApproval`]); resolves to JSON text,
 //!   `{ "answer": "approve" }` or `{ "answer": "deny", "reason": … }`. Without it, such a call
 //!   waits and the run stops with `awaiting_approval`;
+//! - `subject(name, arguments)`: the approval subject of a call of a tool declared with
+//!   `approvalSubject` (`arguments` is JSON text), a string, answered at once; approval rules'
+//!   subject globs match it (a call of another tool: its canonical JSON arguments). When it
+//!   throws, the subject is uncertain: every `deny` and `ask` rule of the tool matches;
 //! - `reminders(view)`, when set: before each round, strings sent with that round's request
 //!   only (`view` is JSON text, `{ round, toolCalls, usage, lastCall }`; the answer JSON text
 //!   of a list of strings);

@@ -19,6 +19,13 @@ const remove: Tool<{ path: string }> = {
   },
 };
 
+const shell: Tool<{ command: string }> = {
+  name: 'shell',
+  parameters: { type: 'object', properties: { command: { type: 'string' } }, required: ['command'] },
+  approvalSubject: ({ command }) => command,
+  run: async ({ command }) => `ran ${command}`,
+};
+
 const inPage: CompleteModel = { complete: async (request) => `I saw ${request.messages.length} messages` };
 
 export async function demo(signal: AbortSignal): Promise<string> {
@@ -32,7 +39,8 @@ export async function demo(signal: AbortSignal): Promise<string> {
   });
   for await (const item of streamLoop({
     model: inPage,
-    tools: [weather, remove],
+    tools: [weather, remove, shell],
+    approvals: { rules: [{ action: 'allow', tool: 'shell', subject: 'git status*' }, { action: 'deny', tool: 'shell', subject: 'rm *' }], default: 'ask' },
     state: result.state,
     limits: { timeoutMs: 60_000, toolTimeoutMs: 5_000, toolRetries: 1, toolRetryBackoffMs: 100 },
     context: { window: 8192, keepRounds: 4, spillOver: null },

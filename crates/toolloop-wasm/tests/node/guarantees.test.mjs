@@ -345,3 +345,74 @@ test('onRoundLimit: grants more rounds, ends the run with a signal, or stops it 
     assert.equal(m.asked.length, 2, String(hook));
   }
 });
+
+test('approval rules: globs over the tool and the call\'s subject allow, deny or ask, deny winning', async () => {
+  const ran = [];
+  const shell = {
+    name: 'shell', description: 'Runs a command.', needsApproval: true,
+    parameters: { type: 'object', properties: { command: { type: 'string' } }, required: ['command'] },
+    approvalSubject: ({ command }) => command,
+    run: ({ command }) => { ran.push(command); return `ran ${command}`; },
+  };
+  // No approvalSubject: rules match the call's canonical JSON arguments.
+  const fetchUrl = {
+    name: 'fetch_url', description: 'Fetches.', parameters: { type: 'object', properties: { url: { type: 'string' } } },
+    run: ({ url }) => { ran.push(url); return 'page'; },
+  };
+  const asked = [];
+  const { model } = scripted([
+    { tool_calls: [
+      { name: 'shell', arguments: { command: 'git status --short' } }, // allowed by its rule
+      { name: 'shell', arguments: { command: 'RM -rf /' } }, // denied (deny ignores case), never asked
+      { name: 'shell', arguments: { command: 'git status; rm -rf ~' } }, // allowed and denied: deny wins
+      { name: 'shell', arguments: { command: 'ls' } }, // no rule: its tool's default, ask
+      { name: 'fetch_url', arguments: { url: 'https://intranet.example/x' } }, // denied by its arguments
+      { name: 'fetch_url', arguments: { url: 'https://example.org/' } }, // its own default: allow
+    ] },
+    'done',
+  ]);
+  const result = await runLoop({
+    model, tools: [shell, fetchUrl], messages: [{ role: 'user', content: 'go' }],
+    limits: { detectDuplicates: false },
+    approvals: {
+      rules: [
+        { action: 'allow', tool: 'shell', subject: 'git status*' },
+        { action: 'deny', tool: 'shell', subject: '*rm *' },
+        { action: 'deny', tool: 'fetch_*', subject: '*intranet.example*' },
+      ],
+    },
+    approve: (pending) => { asked.push(pending.subject); return true; },
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.deepEqual(ran, ['git status --short', 'ls', 'https://example.org/']);
+  assert.deepEqual(asked, ['ls'], 'only the call no allow or deny rule decided is asked about, by its subject');
+  assert.deepEqual(result.toolCalls.map((c) => c.status), ['ok', 'denied', 'denied', 'ok', 'denied', 'ok'], JSON.stringify(result.toolCalls));
+  assert.match(result.toolCalls[1].content, /deny shell:\*rm \*/);
+  assert.match(result.toolCalls[4].content, /intranet/);
+
+  // A subject the tool fails to give is uncertain: every deny rule of the tool matches it.
+  ran.length = 0;
+  const broken = { ...shell, approvalSubject: () => { throw new Error('cannot tell'); } };
+  const m2 = scripted([{ tool_calls: [{ name: 'shell', arguments: { command: 'git status' } }] }, 'done']);
+  const r2 = await runLoop({
+    model: m2.model, tools: [broken], messages: [{ role: 'user', content: 'go' }],
+    approvals: { rules: [{ action: 'allow', tool: 'shell', subject: 'git status*' }, { action: 'deny', tool: 'shell', subject: 'rm *' }] },
+  });
+  assert.equal(r2.toolCalls[0].status, 'denied', JSON.stringify(r2.toolCalls));
+  assert.match(r2.toolCalls[0].content, /cannot tell/);
+  assert.deepEqual(ran, []);
+
+  // `default: 'deny'` denies what no rule allows; a glob that does not compile refuses the run.
+  const m3 = scripted([{ tool_calls: [{ name: 'fetch_url', arguments: { url: 'https://example.org/' } }] }, 'done']);
+  const r3 = await runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { default: 'deny' } });
+  assert.equal(r3.toolCalls[0].status, 'denied', JSON.stringify(r3.toolCalls));
+  assert.deepEqual(ran, []);
+  await assert.rejects(
+    runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { rules: [{ action: 'deny', tool: 'fetch_[' }] } }),
+    /approval rule `deny fetch_\[`/,
+  );
+  await assert.rejects(
+    runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { rule: [] } }),
+    /unknown field `rule`/,
+  );
+});
