@@ -22,6 +22,11 @@ export interface Tool<A = any> {
   /** Each call waits for `RunOptions.approve` (a person's decision) before it runs. */
   needsApproval?: boolean;
   /**
+   * Calls of this tool may run at the same time as the round's other parallel-safe calls
+   * (at most `limits.maxParallel` at once); other calls run one after another, in order.
+   */
+  parallelSafe?: boolean;
+  /**
    * What a call is about, for approval rules' `subject` globs and for the person asked (a
    * command line, a path); called at once, with the call's arguments. Without it a call's
    * subject is its canonical JSON arguments. When it throws (or gives no string) the subject
@@ -108,6 +113,8 @@ export interface Limits {
   toolTimeoutMs?: number;
   /** Retries of a tool call whose attempt failed with a retryable error (default 2). */
   toolRetries?: number;
+  /** The most parallel-safe calls of a round running at once (default 10). */
+  maxParallel?: number;
   /** The first wait before a tool call is made again, in milliseconds; doubles each time (default 200). */
   toolRetryBackoffMs?: number;
 }

@@ -24,9 +24,10 @@ export async function runWith(engine, options) {
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
-    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval, approvalSubject }) => {
+    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval, parallelSafe, approvalSubject }) => {
       const decl = { name, description, parameters };
       if (needsApproval) decl.needsApproval = true;
+      if (parallelSafe) decl.parallelSafe = true;
       if (typeof approvalSubject === 'function') decl.approvalSubject = true;
       return decl;
     }),

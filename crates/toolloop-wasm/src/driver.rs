@@ -1,6 +1,7 @@
 //! The loop over the machine, its I/O through the [`Host`].
 
 use crate::host::{Host, now_ms};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -205,6 +206,10 @@ pub struct ToolDecl {
     /// Whether each call waits for a person's approval (the host's `approve`) before it runs.
     #[serde(default)]
     pub needs_approval: bool,
+    /// Whether calls of the tool may run at the same time as other parallel-safe calls of
+    /// the round (at most `limits.maxParallel` at once).
+    #[serde(default)]
+    pub parallel_safe: bool,
     /// Whether the tool gives its calls' approval subject itself (the host's `subject`);
     /// otherwise a call's subject is its canonical JSON arguments.
     #[serde(default)]
@@ -239,6 +244,9 @@ pub struct Limits {
     /// Retries of a tool call whose attempt failed with a retryable error (default 2, as
     /// natively).
     pub tool_retries: Option<u32>,
+    /// The most parallel-safe tool calls of a round running at once (default 10, as
+    /// natively).
+    pub max_parallel: Option<usize>,
     /// The first wait before a tool call is made again, in milliseconds; it doubles on each
     /// retry (default 200, as natively).
     pub tool_retry_backoff_ms: Option<f64>,
@@ -261,6 +269,9 @@ impl Limits {
         }
         if let Some(n) = self.tool_retries {
             c.tool_retries = n;
+        }
+        if let Some(n) = self.max_parallel {
+            c.max_parallel = n.max(1);
         }
         if let Some(ms) = self.tool_retry_backoff_ms {
             c.tool_retry_backoff = duration_ms(ms);
@@ -702,7 +713,84 @@ struct Run<'h> {
     deadline: Option<f64>,
 }
 
-impl Run<'_> {
+/// What a tool call under way needs of its run, apart from the machine: the host, whether it
+/// hears events, and when the run's time is up. Calls of a batch running at once each hold
+/// one, while the run hands the machine the results of those that finished.
+#[derive(Clone, Copy)]
+struct Ctl<'h> {
+    host: &'h Host,
+    events: bool,
+    deadline: Option<f64>,
+}
+
+impl Ctl<'_> {
+    /// Tells the host an event the driver makes (the machine makes the others).
+    fn emit(&self, event: &Event) {
+        if self.events
+            && let Ok(text) = serde_json::to_string(event)
+        {
+            self.host.event(&text);
+        }
+    }
+
+    /// Why the run must stop now, if it must: its time is up, or the caller cancelled.
+    fn interrupted(&self) -> Option<Interrupt> {
+        if self.deadline.is_some_and(|d| now_ms() >= d) {
+            return Some(Interrupt::Timeout);
+        }
+        self.host.interrupted()
+    }
+}
+
+/// How a tool call's attempts are made (as the native agent's): its time limit, retries of
+/// retryable failures, and the first backoff, doubling.
+#[derive(Clone, Copy)]
+struct ToolRetry {
+    timeout_ms: Option<f64>,
+    retries: u32,
+    backoff: std::time::Duration,
+}
+
+/// Runs one tool call through the host, attempt after attempt: an attempt that fails with a
+/// retryable error (one past the tool's time limit among them) is made again after a backoff
+/// that doubles, up to `retries` times. Its result, duration in milliseconds and attempts.
+async fn run_call(
+    ctl: Ctl<'_>,
+    call: &toolloop::message::ToolCall,
+    round: u32,
+    retry: ToolRetry,
+) -> (Result<ToolOutput, ToolError>, u64, u32) {
+    let started = now_ms();
+    let args = call.arguments.to_string();
+    let mut attempt = 0u32;
+    let result = loop {
+        attempt += 1;
+        ctl.emit(&Event::ToolStarted {
+            round,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            attempt,
+        });
+        let answer = ctl
+            .host
+            .tool(&call.name, &args, &call.id, attempt, retry.timeout_ms)
+            .await;
+        match tool_result(answer) {
+            Err(e) if e.retryable && attempt <= retry.retries && ctl.interrupted().is_none() => {
+                let wait = retry.backoff.saturating_mul(1 << (attempt - 1).min(10));
+                ctl.host.sleep(wait.as_secs_f64() * 1000.0).await;
+                if ctl.interrupted().is_some() {
+                    break Err(e);
+                }
+            }
+            result => break result,
+        }
+    };
+    let duration_ms = (now_ms() - started).max(0.0) as u64;
+    (result, duration_ms, attempt)
+}
+
+impl<'h> Run<'h> {
     fn flush(&mut self) {
         if !self.events {
             return;
@@ -723,13 +811,18 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// What a tool call under way needs of the run ([`Ctl`]).
+    fn ctl(&self) -> Ctl<'h> {
+        Ctl {
+            host: self.host,
+            events: self.events,
+            deadline: self.deadline,
+        }
+    }
+
     /// Tells the host an event the driver makes (the machine makes the others).
     fn emit(&self, event: &Event) {
-        if self.events
-            && let Ok(text) = serde_json::to_string(event)
-        {
-            self.host.event(&text);
-        }
+        self.ctl().emit(event);
     }
 
     fn checkpoint(&self) {
@@ -743,10 +836,7 @@ impl Run<'_> {
 
     /// Why the run must stop now, if it must: its time is up, or the caller cancelled.
     fn interrupted(&self) -> Option<Interrupt> {
-        if self.deadline.is_some_and(|d| now_ms() >= d) {
-            return Some(Interrupt::Timeout);
-        }
-        self.host.interrupted()
+        self.ctl().interrupted()
     }
 
     fn interrupt(&mut self, why: Interrupt) -> Result<(), String> {
@@ -835,8 +925,12 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
     let config = Arc::new(config);
     let model_retries = spec.limits.model_retries.unwrap_or(2);
     let stream_restarts = config.stream_restarts;
-    let (tool_retries, tool_backoff) = (config.tool_retries, config.tool_retry_backoff);
-    let tool_timeout_ms = config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0);
+    let retry = ToolRetry {
+        timeout_ms: config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0),
+        retries: config.tool_retries,
+        backoff: config.tool_retry_backoff,
+    };
+    let max_parallel = config.max_parallel;
     let deadline = config.timeout.map(|d| started + d.as_secs_f64() * 1000.0);
     // The tools that give their calls' approval subject themselves.
     let own_subject: std::collections::HashSet<String> = spec
@@ -853,7 +947,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             description: t.description,
             parameters: t.parameters,
             side_effect: Default::default(),
-            parallel_safe: false,
+            parallel_safe: t.parallel_safe,
             terminal: false,
             default_approval: Some(if t.needs_approval {
                 Action::Ask
@@ -974,6 +1068,15 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::RunTools(batches) => {
                 let round = run.machine.round();
                 'batches: for batch in batches {
+                    // A batch of parallel-safe calls runs at most `max_parallel` at once, as
+                    // natively: each call is started with the machine first, and its result
+                    // handed back as it finishes (the machine keeps the round's order).
+                    let limit = if batch.parallel {
+                        max_parallel.max(1)
+                    } else {
+                        1
+                    };
+                    let mut calls = Vec::with_capacity(batch.calls.len());
                     for index in batch.calls {
                         let Some(call) = run.machine.shared_round_call(index) else {
                             continue;
@@ -983,40 +1086,15 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             call_id: call.id.clone(),
                         })?;
-                        let started = now_ms();
-                        let args = call.arguments.to_string();
-                        // As the native agent's: an attempt that fails with a retryable error
-                        // (one past the tool's time limit among them) is made again after a
-                        // backoff that doubles, up to `tool_retries` times.
-                        let mut attempt = 0u32;
-                        let result = loop {
-                            attempt += 1;
-                            run.emit(&Event::ToolStarted {
-                                round,
-                                call_id: call.id.clone(),
-                                name: call.name.clone(),
-                                attempt,
-                            });
-                            let answer = host
-                                .tool(&call.name, &args, &call.id, attempt, tool_timeout_ms)
-                                .await;
-                            match tool_result(answer) {
-                                Err(e)
-                                    if e.retryable
-                                        && attempt <= tool_retries
-                                        && run.interrupted().is_none() =>
-                                {
-                                    let wait =
-                                        tool_backoff.saturating_mul(1 << (attempt - 1).min(10));
-                                    host.sleep(wait.as_secs_f64() * 1000.0).await;
-                                    if run.interrupted().is_some() {
-                                        break Err(e);
-                                    }
-                                }
-                                result => break result,
-                            }
-                        };
-                        let duration_ms = (now_ms() - started).max(0.0) as u64;
+                        calls.push((index, call));
+                    }
+                    let ctl = run.ctl();
+                    let jobs = calls.into_iter().map(|(index, call)| async move {
+                        (index, run_call(ctl, &call, round, retry).await)
+                    });
+                    let mut finished = futures::stream::iter(jobs).buffer_unordered(limit);
+                    while let Some((index, (result, duration_ms, attempts))) = finished.next().await
+                    {
                         if let Some(why) = run.interrupted() {
                             run.interrupt(why)?;
                             break 'batches;
@@ -1026,7 +1104,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             result,
                             duration_ms,
-                            attempts: attempt,
+                            attempts,
                         })?;
                     }
                 }

@@ -6,6 +6,7 @@ const weather: Tool<{ city: string }> = {
   name: 'weather',
   description: 'The weather in a city.',
   parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] },
+  parallelSafe: true,
   run: async ({ city }, { signal }) => (signal?.aborted ? null : { city, sky: 'clear' }),
 };
 
@@ -42,7 +43,7 @@ export async function demo(signal: AbortSignal): Promise<string> {
     tools: [weather, remove, shell],
     approvals: { rules: [{ action: 'allow', tool: 'shell', subject: 'git status*' }, { action: 'deny', tool: 'shell', subject: 'rm *' }], default: 'ask' },
     state: result.state,
-    limits: { timeoutMs: 60_000, toolTimeoutMs: 5_000, toolRetries: 1, toolRetryBackoffMs: 100 },
+    limits: { timeoutMs: 60_000, toolTimeoutMs: 5_000, toolRetries: 1, toolRetryBackoffMs: 100, maxParallel: 4 },
     context: { window: 8192, keepRounds: 4, spillOver: null },
     approve: async ({ call }) => (call.name === 'remove' ? { approved: false, reason: 'not now' } : true),
     reminders: ({ round }) => [`This is round ${round}.`],

@@ -416,3 +416,65 @@ test('approval rules: globs over the tool and the call\'s subject allow, deny or
     /unknown field `rule`/,
   );
 });
+
+test('parallel-safe calls of a round run at once, at most maxParallel; others one after another, in order', async () => {
+  const log = [];
+  let running = 0;
+  let peak = 0;
+  const tool = (name, parallelSafe, ms) => ({
+    name, description: name, parallelSafe, parameters: { type: 'object', properties: { n: { type: 'integer' } } },
+    run: async ({ n }) => {
+      running++;
+      peak = Math.max(peak, running);
+      log.push(`start ${name}${n}`);
+      await new Promise((r) => setTimeout(r, ms(n)));
+      running--;
+      log.push(`end ${name}${n}`);
+      return `${name}${n}`;
+    },
+  });
+  // The first fetch finishes last; the results still come in the calls' order.
+  const fetch_ = tool('fetch', true, (n) => (n === 1 ? 60 : 10));
+  const write = tool('write', false, () => 10);
+  const calls = [['fetch', 1], ['fetch', 2], ['fetch', 3], ['write', 4], ['fetch', 5]].map(([name, n]) => ({ name, arguments: { n } }));
+  const { model } = scripted([{ tool_calls: calls }, 'done']);
+  const events = [];
+  const result = await runLoop({
+    model, tools: [fetch_, write], messages: [{ role: 'user', content: 'go' }], onEvent: (e) => events.push(e),
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.equal(peak, 3, log.join());
+  // The three fetches overlap; the write starts once they ended, the last fetch after it.
+  assert.deepEqual(log.slice(0, 3).sort(), ['start fetch1', 'start fetch2', 'start fetch3']);
+  assert.deepEqual(log.slice(5), ['end fetch1', 'start write4', 'end write4', 'start fetch5', 'end fetch5']);
+  const results = result.messages.filter((m) => m.role === 'tool');
+  assert.deepEqual(results.map((m) => JSON.parse(m.content).data), ['fetch1', 'fetch2', 'fetch3', 'write4', 'fetch5']);
+  assert.deepEqual(result.toolCalls.map((c) => c.status), ['ok', 'ok', 'ok', 'ok', 'ok']);
+  assert.equal(events.filter((e) => e.type === 'tool_started').length, 5);
+  assert.equal(events.filter((e) => e.type === 'tool_finished').length, 5);
+
+  // At most maxParallel at once.
+  log.length = 0;
+  peak = 0;
+  const four = scripted([{ tool_calls: [1, 2, 3, 4].map((n) => ({ name: 'fetch', arguments: { n } })) }, 'done']);
+  const r2 = await runLoop({ model: four.model, tools: [fetch_], messages: [{ role: 'user', content: 'go' }], limits: { maxParallel: 2 } });
+  assert.equal(r2.stopReason, 'answered', JSON.stringify(r2.outcome));
+  assert.equal(peak, 2, log.join());
+  assert.equal(r2.toolCalls.length, 4);
+});
+
+test('a run stopped while parallel calls are under way gives each call exactly one result', async () => {
+  const started = [];
+  const slow = {
+    name: 'slow', description: 'Never ends.', parallelSafe: true, parameters: { type: 'object', properties: { n: { type: 'integer' } } },
+    run: ({ n }) => { started.push(n); return new Promise(() => {}); }, // ignores its signal
+  };
+  const quick = { ...slow, name: 'quick', run: ({ n }) => { started.push(n); return 'quick'; } };
+  const { model } = scripted([{ tool_calls: [{ name: 'slow', arguments: { n: 1 } }, { name: 'quick', arguments: { n: 2 } }, { name: 'slow', arguments: { n: 3 } }] }, 'done']);
+  const result = await runLoop({ model, tools: [slow, quick], messages: [{ role: 'user', content: 'go' }], limits: { timeoutMs: 200 } });
+  assert.equal(result.stopReason, 'timeout', JSON.stringify(result.outcome));
+  assert.deepEqual(started.sort(), [1, 2, 3], 'all three started at once');
+  const calls = result.messages.find((m) => m.role === 'assistant').tool_calls.map((c) => c.id);
+  const results = result.messages.filter((m) => m.role === 'tool').map((m) => m.call_id);
+  assert.deepEqual(results, calls, JSON.stringify(result.messages));
+});
