@@ -12,6 +12,11 @@
 // while the compiler worked), and the figures followed how many rounds had run before, not
 // how long the conversation was. `warm` rounds (loops of N and 2 rounds) are run first.
 //
+// On a loaded machine a run the scheduler takes the core from (an involuntary context switch)
+// costs more CPU time too (it resumes with caches the other processes filled): a loop of 10
+// rounds mostly runs within one time slice, one of 50 mostly does not. The cost per round is
+// also given from the runs no switch interrupted, when there are some of both lengths.
+//
 // Usage: node round-cost.mjs [rounds=50] [reps=31] [package=../npm] [warm=5000]
 import { pathToFileURL } from 'node:url';
 import { resolve } from 'node:path';
@@ -38,13 +43,14 @@ async function once(n, marks = null) {
       return ++calls < n ? { tool_calls: [{ name: 'echo', arguments: { n: calls } }] } : 'done';
     },
   };
+  const switches = process.resourceUsage().involuntaryContextSwitches;
   const t = process.hrtime.bigint();
   const c = process.cpuUsage();
   const r = await runLoop({ model, tools: [tool], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: n, maxToolCalls: n } });
   const cpu = process.cpuUsage(c);
   const ns = Number(process.hrtime.bigint() - t);
   if (r.stopReason !== 'answered' || r.outcome.rounds !== n) throw new Error(JSON.stringify(r.outcome));
-  return { wall: ns / 1000, cpu: cpu.user + cpu.system };
+  return { wall: ns / 1000, cpu: cpu.user + cpu.system, switched: process.resourceUsage().involuntaryContextSwitches > switches };
 }
 
 const median = (xs) => xs.sort((a, b) => a - b)[xs.length >> 1];
@@ -61,4 +67,11 @@ for (let i = 0; i < reps; i++) {
 const per = (k) => (median(big.map((x) => x[k])) - median(small.map((x) => x[k]))) / (rounds - 2);
 const total = (k) => (median(big.map((x) => x[k])) / 1000).toFixed(2);
 console.log(`${rounds} rounds: ${total('wall')} ms wall, ${total('cpu')} ms CPU; per extra round ${per('wall').toFixed(1)} µs wall, ${per('cpu').toFixed(1)} µs CPU (median of ${reps}, after ${warm} rounds of warm-up)`);
+const [whole, whole2] = [small, big].map((xs) => xs.filter((x) => !x.switched));
+if (whole.length && whole2.length) {
+  const cpu = (median(whole2.map((x) => x.cpu)) - median(whole.map((x) => x.cpu))) / (rounds - 2);
+  console.log(`runs no context switch interrupted (${whole.length} of 2 rounds, ${whole2.length} of ${rounds}): per extra round ${cpu.toFixed(1)} µs CPU`);
+} else {
+  console.log(`every run of ${whole.length ? rounds : 2} rounds was interrupted by a context switch`);
+}
 console.log(`inside a run: rounds 2-6 ${median(early).toFixed(1)} µs wall each, rounds ${rounds - 5}-${rounds - 1} ${median(late).toFixed(1)} µs (medians)`);
