@@ -1192,10 +1192,15 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     run.interrupt(why)?;
                     continue;
                 }
-                let decision = answer
-                    .ok()
-                    .and_then(|t| serde_json::from_str(&t).ok())
-                    .unwrap_or(RoundLimitDecision::Stop);
+                let decision = match answer.ok().and_then(|t| serde_json::from_str(&t).ok()) {
+                    // The machine adds the rounds to its limit, which is at most the rounds
+                    // run: held where the sum fits.
+                    Some(RoundLimitDecision::Extend(n)) => {
+                        RoundLimitDecision::Extend(n.min(u32::MAX - run.machine.round()))
+                    }
+                    Some(decision) => decision,
+                    None => RoundLimitDecision::Stop,
+                };
                 run.feed(Input::RoundLimitDecided { decision })?;
             }
             Step::CheckStop => {

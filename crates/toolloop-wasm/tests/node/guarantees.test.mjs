@@ -336,6 +336,16 @@ test('onRoundLimit: grants more rounds, ends the run with a signal, or stops it 
   assert.equal(r3.outcome.signal, 'out of rounds, wrapping up');
   assert.equal(signalled.asked.length, 3);
 
+  // The most rounds there can be: the limit does not wrap around to below the rounds run.
+  const most = scripted([...calls(2), 'done']);
+  let grants = 0;
+  const r4 = await runLoop({
+    model: most.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: () => (grants++ === 0 ? { extend: 2 ** 32 - 1 } : 'stop'),
+  });
+  assert.equal(r4.stopReason, 'answered', JSON.stringify(r4.outcome));
+  assert.equal(grants, 1);
+
   // A hook that throws, or answers nonsense (no positive whole number of rounds), stops the
   // run at the limit, as without the hook.
   for (const hook of [() => { throw new Error('broken'); }, () => ({ extend: 0 }), () => ({ extend: 1.5 }), () => ({ extend: -3 }), () => 7]) {
