@@ -73,7 +73,8 @@ macro_rules! adapter_config {
 adapter_config!(OpenAiConfig, ResponsesConfig, AnthropicConfig, GeminiConfig);
 
 /// How the flags reach one HTTP adapter: its name in messages, the request fields it writes
-/// itself, and the variables of its key and base URL.
+/// itself, and the variables of its key (which `--api-key-env` replaces; with none, the
+/// adapter's configuration reads `--api-key-env` itself) and of its base URL.
 struct Adapter<'a> {
     name: &'a str,
     owned: &'a [&'a str],
@@ -122,6 +123,9 @@ fn configured<C: AdapterConfig>(
     adapter: &Adapter<'_>,
     read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<C, toolloop::model::ModelError>,
 ) -> Result<C, CliError> {
+    if !adapter.key_vars.is_empty() {
+        named_key_is_set(args)?;
+    }
     check_base_url(args, adapter.url_vars)?;
     check_extra(args, adapter.name, adapter.owned)?;
     let mut config =
@@ -299,7 +303,6 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "anthropic" => {
             let model = need_name(rest)?;
-            named_key_is_set(args)?;
             let config = configured(cx, args, &ANTHROPIC, |vars| {
                 AnthropicConfig::from_vars(model, vars)
             })?;
@@ -307,7 +310,6 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "gemini" => {
             let model = need_name(rest)?;
-            named_key_is_set(args)?;
             let config = configured(cx, args, &GEMINI, |vars| {
                 GeminiConfig::from_vars(model, vars)
             })?;
