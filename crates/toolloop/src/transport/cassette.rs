@@ -721,20 +721,13 @@ fn render(inner: &Inner) -> String {
     });
     out.push_str(&header.to_string());
     out.push('\n');
-    // Model calls and tool results interleave in a run; they are written in two groups, which
-    // replay does not mind (each is matched on its own).
-    for ex in &inner.exchanges {
-        let line = serde_json::to_value(Line::Exchange(ex.clone())).unwrap_or(Value::Null);
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    for t in &inner.tools {
-        let line = serde_json::to_value(Line::Tool(t.clone())).unwrap_or(Value::Null);
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    for c in &inner.catalogs {
-        let line = serde_json::to_value(Line::Catalog(c.clone())).unwrap_or(Value::Null);
+    // Model calls and tool results interleave in a run; they are written in groups (calls,
+    // tool results, tool listings), which replay does not mind (each is matched on its own).
+    let lines = (inner.exchanges.iter().cloned().map(Line::Exchange))
+        .chain(inner.tools.iter().cloned().map(Line::Tool))
+        .chain(inner.catalogs.iter().cloned().map(Line::Catalog));
+    for line in lines {
+        let line = serde_json::to_value(line).unwrap_or(Value::Null);
         out.push_str(&line.to_string());
         out.push('\n');
     }
