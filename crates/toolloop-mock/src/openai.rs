@@ -840,14 +840,7 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         let mut sse = SseWriter::new(false);
-        let usage_field = || include_usage.then_some(None);
-        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
-            let choices = [ChunkChoice {
-                index: 0,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }];
+        let event = |sse: &mut SseWriter, choices: &[ChunkChoice<'_>], usage| {
             sse.event(
                 None,
                 &Chunk {
@@ -855,10 +848,20 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
                     object: "chat.completion.chunk",
                     created,
                     model,
-                    choices: &choices,
-                    usage: usage_field(),
+                    choices,
+                    usage,
                 },
             );
+        };
+        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
+            let choices = [ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason: finish,
+            }];
+            // `null` on every chunk but the last with `include_usage`.
+            event(sse, &choices, include_usage.then_some(None));
         };
         match &reply {
             Reply::Text(text) => {
@@ -935,17 +938,7 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         }
         chunk(&mut sse, Delta::default(), Some(finish_reason));
         if include_usage {
-            sse.event(
-                None,
-                &Chunk {
-                    id: &id,
-                    object: "chat.completion.chunk",
-                    created,
-                    model,
-                    choices: &[],
-                    usage: Some(Some(Usage::new(usage))),
-                },
-            );
+            event(&mut sse, &[], Some(Some(Usage::new(usage))));
         }
         sse.raw(b"[DONE]");
         Payload::Sse(sse)
