@@ -855,6 +855,20 @@ pub fn diff(recorded: &Value, now: &Value) -> Vec<String> {
     lines
 }
 
+/// The differences at `path`, where the recording has `a` and the request now has `b` (either
+/// may be absent).
+fn diff_entry(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(x), Some(y)) => diff_into(path, x, y, out),
+        (Some(x), None) => out.push(format!("  {path}: recorded {}, now absent", show(x))),
+        (None, Some(y)) => out.push(format!(
+            "  {path}: absent in the recording, now {}",
+            show(y)
+        )),
+        (None, None) => {}
+    }
+}
+
 fn diff_into(path: &str, recorded: &Value, now: &Value, out: &mut Vec<String>) {
     if out.len() > MAX_DIFF_LINES * 4 {
         return;
@@ -877,27 +891,13 @@ fn diff_into(path: &str, recorded: &Value, now: &Value, out: &mut Vec<String>) {
                 } else {
                     format!("{path}.{k}")
                 };
-                match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => diff_into(&p, x, y, out),
-                    (Some(x), None) => out.push(format!("  {p}: recorded {}, now absent", show(x))),
-                    (None, Some(y)) => {
-                        out.push(format!("  {p}: absent in the recording, now {}", show(y)))
-                    }
-                    (None, None) => {}
-                }
+                diff_entry(&p, a.get(k), b.get(k), out);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for i in 0..a.len().max(b.len()) {
                 let p = format!("{path}[{i}]");
-                match (a.get(i), b.get(i)) {
-                    (Some(x), Some(y)) => diff_into(&p, x, y, out),
-                    (Some(x), None) => out.push(format!("  {p}: recorded {}, now absent", show(x))),
-                    (None, Some(y)) => {
-                        out.push(format!("  {p}: absent in the recording, now {}", show(y)))
-                    }
-                    (None, None) => {}
-                }
+                diff_entry(&p, a.get(i), b.get(i), out);
             }
         }
         (a, b) if a == b => {}
