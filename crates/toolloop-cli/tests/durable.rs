@@ -117,6 +117,28 @@ fn effect_counts(path: &Path) -> HashMap<String, u32> {
     counts
 }
 
+/// What the crash test's workers share: the model, the mock's URL, the directory of the
+/// stores and effects, the test's runtime, and how many workers each store gets.
+#[derive(Clone, Copy)]
+struct CrashTest<'a> {
+    seed: u64,
+    workers: u32,
+    model: &'a str,
+    base_url: &'a str,
+    dir: &'a Path,
+    rt: &'a tokio::runtime::Runtime,
+}
+
+/// One store under the crash test: its kind (for messages), the command's environment, the
+/// durability asked for, and the test's own handle on the store.
+struct CrashStore<'a> {
+    kind: &'a str,
+    env: Env<'a>,
+    durability: Option<&'a str>,
+    store: Store,
+    test: CrashTest<'a>,
+}
+
 /// What one worker of the crash test saw: its kills, and its finished jobs.
 #[derive(Default)]
 struct CrashJobs {
@@ -129,16 +151,15 @@ struct CrashJobs {
 /// Runs crash-test jobs one after another until `kills_wanted` SIGKILLs have landed: each job
 /// is started, killed after a random delay (from `rng`), resumed (or started again when it died
 /// before its first record), and killed again, until it finishes.
-fn crash_jobs(
-    kind: &str,
-    env: &Env<'_>,
-    durability: Option<&str>,
-    model: &str,
-    store: &Store,
-    rt: &tokio::runtime::Runtime,
-    mut rng: Rng,
-    kills_wanted: u32,
-) -> CrashJobs {
+fn crash_jobs(store: &CrashStore<'_>, mut rng: Rng, kills_wanted: u32) -> CrashJobs {
+    let CrashStore {
+        kind,
+        env,
+        durability,
+        store,
+        test,
+    } = store;
+    let (model, rt) = (test.model, test.rt);
     let mut seen = CrashJobs::default();
     while seen.kills < kills_wanted {
         let session = unique(&format!("crash-{kind}"));
@@ -237,25 +258,19 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
         Some("power"),
         KILLS / 2,
     ));
-    let (rt, base_url, dir) = (&rt, base_url.as_str(), dir.path());
+    let test = CrashTest {
+        seed,
+        workers: WORKERS,
+        model,
+        base_url: &base_url,
+        dir: dir.path(),
+        rt: &rt,
+    };
     std::thread::scope(|scope| {
         let cases: Vec<_> = cases
             .into_iter()
             .map(|(kind, location, durability, kills_wanted)| {
-                scope.spawn(move || {
-                    crash_case(
-                        kind,
-                        &location,
-                        durability,
-                        kills_wanted,
-                        WORKERS,
-                        seed,
-                        model,
-                        base_url,
-                        dir,
-                        rt,
-                    )
-                })
+                scope.spawn(move || crash_case(test, kind, &location, durability, kills_wanted))
             })
             .collect();
         for case in cases {
@@ -272,29 +287,36 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
 
 /// One store's part of the crash test: `kills_wanted` kills spread over `workers` concurrent
 /// workers, then the checks on every job's outcome, effects and session.
-#[allow(clippy::too_many_arguments)]
 fn crash_case(
+    test: CrashTest<'_>,
     kind: &str,
     location: &str,
     durability: Option<&str>,
     kills_wanted: u32,
-    workers: u32,
-    seed: u64,
-    model: &str,
-    base_url: &str,
-    dir: &Path,
-    rt: &tokio::runtime::Runtime,
 ) {
+    let CrashTest {
+        seed,
+        workers,
+        dir,
+        rt,
+        ..
+    } = test;
     let started = Instant::now();
     let effects = dir.join(format!("effects-{}.txt", kind.replace(", ", "-")));
-    let env = Env {
-        store: location,
-        effects: &effects,
-        effect_ms: 30,
-        base_url,
-        cwd: dir,
+    let case = CrashStore {
+        kind,
+        env: Env {
+            store: location,
+            effects: &effects,
+            effect_ms: 30,
+            base_url: test.base_url,
+            cwd: dir,
+        },
+        durability,
+        store: rt.block_on(Store::open(location)).unwrap(),
+        test,
     };
-    let store = rt.block_on(Store::open(location)).unwrap();
+    let store = &case.store;
     // Each worker's share of the kills, and a sequence of its own (the seed, moved on by
     // the worker's number: SplitMix64 streams from different states).
     let seen: Vec<CrashJobs> = std::thread::scope(|scope| {
@@ -302,8 +324,8 @@ fn crash_case(
             .map(|w| {
                 let share = kills_wanted / workers + u32::from(w < kills_wanted % workers);
                 let rng = Rng(seed.wrapping_add(u64::from(w).wrapping_mul(0x5851_F42D_4C95_7F2D)));
-                let (env, store) = (&env, &store);
-                scope.spawn(move || crash_jobs(kind, env, durability, model, store, rt, rng, share))
+                let case = &case;
+                scope.spawn(move || crash_jobs(case, rng, share))
             })
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap()).collect()
