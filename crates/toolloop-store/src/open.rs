@@ -199,6 +199,17 @@ impl Store {
             .parse::<sqlx::postgres::PgConnectOptions>()
             .map_err(StoreFailure::new)?
             .options([("enable_seqscan", "off")]);
+        // One connection first, made once: a server that cannot be reached (a refused port, an
+        // unknown host) is reported at once, where the pool would retry it until its acquire
+        // time-out (15 s) and only then say why.
+        {
+            use sqlx::Connection as _;
+            let first = sqlx::postgres::PgConnection::connect_with(&options)
+                .await
+                .map_err(StoreFailure::new)?;
+            // Closing politely is a courtesy to the server; the pool makes its own connections.
+            let _ = first.close().await;
+        }
         // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)

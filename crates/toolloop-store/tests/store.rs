@@ -526,8 +526,7 @@ async fn bad_locations_fail_with_a_clear_error() {
     let err = Store::open("").await.unwrap_err().to_string();
     assert!(err.contains("empty path"), "{err}");
     // A server that is not PostgreSQL: it answers the client's first message with bytes of
-    // another protocol. (A refused connection gives the same error, but only when the pool
-    // gives up retrying, 15 seconds later.)
+    // another protocol.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let not_postgres = tokio::spawn(async move {
@@ -546,6 +545,23 @@ async fn bad_locations_fail_with_a_clear_error() {
     not_postgres.abort();
     assert!(err.contains("cannot open the store"), "{err}");
     assert!(!err.contains("secret"), "the password is hidden: {err}");
+    // A refused connection is reported at once, with its cause, not after the pool's retries.
+    let free = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = free.local_addr().unwrap().port();
+    drop(free);
+    let started = std::time::Instant::now();
+    let err = Store::open(&format!("postgres://nobody:secret@127.0.0.1:{port}/none"))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot open the store"), "{err}");
+    assert!(err.to_lowercase().contains("refused"), "{err}");
+    assert!(!err.contains("secret"), "the password is hidden: {err}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "a refused connection took {:?} to report (the pool retries for 15 s)",
+        started.elapsed()
+    );
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("file");
     std::fs::write(&file, "x").unwrap();
