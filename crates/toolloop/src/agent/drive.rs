@@ -46,8 +46,15 @@ impl Agent {
             .and_then(|i| i.path.last())
             .map_or("toolloop", String::as_str);
         let span = crate::telemetry::run_span(self.model.name(), agent);
-        let d = Drive::new(self, machine, toolbox, cancel, sink, log);
-        d.run().instrument(span.clone()).map(move |outcome| {
+        let mut drive = Drive::new(self, machine, toolbox, cancel, sink, log);
+        // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
+        // value would hold a second copy of it, all run long.
+        async move {
+            drive.steps().await;
+            Box::pin(drive.finish()).await
+        }
+        .instrument(span.clone())
+        .map(move |outcome| {
             crate::telemetry::run_finished(&span, &outcome);
             outcome
         })
@@ -124,8 +131,9 @@ impl<'a> Drive<'a> {
         }
     }
 
-    /// The loop: each step the machine asks for, done, until it is finished.
-    async fn run(mut self) -> Outcome {
+    /// The loop: each step the machine asks for, done, until it is finished (then
+    /// [`Drive::finish`]).
+    async fn steps(&mut self) {
         loop {
             self.emit();
             match self.machine.next_step() {
@@ -143,8 +151,8 @@ impl<'a> Drive<'a> {
                         self.call_model(round, reminders).await;
                     }
                 }
-                // The rare steps, and the run's end, are boxed: every in-flight run holds its
-                // largest step's state, most of the time waiting on the model.
+                // The rare steps are boxed (and the run's end, in `drive`): every in-flight
+                // run holds its largest step's state, most of the time waiting on the model.
                 Step::Approve(requests) => Box::pin(self.approve(requests)).await,
                 step @ Step::EditContext { .. } => self.edit_context(step),
                 Step::Compact(request) => Box::pin(self.compact(request)).await,
@@ -152,7 +160,6 @@ impl<'a> Drive<'a> {
                 Step::RunTools(batches) => self.run_tools(batches).await,
             }
         }
-        Box::pin(self.finish()).await
     }
 
     /// Hands the machine's events to the sink (drops them without one).
@@ -231,38 +238,43 @@ impl<'a> Drive<'a> {
         self.emit();
         // Not waited for: a call lost to a crash is made again on resume.
         self.take(Input::ModelRequested { round });
-        let machine = &self.machine;
-        let tools = crate::context::driver::request_tools(machine, self.toolbox.specs());
-        // With what the machine asks of the provider itself this round (a function
-        // of its view: a resumed run asks the same).
-        // Settings of the agent's own are borrowed; others are boxed, so that the call's
-        // future, which every run waiting on its model holds, does not hold them inline.
-        let owned: Box<ModelSettings>;
-        let settings = match crate::context::driver::request_settings(machine, &self.settings) {
-            Cow::Borrowed(settings) => settings,
-            Cow::Owned(settings) => {
-                owned = Box::new(settings);
-                &*owned
-            }
-        };
-        let request = ModelRequest {
-            messages: machine.sent_messages(),
-            reminders: &reminders,
-            tools: &tools,
-            settings,
-        };
-        let span = crate::telemetry::chat_span(agent.model.name(), round);
-        let call = agent
-            .call_model(&*self.model, request, round, self.sink.as_ref())
-            .instrument(span.clone());
+        // The request, and what it borrows, are scoped to this block: what it holds is not
+        // kept beside what the next await (the run log's settling) holds.
         let called = {
-            let call = pin!(call);
-            guard(call, &self.cancel, self.deadline).await
+            let machine = &self.machine;
+            let tools = crate::context::driver::request_tools(machine, self.toolbox.specs());
+            // With what the machine asks of the provider itself this round (a function
+            // of its view: a resumed run asks the same).
+            // Settings of the agent's own are borrowed; others are boxed, so that the call's
+            // future, which every run waiting on its model holds, does not hold them inline.
+            let owned: Box<ModelSettings>;
+            let settings = match crate::context::driver::request_settings(machine, &self.settings) {
+                Cow::Borrowed(settings) => settings,
+                Cow::Owned(settings) => {
+                    owned = Box::new(settings);
+                    &*owned
+                }
+            };
+            let request = ModelRequest {
+                messages: machine.sent_messages(),
+                reminders: &reminders,
+                tools: &tools,
+                settings,
+            };
+            let span = crate::telemetry::chat_span(agent.model.name(), round);
+            let call = agent
+                .call_model(&*self.model, request, round, self.sink.as_ref())
+                .instrument(span.clone());
+            let called = {
+                let call = pin!(call);
+                guard(call, &self.cancel, self.deadline).await
+            };
+            if let Ok(r) = &called {
+                crate::telemetry::chat_finished(&span, r);
+                trace_response(round, r);
+            }
+            called
         };
-        if let Ok(r) = &called {
-            crate::telemetry::chat_finished(&span, r);
-            trace_response(round, r);
-        }
         // The previous round's results were written during the call: a response
         // is taken only on a log that holds them.
         if let (Ok(Ok(_)), Some(log)) = (&called, &self.log)

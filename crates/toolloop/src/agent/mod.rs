@@ -278,25 +278,30 @@ impl Agent {
         run_id: Option<String>,
     ) -> Outcome {
         // What only some runs do before the loop (listing tool sources, opening a run log) is
-        // boxed: an in-flight run's future holds only the loop.
-        let toolbox = self.run_tools_now().await;
-        let machine = self.machine_with(messages, &toolbox);
-        let log = match &self.journal {
-            Some(_) => Box::pin(self.start_log(&machine, run_id)).await,
-            None => Ok(None),
-        };
-        match log {
-            Ok(log) => self.drive(machine, toolbox, cancel, sink, log).await,
-            Err(e) => {
-                let mut m = machine;
-                interrupt(&mut m, Interrupt::StoreFailed);
-                let mut outcome = m.into_outcome(0);
-                if let Some(err) = outcome.error.as_mut() {
-                    err.message = format!("{}: {e}", err.message);
+        // boxed, and what the run starts from is scoped to this block, which ends before the
+        // loop is awaited: a machine borrowed while the log opens would otherwise keep a slot
+        // of its own in the future beside the loop's, for the whole run.
+        let run = {
+            let toolbox = self.run_tools_now().await;
+            let machine = self.machine_with(messages, &toolbox);
+            let log = match &self.journal {
+                Some(_) => Box::pin(self.start_log(&machine, run_id)).await,
+                None => Ok(None),
+            };
+            match log {
+                Ok(log) => self.drive(machine, toolbox, cancel, sink, log),
+                Err(e) => {
+                    let mut m = machine;
+                    interrupt(&mut m, Interrupt::StoreFailed);
+                    let mut outcome = m.into_outcome(0);
+                    if let Some(err) = outcome.error.as_mut() {
+                        err.message = format!("{}: {e}", err.message);
+                    }
+                    return outcome;
                 }
-                outcome
             }
-        }
+        };
+        run.await
     }
 
     /// The tools a run starts with ([`Agent::tools_now`]), listed in a boxed future: only runs
