@@ -46,6 +46,12 @@
 //! the cost of a streamed round as a ratio over pairs of trials (see `stream_cost`). `loop stream`
 //! runs only the streamed loops, for a profiler.
 //!
+//! With `memory` after N and R (`cargo bench -p toolloop --bench mock_loops -- 1000 5 memory`)
+//! it measures only the memory per in-flight loop (a few seconds; the figure is a count of live
+//! heap bytes, the same on a loaded machine). With `loop` or `raw` after N and R it runs only
+//! that side for about 20 s, for a profiler, and prints its rounds/s and the heap allocations
+//! per round of the whole process (the mock's, which runs in the process, included).
+//!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
 use async_trait::async_trait;
@@ -55,7 +61,7 @@ use std::alloc::{GlobalAlloc, Layout};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicIsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicIsize, AtomicUsize, Ordering};
 use std::time::Instant;
 use toolloop::agent::Agent;
 use toolloop::model::ModelRequest;
@@ -77,10 +83,16 @@ static LIVE: AtomicIsize = AtomicIsize::new(0);
 static PEAK: AtomicIsize = AtomicIsize::new(0);
 /// Counting is on only in the memory phase, so the throughput phases run at full speed.
 static COUNTING: AtomicBool = AtomicBool::new(false);
+/// Allocations made while `COUNTING_ALLOCS` is on (a profile of one side: see `profile_side`).
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+static COUNTING_ALLOCS: AtomicBool = AtomicBool::new(false);
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let p = unsafe { MiMalloc.alloc(layout) };
+        if COUNTING_ALLOCS.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
         if !p.is_null() && COUNTING.load(Ordering::Relaxed) {
             let size = layout.size() as isize;
             let now = LIVE.fetch_add(size, Ordering::Relaxed) + size;
@@ -692,6 +704,10 @@ fn main() {
         let journal = std::env::args().skip(1).any(|a| a == "journal");
         return at_scale(big_n, rounds, ms, journal);
     }
+    // `memory` after N and R measures only the heap per in-flight loop.
+    if std::env::args().skip(1).any(|a| a == "memory") {
+        return memory(big_n, rounds);
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -786,17 +802,26 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let stream = std::env::args().skip(1).any(|a| a == "stream");
     let a = agent_of(&url, &scenario, rounds, journal, side_effect, stream);
     let client = bare_client(n);
+    // Every allocation of the process (the mock's, in this process, included) is counted.
+    ALLOCS.store(0, Ordering::Relaxed);
+    COUNTING_ALLOCS.store(true, Ordering::Relaxed);
+    let started = Instant::now();
     let rate = if looping {
         sustained(20.0, |w| loop_workers(&a, n, rounds, w)).await
     } else {
         sustained(20.0, |w| raw_workers(&client, &url, &bodies, n, w)).await
     };
+    COUNTING_ALLOCS.store(false, Ordering::Relaxed);
+    let done = rate * started.elapsed().as_secs_f64();
+    let allocs = ALLOCS.load(Ordering::Relaxed) as f64 / done.max(1.0);
     let side = match (looping, stream) {
         (true, true) => "streamed loop",
         (true, false) => "loop",
         _ => "bare client",
     };
-    println!("{side}: {rate:.0} rounds/s at N={n}");
+    println!(
+        "{side}: {rate:.0} rounds/s at N={n}; {allocs:.1} heap allocations per round (the whole process, the mock's included)"
+    );
     if let Some(store) = store {
         let s = store.writer_stats();
         println!(

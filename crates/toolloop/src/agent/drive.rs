@@ -19,35 +19,45 @@ use crate::model::{Model, ModelRequest, ModelSettings};
 use crate::outcome::{ErrorCode, Outcome, StopReason};
 use crate::subagent::Scope;
 use crate::toolbox::Toolbox;
+use futures::FutureExt;
 use std::borrow::Cow;
 use std::future::Future;
+use std::pin::{Pin, pin};
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 impl Agent {
-    /// Drives the machine to its end, inside the run's `invoke_agent` span.
-    pub(super) async fn drive(
+    /// Drives the machine to its end, inside the run's `invoke_agent` span. Not an `async fn`:
+    /// what it is given goes into the [`Drive`] before the future starts, so the future holds
+    /// it once.
+    pub(super) fn drive(
         &self,
         machine: Machine,
         toolbox: Arc<Toolbox>,
         cancel: CancellationToken,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
-    ) -> Outcome {
+    ) -> impl Future<Output = Outcome> + Send + '_ {
         let agent = self
             .inherited
             .as_ref()
             .and_then(|i| i.path.last())
             .map_or("toolloop", String::as_str);
         let span = crate::telemetry::run_span(self.model.name(), agent);
-        let outcome = Drive::new(self, machine, toolbox, cancel, sink, log)
-            .run()
-            .instrument(span.clone())
-            .await;
-        crate::telemetry::run_finished(&span, &outcome);
-        outcome
+        let mut drive = Drive::new(self, machine, toolbox, cancel, sink, log);
+        // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
+        // value would hold a second copy of it, all run long.
+        async move {
+            drive.steps().await;
+            Box::pin(drive.finish()).await
+        }
+        .instrument(span.clone())
+        .map(move |outcome| {
+            crate::telemetry::run_finished(&span, &outcome);
+            outcome
+        })
     }
 }
 
@@ -68,7 +78,7 @@ struct Drive<'a> {
     /// The run log's failure that stopped the run, if one did.
     store_error: Option<JournalError>,
     /// The model settings of the run's requests.
-    settings: Cow<'a, ModelSettings>,
+    settings: Arc<ModelSettings>,
     /// The model's session for this run.
     model: Box<dyn Model + 'a>,
     /// What the run's tools learn of where they are (sub-agents).
@@ -93,14 +103,13 @@ impl<'a> Drive<'a> {
             .and_then(|t| tokio::time::Instant::now().checked_add(t));
         machine.set_events(sink.is_some());
         // A resumed run keeps the output schema it started with, whatever the agent's now.
-        let settings: Cow<'_, ModelSettings> =
-            if machine.output_schema() == agent.settings.output.as_ref() {
-                Cow::Borrowed(&*agent.settings)
-            } else {
-                let mut s = (*agent.settings).clone();
-                s.output = machine.output_schema().cloned();
-                Cow::Owned(s)
-            };
+        let settings = if machine.output_schema() == agent.settings.output.as_ref() {
+            agent.settings.clone()
+        } else {
+            let mut s = (*agent.settings).clone();
+            s.output = machine.output_schema().cloned();
+            Arc::new(s)
+        };
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
         let model = agent.model.session();
         let tool_cancel = cancel.child_token();
@@ -122,8 +131,9 @@ impl<'a> Drive<'a> {
         }
     }
 
-    /// The loop: each step the machine asks for, done, until it is finished.
-    async fn run(mut self) -> Outcome {
+    /// The loop: each step the machine asks for, done, until it is finished (then
+    /// [`Drive::finish`]).
+    async fn steps(&mut self) {
         loop {
             self.emit();
             match self.machine.next_step() {
@@ -135,18 +145,21 @@ impl<'a> Drive<'a> {
                 Step::GetReminders => self.give_reminders(),
                 Step::CheckStop => self.check_stop(),
                 Step::CallModel { round, reminders } => {
-                    if self.refresh_tools(round).await {
+                    // Listing the sources' tools is boxed, and only with sources: the loop's
+                    // own future holds only what every round needs.
+                    if !self.agent.has_tool_sources() || Box::pin(self.refresh_tools(round)).await {
                         self.call_model(round, reminders).await;
                     }
                 }
-                Step::Approve(requests) => self.approve(requests).await,
+                // The rare steps are boxed (and the run's end, in `drive`): every in-flight
+                // run holds its largest step's state, most of the time waiting on the model.
+                Step::Approve(requests) => Box::pin(self.approve(requests)).await,
                 step @ Step::EditContext { .. } => self.edit_context(step),
-                Step::Compact(request) => self.compact(request).await,
-                Step::DecideRoundLimit => self.decide_round_limit().await,
+                Step::Compact(request) => Box::pin(self.compact(request)).await,
+                Step::DecideRoundLimit => Box::pin(self.decide_round_limit()).await,
                 Step::RunTools(batches) => self.run_tools(batches).await,
             }
         }
-        self.finish().await
     }
 
     /// Hands the machine's events to the sink (drops them without one).
@@ -197,7 +210,7 @@ impl<'a> Drive<'a> {
         if !self.agent.has_tool_sources() {
             return true;
         }
-        let now = match guard(self.agent.tools_now(), &self.cancel, self.deadline).await {
+        let now = match guard(pin!(self.agent.tools_now()), &self.cancel, self.deadline).await {
             Ok(now) => now,
             Err(why) => {
                 self.take(Input::Interrupted { why });
@@ -225,26 +238,43 @@ impl<'a> Drive<'a> {
         self.emit();
         // Not waited for: a call lost to a crash is made again on resume.
         self.take(Input::ModelRequested { round });
-        let machine = &self.machine;
-        let tools = crate::context::driver::request_tools(machine, self.toolbox.specs());
-        // With what the machine asks of the provider itself this round (a function
-        // of its view: a resumed run asks the same).
-        let settings = crate::context::driver::request_settings(machine, &self.settings);
-        let request = ModelRequest {
-            messages: machine.sent_messages(),
-            reminders: &reminders,
-            tools: &tools,
-            settings: &settings,
+        // The request, and what it borrows, are scoped to this block: what it holds is not
+        // kept beside what the next await (the run log's settling) holds.
+        let called = {
+            let machine = &self.machine;
+            let tools = crate::context::driver::request_tools(machine, self.toolbox.specs());
+            // With what the machine asks of the provider itself this round (a function
+            // of its view: a resumed run asks the same).
+            // Settings of the agent's own are borrowed; others are boxed, so that the call's
+            // future, which every run waiting on its model holds, does not hold them inline.
+            let owned: Box<ModelSettings>;
+            let settings = match crate::context::driver::request_settings(machine, &self.settings) {
+                Cow::Borrowed(settings) => settings,
+                Cow::Owned(settings) => {
+                    owned = Box::new(settings);
+                    &*owned
+                }
+            };
+            let request = ModelRequest {
+                messages: machine.sent_messages(),
+                reminders: &reminders,
+                tools: &tools,
+                settings,
+            };
+            let span = crate::telemetry::chat_span(agent.model.name(), round);
+            let call = agent
+                .call_model(&*self.model, request, round, self.sink.as_ref())
+                .instrument(span.clone());
+            let called = {
+                let call = pin!(call);
+                guard(call, &self.cancel, self.deadline).await
+            };
+            if let Ok(r) = &called {
+                crate::telemetry::chat_finished(&span, r);
+                trace_response(round, r);
+            }
+            called
         };
-        let span = crate::telemetry::chat_span(agent.model.name(), round);
-        let call = agent
-            .call_model(&*self.model, request, round, self.sink.as_ref())
-            .instrument(span.clone());
-        let called = guard(call, &self.cancel, self.deadline).await;
-        if let Ok(r) = &called {
-            crate::telemetry::chat_finished(&span, r);
-            trace_response(round, r);
-        }
         // The previous round's results were written during the call: a response
         // is taken only on a log that holds them.
         if let (Ok(Ok(_)), Some(log)) = (&called, &self.log)
@@ -292,7 +322,7 @@ impl<'a> Drive<'a> {
                         deferred.push(r.pending);
                         continue;
                     };
-                    match guard(ask(&r.pending), &self.cancel, self.deadline).await {
+                    match guard(ask(&r.pending).as_mut(), &self.cancel, self.deadline).await {
                         Ok(answer) => Decision::by_person(call, answer),
                         Err(why) => {
                             interrupted = Some(why);
@@ -329,7 +359,7 @@ impl<'a> Drive<'a> {
     /// on.
     async fn compact(&mut self, request: Box<CompactRequest>) {
         let summarised = self.agent.summarise(&self.settings, &request);
-        let input = match guard(summarised, &self.cancel, self.deadline).await {
+        let input = match guard(pin!(summarised), &self.cancel, self.deadline).await {
             Ok(input) => input,
             Err(why) => Input::Interrupted { why },
         };
@@ -347,7 +377,7 @@ impl<'a> Drive<'a> {
     async fn decide_round_limit(&mut self) {
         let decision = self.agent.round_limit_for(&self.machine);
         // Asked again on resume if lost to a crash.
-        let input = match guard(decision, &self.cancel, self.deadline).await {
+        let input = match guard(pin!(decision), &self.cancel, self.deadline).await {
             Ok(decision) => Input::RoundLimitDecided { decision },
             Err(why) => Input::Interrupted { why },
         };
@@ -369,7 +399,11 @@ impl<'a> Drive<'a> {
                 &self.log,
                 &self.scope,
             );
-            let interrupted = match guard(run, &self.cancel, self.deadline).await {
+            let ran = {
+                let run = pin!(run);
+                guard(run, &self.cancel, self.deadline).await
+            };
+            let interrupted = match ran {
                 Ok(Ok(())) => None,
                 Ok(Err(e)) => {
                     self.store_error = Some(e);
@@ -510,11 +544,14 @@ pub(super) fn fed(result: Result<(), PhaseError>) {
     }
 }
 
-pub(super) async fn guard<T>(
-    fut: impl Future<Output = T>,
+/// `fut`, unless the run is cancelled or its deadline passes first. `fut` is pinned by the
+/// caller, so that a step's future holds it once (a future moved into an `async fn` is held
+/// twice: as its argument and as what it awaits).
+pub(super) async fn guard<F: Future + ?Sized>(
+    fut: Pin<&mut F>,
     cancel: &CancellationToken,
     deadline: Option<tokio::time::Instant>,
-) -> Result<T, Interrupt> {
+) -> Result<F::Output, Interrupt> {
     let sleep = async {
         match deadline {
             Some(d) => tokio::time::sleep_until(d).await,

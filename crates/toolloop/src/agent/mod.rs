@@ -62,6 +62,7 @@ use crate::subagent::{Delegation, Inherited, Scope};
 use crate::toolbox::Toolbox;
 use futures::Stream;
 use futures::future::BoxFuture;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -226,26 +227,28 @@ impl Agent {
     }
 
     /// Runs the loop on a single user prompt (after the system prompt, if any).
-    pub async fn prompt(&self, prompt: impl Into<String>) -> Outcome {
-        self.run(vec![Message::user(prompt)]).await
+    ///
+    /// Like [`Agent::run`] and [`Agent::run_cancellable`], it hands what it is given straight
+    /// to the run's one future (it is not an `async fn` of its own), so that a process holding
+    /// many runs in flight holds no wrapper state for each.
+    pub fn prompt(&self, prompt: impl Into<String>) -> impl Future<Output = Outcome> + Send + '_ {
+        self.run(vec![Message::user(prompt)])
     }
 
     /// Runs the loop over a conversation the caller owns; the outcome's `messages` is that
     /// conversation plus what the run added. Pass it back in (with a new user message) to keep
     /// the context, or start from fresh messages each time.
-    pub async fn run(&self, messages: Vec<Message>) -> Outcome {
+    pub fn run(&self, messages: Vec<Message>) -> impl Future<Output = Outcome> + Send + '_ {
         self.run_cancellable(messages, CancellationToken::new())
-            .await
     }
 
     /// Like [`Agent::run`], stopping early when `cancel` is cancelled.
-    pub async fn run_cancellable(
+    pub fn run_cancellable(
         &self,
         messages: Vec<Message>,
         cancel: CancellationToken,
-    ) -> Outcome {
-        self.run_inner(messages, cancel, self.on_event.clone())
-            .await
+    ) -> impl Future<Output = Outcome> + Send + '_ {
+        self.run_logged(messages, cancel, self.on_event.clone(), None)
     }
 
     /// Like [`Agent::run_cancellable`], logging the run under `run_id` instead of a fresh id
@@ -267,15 +270,6 @@ impl Agent {
         .await
     }
 
-    async fn run_inner(
-        &self,
-        messages: Vec<Message>,
-        cancel: CancellationToken,
-        sink: Option<EventHandler>,
-    ) -> Outcome {
-        self.run_logged(messages, cancel, sink, None).await
-    }
-
     async fn run_logged(
         &self,
         messages: Vec<Message>,
@@ -283,19 +277,40 @@ impl Agent {
         sink: Option<EventHandler>,
         run_id: Option<String>,
     ) -> Outcome {
-        let toolbox = self.tools_now().await;
-        let machine = self.machine_with(messages, &toolbox);
-        match self.start_log(&machine, run_id).await {
-            Ok(log) => self.drive(machine, toolbox, cancel, sink, log).await,
-            Err(e) => {
-                let mut m = machine;
-                interrupt(&mut m, Interrupt::StoreFailed);
-                let mut outcome = m.into_outcome(0);
-                if let Some(err) = outcome.error.as_mut() {
-                    err.message = format!("{}: {e}", err.message);
+        // What only some runs do before the loop (listing tool sources, opening a run log) is
+        // boxed, and what the run starts from is scoped to this block, which ends before the
+        // loop is awaited: a machine borrowed while the log opens would otherwise keep a slot
+        // of its own in the future beside the loop's, for the whole run.
+        let run = {
+            let toolbox = self.run_tools_now().await;
+            let machine = self.machine_with(messages, &toolbox);
+            let log = match &self.journal {
+                Some(_) => Box::pin(self.start_log(&machine, run_id)).await,
+                None => Ok(None),
+            };
+            match log {
+                Ok(log) => self.drive(machine, toolbox, cancel, sink, log),
+                Err(e) => {
+                    let mut m = machine;
+                    interrupt(&mut m, Interrupt::StoreFailed);
+                    let mut outcome = m.into_outcome(0);
+                    if let Some(err) = outcome.error.as_mut() {
+                        err.message = format!("{}: {e}", err.message);
+                    }
+                    return outcome;
                 }
-                outcome
             }
+        };
+        run.await
+    }
+
+    /// The tools a run starts with ([`Agent::tools_now`]), listed in a boxed future: only runs
+    /// with tool sources wait for a listing.
+    async fn run_tools_now(&self) -> Arc<Toolbox> {
+        if self.has_tool_sources() {
+            Box::pin(self.tools_now()).await
+        } else {
+            self.toolbox.clone()
         }
     }
 
@@ -314,7 +329,7 @@ impl Agent {
             let _ = tx.send(e.clone());
         });
         tokio::spawn(async move {
-            agent.run_inner(messages, cancel, Some(sink)).await;
+            agent.run_logged(messages, cancel, Some(sink), None).await;
         });
         futures::stream::unfold((rx, Some(guard)), |(mut rx, guard)| async move {
             rx.recv().await.map(|e| (e, (rx, guard)))
@@ -327,7 +342,7 @@ impl Agent {
         state: crate::engine::Snapshot,
         cancel: CancellationToken,
     ) -> Outcome {
-        let toolbox = self.tools_now().await;
+        let toolbox = self.run_tools_now().await;
         let machine = Machine::resume(
             self.config.clone(),
             (&self.hooks).into(),

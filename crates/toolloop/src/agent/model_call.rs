@@ -35,9 +35,21 @@ impl Agent {
         if !self.config.stream {
             return model.complete(&request).await;
         }
+        // Boxed: a run waiting on a complete reply holds none of a stream's state.
+        Box::pin(self.stream_with_restarts(model, &request, round, sink)).await
+    }
+
+    /// A streamed call, asked again when its stream breaks (up to `stream_restarts` times).
+    async fn stream_with_restarts(
+        &self,
+        model: &dyn Model,
+        request: &ModelRequest<'_>,
+        round: u32,
+        sink: Option<&EventHandler>,
+    ) -> Result<ModelResponse, ModelError> {
         let mut attempt = 1;
         loop {
-            match self.stream_once(model, &request, round, sink).await {
+            match self.stream_once(model, request, round, sink).await {
                 Err(ModelError::StreamInterrupted(reason))
                     if attempt <= self.config.stream_restarts =>
                 {

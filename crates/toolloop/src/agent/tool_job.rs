@@ -279,7 +279,7 @@ pub(super) async fn call_tool_with(
     config: &LoopConfig,
     round: u32,
     call: &ToolCall,
-    idempotency_key: String,
+    mut idempotency_key: String,
     cancel: &CancellationToken,
     deadline: Option<tokio::time::Instant>,
     sink: Option<&EventHandler>,
@@ -304,7 +304,12 @@ pub(super) async fn call_tool_with(
             cancel: cancel.clone(),
             deadline,
             attempt,
-            idempotency_key: idempotency_key.clone(),
+            // The last attempt the retries allow takes the key; an earlier one copies it.
+            idempotency_key: if attempt > config.tool_retries {
+                std::mem::take(&mut idempotency_key)
+            } else {
+                idempotency_key.clone()
+            },
             run_id: run_id.map(str::to_string),
             scope: scope.cloned(),
         };

@@ -17,28 +17,33 @@ impl Machine {
     /// What the policy says of a call of the round, whose approval subject the driver gave
     /// (`subject`): the subject and the verdict.
     pub(super) fn weigh(&self, call: &ToolCall, subject: Option<&Subject>) -> (String, Verdict) {
+        let text = match subject {
+            Some(subject) => subject.text.clone(),
+            None => call.canonical_arguments(),
+        };
+        (text, self.verdict(call, subject))
+    }
+
+    /// The verdict of [`Machine::weigh`] alone, without the subject's text (which a call the
+    /// policy allows never needs).
+    pub(super) fn verdict(&self, call: &ToolCall, subject: Option<&Subject>) -> Verdict {
         let default = self
             .catalog
             .get(&call.name)
             .map_or(Action::Allow, CatalogEntry::approval_default);
         let policy = &self.config.approvals;
         match subject {
-            Some(subject) => {
-                let verdict = match policy.verdict_for(&call.name, subject, default) {
-                    // Only a person approves such a call (`Tool::approval_required`); a rule
-                    // that denies it still wins.
-                    Verdict::Allow { .. } if subject.person => Verdict::Ask,
-                    verdict => verdict,
-                };
-                (subject.text.clone(), verdict)
-            }
+            Some(subject) => match policy.verdict_for(&call.name, subject, default) {
+                // Only a person approves such a call (`Tool::approval_required`); a rule that
+                // denies it still wins.
+                Verdict::Allow { .. } if subject.person => Verdict::Ask,
+                verdict => verdict,
+            },
             // A subject the policy weighs, missing from a state saved before subjects were
             // kept: a person decides.
-            None if policy.weighs_subject(&call.name, default) => {
-                (call.canonical_arguments(), Verdict::Ask)
-            }
+            None if policy.weighs_subject(&call.name, default) => Verdict::Ask,
             // The policy does not weigh it: the call is allowed by default.
-            None => (call.canonical_arguments(), Verdict::Allow { rule: None }),
+            None => Verdict::Allow { rule: None },
         }
     }
 

@@ -200,7 +200,7 @@ impl Machine {
             slot.run = true;
             slot.subject = subject;
             if !matches!(
-                self.weigh(call, slot.subject.as_ref()).1,
+                self.verdict(call, slot.subject.as_ref()),
                 Verdict::Allow { rule: None }
             ) {
                 slot.approval = Some(ApprovalState::Pending);

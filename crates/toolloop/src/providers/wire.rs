@@ -104,8 +104,8 @@ fn call_of<A: HttpAdapter>(
     stream: bool,
 ) -> Result<WireCall, ModelError> {
     Ok(WireCall {
-        url: a.url(request, stream),
-        headers: a.headers(request)?,
+        url: a.url(request, stream).as_str().to_string(),
+        headers: a.headers(request)?.into_owned(),
         body: a.body(request, stream, a.shape(stream))?,
     })
 }

@@ -23,13 +23,14 @@ use crate::model::{ModelError, ModelRequest, ModelResponse};
 use crate::providers::Decoded;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use crate::transport::wire::ErrorParser;
+use crate::transport::wire::{Endpoint, ErrorParser};
 #[cfg(feature = "http")]
 use async_trait::async_trait;
 use bytes::Bytes;
 #[cfg(feature = "http")]
 use futures::StreamExt;
 use http::header::HeaderMap;
+use std::borrow::Cow;
 
 /// One HTTP provider's API, as an adapter describes it. The calls are made by the one
 /// [`Model`] implementation over this trait, the same for every adapter.
@@ -48,11 +49,13 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport;
 
-    /// Where `request` goes, streamed or not.
-    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> String;
+    /// Where `request` goes, streamed or not: borrowed when it is the same for every call (an
+    /// adapter keeps it parsed), so a call neither copies nor parses it.
+    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> Cow<'_, Endpoint>;
 
-    /// The headers of a call of `request` (the key among them, marked sensitive).
-    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError>;
+    /// The headers of a call of `request` (the key among them, marked sensitive): borrowed when
+    /// they are the same for every call, so a call does not copy them.
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError>;
 
     /// The body of `request` in `shape`, streamed or not, after checking what the
     /// configuration and the request add to it.
@@ -159,56 +162,12 @@ impl<A: HttpAdapter> Model for A {
     /// A request asking for context management that the server refuses is sent again
     /// without it (see `ContextRefusal`).
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        let Some(refusal) = self.context_refusal() else {
-            return complete_once(self, request).await;
-        };
-        if let Some(settings) = refusal.settings_without(request) {
-            let request = ModelRequest {
-                settings: &settings,
-                ..*request
-            };
-            return complete_once(self, &request).await.map(mark_refused);
-        }
-        match complete_once(self, request).await {
-            Err(e) => {
-                let Some(settings) =
-                    refusal.learn(request, &e, &self.url(request, false), self.model())
-                else {
-                    return Err(e);
-                };
-                let request = ModelRequest {
-                    settings: &settings,
-                    ..*request
-                };
-                complete_once(self, &request).await.map(mark_refused)
-            }
-            done => done,
-        }
+        complete(self, request).await
     }
 
     /// As [`Model::complete`], the refusal coming as the stream's opening error.
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        let Some(refusal) = self.context_refusal() else {
-            return stream_once(self, request).await;
-        };
-        let settings = match refusal.settings_without(request) {
-            Some(settings) => settings,
-            None => match stream_once(self, request).await {
-                Err(e) => match refusal.learn(request, &e, &self.url(request, false), self.model())
-                {
-                    Some(settings) => settings,
-                    None => return Err(e),
-                },
-                open => return open,
-            },
-        };
-        let request = ModelRequest {
-            settings: &settings,
-            ..*request
-        };
-        let stream = stream_once(self, &request).await?;
-        let head = futures::stream::once(async { Ok(refused_event()) });
-        Ok(Box::pin(head.chain(stream)))
+        stream(self, request).await
     }
 
     fn session(&self) -> Box<dyn Model + '_> {
@@ -224,6 +183,72 @@ impl<A: HttpAdapter> Model for A {
     }
 }
 
+/// [`Model::complete`] of adapter `this`: a request asking for context management that the
+/// server refuses is sent again without it (see `ContextRefusal`). An adapter's session calls it
+/// directly, without a boxed future of its own.
+#[cfg(feature = "http")]
+pub(crate) async fn complete<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<ModelResponse, ModelError> {
+    let Some(refusal) = this.context_refusal() else {
+        return complete_once(this, request).await;
+    };
+    if let Some(settings) = refusal.settings_without(request) {
+        let request = ModelRequest {
+            settings: &settings,
+            ..*request
+        };
+        return complete_once(this, &request).await.map(mark_refused);
+    }
+    match complete_once(this, request).await {
+        Err(e) => {
+            let Some(settings) =
+                refusal.learn(request, &e, this.url(request, false).as_str(), this.model())
+            else {
+                return Err(e);
+            };
+            let request = ModelRequest {
+                settings: &settings,
+                ..*request
+            };
+            complete_once(this, &request).await.map(mark_refused)
+        }
+        done => done,
+    }
+}
+
+/// [`Model::stream`] of adapter `this`, as [`complete`], the refusal coming as the stream's
+/// opening error.
+#[cfg(feature = "http")]
+pub(crate) async fn stream<A: HttpAdapter>(
+    this: &A,
+    request: &ModelRequest<'_>,
+) -> Result<EventStream, ModelError> {
+    let Some(refusal) = this.context_refusal() else {
+        return stream_once(this, request).await;
+    };
+    let settings = match refusal.settings_without(request) {
+        Some(settings) => settings,
+        None => match stream_once(this, request).await {
+            Err(e) => {
+                match refusal.learn(request, &e, this.url(request, false).as_str(), this.model()) {
+                    Some(settings) => settings,
+                    None => return Err(e),
+                }
+            }
+            open => return open,
+        },
+    };
+    let request = ModelRequest {
+        settings: &settings,
+        ..*request
+    };
+    let stream = stream_once(this, &request).await?;
+    let head = futures::stream::once(async { Ok(refused_event()) });
+    Ok(Box::pin(head.chain(stream)))
+}
+
 /// One complete call of `request`, written in the shape the server accepts: a field it refuses
 /// is left out (or replaced) and the call made again.
 #[cfg(feature = "http")]
@@ -234,11 +259,12 @@ async fn complete_once<A: HttpAdapter>(
     let mut shape = this.shape(false);
     loop {
         let body = this.body(request, false, shape)?;
+        let headers = this.headers(request)?;
         let sent = this
             .transport()
             .post_json(
-                &this.url(request, false).into(),
-                &this.headers(request)?,
+                &this.url(request, false),
+                &headers,
                 body,
                 A::PARSE_ERROR,
                 A::decode,
@@ -292,8 +318,8 @@ async fn open_stream<A: HttpAdapter>(
 ) -> Result<EventStream, ModelError> {
     let stream = open_sse_stream(
         this.transport(),
-        this.url(request, true).into(),
-        this.headers(request)?,
+        this.url(request, true).into_owned(),
+        this.headers(request)?.into_owned(),
         body,
         A::PARSE_ERROR,
         this.decoders(request),

@@ -38,10 +38,11 @@ use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use crate::transport::wire::ErrorParser;
+use crate::transport::wire::{Endpoint, ErrorParser};
 use bytes::Bytes;
 use http::header::HeaderMap;
 use response::decode_message_body;
+use std::borrow::Cow;
 use stream::StreamDecoder;
 
 mod config;
@@ -101,12 +102,12 @@ impl HttpAdapter for AnthropicModel {
         &self.config.transport
     }
 
-    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
-        self.config.endpoint()
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> Cow<'_, Endpoint> {
+        Cow::Owned(Endpoint::new(self.config.endpoint()))
     }
 
-    fn headers(&self, request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
-        request::headers(&self.config, request)
+    fn headers(&self, request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError> {
+        request::headers(&self.config, request).map(Cow::Owned)
     }
 
     fn body(

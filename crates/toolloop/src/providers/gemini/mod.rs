@@ -35,10 +35,11 @@ use crate::providers::Decoded;
 use crate::providers::adapter::{self, HttpAdapter};
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use crate::transport::wire::ErrorParser;
+use crate::transport::wire::{Endpoint, ErrorParser};
 use bytes::Bytes;
 use http::header::HeaderMap;
 use response::decode_body;
+use std::borrow::Cow;
 use stream::ChunkDecoder;
 
 mod config;
@@ -97,12 +98,14 @@ impl HttpAdapter for GeminiModel {
         &self.config.transport
     }
 
-    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> String {
-        self.config.endpoint(self.model_for(request), stream)
+    fn url(&self, request: &ModelRequest<'_>, stream: bool) -> Cow<'_, Endpoint> {
+        Cow::Owned(Endpoint::new(
+            self.config.endpoint(self.model_for(request), stream),
+        ))
     }
 
-    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
-        self.config.headers()
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError> {
+        self.config.headers().map(Cow::Owned)
     }
 
     fn body(

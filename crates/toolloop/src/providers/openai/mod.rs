@@ -95,7 +95,7 @@ use crate::providers::adapter::{ErrorMeaning, HttpAdapter};
 use crate::ptk::Rescue;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use crate::transport::wire::ErrorParser;
+use crate::transport::wire::{Endpoint, ErrorParser};
 use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
@@ -103,6 +103,7 @@ pub(crate) use error::{context_overflow, tools_unsupported};
 use http::header::{AUTHORIZATION, HeaderMap};
 use request::EncodedPrefix;
 use response::decode_response;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use stream::ChunkDecoder;
@@ -138,7 +139,8 @@ pub struct OpenAiModel {
 #[derive(Debug)]
 struct Inner {
     config: OpenAiConfig,
-    url: String,
+    /// Where every call goes, parsed once.
+    url: Endpoint,
     headers: Result<HeaderMap, ModelError>,
     /// What this server refused so far (the model talks to one server).
     refused: Refused,
@@ -190,7 +192,7 @@ impl OpenAiModel {
             config.api_key.as_deref(),
         )
         .map(|()| headers);
-        let url = config.endpoint();
+        let url = Endpoint::new(config.endpoint());
         OpenAiModel {
             inner: Arc::new(Inner {
                 config,
@@ -308,12 +310,15 @@ impl HttpAdapter for OpenAiModel {
         &self.inner.config.transport
     }
 
-    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
-        self.inner.url.clone()
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> Cow<'_, Endpoint> {
+        Cow::Borrowed(&self.inner.url)
     }
 
-    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
-        self.inner.headers.clone()
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError> {
+        match &self.inner.headers {
+            Ok(headers) => Ok(Cow::Borrowed(headers)),
+            Err(e) => Err(e.clone()),
+        }
     }
 
     fn body(
@@ -492,12 +497,13 @@ impl Model for OpenAiSession {
         self.model.name()
     }
 
+    // The adapter's calls directly: one boxed future per call, not two.
     async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        self.model.complete(request).await
+        crate::providers::adapter::complete(&self.model, request).await
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        self.model.stream(request).await
+        crate::providers::adapter::stream(&self.model, request).await
     }
 }
 
@@ -521,6 +527,43 @@ fn without_ids(mut r: ModelResponse) -> ModelResponse {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_call_borrows_the_endpoint_and_headers_parsed_when_the_model_was_made() {
+        let mut config = OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1");
+        config.api_key = Some("sk-test".into());
+        let model = OpenAiModel::new(config);
+        let messages: Vec<crate::message::Message> = Vec::new();
+        let request = ModelRequest {
+            messages: (&messages).into(),
+            reminders: &[],
+            tools: &[],
+            settings: &Default::default(),
+        };
+        for stream in [false, true] {
+            let url = model.url(&request, stream);
+            assert!(
+                matches!(url, Cow::Borrowed(_)),
+                "the URL is copied per call"
+            );
+            assert_eq!(url.as_str(), "http://127.0.0.1:9/v1/chat/completions");
+            assert!(
+                url.parsed().is_some(),
+                "the URL is parsed once, not per call"
+            );
+        }
+        let headers = model.headers(&request).unwrap();
+        assert!(
+            matches!(headers, Cow::Borrowed(_)),
+            "the headers are copied per call"
+        );
+        assert!(headers["authorization"].is_sensitive());
+        // A key that cannot be sent is still every call's error.
+        let mut config = OpenAiConfig::new("m");
+        config.api_key = Some("bad\nkey".into());
+        let e = OpenAiModel::new(config).headers(&request).unwrap_err();
+        assert!(matches!(e, ModelError::Config(_)), "{e}");
+    }
 
     #[test]
     fn streams_offering_the_same_tools_share_one_copy_of_them() {

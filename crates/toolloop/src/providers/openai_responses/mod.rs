@@ -65,9 +65,10 @@ use crate::providers::Decoded;
 use crate::providers::adapter;
 use crate::providers::adapter::ErrorMeaning;
 use crate::providers::adapter::HttpAdapter;
-use crate::transport::wire::ErrorParser;
+use crate::transport::wire::{Endpoint, ErrorParser};
 use http::header::HeaderMap;
 use response::decode_response_body;
+use std::borrow::Cow;
 use stream::StreamDecoder;
 
 mod config;
@@ -140,12 +141,12 @@ impl HttpAdapter for ResponsesModel {
         &self.config.transport
     }
 
-    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> String {
-        self.config.endpoint()
+    fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> Cow<'_, Endpoint> {
+        Cow::Owned(Endpoint::new(self.config.endpoint()))
     }
 
-    fn headers(&self, _request: &ModelRequest<'_>) -> Result<HeaderMap, ModelError> {
-        self.config.headers()
+    fn headers(&self, _request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError> {
+        self.config.headers().map(Cow::Owned)
     }
 
     fn body(
