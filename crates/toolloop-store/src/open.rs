@@ -299,11 +299,14 @@ impl Store {
         }
         // Opened before the others close, and closed after them.
         #[cfg(feature = "sqlite")]
-        let keeper = self.inner.writer.log_keeper();
+        let closer = self.inner.writer.log_closer();
         self.inner.writer.close().await;
         on_pool!(&self.inner.pool, p => p.close().await);
         #[cfg(feature = "sqlite")]
-        drop(keeper);
+        if let Some(closer) = closer {
+            // A checkpoint may wait on the disk: off the runtime's threads.
+            let _ = tokio::task::spawn_blocking(move || closer.finish()).await;
+        }
     }
 
     /// What the store's writer has committed since the store was opened (see [`WriterStats`]).

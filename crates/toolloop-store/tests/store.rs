@@ -1357,7 +1357,14 @@ async fn closing_a_sqlite_store_keeps_a_short_log_for_the_next_process_and_copie
     }
     assert!(log_file(&third).is_some_and(|(len, _)| len >= 1 << 20));
     third.close().await;
-    assert_eq!(log_file(&third), None, "the long log is left");
+    // Copied in and cut to nothing, then removed by the last connection to close. (sqlx may
+    // finish closing one of its pool's connections just after `close` returns; that one then
+    // closes last, and removes the empty log a moment later.)
+    let left = log_file(&third);
+    assert!(
+        left.is_none_or(|(len, _)| len == 0),
+        "the long log is left: {left:?}"
+    );
     let fourth = Store::open(path).await.unwrap();
     assert_eq!(fourth.load(&run_id).await.unwrap().len(), 2);
     assert_eq!(fourth.load(&next).await.unwrap().len(), 1);

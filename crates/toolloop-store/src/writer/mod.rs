@@ -380,18 +380,18 @@ impl Writer {
         }
     }
 
-    /// Closes the writer: what was queued is committed, and every later append is refused.
-    /// Returns once each lane has stopped and closed its connections.
-    /// For a SQLite file whose log is short, the connection that keeps it (see
-    /// [`sqlite::log_keeper`]); `None` otherwise.
+    /// For a SQLite file, the connection that closes last and decides what becomes of the log
+    /// (see [`sqlite::LogCloser`]); `None` otherwise.
     #[cfg(feature = "sqlite")]
-    pub(crate) fn log_keeper(&self) -> Option<rusqlite::Connection> {
+    pub(crate) fn log_closer(&self) -> Option<sqlite::LogCloser> {
         match &self.place {
-            Place::File(file) => sqlite::log_keeper(file),
+            Place::File(file) => sqlite::LogCloser::open(file),
             _ => None,
         }
     }
 
+    /// Closes the writer: what was queued is committed, and every later append is refused.
+    /// Returns once each lane has stopped and closed its connections.
     pub(crate) async fn close(&self) {
         let mut ends = Vec::new();
         for lane in &self.lanes {

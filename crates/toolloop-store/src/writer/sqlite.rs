@@ -551,40 +551,72 @@ pub(super) fn serve(
 }
 
 /// The log's length, in bytes, below which closing the store leaves the log in place (see
-/// [`log_keeper`]). The next process to open the store reads a log this long through once, in
+/// [`LogCloser`]). The next process to open the store reads a log this long through once, in
 /// well under a millisecond per MiB from the page cache.
 pub(crate) const KEEP_LOG_BELOW: u64 = 1 << 20;
 
-/// For [`crate::Store::close`]: when the file's log (WAL) is shorter than [`KEEP_LOG_BELOW`], a
-/// connection that holds the file open while the store's other connections close, and closes
-/// last without copying the log into the database (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). The
-/// commits in the log are as durable there as in the database file (the store's
-/// [`crate::Durability`] says how far), and every connection reads them; what is saved is the
-/// checkpoint's syncs of the log and of the database at every close, the removal of the log,
-/// and, at the next process's first commit, the creation of a new log with the syncs of its
-/// header and of its directory: for a process that makes one run, most of the store's cost
-/// on a busy disk. A longer log (or a failure here) is copied in and removed by the last
-/// connection to close, as SQLite does by default, which bounds what the next process reads.
-pub(crate) fn log_keeper(file: &File) -> Option<rusqlite::Connection> {
-    use rusqlite::OpenFlags;
-    use rusqlite::config::DbConfig;
-    let mut log = file.path.clone().into_os_string();
-    log.push("-wal");
-    if std::fs::metadata(&log).ok()?.len() >= KEEP_LOG_BELOW {
-        return None;
+/// For [`crate::Store::close`]: a connection to the file opened before the store's other
+/// connections close, and closed after them, so that what happens to the log (WAL) at the end
+/// does not depend on which of the others happens to close last.
+///
+/// When the log is shorter than [`KEEP_LOG_BELOW`], it closes without copying the log into the
+/// database (`SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE`). The commits in the log are as durable there as
+/// in the database file (the store's [`crate::Durability`] says how far), and every connection
+/// reads them; what is saved is the checkpoint's syncs of the log and of the database at every
+/// close, the removal of the log, and, at the next process's first commit, the creation of a new
+/// log with the syncs of its header and of its directory: for a process that makes one run, most
+/// of the store's cost on a busy disk.
+///
+/// A longer log is copied in and cut to nothing ([`LogCloser::finish`]), then removed by the
+/// last connection to close (this one, or a pool connection that sqlx finishes closing a
+/// moment after the pool's `close` returned), which bounds what the next process reads when it
+/// opens the store. Without this, that late connection could find the log still whole and
+/// leave it for the next process.
+pub(crate) struct LogCloser {
+    conn: rusqlite::Connection,
+    keep: bool,
+}
+
+impl LogCloser {
+    /// Opens it, or `None` when the file cannot be opened (then the last of the store's own
+    /// connections to close copies the log in, as SQLite does by default).
+    pub(crate) fn open(file: &File) -> Option<LogCloser> {
+        use rusqlite::OpenFlags;
+        use rusqlite::config::DbConfig;
+        let mut log = file.path.clone().into_os_string();
+        log.push("-wal");
+        let keep = std::fs::metadata(&log).ok()?.len() < KEEP_LOG_BELOW;
+        let conn = rusqlite::Connection::open_with_flags(
+            &file.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()?;
+        if keep {
+            conn.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
+                .ok()?;
+        }
+        // A read opens the log and takes the shared lock that a closing connection checks for
+        // before it checkpoints (it does only when it is the last).
+        conn.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
+            .ok()?;
+        Some(LogCloser { conn, keep })
     }
-    let c = rusqlite::Connection::open_with_flags(
-        &file.path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )
-    .ok()?;
-    c.set_db_config(DbConfig::SQLITE_DBCONFIG_NO_CKPT_ON_CLOSE, true)
-        .ok()?;
-    // A read opens the log and takes the shared lock that a closing connection checks for
-    // before it checkpoints (it does only when it is the last).
-    c.query_row("SELECT count(*) FROM sqlite_master", [], |_| Ok(()))
-        .ok()?;
-    Some(c)
+
+    /// Once the store's other connections are closed: a long log is copied into the database
+    /// and cut to nothing (waiting up to a few seconds for a connection still closing), then
+    /// this connection closes, the last, and removes it; a short one is left as it is.
+    pub(crate) fn finish(self) {
+        if !self.keep {
+            let _ = self.conn.busy_timeout(std::time::Duration::from_secs(5));
+            if let Err(e) = self
+                .conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+            {
+                tracing::debug!("copying the run log into the database at close failed: {e}");
+            }
+        }
+        drop(self.conn);
+    }
 }
 
 /// Runs the checkpoints it is asked for, one at a time, until the writer is gone.
@@ -620,7 +652,7 @@ pub(super) fn checkpoint(file: File, asked: std::sync::mpsc::Receiver<()>) {
 /// finds little left to copy when it fires; and once it has been idle for [`IDLE_CHECKPOINT`],
 /// so the end of a burst of writes is not left in the log. (Not after the first commit: a
 /// short-lived process, such as one `toolloop run`, would pay a connection and two syncs for
-/// it, and the log it leaves is kept or copied when the store closes: see [`log_keeper`].) A
+/// it, and the log it leaves is kept or copied when the store closes: see [`LogCloser`].) A
 /// checkpoint copies each page the
 /// log holds once, however many commits wrote it: the pages that every commit writes (the
 /// runs' tails, the log's last pages) are copied once per checkpoint, so checkpoints a few
