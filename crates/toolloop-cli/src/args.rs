@@ -574,7 +574,8 @@ pub(crate) struct DurabilityFlag {
     /// How far the run's log survives a crash: `process` (a killed command loses nothing
     /// written; a power cut may lose the last steps), `power` (each step is on disk before the
     /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
-    /// resumed; the same as --no-store).
+    /// resumed, as with --no-store; `resume` refuses it, since the run it continues already
+    /// has a log).
     #[arg(
         long,
         value_enum,

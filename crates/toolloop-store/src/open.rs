@@ -10,6 +10,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use toolloop::journal::StoreFailure;
 
+/// How long opening a PostgreSQL store waits for the server, and the pool for a connection.
+#[cfg(feature = "postgres")]
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 impl Store {
     /// The default SQLite file: `$XDG_DATA_HOME/toolloop/toolloop.db`, else
     /// `$HOME/.local/share/toolloop/toolloop.db`; `None` when neither variable is set.
@@ -199,21 +203,31 @@ impl Store {
             .parse::<sqlx::postgres::PgConnectOptions>()
             .map_err(StoreFailure::new)?
             .options([("enable_seqscan", "off")]);
-        // One connection first, made once: a server that cannot be reached (a refused port, an
-        // unknown host) is reported at once, where the pool would retry it until its acquire
-        // time-out (15 s) and only then say why.
+        // One connection first, made once: a server that refuses the connection (a wrong port,
+        // a server not started) or an unknown host is reported at once, where the pool would
+        // retry it until its acquire time-out and only then say why. A server that takes the
+        // connection and never answers is given the same 15 s as the pool.
         {
             use sqlx::Connection as _;
-            let first = sqlx::postgres::PgConnection::connect_with(&options)
-                .await
-                .map_err(StoreFailure::new)?;
+            let first = tokio::time::timeout(
+                CONNECT_TIMEOUT,
+                sqlx::postgres::PgConnection::connect_with(&options),
+            )
+            .await
+            .map_err(|_| {
+                StoreFailure::from(format!(
+                    "the PostgreSQL server did not answer within {} s",
+                    CONNECT_TIMEOUT.as_secs()
+                ))
+            })?
+            .map_err(StoreFailure::new)?;
             // Closing politely is a courtesy to the server; the pool makes its own connections.
             let _ = first.close().await;
         }
         // Six: the writer keeps one.
         sqlx::postgres::PgPoolOptions::new()
             .max_connections(6)
-            .acquire_timeout(Duration::from_secs(15))
+            .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(options)
             .await
             .map(Pool::Postgres)

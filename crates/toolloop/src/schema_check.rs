@@ -128,6 +128,9 @@ mod lite {
         /// The draft its `$schema` names: 4, 6, 7, 2019 (2019-09) or 2020 (2020-12, the
         /// default).
         draft: u16,
+        /// The references whose targets were read as subschemas (each once: references may
+        /// loop).
+        followed: std::collections::HashSet<String>,
     }
 
     impl Lite {
@@ -136,6 +139,7 @@ mod lite {
                 root: schema.clone(),
                 patterns: HashMap::new(),
                 draft: draft(schema),
+                followed: std::collections::HashSet::new(),
             };
             if !schema.is_object() && !schema.is_boolean() {
                 return Err(format!(
@@ -201,11 +205,16 @@ mod lite {
             }
             if let Some(r) = s.get("$ref").filter(|_| known) {
                 let r = r.as_str().ok_or("`$ref` must be a string")?;
-                if resolve(root, r).is_none() {
+                let Some(target) = resolve(root, r) else {
                     return Err(format!(
                         "the reference `{r}` does not lead to a part of this schema (only \
                          references inside the schema are followed)"
                     ));
+                };
+                // What a reference leads to is a subschema, wherever it stands (under a keyword
+                // the draft does not have, say), and is read as one, as `jsonschema` does.
+                if self.followed.insert(r.to_owned()) {
+                    self.prepare(root, target, depth + 1, true)?;
                 }
             }
             if let Some(p) = s.get("pattern").and_then(Value::as_str) {
@@ -1775,6 +1784,12 @@ mod lite {
         fn malformed_schemas() -> Vec<(Value, &'static str)> {
             vec![
                 (json!({"required": "a"}), "`required`"),
+                // Under a name that is no keyword, but what a reference leads to.
+                (json!({"x": {"type": 7}, "$ref": "#/x"}), "`type`"),
+                (
+                    json!({"$schema": D7, "$defs": {"a": {"$ref": "#/nope"}}, "$ref": "#/$defs/a"}),
+                    "`#/nope`",
+                ),
                 (json!({"required": [1]}), "`required`"),
                 (json!({"required": ["a", "a"]}), "`required`"),
                 (json!({"$schema": D4, "required": []}), "`required`"),

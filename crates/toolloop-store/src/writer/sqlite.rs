@@ -603,11 +603,16 @@ impl LogCloser {
     }
 
     /// Once the store's other connections are closed: a long log is copied into the database
-    /// and cut to nothing (waiting up to a few seconds for a connection still closing), then
-    /// this connection closes, the last, and removes it; a short one is left as it is.
+    /// and cut to nothing, then this connection closes, the last, and removes it; a short one
+    /// is left as it is. Such a checkpoint holds back other processes' commits while it waits
+    /// for their readers to leave the log, so it waits briefly (long enough for the store's own
+    /// connections still closing); when another process keeps reading, the log is left to the
+    /// last connection to close, as SQLite does by default.
     pub(crate) fn finish(self) {
         if !self.keep {
-            let _ = self.conn.busy_timeout(std::time::Duration::from_secs(5));
+            let _ = self
+                .conn
+                .busy_timeout(std::time::Duration::from_millis(250));
             if let Err(e) = self
                 .conn
                 .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
