@@ -21,6 +21,18 @@ export interface Tool<A = any> {
   parameters?: Record<string, unknown>;
   /** Each call waits for `RunOptions.approve` (a person's decision) before it runs. */
   needsApproval?: boolean;
+  /**
+   * Calls of this tool may run at the same time as the round's other parallel-safe calls
+   * (at most `limits.maxParallel` at once); other calls run one after another, in order.
+   */
+  parallelSafe?: boolean;
+  /**
+   * What a call is about, for approval rules' `subject` globs and for the person asked (a
+   * command line, a path); called at once, with the call's arguments. Without it a call's
+   * subject is its canonical JSON arguments. When it throws (or gives no string) the subject
+   * is uncertain, and every `deny` and `ask` rule of the tool matches the call.
+   */
+  approvalSubject?(args: A): string;
   run(args: A, context: ToolContext): unknown | Promise<unknown>;
 }
 
@@ -101,6 +113,8 @@ export interface Limits {
   toolTimeoutMs?: number;
   /** Retries of a tool call whose attempt failed with a retryable error (default 2). */
   toolRetries?: number;
+  /** The most parallel-safe calls of a round running at once (default 10). */
+  maxParallel?: number;
   /** The first wait before a tool call is made again, in milliseconds; doubles each time (default 200). */
   toolRetryBackoffMs?: number;
 }
@@ -137,10 +151,23 @@ export interface PendingApproval {
   index: number;
   /** The call, exactly as it would run. */
   call: ToolCall;
-  /** What the decision is about (the call's canonical arguments). */
-  subject: string;
+  /**
+   * What the decision is about: the tool's `approvalSubject`, else the call's canonical
+   * arguments; an object when the subject is uncertain (`uncertain` says why).
+   */
+  subject: string | { text: string; uncertain?: string; aliases?: string[]; person?: boolean };
   [k: string]: unknown;
 }
+
+/**
+ * One approval rule: `tool` is a glob over the tool's name, `subject` (when given) one over the
+ * call's approval subject. Globs: `*` any run of characters (`/` and spaces included), `?` one
+ * character, `[abc]` a class, `{a,b}` alternatives, `\` escapes. `allow` rules match the subject
+ * case-sensitively, `deny` and `ask` rules ignoring case.
+ */
+export interface ApprovalRule { action: 'allow' | 'ask' | 'deny'; tool: string; subject?: string }
+
+export interface ApprovalRules { rules?: ApprovalRule[]; default?: 'allow' | 'ask' | 'deny' }
 
 /** `true` runs the call; `false` or `{ approved: false, reason }` denies it (the model reads why). */
 export type ApprovalAnswer = boolean | { approved: boolean; reason?: string };
@@ -170,6 +197,14 @@ export interface RunOptions {
   /** The context policy (none by default: the conversation is sent whole). */
   context?: ContextOptions;
   /**
+   * Approval rules, as toolloop's: which calls run on their own, which wait for `approve`,
+   * which never run (the model reads `denied: …`). When several rules match a call, `deny`
+   * wins over `ask`, and `ask` over `allow`; when none does, `default`, else the tool's own
+   * (`ask` with `needsApproval`, `allow` otherwise). A rule whose glob does not compile
+   * refuses the run, naming it.
+   */
+  approvals?: ApprovalRules;
+  /**
    * Decides on each call of a tool marked `needsApproval`, before it runs. A handler that
    * throws denies. Without one, such a call waits and the run stops with `awaiting_approval`
    * (`outcome.pending_approvals`): resume its `state` with an `approve`.
@@ -185,9 +220,22 @@ export interface RunOptions {
    * (`outcome.signal`); `null` goes on. A hook that throws does not stop the run.
    */
   stopWhen?: (calls: RoundCall[]) => string | null | undefined | Promise<string | null | undefined>;
+  /**
+   * When `limits.maxRounds` is reached: `{ extend: n }` grants `n` more rounds (then it is
+   * asked again at the new limit), `{ signal }` ends the run with `terminal_signal`
+   * (`outcome.signal`), `'stop'` (or anything else) stops it with `max_rounds`, as without
+   * the hook. A hook that throws stops the run.
+   */
+  onRoundLimit?: (view: LoopView) => RoundLimitAnswer | Promise<RoundLimitAnswer>;
 }
 
-/** The loop as the `reminders` hook sees it: the round about to start and what was spent. */
+/** What `onRoundLimit` decides. */
+export type RoundLimitAnswer = { extend: number } | { signal: string } | 'stop' | null | undefined;
+
+/**
+ * The loop as the `reminders` and `onRoundLimit` hooks see it: the round about to start (for
+ * `reminders`) or just run (for `onRoundLimit`), and what was spent.
+ */
 export interface LoopView {
   round: number;
   toolCalls: number;

@@ -20,18 +20,24 @@ export async function* streamLoop(options) {
 
 /** The loop with an engine already loaded (`engine.run`); shared by both builds. */
 export async function runWith(engine, options) {
-  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approve, reminders, stopWhen } = options;
+  const { model, tools = [], messages = [], limits, onEvent, signal, state, checkpoints, context, approvals, approve, reminders, stopWhen, onRoundLimit } = options;
   const byName = new Map(tools.map((t) => [t.name, t]));
   const spec = {
     model: modelSpec(model),
-    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval }) => (
-      needsApproval ? { name, description, parameters, needsApproval: true } : { name, description, parameters })),
+    tools: tools.map(({ name, description = '', parameters = { type: 'object' }, needsApproval, parallelSafe, approvalSubject }) => {
+      const decl = { name, description, parameters };
+      if (needsApproval) decl.needsApproval = true;
+      if (parallelSafe) decl.parallelSafe = true;
+      if (typeof approvalSubject === 'function') decl.approvalSubject = true;
+      return decl;
+    }),
     messages: messages.map(toMessage),
   };
   if (limits) spec.limits = limits;
   if (state) spec.state = typeof state === 'string' ? JSON.parse(state) : state;
   if (checkpoints) spec.checkpoints = true;
   if (context) spec.context = context;
+  if (approvals) spec.approvals = approvals;
   // The run's own signal: it aborts when the caller's does (`cancelled`) or when the run's
   // time limit passes (`timeout`). Tools, `fetch` and the model get it; what the engine awaits
   // is cut short by it even when the awaited code ignores it.
@@ -125,6 +131,13 @@ export async function runWith(engine, options) {
       }
     },
   };
+  // A call's approval subject, as its tool's `approvalSubject` gives it (what approval rules'
+  // subject globs match); the engine asks only for tools that have one.
+  host.subject = (name, args) => {
+    const subject = byName.get(name)?.approvalSubject?.(JSON.parse(args));
+    if (typeof subject !== 'string') throw new TypeError(`approvalSubject of ${name} gave ${typeof subject}, not a string`);
+    return subject;
+  };
   if (typeof approve === 'function') {
     host.approve = async (pending) => JSON.stringify(toAnswer(await guarded(approve(JSON.parse(pending), { signal: stop.signal }))));
   }
@@ -142,6 +155,9 @@ export async function runWith(engine, options) {
       return JSON.stringify(typeof signal_ === 'string' && signal_ ? signal_ : null);
     };
   }
+  if (typeof onRoundLimit === 'function') {
+    host.onRoundLimit = async (view) => JSON.stringify(toRoundLimit(await guarded(Promise.resolve(onRoundLimit(JSON.parse(view))))));
+  }
   if (onEvent) host.event = (json) => onEvent(JSON.parse(json));
   try {
     return JSON.parse(await engine.run(JSON.stringify(spec), host));
@@ -156,6 +172,16 @@ function toAnswer(a) {
   if (a === true || a?.approved === true) return { answer: 'approve' };
   const reason = typeof a?.reason === 'string' ? a.reason : undefined;
   return reason === undefined ? { answer: 'deny' } : { answer: 'deny', reason };
+}
+
+/** An `onRoundLimit` answer as the engine's decision: `{ extend: n }` (n a positive whole
+ * number) grants n more rounds, `{ signal: text }` ends the run with `terminal_signal`; any
+ * other answer stops it with `max_rounds`. */
+function toRoundLimit(a) {
+  const n = a?.extend;
+  if (Number.isInteger(n) && n > 0) return { extend: Math.min(n, 0xffffffff) };
+  if (typeof a?.signal === 'string' && a.signal) return { signal: a.signal };
+  return 'stop';
 }
 
 /** The run's events as an async iterator; the last item is `{ type: 'result', result }`. */

@@ -1,10 +1,12 @@
 //! The loop over the machine, its I/O through the [`Host`].
 
 use crate::host::{Host, now_ms};
+use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::sync::Arc;
-use toolloop::approval::{Action, Answer, Decision, Subject};
+use toolloop::approval::{Action, Answer, Approvals, Decision, Rule, Subject};
+use toolloop::config::RoundLimitDecision;
 use toolloop::context::policy::ContextPolicy;
 use toolloop::engine::{Compaction, HookFlags, Input, Interrupt, Machine, Snapshot, Step};
 use toolloop::event::Event;
@@ -48,6 +50,62 @@ pub struct RunSpec {
     /// The context policy: what the run does to stay inside the model's context window.
     #[serde(default)]
     pub context: Option<ContextOptions>,
+    /// Approval rules: which calls run, which wait for the host's `approve`, which never run.
+    #[serde(default)]
+    pub approvals: Option<ApprovalOptions>,
+}
+
+/// Approval rules as JavaScript gives them: toolloop's [`Approvals`], each rule a glob over
+/// the tool's name and, optionally, one over the call's approval subject (the tool's
+/// `approvalSubject`, else the call's canonical JSON arguments).
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ApprovalOptions {
+    /// The rules; `deny` wins over `ask`, and `ask` over `allow`, whatever their order.
+    #[serde(default)]
+    pub rules: Vec<RuleSpec>,
+    /// The action when no rule matches (the tool's own otherwise: ask with `needsApproval`,
+    /// else allow).
+    #[serde(default)]
+    pub default: Option<Action>,
+}
+
+/// One approval rule ([`Rule`]).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RuleSpec {
+    /// `allow`, `ask` or `deny`.
+    pub action: Action,
+    /// A glob over the tool's name.
+    pub tool: String,
+    /// A glob over the call's approval subject (every call of the tool without it).
+    #[serde(default)]
+    pub subject: Option<String>,
+}
+
+impl ApprovalOptions {
+    /// toolloop's [`Approvals`], every glob checked (an error names the rule that does not
+    /// compile).
+    fn approvals(self) -> Result<Approvals, String> {
+        let rules = self
+            .rules
+            .into_iter()
+            .map(|r| {
+                let rule = Rule {
+                    action: r.action,
+                    tool: r.tool,
+                    subject: r.subject,
+                };
+                rule.check()
+                    .map_err(|e| format!("the approval rule `{rule}`: {e}"))?;
+                Ok(rule)
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Approvals {
+            rules,
+            default: self.default,
+        })
+    }
 }
 
 /// The context policy as JavaScript gives it (each field optional: toolloop's defaults
@@ -148,6 +206,14 @@ pub struct ToolDecl {
     /// Whether each call waits for a person's approval (the host's `approve`) before it runs.
     #[serde(default)]
     pub needs_approval: bool,
+    /// Whether calls of the tool may run at the same time as other parallel-safe calls of
+    /// the round (at most `limits.maxParallel` at once).
+    #[serde(default)]
+    pub parallel_safe: bool,
+    /// Whether the tool gives its calls' approval subject itself (the host's `subject`);
+    /// otherwise a call's subject is its canonical JSON arguments.
+    #[serde(default)]
+    pub approval_subject: bool,
 }
 
 fn any_object() -> Value {
@@ -178,6 +244,9 @@ pub struct Limits {
     /// Retries of a tool call whose attempt failed with a retryable error (default 2, as
     /// natively).
     pub tool_retries: Option<u32>,
+    /// The most parallel-safe tool calls of a round running at once (default 10, as
+    /// natively).
+    pub max_parallel: Option<usize>,
     /// The first wait before a tool call is made again, in milliseconds; it doubles on each
     /// retry (default 200, as natively).
     pub tool_retry_backoff_ms: Option<f64>,
@@ -200,6 +269,9 @@ impl Limits {
         }
         if let Some(n) = self.tool_retries {
             c.tool_retries = n;
+        }
+        if let Some(n) = self.max_parallel {
+            c.max_parallel = n.max(1);
         }
         if let Some(ms) = self.tool_retry_backoff_ms {
             c.tool_retry_backoff = duration_ms(ms);
@@ -641,7 +713,84 @@ struct Run<'h> {
     deadline: Option<f64>,
 }
 
-impl Run<'_> {
+/// What a tool call under way needs of its run, apart from the machine: the host, whether it
+/// hears events, and when the run's time is up. Calls of a batch running at once each hold
+/// one, while the run hands the machine the results of those that finished.
+#[derive(Clone, Copy)]
+struct Ctl<'h> {
+    host: &'h Host,
+    events: bool,
+    deadline: Option<f64>,
+}
+
+impl Ctl<'_> {
+    /// Tells the host an event the driver makes (the machine makes the others).
+    fn emit(&self, event: &Event) {
+        if self.events
+            && let Ok(text) = serde_json::to_string(event)
+        {
+            self.host.event(&text);
+        }
+    }
+
+    /// Why the run must stop now, if it must: its time is up, or the caller cancelled.
+    fn interrupted(&self) -> Option<Interrupt> {
+        if self.deadline.is_some_and(|d| now_ms() >= d) {
+            return Some(Interrupt::Timeout);
+        }
+        self.host.interrupted()
+    }
+}
+
+/// How a tool call's attempts are made (as the native agent's): its time limit, retries of
+/// retryable failures, and the first backoff, doubling.
+#[derive(Clone, Copy)]
+struct ToolRetry {
+    timeout_ms: Option<f64>,
+    retries: u32,
+    backoff: std::time::Duration,
+}
+
+/// Runs one tool call through the host, attempt after attempt: an attempt that fails with a
+/// retryable error (one past the tool's time limit among them) is made again after a backoff
+/// that doubles, up to `retries` times. Its result, duration in milliseconds and attempts.
+async fn run_call(
+    ctl: Ctl<'_>,
+    call: &toolloop::message::ToolCall,
+    round: u32,
+    retry: ToolRetry,
+) -> (Result<ToolOutput, ToolError>, u64, u32) {
+    let started = now_ms();
+    let args = call.arguments.to_string();
+    let mut attempt = 0u32;
+    let result = loop {
+        attempt += 1;
+        ctl.emit(&Event::ToolStarted {
+            round,
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            attempt,
+        });
+        let answer = ctl
+            .host
+            .tool(&call.name, &args, &call.id, attempt, retry.timeout_ms)
+            .await;
+        match tool_result(answer) {
+            Err(e) if e.retryable && attempt <= retry.retries && ctl.interrupted().is_none() => {
+                let wait = retry.backoff.saturating_mul(1 << (attempt - 1).min(10));
+                ctl.host.sleep(wait.as_secs_f64() * 1000.0).await;
+                if ctl.interrupted().is_some() {
+                    break Err(e);
+                }
+            }
+            result => break result,
+        }
+    };
+    let duration_ms = (now_ms() - started).max(0.0) as u64;
+    (result, duration_ms, attempt)
+}
+
+impl<'h> Run<'h> {
     fn flush(&mut self) {
         if !self.events {
             return;
@@ -662,13 +811,18 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// What a tool call under way needs of the run ([`Ctl`]).
+    fn ctl(&self) -> Ctl<'h> {
+        Ctl {
+            host: self.host,
+            events: self.events,
+            deadline: self.deadline,
+        }
+    }
+
     /// Tells the host an event the driver makes (the machine makes the others).
     fn emit(&self, event: &Event) {
-        if self.events
-            && let Ok(text) = serde_json::to_string(event)
-        {
-            self.host.event(&text);
-        }
+        self.ctl().emit(event);
     }
 
     fn checkpoint(&self) {
@@ -682,10 +836,7 @@ impl Run<'_> {
 
     /// Why the run must stop now, if it must: its time is up, or the caller cancelled.
     fn interrupted(&self) -> Option<Interrupt> {
-        if self.deadline.is_some_and(|d| now_ms() >= d) {
-            return Some(Interrupt::Timeout);
-        }
-        self.host.interrupted()
+        self.ctl().interrupted()
     }
 
     fn interrupt(&mut self, why: Interrupt) -> Result<(), String> {
@@ -693,15 +844,35 @@ impl Run<'_> {
     }
 }
 
+/// The loop as the `reminders` and `onRoundLimit` hooks see it (JSON text):
+/// `{ round, toolCalls, usage, lastCall }`.
+fn view_json(machine: &Machine) -> String {
+    let view = machine.view();
+    json!({
+        "round": view.round,
+        "toolCalls": view.tool_calls,
+        "usage": view.usage,
+        "lastCall": view.last_call,
+    })
+    .to_string()
+}
+
 /// The round a [`Step::GetReminders`] is for: the one about to start.
 fn view_round(machine: &Machine) -> u32 {
     machine.round() + 1
 }
 
-/// The approval subjects of a response's calls, as the machine weighs them: a call of a tool
-/// that needs approval is weighed by its canonical arguments (a JavaScript tool has no subject
-/// of its own, as a native tool has by default); others by nothing (empty when none is).
-fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<Subject>> {
+/// The approval subjects of a response's calls, as the machine weighs them: a call that
+/// needs one (a rule names its tool, or it is not simply allowed) is weighed by what its tool's
+/// `approvalSubject` gives (the host's `subject`), else by its canonical arguments, as a native
+/// tool is by default; others by nothing (empty when none is). A subject the tool fails to
+/// give is uncertain: every `deny` and `ask` rule of the tool matches the call.
+fn approval_subjects(
+    machine: &Machine,
+    response: &ModelResponse,
+    own_subject: &std::collections::HashSet<String>,
+    host: &Host,
+) -> Vec<Option<Subject>> {
     let approvals = &machine.config().approvals;
     let subjects: Vec<Option<Subject>> = response
         .tool_calls
@@ -711,9 +882,17 @@ fn approval_subjects(machine: &Machine, response: &ModelResponse) -> Vec<Option<
                 .catalog()
                 .get(&call.name)
                 .map_or(Action::Allow, CatalogEntry::approval_default);
-            approvals
-                .weighs_subject(&call.name, default)
-                .then(|| call.canonical_arguments().into())
+            approvals.weighs_subject(&call.name, default).then(|| {
+                let canonical = call.canonical_arguments();
+                if !own_subject.contains(&call.name) {
+                    return Subject::new(canonical);
+                }
+                match host.subject(&call.name, &call.arguments.to_string()) {
+                    Ok(text) => Subject::new(text),
+                    Err(e) => Subject::new(canonical)
+                        .uncertain(format!("its tool's approvalSubject failed: {e}")),
+                }
+            })
         })
         .collect();
     if subjects.iter().all(Option::is_none) {
@@ -740,12 +919,26 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
         }
         config.context = Some(policy);
     }
+    if let Some(approvals) = spec.approvals {
+        config.approvals = approvals.approvals()?;
+    }
     let config = Arc::new(config);
     let model_retries = spec.limits.model_retries.unwrap_or(2);
     let stream_restarts = config.stream_restarts;
-    let (tool_retries, tool_backoff) = (config.tool_retries, config.tool_retry_backoff);
-    let tool_timeout_ms = config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0);
+    let retry = ToolRetry {
+        timeout_ms: config.tool_timeout.map(|d| d.as_secs_f64() * 1000.0),
+        retries: config.tool_retries,
+        backoff: config.tool_retry_backoff,
+    };
+    let max_parallel = config.max_parallel;
     let deadline = config.timeout.map(|d| started + d.as_secs_f64() * 1000.0);
+    // The tools that give their calls' approval subject themselves.
+    let own_subject: std::collections::HashSet<String> = spec
+        .tools
+        .iter()
+        .filter(|t| t.approval_subject)
+        .map(|t| t.name.clone())
+        .collect();
     let entries = spec
         .tools
         .into_iter()
@@ -754,7 +947,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             description: t.description,
             parameters: t.parameters,
             side_effect: Default::default(),
-            parallel_safe: false,
+            parallel_safe: t.parallel_safe,
             terminal: false,
             default_approval: Some(if t.needs_approval {
                 Action::Ask
@@ -771,7 +964,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
     let hooks = HookFlags {
         reminders: host.has("reminders"),
         stop_when: host.has("stopWhen"),
-        ..HookFlags::default()
+        on_round_limit: host.has("onRoundLimit"),
     };
     let machine = match spec.state {
         Some(state) => Machine::resume(config, hooks, catalog, state),
@@ -863,7 +1056,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                 let input = match result {
                     Ok(response) => Input::ModelResponded {
                         round,
-                        subjects: approval_subjects(&run.machine, &response),
+                        subjects: approval_subjects(&run.machine, &response, &own_subject, host),
                         response,
                         cost: None,
                     },
@@ -875,6 +1068,15 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::RunTools(batches) => {
                 let round = run.machine.round();
                 'batches: for batch in batches {
+                    // A batch of parallel-safe calls runs at most `max_parallel` at once, as
+                    // natively: each call is started with the machine first, and its result
+                    // handed back as it finishes (the machine keeps the round's order).
+                    let limit = if batch.parallel {
+                        max_parallel.max(1)
+                    } else {
+                        1
+                    };
+                    let mut calls = Vec::with_capacity(batch.calls.len());
                     for index in batch.calls {
                         let Some(call) = run.machine.shared_round_call(index) else {
                             continue;
@@ -884,40 +1086,15 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             call_id: call.id.clone(),
                         })?;
-                        let started = now_ms();
-                        let args = call.arguments.to_string();
-                        // As the native agent's: an attempt that fails with a retryable error
-                        // (one past the tool's time limit among them) is made again after a
-                        // backoff that doubles, up to `tool_retries` times.
-                        let mut attempt = 0u32;
-                        let result = loop {
-                            attempt += 1;
-                            run.emit(&Event::ToolStarted {
-                                round,
-                                call_id: call.id.clone(),
-                                name: call.name.clone(),
-                                attempt,
-                            });
-                            let answer = host
-                                .tool(&call.name, &args, &call.id, attempt, tool_timeout_ms)
-                                .await;
-                            match tool_result(answer) {
-                                Err(e)
-                                    if e.retryable
-                                        && attempt <= tool_retries
-                                        && run.interrupted().is_none() =>
-                                {
-                                    let wait =
-                                        tool_backoff.saturating_mul(1 << (attempt - 1).min(10));
-                                    host.sleep(wait.as_secs_f64() * 1000.0).await;
-                                    if run.interrupted().is_some() {
-                                        break Err(e);
-                                    }
-                                }
-                                result => break result,
-                            }
-                        };
-                        let duration_ms = (now_ms() - started).max(0.0) as u64;
+                        calls.push((index, call));
+                    }
+                    let ctl = run.ctl();
+                    let jobs = calls.into_iter().map(|(index, call)| async move {
+                        (index, run_call(ctl, &call, round, retry).await)
+                    });
+                    let mut finished = futures::stream::iter(jobs).buffer_unordered(limit);
+                    while let Some((index, (result, duration_ms, attempts))) = finished.next().await
+                    {
                         if let Some(why) = run.interrupted() {
                             run.interrupt(why)?;
                             break 'batches;
@@ -927,7 +1104,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                             index,
                             result,
                             duration_ms,
-                            attempts: attempt,
+                            attempts,
                         })?;
                     }
                 }
@@ -992,14 +1169,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
             Step::GetReminders => {
                 // The round about to start, as the hook sees it; its strings go with that
                 // round's request only. A hook that fails adds none.
-                let view = run.machine.view();
-                let view = json!({
-                    "round": view.round,
-                    "toolCalls": view.tool_calls,
-                    "usage": view.usage,
-                    "lastCall": view.last_call,
-                })
-                .to_string();
+                let view = view_json(&run.machine);
                 let answer = host.hook("reminders", &view).await;
                 if let Some(why) = run.interrupted() {
                     run.interrupt(why)?;
@@ -1011,6 +1181,27 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     .unwrap_or_default();
                 let round = view_round(&run.machine);
                 run.feed(Input::RemindersGiven { round, reminders })?;
+            }
+            Step::DecideRoundLimit => {
+                // `maxRounds` is reached: the hook grants more rounds (`{ "extend": n }`),
+                // ends the run with a signal (`{ "signal": text }`), or stops it (`"stop"`),
+                // as `on_round_limit` does natively. A hook that fails, or answers something
+                // else, stops the run with `max_rounds`.
+                let answer = host.hook("onRoundLimit", &view_json(&run.machine)).await;
+                if let Some(why) = run.interrupted() {
+                    run.interrupt(why)?;
+                    continue;
+                }
+                let decision = match answer.ok().and_then(|t| serde_json::from_str(&t).ok()) {
+                    // The machine adds the rounds to its limit, which is at most the rounds
+                    // run: held where the sum fits.
+                    Some(RoundLimitDecision::Extend(n)) => {
+                        RoundLimitDecision::Extend(n.min(u32::MAX - run.machine.round()))
+                    }
+                    Some(decision) => decision,
+                    None => RoundLimitDecision::Stop,
+                };
+                run.feed(Input::RoundLimitDecided { decision })?;
             }
             Step::CheckStop => {
                 // Every call of the round ran: the hook may end the run with a signal (its

@@ -130,6 +130,21 @@ impl Host {
         .await
     }
 
+    /// The approval subject a tool gives for a call (`args`: JSON text of its arguments): the
+    /// host's `subject(name, args)`, called at once (not awaited), which answers a string.
+    pub(crate) fn subject(&self, name: &str, args: &str) -> Result<String, String> {
+        let f = self.function("subject")?;
+        let v = f
+            .call2(
+                &self.obj,
+                &JsValue::from_str(name),
+                &JsValue::from_str(args),
+            )
+            .map_err(|e| describe(&e))?;
+        v.as_string()
+            .ok_or_else(|| "it gave something other than a string".into())
+    }
+
     /// A hook's answer (JSON text) to its argument (JSON text).
     pub(crate) async fn hook(&self, name: &str, arg: &str) -> Result<String, String> {
         self.call_text(name, &[JsValue::from_str(arg)]).await

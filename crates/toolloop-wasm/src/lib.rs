@@ -23,11 +23,19 @@
 //!   text of a [`toolloop::approval::PendingApproval`]); resolves to JSON text,
 //!   `{ "answer": "approve" }` or `{ "answer": "deny", "reason": … }`. Without it, such a call
 //!   waits and the run stops with `awaiting_approval`;
+//! - `subject(name, arguments)`: the approval subject of a call of a tool declared with
+//!   `approvalSubject` (`arguments` is JSON text), a string, answered at once; approval rules'
+//!   subject globs match it (a call of another tool: its canonical JSON arguments). When it
+//!   throws, the subject is uncertain: every `deny` and `ask` rule of the tool matches;
 //! - `reminders(view)`, when set: before each round, strings sent with that round's request
 //!   only (`view` is JSON text, `{ round, toolCalls, usage, lastCall }`; the answer JSON text
 //!   of a list of strings);
 //! - `stopWhen(calls)`, when set: after a round's calls ran (`calls` is JSON text,
 //!   `[{ call, result }]`), the signal that ends the run (JSON text of a string), or `null`;
+//! - `onRoundLimit(view)`, when set: when `maxRounds` is reached (`view` as `reminders`
+//!   gets it), JSON text of toolloop's [`toolloop::config::RoundLimitDecision`]:
+//!   `{ "extend": n }` grants `n` more rounds, `{ "signal": text }` ends the run with it,
+//!   `"stop"` stops it. Without it, or when it fails, the run stops with `max_rounds`;
 //! - `sleep(ms)`: resolves after `ms` milliseconds, or sooner when the run is stopped;
 //! - `event(json)`: an event of the run;
 //! - `aborted()`: whether the run must stop: `"timeout"` past its time limit, another true

@@ -299,3 +299,192 @@ test('hooks: reminders go with one round\'s request; stopWhen ends the run with 
   assert.equal(r.stopReason, 'answered', JSON.stringify(r.outcome));
   assert.deepEqual(again.asked.map((q) => q.reminders), [[], []]);
 });
+
+test('onRoundLimit: grants more rounds, ends the run with a signal, or stops it at the limit', async () => {
+  const echo = { name: 'echo', description: 'Echoes.', parameters: { type: 'object' }, run: ({ n }) => n };
+  const calls = (k) => Array.from({ length: k }, (_, i) => call('echo', { n: i + 1 }));
+  // Granted two more rounds once: the model answers in round 4, after the limit of 2.
+  const views = [];
+  const granted = scripted([...calls(3), 'done']);
+  const r1 = await runLoop({
+    model: granted.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: (view) => { views.push(view); return views.length === 1 ? { extend: 2 } : 'stop'; },
+  });
+  assert.equal(r1.stopReason, 'answered', JSON.stringify(r1.outcome));
+  assert.equal(r1.text, 'done');
+  assert.equal(granted.asked.length, 4);
+  assert.deepEqual(views.map((v) => [v.round, v.toolCalls]), [[2, 2]]);
+
+  // Asked again at the new limit: stopped there.
+  const twice = scripted(calls(10));
+  const asked = [];
+  const r2 = await runLoop({
+    model: twice.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: async ({ round }) => { asked.push(round); return round < 4 ? { extend: 1 } : 'stop'; },
+  });
+  assert.equal(r2.stopReason, 'max_rounds', JSON.stringify(r2.outcome));
+  assert.deepEqual(asked, [2, 3, 4]);
+  assert.equal(twice.asked.length, 4);
+
+  // A signal ends the run with it.
+  const signalled = scripted(calls(10));
+  const r3 = await runLoop({
+    model: signalled.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 3 },
+    onRoundLimit: () => ({ signal: 'out of rounds, wrapping up' }),
+  });
+  assert.equal(r3.stopReason, 'terminal_signal', JSON.stringify(r3.outcome));
+  assert.equal(r3.outcome.signal, 'out of rounds, wrapping up');
+  assert.equal(signalled.asked.length, 3);
+
+  // The most rounds there can be: the limit does not wrap around to below the rounds run.
+  const most = scripted([...calls(2), 'done']);
+  let grants = 0;
+  const r4 = await runLoop({
+    model: most.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 },
+    onRoundLimit: () => (grants++ === 0 ? { extend: 2 ** 32 - 1 } : 'stop'),
+  });
+  assert.equal(r4.stopReason, 'answered', JSON.stringify(r4.outcome));
+  assert.equal(grants, 1);
+
+  // A hook that throws, or answers nonsense (no positive whole number of rounds), stops the
+  // run at the limit, as without the hook.
+  for (const hook of [() => { throw new Error('broken'); }, () => ({ extend: 0 }), () => ({ extend: 1.5 }), () => ({ extend: -3 }), () => 7]) {
+    const m = scripted(calls(10));
+    const r = await runLoop({ model: m.model, tools: [echo], messages: [{ role: 'user', content: 'go' }], limits: { maxRounds: 2 }, onRoundLimit: hook });
+    assert.equal(r.stopReason, 'max_rounds', `${hook}: ${JSON.stringify(r.outcome)}`);
+    assert.equal(m.asked.length, 2, String(hook));
+  }
+});
+
+test('approval rules: globs over the tool and the call\'s subject allow, deny or ask, deny winning', async () => {
+  const ran = [];
+  const shell = {
+    name: 'shell', description: 'Runs a command.', needsApproval: true,
+    parameters: { type: 'object', properties: { command: { type: 'string' } }, required: ['command'] },
+    approvalSubject: ({ command }) => command,
+    run: ({ command }) => { ran.push(command); return `ran ${command}`; },
+  };
+  // No approvalSubject: rules match the call's canonical JSON arguments.
+  const fetchUrl = {
+    name: 'fetch_url', description: 'Fetches.', parameters: { type: 'object', properties: { url: { type: 'string' } } },
+    run: ({ url }) => { ran.push(url); return 'page'; },
+  };
+  const asked = [];
+  const { model } = scripted([
+    { tool_calls: [
+      { name: 'shell', arguments: { command: 'git status --short' } }, // allowed by its rule
+      { name: 'shell', arguments: { command: 'RM -rf /' } }, // denied (deny ignores case), never asked
+      { name: 'shell', arguments: { command: 'git status; rm -rf ~' } }, // allowed and denied: deny wins
+      { name: 'shell', arguments: { command: 'ls' } }, // no rule: its tool's default, ask
+      { name: 'fetch_url', arguments: { url: 'https://intranet.example/x' } }, // denied by its arguments
+      { name: 'fetch_url', arguments: { url: 'https://example.org/' } }, // its own default: allow
+    ] },
+    'done',
+  ]);
+  const result = await runLoop({
+    model, tools: [shell, fetchUrl], messages: [{ role: 'user', content: 'go' }],
+    limits: { detectDuplicates: false },
+    approvals: {
+      rules: [
+        { action: 'allow', tool: 'shell', subject: 'git status*' },
+        { action: 'deny', tool: 'shell', subject: '*rm *' },
+        { action: 'deny', tool: 'fetch_*', subject: '*intranet.example*' },
+      ],
+    },
+    approve: (pending) => { asked.push(pending.subject); return true; },
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.deepEqual(ran, ['git status --short', 'ls', 'https://example.org/']);
+  assert.deepEqual(asked, ['ls'], 'only the call no allow or deny rule decided is asked about, by its subject');
+  assert.deepEqual(result.toolCalls.map((c) => c.status), ['ok', 'denied', 'denied', 'ok', 'denied', 'ok'], JSON.stringify(result.toolCalls));
+  assert.match(result.toolCalls[1].content, /deny shell:\*rm \*/);
+  assert.match(result.toolCalls[4].content, /intranet/);
+
+  // A subject the tool fails to give is uncertain: every deny rule of the tool matches it.
+  ran.length = 0;
+  const broken = { ...shell, approvalSubject: () => { throw new Error('cannot tell'); } };
+  const m2 = scripted([{ tool_calls: [{ name: 'shell', arguments: { command: 'git status' } }] }, 'done']);
+  const r2 = await runLoop({
+    model: m2.model, tools: [broken], messages: [{ role: 'user', content: 'go' }],
+    approvals: { rules: [{ action: 'allow', tool: 'shell', subject: 'git status*' }, { action: 'deny', tool: 'shell', subject: 'rm *' }] },
+  });
+  assert.equal(r2.toolCalls[0].status, 'denied', JSON.stringify(r2.toolCalls));
+  assert.match(r2.toolCalls[0].content, /cannot tell/);
+  assert.deepEqual(ran, []);
+
+  // `default: 'deny'` denies what no rule allows; a glob that does not compile refuses the run.
+  const m3 = scripted([{ tool_calls: [{ name: 'fetch_url', arguments: { url: 'https://example.org/' } }] }, 'done']);
+  const r3 = await runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { default: 'deny' } });
+  assert.equal(r3.toolCalls[0].status, 'denied', JSON.stringify(r3.toolCalls));
+  assert.deepEqual(ran, []);
+  await assert.rejects(
+    runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { rules: [{ action: 'deny', tool: 'fetch_[' }] } }),
+    /approval rule `deny fetch_\[`/,
+  );
+  await assert.rejects(
+    runLoop({ model: m3.model, tools: [fetchUrl], messages: [{ role: 'user', content: 'go' }], approvals: { rule: [] } }),
+    /unknown field `rule`/,
+  );
+});
+
+test('parallel-safe calls of a round run at once, at most maxParallel; others one after another, in order', async () => {
+  const log = [];
+  let running = 0;
+  let peak = 0;
+  const tool = (name, parallelSafe, ms) => ({
+    name, description: name, parallelSafe, parameters: { type: 'object', properties: { n: { type: 'integer' } } },
+    run: async ({ n }) => {
+      running++;
+      peak = Math.max(peak, running);
+      log.push(`start ${name}${n}`);
+      await new Promise((r) => setTimeout(r, ms(n)));
+      running--;
+      log.push(`end ${name}${n}`);
+      return `${name}${n}`;
+    },
+  });
+  // The first fetch finishes last; the results still come in the calls' order.
+  const fetch_ = tool('fetch', true, (n) => (n === 1 ? 60 : 10));
+  const write = tool('write', false, () => 10);
+  const calls = [['fetch', 1], ['fetch', 2], ['fetch', 3], ['write', 4], ['fetch', 5]].map(([name, n]) => ({ name, arguments: { n } }));
+  const { model } = scripted([{ tool_calls: calls }, 'done']);
+  const events = [];
+  const result = await runLoop({
+    model, tools: [fetch_, write], messages: [{ role: 'user', content: 'go' }], onEvent: (e) => events.push(e),
+  });
+  assert.equal(result.stopReason, 'answered', JSON.stringify(result.outcome));
+  assert.equal(peak, 3, log.join());
+  // The three fetches overlap; the write starts once they ended, the last fetch after it.
+  assert.deepEqual(log.slice(0, 3).sort(), ['start fetch1', 'start fetch2', 'start fetch3']);
+  assert.deepEqual(log.slice(5), ['end fetch1', 'start write4', 'end write4', 'start fetch5', 'end fetch5']);
+  const results = result.messages.filter((m) => m.role === 'tool');
+  assert.deepEqual(results.map((m) => JSON.parse(m.content).data), ['fetch1', 'fetch2', 'fetch3', 'write4', 'fetch5']);
+  assert.deepEqual(result.toolCalls.map((c) => c.status), ['ok', 'ok', 'ok', 'ok', 'ok']);
+  assert.equal(events.filter((e) => e.type === 'tool_started').length, 5);
+  assert.equal(events.filter((e) => e.type === 'tool_finished').length, 5);
+
+  // At most maxParallel at once.
+  log.length = 0;
+  peak = 0;
+  const four = scripted([{ tool_calls: [1, 2, 3, 4].map((n) => ({ name: 'fetch', arguments: { n } })) }, 'done']);
+  const r2 = await runLoop({ model: four.model, tools: [fetch_], messages: [{ role: 'user', content: 'go' }], limits: { maxParallel: 2 } });
+  assert.equal(r2.stopReason, 'answered', JSON.stringify(r2.outcome));
+  assert.equal(peak, 2, log.join());
+  assert.equal(r2.toolCalls.length, 4);
+});
+
+test('a run stopped while parallel calls are under way gives each call exactly one result', async () => {
+  const started = [];
+  const slow = {
+    name: 'slow', description: 'Never ends.', parallelSafe: true, parameters: { type: 'object', properties: { n: { type: 'integer' } } },
+    run: ({ n }) => { started.push(n); return new Promise(() => {}); }, // ignores its signal
+  };
+  const quick = { ...slow, name: 'quick', run: ({ n }) => { started.push(n); return 'quick'; } };
+  const { model } = scripted([{ tool_calls: [{ name: 'slow', arguments: { n: 1 } }, { name: 'quick', arguments: { n: 2 } }, { name: 'slow', arguments: { n: 3 } }] }, 'done']);
+  const result = await runLoop({ model, tools: [slow, quick], messages: [{ role: 'user', content: 'go' }], limits: { timeoutMs: 200 } });
+  assert.equal(result.stopReason, 'timeout', JSON.stringify(result.outcome));
+  assert.deepEqual(started.sort(), [1, 2, 3], 'all three started at once');
+  const calls = result.messages.find((m) => m.role === 'assistant').tool_calls.map((c) => c.id);
+  const results = result.messages.filter((m) => m.role === 'tool').map((m) => m.call_id);
+  assert.deepEqual(results, calls, JSON.stringify(result.messages));
+});

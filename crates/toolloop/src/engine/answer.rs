@@ -226,7 +226,9 @@ impl Machine {
         }
         match decision {
             RoundLimitDecision::Extend(n) if n > 0 => {
-                self.state.round_limit += n;
+                // Saturating: a hook may grant any u32, and a limit that wrapped would fall below
+                // the rounds already run.
+                self.state.round_limit = self.state.round_limit.saturating_add(n);
                 self.state.phase = Phase::Ready;
             }
             RoundLimitDecision::Signal(signal) => {

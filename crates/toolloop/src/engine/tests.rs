@@ -110,6 +110,41 @@ fn echo(id: &str, n: i64) -> ToolCall {
     c
 }
 
+/// `on_round_limit` may grant any number of rounds: a grant past `u32::MAX` holds the limit
+/// there (the run goes on) instead of overflowing into a limit below the rounds already run.
+#[test]
+fn a_round_limit_extension_saturates() {
+    fn on_round_limit(_: LoopView<'_>) -> futures::future::BoxFuture<'static, RoundLimitDecision> {
+        panic!("the machine called on_round_limit")
+    }
+    let hooks = Hooks {
+        on_round_limit: Some(Arc::new(on_round_limit)),
+        ..Hooks::default()
+    };
+    let config = LoopConfig {
+        max_rounds: 1,
+        ..LoopConfig::default()
+    };
+    let mut h = Harness::new(config, hooks, vec![Message::user("go")]);
+    // One more round, then as many as a u32 holds: 2 + u32::MAX would overflow.
+    for (round, grant, limit) in [(1, 1, 2), (2, u32::MAX, u32::MAX)] {
+        assert_eq!(h.expect_call_model().0, round);
+        // A new call each round (a repeated one would be answered as a duplicate).
+        h.respond(ModelResponse::tool_calls(vec![echo(
+            &format!("c{round}"),
+            round.into(),
+        )]));
+        h.finish_tools();
+        assert_eq!(h.m.next_step(), Step::DecideRoundLimit);
+        h.m.handle(Input::RoundLimitDecided {
+            decision: RoundLimitDecision::Extend(grant),
+        })
+        .unwrap();
+        assert_eq!(h.m.state().round_limit(), limit);
+    }
+    assert_eq!(h.expect_call_model().0, 3, "the run goes on");
+}
+
 #[test]
 fn hooks_are_steps_the_driver_answers_and_the_machine_never_calls() {
     let mut h = Harness::new(
