@@ -547,19 +547,9 @@ pub(crate) struct DurableArgs {
     #[arg(long, value_name = "NAME")]
     #[serde(default)]
     pub session: Option<String>,
-    /// How far the run's log survives a crash: `process` (a killed command loses nothing
-    /// written; a power cut may lose the last steps), `power` (each step is on disk before the
-    /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
-    /// resumed; the same as --no-store).
-    #[arg(
-        long,
-        value_enum,
-        env = "TOOLLOOP_DURABILITY",
-        value_name = "MODE",
-        default_value_t = DurabilityArg::Process
-    )]
-    #[serde(default)]
-    pub durability: DurabilityArg,
+    #[command(flatten)]
+    #[serde(flatten)]
+    pub durability: DurabilityFlag,
     /// Write nothing to the store (an ephemeral run that cannot be resumed; the same as
     /// --durability none).
     #[arg(long, conflicts_with = "session")]
@@ -575,6 +565,32 @@ pub(crate) struct DurableArgs {
     #[arg(skip)]
     #[serde(skip)]
     pub retry: Option<String>,
+}
+
+/// `--durability`, the same flag for every command that writes a run's log (`run`, `chat`,
+/// `resume`, `workflow run`).
+#[derive(Args, Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub(crate) struct DurabilityFlag {
+    /// How far the run's log survives a crash: `process` (a killed command loses nothing
+    /// written; a power cut may lose the last steps), `power` (each step is on disk before the
+    /// run acts on it: one fsync per step), or `none` (nothing is written: the run cannot be
+    /// resumed; the same as --no-store).
+    #[arg(
+        long,
+        value_enum,
+        env = "TOOLLOOP_DURABILITY",
+        value_name = "MODE",
+        default_value_t = DurabilityArg::Process
+    )]
+    #[serde(default)]
+    pub durability: DurabilityArg,
+}
+
+impl DurabilityFlag {
+    /// The store's durability; `None` for `none`.
+    pub(crate) fn store(self) -> Option<toolloop_store::Durability> {
+        self.durability.store()
+    }
 }
 
 /// `--durability`.

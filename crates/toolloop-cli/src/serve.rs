@@ -153,10 +153,13 @@ impl HttpArgs {
 }
 
 pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> Result<ExitCode, CliError> {
-    args.agent.prepare(cx)?;
-    args.agent.check()?;
-    args.agent.mcp.absolutize()?;
-    if args.restate.is_none() && (args.admin_url.is_some() || args.advertise.is_some()) {
+    // A command built without the `restate` feature says so before anything else is read (the
+    // configuration, the files the flags name) or said (the model's warnings).
+    if let Some(addr) = args.restate {
+        return serve_restate(cx, args, addr).await;
+    }
+    prepare_agent(cx, &mut args)?;
+    if args.admin_url.is_some() || args.advertise.is_some() {
         return Err(CliError::usage(
             "--admin-url and --advertise go with --restate",
         ));
@@ -165,9 +168,6 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> Result<ExitCode,
         return Err(CliError::usage(
             "--workflow: workflows are served over MCP only (add --mcp)",
         ));
-    }
-    if let Some(addr) = args.restate {
-        return serve_restate(cx, args, addr).await;
     }
     let tokens = args.http.tokens()?;
     // Nothing asks a person on a terminal: a call that needs approval is denied, or, with
@@ -206,8 +206,20 @@ pub(crate) async fn serve(cx: &Arc<Cx>, mut args: ServeArgs) -> Result<ExitCode,
     }
 }
 
+/// Reads the agent's configuration and the files its flags name, and checks them.
+fn prepare_agent(cx: &Cx, args: &mut ServeArgs) -> Result<(), CliError> {
+    args.agent.prepare(cx)?;
+    args.agent.check()?;
+    args.agent.mcp.absolutize()
+}
+
 #[cfg(feature = "restate")]
-async fn serve_restate(cx: &Cx, args: ServeArgs, listen: SocketAddr) -> Result<ExitCode, CliError> {
+async fn serve_restate(
+    cx: &Cx,
+    mut args: ServeArgs,
+    listen: SocketAddr,
+) -> Result<ExitCode, CliError> {
+    prepare_agent(cx, &mut args)?;
     let tools = tools(cx, &args.agent).await?;
     let model = model_from_args(cx, &args.agent.provider)?;
     let agent = agent_builder_with(cx, &args.agent, model, tools)?
@@ -251,6 +263,40 @@ async fn serve_restate(
         "--restate: this toolloop was built without the `restate` feature, which is not a default \
          one (cargo install toolloop-cli --features restate)",
     ))
+}
+
+/// A command built without the `restate` feature (`cargo test -p toolloop-cli` with the
+/// default features; the `test-hooks` feature turns `restate` on).
+#[cfg(all(test, not(feature = "restate")))]
+mod without_restate {
+    use super::*;
+    use clap::Parser;
+
+    /// `serve --restate ADDR` is refused as a usage error that names the feature and how to
+    /// get it, before anything else is read: here a `--system-file` that does not exist.
+    #[tokio::test]
+    async fn serve_restate_names_the_missing_feature() {
+        let cli = crate::Cli::try_parse_from([
+            "toolloop",
+            "serve",
+            "--restate",
+            "127.0.0.1:9080",
+            "--system-file",
+            "/nonexistent/system.md",
+        ])
+        .unwrap();
+        let crate::Command::Serve(args) = cli.command else {
+            panic!("not the serve command");
+        };
+        let e = serve(&Arc::new(Cx::default()), args).await.unwrap_err();
+        let said = e.to_string();
+        assert!(
+            said.starts_with("--restate: this toolloop was built without the `restate` feature")
+                && said.contains("cargo install toolloop-cli --features restate"),
+            "{said}"
+        );
+        assert_eq!(e.exit_code(), ExitCode::from(2));
+    }
 }
 
 /// The agents a server offers, each built afresh for every run (with that run's event and

@@ -1,7 +1,7 @@
 //! `toolloop sessions list|show|rm`, `toolloop runs` and `toolloop resume <run-id>`.
 
 use crate::CliError;
-use crate::args::{DurabilityArg, StoreArgs};
+use crate::args::{DurabilityFlag, StoreArgs};
 use crate::cx::Cx;
 use crate::durable::{format_ms, open_store};
 use crate::setup::saved_run;
@@ -61,16 +61,8 @@ pub(crate) struct ResumeArgs {
     /// Print the outcome as one JSON object.
     #[arg(long)]
     json: bool,
-    /// How far the continued run's log survives a crash: process or power (see `toolloop run
-    /// --help`).
-    #[arg(
-        long,
-        value_enum,
-        env = "TOOLLOOP_DURABILITY",
-        value_name = "MODE",
-        default_value_t = DurabilityArg::Process
-    )]
-    durability: DurabilityArg,
+    #[command(flatten)]
+    durability: DurabilityFlag,
     /// The provider's base URL, in place of the one the run started with. Needed when that
     /// one held credentials (user:password@, or a query such as ?key=), which are never stored.
     #[arg(long, value_name = "URL")]
@@ -434,7 +426,7 @@ pub(crate) async fn resume(cx: &Cx, args: ResumeArgs) -> Result<ExitCode, CliErr
         args.store,
         args.base_url,
         args.json,
-        args.durability,
+        args.durability.durability,
     )
     .await?;
     if retry {

@@ -663,7 +663,7 @@ pub(crate) async fn saved_run(
     let durable = DurableArgs {
         store: store_args,
         session,
-        durability,
+        durability: crate::args::DurabilityFlag { durability },
         no_store: false,
         resume: Some(run_id.to_string()),
         retry: None,

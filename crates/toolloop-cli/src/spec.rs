@@ -37,6 +37,106 @@ fn connect(
 pub(crate) const KNOWN: &str = "test, scripted:<file>, openai:<model>, openai-responses:<model>, \
                          anthropic:<model>, gemini:<model>, replay:<cassette>";
 
+/// What the command sets on an HTTP adapter's configuration once it is read: the flags'
+/// `extra`, then the adapter's own checks, then the connection (see [`connect`]).
+trait AdapterConfig {
+    /// The `extra` request fields, the transport and the key.
+    fn parts(
+        &mut self,
+    ) -> (
+        &mut Option<Value>,
+        &mut toolloop::transport::http::HttpTransport,
+        Option<&str>,
+    );
+    /// The adapter's checks (`validate` of its configuration).
+    fn check(&self) -> Result<(), toolloop::model::ModelError>;
+}
+
+macro_rules! adapter_config {
+    ($($config:ty),*) => {$(
+        impl AdapterConfig for $config {
+            fn parts(
+                &mut self,
+            ) -> (
+                &mut Option<Value>,
+                &mut toolloop::transport::http::HttpTransport,
+                Option<&str>,
+            ) {
+                (&mut self.extra, &mut self.transport, self.api_key.as_deref())
+            }
+            fn check(&self) -> Result<(), toolloop::model::ModelError> {
+                self.validate()
+            }
+        }
+    )*};
+}
+adapter_config!(OpenAiConfig, ResponsesConfig, AnthropicConfig, GeminiConfig);
+
+/// How the flags reach one HTTP adapter: its name in messages, the request fields it writes
+/// itself, and the variables of its key (which `--api-key-env` replaces; with none, the
+/// adapter's configuration reads `--api-key-env` itself) and of its base URL.
+struct Adapter<'a> {
+    name: &'a str,
+    owned: &'a [&'a str],
+    key_vars: &'a [&'a str],
+    url_vars: &'a [&'a str],
+}
+
+/// `openai:<model>`.
+const OPENAI: Adapter<'static> = Adapter {
+    name: "OpenAI",
+    owned: toolloop::providers::openai::OWNED_FIELDS,
+    key_vars: &[],
+    url_vars: &["OPENAI_BASE_URL"],
+};
+
+/// `openai-responses:<model>`.
+const OPENAI_RESPONSES: Adapter<'static> = Adapter {
+    name: "OpenAI Responses",
+    owned: toolloop::providers::openai_responses::OWNED_FIELDS,
+    key_vars: &[],
+    url_vars: &["OPENAI_BASE_URL"],
+};
+
+/// `anthropic:<model>`.
+const ANTHROPIC: Adapter<'static> = Adapter {
+    name: "Anthropic",
+    owned: toolloop::providers::anthropic::OWNED_FIELDS,
+    key_vars: &["ANTHROPIC_API_KEY"],
+    url_vars: &["ANTHROPIC_BASE_URL"],
+};
+
+/// `gemini:<model>`.
+const GEMINI: Adapter<'static> = Adapter {
+    name: "Gemini",
+    owned: toolloop::providers::gemini::OWNED_FIELDS,
+    key_vars: &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
+    url_vars: &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
+};
+
+/// An HTTP adapter's configuration as the flags give it: the base URL (`--base-url`, else the
+/// adapter's variable) and `--extra` checked first, then the configuration `read` through the
+/// variables (see [`lookup`]), given the flags' `extra`, checked by the adapter, and connected.
+fn configured<C: AdapterConfig>(
+    cx: &Cx,
+    args: &ProviderArgs,
+    adapter: &Adapter<'_>,
+    read: impl FnOnce(&dyn Fn(&str) -> Option<String>) -> Result<C, toolloop::model::ModelError>,
+) -> Result<C, CliError> {
+    if !adapter.key_vars.is_empty() {
+        named_key_is_set(args)?;
+    }
+    check_base_url(args, adapter.url_vars)?;
+    check_extra(args, adapter.name, adapter.owned)?;
+    let mut config =
+        read(&lookup(args, adapter.key_vars, adapter.url_vars)).map_err(CliError::ModelSettings)?;
+    *config.parts().0 = args.extra.as_deref().cloned();
+    config.check().map_err(CliError::ModelSettings)?;
+    let (_, transport, key) = config.parts();
+    connect(cx, args, transport, key);
+    Ok(config)
+}
+
 /// Looks up a variable, honouring `--api-key-env` and `--base-url`.
 fn lookup<'a>(
     args: &'a ProviderArgs,
@@ -171,7 +271,6 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
             ))),
         }
     };
-    let cfg_err = CliError::ModelSettings;
     match provider {
         "test" if rest.is_none() => Ok(Arc::new(TestModel::new().answer(TestAnswer::Summary))),
         "scripted" => {
@@ -182,17 +281,9 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "openai" => {
             let model = need_name(rest)?;
-            check_base_url(args, &["OPENAI_BASE_URL"])?;
-            check_extra(args, "OpenAI", toolloop::providers::openai::OWNED_FIELDS)?;
-            let mut config = OpenAiConfig::from_vars(
-                &model,
-                args.api_key_env.as_deref(),
-                lookup(args, &[], &["OPENAI_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(cx, args, &OPENAI, |vars| {
+                OpenAiConfig::from_vars(&model, args.api_key_env.as_deref(), vars)
+            })?;
             // A compatible server may drop the catalog without a word; OpenAI's own API does not.
             let compatible = !config.is_openai();
             let model: Arc<dyn Model> = Arc::new(OpenAiModel::new(config));
@@ -205,59 +296,23 @@ fn provider_model(cx: &Cx, args: &ProviderArgs) -> Result<Arc<dyn Model>, CliErr
         }
         "openai-responses" => {
             let model = need_name(rest)?;
-            check_base_url(args, &["OPENAI_BASE_URL"])?;
-            check_extra(
-                args,
-                "OpenAI Responses",
-                toolloop::providers::openai_responses::OWNED_FIELDS,
-            )?;
-            let mut config = ResponsesConfig::from_vars(
-                &model,
-                args.api_key_env.as_deref(),
-                lookup(args, &[], &["OPENAI_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(cx, args, &OPENAI_RESPONSES, |vars| {
+                ResponsesConfig::from_vars(&model, args.api_key_env.as_deref(), vars)
+            })?;
             Ok(Arc::new(ResponsesModel::new(config)))
         }
         "anthropic" => {
             let model = need_name(rest)?;
-            named_key_is_set(args)?;
-            check_base_url(args, &["ANTHROPIC_BASE_URL"])?;
-            check_extra(
-                args,
-                "Anthropic",
-                toolloop::providers::anthropic::OWNED_FIELDS,
-            )?;
-            let mut config = AnthropicConfig::from_vars(
-                model,
-                lookup(args, &["ANTHROPIC_API_KEY"], &["ANTHROPIC_BASE_URL"]),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(cx, args, &ANTHROPIC, |vars| {
+                AnthropicConfig::from_vars(model, vars)
+            })?;
             Ok(Arc::new(AnthropicModel::new(config)))
         }
         "gemini" => {
             let model = need_name(rest)?;
-            named_key_is_set(args)?;
-            check_base_url(args, &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"])?;
-            check_extra(args, "Gemini", toolloop::providers::gemini::OWNED_FIELDS)?;
-            let mut config = GeminiConfig::from_vars(
-                model,
-                lookup(
-                    args,
-                    &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-                    &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
-                ),
-            )
-            .map_err(cfg_err)?;
-            config.extra = args.extra.as_deref().cloned();
-            config.validate().map_err(cfg_err)?;
-            connect(cx, args, &mut config.transport, config.api_key.as_deref());
+            let config = configured(cx, args, &GEMINI, |vars| {
+                GeminiConfig::from_vars(model, vars)
+            })?;
             Ok(Arc::new(GeminiModel::new(config)))
         }
         _ => Err(CliError::usage(format!(

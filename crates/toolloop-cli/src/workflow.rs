@@ -2,7 +2,7 @@
 //! `toolloop-workflow` crate for the format).
 
 use crate::CliError;
-use crate::args::{AgentArgs, DurabilityArg, StoreArgs};
+use crate::args::{AgentArgs, DurabilityFlag, StoreArgs};
 use crate::cx::Cx;
 use crate::durable::open_store_with;
 use crate::progress::Progress;
@@ -94,16 +94,9 @@ pub(crate) struct WorkflowRunArgs {
     #[command(flatten)]
     #[serde(skip)]
     pub store: StoreArgs,
-    /// How far the steps' logs survive a crash: process or power (see `toolloop run --help`).
-    #[arg(
-        long,
-        value_enum,
-        env = "TOOLLOOP_DURABILITY",
-        value_name = "MODE",
-        default_value_t = DurabilityArg::Process
-    )]
+    #[command(flatten)]
     #[serde(skip)]
-    pub durability: DurabilityArg,
+    pub durability: DurabilityFlag,
     /// Write nothing to the store (the workflow cannot be resumed).
     #[arg(long)]
     #[serde(skip)]

@@ -44,7 +44,10 @@ fn unique(prefix: &str) -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    format!("{prefix}-{}-{nanos}", std::process::id())
+    // A counter too: the crash test's workers ask at once.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{prefix}-{}-{nanos}-{n}", std::process::id())
 }
 
 /// SplitMix64: a seeded, reproducible sequence.
@@ -114,14 +117,126 @@ fn effect_counts(path: &Path) -> HashMap<String, u32> {
     counts
 }
 
+/// What the crash test's workers share: the model, the mock's URL, the directory of the
+/// stores and effects, the test's runtime, and how many workers each store gets.
+#[derive(Clone, Copy)]
+struct CrashTest<'a> {
+    seed: u64,
+    workers: u32,
+    model: &'a str,
+    base_url: &'a str,
+    dir: &'a Path,
+    rt: &'a tokio::runtime::Runtime,
+}
+
+/// One store under the crash test: its kind (for messages), the command's environment, the
+/// durability asked for, and the test's own handle on the store.
+struct CrashStore<'a> {
+    kind: &'a str,
+    env: Env<'a>,
+    durability: Option<&'a str>,
+    store: Store,
+    test: CrashTest<'a>,
+}
+
+/// What one worker of the crash test saw: its kills, and its finished jobs.
+#[derive(Default)]
+struct CrashJobs {
+    kills: u32,
+    restarts_from_scratch: u32,
+    outcomes: Vec<Value>,
+    sessions: Vec<String>,
+}
+
+/// Runs crash-test jobs one after another until `kills_wanted` SIGKILLs have landed: each job
+/// is started, killed after a random delay (from `rng`), resumed (or started again when it died
+/// before its first record), and killed again, until it finishes.
+fn crash_jobs(store: &CrashStore<'_>, mut rng: Rng, kills_wanted: u32) -> CrashJobs {
+    let CrashStore {
+        kind,
+        env,
+        durability,
+        store,
+        test,
+    } = store;
+    let (model, rt) = (test.model, test.rt);
+    let mut seen = CrashJobs::default();
+    while seen.kills < kills_wanted {
+        let session = unique(&format!("crash-{kind}"));
+        let mut run_id: Option<String> = None;
+        let mut attempts = 0;
+        let outcome = loop {
+            attempts += 1;
+            assert!(attempts < 200, "{kind}: a job never finished");
+            let args: Vec<&str> = match &run_id {
+                None => run_args(model, env, &session),
+                Some(id) => vec!["resume", "--json", id.as_str()],
+            };
+            let mut cmd = command(env, &args);
+            if let Some(durability) = durability {
+                cmd.env("TOOLLOOP_DURABILITY", durability);
+            }
+            let mut child = cmd.spawn().unwrap();
+            let delay = Duration::from_millis(rng.below(450));
+            let deadline = Instant::now() + delay;
+            let mut done = None;
+            while Instant::now() < deadline {
+                if let Some(status) = child.try_wait().unwrap() {
+                    done = Some(status);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if done.is_none() {
+                child.kill().unwrap(); // SIGKILL
+            }
+            let out = child.wait_with_output().unwrap();
+            if done.is_some() {
+                assert_eq!(
+                    out.status.code(),
+                    Some(0),
+                    "{kind}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                break json_of(&out);
+            }
+            seen.kills += 1;
+            if run_id.is_none() {
+                let runs = rt.block_on(store.runs(Some(&session))).unwrap();
+                assert!(runs.len() <= 1, "{kind}: one run per job");
+                match runs.first() {
+                    Some(r) => {
+                        assert_ne!(
+                            r.status,
+                            RunStatus::Running,
+                            "{kind}: the killed holder is seen dead"
+                        );
+                        run_id = Some(r.run_id.clone());
+                    }
+                    None => seen.restarts_from_scratch += 1,
+                }
+            }
+        };
+        seen.outcomes.push(outcome);
+        seen.sessions.push(session);
+    }
+    seen
+}
+
 /// The crash test. Each job is a 4-round run of 2 parallel side-effecting calls; the process
 /// is killed with SIGKILL after a random delay, then resumed (or started again when it died
 /// before its first record), and killed again, until it finishes. Every call's effect must
 /// have happened exactly once, or the call must be reported unknown (effect 0 or 1 times);
 /// never twice.
+///
+/// The jobs spend their time waiting (on the model's latency, the tools' delay, and the
+/// delay before each kill), so the stores are tested at once, each by `WORKERS` jobs at a
+/// time that share its file or database (as processes of one user do), each worker with a
+/// random sequence of its own (seeded from the test's seed) and its share of the kills.
 #[test]
 fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
     const KILLS: u32 = 110;
+    const WORKERS: u32 = 2;
     let seed: u64 = std::env::var("TOOLLOOP_CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -143,148 +258,151 @@ fn runs_killed_at_random_points_resume_with_every_effect_at_most_once() {
         Some("power"),
         KILLS / 2,
     ));
-    for (kind, location, durability, kills_wanted) in cases {
-        let started = Instant::now();
-        let mut rng = Rng(seed);
-        let effects = dir
-            .path()
-            .join(format!("effects-{}.txt", kind.replace(", ", "-")));
-        let env = Env {
-            store: &location,
+    let test = CrashTest {
+        seed,
+        workers: WORKERS,
+        model,
+        base_url: &base_url,
+        dir: dir.path(),
+        rt: &rt,
+    };
+    std::thread::scope(|scope| {
+        let cases: Vec<_> = cases
+            .into_iter()
+            .map(|(kind, location, durability, kills_wanted)| {
+                scope.spawn(move || crash_case(test, kind, &location, durability, kills_wanted))
+            })
+            .collect();
+        for case in cases {
+            case.join().unwrap();
+        }
+    });
+    assert_eq!(
+        server.stats().rejected,
+        0,
+        "the mock saw an invalid transcript"
+    );
+    rt.block_on(server.shutdown());
+}
+
+/// One store's part of the crash test: `kills_wanted` kills spread over `workers` concurrent
+/// workers, then the checks on every job's outcome, effects and session.
+fn crash_case(
+    test: CrashTest<'_>,
+    kind: &str,
+    location: &str,
+    durability: Option<&str>,
+    kills_wanted: u32,
+) {
+    let CrashTest {
+        seed,
+        workers,
+        dir,
+        rt,
+        ..
+    } = test;
+    let started = Instant::now();
+    let effects = dir.join(format!("effects-{}.txt", kind.replace(", ", "-")));
+    let case = CrashStore {
+        kind,
+        env: Env {
+            store: location,
             effects: &effects,
             effect_ms: 30,
-            base_url: &base_url,
-            cwd: dir.path(),
-        };
-        let store = rt.block_on(Store::open(&location)).unwrap();
-        let mut kills = 0;
-        let mut restarts_from_scratch = 0;
-        let mut outcomes: Vec<Value> = Vec::new();
-        let mut sessions = Vec::new();
-        while kills < kills_wanted {
-            let session = unique(&format!("crash-{kind}"));
-            let mut run_id: Option<String> = None;
-            let mut attempts = 0;
-            let outcome = loop {
-                attempts += 1;
-                assert!(attempts < 200, "{kind}: a job never finished");
-                let args: Vec<&str> = match &run_id {
-                    None => run_args(model, &env, &session),
-                    Some(id) => vec!["resume", "--json", id.as_str()],
-                };
-                let mut cmd = command(&env, &args);
-                if let Some(durability) = durability {
-                    cmd.env("TOOLLOOP_DURABILITY", durability);
-                }
-                let mut child = cmd.spawn().unwrap();
-                let delay = Duration::from_millis(rng.below(450));
-                let deadline = Instant::now() + delay;
-                let mut done = None;
-                while Instant::now() < deadline {
-                    if let Some(status) = child.try_wait().unwrap() {
-                        done = Some(status);
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
-                if done.is_none() {
-                    child.kill().unwrap(); // SIGKILL
-                }
-                let out = child.wait_with_output().unwrap();
-                if done.is_some() {
-                    assert_eq!(
-                        out.status.code(),
-                        Some(0),
-                        "{kind}: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                    );
-                    break json_of(&out);
-                }
-                kills += 1;
-                if run_id.is_none() {
-                    let runs = rt.block_on(store.runs(Some(&session))).unwrap();
-                    assert!(runs.len() <= 1, "{kind}: one run per job");
-                    match runs.first() {
-                        Some(r) => {
-                            assert_ne!(
-                                r.status,
-                                RunStatus::Running,
-                                "{kind}: the killed holder is seen dead"
-                            );
-                            run_id = Some(r.run_id.clone());
-                        }
-                        None => restarts_from_scratch += 1,
-                    }
-                }
-            };
-            outcomes.push(outcome);
-            sessions.push(session);
-        }
+            base_url: test.base_url,
+            cwd: dir,
+        },
+        durability,
+        store: rt.block_on(Store::open(location)).unwrap(),
+        test,
+    };
+    let store = &case.store;
+    // Each worker's share of the kills, and a sequence of its own (the seed, moved on by
+    // the worker's number: SplitMix64 streams from different states).
+    let seen: Vec<CrashJobs> = std::thread::scope(|scope| {
+        let jobs: Vec<_> = (0..workers)
+            .map(|w| {
+                let share = kills_wanted / workers + u32::from(w < kills_wanted % workers);
+                let rng = Rng(seed.wrapping_add(u64::from(w).wrapping_mul(0x5851_F42D_4C95_7F2D)));
+                let case = &case;
+                scope.spawn(move || crash_jobs(case, rng, share))
+            })
+            .collect();
+        jobs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let kills: u32 = seen.iter().map(|s| s.kills).sum();
+    let restarts_from_scratch: u32 = seen.iter().map(|s| s.restarts_from_scratch).sum();
+    let outcomes: Vec<&Value> = seen.iter().flat_map(|s| &s.outcomes).collect();
+    let sessions: Vec<&String> = seen.iter().flat_map(|s| &s.sessions).collect();
+    assert!(kills >= kills_wanted, "{kind}: {kills} kills");
 
-        // Every effect at most once; every finished call exactly once; unknown calls 0 or 1.
-        let counts = effect_counts(&effects);
-        let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
-        assert!(twice.is_empty(), "{kind}: effects repeated: {twice:?}");
-        let mut keys_in_outcomes = HashSet::new();
-        let (mut ok, mut unknown, mut unknown_done) = (0, 0, 0);
-        for o in &outcomes {
-            assert_eq!(o["stop_reason"], "answered", "{kind}: {o}");
-            assert_eq!(
-                o["text"], "Done. I saw 8 tool results in 4 rounds.",
-                "{kind}"
-            );
-            let run_id = o["run_id"].as_str().unwrap();
-            for c in o["tool_calls"].as_array().unwrap() {
-                let key = format!("{run_id}/{}", c["id"].as_str().unwrap());
-                let n = counts.get(&key).copied().unwrap_or(0);
-                match c["status"].as_str().unwrap() {
-                    "ok" => {
-                        ok += 1;
-                        assert_eq!(
-                            n, 1,
-                            "{kind}: {key} finished but its effect happened {n} times"
-                        );
-                    }
-                    "unknown" => {
-                        unknown += 1;
-                        unknown_done += n;
-                        assert!(n <= 1, "{kind}: {key}");
-                    }
-                    other => panic!("{kind}: call {key} ended {other}"),
-                }
-                keys_in_outcomes.insert(key);
-            }
-        }
-        for key in counts.keys() {
-            assert!(
-                keys_in_outcomes.contains(key),
-                "{kind}: effect {key} belongs to no call of a finished run"
-            );
-        }
-        // The sessions hold valid transcripts ending with the answer.
-        for s in &sessions {
-            let messages = rt.block_on(store.session_messages(s)).unwrap();
-            assert!(check_transcript(&messages).is_empty(), "{kind}: {s}");
-            assert!(matches!(messages.last(), Some(Message::Assistant(_))));
-        }
+    // Every effect at most once; every finished call exactly once; unknown calls 0 or 1.
+    let counts = effect_counts(&effects);
+    let twice: Vec<_> = counts.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(twice.is_empty(), "{kind}: effects repeated: {twice:?}");
+    let mut keys_in_outcomes = HashSet::new();
+    let (mut ok, mut unknown, mut unknown_done) = (0, 0, 0);
+    for o in &outcomes {
+        assert_eq!(o["stop_reason"], "answered", "{kind}: {o}");
         assert_eq!(
-            server.stats().rejected,
-            0,
-            "{kind}: the mock saw an invalid transcript"
+            o["text"], "Done. I saw 8 tool results in 4 rounds.",
+            "{kind}"
         );
+        let run_id = o["run_id"].as_str().unwrap();
+        for c in o["tool_calls"].as_array().unwrap() {
+            let key = format!("{run_id}/{}", c["id"].as_str().unwrap());
+            let n = counts.get(&key).copied().unwrap_or(0);
+            match c["status"].as_str().unwrap() {
+                "ok" => {
+                    ok += 1;
+                    assert_eq!(
+                        n, 1,
+                        "{kind}: {key} finished but its effect happened {n} times"
+                    );
+                }
+                "unknown" => {
+                    unknown += 1;
+                    unknown_done += n;
+                    assert!(n <= 1, "{kind}: {key}");
+                }
+                other => panic!("{kind}: call {key} ended {other}"),
+            }
+            keys_in_outcomes.insert(key);
+        }
+    }
+    for key in counts.keys() {
         assert!(
-            unknown > 0 && ok > 0,
-            "{kind}: kills landed both in and out of tool calls"
-        );
-        eprintln!(
-            "crash test ({kind}, seed {seed}): {kills} SIGKILLs over {} runs ({restarts_from_scratch} \
-             killed before their first record); calls: {ok} ok, {unknown} outcome unknown \
-             ({unknown_done} of which had taken effect); no effect twice; {:.1}s",
-            outcomes.len(),
-            started.elapsed().as_secs_f64()
+            keys_in_outcomes.contains(key),
+            "{kind}: effect {key} belongs to no call of a finished run"
         );
     }
-    rt.block_on(server.shutdown());
+    // The sessions hold valid transcripts ending with the answer.
+    for s in &sessions {
+        let messages = rt.block_on(store.session_messages(s)).unwrap();
+        assert!(check_transcript(&messages).is_empty(), "{kind}: {s}");
+        assert!(
+            matches!(messages.last(), Some(Message::Assistant(_))),
+            "{kind}: session {s} ends with {:?}; runs {:?}",
+            messages.last(),
+            rt.block_on(store.runs(Some(s)))
+                .unwrap()
+                .iter()
+                .map(|r| (r.run_id.clone(), r.status))
+                .collect::<Vec<_>>()
+        );
+    }
+    assert!(
+        unknown > 0 && ok > 0,
+        "{kind}: kills landed both in and out of tool calls"
+    );
+    eprintln!(
+        "crash test ({kind}, seed {seed}, {workers} jobs at a time): {kills} SIGKILLs over {} \
+         runs ({restarts_from_scratch} killed before their first record); calls: {ok} ok, \
+         {unknown} outcome unknown ({unknown_done} of which had taken effect); no effect \
+         twice; {:.1}s",
+        outcomes.len(),
+        started.elapsed().as_secs_f64()
+    );
 }
 
 /// Starts a run whose only call is slow, and kills it while the call is in flight.

@@ -292,8 +292,20 @@ fn a_key_in_the_models_answer_is_redacted() {
 #[test]
 fn store_and_base_url_passwords_are_not_printed() {
     let dir = repo();
-    let url = "postgres://me:pw-CLI-SECRET-1@127.0.0.1:1/db?password=abcdefghij-2";
-    let out = command(&["runs", "--store", url], dir.path())
+    // A server that is not PostgreSQL: it answers the client's first message with bytes of
+    // another protocol, so opening the store fails at once. (A refused connection gives the
+    // same error, but only when the pool gives up retrying, 15 seconds later.)
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().flatten() {
+            let mut first = [0u8; 8];
+            let _ = stream.read_exact(&mut first);
+            let _ = stream.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n");
+        }
+    });
+    let url = format!("postgres://me:pw-CLI-SECRET-1@127.0.0.1:{port}/db?password=abcdefghij-2");
+    let out = command(&["runs", "--store", &url], dir.path())
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -318,7 +330,7 @@ fn store_and_base_url_passwords_are_not_printed() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(
-        stdout.contains("127.0.0.1:1/db"),
+        stdout.contains(&format!("127.0.0.1:{port}/db")),
         "the store is shown: {stdout}"
     );
     assert!(stdout.contains("[redacted]"), "{stdout}");

@@ -197,6 +197,19 @@ fn bad(message: &str, param: Option<&str>) -> Prepared {
     error(StatusCode::BAD_REQUEST, message, param, None)
 }
 
+/// The scenario the model name asks for, or the OpenAI-shaped 400 that names what is wrong
+/// with it (the Chat Completions and Responses APIs answer alike).
+pub(crate) fn scenario(model: &str) -> Result<Scenario, Prepared> {
+    Scenario::from_model(model).map_err(|e| {
+        error(
+            StatusCode::BAD_REQUEST,
+            &e.message,
+            Some("model"),
+            Some("invalid_scenario"),
+        )
+    })
+}
+
 /// Answers one request body.
 pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
     let request: Request<'_> = match serde_json::from_slice(body) {
@@ -208,16 +221,9 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
             );
         }
     };
-    let scenario = match Scenario::from_model(&request.model) {
+    let scenario = match scenario(&request.model) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                Some("model"),
-                Some("invalid_scenario"),
-            );
-        }
+        Err(answer) => return answer,
     };
     let mut request = request;
     let mut body_len = body.len();
@@ -834,14 +840,7 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         let mut sse = SseWriter::new(false);
-        let usage_field = || include_usage.then_some(None);
-        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
-            let choices = [ChunkChoice {
-                index: 0,
-                delta,
-                logprobs: None,
-                finish_reason: finish,
-            }];
+        let event = |sse: &mut SseWriter, choices: &[ChunkChoice<'_>], usage| {
             sse.event(
                 None,
                 &Chunk {
@@ -849,10 +848,20 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
                     object: "chat.completion.chunk",
                     created,
                     model,
-                    choices: &choices,
-                    usage: usage_field(),
+                    choices,
+                    usage,
                 },
             );
+        };
+        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
+            let choices = [ChunkChoice {
+                index: 0,
+                delta,
+                logprobs: None,
+                finish_reason: finish,
+            }];
+            // `null` on every chunk but the last with `include_usage`.
+            event(sse, &choices, include_usage.then_some(None));
         };
         match &reply {
             Reply::Text(text) => {
@@ -929,17 +938,7 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         }
         chunk(&mut sse, Delta::default(), Some(finish_reason));
         if include_usage {
-            sse.event(
-                None,
-                &Chunk {
-                    id: &id,
-                    object: "chat.completion.chunk",
-                    created,
-                    model,
-                    choices: &[],
-                    usage: Some(Some(Usage::new(usage))),
-                },
-            );
+            event(&mut sse, &[], Some(Some(Usage::new(usage))));
         }
         sse.raw(b"[DONE]");
         Payload::Sse(sse)

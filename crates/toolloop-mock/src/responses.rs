@@ -117,16 +117,9 @@ pub(crate) fn handle(shared: &Shared, body: &[u8]) -> Prepared {
         Some(m) => m,
         None => return bad("Missing required parameter: 'model'.", Some("model")),
     };
-    let scenario = match Scenario::from_model(model) {
+    let scenario = match super::openai::scenario(model) {
         Ok(s) => s,
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &e.message,
-                Some("model"),
-                Some("invalid_scenario"),
-            );
-        }
+        Err(answer) => return answer,
     };
     if scenario.text_calls.is_some() {
         return bad(
@@ -574,16 +567,29 @@ fn reply(
         let mut first_call = true;
         for (at, item) in output.iter().enumerate() {
             let item_id = item["id"].clone();
+            // The item as first announced: in progress, with nothing in it yet.
+            let mut added = item.clone();
             match item["type"].as_str() {
                 Some("message") => {
-                    let mut added = item.clone();
                     added["status"] = json!("in_progress");
                     added["content"] = json!([]);
-                    event(
-                        &mut sse,
-                        json!({"type": "response.output_item.added", "output_index": at,
-                               "item": added}),
-                    );
+                }
+                Some("function_call") => {
+                    added["status"] = json!("in_progress");
+                    added["arguments"] = json!("");
+                }
+                _ => {
+                    if let Some(o) = added.as_object_mut() {
+                        o.remove("encrypted_content");
+                    }
+                }
+            }
+            event(
+                &mut sse,
+                json!({"type": "response.output_item.added", "output_index": at, "item": added}),
+            );
+            match item["type"].as_str() {
+                Some("message") => {
                     event(
                         &mut sse,
                         json!({"type": "response.content_part.added", "output_index": at,
@@ -615,14 +621,6 @@ fn reply(
                     );
                 }
                 Some("function_call") => {
-                    let mut added = item.clone();
-                    added["status"] = json!("in_progress");
-                    added["arguments"] = json!("");
-                    event(
-                        &mut sse,
-                        json!({"type": "response.output_item.added", "output_index": at,
-                               "item": added}),
-                    );
                     let args = item["arguments"].as_str().unwrap_or("");
                     let here = cut && std::mem::take(&mut first_call);
                     for piece in pieces_with_cut(args, scenario.chunk, here) {
@@ -642,17 +640,7 @@ fn reply(
                                "output_index": at, "item_id": item_id, "arguments": args}),
                     );
                 }
-                _ => {
-                    let mut added = item.clone();
-                    if let Some(o) = added.as_object_mut() {
-                        o.remove("encrypted_content");
-                    }
-                    event(
-                        &mut sse,
-                        json!({"type": "response.output_item.added", "output_index": at,
-                               "item": added}),
-                    );
-                }
+                _ => {}
             }
             event(
                 &mut sse,

@@ -354,6 +354,30 @@ macro_rules! on_pool {
     };
 }
 
+/// The statement that begins a transaction which reads before it writes. On SQLite it takes
+/// the write lock at once (`BEGIN IMMEDIATE`), waiting for another process's writes within the
+/// busy timeout: a deferred transaction that has read cannot wait for the lock when it comes
+/// to write, and SQLite fails it at once ("database is locked") whenever another connection
+/// (another `toolloop` on the same file) holds the lock or wrote since it read.
+trait WriteTransaction {
+    const BEGIN: &'static str;
+}
+
+#[cfg(feature = "sqlite")]
+impl WriteTransaction for sqlx::SqlitePool {
+    const BEGIN: &'static str = "BEGIN IMMEDIATE";
+}
+
+#[cfg(feature = "postgres")]
+impl WriteTransaction for sqlx::PgPool {
+    const BEGIN: &'static str = "BEGIN";
+}
+
+/// [`WriteTransaction::BEGIN`] for `pool`'s driver (in an `on_pool!` body).
+fn begin_write<P: WriteTransaction>(_pool: &P) -> &'static str {
+    P::BEGIN
+}
+
 // After `on_pool!`, which they use.
 mod journal;
 mod open;

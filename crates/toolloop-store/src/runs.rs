@@ -7,6 +7,20 @@ use serde_json::Value;
 use sqlx::Row;
 use toolloop::outcome::{Outcome, StopReason};
 
+/// Binds a lease's first parameters, as [`sql::INSERT_LEASE`] and [`sql::TAKE_OVER_LEASE`]
+/// take them: the run, the holder, this process (host, pid and start) and the expiry.
+macro_rules! bind_lease {
+    ($query:expr, $run_id:expr, $holder:expr, $me:expr, $until:expr) => {
+        $query
+            .bind($run_id)
+            .bind($holder)
+            .bind(&$me.host)
+            .bind($me.pid)
+            .bind(&$me.start)
+            .bind($until)
+    };
+}
+
 impl Store {
     /// The holder of a lease this process holds, and whether that lease is pending.
     pub(crate) fn holder_of(&self, run_id: &str) -> Option<(String, bool)> {
@@ -51,13 +65,7 @@ impl Store {
         for _ in 0..8 {
             let now = now_ms();
             let taken = on_pool!(&self.inner.pool, p => {
-                sqlx::query(sql::INSERT_LEASE)
-                    .bind(run_id)
-                    .bind(holder)
-                    .bind(&me.host)
-                    .bind(me.pid)
-                    .bind(&me.start)
-                    .bind(now + ttl)
+                bind_lease!(sqlx::query(sql::INSERT_LEASE), run_id, holder, me, now + ttl)
                     .execute(p)
                     .await
                     .map_err(db("taking a lease"))?
@@ -94,13 +102,7 @@ impl Store {
                 return Ok(Some(format!("{old_holder} on {host_name}")));
             }
             let moved = on_pool!(&self.inner.pool, p => {
-                sqlx::query(sql::TAKE_OVER_LEASE)
-                    .bind(run_id)
-                    .bind(holder)
-                    .bind(&me.host)
-                    .bind(me.pid)
-                    .bind(&me.start)
-                    .bind(now + ttl)
+                bind_lease!(sqlx::query(sql::TAKE_OVER_LEASE), run_id, holder, me, now + ttl)
                     .bind(&old_holder)
                     .bind(expires)
                     .execute(p)
@@ -187,7 +189,10 @@ impl Store {
         let count = messages.len() as i64;
         let now = now_ms();
         on_pool!(&self.inner.pool, p => {
-            let mut tx = p.begin().await.map_err(db("starting a transaction"))?;
+            let mut tx = p
+                .begin_with(crate::begin_write(p))
+                .await
+                .map_err(db("starting a transaction"))?;
             let row = sqlx::query(sql::RUN_META)
                 .bind(run_id)
                 .fetch_optional(&mut *tx)

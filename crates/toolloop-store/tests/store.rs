@@ -525,10 +525,25 @@ async fn a_broken_stored_transcript_loads_repaired() {
 async fn bad_locations_fail_with_a_clear_error() {
     let err = Store::open("").await.unwrap_err().to_string();
     assert!(err.contains("empty path"), "{err}");
-    let err = Store::open("postgres://nobody:secret@127.0.0.1:1/none")
+    // A server that is not PostgreSQL: it answers the client's first message with bytes of
+    // another protocol. (A refused connection gives the same error, but only when the pool
+    // gives up retrying, 15 seconds later.)
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let not_postgres = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut first = [0u8; 8];
+            let _ = socket.read_exact(&mut first).await;
+            let _ = socket.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").await;
+        }
+    });
+    let err = Store::open(&format!("postgres://nobody:secret@127.0.0.1:{port}/none"))
         .await
         .unwrap_err()
         .to_string();
+    not_postgres.abort();
     assert!(err.contains("cannot open the store"), "{err}");
     assert!(!err.contains("secret"), "the password is hidden: {err}");
     let dir = tempfile::tempdir().unwrap();
@@ -594,6 +609,45 @@ async fn a_run_never_overwrites_a_turn_saved_after_it_started() {
         let shown = store.session(&session).await.unwrap().unwrap();
         assert_eq!(shown.summary.revision, 1, "{kind}");
     }
+}
+
+/// Two processes on one SQLite file: a run's outcome (its stop reason, and its turn of the
+/// session) is saved while the other process holds the write lock, once the other commits,
+/// instead of failing with "database is locked".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_is_saved_while_another_process_writes_to_the_sqlite_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let (kind, store) = stores(&dir).await.remove(0);
+    let session = unique("busy");
+    let out = agent(
+        ScriptedModel::new(vec![ModelResponse::text("one")]),
+        store.run_journal(RunTags {
+            session_revision: Some(0),
+            ..RunTags::session(session.clone())
+        }),
+        Arc::new(Mutex::new(HashMap::new())),
+    )
+    .prompt("first")
+    .await;
+    let run_id = out.run_id.clone().unwrap();
+    // The other process has written, and commits a moment later.
+    let mut other = hold_writes(kind, store.location()).await;
+    sqlx::raw_sql("CREATE TABLE another_process (x INTEGER)")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let commit = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        sqlx::raw_sql("COMMIT").execute(&mut other).await.unwrap();
+    };
+    let (saved, ()) = tokio::join!(store.save_outcome(&run_id, &out), commit);
+    saved.unwrap();
+    assert_eq!(
+        store.session_messages(&session).await.unwrap(),
+        out.messages
+    );
+    let run = store.runs(Some(&session)).await.unwrap();
+    assert_eq!(run[0].status, RunStatus::Finished);
 }
 
 #[tokio::test]

@@ -1121,11 +1121,7 @@ pub(crate) async fn run_spec(spec: RunSpec, host: &Host) -> Result<String, Strin
                     let decision = match Decision::by_rule(call, &r.verdict) {
                         Some(decision) => decision,
                         None => {
-                            run.emit(&Event::ApprovalRequested {
-                                round: r.pending.round,
-                                call: call.clone(),
-                                subject: r.pending.subject.clone(),
-                            });
+                            run.emit(&r.pending.requested());
                             if !host.has("approve") {
                                 waiting = true;
                                 continue;

@@ -457,6 +457,19 @@ pub struct PendingApproval {
     pub run_id: Option<String>,
 }
 
+impl PendingApproval {
+    /// The event that says this call waits for a person's approval
+    /// ([`Event::ApprovalRequested`](crate::event::Event::ApprovalRequested)), as a driver
+    /// emits it before it asks.
+    pub fn requested(&self) -> crate::event::Event {
+        crate::event::Event::ApprovalRequested {
+            round: self.round,
+            call: self.call.clone(),
+            subject: self.subject.clone(),
+        }
+    }
+}
+
 /// A person's (or a handler's) answer to a [`PendingApproval`].
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "snake_case")]

@@ -60,13 +60,22 @@ impl Checker {
 
 /// Whether the WebAssembly build's checker gives `value` the verdict (valid or not) that the
 /// native one, the `jsonschema` crate, gives it against `schema`. `Ok` when they agree, when
-/// `jsonschema` does not read the schema, or when the WebAssembly checker refuses it by name
-/// (a keyword, pattern or reference it does not check); otherwise the error shows the schema,
-/// the value and both verdicts. For tests and the `schema_agreement` fuzz target.
+/// both refuse the schema, or when the WebAssembly checker refuses it by name (a keyword,
+/// pattern or reference it does not check); otherwise the error shows the schema, the value
+/// and both verdicts (or that the WebAssembly checker reads a schema `jsonschema` refuses).
+/// For tests and the `schema_agreement` fuzz target.
 #[cfg(all(any(test, feature = "testing"), not(target_arch = "wasm32")))]
 pub fn webassembly_checker_agrees(schema: &Value, value: &Value) -> Result<(), String> {
-    let Ok(native) = jsonschema::validator_for(schema) else {
-        return Ok(());
+    let native = match jsonschema::validator_for(schema) {
+        Ok(native) => native,
+        Err(native) => {
+            return match lite::Lite::new(schema) {
+                Err(_) => Ok(()),
+                Ok(_) => Err(format!(
+                    "lite reads {schema}, which jsonschema refuses: {native}"
+                )),
+            };
+        }
     };
     let lite = match lite::Lite::new(schema) {
         Ok(lite) => lite,
@@ -133,18 +142,34 @@ mod lite {
                     "{schema} is not a JSON Schema (an object or a boolean)"
                 ));
             }
-            lite.prepare(schema, schema, 0)?;
+            lite.prepare(schema, schema, 0, true)?;
             no_loop_in_place(schema, schema, &mut Vec::new(), &mut HashMap::new())?;
             Ok(lite)
         }
 
         /// Compiles the patterns of `schema` and its subschemas, and refuses what is not
-        /// checked here.
-        fn prepare(&mut self, root: &Value, schema: &Value, depth: usize) -> Result<(), String> {
+        /// checked here and what the draft's meta-schema refuses (a keyword's value of the
+        /// wrong shape, as `{"required": "a"}`), as `jsonschema` does natively. `known` is
+        /// whether `schema` stands where a schema stands; elsewhere (under a keyword the draft
+        /// does not have, which a reference may still lead into) only patterns and references
+        /// are read.
+        fn prepare(
+            &mut self,
+            root: &Value,
+            schema: &Value,
+            depth: usize,
+            known: bool,
+        ) -> Result<(), String> {
             if depth > MAX_DEPTH {
                 return Err("the schema is nested too deeply".into());
             }
             let Value::Object(s) = schema else {
+                if known && !self.is_schema(schema) {
+                    return Err(format!(
+                        "{schema} stands where a subschema must (an object{})",
+                        if self.draft == 4 { "" } else { " or a boolean" }
+                    ));
+                }
                 return Ok(());
             };
             for keyword in [
@@ -174,7 +199,7 @@ mod lite {
                         .into(),
                 );
             }
-            if let Some(r) = s.get("$ref") {
+            if let Some(r) = s.get("$ref").filter(|_| known) {
                 let r = r.as_str().ok_or("`$ref` must be a string")?;
                 if resolve(root, r).is_none() {
                     return Err(format!(
@@ -183,8 +208,7 @@ mod lite {
                     ));
                 }
             }
-            if let Some(p) = s.get("pattern") {
-                let p = p.as_str().ok_or("`pattern` must be a string")?;
+            if let Some(p) = s.get("pattern").and_then(Value::as_str) {
                 self.compile(p)?;
             }
             if let Some(Value::Object(props)) = s.get("patternProperties") {
@@ -192,30 +216,139 @@ mod lite {
                     self.compile(p)?;
                 }
             }
-            if let Some(t) = s.get("type") {
-                let ok = match t {
-                    Value::String(_) => true,
-                    Value::Array(a) => a.iter().all(Value::is_string),
-                    _ => false,
-                };
-                if !ok {
-                    return Err(format!("`type` must be a string or strings, not {t}"));
+            if known && self.draft == 4 {
+                // Draft 4's meta-schema: a boolean `exclusiveMinimum` goes with `minimum`.
+                for (exclusive, bound) in [
+                    ("exclusiveMinimum", "minimum"),
+                    ("exclusiveMaximum", "maximum"),
+                ] {
+                    if s.contains_key(exclusive) && !s.contains_key(bound) {
+                        return Err(format!("`{exclusive}` needs `{bound}` beside it"));
+                    }
                 }
             }
             for (keyword, sub) in s {
-                match (keyword.as_str(), sub) {
-                    // Values, not schemas.
-                    ("enum" | "const" | "default" | "examples" | "required" | "type", _) => {}
-                    (_, Value::Object(_)) => self.prepare(root, sub, depth + 1)?,
-                    (_, Value::Array(items)) => {
-                        for item in items {
-                            self.prepare(root, item, depth + 1)?;
+                let shape = if known {
+                    shape(keyword, self.draft)
+                } else {
+                    None
+                };
+                let Some(shape) = shape else {
+                    // Not a keyword here: a reference may still lead into it.
+                    match sub {
+                        Value::Object(_) => self.prepare(root, sub, depth + 1, false)?,
+                        Value::Array(items) => {
+                            for item in items {
+                                self.prepare(root, item, depth + 1, false)?;
+                            }
+                        }
+                        _ => {}
+                    }
+                    continue;
+                };
+                let wrong = |what: &str| format!("`{keyword}` must be {what}, not {sub}");
+                match shape {
+                    Shape::Schema => self.prepare(root, sub, depth + 1, true)?,
+                    Shape::SchemaOrFalse if self.draft == 4 && sub.is_boolean() => {}
+                    Shape::SchemaOrFalse => self.prepare(root, sub, depth + 1, true)?,
+                    Shape::Schemas | Shape::SchemaOrSchemas => match sub {
+                        Value::Array(items) if !items.is_empty() => {
+                            for item in items {
+                                self.prepare(root, item, depth + 1, true)?;
+                            }
+                        }
+                        _ if shape == Shape::SchemaOrSchemas && self.is_schema(sub) => {
+                            self.prepare(root, sub, depth + 1, true)?;
+                        }
+                        _ if shape == Shape::SchemaOrSchemas => {
+                            return Err(wrong("a schema or a non-empty array of schemas"));
+                        }
+                        _ => return Err(wrong("a non-empty array of schemas")),
+                    },
+                    Shape::SchemaMap | Shape::Dependencies => {
+                        let Value::Object(map) = sub else {
+                            return Err(wrong("an object"));
+                        };
+                        for item in map.values() {
+                            if shape == Shape::Dependencies && item.is_array() {
+                                self.names(item).map_err(|what| wrong(&what))?;
+                            } else {
+                                self.prepare(root, item, depth + 1, true)?;
+                            }
                         }
                     }
-                    _ => {}
+                    Shape::NamesMap => {
+                        let Value::Object(map) = sub else {
+                            return Err(wrong("an object"));
+                        };
+                        for item in map.values() {
+                            self.names(item).map_err(|what| wrong(&what))?;
+                        }
+                    }
+                    Shape::Names => self.names(sub).map_err(|what| wrong(&what))?,
+                    Shape::Type => {
+                        let simple = |t: &Value| t.as_str().is_some_and(|t| TYPES.contains(&t));
+                        let ok = match sub {
+                            Value::Array(ts) => {
+                                !ts.is_empty() && ts.iter().all(simple) && distinct(ts)
+                            }
+                            t => simple(t),
+                        };
+                        if !ok {
+                            return Err(wrong(
+                                "a type name or a non-empty array of distinct ones (`null`, \
+                                 `boolean`, `object`, `array`, `number`, `integer`, `string`)",
+                            ));
+                        }
+                    }
+                    Shape::Number if !sub.is_number() => return Err(wrong("a number")),
+                    Shape::Positive if !sub.as_f64().is_some_and(|n| n > 0.0) => {
+                        return Err(wrong("a number greater than 0"));
+                    }
+                    Shape::Count
+                        if !(self.is_type(sub, "integer")
+                            && sub.as_f64().is_some_and(|n| n >= 0.0)) =>
+                    {
+                        return Err(wrong("a whole number, 0 or more"));
+                    }
+                    Shape::Bool if !sub.is_boolean() => return Err(wrong("true or false")),
+                    Shape::Text if !sub.is_string() => return Err(wrong("a string")),
+                    Shape::Array if !sub.is_array() => return Err(wrong("an array")),
+                    Shape::Number
+                    | Shape::Positive
+                    | Shape::Count
+                    | Shape::Bool
+                    | Shape::Text
+                    | Shape::Array
+                    | Shape::Any => {}
                 }
             }
             Ok(())
+        }
+
+        /// Whether `schema` may stand where a subschema does (draft 4 has no boolean schemas).
+        fn is_schema(&self, schema: &Value) -> bool {
+            schema.is_object() || (schema.is_boolean() && self.draft > 4)
+        }
+
+        /// Refuses what is not an array of distinct property names (in draft 4, a non-empty
+        /// one); the error says what it must be.
+        fn names(&self, names: &Value) -> Result<(), String> {
+            let ok = match names {
+                Value::Array(names) => {
+                    names.iter().all(Value::is_string)
+                        && distinct(names)
+                        && (self.draft > 4 || !names.is_empty())
+                }
+                _ => false,
+            };
+            if ok {
+                Ok(())
+            } else if self.draft == 4 {
+                Err("a non-empty array of distinct strings".into())
+            } else {
+                Err("an array of distinct strings".into())
+            }
         }
 
         /// `keyword` of the schema `s`, if the draft has it and it applies (up to draft 7,
@@ -741,6 +874,98 @@ mod lite {
         Ok(())
     }
 
+    /// What a keyword's value must be, as the draft's meta-schema has it.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    enum Shape {
+        /// A subschema (an object, or from draft 6 a boolean).
+        Schema,
+        /// A subschema, or in draft 4 a boolean (`additionalProperties`, `additionalItems`).
+        SchemaOrFalse,
+        /// A non-empty array of subschemas.
+        Schemas,
+        /// A subschema or a non-empty array of them (`items` up to 2019-09).
+        SchemaOrSchemas,
+        /// An object of subschemas.
+        SchemaMap,
+        /// An object of subschemas or arrays of property names (`dependencies`).
+        Dependencies,
+        /// An object of arrays of property names (`dependentRequired`).
+        NamesMap,
+        /// An array of distinct property names (`required`).
+        Names,
+        /// A type name or a non-empty array of distinct ones.
+        Type,
+        Number,
+        /// A number above 0 (`multipleOf`).
+        Positive,
+        /// A whole number, 0 or more.
+        Count,
+        Bool,
+        Text,
+        Array,
+        Any,
+    }
+
+    /// The type names of JSON Schema.
+    const TYPES: [&str; 7] = [
+        "null", "boolean", "object", "array", "number", "integer", "string",
+    ];
+
+    /// What `keyword`'s value must be in `draft` (4, 6, 7, 2019 or 2020); `None` for what the
+    /// draft does not have.
+    fn shape(keyword: &str, draft: u16) -> Option<Shape> {
+        use Shape::{
+            Any, Array, Bool, Count, Dependencies, Names, NamesMap, Number, Positive, Schema,
+            SchemaMap, SchemaOrFalse, SchemaOrSchemas, Schemas, Text, Type,
+        };
+        let (since, shape) = match keyword {
+            "$schema" | "title" | "description" | "format" => (4, Text),
+            "id" if draft == 4 => (4, Text),
+            "default" | "enum" => (4, if keyword == "enum" { Array } else { Any }),
+            "type" => (4, Type),
+            "multipleOf" => (4, Positive),
+            "minimum" | "maximum" => (4, Number),
+            "exclusiveMinimum" | "exclusiveMaximum" => (4, if draft == 4 { Bool } else { Number }),
+            "minLength" | "maxLength" | "minItems" | "maxItems" | "minProperties"
+            | "maxProperties" => (4, Count),
+            "pattern" => (4, Text),
+            "uniqueItems" => (4, Bool),
+            "required" => (4, Names),
+            "items" if draft < 2020 => (4, SchemaOrSchemas),
+            "items" => (4, Schema),
+            "additionalItems" if draft < 2020 => (4, SchemaOrFalse),
+            "additionalProperties" => (4, SchemaOrFalse),
+            "not" => (4, Schema),
+            "allOf" | "anyOf" | "oneOf" => (4, Schemas),
+            "properties" | "patternProperties" | "definitions" => (4, SchemaMap),
+            "dependencies" => (4, Dependencies),
+            "$id" | "$ref" => (6, Text),
+            "const" => (6, Any),
+            "examples" => (6, Array),
+            "contains" | "propertyNames" => (6, Schema),
+            "$comment" | "contentMediaType" | "contentEncoding" => (7, Text),
+            "readOnly" | "writeOnly" => (7, Bool),
+            "if" | "then" | "else" => (7, Schema),
+            "$anchor" => (2019, Text),
+            "deprecated" => (2019, Bool),
+            "$defs" | "dependentSchemas" => (2019, SchemaMap),
+            "dependentRequired" => (2019, NamesMap),
+            "minContains" | "maxContains" => (2019, Count),
+            "contentSchema" => (2019, Schema),
+            "prefixItems" => (2020, Schemas),
+            _ => return None,
+        };
+        (draft >= since).then_some(shape)
+    }
+
+    /// Whether no two of `items` are the same JSON value.
+    fn distinct(items: &[Value]) -> bool {
+        items
+            .iter()
+            .enumerate()
+            .all(|(i, a)| items[i + 1..].iter().all(|b| !same(a, b)))
+    }
+
     /// Adds a problem at `path`, unless `out` holds `most` already.
     fn push(out: &mut Vec<String>, most: usize, path: &str, message: String) {
         if out.len() < most {
@@ -1028,7 +1253,15 @@ mod lite {
             assert!(problems(s, json!({"kind": "z"}))[0].contains("\"b\" is a required property"));
             assert!(problems(json!({"not": {"type": "null"}}), json!(null)).len() == 1);
             assert!(problems(json!({"exclusiveMinimum": 1}), json!(1)).len() == 1);
-            assert!(problems(json!({"minimum": 1, "exclusiveMinimum": true}), json!(1)).len() == 1);
+            let draft4 = "http://json-schema.org/draft-04/schema#";
+            assert!(
+                problems(
+                    json!({"$schema": draft4, "minimum": 1, "exclusiveMinimum": true}),
+                    json!(1)
+                )
+                .len()
+                    == 1
+            );
             assert!(problems(json!({"const": 1}), json!(1.0)).is_empty());
             assert!(problems(json!({"type": "integer"}), json!(3.0)).is_empty());
             assert!(problems(json!(false), json!(1)).len() == 1);
@@ -1535,6 +1768,96 @@ mod lite {
                 agree(&schema, &value).unwrap();
                 let ours = Lite::new(&schema).unwrap().problems(&value, 1);
                 assert_eq!(ours.is_empty(), valid, "{schema} {value}: {ours:?}");
+            }
+        }
+
+        /// Schemas the drafts' meta-schemas refuse: a keyword's value of the wrong shape.
+        fn malformed_schemas() -> Vec<(Value, &'static str)> {
+            vec![
+                (json!({"required": "a"}), "`required`"),
+                (json!({"required": [1]}), "`required`"),
+                (json!({"required": ["a", "a"]}), "`required`"),
+                (json!({"$schema": D4, "required": []}), "`required`"),
+                (json!({"type": 7}), "`type`"),
+                (json!({"type": "text"}), "`type`"),
+                (json!({"type": []}), "`type`"),
+                (json!({"type": ["string", "string"]}), "`type`"),
+                (json!({"enum": "a"}), "`enum`"),
+                (json!({"minimum": "1"}), "`minimum`"),
+                (json!({"exclusiveMaximum": true}), "`exclusiveMaximum`"),
+                (
+                    json!({"$schema": D4, "exclusiveMinimum": 1}),
+                    "`exclusiveMinimum`",
+                ),
+                (
+                    json!({"$schema": D4, "exclusiveMinimum": true}),
+                    "`minimum`",
+                ),
+                (json!({"multipleOf": 0}), "`multipleOf`"),
+                (json!({"multipleOf": -2}), "`multipleOf`"),
+                (json!({"minLength": -1}), "`minLength`"),
+                (json!({"maxItems": 1.5}), "`maxItems`"),
+                (json!({"$schema": D4, "maxItems": 1.0}), "`maxItems`"),
+                (json!({"minContains": "2"}), "`minContains`"),
+                (json!({"pattern": 1}), "`pattern`"),
+                (json!({"uniqueItems": 1}), "`uniqueItems`"),
+                (json!({"format": 1}), "`format`"),
+                (json!({"title": 1}), "`title`"),
+                (json!({"properties": []}), "`properties`"),
+                (json!({"properties": {"a": 1}}), "subschema"),
+                (json!({"patternProperties": {"^a": "x"}}), "subschema"),
+                (json!({"$defs": {"a": []}}), "subschema"),
+                (json!({"additionalProperties": 1}), "subschema"),
+                (json!({"items": [{"type": "string"}]}), "subschema"),
+                (json!({"not": null}), "subschema"),
+                (json!({"allOf": []}), "`allOf`"),
+                (json!({"anyOf": {}}), "`anyOf`"),
+                (json!({"oneOf": [1]}), "subschema"),
+                (json!({"prefixItems": []}), "`prefixItems`"),
+                (
+                    json!({"dependentRequired": {"a": "b"}}),
+                    "`dependentRequired`",
+                ),
+                (json!({"dependentRequired": []}), "`dependentRequired`"),
+                (json!({"dependentSchemas": {"a": 1}}), "subschema"),
+                (json!({"dependencies": {"a": [1]}}), "`dependencies`"),
+                (json!({"examples": 1}), "`examples`"),
+                (json!({"$schema": D7, "readOnly": "yes"}), "`readOnly`"),
+                (json!({"$schema": D4, "not": true}), "subschema"),
+                (json!({"$schema": D19, "items": []}), "`items`"),
+                (
+                    json!({"properties": {"a": {"properties": {"b": {"type": "str"}}}}}),
+                    "`type`",
+                ),
+            ]
+        }
+
+        /// Each malformed schema is refused by both checkers, the WebAssembly one naming the
+        /// keyword at fault.
+        #[test]
+        fn malformed_schemas_are_refused_by_both() {
+            for (schema, words) in malformed_schemas() {
+                assert!(jsonschema::validator_for(&schema).is_err(), "{schema}");
+                let e = Lite::new(&schema)
+                    .err()
+                    .unwrap_or_else(|| panic!("{schema} read"));
+                assert!(e.contains(words), "{schema}: {e}");
+                agree(&schema, &json!(1)).unwrap();
+            }
+        }
+
+        /// Keywords' names used as property names, definitions' names, or under keywords
+        /// that no draft has, are not read as keywords.
+        #[test]
+        fn keywords_as_names_are_not_keywords() {
+            for schema in [
+                json!({"properties": {"type": {"type": "string"}, "required": {}, "pattern": {"enum": [1]}}}),
+                json!({"$defs": {"type": {"minimum": 1}}, "$ref": "#/$defs/type"}),
+                json!({"x-extra": {"type": 7, "required": "a", "pattern": 1}}),
+                json!({"dependentSchemas": {"enum": {"required": ["a"]}}}),
+            ] {
+                assert!(jsonschema::validator_for(&schema).is_ok(), "{schema}");
+                assert!(Lite::new(&schema).is_ok(), "{schema}");
             }
         }
 

@@ -286,11 +286,7 @@ impl<'a> Drive<'a> {
                 Some(decision) => decision,
                 None => {
                     if let Some(sink) = &self.sink {
-                        sink(&Event::ApprovalRequested {
-                            round: r.pending.round,
-                            call: call.clone(),
-                            subject: r.pending.subject.clone(),
-                        });
+                        sink(&r.pending.requested());
                     }
                     let Some(ask) = &self.agent.on_approval else {
                         deferred.push(r.pending);

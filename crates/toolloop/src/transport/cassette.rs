@@ -721,20 +721,13 @@ fn render(inner: &Inner) -> String {
     });
     out.push_str(&header.to_string());
     out.push('\n');
-    // Model calls and tool results interleave in a run; they are written in two groups, which
-    // replay does not mind (each is matched on its own).
-    for ex in &inner.exchanges {
-        let line = serde_json::to_value(Line::Exchange(ex.clone())).unwrap_or(Value::Null);
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    for t in &inner.tools {
-        let line = serde_json::to_value(Line::Tool(t.clone())).unwrap_or(Value::Null);
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    for c in &inner.catalogs {
-        let line = serde_json::to_value(Line::Catalog(c.clone())).unwrap_or(Value::Null);
+    // Model calls and tool results interleave in a run; they are written in groups (calls,
+    // tool results, tool listings), which replay does not mind (each is matched on its own).
+    let lines = (inner.exchanges.iter().cloned().map(Line::Exchange))
+        .chain(inner.tools.iter().cloned().map(Line::Tool))
+        .chain(inner.catalogs.iter().cloned().map(Line::Catalog));
+    for line in lines {
+        let line = serde_json::to_value(line).unwrap_or(Value::Null);
         out.push_str(&line.to_string());
         out.push('\n');
     }
@@ -862,6 +855,20 @@ pub fn diff(recorded: &Value, now: &Value) -> Vec<String> {
     lines
 }
 
+/// The differences at `path`, where the recording has `a` and the request now has `b` (either
+/// may be absent).
+fn diff_entry(path: &str, a: Option<&Value>, b: Option<&Value>, out: &mut Vec<String>) {
+    match (a, b) {
+        (Some(x), Some(y)) => diff_into(path, x, y, out),
+        (Some(x), None) => out.push(format!("  {path}: recorded {}, now absent", show(x))),
+        (None, Some(y)) => out.push(format!(
+            "  {path}: absent in the recording, now {}",
+            show(y)
+        )),
+        (None, None) => {}
+    }
+}
+
 fn diff_into(path: &str, recorded: &Value, now: &Value, out: &mut Vec<String>) {
     if out.len() > MAX_DIFF_LINES * 4 {
         return;
@@ -884,27 +891,13 @@ fn diff_into(path: &str, recorded: &Value, now: &Value, out: &mut Vec<String>) {
                 } else {
                     format!("{path}.{k}")
                 };
-                match (a.get(k), b.get(k)) {
-                    (Some(x), Some(y)) => diff_into(&p, x, y, out),
-                    (Some(x), None) => out.push(format!("  {p}: recorded {}, now absent", show(x))),
-                    (None, Some(y)) => {
-                        out.push(format!("  {p}: absent in the recording, now {}", show(y)))
-                    }
-                    (None, None) => {}
-                }
+                diff_entry(&p, a.get(k), b.get(k), out);
             }
         }
         (Value::Array(a), Value::Array(b)) => {
             for i in 0..a.len().max(b.len()) {
                 let p = format!("{path}[{i}]");
-                match (a.get(i), b.get(i)) {
-                    (Some(x), Some(y)) => diff_into(&p, x, y, out),
-                    (Some(x), None) => out.push(format!("  {p}: recorded {}, now absent", show(x))),
-                    (None, Some(y)) => {
-                        out.push(format!("  {p}: absent in the recording, now {}", show(y)))
-                    }
-                    (None, None) => {}
-                }
+                diff_entry(&p, a.get(i), b.get(i), out);
             }
         }
         (a, b) if a == b => {}

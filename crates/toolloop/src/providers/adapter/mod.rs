@@ -352,6 +352,76 @@ impl Vars {
     }
 }
 
+impl Vars {
+    /// The base URL (`default` when no variable sets one) and the key; a missing key is refused
+    /// with `missing` when the base URL is `default` (the provider's own API, which needs one).
+    pub(crate) fn base_url_and_key(
+        self,
+        default: &str,
+        missing: &str,
+    ) -> Result<(String, Option<String>), ModelError> {
+        let base_url = self.base_url.unwrap_or_else(|| default.to_string());
+        if self.api_key.is_none() && base_url.trim_end_matches('/') == default {
+            return Err(ModelError::Config(missing.to_string()));
+        }
+        Ok((base_url, self.api_key))
+    }
+}
+
+/// Refuses a blank model name, saying how one is written: `{prefix}:<model>`, e.g.
+/// `{prefix}:{example}` (`api` names the adapter).
+pub(crate) fn require_model(
+    model: &str,
+    api: &str,
+    prefix: &str,
+    example: &str,
+) -> Result<(), ModelError> {
+    if model.trim().is_empty() {
+        return Err(ModelError::Config(format!(
+            "no {api} model given: expected `{prefix}:<model>`, e.g. `{prefix}:{example}`"
+        )));
+    }
+    Ok(())
+}
+
+/// Adds the header that carries the API key, `name: {scheme}{key}` (the key trimmed), marked
+/// sensitive so that it is never logged; nothing without a key. A key that cannot be sent in a
+/// header is refused without showing it.
+pub(crate) fn insert_key(
+    headers: &mut HeaderMap,
+    name: http::header::HeaderName,
+    scheme: &str,
+    key: Option<&str>,
+) -> Result<(), ModelError> {
+    let Some(key) = key else {
+        return Ok(());
+    };
+    let mut value = http::header::HeaderValue::from_str(&format!("{scheme}{}", key.trim()))
+        .map_err(|_| {
+            ModelError::Config(
+                "the API key holds characters that cannot be sent in an HTTP header (control \
+                 characters or non-ASCII)"
+                    .into(),
+            )
+        })?;
+    value.set_sensitive(true);
+    headers.insert(name, value);
+    Ok(())
+}
+
+/// A request body written as a JSON value, after refusing an `extra` (the adapter's or the
+/// settings') that sets one of the `owned` fields (`api` names the adapter).
+pub(crate) fn json_body(
+    api: &str,
+    config_extra: Option<&serde_json::Value>,
+    request: &ModelRequest<'_>,
+    owned: &[&str],
+    build: impl FnOnce() -> serde_json::Value,
+) -> Result<Bytes, ModelError> {
+    check_extras(api, config_extra, Some(request), owned)?;
+    Ok(build().to_string().into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::Vars;
@@ -370,5 +440,45 @@ mod tests {
         assert_eq!(vars.api_key.as_deref(), Some("k1"));
         let none = Vars::read(|_| None, &["A_URL"], &["A_KEY"]);
         assert!(none.base_url.is_none() && none.api_key.is_none());
+    }
+
+    /// The provider's own API needs a key; another server (a local one) may need none.
+    #[test]
+    fn a_key_is_required_for_the_default_server_only() {
+        let read = |url: Option<&str>, key: Option<&str>| {
+            let env = |name: &str| match name {
+                "URL" => url.map(str::to_string),
+                "KEY" => key.map(str::to_string),
+                _ => None,
+            };
+            Vars::read(env, &["URL"], &["KEY"]).base_url_and_key("https://api.test", "no KEY")
+        };
+        let e = read(None, None).unwrap_err();
+        assert!(e.to_string().contains("no KEY"), "{e}");
+        assert!(read(Some("https://api.test/"), None).is_err());
+        assert_eq!(
+            read(None, Some("k")).unwrap(),
+            ("https://api.test".to_string(), Some("k".to_string()))
+        );
+        assert_eq!(
+            read(Some("http://127.0.0.1:9"), None).unwrap(),
+            ("http://127.0.0.1:9".to_string(), None)
+        );
+    }
+
+    /// The key's header is sensitive; a key that cannot be a header value is refused without
+    /// being shown.
+    #[test]
+    fn the_key_header_is_sensitive_and_never_shown() {
+        let mut headers = http::header::HeaderMap::new();
+        let name = http::header::AUTHORIZATION;
+        super::insert_key(&mut headers, name.clone(), "Bearer ", Some(" sk-1 ")).unwrap();
+        assert_eq!(headers[&name], "Bearer sk-1");
+        assert!(headers[&name].is_sensitive());
+        let e = super::insert_key(&mut headers, name, "", Some("sk-\n2")).unwrap_err();
+        assert!(!e.to_string().contains("sk-"), "{e}");
+        let mut none = http::header::HeaderMap::new();
+        super::insert_key(&mut none, http::header::AUTHORIZATION, "Bearer ", None).unwrap();
+        assert!(none.is_empty());
     }
 }

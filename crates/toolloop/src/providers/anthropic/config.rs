@@ -87,25 +87,13 @@ impl AnthropicConfig {
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ModelError> {
         let mut config = AnthropicConfig::new(model);
-        if config.model.trim().is_empty() {
-            return Err(ModelError::Config(
-                "no Anthropic model given: expected `anthropic:<model>`, e.g. \
-                 `anthropic:claude-sonnet-4-5`"
-                    .into(),
-            ));
-        }
-        let vars = Vars::read(var, &["ANTHROPIC_BASE_URL"], &["ANTHROPIC_API_KEY"]);
-        if let Some(url) = vars.base_url {
-            config.base_url = url;
-        }
-        config.api_key = vars.api_key;
-        if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
-            return Err(ModelError::Config(
+        adapter::require_model(&config.model, "Anthropic", "anthropic", "claude-sonnet-4-5")?;
+        (config.base_url, config.api_key) =
+            Vars::read(var, &["ANTHROPIC_BASE_URL"], &["ANTHROPIC_API_KEY"]).base_url_and_key(
+                DEFAULT_BASE_URL,
                 "ANTHROPIC_API_KEY is not set: the Anthropic API needs a key (or set \
-                 ANTHROPIC_BASE_URL to a server that needs none)"
-                    .into(),
-            ));
-        }
+                 ANTHROPIC_BASE_URL to a server that needs none)",
+            )?;
         Ok(config)
     }
 
@@ -119,21 +107,21 @@ impl AnthropicConfig {
     /// The request headers: `x-api-key` (when there is a key) and `anthropic-version`.
     pub fn headers(&self) -> Result<HeaderMap, ModelError> {
         let mut headers = HeaderMap::new();
-        let value = |name: &str, v: &str| {
-            HeaderValue::from_str(v).map_err(|_| {
-                ModelError::Config(format!(
-                    "the {name} value contains characters not allowed in an HTTP header"
-                ))
-            })
-        };
-        if let Some(key) = &self.api_key {
-            let mut v = value("API key", key.trim())?;
-            v.set_sensitive(true);
-            headers.insert(HeaderName::from_static("x-api-key"), v);
-        }
+        adapter::insert_key(
+            &mut headers,
+            HeaderName::from_static("x-api-key"),
+            "",
+            self.api_key.as_deref(),
+        )?;
         headers.insert(
             HeaderName::from_static("anthropic-version"),
-            value("anthropic-version", &self.version)?,
+            HeaderValue::from_str(&self.version).map_err(|_| {
+                ModelError::Config(
+                    "the anthropic-version value contains characters not allowed in an HTTP \
+                     header"
+                        .into(),
+                )
+            })?,
         );
         Ok(headers)
     }

@@ -97,7 +97,6 @@ impl HttpAdapter for AnthropicModel {
     }
 
     #[cfg(feature = "http")]
-    #[cfg(feature = "http")]
     fn transport(&self) -> &HttpTransport {
         &self.config.transport
     }
@@ -116,15 +115,13 @@ impl HttpAdapter for AnthropicModel {
         stream: bool,
         _shape: (),
     ) -> Result<Bytes, ModelError> {
-        adapter::check_extras(
+        adapter::json_body(
             "Anthropic",
             self.config.extra.as_ref(),
-            Some(request),
+            request,
             OWNED_FIELDS,
-        )?;
-        Ok(build_request_body(request, &self.config, stream)
-            .to_string()
-            .into())
+            || build_request_body(request, &self.config, stream),
+        )
     }
 
     fn shape(&self, _stream: bool) {}

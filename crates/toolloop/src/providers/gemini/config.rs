@@ -5,7 +5,7 @@ use crate::providers::adapter;
 use crate::providers::adapter::Vars;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use http::header::{HeaderMap, HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName};
 use serde_json::Value;
 
 /// The provider name on [`ProviderPart`](crate::message::ProviderPart)s and in `provider_data` this
@@ -72,28 +72,17 @@ impl GeminiConfig {
         var: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ModelError> {
         let mut config = GeminiConfig::new(model);
-        if config.model.trim().is_empty() {
-            return Err(ModelError::Config(
-                "no Gemini model given: expected `gemini:<model>`, e.g. `gemini:gemini-2.5-flash`"
-                    .into(),
-            ));
-        }
-        let vars = Vars::read(
+        adapter::require_model(&config.model, "Gemini", "gemini", "gemini-2.5-flash")?;
+        (config.base_url, config.api_key) = Vars::read(
             var,
             &["GEMINI_BASE_URL", "GOOGLE_GEMINI_BASE_URL"],
             &["GEMINI_API_KEY", "GOOGLE_API_KEY"],
-        );
-        if let Some(url) = vars.base_url {
-            config.base_url = url;
-        }
-        config.api_key = vars.api_key;
-        if config.api_key.is_none() && config.base_url.trim_end_matches('/') == DEFAULT_BASE_URL {
-            return Err(ModelError::Config(
-                "neither GEMINI_API_KEY nor GOOGLE_API_KEY is set: the Gemini API needs a key \
-                 (or set GEMINI_BASE_URL to a server that needs none)"
-                    .into(),
-            ));
-        }
+        )
+        .base_url_and_key(
+            DEFAULT_BASE_URL,
+            "neither GEMINI_API_KEY nor GOOGLE_API_KEY is set: the Gemini API needs a key (or \
+             set GEMINI_BASE_URL to a server that needs none)",
+        )?;
         Ok(config)
     }
 
@@ -124,15 +113,12 @@ impl GeminiConfig {
     /// The request headers: `x-goog-api-key` when there is a key.
     pub fn headers(&self) -> Result<HeaderMap, ModelError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = &self.api_key {
-            let mut v = HeaderValue::from_str(key.trim()).map_err(|_| {
-                ModelError::Config(
-                    "the Gemini API key contains characters not allowed in an HTTP header".into(),
-                )
-            })?;
-            v.set_sensitive(true);
-            headers.insert(HeaderName::from_static("x-goog-api-key"), v);
-        }
+        adapter::insert_key(
+            &mut headers,
+            HeaderName::from_static("x-goog-api-key"),
+            "",
+            self.api_key.as_deref(),
+        )?;
         Ok(headers)
     }
 }

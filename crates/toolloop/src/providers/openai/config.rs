@@ -167,7 +167,8 @@ impl OpenAiConfig {
     }
 }
 
-pub(super) fn is_openai_url(url: &str) -> bool {
+/// Whether `url` is OpenAI's own API (`api.openai.com`).
+pub(crate) fn is_openai_url(url: &str) -> bool {
     let rest = url.trim();
     let rest = rest.split_once("://").map_or(rest, |(_, r)| r);
     let host_port = rest.split(['/', '?', '#']).next().unwrap_or("");

@@ -100,7 +100,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use config::check_extra;
 pub(crate) use error::{context_overflow, tools_unsupported};
-use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderMap};
 use request::EncodedPrefix;
 use response::decode_response;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,10 +109,13 @@ use stream::ChunkDecoder;
 
 mod config;
 mod error;
+#[cfg(test)]
+mod json_text;
 mod request;
 mod response;
 mod stream;
 
+pub(crate) use config::is_openai_url;
 pub use config::{DEFAULT_BASE_URL, OWNED_FIELDS, OpenAiConfig, PROVIDER, ReminderRole};
 pub(crate) use error::api_error_from_value;
 pub use error::parse_error;
@@ -180,21 +183,13 @@ impl OpenAiModel {
     /// first call, as [`ModelError::Config`].
     pub fn new(config: OpenAiConfig) -> Self {
         let mut headers = HeaderMap::new();
-        let headers = match &config.api_key {
-            None => Ok(headers),
-            Some(key) => match HeaderValue::from_str(&format!("Bearer {key}")) {
-                Ok(mut v) => {
-                    v.set_sensitive(true);
-                    headers.insert(AUTHORIZATION, v);
-                    Ok(headers)
-                }
-                Err(_) => Err(ModelError::Config(
-                    "the API key holds characters that cannot be sent in an HTTP header \
-                     (control characters or non-ASCII)"
-                        .to_string(),
-                )),
-            },
-        };
+        let headers = crate::providers::adapter::insert_key(
+            &mut headers,
+            AUTHORIZATION,
+            "Bearer ",
+            config.api_key.as_deref(),
+        )
+        .map(|()| headers);
         let url = config.endpoint();
         OpenAiModel {
             inner: Arc::new(Inner {

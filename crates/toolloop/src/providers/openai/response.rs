@@ -418,6 +418,7 @@ pub(super) fn parse_usage(u: &Value) -> Option<Usage> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::json_text::JsonText;
     use super::super::request::WireMessage;
     use super::super::without_ids;
     use super::*;
@@ -509,57 +510,15 @@ mod tests {
     /// Completion bodies built from the usual fields, each absent, of the right type, or odd:
     /// null, of the wrong type, empty, escaped.
     fn completion_body() -> BoxedStrategy<String> {
-        let odd = proptest::sample::select(vec![
-            "null",
-            "0",
-            "1",
-            "-1",
-            "0.0",
-            "\"\"",
-            "\"x\\n\\u00e9\"",
-            "{}",
-            "[]",
-            "{\"a\":1}",
-            "[{\"type\":\"text\",\"text\":\"hi\"}]",
-            "[\"hi\",[]]",
-        ])
-        .prop_map(str::to_string)
-        .boxed();
-        let pick = |good: &[&'static str]| {
-            let good = proptest::sample::select(good.to_vec()).prop_map(str::to_string);
-            prop_oneof![12 => good, 1 => odd.clone()].boxed()
-        };
-        let object = |fields: Vec<(&'static str, BoxedStrategy<String>)>| {
-            let fields: Vec<_> = fields
-                .into_iter()
-                .map(|(k, v)| {
-                    proptest::option::weighted(0.85, v.prop_map(move |v| format!("\"{k}\":{v}")))
-                })
-                .collect();
-            fields
-                .prop_map(|f| {
-                    format!(
-                        "{{{}}}",
-                        f.into_iter().flatten().collect::<Vec<_>>().join(",")
-                    )
-                })
-                .boxed()
-        };
-        let array = |item: BoxedStrategy<String>| {
-            proptest::collection::vec(item, 0..3)
-                .prop_map(|items| format!("[{}]", items.join(",")))
-                .boxed()
-        };
-        let either =
-            |good: BoxedStrategy<String>| prop_oneof![12 => good, 1 => odd.clone()].boxed();
-        let function = object(vec![
+        let g = JsonText::new(0.85);
+        let function = g.object(vec![
             (
                 "name",
-                pick(&["\"read\"", "\"read\"", "\"\"", "\"r\\u00e9ad\""]),
+                g.pick(&["\"read\"", "\"read\"", "\"\"", "\"r\\u00e9ad\""]),
             ),
             (
                 "arguments",
-                pick(&[
+                g.pick(&[
                     "\"{\\\"a\\\":1}\"",
                     "\"\"",
                     "{\"a\":1}",
@@ -568,55 +527,55 @@ mod tests {
                 ]),
             ),
         ]);
-        let call = object(vec![
-            ("id", pick(&["\"call_1\"", "\"\"", "\"call_\\u00e9\""])),
-            ("type", pick(&["\"function\""])),
-            ("function", either(function)),
+        let call = g.object(vec![
+            ("id", g.pick(&["\"call_1\"", "\"\"", "\"call_\\u00e9\""])),
+            ("type", g.pick(&["\"function\""])),
+            ("function", g.either(function)),
             (
                 "extra_content",
-                pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+                g.pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
             ),
         ]);
-        let message = object(vec![
-            ("role", pick(&["\"assistant\""])),
-            ("content", pick(&["\"hi\"", "\"\"", "\"a\\\"b\""])),
-            ("tool_calls", either(array(call))),
-            ("reasoning_content", pick(&["\"why\"", "\"\""])),
-            ("refusal", pick(&["\"no\"", "\"\""])),
-            ("extra_content", pick(&["{\"k\":1}"])),
+        let message = g.object(vec![
+            ("role", g.pick(&["\"assistant\""])),
+            ("content", g.pick(&["\"hi\"", "\"\"", "\"a\\\"b\""])),
+            ("tool_calls", g.either(g.array(call))),
+            ("reasoning_content", g.pick(&["\"why\"", "\"\""])),
+            ("refusal", g.pick(&["\"no\"", "\"\""])),
+            ("extra_content", g.pick(&["{\"k\":1}"])),
         ]);
-        let choice = object(vec![
-            ("index", pick(&["0", "1"])),
-            ("message", either(message)),
+        let choice = g.object(vec![
+            ("index", g.pick(&["0", "1"])),
+            ("message", g.either(message)),
             (
                 "finish_reason",
-                pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "\"odd\""]),
+                g.pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "\"odd\""]),
             ),
         ]);
-        let usage = object(vec![
-            ("prompt_tokens", pick(&["3", "3", "3", "3.0"])),
-            ("completion_tokens", pick(&["2"])),
+        let usage = g.object(vec![
+            ("prompt_tokens", g.pick(&["3", "3", "3", "3.0"])),
+            ("completion_tokens", g.pick(&["2"])),
             (
                 "prompt_tokens_details",
-                pick(&["{\"cached_tokens\":1}", "{\"cached_tokens\":null}", "null"]),
+                g.pick(&["{\"cached_tokens\":1}", "{\"cached_tokens\":null}", "null"]),
             ),
-            ("cached_tokens", pick(&["4"])),
-            ("prompt_cache_hit_tokens", pick(&["5"])),
-            ("num_cached_tokens", pick(&["6"])),
+            ("cached_tokens", g.pick(&["4"])),
+            ("prompt_cache_hit_tokens", g.pick(&["5"])),
+            ("num_cached_tokens", g.pick(&["6"])),
             (
                 "completion_tokens_details",
-                pick(&["{\"reasoning_tokens\":7}", "{}"]),
+                g.pick(&["{\"reasoning_tokens\":7}", "{}"]),
             ),
         ]);
         let groq = "{\"usage\":{\"prompt_tokens\":5}}";
-        object(vec![
-            ("id", pick(&["\"chatcmpl-1\""])),
-            ("choices", either(array(choice))),
-            ("usage", either(usage)),
-            ("x_groq", pick(&[groq])),
+        g.object(vec![
+            ("id", g.pick(&["\"chatcmpl-1\""])),
+            ("choices", g.either(g.array(choice))),
+            ("usage", g.either(usage)),
+            ("x_groq", g.pick(&[groq])),
             (
                 "error",
-                pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
+                g.pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
             ),
         ])
     }

@@ -472,6 +472,7 @@ mod typed {
 
 #[cfg(test)]
 mod tests {
+    use super::super::json_text::JsonText;
     use super::super::response::decode_response;
     use super::super::{decode_recorded, without_ids};
     use super::*;
@@ -737,105 +738,64 @@ mod tests {
     /// Chunks built from the usual fields, each absent, of the right type, or odd: null, of the
     /// wrong type, empty, escaped.
     fn chunk_body() -> BoxedStrategy<String> {
-        let odd = proptest::sample::select(vec![
-            "null",
-            "0",
-            "1",
-            "-1",
-            "0.0",
-            "\"\"",
-            "\"x\\n\\u00e9\"",
-            "{}",
-            "[]",
-            "{\"a\":1}",
-            "[{\"type\":\"text\",\"text\":\"hi\"}]",
-        ])
-        .prop_map(str::to_string)
-        .boxed();
-        let pick = |good: &[&'static str]| {
-            let good = proptest::sample::select(good.to_vec()).prop_map(str::to_string);
-            prop_oneof![12 => good, 1 => odd.clone()].boxed()
-        };
-        let object = |fields: Vec<(&'static str, BoxedStrategy<String>)>| {
-            let fields: Vec<_> = fields
-                .into_iter()
-                .map(|(k, v)| {
-                    proptest::option::weighted(0.7, v.prop_map(move |v| format!("\"{k}\":{v}")))
-                })
-                .collect();
-            fields
-                .prop_map(|f| {
-                    format!(
-                        "{{{}}}",
-                        f.into_iter().flatten().collect::<Vec<_>>().join(",")
-                    )
-                })
-                .boxed()
-        };
-        let array = |item: BoxedStrategy<String>| {
-            proptest::collection::vec(item, 0..3)
-                .prop_map(|items| format!("[{}]", items.join(",")))
-                .boxed()
-        };
-        let either =
-            |good: BoxedStrategy<String>| prop_oneof![12 => good, 1 => odd.clone()].boxed();
-        let function = object(vec![
-            ("index", pick(&["0", "1"])),
-            ("name", pick(&["\"read\"", "\"\"", "\"r\\u00e9ad\""])),
+        let g = JsonText::new(0.7);
+        let function = g.object(vec![
+            ("index", g.pick(&["0", "1"])),
+            ("name", g.pick(&["\"read\"", "\"\"", "\"r\\u00e9ad\""])),
             (
                 "arguments",
-                pick(&["\"{\\\"a\\\":\"", "\"1}\"", "\"\"", "{\"a\":1}", "null"]),
+                g.pick(&["\"{\\\"a\\\":\"", "\"1}\"", "\"\"", "{\"a\":1}", "null"]),
             ),
         ]);
-        let call = object(vec![
-            ("index", pick(&["0", "1", "null"])),
-            ("id", pick(&["\"call_1\"", "\"call_2\"", "\"\"", "null"])),
-            ("type", pick(&["\"function\""])),
-            ("function", either(function)),
+        let call = g.object(vec![
+            ("index", g.pick(&["0", "1", "null"])),
+            ("id", g.pick(&["\"call_1\"", "\"call_2\"", "\"\"", "null"])),
+            ("type", g.pick(&["\"function\""])),
+            ("function", g.either(function)),
             (
                 "extra_content",
-                pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+                g.pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
             ),
         ]);
-        let delta = object(vec![
-            ("role", pick(&["\"assistant\""])),
-            ("content", pick(&["\"hi\"", "\"\"", "\"a\\\"b\"", "null"])),
-            ("tool_calls", either(array(call))),
-            ("reasoning_content", pick(&["\"why\"", "\"\""])),
-            ("refusal", pick(&["\"no\"", "null"])),
+        let delta = g.object(vec![
+            ("role", g.pick(&["\"assistant\""])),
+            ("content", g.pick(&["\"hi\"", "\"\"", "\"a\\\"b\"", "null"])),
+            ("tool_calls", g.either(g.array(call))),
+            ("reasoning_content", g.pick(&["\"why\"", "\"\""])),
+            ("refusal", g.pick(&["\"no\"", "null"])),
         ]);
-        let choice = object(vec![
-            ("index", pick(&["0", "0", "1"])),
-            ("delta", either(delta.clone())),
-            ("message", pick(&["null"])),
-            ("logprobs", pick(&["null"])),
+        let choice = g.object(vec![
+            ("index", g.pick(&["0", "0", "1"])),
+            ("delta", g.either(delta.clone())),
+            ("message", g.pick(&["null"])),
+            ("logprobs", g.pick(&["null"])),
             (
                 "finish_reason",
-                pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "null"]),
+                g.pick(&["\"stop\"", "\"tool_calls\"", "\"length\"", "null"]),
             ),
         ]);
-        let usage = object(vec![
-            ("prompt_tokens", pick(&["3", "3", "3.0"])),
-            ("completion_tokens", pick(&["2"])),
+        let usage = g.object(vec![
+            ("prompt_tokens", g.pick(&["3", "3", "3.0"])),
+            ("completion_tokens", g.pick(&["2"])),
             (
                 "prompt_tokens_details",
-                pick(&["{\"cached_tokens\":1}", "null"]),
+                g.pick(&["{\"cached_tokens\":1}", "null"]),
             ),
             (
                 "completion_tokens_details",
-                pick(&["{\"reasoning_tokens\":7}", "{}"]),
+                g.pick(&["{\"reasoning_tokens\":7}", "{}"]),
             ),
         ]);
         let groq = "{\"usage\":{\"prompt_tokens\":5}}";
-        object(vec![
-            ("id", pick(&["\"chatcmpl-1\""])),
-            ("object", pick(&["\"chat.completion.chunk\""])),
-            ("choices", either(array(choice))),
-            ("usage", pick(&["null"]).prop_union(usage).boxed()),
-            ("x_groq", pick(&[groq])),
+        g.object(vec![
+            ("id", g.pick(&["\"chatcmpl-1\""])),
+            ("object", g.pick(&["\"chat.completion.chunk\""])),
+            ("choices", g.either(g.array(choice))),
+            ("usage", g.pick(&["null"]).prop_union(usage).boxed()),
+            ("x_groq", g.pick(&[groq])),
             (
                 "error",
-                pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
+                g.pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
             ),
         ])
     }

@@ -3,10 +3,10 @@
 
 use crate::model::ModelError;
 use crate::providers::adapter;
-use crate::providers::adapter::Vars;
+use crate::providers::openai::OpenAiConfig;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
-use http::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+use http::header::{AUTHORIZATION, HeaderMap};
 use serde_json::Value;
 
 /// OpenAI's own API.
@@ -101,11 +101,8 @@ impl ResponsesConfig {
         self
     }
 
-    /// Reads the key and the base URL from the environment: the key from the variable named
-    /// `api_key_env`, else `OPENAI_API_KEY`; the base URL from `OPENAI_BASE_URL`, else OpenAI's.
-    ///
-    /// A missing key is an error for OpenAI's own API, and when `api_key_env` names a variable
-    /// that is not set; other servers may need no key.
+    /// Reads the key and the base URL from the environment as
+    /// [`OpenAiConfig::from_env`] does (the same variables and checks); a blank model is refused.
     pub fn from_env(model: &str, api_key_env: Option<&str>) -> Result<Self, ModelError> {
         Self::from_vars(model, api_key_env, |name| std::env::var(name).ok())
     }
@@ -116,44 +113,17 @@ impl ResponsesConfig {
         api_key_env: Option<&str>,
         lookup: impl Fn(&str) -> Option<String>,
     ) -> Result<Self, ModelError> {
-        if model.trim().is_empty() {
-            return Err(ModelError::Config(
-                "no model given: expected `openai-responses:<model>`, e.g. \
-                 `openai-responses:gpt-5-mini`"
-                    .into(),
-            ));
-        }
-        let key_var = api_key_env.unwrap_or("OPENAI_API_KEY");
-        let vars = Vars::read(lookup, &["OPENAI_BASE_URL"], &[key_var]);
-        let base_url = vars
-            .base_url
-            .unwrap_or_else(|| DEFAULT_BASE_URL.to_string());
-        let mut config = ResponsesConfig::new(model.trim()).with_base_url(base_url);
-        config.api_key = vars.api_key;
-        if config.api_key.is_none() {
-            if api_key_env.is_some() {
-                return Err(ModelError::Config(format!(
-                    "the API key variable {key_var} is not set (or is empty); set it, or leave \
-                     out the key variable for servers that need no key"
-                )));
-            }
-            if config.is_openai() {
-                return Err(ModelError::Config(format!(
-                    "OPENAI_API_KEY is not set: OpenAI's API ({}) needs a key. Set it, name \
-                     another variable with --api-key-env, or point OPENAI_BASE_URL at a \
-                     compatible server",
-                    config.base_url
-                )));
-            }
-        }
+        adapter::require_model(model, "OpenAI Responses", "openai-responses", "gpt-5-mini")?;
+        // The variables and the checks of the Chat Completions adapter: the same servers.
+        let openai = OpenAiConfig::from_vars(model.trim(), api_key_env, lookup)?;
+        let mut config = ResponsesConfig::new(model.trim()).with_base_url(openai.base_url);
+        config.api_key = openai.api_key;
         Ok(config)
     }
 
     /// Whether the base URL is OpenAI's own API (`api.openai.com`).
     pub fn is_openai(&self) -> bool {
-        crate::providers::openai::OpenAiConfig::new("")
-            .with_base_url(self.base_url.clone())
-            .is_openai()
+        crate::providers::openai::is_openai_url(&self.base_url)
     }
 
     /// The full URL requests are sent to: `{base_url}/responses` (a base URL already ending in
@@ -171,17 +141,12 @@ impl ResponsesConfig {
     /// sensitive, so it is never logged).
     pub fn headers(&self) -> Result<HeaderMap, ModelError> {
         let mut headers = HeaderMap::new();
-        if let Some(key) = &self.api_key {
-            let mut v = HeaderValue::from_str(&format!("Bearer {}", key.trim())).map_err(|_| {
-                ModelError::Config(
-                    "the API key holds characters that cannot be sent in an HTTP header \
-                     (control characters or non-ASCII)"
-                        .to_string(),
-                )
-            })?;
-            v.set_sensitive(true);
-            headers.insert(AUTHORIZATION, v);
-        }
+        adapter::insert_key(
+            &mut headers,
+            AUTHORIZATION,
+            "Bearer ",
+            self.api_key.as_deref(),
+        )?;
         Ok(headers)
     }
 

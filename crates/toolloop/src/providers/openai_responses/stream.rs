@@ -449,7 +449,7 @@ mod tests {
 
     #[test]
     fn streamed_and_complete_decodings_agree() {
-        let complete = super::super::response::decode_response(&json!({
+        let body = json!({
             "status": "completed",
             "output": [
                 {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
@@ -459,20 +459,11 @@ mod tests {
             ],
             "usage": {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 10},
                       "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 5}}
-        }))
-        .unwrap();
+        });
+        let complete = super::super::response::decode_response(&body).unwrap();
         assert_eq!(decode(&sse(&call_stream())).response, complete);
         // A server that sends only the final object gives the same response.
-        let only_final = json!({"type": "response.completed", "response": {
-            "status": "completed",
-            "output": [
-                {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"},
-                {"type": "message", "id": "msg_1", "content": [{"type": "output_text", "text": "Let me look."}]},
-                {"type": "function_call", "id": "fc_1", "call_id": "call_a", "name": "read", "arguments": "{\"path\":\"a\"}"},
-                {"type": "function_call", "id": "fc_2", "call_id": "call_b", "name": "list", "arguments": "{}"}
-            ],
-            "usage": {"input_tokens": 50, "input_tokens_details": {"cached_tokens": 10},
-                      "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 5}}}});
+        let only_final = json!({"type": "response.completed", "response": body});
         assert_eq!(decode(&sse(&[only_final])).response, complete);
     }
 
