@@ -10,7 +10,14 @@
 
 use std::path::Path;
 
+// The command's build script (`crates/toolloop-cli/build.rs`) calls `probe` as a module.
+#[allow(dead_code)]
 fn main() {
+    probe();
+}
+
+/// Sets the cfgs above for what is on `PATH`.
+pub(crate) fn probe() {
     println!("cargo::rustc-check-cfg=cfg(toolloop_npm)");
     println!("cargo::rustc-check-cfg=cfg(toolloop_python)");
     println!("cargo::rustc-check-cfg=cfg(toolloop_chromium)");

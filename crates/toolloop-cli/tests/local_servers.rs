@@ -658,14 +658,13 @@ fn tls_file(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-/// A model server on `https://127.0.0.1:PORT` (the test authority's certificate) that answers
-/// every request with `text`; its port.
-fn tls_server(text: &'static str) -> u16 {
+/// A TLS server's configuration with the test authority's certificate for `127.0.0.1`.
+fn tls_config() -> std::sync::Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs = vec![CertificateDer::from_pem_file(tls_file("server.pem")).unwrap()];
     let key = PrivateKeyDer::from_pem_file(tls_file("server.key")).unwrap();
-    let config = std::sync::Arc::new(
+    std::sync::Arc::new(
         rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -674,7 +673,13 @@ fn tls_server(text: &'static str) -> u16 {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .unwrap(),
-    );
+    )
+}
+
+/// A model server on `https://127.0.0.1:PORT` (the test authority's certificate) that answers
+/// every request with `text`; its port.
+fn tls_server(text: &'static str) -> u16 {
+    let config = tls_config();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -798,5 +803,97 @@ fn root_certificates_are_read_for_https_only_and_still_checked() {
             && message.contains("SSL_CERT_FILE"),
         "{v}\n{}",
         stderr(&out)
+    );
+}
+
+/// A PostgreSQL server on `127.0.0.1:PORT` as far as its TLS: it accepts the client's
+/// `SSLRequest`, completes the handshake with the test authority's certificate, reads the
+/// startup message and refuses it with an `ErrorResponse` (SQLSTATE 28000) whose message is
+/// `refusal`; its port.
+fn postgres_tls_server(refusal: &'static str) -> u16 {
+    let config = tls_config();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for mut tcp in listener.incoming().flatten() {
+            let config = config.clone();
+            std::thread::spawn(move || {
+                // SSLRequest: length 8, then the code 80877103.
+                let mut request = [0u8; 8];
+                if tcp.read_exact(&mut request).is_err()
+                    || request != [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]
+                {
+                    return;
+                }
+                if tcp.write_all(b"S").is_err() {
+                    return;
+                }
+                let conn = rustls::ServerConnection::new(config).unwrap();
+                let mut tls = rustls::StreamOwned::new(conn, tcp);
+                // The startup message: its length (itself included), then the rest (a client
+                // that refused the certificate ends here).
+                let mut length = [0u8; 4];
+                if tls.read_exact(&mut length).is_err() {
+                    return;
+                }
+                let rest = (u32::from_be_bytes(length) as usize).saturating_sub(4);
+                let mut startup = vec![0u8; rest];
+                if tls.read_exact(&mut startup).is_err() {
+                    return;
+                }
+                let mut fields = Vec::new();
+                for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "28000")]
+                    .into_iter()
+                    .chain([(b'M', refusal)])
+                {
+                    fields.push(code);
+                    fields.extend_from_slice(value.as_bytes());
+                    fields.push(0);
+                }
+                fields.push(0);
+                let mut reply = vec![b'E'];
+                reply.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+                reply.extend_from_slice(&fields);
+                let _ = tls.write_all(&reply);
+                let _ = tls.flush();
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+            });
+        }
+    });
+    port
+}
+
+/// A PostgreSQL store's server certificate is checked against the system's roots
+/// (`SSL_CERT_FILE` here), as the command's HTTPS is: a server the roots vouch for is reached
+/// (its refusal of the login is what the command reports), one they do not is refused as a
+/// certificate error before the login is sent.
+#[test]
+fn a_postgres_store_checks_the_server_against_the_system_roots() {
+    let port = postgres_tls_server("toolloop test server: no such role");
+    let no_dir = tempfile::tempdir().unwrap();
+    let url = format!("postgres://someone@127.0.0.1:{port}/db?sslmode=verify-full");
+    let list = |roots: &std::path::Path| {
+        let dir = repo();
+        command(&["sessions", "list", "--store", &url], dir.path())
+            .env("SSL_CERT_FILE", roots)
+            .env("SSL_CERT_DIR", no_dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = list(&tls_file("ca.pem"));
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("toolloop test server: no such role"),
+        "{}",
+        stderr(&out)
+    );
+    // A root that did not sign the server's certificate.
+    let out = list(&tls_file("server.pem"));
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("UnknownIssuer") && !err.contains("no such role"),
+        "{err}"
     );
 }
