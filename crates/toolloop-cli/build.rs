@@ -4,8 +4,11 @@
 //! `x86_64-unknown-linux-gnu`, linked by Rust's own `lld` (the default since Rust 1.90), with
 //! no linker of the user's choosing.
 //!
-//! - `--icf=all`: functions with identical machine code are kept once. Rust promises no
-//!   function (or vtable) a unique address, and rustc already merges identical functions itself.
+//! - `--icf=safe`: functions with identical machine code are kept once, unless their address
+//!   is taken where it may be compared (the compilers' address-significance tables say where;
+//!   code without such a table, such as SQLite's C, is left as it is). Only with Rust 1.90 or
+//!   later, whose `lld` is the default linker of this target: the system's `ld` has no such
+//!   option.
 //! - `-z pack-relative-relocs` (RELR): the position-independent program's relocations, about
 //!   1.8 MB as plain entries, are packed as bitmaps. Only when the system's C library reads them
 //!   (glibc 2.36 and later define `GLIBC_ABI_DT_RELR`, which the program then requires): the
@@ -31,7 +34,9 @@ fn release_link() {
     if var("PROFILE").as_deref() != Ok("release") || !native_linux || own_linker {
         return;
     }
-    println!("cargo::rustc-link-arg-bin=toolloop=-Wl,--icf=all");
+    if rustc_links_with_lld() {
+        println!("cargo::rustc-link-arg-bin=toolloop=-Wl,--icf=safe");
+    }
     if glibc_reads_relr() {
         println!("cargo::rustc-link-arg-bin=toolloop=-Wl,-z,pack-relative-relocs");
     }
@@ -50,4 +55,22 @@ fn glibc_reads_relr() -> bool {
     };
     libc.windows(b"GLIBC_ABI_DT_RELR\0".len())
         .any(|w| w == b"GLIBC_ABI_DT_RELR\0")
+}
+
+/// Whether the compiler is Rust 1.90 or later, which links this target with its own `lld`.
+fn rustc_links_with_lld() -> bool {
+    let rustc = var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let Ok(out) = std::process::Command::new(rustc).arg("--version").output() else {
+        return false;
+    };
+    // "rustc 1.95.0 (…)"
+    let version = String::from_utf8_lossy(&out.stdout);
+    let mut numbers = version
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_default()
+        .split(['.', '-'])
+        .map(|n| n.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (numbers.next().unwrap_or(0), numbers.next().unwrap_or(0));
+    (major, minor) >= (1, 90)
 }

@@ -236,7 +236,11 @@ impl Store {
 
     #[cfg(not(feature = "postgres"))]
     async fn open_postgres(_url: &str) -> Result<Pool, StoreFailure> {
-        Err("this build has no PostgreSQL support (feature `postgres`)".into())
+        Err(
+            "this build has no PostgreSQL support: build it with the feature `postgres` (for \
+             the command: cargo install toolloop-cli --features postgres)"
+                .into(),
+        )
     }
 
     /// Sets how long a lease lasts without renewal (default 30 s; renewed every third of it).
