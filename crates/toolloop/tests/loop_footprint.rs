@@ -10,25 +10,7 @@
 use serde_json::{Value, json};
 use toolloop::agent::Agent;
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
-use toolloop::tool::{Tool, ToolContext, ToolError, ToolOutput};
-
-struct Echo(Value);
-
-#[async_trait::async_trait]
-impl Tool for Echo {
-    fn name(&self) -> &str {
-        "echo"
-    }
-    fn description(&self) -> &str {
-        "Echoes its input."
-    }
-    fn parameters(&self) -> &Value {
-        &self.0
-    }
-    async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
-        Ok(ToolOutput::data(args))
-    }
-}
+use toolloop::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
 
 /// The largest a run's future may be in this (unoptimised) test build, in bytes. Measured at
 /// 2,296 when the bound was set, where the build before made it 8,792 (release builds gave the
@@ -42,14 +24,24 @@ async fn a_run_in_flight_holds_a_small_future_and_finishes() {
         .expect("mock starts");
     let config = OpenAiConfig::new("mock:rounds=2,parallel=2,distinct=true")
         .with_base_url(format!("{}/v1", server.base_url()));
-    let agent = Agent::builder(OpenAiModel::new(config))
-        .tool(Echo(json!({
-            "type": "object",
-            "properties": {"text": {"type": "string"}},
-            "required": ["text"]
-        })))
-        .build()
-        .expect("one tool");
+    let agent =
+        Agent::builder(OpenAiModel::new(config))
+            .tool(
+                tool_fn(
+                    "echo",
+                    "Echoes its input.",
+                    |args: Value, _: ToolContext| async move {
+                        Ok::<_, ToolError>(ToolOutput::data(args))
+                    },
+                )
+                .with_parameters(json!({
+                    "type": "object",
+                    "properties": {"text": {"type": "string"}},
+                    "required": ["text"]
+                })),
+            )
+            .build()
+            .expect("one tool");
 
     let run = agent.prompt("go");
     let size = std::mem::size_of_val(&run);
