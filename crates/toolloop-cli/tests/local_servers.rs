@@ -679,60 +679,69 @@ fn tls_config() -> std::sync::Arc<rustls::ServerConfig> {
 /// A model server on `https://127.0.0.1:PORT` (the test authority's certificate) that answers
 /// every request with `text`; its port.
 fn tls_server(text: &'static str) -> u16 {
+    serve_each(move |tcp, config| {
+        let conn = rustls::ServerConnection::new(config).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        // The request: its head, then as many bytes as it says (a client that refused
+        // the certificate ends here).
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let body_at = loop {
+            match tls.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+            if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&got[..body_at]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        while got.len() < body_at + length {
+            match tls.read(&mut buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        let body = serde_json::json!({
+            "id": "tls-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "m",
+            "choices": [{"index": 0, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": text}}],
+            "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
+        })
+        .to_string();
+        let _ = write!(
+            tls,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+                     connection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = tls.flush();
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+    })
+}
+
+/// A server on `127.0.0.1:PORT` that hands each connection, on a thread of its own, to
+/// `handle` with the test authority's TLS configuration; its port.
+fn serve_each(
+    handle: impl Fn(std::net::TcpStream, std::sync::Arc<rustls::ServerConfig>) + Send + Sync + 'static,
+) -> u16 {
     let config = tls_config();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
+    let handle = std::sync::Arc::new(handle);
     std::thread::spawn(move || {
         for tcp in listener.incoming().flatten() {
-            let config = config.clone();
-            std::thread::spawn(move || {
-                let conn = rustls::ServerConnection::new(config).unwrap();
-                let mut tls = rustls::StreamOwned::new(conn, tcp);
-                // The request: its head, then as many bytes as it says (a client that refused
-                // the certificate ends here).
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                let body_at = loop {
-                    match tls.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                    if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-                        break at + 4;
-                    }
-                };
-                let head = String::from_utf8_lossy(&got[..body_at]).to_ascii_lowercase();
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse().ok())
-                    .unwrap_or(0);
-                while got.len() < body_at + length {
-                    match tls.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let body = serde_json::json!({
-                    "id": "tls-1",
-                    "object": "chat.completion",
-                    "created": 0,
-                    "model": "m",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
-                })
-                .to_string();
-                let _ = write!(
-                    tls,
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-                     connection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = tls.flush();
-                tls.conn.send_close_notify();
-                let _ = tls.flush();
-            });
+            let (config, handle) = (config.clone(), handle.clone());
+            std::thread::spawn(move || handle(tcp, config));
         }
     });
     port
@@ -811,57 +820,47 @@ fn root_certificates_are_read_for_https_only_and_still_checked() {
 /// startup message and refuses it with an `ErrorResponse` (SQLSTATE 28000) whose message is
 /// `refusal`; its port.
 fn postgres_tls_server(refusal: &'static str) -> u16 {
-    let config = tls_config();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for mut tcp in listener.incoming().flatten() {
-            let config = config.clone();
-            std::thread::spawn(move || {
-                // SSLRequest: length 8, then the code 80877103.
-                let mut request = [0u8; 8];
-                if tcp.read_exact(&mut request).is_err()
-                    || request != [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]
-                {
-                    return;
-                }
-                if tcp.write_all(b"S").is_err() {
-                    return;
-                }
-                let conn = rustls::ServerConnection::new(config).unwrap();
-                let mut tls = rustls::StreamOwned::new(conn, tcp);
-                // The startup message: its length (itself included), then the rest (a client
-                // that refused the certificate ends here).
-                let mut length = [0u8; 4];
-                if tls.read_exact(&mut length).is_err() {
-                    return;
-                }
-                let rest = (u32::from_be_bytes(length) as usize).saturating_sub(4);
-                let mut startup = vec![0u8; rest];
-                if tls.read_exact(&mut startup).is_err() {
-                    return;
-                }
-                let mut fields = Vec::new();
-                for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "28000")]
-                    .into_iter()
-                    .chain([(b'M', refusal)])
-                {
-                    fields.push(code);
-                    fields.extend_from_slice(value.as_bytes());
-                    fields.push(0);
-                }
-                fields.push(0);
-                let mut reply = vec![b'E'];
-                reply.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
-                reply.extend_from_slice(&fields);
-                let _ = tls.write_all(&reply);
-                let _ = tls.flush();
-                tls.conn.send_close_notify();
-                let _ = tls.flush();
-            });
+    serve_each(move |mut tcp, config| {
+        // SSLRequest: length 8, then the code 80877103.
+        let mut request = [0u8; 8];
+        if tcp.read_exact(&mut request).is_err() || request != [0, 0, 0, 8, 0x04, 0xd2, 0x16, 0x2f]
+        {
+            return;
         }
-    });
-    port
+        if tcp.write_all(b"S").is_err() {
+            return;
+        }
+        let conn = rustls::ServerConnection::new(config).unwrap();
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        // The startup message: its length (itself included), then the rest (a client
+        // that refused the certificate ends here).
+        let mut length = [0u8; 4];
+        if tls.read_exact(&mut length).is_err() {
+            return;
+        }
+        let rest = (u32::from_be_bytes(length) as usize).saturating_sub(4);
+        let mut startup = vec![0u8; rest];
+        if tls.read_exact(&mut startup).is_err() {
+            return;
+        }
+        let mut fields = Vec::new();
+        for (code, value) in [(b'S', "FATAL"), (b'V', "FATAL"), (b'C', "28000")]
+            .into_iter()
+            .chain([(b'M', refusal)])
+        {
+            fields.push(code);
+            fields.extend_from_slice(value.as_bytes());
+            fields.push(0);
+        }
+        fields.push(0);
+        let mut reply = vec![b'E'];
+        reply.extend_from_slice(&(fields.len() as u32 + 4).to_be_bytes());
+        reply.extend_from_slice(&fields);
+        let _ = tls.write_all(&reply);
+        let _ = tls.flush();
+        tls.conn.send_close_notify();
+        let _ = tls.flush();
+    })
 }
 
 /// A PostgreSQL store's server certificate is checked against the system's roots
