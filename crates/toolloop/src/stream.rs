@@ -59,6 +59,16 @@ pub enum StreamEvent {
     ContextEdited(NativeReport),
 }
 
+/// Appends `piece` to `text`, taking the piece's buffer when `text` is still empty (the first
+/// delta, or a reply that comes in one piece, is not copied).
+fn append(text: &mut String, piece: String) {
+    if text.is_empty() {
+        *text = piece;
+    } else {
+        text.push_str(&piece);
+    }
+}
+
 #[derive(Debug, Default)]
 struct PartialCall {
     index: usize,
@@ -103,7 +113,7 @@ impl Accumulator {
     /// Adds one event.
     pub fn push(&mut self, event: StreamEvent) {
         match event {
-            StreamEvent::TextDelta(t) => self.text.push_str(&t),
+            StreamEvent::TextDelta(t) => append(&mut self.text, t),
             StreamEvent::ToolCallStart { index, id, name } => {
                 let call = self.call(index);
                 if call.id.is_none() {
@@ -114,7 +124,7 @@ impl Accumulator {
                 }
             }
             StreamEvent::ToolCallDelta { index, arguments } => {
-                self.call(index).arguments.push_str(&arguments)
+                append(&mut self.call(index).arguments, arguments)
             }
             StreamEvent::ToolCallData { index, data } => self.call(index).data = Some(data),
             StreamEvent::ToolCallEnd { index } => {

@@ -158,7 +158,10 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
     struct State<D> {
         bytes: ByteStream,
         reader: SseReader<D>,
+        /// The events a chunk completed, handed out in order. Both buffers keep their capacity
+        /// from chunk to chunk: reading a stream allocates nothing per chunk once they have grown.
         pending: VecDeque<Result<StreamEvent, ModelError>>,
+        decoded: Vec<StreamEvent>,
         ended: bool,
         event_timeout: Option<Duration>,
         deadline: Option<tokio::time::Instant>,
@@ -167,6 +170,7 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
         bytes,
         reader: SseReader::new(decoder),
         pending: VecDeque::new(),
+        decoded: Vec::new(),
         ended: false,
         event_timeout,
         deadline: event_timeout.map(|t| tokio::time::Instant::now() + t),
@@ -179,7 +183,6 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
             if st.ended {
                 return None;
             }
-            let mut out = Vec::new();
             let next = match st.deadline {
                 Some(deadline) => tokio::time::timeout_at(deadline, st.bytes.next()).await,
                 None => Ok(st.bytes.next().await),
@@ -190,11 +193,11 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
                     st.ended = true;
                     Err(no_event_error(st.event_timeout.unwrap_or_default()))
                 }
-                Ok(Some(Ok(chunk))) => st.reader.push(&chunk, &mut out),
+                Ok(Some(Ok(chunk))) => st.reader.push(&chunk, &mut st.decoded),
                 Ok(Some(Err(e))) => Err(broken(e)),
                 Ok(None) => {
                     st.ended = true;
-                    st.reader.finish(&mut out)
+                    st.reader.finish(&mut st.decoded)
                 }
             };
             if st.reader.events != events_before
@@ -202,7 +205,7 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
             {
                 st.deadline = Some(tokio::time::Instant::now() + limit);
             }
-            st.pending.extend(out.into_iter().map(Ok));
+            st.pending.extend(st.decoded.drain(..).map(Ok));
             if st.reader.done() {
                 st.ended = true;
             }
