@@ -36,7 +36,7 @@ pub(super) mod typed {
         #[serde(default)]
         error: Option<IgnoredAny>,
         #[serde(borrow)]
-        choices: Vec<Obj<Choice<'a>>>,
+        choices: Few<Obj<Choice<'a>>>,
         #[serde(default)]
         usage: Option<Obj<WireUsage>>,
         #[serde(default)]
@@ -105,16 +105,16 @@ pub(super) mod typed {
         index: Option<u64>,
         #[serde(default, borrow)]
         message: Option<Obj<Message<'a>>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         finish_reason: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize)]
     struct Message<'a> {
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         content: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
-        tool_calls: Option<Vec<Obj<Call<'a>>>>,
+        tool_calls: Option<Few<Obj<Call<'a>>>>,
         #[serde(default)]
         reasoning_content: Option<Value>,
         #[serde(default)]
@@ -125,7 +125,7 @@ pub(super) mod typed {
 
     #[derive(Deserialize)]
     struct Call<'a> {
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         id: Option<Cow<'a, str>>,
         #[serde(borrow)]
         function: Obj<Function<'a>>,
@@ -137,8 +137,118 @@ pub(super) mod typed {
     struct Function<'a> {
         #[serde(borrow)]
         name: Cow<'a, str>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         arguments: Option<Cow<'a, str>>,
+    }
+
+    /// `#[serde(deserialize_with = "opt_str")]` for an `Option<Cow<str>>` that borrows from the
+    /// input when the string has no escapes: serde's own `Option<Cow<str>>` always copies (its
+    /// `borrow` attribute reaches a `Cow` only when the `Cow` is the field's type itself).
+    pub(in crate::providers::openai) fn opt_str<'de, D: serde::Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Cow<'de, str>>, D::Error> {
+        struct Str;
+        impl<'de> serde::de::Visitor<'de> for Str {
+            type Value = Cow<'de, str>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+                Ok(Cow::Borrowed(v))
+            }
+            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v.to_owned()))
+            }
+            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+                Ok(Cow::Owned(v))
+            }
+        }
+        struct OptStr;
+        impl<'de> serde::de::Visitor<'de> for OptStr {
+            type Value = Option<Cow<'de, str>>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a string or null")
+            }
+            fn visit_none<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_unit<E>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_some<D: serde::Deserializer<'de>>(
+                self,
+                d: D,
+            ) -> Result<Self::Value, D::Error> {
+                d.deserialize_str(Str).map(Some)
+            }
+        }
+        d.deserialize_option(OptStr)
+    }
+
+    /// A JSON array that nearly always holds one element (a chunk's `choices`, a delta's
+    /// `tool_calls`): the first is kept inline, so reading it allocates nothing; any others go
+    /// to a `Vec`.
+    pub(in crate::providers::openai) struct Few<T> {
+        first: Option<T>,
+        rest: Vec<T>,
+    }
+
+    impl<T> Default for Few<T> {
+        fn default() -> Self {
+            Few {
+                first: None,
+                rest: Vec::new(),
+            }
+        }
+    }
+
+    impl<T> IntoIterator for Few<T> {
+        type Item = T;
+        type IntoIter = std::iter::Chain<std::option::IntoIter<T>, std::vec::IntoIter<T>>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.first.into_iter().chain(self.rest)
+        }
+    }
+
+    impl<'b, T> IntoIterator for &'b Few<T> {
+        type Item = &'b T;
+        type IntoIter = std::iter::Chain<std::option::Iter<'b, T>, std::slice::Iter<'b, T>>;
+        fn into_iter(self) -> Self::IntoIter {
+            self.first.iter().chain(&self.rest)
+        }
+    }
+
+    impl<T> Few<T> {
+        /// The elements, in order.
+        pub(in crate::providers::openai) fn iter(&self) -> <&Self as IntoIterator>::IntoIter {
+            self.into_iter()
+        }
+    }
+
+    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Few<T> {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct Seq<T>(std::marker::PhantomData<T>);
+            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Seq<T> {
+                type Value = Few<T>;
+                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                    f.write_str("a JSON array")
+                }
+                fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                    self,
+                    mut seq: A,
+                ) -> Result<Few<T>, A::Error> {
+                    let first = seq.next_element()?;
+                    let mut rest = Vec::new();
+                    if first.is_some() {
+                        while let Some(x) = seq.next_element()? {
+                            rest.push(x);
+                        }
+                    }
+                    Ok(Few { first, rest })
+                }
+            }
+            d.deserialize_seq(Seq(std::marker::PhantomData))
+        }
     }
 
     /// A value that must be a JSON object: a derived `Deserialize` would also take an array.
@@ -424,6 +534,40 @@ mod tests {
     use super::*;
     use crate::message::Message;
     use proptest::prelude::*;
+
+    /// The typed decoders' strings borrow from the body unless they hold an escape, and an
+    /// array read as [`typed::Few`] keeps every element, in order, whatever its length.
+    #[test]
+    fn typed_strings_borrow_unless_escaped_and_few_keeps_every_element() {
+        use std::borrow::Cow;
+        #[derive(serde::Deserialize)]
+        struct T<'a> {
+            #[serde(default, borrow, deserialize_with = "typed::opt_str")]
+            s: Option<Cow<'a, str>>,
+            #[serde(default)]
+            xs: Option<typed::Few<u32>>,
+        }
+        let all = |xs: Option<typed::Few<u32>>| xs.map(|xs| xs.into_iter().collect::<Vec<_>>());
+        let t: T = serde_json::from_str(r#"{"s":"plain","xs":[1,2,3]}"#).unwrap();
+        assert!(matches!(t.s, Some(Cow::Borrowed("plain"))));
+        assert_eq!(all(t.xs), Some(vec![1, 2, 3]));
+        let t: T = serde_json::from_str(r#"{"s":"a\"b é","xs":[7]}"#).unwrap();
+        assert!(matches!(&t.s, Some(Cow::Owned(s)) if s == "a\"b é"));
+        assert_eq!(all(t.xs), Some(vec![7]));
+        let t: T = serde_json::from_str(r#"{"s":null,"xs":[]}"#).unwrap();
+        assert!(t.s.is_none());
+        assert_eq!(all(t.xs), Some(vec![]));
+        let t: T = serde_json::from_str("{}").unwrap();
+        assert!(t.s.is_none() && t.xs.is_none());
+        for odd in [
+            r#"{"s":1}"#,
+            r#"{"s":[]}"#,
+            r#"{"xs":{}}"#,
+            r#"{"xs":[1,"a"]}"#,
+        ] {
+            assert!(serde_json::from_str::<T>(odd).is_err(), "{odd}");
+        }
+    }
 
     #[test]
     fn complete_reply_keeps_reasoning_and_usage_details() {

@@ -2,7 +2,7 @@
 
 use super::config::PROVIDER;
 use super::error::{api_error_from_value, preview};
-use super::response::typed::{Obj, WireUsage};
+use super::response::typed::{Few, Obj, WireUsage, opt_str};
 use super::response::{
     arguments_text, content_text, map_finish, parse_usage, settle_finish, usage_of,
 };
@@ -379,7 +379,7 @@ impl SseDecode for ChunkDecoder {
 /// in place of a `delta`, or an error makes [`typed::parse`] give `None`, and the chunk goes the
 /// value path.
 mod typed {
-    use super::{Obj, Value, WireUsage, parse_usage};
+    use super::{Few, Obj, Value, WireUsage, opt_str, parse_usage};
     use crate::usage::Usage;
     use serde::Deserialize;
     use serde::de::IgnoredAny;
@@ -390,7 +390,7 @@ mod typed {
         #[serde(default)]
         error: Option<IgnoredAny>,
         #[serde(default, borrow)]
-        pub(super) choices: Option<Vec<Obj<Choice<'a>>>>,
+        pub(super) choices: Option<Few<Obj<Choice<'a>>>>,
         #[serde(default)]
         usage: Option<Obj<WireUsage>>,
         #[serde(default)]
@@ -419,27 +419,27 @@ mod typed {
         pub(super) delta: Option<Obj<Delta<'a>>>,
         #[serde(default)]
         message: Option<IgnoredAny>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) finish_reason: Option<Cow<'a, str>>,
     }
 
     #[derive(Deserialize)]
     pub(super) struct Delta<'a> {
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) content: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) reasoning_content: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) refusal: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
-        pub(super) tool_calls: Option<Vec<Obj<CallDelta<'a>>>>,
+        pub(super) tool_calls: Option<Few<Obj<CallDelta<'a>>>>,
     }
 
     #[derive(Deserialize)]
     pub(super) struct CallDelta<'a> {
         #[serde(default)]
         pub(super) index: Option<u64>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) id: Option<Cow<'a, str>>,
         #[serde(default, borrow)]
         pub(super) function: Option<Obj<FunctionDelta<'a>>>,
@@ -451,9 +451,9 @@ mod typed {
     pub(super) struct FunctionDelta<'a> {
         #[serde(default)]
         pub(super) index: Option<u64>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) name: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
+        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) arguments: Option<Cow<'a, str>>,
     }
 
