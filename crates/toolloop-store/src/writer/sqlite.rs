@@ -286,34 +286,24 @@ pub(super) async fn commit(
         let mut looked = Vec::with_capacity(appends.len());
         for a in appends {
             let params = run_and_holder(a).to_vec();
-            let l = match known.tail(a) {
-                Some(tail) => {
-                    let row = bind(FENCE, params)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(failed)?;
-                    let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
-                    Looked {
-                        fenced: fenced != 0,
-                        tail,
-                    }
-                }
-                None => {
-                    let row = bind(LOOKUP, params)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(failed)?;
-                    let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
-                    Looked {
-                        fenced: fenced != 0,
-                        tail: Tail {
-                            last: sqlx::Row::try_get(&row, 1).map_err(failed)?,
-                            last_id: sqlx::Row::try_get(&row, 2).map_err(failed)?,
-                        },
-                    }
-                }
+            // A known tail needs only the fence read; otherwise the tail is read with it.
+            let tail = known.tail(a);
+            let row = bind(if tail.is_some() { FENCE } else { LOOKUP }, params)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(failed)?;
+            let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
+            let tail = match tail {
+                Some(tail) => tail,
+                None => Tail {
+                    last: sqlx::Row::try_get(&row, 1).map_err(failed)?,
+                    last_id: sqlx::Row::try_get(&row, 2).map_err(failed)?,
+                },
             };
-            looked.push(l);
+            looked.push(Looked {
+                fenced: fenced != 0,
+                tail,
+            });
         }
         let mut ids = vec![None; appends.len()];
         for (i, (stmt, params)) in batch_writes(appends, &looked, now) {
