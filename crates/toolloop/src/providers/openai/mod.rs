@@ -328,6 +328,7 @@ impl HttpAdapter for OpenAiModel {
         Ok(())
     }
 
+    /// The body as a value; [`HttpAdapter::body`] writes the same fields straight to bytes.
     fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value {
         build_request_body(request, &self.inner.config, stream)
     }
