@@ -383,6 +383,14 @@ impl<'a> Messages<'a> {
         self.len().checked_sub(1).and_then(|i| self.get(i))
     }
 
+    /// How many messages at the start are system messages: the system prompt, which an adapter
+    /// whose API has a field for it sends there (a later system message stands where it is).
+    pub(crate) fn leading_system(&self) -> usize {
+        self.iter()
+            .take_while(|m| matches!(m, Message::System { .. }))
+            .count()
+    }
+
     /// The messages in `range` (of this value's indices), as a slice of it would hold.
     ///
     /// # Panics

@@ -223,16 +223,18 @@ pub(super) fn place_results(turns: &mut [Turn]) {
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
     let _ = stream; // streaming is chosen by the endpoint, not the body
-    let mut system: Vec<Value> = Vec::new();
+    let leading = req.messages.leading_system();
+    let system: Vec<Value> = req
+        .messages
+        .slice(..leading)
+        .iter()
+        .map(Message::text)
+        .filter(|content| !content.trim().is_empty())
+        .map(|content| json!({"text": content}))
+        .collect();
     let mut turns: Vec<Turn> = Vec::new();
-    let mut leading = true;
-    for message in req.messages {
+    for message in req.messages.slice(leading..).iter() {
         match message {
-            Message::System { content } if leading => {
-                if !content.trim().is_empty() {
-                    system.push(json!({"text": content}));
-                }
-            }
             Message::System { content } => {
                 if !content.trim().is_empty() {
                     push(
@@ -242,7 +244,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 }
             }
             Message::User { content, images } => {
-                leading = false;
                 let mut turn = Turn {
                     role: "user",
                     parts: images.iter().map(image_part).collect(),
@@ -254,7 +255,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 push(&mut turns, turn);
             }
             Message::Assistant(a) => {
-                leading = false;
                 let mut turn = model_turn(a);
                 if validates_signatures(&config.model) {
                     sign_unsigned_calls(&mut turn);
@@ -262,7 +262,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 push(&mut turns, turn);
             }
             Message::Tool(r) => {
-                leading = false;
                 push(
                     &mut turns,
                     Turn {
