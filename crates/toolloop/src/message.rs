@@ -391,6 +391,16 @@ impl<'a> Messages<'a> {
             .count()
     }
 
+    /// The system prompt and the conversation after it: the texts of the system messages at the
+    /// start (see [`Messages::leading_system`]), and the messages from the first other one on.
+    pub(crate) fn split_system_prompt(
+        &self,
+    ) -> (impl Iterator<Item = &'a str> + use<'a>, Messages<'a>) {
+        let leading = self.leading_system();
+        let prompt = self.slice(..leading).iter().map(Message::text);
+        (prompt, self.slice(leading..))
+    }
+
     /// The messages in `range` (of this value's indices), as a slice of it would hold.
     ///
     /// # Panics

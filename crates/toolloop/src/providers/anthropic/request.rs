@@ -222,17 +222,13 @@ pub(super) fn headers(
 /// The Messages request body for `req`.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
-    let leading = req.messages.leading_system();
-    let mut system: Vec<Value> = req
-        .messages
-        .slice(..leading)
-        .iter()
-        .map(Message::text)
-        .filter(|content| !content.trim().is_empty())
+    let (prompt, conversation) = req.messages.split_system_prompt();
+    let mut system: Vec<Value> = prompt
+        .filter(|text| !text.trim().is_empty())
         .map(text_block)
         .collect();
     let mut turns: Vec<Turn> = Vec::new();
-    for message in req.messages.slice(leading..).iter() {
+    for message in conversation {
         match message {
             Message::System { content } => {
                 if !content.trim().is_empty() {

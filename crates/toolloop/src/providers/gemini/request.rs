@@ -223,17 +223,13 @@ pub(super) fn place_results(turns: &mut [Turn]) {
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
     let _ = stream; // streaming is chosen by the endpoint, not the body
-    let leading = req.messages.leading_system();
-    let system: Vec<Value> = req
-        .messages
-        .slice(..leading)
-        .iter()
-        .map(Message::text)
-        .filter(|content| !content.trim().is_empty())
-        .map(|content| json!({"text": content}))
+    let (prompt, conversation) = req.messages.split_system_prompt();
+    let system: Vec<Value> = prompt
+        .filter(|text| !text.trim().is_empty())
+        .map(|text| json!({"text": text}))
         .collect();
     let mut turns: Vec<Turn> = Vec::new();
-    for message in req.messages.slice(leading..).iter() {
+    for message in conversation {
         match message {
             Message::System { content } => {
                 if !content.trim().is_empty() {
