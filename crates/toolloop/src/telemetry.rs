@@ -27,7 +27,7 @@ pub(crate) fn run_span(model: &str, agent: &str) -> Span {
     tracing::info_span!(
         target: TARGET,
         "invoke_agent",
-        otel.name = format!("invoke_agent {agent}"),
+        otel.name = %SpanName("invoke_agent", agent),
         otel.kind = "internal",
         gen_ai.operation.name = "invoke_agent",
         gen_ai.agent.name = agent,
@@ -41,29 +41,46 @@ pub(crate) fn run_span(model: &str, agent: &str) -> Span {
     )
 }
 
+/// A span's name as OpenTelemetry's conventions write it (`chat gpt-4o`), formatted only when a
+/// subscriber records the span: `tracing` evaluates a span's fields even when no subscriber
+/// wants it, and a loop opens a span for every model call and every tool call.
+struct SpanName<'a>(&'static str, &'a str);
+
+impl std::fmt::Display for SpanName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.0, self.1)
+    }
+}
+
 /// Records a run's end on its span.
 pub(crate) fn run_finished(span: &Span, outcome: &Outcome) {
-    if let Some(id) = &outcome.run_id {
-        span.record("gen_ai.conversation.id", id.as_str());
-    }
-    if let Some(u) = &outcome.usage {
-        span.record("gen_ai.usage.input_tokens", u.input_tokens);
-        span.record("gen_ai.usage.output_tokens", u.output_tokens);
-    }
-    let reason = serde_json::to_value(outcome.stop_reason)
-        .ok()
-        .and_then(|v| v.as_str().map(str::to_string))
-        .unwrap_or_default();
-    span.record("toolloop.stop_reason", reason.as_str());
-    span.record("toolloop.rounds", outcome.rounds);
-    if let Some(e) = &outcome.error {
-        let code = serde_json::to_value(e.code)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
-        span.record("error.type", code.as_str());
+    // With no subscriber recording the span, the stop reason and error code are not named.
+    if !span.is_disabled() {
+        if let Some(id) = &outcome.run_id {
+            span.record("gen_ai.conversation.id", id.as_str());
+        }
+        if let Some(u) = &outcome.usage {
+            span.record("gen_ai.usage.input_tokens", u.input_tokens);
+            span.record("gen_ai.usage.output_tokens", u.output_tokens);
+        }
+        span.record(
+            "toolloop.stop_reason",
+            wire_name(&outcome.stop_reason).as_str(),
+        );
+        span.record("toolloop.rounds", outcome.rounds);
+        if let Some(e) = &outcome.error {
+            span.record("error.type", wire_name(&e.code).as_str());
+        }
     }
     tracing::trace!(target: CONTENT_TARGET, parent: span, answer = outcome.text.as_deref().unwrap_or_default(), "gen_ai.choice");
+}
+
+/// The name a value serializes to (a unit enum variant's), or nothing.
+fn wire_name(value: &impl serde::Serialize) -> String {
+    serde_json::to_value(value)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
 }
 
 /// The span of one model call.
@@ -71,7 +88,7 @@ pub(crate) fn chat_span(model: &str, round: u32) -> Span {
     tracing::info_span!(
         target: TARGET,
         "chat",
-        otel.name = format!("chat {model}"),
+        otel.name = %SpanName("chat", model),
         otel.kind = "client",
         gen_ai.operation.name = "chat",
         gen_ai.request.model = model,
@@ -142,7 +159,7 @@ pub(crate) fn tool_span(call: &ToolCall) -> Span {
     let span = tracing::info_span!(
         target: TARGET,
         "execute_tool",
-        otel.name = format!("execute_tool {}", call.name),
+        otel.name = %SpanName("execute_tool", &call.name),
         otel.kind = "internal",
         gen_ai.operation.name = "execute_tool",
         gen_ai.tool.name = call.name.as_str(),
@@ -162,4 +179,58 @@ pub(crate) fn tool_finished(span: &Span, success: bool, attempts: u32, result: &
         span.record("error.type", "tool_error");
     }
     tracing::trace!(target: CONTENT_TARGET, parent: span, result, "gen_ai.tool.message");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing::span::{Attributes, Id, Record};
+    use tracing::{Event, Metadata, Subscriber};
+
+    /// Keeps the `otel.name` of every span opened.
+    #[derive(Clone, Default)]
+    struct Names(Arc<Mutex<Vec<String>>>);
+
+    impl tracing::field::Visit for &Names {
+        fn record_debug(&mut self, field: &field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "otel.name" {
+                self.0.lock().unwrap().push(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl Subscriber for Names {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            span.record(&mut &*self);
+            Id::from_u64(1)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, _: &Id) {}
+        fn exit(&self, _: &Id) {}
+    }
+
+    #[test]
+    fn spans_are_named_as_the_conventions_write_them() {
+        let names = Names::default();
+        let call = ToolCall::new("read_file", serde_json::json!({}));
+        tracing::subscriber::with_default(names.clone(), || {
+            let _ = run_span("gpt-4o", "toolloop");
+            let _ = chat_span("gpt-4o", 1);
+            let _ = tool_span(&call);
+        });
+        assert_eq!(
+            *names.0.lock().unwrap(),
+            [
+                "invoke_agent toolloop",
+                "chat gpt-4o",
+                "execute_tool read_file"
+            ]
+        );
+    }
 }
