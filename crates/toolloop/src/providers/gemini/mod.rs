@@ -32,7 +32,9 @@
 use crate::model::{ModelError, ModelRequest, ModelResponse};
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter::{self, HttpAdapter};
+#[cfg(any(test, feature = "testing"))]
+use crate::providers::adapter;
+use crate::providers::adapter::HttpAdapter;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
 use crate::transport::wire::{Endpoint, ErrorParser};
