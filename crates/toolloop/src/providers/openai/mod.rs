@@ -322,7 +322,7 @@ impl HttpAdapter for OpenAiModel {
     /// Each `extra` is a JSON object that sets none of the [`OWNED_FIELDS`], and the key can be
     /// sent in a header.
     fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
-        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
+        check_extra("the adapter's `extra`", self.extra())?;
         check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
         self.inner.headers.as_ref().map_err(Clone::clone)?;
         Ok(())

@@ -152,7 +152,7 @@ impl HttpAdapter for ResponsesModel {
 
     /// Each `extra` is a JSON object that sets none of the [`OWNED_FIELDS`].
     fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
-        config::check_extra("the adapter's `extra`", self.config.extra.as_ref())?;
+        config::check_extra("the adapter's `extra`", self.extra())?;
         config::check_extra("the settings' `extra`", request.settings.extra.as_ref())
     }
 
