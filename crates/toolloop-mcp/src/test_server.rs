@@ -18,7 +18,9 @@
 //!
 //! `TOOLLOOP_MCP_TEST_MODE` makes it misbehave as a whole:
 //!
-//! - `silent-list`: never answers `tools/list`;
+//! - `silent-list`: never answers `tools/list` (and exits as soon as its stdin closes, as a
+//!   server whose client went away does: rmcp would otherwise give the unanswered request five
+//!   seconds, and the client's shutdown would wait out its grace period);
 //! - `deep-schema`: lists a tool `deep` whose input schema nests 200 levels deep;
 //! - `huge-list`: lists a tool `big` whose description is 17 MiB long;
 //! - `http-401`: not an MCP server at all but an HTTP endpoint on 127.0.0.1 (its port printed
@@ -247,8 +249,17 @@ pub fn main() {
         return;
     }
     runtime.block_on(async {
+        // Stdin through a pipe of its own, to see when it closes.
+        let (input, mut pipe) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let _ = tokio::io::copy(&mut tokio::io::stdin(), &mut pipe).await;
+            if mode() == "silent-list" {
+                log("stdin closed");
+                std::process::exit(0);
+            }
+        });
         let Ok(service) = TestServer::default()
-            .serve((tokio::io::stdin(), tokio::io::stdout()))
+            .serve((input, tokio::io::stdout()))
             .await
         else {
             return;

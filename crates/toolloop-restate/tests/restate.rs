@@ -4,8 +4,8 @@
 //! the mock server on 127.0.0.1; the tools are the side-effecting test tools of the command's
 //! `test-hooks` (each call appends its idempotency key to a file).
 //!
-//! One server for all the tests, which run one after another (`harness = false`):
-//! `cargo test -p toolloop-restate --test restate [NAME…]`.
+//! Two lanes of tests at once, each with a server of its own, and the tests of a lane one after
+//! another (`harness = false`): `cargo test -p toolloop-restate --test restate [NAME…]`.
 
 #[path = "common/mod.rs"]
 mod common;
@@ -47,12 +47,68 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
+    // Two lanes, each with a Restate server, a mock model and a directory of its own, run at
+    // once: the three long tests (workers killed mid-run, 5 to 7 s each) split over them, and
+    // the tests of a lane one after another (the workers of every test register the same
+    // service, which a server routes to the deployment registered last).
+    let selected: Vec<&(&str, Test)> = TESTS
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    let lanes: Vec<Vec<&(&str, Test)>> = (0..LANES)
+        .map(|lane| {
+            selected
+                .iter()
+                .copied()
+                .filter(|(name, _)| lane_of(name) == lane)
+                .collect()
+        })
+        .collect();
+    let results: Vec<(usize, Vec<&str>)> = std::thread::scope(|scope| {
+        let running: Vec<_> = lanes
+            .iter()
+            .filter(|tests| !tests.is_empty())
+            .map(|tests| scope.spawn(|| run_lane(&binary, tests)))
+            .collect();
+        running
+            .into_iter()
+            .map(|lane| {
+                lane.join()
+                    .expect("a lane of tests panicked outside a test")
+            })
+            .collect()
+    });
+    let passed: usize = results.iter().map(|(p, _)| p).sum();
+    let failed: Vec<&str> = results.into_iter().flat_map(|(_, f)| f).collect();
+    if !failed.is_empty() {
+        eprintln!("failed: {failed:?}");
+        println!("restate: {passed} passed, {} failed", failed.len());
+        std::process::exit(1);
+    }
+    println!("restate: {passed} passed, 0 failed");
+}
+
+/// How many lanes of tests run at once, each against a server of its own.
+const LANES: usize = 2;
+
+/// The lane a test runs in: the long tests spread over the lanes.
+fn lane_of(name: &str) -> usize {
+    match name {
+        "a_killed_worker_is_replaced_without_repeating_calls"
+        | "a_compacted_run_replays_without_summarising_again" => 0,
+        _ => 1,
+    }
+}
+
+/// Runs `tests` one after another against a Restate server and a mock model of their own:
+/// how many passed, and the names of those that failed (the server's log printed then).
+fn run_lane<'a>(binary: &Path, tests: &[&(&'a str, Test)]) -> (usize, Vec<&'a str>) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let mock = rt
         .block_on(toolloop_mock::start(toolloop_mock::MockOptions::default()))
         .unwrap();
     let started = Instant::now();
-    let server = RestateServer::start(&binary);
+    let server = RestateServer::start(binary);
     eprintln!(
         "Restate server up in {:.1}s",
         started.elapsed().as_secs_f64()
@@ -66,10 +122,7 @@ fn main() {
     };
     let mut failed = Vec::new();
     let mut passed = 0;
-    for (name, test) in TESTS {
-        if !filters.is_empty() && !filters.iter().any(|f| name.contains(f.as_str())) {
-            continue;
-        }
+    for (name, test) in tests {
         let t = Instant::now();
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| test(&ctx)));
         let secs = t.elapsed().as_secs_f64();
@@ -80,17 +133,17 @@ fn main() {
             }
             Err(_) => {
                 eprintln!("test {name} ... FAILED ({secs:.1}s)");
-                failed.push(name);
+                failed.push(*name);
             }
         }
     }
     if !failed.is_empty() {
-        eprintln!("Restate server log:\n{}", ctx.server.log());
-        eprintln!("failed: {failed:?}");
-        println!("restate: {passed} passed, {} failed", failed.len());
-        std::process::exit(1);
+        eprintln!(
+            "Restate server log (the lane of {failed:?}):\n{}",
+            ctx.server.log()
+        );
     }
-    println!("restate: {passed} passed, 0 failed");
+    (passed, failed)
 }
 
 /// One test: a name and its body.

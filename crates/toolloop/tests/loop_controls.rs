@@ -38,7 +38,9 @@ fn counter(name: &str, count: Arc<AtomicU32>) -> impl toolloop::tool::Tool + 'st
     })
 }
 
-/// A tool that sleeps and tracks how many of its calls run at once.
+/// A tool that sleeps and tracks how many of its calls run at once. A call with `after` finishes
+/// only once the call of that key has finished (so completion order is set by events, not by
+/// how long each call sleeps).
 struct Sleeper {
     name: String,
     parallel: bool,
@@ -46,6 +48,7 @@ struct Sleeper {
     now: Arc<AtomicU32>,
     peak: Arc<AtomicU32>,
     order: Arc<Mutex<Vec<String>>>,
+    finished: Arc<tokio::sync::Notify>,
     schema: Value,
 }
 
@@ -66,14 +69,22 @@ impl toolloop::tool::Tool for Sleeper {
     async fn call(&self, args: Value, _ctx: ToolContext) -> Result<ToolOutput, ToolError> {
         let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.peak.fetch_max(n, Ordering::SeqCst);
-        // later calls finish first, so completion order differs from call order
-        let ms = args["ms"].as_u64().unwrap_or(0);
-        tokio::time::sleep(self.delay + Duration::from_millis(ms)).await;
+        tokio::time::sleep(self.delay).await;
+        if let Some(after) = args["after"].as_str() {
+            loop {
+                let finished = self.finished.notified();
+                if self.order.lock().unwrap().iter().any(|k| k == after) {
+                    break;
+                }
+                finished.await;
+            }
+        }
         self.now.fetch_sub(1, Ordering::SeqCst);
         self.order
             .lock()
             .unwrap()
             .push(args["key"].as_str().unwrap_or("").to_string());
+        self.finished.notify_waiters();
         Ok(ToolOutput::text(format!("slept {}", args["key"])))
     }
 }
@@ -82,17 +93,21 @@ struct Gauges {
     now: Arc<AtomicU32>,
     peak: Arc<AtomicU32>,
     order: Arc<Mutex<Vec<String>>>,
+    finished: Arc<tokio::sync::Notify>,
 }
 
 fn sleeper(name: &str, parallel: bool, g: &Gauges) -> Sleeper {
     Sleeper {
         name: name.into(),
         parallel,
-        delay: Duration::from_millis(100),
+        // Calls started together overlap by this much (real time: all of a batch's calls start
+        // within microseconds of each other).
+        delay: Duration::from_millis(20),
         now: g.now.clone(),
         peak: g.peak.clone(),
         order: g.order.clone(),
-        schema: json!({"type": "object", "properties": {"key": {"type": "string"}, "ms": {"type": "integer"}}}),
+        finished: g.finished.clone(),
+        schema: json!({"type": "object", "properties": {"key": {"type": "string"}, "after": {"type": "string"}}}),
     }
 }
 
@@ -101,6 +116,7 @@ fn gauges() -> Gauges {
         now: Arc::new(AtomicU32::new(0)),
         peak: Arc::new(AtomicU32::new(0)),
         order: Arc::new(Mutex::new(Vec::new())),
+        finished: Arc::new(tokio::sync::Notify::new()),
     }
 }
 
@@ -201,7 +217,7 @@ async fn max_tool_calls_is_checked_before_each_call() {
     assert_valid_transcript(&out.messages);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn timeout_returns_everything_with_a_cancelled_result_for_the_call_in_flight() {
     let g = gauges();
     let mut slow = sleeper("slow", false, &g);
@@ -211,7 +227,7 @@ async fn timeout_returns_everything_with_a_cancelled_result_for_the_call_in_flig
         json!({"key": "a"}),
     )])]))
     .tool(slow)
-    .timeout(Duration::from_millis(500))
+    .timeout(Duration::from_millis(50))
     .build()
     .unwrap();
     let out = agent.prompt("go").await;
@@ -224,7 +240,7 @@ async fn timeout_returns_everything_with_a_cancelled_result_for_the_call_in_flig
     assert!(out.duration_ms < 5_000);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn cancellation_returns_everything_with_a_cancelled_result() {
     let g = gauges();
     let mut slow = sleeper("slow", true, &g);
@@ -243,8 +259,12 @@ async fn cancellation_returns_everything_with_a_cancelled_result() {
     .unwrap();
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
+    // Cancelled once both slow calls of the second round are running.
+    let running = g.now.clone();
     tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        while running.load(Ordering::SeqCst) < 2 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         c2.cancel();
     });
     let out = agent
@@ -456,20 +476,30 @@ async fn reminders_go_with_the_next_request_only_and_are_never_stored() {
     assert!(!all.contains("system-reminder"));
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn parallel_safe_calls_run_together_unsafe_ones_alone_results_in_call_order() {
     let g = gauges();
-    let p = |k: &str, ms: u64| call("read", json!({"key": k, "ms": ms}));
+    let p = |k: &str| call("read", json!({"key": k}));
+    // Finishes only after `after` has: the three reads can only all finish if they run together.
+    let p_after = |k: &str, after: &str| call("read", json!({"key": k, "after": after}));
     let w = |k: &str| call("write", json!({"key": k}));
     let agent = builder(scripted(vec![
-        calls(vec![p("a", 30), p("b", 20), p("c", 10), w("d"), p("e", 0)]),
+        calls(vec![
+            p_after("a", "b"),
+            p_after("b", "c"),
+            p("c"),
+            w("d"),
+            p("e"),
+        ]),
         ModelResponse::text("done"),
     ]))
     .tool(sleeper("read", true, &g))
     .tool(sleeper("write", false, &g))
     .build()
     .unwrap();
-    let out = agent.prompt("go").await;
+    let out = tokio::time::timeout(Duration::from_secs(30), agent.prompt("go"))
+        .await
+        .expect("the reads ran one after another: `a` waits for `b` for ever");
     assert_eq!(g.peak.load(Ordering::SeqCst), 3);
     // completion order: c, b, a (parallel), then d, then e
     assert_eq!(*g.order.lock().unwrap(), ["c", "b", "a", "d", "e"]);
@@ -482,7 +512,7 @@ async fn parallel_safe_calls_run_together_unsafe_ones_alone_results_in_call_orde
     assert_valid_transcript(&out.messages);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn at_most_max_parallel_calls_run_at_once() {
     let g = gauges();
     let many: Vec<ToolCall> = (0..25)
@@ -498,7 +528,7 @@ async fn at_most_max_parallel_calls_run_at_once() {
     assert_eq!(g.peak.load(Ordering::SeqCst), 10);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn all_or_nothing_mode_runs_everything_sequentially_when_one_call_is_unsafe() {
     let g = gauges();
     let config = LoopConfig {
@@ -656,7 +686,7 @@ async fn strict_policy_stops_at_the_first_invalid_call_with_seed_codes() {
     );
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn retryable_tool_errors_are_retried_with_backoff() {
     let attempts = Arc::new(AtomicU32::new(0));
     let a2 = attempts.clone();
@@ -680,13 +710,17 @@ async fn retryable_tool_errors_are_retried_with_backoff() {
         ModelResponse::text("done"),
     ]))
     .tool(flaky)
+    .config(LoopConfig {
+        tool_retry_backoff: Duration::from_millis(20),
+        ..LoopConfig::default()
+    })
     .build()
     .unwrap();
     let out = agent.prompt("go").await;
     assert_eq!(attempts.load(Ordering::SeqCst), 3);
     assert_eq!(out.tool_calls[0].status, CallStatus::Ok);
     assert_eq!(out.tool_calls[0].attempts, 3);
-    assert!(out.tool_calls[0].duration_ms >= 600, "backoff 200 + 400 ms");
+    assert!(out.tool_calls[0].duration_ms >= 60, "backoff 20 + 40 ms");
 
     let attempts = Arc::new(AtomicU32::new(0));
     let a3 = attempts.clone();
@@ -749,7 +783,7 @@ async fn results_are_serialized_as_success_message_data_and_capped() {
     assert_eq!(v["data"].as_str().unwrap().len(), 10_000);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn tool_timeout_fails_a_slow_attempt_with_a_retryable_error() {
     let g = gauges();
     let mut slow = sleeper("slow", false, &g);
@@ -760,8 +794,9 @@ async fn tool_timeout_fails_a_slow_attempt_with_a_retryable_error() {
     ]))
     .tool(slow)
     .config(LoopConfig {
-        tool_timeout: Some(Duration::from_secs(1)),
+        tool_timeout: Some(Duration::from_millis(100)),
         tool_retries: 1,
+        tool_retry_backoff: Duration::from_millis(10),
         ..LoopConfig::default()
     })
     .build()
@@ -773,7 +808,7 @@ async fn tool_timeout_fails_a_slow_attempt_with_a_retryable_error() {
     assert!(
         out.tool_calls[0]
             .content
-            .contains("did not finish within 1.0s")
+            .contains("did not finish within 0.1s")
     );
 }
 

@@ -399,8 +399,11 @@ async fn a_source_that_cannot_list_keeps_what_it_listed_last_and_is_asked_again(
     );
 }
 
-/// A source that never answers.
-struct Silent;
+/// A source that never answers, and counts how often it was asked.
+#[derive(Default)]
+struct Silent {
+    asked: AtomicU64,
+}
 
 #[async_trait]
 impl ToolSource for Silent {
@@ -411,33 +414,44 @@ impl ToolSource for Silent {
         0
     }
     async fn tools(&self, _reserved: &[&str]) -> Result<Vec<Arc<dyn Tool>>, ToolSourceError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
         std::future::pending().await
     }
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn a_source_that_does_not_answer_is_given_up_on_and_the_run_goes_on() {
+    // Real time, short: given up on after 100 ms, then left alone for 200 ms.
+    let timeout = std::time::Duration::from_millis(100);
     let model = Arc::new(Offered::default());
+    let silent = Arc::new(Silent::default());
     let agent = Agent::builder(Forwarding(model.clone()))
         .tool_arc(own())
-        .tool_source(Silent)
+        .tool_source_arc(silent.clone())
+        .tool_source_timeout(timeout)
         .build()
         .unwrap();
     let started = tokio::time::Instant::now();
     let outcome = agent.prompt("go").await;
+    let given_up = tokio::time::Instant::now();
     assert_eq!(outcome.stop_reason, StopReason::Answered, "{outcome:?}");
     assert_eq!(model.offered.lock().unwrap()[0], names(&["own"]));
-    // Given up on after a while (the clock is the test's: no real time passes).
-    assert!(started.elapsed() >= std::time::Duration::from_secs(30));
-    // Left alone for a minute: the next runs do not wait for it.
-    let again = tokio::time::Instant::now();
+    assert_eq!(silent.asked.load(Ordering::SeqCst), 1);
+    // Given up on after the timeout set (not before, and not after the default's 30 s).
+    let waited = given_up - started;
+    assert!(
+        waited >= timeout && waited < 10 * timeout,
+        "gave up after {waited:?}"
+    );
+    // Left alone for twice the timeout: the next run (at once) does not ask it.
     assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
-    assert!(again.elapsed() < std::time::Duration::from_secs(30));
+    assert_eq!(silent.asked.load(Ordering::SeqCst), 1);
     // Then asked again.
-    tokio::time::advance(std::time::Duration::from_secs(61)).await;
+    tokio::time::sleep_until(given_up + 2 * timeout).await;
     let later = tokio::time::Instant::now();
     assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
-    assert!(later.elapsed() >= std::time::Duration::from_secs(30));
+    assert_eq!(silent.asked.load(Ordering::SeqCst), 2);
+    assert!(later.elapsed() >= timeout);
 }
 
 #[tokio::test]

@@ -33,6 +33,7 @@ pub struct AgentBuilder {
     on_in_flight: Option<OnInFlight>,
     on_approval: Option<OnApproval>,
     sources: Vec<Arc<dyn ToolSource>>,
+    source_timeout: Duration,
     redactor: Option<Arc<Redactor>>,
     context_model: Option<Arc<dyn Model>>,
     limits: crate::context::LimitTable,
@@ -56,6 +57,7 @@ impl AgentBuilder {
             on_in_flight: None,
             on_approval: None,
             sources: Vec::new(),
+            source_timeout: super::sources::SOURCE_LISTING,
             redactor: None,
             context_model: None,
             limits: crate::context::LimitTable::builtin(),
@@ -140,6 +142,15 @@ impl AgentBuilder {
     /// Adds a shared tool source (see [`AgentBuilder::tool_source`]).
     pub fn tool_source_arc(mut self, source: Arc<dyn ToolSource>) -> Self {
         self.sources.push(source);
+        self
+    }
+
+    /// How long a tool source may take to list its tools (30 s by default). One that takes
+    /// longer is given up on for that round: the run goes on with the tools it listed last
+    /// (none, the first time), and the source is left alone for twice this time unless its
+    /// version moves, so that a source that hangs does not hold up every round.
+    pub fn tool_source_timeout(mut self, timeout: Duration) -> Self {
+        self.source_timeout = timeout;
         self
     }
 
@@ -357,7 +368,7 @@ impl AgentBuilder {
             journal: self.journal,
             on_in_flight: self.on_in_flight,
             on_approval: self.on_approval,
-            sources: Arc::new(Sources::new(self.sources)),
+            sources: Arc::new(Sources::new(self.sources, self.source_timeout)),
             redactor: self.redactor,
             context_model,
             delegation: self.delegation,

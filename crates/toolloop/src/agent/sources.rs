@@ -8,18 +8,21 @@ use crate::toolbox::Toolbox;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How long a tool source may take to list its tools; one that takes longer keeps the tools it
-/// listed last, and is asked again once its version moves or [`SOURCE_SILENCE`] has passed (so
+/// How long a tool source may take to list its tools by default
+/// ([`crate::agent::AgentBuilder::tool_source_timeout`]); one that takes longer keeps the tools
+/// it listed last, and is asked again once its version moves or twice that time has passed (so
 /// that a source that hangs does not hold up every round).
-const SOURCE_LISTING: Duration = Duration::from_secs(30);
-/// How long a source that did not answer is left alone, unless its version moves.
-const SOURCE_SILENCE: Duration = Duration::from_secs(60);
+pub(super) const SOURCE_LISTING: Duration = Duration::from_secs(30);
 
 /// The tool sources of an agent and the toolbox they made last.
-#[derive(Default)]
 pub(super) struct Sources {
     sources: Vec<Arc<dyn ToolSource>>,
     listed: tokio::sync::Mutex<Option<Listed>>,
+    /// How long a source may take to list its tools.
+    listing: Duration,
+    /// How long a source that did not answer is left alone, unless its version moves: twice
+    /// `listing`.
+    silence: Duration,
 }
 
 /// A toolbox made of the agent's tools and its sources', and what it was made from.
@@ -56,11 +59,13 @@ impl Agent {
 }
 
 impl Sources {
-    /// Sources of tools, none listed yet.
-    pub(super) fn new(sources: Vec<Arc<dyn ToolSource>>) -> Self {
+    /// Sources of tools, none listed yet, each given `listing` to list its tools.
+    pub(super) fn new(sources: Vec<Arc<dyn ToolSource>>, listing: Duration) -> Self {
         Sources {
             sources,
             listed: tokio::sync::Mutex::new(None),
+            listing,
+            silence: listing.saturating_mul(2),
         }
     }
 
@@ -103,8 +108,7 @@ impl Sources {
                 Some(p) if p.fresh(version, now) => p,
                 previous => {
                     let before = previous.map(|p| p.tools).unwrap_or_default();
-                    let answer =
-                        tokio::time::timeout(SOURCE_LISTING, source.tools(&reserved)).await;
+                    let answer = tokio::time::timeout(self.listing, source.tools(&reserved)).await;
                     match answer {
                         Ok(Ok(tools)) => SourceListing {
                             version: Some(version),
@@ -122,13 +126,13 @@ impl Sources {
                         Err(_) => {
                             tracing::warn!(
                                 source = source.name(),
-                                "tools not listed: no answer within {}s; asked again in {}s",
-                                SOURCE_LISTING.as_secs(),
-                                SOURCE_SILENCE.as_secs()
+                                "tools not listed: no answer within {:?}; asked again in {:?}",
+                                self.listing,
+                                self.silence
                             );
                             SourceListing {
                                 version: Some(version),
-                                silent_until: Some(tokio::time::Instant::now() + SOURCE_SILENCE),
+                                silent_until: tokio::time::Instant::now().checked_add(self.silence),
                                 tools: before,
                             }
                         }
@@ -231,7 +235,7 @@ mod tests {
     async fn a_source_is_listed_again_only_when_its_version_moves() {
         let plugins = Arc::new(Plugins::default());
         *plugins.names.lock().unwrap() = vec!["b"];
-        let sources = Sources::new(vec![plugins.clone()]);
+        let sources = Sources::new(vec![plugins.clone()], SOURCE_LISTING);
         let own = own(&["a"]);
         let first = sources.toolbox_now(&own).await;
         assert_eq!(names(&first), ["a", "b"]);
@@ -253,7 +257,7 @@ mod tests {
     async fn a_failed_listing_keeps_the_last_tools_and_is_asked_again() {
         let plugins = Arc::new(Plugins::default());
         *plugins.names.lock().unwrap() = vec!["b"];
-        let sources = Sources::new(vec![plugins.clone()]);
+        let sources = Sources::new(vec![plugins.clone()], SOURCE_LISTING);
         let own = own(&["a"]);
         sources.toolbox_now(&own).await;
         plugins.fails.store(true, Ordering::SeqCst);
@@ -270,28 +274,38 @@ mod tests {
     async fn a_tool_named_like_the_agents_own_is_left_out() {
         let plugins = Arc::new(Plugins::default());
         *plugins.names.lock().unwrap() = vec!["a", "b"];
-        let sources = Sources::new(vec![plugins]);
+        let sources = Sources::new(vec![plugins], SOURCE_LISTING);
         let own = own(&["a"]);
         assert_eq!(names(&sources.toolbox_now(&own).await), ["a", "b"]);
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn a_source_that_does_not_answer_is_left_alone_until_it_is_due() {
+        // Real time, short: given up after 100 ms, left alone for 200 ms.
+        let listing = Duration::from_millis(100);
         let plugins = Arc::new(Plugins::default());
         *plugins.names.lock().unwrap() = vec!["b"];
-        let sources = Sources::new(vec![plugins.clone()]);
+        let sources = Sources::new(vec![plugins.clone()], listing);
         let own = own(&["a"]);
         sources.toolbox_now(&own).await;
         plugins.hangs.store(true, Ordering::SeqCst);
         plugins.version.store(1, Ordering::SeqCst);
         let before = tokio::time::Instant::now();
-        // Given up after SOURCE_LISTING, with the tools it listed last.
+        // Given up after `listing`, with the tools it listed last.
         assert_eq!(names(&sources.toolbox_now(&own).await), ["a", "b"]);
-        assert_eq!(before.elapsed(), SOURCE_LISTING);
-        // Not asked again while it is silent, at the same version.
+        let given_up = tokio::time::Instant::now();
+        let waited = given_up - before;
+        // Not before, and not after some other time (30 s, the default): a margin of ten.
+        assert!(
+            waited >= listing && waited < 10 * listing,
+            "gave up after {waited:?}"
+        );
+        // Not asked again while it is silent, at the same version (this call comes well within
+        // the 200 ms of silence: a cached toolbox takes microseconds).
         sources.toolbox_now(&own).await;
         assert_eq!(plugins.asked.load(Ordering::SeqCst), 2);
-        tokio::time::advance(SOURCE_SILENCE).await;
+        // Asked again once its silence is over: it was set before `given_up`.
+        tokio::time::sleep_until(given_up + sources.silence).await;
         plugins.hangs.store(false, Ordering::SeqCst);
         *plugins.names.lock().unwrap() = vec!["c"];
         assert_eq!(names(&sources.toolbox_now(&own).await), ["a", "c"]);

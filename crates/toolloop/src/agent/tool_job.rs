@@ -362,6 +362,8 @@ mod tests {
     struct Flaky {
         fails: u32,
         calls: AtomicU32,
+        /// When each attempt started.
+        started: std::sync::Mutex<Vec<Instant>>,
         panics: bool,
         params: Value,
     }
@@ -381,6 +383,7 @@ mod tests {
             args["path"].as_str().unwrap_or_default().into()
         }
         async fn call(&self, _: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
+            self.started.lock().unwrap().push(Instant::now());
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
             assert_eq!(ctx.attempt, n, "the attempt number");
             if self.panics {
@@ -393,10 +396,11 @@ mod tests {
         }
     }
 
-    fn flaky(fails: u32, panics: bool) -> Arc<dyn Tool> {
+    fn flaky(fails: u32, panics: bool) -> Arc<Flaky> {
         Arc::new(Flaky {
             fails,
             calls: AtomicU32::new(0),
+            started: std::sync::Mutex::default(),
             panics,
             params: serde_json::json!({"type": "object"}),
         })
@@ -406,10 +410,11 @@ mod tests {
         ToolCall::new("flaky", serde_json::json!({"path": "/a"}))
     }
 
-    async fn run(tool: &Arc<dyn Tool>, config: &LoopConfig) -> ToolCallResult {
+    async fn run(tool: &Arc<Flaky>, config: &LoopConfig) -> ToolCallResult {
         let cancel = CancellationToken::new();
+        let tool: Arc<dyn Tool> = tool.clone();
         call_tool_with(
-            tool,
+            &tool,
             config,
             1,
             &call(),
@@ -423,19 +428,29 @@ mod tests {
         .await
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn retryable_errors_are_retried_up_to_the_limit_with_backoff() {
+        // Real time, short: 20 ms, then 40 ms.
+        let backoff = Duration::from_millis(20);
         let config = LoopConfig {
             tool_retries: 2,
-            tool_retry_backoff: Duration::from_millis(100),
+            tool_retry_backoff: backoff,
             ..LoopConfig::default()
         };
-        let before = Instant::now();
-        let done = run(&flaky(2, false), &config).await;
+        let tool = flaky(2, false);
+        let done = run(&tool, &config).await;
         assert_eq!(done.result.unwrap().message, "ok after 3");
         assert_eq!(done.attempts, 3);
-        // 100 ms, then 200 ms.
-        assert_eq!(before.elapsed(), Duration::from_millis(300));
+        // Each wait at least the backoff, doubled each time (and not some other, far longer
+        // wait: a margin of ten).
+        let started = tool.started.lock().unwrap().clone();
+        let waits: Vec<Duration> = started.windows(2).map(|w| w[1] - w[0]).collect();
+        assert_eq!(waits.len(), 2);
+        assert!(waits[0] >= backoff && waits[0] < 10 * backoff, "{waits:?}");
+        assert!(
+            waits[1] >= 2 * backoff && waits[1] < 20 * backoff,
+            "{waits:?}"
+        );
 
         let done = run(&flaky(5, false), &config).await;
         assert_eq!(done.result.unwrap_err().message, "try 3 failed");
@@ -453,7 +468,7 @@ mod tests {
 
     #[test]
     fn a_call_whose_subject_changed_since_it_was_weighed_is_not_run() {
-        let tool = flaky(0, false);
+        let tool: Arc<dyn Tool> = flaky(0, false);
         let same: Subject = "/a".into();
         assert!(subject_changed(tool.as_ref(), &call(), Some(&same)).is_none());
         assert!(subject_changed(tool.as_ref(), &call(), None).is_none());

@@ -947,12 +947,18 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
+    #[tokio::test]
     async fn stream_is_reopened_only_before_output() {
         let opens = Arc::new(AtomicU32::new(0));
         let o = opens.clone();
-        // first open fails before output, second delivers text then fails: no third open.
-        let s = resilient_stream(RetryPolicy::default(), move || {
+        // first open fails before output, second delivers text then fails: no third open
+        // (the default number of retries, with a short wait between).
+        let policy = RetryPolicy {
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+            ..RetryPolicy::default()
+        };
+        let s = resilient_stream(policy, move || {
             let n = o.fetch_add(1, Ordering::SeqCst);
             async move {
                 let events: Vec<Result<StreamEvent, ModelError>> = if n == 0 {
