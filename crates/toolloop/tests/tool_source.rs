@@ -437,10 +437,11 @@ async fn a_source_that_does_not_answer_is_given_up_on_and_the_run_goes_on() {
     assert_eq!(outcome.stop_reason, StopReason::Answered, "{outcome:?}");
     assert_eq!(model.offered.lock().unwrap()[0], names(&["own"]));
     assert_eq!(silent.asked.load(Ordering::SeqCst), 1);
-    // Given up on after the timeout set (not before, and not after the default's 30 s).
+    // Given up on after the timeout set (not before, and not after the default's 30 s: a third
+    // of it leaves room for a loaded machine's pauses).
     let waited = given_up - started;
     assert!(
-        waited >= timeout && waited < 10 * timeout,
+        waited >= timeout && waited < std::time::Duration::from_secs(10),
         "gave up after {waited:?}"
     );
     // Left alone for twice the timeout: the next run (at once) does not ask it.
