@@ -9,15 +9,17 @@
 
 use async_trait::async_trait;
 use futures::StreamExt;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use toolloop::model::{EventStream, Model, ModelError, ModelRequest, ModelResponse};
 use toolloop::stream::StreamEvent;
 use toolloop::usage::Usage;
 
-/// `inner`, with its replies checked for a dropped catalog.
-pub(crate) struct CatalogCheck {
-    inner: Arc<dyn Model>,
+/// `inner`, with its replies checked for a dropped catalog: the model itself, or one of its
+/// sessions (a `Box<dyn Model>`, see [`Model::session`]), which shares the model's one warning.
+pub(crate) struct CatalogCheck<M = Arc<dyn Model>> {
+    inner: M,
     warned: Arc<AtomicBool>,
 }
 
@@ -111,8 +113,8 @@ fn check_stream(
     Box::pin(events.chain(end))
 }
 
-async fn complete(
-    model: &dyn Model,
+async fn complete<T: Model + ?Sized>(
+    model: &T,
     warned: &AtomicBool,
     request: &ModelRequest<'_>,
 ) -> Result<ModelResponse, ModelError> {
@@ -121,8 +123,8 @@ async fn complete(
     Ok(r)
 }
 
-async fn stream(
-    model: &dyn Model,
+async fn stream<T: Model + ?Sized>(
+    model: &T,
     warned: &Arc<AtomicBool>,
     request: &ModelRequest<'_>,
 ) -> Result<EventStream, ModelError> {
@@ -139,7 +141,11 @@ async fn stream(
 }
 
 #[async_trait]
-impl Model for CatalogCheck {
+impl<M> Model for CatalogCheck<M>
+where
+    M: Deref + Send + Sync,
+    M::Target: Model,
+{
     fn name(&self) -> &str {
         self.inner.name()
     }
@@ -152,31 +158,11 @@ impl Model for CatalogCheck {
         stream(&*self.inner, &self.warned, request).await
     }
 
+    /// The calls go through a session of the wrapped model, checked the same way.
     fn session(&self) -> Box<dyn Model + '_> {
-        Box::new(Session {
+        Box::new(CatalogCheck {
             inner: self.inner.session(),
             warned: self.warned.clone(),
         })
-    }
-}
-
-/// [`CatalogCheck`]'s session: the calls go through a session of the wrapped model.
-struct Session<'a> {
-    inner: Box<dyn Model + 'a>,
-    warned: Arc<AtomicBool>,
-}
-
-#[async_trait]
-impl Model for Session<'_> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        complete(&*self.inner, &self.warned, request).await
-    }
-
-    async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
-        stream(&*self.inner, &self.warned, request).await
     }
 }

@@ -33,6 +33,7 @@ fn main() {
         worker(&addr);
         return;
     }
+    ports_are_given_once();
     if cfg!(not(toolloop_npm)) {
         // Reported as skipped, never as passed: this harness has no libtest, so it prints the
         // plain closing line itself.
@@ -86,6 +87,14 @@ fn main() {
         std::process::exit(1);
     }
     println!("restate: {passed} passed, 0 failed");
+}
+
+/// The harness's own check: the ports it gives the servers and workers of both lanes are never
+/// the same twice (the system would give some of these again within a few hundred).
+fn ports_are_given_once() {
+    let ports: Vec<u16> = (0..2000).map(|_| free_port()).collect();
+    let distinct: std::collections::BTreeSet<&u16> = ports.iter().collect();
+    assert_eq!(distinct.len(), ports.len(), "a port was given twice");
 }
 
 /// How many lanes of tests run at once, each against a server of its own.

@@ -525,6 +525,21 @@ async fn a_broken_stored_transcript_loads_repaired() {
 async fn bad_locations_fail_with_a_clear_error() {
     let err = Store::open("").await.unwrap_err().to_string();
     assert!(err.contains("empty path"), "{err}");
+    postgres_locations_fail_with_a_clear_error().await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("file");
+    std::fs::write(&file, "x").unwrap();
+    let err = Store::open(file.join("db").to_str().unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("cannot open the store"), "{err}");
+}
+
+/// A `postgres://` location that cannot be a store: a server of another protocol, a refused
+/// port.
+#[cfg(feature = "postgres")]
+async fn postgres_locations_fail_with_a_clear_error() {
     // A server that is not PostgreSQL: it answers the client's first message with bytes of
     // another protocol.
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -562,14 +577,17 @@ async fn bad_locations_fail_with_a_clear_error() {
         "a refused connection took {:?} to report (the pool retries for 15 s)",
         started.elapsed()
     );
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("file");
-    std::fs::write(&file, "x").unwrap();
-    let err = Store::open(file.join("db").to_str().unwrap())
+}
+
+/// Without PostgreSQL support, a `postgres://` location is refused with the feature to add.
+#[cfg(not(feature = "postgres"))]
+async fn postgres_locations_fail_with_a_clear_error() {
+    let err = Store::open("postgres://nobody:secret@127.0.0.1:1/none")
         .await
         .unwrap_err()
         .to_string();
-    assert!(err.contains("cannot open the store"), "{err}");
+    assert!(err.contains("feature `postgres`"), "{err}");
+    assert!(!err.contains("secret"), "the password is hidden: {err}");
 }
 
 #[tokio::test]

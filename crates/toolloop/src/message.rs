@@ -383,6 +383,24 @@ impl<'a> Messages<'a> {
         self.len().checked_sub(1).and_then(|i| self.get(i))
     }
 
+    /// How many messages at the start are system messages: the system prompt, which an adapter
+    /// whose API has a field for it sends there (a later system message stands where it is).
+    pub(crate) fn leading_system(&self) -> usize {
+        self.iter()
+            .take_while(|m| matches!(m, Message::System { .. }))
+            .count()
+    }
+
+    /// The system prompt and the conversation after it: the texts of the system messages at the
+    /// start (see [`Messages::leading_system`]), and the messages from the first other one on.
+    pub(crate) fn split_system_prompt(
+        &self,
+    ) -> (impl Iterator<Item = &'a str> + use<'a>, Messages<'a>) {
+        let leading = self.leading_system();
+        let prompt = self.slice(..leading).iter().map(Message::text);
+        (prompt, self.slice(leading..))
+    }
+
     /// The messages in `range` (of this value's indices), as a slice of it would hold.
     ///
     /// # Panics

@@ -437,20 +437,29 @@ async fn a_source_that_does_not_answer_is_given_up_on_and_the_run_goes_on() {
     assert_eq!(outcome.stop_reason, StopReason::Answered, "{outcome:?}");
     assert_eq!(model.offered.lock().unwrap()[0], names(&["own"]));
     assert_eq!(silent.asked.load(Ordering::SeqCst), 1);
-    // Given up on after the timeout set (not before, and not after the default's 30 s).
+    // Given up on after the timeout set (not before, and not after the default's 30 s: a third
+    // of it leaves room for a loaded machine's pauses).
     let waited = given_up - started;
     assert!(
-        waited >= timeout && waited < 10 * timeout,
+        waited >= timeout && waited < std::time::Duration::from_secs(10),
         "gave up after {waited:?}"
     );
-    // Left alone for twice the timeout: the next run (at once) does not ask it.
+    // Left alone for twice the timeout: the next run (at once) does not ask it (unless a
+    // loaded machine paused this test past those 200 ms, when asking again is right).
     assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
-    assert_eq!(silent.asked.load(Ordering::SeqCst), 1);
+    let mut given_up = given_up;
+    let asked = silent.asked.load(Ordering::SeqCst);
+    if asked == 2 {
+        assert!(tokio::time::Instant::now() >= given_up + 2 * timeout);
+        given_up = tokio::time::Instant::now();
+    } else {
+        assert_eq!(asked, 1);
+    }
     // Then asked again.
     tokio::time::sleep_until(given_up + 2 * timeout).await;
     let later = tokio::time::Instant::now();
     assert_eq!(agent.prompt("go").await.stop_reason, StopReason::Answered);
-    assert_eq!(silent.asked.load(Ordering::SeqCst), 2);
+    assert_eq!(silent.asked.load(Ordering::SeqCst), asked + 1);
     assert!(later.elapsed() >= timeout);
 }
 

@@ -26,13 +26,24 @@ pub(crate) fn server_binary() -> Option<PathBuf> {
     path.is_file().then_some(path)
 }
 
-/// A free TCP port of 127.0.0.1 (free when asked).
+/// A free TCP port of 127.0.0.1 (free when asked), never one this process was given before.
+/// A port is free again from the moment it is given until the server or worker it is for binds
+/// it, and the system hands the same port out again soon and often; the two lanes of tests ask
+/// at once, and workers bind with `SO_REUSEPORT`, so that two lanes' workers would share a port
+/// (and serve each other's server) without an error.
 pub(crate) fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static GIVEN: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if GIVEN.lock().unwrap_or_else(|e| e.into_inner()).insert(port) {
+            return port;
+        }
+    }
 }
 
 /// A running Restate server, killed on drop.

@@ -176,6 +176,21 @@ fn run_and_holder(a: &Append) -> [Param<'_>; 2] {
     [Param::Text(&a.run_id), a.holder.as_deref().into()]
 }
 
+/// The statements that write a batch's appends, in order, each with the index of its append:
+/// those of the appends that `looked` found fenced out are left out.
+fn batch_writes<'s, 'a: 's>(
+    appends: &'s [&'a Append],
+    looked: &'s [Looked],
+    now: i64,
+) -> impl Iterator<Item = (usize, Statement<'a>)> + 's {
+    appends
+        .iter()
+        .zip(looked)
+        .enumerate()
+        .filter(|(_, (_, l))| !l.fenced)
+        .flat_map(move |(i, (a, l))| writes(a, l.tail, now).into_iter().map(move |w| (i, w)))
+}
+
 /// The statements that write an append that was not fenced out, its run's log ending at
 /// `tail`.
 fn writes(a: &Append, tail: Tail, now: i64) -> Vec<Statement<'_>> {
@@ -271,48 +286,33 @@ pub(super) async fn commit(
         let mut looked = Vec::with_capacity(appends.len());
         for a in appends {
             let params = run_and_holder(a).to_vec();
-            let l = match known.tail(a) {
-                Some(tail) => {
-                    let row = bind(FENCE, params)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(failed)?;
-                    let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
-                    Looked {
-                        fenced: fenced != 0,
-                        tail,
-                    }
-                }
-                None => {
-                    let row = bind(LOOKUP, params)
-                        .fetch_one(&mut *c)
-                        .await
-                        .map_err(failed)?;
-                    let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
-                    Looked {
-                        fenced: fenced != 0,
-                        tail: Tail {
-                            last: sqlx::Row::try_get(&row, 1).map_err(failed)?,
-                            last_id: sqlx::Row::try_get(&row, 2).map_err(failed)?,
-                        },
-                    }
-                }
+            // A known tail needs only the fence read; otherwise the tail is read with it.
+            let tail = known.tail(a);
+            let row = bind(if tail.is_some() { FENCE } else { LOOKUP }, params)
+                .fetch_one(&mut *c)
+                .await
+                .map_err(failed)?;
+            let fenced: i64 = sqlx::Row::try_get(&row, 0).map_err(failed)?;
+            let tail = match tail {
+                Some(tail) => tail,
+                None => Tail {
+                    last: sqlx::Row::try_get(&row, 1).map_err(failed)?,
+                    last_id: sqlx::Row::try_get(&row, 2).map_err(failed)?,
+                },
             };
-            looked.push(l);
+            looked.push(Looked {
+                fenced: fenced != 0,
+                tail,
+            });
         }
         let mut ids = vec![None; appends.len()];
-        for (i, (a, l)) in appends.iter().zip(&looked).enumerate() {
-            if l.fenced {
-                continue;
-            }
-            for (stmt, params) in writes(a, l.tail, now) {
-                let done = bind(stmt.sql(), resolved(params, ids[i]))
-                    .execute(&mut *c)
-                    .await
-                    .map_err(failed)?;
-                if stmt == Stmt::Row {
-                    ids[i] = Some(done.last_insert_rowid());
-                }
+        for (i, (stmt, params)) in batch_writes(appends, &looked, now) {
+            let done = bind(stmt.sql(), resolved(params, ids[i]))
+                .execute(&mut *c)
+                .await
+                .map_err(failed)?;
+            if stmt == Stmt::Row {
+                ids[i] = Some(done.last_insert_rowid());
             }
         }
         sqlx::query("COMMIT")
@@ -442,15 +442,10 @@ fn commit_here(
             }
         }
         let mut ids = vec![None; appends.len()];
-        for (i, (a, l)) in appends.iter().zip(&looked).enumerate() {
-            if l.fenced {
-                continue;
-            }
-            for (stmt, params) in writes(a, l.tail, now) {
-                run(stmt, resolved(params, ids[i]))?;
-                if stmt == Stmt::Row {
-                    ids[i] = Some(c.last_insert_rowid());
-                }
+        for (i, (stmt, params)) in batch_writes(appends, &looked, now) {
+            run(stmt, resolved(params, ids[i]))?;
+            if stmt == Stmt::Row {
+                ids[i] = Some(c.last_insert_rowid());
             }
         }
         c.execute_batch("COMMIT").map_err(failed)?;

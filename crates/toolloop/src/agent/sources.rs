@@ -295,20 +295,29 @@ mod tests {
         assert_eq!(names(&sources.toolbox_now(&own).await), ["a", "b"]);
         let given_up = tokio::time::Instant::now();
         let waited = given_up - before;
-        // Not before, and not after some other time (30 s, the default): a margin of ten.
+        // Not before, and not after the default's 30 s (a third of it: room for a loaded
+        // machine's pauses).
         assert!(
-            waited >= listing && waited < 10 * listing,
+            waited >= listing && waited < SOURCE_LISTING / 3,
             "gave up after {waited:?}"
         );
-        // Not asked again while it is silent, at the same version (this call comes well within
-        // the 200 ms of silence: a cached toolbox takes microseconds).
+        // Not asked again while it is silent, at the same version (a cached toolbox takes
+        // microseconds; only a machine that paused this task past the 200 ms of silence may
+        // ask it again, rightly).
         sources.toolbox_now(&own).await;
-        assert_eq!(plugins.asked.load(Ordering::SeqCst), 2);
+        let mut given_up = given_up;
+        let asked = plugins.asked.load(Ordering::SeqCst);
+        if asked == 3 {
+            assert!(tokio::time::Instant::now() >= given_up + sources.silence);
+            given_up = tokio::time::Instant::now();
+        } else {
+            assert_eq!(asked, 2);
+        }
         // Asked again once its silence is over: it was set before `given_up`.
         tokio::time::sleep_until(given_up + sources.silence).await;
         plugins.hangs.store(false, Ordering::SeqCst);
         *plugins.names.lock().unwrap() = vec!["c"];
         assert_eq!(names(&sources.toolbox_now(&own).await), ["a", "c"]);
-        assert_eq!(plugins.asked.load(Ordering::SeqCst), 3);
+        assert_eq!(plugins.asked.load(Ordering::SeqCst), asked + 1);
     }
 }

@@ -243,13 +243,7 @@ impl Cassette {
     pub fn record(path: impl Into<PathBuf>, settings: Value) -> Result<Self, CassetteError> {
         let cassette = Cassette {
             path: Some(path.into()),
-            replay: false,
-            fallback: false,
-            redactor: Mutex::new(Redactor::new()),
-            inner: Mutex::new(Inner {
-                settings,
-                ..Inner::default()
-            }),
+            ..Cassette::in_memory(settings)
         };
         let inner = cassette.lock();
         cassette.save(&inner)?;

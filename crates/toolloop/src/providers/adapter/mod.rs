@@ -40,7 +40,15 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
 
     /// How a request is written after what the server refused of earlier ones (fields left out
     /// or replaced: see [`HttpAdapter::learn`]); `()` for an API whose requests have one shape.
-    type Shape: Copy + Send + Sync;
+    /// Its default is the shape of a server that has refused nothing.
+    type Shape: Copy + Default + Send + Sync;
+
+    /// The API's name in messages (`"Anthropic"`).
+    const API: &'static str;
+
+    /// The top-level request fields the adapter writes itself, which an `extra` (the
+    /// configuration's or the settings') may not set.
+    const OWNED_FIELDS: &'static [&'static str];
 
     /// The model's name (what [`Model::name`] says).
     fn model(&self) -> &str;
@@ -57,17 +65,38 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     /// they are the same for every call, so a call does not copy them.
     fn headers(&self, request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError>;
 
-    /// The body of `request` in `shape`, streamed or not, after checking what the
-    /// configuration and the request add to it.
+    /// The configuration's `extra` request fields.
+    fn extra(&self) -> Option<&serde_json::Value>;
+
+    /// Checks what the configuration and `request` add to the request before it is written.
+    /// The default: neither `extra` sets one of the [`HttpAdapter::OWNED_FIELDS`].
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        check_extras(Self::API, self.extra(), Some(request), Self::OWNED_FIELDS)
+    }
+
+    /// The body of `request`, streamed or not, as a JSON value (of a server that has refused
+    /// nothing).
+    fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value;
+
+    /// The body of `request` in `shape`, streamed or not, after [`HttpAdapter::check`]. The
+    /// default: [`HttpAdapter::request_json`], for an API whose requests have one shape.
     fn body(
         &self,
         request: &ModelRequest<'_>,
         stream: bool,
         shape: Self::Shape,
-    ) -> Result<Bytes, ModelError>;
+    ) -> Result<Bytes, ModelError> {
+        let _ = shape;
+        self.check(request)?;
+        Ok(self.request_json(request, stream).to_string().into())
+    }
 
     /// How requests (streamed or not) are written to this server now, after what it refused.
-    fn shape(&self, stream: bool) -> Self::Shape;
+    /// The default: as to a server that has refused nothing.
+    fn shape(&self, stream: bool) -> Self::Shape {
+        let _ = stream;
+        Self::Shape::default()
+    }
 
     /// When `error` is the server refusing a field of a request written in `shape`, remembers
     /// it and gives the shape to send the request in again. The default: nothing is learned.
@@ -433,19 +462,6 @@ pub(crate) fn insert_key(
     value.set_sensitive(true);
     headers.insert(name, value);
     Ok(())
-}
-
-/// A request body written as a JSON value, after refusing an `extra` (the adapter's or the
-/// settings') that sets one of the `owned` fields (`api` names the adapter).
-pub(crate) fn json_body(
-    api: &str,
-    config_extra: Option<&serde_json::Value>,
-    request: &ModelRequest<'_>,
-    owned: &[&str],
-    build: impl FnOnce() -> serde_json::Value,
-) -> Result<Bytes, ModelError> {
-    check_extras(api, config_extra, Some(request), owned)?;
-    Ok(build().to_string().into())
 }
 
 #[cfg(test)]

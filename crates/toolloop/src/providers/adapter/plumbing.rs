@@ -448,6 +448,24 @@ pub(crate) fn validate_config(
     check_extras(adapter, extra, None, owned)
 }
 
+/// Refuses an `extra` (`what` says whose) that is not a JSON object of top-level request fields
+/// (`example` shows one), or that sets one of the `owned` fields (`adapter` names the adapter).
+pub(crate) fn check_object_extra(
+    adapter: &str,
+    what: &str,
+    extra: Option<&Value>,
+    owned: &[&str],
+    example: &str,
+) -> Result<(), ModelError> {
+    match extra {
+        None | Some(Value::Object(_)) => refuse_owned_fields(adapter, what, extra, owned),
+        Some(other) => Err(ModelError::Config(format!(
+            "{what} must be a JSON object of top-level request fields (like {example}), got {}",
+            preview(&other.to_string(), 300)
+        ))),
+    }
+}
+
 pub(crate) fn refuse_owned_fields(
     adapter: &str,
     what: &str,

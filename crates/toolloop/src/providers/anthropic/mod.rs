@@ -39,9 +39,9 @@ use crate::providers::adapter::{self, HttpAdapter};
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
 use crate::transport::wire::{Endpoint, ErrorParser};
-use bytes::Bytes;
 use http::header::HeaderMap;
 use response::decode_message_body;
+use serde_json::Value;
 use std::borrow::Cow;
 use stream::StreamDecoder;
 
@@ -92,6 +92,8 @@ impl HttpAdapter for AnthropicModel {
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
     const ERRORS: ErrorMeaning = error::ERRORS;
+    const API: &'static str = "Anthropic";
+    const OWNED_FIELDS: &'static [&'static str] = OWNED_FIELDS;
 
     fn model(&self) -> &str {
         &self.config.model
@@ -110,22 +112,13 @@ impl HttpAdapter for AnthropicModel {
         request::headers(&self.config, request).map(Cow::Owned)
     }
 
-    fn body(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-        _shape: (),
-    ) -> Result<Bytes, ModelError> {
-        adapter::json_body(
-            "Anthropic",
-            self.config.extra.as_ref(),
-            request,
-            OWNED_FIELDS,
-            || build_request_body(request, &self.config, stream),
-        )
+    fn extra(&self) -> Option<&Value> {
+        self.config.extra.as_ref()
     }
 
-    fn shape(&self, _stream: bool) {}
+    fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> Value {
+        build_request_body(request, &self.config, stream)
+    }
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_message_body(body)

@@ -222,16 +222,14 @@ pub(super) fn headers(
 /// The Messages request body for `req`.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stream: bool) -> Value {
-    let mut system: Vec<Value> = Vec::new();
+    let (prompt, conversation) = req.messages.split_system_prompt();
+    let mut system: Vec<Value> = prompt
+        .filter(|text| !text.trim().is_empty())
+        .map(text_block)
+        .collect();
     let mut turns: Vec<Turn> = Vec::new();
-    let mut leading = true;
-    for message in req.messages {
+    for message in conversation {
         match message {
-            Message::System { content } if leading => {
-                if !content.trim().is_empty() {
-                    system.push(text_block(content));
-                }
-            }
             Message::System { content } => {
                 if !content.trim().is_empty() {
                     let wrapped = format!("<system-reminder>{content}</system-reminder>");
@@ -239,7 +237,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
                 }
             }
             Message::User { content, images } => {
-                leading = false;
                 // Images before the text, as Anthropic advises.
                 let mut blocks: Vec<Value> = images.iter().map(image_block).collect();
                 if !content.trim().is_empty() {
@@ -248,11 +245,9 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &AnthropicConfig, stre
                 push_blocks(&mut turns, "user", blocks);
             }
             Message::Assistant(a) => {
-                leading = false;
                 push_blocks(&mut turns, "assistant", assistant_blocks(a));
             }
             Message::Tool(r) => {
-                leading = false;
                 // Images go in the result itself, after its text.
                 let content = if r.images.is_empty() {
                     json!(r.content)

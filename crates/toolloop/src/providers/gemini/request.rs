@@ -223,16 +223,14 @@ pub(super) fn place_results(turns: &mut [Turn]) {
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream: bool) -> Value {
     let _ = stream; // streaming is chosen by the endpoint, not the body
-    let mut system: Vec<Value> = Vec::new();
+    let (prompt, conversation) = req.messages.split_system_prompt();
+    let system: Vec<Value> = prompt
+        .filter(|text| !text.trim().is_empty())
+        .map(|text| json!({"text": text}))
+        .collect();
     let mut turns: Vec<Turn> = Vec::new();
-    let mut leading = true;
-    for message in req.messages {
+    for message in conversation {
         match message {
-            Message::System { content } if leading => {
-                if !content.trim().is_empty() {
-                    system.push(json!({"text": content}));
-                }
-            }
             Message::System { content } => {
                 if !content.trim().is_empty() {
                     push(
@@ -242,7 +240,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 }
             }
             Message::User { content, images } => {
-                leading = false;
                 let mut turn = Turn {
                     role: "user",
                     parts: images.iter().map(image_part).collect(),
@@ -254,7 +251,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 push(&mut turns, turn);
             }
             Message::Assistant(a) => {
-                leading = false;
                 let mut turn = model_turn(a);
                 if validates_signatures(&config.model) {
                     sign_unsigned_calls(&mut turn);
@@ -262,7 +258,6 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &GeminiConfig, stream:
                 push(&mut turns, turn);
             }
             Message::Tool(r) => {
-                leading = false;
                 push(
                     &mut turns,
                     Turn {

@@ -1,6 +1,5 @@
 //! How to reach an OpenAI-compatible server, and the checks made before anything is sent.
 
-use super::error::preview;
 use crate::model::ModelError;
 use crate::providers::adapter::Vars;
 #[cfg(feature = "http")]
@@ -177,15 +176,10 @@ pub(crate) fn is_openai_url(url: &str) -> bool {
     host.eq_ignore_ascii_case("api.openai.com")
 }
 
+/// Refuses an `extra` that is not a JSON object or that sets one of the [`OWNED_FIELDS`].
 pub(super) fn check_extra(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
-    match extra {
-        None | Some(Value::Object(_)) => refuse_owned_fields(what, extra),
-        Some(other) => Err(ModelError::Config(format!(
-            "{what} must be a JSON object of top-level request fields (like {{\"top_k\": 20}}), \
-             got {}",
-            preview(&other.to_string())
-        ))),
-    }
+    let example = r#"{"top_k": 20}"#;
+    crate::providers::adapter::check_object_extra("OpenAI", what, extra, OWNED_FIELDS, example)
 }
 
 /// The top-level request fields this adapter writes itself: the model, the conversation, the
@@ -200,10 +194,6 @@ pub const OWNED_FIELDS: &[&str] = &[
     "stream",
     "stream_options",
 ];
-
-pub(super) fn refuse_owned_fields(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
-    crate::providers::adapter::refuse_owned_fields("OpenAI", what, extra, OWNED_FIELDS)
-}
 
 impl OpenAiConfig {
     /// Checks the configuration without sending anything: the base URL (see
@@ -273,6 +263,39 @@ mod tests {
         let shown = format!("{:?} {:?}", c, OpenAiModel::new(c.clone()));
         assert!(!shown.contains("sk-secret"), "{shown}");
         assert!(shown.contains("<redacted>"));
+    }
+
+    /// An `extra` is a JSON object of top-level fields: anything else is refused, by `validate`
+    /// and by every call (the settings' too), with an example of one.
+    #[tokio::test]
+    async fn an_extra_that_is_not_an_object_is_refused() {
+        let mut c = OpenAiConfig::new("m");
+        c.extra = Some(serde_json::json!(["top_k", 20]));
+        let e = c.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("JSON object") && e.contains(r#"{"top_k": 20}"#),
+            "{e}"
+        );
+        let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9"));
+        let settings = crate::model::ModelSettings {
+            extra: Some(serde_json::json!("top_k")),
+            ..Default::default()
+        };
+        let messages = [crate::message::Message::user("hi")];
+        let request = crate::model::ModelRequest {
+            messages: (&messages).into(),
+            reminders: &[],
+            tools: &[],
+            settings: &settings,
+        };
+        let e = crate::model::Model::complete(&model, &request)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("the settings' `extra` must be a JSON object"),
+            "{e}"
+        );
     }
 
     #[test]

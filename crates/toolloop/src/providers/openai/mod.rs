@@ -122,7 +122,7 @@ pub(crate) use error::api_error_from_value;
 pub use error::parse_error;
 // Adapter internals, public only for this crate's tests and benchmarks (feature `testing`).
 #[cfg(not(feature = "testing"))]
-use request::WireRequest;
+use request::{WireRequest, build_request_body};
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub use request::{WireRequest, build_request_body};
@@ -281,14 +281,6 @@ impl OpenAiModel {
             }
         }
     }
-
-    /// The checks made before every call: `extra`s and the key's header.
-    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
-        check_extra("the adapter's `extra`", self.inner.config.extra.as_ref())?;
-        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
-        self.inner.headers.as_ref().map_err(Clone::clone)?;
-        Ok(())
-    }
 }
 
 fn serialize_error(e: serde_json::Error) -> ModelError {
@@ -300,6 +292,8 @@ impl HttpAdapter for OpenAiModel {
     type Shape = Shape;
     const PARSE_ERROR: ErrorParser = parse_error;
     const ERRORS: ErrorMeaning = error::ERRORS;
+    const API: &'static str = "OpenAI";
+    const OWNED_FIELDS: &'static [&'static str] = OWNED_FIELDS;
 
     fn model(&self) -> &str {
         &self.inner.config.model
@@ -321,6 +315,26 @@ impl HttpAdapter for OpenAiModel {
         }
     }
 
+    fn extra(&self) -> Option<&serde_json::Value> {
+        self.inner.config.extra.as_ref()
+    }
+
+    /// Each `extra` is a JSON object that sets none of the [`OWNED_FIELDS`], and the key can be
+    /// sent in a header.
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        check_extra("the adapter's `extra`", self.extra())?;
+        check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
+        self.inner.headers.as_ref().map_err(Clone::clone)?;
+        Ok(())
+    }
+
+    /// The body as a value; [`HttpAdapter::body`] writes the same fields straight to bytes.
+    fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value {
+        build_request_body(request, &self.inner.config, stream)
+    }
+
+    /// The body serialized straight from the conversation, in `shape`; in a session, the
+    /// encoding of the messages its run's previous request already had is reused.
     fn body(
         &self,
         request: &ModelRequest<'_>,

@@ -24,7 +24,7 @@ use serde_json::{Value, json};
 /// `config.extra`, then `settings.extra`, are merged into the top level last; a value that is not
 /// a JSON object is ignored here ([`OpenAiModel`](super::OpenAiModel) refuses it with a clear
 /// error).
-#[cfg(any(test, feature = "testing"))]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn build_request_body(req: &ModelRequest<'_>, config: &OpenAiConfig, stream: bool) -> Value {
     // Serializing into a value cannot fail: every map key is a string.
     serde_json::to_value(WireRequest::new(req, config, stream)).unwrap_or(Value::Null)

@@ -176,16 +176,8 @@ impl ResponsesConfig {
 
 /// Refuses an `extra` that is not a JSON object or that sets one of the [`OWNED_FIELDS`].
 pub(super) fn check_extra(what: &str, extra: Option<&Value>) -> Result<(), ModelError> {
-    match extra {
-        None | Some(Value::Object(_)) => {
-            adapter::refuse_owned_fields("OpenAI Responses", what, extra, OWNED_FIELDS)
-        }
-        Some(other) => Err(ModelError::Config(format!(
-            "{what} must be a JSON object of top-level request fields (like \
-             {{\"reasoning\": {{\"effort\": \"low\"}}}}), got {}",
-            adapter::preview(&other.to_string(), 300)
-        ))),
-    }
+    let example = r#"{"reasoning": {"effort": "low"}}"#;
+    adapter::check_object_extra("OpenAI Responses", what, extra, OWNED_FIELDS, example)
 }
 
 #[cfg(test)]

@@ -117,12 +117,7 @@ impl ResponsesModel {
         request: &ModelRequest<'_>,
         stream: bool,
     ) -> Result<bytes::Bytes, ModelError> {
-        config::check_extra("the adapter's `extra`", self.config.extra.as_ref())?;
-        config::check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
-        let body = build_request_body(request, &self.config, stream);
-        serde_json::to_vec(&body)
-            .map(bytes::Bytes::from)
-            .map_err(|e| ModelError::Other(format!("could not serialize the request: {e}")))
+        HttpAdapter::body(self, request, stream, ())
     }
 }
 
@@ -131,6 +126,8 @@ impl HttpAdapter for ResponsesModel {
     type Shape = ();
     const PARSE_ERROR: ErrorParser = parse_error;
     const ERRORS: ErrorMeaning = error::ERRORS;
+    const API: &'static str = "OpenAI Responses";
+    const OWNED_FIELDS: &'static [&'static str] = OWNED_FIELDS;
 
     fn model(&self) -> &str {
         &self.config.model
@@ -149,16 +146,19 @@ impl HttpAdapter for ResponsesModel {
         self.config.headers().map(Cow::Owned)
     }
 
-    fn body(
-        &self,
-        request: &ModelRequest<'_>,
-        stream: bool,
-        _shape: (),
-    ) -> Result<bytes::Bytes, ModelError> {
-        self.request_body(request, stream)
+    fn extra(&self) -> Option<&serde_json::Value> {
+        self.config.extra.as_ref()
     }
 
-    fn shape(&self, _stream: bool) {}
+    /// Each `extra` is a JSON object that sets none of the [`OWNED_FIELDS`].
+    fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
+        config::check_extra("the adapter's `extra`", self.extra())?;
+        config::check_extra("the settings' `extra`", request.settings.extra.as_ref())
+    }
+
+    fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value {
+        build_request_body(request, &self.config, stream)
+    }
 
     fn decode(body: &[u8]) -> Result<ModelResponse, ModelError> {
         decode_response_body(body)

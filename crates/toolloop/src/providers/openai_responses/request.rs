@@ -38,11 +38,7 @@ pub fn build_request_body(req: &ModelRequest<'_>, config: &ResponsesConfig, stre
     let model = settings.model.as_deref().unwrap_or(&config.model);
     body.insert("model".into(), json!(model));
 
-    let leading = req
-        .messages
-        .iter()
-        .take_while(|m| matches!(m, Message::System { .. }))
-        .count();
+    let leading = req.messages.leading_system();
     let instructions: Vec<&str> = req
         .messages
         .slice(..leading)
