@@ -259,17 +259,25 @@ async fn cancellation_returns_everything_with_a_cancelled_result() {
     .unwrap();
     let cancel = CancellationToken::new();
     let c2 = cancel.clone();
-    // Cancelled once both slow calls of the second round are running.
+    // Cancelled once both slow calls of the second round are running, or after 10 s if they
+    // never do (the run then fails here at once instead of after the slow tool's minute).
     let running = g.now.clone();
-    tokio::spawn(async move {
-        while running.load(Ordering::SeqCst) < 2 {
+    let both_ran = tokio::spawn(async move {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while running.load(Ordering::SeqCst) < 2 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
+        let both = running.load(Ordering::SeqCst) >= 2;
         c2.cancel();
+        both
     });
     let out = agent
         .run_cancellable(vec![Message::user("go")], cancel)
         .await;
+    assert!(
+        both_ran.await.unwrap(),
+        "the two slow calls never ran at once: {out:?}"
+    );
     assert_eq!(out.stop_reason, StopReason::Cancelled);
     assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Cancelled);
     assert_eq!(out.rounds, 2);
