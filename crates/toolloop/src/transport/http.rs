@@ -800,69 +800,122 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<EventStream, ModelError>> + Send + 'static,
 {
-    struct State<F> {
-        open: F,
-        policy: RetryPolicy,
-        current: Option<EventStream>,
-        delivered: bool,
-        attempt: u32,
-        done: bool,
-    }
-    let state = State {
+    resilient_stream_from(policy, None, open)
+}
+
+/// [`resilient_stream`] starting with `first`, a stream already opened (`open` is then called
+/// only to open it again).
+pub(crate) fn resilient_stream_from<F, Fut>(
+    policy: RetryPolicy,
+    first: Option<EventStream>,
+    open: F,
+) -> EventStream
+where
+    F: Fn() -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<EventStream, ModelError>> + Send + 'static,
+{
+    Box::pin(Resilient {
         open,
         policy,
-        current: None,
+        phase: match first {
+            Some(stream) => Phase::Reading(stream),
+            None => Phase::Closed,
+        },
         delivered: false,
         attempt: 0,
-        done: false,
-    };
-    Box::pin(futures::stream::unfold(state, |mut st| async move {
+    })
+}
+
+/// The stream [`resilient_stream`] gives. Each event is passed on in one poll, with no state
+/// moved between polls.
+struct Resilient<F, Fut> {
+    open: F,
+    policy: RetryPolicy,
+    phase: Phase<Fut>,
+    /// Whether output was passed on (the stream is then never opened again).
+    delivered: bool,
+    /// Openings after the first.
+    attempt: u32,
+}
+
+enum Phase<Fut> {
+    /// No stream: one is to be opened.
+    Closed,
+    Opening(std::pin::Pin<Box<Fut>>),
+    Reading(EventStream),
+    /// Waiting before opening again.
+    Waiting(std::pin::Pin<Box<tokio::time::Sleep>>),
+    Done,
+}
+
+impl<F, Fut> Unpin for Resilient<F, Fut> {}
+
+impl<F, Fut> futures::Stream for Resilient<F, Fut>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<EventStream, ModelError>>,
+{
+    type Item = Result<StreamEvent, ModelError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
         loop {
-            if st.done {
-                return None;
-            }
-            if st.current.is_none() {
-                match (st.open)().await {
-                    Ok(s) => st.current = Some(s),
+            match &mut this.phase {
+                Phase::Done => return Poll::Ready(None),
+                Phase::Closed => this.phase = Phase::Opening(Box::pin((this.open)())),
+                Phase::Waiting(sleep) => {
+                    futures::ready!(sleep.as_mut().poll(cx));
+                    this.phase = Phase::Closed;
+                }
+                Phase::Opening(opening) => match futures::ready!(opening.as_mut().poll(cx)) {
+                    Ok(stream) => this.phase = Phase::Reading(stream),
                     Err(e) => {
-                        st.done = true;
-                        return Some((Err(e), st));
+                        this.phase = Phase::Done;
+                        return Poll::Ready(Some(Err(e)));
                     }
-                }
-            }
-            let next = st.current.as_mut().expect("opened above").next().await;
-            match next {
-                None => return None,
-                Some(Ok(ev)) => {
-                    if is_output(&ev) {
-                        st.delivered = true;
+                },
+                Phase::Reading(stream) => match futures::ready!(stream.poll_next_unpin(cx)) {
+                    None => {
+                        this.phase = Phase::Done;
+                        return Poll::Ready(None);
                     }
-                    return Some((Ok(ev), st));
-                }
-                Some(Err(e)) => {
-                    if !st.delivered && e.is_retryable() && st.attempt < st.policy.max_retries {
-                        st.attempt += 1;
-                        st.current = None;
-                        let hint = match &e {
-                            ModelError::Api(a) => a.retry_after,
-                            _ => None,
+                    Some(Ok(ev)) => {
+                        if is_output(&ev) {
+                            this.delivered = true;
+                        }
+                        return Poll::Ready(Some(Ok(ev)));
+                    }
+                    Some(Err(e)) => {
+                        if !this.delivered
+                            && e.is_retryable()
+                            && this.attempt < this.policy.max_retries
+                        {
+                            this.attempt += 1;
+                            let hint = match &e {
+                                ModelError::Api(a) => a.retry_after,
+                                _ => None,
+                            };
+                            let wait = this.policy.delay(this.attempt, hint);
+                            tracing::info!(error = %e, attempt = this.attempt, ?wait, "the stream broke before any output; opening it again");
+                            this.phase = Phase::Waiting(Box::pin(tokio::time::sleep(wait)));
+                            continue;
+                        }
+                        this.phase = Phase::Done;
+                        let e = if this.delivered && e.is_retryable() {
+                            ModelError::StreamInterrupted(e.to_string())
+                        } else {
+                            e
                         };
-                        let wait = st.policy.delay(st.attempt, hint);
-                        tracing::info!(error = %e, attempt = st.attempt, ?wait, "the stream broke before any output; opening it again");
-                        tokio::time::sleep(wait).await;
-                        continue;
+                        return Poll::Ready(Some(Err(e)));
                     }
-                    st.done = true;
-                    let e = if st.delivered && e.is_retryable() {
-                        ModelError::StreamInterrupted(e.to_string())
-                    } else {
-                        e
-                    };
-                    return Some((Err(e), st));
-                }
+                },
             }
         }
-    }))
+    }
 }
 
 /// Whether `bytes` hold one well-formed JSON value.

@@ -61,7 +61,7 @@ impl SseDecoder {
         mut f: impl FnMut(&SseEvent) -> Result<(), E>,
     ) -> Result<(), E> {
         if !self.partial.is_empty() {
-            let Some(pos) = bytes.iter().position(|&b| b == b'\n') else {
+            let Some(pos) = memchr::memchr(b'\n', bytes) else {
                 self.partial.extend_from_slice(bytes);
                 return Ok(());
             };
@@ -73,7 +73,7 @@ impl SseDecoder {
             self.partial = line;
             read?;
         }
-        while let Some(pos) = bytes.iter().position(|&b| b == b'\n') {
+        while let Some(pos) = memchr::memchr(b'\n', bytes) {
             let line = &bytes[..pos];
             bytes = &bytes[pos + 1..];
             self.line(strip_cr(line), &mut f)?;
@@ -141,7 +141,7 @@ impl SseDecoder {
         }
         // `:` is ASCII, so it never lies inside a multi-byte character, and the field and the
         // value decode (lossily) as the whole line would.
-        let (field, value) = match line.iter().position(|&b| b == b':') {
+        let (field, value) = match memchr::memchr(b':', line) {
             Some(i) => {
                 let value = &line[i + 1..];
                 (&line[..i], value.strip_prefix(b" ").unwrap_or(value))

@@ -18,7 +18,7 @@ use crate::redact::Redactor;
 use crate::stream::{Accumulator, StreamEvent};
 #[cfg(feature = "http")]
 use crate::transport::http::{
-    ByteStream, CallBudget, HttpTransport, no_event_error, resilient_stream,
+    ByteStream, CallBudget, HttpTransport, no_event_error, resilient_stream_from,
 };
 use crate::transport::sse::{SseDecoder, SseEvent};
 #[cfg(feature = "http")]
@@ -33,9 +33,13 @@ use futures::StreamExt;
 use http::header::HeaderMap;
 use serde_json::Value;
 #[cfg(feature = "http")]
-use std::collections::VecDeque;
+use std::future::Future;
 #[cfg(feature = "http")]
-use std::sync::{Arc, Mutex};
+use std::pin::Pin;
+#[cfg(feature = "http")]
+use std::sync::Arc;
+#[cfg(feature = "http")]
+use std::task::{Context, Poll};
 #[cfg(feature = "http")]
 use std::time::Duration;
 
@@ -132,7 +136,7 @@ impl<D: SseDecode> ReadSse for SseReader<D> {
 }
 
 /// A transport failure while a 2xx body is read is a broken connection (reqwest reports it as a
-/// body or decode error, which the transport marks retryable), so that [`resilient_stream`]
+/// body or decode error, which the transport marks retryable), so that [`resilient_stream_from`]
 /// opens the stream again when nothing was delivered yet. A failure the transport marked final
 /// (an idle timeout) stays final, and other errors (a body over the size limit) are kept.
 #[cfg(feature = "http")]
@@ -155,66 +159,123 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
     decoder: D,
     event_timeout: Option<Duration>,
 ) -> EventStream {
-    struct State<D> {
-        bytes: ByteStream,
-        reader: SseReader<D>,
-        /// The events a chunk completed, handed out in order. Both buffers keep their capacity
-        /// from chunk to chunk: reading a stream allocates nothing per chunk once they have grown.
-        pending: VecDeque<Result<StreamEvent, ModelError>>,
-        decoded: Vec<StreamEvent>,
-        ended: bool,
-        event_timeout: Option<Duration>,
-        deadline: Option<tokio::time::Instant>,
-    }
-    let state = State {
+    Box::pin(SseEvents {
         bytes,
         reader: SseReader::new(decoder),
-        pending: VecDeque::new(),
-        decoded: Vec::new(),
+        ready: Vec::new(),
+        error: None,
         ended: false,
-        event_timeout,
-        deadline: event_timeout.map(|t| tokio::time::Instant::now() + t),
-    };
-    Box::pin(futures::stream::unfold(state, |mut st| async move {
+        timer: event_timeout.map(|limit| EventTimer {
+            limit,
+            last_event: tokio::time::Instant::now(),
+            sleep: None,
+        }),
+    })
+}
+
+/// The stream [`sse_event_stream`] gives: each poll reads what is ready, with no state moved
+/// from one poll to the next.
+#[cfg(feature = "http")]
+struct SseEvents<D> {
+    bytes: ByteStream,
+    reader: SseReader<D>,
+    /// The events the last chunk completed, last first, handed out from the end. The buffer
+    /// keeps its capacity from chunk to chunk: reading a stream allocates nothing per chunk
+    /// once it has grown.
+    ready: Vec<StreamEvent>,
+    /// The error that ended the body, delivered after `ready`.
+    error: Option<ModelError>,
+    ended: bool,
+    timer: Option<EventTimer>,
+}
+
+/// The event timeout of a stream: armed once, when the stream first waits, and moved only
+/// when it fires before its time (events came since it was armed), so that reading a chunk
+/// touches no timer.
+#[cfg(feature = "http")]
+struct EventTimer {
+    limit: Duration,
+    /// When the last SSE event was read (or the stream opened).
+    last_event: tokio::time::Instant,
+    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+#[cfg(feature = "http")]
+impl EventTimer {
+    /// Whether the stream has gone `limit` without an event (registers the waker otherwise).
+    fn expired(&mut self, cx: &mut Context<'_>) -> bool {
+        let deadline = self.last_event + self.limit;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
         loop {
-            if let Some(item) = st.pending.pop_front() {
-                return Some((item, st));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
             }
-            if st.ended {
-                return None;
+            let deadline = self.last_event + self.limit;
+            if deadline <= tokio::time::Instant::now() {
+                return true;
             }
-            let next = match st.deadline {
-                Some(deadline) => tokio::time::timeout_at(deadline, st.bytes.next()).await,
-                None => Ok(st.bytes.next().await),
+            sleep.as_mut().reset(deadline);
+        }
+    }
+}
+
+#[cfg(feature = "http")]
+impl<D> Unpin for SseEvents<D> {}
+
+#[cfg(feature = "http")]
+impl<D: SseDecode> futures::Stream for SseEvents<D> {
+    type Item = Result<StreamEvent, ModelError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        loop {
+            if let Some(event) = this.ready.pop() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if let Some(e) = this.error.take() {
+                return Poll::Ready(Some(Err(e)));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            let next = match this.bytes.poll_next_unpin(cx) {
+                Poll::Ready(next) => next,
+                Poll::Pending => {
+                    if let Some(timer) = &mut this.timer
+                        && timer.expired(cx)
+                    {
+                        this.ended = true;
+                        return Poll::Ready(Some(Err(no_event_error(timer.limit))));
+                    }
+                    return Poll::Pending;
+                }
             };
-            let events_before = st.reader.events;
+            let events_before = this.reader.events;
             let result = match next {
-                Err(_) => {
-                    st.ended = true;
-                    Err(no_event_error(st.event_timeout.unwrap_or_default()))
-                }
-                Ok(Some(Ok(chunk))) => st.reader.push(&chunk, &mut st.decoded),
-                Ok(Some(Err(e))) => Err(broken(e)),
-                Ok(None) => {
-                    st.ended = true;
-                    st.reader.finish(&mut st.decoded)
+                Some(Ok(chunk)) => this.reader.push(&chunk, &mut this.ready),
+                Some(Err(e)) => Err(broken(e)),
+                None => {
+                    this.ended = true;
+                    this.reader.finish(&mut this.ready)
                 }
             };
-            if st.reader.events != events_before
-                && let Some(limit) = st.event_timeout
+            if this.reader.events != events_before
+                && let Some(timer) = &mut this.timer
             {
-                st.deadline = Some(tokio::time::Instant::now() + limit);
+                timer.last_event = tokio::time::Instant::now();
             }
-            st.pending.extend(st.decoded.drain(..).map(Ok));
-            if st.reader.done() {
-                st.ended = true;
+            this.ready.reverse();
+            if this.reader.done() {
+                this.ended = true;
             }
             if let Err(e) = result {
-                st.ended = true;
-                st.pending.push_back(Err(e));
+                this.ended = true;
+                this.error = Some(e);
             }
         }
-    }))
+    }
 }
 
 /// Everything needed to open one streamed call, again if need be.
@@ -275,7 +336,7 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
 /// Opens a streamed call: POSTs `body` to `url` and decodes the SSE reply with a decoder made
 /// by `make_decoder`. The first attempt is made before this returns, so an HTTP error (after the
 /// transport's retries) is this call's error; a stream that fails with a retryable error before
-/// delivering output is opened again ([`resilient_stream`]), one that already delivered output
+/// delivering output is opened again ([`resilient_stream_from`]), one that already delivered output
 /// never is.
 #[cfg(feature = "http")]
 pub(crate) async fn open_sse_stream<D, F>(
@@ -299,19 +360,13 @@ where
         make_decoder,
         budget: Arc::new(CallBudget::default()),
     });
-    // The opener hands the first stream out once, and opens anew after a failure.
-    let first = Mutex::new(Some(opener.open().await?));
+    // The first stream is opened here; the opener opens anew after a failure.
+    let first = opener.open().await?;
     let policy = opener.transport.retry.clone();
     let redactor = opener.clone();
-    let stream = resilient_stream(policy, move || {
-        let ready = first.lock().ok().and_then(|mut f| f.take());
+    let stream = resilient_stream_from(policy, Some(first), move || {
         let opener = opener.clone();
-        async move {
-            match ready {
-                Some(stream) => Ok(stream),
-                None => opener.open().await,
-            }
-        }
+        async move { opener.open().await }
     });
     Ok(Box::pin(
         stream.map(move |item| item.map_err(|e| redactor.redact(e))),
