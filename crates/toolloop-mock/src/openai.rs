@@ -745,6 +745,32 @@ struct Chunk<'a> {
     usage: Option<Option<Usage>>,
 }
 
+/// Appends the JSON of a [`Chunk`] up to its `choices`, included: `{"id":…,…,"choices":`.
+fn write_chunk_head(buf: &mut Vec<u8>, id: &str, created: u64, model: &str) {
+    let chunk = Chunk {
+        id,
+        object: "chat.completion.chunk",
+        created,
+        model,
+        choices: &[],
+        usage: None,
+    };
+    let _ = serde_json::to_writer(&mut *buf, &chunk);
+    // `[]}`: the empty choices and the end of the object.
+    buf.truncate(buf.len().saturating_sub(3));
+}
+
+/// Appends the rest of a [`Chunk`] after its head (see [`write_chunk_head`]): the two give
+/// the same bytes as the whole chunk serialized.
+fn write_chunk_rest(buf: &mut Vec<u8>, choices: &[ChunkChoice<'_>], usage: Option<Option<Usage>>) {
+    let _ = serde_json::to_writer(&mut *buf, choices);
+    if let Some(usage) = usage {
+        buf.extend_from_slice(b",\"usage\":");
+        let _ = serde_json::to_writer(&mut *buf, &usage);
+    }
+    buf.push(b'}');
+}
+
 #[derive(Serialize)]
 struct ChunkChoice<'a> {
     index: u32,
@@ -840,20 +866,23 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
             .and_then(|o| o.include_usage)
             .unwrap_or(false);
         let mut sse = SseWriter::new(false);
-        let event = |sse: &mut SseWriter, choices: &[ChunkChoice<'_>], usage| {
-            sse.event(
-                None,
-                &Chunk {
-                    id: &id,
-                    object: "chat.completion.chunk",
-                    created,
-                    model,
-                    choices,
-                    usage,
-                },
-            );
+        // Every chunk starts with the same fields: serialized once, into the first event, and
+        // copied from there into the others.
+        let mut head = None;
+        let mut event = |sse: &mut SseWriter, choices: &[ChunkChoice<'_>], usage| {
+            sse.data_with(|buf| {
+                let range = head.get_or_insert_with(|| {
+                    let start = buf.len();
+                    write_chunk_head(buf, &id, created, model);
+                    start..buf.len()
+                });
+                if range.end != buf.len() {
+                    buf.extend_from_within(range.clone());
+                }
+                write_chunk_rest(buf, choices, usage);
+            });
         };
-        let chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
+        let mut chunk = |sse: &mut SseWriter, delta: Delta<'_>, finish: Option<&'static str>| {
             let choices = [ChunkChoice {
                 index: 0,
                 delta,
@@ -988,4 +1017,55 @@ fn reply(shared: &Shared, ctx: &Ctx<'_, '_>, tools: &[OfferedTool<'_>]) -> Prepa
         &reply,
         ArgsOnWire::String,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_chunk_written_from_its_head_is_the_chunk_serialized() {
+        // Absent, `null`, or a count.
+        let usage = |which: u8| match which {
+            0 => None,
+            1 => Some(None),
+            _ => Some(Some(Usage::new((12, 3)))),
+        };
+        let call = DeltaCall {
+            index: 1,
+            id: Some("call_\"1"),
+            kind: Some("function"),
+            function: DeltaFunction {
+                name: Some("echo"),
+                arguments: "{\"a\": \"é\\n\"}",
+            },
+        };
+        let choices = [ChunkChoice {
+            index: 0,
+            delta: Delta {
+                role: Some("assistant"),
+                content: Some(None),
+                tool_calls: Some([call]),
+            },
+            logprobs: None,
+            finish_reason: Some("tool_calls"),
+        }];
+        for (choices, which) in [(&choices[..], 0), (&choices[..], 1), (&[][..], 2)] {
+            let (id, model) = ("chatcmpl-\"mock", "mock:rounds=2,é");
+            let whole = serde_json::to_vec(&Chunk {
+                id,
+                object: "chat.completion.chunk",
+                created: 1_764_000_000,
+                model,
+                choices,
+                usage: usage(which),
+            })
+            .unwrap();
+            let mut pieces = b"data: ".to_vec();
+            write_chunk_head(&mut pieces, id, 1_764_000_000, model);
+            write_chunk_rest(&mut pieces, choices, usage(which));
+            let pieces = pieces.split_off(6);
+            assert_eq!(String::from_utf8(pieces), String::from_utf8(whole));
+        }
+    }
 }

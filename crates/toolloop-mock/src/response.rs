@@ -381,6 +381,14 @@ impl SseWriter {
         self.ends.push(self.buf.len());
     }
 
+    /// Writes one event: a `data:` line whose text `write` appends (JSON written in pieces).
+    pub(crate) fn data_with(&mut self, write: impl FnOnce(&mut Vec<u8>)) {
+        self.buf.extend_from_slice(b"data: ");
+        write(&mut self.buf);
+        self.buf.extend_from_slice(self.separator);
+        self.ends.push(self.buf.len());
+    }
+
     /// Writes a `data:` line holding `raw` as is (`[DONE]`, or JSON already serialized).
     pub(crate) fn raw(&mut self, raw: &[u8]) {
         self.buf.extend_from_slice(b"data: ");
