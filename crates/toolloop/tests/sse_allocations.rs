@@ -108,3 +108,30 @@ fn an_error_from_the_reader_of_events_stops_the_reading() {
     assert_eq!(result, Err("stop"));
     assert_eq!(seen, ["a", "b"]);
 }
+
+#[test]
+fn a_decoder_with_room_for_a_line_reads_a_whole_stream_without_allocating() {
+    // A Chat Completions stream (no `event:` names), each line well under 512 bytes, in one
+    // chunk, as a usual reply on a fast connection comes.
+    let body: String = body()
+        .split_inclusive('\n')
+        .filter(|line| !line.starts_with("event:"))
+        .collect();
+    let expected = SseDecoder::new().push(body.as_bytes());
+    assert_eq!(expected.len(), 51);
+    let mut decoder = SseDecoder::with_capacity(512);
+    let mut events = 0;
+    let before = allocations();
+    read(&mut decoder, body.as_bytes(), body.len(), &mut |e| {
+        assert_eq!(e, &expected[events], "event {events}");
+        events += 1;
+    });
+    let made = allocations() - before;
+    assert_eq!(events, expected.len());
+    assert_eq!(made, 0, "the first stream allocated {made} times");
+    // Without the room, the same first stream allocates.
+    let mut fresh = SseDecoder::new();
+    let before = allocations();
+    read(&mut fresh, body.as_bytes(), body.len(), &mut |_| {});
+    assert!(allocations() > before);
+}

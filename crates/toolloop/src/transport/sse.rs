@@ -40,6 +40,13 @@ impl SseDecoder {
         SseDecoder::default()
     }
 
+    /// A fresh decoder whose buffer for an event's data holds `bytes` before it has to grow.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let mut decoder = SseDecoder::default();
+        decoder.current.data.reserve(bytes);
+        decoder
+    }
+
     /// Adds bytes and returns the events they complete.
     pub fn push(&mut self, bytes: &[u8]) -> Vec<SseEvent> {
         let mut out = Vec::new();

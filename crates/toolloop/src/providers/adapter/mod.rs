@@ -345,17 +345,17 @@ async fn open_stream<A: HttpAdapter>(
     request: &ModelRequest<'_>,
     body: Bytes,
 ) -> Result<EventStream, ModelError> {
-    let stream = open_sse_stream(
+    open_sse_stream(
         this.transport(),
         this.url(request, true).into_owned(),
         this.headers(request)?.into_owned(),
         body,
         A::PARSE_ERROR,
         this.decoders(request),
+        A::classify,
     )
     .await
-    .map_err(A::classify)?;
-    Ok(Box::pin(stream.map(|item| item.map_err(A::classify))))
+    .map_err(A::classify)
 }
 
 /// Decodes a recorded response body as adapter `A` would: `status` is the HTTP status, `stream`

@@ -71,7 +71,8 @@ impl<D: SseDecode> SseReader<D> {
     /// A reader at the start of a body.
     pub(crate) fn new(decoder: D) -> Self {
         SseReader {
-            sse: SseDecoder::new(),
+            // Room for a usual chunk's line, so that the event's data is allocated once.
+            sse: SseDecoder::with_capacity(512),
             decoder,
             events: 0,
         }
@@ -162,7 +163,8 @@ pub(crate) fn sse_event_stream<D: SseDecode>(
     Box::pin(SseEvents {
         bytes,
         reader: SseReader::new(decoder),
-        ready: Vec::new(),
+        // Room for the events of a usual read, so that it is allocated once.
+        ready: Vec::with_capacity(16),
         error: None,
         ended: false,
         timer: event_timeout.map(|limit| EventTimer {
@@ -337,7 +339,7 @@ impl<D: SseDecode, F: Fn() -> D> Opener<F> {
 /// by `make_decoder`. The first attempt is made before this returns, so an HTTP error (after the
 /// transport's retries) is this call's error; a stream that fails with a retryable error before
 /// delivering output is opened again ([`resilient_stream_from`]), one that already delivered output
-/// never is.
+/// never is. The stream's errors are redacted, then given to `classify` (the adapter's).
 #[cfg(feature = "http")]
 pub(crate) async fn open_sse_stream<D, F>(
     transport: &HttpTransport,
@@ -346,6 +348,7 @@ pub(crate) async fn open_sse_stream<D, F>(
     body: Bytes,
     parse_error: ErrorParser,
     make_decoder: F,
+    classify: fn(ModelError) -> ModelError,
 ) -> Result<EventStream, ModelError>
 where
     D: SseDecode,
@@ -368,9 +371,9 @@ where
         let opener = opener.clone();
         async move { opener.open().await }
     });
-    Ok(Box::pin(
-        stream.map(move |item| item.map_err(|e| redactor.redact(e))),
-    ))
+    Ok(Box::pin(stream.map(move |item| {
+        item.map_err(|e| classify(redactor.redact(e)))
+    })))
 }
 
 /// A response, with the error that ended it early (then the response holds what came before).
