@@ -199,7 +199,8 @@ struct EventTimer {
     limit: Duration,
     /// When the last SSE event was read (or the stream opened).
     last_event: tokio::time::Instant,
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The timer, and the deadline it is armed for.
+    sleep: Option<(Pin<Box<tokio::time::Sleep>>, tokio::time::Instant)>,
 }
 
 #[cfg(feature = "http")]
@@ -207,18 +208,20 @@ impl EventTimer {
     /// Whether the stream has gone `limit` without an event (registers the waker otherwise).
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
         let deadline = self.last_event + self.limit;
-        let sleep = self
+        let (sleep, armed_for) = self
             .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
+            .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(deadline)), deadline));
         loop {
             if sleep.as_mut().poll(cx).is_pending() {
                 return false;
             }
+            // It fired: the stream is late unless an event came after it was armed.
             let deadline = self.last_event + self.limit;
-            if deadline <= tokio::time::Instant::now() {
+            if deadline <= *armed_for {
                 return true;
             }
             sleep.as_mut().reset(deadline);
+            *armed_for = deadline;
         }
     }
 }
