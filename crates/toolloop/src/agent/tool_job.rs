@@ -379,6 +379,8 @@ mod tests {
         calls: AtomicU32,
         /// When each attempt started.
         started: std::sync::Mutex<Vec<Instant>>,
+        /// The idempotency key each attempt was given.
+        keys: std::sync::Mutex<Vec<String>>,
         panics: bool,
         params: Value,
     }
@@ -399,6 +401,7 @@ mod tests {
         }
         async fn call(&self, _: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
             self.started.lock().unwrap().push(Instant::now());
+            self.keys.lock().unwrap().push(ctx.idempotency_key.clone());
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
             assert_eq!(ctx.attempt, n, "the attempt number");
             if self.panics {
@@ -416,6 +419,7 @@ mod tests {
             fails,
             calls: AtomicU32::new(0),
             started: std::sync::Mutex::default(),
+            keys: std::sync::Mutex::default(),
             panics,
             params: serde_json::json!({"type": "object"}),
         })
@@ -469,6 +473,37 @@ mod tests {
         let done = run(&flaky(5, false), &config).await;
         assert_eq!(done.result.unwrap_err().message, "try 3 failed");
         assert_eq!(done.attempts, 3);
+    }
+
+    #[tokio::test]
+    async fn every_attempt_gets_the_same_idempotency_key() {
+        let config = LoopConfig {
+            tool_retries: 2,
+            tool_retry_backoff: Duration::from_millis(1),
+            ..LoopConfig::default()
+        };
+        // Borrowed (the call's id, without a run log) and owned (with one), through the last
+        // attempt the retries allow, which takes the key instead of copying it.
+        let id = call().id;
+        for key in [Cow::Borrowed(id.as_str()), Cow::Owned(format!("run/{id}"))] {
+            let tool = flaky(2, false);
+            let dyn_tool: Arc<dyn Tool> = tool.clone();
+            let done = call_tool_with(
+                &dyn_tool,
+                &config,
+                1,
+                &call(),
+                key.clone(),
+                &CancellationToken::new(),
+                None,
+                None,
+                None,
+                None,
+            )
+            .await;
+            assert_eq!(done.attempts, 3);
+            assert_eq!(*tool.keys.lock().unwrap(), vec![key.to_string(); 3]);
+        }
     }
 
     #[tokio::test]
