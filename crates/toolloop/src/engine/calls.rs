@@ -49,8 +49,8 @@ fn value_print(v: &serde_json::Value, state: &foldhash::fast::FixedState) -> u64
         serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
             (Some(u), _, _) => (2u8, u).hash(&mut h),
             (None, Some(i), _) => (3u8, i).hash(&mut h),
-            (None, None, Some(f)) if f == 0.0 => (4u8, 0u64).hash(&mut h),
-            (None, None, f) => (4u8, f.map(f64::to_bits)).hash(&mut h),
+            // Zero's two signs are one number.
+            (None, None, f) => (4u8, f.filter(|f| *f != 0.0).map_or(0, f64::to_bits)).hash(&mut h),
         },
         serde_json::Value::String(s) => (5u8, s).hash(&mut h),
         serde_json::Value::Array(items) => {
@@ -62,9 +62,7 @@ fn value_print(v: &serde_json::Value, state: &foldhash::fast::FixedState) -> u64
         serde_json::Value::Object(map) => {
             // Summed, so that the keys' order does not count.
             let entries = map.iter().fold(0u64, |sum, (k, v)| {
-                let mut e = state.build_hasher();
-                (k, value_print(v, state)).hash(&mut e);
-                sum.wrapping_add(e.finish())
+                sum.wrapping_add(state.hash_one((k, value_print(v, state))))
             });
             (7u8, map.len(), entries).hash(&mut h);
         }
