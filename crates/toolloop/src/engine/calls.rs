@@ -108,6 +108,7 @@ impl Machine {
         subjects: Vec<Option<Subject>>,
     ) {
         let round = self.state.round;
+        self.round_prints.clear();
         if self.config.detect_duplicates {
             self.index_executed();
         }
@@ -118,6 +119,13 @@ impl Machine {
         let mut subjects = subjects.into_iter();
         for call in &tool_calls {
             let subject = subjects.next().flatten();
+            let print = if self.config.detect_duplicates {
+                let print = call_print(call);
+                self.round_prints.push(print);
+                print
+            } else {
+                0
+            };
             emit!(
                 self,
                 Event::ToolCallRequested {
@@ -217,7 +225,7 @@ impl Machine {
                 slots.push(slot);
                 continue;
             }
-            if self.config.detect_duplicates && self.is_duplicate(call, call_print(call), &slots) {
+            if self.config.detect_duplicates && self.is_duplicate(call, print, &slots) {
                 emit!(
                     self,
                     Event::DuplicateDetected {
@@ -398,6 +406,26 @@ impl Machine {
             .rev()
             .take(left)
             .any(|&(p, i)| p == print && self.state.calls.get(i).is_some_and(|c| same(&c.call)))
+    }
+
+    /// Adds the executed calls of the round just settled (`settled` calls, from `before` in
+    /// `state.calls`) to `executed_prints`, with the fingerprints taken at triage; when those
+    /// are not at hand (a machine resumed during the round), [`Machine::index_executed`] makes
+    /// them at the next triage.
+    fn index_round(&mut self, before: usize, settled: usize) {
+        if self.printed_calls == before && self.round_prints.len() == settled {
+            let prints = self.round_prints.iter();
+            self.executed_prints.extend(
+                self.state.calls[before..]
+                    .iter()
+                    .zip(prints)
+                    .enumerate()
+                    .filter(|(_, (c, _))| c.status.executed())
+                    .map(|(k, (_, &p))| (p, before + k)),
+            );
+            self.printed_calls = self.state.calls.len();
+        }
+        self.round_prints.clear();
     }
 
     /// Adds the calls settled since the last time to `executed_prints` (all of them, for a
@@ -756,6 +784,7 @@ impl Machine {
             None
         };
         // The calls move into the history; each result goes to the transcript and the history.
+        let (before, settled) = (self.state.calls.len(), slots.len());
         for slot in slots {
             let status = slot.status.unwrap_or(CallStatus::Cancelled);
             let content = slot
@@ -783,6 +812,7 @@ impl Machine {
                 spent,
             });
         }
+        self.index_round(before, settled);
         self.round_finished_event(finish_reason, usage);
         if interrupted.is_some() {
             return;

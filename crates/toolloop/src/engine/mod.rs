@@ -155,6 +155,10 @@ pub struct Machine {
     executed_prints: Vec<(u64, usize)>,
     /// How many of `state.calls` are in `executed_prints`.
     printed_calls: usize,
+    /// The fingerprints of this round's calls, in the order of its slots, taken at triage
+    /// while the calls are fresh in memory; the round's end adds its executed calls' to
+    /// `executed_prints` from here.
+    round_prints: Vec<u64>,
     /// The compiled output schema (`state.output_schema`), or why it does not compile.
     output_check: Option<Result<Arc<OutputCheck>, String>>,
     /// The estimate of the next request's size, with a context policy.
@@ -233,6 +237,7 @@ impl Machine {
             call_ids,
             executed_prints: Vec::new(),
             printed_calls: 0,
+            round_prints: Vec::new(),
             output_check: None,
             estimate: Default::default(),
         };
@@ -261,6 +266,7 @@ impl Machine {
             call_ids: conversation_ids(&state.messages),
             executed_prints: Vec::new(),
             printed_calls: 0,
+            round_prints: Vec::new(),
             output_check: compile_output(state.output_schema.as_ref()),
             state,
             events: Vec::new(),
