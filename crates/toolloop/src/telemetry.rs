@@ -105,25 +105,32 @@ pub(crate) fn chat_span(model: &str, round: u32) -> Span {
 
 /// Records a model call's result on its span.
 pub(crate) fn chat_finished(span: &Span, result: &Result<ModelResponse, crate::model::ModelError>) {
+    // A disabled span records nothing, but each `record` still looks its field up by name
+    // (about a thousand instructions a round): skipped when no subscriber holds the span.
+    let recording = !span.is_disabled();
     match result {
         Ok(r) => {
-            span.record(
-                "gen_ai.response.finish_reasons",
-                finish_reason(r.finish_reason),
-            );
-            if let Some(u) = &r.usage {
-                span.record("gen_ai.usage.input_tokens", u.input_tokens);
-                span.record("gen_ai.usage.output_tokens", u.output_tokens);
-                span.record("gen_ai.usage.cache_read.input_tokens", u.cache_read_tokens);
-                span.record("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
+            if recording {
+                span.record(
+                    "gen_ai.response.finish_reasons",
+                    finish_reason(r.finish_reason),
+                );
+                if let Some(u) = &r.usage {
+                    span.record("gen_ai.usage.input_tokens", u.input_tokens);
+                    span.record("gen_ai.usage.output_tokens", u.output_tokens);
+                    span.record("gen_ai.usage.cache_read.input_tokens", u.cache_read_tokens);
+                    span.record("gen_ai.usage.reasoning.output_tokens", u.reasoning_tokens);
+                }
+                span.record("toolloop.tool_calls", r.tool_calls.len());
             }
-            span.record("toolloop.tool_calls", r.tool_calls.len());
             if let Some(text) = &r.text {
                 tracing::trace!(target: CONTENT_TARGET, parent: span, text = text.as_str(), "gen_ai.assistant.message");
             }
         }
         Err(e) => {
-            span.record("error.type", error_type(e));
+            if recording {
+                span.record("error.type", error_type(e));
+            }
         }
     }
 }
@@ -174,9 +181,12 @@ pub(crate) fn tool_span(call: &ToolCall) -> Span {
 
 /// Records a tool call's end on its span.
 pub(crate) fn tool_finished(span: &Span, success: bool, attempts: u32, result: &str) {
-    span.record("toolloop.attempts", attempts);
-    if !success {
-        span.record("error.type", "tool_error");
+    // As in `chat_finished`: a disabled span's fields are not looked up.
+    if !span.is_disabled() {
+        span.record("toolloop.attempts", attempts);
+        if !success {
+            span.record("error.type", "tool_error");
+        }
     }
     tracing::trace!(target: CONTENT_TARGET, parent: span, result, "gen_ai.tool.message");
 }

@@ -175,9 +175,20 @@ impl Toolbox {
                 None => call.canonical_arguments().into(),
             })
         };
-        let subjects: Vec<Option<crate::approval::Subject>> = calls.iter().map(subject).collect();
-        if subjects.iter().all(Option::is_none) {
-            return Vec::new();
+        // Allocated at the first subject: most calls have none, and then there is no list.
+        let mut subjects: Vec<Option<crate::approval::Subject>> = Vec::new();
+        for (i, call) in calls.iter().enumerate() {
+            match subject(call) {
+                Some(s) => {
+                    if subjects.is_empty() {
+                        subjects.reserve_exact(calls.len());
+                        subjects.extend(std::iter::repeat_with(|| None).take(i));
+                    }
+                    subjects.push(Some(s));
+                }
+                None if !subjects.is_empty() => subjects.push(None),
+                None => {}
+            }
         }
         subjects
     }

@@ -137,7 +137,7 @@ impl Agent {
             &self.config,
             round,
             call,
-            idempotency_key,
+            std::borrow::Cow::Owned(idempotency_key),
             cancel,
             deadline,
             sink,

@@ -15,6 +15,7 @@ use crate::subagent::Scope;
 use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::toolbox::Toolbox;
 use futures::{FutureExt, StreamExt};
+use std::borrow::Cow;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -73,7 +74,7 @@ impl Agent {
         {
             log.flush().await?;
         }
-        let jobs: Vec<_> = batch
+        let jobs = batch
             .calls
             .iter()
             .filter_map(|&i| machine.shared_round_call(i).map(|c| (i, c)))
@@ -107,10 +108,23 @@ impl Agent {
                     }
                     (index, r)
                 })
-            })
-            .collect();
-        let mut results = futures::stream::iter(jobs).buffer_unordered(limit);
-        while let Some((index, done)) = results.next().await {
+            });
+        // The first `limit` jobs run at once, the others (kept in call order, allocated only
+        // when there are any) each start as one finishes: what `buffer_unordered` does,
+        // without a vector of every job besides its set of running ones.
+        let mut running = futures::stream::FuturesUnordered::new();
+        let mut queued = std::collections::VecDeque::new();
+        for job in jobs {
+            if running.len() < limit {
+                running.push(job);
+            } else {
+                queued.push_back(job);
+            }
+        }
+        while let Some((index, done)) = running.next().await {
+            if let Some(next) = queued.pop_front() {
+                running.push(next);
+            }
             // Results are durable with the next batch's intents, or together when the round's
             // calls are over (a result lost to a crash makes the call "in flight" on resume,
             // never run twice when it has side effects).
@@ -186,9 +200,10 @@ impl ToolJob<'_> {
                 log.soon(intent);
             }
         }
+        // Without a run log the key is the call's id, borrowed: each attempt makes its own copy.
         let idempotency_key = match self.log {
-            Some(log) => format!("{}/{}", log.run_id, self.call.id),
-            None => self.call.id.clone(),
+            Some(log) => Cow::Owned(format!("{}/{}", log.run_id, self.call.id)),
+            None => Cow::Borrowed(self.call.id.as_str()),
         };
         // What the call touches is weighed again: the verdict holds only for the same.
         let done = match subject_changed(tool.as_ref(), &self.call, self.weighed.as_ref()) {
@@ -279,7 +294,7 @@ pub(super) async fn call_tool_with(
     config: &LoopConfig,
     round: u32,
     call: &ToolCall,
-    mut idempotency_key: String,
+    mut idempotency_key: Cow<'_, str>,
     cancel: &CancellationToken,
     deadline: Option<tokio::time::Instant>,
     sink: Option<&EventHandler>,
@@ -306,9 +321,9 @@ pub(super) async fn call_tool_with(
             attempt,
             // The last attempt the retries allow takes the key; an earlier one copies it.
             idempotency_key: if attempt > config.tool_retries {
-                std::mem::take(&mut idempotency_key)
+                std::mem::take(&mut idempotency_key).into_owned()
             } else {
-                idempotency_key.clone()
+                idempotency_key.to_string()
             },
             run_id: run_id.map(str::to_string),
             scope: scope.cloned(),
@@ -364,6 +379,8 @@ mod tests {
         calls: AtomicU32,
         /// When each attempt started.
         started: std::sync::Mutex<Vec<Instant>>,
+        /// The idempotency key each attempt was given.
+        keys: std::sync::Mutex<Vec<String>>,
         panics: bool,
         params: Value,
     }
@@ -384,6 +401,7 @@ mod tests {
         }
         async fn call(&self, _: Value, ctx: ToolContext) -> Result<ToolOutput, ToolError> {
             self.started.lock().unwrap().push(Instant::now());
+            self.keys.lock().unwrap().push(ctx.idempotency_key.clone());
             let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
             assert_eq!(ctx.attempt, n, "the attempt number");
             if self.panics {
@@ -401,6 +419,7 @@ mod tests {
             fails,
             calls: AtomicU32::new(0),
             started: std::sync::Mutex::default(),
+            keys: std::sync::Mutex::default(),
             panics,
             params: serde_json::json!({"type": "object"}),
         })
@@ -454,6 +473,37 @@ mod tests {
         let done = run(&flaky(5, false), &config).await;
         assert_eq!(done.result.unwrap_err().message, "try 3 failed");
         assert_eq!(done.attempts, 3);
+    }
+
+    #[tokio::test]
+    async fn every_attempt_gets_the_same_idempotency_key() {
+        let config = LoopConfig {
+            tool_retries: 2,
+            tool_retry_backoff: Duration::from_millis(1),
+            ..LoopConfig::default()
+        };
+        // Borrowed (the call's id, without a run log) and owned (with one), through the last
+        // attempt the retries allow, which takes the key instead of copying it.
+        let id = call().id;
+        for key in [Cow::Borrowed(id.as_str()), Cow::Owned(format!("run/{id}"))] {
+            let tool = flaky(2, false);
+            let dyn_tool: Arc<dyn Tool> = tool.clone();
+            let done = call_tool_with(
+                &dyn_tool,
+                &config,
+                1,
+                &call(),
+                key.clone(),
+                &CancellationToken::new(),
+                None,
+                None,
+                None,
+                None,
+            )
+            .await;
+            assert_eq!(done.attempts, 3);
+            assert_eq!(*tool.keys.lock().unwrap(), vec![key.to_string(); 3]);
+        }
     }
 
     #[tokio::test]

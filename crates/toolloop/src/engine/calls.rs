@@ -23,6 +23,53 @@ fn duplicate_warning(name: &str) -> String {
     ))
 }
 
+/// A fingerprint of a call's name and arguments: calls that [`Machine::is_duplicate`] finds the
+/// same (the same name, and [`ToolCall::same_arguments`]) have the same fingerprint. An object's
+/// keys count in any order, and the number zero with either sign is one number, as in the
+/// values' equality.
+pub(super) fn call_print(call: &ToolCall) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let state = foldhash::fast::FixedState::with_seed(0x6475_705f_6361_6c6c);
+    let mut h = state.build_hasher();
+    call.name.hash(&mut h);
+    match &call.invalid_arguments {
+        Some(raw) => (0u8, raw).hash(&mut h),
+        None => (1u8, value_print(&call.arguments, &state)).hash(&mut h),
+    }
+    h.finish()
+}
+
+/// [`call_print`]'s fingerprint of a JSON value.
+fn value_print(v: &serde_json::Value, state: &foldhash::fast::FixedState) -> u64 {
+    use std::hash::{BuildHasher, Hash, Hasher};
+    let mut h = state.build_hasher();
+    match v {
+        serde_json::Value::Null => h.write_u8(0),
+        serde_json::Value::Bool(b) => (1u8, *b).hash(&mut h),
+        serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+            (Some(u), _, _) => (2u8, u).hash(&mut h),
+            (None, Some(i), _) => (3u8, i).hash(&mut h),
+            // Zero's two signs are one number.
+            (None, None, f) => (4u8, f.filter(|f| *f != 0.0).map_or(0, f64::to_bits)).hash(&mut h),
+        },
+        serde_json::Value::String(s) => (5u8, s).hash(&mut h),
+        serde_json::Value::Array(items) => {
+            (6u8, items.len()).hash(&mut h);
+            for item in items {
+                h.write_u64(value_print(item, state));
+            }
+        }
+        serde_json::Value::Object(map) => {
+            // Summed, so that the keys' order does not count.
+            let entries = map.iter().fold(0u64, |sum, (k, v)| {
+                sum.wrapping_add(state.hash_one((k, value_print(v, state))))
+            });
+            (7u8, map.len(), entries).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
 /// Candidate `n` (from 2) for replacing the call id `original`, in its shape: an id of letters
 /// and digits only (some servers accept nothing else, in a fixed length) stays letters and
 /// digits of the same length, its end replaced by `n` in base 36; any other id gets `_n`
@@ -61,6 +108,10 @@ impl Machine {
         subjects: Vec<Option<Subject>>,
     ) {
         let round = self.state.round;
+        self.round_prints.clear();
+        if self.config.detect_duplicates {
+            self.index_executed();
+        }
         let mut slots = Vec::with_capacity(tool_calls.len());
         let mut planned = 0u32;
         let mut strict_stop = false;
@@ -68,6 +119,13 @@ impl Machine {
         let mut subjects = subjects.into_iter();
         for call in &tool_calls {
             let subject = subjects.next().flatten();
+            let print = if self.config.detect_duplicates {
+                let print = call_print(call);
+                self.round_prints.push(print);
+                print
+            } else {
+                0
+            };
             emit!(
                 self,
                 Event::ToolCallRequested {
@@ -167,7 +225,7 @@ impl Machine {
                 slots.push(slot);
                 continue;
             }
-            if self.config.detect_duplicates && self.is_duplicate(call, &slots) {
+            if self.config.detect_duplicates && self.is_duplicate(call, print, &slots) {
                 emit!(
                     self,
                     Event::DuplicateDetected {
@@ -322,27 +380,69 @@ impl Machine {
         None
     }
 
-    pub(super) fn is_duplicate(&self, call: &ToolCall, this_round: &[Slot]) -> bool {
+    /// Whether `call` (whose [`call_print`] is `print`) repeats one of the last
+    /// `duplicate_window` calls to run: this round's, latest first, then the executed calls
+    /// before it. The earlier rounds' calls are found through `executed_prints` (brought up to
+    /// date by [`Machine::index_executed`]), so only a fingerprint match reads a call itself:
+    /// with a thousand runs in flight, every call read is memory out of the cache.
+    pub(super) fn is_duplicate(&self, call: &ToolCall, print: u64, this_round: &[Slot]) -> bool {
         let window = self.config.duplicate_window;
         if window == 0 {
             return false;
         }
         let same = |c: &ToolCall| c.name == call.name && c.same_arguments(call);
-        this_round
+        let mut left = window;
+        for slot in this_round.iter().rev().filter(|s| s.run) {
+            if left == 0 {
+                return false;
+            }
+            left -= 1;
+            if same(&slot.call) {
+                return true;
+            }
+        }
+        self.executed_prints
             .iter()
             .rev()
-            .filter(|s| s.run)
-            .map(|s| &*s.call)
-            .chain(
-                self.state
-                    .calls
+            .take(left)
+            .any(|&(p, i)| p == print && self.state.calls.get(i).is_some_and(|c| same(&c.call)))
+    }
+
+    /// Adds the executed calls of the round just settled (`settled` calls, from `before` in
+    /// `state.calls`) to `executed_prints`, with the fingerprints taken at triage; when those
+    /// are not at hand (a machine resumed during the round), [`Machine::index_executed`] makes
+    /// them at the next triage.
+    fn index_round(&mut self, before: usize, settled: usize) {
+        if self.printed_calls == before && self.round_prints.len() == settled {
+            let prints = self.round_prints.iter();
+            self.executed_prints.extend(
+                self.state.calls[before..]
                     .iter()
-                    .rev()
-                    .filter(|c| c.status.executed())
-                    .map(|c| &c.call),
-            )
-            .take(window)
-            .any(same)
+                    .zip(prints)
+                    .enumerate()
+                    .filter(|(_, (c, _))| c.status.executed())
+                    .map(|(k, (_, &p))| (p, before + k)),
+            );
+            self.printed_calls = self.state.calls.len();
+        }
+        self.round_prints.clear();
+    }
+
+    /// Adds the calls settled since the last time to `executed_prints` (all of them, for a
+    /// machine rebuilt from a snapshot or a log). `state.calls` only grows.
+    pub(super) fn index_executed(&mut self) {
+        if self.printed_calls > self.state.calls.len() {
+            self.executed_prints.clear();
+            self.printed_calls = 0;
+        }
+        let new = &self.state.calls[self.printed_calls..];
+        self.executed_prints.extend(
+            new.iter()
+                .enumerate()
+                .filter(|(_, c)| c.status.executed())
+                .map(|(i, c)| (call_print(&c.call), self.printed_calls + i)),
+        );
+        self.printed_calls = self.state.calls.len();
     }
 
     pub(super) fn schedule(&self, slots: &[Slot], pending: Vec<usize>) -> Vec<Batch> {
@@ -684,6 +784,7 @@ impl Machine {
             None
         };
         // The calls move into the history; each result goes to the transcript and the history.
+        let (before, settled) = (self.state.calls.len(), slots.len());
         for slot in slots {
             let status = slot.status.unwrap_or(CallStatus::Cancelled);
             let content = slot
@@ -711,6 +812,7 @@ impl Machine {
                 spent,
             });
         }
+        self.index_round(before, settled);
         self.round_finished_event(finish_reason, usage);
         if interrupted.is_some() {
             return;

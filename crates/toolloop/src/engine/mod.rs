@@ -149,6 +149,16 @@ pub struct Machine {
     /// Fingerprints of the call ids in the conversation (see [`id_key`]), so that checking a new
     /// call's id costs the same however long the conversation is.
     call_ids: foldhash::HashSet<u64>,
+    /// The executed calls of `state.calls` as (fingerprint, index), in order, so that checking
+    /// a call for a duplicate reads this list instead of the earlier calls themselves (a match
+    /// is confirmed on the call); see [`Machine::is_duplicate`].
+    executed_prints: Vec<(u64, usize)>,
+    /// How many of `state.calls` are in `executed_prints`.
+    printed_calls: usize,
+    /// The fingerprints of this round's calls, in the order of its slots, taken at triage
+    /// while the calls are fresh in memory; the round's end adds its executed calls' to
+    /// `executed_prints` from here.
+    round_prints: Vec<u64>,
     /// The compiled output schema (`state.output_schema`), or why it does not compile.
     output_check: Option<Result<Arc<OutputCheck>, String>>,
     /// The estimate of the next request's size, with a context policy.
@@ -225,6 +235,9 @@ impl Machine {
             events: Vec::new(),
             events_on: true,
             call_ids,
+            executed_prints: Vec::new(),
+            printed_calls: 0,
+            round_prints: Vec::new(),
             output_check: None,
             estimate: Default::default(),
         };
@@ -251,6 +264,9 @@ impl Machine {
             hooks,
             catalog,
             call_ids: conversation_ids(&state.messages),
+            executed_prints: Vec::new(),
+            printed_calls: 0,
+            round_prints: Vec::new(),
             output_check: compile_output(state.output_schema.as_ref()),
             state,
             events: Vec::new(),

@@ -718,3 +718,96 @@ fn a_snapshot_is_versioned_and_resumes_where_the_machine_was() {
     let bare = serde_json::to_value(h.m.state()).unwrap();
     assert!(serde_json::from_value::<Snapshot>(bare).is_err());
 }
+
+/// The earlier rounds' calls are compared through their fingerprints: a call the same as one of
+/// them (its keys in another order, a zero of the other sign) is a duplicate, in a machine
+/// resumed from a snapshot too; a call that differs in one value runs.
+#[test]
+fn duplicates_of_earlier_rounds_are_found_after_a_resume() {
+    let call = |id: &str, args: Value| {
+        let mut c = ToolCall::new("echo", args);
+        c.id = id.into();
+        c
+    };
+    let mut h = Harness::plain();
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![call(
+        "c1",
+        json!({"a": 1, "z": 0.0, "list": [1, "x", {"k": true}]}),
+    )]));
+    h.finish_tools();
+    let mut h = Harness {
+        m: Machine::resume(
+            Arc::new(h.m.config().clone()),
+            HookFlags::default(),
+            h.m.catalog().clone(),
+            h.m.snapshot(),
+        ),
+    };
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![
+        call(
+            "c2",
+            json!({"list": [1, "x", {"k": true}], "z": -0.0, "a": 1}),
+        ),
+        call(
+            "c3",
+            json!({"a": 1, "z": 0.0, "list": [1, "x", {"k": false}]}),
+        ),
+    ]));
+    assert_eq!(h.expect_tools(), vec![1]);
+    h.m.handle(finished(2, 1, "ok")).unwrap();
+    // Round 2's executed call was indexed with the fingerprint taken at its triage. Round 3's
+    // machine is resumed before its calls finish, so round 4's triage indexes them itself.
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![
+        call(
+            "c4",
+            json!({"list": [1, "x", {"k": false}], "a": 1, "z": 0}),
+        ),
+        call(
+            "c5",
+            json!({"a": 1, "z": 0, "list": [1, "x", {"k": false}]}),
+        ),
+        call("c6", json!({"new": true})),
+    ]));
+    let mut h = Harness {
+        m: Machine::resume(
+            Arc::new(h.m.config().clone()),
+            HookFlags::default(),
+            h.m.catalog().clone(),
+            h.m.snapshot(),
+        ),
+    };
+    // `0` is not `0.0`: c4 differs from c3 and runs; c5 repeats c4; c6 is new.
+    assert_eq!(h.expect_tools(), vec![0, 2]);
+    h.m.handle(finished(3, 0, "ok")).unwrap();
+    h.m.handle(finished(3, 2, "ok")).unwrap();
+    h.expect_call_model();
+    h.respond(ModelResponse::tool_calls(vec![
+        call("c7", json!({"new": true})),
+        call(
+            "c8",
+            json!({"a": 1, "z": 0.0, "list": [1, "x", {"k": true}]}),
+        ),
+    ]));
+    // c7 repeats c6; c8 repeats c1, which is outside the window: the three latest executed
+    // calls are c6, c4 and c3 (c7 is not run, so it does not count).
+    assert_eq!(h.expect_tools(), vec![1]);
+    h.m.handle(finished(4, 1, "ok")).unwrap();
+    h.expect_call_model();
+    let statuses: Vec<CallStatus> = h.m.state().calls().iter().map(|c| c.status).collect();
+    assert_eq!(
+        statuses,
+        [
+            CallStatus::Ok,
+            CallStatus::Duplicate,
+            CallStatus::Ok,
+            CallStatus::Ok,
+            CallStatus::Duplicate,
+            CallStatus::Ok,
+            CallStatus::Duplicate,
+            CallStatus::Ok,
+        ]
+    );
+}

@@ -413,8 +413,11 @@ impl HttpTransport {
             log.request(call, attempt, url.as_str(), headers, body, &redactor);
             (log, call, attempt, redactor, std::time::Instant::now())
         });
+        // A static value: made from a `&str`, the header's bytes were copied for every request.
+        const JSON: reqwest::header::HeaderValue =
+            reqwest::header::HeaderValue::from_static("application/json");
         let request = builder
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(reqwest::header::CONTENT_TYPE, JSON)
             .body(body.clone())
             .send();
         let response = match tokio::time::timeout(self.first_byte_timeout, request).await {
