@@ -811,3 +811,64 @@ fn duplicates_of_earlier_rounds_are_found_after_a_resume() {
         ]
     );
 }
+
+/// Random JSON values with the shapes that make equal values look different: numbers written
+/// as integers, floats and signed zeros, and objects whose keys come in any order.
+fn json_values() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(json!(null)),
+        any::<bool>().prop_map(Value::from),
+        prop_oneof![Just(0i64), Just(1), Just(-1), any::<i64>()].prop_map(Value::from),
+        prop_oneof![Just(0.0f64), Just(-0.0), Just(1.0), Just(0.5), -1e6..1e6f64]
+            .prop_map(|f| json!(f)),
+        "[a-c]{0,2}".prop_map(Value::from),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::vec(("[a-d]", inner), 0..4)
+                .prop_map(|entries| { Value::Object(entries.into_iter().collect()) }),
+        ]
+    })
+}
+
+/// An equal value written differently: every object's keys in reverse order, and every
+/// floating-point zero with the other sign.
+fn written_differently(v: &Value) -> Value {
+    match v {
+        Value::Array(items) => Value::Array(items.iter().map(written_differently).collect()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .rev()
+                .map(|(k, v)| (k.clone(), written_differently(v)))
+                .collect(),
+        ),
+        Value::Number(n) if n.is_f64() && n.as_f64() == Some(0.0) => {
+            json!(-n.as_f64().unwrap_or_default())
+        }
+        other => other.clone(),
+    }
+}
+
+proptest::proptest! {
+    /// The duplicate check only compares calls whose fingerprints match, so calls it finds the
+    /// same must never have different fingerprints: same name and [`ToolCall::same_arguments`]
+    /// imply the same [`super::calls::call_print`], for any two values, and for a value and
+    /// itself written differently (keys reordered, zeros of the other sign).
+    #[test]
+    fn calls_the_duplicate_check_finds_the_same_have_one_fingerprint(
+        a in json_values(),
+        b in json_values(),
+    ) {
+        use super::calls::call_print;
+        let call = |args: Value| ToolCall::new("echo", args);
+        let (x, y) = (call(a.clone()), call(b));
+        if x.same_arguments(&y) {
+            proptest::prop_assert_eq!(call_print(&x), call_print(&y));
+        }
+        let reordered = call(written_differently(&a));
+        proptest::prop_assert!(x.same_arguments(&reordered));
+        proptest::prop_assert_eq!(call_print(&x), call_print(&reordered));
+    }
+}
