@@ -189,8 +189,10 @@ pub(super) mod typed {
     /// `tool_calls`): the first is kept inline, so reading it allocates nothing; any others go
     /// to a `Vec`.
     pub(in crate::providers::openai) struct Few<T> {
-        first: Option<T>,
-        rest: Vec<T>,
+        /// The first element, if any.
+        pub(in crate::providers::openai) first: Option<T>,
+        /// The others, in order (empty without a first).
+        pub(in crate::providers::openai) rest: Vec<T>,
     }
 
     impl<T> Default for Few<T> {

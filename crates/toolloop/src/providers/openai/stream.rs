@@ -162,44 +162,46 @@ impl ChunkDecoder {
     }
 
     /// A chunk of the usual shape, read through typed, borrowing structures: the same events
-    /// as [`ChunkDecoder::value_chunk`] gives for it.
-    fn typed_chunk(&mut self, chunk: typed::Chunk<'_>, out: &mut Vec<StreamEvent>) {
+    /// as [`ChunkDecoder::value_chunk`] gives for it. Owned strings are taken, not copied.
+    fn typed_chunk(&mut self, chunk: &mut typed::Chunk<'_>, out: &mut Vec<StreamEvent>) {
         if let Some(u) = chunk.usage() {
             out.push(StreamEvent::Usage(u));
         }
-        for Obj(choice) in chunk.choices.unwrap_or_default() {
+        let choices = &mut chunk.choices;
+        for choice in choices.first.iter_mut().chain(&mut choices.rest) {
             if !self.follows(choice.index.unwrap_or(0)) {
                 continue;
             }
-            if let Some(Obj(delta)) = choice.delta {
-                if let Some(t) = delta.content {
-                    self.text(&t, out);
+            if let Some(delta) = &mut choice.delta {
+                if let Some(t) = &delta.content {
+                    self.text(t, out);
                 }
-                if let Some(r) = delta.reasoning_content {
-                    self.reasoning.push_str(&r);
+                if let Some(r) = &delta.reasoning_content {
+                    self.reasoning.push_str(r);
                 }
-                if let Some(r) = delta.refusal {
-                    self.refusal.push_str(&r);
+                if let Some(r) = &delta.refusal {
+                    self.refusal.push_str(r);
                 }
-                for Obj(call) in delta.tool_calls.unwrap_or_default() {
-                    let f = call.function.map(|Obj(f)| f);
+                let calls = &mut delta.tool_calls;
+                for call in calls.first.iter_mut().chain(&mut calls.rest) {
+                    let f = call.function.as_mut();
                     let wire = call.index.or_else(|| f.as_ref().and_then(|f| f.index));
                     let (name, args) = match f {
-                        Some(f) => (f.name, f.arguments),
+                        Some(f) => (f.name.as_deref(), f.arguments.take()),
                         None => (None, None),
                     };
                     self.tool_delta(
                         wire,
                         call.id.as_deref(),
-                        name.as_deref(),
+                        name,
                         args.map(Cow::into_owned).unwrap_or_default(),
-                        call.extra_content,
+                        call.extra_content.take(),
                         out,
                     );
                 }
             }
-            if let Some(f) = choice.finish_reason {
-                self.finish = Some(map_finish(&f));
+            if let Some(f) = &choice.finish_reason {
+                self.finish = Some(map_finish(f));
             }
         }
     }
@@ -336,16 +338,16 @@ impl SseDecode for ChunkDecoder {
         }
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
-        if !self.value_only
-            && ev.event.as_deref() != Some("error")
-            && let Some(chunk) = typed::parse(data)
-        {
-            #[cfg(test)]
-            {
-                self.typed_chunks += 1;
+        if !self.value_only && ev.event.as_deref() != Some("error") {
+            let mut chunk = typed::Chunk::default();
+            if typed::parse(data, &mut chunk) {
+                #[cfg(test)]
+                {
+                    self.typed_chunks += 1;
+                }
+                self.typed_chunk(&mut chunk, out);
+                return Ok(());
             }
-            self.typed_chunk(chunk, out);
-            return Ok(());
         }
         self.value_chunk(ev, data, out)
     }
@@ -376,24 +378,31 @@ impl SseDecode for ChunkDecoder {
 /// The usual `chat.completion.chunk`, read without building a JSON value: strings borrowed
 /// from the event where they hold no escape. A field of another type than these (content as an
 /// array of parts, arguments as an object, a fractional count), a repeated field, a `message`
-/// in place of a `delta`, or an error makes [`typed::parse`] give `None`, and the chunk goes the
+/// in place of a `delta`, or an error makes [`typed::parse`] give `false`, and the chunk goes the
 /// value path.
+///
+/// The chunk is read in place: each object's fields are written straight into the structure
+/// the caller holds (a choice into the chunk's `choices`, a call into the delta's `tool_calls`),
+/// rather than built bottom-up and moved through every layer of serde's return values. The
+/// objects accept exactly what a derived `Deserialize` of the same fields behind
+/// [`Obj`](super::Obj) would: a JSON object only, `null` for any field (as absent), unknown
+/// fields ignored, a known field twice an error.
 mod typed {
     use super::{Few, Obj, Value, WireUsage, opt_str, parse_usage};
     use crate::usage::Usage;
-    use serde::Deserialize;
-    use serde::de::IgnoredAny;
+    use serde::de::{
+        self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
+    };
     use std::borrow::Cow;
+    use std::fmt;
 
-    #[derive(Deserialize)]
+    #[derive(Default)]
     pub(super) struct Chunk<'a> {
-        #[serde(default)]
-        error: Option<IgnoredAny>,
-        #[serde(default, borrow)]
-        pub(super) choices: Option<Few<Obj<Choice<'a>>>>,
-        #[serde(default)]
+        /// A non-null `error`.
+        error: bool,
+        /// `choices` (absent or `null`: none).
+        pub(super) choices: Few<Choice<'a>>,
         usage: Option<Obj<WireUsage>>,
-        #[serde(default)]
         x_groq: Option<Value>,
     }
 
@@ -411,62 +420,252 @@ mod typed {
         }
     }
 
-    #[derive(Deserialize)]
+    #[derive(Default)]
     pub(super) struct Choice<'a> {
-        #[serde(default)]
         pub(super) index: Option<u64>,
-        #[serde(default, borrow)]
-        pub(super) delta: Option<Obj<Delta<'a>>>,
-        #[serde(default)]
-        message: Option<IgnoredAny>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
+        pub(super) delta: Option<Delta<'a>>,
+        /// A non-null `message`.
+        message: bool,
         pub(super) finish_reason: Option<Cow<'a, str>>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Default)]
     pub(super) struct Delta<'a> {
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) content: Option<Cow<'a, str>>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) reasoning_content: Option<Cow<'a, str>>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) refusal: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        pub(super) tool_calls: Option<Few<Obj<CallDelta<'a>>>>,
+        /// `tool_calls` (absent or `null`: none).
+        pub(super) tool_calls: Few<CallDelta<'a>>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Default)]
     pub(super) struct CallDelta<'a> {
-        #[serde(default)]
         pub(super) index: Option<u64>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) id: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        pub(super) function: Option<Obj<FunctionDelta<'a>>>,
-        #[serde(default)]
+        pub(super) function: Option<FunctionDelta<'a>>,
         pub(super) extra_content: Option<Value>,
     }
 
-    #[derive(Deserialize)]
+    #[derive(Default)]
     pub(super) struct FunctionDelta<'a> {
-        #[serde(default)]
         pub(super) index: Option<u64>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) name: Option<Cow<'a, str>>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
         pub(super) arguments: Option<Cow<'a, str>>,
     }
 
-    /// The chunk, or `None` when it is not of the usual shape (or holds an error).
-    pub(super) fn parse(data: &str) -> Option<Chunk<'_>> {
-        let Obj(chunk): Obj<Chunk<'_>> = serde_json::from_str(data).ok()?;
-        let odd = chunk.error.is_some()
-            || chunk
-                .choices
-                .iter()
-                .flatten()
-                .any(|c| c.0.message.is_some());
-        (!odd).then_some(chunk)
+    /// A JSON object read in place: its known fields by position in `NAMES`.
+    trait Fields<'de>: Default {
+        /// The known fields (at most 32).
+        const NAMES: &'static [&'static str];
+        /// Reads field `NAMES[which]`'s value from `map`.
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error>;
+    }
+
+    impl<'de> Fields<'de> for Chunk<'de> {
+        const NAMES: &'static [&'static str] = &["error", "choices", "usage", "x_groq"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.error = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                1 => map.next_value_seed(Array(&mut self.choices))?,
+                2 => self.usage = map.next_value()?,
+                _ => self.x_groq = map.next_value()?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for Choice<'de> {
+        const NAMES: &'static [&'static str] = &["index", "delta", "message", "finish_reason"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.index = map.next_value()?,
+                1 => map.next_value_seed(Object(&mut self.delta))?,
+                2 => self.message = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                _ => self.finish_reason = map.next_value_seed(Str)?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for Delta<'de> {
+        const NAMES: &'static [&'static str] =
+            &["content", "reasoning_content", "refusal", "tool_calls"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.content = map.next_value_seed(Str)?,
+                1 => self.reasoning_content = map.next_value_seed(Str)?,
+                2 => self.refusal = map.next_value_seed(Str)?,
+                _ => map.next_value_seed(Array(&mut self.tool_calls))?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for CallDelta<'de> {
+        const NAMES: &'static [&'static str] = &["index", "id", "function", "extra_content"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.index = map.next_value()?,
+                1 => self.id = map.next_value_seed(Str)?,
+                2 => map.next_value_seed(Object(&mut self.function))?,
+                _ => self.extra_content = map.next_value()?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for FunctionDelta<'de> {
+        const NAMES: &'static [&'static str] = &["index", "name", "arguments"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.index = map.next_value()?,
+                1 => self.name = map.next_value_seed(Str)?,
+                _ => self.arguments = map.next_value_seed(Str)?,
+            }
+            Ok(())
+        }
+    }
+
+    /// A string or `null`, borrowed when it holds no escape (see `opt_str`).
+    struct Str;
+
+    impl<'de> DeserializeSeed<'de> for Str {
+        type Value = Option<Cow<'de, str>>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            opt_str(d)
+        }
+    }
+
+    /// A field name: its position among the known ones, `None` for another.
+    struct Key(&'static [&'static str]);
+
+    impl<'de> DeserializeSeed<'de> for Key {
+        type Value = Option<usize>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_identifier(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Key {
+        type Value = Option<usize>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a field name")
+        }
+        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(self.0.iter().position(|n| *n == v))
+        }
+    }
+
+    /// Reads a JSON object into `T` in place.
+    struct InPlace<'p, T>(&'p mut T);
+
+    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for InPlace<'_, T> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_map(self)
+        }
+    }
+
+    impl<'de, T: Fields<'de>> Visitor<'de> for InPlace<'_, T> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            let mut seen = 0u32;
+            while let Some(key) = map.next_key_seed(Key(T::NAMES))? {
+                match key {
+                    Some(which) => {
+                        if seen & (1 << which) != 0 {
+                            return Err(A::Error::duplicate_field(T::NAMES[which]));
+                        }
+                        seen |= 1 << which;
+                        self.0.field(which, &mut map)?;
+                    }
+                    None => {
+                        map.next_value::<IgnoredAny>()?;
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+
+    /// Reads a JSON object or `null` (left `None`) into an `Option<T>` in place.
+    struct Object<'p, T>(&'p mut Option<T>);
+
+    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for Object<'_, T> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_option(self)
+        }
+    }
+
+    impl<'de, T: Fields<'de>> Visitor<'de> for Object<'_, T> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object or null")
+        }
+        fn visit_none<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            InPlace(self.0.insert(T::default())).deserialize(d)
+        }
+    }
+
+    /// Reads a JSON array of objects or `null` (left empty) into a [`Few`] in place.
+    struct Array<'p, T>(&'p mut Few<T>);
+
+    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for Array<'_, T> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_option(self)
+        }
+    }
+
+    impl<'de, T: Fields<'de>> Visitor<'de> for Array<'_, T> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON array or null")
+        }
+        fn visit_none<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let few = self.0;
+            if seq
+                .next_element_seed(InPlace(few.first.insert(T::default())))?
+                .is_none()
+            {
+                few.first = None;
+                return Ok(());
+            }
+            let mut next = T::default();
+            while seq.next_element_seed(InPlace(&mut next))?.is_some() {
+                few.rest.push(std::mem::take(&mut next));
+            }
+            Ok(())
+        }
+    }
+
+    /// Reads the chunk in `data` into `chunk` (a default one); `false` when it is not of the
+    /// usual shape (or holds an error), then `chunk` is to be dropped.
+    pub(super) fn parse<'a>(data: &'a str, chunk: &mut Chunk<'a>) -> bool {
+        let mut de = serde_json::Deserializer::from_str(data);
+        let read = InPlace(&mut *chunk)
+            .deserialize(&mut de)
+            .and_then(|()| de.end());
+        read.is_ok() && !chunk.error && !chunk.choices.iter().any(|c| c.message)
     }
 }
 
@@ -733,6 +932,49 @@ mod tests {
             typed >= 60,
             "the typed path took only {typed} corpus chunks"
         );
+    }
+
+    /// The in-place reader accepts what the derived structures did: fields in any order, keys
+    /// spelled with escapes, unknown fields of any shape; a known field given twice (which the
+    /// value path reads as its last value) sends the chunk down the value path.
+    #[test]
+    fn chunk_objects_read_in_place_agree_with_the_value_path() {
+        let typed = |chunks: &[&str]| {
+            let mut body = String::new();
+            for c in chunks {
+                body.push_str(&format!("data: {c}\n\n"));
+            }
+            body.push_str("data: [DONE]\n\n");
+            paths_agree(body.as_bytes()).unwrap_or_else(|e| panic!("{e}"))
+        };
+        let usual = [
+            r#"{"usage":null,"choices":[{"finish_reason":null,"delta":{"content":"a"},"index":0}],"id":"x"}"#,
+            r#"{"\u0063hoices":[{"d\u0065lta":{"tool_calls":[{"function":{"arguments":"{}","name":"f"},"id":"c","\u0069ndex":0}]}}]}"#,
+            r#"{"choices":[{"delta":{"role":"assistant","x":{"a":[1,{"b":null}]},"refusal":"no"},"logprobs":{"content":[]}}],"system_fingerprint":"fp"}"#,
+            r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"completion_tokens":2,"prompt_tokens":3}}"#,
+        ];
+        assert_eq!(
+            typed(&usual),
+            usual.len(),
+            "the usual chunks take the typed path"
+        );
+        let repeated = [
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
+            r#"{"choices":[{"index":0,"index":1,"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[],"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"a","function":{"name":"f","name":"g"}}]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"a","id":"b","function":{"name":"f"}}]}}]}"#,
+            r#"{"choices":[{"delta":null,"delta":{"content":"a"}}]}"#,
+            r#"{"error":null,"error":null,"choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a"},"finish_reason":null,"finish_reason":"stop"}]}"#,
+        ];
+        for chunk in repeated {
+            assert_eq!(
+                typed(&[chunk]),
+                0,
+                "a repeated field took the typed path: {chunk}"
+            );
+        }
     }
 
     /// Chunks built from the usual fields, each absent, of the right type, or odd: null, of the
