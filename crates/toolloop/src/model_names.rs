@@ -7,18 +7,55 @@
 //! a dated `gpt-4o-2099-01-01` finds `gpt-4o`).
 
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use std::borrow::{Borrow, Cow};
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
+use std::sync::OnceLock;
 
 /// A built-in table (prices, limits): rows by model name, the names borrowed from the vendored
 /// dataset, under a fast hash (the names are the crate's own data, not an attacker's).
-pub(crate) type Builtin<T> = foldhash::HashMap<Cow<'static, str>, T>;
+pub(crate) type Builtin<T> = foldhash::HashMap<Cow<'static, str>, Row<T>>;
+
+/// A row of a built-in table. A dataset's row keeps its figures as written until a lookup first
+/// finds it, and is read then, once: a process indexes the thousands of names at its first
+/// lookup, but reads only the rows it finds (reading every row's numbers was most of the start
+/// of a one-round `toolloop run`).
+pub(crate) struct Row<T> {
+    text: Option<&'static RawValue>,
+    value: OnceLock<Option<T>>,
+}
+
+impl<T> Row<T> {
+    /// A row of the vendored dataset, its figures as written there.
+    pub(crate) fn written(text: &'static RawValue) -> Self {
+        Row {
+            text: Some(text),
+            value: OnceLock::new(),
+        }
+    }
+
+    /// A row given whole (the hand-checked rows).
+    pub(crate) fn given(value: T) -> Self {
+        Row {
+            text: None,
+            value: OnceLock::from(Some(value)),
+        }
+    }
+
+    /// The row's value, read by `read` from its text the first time (`None`: the row does not
+    /// hold what `read` needs, and counts as no entry).
+    pub(crate) fn get(&self, read: impl FnOnce(&'static str) -> Option<T>) -> Option<&T> {
+        self.value
+            .get_or_init(|| self.text.and_then(|t| read(t.get())))
+            .as_ref()
+    }
+}
 
 /// A vendored dataset (`data/*.json`, see `data/README.md`): when it was retrieved, its
-/// columns, and a row of `N` optional figures per model. Read with the names and the date
-/// borrowed from the text (a table of thousands of rows is read at the first lookup of every
-/// process that looks up a price or a limit).
+/// columns, and a row per model (its figures, or their text for a [`Row`]). Read with the names
+/// and the date borrowed from the text (a table of thousands of rows is indexed at the first
+/// lookup of every process that looks up a price or a limit).
 #[derive(Deserialize)]
 pub(crate) struct Dataset<'a, T> {
     #[serde(borrow)]
@@ -153,7 +190,8 @@ mod tests {
         assert!(matches!(rows[0].0, Cow::Borrowed("gpt-4o")));
         assert!(matches!(&rows[1].0, Cow::Owned(n) if n == "café"));
         // Later rows of a name win, as in a map read from the same text.
-        let table: Builtin<Option<u8>> = d.models.0.into_iter().map(|(n, [v])| (n, v)).collect();
+        let table: foldhash::HashMap<_, Option<u8>> =
+            d.models.0.into_iter().map(|(n, [v])| (n, v)).collect();
         assert_eq!(lookup(&table, "openai:GPT-4o-2024"), Some(&Some(2)));
         assert_eq!(lookup(&table, "café"), Some(&None));
         let wrong: Result<Dataset<[Option<u8>; 1]>, _> =

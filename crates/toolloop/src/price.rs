@@ -7,9 +7,10 @@
 //! Users add or override entries with [`PriceTable::insert`] or
 //! [`PriceTable::extend_from_json`] (the command's `--prices FILE`).
 
-use crate::model_names::{Builtin, Dataset, lookup};
+use crate::model_names::{Builtin, Dataset, Row, lookup};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -84,50 +85,71 @@ pub struct PriceTable {
 const DATASET: &str = include_str!("../data/prices.json");
 
 /// The built-in prices: the dataset, then the hand-checked rows for names it lacks.
-static BUILTIN_TABLE: LazyLock<Builtin<Price>> = LazyLock::new(|| {
+static BUILTIN_TABLE: LazyLock<Table> = LazyLock::new(|| {
     let mut table = parse_dataset(DATASET).unwrap_or_else(|e| {
         // The file is checked by a test; a broken build must not crash a run.
         tracing::warn!("the built-in price dataset does not parse: {e}");
-        Builtin::default()
+        Table {
+            rows: Builtin::default(),
+            retrieved: Cow::Borrowed(""),
+        }
     });
     for (name, input, output, cache_read, cache_write, source) in BUILTIN {
-        table.entry(Cow::Borrowed(*name)).or_insert_with(|| Price {
-            input: *input,
-            output: *output,
-            cache_read: *cache_read,
-            cache_write: *cache_write,
-            source: (*source).to_string(),
-            as_of: BUILTIN_AS_OF.to_string(),
+        table.rows.entry(Cow::Borrowed(*name)).or_insert_with(|| {
+            Row::given(Price {
+                input: *input,
+                output: *output,
+                cache_read: *cache_read,
+                cache_write: *cache_write,
+                source: (*source).to_string(),
+                as_of: BUILTIN_AS_OF.to_string(),
+            })
         });
     }
     table
 });
 
-/// Reads the vendored dataset's format (see `data/README.md`).
-fn parse_dataset(text: &'static str) -> Result<Builtin<Price>, String> {
-    let d: Dataset<[Option<f64>; 4]> = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if d.columns != ["input", "output", "cache_read", "cache_write"] {
-        return Err(format!("unexpected columns {:?}", d.columns));
-    }
-    let mut table =
-        Builtin::with_capacity_and_hasher(d.models.0.len() + BUILTIN.len(), Default::default());
-    for (name, [input, output, cache_read, cache_write]) in d.models.0 {
-        let (Some(input), Some(output)) = (input, output) else {
-            continue;
-        };
-        table.insert(
-            name,
-            Price {
-                input,
-                output,
+/// The built-in table: its rows, and the date the dataset was retrieved.
+struct Table {
+    rows: Builtin<Price>,
+    retrieved: Cow<'static, str>,
+}
+
+impl Table {
+    /// The price of the row `row`, read from the dataset's text the first time; `None` when the
+    /// row lacks an input or output rate.
+    fn price<'a>(&'a self, row: &'a Row<Price>) -> Option<&'a Price> {
+        row.get(|text| {
+            let [input, output, cache_read, cache_write]: [Option<f64>; 4] =
+                serde_json::from_str(text).ok()?;
+            Some(Price {
+                input: input?,
+                output: output?,
                 cache_read,
                 cache_write,
                 source: DATASET_SOURCE.to_string(),
-                as_of: d.retrieved.to_string(),
-            },
-        );
+                as_of: self.retrieved.to_string(),
+            })
+        })
     }
-    Ok(table)
+}
+
+/// Indexes the vendored dataset's format (see `data/README.md`): each row's figures are read
+/// when a lookup first finds it.
+fn parse_dataset(text: &'static str) -> Result<Table, String> {
+    let d: Dataset<&RawValue> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+    if d.columns != ["input", "output", "cache_read", "cache_write"] {
+        return Err(format!("unexpected columns {:?}", d.columns));
+    }
+    let mut rows =
+        Builtin::with_capacity_and_hasher(d.models.0.len() + BUILTIN.len(), Default::default());
+    for (name, row) in d.models.0 {
+        rows.insert(name, Row::written(row));
+    }
+    Ok(Table {
+        rows,
+        retrieved: d.retrieved,
+    })
 }
 
 const DATASET_SOURCE: &str =
@@ -157,7 +179,8 @@ impl PriceTable {
     pub fn get(&self, model: &str) -> Option<&Price> {
         lookup(&self.prices, model).or_else(|| {
             if self.builtin {
-                lookup(&BUILTIN_TABLE, model)
+                let table = &*BUILTIN_TABLE;
+                lookup(&table.rows, model).and_then(|row| table.price(row))
             } else {
                 None
             }
@@ -200,7 +223,7 @@ const OPENAI: &str = "https://openai.com/api/pricing";
 const ANTHROPIC: &str = "https://docs.anthropic.com/en/docs/about-claude/pricing";
 const GEMINI: &str = "https://ai.google.dev/gemini-api/docs/pricing";
 
-type Row = (
+type HandRow = (
     &'static str,
     f64,
     f64,
@@ -210,7 +233,7 @@ type Row = (
 );
 
 /// name, input, output, cache read, cache write, source.
-const BUILTIN: &[Row] = &[
+const BUILTIN: &[HandRow] = &[
     ("gpt-5", 1.25, 10.0, Some(0.125), None, OPENAI),
     ("gpt-5-mini", 0.25, 2.0, Some(0.025), None, OPENAI),
     ("gpt-5-nano", 0.05, 0.40, Some(0.005), None, OPENAI),
@@ -333,7 +356,15 @@ mod tests {
     #[test]
     fn the_dataset_parses_and_prices_models_the_hand_table_lacks() {
         let all = parse_dataset(DATASET).unwrap();
-        assert!(all.len() > 1000, "{}", all.len());
+        assert!(all.rows.len() > 1000, "{}", all.rows.len());
+        // Every row reads (rows are read when first found, so a bad one would only show then).
+        for (name, row) in &all.rows {
+            let p = all.price(row);
+            assert!(
+                p.is_some_and(|p| p.input >= 0.0 && p.output >= 0.0 && p.as_of == all.retrieved),
+                "{name}: {p:?}"
+            );
+        }
         let t = PriceTable::builtin();
         // Newer and other providers' models, with and without provider prefixes.
         for name in [
@@ -351,7 +382,7 @@ mod tests {
         assert_eq!((p.input, p.output), (5.0, 25.0));
         assert!(p.source.contains("LiteLLM"), "{p:?}");
         // The hand-checked rows fill in what the dataset lacks.
-        assert!(BUILTIN_TABLE.contains_key("claude-3-5-haiku"));
+        assert!(BUILTIN_TABLE.rows.contains_key("claude-3-5-haiku"));
     }
 
     #[test]
