@@ -52,6 +52,63 @@ impl<T> Row<T> {
     }
 }
 
+/// A built-in table: its rows by model name, and the date its dataset was retrieved.
+pub(crate) struct Table<T> {
+    pub(crate) rows: Builtin<T>,
+    pub(crate) retrieved: Cow<'static, str>,
+}
+
+impl<T> Table<T> {
+    /// Indexes a vendored dataset (see `data/README.md`) whose columns must be `columns`, with
+    /// room for `more` rows besides. A dataset that does not read gives an empty table and a
+    /// warning naming `what` (a test reads each one: a broken build must not crash a run).
+    pub(crate) fn vendored(text: &'static str, columns: &[&str], more: usize, what: &str) -> Self {
+        Self::index(text, columns, more).unwrap_or_else(|e| {
+            tracing::warn!("the built-in {what} dataset does not parse: {e}");
+            Table {
+                rows: Builtin::default(),
+                retrieved: Cow::Borrowed(""),
+            }
+        })
+    }
+
+    /// [`Table::vendored`], with the error.
+    pub(crate) fn index(text: &'static str, columns: &[&str], more: usize) -> Result<Self, String> {
+        let d: Dataset<&RawValue> = serde_json::from_str(text).map_err(|e| e.to_string())?;
+        if d.columns != columns {
+            return Err(format!("unexpected columns {:?}", d.columns));
+        }
+        let mut rows =
+            Builtin::with_capacity_and_hasher(d.models.0.len() + more, Default::default());
+        for (name, row) in d.models.0 {
+            rows.insert(name, Row::written(row));
+        }
+        Ok(Table {
+            rows,
+            retrieved: d.retrieved,
+        })
+    }
+
+    /// The row of `model` (see the [module docs](self)), read the first time by `read` from its
+    /// figures' text and the dataset's date.
+    pub(crate) fn get(
+        &self,
+        model: &str,
+        read: impl FnOnce(&'static str, &str) -> Option<T>,
+    ) -> Option<&T> {
+        lookup(&self.rows, model).and_then(|row| self.read(row, read))
+    }
+
+    /// `row`'s value, read the first time as [`Table::get`] reads it.
+    pub(crate) fn read<'a>(
+        &'a self,
+        row: &'a Row<T>,
+        read: impl FnOnce(&'static str, &str) -> Option<T>,
+    ) -> Option<&'a T> {
+        row.get(|text| read(text, &self.retrieved))
+    }
+}
+
 /// A vendored dataset (`data/*.json`, see `data/README.md`): when it was retrieved, its
 /// columns, and a row per model (its figures, or their text for a [`Row`]). Read with the names
 /// and the date borrowed from the text (a table of thousands of rows is indexed at the first

@@ -7,10 +7,9 @@
 //! Users add or override entries with [`PriceTable::insert`] or
 //! [`PriceTable::extend_from_json`] (the command's `--prices FILE`).
 
-use crate::model_names::{Builtin, Dataset, Row, lookup};
+use crate::model_names::{Row, Table, lookup};
 use crate::usage::Usage;
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -85,15 +84,8 @@ pub struct PriceTable {
 const DATASET: &str = include_str!("../data/prices.json");
 
 /// The built-in prices: the dataset, then the hand-checked rows for names it lacks.
-static BUILTIN_TABLE: LazyLock<Table> = LazyLock::new(|| {
-    let mut table = parse_dataset(DATASET).unwrap_or_else(|e| {
-        // The file is checked by a test; a broken build must not crash a run.
-        tracing::warn!("the built-in price dataset does not parse: {e}");
-        Table {
-            rows: Builtin::default(),
-            retrieved: Cow::Borrowed(""),
-        }
-    });
+static BUILTIN_TABLE: LazyLock<Table<Price>> = LazyLock::new(|| {
+    let mut table = Table::vendored(DATASET, &COLUMNS, BUILTIN.len(), "price");
     for (name, input, output, cache_read, cache_write, source) in BUILTIN {
         table.rows.entry(Cow::Borrowed(*name)).or_insert_with(|| {
             Row::given(Price {
@@ -109,46 +101,21 @@ static BUILTIN_TABLE: LazyLock<Table> = LazyLock::new(|| {
     table
 });
 
-/// The built-in table: its rows, and the date the dataset was retrieved.
-struct Table {
-    rows: Builtin<Price>,
-    retrieved: Cow<'static, str>,
-}
+/// The dataset's columns (see `data/README.md`).
+const COLUMNS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
 
-impl Table {
-    /// The price of the row `row`, read from the dataset's text the first time; `None` when the
-    /// row lacks an input or output rate.
-    fn price<'a>(&'a self, row: &'a Row<Price>) -> Option<&'a Price> {
-        row.get(|text| {
-            let [input, output, cache_read, cache_write]: [Option<f64>; 4] =
-                serde_json::from_str(text).ok()?;
-            Some(Price {
-                input: input?,
-                output: output?,
-                cache_read,
-                cache_write,
-                source: DATASET_SOURCE.to_string(),
-                as_of: self.retrieved.to_string(),
-            })
-        })
-    }
-}
-
-/// Indexes the vendored dataset's format (see `data/README.md`): each row's figures are read
-/// when a lookup first finds it.
-fn parse_dataset(text: &'static str) -> Result<Table, String> {
-    let d: Dataset<&RawValue> = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if d.columns != ["input", "output", "cache_read", "cache_write"] {
-        return Err(format!("unexpected columns {:?}", d.columns));
-    }
-    let mut rows =
-        Builtin::with_capacity_and_hasher(d.models.0.len() + BUILTIN.len(), Default::default());
-    for (name, row) in d.models.0 {
-        rows.insert(name, Row::written(row));
-    }
-    Ok(Table {
-        rows,
-        retrieved: d.retrieved,
+/// A price from a row of the dataset (its figures' text) retrieved on `as_of`; `None` when the
+/// row lacks an input or output rate.
+fn read_price(text: &str, as_of: &str) -> Option<Price> {
+    let [input, output, cache_read, cache_write]: [Option<f64>; 4] =
+        serde_json::from_str(text).ok()?;
+    Some(Price {
+        input: input?,
+        output: output?,
+        cache_read,
+        cache_write,
+        source: DATASET_SOURCE.to_string(),
+        as_of: as_of.to_string(),
     })
 }
 
@@ -179,8 +146,7 @@ impl PriceTable {
     pub fn get(&self, model: &str) -> Option<&Price> {
         lookup(&self.prices, model).or_else(|| {
             if self.builtin {
-                let table = &*BUILTIN_TABLE;
-                lookup(&table.rows, model).and_then(|row| table.price(row))
+                BUILTIN_TABLE.get(model, read_price)
             } else {
                 None
             }
@@ -355,11 +321,11 @@ mod tests {
 
     #[test]
     fn the_dataset_parses_and_prices_models_the_hand_table_lacks() {
-        let all = parse_dataset(DATASET).unwrap();
+        let all = Table::<Price>::index(DATASET, &COLUMNS, 0).unwrap();
         assert!(all.rows.len() > 1000, "{}", all.rows.len());
         // Every row reads (rows are read when first found, so a bad one would only show then).
         for (name, row) in &all.rows {
-            let p = all.price(row);
+            let p = all.read(row, read_price);
             assert!(
                 p.is_some_and(|p| p.input >= 0.0 && p.output >= 0.0 && p.as_of == all.retrieved),
                 "{name}: {p:?}"

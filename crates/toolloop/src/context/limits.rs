@@ -7,10 +7,8 @@
 //! Users add or override entries with [`LimitTable::insert`] or [`LimitTable::extend_from_json`];
 //! an entry added to a table wins over the built-in one.
 
-use crate::model_names::{Builtin, Dataset, Row, lookup};
+use crate::model_names::{Table, lookup};
 use serde::{Deserialize, Serialize};
-use serde_json::value::RawValue;
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::LazyLock;
 
@@ -63,53 +61,20 @@ const DATASET: &str = include_str!("../../data/limits.json");
 const DATASET_SOURCE: &str =
     "LiteLLM model_prices_and_context_window.json (https://github.com/BerriAI/litellm)";
 
-static BUILTIN_TABLE: LazyLock<Table> = LazyLock::new(|| {
-    parse_dataset(DATASET).unwrap_or_else(|e| {
-        // The file is checked by a test; a broken build must not crash a run.
-        tracing::warn!("the built-in model limits dataset does not parse: {e}");
-        Table {
-            rows: Builtin::default(),
-            retrieved: Cow::Borrowed(""),
-        }
-    })
-});
+static BUILTIN_TABLE: LazyLock<Table<ModelLimits>> =
+    LazyLock::new(|| Table::vendored(DATASET, &COLUMNS, 0, "model limits"));
 
-/// The built-in table: its rows, and the date the dataset was retrieved.
-struct Table {
-    rows: Builtin<ModelLimits>,
-    retrieved: Cow<'static, str>,
-}
+/// The dataset's columns (see `data/README.md`).
+const COLUMNS: [&str; 2] = ["context_window", "max_output_tokens"];
 
-impl Table {
-    /// The limits of the row `row`, read from the dataset's text the first time.
-    fn limits<'a>(&'a self, row: &'a Row<ModelLimits>) -> Option<&'a ModelLimits> {
-        row.get(|text| {
-            let [context_window, max_output_tokens]: [Option<u64>; 2] =
-                serde_json::from_str(text).ok()?;
-            Some(ModelLimits {
-                context_window,
-                max_output_tokens,
-                source: DATASET_SOURCE.to_string(),
-                as_of: self.retrieved.to_string(),
-            })
-        })
-    }
-}
-
-/// Indexes the vendored dataset's format (see `data/README.md`): each row's figures are read
-/// when a lookup first finds it.
-fn parse_dataset(text: &'static str) -> Result<Table, String> {
-    let d: Dataset<&RawValue> = serde_json::from_str(text).map_err(|e| e.to_string())?;
-    if d.columns != ["context_window", "max_output_tokens"] {
-        return Err(format!("unexpected columns {:?}", d.columns));
-    }
-    let mut rows = Builtin::with_capacity_and_hasher(d.models.0.len(), Default::default());
-    for (name, row) in d.models.0 {
-        rows.insert(name, Row::written(row));
-    }
-    Ok(Table {
-        rows,
-        retrieved: d.retrieved,
+/// Limits from a row of the dataset (its figures' text) retrieved on `as_of`.
+fn read_limits(text: &str, as_of: &str) -> Option<ModelLimits> {
+    let [context_window, max_output_tokens]: [Option<u64>; 2] = serde_json::from_str(text).ok()?;
+    Some(ModelLimits {
+        context_window,
+        max_output_tokens,
+        source: DATASET_SOURCE.to_string(),
+        as_of: as_of.to_string(),
     })
 }
 
@@ -137,8 +102,7 @@ impl LimitTable {
     pub fn get(&self, model: &str) -> Option<&ModelLimits> {
         lookup(&self.limits, model).or_else(|| {
             if self.builtin {
-                let table = &*BUILTIN_TABLE;
-                lookup(&table.rows, model).and_then(|row| table.limits(row))
+                BUILTIN_TABLE.get(model, read_limits)
             } else {
                 None
             }
@@ -193,11 +157,11 @@ mod tests {
 
     #[test]
     fn the_dataset_parses_and_knows_the_main_families() {
-        let all = parse_dataset(DATASET).unwrap();
+        let all = Table::<ModelLimits>::index(DATASET, &COLUMNS, 0).unwrap();
         assert!(all.rows.len() > 1000, "{}", all.rows.len());
         // Every row reads (rows are read when first found, so a bad one would only show then).
         for (name, row) in &all.rows {
-            let l = all.limits(row);
+            let l = all.read(row, read_limits);
             assert!(
                 l.is_some_and(|l| l.context_window.is_some() || l.max_output_tokens.is_some()),
                 "{name}: {l:?}"

@@ -736,14 +736,7 @@ fn duplicates_of_earlier_rounds_are_found_after_a_resume() {
         json!({"a": 1, "z": 0.0, "list": [1, "x", {"k": true}]}),
     )]));
     h.finish_tools();
-    let mut h = Harness {
-        m: Machine::resume(
-            Arc::new(h.m.config().clone()),
-            HookFlags::default(),
-            h.m.catalog().clone(),
-            h.m.snapshot(),
-        ),
-    };
+    let mut h = h.resumed();
     h.expect_call_model();
     h.respond(ModelResponse::tool_calls(vec![
         call(
@@ -771,14 +764,7 @@ fn duplicates_of_earlier_rounds_are_found_after_a_resume() {
         ),
         call("c6", json!({"new": true})),
     ]));
-    let mut h = Harness {
-        m: Machine::resume(
-            Arc::new(h.m.config().clone()),
-            HookFlags::default(),
-            h.m.catalog().clone(),
-            h.m.snapshot(),
-        ),
-    };
+    let mut h = h.resumed();
     // `0` is not `0.0`: c4 differs from c3 and runs; c5 repeats c4; c6 is new.
     assert_eq!(h.expect_tools(), vec![0, 2]);
     h.m.handle(finished(3, 0, "ok")).unwrap();
@@ -810,6 +796,20 @@ fn duplicates_of_earlier_rounds_are_found_after_a_resume() {
             CallStatus::Ok,
         ]
     );
+}
+
+impl Harness {
+    /// A machine resumed from this one's snapshot, with the same configuration and catalog.
+    fn resumed(self) -> Harness {
+        Harness {
+            m: Machine::resume(
+                Arc::new(self.m.config().clone()),
+                HookFlags::default(),
+                self.m.catalog().clone(),
+                self.m.snapshot(),
+            ),
+        }
+    }
 }
 
 /// Random JSON values with the shapes that make equal values look different: numbers written
