@@ -560,6 +560,16 @@ mod tests {
             b.approval_subjects(&approvals, &calls),
             [Some(r#"{"path":"a"}"#.into()), None]
         );
+        // A subject after a call without one stays in its call's place.
+        let [first, second] = calls.clone();
+        assert_eq!(
+            b.approval_subjects(&approvals, &[second, first.clone(), first]),
+            [
+                None,
+                Some(r#"{"path":"a"}"#.into()),
+                Some(r#"{"path":"a"}"#.into())
+            ]
+        );
         // Every call asked about: every subject is taken.
         assert_eq!(
             b.approval_subjects(&Approvals::ask_all(), &calls),
