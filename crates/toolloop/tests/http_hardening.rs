@@ -504,6 +504,33 @@ async fn a_slow_stream_with_events_completes() {
     assert_eq!(r.text.as_deref(), Some("abcd"));
 }
 
+/// An event timeout too long to add to a time (`Duration::MAX`) is no limit, not a panic: a
+/// stream that pauses between its events completes.
+#[tokio::test]
+async fn an_event_timeout_too_long_to_add_to_a_time_is_no_limit() {
+    let (port, _) = serve(|_, _, mut s| async move {
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\n";
+        let _ = s.write_all(head.as_bytes()).await;
+        for word in ["a", "b"] {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let chunk = json!({"choices": [{"index": 0, "delta": {"content": word}}]});
+            let _ = s.write_all(format!("data: {chunk}\n\n").as_bytes()).await;
+        }
+        let last = json!({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]});
+        let _ = s
+            .write_all(format!("data: {last}\n\ndata: [DONE]\n\n").as_bytes())
+            .await;
+        let _ = s.shutdown().await;
+    })
+    .await;
+    let m = model(Provider::OpenAi, port, "sk-forever", |t| {
+        t.event_timeout = Duration::MAX;
+    });
+    let r = call(m.as_ref(), true).await.unwrap();
+    assert_eq!(r.text.as_deref(), Some("ab"));
+}
+
 /// A server that accepts the connection and never finishes the response head (a slow loris):
 /// the first-byte timeout is retried once, not as often as the retry policy allows.
 #[tokio::test]

@@ -207,7 +207,10 @@ struct EventTimer {
 impl EventTimer {
     /// Whether the stream has gone `limit` without an event (registers the waker otherwise).
     fn expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let deadline = self.last_event + self.limit;
+        // A limit too far to add to a time (`Duration::MAX`) is no limit.
+        let Some(deadline) = self.last_event.checked_add(self.limit) else {
+            return false;
+        };
         let (sleep, armed_for) = self
             .sleep
             .get_or_insert_with(|| (Box::pin(tokio::time::sleep_until(deadline)), deadline));
@@ -216,7 +219,9 @@ impl EventTimer {
                 return false;
             }
             // It fired: the stream is late unless an event came after it was armed.
-            let deadline = self.last_event + self.limit;
+            let Some(deadline) = self.last_event.checked_add(self.limit) else {
+                return false;
+            };
             if deadline <= *armed_for {
                 return true;
             }
