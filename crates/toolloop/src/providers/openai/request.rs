@@ -2,12 +2,13 @@
 
 use super::config::{OpenAiConfig, PROVIDER, ReminderRole};
 use crate::image::Image;
-use crate::message::{Message, Messages, ToolCall};
+use crate::message::{AssistantMessage, Message, Messages, ToolCall};
 use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
 use crate::output::OutputSchema;
 use crate::providers::adapter::json_number;
+use crate::providers::json_write::{write_str, write_value, write_value_as_string};
 use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
@@ -40,10 +41,6 @@ pub struct WireRequest<'a> {
     /// The extras' fields, later ones replacing earlier ones; they go last and replace any field
     /// of the same name.
     extras: Vec<(&'a str, &'a Value)>,
-    /// Leave `messages` out (the cached encoding writes them itself).
-    skip_messages: bool,
-    /// Leave `tools` out (the cached encoding writes them itself).
-    skip_tools: bool,
     /// Leave `tool_choice` out, whatever the choice (the server refused it).
     omit_tool_choice: bool,
     /// Ask for `json_object` output, with the schema's instructions after the conversation,
@@ -74,8 +71,6 @@ impl<'a> WireRequest<'a> {
             config,
             stream,
             extras,
-            skip_messages: false,
-            skip_tools: false,
             omit_tool_choice: false,
             json_object_output: false,
         }
@@ -132,13 +127,9 @@ impl Serialize for WireRequest<'_> {
         let mut map = s.serialize_map(None)?;
         let model = settings.model.as_deref().unwrap_or(&self.config.model);
         self.field(&mut map, "model", model)?;
-        if !self.skip_messages {
-            self.field(&mut map, "messages", &self.messages())?;
-        }
+        self.field(&mut map, "messages", &self.messages())?;
         if !self.req.tools.is_empty() {
-            if !self.skip_tools {
-                self.field(&mut map, "tools", &WireTools(self.req.tools))?;
-            }
+            self.field(&mut map, "tools", &WireTools(self.req.tools))?;
             // `auto` is sent to the servers that need it said (see
             // `OpenAiConfig::explicit_tool_choice`).
             match &settings.tool_choice {
@@ -337,10 +328,10 @@ impl WireRequest<'_> {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
-            serde_json::to_writer(&mut buf, &WireMessage(m))?;
+            write_message(&mut buf, m);
             if let Some(images) = ToolImages::after(head, i) {
                 buf.push(b',');
-                serde_json::to_writer(&mut buf, &images)?;
+                images.write(&mut buf);
             }
         }
         prefix.end = buf.len();
@@ -354,7 +345,7 @@ impl WireRequest<'_> {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
-            serde_json::to_writer(&mut buf, t)?;
+            t.write(&mut buf);
         }
         buf.push(b']');
         let tools = self.req.tools;
@@ -370,26 +361,183 @@ impl WireRequest<'_> {
             buf.extend_from_slice(b",\"tools\":");
             buf.extend_from_slice(&prefix.tools_json);
         }
-        // The other fields, written as an object whose `{` becomes the comma after `messages`
-        // (or, when there are none, whose `{}` becomes the closing brace).
-        let at = buf.len();
-        let rest = WireRequest {
-            skip_messages: true,
-            skip_tools: cache_tools,
-            extras: self.extras.clone(),
-            ..*self
-        };
-        serde_json::to_writer(&mut buf, &rest)?;
-        if buf.len() - at > 2 {
-            buf[at] = b',';
-        } else {
-            buf.truncate(at);
-            buf.push(b'}');
-        }
+        self.write_rest(&mut buf);
+        buf.push(b'}');
         let body = Bytes::from(buf);
         prefix.body = body.clone();
         Ok(body)
     }
+
+    /// Writes `,"name":` and gives `true`, unless an extra replaces the field.
+    fn key(&self, out: &mut Vec<u8>, name: &str) -> bool {
+        if self.extras.iter().any(|(extra, _)| *extra == name) {
+            return false;
+        }
+        out.push(b',');
+        write_str(out, name);
+        out.push(b':');
+        true
+    }
+
+    /// Writes the fields after `messages` and `tools`, each after a comma, in the order (and
+    /// with the values) of serializing `self`.
+    fn write_rest(&self, out: &mut Vec<u8>) {
+        let settings: &ModelSettings = self.req.settings;
+        if self.key(out, "model") {
+            write_str(out, settings.model.as_deref().unwrap_or(&self.config.model));
+        }
+        if !self.req.tools.is_empty() {
+            let choice: Option<&str> = match &settings.tool_choice {
+                _ if self.omit_tool_choice => None,
+                ToolChoice::Auto if self.config.explicit_tool_choice => Some("auto"),
+                ToolChoice::Auto => None,
+                ToolChoice::None => Some("none"),
+                ToolChoice::Required => Some("required"),
+                ToolChoice::Tool(_) => Some(""),
+            };
+            if let Some(choice) = choice
+                && self.key(out, "tool_choice")
+            {
+                match &settings.tool_choice {
+                    ToolChoice::Tool(name) => write_value(
+                        out,
+                        &json!({"type": "function", "function": {"name": name}}),
+                    ),
+                    _ => write_str(out, choice),
+                }
+            }
+        }
+        if let Some(output) = &settings.output
+            && self.key(out, "response_format")
+        {
+            if self.json_object_output {
+                out.extend_from_slice(br#"{"type":"json_object"}"#);
+            } else {
+                write_value(out, &response_format(output));
+            }
+        }
+        if let Some(t) = settings.temperature
+            && self.key(out, "temperature")
+        {
+            write_value(out, &json_number(t));
+        }
+        if let Some(n) = settings.max_output_tokens {
+            let name = if self.config.is_openai() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            if self.key(out, name) {
+                write_value(out, &Value::from(n));
+            }
+        }
+        if self.stream {
+            if self.key(out, "stream") {
+                out.extend_from_slice(b"true");
+            }
+            if self.key(out, "stream_options") {
+                out.extend_from_slice(br#"{"include_usage":true}"#);
+            }
+        }
+        for (name, value) in &self.extras {
+            out.push(b',');
+            write_str(out, name);
+            out.push(b':');
+            write_value(out, value);
+        }
+    }
+}
+
+/// Writes one message of the conversation: the same bytes as serializing [`WireMessage`].
+fn write_message(out: &mut Vec<u8>, message: &Message) {
+    match message {
+        Message::System { content } => write_plain(out, "system", content),
+        Message::User { content, images } if images.is_empty() => write_plain(out, "user", content),
+        Message::User { content, images } => write_user(out, content, images),
+        Message::Tool(r) => {
+            out.extend_from_slice(br#"{"role":"tool","tool_call_id":"#);
+            write_str(out, &r.call_id);
+            out.extend_from_slice(br#","content":"#);
+            write_str(out, &r.content);
+            out.push(b'}');
+        }
+        Message::Assistant(a) => {
+            out.extend_from_slice(br#"{"role":"assistant","content":"#);
+            write_str(out, a.text.as_deref().unwrap_or(""));
+            if let Some((first, others)) = a.tool_calls.split_first() {
+                out.extend_from_slice(br#","tool_calls":["#);
+                write_call(out, first);
+                for call in others {
+                    out.push(b',');
+                    write_call(out, call);
+                }
+                out.push(b']');
+            }
+            for (k, v) in replayed_fields(a) {
+                out.push(b',');
+                write_str(out, k);
+                out.push(b':');
+                write_value(out, v);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// Writes a [`Plain`] message.
+fn write_plain(out: &mut Vec<u8>, role: &str, content: &str) {
+    out.extend_from_slice(br#"{"role":"#);
+    write_str(out, role);
+    out.extend_from_slice(br#","content":"#);
+    write_str(out, content);
+    out.push(b'}');
+}
+
+/// Writes a [`WireUser`] message.
+fn write_user(out: &mut Vec<u8>, content: &str, images: &[Image]) {
+    out.extend_from_slice(br#"{"role":"user","content":["#);
+    let text = !content.is_empty();
+    if text {
+        write_text_part(out, content);
+    }
+    for (i, image) in images.iter().enumerate() {
+        if text || i > 0 {
+            out.push(b',');
+        }
+        write_image_part(out, image);
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// A `text` content part (its fields in the order of the `json!` object it stands for).
+fn write_text_part(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(br#"{"text":"#);
+    write_str(out, text);
+    out.extend_from_slice(br#","type":"text"}"#);
+}
+
+/// An `image_url` content part (its fields in the order of the `json!` object it stands for).
+fn write_image_part(out: &mut Vec<u8>, image: &Image) {
+    out.extend_from_slice(br#"{"image_url":{"url":"#);
+    write_str(out, &image.url());
+    out.extend_from_slice(br#"},"type":"image_url"}"#);
+}
+
+/// Writes a [`WireToolCall`]: its `arguments` are written as a JSON string straight from the
+/// value, with no text made first.
+fn write_call(out: &mut Vec<u8>, call: &ToolCall) {
+    out.extend_from_slice(br#"{"id":"#);
+    write_str(out, &call.id);
+    out.extend_from_slice(br#","type":"function","function":{"name":"#);
+    write_str(out, &call.name);
+    out.extend_from_slice(br#","arguments":"#);
+    write_value_as_string(out, &call.arguments);
+    out.push(b'}');
+    if let Some(extra) = extra_content(call) {
+        out.extend_from_slice(br#","extra_content":"#);
+        write_value(out, extra);
+    }
+    out.push(b'}');
 }
 
 /// A message that follows the conversation: reminders, alone or appended to its last user turn
@@ -398,6 +546,17 @@ pub(super) struct Tail<'a> {
     role: &'static str,
     content: String,
     images: &'a [Image],
+}
+
+impl Tail<'_> {
+    /// Writes the message: the same bytes as serializing it.
+    fn write(&self, out: &mut Vec<u8>) {
+        if self.images.is_empty() {
+            write_plain(out, self.role, &self.content);
+        } else {
+            write_user(out, &self.content, self.images);
+        }
+    }
 }
 
 impl Serialize for Tail<'_> {
@@ -481,6 +640,28 @@ impl<'a> ToolImages<'a> {
     }
 }
 
+impl ToolImages<'_> {
+    /// Writes the message: the same bytes as serializing it.
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(br#"{"role":"user","content":["#);
+        let mut first = true;
+        for result in &self.0 {
+            if let Some((caption, images)) = crate::providers::tool_result_images(result) {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                write_text_part(out, &caption);
+                for image in images {
+                    out.push(b',');
+                    write_image_part(out, image);
+                }
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+}
+
 impl Serialize for ToolImages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut parts = Vec::new();
@@ -543,28 +724,40 @@ impl Serialize for WireMessage<'_> {
                     let calls: Vec<WireToolCall> = a.tool_calls.iter().map(WireToolCall).collect();
                     map.serialize_entry("tool_calls", &calls)?;
                 }
-                // This adapter's own parts, a later one replacing an earlier field.
-                let mut replayed: Vec<(&str, &Value)> = Vec::new();
-                for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
-                    if let Value::Object(fields) = &part.data {
-                        for (k, v) in fields {
-                            if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
-                                continue;
-                            }
-                            match replayed.iter_mut().find(|(name, _)| name == k) {
-                                Some(slot) => slot.1 = v,
-                                None => replayed.push((k, v)),
-                            }
-                        }
-                    }
-                }
-                for (k, v) in replayed {
+                for (k, v) in replayed_fields(a) {
                     map.serialize_entry(k, v)?;
                 }
                 map.end()
             }
         }
     }
+}
+
+/// The fields of an assistant turn kept in this adapter's own parts and sent back, a later part
+/// replacing an earlier one's field (in the first one's place).
+fn replayed_fields(a: &AssistantMessage) -> Vec<(&str, &Value)> {
+    let mut replayed: Vec<(&str, &Value)> = Vec::new();
+    for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+        if let Value::Object(fields) = &part.data {
+            for (k, v) in fields {
+                if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
+                    continue;
+                }
+                match replayed.iter_mut().find(|(name, _)| name == k) {
+                    Some(slot) => slot.1 = v,
+                    None => replayed.push((k, v)),
+                }
+            }
+        }
+    }
+    replayed
+}
+
+/// A call's `extra_content`, kept in its provider data.
+fn extra_content(call: &ToolCall) -> Option<&Value> {
+    call.provider_data
+        .as_ref()
+        .and_then(|d| d.get("extra_content"))
 }
 
 /// Assistant-message fields kept in this adapter's parts and sent back.
@@ -580,10 +773,7 @@ pub(super) struct WireToolCall<'a>(&'a ToolCall);
 impl Serialize for WireToolCall<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let call = self.0;
-        let extra = call
-            .provider_data
-            .as_ref()
-            .and_then(|d| d.get("extra_content"));
+        let extra = extra_content(call);
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("id", &call.id)?;
         map.serialize_entry("type", "function")?;
@@ -743,6 +933,7 @@ mod tests {
             stream in proptest::bool::ANY,
             extra in 0usize..3,
             keep in proptest::collection::vec(proptest::bool::ANY, 24),
+            knobs in 0usize..5,
         ) {
             let mut template = conversation();
             template.push(Message::user_with_images("and this?", [
@@ -778,7 +969,33 @@ mod tests {
             }];
             let catalogs = [catalog("Reads"), Vec::new(), catalog("Reads \"quoted\"")];
             let mut tools = &catalogs[0];
-            let settings = settings();
+            // The fields after the conversation, in each of their forms.
+            let mut settings = settings();
+            match knobs {
+                0 => {}
+                1 => {
+                    settings.temperature = Some(0.7);
+                    settings.max_output_tokens = Some(100);
+                    settings.model = Some("other \"model\"".into());
+                }
+                2 => {
+                    settings.tool_choice = ToolChoice::Required;
+                    settings.output = Some(OutputSchema::new(
+                        "Answer",
+                        json!({"type": "object", "properties": {"a": {"type": "string"}},
+                               "required": ["a"]}),
+                    ));
+                }
+                3 => {
+                    settings.tool_choice = ToolChoice::Tool("read \"x\"".into());
+                    settings.extra = Some(json!({"seed": 7, "max_tokens": 9}));
+                    settings.max_output_tokens = Some(100);
+                }
+                _ => {
+                    settings.tool_choice = ToolChoice::None;
+                    settings.temperature = Some(1.1);
+                }
+            }
             let mut session = OpenAiSession::new(&models[0]);
             let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
             // Bodies still held elsewhere (as by a transport retrying): their buffer must not be
@@ -819,6 +1036,119 @@ mod tests {
                     prop_assert_eq!(&serde_json::from_slice::<Value>(body).unwrap(), value);
                 }
                 prop_assert_eq!(cached, build_request_body(&request, &configs[which], stream));
+            }
+        }
+    }
+
+    /// Messages of every shape, their strings and values full of what needs escaping.
+    fn message() -> impl Strategy<Value = Message> {
+        use crate::providers::json_write::arbitrary::{text, value};
+        let image = prop_oneof![
+            Just(Image::from_bytes(b"GIF89a\x01\x00").unwrap()),
+            Just(Image::from_url("https://example.com/a.png?q=1&r=%22").unwrap()),
+        ];
+        let images = proptest::collection::vec(image, 0..3);
+        let call = (
+            text(),
+            text(),
+            value(),
+            proptest::option::of(prop_oneof![
+                value(),
+                value().prop_map(|v| json!({"extra_content": v, "other": 1})),
+            ]),
+        )
+            .prop_map(|(id, name, arguments, provider_data)| ToolCall {
+                id,
+                name,
+                arguments,
+                invalid_arguments: None,
+                provider_data,
+            });
+        let part = (
+            proptest::sample::select(vec![PROVIDER, "anthropic"]),
+            proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "reasoning_content",
+                        "refusal",
+                        "extra_content",
+                        "thinking",
+                    ]),
+                    value(),
+                ),
+                0..3,
+            ),
+        )
+            .prop_map(|(provider, fields)| ProviderPart {
+                provider: provider.into(),
+                data: Value::Object(fields.into_iter().map(|(k, v)| (k.into(), v)).collect()),
+            });
+        prop_oneof![
+            text().prop_map(|content| Message::System { content }),
+            (text(), images.clone())
+                .prop_map(|(content, images)| Message::User { content, images }),
+            (text(), text(), text(), images).prop_map(|(call_id, name, content, images)| {
+                Message::Tool(ToolResult {
+                    call_id,
+                    name,
+                    content,
+                    is_error: false,
+                    images,
+                })
+            }),
+            (
+                proptest::option::of(text()),
+                proptest::collection::vec(call, 0..3),
+                proptest::collection::vec(part, 0..3),
+            )
+                .prop_map(|(text, tool_calls, parts)| {
+                    Message::Assistant(AssistantMessage {
+                        text,
+                        tool_calls,
+                        parts,
+                    })
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// The messages a session writes itself are serde's bytes: each message, the images
+        /// after a round's results, and the reminders after the conversation.
+        #[test]
+        fn written_messages_are_serde_json_bytes(
+            messages in proptest::collection::vec(message(), 1..6),
+            reminders in proptest::collection::vec(crate::providers::json_write::arbitrary::text(), 0..3),
+            user_role in proptest::bool::ANY,
+        ) {
+            let head: Messages<'_> = (&messages).into();
+            for (i, m) in messages.iter().enumerate() {
+                let mut out = b"[".to_vec();
+                write_message(&mut out, m);
+                prop_assert_eq!(&out[1..], &serde_json::to_vec(&WireMessage(m)).unwrap()[..]);
+                if let Some(images) = ToolImages::after(head, i) {
+                    let mut out = Vec::new();
+                    images.write(&mut out);
+                    prop_assert_eq!(out, serde_json::to_vec(&images).unwrap());
+                }
+            }
+            let settings = settings();
+            let req = ModelRequest {
+                messages: head,
+                reminders: &reminders,
+                tools: &[],
+                settings: &settings,
+            };
+            let wire = WireMessages {
+                req: &req,
+                role: if user_role { ReminderRole::User } else { ReminderRole::System },
+                note: None,
+            };
+            for t in &wire.split().1 {
+                let mut out = Vec::new();
+                t.write(&mut out);
+                prop_assert_eq!(out, serde_json::to_vec(t).unwrap());
             }
         }
     }
