@@ -4,9 +4,8 @@
 //! `serde_json` writes a string through its formatter: one write, and so one `memcpy` call, per
 //! run of bytes between two escapes, and a JSON text inside a JSON string (a call's
 //! `arguments`) has to be written to a string of its own first, then escaped (every quote of it
-//! again a run). Here a string is read eight bytes at a time: a word with nothing to escape is
-//! appended whole (a fixed-size copy, no call), a word with something to escape byte by byte;
-//! and a value is written as a JSON string directly ([`write_value_as_string`]), escaping as it
+//! again a run). Here a string is read eight bytes at a time and appended a word at a time with
+//! fixed-size copies made inline (see [`escape`]), with no call per run; and a value is written as a JSON string directly ([`write_value_as_string`]), escaping as it
 //! goes. The output is the same bytes as `serde_json::to_vec` of the same string or value (the
 //! module's property tests compare them over arbitrary input).
 
@@ -143,64 +142,85 @@ fn decimal(out: &mut Vec<u8>, mut u: u64) {
     out.extend_from_slice(&digits[at..]);
 }
 
-/// Whether any byte of the word (eight bytes, little-endian) needs escaping: a control
-/// character, a quote or a backslash. Exact (no byte is missed, none is reported wrongly).
+/// The bytes of a word (eight bytes, little-endian) that need escaping (a control character, a
+/// quote or a backslash), as the high bit of each: the lowest bit set is exactly the first such
+/// byte (a bit above it may be set wrongly, by a borrow), and none is set when there is none.
 #[inline]
-fn needs_escape(word: u64) -> bool {
+fn escape_mask(word: u64) -> u64 {
     const ONES: u64 = 0x0101_0101_0101_0101;
     const HIGH: u64 = 0x8080_8080_8080_8080;
-    // A byte below 0x20; a byte equal to the quote or the backslash (XOR makes it zero).
+    // A byte below 0x20; a byte equal to the quote or the backslash (XOR makes it zero). A
+    // subtraction borrows only from a byte that is one of these, and only into the bytes above.
     let below = word.wrapping_sub(ONES * 0x20) & !word & HIGH;
-    let q = word ^ (ONES * u64::from(b'"'));
-    let b = word ^ (ONES * u64::from(b'\\'));
     let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
-    (below | zero(q) | zero(b)) != 0
+    below | zero(word ^ (ONES * u64::from(b'"'))) | zero(word ^ (ONES * u64::from(b'\\')))
 }
 
 /// The bytes of a string, escaped for `depth`, without quotes.
+///
+/// Eight bytes at a time: each word is appended whole (a fixed-size copy, made inline), then
+/// cut after its bytes that need no escaping, before the first one that does, which is written
+/// escaped; the next word starts after it. The last bytes of a string of eight or more are read
+/// as the end of its last eight. Only a string shorter than a word goes byte by byte.
 #[inline]
 fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
     let mut rest = bytes;
-    while let Some((word, tail)) = rest.split_first_chunk::<8>() {
-        if needs_escape(u64::from_le_bytes(*word)) {
-            word.iter().for_each(|&b| byte(out, b, depth));
+    loop {
+        let (word, valid) = match rest.first_chunk::<8>() {
+            Some(word) => (u64::from_le_bytes(*word), 8),
+            None => match bytes.last_chunk::<8>() {
+                Some(last) if !rest.is_empty() => {
+                    // `rest` is the end of the last eight bytes: shifted down, zeros above.
+                    let shift = 8 * (8 - rest.len());
+                    (u64::from_le_bytes(*last) >> shift, rest.len())
+                }
+                _ => break,
+            },
+        };
+        let valid_bits = if valid == 8 {
+            u64::MAX
         } else {
-            // A fixed-size copy, made inline.
-            out.extend_from_slice(word);
+            (1u64 << (8 * valid)) - 1
+        };
+        let mask = escape_mask(word) & valid_bits;
+        let at = out.len();
+        out.extend_from_slice(&word.to_le_bytes());
+        if mask == 0 {
+            out.truncate(at + valid);
+            rest = &rest[valid..];
+        } else {
+            let clean = (mask.trailing_zeros() / 8) as usize;
+            out.truncate(at + clean);
+            let b = rest[clean];
+            escaped(out, b, depth);
+            rest = &rest[clean + 1..];
         }
-        rest = tail;
     }
-    rest.iter().for_each(|&b| byte(out, b, depth));
+    for &b in rest {
+        match ESCAPE[usize::from(b)] {
+            0 => out.push(b),
+            _ => escaped(out, b, depth),
+        }
+    }
 }
 
+/// The escape of `b` (a byte that needs one), escaped again at depth two: written as one
+/// fixed-size copy, then cut to its length.
 #[inline]
-fn byte(out: &mut Vec<u8>, b: u8, depth: Depth) {
-    match ESCAPE[usize::from(b)] {
-        0 => out.push(b),
-        code => escaped(out, b, code, depth),
-    }
-}
-
-/// The escape of `b` (whose table entry is `code`), escaped again at depth two.
-#[cold]
-fn escaped(out: &mut Vec<u8>, b: u8, code: u8, depth: Depth) {
-    let backslash: &[u8] = match depth {
-        Depth::One => b"\\",
-        Depth::Two => b"\\\\",
-    };
-    out.extend_from_slice(backslash);
-    match code {
-        b'u' => out.extend_from_slice(&[
-            b'u',
-            b'0',
-            b'0',
-            HEX[usize::from(b >> 4)],
-            HEX[usize::from(b & 0xf)],
-        ]),
+fn escaped(out: &mut Vec<u8>, b: u8, depth: Depth) {
+    let code = ESCAPE[usize::from(b)];
+    let hex = [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]];
+    let (text, len): ([u8; 8], usize) = match (depth, code) {
+        (Depth::One, b'u') => ([b'\\', b'u', b'0', b'0', hex[0], hex[1], 0, 0], 6),
+        (Depth::One, _) => ([b'\\', code, 0, 0, 0, 0, 0, 0], 2),
+        (Depth::Two, b'u') => ([b'\\', b'\\', b'u', b'0', b'0', hex[0], hex[1], 0], 7),
         // `\"` and `\\` escaped once more: their second character needs its own backslash.
-        b'"' | b'\\' if depth == Depth::Two => out.extend_from_slice(&[b'\\', code]),
-        _ => out.push(code),
-    }
+        (Depth::Two, b'"' | b'\\') => ([b'\\', b'\\', b'\\', code, 0, 0, 0, 0], 4),
+        (Depth::Two, _) => ([b'\\', b'\\', code, 0, 0, 0, 0, 0], 3),
+    };
+    let at = out.len();
+    out.extend_from_slice(&text);
+    out.truncate(at + len);
 }
 
 /// Strategies for property tests of JSON writing: strings full of what needs escaping, and
@@ -302,11 +322,23 @@ mod tests {
             for at in 0..8 {
                 let mut word = *b"abcdefgh";
                 word[at] = b;
-                assert_eq!(
-                    needs_escape(u64::from_le_bytes(word)),
-                    ESCAPE[usize::from(b)] != 0,
-                    "byte {b:#x} at {at}"
-                );
+                let mask = escape_mask(u64::from_le_bytes(word));
+                if ESCAPE[usize::from(b)] == 0 {
+                    assert_eq!(mask, 0, "byte {b:#x} at {at}");
+                } else {
+                    assert_eq!(mask.trailing_zeros() / 8, at as u32, "byte {b:#x} at {at}");
+                }
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn the_word_test_finds_the_first_byte_to_escape(word in any::<[u8; 8]>()) {
+            let mask = escape_mask(u64::from_le_bytes(word));
+            match word.iter().position(|&b| ESCAPE[usize::from(b)] != 0) {
+                None => prop_assert_eq!(mask, 0),
+                Some(first) => prop_assert_eq!(mask.trailing_zeros() / 8, first as u32),
             }
         }
     }

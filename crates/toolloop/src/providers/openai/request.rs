@@ -368,14 +368,13 @@ impl WireRequest<'_> {
         Ok(body)
     }
 
-    /// Writes `,"name":` and gives `true`, unless an extra replaces the field.
-    fn key(&self, out: &mut Vec<u8>, name: &str) -> bool {
+    /// Writes `key` (`,"name":`) and gives `true`, unless an extra replaces the field `name`.
+    #[inline(always)]
+    fn key(&self, out: &mut Vec<u8>, name: &str, key: &[u8]) -> bool {
         if self.extras.iter().any(|(extra, _)| *extra == name) {
             return false;
         }
-        out.push(b',');
-        write_str(out, name);
-        out.push(b':');
+        out.extend_from_slice(key);
         true
     }
 
@@ -383,7 +382,7 @@ impl WireRequest<'_> {
     /// with the values) of serializing `self`.
     fn write_rest(&self, out: &mut Vec<u8>) {
         let settings: &ModelSettings = self.req.settings;
-        if self.key(out, "model") {
+        if self.key(out, "model", br#","model":"#) {
             write_str(out, settings.model.as_deref().unwrap_or(&self.config.model));
         }
         if !self.req.tools.is_empty() {
@@ -396,7 +395,7 @@ impl WireRequest<'_> {
                 ToolChoice::Tool(_) => Some(""),
             };
             if let Some(choice) = choice
-                && self.key(out, "tool_choice")
+                && self.key(out, "tool_choice", br#","tool_choice":"#)
             {
                 match &settings.tool_choice {
                     ToolChoice::Tool(name) => write_value(
@@ -408,7 +407,7 @@ impl WireRequest<'_> {
             }
         }
         if let Some(output) = &settings.output
-            && self.key(out, "response_format")
+            && self.key(out, "response_format", br#","response_format":"#)
         {
             if self.json_object_output {
                 out.extend_from_slice(br#"{"type":"json_object"}"#);
@@ -417,25 +416,25 @@ impl WireRequest<'_> {
             }
         }
         if let Some(t) = settings.temperature
-            && self.key(out, "temperature")
+            && self.key(out, "temperature", br#","temperature":"#)
         {
             write_value(out, &json_number(t));
         }
         if let Some(n) = settings.max_output_tokens {
-            let name = if self.config.is_openai() {
-                "max_completion_tokens"
+            let (name, key): (&str, &[u8]) = if self.config.is_openai() {
+                ("max_completion_tokens", br#","max_completion_tokens":"#)
             } else {
-                "max_tokens"
+                ("max_tokens", br#","max_tokens":"#)
             };
-            if self.key(out, name) {
+            if self.key(out, name, key) {
                 write_value(out, &Value::from(n));
             }
         }
         if self.stream {
-            if self.key(out, "stream") {
+            if self.key(out, "stream", br#","stream":"#) {
                 out.extend_from_slice(b"true");
             }
-            if self.key(out, "stream_options") {
+            if self.key(out, "stream_options", br#","stream_options":"#) {
                 out.extend_from_slice(br#"{"include_usage":true}"#);
             }
         }
