@@ -282,6 +282,22 @@ pub(super) struct EncodedPrefix {
     /// The fingerprint of the catalog encoded in `tools_json` (empty: none kept).
     catalog: u64,
     tools_json: Vec<u8>,
+    /// What the fields after `messages` and `tools` in `rest_json` were written from (none:
+    /// nothing kept). They are the same on every request of a run; they are written again when
+    /// any of it changes.
+    rest: Option<RestKey>,
+    rest_json: Vec<u8>,
+}
+
+/// What the fields after `messages` and `tools` are written from, besides the configuration
+/// (which is the session's model's own and never changes).
+#[derive(PartialEq)]
+struct RestKey {
+    settings: ModelSettings,
+    stream: bool,
+    offers_tools: bool,
+    omit_tool_choice: bool,
+    json_object_output: bool,
 }
 
 impl WireRequest<'_> {
@@ -361,7 +377,26 @@ impl WireRequest<'_> {
             buf.extend_from_slice(b",\"tools\":");
             buf.extend_from_slice(&prefix.tools_json);
         }
-        self.write_rest(&mut buf);
+        let settings: &ModelSettings = self.req.settings;
+        let kept = prefix.rest.as_ref().is_some_and(|k| {
+            k.stream == self.stream
+                && k.offers_tools == !tools.is_empty()
+                && k.omit_tool_choice == self.omit_tool_choice
+                && k.json_object_output == self.json_object_output
+                && k.settings == *settings
+        });
+        if !kept {
+            prefix.rest_json.clear();
+            self.write_rest(&mut prefix.rest_json);
+            prefix.rest = Some(RestKey {
+                settings: settings.clone(),
+                stream: self.stream,
+                offers_tools: !tools.is_empty(),
+                omit_tool_choice: self.omit_tool_choice,
+                json_object_output: self.json_object_output,
+            });
+        }
+        buf.extend_from_slice(&prefix.rest_json);
         buf.push(b'}');
         let body = Bytes::from(buf);
         prefix.body = body.clone();
@@ -911,6 +946,41 @@ mod tests {
         NewRun,
         /// Offer another tool catalog (none, one tool, or that tool described differently).
         Tools(usize),
+        /// Change the settings to one of [`knobs`] (the fields after the conversation).
+        Settings(usize),
+        /// Stream the next requests, or stop streaming them.
+        Stream,
+    }
+
+    /// Settings whose fields after the conversation take each of their forms.
+    fn knobs(which: usize) -> ModelSettings {
+        let mut settings = settings();
+        match which {
+            0 => {}
+            1 => {
+                settings.temperature = Some(0.7);
+                settings.max_output_tokens = Some(100);
+                settings.model = Some("other \"model\"".into());
+            }
+            2 => {
+                settings.tool_choice = ToolChoice::Required;
+                settings.output = Some(OutputSchema::new(
+                    "Answer",
+                    json!({"type": "object", "properties": {"a": {"type": "string"}},
+                           "required": ["a"]}),
+                ));
+            }
+            3 => {
+                settings.tool_choice = ToolChoice::Tool("read \"x\"".into());
+                settings.extra = Some(json!({"seed": 7, "max_tokens": 9}));
+                settings.max_output_tokens = Some(100);
+            }
+            _ => {
+                settings.tool_choice = ToolChoice::None;
+                settings.temperature = Some(1.1);
+            }
+        }
+        settings
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -921,6 +991,8 @@ mod tests {
             1 => Just(Step::Shrink),
             1 => Just(Step::NewRun),
             1 => (0usize..3).prop_map(Step::Tools),
+            1 => (0usize..5).prop_map(Step::Settings),
+            1 => Just(Step::Stream),
         ]
     }
 
@@ -929,10 +1001,10 @@ mod tests {
         fn cached_encoding_is_the_full_encoding(
             steps in proptest::collection::vec(step(), 1..24),
             user_role in proptest::bool::ANY,
-            stream in proptest::bool::ANY,
+            mut stream in proptest::bool::ANY,
             extra in 0usize..3,
             keep in proptest::collection::vec(proptest::bool::ANY, 24),
-            knobs in 0usize..5,
+            first_settings in 0usize..5,
         ) {
             let mut template = conversation();
             template.push(Message::user_with_images("and this?", [
@@ -968,33 +1040,7 @@ mod tests {
             }];
             let catalogs = [catalog("Reads"), Vec::new(), catalog("Reads \"quoted\"")];
             let mut tools = &catalogs[0];
-            // The fields after the conversation, in each of their forms.
-            let mut settings = settings();
-            match knobs {
-                0 => {}
-                1 => {
-                    settings.temperature = Some(0.7);
-                    settings.max_output_tokens = Some(100);
-                    settings.model = Some("other \"model\"".into());
-                }
-                2 => {
-                    settings.tool_choice = ToolChoice::Required;
-                    settings.output = Some(OutputSchema::new(
-                        "Answer",
-                        json!({"type": "object", "properties": {"a": {"type": "string"}},
-                               "required": ["a"]}),
-                    ));
-                }
-                3 => {
-                    settings.tool_choice = ToolChoice::Tool("read \"x\"".into());
-                    settings.extra = Some(json!({"seed": 7, "max_tokens": 9}));
-                    settings.max_output_tokens = Some(100);
-                }
-                _ => {
-                    settings.tool_choice = ToolChoice::None;
-                    settings.temperature = Some(1.1);
-                }
-            }
+            let mut settings = knobs(first_settings);
             let mut session = OpenAiSession::new(&models[0]);
             let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
             // Bodies still held elsewhere (as by a transport retrying): their buffer must not be
@@ -1019,6 +1065,8 @@ mod tests {
                         session = OpenAiSession::new(&models[which]);
                     }
                     Step::Tools(i) => tools = &catalogs[i],
+                    Step::Settings(i) => settings = knobs(i),
+                    Step::Stream => stream = !stream,
                 }
                 let request = ModelRequest {
                     messages: (&messages).into(),
