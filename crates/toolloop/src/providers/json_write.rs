@@ -33,6 +33,41 @@ const ESCAPE: [u8; 256] = {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
+/// The escape of each byte that needs one, at each depth, padded to eight bytes, and its
+/// length (the rest of the table: zeros).
+struct Escapes {
+    text: [[u8; 8]; 256],
+    len: [u8; 256],
+}
+
+const fn escapes(depth: Depth) -> Escapes {
+    let mut table = Escapes {
+        text: [[0; 8]; 256],
+        len: [0; 256],
+    };
+    let mut b = 0;
+    while b < 256 {
+        let code = ESCAPE[b];
+        let hex = [HEX[b >> 4], HEX[b & 0xf]];
+        let (text, len): ([u8; 8], u8) = match (depth, code) {
+            (_, 0) => ([0; 8], 0),
+            (Depth::One, b'u') => ([b'\\', b'u', b'0', b'0', hex[0], hex[1], 0, 0], 6),
+            (Depth::One, _) => ([b'\\', code, 0, 0, 0, 0, 0, 0], 2),
+            (Depth::Two, b'u') => ([b'\\', b'\\', b'u', b'0', b'0', hex[0], hex[1], 0], 7),
+            // `\"` and `\\` escaped once more: their second character needs its own backslash.
+            (Depth::Two, b'"' | b'\\') => ([b'\\', b'\\', b'\\', code, 0, 0, 0, 0], 4),
+            (Depth::Two, _) => ([b'\\', b'\\', code, 0, 0, 0, 0, 0], 3),
+        };
+        table.text[b] = text;
+        table.len[b] = len;
+        b += 1;
+    }
+    table
+}
+
+static ESCAPES_ONE: Escapes = escapes(Depth::One);
+static ESCAPES_TWO: Escapes = escapes(Depth::Two);
+
 /// How deep in strings the text being written is: in one JSON string, or in a JSON string
 /// inside a JSON text that is itself written as a JSON string (then every escape is escaped
 /// again: a quote in a string of the inner text is `\\\"`).
@@ -177,12 +212,8 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
                 _ => break,
             },
         };
-        let valid_bits = if valid == 8 {
-            u64::MAX
-        } else {
-            (1u64 << (8 * valid)) - 1
-        };
-        let mask = escape_mask(word) & valid_bits;
+        // (`valid` is 1 to 8.)
+        let mask = escape_mask(word) & (u64::MAX >> (64 - 8 * valid));
         let at = out.len();
         out.extend_from_slice(&word.to_le_bytes());
         if mask == 0 {
@@ -191,9 +222,8 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
         } else {
             let clean = (mask.trailing_zeros() / 8) as usize;
             out.truncate(at + clean);
-            let b = rest[clean];
-            escaped(out, b, depth);
-            rest = &rest[clean + 1..];
+            escaped(out, (word >> (8 * clean)) as u8, depth);
+            rest = rest.get(clean + 1..).unwrap_or_default();
         }
     }
     for &b in rest {
@@ -204,23 +234,17 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
     }
 }
 
-/// The escape of `b` (a byte that needs one), escaped again at depth two: written as one
-/// fixed-size copy, then cut to its length.
+/// The escape of `b` (a byte that needs one), escaped again at depth two: its table entry
+/// appended whole (a fixed-size copy), then cut to its length.
 #[inline]
 fn escaped(out: &mut Vec<u8>, b: u8, depth: Depth) {
-    let code = ESCAPE[usize::from(b)];
-    let hex = [HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]];
-    let (text, len): ([u8; 8], usize) = match (depth, code) {
-        (Depth::One, b'u') => ([b'\\', b'u', b'0', b'0', hex[0], hex[1], 0, 0], 6),
-        (Depth::One, _) => ([b'\\', code, 0, 0, 0, 0, 0, 0], 2),
-        (Depth::Two, b'u') => ([b'\\', b'\\', b'u', b'0', b'0', hex[0], hex[1], 0], 7),
-        // `\"` and `\\` escaped once more: their second character needs its own backslash.
-        (Depth::Two, b'"' | b'\\') => ([b'\\', b'\\', b'\\', code, 0, 0, 0, 0], 4),
-        (Depth::Two, _) => ([b'\\', b'\\', code, 0, 0, 0, 0, 0], 3),
+    let table = match depth {
+        Depth::One => &ESCAPES_ONE,
+        Depth::Two => &ESCAPES_TWO,
     };
     let at = out.len();
-    out.extend_from_slice(&text);
-    out.truncate(at + len);
+    out.extend_from_slice(&table.text[usize::from(b)]);
+    out.truncate(at + usize::from(table.len[usize::from(b)]));
 }
 
 /// Strategies for property tests of JSON writing: strings full of what needs escaping, and
