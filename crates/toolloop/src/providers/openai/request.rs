@@ -378,9 +378,10 @@ impl WireRequest<'_> {
             buf.extend_from_slice(&prefix.tools_json);
         }
         let settings: &ModelSettings = self.req.settings;
+        let offers_tools = !tools.is_empty();
         let kept = prefix.rest.as_ref().is_some_and(|k| {
             k.stream == self.stream
-                && k.offers_tools == !tools.is_empty()
+                && k.offers_tools == offers_tools
                 && k.omit_tool_choice == self.omit_tool_choice
                 && k.json_object_output == self.json_object_output
                 && k.settings == *settings
@@ -391,7 +392,7 @@ impl WireRequest<'_> {
             prefix.rest = Some(RestKey {
                 settings: settings.clone(),
                 stream: self.stream,
-                offers_tools: !tools.is_empty(),
+                offers_tools,
                 omit_tool_choice: self.omit_tool_choice,
                 json_object_output: self.json_object_output,
             });
