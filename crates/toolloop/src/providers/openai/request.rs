@@ -15,7 +15,9 @@ use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
 
 /// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
-/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree).
+/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree, and
+/// an [`OpenAiSession`](super::OpenAiSession) writes the messages it adds by hand, to the same
+/// bytes).
 ///
 /// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
 /// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
@@ -724,7 +726,9 @@ pub(super) struct Plain<'a> {
     content: &'a str,
 }
 
-/// One message of the conversation on the wire.
+/// One message of the conversation on the wire. A session writes the same bytes by hand
+/// (`write_message`); this serialization is the reference the property tests hold it to, and
+/// what a body encoded whole uses.
 pub(super) struct WireMessage<'a>(pub(super) &'a Message);
 
 impl Serialize for WireMessage<'_> {
