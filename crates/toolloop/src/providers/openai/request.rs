@@ -13,6 +13,7 @@ use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
 /// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree, and
@@ -281,14 +282,42 @@ pub(super) struct EncodedPrefix {
     /// buffer is reused for the next body when nothing else holds it any more.
     body: Bytes,
     end: usize,
-    /// The fingerprint of the catalog encoded in `tools_json` (empty: none kept).
+    /// The fingerprint of the catalog encoded in `tools_json` (none: none kept).
     catalog: u64,
-    tools_json: Vec<u8>,
+    tools_json: Option<Arc<[u8]>>,
     /// What the fields after `messages` and `tools` in `rest_json` were written from (none:
     /// nothing kept). They are the same on every request of a run; they are written again when
     /// any of it changes.
     rest: Option<RestKey>,
     rest_json: Vec<u8>,
+}
+
+/// The encoding of the tool catalog last offered, and its fingerprint, shared by the sessions of
+/// a model: the runs of a model most often offer the same catalog, so a new run neither encodes
+/// it again nor keeps a copy of its own.
+#[derive(Default)]
+pub(super) struct SharedCatalog(Mutex<Option<(u64, Arc<[u8]>)>>);
+
+impl std::fmt::Debug for SharedCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCatalog").finish_non_exhaustive()
+    }
+}
+
+impl SharedCatalog {
+    /// The encoding of `tools`, whose fingerprint is `catalog`: the one kept when it is the
+    /// same catalog, else a new one, kept for the next.
+    fn encoding(&self, tools: &[ToolSpec], catalog: u64) -> serde_json::Result<Arc<[u8]>> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((fingerprint, json)) = kept.as_ref()
+            && *fingerprint == catalog
+        {
+            return Ok(json.clone());
+        }
+        let json: Arc<[u8]> = serde_json::to_vec(&WireTools(tools))?.into();
+        *kept = Some((catalog, json.clone()));
+        Ok(json)
+    }
 }
 
 /// What the fields after `messages` and `tools` are written from, besides the configuration
@@ -308,7 +337,11 @@ impl WireRequest<'_> {
     /// after those messages and the new ones are appended, so neither the beginning nor the
     /// buffer is made again. Gives the same JSON as serializing `self`, with `messages` (and
     /// `tools`) first, and updates `prefix` for the next request.
-    pub(super) fn encode_cached(&self, prefix: &mut EncodedPrefix) -> serde_json::Result<Bytes> {
+    pub(super) fn encode_cached(
+        &self,
+        prefix: &mut EncodedPrefix,
+        catalogs: &SharedCatalog,
+    ) -> serde_json::Result<Bytes> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
             return serde_json::to_vec(self).map(Bytes::from);
         }
@@ -371,13 +404,15 @@ impl WireRequest<'_> {
             !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
         if cache_tools {
             let catalog = catalog_fingerprint(tools);
-            if prefix.tools_json.is_empty() || prefix.catalog != catalog {
-                prefix.tools_json.clear();
-                serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
-                prefix.catalog = catalog;
-            }
+            let json = match &prefix.tools_json {
+                Some(json) if prefix.catalog == catalog => json,
+                _ => {
+                    prefix.catalog = catalog;
+                    prefix.tools_json.insert(catalogs.encoding(tools, catalog)?)
+                }
+            };
             buf.extend_from_slice(b",\"tools\":");
-            buf.extend_from_slice(&prefix.tools_json);
+            buf.extend_from_slice(json);
         }
         let settings: &ModelSettings = self.req.settings;
         let offers_tools = !tools.is_empty();
@@ -949,6 +984,8 @@ mod tests {
         Shrink,
         /// Start a new run on the other of two models (a new session, with nothing kept).
         NewRun,
+        /// Start a new run on the same model (a new session, sharing the model's catalog).
+        NewSession,
         /// Offer another tool catalog (none, one tool, or that tool described differently).
         Tools(usize),
         /// Change the settings to one of [`knobs`] (the fields after the conversation).
@@ -995,6 +1032,7 @@ mod tests {
             1 => Just(Step::EditLast),
             1 => Just(Step::Shrink),
             1 => Just(Step::NewRun),
+            1 => Just(Step::NewSession),
             1 => (0usize..3).prop_map(Step::Tools),
             1 => (0usize..5).prop_map(Step::Settings),
             1 => Just(Step::Stream),
@@ -1069,6 +1107,7 @@ mod tests {
                         which = 1 - which;
                         session = OpenAiSession::new(&models[which]);
                     }
+                    Step::NewSession => session = OpenAiSession::new(&models[which]),
                     Step::Tools(i) => tools = &catalogs[i],
                     Step::Settings(i) => settings = knobs(i),
                     Step::Stream => stream = !stream,
@@ -1203,6 +1242,48 @@ mod tests {
                 prop_assert_eq!(out, serde_json::to_vec(t).unwrap());
             }
         }
+    }
+
+    #[test]
+    fn the_sessions_of_a_model_share_the_encoding_of_its_catalog() {
+        let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"));
+        let tools = vec![ToolSpec {
+            name: "read".into(),
+            description: "Reads".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let settings = settings();
+        let messages = vec![Message::user("go")];
+        let request = |tools| ModelRequest {
+            messages: (&messages).into(),
+            reminders: &[],
+            tools,
+            settings: &settings,
+        };
+        let encoding = |session: &OpenAiSession| {
+            let prefix = session.model.prefix.as_ref().unwrap().lock().unwrap();
+            prefix.tools_json.clone().unwrap()
+        };
+        let (a, b) = (OpenAiSession::new(&model), OpenAiSession::new(&model));
+        a.request_body(&request(&tools), false).unwrap();
+        // Another run's catalog, equal but not the same memory: the same encoding.
+        let copy = tools.clone();
+        b.request_body(&request(&copy), false).unwrap();
+        assert!(Arc::ptr_eq(&encoding(&a), &encoding(&b)));
+        // Another catalog: its own encoding, sent.
+        let mut other = tools.clone();
+        other[0].description = "Reads \"more\"".into();
+        let body = b.request_body(&request(&other), false).unwrap();
+        assert!(!Arc::ptr_eq(&encoding(&a), &encoding(&b)));
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["tools"][0]["function"]["description"],
+            "Reads \"more\""
+        );
+        // The first session still sends its own catalog.
+        let body: Value =
+            serde_json::from_slice(&a.request_body(&request(&tools), false).unwrap()).unwrap();
+        assert_eq!(body["tools"][0]["function"]["description"], "Reads");
     }
 
     fn body(
