@@ -193,11 +193,10 @@ fn escape_mask(word: u64) -> u64 {
 
 /// The bytes of a string, escaped for `depth`, without quotes.
 ///
-/// Eight bytes at a time: a word with nothing to escape is appended whole (a fixed-size copy,
-/// made inline); in a word with something to escape, each run of bytes between two escapes is
-/// appended the same way (the word from the run on, then cut to the run's length), each escape
-/// from a table. The last bytes of a string of eight or more are read as the end of its last
-/// eight. Only a string shorter than a word goes byte by byte.
+/// Eight bytes at a time: each word is appended whole (a fixed-size copy, made inline), then
+/// cut after its bytes that need no escaping, before the first one that does, which is written
+/// escaped; the next word starts after it. The last bytes of a string of eight or more are read
+/// as the end of its last eight. Only a string shorter than a word goes byte by byte.
 #[inline]
 fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
     let mut rest = bytes;
@@ -214,29 +213,18 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
             },
         };
         // (`valid` is 1 to 8.)
-        let mut mask = escape_mask(word) & (u64::MAX >> (64 - 8 * valid));
-        // The bytes of the word from `from` on, as they are, up to `to`.
-        let copy = |out: &mut Vec<u8>, from: usize, to: usize| {
-            let at = out.len();
-            out.extend_from_slice(&(word >> (8 * from)).to_le_bytes());
-            out.truncate(at + (to - from));
-        };
-        let mut from = 0;
-        while mask != 0 {
-            let i = (mask.trailing_zeros() / 8) as usize;
-            mask &= mask - 1;
-            let b = (word >> (8 * i)) as u8;
-            // A bit above a byte to escape may be set by a borrow: the table decides.
-            if ESCAPE[usize::from(b)] != 0 {
-                copy(out, from, i);
-                escaped(out, b, depth);
-                from = i + 1;
-            }
+        let mask = escape_mask(word) & (u64::MAX >> (64 - 8 * valid));
+        let at = out.len();
+        out.extend_from_slice(&word.to_le_bytes());
+        if mask == 0 {
+            out.truncate(at + valid);
+            rest = &rest[valid..];
+        } else {
+            let clean = (mask.trailing_zeros() / 8) as usize;
+            out.truncate(at + clean);
+            escaped(out, (word >> (8 * clean)) as u8, depth);
+            rest = rest.get(clean + 1..).unwrap_or_default();
         }
-        if from < valid {
-            copy(out, from, valid);
-        }
-        rest = &rest[valid..];
     }
     for &b in rest {
         match ESCAPE[usize::from(b)] {
