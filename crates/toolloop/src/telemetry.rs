@@ -246,11 +246,14 @@ mod tests {
         fn exit(&self, _: &Id) {}
     }
 
+    /// A span's name and the id of the span it was opened in.
+    type Opened = (&'static str, Option<u64>);
+
     /// Keeps each span's name and the span it was opened in (its parent), following the
     /// spans entered on the one thread the test runs on.
     #[derive(Clone, Default)]
     struct Tree {
-        spans: Arc<Mutex<Vec<(&'static str, Option<u64>)>>>,
+        spans: Arc<Mutex<Vec<Opened>>>,
         entered: Arc<Mutex<Vec<u64>>>,
     }
 
