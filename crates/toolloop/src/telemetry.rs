@@ -14,12 +14,33 @@
 use crate::message::ToolCall;
 use crate::model::{FinishReason, ModelResponse};
 use crate::outcome::Outcome;
+use futures::future::Either;
+use std::future::Future;
+use tracing::instrument::{Instrument, Instrumented};
 use tracing::{Span, field};
 
 /// The target of the spans.
 pub const TARGET: &str = "toolloop::genai";
 /// The target of the content events.
 pub const CONTENT_TARGET: &str = "toolloop::genai::content";
+
+/// Whether entering `span` can be seen: a subscriber records it, or a `log` logger takes TRACE
+/// records (with `tracing`'s `log` feature, which any crate of the program may turn on, a span
+/// that no subscriber records writes its enters and exits to `log` at TRACE).
+pub(crate) fn entering_matters(span: &Span) -> bool {
+    !span.is_disabled() || log::max_level() >= log::LevelFilter::Trace
+}
+
+/// `fut` inside `span`, entered on each poll, when entering it can be seen
+/// ([`entering_matters`]); otherwise `fut` alone, so that no poll of a run that nobody traces
+/// enters and leaves its spans (a round's model call and tool calls are polled many times).
+pub(crate) fn in_span<F: Future>(fut: F, span: Span) -> Either<Instrumented<F>, F> {
+    if entering_matters(&span) {
+        Either::Left(fut.instrument(span))
+    } else {
+        Either::Right(fut)
+    }
+}
 
 /// The span of one run; `agent` is `toolloop` for a run of its own, or a sub-agent's name (its
 /// span is then a child of the parent's `execute_tool` span, the current one when it starts).
@@ -223,6 +244,107 @@ mod tests {
         fn event(&self, _: &Event<'_>) {}
         fn enter(&self, _: &Id) {}
         fn exit(&self, _: &Id) {}
+    }
+
+    /// A span's name and the id of the span it was opened in.
+    type Opened = (&'static str, Option<u64>);
+
+    /// Keeps each span's name and the span it was opened in (its parent), following the
+    /// spans entered on the one thread the test runs on.
+    #[derive(Clone, Default)]
+    struct Tree {
+        spans: Arc<Mutex<Vec<Opened>>>,
+        entered: Arc<Mutex<Vec<u64>>>,
+    }
+
+    impl Subscriber for Tree {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &Attributes<'_>) -> Id {
+            let parent = match span.parent() {
+                Some(id) => Some(id.into_u64()),
+                None if span.is_contextual() => self.entered.lock().unwrap().last().copied(),
+                None => None,
+            };
+            let mut spans = self.spans.lock().unwrap();
+            spans.push((span.metadata().name(), parent));
+            Id::from_u64(spans.len() as u64)
+        }
+        fn record(&self, _: &Id, _: &Record<'_>) {}
+        fn record_follows_from(&self, _: &Id, _: &Id) {}
+        fn event(&self, _: &Event<'_>) {}
+        fn enter(&self, id: &Id) {
+            self.entered.lock().unwrap().push(id.into_u64());
+        }
+        fn exit(&self, id: &Id) {
+            let mut entered = self.entered.lock().unwrap();
+            if let Some(at) = entered.iter().rposition(|e| *e == id.into_u64()) {
+                entered.remove(at);
+            }
+        }
+    }
+
+    /// The driver enters a run's spans only when entering them can be seen; with a subscriber
+    /// that records them it does, so that a model call's and a tool call's spans are opened
+    /// inside the run's.
+    #[test]
+    fn a_recorded_runs_spans_are_entered_so_its_calls_spans_are_its_children() {
+        use crate::model::ModelResponse;
+        use crate::providers::scripted::ScriptedModel;
+        use crate::tool::{ToolContext, ToolError, ToolOutput, tool_fn};
+        let tree = Tree::default();
+        let model = ScriptedModel::new(vec![
+            ModelResponse::tool_calls(vec![ToolCall::new("echo", serde_json::json!({}))]),
+            ModelResponse::text("done"),
+        ]);
+        let agent = crate::Agent::builder(model)
+            .tool(tool_fn(
+                "echo",
+                "Echoes.",
+                |a: serde_json::Value, _: ToolContext| async move {
+                    // The tool runs inside its call's span.
+                    assert!(!Span::current().is_disabled());
+                    Ok::<_, ToolError>(ToolOutput::text(a.to_string()))
+                },
+            ))
+            .build()
+            .unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let outcome = tracing::subscriber::with_default(tree.clone(), || {
+            runtime.block_on(agent.prompt("go"))
+        });
+        assert_eq!(outcome.text.as_deref(), Some("done"));
+        let spans = tree.spans.lock().unwrap().clone();
+        let run = spans.iter().position(|(name, _)| *name == "invoke_agent");
+        let run = run.map(|i| i as u64 + 1);
+        assert!(run.is_some(), "{spans:?}");
+        let children: Vec<&str> = spans
+            .iter()
+            .filter(|(_, parent)| *parent == run)
+            .map(|(name, _)| *name)
+            .collect();
+        assert_eq!(children, ["chat", "execute_tool", "chat"], "{spans:?}");
+    }
+
+    /// Without a subscriber, a span is still entered where a `log` logger takes TRACE records
+    /// (`tracing`'s `log` feature writes a disabled span's enters and exits there).
+    #[test]
+    fn a_disabled_span_is_entered_only_for_a_trace_logger() {
+        let span = Span::none();
+        let before = log::max_level();
+        log::set_max_level(log::LevelFilter::Info);
+        assert!(!entering_matters(&span));
+        log::set_max_level(log::LevelFilter::Trace);
+        assert!(entering_matters(&span));
+        log::set_max_level(before);
+        let recorded = tracing::subscriber::with_default(Tree::default(), || {
+            entering_matters(&tracing::info_span!(target: TARGET, "chat"))
+        });
+        assert!(recorded);
     }
 
     #[test]

@@ -164,11 +164,12 @@ impl Toolbox {
         calls: &[ToolCall],
     ) -> Vec<Option<crate::approval::Subject>> {
         let subject = |call: &ToolCall| {
-            let default = self
-                .catalog
-                .get(&call.name)
-                .map_or(Action::Allow, CatalogEntry::approval_default);
-            let tool = self.get(&call.name);
+            // One lookup for the entry and the tool: they share their place.
+            let index = self.catalog.index(&call.name);
+            let default = index.map_or(Action::Allow, |i| {
+                self.catalog.entry_at(i).approval_default()
+            });
+            let tool = index.map(|i| &self.tools[i]);
             let person = tool.is_some_and(|t| t.approval_required(&call.arguments));
             (person || approvals.weighs_subject(&call.name, default)).then(|| match tool {
                 Some(tool) => subject_of(tool.as_ref(), &call.arguments),
@@ -217,9 +218,14 @@ pub struct Catalog {
     entries: Vec<CatalogEntry>,
     specs: Vec<ToolSpec>,
     validators: Vec<Arc<crate::schema_check::Checker>>,
-    /// Looked up several times per call: a fast hash, not a DoS-resistant one (the names are
+    /// Looked up once or twice per call: a fast hash, not a DoS-resistant one (the names are
     /// the program's own, or a log's that the program wrote).
     by_name: foldhash::HashMap<String, usize>,
+    /// Whether an entry is terminal: without one, a round's end looks no call's tool up.
+    any_terminal: bool,
+    /// Whether an entry's own default approval is other than allow: without one, a policy with
+    /// no rule and no default of its own weighs no call.
+    any_asks: bool,
 }
 
 impl Catalog {
@@ -260,6 +266,8 @@ impl Catalog {
         });
         self.by_name.insert(name.clone(), self.entries.len());
         self.validators.push(Arc::new(validator));
+        self.any_terminal |= entry.terminal;
+        self.any_asks |= entry.approval_default() != Action::Allow;
         self.entries.push(entry);
         Ok(())
     }
@@ -274,8 +282,26 @@ impl Catalog {
         self.index(name).map(|i| &self.entries[i])
     }
 
-    fn index(&self, name: &str) -> Option<usize> {
+    /// The position in [`Catalog::entries`] of the tool with this name: looked up once, it
+    /// stands for the name in [`Catalog::entry_at`] and [`Catalog::validate_at`].
+    pub(crate) fn index(&self, name: &str) -> Option<usize> {
         self.by_name.get(name).copied()
+    }
+
+    /// The entry at `index` (from [`Catalog::index`]).
+    pub(crate) fn entry_at(&self, index: usize) -> &CatalogEntry {
+        &self.entries[index]
+    }
+
+    /// Whether some tool ends the run when called ([`CatalogEntry::terminal`]).
+    pub(crate) fn any_terminal(&self) -> bool {
+        self.any_terminal
+    }
+
+    /// Whether some tool's own default approval is other than allow
+    /// ([`CatalogEntry::approval_default`]).
+    pub(crate) fn any_asks(&self) -> bool {
+        self.any_asks
     }
 
     /// The specs the model is offered, in order.
@@ -304,7 +330,12 @@ impl Catalog {
         let Some(i) = self.index(name) else {
             return Err(ArgumentsError::UnknownTool(name.to_string()));
         };
-        let problems = self.validators[i].problems(args, 5);
+        self.validate_at(i, args)
+    }
+
+    /// [`Catalog::validate`] for the tool at `index` (from [`Catalog::index`]).
+    pub(crate) fn validate_at(&self, index: usize, args: &Value) -> Result<(), ArgumentsError> {
+        let problems = self.validators[index].problems(args, 5);
         if problems.is_empty() {
             Ok(())
         } else {

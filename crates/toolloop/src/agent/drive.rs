@@ -26,7 +26,6 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 impl Agent {
     /// Drives the machine to its end, inside the run's `invoke_agent` span. Not an `async fn`:
@@ -49,12 +48,11 @@ impl Agent {
         let mut drive = Drive::new(self, machine, toolbox, cancel, sink, log);
         // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
         // value would hold a second copy of it, all run long.
-        async move {
+        let run = async move {
             drive.steps().await;
             Box::pin(drive.finish()).await
-        }
-        .instrument(span.clone())
-        .map(move |outcome| {
+        };
+        crate::telemetry::in_span(run, span.clone()).map(move |outcome| {
             crate::telemetry::run_finished(&span, &outcome);
             outcome
         })
@@ -262,9 +260,10 @@ impl<'a> Drive<'a> {
                 settings,
             };
             let span = crate::telemetry::chat_span(agent.model.name(), round);
-            let call = agent
-                .call_model(&*self.model, request, round, self.sink.as_ref())
-                .instrument(span.clone());
+            let call = crate::telemetry::in_span(
+                agent.call_model(&*self.model, request, round, self.sink.as_ref()),
+                span.clone(),
+            );
             let called = {
                 let call = pin!(call);
                 guard(call, &self.cancel, self.deadline).await

@@ -20,7 +20,6 @@ use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 impl Agent {
     /// Runs one batch, reporting each call to the machine (and the run log) as it finishes.
@@ -50,12 +49,15 @@ impl Agent {
         // theirs need not be durable first: they are written with the round's results, in the
         // round's one commit (the response, the intents and the results together).
         let intents_first = batch.calls.len() <= limit;
+        // Whether the intents can wait for the round's commit: asked only of a logged batch
+        // that makes them durable together (each job looks its tool up again).
         let mut rerun_safe = true;
+        let weigh_rerun = intents_first && log.is_some();
         for &index in &batch.calls {
             let Some(call) = machine.round_call(index) else {
                 continue;
             };
-            rerun_safe &= toolbox.get(&call.name).is_none_or(|t| !intent_first(t));
+            rerun_safe &= !weigh_rerun || toolbox.get(&call.name).is_none_or(|t| !intent_first(t));
             let intent = Input::ToolStarted {
                 round,
                 index,
@@ -96,7 +98,7 @@ impl Agent {
                 let span = crate::telemetry::tool_span(&job.call);
                 let on_end = span.clone();
                 let call = job.call.clone();
-                job.run().instrument(span).map(move |r| {
+                crate::telemetry::in_span(job.run(), span).map(move |r| {
                     if let Ok((result, ms, attempts)) = &r {
                         let text = match result {
                             Ok(o) => o.message.as_str(),

@@ -20,8 +20,15 @@ impl Machine {
         cost: Option<f64>,
         subjects: Vec<Option<Subject>>,
     ) -> Result<(), PhaseError> {
-        // Refused before anything changes: a call the policy weighs without its subject.
-        for (i, call) in response.tool_calls.iter().enumerate() {
+        // Refused before anything changes: a call the policy weighs without its subject (a
+        // policy that weighs no call of these tools has none to refuse).
+        let weighs_any = self.approvals_weigh_any();
+        for (i, call) in response
+            .tool_calls
+            .iter()
+            .enumerate()
+            .filter(|_| weighs_any)
+        {
             let weighed = self.catalog.get(&call.name).is_some_and(|e| {
                 self.config
                     .approvals

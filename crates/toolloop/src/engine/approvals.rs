@@ -31,6 +31,17 @@ impl Machine {
             .catalog
             .get(&call.name)
             .map_or(Action::Allow, CatalogEntry::approval_default);
+        self.verdict_by(call, subject, default)
+    }
+
+    /// [`Machine::verdict`] for a call whose tool's own default approval is `default` (the
+    /// caller looked its tool up already).
+    pub(super) fn verdict_by(
+        &self,
+        call: &ToolCall,
+        subject: Option<&Subject>,
+        default: Action,
+    ) -> Verdict {
         let policy = &self.config.approvals;
         match subject {
             Some(subject) => match policy.verdict_for(&call.name, subject, default) {
@@ -45,6 +56,19 @@ impl Machine {
             // The policy does not weigh it: the call is allowed by default.
             None => Verdict::Allow { rule: None },
         }
+    }
+
+    /// Whether the approval policy can weigh a call of any of the catalog's tools
+    /// ([`crate::approval::Approvals::weighs_subject`]): not when it has no rule, no default
+    /// of its own other than allow, and no tool's own default asks. Without a policy (the
+    /// usual run), a response's calls are then not looked up for their approvals.
+    pub(super) fn approvals_weigh_any(&self) -> bool {
+        let policy = &self.config.approvals;
+        !policy.rules.is_empty()
+            || match policy.default {
+                Some(action) => action != Action::Allow,
+                None => self.catalog.any_asks(),
+            }
     }
 
     pub(super) fn approval_request(&self, index: usize, slot: &Slot) -> ApprovalRequest {

@@ -117,8 +117,13 @@ impl Machine {
         let mut strict_stop = false;
         let truncated = finish_reason == FinishReason::Length;
         let mut subjects = subjects.into_iter();
+        // Each call's tool is looked up once, by its place in the catalog (shared, so that the
+        // machine stays free to change while it is held).
+        let catalog = Arc::clone(&self.catalog);
+        let weighs_any = self.approvals_weigh_any();
         for call in &tool_calls {
             let subject = subjects.next().flatten();
+            let tool = catalog.index(&call.name);
             let print = if self.config.detect_duplicates {
                 let print = call_print(call);
                 self.round_prints.push(print);
@@ -205,7 +210,7 @@ impl Machine {
                 slots.push(slot);
                 continue;
             }
-            if let Some(reason) = self.invalid_reason(call) {
+            if let Some(reason) = self.invalid_reason(call, tool) {
                 emit!(
                     self,
                     Event::InvalidToolCall {
@@ -257,16 +262,22 @@ impl Machine {
             planned += 1;
             slot.run = true;
             slot.subject = subject;
-            if !matches!(
-                self.verdict(call, slot.subject.as_ref()),
-                Verdict::Allow { rule: None }
-            ) {
+            // A valid call's tool is in the catalog.
+            let entry = tool.map(|i| catalog.entry_at(i));
+            // Without a subject, a call the policy does not weigh is allowed by default.
+            if (weighs_any || slot.subject.is_some())
+                && !matches!(
+                    self.verdict_by(
+                        call,
+                        slot.subject.as_ref(),
+                        entry.map_or(Action::Allow, CatalogEntry::approval_default)
+                    ),
+                    Verdict::Allow { rule: None }
+                )
+            {
                 slot.approval = Some(ApprovalState::Pending);
             }
-            slot.parallel_safe = self
-                .catalog
-                .get(&call.name)
-                .is_some_and(|e| e.parallel_safe);
+            slot.parallel_safe = entry.is_some_and(|e| e.parallel_safe);
             slots.push(slot);
         }
         self.state
@@ -343,15 +354,20 @@ impl Machine {
 
     /// Why a call cannot run, if it cannot: in words for the model, the call's name shortened
     /// and the whole capped at the result limit (the reason becomes the call's result, and an
-    /// argument error may quote the arguments).
-    pub(super) fn invalid_reason(&self, call: &ToolCall) -> Option<String> {
-        let reason = self.invalid_reason_uncapped(call)?;
+    /// argument error may quote the arguments). `tool` is the call's place in the catalog
+    /// ([`Catalog::index`]).
+    pub(super) fn invalid_reason(&self, call: &ToolCall, tool: Option<usize>) -> Option<String> {
+        let reason = self.invalid_reason_uncapped(call, tool)?;
         Some(result::cap(reason, self.config.max_result_chars))
     }
 
-    pub(super) fn invalid_reason_uncapped(&self, call: &ToolCall) -> Option<String> {
+    pub(super) fn invalid_reason_uncapped(
+        &self,
+        call: &ToolCall,
+        tool: Option<usize>,
+    ) -> Option<String> {
         let name = result::shorten(&call.name, result::ECHO_CHARS);
-        if self.catalog.get(&call.name).is_none() {
+        let Some(tool) = tool else {
             let names: Vec<&str> = self.catalog.names().collect();
             let available = if names.is_empty() {
                 "none".to_string()
@@ -361,7 +377,7 @@ impl Machine {
             return Some(format!(
                 "Unknown tool `{name}`. The tools that exist are: {available}."
             ));
-        }
+        };
         if let Some(raw) = &call.invalid_arguments {
             let err = serde_json::from_str::<serde_json::Value>(raw)
                 .err()
@@ -372,7 +388,7 @@ impl Machine {
                  one JSON object that matches the tool's schema."
             ));
         }
-        if let Err(e) = self.catalog.validate(&call.name, &call.arguments) {
+        if let Err(e) = self.catalog.validate_at(tool, &call.arguments) {
             return Some(format!(
                 "Invalid arguments for `{name}`: {e}. Fix them to match the tool's schema."
             ));
@@ -861,10 +877,13 @@ impl Machine {
     /// A terminal tool's signal in this round, if any (it ends the run before `stop_when` is
     /// asked).
     pub(super) fn terminal_signal(&self, slots: &[Slot]) -> Option<String> {
+        // Without a terminal tool, only a call's own signal ends the run.
+        let terminal = self.catalog.any_terminal();
         slots.iter().find_map(|s| match &s.output {
             Some(Ok(out)) => out.signal.clone().or_else(|| {
-                self.catalog
-                    .get(&s.call.name)
+                terminal
+                    .then(|| self.catalog.get(&s.call.name))
+                    .flatten()
                     .filter(|e| e.terminal)
                     .map(|_| s.call.name.clone())
             }),

@@ -336,6 +336,120 @@ fn shell_catalog() -> Arc<Catalog> {
     )
 }
 
+/// A catalog of one tool, `shell`, whose own default approval is `default`.
+fn shell_catalog_defaulting(default: Action) -> Arc<Catalog> {
+    let mut entry = shell_catalog().entries()[0].clone();
+    entry.default_approval = Some(default);
+    Arc::new(Catalog::new(vec![entry]).unwrap())
+}
+
+#[test]
+fn calls_are_weighed_when_a_rule_a_default_or_their_tool_asks_and_only_then() {
+    use crate::approval::{Approvals, Rule};
+    let ls = || {
+        let mut c = ToolCall::new("shell", json!({ "command": "ls" }));
+        c.id = "l".into();
+        c
+    };
+    let deny = Verdict::Deny {
+        rule: "the tool `shell` is denied by default".into(),
+    };
+    // (the policy, the tool's own default, whether the policy weighs the call, the verdict on
+    // `ls` when it is not allowed by default)
+    let cases = [
+        (Approvals::default(), Action::Allow, false, None),
+        (Approvals::default(), Action::Ask, true, Some(Verdict::Ask)),
+        (Approvals::default(), Action::Deny, true, Some(deny.clone())),
+        (
+            Approvals {
+                default: Some(Action::Allow),
+                ..Approvals::default()
+            },
+            Action::Ask,
+            false,
+            None,
+        ),
+        (
+            Approvals {
+                default: Some(Action::Ask),
+                ..Approvals::default()
+            },
+            Action::Allow,
+            true,
+            Some(Verdict::Ask),
+        ),
+        (
+            Approvals::default().rule(Rule::parse(Action::Allow, "shell:git *").unwrap()),
+            Action::Allow,
+            true,
+            None,
+        ),
+    ];
+    for (approvals, default, weighed, verdict) in cases {
+        let case = format!("{approvals:?}, the tool's default {default:?}");
+        let machine = || {
+            let config = LoopConfig {
+                approvals: approvals.clone(),
+                ..LoopConfig::default()
+            };
+            let mut m = Machine::new(
+                Arc::new(config),
+                HookFlags::default(),
+                shell_catalog_defaulting(default),
+                vec![Message::user("go")],
+            );
+            assert!(matches!(m.next_step(), Step::CallModel { round: 1, .. }));
+            m
+        };
+        let response = ModelResponse::tool_calls(vec![ls()]);
+        // Without its subject, a weighed call's response is refused; another runs at once.
+        let mut m = machine();
+        match (m.handle(responded(1, response.clone())), weighed) {
+            (Err(e), true) => assert!(e.to_string().contains("approval subject"), "{case}: {e}"),
+            (Ok(()), false) => assert!(
+                matches!(m.next_step(), Step::RunTools(_)),
+                "{case}: the call runs unasked"
+            ),
+            (r, _) => panic!("{case}: {r:?}"),
+        }
+        // With it, a weighed call gets the policy's verdict (the tool's default here, or a
+        // person's approval for a subject only a person approves).
+        for person in [false, true] {
+            let subject: Subject = "ls".into();
+            let subject = if person {
+                subject.needs_person()
+            } else {
+                subject
+            };
+            let mut m = machine();
+            m.handle(Input::ModelResponded {
+                round: 1,
+                response: response.clone(),
+                cost: None,
+                subjects: vec![Some(subject)],
+            })
+            .unwrap();
+            // Only a person approves a call whose subject says so, unless a rule denies it.
+            let verdict = match &verdict {
+                Some(Verdict::Deny { .. }) => verdict.clone(),
+                _ if person => Some(Verdict::Ask),
+                _ => verdict.clone(),
+            };
+            match m.next_step() {
+                Step::Approve(requests) => {
+                    assert_eq!(
+                        Some(&requests[0].verdict),
+                        verdict.as_ref(),
+                        "{case}, {person}"
+                    )
+                }
+                Step::RunTools(_) => assert_eq!(verdict, None, "{case}, person {person}"),
+                other => panic!("{case}: {other:?}"),
+            }
+        }
+    }
+}
+
 #[test]
 fn approval_subjects_come_with_the_response_and_rules_judge_them() {
     let config = LoopConfig {
