@@ -828,6 +828,16 @@ mod tests {
                 "a repeated field took the typed path: {chunk}"
             );
         }
+        // What reading an unknown field as a JSON value refuses, the typed path refuses too:
+        // the value path then reports the event as not JSON.
+        let refused = [
+            r#"{"id":"\ud800","choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","x":[1e400]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"c","x":{"\udc00":1},"function":{"name":"f"}}]}}]}"#,
+        ];
+        for chunk in refused {
+            assert_eq!(typed(&[chunk]), 0, "the typed path took {chunk}");
+        }
     }
 
     /// Chunks built from the usual fields, each absent, of the right type, or odd: null, of the
