@@ -21,6 +21,18 @@ const ODD: [&str; 12] = [
     "[\"hi\",[]]",
 ];
 
+/// Values of unknown fields, of any shape.
+const UNKNOWN: [&str; 5] = [
+    "null",
+    "\"chatcmpl-\\u00e9\"",
+    "1e3",
+    "{\"a\":[1,{\"b\":null}],\"c\":\"\\ud83d\\ude00\"}",
+    "[true,false,-0.5]",
+];
+
+/// Values that only reading them as JSON refuses: a lone surrogate, a number out of range.
+const REFUSED: [&str; 4] = ["\"\\ud800\"", "\"\\udc00x\"", "1e400", "{\"\\ud800\":1}"];
+
 /// Builds JSON text strategies; `present` is how likely each field of an object is written.
 pub(super) struct JsonText {
     present: f64,
@@ -71,6 +83,73 @@ impl JsonText {
                     f.into_iter().flatten().collect::<Vec<_>>().join(",")
                 )
             })
+            .boxed()
+    }
+
+    /// An object of `fields` as a lenient server might write it: in any order, a field now and
+    /// then twice (the second time with another value), a field's name now and then spelled
+    /// with an escape, unknown fields of any shape among them ([`UNKNOWN`]), now and then one
+    /// that only reading it as JSON refuses ([`REFUSED`], or nested deeper than serde_json's
+    /// limit of 128).
+    pub(super) fn loose_object(
+        &self,
+        fields: Vec<(&'static str, BoxedStrategy<String>)>,
+    ) -> BoxedStrategy<String> {
+        let present = self.present;
+        let known: Vec<_> = fields
+            .into_iter()
+            .map(|(k, v)| {
+                (
+                    proptest::bool::weighted(present),
+                    proptest::bool::weighted(0.01),
+                    proptest::bool::weighted(0.1),
+                    v.clone(),
+                    v,
+                )
+                    .prop_map(move |(on, twice, escaped, a, b)| {
+                        let mut out = Vec::new();
+                        if on {
+                            let key = if escaped {
+                                // `\u0069d` for `id`.
+                                let mut chars = k.chars();
+                                let first = chars.next().map_or(0, u32::from);
+                                format!("\\u{first:04x}{}", chars.as_str())
+                            } else {
+                                k.to_string()
+                            };
+                            out.push(format!("\"{key}\":{a}"));
+                            if twice {
+                                out.push(format!("\"{k}\":{b}"));
+                            }
+                        }
+                        out
+                    })
+            })
+            .collect();
+        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
+        let unknown_value = prop_oneof![
+            80 => proptest::sample::select(UNKNOWN.to_vec()).prop_map(str::to_string),
+            4 => proptest::sample::select(REFUSED.to_vec()).prop_map(str::to_string),
+            1 => Just(deep),
+        ];
+        let unknown = proptest::collection::vec(
+            (
+                proptest::sample::select(vec!["object", "x_extra", "logprobs"]),
+                unknown_value,
+            )
+                .prop_map(|(k, v)| format!("\"{k}\":{v}")),
+            0..2,
+        );
+        (known, unknown)
+            .prop_map(|(known, unknown)| {
+                known
+                    .into_iter()
+                    .flatten()
+                    .chain(unknown)
+                    .collect::<Vec<_>>()
+            })
+            .prop_shuffle()
+            .prop_map(|members| format!("{{{}}}", members.join(",")))
             .boxed()
     }
 

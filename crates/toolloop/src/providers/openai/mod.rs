@@ -110,6 +110,7 @@ use stream::ChunkDecoder;
 
 mod config;
 mod error;
+mod in_place;
 #[cfg(test)]
 mod json_text;
 mod request;

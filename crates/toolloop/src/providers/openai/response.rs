@@ -20,54 +20,70 @@ pub(super) fn decode_response(body: &[u8]) -> Result<ModelResponse, ModelError> 
 
 /// The typed fast path of [`decode_response`].
 pub(super) mod typed {
+    use super::super::in_place::{self, Fields, InPlace, Object, Seq, Str};
     use super::{
         PROVIDER, ProviderPart, REPLAYED_MESSAGE_FIELDS, ToolCall, map_finish, new_call_id,
         parse_usage, settle_finish,
     };
+    use crate::message::parse_arguments;
     use crate::model::ModelResponse;
     use crate::usage::Usage;
-    use serde::Deserialize;
-    use serde::de::IgnoredAny;
-    use serde_json::{Value, json};
+    use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+    use serde_json::{Map, Value, json};
     use std::borrow::Cow;
+    use std::fmt;
 
-    #[derive(Deserialize)]
-    struct Completion<'a> {
-        #[serde(default)]
-        error: Option<IgnoredAny>,
-        #[serde(borrow)]
-        choices: Few<Obj<Choice<'a>>>,
-        #[serde(default)]
-        usage: Option<Obj<WireUsage>>,
-        #[serde(default)]
-        x_groq: Option<Value>,
-    }
-
-    /// A usage object of whole counts (anything else goes the value path).
-    #[derive(Deserialize)]
+    /// A usage object of whole counts (anything else goes the value path), read in place.
+    #[derive(Default)]
     pub(in crate::providers::openai) struct WireUsage {
-        #[serde(default)]
         prompt_tokens: Option<u64>,
-        #[serde(default)]
         completion_tokens: Option<u64>,
-        #[serde(default)]
-        prompt_tokens_details: Option<Obj<Details>>,
-        #[serde(default)]
+        prompt_tokens_details: Option<Details>,
         cached_tokens: Option<u64>,
-        #[serde(default)]
         prompt_cache_hit_tokens: Option<u64>,
-        #[serde(default)]
         num_cached_tokens: Option<u64>,
-        #[serde(default)]
-        completion_tokens_details: Option<Obj<Details>>,
+        completion_tokens_details: Option<Details>,
     }
 
-    #[derive(Deserialize)]
-    struct Details {
-        #[serde(default)]
+    #[derive(Default)]
+    pub(in crate::providers::openai) struct Details {
         cached_tokens: Option<u64>,
-        #[serde(default)]
         reasoning_tokens: Option<u64>,
+    }
+
+    impl<'de> Fields<'de> for WireUsage {
+        const NAMES: &'static [&'static str] = &[
+            "prompt_tokens",
+            "completion_tokens",
+            "prompt_tokens_details",
+            "cached_tokens",
+            "prompt_cache_hit_tokens",
+            "num_cached_tokens",
+            "completion_tokens_details",
+        ];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.prompt_tokens = map.next_value()?,
+                1 => self.completion_tokens = map.next_value()?,
+                2 => map.next_value_seed(Object(&mut self.prompt_tokens_details))?,
+                3 => self.cached_tokens = map.next_value()?,
+                4 => self.prompt_cache_hit_tokens = map.next_value()?,
+                5 => self.num_cached_tokens = map.next_value()?,
+                _ => map.next_value_seed(Object(&mut self.completion_tokens_details))?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for Details {
+        const NAMES: &'static [&'static str] = &["cached_tokens", "reasoning_tokens"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.cached_tokens = map.next_value()?,
+                _ => self.reasoning_tokens = map.next_value()?,
+            }
+            Ok(())
+        }
     }
 
     impl WireUsage {
@@ -80,7 +96,7 @@ pub(super) mod typed {
             let cache_read = self
                 .prompt_tokens_details
                 .as_ref()
-                .and_then(|d| d.0.cached_tokens)
+                .and_then(|d| d.cached_tokens)
                 .or(self.cached_tokens)
                 .or(self.prompt_cache_hit_tokens)
                 .or(self.num_cached_tokens)
@@ -93,52 +109,29 @@ pub(super) mod typed {
                 reasoning_tokens: self
                     .completion_tokens_details
                     .as_ref()
-                    .and_then(|d| d.0.reasoning_tokens)
+                    .and_then(|d| d.reasoning_tokens)
                     .unwrap_or(0),
             })
         }
     }
 
-    #[derive(Deserialize)]
-    struct Choice<'a> {
-        #[serde(default)]
-        index: Option<u64>,
-        #[serde(default, borrow)]
-        message: Option<Obj<Message<'a>>>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
-        finish_reason: Option<Cow<'a, str>>,
-    }
+    /// A string, borrowed from the input when it holds no escape.
+    struct CowStr;
 
-    #[derive(Deserialize)]
-    struct Message<'a> {
-        #[serde(default, borrow, deserialize_with = "opt_str")]
-        content: Option<Cow<'a, str>>,
-        #[serde(default, borrow)]
-        tool_calls: Option<Few<Obj<Call<'a>>>>,
-        #[serde(default)]
-        reasoning_content: Option<Value>,
-        #[serde(default)]
-        refusal: Option<Value>,
-        #[serde(default)]
-        extra_content: Option<Value>,
-    }
-
-    #[derive(Deserialize)]
-    struct Call<'a> {
-        #[serde(default, borrow, deserialize_with = "opt_str")]
-        id: Option<Cow<'a, str>>,
-        #[serde(borrow)]
-        function: Obj<Function<'a>>,
-        #[serde(default)]
-        extra_content: Option<Value>,
-    }
-
-    #[derive(Deserialize)]
-    struct Function<'a> {
-        #[serde(borrow)]
-        name: Cow<'a, str>,
-        #[serde(default, borrow, deserialize_with = "opt_str")]
-        arguments: Option<Cow<'a, str>>,
+    impl<'de> Visitor<'de> for CowStr {
+        type Value = Cow<'de, str>;
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string")
+        }
+        fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
+            Ok(Cow::Borrowed(v))
+        }
+        fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v.to_owned()))
+        }
+        fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
+            Ok(Cow::Owned(v))
+        }
     }
 
     /// `#[serde(deserialize_with = "opt_str")]` for an `Option<Cow<str>>` that borrows from the
@@ -147,22 +140,6 @@ pub(super) mod typed {
     pub(in crate::providers::openai) fn opt_str<'de, D: serde::Deserializer<'de>>(
         d: D,
     ) -> Result<Option<Cow<'de, str>>, D::Error> {
-        struct Str;
-        impl<'de> serde::de::Visitor<'de> for Str {
-            type Value = Cow<'de, str>;
-            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str("a string")
-            }
-            fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Self::Value, E> {
-                Ok(Cow::Borrowed(v))
-            }
-            fn visit_str<E>(self, v: &str) -> Result<Self::Value, E> {
-                Ok(Cow::Owned(v.to_owned()))
-            }
-            fn visit_string<E>(self, v: String) -> Result<Self::Value, E> {
-                Ok(Cow::Owned(v))
-            }
-        }
         struct OptStr;
         impl<'de> serde::de::Visitor<'de> for OptStr {
             type Value = Option<Cow<'de, str>>;
@@ -179,7 +156,7 @@ pub(super) mod typed {
                 self,
                 d: D,
             ) -> Result<Self::Value, D::Error> {
-                d.deserialize_str(Str).map(Some)
+                d.deserialize_str(CowStr).map(Some)
             }
         }
         d.deserialize_option(OptStr)
@@ -227,48 +204,209 @@ pub(super) mod typed {
         }
     }
 
-    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Few<T> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Seq<T>(std::marker::PhantomData<T>);
-            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Seq<T> {
-                type Value = Few<T>;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON array")
-                }
-                fn visit_seq<A: serde::de::SeqAccess<'de>>(
-                    self,
-                    mut seq: A,
-                ) -> Result<Few<T>, A::Error> {
-                    let first = seq.next_element()?;
-                    let mut rest = Vec::new();
-                    if first.is_some() {
-                        while let Some(x) = seq.next_element()? {
-                            rest.push(x);
-                        }
-                    }
-                    Ok(Few { first, rest })
-                }
+    /// A `chat.completion` read in place (see [`in_place`]): strings borrowed from the body where
+    /// they hold no escape, the tool calls written straight into the [`ToolCall`]s the response
+    /// keeps, each call's argument text parsed as it is read (an escaped one from serde_json's
+    /// scratch buffer, never copied into a `String` of its own).
+    #[derive(Default)]
+    struct Completion<'a> {
+        /// A non-null `error`.
+        error: bool,
+        /// `choices` (required, an array).
+        choices: Few<Choice<'a>>,
+        usage: Option<WireUsage>,
+        x_groq: Option<Value>,
+    }
+
+    #[derive(Default)]
+    struct Choice<'a> {
+        index: Option<u64>,
+        message: Option<Message<'a>>,
+        finish_reason: Option<Cow<'a, str>>,
+    }
+
+    #[derive(Default)]
+    struct Message<'a> {
+        content: Option<Cow<'a, str>>,
+        /// `tool_calls` (absent or `null`: none), each call's id empty when absent, `null` or
+        /// empty.
+        tool_calls: Vec<ToolCall>,
+        /// The fields of [`REPLAYED_MESSAGE_FIELDS`], in its order.
+        replayed: [Option<Value>; 3],
+    }
+
+    /// A call of the message, read into the [`ToolCall`] the response keeps: `function` and
+    /// its `name` are required (`null` is not a name).
+    struct Call<'p>(&'p mut ToolCall);
+
+    /// A call's `function` object, read into its [`ToolCall`].
+    struct Function<'p>(&'p mut ToolCall);
+
+    impl<'de> Fields<'de> for Completion<'de> {
+        const NAMES: &'static [&'static str] = &["error", "choices", "usage", "x_groq"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.error = map.next_value::<Option<IgnoredAny>>()?.is_some(),
+                1 => map.next_value_seed(Seq(&mut self.choices))?,
+                2 => map.next_value_seed(Object(&mut self.usage))?,
+                _ => self.x_groq = map.next_value()?,
             }
-            d.deserialize_seq(Seq(std::marker::PhantomData))
+            Ok(())
+        }
+        fn missing(seen: u32) -> Option<&'static str> {
+            (seen & 0b10 == 0).then_some("choices")
         }
     }
 
-    /// A value that must be a JSON object: a derived `Deserialize` would also take an array.
-    pub(in crate::providers::openai) struct Obj<T>(pub(in crate::providers::openai) T);
+    impl<'de> Fields<'de> for Choice<'de> {
+        const NAMES: &'static [&'static str] = &["index", "message", "finish_reason"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.index = map.next_value()?,
+                1 => map.next_value_seed(Object(&mut self.message))?,
+                _ => self.finish_reason = map.next_value_seed(Str)?,
+            }
+            Ok(())
+        }
+    }
 
-    impl<'de, T: Deserialize<'de>> Deserialize<'de> for Obj<T> {
-        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-            struct Only<T>(std::marker::PhantomData<T>);
-            impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for Only<T> {
-                type Value = T;
-                fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                    f.write_str("a JSON object")
+    impl<'de> Fields<'de> for Message<'de> {
+        const NAMES: &'static [&'static str] = &[
+            "content",
+            "tool_calls",
+            REPLAYED_MESSAGE_FIELDS[0],
+            REPLAYED_MESSAGE_FIELDS[1],
+            REPLAYED_MESSAGE_FIELDS[2],
+        ];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.content = map.next_value_seed(Str)?,
+                1 => map.next_value_seed(Calls(&mut self.tool_calls))?,
+                n => self.replayed[n - 2] = map.next_value()?,
+            }
+            Ok(())
+        }
+    }
+
+    impl<'de> Fields<'de> for Call<'_> {
+        const NAMES: &'static [&'static str] = &["id", "function", "extra_content"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => {
+                    if let Some(id) = map.next_value_seed(Str)? {
+                        self.0.id = id.into_owned();
+                    }
                 }
-                fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-                    T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                1 => map.next_value_seed(InPlace(&mut Function(self.0)))?,
+                _ => {
+                    self.0.provider_data = map
+                        .next_value::<Option<Value>>()?
+                        .map(|x| json!({ "extra_content": x }));
                 }
             }
-            d.deserialize_map(Only(std::marker::PhantomData)).map(Obj)
+            Ok(())
+        }
+        fn missing(seen: u32) -> Option<&'static str> {
+            (seen & 0b10 == 0).then_some("function")
+        }
+    }
+
+    impl<'de> Fields<'de> for Function<'_> {
+        const NAMES: &'static [&'static str] = &["name", "arguments"];
+        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
+            match which {
+                0 => self.0.name = map.next_value_seed(Name)?.into_owned(),
+                _ => map.next_value_seed(Arguments(self.0))?,
+            }
+            Ok(())
+        }
+        fn missing(seen: u32) -> Option<&'static str> {
+            (seen & 0b1 == 0).then_some("name")
+        }
+    }
+
+    /// A call's name: a string (not `null`), borrowed when it holds no escape.
+    struct Name;
+
+    impl<'de> DeserializeSeed<'de> for Name {
+        type Value = Cow<'de, str>;
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            d.deserialize_str(CowStr)
+        }
+    }
+
+    /// Reads a JSON array of calls or `null` (left empty) into the message's calls in place.
+    struct Calls<'p>(&'p mut Vec<ToolCall>);
+
+    impl<'de> DeserializeSeed<'de> for Calls<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_option(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Calls<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON array or null")
+        }
+        fn visit_none<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_seq(self)
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            let calls = self.0;
+            loop {
+                calls.push(ToolCall {
+                    id: String::new(),
+                    name: String::new(),
+                    arguments: Value::Object(Map::new()),
+                    invalid_arguments: None,
+                    provider_data: None,
+                });
+                let call = calls.last_mut().expect("just pushed");
+                if seq.next_element_seed(InPlace(&mut Call(call)))?.is_none() {
+                    calls.pop();
+                    return Ok(());
+                }
+            }
+        }
+    }
+
+    /// A call's argument text (a string, or `null` for none), parsed into its [`ToolCall`] as
+    /// [`ToolCall::from_raw_arguments`] does, straight from the text serde_json read (the body
+    /// itself, or its scratch buffer for a text with escapes).
+    struct Arguments<'p>(&'p mut ToolCall);
+
+    impl<'de> DeserializeSeed<'de> for Arguments<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_option(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for Arguments<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a string or null")
+        }
+        fn visit_none<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_unit<E>(self) -> Result<(), E> {
+            Ok(())
+        }
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+            d.deserialize_str(self)
+        }
+        fn visit_str<E>(self, raw: &str) -> Result<(), E> {
+            (self.0.arguments, self.0.invalid_arguments) = parse_arguments(raw);
+            Ok(())
         }
     }
 
@@ -276,12 +414,13 @@ pub(super) mod typed {
     pub(super) fn decode(body: &[u8]) -> Option<ModelResponse> {
         // One check of the whole body is cheaper than serde_json's check of each string.
         let body = std::str::from_utf8(body).ok()?;
-        let Obj(c): Obj<Completion> = serde_json::from_str(body).ok()?;
-        if c.error.is_some() {
+        let mut c = Completion::default();
+        in_place::parse(body, &mut c).ok()?;
+        if c.error {
             return None;
         }
         let usage = match (&c.usage, &c.x_groq) {
-            (Some(u), _) => u.0.usage(),
+            (Some(u), _) => u.usage(),
             (None, Some(x)) => x
                 .get("usage")
                 .filter(|u| u.is_object())
@@ -291,9 +430,9 @@ pub(super) mod typed {
         let index = c
             .choices
             .iter()
-            .position(|c| c.0.index.unwrap_or(0) == 0)
+            .position(|c| c.index.unwrap_or(0) == 0)
             .unwrap_or(0);
-        let Obj(choice) = c.choices.into_iter().nth(index)?;
+        let choice = c.choices.into_iter().nth(index)?;
         let mut response = ModelResponse {
             text: None,
             finish_reason: settle_finish(None, false),
@@ -303,10 +442,9 @@ pub(super) mod typed {
             malformed_call: None,
             context_edited: None,
         };
-        if let Some(Obj(msg)) = choice.message {
+        if let Some(msg) = choice.message {
             response.text = msg.content.filter(|t| !t.is_empty()).map(Cow::into_owned);
-            let replayed = [msg.reasoning_content, msg.refusal, msg.extra_content];
-            for (field, value) in REPLAYED_MESSAGE_FIELDS.iter().zip(replayed) {
+            for (field, value) in REPLAYED_MESSAGE_FIELDS.iter().zip(msg.replayed) {
                 let kept = match &value {
                     Some(Value::String(s)) => !s.is_empty(),
                     Some(Value::Null) | None => false,
@@ -319,22 +457,15 @@ pub(super) mod typed {
                     });
                 }
             }
-            for Obj(call) in msg.tool_calls.unwrap_or_default() {
-                if call.function.0.name.is_empty() {
+            response.tool_calls = msg.tool_calls;
+            for call in &mut response.tool_calls {
+                if call.name.is_empty() {
                     // The value path says which call and why.
                     return None;
                 }
-                let id = call
-                    .id
-                    .filter(|id| !id.is_empty())
-                    .map_or_else(new_call_id, Cow::into_owned);
-                let raw = call.function.0.arguments.unwrap_or_default();
-                let mut tool_call =
-                    ToolCall::from_raw_arguments(id, call.function.0.name.into_owned(), &raw);
-                if let Some(x) = call.extra_content.filter(|x| !x.is_null()) {
-                    tool_call.provider_data = Some(json!({ "extra_content": x }));
+                if call.id.is_empty() {
+                    call.id = new_call_id();
                 }
-                response.tool_calls.push(tool_call);
             }
         }
         let finish = choice.finish_reason.as_deref().map(map_finish);
@@ -537,40 +668,6 @@ mod tests {
     use crate::message::Message;
     use proptest::prelude::*;
 
-    /// The typed decoders' strings borrow from the body unless they hold an escape, and an
-    /// array read as [`typed::Few`] keeps every element, in order, whatever its length.
-    #[test]
-    fn typed_strings_borrow_unless_escaped_and_few_keeps_every_element() {
-        use std::borrow::Cow;
-        #[derive(serde::Deserialize)]
-        struct T<'a> {
-            #[serde(default, borrow, deserialize_with = "typed::opt_str")]
-            s: Option<Cow<'a, str>>,
-            #[serde(default)]
-            xs: Option<typed::Few<u32>>,
-        }
-        let all = |xs: Option<typed::Few<u32>>| xs.map(|xs| xs.into_iter().collect::<Vec<_>>());
-        let t: T = serde_json::from_str(r#"{"s":"plain","xs":[1,2,3]}"#).unwrap();
-        assert!(matches!(t.s, Some(Cow::Borrowed("plain"))));
-        assert_eq!(all(t.xs), Some(vec![1, 2, 3]));
-        let t: T = serde_json::from_str(r#"{"s":"a\"b é","xs":[7]}"#).unwrap();
-        assert!(matches!(&t.s, Some(Cow::Owned(s)) if s == "a\"b é"));
-        assert_eq!(all(t.xs), Some(vec![7]));
-        let t: T = serde_json::from_str(r#"{"s":null,"xs":[]}"#).unwrap();
-        assert!(t.s.is_none());
-        assert_eq!(all(t.xs), Some(vec![]));
-        let t: T = serde_json::from_str("{}").unwrap();
-        assert!(t.s.is_none() && t.xs.is_none());
-        for odd in [
-            r#"{"s":1}"#,
-            r#"{"s":[]}"#,
-            r#"{"xs":{}}"#,
-            r#"{"xs":[1,"a"]}"#,
-        ] {
-            assert!(serde_json::from_str::<T>(odd).is_err(), "{odd}");
-        }
-    }
-
     #[test]
     fn complete_reply_keeps_reasoning_and_usage_details() {
         let body = include_bytes!(
@@ -724,6 +821,130 @@ mod tests {
                 g.pick(&["null", "null", "null", "{\"message\":\"bad\"}"]),
             ),
         ])
+    }
+
+    /// Completion bodies as lenient servers write them (see [`JsonText::loose_object`]): fields
+    /// in any order, repeated, spelled with escapes, unknown fields of any shape, escaped ids,
+    /// names and argument texts, `null` anywhere.
+    fn loose_completion_body() -> BoxedStrategy<String> {
+        let g = JsonText::new(0.9);
+        let function = g.loose_object(vec![
+            (
+                "name",
+                g.pick(&[
+                    "\"read\"",
+                    "\"read\"",
+                    "\"read\"",
+                    "\"\"",
+                    "\"r\\u00e9ad\"",
+                    "\"a\\\"b\"",
+                ]),
+            ),
+            (
+                "arguments",
+                g.pick(&[
+                    "\"{\\\"path\\\":\\\"a.txt\\\"}\"",
+                    "\"{\\\"s\\\":\\\"\\\\ud83d\\\\ude00 \\\\n\\\"}\"",
+                    "\" {} \"",
+                    "\"\"",
+                    "\"{bad\"",
+                    "\"{\\\"s\\\":\\\"\\\\ud800\\\"}\"",
+                    "\"\\\"{\\\\\\\"a\\\\\\\":1}\\\"\"",
+                    "\"[1,2]\"",
+                    "\"\\ud83d\\ude00\"",
+                    "\"\\ud800\"",
+                ]),
+            ),
+        ]);
+        let call = g.loose_object(vec![
+            (
+                "id",
+                g.pick(&[
+                    "\"call_1\"",
+                    "\"\"",
+                    "\"call_\\u00e9\"",
+                    "\"c\\\"1\"",
+                    "null",
+                ]),
+            ),
+            ("type", g.pick(&["\"function\""])),
+            ("function", g.either(function)),
+            (
+                "extra_content",
+                g.pick(&["{\"google\":{\"thought_signature\":\"s\"}}", "null"]),
+            ),
+        ]);
+        let message = g.loose_object(vec![
+            ("role", g.pick(&["\"assistant\""])),
+            ("content", g.pick(&["\"hi\"", "\"\"", "\"a\\\"b\"", "null"])),
+            ("tool_calls", g.either(g.array(call))),
+            ("reasoning_content", g.pick(&["\"why\"", "\"\"", "null"])),
+            ("refusal", g.pick(&["\"no\"", "null"])),
+            ("extra_content", g.pick(&["{\"k\":1}", "null"])),
+        ]);
+        let choice = g.loose_object(vec![
+            ("index", g.pick(&["0", "1", "null"])),
+            ("message", g.either(message)),
+            ("logprobs", g.pick(&["null"])),
+            (
+                "finish_reason",
+                g.pick(&["\"stop\"", "\"tool_calls\"", "\"t\\u006fol_calls\"", "null"]),
+            ),
+        ]);
+        let usage = g.loose_object(vec![
+            ("prompt_tokens", g.pick(&["3", "3", "3.0", "null"])),
+            ("completion_tokens", g.pick(&["2"])),
+            ("total_tokens", g.pick(&["5"])),
+            (
+                "prompt_tokens_details",
+                g.pick(&["{\"cached_tokens\":1}", "null"]),
+            ),
+        ]);
+        let groq = "{\"usage\":{\"prompt_tokens\":5}}";
+        g.loose_object(vec![
+            ("id", g.pick(&["\"chatcmpl-1\"", "\"chatcmpl-\\u00e9\""])),
+            ("created", g.pick(&["1700000000"])),
+            ("choices", g.either(g.array(choice))),
+            ("usage", g.either(usage)),
+            ("x_groq", g.pick(&[groq, "null"])),
+            (
+                "error",
+                g.pick(&[
+                    "null",
+                    "null",
+                    "null",
+                    "null",
+                    "null",
+                    "null",
+                    "null",
+                    "{\"message\":\"bad\"}",
+                ]),
+            ),
+        ])
+    }
+
+    #[test]
+    fn in_place_decoding_agrees_with_the_value_path_on_loose_bodies() {
+        use proptest::strategy::ValueTree;
+        use proptest::test_runner::TestRunner;
+        let mut runner = TestRunner::deterministic();
+        let strategy = loose_completion_body();
+        let (mut typed, mut calls, cases) = (0, 0, 4000);
+        for _ in 0..cases {
+            let body = strategy.new_tree(&mut runner).unwrap().current();
+            match paths_agree(body.as_bytes()) {
+                Ok(took) => typed += usize::from(took),
+                Err(e) => panic!("{e}"),
+            }
+            if let Some(r) = typed::decode(body.as_bytes()) {
+                calls += r.tool_calls.len();
+            }
+        }
+        // The bodies must exercise the typed path and its calls, not only the fallback.
+        assert!(
+            typed * 12 > cases && calls * 40 > cases,
+            "the typed path took only {typed} of {cases} bodies ({calls} calls)"
+        );
     }
 
     #[test]

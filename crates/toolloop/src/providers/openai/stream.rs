@@ -2,7 +2,7 @@
 
 use super::config::PROVIDER;
 use super::error::{api_error_from_value, preview};
-use super::response::typed::{Few, Obj, WireUsage, opt_str};
+use super::response::typed::{Few, WireUsage};
 use super::response::{
     arguments_text, content_text, map_finish, parse_usage, settle_finish, usage_of,
 };
@@ -381,20 +381,15 @@ impl SseDecode for ChunkDecoder {
 /// in place of a `delta`, or an error makes [`typed::parse`] give `false`, and the chunk goes the
 /// value path.
 ///
-/// The chunk is read in place: each object's fields are written straight into the structure
-/// the caller holds (a choice into the chunk's `choices`, a call into the delta's `tool_calls`),
-/// rather than built bottom-up and moved through every layer of serde's return values. The
-/// objects accept exactly what a derived `Deserialize` of the same fields behind
-/// [`Obj`](super::Obj) would: a JSON object only, `null` for any field (as absent), unknown
-/// fields ignored, a known field twice an error.
+/// The chunk is read in place (see [`in_place`](super::super::in_place)): a choice into the
+/// chunk's `choices`, a call into the delta's `tool_calls`; `null` for any field counts as
+/// absent.
 mod typed {
-    use super::{Few, Obj, Value, WireUsage, opt_str, parse_usage};
+    use super::super::in_place::{self, Array, Fields, Object, Str};
+    use super::{Few, Value, WireUsage, parse_usage};
     use crate::usage::Usage;
-    use serde::de::{
-        self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
-    };
+    use serde::de::{IgnoredAny, MapAccess};
     use std::borrow::Cow;
-    use std::fmt;
 
     #[derive(Default)]
     pub(super) struct Chunk<'a> {
@@ -402,7 +397,7 @@ mod typed {
         error: bool,
         /// `choices` (absent or `null`: none).
         pub(super) choices: Few<Choice<'a>>,
-        usage: Option<Obj<WireUsage>>,
+        usage: Option<WireUsage>,
         x_groq: Option<Value>,
     }
 
@@ -410,7 +405,7 @@ mod typed {
         /// The usage (`usage`, else Groq's `x_groq.usage`), as the value path reads it.
         pub(super) fn usage(&self) -> Option<Usage> {
             match (&self.usage, &self.x_groq) {
-                (Some(Obj(u)), _) => u.usage(),
+                (Some(u), _) => u.usage(),
                 (None, Some(x)) => x
                     .get("usage")
                     .filter(|u| u.is_object())
@@ -453,21 +448,13 @@ mod typed {
         pub(super) arguments: Option<Cow<'a, str>>,
     }
 
-    /// A JSON object read in place: its known fields by position in `NAMES`.
-    trait Fields<'de>: Default {
-        /// The known fields (at most 32).
-        const NAMES: &'static [&'static str];
-        /// Reads field `NAMES[which]`'s value from `map`.
-        fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error>;
-    }
-
     impl<'de> Fields<'de> for Chunk<'de> {
         const NAMES: &'static [&'static str] = &["error", "choices", "usage", "x_groq"];
         fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
             match which {
                 0 => self.error = map.next_value::<Option<IgnoredAny>>()?.is_some(),
                 1 => map.next_value_seed(Array(&mut self.choices))?,
-                2 => self.usage = map.next_value()?,
+                2 => map.next_value_seed(Object(&mut self.usage))?,
                 _ => self.x_groq = map.next_value()?,
             }
             Ok(())
@@ -526,146 +513,12 @@ mod typed {
         }
     }
 
-    /// A string or `null`, borrowed when it holds no escape (see `opt_str`).
-    struct Str;
-
-    impl<'de> DeserializeSeed<'de> for Str {
-        type Value = Option<Cow<'de, str>>;
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            opt_str(d)
-        }
-    }
-
-    /// A field name: its position among the known ones, `None` for another.
-    struct Key(&'static [&'static str]);
-
-    impl<'de> DeserializeSeed<'de> for Key {
-        type Value = Option<usize>;
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
-            d.deserialize_identifier(self)
-        }
-    }
-
-    impl<'de> Visitor<'de> for Key {
-        type Value = Option<usize>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a field name")
-        }
-        fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
-            Ok(self.0.iter().position(|n| *n == v))
-        }
-    }
-
-    /// Reads a JSON object into `T` in place.
-    struct InPlace<'p, T>(&'p mut T);
-
-    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for InPlace<'_, T> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_map(self)
-        }
-    }
-
-    impl<'de, T: Fields<'de>> Visitor<'de> for InPlace<'_, T> {
-        type Value = ();
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON object")
-        }
-        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-            let mut seen = 0u32;
-            while let Some(key) = map.next_key_seed(Key(T::NAMES))? {
-                match key {
-                    Some(which) => {
-                        if seen & (1 << which) != 0 {
-                            return Err(A::Error::duplicate_field(T::NAMES[which]));
-                        }
-                        seen |= 1 << which;
-                        self.0.field(which, &mut map)?;
-                    }
-                    None => {
-                        map.next_value::<IgnoredAny>()?;
-                    }
-                }
-            }
-            Ok(())
-        }
-    }
-
-    /// Reads a JSON object or `null` (left `None`) into an `Option<T>` in place.
-    struct Object<'p, T>(&'p mut Option<T>);
-
-    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for Object<'_, T> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_option(self)
-        }
-    }
-
-    impl<'de, T: Fields<'de>> Visitor<'de> for Object<'_, T> {
-        type Value = ();
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON object or null")
-        }
-        fn visit_none<E>(self) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_unit<E>(self) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            InPlace(self.0.insert(T::default())).deserialize(d)
-        }
-    }
-
-    /// Reads a JSON array of objects or `null` (left empty) into a [`Few`] in place.
-    struct Array<'p, T>(&'p mut Few<T>);
-
-    impl<'de, T: Fields<'de>> DeserializeSeed<'de> for Array<'_, T> {
-        type Value = ();
-        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_option(self)
-        }
-    }
-
-    impl<'de, T: Fields<'de>> Visitor<'de> for Array<'_, T> {
-        type Value = ();
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON array or null")
-        }
-        fn visit_none<E>(self) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_unit<E>(self) -> Result<(), E> {
-            Ok(())
-        }
-        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
-            d.deserialize_seq(self)
-        }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-            let few = self.0;
-            if seq
-                .next_element_seed(InPlace(few.first.insert(T::default())))?
-                .is_none()
-            {
-                few.first = None;
-                return Ok(());
-            }
-            let mut next = T::default();
-            while seq.next_element_seed(InPlace(&mut next))?.is_some() {
-                few.rest.push(std::mem::take(&mut next));
-            }
-            Ok(())
-        }
-    }
-
     /// Reads the chunk in `data` into `chunk` (a default one); `false` when it is not of the
     /// usual shape (or holds an error), then `chunk` is to be dropped.
     pub(super) fn parse<'a>(data: &'a str, chunk: &mut Chunk<'a>) -> bool {
-        let mut de = serde_json::Deserializer::from_str(data);
-        let read = InPlace(&mut *chunk)
-            .deserialize(&mut de)
-            .and_then(|()| de.end());
-        read.is_ok() && !chunk.error && !chunk.choices.iter().any(|c| c.message)
+        in_place::parse(data, chunk).is_ok()
+            && !chunk.error
+            && !chunk.choices.iter().any(|c| c.message)
     }
 }
 
@@ -974,6 +827,16 @@ mod tests {
                 0,
                 "a repeated field took the typed path: {chunk}"
             );
+        }
+        // What reading an unknown field as a JSON value refuses, the typed path refuses too:
+        // the value path then reports the event as not JSON.
+        let refused = [
+            r#"{"id":"\ud800","choices":[{"delta":{"content":"a"}}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","x":[1e400]}}]}"#,
+            r#"{"choices":[{"delta":{"tool_calls":[{"id":"c","x":{"\udc00":1},"function":{"name":"f"}}]}}]}"#,
+        ];
+        for chunk in refused {
+            assert_eq!(typed(&[chunk]), 0, "the typed path took {chunk}");
         }
     }
 
