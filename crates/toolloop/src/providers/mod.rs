@@ -12,6 +12,7 @@ pub(crate) mod adapter;
 #[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub mod anthropic;
 pub mod gemini;
+pub(crate) mod json_write;
 // Without `http`, the transport's parts (retries, refusals learned) are built and unused.
 #[cfg_attr(not(feature = "http"), allow(dead_code, unused_imports))]
 pub mod openai;

@@ -79,7 +79,9 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     fn request_json(&self, request: &ModelRequest<'_>, stream: bool) -> serde_json::Value;
 
     /// The body of `request` in `shape`, streamed or not, after [`HttpAdapter::check`]. The
-    /// default: [`HttpAdapter::request_json`], for an API whose requests have one shape.
+    /// default: [`HttpAdapter::request_json`], for an API whose requests have one shape, written
+    /// as serde_json writes it (by [`crate::providers::json_write`], without a call per run of
+    /// bytes between two escapes).
     fn body(
         &self,
         request: &ModelRequest<'_>,
@@ -88,7 +90,9 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     ) -> Result<Bytes, ModelError> {
         let _ = shape;
         self.check(request)?;
-        Ok(self.request_json(request, stream).to_string().into())
+        let mut body = Vec::new();
+        crate::providers::json_write::write_value(&mut body, &self.request_json(request, stream));
+        Ok(body.into())
     }
 
     /// How requests (streamed or not) are written to this server now, after what it refused.
@@ -467,6 +471,68 @@ pub(crate) fn insert_key(
 #[cfg(test)]
 mod tests {
     use super::Vars;
+
+    /// The adapters that write their body from their JSON value write serde_json's bytes.
+    #[test]
+    fn a_body_written_from_its_value_is_serde_json_text() {
+        use super::HttpAdapter;
+        use crate::message::{AssistantMessage, Message, ToolCall, ToolResult};
+        use crate::model::{ModelRequest, ModelSettings, ToolSpec};
+        use crate::providers::{anthropic, gemini, openai_responses};
+        use serde_json::json;
+
+        let odd = "a \"quote\", a \\ backslash, \u{1} \n \u{7f} \u{2028}\u{2029} é€😀 </script>";
+        let messages = [
+            Message::system(odd),
+            Message::user(odd),
+            Message::Assistant(AssistantMessage {
+                text: Some(odd.into()),
+                tool_calls: vec![ToolCall {
+                    id: "call_1".into(),
+                    name: "read".into(),
+                    arguments: json!({"path": odd, "n": [1, -2, 0.5, null, true]}),
+                    invalid_arguments: None,
+                    provider_data: None,
+                }],
+                parts: Vec::new(),
+            }),
+            Message::Tool(ToolResult {
+                call_id: "call_1".into(),
+                name: "read".into(),
+                content: odd.into(),
+                is_error: false,
+                images: Vec::new(),
+            }),
+        ];
+        let tools = [ToolSpec {
+            name: "read".into(),
+            description: odd.into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        }];
+        let settings = ModelSettings::default();
+        let request = ModelRequest {
+            messages: (&messages).into(),
+            reminders: &[],
+            tools: &tools,
+            settings: &settings,
+        };
+        fn check<A: HttpAdapter>(adapter: &A, request: &ModelRequest<'_>) {
+            for stream in [false, true] {
+                let body = adapter.body(request, stream, A::Shape::default()).unwrap();
+                let text = adapter.request_json(request, stream).to_string();
+                assert_eq!(&body[..], text.as_bytes(), "{}", A::API);
+            }
+        }
+        let mut config = anthropic::AnthropicConfig::new("m");
+        config.api_key = Some("k".into());
+        check(&anthropic::AnthropicModel::new(config), &request);
+        let mut config = gemini::GeminiConfig::new("m");
+        config.api_key = Some("k".into());
+        check(&gemini::GeminiModel::new(config), &request);
+        let mut config = openai_responses::ResponsesConfig::new("m");
+        config.api_key = Some("k".into());
+        check(&openai_responses::ResponsesModel::new(config), &request);
+    }
 
     #[test]
     fn each_setting_is_its_first_variable_set_and_not_blank_trimmed() {

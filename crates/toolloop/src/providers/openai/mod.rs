@@ -101,7 +101,7 @@ use bytes::Bytes;
 use config::check_extra;
 pub(crate) use error::{context_overflow, tools_unsupported};
 use http::header::{AUTHORIZATION, HeaderMap};
-use request::EncodedPrefix;
+use request::{EncodedPrefix, SharedCatalog};
 use response::decode_response;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -148,6 +148,8 @@ struct Inner {
     /// The tool catalog of the last streamed request with the text-call rescue on, shared by
     /// the rescues of the streams to come while the catalog stays the same.
     rescue_tools: Mutex<Option<Arc<[ToolSpec]>>>,
+    /// The encoding of the tool catalog its sessions last offered, shared by them.
+    catalogs: SharedCatalog,
 }
 
 /// Request fields a server refused, learned from its answers and remembered for its later
@@ -201,6 +203,7 @@ impl OpenAiModel {
                 headers,
                 refused: Refused::default(),
                 rescue_tools: Mutex::default(),
+                catalogs: SharedCatalog::default(),
             }),
             prefix: None,
         }
@@ -248,7 +251,9 @@ impl OpenAiModel {
         let mut slot = prefix.lock().unwrap_or_else(PoisonError::into_inner);
         // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
         let mut taken = std::mem::take(&mut *slot);
-        let body = wire.encode_cached(&mut taken).map_err(serialize_error)?;
+        let body = wire
+            .encode_cached(&mut taken, &self.inner.catalogs)
+            .map_err(serialize_error)?;
         *slot = taken;
         Ok(body)
     }
@@ -459,7 +464,8 @@ impl HttpAdapter for OpenAiModel {
 
 /// One run's calls to an [`OpenAiModel`] (what its [`Model::session`] gives): it keeps the body
 /// of the run's previous request, so that each request encodes only the messages added since,
-/// and the tool catalog only when it changed.
+/// and the tool catalog only when it changed (the model keeps the catalog's encoding for all
+/// its sessions: a new run that offers the same catalog does not encode it again).
 ///
 /// Before reusing anything it checks that the conversation did not shrink and that the last
 /// message it encoded and the catalog are unchanged (by

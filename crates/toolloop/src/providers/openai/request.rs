@@ -2,19 +2,23 @@
 
 use super::config::{OpenAiConfig, PROVIDER, ReminderRole};
 use crate::image::Image;
-use crate::message::{Message, Messages, ToolCall};
+use crate::message::{AssistantMessage, Message, Messages, ToolCall};
 use crate::model::{
     ModelRequest, ModelSettings, ToolChoice, ToolSpec, catalog_fingerprint, message_fingerprint,
 };
 use crate::output::OutputSchema;
 use crate::providers::adapter::json_number;
+use crate::providers::json_write::{write_str, write_value, write_value_as_string};
 use bytes::Bytes;
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
+use std::sync::{Arc, Mutex, PoisonError};
 
 /// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
-/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree).
+/// adapter itself serializes [`WireRequest`] straight to bytes, with no intermediate tree, and
+/// an [`OpenAiSession`](super::OpenAiSession) writes the messages it adds by hand, to the same
+/// bytes).
 ///
 /// Assistant turns carry `tool_calls` with the (always valid) [`ToolCall::arguments`] serialized
 /// as text, never the model's invalid argument text; tool turns carry `tool_call_id`. Parts made
@@ -40,10 +44,6 @@ pub struct WireRequest<'a> {
     /// The extras' fields, later ones replacing earlier ones; they go last and replace any field
     /// of the same name.
     extras: Vec<(&'a str, &'a Value)>,
-    /// Leave `messages` out (the cached encoding writes them itself).
-    skip_messages: bool,
-    /// Leave `tools` out (the cached encoding writes them itself).
-    skip_tools: bool,
     /// Leave `tool_choice` out, whatever the choice (the server refused it).
     omit_tool_choice: bool,
     /// Ask for `json_object` output, with the schema's instructions after the conversation,
@@ -74,8 +74,6 @@ impl<'a> WireRequest<'a> {
             config,
             stream,
             extras,
-            skip_messages: false,
-            skip_tools: false,
             omit_tool_choice: false,
             json_object_output: false,
         }
@@ -132,13 +130,9 @@ impl Serialize for WireRequest<'_> {
         let mut map = s.serialize_map(None)?;
         let model = settings.model.as_deref().unwrap_or(&self.config.model);
         self.field(&mut map, "model", model)?;
-        if !self.skip_messages {
-            self.field(&mut map, "messages", &self.messages())?;
-        }
+        self.field(&mut map, "messages", &self.messages())?;
         if !self.req.tools.is_empty() {
-            if !self.skip_tools {
-                self.field(&mut map, "tools", &WireTools(self.req.tools))?;
-            }
+            self.field(&mut map, "tools", &WireTools(self.req.tools))?;
             // `auto` is sent to the servers that need it said (see
             // `OpenAiConfig::explicit_tool_choice`).
             match &settings.tool_choice {
@@ -288,9 +282,53 @@ pub(super) struct EncodedPrefix {
     /// buffer is reused for the next body when nothing else holds it any more.
     body: Bytes,
     end: usize,
-    /// The fingerprint of the catalog encoded in `tools_json` (empty: none kept).
+    /// The fingerprint of the catalog encoded in `tools_json` (none: none kept).
     catalog: u64,
-    tools_json: Vec<u8>,
+    tools_json: Option<Arc<[u8]>>,
+    /// What the fields after `messages` and `tools` in `rest_json` were written from (none:
+    /// nothing kept). They are the same on every request of a run; they are written again when
+    /// any of it changes.
+    rest: Option<RestKey>,
+    rest_json: Vec<u8>,
+}
+
+/// The encoding of the tool catalog last offered, and its fingerprint, shared by the sessions of
+/// a model: the runs of a model most often offer the same catalog, so a new run neither encodes
+/// it again nor keeps a copy of its own.
+#[derive(Default)]
+pub(super) struct SharedCatalog(Mutex<Option<(u64, Arc<[u8]>)>>);
+
+impl std::fmt::Debug for SharedCatalog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedCatalog").finish_non_exhaustive()
+    }
+}
+
+impl SharedCatalog {
+    /// The encoding of `tools`, whose fingerprint is `catalog`: the one kept when it is the
+    /// same catalog, else a new one, kept for the next.
+    fn encoding(&self, tools: &[ToolSpec], catalog: u64) -> serde_json::Result<Arc<[u8]>> {
+        let mut kept = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((fingerprint, json)) = kept.as_ref()
+            && *fingerprint == catalog
+        {
+            return Ok(json.clone());
+        }
+        let json: Arc<[u8]> = serde_json::to_vec(&WireTools(tools))?.into();
+        *kept = Some((catalog, json.clone()));
+        Ok(json)
+    }
+}
+
+/// What the fields after `messages` and `tools` are written from, besides the configuration
+/// (which is the session's model's own and never changes).
+#[derive(PartialEq)]
+struct RestKey {
+    settings: ModelSettings,
+    stream: bool,
+    offers_tools: bool,
+    omit_tool_choice: bool,
+    json_object_output: bool,
 }
 
 impl WireRequest<'_> {
@@ -299,7 +337,11 @@ impl WireRequest<'_> {
     /// after those messages and the new ones are appended, so neither the beginning nor the
     /// buffer is made again. Gives the same JSON as serializing `self`, with `messages` (and
     /// `tools`) first, and updates `prefix` for the next request.
-    pub(super) fn encode_cached(&self, prefix: &mut EncodedPrefix) -> serde_json::Result<Bytes> {
+    pub(super) fn encode_cached(
+        &self,
+        prefix: &mut EncodedPrefix,
+        catalogs: &SharedCatalog,
+    ) -> serde_json::Result<Bytes> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
             return serde_json::to_vec(self).map(Bytes::from);
         }
@@ -337,10 +379,10 @@ impl WireRequest<'_> {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
-            serde_json::to_writer(&mut buf, &WireMessage(m))?;
+            write_message(&mut buf, m);
             if let Some(images) = ToolImages::after(head, i) {
                 buf.push(b',');
-                serde_json::to_writer(&mut buf, &images)?;
+                images.write(&mut buf);
             }
         }
         prefix.end = buf.len();
@@ -354,7 +396,7 @@ impl WireRequest<'_> {
             if buf.last() != Some(&b'[') {
                 buf.push(b',');
             }
-            serde_json::to_writer(&mut buf, t)?;
+            t.write(&mut buf);
         }
         buf.push(b']');
         let tools = self.req.tools;
@@ -362,34 +404,212 @@ impl WireRequest<'_> {
             !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
         if cache_tools {
             let catalog = catalog_fingerprint(tools);
-            if prefix.tools_json.is_empty() || prefix.catalog != catalog {
-                prefix.tools_json.clear();
-                serde_json::to_writer(&mut prefix.tools_json, &WireTools(tools))?;
-                prefix.catalog = catalog;
-            }
+            let json = match &prefix.tools_json {
+                Some(json) if prefix.catalog == catalog => json,
+                _ => {
+                    prefix.catalog = catalog;
+                    prefix.tools_json.insert(catalogs.encoding(tools, catalog)?)
+                }
+            };
             buf.extend_from_slice(b",\"tools\":");
-            buf.extend_from_slice(&prefix.tools_json);
+            buf.extend_from_slice(json);
         }
-        // The other fields, written as an object whose `{` becomes the comma after `messages`
-        // (or, when there are none, whose `{}` becomes the closing brace).
-        let at = buf.len();
-        let rest = WireRequest {
-            skip_messages: true,
-            skip_tools: cache_tools,
-            extras: self.extras.clone(),
-            ..*self
-        };
-        serde_json::to_writer(&mut buf, &rest)?;
-        if buf.len() - at > 2 {
-            buf[at] = b',';
-        } else {
-            buf.truncate(at);
-            buf.push(b'}');
+        let settings: &ModelSettings = self.req.settings;
+        let offers_tools = !tools.is_empty();
+        let kept = prefix.rest.as_ref().is_some_and(|k| {
+            k.stream == self.stream
+                && k.offers_tools == offers_tools
+                && k.omit_tool_choice == self.omit_tool_choice
+                && k.json_object_output == self.json_object_output
+                && k.settings == *settings
+        });
+        if !kept {
+            prefix.rest_json.clear();
+            self.write_rest(&mut prefix.rest_json);
+            prefix.rest = Some(RestKey {
+                settings: settings.clone(),
+                stream: self.stream,
+                offers_tools,
+                omit_tool_choice: self.omit_tool_choice,
+                json_object_output: self.json_object_output,
+            });
         }
+        buf.extend_from_slice(&prefix.rest_json);
+        buf.push(b'}');
         let body = Bytes::from(buf);
         prefix.body = body.clone();
         Ok(body)
     }
+
+    /// Writes `key` (`,"name":`) and gives `true`, unless an extra replaces the field `name`.
+    #[inline(always)]
+    fn key(&self, out: &mut Vec<u8>, name: &str, key: &[u8]) -> bool {
+        if self.extras.iter().any(|(extra, _)| *extra == name) {
+            return false;
+        }
+        out.extend_from_slice(key);
+        true
+    }
+
+    /// Writes the fields after `messages` and `tools`, each after a comma, in the order (and
+    /// with the values) of serializing `self`.
+    fn write_rest(&self, out: &mut Vec<u8>) {
+        let settings: &ModelSettings = self.req.settings;
+        if self.key(out, "model", br#","model":"#) {
+            write_str(out, settings.model.as_deref().unwrap_or(&self.config.model));
+        }
+        if !self.req.tools.is_empty() {
+            let choice: Option<&str> = match &settings.tool_choice {
+                _ if self.omit_tool_choice => None,
+                ToolChoice::Auto if self.config.explicit_tool_choice => Some("auto"),
+                ToolChoice::Auto => None,
+                ToolChoice::None => Some("none"),
+                ToolChoice::Required => Some("required"),
+                ToolChoice::Tool(_) => Some(""),
+            };
+            if let Some(choice) = choice
+                && self.key(out, "tool_choice", br#","tool_choice":"#)
+            {
+                match &settings.tool_choice {
+                    ToolChoice::Tool(name) => write_value(
+                        out,
+                        &json!({"type": "function", "function": {"name": name}}),
+                    ),
+                    _ => write_str(out, choice),
+                }
+            }
+        }
+        if let Some(output) = &settings.output
+            && self.key(out, "response_format", br#","response_format":"#)
+        {
+            if self.json_object_output {
+                out.extend_from_slice(br#"{"type":"json_object"}"#);
+            } else {
+                write_value(out, &response_format(output));
+            }
+        }
+        if let Some(t) = settings.temperature
+            && self.key(out, "temperature", br#","temperature":"#)
+        {
+            write_value(out, &json_number(t));
+        }
+        if let Some(n) = settings.max_output_tokens {
+            let (name, key): (&str, &[u8]) = if self.config.is_openai() {
+                ("max_completion_tokens", br#","max_completion_tokens":"#)
+            } else {
+                ("max_tokens", br#","max_tokens":"#)
+            };
+            if self.key(out, name, key) {
+                write_value(out, &Value::from(n));
+            }
+        }
+        if self.stream {
+            if self.key(out, "stream", br#","stream":"#) {
+                out.extend_from_slice(b"true");
+            }
+            if self.key(out, "stream_options", br#","stream_options":"#) {
+                out.extend_from_slice(br#"{"include_usage":true}"#);
+            }
+        }
+        for (name, value) in &self.extras {
+            out.push(b',');
+            write_str(out, name);
+            out.push(b':');
+            write_value(out, value);
+        }
+    }
+}
+
+/// Writes one message of the conversation: the same bytes as serializing [`WireMessage`].
+fn write_message(out: &mut Vec<u8>, message: &Message) {
+    match message {
+        Message::System { content } => write_plain(out, "system", content),
+        Message::User { content, images } if images.is_empty() => write_plain(out, "user", content),
+        Message::User { content, images } => write_user(out, content, images),
+        Message::Tool(r) => {
+            out.extend_from_slice(br#"{"role":"tool","tool_call_id":"#);
+            write_str(out, &r.call_id);
+            out.extend_from_slice(br#","content":"#);
+            write_str(out, &r.content);
+            out.push(b'}');
+        }
+        Message::Assistant(a) => {
+            out.extend_from_slice(br#"{"role":"assistant","content":"#);
+            write_str(out, a.text.as_deref().unwrap_or(""));
+            if let Some((first, others)) = a.tool_calls.split_first() {
+                out.extend_from_slice(br#","tool_calls":["#);
+                write_call(out, first);
+                for call in others {
+                    out.push(b',');
+                    write_call(out, call);
+                }
+                out.push(b']');
+            }
+            for (k, v) in replayed_fields(a) {
+                out.push(b',');
+                write_str(out, k);
+                out.push(b':');
+                write_value(out, v);
+            }
+            out.push(b'}');
+        }
+    }
+}
+
+/// Writes a [`Plain`] message.
+fn write_plain(out: &mut Vec<u8>, role: &str, content: &str) {
+    out.extend_from_slice(br#"{"role":"#);
+    write_str(out, role);
+    out.extend_from_slice(br#","content":"#);
+    write_str(out, content);
+    out.push(b'}');
+}
+
+/// Writes a [`WireUser`] message.
+fn write_user(out: &mut Vec<u8>, content: &str, images: &[Image]) {
+    out.extend_from_slice(br#"{"role":"user","content":["#);
+    let text = !content.is_empty();
+    if text {
+        write_text_part(out, content);
+    }
+    for (i, image) in images.iter().enumerate() {
+        if text || i > 0 {
+            out.push(b',');
+        }
+        write_image_part(out, image);
+    }
+    out.extend_from_slice(b"]}");
+}
+
+/// A `text` content part (its fields in the order of the `json!` object it stands for).
+fn write_text_part(out: &mut Vec<u8>, text: &str) {
+    out.extend_from_slice(br#"{"text":"#);
+    write_str(out, text);
+    out.extend_from_slice(br#","type":"text"}"#);
+}
+
+/// An `image_url` content part (its fields in the order of the `json!` object it stands for).
+fn write_image_part(out: &mut Vec<u8>, image: &Image) {
+    out.extend_from_slice(br#"{"image_url":{"url":"#);
+    write_str(out, &image.url());
+    out.extend_from_slice(br#"},"type":"image_url"}"#);
+}
+
+/// Writes a [`WireToolCall`]: its `arguments` are written as a JSON string straight from the
+/// value, with no text made first.
+fn write_call(out: &mut Vec<u8>, call: &ToolCall) {
+    out.extend_from_slice(br#"{"id":"#);
+    write_str(out, &call.id);
+    out.extend_from_slice(br#","type":"function","function":{"name":"#);
+    write_str(out, &call.name);
+    out.extend_from_slice(br#","arguments":"#);
+    write_value_as_string(out, &call.arguments);
+    out.push(b'}');
+    if let Some(extra) = extra_content(call) {
+        out.extend_from_slice(br#","extra_content":"#);
+        write_value(out, extra);
+    }
+    out.push(b'}');
 }
 
 /// A message that follows the conversation: reminders, alone or appended to its last user turn
@@ -398,6 +618,17 @@ pub(super) struct Tail<'a> {
     role: &'static str,
     content: String,
     images: &'a [Image],
+}
+
+impl Tail<'_> {
+    /// Writes the message: the same bytes as serializing it.
+    fn write(&self, out: &mut Vec<u8>) {
+        if self.images.is_empty() {
+            write_plain(out, self.role, &self.content);
+        } else {
+            write_user(out, &self.content, self.images);
+        }
+    }
 }
 
 impl Serialize for Tail<'_> {
@@ -481,6 +712,28 @@ impl<'a> ToolImages<'a> {
     }
 }
 
+impl ToolImages<'_> {
+    /// Writes the message: the same bytes as serializing it.
+    fn write(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(br#"{"role":"user","content":["#);
+        let mut first = true;
+        for result in &self.0 {
+            if let Some((caption, images)) = crate::providers::tool_result_images(result) {
+                if !first {
+                    out.push(b',');
+                }
+                first = false;
+                write_text_part(out, &caption);
+                for image in images {
+                    out.push(b',');
+                    write_image_part(out, image);
+                }
+            }
+        }
+        out.extend_from_slice(b"]}");
+    }
+}
+
 impl Serialize for ToolImages<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let mut parts = Vec::new();
@@ -508,7 +761,9 @@ pub(super) struct Plain<'a> {
     content: &'a str,
 }
 
-/// One message of the conversation on the wire.
+/// One message of the conversation on the wire. A session writes the same bytes by hand
+/// (`write_message`); this serialization is the reference the property tests hold it to, and
+/// what a body encoded whole uses.
 pub(super) struct WireMessage<'a>(pub(super) &'a Message);
 
 impl Serialize for WireMessage<'_> {
@@ -543,28 +798,40 @@ impl Serialize for WireMessage<'_> {
                     let calls: Vec<WireToolCall> = a.tool_calls.iter().map(WireToolCall).collect();
                     map.serialize_entry("tool_calls", &calls)?;
                 }
-                // This adapter's own parts, a later one replacing an earlier field.
-                let mut replayed: Vec<(&str, &Value)> = Vec::new();
-                for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
-                    if let Value::Object(fields) = &part.data {
-                        for (k, v) in fields {
-                            if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
-                                continue;
-                            }
-                            match replayed.iter_mut().find(|(name, _)| name == k) {
-                                Some(slot) => slot.1 = v,
-                                None => replayed.push((k, v)),
-                            }
-                        }
-                    }
-                }
-                for (k, v) in replayed {
+                for (k, v) in replayed_fields(a) {
                     map.serialize_entry(k, v)?;
                 }
                 map.end()
             }
         }
     }
+}
+
+/// The fields of an assistant turn kept in this adapter's own parts and sent back, a later part
+/// replacing an earlier one's field (in the first one's place).
+fn replayed_fields(a: &AssistantMessage) -> Vec<(&str, &Value)> {
+    let mut replayed: Vec<(&str, &Value)> = Vec::new();
+    for part in a.parts.iter().filter(|p| p.provider == PROVIDER) {
+        if let Value::Object(fields) = &part.data {
+            for (k, v) in fields {
+                if !REPLAYED_MESSAGE_FIELDS.contains(&k.as_str()) {
+                    continue;
+                }
+                match replayed.iter_mut().find(|(name, _)| name == k) {
+                    Some(slot) => slot.1 = v,
+                    None => replayed.push((k, v)),
+                }
+            }
+        }
+    }
+    replayed
+}
+
+/// A call's `extra_content`, kept in its provider data.
+fn extra_content(call: &ToolCall) -> Option<&Value> {
+    call.provider_data
+        .as_ref()
+        .and_then(|d| d.get("extra_content"))
 }
 
 /// Assistant-message fields kept in this adapter's parts and sent back.
@@ -580,10 +847,7 @@ pub(super) struct WireToolCall<'a>(&'a ToolCall);
 impl Serialize for WireToolCall<'_> {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         let call = self.0;
-        let extra = call
-            .provider_data
-            .as_ref()
-            .and_then(|d| d.get("extra_content"));
+        let extra = extra_content(call);
         let mut map = s.serialize_map(None)?;
         map.serialize_entry("id", &call.id)?;
         map.serialize_entry("type", "function")?;
@@ -720,8 +984,45 @@ mod tests {
         Shrink,
         /// Start a new run on the other of two models (a new session, with nothing kept).
         NewRun,
+        /// Start a new run on the same model (a new session, sharing the model's catalog).
+        NewSession,
         /// Offer another tool catalog (none, one tool, or that tool described differently).
         Tools(usize),
+        /// Change the settings to one of [`knobs`] (the fields after the conversation).
+        Settings(usize),
+        /// Stream the next requests, or stop streaming them.
+        Stream,
+    }
+
+    /// Settings whose fields after the conversation take each of their forms.
+    fn knobs(which: usize) -> ModelSettings {
+        let mut settings = settings();
+        match which {
+            0 => {}
+            1 => {
+                settings.temperature = Some(0.7);
+                settings.max_output_tokens = Some(100);
+                settings.model = Some("other \"model\"".into());
+            }
+            2 => {
+                settings.tool_choice = ToolChoice::Required;
+                settings.output = Some(OutputSchema::new(
+                    "Answer",
+                    json!({"type": "object", "properties": {"a": {"type": "string"}},
+                           "required": ["a"]}),
+                ));
+            }
+            3 => {
+                settings.tool_choice = ToolChoice::Tool("read \"x\"".into());
+                settings.extra = Some(json!({"seed": 7, "max_tokens": 9}));
+                settings.max_output_tokens = Some(100);
+            }
+            _ => {
+                settings.tool_choice = ToolChoice::None;
+                settings.temperature = Some(1.1);
+            }
+        }
+        settings
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -731,7 +1032,10 @@ mod tests {
             1 => Just(Step::EditLast),
             1 => Just(Step::Shrink),
             1 => Just(Step::NewRun),
+            1 => Just(Step::NewSession),
             1 => (0usize..3).prop_map(Step::Tools),
+            1 => (0usize..5).prop_map(Step::Settings),
+            1 => Just(Step::Stream),
         ]
     }
 
@@ -740,9 +1044,10 @@ mod tests {
         fn cached_encoding_is_the_full_encoding(
             steps in proptest::collection::vec(step(), 1..24),
             user_role in proptest::bool::ANY,
-            stream in proptest::bool::ANY,
+            mut stream in proptest::bool::ANY,
             extra in 0usize..3,
             keep in proptest::collection::vec(proptest::bool::ANY, 24),
+            first_settings in 0usize..5,
         ) {
             let mut template = conversation();
             template.push(Message::user_with_images("and this?", [
@@ -778,7 +1083,7 @@ mod tests {
             }];
             let catalogs = [catalog("Reads"), Vec::new(), catalog("Reads \"quoted\"")];
             let mut tools = &catalogs[0];
-            let settings = settings();
+            let mut settings = knobs(first_settings);
             let mut session = OpenAiSession::new(&models[0]);
             let (mut messages, mut reminders, mut which) = (vec![Message::user("go")], Vec::new(), 0);
             // Bodies still held elsewhere (as by a transport retrying): their buffer must not be
@@ -802,7 +1107,10 @@ mod tests {
                         which = 1 - which;
                         session = OpenAiSession::new(&models[which]);
                     }
+                    Step::NewSession => session = OpenAiSession::new(&models[which]),
                     Step::Tools(i) => tools = &catalogs[i],
+                    Step::Settings(i) => settings = knobs(i),
+                    Step::Stream => stream = !stream,
                 }
                 let request = ModelRequest {
                     messages: (&messages).into(),
@@ -821,6 +1129,161 @@ mod tests {
                 prop_assert_eq!(cached, build_request_body(&request, &configs[which], stream));
             }
         }
+    }
+
+    /// Messages of every shape, their strings and values full of what needs escaping.
+    fn message() -> impl Strategy<Value = Message> {
+        use crate::providers::json_write::arbitrary::{text, value};
+        let image = prop_oneof![
+            Just(Image::from_bytes(b"GIF89a\x01\x00").unwrap()),
+            Just(Image::from_url("https://example.com/a.png?q=1&r=%22").unwrap()),
+        ];
+        let images = proptest::collection::vec(image, 0..3);
+        let call = (
+            text(),
+            text(),
+            value(),
+            proptest::option::of(prop_oneof![
+                value(),
+                value().prop_map(|v| json!({"extra_content": v, "other": 1})),
+            ]),
+        )
+            .prop_map(|(id, name, arguments, provider_data)| ToolCall {
+                id,
+                name,
+                arguments,
+                invalid_arguments: None,
+                provider_data,
+            });
+        let part = (
+            proptest::sample::select(vec![PROVIDER, "anthropic"]),
+            proptest::collection::vec(
+                (
+                    proptest::sample::select(vec![
+                        "reasoning_content",
+                        "refusal",
+                        "extra_content",
+                        "thinking",
+                    ]),
+                    value(),
+                ),
+                0..3,
+            ),
+        )
+            .prop_map(|(provider, fields)| ProviderPart {
+                provider: provider.into(),
+                data: Value::Object(fields.into_iter().map(|(k, v)| (k.into(), v)).collect()),
+            });
+        prop_oneof![
+            text().prop_map(|content| Message::System { content }),
+            (text(), images.clone())
+                .prop_map(|(content, images)| Message::User { content, images }),
+            (text(), text(), text(), images).prop_map(|(call_id, name, content, images)| {
+                Message::Tool(ToolResult {
+                    call_id,
+                    name,
+                    content,
+                    is_error: false,
+                    images,
+                })
+            }),
+            (
+                proptest::option::of(text()),
+                proptest::collection::vec(call, 0..3),
+                proptest::collection::vec(part, 0..3),
+            )
+                .prop_map(|(text, tool_calls, parts)| {
+                    Message::Assistant(AssistantMessage {
+                        text,
+                        tool_calls,
+                        parts,
+                    })
+                }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(500))]
+
+        /// The messages a session writes itself are serde's bytes: each message, the images
+        /// after a round's results, and the reminders after the conversation.
+        #[test]
+        fn written_messages_are_serde_json_bytes(
+            messages in proptest::collection::vec(message(), 1..6),
+            reminders in proptest::collection::vec(crate::providers::json_write::arbitrary::text(), 0..3),
+            user_role in proptest::bool::ANY,
+        ) {
+            let head: Messages<'_> = (&messages).into();
+            for (i, m) in messages.iter().enumerate() {
+                let mut out = b"[".to_vec();
+                write_message(&mut out, m);
+                prop_assert_eq!(&out[1..], &serde_json::to_vec(&WireMessage(m)).unwrap()[..]);
+                if let Some(images) = ToolImages::after(head, i) {
+                    let mut out = Vec::new();
+                    images.write(&mut out);
+                    prop_assert_eq!(out, serde_json::to_vec(&images).unwrap());
+                }
+            }
+            let settings = settings();
+            let req = ModelRequest {
+                messages: head,
+                reminders: &reminders,
+                tools: &[],
+                settings: &settings,
+            };
+            let wire = WireMessages {
+                req: &req,
+                role: if user_role { ReminderRole::User } else { ReminderRole::System },
+                note: None,
+            };
+            for t in &wire.split().1 {
+                let mut out = Vec::new();
+                t.write(&mut out);
+                prop_assert_eq!(out, serde_json::to_vec(t).unwrap());
+            }
+        }
+    }
+
+    #[test]
+    fn the_sessions_of_a_model_share_the_encoding_of_its_catalog() {
+        let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:1/v1"));
+        let tools = vec![ToolSpec {
+            name: "read".into(),
+            description: "Reads".into(),
+            parameters: json!({"type": "object"}),
+        }];
+        let settings = settings();
+        let messages = vec![Message::user("go")];
+        let request = |tools| ModelRequest {
+            messages: (&messages).into(),
+            reminders: &[],
+            tools,
+            settings: &settings,
+        };
+        let encoding = |session: &OpenAiSession| {
+            let prefix = session.model.prefix.as_ref().unwrap().lock().unwrap();
+            prefix.tools_json.clone().unwrap()
+        };
+        let (a, b) = (OpenAiSession::new(&model), OpenAiSession::new(&model));
+        a.request_body(&request(&tools), false).unwrap();
+        // Another run's catalog, equal but not the same memory: the same encoding.
+        let copy = tools.clone();
+        b.request_body(&request(&copy), false).unwrap();
+        assert!(Arc::ptr_eq(&encoding(&a), &encoding(&b)));
+        // Another catalog: its own encoding, sent.
+        let mut other = tools.clone();
+        other[0].description = "Reads \"more\"".into();
+        let body = b.request_body(&request(&other), false).unwrap();
+        assert!(!Arc::ptr_eq(&encoding(&a), &encoding(&b)));
+        let body: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(
+            body["tools"][0]["function"]["description"],
+            "Reads \"more\""
+        );
+        // The first session still sends its own catalog.
+        let body: Value =
+            serde_json::from_slice(&a.request_body(&request(&tools), false).unwrap()).unwrap();
+        assert_eq!(body["tools"][0]["function"]["description"], "Reads");
     }
 
     fn body(
