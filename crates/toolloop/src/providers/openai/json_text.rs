@@ -30,9 +30,6 @@ const UNKNOWN: [&str; 5] = [
     "[true,false,-0.5]",
 ];
 
-/// Values that only reading them as JSON refuses: a lone surrogate, a number out of range.
-const REFUSED: [&str; 4] = ["\"\\ud800\"", "\"\\udc00x\"", "1e400", "{\"\\ud800\":1}"];
-
 /// Builds JSON text strategies; `present` is how likely each field of an object is written.
 pub(super) struct JsonText {
     present: f64,
@@ -88,9 +85,9 @@ impl JsonText {
 
     /// An object of `fields` as a lenient server might write it: in any order, a field now and
     /// then twice (the second time with another value), a field's name now and then spelled
-    /// with an escape, unknown fields of any shape among them ([`UNKNOWN`]), now and then one
-    /// that only reading it as JSON refuses ([`REFUSED`], or nested deeper than serde_json's
-    /// limit of 128).
+    /// with an escape, unknown fields of any shape among them ([`UNKNOWN`]). (An unknown field
+    /// that only reading it as JSON refuses is skipped by the typed path and refused by the value
+    /// path; `in_place`'s and the decoders' own tests pin that.)
     pub(super) fn loose_object(
         &self,
         fields: Vec<(&'static str, BoxedStrategy<String>)>,
@@ -126,12 +123,7 @@ impl JsonText {
                     })
             })
             .collect();
-        let deep = format!("{}{}", "[".repeat(130), "]".repeat(130));
-        let unknown_value = prop_oneof![
-            80 => proptest::sample::select(UNKNOWN.to_vec()).prop_map(str::to_string),
-            4 => proptest::sample::select(REFUSED.to_vec()).prop_map(str::to_string),
-            1 => Just(deep),
-        ];
+        let unknown_value = proptest::sample::select(UNKNOWN.to_vec()).prop_map(str::to_string);
         let unknown = proptest::collection::vec(
             (
                 proptest::sample::select(vec!["object", "x_extra", "logprobs"]),

@@ -923,6 +923,35 @@ mod tests {
         ])
     }
 
+    /// An unknown field is skipped unread: a reply whose known fields are sound decodes on the
+    /// typed path, as if the field were absent, even where the value (reading the whole body)
+    /// would refuse it (a lone surrogate, a number out of range, nesting past 128).
+    #[test]
+    fn a_reply_decodes_whatever_its_unknown_fields_hold() {
+        let reply = |extra: &str| {
+            format!(
+                r#"{{"id":"x",{extra}"choices":[{{"index":0,"message":{{"role":"assistant","content":null,"tool_calls":[{{"id":"c1","type":"function","function":{{"name":"read","arguments":"{{\"p\":1}}"}}}}]}},"finish_reason":"tool_calls"}}],"usage":{{"prompt_tokens":3,"completion_tokens":2}}}}"#
+            )
+        };
+        let plain = typed::decode(reply("").as_bytes()).expect("the usual reply decodes");
+        let deep = format!(r#""x":{}{},"#, "[".repeat(200), "]".repeat(200));
+        for extra in [
+            r#""model":"\ud800","#.to_string(),
+            r#""x":[1e400],"#.to_string(),
+            r#""x":{"\udc00":1},"#.to_string(),
+            deep,
+        ] {
+            let body = reply(&extra);
+            assert!(decode_value(body.as_bytes()).is_err(), "{body}");
+            let fast = typed::decode(body.as_bytes());
+            assert_eq!(
+                fast.map(without_ids),
+                Some(without_ids(plain.clone())),
+                "{body}"
+            );
+        }
+    }
+
     #[test]
     fn in_place_decoding_agrees_with_the_value_path_on_loose_bodies() {
         use proptest::strategy::ValueTree;

@@ -828,15 +828,25 @@ mod tests {
                 "a repeated field took the typed path: {chunk}"
             );
         }
-        // What reading an unknown field as a JSON value refuses, the typed path refuses too:
-        // the value path then reports the event as not JSON.
-        let refused = [
+        // An unknown field is skipped unread, as a derived `Deserialize` skips it: what only
+        // reading it as a JSON value refuses does not stop a chunk whose known fields are sound.
+        let unread = [
             r#"{"id":"\ud800","choices":[{"delta":{"content":"a"}}]}"#,
             r#"{"choices":[{"delta":{"content":"a","x":[1e400]}}]}"#,
             r#"{"choices":[{"delta":{"tool_calls":[{"id":"c","x":{"\udc00":1},"function":{"name":"f"}}]}}]}"#,
         ];
-        for chunk in refused {
-            assert_eq!(typed(&[chunk]), 0, "the typed path took {chunk}");
+        for chunk in unread {
+            let body = format!("data: {chunk}\n\ndata: [DONE]\n\n");
+            let (events, error, typed) = decode_with(body.as_bytes(), ChunkDecoder::new(200));
+            assert_eq!(
+                (typed, &error),
+                (1, &None),
+                "the typed path refused {chunk}"
+            );
+            assert!(!events.is_empty(), "{chunk}");
+            // The value path, which reads the whole event, refuses it.
+            let (_, value_error, _) = decode_with(body.as_bytes(), ChunkDecoder::value_only(200));
+            assert!(value_error.is_some(), "{chunk}");
         }
     }
 
