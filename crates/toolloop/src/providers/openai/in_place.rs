@@ -15,8 +15,7 @@
 
 use super::response::typed::{Few, opt_str};
 use serde::de::{
-    self, Deserialize, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess,
-    Visitor,
+    self, DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor,
 };
 use std::borrow::Cow;
 use std::fmt;
