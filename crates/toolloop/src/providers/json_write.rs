@@ -148,33 +148,19 @@ fn quote(out: &mut Vec<u8>, depth: Depth) {
     }
 }
 
-/// A number as serde_json writes it: an integer's decimal digits, a float through serde_json.
+/// A number as serde_json writes it: an integer's digits (by `itoa`, as serde_json writes
+/// them), a float through serde_json.
 fn number(out: &mut Vec<u8>, n: &serde_json::Number) {
+    let mut digits = itoa::Buffer::new();
     if let Some(u) = n.as_u64() {
-        decimal(out, u);
+        out.extend_from_slice(digits.format(u).as_bytes());
     } else if let Some(i) = n.as_i64() {
-        out.push(b'-');
-        decimal(out, i.unsigned_abs());
+        out.extend_from_slice(digits.format(i).as_bytes());
     } else {
         // Floats are rare in requests (a temperature, a schema's bound); a number always
         // serializes.
         let _ = serde_json::to_writer(&mut *out, n);
     }
-}
-
-/// The decimal digits of `u`.
-fn decimal(out: &mut Vec<u8>, mut u: u64) {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (u % 10) as u8;
-        u /= 10;
-        if u == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&digits[at..]);
 }
 
 /// The bytes of a word (eight bytes, little-endian) that need escaping (a control character, a

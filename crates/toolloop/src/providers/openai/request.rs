@@ -458,25 +458,24 @@ impl WireRequest<'_> {
         if self.key(out, "model", br#","model":"#) {
             write_str(out, settings.model.as_deref().unwrap_or(&self.config.model));
         }
-        if !self.req.tools.is_empty() {
-            let choice: Option<&str> = match &settings.tool_choice {
-                _ if self.omit_tool_choice => None,
-                ToolChoice::Auto if self.config.explicit_tool_choice => Some("auto"),
-                ToolChoice::Auto => None,
-                ToolChoice::None => Some("none"),
-                ToolChoice::Required => Some("required"),
-                ToolChoice::Tool(_) => Some(""),
-            };
-            if let Some(choice) = choice
-                && self.key(out, "tool_choice", br#","tool_choice":"#)
-            {
-                match &settings.tool_choice {
-                    ToolChoice::Tool(name) => write_value(
-                        out,
-                        &json!({"type": "function", "function": {"name": name}}),
-                    ),
-                    _ => write_str(out, choice),
-                }
+        // `auto` is sent to the servers that need it said (see
+        // `OpenAiConfig::explicit_tool_choice`).
+        let tool_choice = match &settings.tool_choice {
+            _ if self.req.tools.is_empty() || self.omit_tool_choice => None,
+            ToolChoice::Auto if !self.config.explicit_tool_choice => None,
+            choice => Some(choice),
+        };
+        if let Some(choice) = tool_choice
+            && self.key(out, "tool_choice", br#","tool_choice":"#)
+        {
+            match choice {
+                ToolChoice::Auto => write_str(out, "auto"),
+                ToolChoice::None => write_str(out, "none"),
+                ToolChoice::Required => write_str(out, "required"),
+                ToolChoice::Tool(name) => write_value(
+                    out,
+                    &json!({"type": "function", "function": {"name": name}}),
+                ),
             }
         }
         if let Some(output) = &settings.output
