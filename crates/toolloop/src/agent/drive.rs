@@ -24,8 +24,8 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 impl Agent {
     /// Drives the machine to its end, inside the run's `invoke_agent` span. Not an `async fn`:
@@ -65,8 +65,9 @@ struct Drive<'a> {
     machine: Machine,
     /// The run's tools (with tool sources, they can change between rounds).
     toolbox: Arc<Toolbox>,
-    /// The caller's token.
-    cancel: CancellationToken,
+    /// The caller's token cancelled, or the run's deadline passed: what every step is raced
+    /// against ([`guard`]).
+    stop: Stop,
     /// Cancelled, with the tools' work, when the run is interrupted; the caller's token is left
     /// alone.
     tool_cancel: CancellationToken,
@@ -116,7 +117,7 @@ impl<'a> Drive<'a> {
             agent,
             machine,
             toolbox,
-            cancel,
+            stop: Stop::new(cancel, deadline),
             tool_cancel,
             deadline,
             sink,
@@ -208,7 +209,7 @@ impl<'a> Drive<'a> {
         if !self.agent.has_tool_sources() {
             return true;
         }
-        let now = match guard(pin!(self.agent.tools_now()), &self.cancel, self.deadline).await {
+        let now = match guard(pin!(self.agent.tools_now()), &mut self.stop).await {
             Ok(now) => now,
             Err(why) => {
                 self.take(Input::Interrupted { why });
@@ -266,7 +267,7 @@ impl<'a> Drive<'a> {
             );
             let called = {
                 let call = pin!(call);
-                guard(call, &self.cancel, self.deadline).await
+                guard(call, &mut self.stop).await
             };
             if let Ok(r) = &called {
                 crate::telemetry::chat_finished(&span, r);
@@ -321,7 +322,7 @@ impl<'a> Drive<'a> {
                         deferred.push(r.pending);
                         continue;
                     };
-                    match guard(ask(&r.pending).as_mut(), &self.cancel, self.deadline).await {
+                    match guard(ask(&r.pending).as_mut(), &mut self.stop).await {
                         Ok(answer) => Decision::by_person(call, answer),
                         Err(why) => {
                             interrupted = Some(why);
@@ -358,7 +359,7 @@ impl<'a> Drive<'a> {
     /// on.
     async fn compact(&mut self, request: Box<CompactRequest>) {
         let summarised = self.agent.summarise(&self.settings, &request);
-        let input = match guard(pin!(summarised), &self.cancel, self.deadline).await {
+        let input = match guard(pin!(summarised), &mut self.stop).await {
             Ok(input) => input,
             Err(why) => Input::Interrupted { why },
         };
@@ -376,7 +377,7 @@ impl<'a> Drive<'a> {
     async fn decide_round_limit(&mut self) {
         let decision = self.agent.round_limit_for(&self.machine);
         // Asked again on resume if lost to a crash.
-        let input = match guard(pin!(decision), &self.cancel, self.deadline).await {
+        let input = match guard(pin!(decision), &mut self.stop).await {
             Ok(decision) => Input::RoundLimitDecided { decision },
             Err(why) => Input::Interrupted { why },
         };
@@ -400,7 +401,7 @@ impl<'a> Drive<'a> {
             );
             let ran = {
                 let run = pin!(run);
-                guard(run, &self.cancel, self.deadline).await
+                guard(run, &mut self.stop).await
             };
             let interrupted = match ran {
                 Ok(Ok(())) => None,
@@ -543,24 +544,53 @@ pub(super) fn fed(result: Result<(), PhaseError>) {
     }
 }
 
-/// `fut`, unless the run is cancelled or its deadline passes first. `fut` is pinned by the
-/// caller, so that a step's future holds it once (a future moved into an `async fn` is held
-/// twice: as its argument and as what it awaits).
-pub(super) async fn guard<F: Future + ?Sized>(
-    fut: Pin<&mut F>,
-    cancel: &CancellationToken,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<F::Output, Interrupt> {
-    let sleep = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
+/// What stops a run's steps: its caller's token cancelled, or its deadline passed. Made once per
+/// run, so that the run's waits on each (a waiter on the token, an entry in the runtime's timer
+/// wheel, shared by every run) are registered once, not again for every model call and every
+/// batch of tools. Between two steps the waits stay registered: a cancellation or a deadline
+/// that comes then only wakes the run, and the next step's [`guard`] reports it before it
+/// starts.
+pub(super) struct Stop {
+    cancelled: Pin<Box<WaitForCancellationFutureOwned>>,
+    /// `None` without a deadline.
+    deadline: Option<Pin<Box<Sleep>>>,
+}
+
+impl Stop {
+    pub(super) fn new(cancel: CancellationToken, deadline: Option<Instant>) -> Self {
+        Stop {
+            cancelled: Box::pin(cancel.cancelled_owned()),
+            deadline: deadline.map(|d| Box::pin(tokio::time::sleep_until(d))),
         }
-    };
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => Err(Interrupt::Cancelled),
-        _ = sleep => Err(Interrupt::Timeout),
-        v = fut => Ok(v),
     }
+
+    /// Why the run stops, if it does: cancellation first (as it always was), then the
+    /// deadline.
+    fn poll_stop(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Interrupt> {
+        use std::task::Poll;
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Interrupt::Cancelled);
+        }
+        match &mut self.deadline {
+            Some(sleep) => sleep.as_mut().poll(cx).map(|()| Interrupt::Timeout),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// `fut`, unless the run is cancelled or its deadline passes first (checked first at every
+/// wake-up, so a step never starts or ends after either). `fut` is pinned by the caller, so
+/// that a step's future holds it once (a future moved into an `async fn` is held twice: as its
+/// argument and as what it awaits).
+pub(super) async fn guard<F: Future + ?Sized>(
+    mut fut: Pin<&mut F>,
+    stop: &mut Stop,
+) -> Result<F::Output, Interrupt> {
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(why) = stop.poll_stop(cx) {
+            return std::task::Poll::Ready(Err(why));
+        }
+        fut.as_mut().poll(cx).map(Ok)
+    })
+    .await
 }
