@@ -267,7 +267,16 @@ impl<'a> Drive<'a> {
             );
             let called = {
                 let call = pin!(call);
-                guard(call, &mut self.stop).await
+                match &tools {
+                    // The run's own catalog: its fingerprint, made once for every run of the
+                    // agent, is known to the adapter instead of made again for each request.
+                    Cow::Borrowed(specs) => {
+                        let fingerprint = self.toolbox.catalog().fingerprint();
+                        let call = crate::model::with_known_catalog(call, specs, fingerprint);
+                        guard(pin!(call), &mut self.stop).await
+                    }
+                    Cow::Owned(_) => guard(call, &mut self.stop).await,
+                }
             };
             if let Ok(r) = &called {
                 crate::telemetry::chat_finished(&span, r);
@@ -593,4 +602,115 @@ pub(super) async fn guard<F: Future + ?Sized>(
         fut.as_mut().poll(cx).map(Ok)
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A step that is done at once.
+    fn ready() -> Pin<Box<std::future::Ready<u32>>> {
+        Box::pin(std::future::ready(7))
+    }
+
+    #[tokio::test]
+    async fn a_stop_made_once_is_seen_by_every_later_step() {
+        let cancel = CancellationToken::new();
+        let mut stop = Stop::new(cancel.clone(), None);
+        assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
+        // Cancelled between two steps: the next one does not run, however ready it is.
+        cancel.cancel();
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deadline_stops_a_step_in_flight_and_every_later_one() {
+        let cancel = CancellationToken::new();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let mut stop = Stop::new(cancel.clone(), Some(deadline));
+        assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
+        let never = pin!(std::future::pending::<u32>());
+        assert_eq!(guard(never, &mut stop).await, Err(Interrupt::Timeout));
+        assert!(Instant::now() >= deadline);
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Timeout)
+        );
+        // Cancellation is checked first, as it always was.
+        cancel.cancel();
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+    }
+
+    /// Answers after one round of calls of `t`, noting the catalog fingerprint each request
+    /// was sent with a known one.
+    struct NotesFingerprints(Arc<std::sync::Mutex<Vec<Option<u64>>>>);
+
+    #[async_trait::async_trait]
+    impl Model for NotesFingerprints {
+        fn name(&self) -> &str {
+            "notes"
+        }
+        async fn complete(
+            &self,
+            request: &ModelRequest<'_>,
+        ) -> Result<crate::model::ModelResponse, crate::model::ModelError> {
+            let mut seen = self.0.lock().unwrap();
+            seen.push(crate::model::known_fingerprint(request.tools));
+            let calls = if seen.len() == 1 {
+                vec![crate::message::ToolCall::new("t", serde_json::json!({}))]
+            } else {
+                Vec::new()
+            };
+            Ok(crate::model::ModelResponse {
+                text: Some("done".into()),
+                finish_reason: if calls.is_empty() {
+                    crate::model::FinishReason::Stop
+                } else {
+                    crate::model::FinishReason::ToolCalls
+                },
+                tool_calls: calls,
+                ..Default::default()
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn each_model_call_knows_its_catalogs_fingerprint() {
+        let tool = crate::tool::tool_fn("t", "T.", |_: serde_json::Value, _| async {
+            Ok::<_, crate::tool::ToolError>(crate::tool::ToolOutput::text("t"))
+        });
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let agent = Agent::builder(NotesFingerprints(seen.clone()))
+            .tool(tool)
+            .build()
+            .unwrap();
+        let out = agent.prompt("go").await;
+        assert_eq!(out.rounds, 2, "{out:?}");
+        let expected = crate::model::catalog_fingerprint(agent.toolbox.specs());
+        assert_eq!(*seen.lock().unwrap(), vec![Some(expected); 2]);
+    }
+
+    #[tokio::test]
+    async fn a_cancellation_stops_a_step_in_flight() {
+        let cancel = CancellationToken::new();
+        let mut stop = Stop::new(cancel.clone(), None);
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            c2.cancel();
+        });
+        let never = pin!(std::future::pending::<u32>());
+        assert_eq!(guard(never, &mut stop).await, Err(Interrupt::Cancelled));
+    }
 }
