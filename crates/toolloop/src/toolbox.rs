@@ -501,9 +501,13 @@ mod tests {
     fn a_catalogs_fingerprint_is_made_once_and_follows_its_tools() {
         let mut toolbox = Toolbox::new();
         toolbox
-            .add(tool_fn("a", "A.", |_: serde_json::Value, _: ToolContext| async {
-                Ok::<_, ToolError>(ToolOutput::text("a"))
-            }))
+            .add(tool_fn(
+                "a",
+                "A.",
+                |_: serde_json::Value, _: ToolContext| async {
+                    Ok::<_, ToolError>(ToolOutput::text("a"))
+                },
+            ))
             .unwrap();
         let first = toolbox.catalog().fingerprint();
         assert_eq!(first, crate::model::catalog_fingerprint(toolbox.specs()));
@@ -512,9 +516,13 @@ mod tests {
         let mut grown = toolbox.clone();
         assert_eq!(grown.catalog().fingerprint(), first);
         grown
-            .add(tool_fn("b", "B.", |_: serde_json::Value, _: ToolContext| async {
-                Ok::<_, ToolError>(ToolOutput::text("b"))
-            }))
+            .add(tool_fn(
+                "b",
+                "B.",
+                |_: serde_json::Value, _: ToolContext| async {
+                    Ok::<_, ToolError>(ToolOutput::text("b"))
+                },
+            ))
             .unwrap();
         let second = grown.catalog().fingerprint();
         assert_ne!(second, first);

@@ -372,7 +372,11 @@ async fn the_timeout_stops_a_later_model_call() {
     assert_eq!(out.stop_reason, StopReason::Timeout);
     assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Timeout);
     assert_stopped_in_second_model_call(&out, &count);
-    assert!(out.duration_ms >= 300 && out.duration_ms < 5_000, "{}", out.duration_ms);
+    assert!(
+        out.duration_ms >= 300 && out.duration_ms < 5_000,
+        "{}",
+        out.duration_ms
+    );
 }
 
 #[tokio::test]
