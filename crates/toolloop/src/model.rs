@@ -136,7 +136,7 @@ pub fn message_fingerprint(message: &Message) -> u64 {
 ///
 /// The agent's requests offer their run's catalog, whose fingerprint it made once: for that very
 /// catalog (the same slice), during its model call, this is a read instead of a walk of every
-/// schema (see [`KnownCatalog`]).
+/// schema.
 pub fn catalog_fingerprint(tools: &[ToolSpec]) -> u64 {
     match KNOWN_CATALOG.with(|k| k.get()) {
         Some(known) if known.is(tools) => known.fingerprint,
