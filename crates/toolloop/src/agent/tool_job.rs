@@ -16,7 +16,9 @@ use crate::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use crate::toolbox::Toolbox;
 use futures::{FutureExt, StreamExt};
 use std::borrow::Cow;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -138,50 +140,65 @@ impl Agent {
             }
             Ok::<_, JournalError>(())
         };
-        // One or two calls (most rounds) need no set of running jobs: the set allocates its
-        // queue and a task for every job. Two run at once unless the batch runs one at a time;
-        // the one that finishes first is settled first (both at once: the first call first).
-        let mut jobs = jobs.fuse();
-        let few = (jobs.next(), jobs.next(), jobs.next());
-        let (first, second, third) = match few {
-            (None, ..) => return Ok(()),
-            (Some(only), None, _) => {
-                drop(jobs);
-                return settle(machine, only.await);
-            }
-            (Some(first), Some(second), None) => {
-                drop(jobs);
-                if limit == 1 {
-                    settle(machine, first.await)?;
-                    return settle(machine, second.await);
+        // One or two calls (most rounds) need no set of running jobs, which allocates its
+        // queue and a task for every job: they are boxed together instead. Two run at once
+        // unless the batch runs one at a time; the one that finishes first is settled first
+        // (both at once: the first call first). Decided in a block before anything is awaited,
+        // so that the run's future keeps no room for the jobs themselves (a job's future is
+        // large).
+        let settle = &settle;
+        let few: Result<Few<'_>, _> = {
+            let mut jobs = jobs.fuse();
+            match (jobs.next(), jobs.next(), jobs.next()) {
+                (None, ..) => return Ok(()),
+                (Some(only), None, _) => {
+                    let machine = &mut *machine;
+                    Ok(Box::pin(async move { settle(machine, only.await) }))
                 }
-                let (first, second) = (std::pin::pin!(first), std::pin::pin!(second));
-                let rest = match futures::future::select(first, second).await {
-                    futures::future::Either::Left((done, rest)) => {
-                        settle(machine, done)?;
-                        rest.await
+                (Some(first), Some(second), None) => {
+                    let machine = &mut *machine;
+                    Ok(Box::pin(async move {
+                        if limit == 1 {
+                            settle(machine, first.await)?;
+                            return settle(machine, second.await);
+                        }
+                        let (first, second) = (std::pin::pin!(first), std::pin::pin!(second));
+                        let rest = match futures::future::select(first, second).await {
+                            futures::future::Either::Left((done, rest)) => {
+                                settle(machine, done)?;
+                                rest.await
+                            }
+                            futures::future::Either::Right((done, rest)) => {
+                                settle(machine, done)?;
+                                rest.await
+                            }
+                        };
+                        settle(machine, rest)
+                    }))
+                }
+                // The first `limit` jobs run at once, the others (kept in call order, allocated
+                // only when there are any) each start as one finishes: what `buffer_unordered`
+                // does, without a vector of every job besides its set of running ones.
+                (Some(first), Some(second), Some(third)) => {
+                    let running = futures::stream::FuturesUnordered::new();
+                    let mut queued = std::collections::VecDeque::new();
+                    for job in [first, second, third].into_iter().chain(jobs) {
+                        if running.len() < limit {
+                            running.push(job);
+                        } else {
+                            queued.push_back(job);
+                        }
                     }
-                    futures::future::Either::Right((done, rest)) => {
-                        settle(machine, done)?;
-                        rest.await
-                    }
-                };
-                return settle(machine, rest);
+                    Err((running, queued))
+                }
             }
-            (Some(first), Some(second), Some(third)) => (first, second, third),
         };
-        // The first `limit` jobs run at once, the others (kept in call order, allocated only
-        // when there are any) each start as one finishes: what `buffer_unordered` does,
-        // without a vector of every job besides its set of running ones.
-        let mut running = futures::stream::FuturesUnordered::new();
-        let mut queued = std::collections::VecDeque::new();
-        for job in [first, second, third].into_iter().chain(jobs) {
-            if running.len() < limit {
-                running.push(job);
-            } else {
-                queued.push_back(job);
-            }
-        }
+        // (Moved out whole, so that nothing of it, which may hold the machine, is left to drop
+        // while the set runs.)
+        let (mut running, mut queued) = match std::convert::identity(few) {
+            Ok(few) => return few.await,
+            Err(set) => set,
+        };
         while let Some(finished) = running.next().await {
             if let Some(next) = queued.pop_front() {
                 running.push(next);
@@ -214,6 +231,9 @@ struct ToolJob<'a> {
 
 /// A finished call: its result, duration in milliseconds and attempts; or a run-log failure.
 type JobResult = Result<(Result<ToolOutput, ToolError>, u64, u32), JournalError>;
+
+/// A batch of one or two calls, run and settled (see [`Agent::run_batch`]).
+type Few<'a> = Pin<Box<dyn Future<Output = Result<(), JournalError>> + Send + 'a>>;
 
 impl ToolJob<'_> {
     async fn run(self) -> JobResult {
