@@ -120,7 +120,7 @@ impl ChunkDecoder {
             return;
         }
         match self.rescue.as_mut() {
-            Some(rescue) => out.extend(rescue.push(t)),
+            Some(rescue) => rescue.push_into(t, out),
             None => match out.last_mut() {
                 Some(StreamEvent::TextDelta(text)) => text.push_str(t),
                 _ => out.push(StreamEvent::TextDelta(t.to_string())),
@@ -446,14 +446,15 @@ impl Head {
     /// The chunk in `data` without its head (`{` and the rest), when it starts with the head.
     fn without(&mut self, data: &str) -> Option<&str> {
         let len = self.len;
-        let head = self.buf.as_bytes().get(..len)?;
-        let rest = data
-            .get(len..)
-            .filter(|_| len > 0 && data.as_bytes().starts_with(head))?;
-        if !rest
-            .trim_start_matches([' ', '\t', '\n', '\r'])
-            .starts_with('"')
-        {
+        if len == 0 || data.as_bytes().get(..len)? != &self.buf.as_bytes()[..len] {
+            return None;
+        }
+        // The head ends with `,`, so `len` is a character boundary of `data`.
+        let rest = &data[len..];
+        let next = rest
+            .bytes()
+            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
+        if next != Some(b'"') {
             return None;
         }
         self.buf.truncate(len);
@@ -504,10 +505,8 @@ fn plain_string(data: &[u8], at: usize) -> Option<usize> {
         return None;
     }
     let body = &data[at + 1..];
-    let close = body
-        .iter()
-        .position(|&b| b == b'"' || b == b'\\' || b < 0x20)?;
-    (body[close] == b'"').then_some(at + 1 + close + 1)
+    let close = memchr::memchr2(b'"', b'\\', body)?;
+    (body[close] == b'"' && body[..close].iter().all(|&b| b >= 0x20)).then_some(at + 1 + close + 1)
 }
 
 /// The end of the plain token (a number, `true`, `false`, `null`) that starts at `at`, if any.
