@@ -49,6 +49,17 @@ pub(crate) trait SseDecode: Send + 'static {
     /// stream; the events pushed before it are still delivered, first.
     fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
 
+    /// As [`SseDecode::event`], with the event lent mutably: the decoder may change it in place
+    /// while it reads it (the reader empties it for the next event). By default,
+    /// [`SseDecode::event`].
+    fn event_mut(
+        &mut self,
+        ev: &mut SseEvent,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        self.event(ev, out)
+    }
+
     /// The body ended: pushes the closing events, or says why the response is incomplete.
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
 
@@ -85,9 +96,9 @@ impl<D: SseDecode> SseReader<D> {
         out: &mut Vec<StreamEvent>,
     ) -> Result<(), ModelError> {
         let (decoder, events) = (&mut self.decoder, &mut self.events);
-        self.sse.push_each(bytes, |ev| {
+        self.sse.push_each_mut(bytes, |ev| {
             *events += 1;
-            decoder.event(ev, out)
+            decoder.event_mut(ev, out)
         })
     }
 
@@ -98,7 +109,7 @@ impl<D: SseDecode> SseReader<D> {
             return Ok(());
         }
         let decoder = &mut self.decoder;
-        self.sse.finish_each(|ev| decoder.event(ev, out))?;
+        self.sse.finish_each_mut(|ev| decoder.event_mut(ev, out))?;
         self.decoder.finish(out)
     }
 

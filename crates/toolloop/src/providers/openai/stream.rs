@@ -344,12 +344,27 @@ impl ChunkDecoder {
 }
 
 impl SseDecode for ChunkDecoder {
+    /// Reads the event as [`SseDecode::event_mut`] does, on a copy (the reader lends events
+    /// mutably; this is for a caller that cannot).
     fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        self.event_mut(&mut ev.clone(), out)
+    }
+
+    /// Reads one event. A chunk that starts with the stream's [`Head`] is read without it, in
+    /// place: the `,` that ends the head becomes a `{` for the reading, and a `,` again after.
+    fn event_mut(
+        &mut self,
+        ev: &mut SseEvent,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
         self.seen = true;
         if self.done {
             return Ok(());
         }
-        let data = ev.data.trim();
+        // `ev.data[start..end]`: the data without the whitespace around it.
+        let end = ev.data.trim_end().len();
+        let start = end - ev.data[..end].trim_start().len();
+        let data = &ev.data[start..end];
         if data.is_empty() {
             return Ok(());
         }
@@ -360,31 +375,36 @@ impl SseDecode for ChunkDecoder {
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
         if !self.value_only && ev.event.as_deref() != Some("error") {
-            // The head's buffer is lent to the chunk, which borrows its strings from it.
-            let mut head = std::mem::take(&mut self.head);
-            let headless = head.without(data);
+            // Where the chunk without its head opens (the head's `,`), if it starts with it.
+            let open = self.head.starts(data).then(|| start + self.head.len - 1);
+            if let Some(at) = open {
+                ev.data.replace_range(at..=at, "{");
+            }
             let read = {
+                let text = &ev.data[open.unwrap_or(start)..end];
                 let mut chunk = typed::Chunk::default();
-                let read = typed::parse(headless.unwrap_or(data), &mut chunk);
+                let read = typed::parse(text, &mut chunk);
                 if read {
                     #[cfg(test)]
                     {
                         self.typed_chunks += 1;
-                        self.headless_chunks += usize::from(headless.is_some());
+                        self.headless_chunks += usize::from(open.is_some());
                     }
                     self.typed_chunk(&mut chunk, out);
                 }
                 read
             };
-            if read && !head.learned {
-                head.learn(data);
+            if let Some(at) = open {
+                ev.data.replace_range(at..=at, ",");
             }
-            self.head = head;
             if read {
+                if !self.head.learned {
+                    self.head.learn(&ev.data[start..end]);
+                }
                 return Ok(());
             }
         }
-        self.value_chunk(ev, data, out)
+        self.value_chunk(ev, &ev.data[start..end], out)
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
@@ -420,55 +440,54 @@ impl SseDecode for ChunkDecoder {
 /// token, read whole and found sound in the chunk the head was learned from; and a chunk is read
 /// without its head only when what follows the head opens another member (a `"`), so that `{`
 /// and the rest is an object exactly when the whole chunk is one.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Head {
-    /// `buf[..len]`: the head, from the opening `{` to the `,` after its last member. After it,
-    /// `{` and the rest of the chunk being read.
-    buf: String,
+    /// `bytes[..len]`: the head, from the opening `{` to the `,` after its last member.
+    bytes: [u8; HEAD_MAX],
     len: usize,
     /// Whether a chunk was looked at for the head (the first one read through the typed path).
     learned: bool,
+}
+
+/// The longest head kept (a longer one is kept up to the end of a member before this length).
+const HEAD_MAX: usize = 256;
+
+impl Default for Head {
+    fn default() -> Self {
+        Head {
+            bytes: [0; HEAD_MAX],
+            len: 0,
+            learned: false,
+        }
+    }
 }
 
 impl Head {
     /// Learns the head of `data`, a chunk the typed path read.
     fn learn(&mut self, data: &str) {
         self.learned = true;
-        let len = head_len(data.as_bytes(), typed::Chunk::NAMES);
-        if len > 0 {
-            // Room for the usual chunk after the head, so that the buffer is allocated once.
-            self.buf.reserve(len + data.len().max(256));
-            self.buf.push_str(&data[..len]);
-            self.len = len;
-        }
+        let len = head_len(data.as_bytes(), typed::Chunk::NAMES, HEAD_MAX);
+        self.bytes[..len].copy_from_slice(&data.as_bytes()[..len]);
+        self.len = len;
     }
 
-    /// The chunk in `data` without its head (`{` and the rest), when it starts with the head.
-    fn without(&mut self, data: &str) -> Option<&str> {
+    /// Whether the chunk in `data` starts with the head, followed by another member.
+    fn starts(&self, data: &str) -> bool {
         let len = self.len;
-        if len == 0 || data.as_bytes().get(..len)? != &self.buf.as_bytes()[..len] {
-            return None;
-        }
-        // The head ends with `,`, so `len` is a character boundary of `data`.
-        let rest = &data[len..];
-        let next = rest
-            .bytes()
-            .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'));
-        if next != Some(b'"') {
-            return None;
-        }
-        self.buf.truncate(len);
-        self.buf.push('{');
-        self.buf.push_str(rest);
-        Some(&self.buf[len..])
+        len > 0
+            && data.as_bytes().get(..len) == Some(&self.bytes[..len])
+            && data.as_bytes()[len..]
+                .iter()
+                .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+                == Some(&b'"')
     }
 }
 
 /// The length of the head of the chunk in `data`: from its `{` to the `,` after the last of the
 /// members that open it whose keys are not in `known`, each a key and a value that are strings
 /// without escapes or control characters, or a plain token (a number, `true`, `false`, `null`),
-/// with no whitespace. 0 when there is no such member.
-fn head_len(data: &[u8], known: &[&str]) -> usize {
+/// with no whitespace, and that end within `max` bytes. 0 when there is no such member.
+fn head_len(data: &[u8], known: &[&str], max: usize) -> usize {
     if data.first() != Some(&b'{') {
         return 0;
     }
@@ -489,7 +508,7 @@ fn head_len(data: &[u8], known: &[&str]) -> usize {
             None => None,
         };
         match value_end {
-            Some(value_end) if data.get(value_end) == Some(&b',') => {
+            Some(value_end) if value_end < max && data.get(value_end) == Some(&b',') => {
                 end = value_end + 1;
                 at = end;
             }
@@ -1117,6 +1136,13 @@ mod tests {
         let mut out = Vec::new();
         reader.push(body.as_bytes(), &mut out).unwrap();
         assert_eq!(reader.decoder().headless_chunks, rests.len() - 1);
+        // The events of a decoder lent each event unchanged (read whole) are the same.
+        let mut decoder = ChunkDecoder::new(200);
+        let mut lent = Vec::new();
+        crate::transport::sse::SseDecoder::new()
+            .push_each(body.as_bytes(), |ev| decoder.event(ev, &mut lent))
+            .unwrap();
+        assert_eq!(lent, out);
         let response = adapter::accumulate(out, Ok(())).0;
         assert_eq!(response.tool_calls[0].arguments, json!({"path": "a.txt"}));
         assert_eq!(response.usage.map(|u| u.output_tokens), Some(2));
@@ -1180,7 +1206,7 @@ mod tests {
     #[test]
     fn heads_stop_before_the_first_member_not_skipped() {
         let known = typed::Chunk::NAMES;
-        let len = |s: &str| head_len(s.as_bytes(), known);
+        let len = |s: &str| head_len(s.as_bytes(), known, HEAD_MAX);
         assert_eq!(len(&format!("{{{HEAD}\"choices\":[]}}")), HEAD.len() + 1);
         assert_eq!(len(r#"{"id":"a","choices":[],"model":"m"}"#), 10);
         assert_eq!(len(r#"{"id":"a","x":{"b":1},"model":"m"}"#), 10);
@@ -1192,6 +1218,19 @@ mod tests {
         assert_eq!(len(r#"{"n":,"#), 0);
         assert_eq!(len(r#"["id","a"]"#), 0);
         assert_eq!(len(""), 0);
+        // Kept up to the last member that ends within the limit.
+        let long = format!(
+            "{{\"a\":\"{}\",\"b\":1,\"choices\":[]}}",
+            "x".repeat(HEAD_MAX)
+        );
+        assert_eq!(len(&long), 0);
+        let long = format!(
+            "{{\"b\":1,\"a\":\"{}\",\"choices\":[]}}",
+            "x".repeat(HEAD_MAX)
+        );
+        assert_eq!(len(&long), 7);
+        let edge = format!("{{\"a\":\"{}\",", "x".repeat(HEAD_MAX - 8));
+        assert_eq!((edge.len(), len(&edge)), (HEAD_MAX, HEAD_MAX));
     }
 
     /// Pieces of text, and of one call's arguments, that come in one read make one event each;
