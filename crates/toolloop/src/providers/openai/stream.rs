@@ -182,6 +182,21 @@ impl ChunkDecoder {
         }
     }
 
+    /// Reads the chunk in `text` through the typed path, if it is of the usual shape; whether
+    /// it was.
+    fn typed(&mut self, text: &str, out: &mut Vec<StreamEvent>) -> bool {
+        let mut chunk = typed::Chunk::default();
+        if !typed::parse(text, &mut chunk) {
+            return false;
+        }
+        #[cfg(test)]
+        {
+            self.typed_chunks += 1;
+        }
+        self.typed_chunk(&mut chunk, out);
+        true
+    }
+
     /// A chunk of the usual shape, read through typed, borrowing structures: the same events
     /// as [`ChunkDecoder::value_chunk`] gives for it. Owned strings are taken, not copied.
     fn typed_chunk(&mut self, chunk: &mut typed::Chunk<'_>, out: &mut Vec<StreamEvent>) {
@@ -351,7 +366,8 @@ impl SseDecode for ChunkDecoder {
     }
 
     /// Reads one event. A chunk that starts with the stream's [`Head`] is read without it, in
-    /// place: the `,` that ends the head becomes a `{` for the reading, and a `,` again after.
+    /// place: the `,` that ends the head becomes a `{` for the reading (a `,` again when the
+    /// value path is to read the chunk; emptied otherwise, as the reader would).
     fn event_mut(
         &mut self,
         ev: &mut SseEvent,
@@ -375,31 +391,32 @@ impl SseDecode for ChunkDecoder {
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
         if !self.value_only && ev.event.as_deref() != Some("error") {
-            // Where the chunk without its head opens (the head's `,`), if it starts with it.
-            let open = self.head.starts(data).then(|| start + self.head.len - 1);
-            if let Some(at) = open {
-                ev.data.replace_range(at..=at, "{");
-            }
-            let read = {
-                let text = &ev.data[open.unwrap_or(start)..end];
-                let mut chunk = typed::Chunk::default();
-                let read = typed::parse(text, &mut chunk);
-                if read {
-                    #[cfg(test)]
-                    {
-                        self.typed_chunks += 1;
-                        self.headless_chunks += usize::from(open.is_some());
-                    }
-                    self.typed_chunk(&mut chunk, out);
+            if self.head.starts(data) {
+                // The chunk without its head, read in the event's own buffer: the head's `,`
+                // made a `{`.
+                let at = start + self.head.len - 1;
+                let mut bytes = std::mem::take(&mut ev.data).into_bytes();
+                bytes[at] = b'{';
+                // Text from an ASCII byte to the end of the data: always whole characters.
+                let read =
+                    std::str::from_utf8(&bytes[at..end]).is_ok_and(|text| self.typed(text, out));
+                #[cfg(test)]
+                {
+                    self.headless_chunks += usize::from(read);
                 }
-                read
-            };
-            if let Some(at) = open {
-                ev.data.replace_range(at..=at, ",");
-            }
-            if read {
+                bytes[at] = b',';
+                if read {
+                    // The reader empties the event for the next one: its buffer goes back
+                    // empty, with nothing to check.
+                    bytes.clear();
+                    ev.data = String::from_utf8(bytes).unwrap_or_default();
+                    return Ok(());
+                }
+                ev.data = String::from_utf8(bytes)
+                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            } else if self.typed(data, out) {
                 if !self.head.learned {
-                    self.head.learn(&ev.data[start..end]);
+                    self.head.learn(data);
                 }
                 return Ok(());
             }
