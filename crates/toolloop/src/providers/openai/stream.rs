@@ -391,34 +391,45 @@ impl SseDecode for ChunkDecoder {
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
         if !self.value_only && ev.event.as_deref() != Some("error") {
-            if self.head.starts(data) {
-                // The chunk without its head, read in the event's own buffer: the head's `,`
-                // made a `{`.
-                let at = start + self.head.len - 1;
+            // A chunk that starts with the head is read without it, in the event's own buffer
+            // taken as bytes: the head's `,` made a `{` at `at`.
+            let at = start + self.head.len.saturating_sub(1);
+            let mut headless = self.head.starts(data).then(|| {
                 let mut bytes = std::mem::take(&mut ev.data).into_bytes();
                 bytes[at] = b'{';
-                // Text from an ASCII byte to the end of the data: always whole characters.
-                let read =
-                    std::str::from_utf8(&bytes[at..end]).is_ok_and(|text| self.typed(text, out));
-                #[cfg(test)]
-                {
-                    self.headless_chunks += usize::from(read);
+                bytes
+            });
+            let text = match &headless {
+                // From an ASCII byte to the end of the data: always whole characters.
+                Some(bytes) => std::str::from_utf8(&bytes[at..end]).ok(),
+                None => Some(&ev.data[start..end]),
+            };
+            // One call for both, so that the reading is compiled once.
+            let read = text.is_some_and(|text| self.typed(text, out));
+            match headless.take() {
+                Some(mut bytes) => {
+                    #[cfg(test)]
+                    {
+                        self.headless_chunks += usize::from(read);
+                    }
+                    bytes[at] = b',';
+                    if read {
+                        // The reader empties the event for the next one: its buffer goes back
+                        // empty, with nothing to check.
+                        bytes.clear();
+                        ev.data = String::from_utf8(bytes).unwrap_or_default();
+                        return Ok(());
+                    }
+                    ev.data = String::from_utf8(bytes)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 }
-                bytes[at] = b',';
-                if read {
-                    // The reader empties the event for the next one: its buffer goes back
-                    // empty, with nothing to check.
-                    bytes.clear();
-                    ev.data = String::from_utf8(bytes).unwrap_or_default();
+                None if read => {
+                    if !self.head.learned {
+                        self.head.learn(&ev.data[start..end]);
+                    }
                     return Ok(());
                 }
-                ev.data = String::from_utf8(bytes)
-                    .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
-            } else if self.typed(data, out) {
-                if !self.head.learned {
-                    self.head.learn(data);
-                }
-                return Ok(());
+                None => {}
             }
         }
         self.value_chunk(ev, &ev.data[start..end], out)
