@@ -133,7 +133,18 @@ pub fn message_fingerprint(message: &Message) -> u64 {
 
 /// A 64-bit fingerprint of a tool catalog (names, descriptions and schemas), for an adapter's
 /// [`Model::session`] to check that the catalog it encoded is unchanged.
+///
+/// The agent's requests offer their run's catalog, whose fingerprint it made once: for that very
+/// catalog (the same slice), during its model call, this is a read instead of a walk of every
+/// schema.
 pub fn catalog_fingerprint(tools: &[ToolSpec]) -> u64 {
+    match KNOWN_CATALOG.with(|k| k.get()) {
+        Some(known) if known.is(tools) => known.fingerprint,
+        _ => fingerprint_of(tools),
+    }
+}
+
+fn fingerprint_of(tools: &[ToolSpec]) -> u64 {
     let mut h = fingerprint_hasher();
     tools.len().hash(&mut h);
     for t in tools {
@@ -141,6 +152,70 @@ pub fn catalog_fingerprint(tools: &[ToolSpec]) -> u64 {
         hash_value(&t.parameters, &mut h);
     }
     h.finish()
+}
+
+thread_local! {
+    /// The catalog of the model call being polled on this thread, with its fingerprint (set by
+    /// [`with_known_catalog`] for the length of one poll).
+    static KNOWN_CATALOG: std::cell::Cell<Option<KnownCatalog>> = const { std::cell::Cell::new(None) };
+}
+
+/// A catalog whose fingerprint is known: where its specs are, how many, and the fingerprint.
+///
+/// It is only ever installed while a future that borrows those very specs is polled, and taken
+/// away when the poll ends (or unwinds): so while it is installed, the address and length name
+/// that catalog and no other (a slice can neither be freed nor changed while it is borrowed,
+/// and a spec has nothing mutable behind a shared reference), and a slice with the same
+/// address and length is that catalog.
+#[derive(Clone, Copy)]
+pub(crate) struct KnownCatalog {
+    address: usize,
+    len: usize,
+    fingerprint: u64,
+}
+
+/// The fingerprint known for `tools` now, if one is.
+#[cfg(test)]
+pub(crate) fn known_fingerprint(tools: &[ToolSpec]) -> Option<u64> {
+    KNOWN_CATALOG
+        .with(|k| k.get())
+        .filter(|k| k.is(tools))
+        .map(|k| k.fingerprint)
+}
+
+impl KnownCatalog {
+    fn is(&self, tools: &[ToolSpec]) -> bool {
+        tools.as_ptr() as usize == self.address && tools.len() == self.len
+    }
+}
+
+/// `fut`, polled with the fingerprint of `tools` known to be `fingerprint` (which the caller
+/// made by [`catalog_fingerprint`] of the same `tools`), so that [`catalog_fingerprint`] of that
+/// catalog during the poll reads it. An empty catalog is not worth it. Polls nest: each puts back
+/// what was known before it.
+pub(crate) fn with_known_catalog<'a, F: Future + ?Sized>(
+    mut fut: std::pin::Pin<&'a mut F>,
+    tools: &'a [ToolSpec],
+    fingerprint: u64,
+) -> impl Future<Output = F::Output> + 'a {
+    let known = (!tools.is_empty()).then_some(KnownCatalog {
+        address: tools.as_ptr() as usize,
+        len: tools.len(),
+        fingerprint,
+    });
+    std::future::poll_fn(move |cx| {
+        /// Puts back what was known before, however the poll ends.
+        struct Restore(Option<KnownCatalog>);
+        impl Drop for Restore {
+            fn drop(&mut self) {
+                KNOWN_CATALOG.with(|k| k.set(self.0));
+            }
+        }
+        let _restore = Restore(KNOWN_CATALOG.with(|k| k.replace(known)));
+        // `tools` is borrowed for the whole of this poll (the closure holds it).
+        let _ = tools;
+        fut.as_mut().poll(cx)
+    })
 }
 
 fn fingerprint_hasher() -> impl Hasher {
@@ -569,6 +644,59 @@ mod tests {
         ] {
             assert_ne!(catalog_fingerprint(&catalog), catalog_fingerprint(&other));
         }
+    }
+
+    #[tokio::test]
+    async fn a_known_catalog_fingerprint_is_read_only_for_that_catalog_during_its_call() {
+        let spec = |name: &str| ToolSpec {
+            name: name.into(),
+            description: "Reads".into(),
+            parameters: json!({"type": "object", "properties": {"path": {"type": "string"}}}),
+        };
+        let catalog = vec![spec("read"), spec("write")];
+        let real = catalog_fingerprint(&catalog);
+        // A known fingerprint unlike the real one shows which path answered.
+        let known = real ^ 1;
+        let copy = catalog.clone();
+        let shorter = &catalog[..1];
+        let seen = std::sync::Mutex::new(Vec::new());
+        let call = async {
+            for step in 0..2 {
+                seen.lock().unwrap().push((
+                    catalog_fingerprint(&catalog),
+                    // Another catalog, equal or a part of it: made, not read.
+                    catalog_fingerprint(&copy),
+                    catalog_fingerprint(shorter),
+                ));
+                if step == 0 {
+                    // Known again after the call waits (each poll).
+                    tokio::task::yield_now().await;
+                }
+            }
+        };
+        with_known_catalog(std::pin::pin!(call), &catalog, known).await;
+        let expected = (known, real, catalog_fingerprint(shorter));
+        assert_eq!(*seen.lock().unwrap(), vec![expected, expected]);
+        // Known only while the call is polled.
+        assert_eq!(catalog_fingerprint(&catalog), real);
+
+        // Nested calls each put back what was known before them; an unwinding poll too.
+        let inner = async { catalog_fingerprint(&copy) };
+        let outer = async {
+            let nested = with_known_catalog(std::pin::pin!(inner), &copy, 5).await;
+            (nested, catalog_fingerprint(&catalog))
+        };
+        assert_eq!(
+            with_known_catalog(std::pin::pin!(outer), &catalog, known).await,
+            (5, known)
+        );
+        let panics = async { panic!("the call panicked") };
+        let unwound = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(
+            with_known_catalog(std::pin::pin!(panics), &catalog, known),
+        ))
+        .await;
+        assert!(unwound.is_err());
+        assert_eq!(catalog_fingerprint(&catalog), real);
     }
 
     #[tokio::test]

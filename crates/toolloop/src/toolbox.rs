@@ -226,6 +226,10 @@ pub struct Catalog {
     /// Whether an entry's own default approval is other than allow: without one, a policy with
     /// no rule and no default of its own weighs no call.
     any_asks: bool,
+    /// [`catalog_fingerprint`](crate::model::catalog_fingerprint) of `specs`, made at the first
+    /// model call that offers them (a catalog is shared by every run of an agent: each of its
+    /// requests reads it instead of walking every schema again).
+    fingerprint: std::sync::OnceLock<u64>,
 }
 
 impl Catalog {
@@ -269,7 +273,16 @@ impl Catalog {
         self.any_terminal |= entry.terminal;
         self.any_asks |= entry.approval_default() != Action::Allow;
         self.entries.push(entry);
+        self.fingerprint = std::sync::OnceLock::new();
         Ok(())
+    }
+
+    /// [`catalog_fingerprint`](crate::model::catalog_fingerprint) of [`Catalog::specs`], made
+    /// once.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        *self
+            .fingerprint
+            .get_or_init(|| crate::model::catalog_fingerprint(&self.specs))
     }
 
     /// The entries, in order.
@@ -483,6 +496,39 @@ mod tests {
     use schemars::JsonSchema;
     use serde::Deserialize;
     use serde_json::json;
+
+    #[test]
+    fn a_catalogs_fingerprint_is_made_once_and_follows_its_tools() {
+        let mut toolbox = Toolbox::new();
+        toolbox
+            .add(tool_fn(
+                "a",
+                "A.",
+                |_: serde_json::Value, _: ToolContext| async {
+                    Ok::<_, ToolError>(ToolOutput::text("a"))
+                },
+            ))
+            .unwrap();
+        let first = toolbox.catalog().fingerprint();
+        assert_eq!(first, crate::model::catalog_fingerprint(toolbox.specs()));
+        // A toolbox that shares the catalog shares the fingerprint; adding a tool makes the
+        // catalog another, with its own.
+        let mut grown = toolbox.clone();
+        assert_eq!(grown.catalog().fingerprint(), first);
+        grown
+            .add(tool_fn(
+                "b",
+                "B.",
+                |_: serde_json::Value, _: ToolContext| async {
+                    Ok::<_, ToolError>(ToolOutput::text("b"))
+                },
+            ))
+            .unwrap();
+        let second = grown.catalog().fingerprint();
+        assert_ne!(second, first);
+        assert_eq!(second, crate::model::catalog_fingerprint(grown.specs()));
+        assert_eq!(toolbox.catalog().fingerprint(), first);
+    }
 
     #[derive(Deserialize, JsonSchema)]
     #[allow(dead_code)]

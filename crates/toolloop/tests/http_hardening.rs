@@ -282,6 +282,163 @@ async fn redirects_are_never_followed() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The request on the wire
+// ---------------------------------------------------------------------------------------------
+
+/// The header lines of a request's head, in order, names lowercased.
+fn header_lines(request: &Request) -> Vec<(String, String)> {
+    request
+        .head
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            Some((n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        })
+        .collect()
+}
+
+/// A body with what JSON escapes and multi-byte text in it, longer than a socket read.
+fn wire_body() -> bytes::Bytes {
+    let text = "é€😀 \"quoted\" \\ ".repeat(500);
+    bytes::Bytes::from(serde_json::to_vec(&json!({"messages": [{"content": text}]})).unwrap())
+}
+
+/// Every header a call is given arrives once, in the order given (a name given twice with both
+/// values, in order), then `Content-Type: application/json`, once, and a `Content-Length` that
+/// is the body's; the body arrives byte for byte, and the key's header is sent as given.
+#[tokio::test]
+async fn headers_and_body_arrive_once_in_order() {
+    use reqwest::header::{AUTHORIZATION, HeaderMap, HeaderValue};
+    let (port, seen) = serve(|_, _, stream| respond(stream, 200, "", "{}")).await;
+    let mut headers = HeaderMap::new();
+    let mut key = HeaderValue::from_static("Bearer sk-wire-0123");
+    key.set_sensitive(true);
+    headers.insert(AUTHORIZATION, key);
+    headers.insert("x-zeta", HeaderValue::from_static("z"));
+    headers.append("x-multi", HeaderValue::from_static("first"));
+    headers.append("x-multi", HeaderValue::from_static("second"));
+    headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
+    let body = wire_body();
+    let url = toolloop::transport::http::Endpoint::new(format!(
+        "http://127.0.0.1:{port}/v1/chat/completions"
+    ));
+    let answer = HttpTransport::new()
+        .post(
+            &url,
+            &headers,
+            body.clone(),
+            toolloop::providers::openai::parse_error,
+        )
+        .await
+        .expect("the server answers 200");
+    assert_eq!(&answer[..], b"{}");
+    let requests = seen.requests();
+    assert_eq!(requests.len(), 1);
+    let request = &requests[0];
+    assert!(
+        request
+            .head
+            .starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+        "{}",
+        request.head
+    );
+    assert_eq!(request.body, &body[..], "the body arrives as it was given");
+    let lines = header_lines(request);
+    let given: Vec<(&str, &str)> = lines
+        .iter()
+        .filter(|(n, _)| {
+            headers.contains_key(n.as_str()) || n == "content-type" || n == "content-length"
+        })
+        .map(|(n, v)| (n.as_str(), v.as_str()))
+        .collect();
+    let length = body.len().to_string();
+    assert_eq!(
+        given,
+        [
+            ("authorization", "Bearer sk-wire-0123"),
+            ("x-zeta", "z"),
+            ("x-multi", "first"),
+            ("x-multi", "second"),
+            ("anthropic-version", "2023-06-01"),
+            ("content-type", "application/json"),
+            ("content-length", length.as_str()),
+        ],
+        "{}",
+        request.head
+    );
+    // What the client adds, once each.
+    for name in ["host", "accept"] {
+        assert_eq!(
+            lines.iter().filter(|(n, _)| n == name).count(),
+            1,
+            "{name}: {}",
+            request.head
+        );
+    }
+}
+
+/// Each provider's key arrives in its own header, once, with `Content-Type` once.
+#[tokio::test]
+async fn each_providers_key_header_arrives_once() {
+    const KEY: &str = "sk-once-KEY-0123456789";
+    for provider in PROVIDERS {
+        for stream in [false, true] {
+            let (port, seen) = serve(|_, _, stream| respond(stream, 500, "", "{}")).await;
+            let m = model(provider, port, KEY, |t| t.retry = RetryPolicy::none());
+            let _ = call(m.as_ref(), stream).await;
+            let requests = seen.requests();
+            let what = format!("{provider:?} stream={stream}");
+            assert_eq!(requests.len(), 1, "{what}");
+            let lines = header_lines(&requests[0]);
+            let keyed: Vec<&(String, String)> =
+                lines.iter().filter(|(_, v)| v.contains(KEY)).collect();
+            assert_eq!(keyed.len(), 1, "{what}: {}", requests[0].head);
+            let types: Vec<&(String, String)> =
+                lines.iter().filter(|(n, _)| n == "content-type").collect();
+            assert_eq!(types.len(), 1, "{what}: {}", requests[0].head);
+            assert_eq!(types[0].1, "application/json", "{what}");
+        }
+    }
+}
+
+/// Credentials in the URL are sent as a `Basic` authorization, and not in the request line.
+#[tokio::test]
+async fn credentials_in_the_url_become_a_basic_authorization() {
+    let (port, seen) = serve(|_, _, stream| respond(stream, 200, "", "{}")).await;
+    let url = toolloop::transport::http::Endpoint::new(format!(
+        "http://user:pass@127.0.0.1:{port}/v1/chat/completions"
+    ));
+    let body = wire_body();
+    HttpTransport::new()
+        .post(
+            &url,
+            &reqwest::header::HeaderMap::new(),
+            body.clone(),
+            toolloop::providers::openai::parse_error,
+        )
+        .await
+        .expect("the server answers 200");
+    let request = &seen.requests()[0];
+    assert!(
+        request
+            .head
+            .starts_with("POST /v1/chat/completions HTTP/1.1\r\n"),
+        "{}",
+        request.head
+    );
+    assert_eq!(
+        request.header("authorization").as_deref(),
+        Some("Basic dXNlcjpwYXNz")
+    );
+    assert_eq!(
+        request.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert_eq!(request.body, &body[..]);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Keys echoed by a server
 // ---------------------------------------------------------------------------------------------
 

@@ -287,6 +287,98 @@ async fn cancellation_returns_everything_with_a_cancelled_result() {
     assert_valid_transcript(&out.messages);
 }
 
+/// A model that asks for one call of `count`, then never answers: each later request waits
+/// for ever (after telling `waiting`).
+struct StallsAfterOneRound {
+    requests: AtomicU32,
+    waiting: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait::async_trait]
+impl Model for StallsAfterOneRound {
+    fn name(&self) -> &str {
+        "stalls"
+    }
+    async fn complete(&self, _: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
+        if self.requests.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Ok(calls(vec![call("count", json!({"key": "a"}))]));
+        }
+        self.waiting.notify_one();
+        std::future::pending().await
+    }
+}
+
+/// The run stopped during its second model call, after a whole round: the first round's call
+/// and result kept, nothing after them.
+fn assert_stopped_in_second_model_call(out: &Outcome, count: &AtomicU32) {
+    assert_eq!(out.rounds, 2, "{out:?}");
+    assert_eq!(count.load(Ordering::SeqCst), 1);
+    assert_eq!(out.tool_calls.len(), 1);
+    assert_eq!(out.tool_calls[0].status, CallStatus::Ok);
+    // The system prompt, the user's, the first answer and its call's result.
+    assert_eq!(out.messages.len(), 4, "{:?}", out.messages);
+    assert!(matches!(out.messages[2], Message::Assistant(_)));
+    assert!(matches!(out.messages[3], Message::Tool(_)));
+    assert_valid_transcript(&out.messages);
+}
+
+#[tokio::test]
+async fn cancellation_during_a_later_model_call_stops_the_run_at_once() {
+    // The run's wait on its token is made once, at its start: a cancellation after a whole
+    // round (a model call and a tool call, each raced against it) still stops the call in
+    // flight.
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(StallsAfterOneRound {
+        requests: AtomicU32::new(0),
+        waiting: waiting.clone(),
+    })
+    .tool(counter("count", count.clone()))
+    .build()
+    .unwrap();
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        waiting.notified().await;
+        c2.cancel();
+    });
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        agent.run_cancellable(vec![Message::user("go")], cancel),
+    )
+    .await
+    .expect("the cancellation stops the model call");
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Cancelled);
+    assert_stopped_in_second_model_call(&out, &count);
+}
+
+#[tokio::test]
+async fn the_timeout_stops_a_later_model_call() {
+    // As above, for the run's deadline (its timer is set once, at the first step).
+    let waiting = Arc::new(tokio::sync::Notify::new());
+    let count = Arc::new(AtomicU32::new(0));
+    let agent = builder(StallsAfterOneRound {
+        requests: AtomicU32::new(0),
+        waiting,
+    })
+    .tool(counter("count", count.clone()))
+    .timeout(Duration::from_millis(300))
+    .build()
+    .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(30), agent.prompt("go"))
+        .await
+        .expect("the run's timeout stops the model call");
+    assert_eq!(out.stop_reason, StopReason::Timeout);
+    assert_eq!(out.error.as_ref().unwrap().code, ErrorCode::Timeout);
+    assert_stopped_in_second_model_call(&out, &count);
+    assert!(
+        out.duration_ms >= 300 && out.duration_ms < 5_000,
+        "{}",
+        out.duration_ms
+    );
+}
+
 #[tokio::test]
 async fn duplicate_calls_in_the_window_are_not_run_and_warn_the_model() {
     let count = Arc::new(AtomicU32::new(0));

@@ -24,8 +24,8 @@ use std::borrow::Cow;
 use std::future::Future;
 use std::pin::{Pin, pin};
 use std::sync::Arc;
-use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 impl Agent {
     /// Drives the machine to its end, inside the run's `invoke_agent` span. Not an `async fn`:
@@ -45,11 +45,15 @@ impl Agent {
             .and_then(|i| i.path.last())
             .map_or("toolloop", String::as_str);
         let span = crate::telemetry::run_span(self.model.name(), agent);
-        let mut drive = Drive::new(self, machine, toolbox, cancel, sink, log);
+        let mut drive = Drive::new(self, machine, toolbox, &cancel, sink, log);
+        let deadline = drive.deadline;
         // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
-        // value would hold a second copy of it, all run long.
+        // value would hold a second copy of it, all run long. The run's waits on its token and
+        // its deadline are made here, once, pinned in the run's own future (no allocation).
         let run = async move {
-            drive.steps().await;
+            let cancelled = pin!(cancel.cancelled_owned());
+            let deadline = pin!(deadline.map(tokio::time::sleep_until));
+            drive.steps(&mut Stop::new(cancelled, deadline)).await;
             Box::pin(drive.finish()).await
         };
         crate::telemetry::in_span(run, span.clone()).map(move |outcome| {
@@ -65,8 +69,6 @@ struct Drive<'a> {
     machine: Machine,
     /// The run's tools (with tool sources, they can change between rounds).
     toolbox: Arc<Toolbox>,
-    /// The caller's token.
-    cancel: CancellationToken,
     /// Cancelled, with the tools' work, when the run is interrupted; the caller's token is left
     /// alone.
     tool_cancel: CancellationToken,
@@ -75,8 +77,10 @@ struct Drive<'a> {
     log: Option<RunLog>,
     /// The run log's failure that stopped the run, if one did.
     store_error: Option<JournalError>,
-    /// The model settings of the run's requests.
-    settings: Arc<ModelSettings>,
+    /// The model settings of the run's requests, when they are not the agent's (a resumed run
+    /// keeps its output schema): the agent's are borrowed, not counted in the `Arc` every run
+    /// of the agent shares (see [`settings_of`]).
+    own_settings: Option<Box<ModelSettings>>,
     /// The model's session for this run.
     model: Box<dyn Model + 'a>,
     /// What the run's tools learn of where they are (sub-agents).
@@ -89,7 +93,7 @@ impl<'a> Drive<'a> {
         agent: &'a Agent,
         mut machine: Machine,
         toolbox: Arc<Toolbox>,
-        cancel: CancellationToken,
+        cancel: &CancellationToken,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> Self {
@@ -101,12 +105,12 @@ impl<'a> Drive<'a> {
             .and_then(|t| tokio::time::Instant::now().checked_add(t));
         machine.set_events(sink.is_some());
         // A resumed run keeps the output schema it started with, whatever the agent's now.
-        let settings = if machine.output_schema() == agent.settings.output.as_ref() {
-            agent.settings.clone()
+        let own_settings = if machine.output_schema() == agent.settings.output.as_ref() {
+            None
         } else {
             let mut s = (*agent.settings).clone();
             s.output = machine.output_schema().cloned();
-            Arc::new(s)
+            Some(Box::new(s))
         };
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
         let model = agent.model.session();
@@ -116,13 +120,12 @@ impl<'a> Drive<'a> {
             agent,
             machine,
             toolbox,
-            cancel,
             tool_cancel,
             deadline,
             sink,
             log,
             store_error: None,
-            settings,
+            own_settings,
             model,
             scope,
             started,
@@ -131,7 +134,7 @@ impl<'a> Drive<'a> {
 
     /// The loop: each step the machine asks for, done, until it is finished (then
     /// [`Drive::finish`]).
-    async fn steps(&mut self) {
+    async fn steps(&mut self, stop: &mut Stop<'_>) {
         loop {
             self.emit();
             match self.machine.next_step() {
@@ -145,17 +148,19 @@ impl<'a> Drive<'a> {
                 Step::CallModel { round, reminders } => {
                     // Listing the sources' tools is boxed, and only with sources: the loop's
                     // own future holds only what every round needs.
-                    if !self.agent.has_tool_sources() || Box::pin(self.refresh_tools(round)).await {
-                        self.call_model(round, reminders).await;
+                    if !self.agent.has_tool_sources()
+                        || Box::pin(self.refresh_tools(round, stop)).await
+                    {
+                        self.call_model(round, reminders, stop).await;
                     }
                 }
                 // The rare steps are boxed (and the run's end, in `drive`): every in-flight
                 // run holds its largest step's state, most of the time waiting on the model.
-                Step::Approve(requests) => Box::pin(self.approve(requests)).await,
+                Step::Approve(requests) => Box::pin(self.approve(requests, stop)).await,
                 step @ Step::EditContext { .. } => self.edit_context(step),
-                Step::Compact(request) => Box::pin(self.compact(request)).await,
-                Step::DecideRoundLimit => Box::pin(self.decide_round_limit()).await,
-                Step::RunTools(batches) => self.run_tools(batches).await,
+                Step::Compact(request) => Box::pin(self.compact(request, stop)).await,
+                Step::DecideRoundLimit => Box::pin(self.decide_round_limit(stop)).await,
+                Step::RunTools(batches) => self.run_tools(batches, stop).await,
             }
         }
     }
@@ -204,11 +209,11 @@ impl<'a> Drive<'a> {
 
     /// Before a model call: the tool sources' tools now, the machine told when they changed.
     /// `false` when the run was interrupted while they were listed.
-    async fn refresh_tools(&mut self, round: u32) -> bool {
+    async fn refresh_tools(&mut self, round: u32, stop: &mut Stop<'_>) -> bool {
         if !self.agent.has_tool_sources() {
             return true;
         }
-        let now = match guard(pin!(self.agent.tools_now()), &self.cancel, self.deadline).await {
+        let now = match guard(pin!(self.agent.tools_now()), stop).await {
             Ok(now) => now,
             Err(why) => {
                 self.take(Input::Interrupted { why });
@@ -231,7 +236,7 @@ impl<'a> Drive<'a> {
     }
 
     /// [`Step::CallModel`]: the model call, its response (or failure) handed to the machine.
-    async fn call_model(&mut self, round: u32, reminders: Vec<String>) {
+    async fn call_model(&mut self, round: u32, reminders: Vec<String>, stop: &mut Stop<'_>) {
         let agent = self.agent;
         self.emit();
         // Not waited for: a call lost to a crash is made again on resume.
@@ -246,7 +251,10 @@ impl<'a> Drive<'a> {
             // Settings of the agent's own are borrowed; others are boxed, so that the call's
             // future, which every run waiting on its model holds, does not hold them inline.
             let owned: Box<ModelSettings>;
-            let settings = match crate::context::driver::request_settings(machine, &self.settings) {
+            let settings = match crate::context::driver::request_settings(
+                machine,
+                settings_of(agent, &self.own_settings),
+            ) {
                 Cow::Borrowed(settings) => settings,
                 Cow::Owned(settings) => {
                     owned = Box::new(settings);
@@ -266,7 +274,16 @@ impl<'a> Drive<'a> {
             );
             let called = {
                 let call = pin!(call);
-                guard(call, &self.cancel, self.deadline).await
+                match &tools {
+                    // The run's own catalog: its fingerprint, made once for every run of the
+                    // agent, is known to the adapter instead of made again for each request.
+                    Cow::Borrowed(specs) => {
+                        let fingerprint = self.toolbox.catalog().fingerprint();
+                        let call = crate::model::with_known_catalog(call, specs, fingerprint);
+                        guard(pin!(call), stop).await
+                    }
+                    Cow::Owned(_) => guard(call, stop).await,
+                }
             };
             if let Ok(r) = &called {
                 crate::telemetry::chat_finished(&span, r);
@@ -296,7 +313,7 @@ impl<'a> Drive<'a> {
 
     /// [`Step::Approve`]: each call's decision, by rule or by a person (the `on_approval`
     /// handler); without a handler, the calls that ask wait and the run stops for them.
-    async fn approve(&mut self, requests: Vec<ApprovalRequest>) {
+    async fn approve(&mut self, requests: Vec<ApprovalRequest>, stop: &mut Stop<'_>) {
         // Before a person is asked, what the round holds is durable: a crash while
         // asking asks again on resume, about the same calls.
         if requests.iter().any(|r| r.verdict == Verdict::Ask)
@@ -321,7 +338,7 @@ impl<'a> Drive<'a> {
                         deferred.push(r.pending);
                         continue;
                     };
-                    match guard(ask(&r.pending).as_mut(), &self.cancel, self.deadline).await {
+                    match guard(ask(&r.pending).as_mut(), stop).await {
                         Ok(answer) => Decision::by_person(call, answer),
                         Err(why) => {
                             interrupted = Some(why);
@@ -356,9 +373,11 @@ impl<'a> Drive<'a> {
 
     /// [`Step::Compact`]: the conversation summarised, the summary durable before the run goes
     /// on.
-    async fn compact(&mut self, request: Box<CompactRequest>) {
-        let summarised = self.agent.summarise(&self.settings, &request);
-        let input = match guard(pin!(summarised), &self.cancel, self.deadline).await {
+    async fn compact(&mut self, request: Box<CompactRequest>, stop: &mut Stop<'_>) {
+        let summarised = self
+            .agent
+            .summarise(settings_of(self.agent, &self.own_settings), &request);
+        let input = match guard(pin!(summarised), stop).await {
             Ok(input) => input,
             Err(why) => Input::Interrupted { why },
         };
@@ -373,10 +392,10 @@ impl<'a> Drive<'a> {
     }
 
     /// [`Step::DecideRoundLimit`]: the `on_round_limit` hook's answer.
-    async fn decide_round_limit(&mut self) {
+    async fn decide_round_limit(&mut self, stop: &mut Stop<'_>) {
         let decision = self.agent.round_limit_for(&self.machine);
         // Asked again on resume if lost to a crash.
-        let input = match guard(pin!(decision), &self.cancel, self.deadline).await {
+        let input = match guard(pin!(decision), stop).await {
             Ok(decision) => Input::RoundLimitDecided { decision },
             Err(why) => Input::Interrupted { why },
         };
@@ -385,7 +404,7 @@ impl<'a> Drive<'a> {
 
     /// [`Step::RunTools`]: the round's batches in order, each call's result handed to the
     /// machine as it finishes; then the round's results written behind the next model call.
-    async fn run_tools(&mut self, batches: Vec<Batch>) {
+    async fn run_tools(&mut self, batches: Vec<Batch>, stop: &mut Stop<'_>) {
         let mut stopped = false;
         for batch in batches {
             let run = self.agent.run_batch(
@@ -400,7 +419,7 @@ impl<'a> Drive<'a> {
             );
             let ran = {
                 let run = pin!(run);
-                guard(run, &self.cancel, self.deadline).await
+                guard(run, stop).await
             };
             let interrupted = match ran {
                 Ok(Ok(())) => None,
@@ -494,6 +513,11 @@ impl<'a> Drive<'a> {
     }
 }
 
+/// The model settings of a run's requests: its own (`own`), or else its agent's.
+fn settings_of<'a>(agent: &'a Agent, own: &'a Option<Box<ModelSettings>>) -> &'a ModelSettings {
+    own.as_deref().unwrap_or(&agent.settings)
+}
+
 /// Traces what a model call came to.
 fn trace_response(round: u32, r: &Result<crate::model::ModelResponse, crate::model::ModelError>) {
     match r {
@@ -543,24 +567,173 @@ pub(super) fn fed(result: Result<(), PhaseError>) {
     }
 }
 
-/// `fut`, unless the run is cancelled or its deadline passes first. `fut` is pinned by the
-/// caller, so that a step's future holds it once (a future moved into an `async fn` is held
-/// twice: as its argument and as what it awaits).
-pub(super) async fn guard<F: Future + ?Sized>(
-    fut: Pin<&mut F>,
-    cancel: &CancellationToken,
-    deadline: Option<tokio::time::Instant>,
-) -> Result<F::Output, Interrupt> {
-    let sleep = async {
-        match deadline {
-            Some(d) => tokio::time::sleep_until(d).await,
-            None => std::future::pending().await,
+/// What stops a run's steps: its caller's token cancelled, or its deadline passed. Made once per
+/// run (pinned in the run's future), so that the run's waits on each (a waiter on the token, an
+/// entry in the runtime's timer wheel, shared by every run) are registered once, not again for
+/// every model call and every batch of tools. Between two steps the waits stay registered: a
+/// cancellation or a deadline that comes then only wakes the run, and the next step's [`guard`]
+/// reports it before the step starts.
+pub(super) struct Stop<'s> {
+    cancelled: Pin<&'s mut WaitForCancellationFutureOwned>,
+    /// `None` without a deadline.
+    deadline: Option<Pin<&'s mut Sleep>>,
+}
+
+impl<'s> Stop<'s> {
+    pub(super) fn new(
+        cancelled: Pin<&'s mut WaitForCancellationFutureOwned>,
+        deadline: Pin<&'s mut Option<Sleep>>,
+    ) -> Self {
+        Stop {
+            cancelled,
+            deadline: deadline.as_pin_mut(),
         }
-    };
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => Err(Interrupt::Cancelled),
-        _ = sleep => Err(Interrupt::Timeout),
-        v = fut => Ok(v),
+    }
+
+    /// Why the run stops, if it does: cancellation first (as it always was), then the
+    /// deadline.
+    fn poll_stop(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Interrupt> {
+        use std::task::Poll;
+        if self.cancelled.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Interrupt::Cancelled);
+        }
+        match &mut self.deadline {
+            Some(sleep) => sleep.as_mut().poll(cx).map(|()| Interrupt::Timeout),
+            None => Poll::Pending,
+        }
+    }
+}
+
+/// `fut`, unless the run is cancelled or its deadline passes first (checked first at every
+/// wake-up, so a step never starts or ends after either). `fut` is pinned by the caller, so
+/// that a step's future holds it once (a future moved into an `async fn` is held twice: as its
+/// argument and as what it awaits).
+pub(super) async fn guard<F: Future + ?Sized>(
+    mut fut: Pin<&mut F>,
+    stop: &mut Stop<'_>,
+) -> Result<F::Output, Interrupt> {
+    std::future::poll_fn(|cx| {
+        if let std::task::Poll::Ready(why) = stop.poll_stop(cx) {
+            return std::task::Poll::Ready(Err(why));
+        }
+        fut.as_mut().poll(cx).map(Ok)
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A step that is done at once.
+    fn ready() -> Pin<Box<std::future::Ready<u32>>> {
+        Box::pin(std::future::ready(7))
+    }
+
+    #[tokio::test]
+    async fn a_stop_made_once_is_seen_by_every_later_step() {
+        let cancel = CancellationToken::new();
+        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let no_deadline = pin!(None);
+        let mut stop = Stop::new(cancelled, no_deadline);
+        assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
+        // Cancelled between two steps: the next one does not run, however ready it is.
+        cancel.cancel();
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_deadline_stops_a_step_in_flight_and_every_later_one() {
+        let cancel = CancellationToken::new();
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let sleep = pin!(Some(tokio::time::sleep_until(deadline)));
+        let mut stop = Stop::new(cancelled, sleep);
+        assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
+        let never = pin!(std::future::pending::<u32>());
+        assert_eq!(guard(never, &mut stop).await, Err(Interrupt::Timeout));
+        assert!(Instant::now() >= deadline);
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Timeout)
+        );
+        // Cancellation is checked first, as it always was.
+        cancel.cancel();
+        assert_eq!(
+            guard(ready().as_mut(), &mut stop).await,
+            Err(Interrupt::Cancelled)
+        );
+    }
+
+    /// Answers after one round of calls of `t`, noting the catalog fingerprint each request
+    /// was sent with a known one.
+    struct NotesFingerprints(Arc<std::sync::Mutex<Vec<Option<u64>>>>);
+
+    #[async_trait::async_trait]
+    impl Model for NotesFingerprints {
+        fn name(&self) -> &str {
+            "notes"
+        }
+        async fn complete(
+            &self,
+            request: &ModelRequest<'_>,
+        ) -> Result<crate::model::ModelResponse, crate::model::ModelError> {
+            let mut seen = self.0.lock().unwrap();
+            seen.push(crate::model::known_fingerprint(request.tools));
+            let calls = if seen.len() == 1 {
+                vec![crate::message::ToolCall::new("t", serde_json::json!({}))]
+            } else {
+                Vec::new()
+            };
+            Ok(crate::model::ModelResponse {
+                text: Some("done".into()),
+                finish_reason: if calls.is_empty() {
+                    crate::model::FinishReason::Stop
+                } else {
+                    crate::model::FinishReason::ToolCalls
+                },
+                tool_calls: calls,
+                ..Default::default()
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn each_model_call_knows_its_catalogs_fingerprint() {
+        let tool = crate::tool::tool_fn("t", "T.", |_: serde_json::Value, _| async {
+            Ok::<_, crate::tool::ToolError>(crate::tool::ToolOutput::text("t"))
+        });
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let agent = Agent::builder(NotesFingerprints(seen.clone()))
+            .tool(tool)
+            .build()
+            .unwrap();
+        let out = agent.prompt("go").await;
+        assert_eq!(out.rounds, 2, "{out:?}");
+        let expected = crate::model::catalog_fingerprint(agent.toolbox.specs());
+        assert_eq!(*seen.lock().unwrap(), vec![Some(expected); 2]);
+    }
+
+    #[tokio::test]
+    async fn a_cancellation_stops_a_step_in_flight() {
+        let cancel = CancellationToken::new();
+        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let no_deadline = pin!(None);
+        let mut stop = Stop::new(cancelled, no_deadline);
+        let c2 = cancel.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            c2.cancel();
+        });
+        let never = pin!(std::future::pending::<u32>());
+        assert_eq!(guard(never, &mut stop).await, Err(Interrupt::Cancelled));
     }
 }

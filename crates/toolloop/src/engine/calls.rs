@@ -117,9 +117,10 @@ impl Machine {
         let mut strict_stop = false;
         let truncated = finish_reason == FinishReason::Length;
         let mut subjects = subjects.into_iter();
-        // Each call's tool is looked up once, by its place in the catalog (shared, so that the
-        // machine stays free to change while it is held).
-        let catalog = Arc::clone(&self.catalog);
+        // Each call's tool is looked up once, by its place in the catalog. Borrowed, not
+        // cloned: the catalog's `Arc` is shared by every run of the agent, and a count written
+        // from each run's every round is memory all of them contend for.
+        let catalog: &Catalog = &self.catalog;
         let weighs_any = self.approvals_weigh_any();
         for call in &tool_calls {
             let subject = subjects.next().flatten();

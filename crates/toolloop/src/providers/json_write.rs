@@ -11,6 +11,68 @@
 
 use serde_json::Value;
 
+/// A buffer JSON text is written into: a `Vec<u8>`, or the `BytesMut` an OpenAI session writes
+/// its request bodies in (frozen into the body sent, and reclaimed for the next one, without a
+/// copy or an allocation).
+pub(crate) trait JsonBuf {
+    /// The bytes written so far.
+    fn len(&self) -> usize;
+    /// Appends one byte.
+    fn push(&mut self, b: u8);
+    /// Appends `bytes`.
+    fn extend_from_slice(&mut self, bytes: &[u8]);
+    /// Makes room for `additional` more bytes.
+    fn reserve(&mut self, additional: usize);
+    /// Keeps the first `len` bytes.
+    fn truncate(&mut self, len: usize);
+}
+
+impl JsonBuf for Vec<u8> {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+    #[inline(always)]
+    fn push(&mut self, b: u8) {
+        Vec::push(self, b);
+    }
+    #[inline(always)]
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        Vec::extend_from_slice(self, bytes);
+    }
+    #[inline(always)]
+    fn reserve(&mut self, additional: usize) {
+        Vec::reserve(self, additional);
+    }
+    #[inline(always)]
+    fn truncate(&mut self, len: usize) {
+        Vec::truncate(self, len);
+    }
+}
+
+impl JsonBuf for bytes::BytesMut {
+    #[inline(always)]
+    fn len(&self) -> usize {
+        bytes::BytesMut::len(self)
+    }
+    #[inline(always)]
+    fn push(&mut self, b: u8) {
+        bytes::BytesMut::extend_from_slice(self, &[b]);
+    }
+    #[inline(always)]
+    fn extend_from_slice(&mut self, bytes: &[u8]) {
+        bytes::BytesMut::extend_from_slice(self, bytes);
+    }
+    #[inline(always)]
+    fn reserve(&mut self, additional: usize) {
+        bytes::BytesMut::reserve(self, additional);
+    }
+    #[inline(always)]
+    fn truncate(&mut self, len: usize) {
+        bytes::BytesMut::truncate(self, len);
+    }
+}
+
 /// What follows the backslash in the escape of each byte (`u`: `\u00XX`), 0 for a byte written
 /// as it is: serde_json's table (control characters, the quote and the backslash; nothing else,
 /// not DEL, U+2028 or U+2029).
@@ -78,7 +140,8 @@ enum Depth {
 }
 
 /// Writes `s` as a JSON string (quotes included), as `serde_json::to_writer(out, s)` does.
-pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
+#[inline(always)]
+pub(crate) fn write_str(out: &mut impl JsonBuf, s: &str) {
     out.reserve(s.len() + 2);
     out.push(b'"');
     escape(out, s.as_bytes(), Depth::One);
@@ -86,21 +149,21 @@ pub(crate) fn write_str(out: &mut Vec<u8>, s: &str) {
 }
 
 /// Writes `value` as JSON text, as `serde_json::to_writer(out, value)` does.
-pub(crate) fn write_value(out: &mut Vec<u8>, value: &Value) {
+pub(crate) fn write_value(out: &mut impl JsonBuf, value: &Value) {
     value_text(out, value, Depth::One);
 }
 
 /// Writes the JSON text of `value` as a JSON string (a call's `arguments`), as
 /// `serde_json::to_writer(out, &serde_json::to_string(value)?)` does, without making the text
 /// first.
-pub(crate) fn write_value_as_string(out: &mut Vec<u8>, value: &Value) {
+pub(crate) fn write_value_as_string(out: &mut impl JsonBuf, value: &Value) {
     out.push(b'"');
     value_text(out, value, Depth::Two);
     out.push(b'"');
 }
 
 /// The JSON text of `value`, escaped for `depth - 1` strings around it.
-fn value_text(out: &mut Vec<u8>, value: &Value, depth: Depth) {
+fn value_text(out: &mut impl JsonBuf, value: &Value, depth: Depth) {
     match value {
         Value::Null => out.extend_from_slice(b"null"),
         Value::Bool(true) => out.extend_from_slice(b"true"),
@@ -141,7 +204,7 @@ fn value_text(out: &mut Vec<u8>, value: &Value, depth: Depth) {
 }
 
 /// A string's quote at `depth`.
-fn quote(out: &mut Vec<u8>, depth: Depth) {
+fn quote(out: &mut impl JsonBuf, depth: Depth) {
     match depth {
         Depth::One => out.push(b'"'),
         Depth::Two => out.extend_from_slice(b"\\\""),
@@ -150,7 +213,7 @@ fn quote(out: &mut Vec<u8>, depth: Depth) {
 
 /// A number as serde_json writes it: an integer's digits (by `itoa`, as serde_json writes
 /// them), a float through serde_json.
-fn number(out: &mut Vec<u8>, n: &serde_json::Number) {
+fn number(out: &mut impl JsonBuf, n: &serde_json::Number) {
     let mut digits = itoa::Buffer::new();
     if let Some(u) = n.as_u64() {
         out.extend_from_slice(digits.format(u).as_bytes());
@@ -159,7 +222,9 @@ fn number(out: &mut Vec<u8>, n: &serde_json::Number) {
     } else {
         // Floats are rare in requests (a temperature, a schema's bound); a number always
         // serializes.
-        let _ = serde_json::to_writer(&mut *out, n);
+        if let Ok(text) = serde_json::to_vec(n) {
+            out.extend_from_slice(&text);
+        }
     }
 }
 
@@ -184,7 +249,7 @@ fn escape_mask(word: u64) -> u64 {
 /// escaped; the next word starts after it. The last bytes of a string of eight or more are read
 /// as the end of its last eight. Only a string shorter than a word goes byte by byte.
 #[inline]
-fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
+fn escape(out: &mut impl JsonBuf, bytes: &[u8], depth: Depth) {
     let mut rest = bytes;
     loop {
         let (word, valid) = match rest.first_chunk::<8>() {
@@ -203,7 +268,10 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
         let at = out.len();
         out.extend_from_slice(&word.to_le_bytes());
         if mask == 0 {
-            out.truncate(at + valid);
+            // A whole word is the common case: nothing to cut (`BytesMut::truncate` is a call).
+            if valid < 8 {
+                out.truncate(at + valid);
+            }
             rest = &rest[valid..];
         } else {
             let clean = (mask.trailing_zeros() / 8) as usize;
@@ -223,7 +291,7 @@ fn escape(out: &mut Vec<u8>, bytes: &[u8], depth: Depth) {
 /// The escape of `b` (a byte that needs one), escaped again at depth two: its table entry
 /// appended whole (a fixed-size copy), then cut to its length.
 #[inline]
-fn escaped(out: &mut Vec<u8>, b: u8, depth: Depth) {
+fn escaped(out: &mut impl JsonBuf, b: u8, depth: Depth) {
     let table = match depth {
         Depth::One => &ESCAPES_ONE,
         Depth::Two => &ESCAPES_TWO,

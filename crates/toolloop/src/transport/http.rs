@@ -330,6 +330,53 @@ fn redirect_error(
     })
 }
 
+/// The request that POSTs `body` to `url` with `headers` (in their order), then
+/// `Content-Type: application/json`.
+///
+/// Made as a `reqwest::Request` directly, its header map sized once for all of them, rather than
+/// through reqwest's builder, whose map grows as headers are added and which looks into the URL
+/// for credentials every time. A URL that does not parse, has no host, or carries credentials
+/// (which reqwest's builder turns into a `Basic` authorization) still goes through the builder,
+/// so that it fails, or is sent, exactly as before.
+fn request(
+    client: &reqwest::Client,
+    url: &Endpoint,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> reqwest::Result<reqwest::Request> {
+    // A static value: made from a `&str`, the header's bytes were copied for every request.
+    const JSON: reqwest::header::HeaderValue =
+        reqwest::header::HeaderValue::from_static("application/json");
+    let plain = url
+        .parsed()
+        .filter(|u| u.has_host() && u.username().is_empty() && u.password().is_none());
+    if let Some(parsed) = plain {
+        let mut request = reqwest::Request::new(reqwest::Method::POST, parsed.clone());
+        // Room for what reqwest and hyper add to it besides (`Accept`, `Host`,
+        // `Content-Length`): reqwest's copy of it for hyper keeps its size.
+        let map = request.headers_mut();
+        *map = HeaderMap::with_capacity(headers.len() + 4);
+        for (name, value) in headers {
+            map.append(name.clone(), value.clone());
+        }
+        map.append(reqwest::header::CONTENT_TYPE, JSON);
+        *request.body_mut() = Some(body.clone().into());
+        return Ok(request);
+    }
+    let builder = match url.parsed() {
+        Some(parsed) => client.post(parsed.clone()),
+        None => client.post(url.as_str()),
+    };
+    headers
+        .iter()
+        .fold(builder, |b, (name, value)| {
+            b.header(name.clone(), value.clone())
+        })
+        .header(reqwest::header::CONTENT_TYPE, JSON)
+        .body(body.clone())
+        .build()
+}
+
 impl HttpTransport {
     /// A transport with the default policy and limits.
     pub fn new() -> Self {
@@ -399,27 +446,17 @@ impl HttpTransport {
         budget: &CallBudget,
     ) -> Result<reqwest::Response, ModelError> {
         let client = self.client.as_ref().map_err(Clone::clone)?;
-        let builder = match url.parsed() {
-            Some(parsed) => client.post(parsed.clone()),
-            None => client.post(url.as_str()),
-        };
-        // Header by header: cloning the whole map would allocate it again for every request.
-        let builder = headers.iter().fold(builder, |b, (name, value)| {
-            b.header(name.clone(), value.clone())
-        });
         let logged = self.debug_log.as_deref().map(|log| {
             let (call, attempt) = budget.log_attempt(log);
             let redactor = Redactor::for_request(url.as_str(), headers);
             log.request(call, attempt, url.as_str(), headers, body, &redactor);
             (log, call, attempt, redactor, std::time::Instant::now())
         });
-        // A static value: made from a `&str`, the header's bytes were copied for every request.
-        const JSON: reqwest::header::HeaderValue =
-            reqwest::header::HeaderValue::from_static("application/json");
-        let request = builder
-            .header(reqwest::header::CONTENT_TYPE, JSON)
-            .body(body.clone())
-            .send();
+        // A request that cannot be built fails as reqwest's builder makes it fail when sent.
+        let request = match request(client, url, headers, body) {
+            Ok(request) => futures::future::Either::Left(client.execute(request)),
+            Err(e) => futures::future::Either::Right(std::future::ready(Err(e))),
+        };
         let response = match tokio::time::timeout(self.first_byte_timeout, request).await {
             Err(_) => {
                 let before = budget.first_byte_timeouts.fetch_add(1, Ordering::Relaxed);

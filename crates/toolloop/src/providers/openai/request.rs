@@ -8,8 +8,8 @@ use crate::model::{
 };
 use crate::output::OutputSchema;
 use crate::providers::adapter::json_number;
-use crate::providers::json_write::{write_str, write_value, write_value_as_string};
-use bytes::Bytes;
+use crate::providers::json_write::{JsonBuf, write_str, write_value, write_value_as_string};
+use bytes::{Bytes, BytesMut};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
@@ -320,6 +320,24 @@ impl SharedCatalog {
     }
 }
 
+/// The room a run's first body has for its conversation besides the catalog and the fields
+/// after it (a system prompt and a task; a longer one grows the buffer).
+const FIRST_BODY_ROOM: usize = 4096;
+
+/// `buf` as a body, its buffer kept for the next body of the run. A `BytesMut` that holds its
+/// buffer as a plain vector (a `fresh` one) makes an allocation of its own every time it is
+/// frozen (the shared header `Bytes` counts its references in); one whose buffer is shared
+/// already keeps that header, frozen and taken back as often as the run sends requests. So a
+/// fresh buffer is made shared once, here (`split_off` at its end shares it, and the empty rest
+/// is dropped): the run's later bodies then cost no allocation at all for their buffer. Only
+/// the cost depends on this; the bytes are the same either way.
+fn freeze(mut buf: BytesMut, fresh: bool) -> Bytes {
+    if fresh {
+        drop(buf.split_off(buf.len()));
+    }
+    buf.freeze()
+}
+
 /// What the fields after `messages` and `tools` are written from, besides the configuration
 /// (which is the session's model's own and never changes).
 #[derive(PartialEq)]
@@ -354,21 +372,41 @@ impl WireRequest<'_> {
             && message_fingerprint(&head[prefix.count - 1]) == prefix.last
             && !(matches!(head[prefix.count - 1], Message::Tool(_))
                 && matches!(head.get(prefix.count), Some(Message::Tool(_))));
+        // The catalog's encoding first: a new buffer is sized for it.
+        let tools = self.req.tools;
+        let cache_tools =
+            !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
+        if cache_tools {
+            let catalog = catalog_fingerprint(tools);
+            if prefix.tools_json.is_none() || prefix.catalog != catalog {
+                prefix.catalog = catalog;
+                prefix.tools_json = Some(catalogs.encoding(tools, catalog)?);
+            }
+        }
         let previous = std::mem::take(&mut prefix.body);
-        // The previous body's buffer, when nothing else holds it any more (no copy either way).
-        let mut buf: Vec<u8> = match (reusable, previous.try_into_mut()) {
-            (true, Ok(mine)) => {
-                let mut mine = Vec::from(mine);
+        // The previous body's buffer, when nothing else holds it any more: taken back as a
+        // `BytesMut` (made a `Vec` again, it would be moved onto itself, a `memmove` of the
+        // whole body), with no copy and no allocation.
+        let previous = previous.try_into_mut();
+        let fresh = previous.is_err();
+        let mut buf: BytesMut = match (reusable, previous) {
+            (true, Ok(mut mine)) => {
                 mine.truncate(prefix.end);
                 mine
             }
             (true, Err(shared)) => {
-                let mut b = Vec::with_capacity(shared.len() + 1024);
+                let mut b = BytesMut::with_capacity(shared.len() + 1024);
                 b.extend_from_slice(&shared[..prefix.end]);
                 b
             }
             (false, reclaimed) => {
-                let mut b = reclaimed.map(Vec::from).unwrap_or_default();
+                // A new buffer (a run's first body) holds the catalog and the fields after it
+                // with room for the conversation, rather than growing to them a doubling at a
+                // time (an allocation and a copy each).
+                let mut b = reclaimed.unwrap_or_else(|_| {
+                    let catalog = prefix.tools_json.as_ref().map_or(0, |json| json.len());
+                    BytesMut::with_capacity(FIRST_BODY_ROOM + catalog + prefix.rest_json.len())
+                });
                 b.clear();
                 b.extend_from_slice(b"{\"messages\":[");
                 prefix.count = 0;
@@ -399,18 +437,7 @@ impl WireRequest<'_> {
             t.write(&mut buf);
         }
         buf.push(b']');
-        let tools = self.req.tools;
-        let cache_tools =
-            !tools.is_empty() && !self.extras.iter().any(|(name, _)| *name == "tools");
-        if cache_tools {
-            let catalog = catalog_fingerprint(tools);
-            let json = match &prefix.tools_json {
-                Some(json) if prefix.catalog == catalog => json,
-                _ => {
-                    prefix.catalog = catalog;
-                    prefix.tools_json.insert(catalogs.encoding(tools, catalog)?)
-                }
-            };
+        if cache_tools && let Some(json) = &prefix.tools_json {
             buf.extend_from_slice(b",\"tools\":");
             buf.extend_from_slice(json);
         }
@@ -425,6 +452,8 @@ impl WireRequest<'_> {
         });
         if !kept {
             prefix.rest_json.clear();
+            // Room for the usual fields (model, tool choice, limits) at once.
+            prefix.rest_json.reserve(128);
             self.write_rest(&mut prefix.rest_json);
             prefix.rest = Some(RestKey {
                 settings: settings.clone(),
@@ -436,14 +465,14 @@ impl WireRequest<'_> {
         }
         buf.extend_from_slice(&prefix.rest_json);
         buf.push(b'}');
-        let body = Bytes::from(buf);
+        let body = freeze(buf, fresh);
         prefix.body = body.clone();
         Ok(body)
     }
 
     /// Writes `key` (`,"name":`) and gives `true`, unless an extra replaces the field `name`.
     #[inline(always)]
-    fn key(&self, out: &mut Vec<u8>, name: &str, key: &[u8]) -> bool {
+    fn key(&self, out: &mut impl JsonBuf, name: &str, key: &[u8]) -> bool {
         if self.extras.iter().any(|(extra, _)| *extra == name) {
             return false;
         }
@@ -453,7 +482,7 @@ impl WireRequest<'_> {
 
     /// Writes the fields after `messages` and `tools`, each after a comma, in the order (and
     /// with the values) of serializing `self`.
-    fn write_rest(&self, out: &mut Vec<u8>) {
+    fn write_rest(&self, out: &mut impl JsonBuf) {
         let settings: &ModelSettings = self.req.settings;
         if self.key(out, "model", br#","model":"#) {
             write_str(out, settings.model.as_deref().unwrap_or(&self.config.model));
@@ -520,7 +549,7 @@ impl WireRequest<'_> {
 }
 
 /// Writes one message of the conversation: the same bytes as serializing [`WireMessage`].
-fn write_message(out: &mut Vec<u8>, message: &Message) {
+fn write_message(out: &mut impl JsonBuf, message: &Message) {
     match message {
         Message::System { content } => write_plain(out, "system", content),
         Message::User { content, images } if images.is_empty() => write_plain(out, "user", content),
@@ -556,7 +585,7 @@ fn write_message(out: &mut Vec<u8>, message: &Message) {
 }
 
 /// Writes a [`Plain`] message.
-fn write_plain(out: &mut Vec<u8>, role: &str, content: &str) {
+fn write_plain(out: &mut impl JsonBuf, role: &str, content: &str) {
     out.extend_from_slice(br#"{"role":"#);
     write_str(out, role);
     out.extend_from_slice(br#","content":"#);
@@ -565,7 +594,7 @@ fn write_plain(out: &mut Vec<u8>, role: &str, content: &str) {
 }
 
 /// Writes a [`WireUser`] message.
-fn write_user(out: &mut Vec<u8>, content: &str, images: &[Image]) {
+fn write_user(out: &mut impl JsonBuf, content: &str, images: &[Image]) {
     out.extend_from_slice(br#"{"role":"user","content":["#);
     let text = !content.is_empty();
     if text {
@@ -581,14 +610,14 @@ fn write_user(out: &mut Vec<u8>, content: &str, images: &[Image]) {
 }
 
 /// A `text` content part (its fields in the order of the `json!` object it stands for).
-fn write_text_part(out: &mut Vec<u8>, text: &str) {
+fn write_text_part(out: &mut impl JsonBuf, text: &str) {
     out.extend_from_slice(br#"{"text":"#);
     write_str(out, text);
     out.extend_from_slice(br#","type":"text"}"#);
 }
 
 /// An `image_url` content part (its fields in the order of the `json!` object it stands for).
-fn write_image_part(out: &mut Vec<u8>, image: &Image) {
+fn write_image_part(out: &mut impl JsonBuf, image: &Image) {
     out.extend_from_slice(br#"{"image_url":{"url":"#);
     write_str(out, &image.url());
     out.extend_from_slice(br#"},"type":"image_url"}"#);
@@ -596,7 +625,7 @@ fn write_image_part(out: &mut Vec<u8>, image: &Image) {
 
 /// Writes a [`WireToolCall`]: its `arguments` are written as a JSON string straight from the
 /// value, with no text made first.
-fn write_call(out: &mut Vec<u8>, call: &ToolCall) {
+fn write_call(out: &mut impl JsonBuf, call: &ToolCall) {
     out.extend_from_slice(br#"{"id":"#);
     write_str(out, &call.id);
     out.extend_from_slice(br#","type":"function","function":{"name":"#);
@@ -621,7 +650,7 @@ pub(super) struct Tail<'a> {
 
 impl Tail<'_> {
     /// Writes the message: the same bytes as serializing it.
-    fn write(&self, out: &mut Vec<u8>) {
+    fn write(&self, out: &mut impl JsonBuf) {
         if self.images.is_empty() {
             write_plain(out, self.role, &self.content);
         } else {
@@ -713,7 +742,7 @@ impl<'a> ToolImages<'a> {
 
 impl ToolImages<'_> {
     /// Writes the message: the same bytes as serializing it.
-    fn write(&self, out: &mut Vec<u8>) {
+    fn write(&self, out: &mut impl JsonBuf) {
         out.extend_from_slice(br#"{"role":"user","content":["#);
         let mut first = true;
         for result in &self.0 {

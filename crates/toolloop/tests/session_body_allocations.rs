@@ -1,0 +1,156 @@
+//! An OpenAI session writes each request body of its run into the buffer of the previous one,
+//! taken back once the transport let go of it: once that buffer has grown, a body that adds a
+//! round to the conversation costs no allocation for its buffer (nor a copy of what it already
+//! held), and its bytes are those of the whole request encoded afresh. A run's first body is
+//! written into a buffer sized once for it, not grown a doubling at a time.
+
+use serde_json::json;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
+use toolloop::model::{ModelRequest, ModelSettings, ToolSpec};
+use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, OpenAiSession};
+
+/// Counts the allocations made by the current thread.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOC: Counting = Counting;
+
+fn allocations() -> usize {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// Round `i` of a tool loop: the model's call, then its result (with characters to escape).
+fn round(i: usize) -> [Message; 2] {
+    let id = format!("call_{i}");
+    [
+        Message::Assistant(AssistantMessage {
+            text: None,
+            tool_calls: vec![ToolCall {
+                id: id.clone(),
+                name: "echo".into(),
+                arguments: json!({"text": format!("round \"{i}\"\n")}),
+                invalid_arguments: None,
+                provider_data: None,
+            }],
+            parts: Vec::new(),
+        }),
+        Message::Tool(ToolResult {
+            call_id: id,
+            name: "echo".into(),
+            content: format!("echoed \"round {i}\" — ünïcode\t{}", "x".repeat(40)),
+            is_error: false,
+            images: Vec::new(),
+        }),
+    ]
+}
+
+#[test]
+fn a_session_writes_each_body_into_the_previous_ones_buffer_without_allocating() {
+    let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
+    let session = OpenAiSession::new(&model);
+    let tools = [ToolSpec {
+        name: "echo".into(),
+        description: "Echoes its text.".into(),
+        parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+    }];
+    let settings = ModelSettings::default();
+    let rounds = 40;
+    // Every message made first: the conversation only grows, as a run's does.
+    let mut all = vec![Message::system("You echo."), Message::user("go")];
+    for i in 0..rounds {
+        all.extend(round(i));
+    }
+    let request = |n: usize| ModelRequest {
+        messages: (&all[..n]).into(),
+        reminders: &[],
+        tools: &tools,
+        settings: &settings,
+    };
+    // The first rounds grow the buffer far beyond what the later ones need; the capacity is
+    // that of the longest body, as in a run.
+    let longest = session.request_body(&request(all.len()), false).unwrap();
+    drop(longest);
+    let mut buffer = None;
+    let mut counted = Vec::new();
+    for n in (2..=all.len()).step_by(2) {
+        // The same request encoded whole, by a session that has encoded nothing yet.
+        let whole = OpenAiSession::new(&model)
+            .request_body(&request(n), false)
+            .unwrap();
+        let before = allocations();
+        let body = session.request_body(&request(n), false).unwrap();
+        counted.push(allocations() - before);
+        assert_eq!(&body[..], &whole[..], "the body of {n} messages");
+        // Always the same buffer: nothing copied into another one.
+        let at = body.as_ptr();
+        assert_eq!(
+            *buffer.get_or_insert(at),
+            at,
+            "the body of {n} messages moved"
+        );
+        // Let go of, as the transport does once the request is sent.
+        drop(body);
+    }
+    // The first body after the conversation shrank (to two messages) encodes it all again,
+    // into the same buffer; none allocates.
+    assert!(
+        counted.iter().all(|&n| n == 0),
+        "allocations per body: {counted:?}"
+    );
+}
+
+#[test]
+fn a_runs_first_body_is_written_into_a_buffer_sized_once() {
+    let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
+    let tools: Vec<ToolSpec> = (0..20)
+        .map(|i| ToolSpec {
+            name: format!("tool_{i}"),
+            description: "A tool whose description takes a line or two, as most do. ".repeat(3),
+            parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+        })
+        .collect();
+    let settings = ModelSettings::default();
+    let messages = [
+        Message::system("You use tools. ".repeat(40)),
+        Message::user("go"),
+    ];
+    let request = ModelRequest {
+        messages: (&messages).into(),
+        reminders: &[],
+        tools: &tools,
+        settings: &settings,
+    };
+    // The model keeps the catalog's encoding for its sessions: the first session encodes it.
+    let first = OpenAiSession::new(&model)
+        .request_body(&request, false)
+        .unwrap();
+    assert!(first.len() > 4096, "{}", first.len());
+    let session = OpenAiSession::new(&model);
+    let before = allocations();
+    let body = session.request_body(&request, false).unwrap();
+    let made = allocations() - before;
+    assert_eq!(&body[..], &first[..]);
+    // The buffer, the header that lets it be shared with the transport and taken back, and the
+    // fields after the catalog, kept for the run's later bodies.
+    assert_eq!(made, 3, "allocations for a run's first body");
+}
