@@ -612,6 +612,93 @@ async fn parallel_safe_calls_run_together_unsafe_ones_alone_results_in_call_orde
     assert_valid_transcript(&out.messages);
 }
 
+/// A batch of one or two calls runs without a set of running jobs: two parallel-safe calls still
+/// run together, each is settled as it finishes, and one at a time still means one at a time.
+#[tokio::test]
+async fn a_batch_of_two_runs_together_unless_one_at_a_time_and_settles_each_as_it_finishes() {
+    // Either call may be the one that waits for the other: both finish only if both run.
+    for (first, second, finish_order) in [
+        (
+            json!({"key": "a", "after": "b"}),
+            json!({"key": "b"}),
+            ["b", "a"],
+        ),
+        (
+            json!({"key": "a"}),
+            json!({"key": "b", "after": "a"}),
+            ["a", "b"],
+        ),
+    ] {
+        let g = gauges();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let agent = builder(scripted(vec![
+            calls(vec![call("read", first), call("read", second)]),
+            calls(vec![call("read", json!({"key": "c"}))]),
+            ModelResponse::text("done"),
+        ]))
+        .tool(sleeper("read", true, &g))
+        .on_event({
+            let seen = seen.clone();
+            move |e| {
+                if let Event::ToolFinished { call_id, .. } = e {
+                    seen.lock().unwrap().push(call_id.clone());
+                }
+            }
+        })
+        .build()
+        .unwrap();
+        let out = tokio::time::timeout(Duration::from_secs(30), agent.prompt("go"))
+            .await
+            .expect("the two calls ran one after the other: one waits for the other for ever");
+        assert_eq!(g.peak.load(Ordering::SeqCst), 2);
+        assert_eq!(
+            *g.order.lock().unwrap(),
+            [finish_order[0], finish_order[1], "c"]
+        );
+        // Each result reached the machine as its call finished, not in call order.
+        let by_id = |id: &String| {
+            out.tool_calls
+                .iter()
+                .find(|c| &c.call.id == id)
+                .map(|c| c.call.arguments["key"].as_str().unwrap().to_string())
+                .unwrap()
+        };
+        let settled: Vec<String> = seen.lock().unwrap().iter().map(by_id).collect();
+        assert_eq!(settled, [finish_order[0], finish_order[1], "c"]);
+        // The record and the transcript keep call order.
+        let keys: Vec<&str> = out
+            .tool_calls
+            .iter()
+            .map(|c| c.call.arguments["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(keys, ["a", "b", "c"]);
+        assert_valid_transcript(&out.messages);
+    }
+
+    // One at a time: two calls never overlap, and run in call order.
+    let g = gauges();
+    let config = LoopConfig {
+        max_parallel: 1,
+        ..LoopConfig::default()
+    };
+    let agent = builder(scripted(vec![
+        calls(vec![
+            call("read", json!({"key": "a"})),
+            call("read", json!({"key": "b"})),
+        ]),
+        ModelResponse::text("done"),
+    ]))
+    .config(config)
+    .tool(sleeper("read", true, &g))
+    .build()
+    .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.executed_calls().count(), 2);
+    assert_eq!(g.peak.load(Ordering::SeqCst), 1);
+    assert_eq!(*g.order.lock().unwrap(), ["a", "b"]);
+    assert_valid_transcript(&out.messages);
+}
+
 #[tokio::test]
 async fn at_most_max_parallel_calls_run_at_once() {
     let g = gauges();

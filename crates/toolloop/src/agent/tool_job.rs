@@ -111,32 +111,17 @@ impl Agent {
                     (index, r)
                 })
             });
-        // The first `limit` jobs run at once, the others (kept in call order, allocated only
-        // when there are any) each start as one finishes: what `buffer_unordered` does,
-        // without a vector of every job besides its set of running ones.
-        let mut running = futures::stream::FuturesUnordered::new();
-        let mut queued = std::collections::VecDeque::new();
-        for job in jobs {
-            if running.len() < limit {
-                running.push(job);
-            } else {
-                queued.push_back(job);
-            }
-        }
-        while let Some((index, done)) = running.next().await {
-            if let Some(next) = queued.pop_front() {
-                running.push(next);
-            }
-            // Results are durable with the next batch's intents, or together when the round's
-            // calls are over (a result lost to a crash makes the call "in flight" on resume,
-            // never run twice when it has side effects).
+        // Each finished job goes to the machine as it finishes. Results are durable with the
+        // next batch's intents, or together when the round's calls are over (a result lost to a
+        // crash makes the call "in flight" on resume, never run twice when it has side effects).
+        let settle = |machine: &mut Machine, (index, done): (usize, JobResult)| {
             let (result, duration_ms, attempts) = done?;
             if machine
                 .round_call(index)
                 .is_some_and(|c| scope.is_awaiting(&c.id))
             {
                 // Its child waits for approvals: the call has no result yet.
-                continue;
+                return Ok(());
             }
             let finished = Input::ToolFinished {
                 round,
@@ -151,6 +136,57 @@ impl Agent {
                     sink(&e);
                 }
             }
+            Ok::<_, JournalError>(())
+        };
+        // One or two calls (most rounds) need no set of running jobs: the set allocates its
+        // queue and a task for every job. Two run at once unless the batch runs one at a time;
+        // the one that finishes first is settled first (both at once: the first call first).
+        let mut jobs = jobs.fuse();
+        let few = (jobs.next(), jobs.next(), jobs.next());
+        let (first, second, third) = match few {
+            (None, ..) => return Ok(()),
+            (Some(only), None, _) => {
+                drop(jobs);
+                return settle(machine, only.await);
+            }
+            (Some(first), Some(second), None) => {
+                drop(jobs);
+                if limit == 1 {
+                    settle(machine, first.await)?;
+                    return settle(machine, second.await);
+                }
+                let (first, second) = (std::pin::pin!(first), std::pin::pin!(second));
+                let rest = match futures::future::select(first, second).await {
+                    futures::future::Either::Left((done, rest)) => {
+                        settle(machine, done)?;
+                        rest.await
+                    }
+                    futures::future::Either::Right((done, rest)) => {
+                        settle(machine, done)?;
+                        rest.await
+                    }
+                };
+                return settle(machine, rest);
+            }
+            (Some(first), Some(second), Some(third)) => (first, second, third),
+        };
+        // The first `limit` jobs run at once, the others (kept in call order, allocated only
+        // when there are any) each start as one finishes: what `buffer_unordered` does,
+        // without a vector of every job besides its set of running ones.
+        let mut running = futures::stream::FuturesUnordered::new();
+        let mut queued = std::collections::VecDeque::new();
+        for job in [first, second, third].into_iter().chain(jobs) {
+            if running.len() < limit {
+                running.push(job);
+            } else {
+                queued.push_back(job);
+            }
+        }
+        while let Some(finished) = running.next().await {
+            if let Some(next) = queued.pop_front() {
+                running.push(next);
+            }
+            settle(machine, finished)?;
         }
         Ok(())
     }
