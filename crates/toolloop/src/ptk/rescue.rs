@@ -59,11 +59,18 @@ impl Rescue {
 
     /// Feeds a piece of the response's text; gives the text events to pass on now.
     pub fn push(&mut self, delta: &str) -> Vec<StreamEvent> {
+        let mut out = Vec::new();
+        self.push_into(delta, &mut out);
+        out
+    }
+
+    /// [`Rescue::push`], the events appended to `out`.
+    pub(crate) fn push_into(&mut self, delta: &str, out: &mut Vec<StreamEvent>) {
         match self.parser.as_mut() {
-            None => vec![StreamEvent::TextDelta(delta.to_string())],
+            None => out.push(StreamEvent::TextDelta(delta.to_string())),
             Some(p) => {
                 let events = p.push(delta);
-                self.sort(events)
+                self.sort(events, out);
             }
         }
     }
@@ -71,13 +78,11 @@ impl Rescue {
     /// Ends the text: the text events still held back, then, when `native_calls` is false, the
     /// rescued calls' events (indices from 0). Also gives how many calls were rescued.
     pub fn finish(mut self, native_calls: bool) -> (Vec<StreamEvent>, usize) {
-        let mut out = match self.parser.take() {
-            Some(p) => {
-                let events = p.finish();
-                self.sort(events)
-            }
-            None => Vec::new(),
-        };
+        let mut out = Vec::new();
+        if let Some(p) = self.parser.take() {
+            let events = p.finish();
+            self.sort(events, &mut out);
+        }
         if native_calls || self.calls == 0 {
             return (out, 0);
         }
@@ -85,9 +90,8 @@ impl Rescue {
         (out, self.calls)
     }
 
-    /// Text out now, calls aside, near misses back to text.
-    fn sort(&mut self, events: Vec<StreamEvent>) -> Vec<StreamEvent> {
-        let mut out = Vec::new();
+    /// Text out now (appended to `out`), calls aside, near misses back to text.
+    fn sort(&mut self, events: Vec<StreamEvent>, out: &mut Vec<StreamEvent>) {
         for event in events {
             match event {
                 StreamEvent::TextDelta(_) => out.push(event),
@@ -123,7 +127,6 @@ impl Rescue {
                 other => self.held.push(other),
             }
         }
-        out
     }
 
     /// Rescues the calls in a complete response's text, as streaming it would: the text loses

@@ -64,8 +64,18 @@ impl SseDecoder {
     /// error from `f` stops the reading: it is returned, and the rest of `bytes` is not read.
     pub fn push_each<E>(
         &mut self,
-        mut bytes: &[u8],
+        bytes: &[u8],
         mut f: impl FnMut(&SseEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
+        self.push_each_mut(bytes, |e| f(e))
+    }
+
+    /// As [`SseDecoder::push_each`], each event lent mutably: `f` may change it in place (its
+    /// strings are the decoder's, and the next event starts empty whatever `f` left in them).
+    pub fn push_each_mut<E>(
+        &mut self,
+        mut bytes: &[u8],
+        mut f: impl FnMut(&mut SseEvent) -> Result<(), E>,
     ) -> Result<(), E> {
         if !self.partial.is_empty() {
             let Some(pos) = memchr::memchr(b'\n', bytes) else {
@@ -107,6 +117,15 @@ impl SseDecoder {
         &mut self,
         mut f: impl FnMut(&SseEvent) -> Result<(), E>,
     ) -> Result<(), E> {
+        self.finish_each_mut(|e| f(e))
+    }
+
+    /// As [`SseDecoder::finish_each`], the last event lent mutably (see
+    /// [`SseDecoder::push_each_mut`]).
+    pub fn finish_each_mut<E>(
+        &mut self,
+        mut f: impl FnMut(&mut SseEvent) -> Result<(), E>,
+    ) -> Result<(), E> {
         if !self.partial.is_empty() {
             let rest = std::mem::take(&mut self.partial);
             let mut end = rest.len();
@@ -120,9 +139,9 @@ impl SseDecoder {
     }
 
     /// Delivers the event read so far, if it has data, and starts the next one.
-    fn dispatch<E>(&mut self, f: &mut impl FnMut(&SseEvent) -> Result<(), E>) -> Result<(), E> {
+    fn dispatch<E>(&mut self, f: &mut impl FnMut(&mut SseEvent) -> Result<(), E>) -> Result<(), E> {
         let delivered = if self.has_data {
-            f(&self.current)
+            f(&mut self.current)
         } else {
             Ok(())
         };
@@ -138,7 +157,7 @@ impl SseDecoder {
     fn line<E>(
         &mut self,
         line: &[u8],
-        f: &mut impl FnMut(&SseEvent) -> Result<(), E>,
+        f: &mut impl FnMut(&mut SseEvent) -> Result<(), E>,
     ) -> Result<(), E> {
         if line.is_empty() {
             return self.dispatch(f);
@@ -268,6 +287,33 @@ mod tests {
                 event: Some("a".into()),
                 data: "y".into()
             }]
+        );
+    }
+
+    #[test]
+    fn what_a_reader_changes_in_a_lent_event_does_not_reach_the_next() {
+        let mut d = SseDecoder::new();
+        let mut seen = Vec::new();
+        let body = b"event: a\ndata: one\n\ndata: two\n\ndata: three";
+        d.push_each_mut(body, |e| {
+            seen.push(e.clone());
+            e.data.push_str(" changed");
+            e.event = Some("changed".into());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        d.finish_each_mut(|e| {
+            seen.push(e.clone());
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        let data: Vec<(Option<&str>, &str)> = seen
+            .iter()
+            .map(|e| (e.event.as_deref(), e.data.as_str()))
+            .collect();
+        assert_eq!(
+            data,
+            vec![(Some("a"), "one"), (None, "two"), (None, "three")]
         );
     }
 

@@ -49,6 +49,17 @@ pub(crate) trait SseDecode: Send + 'static {
     /// stream; the events pushed before it are still delivered, first.
     fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
 
+    /// As [`SseDecode::event`], with the event lent mutably: the decoder may change it in place
+    /// while it reads it (the reader empties it for the next event). By default,
+    /// [`SseDecode::event`].
+    fn event_mut(
+        &mut self,
+        ev: &mut SseEvent,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
+        self.event(ev, out)
+    }
+
     /// The body ended: pushes the closing events, or says why the response is incomplete.
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError>;
 
@@ -85,9 +96,9 @@ impl<D: SseDecode> SseReader<D> {
         out: &mut Vec<StreamEvent>,
     ) -> Result<(), ModelError> {
         let (decoder, events) = (&mut self.decoder, &mut self.events);
-        self.sse.push_each(bytes, |ev| {
+        self.sse.push_each_mut(bytes, |ev| {
             *events += 1;
-            decoder.event(ev, out)
+            decoder.event_mut(ev, out)
         })
     }
 
@@ -98,7 +109,7 @@ impl<D: SseDecode> SseReader<D> {
             return Ok(());
         }
         let decoder = &mut self.decoder;
-        self.sse.finish_each(|ev| decoder.event(ev, out))?;
+        self.sse.finish_each_mut(|ev| decoder.event_mut(ev, out))?;
         self.decoder.finish(out)
     }
 
@@ -298,40 +309,43 @@ struct Opener<F> {
     parse_error: ErrorParser,
     make_decoder: F,
     /// First-byte timeouts, counted across the openings of the call.
-    budget: Arc<CallBudget>,
+    budget: CallBudget,
 }
 
 #[cfg(feature = "http")]
-impl<D: SseDecode, F: Fn() -> D> Opener<F> {
-    async fn open(&self) -> Result<EventStream, ModelError> {
-        let bytes = self
+impl<D: SseDecode, F: Fn() -> D + Send + Sync + 'static> Opener<F> {
+    /// Opens the stream (again); the opener is shared with the stream when the request log needs
+    /// it there.
+    async fn open(this: &Arc<Self>) -> Result<EventStream, ModelError> {
+        let bytes = this
             .transport
             .post_stream_within(
-                &self.url,
-                &self.headers,
-                self.body.clone(),
-                self.parse_error,
-                &self.budget,
+                &this.url,
+                &this.headers,
+                this.body.clone(),
+                this.parse_error,
+                &this.budget,
             )
             .await?;
         let stream = sse_event_stream(
             bytes,
-            (self.make_decoder)(),
-            Some(self.transport.event_timeout),
+            (this.make_decoder)(),
+            Some(this.transport.event_timeout),
         );
-        if self.transport.debug_log.is_none() {
+        if this.transport.debug_log.is_none() {
             return Ok(stream);
         }
         // A body that broke is in the request log (a retry, if any, follows it there).
-        let (transport, budget, redactor) = (
-            self.transport.clone(),
-            self.budget.clone(),
-            Redactor::for_request(self.url.as_str(), &self.headers),
+        let (opener, redactor) = (
+            this.clone(),
+            Redactor::for_request(this.url.as_str(), &this.headers),
         );
         Ok(Box::pin(stream.inspect(move |item| {
-            if let (Err(e), Some(log)) = (item, &transport.debug_log) {
+            if let (Err(e), Some(log)) = (item, &opener.transport.debug_log) {
                 let e = redactor.redact_error(e.clone());
-                budget.log_stream_broke(log, &e.to_string(), e.is_retryable(), &redactor);
+                opener
+                    .budget
+                    .log_stream_broke(log, &e.to_string(), e.is_retryable(), &redactor);
             }
         })))
     }
@@ -369,15 +383,15 @@ where
         body,
         parse_error,
         make_decoder,
-        budget: Arc::new(CallBudget::default()),
+        budget: CallBudget::default(),
     });
     // The first stream is opened here; the opener opens anew after a failure.
-    let first = opener.open().await?;
+    let first = Opener::open(&opener).await?;
     let policy = opener.transport.retry.clone();
     let redactor = opener.clone();
     let stream = resilient_stream_from(policy, Some(first), move || {
         let opener = opener.clone();
-        async move { opener.open().await }
+        async move { Opener::open(&opener).await }
     });
     Ok(Box::pin(stream.map(move |item| {
         item.map_err(|e| classify(redactor.redact(e)))

@@ -2,6 +2,7 @@
 
 use super::config::PROVIDER;
 use super::error::{api_error_from_value, preview};
+use super::in_place::Fields;
 use super::response::typed::{Few, WireUsage};
 use super::response::{
     arguments_text, content_text, map_finish, parse_usage, settle_finish, usage_of,
@@ -45,9 +46,14 @@ pub(crate) struct ChunkDecoder {
     seen: bool,
     /// Every chunk takes the value path (to check that both paths agree).
     value_only: bool,
+    /// The members every chunk repeats before the ones read, skipped after the first chunk.
+    head: Head,
     /// Chunks read through the typed path (to check that the usual ones take it).
     #[cfg(test)]
     typed_chunks: usize,
+    /// Chunks read through the typed path without their head (see [`Head`]).
+    #[cfg(test)]
+    headless_chunks: usize,
 }
 
 impl ChunkDecoder {
@@ -63,8 +69,11 @@ impl ChunkDecoder {
             done: false,
             seen: false,
             value_only: false,
+            head: Head::default(),
             #[cfg(test)]
             typed_chunks: 0,
+            #[cfg(test)]
+            headless_chunks: 0,
         }
     }
 
@@ -99,19 +108,23 @@ impl ChunkDecoder {
                 let name = f.and_then(|f| f.get("name")).and_then(Value::as_str);
                 let args = arguments_text(f.and_then(|f| f.get("arguments")));
                 let extra = tc.get("extra_content").filter(|x| !x.is_null()).cloned();
-                self.tool_delta(wire, id, name, args, extra, out);
+                self.tool_delta(wire, id, name, Cow::Owned(args), extra, out);
             }
         }
     }
 
-    /// A piece of text (through the rescue when it is on).
+    /// A piece of text (through the rescue when it is on). Text that follows text among the
+    /// events of one read joins it: one event, one string.
     fn text(&mut self, t: &str, out: &mut Vec<StreamEvent>) {
         if t.is_empty() {
             return;
         }
         match self.rescue.as_mut() {
-            Some(rescue) => out.extend(rescue.push(t)),
-            None => out.push(StreamEvent::TextDelta(t.to_string())),
+            Some(rescue) => rescue.push_into(t, out),
+            None => match out.last_mut() {
+                Some(StreamEvent::TextDelta(text)) => text.push_str(t),
+                _ => out.push(StreamEvent::TextDelta(t.to_string())),
+            },
         }
     }
 
@@ -121,12 +134,14 @@ impl ChunkDecoder {
     }
 
     /// One tool call's delta: its wire index, id, name, argument text and `extra_content`.
+    /// Argument text that follows the same call's argument text among the events of one read
+    /// joins it: one event, one string, however many pieces the server cut it into.
     fn tool_delta(
         &mut self,
         wire: Option<u64>,
         id: Option<&str>,
         name: Option<&str>,
-        args: String,
+        args: Cow<'_, str>,
         extra: Option<Value>,
         out: &mut Vec<StreamEvent>,
     ) {
@@ -148,10 +163,16 @@ impl ChunkDecoder {
             slot.has_name |= name.is_some();
         }
         if !args.is_empty() {
-            out.push(StreamEvent::ToolCallDelta {
-                index,
-                arguments: args,
-            });
+            match out.last_mut() {
+                Some(StreamEvent::ToolCallDelta {
+                    index: last,
+                    arguments,
+                }) if *last == index => arguments.push_str(&args),
+                _ => out.push(StreamEvent::ToolCallDelta {
+                    index,
+                    arguments: args.into_owned(),
+                }),
+            }
         }
         if let Some(x) = extra {
             out.push(StreamEvent::ToolCallData {
@@ -159,6 +180,21 @@ impl ChunkDecoder {
                 data: json!({"extra_content": x}),
             });
         }
+    }
+
+    /// Reads the chunk in `text` through the typed path, if it is of the usual shape; whether
+    /// it was.
+    fn typed(&mut self, text: &str, out: &mut Vec<StreamEvent>) -> bool {
+        let mut chunk = typed::Chunk::default();
+        if !typed::parse(text, &mut chunk) {
+            return false;
+        }
+        #[cfg(test)]
+        {
+            self.typed_chunks += 1;
+        }
+        self.typed_chunk(&mut chunk, out);
+        true
     }
 
     /// A chunk of the usual shape, read through typed, borrowing structures: the same events
@@ -194,7 +230,7 @@ impl ChunkDecoder {
                         wire,
                         call.id.as_deref(),
                         name,
-                        args.map(Cow::into_owned).unwrap_or_default(),
+                        args.unwrap_or_default(),
                         call.extra_content.take(),
                         out,
                     );
@@ -323,12 +359,28 @@ impl ChunkDecoder {
 }
 
 impl SseDecode for ChunkDecoder {
+    /// Reads the event as [`SseDecode::event_mut`] does, on a copy (the reader lends events
+    /// mutably; this is for a caller that cannot).
     fn event(&mut self, ev: &SseEvent, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
+        self.event_mut(&mut ev.clone(), out)
+    }
+
+    /// Reads one event. A chunk that starts with the stream's [`Head`] is read without it, in
+    /// place: the `,` that ends the head becomes a `{` for the reading (a `,` again when the
+    /// value path is to read the chunk; emptied otherwise, as the reader would).
+    fn event_mut(
+        &mut self,
+        ev: &mut SseEvent,
+        out: &mut Vec<StreamEvent>,
+    ) -> Result<(), ModelError> {
         self.seen = true;
         if self.done {
             return Ok(());
         }
-        let data = ev.data.trim();
+        // `ev.data[start..end]`: the data without the whitespace around it.
+        let end = ev.data.trim_end().len();
+        let start = end - ev.data[..end].trim_start().len();
+        let data = &ev.data[start..end];
         if data.is_empty() {
             return Ok(());
         }
@@ -339,17 +391,48 @@ impl SseDecode for ChunkDecoder {
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
         if !self.value_only && ev.event.as_deref() != Some("error") {
-            let mut chunk = typed::Chunk::default();
-            if typed::parse(data, &mut chunk) {
-                #[cfg(test)]
-                {
-                    self.typed_chunks += 1;
+            // A chunk that starts with the head is read without it, in the event's own buffer
+            // taken as bytes: the head's `,` made a `{` at `at`.
+            let at = start + self.head.len.saturating_sub(1);
+            let mut headless = self.head.starts(data).then(|| {
+                let mut bytes = std::mem::take(&mut ev.data).into_bytes();
+                bytes[at] = b'{';
+                bytes
+            });
+            let text = match &headless {
+                // From an ASCII byte to the end of the data: always whole characters.
+                Some(bytes) => std::str::from_utf8(&bytes[at..end]).ok(),
+                None => Some(&ev.data[start..end]),
+            };
+            // One call for both, so that the reading is compiled once.
+            let read = text.is_some_and(|text| self.typed(text, out));
+            match headless.take() {
+                Some(mut bytes) => {
+                    #[cfg(test)]
+                    {
+                        self.headless_chunks += usize::from(read);
+                    }
+                    bytes[at] = b',';
+                    if read {
+                        // The reader empties the event for the next one: its buffer goes back
+                        // empty, with nothing to check.
+                        bytes.clear();
+                        ev.data = String::from_utf8(bytes).unwrap_or_default();
+                        return Ok(());
+                    }
+                    ev.data = String::from_utf8(bytes)
+                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
                 }
-                self.typed_chunk(&mut chunk, out);
-                return Ok(());
+                None if read => {
+                    if !self.head.learned {
+                        self.head.learn(&ev.data[start..end]);
+                    }
+                    return Ok(());
+                }
+                None => {}
             }
         }
-        self.value_chunk(ev, data, out)
+        self.value_chunk(ev, &ev.data[start..end], out)
     }
 
     fn finish(&mut self, out: &mut Vec<StreamEvent>) -> Result<(), ModelError> {
@@ -373,6 +456,113 @@ impl SseDecode for ChunkDecoder {
     fn done(&self) -> bool {
         self.done
     }
+}
+
+/// The members every chunk of a stream repeats before the ones the decoder reads
+/// (`"id":…,"object":"chat.completion.chunk","created":…,"model":…,`): learned from the first
+/// chunk read through the typed path, and not read again in the later chunks that start with the
+/// same bytes, which are read as `{` and the rest.
+///
+/// That reads a chunk as reading it whole does: the head holds only members of fields the decoder
+/// does not know (skipped unread either way), each a key and a string without escapes or a plain
+/// token, read whole and found sound in the chunk the head was learned from; and a chunk is read
+/// without its head only when what follows the head opens another member (a `"`), so that `{`
+/// and the rest is an object exactly when the whole chunk is one.
+#[derive(Debug)]
+struct Head {
+    /// `bytes[..len]`: the head, from the opening `{` to the `,` after its last member.
+    bytes: [u8; HEAD_MAX],
+    len: usize,
+    /// Whether a chunk was looked at for the head (the first one read through the typed path).
+    learned: bool,
+}
+
+/// The longest head kept (a longer one is kept up to the end of a member before this length).
+const HEAD_MAX: usize = 256;
+
+impl Default for Head {
+    fn default() -> Self {
+        Head {
+            bytes: [0; HEAD_MAX],
+            len: 0,
+            learned: false,
+        }
+    }
+}
+
+impl Head {
+    /// Learns the head of `data`, a chunk the typed path read.
+    fn learn(&mut self, data: &str) {
+        self.learned = true;
+        let len = head_len(data.as_bytes(), typed::Chunk::NAMES, HEAD_MAX);
+        self.bytes[..len].copy_from_slice(&data.as_bytes()[..len]);
+        self.len = len;
+    }
+
+    /// Whether the chunk in `data` starts with the head, followed by another member.
+    fn starts(&self, data: &str) -> bool {
+        let len = self.len;
+        len > 0
+            && data.as_bytes().get(..len) == Some(&self.bytes[..len])
+            && data.as_bytes()[len..]
+                .iter()
+                .find(|b| !matches!(b, b' ' | b'\t' | b'\n' | b'\r'))
+                == Some(&b'"')
+    }
+}
+
+/// The length of the head of the chunk in `data`: from its `{` to the `,` after the last of the
+/// members that open it whose keys are not in `known`, each a key and a value that are strings
+/// without escapes or control characters, or a plain token (a number, `true`, `false`, `null`),
+/// with no whitespace, and that end within `max` bytes. 0 when there is no such member.
+fn head_len(data: &[u8], known: &[&str], max: usize) -> usize {
+    if data.first() != Some(&b'{') {
+        return 0;
+    }
+    let mut end = 0;
+    let mut at = 1;
+    loop {
+        let Some(key_end) = plain_string(data, at) else {
+            return end;
+        };
+        let key = &data[at + 1..key_end - 1];
+        if known.iter().any(|k| k.as_bytes() == key) || data.get(key_end) != Some(&b':') {
+            return end;
+        }
+        let value = key_end + 1;
+        let value_end = match data.get(value) {
+            Some(b'"') => plain_string(data, value),
+            Some(_) => token(data, value),
+            None => None,
+        };
+        match value_end {
+            Some(value_end) if value_end < max && data.get(value_end) == Some(&b',') => {
+                end = value_end + 1;
+                at = end;
+            }
+            _ => return end,
+        }
+    }
+}
+
+/// The end (past its closing quote) of the string that opens at `at`, if it holds no escape and
+/// no control character.
+fn plain_string(data: &[u8], at: usize) -> Option<usize> {
+    if data.get(at) != Some(&b'"') {
+        return None;
+    }
+    let body = &data[at + 1..];
+    let close = memchr::memchr2(b'"', b'\\', body)?;
+    (body[close] == b'"' && body[..close].iter().all(|&b| b >= 0x20)).then_some(at + 1 + close + 1)
+}
+
+/// The end of the plain token (a number, `true`, `false`, `null`) that starts at `at`, if any.
+fn token(data: &[u8], at: usize) -> Option<usize> {
+    let len = data[at..]
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'+' | b'.'))
+        .count();
+    (len > 0).then_some(at + len)
 }
 
 /// The usual `chat.completion.chunk`, read without building a JSON value: strings borrowed
@@ -944,6 +1134,180 @@ mod tests {
             typed * 8 > all,
             "the typed path took only {typed} of {all} chunks"
         );
+    }
+
+    /// A stream as the usual servers send it: every chunk opens with the same members.
+    fn headed_stream(head: &str, rests: &[&str]) -> String {
+        let mut body = String::new();
+        for rest in rests {
+            body.push_str(&format!("data: {{{head}{rest}\n\n"));
+        }
+        body.push_str("data: [DONE]\n\n");
+        body
+    }
+
+    const HEAD: &str =
+        r#""id":"chatcmpl-1","object":"chat.completion.chunk","created":1764222222,"model":"m-1","#;
+
+    #[test]
+    fn later_chunks_are_read_without_the_head_they_repeat() {
+        let rests = [
+            r#""choices":[{"index":0,"delta":{"role":"assistant","content":null},"logprobs":null,"finish_reason":null}]}"#,
+            r#""choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"read","arguments":""}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#""choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"path\":"}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#""choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a.txt\"}"}}]},"logprobs":null,"finish_reason":null}]}"#,
+            r#""choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":3,"completion_tokens":2}}"#,
+        ];
+        let body = headed_stream(HEAD, &rests);
+        assert_eq!(paths_agree(body.as_bytes()), Ok(rests.len()));
+        let mut reader = adapter::SseReader::new(ChunkDecoder::new(200));
+        let mut out = Vec::new();
+        reader.push(body.as_bytes(), &mut out).unwrap();
+        assert_eq!(reader.decoder().headless_chunks, rests.len() - 1);
+        // The events of a decoder lent each event unchanged (read whole) are the same.
+        let mut decoder = ChunkDecoder::new(200);
+        let mut lent = Vec::new();
+        crate::transport::sse::SseDecoder::new()
+            .push_each(body.as_bytes(), |ev| decoder.event(ev, &mut lent))
+            .unwrap();
+        assert_eq!(lent, out);
+        let response = adapter::accumulate(out, Ok(())).0;
+        assert_eq!(response.tool_calls[0].arguments, json!({"path": "a.txt"}));
+        assert_eq!(response.usage.map(|u| u.output_tokens), Some(2));
+    }
+
+    /// A chunk that repeats the head but is not sound, or whose head is not of the shape that is
+    /// skipped, reads as it reads whole: the same events and errors as the value path.
+    #[test]
+    fn a_chunk_read_without_its_head_reads_as_the_whole_chunk() {
+        let first = r#""choices":[{"index":0,"delta":{"content":"a"}}]}"#;
+        let cases: &[(&str, &[&str])] = &[
+            // The object ends after the head's comma: not JSON.
+            (HEAD, &[first, "}"]),
+            (HEAD, &[first, " }"]),
+            // Whitespace before the next member; a member of the head again.
+            (HEAD, &[first, r#" "choices":[{"delta":{"content":"b"}}]}"#]),
+            (
+                HEAD,
+                &[first, r#""id":"x","choices":[{"delta":{"content":"b"}}]}"#],
+            ),
+            // An error, and a known field given twice, after the head.
+            (HEAD, &[first, r#""error":{"message":"bad"},"choices":[]}"#]),
+            (
+                HEAD,
+                &[
+                    first,
+                    r#""choices":[],"choices":[{"delta":{"content":"b"}}]}"#,
+                ],
+            ),
+            // Not a chunk after the head; nothing after it.
+            (HEAD, &[first, r#""choices":[{"delta":{"content":"b"}}]"#]),
+            (HEAD, &[first, ""]),
+            // A head spelled with escapes, or holding a known field, stops before them.
+            (
+                r#""id":"a\"b","\u006dodel":"m","#,
+                &[first, r#""choices":[{"delta":{"content":"b"}}]}"#],
+            ),
+            (
+                r#""id":"a","usage":null,"object":"x","#,
+                &[first, r#""usage":{"prompt_tokens":1},"choices":[]}"#],
+            ),
+            // Odd tokens: refused in the first chunk, so never learned.
+            (r#""id":nul,"#, &[first, first]),
+        ];
+        for (head, rests) in cases {
+            let body = headed_stream(head, rests);
+            if let Err(e) = paths_agree(body.as_bytes()) {
+                panic!("{e}");
+            }
+        }
+        // A head that changes: the chunk is read whole.
+        let body = format!(
+            "data: {{{HEAD}{first}\n\ndata: {{\"id\":\"chatcmpl-2\",{}{first}\n\ndata: [DONE]\n\n",
+            &HEAD[18..]
+        );
+        let (events, error, typed) = decode_with(body.as_bytes(), ChunkDecoder::new(200));
+        assert_eq!((typed, error), (2, None));
+        assert!(matches!(&events[0], StreamEvent::TextDelta(t) if t == "aa"));
+    }
+
+    #[test]
+    fn heads_stop_before_the_first_member_not_skipped() {
+        let known = typed::Chunk::NAMES;
+        let len = |s: &str| head_len(s.as_bytes(), known, HEAD_MAX);
+        assert_eq!(len(&format!("{{{HEAD}\"choices\":[]}}")), HEAD.len() + 1);
+        assert_eq!(len(r#"{"id":"a","choices":[],"model":"m"}"#), 10);
+        assert_eq!(len(r#"{"id":"a","x":{"b":1},"model":"m"}"#), 10);
+        assert_eq!(len(r#"{"id":"a" ,"model":"m"}"#), 0);
+        assert_eq!(len(r#"{"id":"a\n","model":"m"}"#), 0);
+        assert_eq!(len(r#"{"id":"a""#), 0);
+        assert_eq!(len(r#"{"id":"a","#), 10);
+        assert_eq!(len(r#"{"n":-1.5e+3,"t":true,"z":null,"#), 31);
+        assert_eq!(len(r#"{"n":,"#), 0);
+        assert_eq!(len(r#"["id","a"]"#), 0);
+        assert_eq!(len(""), 0);
+        // Kept up to the last member that ends within the limit.
+        let long = format!(
+            "{{\"a\":\"{}\",\"b\":1,\"choices\":[]}}",
+            "x".repeat(HEAD_MAX)
+        );
+        assert_eq!(len(&long), 0);
+        let long = format!(
+            "{{\"b\":1,\"a\":\"{}\",\"choices\":[]}}",
+            "x".repeat(HEAD_MAX)
+        );
+        assert_eq!(len(&long), 7);
+        let edge = format!("{{\"a\":\"{}\",", "x".repeat(HEAD_MAX - 8));
+        assert_eq!((edge.len(), len(&edge)), (HEAD_MAX, HEAD_MAX));
+    }
+
+    /// Pieces of text, and of one call's arguments, that come in one read make one event each;
+    /// pieces read apart stay apart. Either way the response is the same.
+    #[test]
+    fn pieces_read_together_make_one_event() {
+        let body = sse(&[
+            json!({"choices":[{"index":0,"delta":{"content":"Let "}}]}),
+            json!({"choices":[{"index":0,"delta":{"content":"me look."}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"x\":"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"1,"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"y\":2}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{}"}}]}}]}),
+            json!({"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]}),
+        ]);
+        // Read at once.
+        let (together, error) = events_in_pieces(body.as_bytes(), &[]);
+        assert_eq!(error, None);
+        let pieces = |events: &[StreamEvent]| {
+            events
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        StreamEvent::TextDelta(_) | StreamEvent::ToolCallDelta { .. }
+                    )
+                })
+                .count()
+        };
+        assert_eq!(pieces(&together), 3, "{together:?}");
+        assert!(
+            together.contains(&StreamEvent::ToolCallDelta {
+                index: 0,
+                arguments: "{\"x\":1,\"y\":2}".into()
+            }),
+            "{together:?}"
+        );
+        // Read event by event, each read's events handed on before the next read.
+        let mut reader = adapter::SseReader::new(ChunkDecoder::new(200));
+        let (mut apart, mut out) = (Vec::new(), Vec::new());
+        for event in body.split_inclusive("\n\n") {
+            reader.push(event.as_bytes(), &mut out).unwrap();
+            apart.append(&mut out);
+        }
+        reader.finish(&mut out).unwrap();
+        apart.append(&mut out);
+        assert_eq!(pieces(&apart), 6, "{apart:?}");
+        let response = |events: Vec<StreamEvent>| adapter::accumulate(events, Ok(())).0;
+        assert_eq!(response(together), response(apart));
     }
 
     proptest! {
