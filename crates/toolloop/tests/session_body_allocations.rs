@@ -5,39 +5,13 @@
 //! written into a buffer sized once for it, not grown a doubling at a time.
 
 use serde_json::json;
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 use toolloop::model::{ModelRequest, ModelSettings, ToolSpec};
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel, OpenAiSession};
 
-/// Counts the allocations made by the current thread.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(Cell::get)
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::allocations;
 
 /// Round `i` of a tool loop: the model's call, then its result (with characters to escape).
 fn round(i: usize) -> [Message; 2] {

@@ -1,33 +1,11 @@
 //! The Server-Sent Events reader lends each event without copying it: once its buffers have
 //! grown, reading a stream allocates nothing, however the bytes are cut into chunks.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::cell::Cell;
 use toolloop::transport::sse::{SseDecoder, SseEvent};
 
-/// Counts the allocations made by the current thread.
-struct Counting;
-
-thread_local! {
-    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOC: Counting = Counting;
-
-fn allocations() -> usize {
-    ALLOCATIONS.with(Cell::get)
-}
+#[path = "support/counting_alloc.rs"]
+mod counting_alloc;
+use counting_alloc::allocations;
 
 /// A stream as servers send it: comments, `event:` lines, `\r\n` line ends, data over several
 /// lines, non-ASCII text, `[DONE]`.
