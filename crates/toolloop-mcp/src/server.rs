@@ -8,7 +8,7 @@ use rmcp::model::{
     ClientCapabilities, ClientConfig, ClientRequest, Implementation, MetaObject, RequestMetaObject,
     ServerResult,
 };
-use rmcp::service::{NotificationContext, Peer, PeerRequestOptions, RoleClient, RunningService};
+use rmcp::service::{Peer, PeerRequestOptions, RoleClient, RunningService};
 use rmcp::{ClientHandler, ServiceError, ServiceExt};
 use serde_json::Value;
 use std::collections::VecDeque;
@@ -82,16 +82,57 @@ impl Staleness {
     }
 }
 
-/// Receives the server's notifications: a changed tool list marks the catalog stale.
-struct Handler {
+/// The client's side of the connection (what it tells the server of itself).
+struct Handler;
+
+/// A connection's messages from the server, watched for a changed tool list as they are read.
+///
+/// rmcp hands a notification to the client's handler in a task of its own, but gives the answer
+/// to a request straight to its caller, so a server that says its tool list changed and then
+/// answers a call could have the answer seen first: the run's next round would offer the old
+/// tools. Read here, in the order the server sent them, the notification marks the catalog stale
+/// before the answer that follows it reaches anyone.
+struct Watched<T> {
+    inner: T,
     changed: Arc<Staleness>,
 }
 
-impl ClientHandler for Handler {
-    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
-        self.changed.mark();
+impl<T: rmcp::transport::Transport<RoleClient>> rmcp::transport::Transport<RoleClient>
+    for Watched<T>
+{
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
     }
 
+    fn receive(
+        &mut self,
+    ) -> impl Future<Output = Option<rmcp::service::RxJsonRpcMessage<RoleClient>>> + Send {
+        let Watched { inner, changed } = self;
+        async move {
+            let message = inner.receive().await;
+            if let Some(rmcp::model::JsonRpcMessage::Notification(n)) = &message
+                && matches!(
+                    n.notification,
+                    rmcp::model::ServerNotification::ToolListChangedNotification(_)
+                )
+            {
+                changed.mark();
+            }
+            message
+        }
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}
+
+impl ClientHandler for Handler {
     fn get_info(&self) -> ClientConfig {
         ClientConfig::new(
             ClientCapabilities::default(),
@@ -299,9 +340,7 @@ impl McpServer {
     }
 
     async fn connect(&self, generation: u32) -> Result<Conn, McpError> {
-        let handler = Handler {
-            changed: self.changed.clone(),
-        };
+        let handler = Handler;
         let startup = self.config.startup_timeout;
         match &self.config.transport {
             Transport::Stdio {
@@ -351,7 +390,14 @@ impl McpServer {
                     self.name().into(),
                     self.redactor.clone(),
                 ));
-                let served = tokio::time::timeout(startup, handler.serve(process)).await;
+                let served = tokio::time::timeout(
+                    startup,
+                    handler.serve(Watched {
+                        inner: process,
+                        changed: self.changed.clone(),
+                    }),
+                )
+                .await;
                 let client = match served {
                     Ok(Ok(client)) => client,
                     failed => {
@@ -389,7 +435,14 @@ impl McpServer {
                 {
                     let transport =
                         crate::http::transport(url, headers).map_err(|e| self.error(e))?;
-                    let client = match tokio::time::timeout(startup, handler.serve(transport)).await
+                    let client = match tokio::time::timeout(
+                        startup,
+                        handler.serve(Watched {
+                            inner: transport,
+                            changed: self.changed.clone(),
+                        }),
+                    )
+                    .await
                     {
                         Ok(Ok(client)) => client,
                         Ok(Err(e)) => {
@@ -782,5 +835,71 @@ impl rmcp::transport::Transport<RoleClient> for ChildTransport {
             }
         }
         child.kill().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rmcp::model::{
+        JsonRpcMessage, ServerNotification, ServerResult, ToolListChangedNotification,
+    };
+    use rmcp::service::RxJsonRpcMessage;
+    use rmcp::transport::Transport;
+
+    /// A connection that hands out the messages it was given, in order.
+    struct Given(VecDeque<RxJsonRpcMessage<RoleClient>>);
+
+    impl Transport<RoleClient> for Given {
+        type Error = std::io::Error;
+
+        fn send(
+            &mut self,
+            _item: rmcp::service::TxJsonRpcMessage<RoleClient>,
+        ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+            std::future::ready(Ok(()))
+        }
+
+        fn receive(&mut self) -> impl Future<Output = Option<RxJsonRpcMessage<RoleClient>>> + Send {
+            std::future::ready(self.0.pop_front())
+        }
+
+        fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_changed_tool_list_is_known_as_it_is_read_before_the_answer_after_it() {
+        let changed = Arc::new(Staleness {
+            stale: AtomicBool::new(false),
+            version: AtomicU64::new(0),
+        });
+        let answer = || {
+            JsonRpcMessage::response(
+                ServerResult::empty(()),
+                rmcp::model::NumberOrString::Number(1),
+            )
+        };
+        let mut watched = Watched {
+            inner: Given(VecDeque::from([
+                answer(),
+                JsonRpcMessage::notification(ServerNotification::ToolListChangedNotification(
+                    ToolListChangedNotification::default(),
+                )),
+                answer(),
+            ])),
+            changed: changed.clone(),
+        };
+        // An answer changes nothing.
+        assert!(watched.receive().await.is_some());
+        assert!(!changed.stale.load(Ordering::SeqCst));
+        // The notification marks the list stale as it is read, before anything after it.
+        assert!(watched.receive().await.is_some());
+        assert!(changed.stale.load(Ordering::SeqCst));
+        assert_eq!(changed.version.load(Ordering::SeqCst), 1);
+        assert!(watched.receive().await.is_some());
+        assert_eq!(changed.version.load(Ordering::SeqCst), 1);
+        assert!(watched.receive().await.is_none());
     }
 }
