@@ -840,22 +840,26 @@ where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<EventStream, ModelError>> + Send + 'static,
 {
-    resilient_stream_from(policy, None, open)
+    resilient_stream_from(policy, None, open, std::convert::identity)
 }
 
 /// [`resilient_stream`] starting with `first`, a stream already opened (`open` is then called
-/// only to open it again).
-pub(crate) fn resilient_stream_from<F, Fut>(
+/// only to open it again). Every error the stream passes on goes through `map_err` first (an
+/// adapter's redaction and classification), in the same layer rather than one more around it.
+pub(crate) fn resilient_stream_from<F, Fut, M>(
     policy: RetryPolicy,
     first: Option<EventStream>,
     open: F,
+    map_err: M,
 ) -> EventStream
 where
     F: Fn() -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<EventStream, ModelError>> + Send + 'static,
+    M: Fn(ModelError) -> ModelError + Send + 'static,
 {
     Box::pin(Resilient {
         open,
+        map_err,
         policy,
         phase: match first {
             Some(stream) => Phase::Reading(stream),
@@ -868,8 +872,10 @@ where
 
 /// The stream [`resilient_stream`] gives. Each event is passed on in one poll, with no state
 /// moved between polls.
-struct Resilient<F, Fut> {
+struct Resilient<F, Fut, M> {
     open: F,
+    /// What every error passed on goes through.
+    map_err: M,
     policy: RetryPolicy,
     phase: Phase<Fut>,
     /// Whether output was passed on (the stream is then never opened again).
@@ -888,12 +894,13 @@ enum Phase<Fut> {
     Done,
 }
 
-impl<F, Fut> Unpin for Resilient<F, Fut> {}
+impl<F, Fut, M> Unpin for Resilient<F, Fut, M> {}
 
-impl<F, Fut> futures::Stream for Resilient<F, Fut>
+impl<F, Fut, M> futures::Stream for Resilient<F, Fut, M>
 where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<EventStream, ModelError>>,
+    M: Fn(ModelError) -> ModelError,
 {
     type Item = Result<StreamEvent, ModelError>;
 
@@ -915,7 +922,7 @@ where
                     Ok(stream) => this.phase = Phase::Reading(stream),
                     Err(e) => {
                         this.phase = Phase::Done;
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err((this.map_err)(e))));
                     }
                 },
                 Phase::Reading(stream) => match futures::ready!(stream.poll_next_unpin(cx)) {
@@ -950,7 +957,7 @@ where
                         } else {
                             e
                         };
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err((this.map_err)(e))));
                     }
                 },
             }

@@ -65,6 +65,18 @@ pub(crate) trait HttpAdapter: Send + Sync + 'static {
     /// they are the same for every call, so a call does not copy them.
     fn headers(&self, request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError>;
 
+    /// Where a streamed call of `request` goes and its headers, held by the stream for as long
+    /// as it may open again. The default copies [`HttpAdapter::url`] and
+    /// [`HttpAdapter::headers`]; an adapter whose calls all go to one place with the same headers
+    /// shares its own instead, so that opening a stream copies neither.
+    #[cfg(feature = "http")]
+    fn stream_target(&self, request: &ModelRequest<'_>) -> Result<HeldTarget, ModelError> {
+        Ok(HeldTarget::Own(Target {
+            url: self.url(request, true).into_owned(),
+            headers: self.headers(request)?.into_owned(),
+        }))
+    }
+
     /// The configuration's `extra` request fields.
     fn extra(&self) -> Option<&serde_json::Value>;
 
@@ -351,8 +363,7 @@ async fn open_stream<A: HttpAdapter>(
 ) -> Result<EventStream, ModelError> {
     open_sse_stream(
         this.transport(),
-        this.url(request, true).into_owned(),
-        this.headers(request)?.into_owned(),
+        this.stream_target(request)?,
         body,
         A::PARSE_ERROR,
         this.decoders(request),

@@ -21,7 +21,6 @@ use crate::transport::http::{
     ByteStream, CallBudget, HttpTransport, no_event_error, resilient_stream_from,
 };
 use crate::transport::sse::{SseDecoder, SseEvent};
-#[cfg(feature = "http")]
 use crate::transport::wire::Endpoint;
 #[cfg(any(test, feature = "testing", feature = "http"))]
 use crate::transport::wire::ErrorParser;
@@ -29,7 +28,6 @@ use crate::transport::wire::ErrorParser;
 use bytes::Bytes;
 #[cfg(feature = "http")]
 use futures::StreamExt;
-#[cfg(any(test, feature = "testing", feature = "http"))]
 use http::header::HeaderMap;
 use serde_json::Value;
 #[cfg(feature = "http")]
@@ -299,12 +297,41 @@ impl<D: SseDecode> futures::Stream for SseEvents<D> {
     }
 }
 
+/// Where a call goes and the headers it is sent with.
+#[derive(Debug)]
+pub(crate) struct Target {
+    /// The URL, parsed.
+    pub(crate) url: Endpoint,
+    /// The headers (a key among them marked sensitive).
+    pub(crate) headers: HeaderMap,
+}
+
+/// A [`Target`] a stream holds for as long as it may open again: the adapter's own, shared,
+/// when every call has the same one, or a copy made for this call.
+#[cfg(feature = "http")]
+pub(crate) enum HeldTarget {
+    /// The adapter's own, the same for every call.
+    Shared(Arc<Target>),
+    /// A copy for this call.
+    Own(Target),
+}
+
+#[cfg(feature = "http")]
+impl std::ops::Deref for HeldTarget {
+    type Target = Target;
+    fn deref(&self) -> &Target {
+        match self {
+            HeldTarget::Shared(target) => target,
+            HeldTarget::Own(target) => target,
+        }
+    }
+}
+
 /// Everything needed to open one streamed call, again if need be.
 #[cfg(feature = "http")]
 struct Opener<F> {
     transport: HttpTransport,
-    url: Endpoint,
-    headers: HeaderMap,
+    target: HeldTarget,
     body: Bytes,
     parse_error: ErrorParser,
     make_decoder: F,
@@ -320,8 +347,8 @@ impl<D: SseDecode, F: Fn() -> D + Send + Sync + 'static> Opener<F> {
         let bytes = this
             .transport
             .post_stream_within(
-                &this.url,
-                &this.headers,
+                &this.target.url,
+                &this.target.headers,
                 this.body.clone(),
                 this.parse_error,
                 &this.budget,
@@ -338,7 +365,7 @@ impl<D: SseDecode, F: Fn() -> D + Send + Sync + 'static> Opener<F> {
         // A body that broke is in the request log (a retry, if any, follows it there).
         let (opener, redactor) = (
             this.clone(),
-            Redactor::for_request(this.url.as_str(), &this.headers),
+            Redactor::for_request(this.target.url.as_str(), &this.target.headers),
         );
         Ok(Box::pin(stream.inspect(move |item| {
             if let (Err(e), Some(log)) = (item, &opener.transport.debug_log) {
@@ -353,20 +380,23 @@ impl<D: SseDecode, F: Fn() -> D + Send + Sync + 'static> Opener<F> {
     /// `e` without the request's secrets (a stream's error event, or an event that does not
     /// decode, may quote them).
     fn redact(&self, e: ModelError) -> ModelError {
-        Redactor::for_request(self.url.as_str(), &self.headers).redact_error(e)
+        Redactor::for_request(self.target.url.as_str(), &self.target.headers).redact_error(e)
     }
 }
 
-/// Opens a streamed call: POSTs `body` to `url` and decodes the SSE reply with a decoder made
-/// by `make_decoder`. The first attempt is made before this returns, so an HTTP error (after the
-/// transport's retries) is this call's error; a stream that fails with a retryable error before
-/// delivering output is opened again ([`resilient_stream_from`]), one that already delivered output
-/// never is. The stream's errors are redacted, then given to `classify` (the adapter's).
+/// Opens a streamed call: POSTs `body` to the `target`'s URL and decodes the SSE reply with a
+/// decoder made by `make_decoder`. The first attempt is made before this returns, so an HTTP error
+/// (after the transport's retries) is this call's error; a stream that fails with a retryable error
+/// before delivering output is opened again ([`resilient_stream_from`]), one that already delivered
+/// output never is. The stream's errors are redacted, then given to `classify` (the adapter's).
+///
+/// Its layers: the opener (shared by the openings, holding the `target` without copying it when
+/// it is shared), the reopening layer, which also redacts and classifies the errors it passes on
+/// (no layer of its own for that), and the event reader over the opened body's bytes.
 #[cfg(feature = "http")]
 pub(crate) async fn open_sse_stream<D, F>(
     transport: &HttpTransport,
-    url: Endpoint,
-    headers: HeaderMap,
+    target: HeldTarget,
     body: Bytes,
     parse_error: ErrorParser,
     make_decoder: F,
@@ -378,8 +408,7 @@ where
 {
     let opener = Arc::new(Opener {
         transport: transport.clone(),
-        url,
-        headers,
+        target,
         body,
         parse_error,
         make_decoder,
@@ -389,13 +418,15 @@ where
     let first = Opener::open(&opener).await?;
     let policy = opener.transport.retry.clone();
     let redactor = opener.clone();
-    let stream = resilient_stream_from(policy, Some(first), move || {
-        let opener = opener.clone();
-        async move { Opener::open(&opener).await }
-    });
-    Ok(Box::pin(stream.map(move |item| {
-        item.map_err(|e| classify(redactor.redact(e)))
-    })))
+    Ok(resilient_stream_from(
+        policy,
+        Some(first),
+        move || {
+            let opener = opener.clone();
+            async move { Opener::open(&opener).await }
+        },
+        move |e| classify(redactor.redact(e)),
+    ))
 }
 
 /// A response, with the error that ended it early (then the response holds what came before).

@@ -91,7 +91,9 @@ use crate::model::{
 };
 #[cfg(any(test, feature = "testing"))]
 use crate::providers::Decoded;
-use crate::providers::adapter::{ErrorMeaning, HttpAdapter};
+#[cfg(feature = "http")]
+use crate::providers::adapter::HeldTarget;
+use crate::providers::adapter::{ErrorMeaning, HttpAdapter, Target};
 use crate::ptk::Rescue;
 #[cfg(feature = "http")]
 use crate::transport::http::HttpTransport;
@@ -140,9 +142,11 @@ pub struct OpenAiModel {
 #[derive(Debug)]
 struct Inner {
     config: OpenAiConfig,
-    /// Where every call goes, parsed once.
-    url: Endpoint,
-    headers: Result<HeaderMap, ModelError>,
+    /// Where every call goes, parsed once, and its headers (none when the key cannot be sent
+    /// in one): shared with the streams opened, which keep them to open again.
+    target: Arc<Target>,
+    /// Why the key cannot be sent in a header, if it cannot.
+    key_error: Option<ModelError>,
     /// What this server refused so far (the model talks to one server).
     refused: Refused,
     /// The tool catalog of the last streamed request with the text-call rescue on, shared by
@@ -188,19 +192,19 @@ impl OpenAiModel {
     /// first call, as [`ModelError::Config`].
     pub fn new(config: OpenAiConfig) -> Self {
         let mut headers = HeaderMap::new();
-        let headers = crate::providers::adapter::insert_key(
+        let key_error = crate::providers::adapter::insert_key(
             &mut headers,
             AUTHORIZATION,
             "Bearer ",
             config.api_key.as_deref(),
         )
-        .map(|()| headers);
+        .err();
         let url = Endpoint::new(config.endpoint());
         OpenAiModel {
             inner: Arc::new(Inner {
                 config,
-                url,
-                headers,
+                target: Arc::new(Target { url, headers }),
+                key_error,
                 refused: Refused::default(),
                 rescue_tools: Mutex::default(),
                 catalogs: SharedCatalog::default(),
@@ -311,13 +315,22 @@ impl HttpAdapter for OpenAiModel {
     }
 
     fn url(&self, _request: &ModelRequest<'_>, _stream: bool) -> Cow<'_, Endpoint> {
-        Cow::Borrowed(&self.inner.url)
+        Cow::Borrowed(&self.inner.target.url)
     }
 
     fn headers(&self, _request: &ModelRequest<'_>) -> Result<Cow<'_, HeaderMap>, ModelError> {
-        match &self.inner.headers {
-            Ok(headers) => Ok(Cow::Borrowed(headers)),
-            Err(e) => Err(e.clone()),
+        match &self.inner.key_error {
+            None => Ok(Cow::Borrowed(&self.inner.target.headers)),
+            Some(e) => Err(e.clone()),
+        }
+    }
+
+    /// The model's own target, shared: every call goes to one URL with the same headers.
+    #[cfg(feature = "http")]
+    fn stream_target(&self, _request: &ModelRequest<'_>) -> Result<HeldTarget, ModelError> {
+        match &self.inner.key_error {
+            None => Ok(HeldTarget::Shared(self.inner.target.clone())),
+            Some(e) => Err(e.clone()),
         }
     }
 
@@ -330,8 +343,10 @@ impl HttpAdapter for OpenAiModel {
     fn check(&self, request: &ModelRequest<'_>) -> Result<(), ModelError> {
         check_extra("the adapter's `extra`", self.extra())?;
         check_extra("the settings' `extra`", request.settings.extra.as_ref())?;
-        self.inner.headers.as_ref().map_err(Clone::clone)?;
-        Ok(())
+        match &self.inner.key_error {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
     }
 
     /// The body as a value; [`HttpAdapter::body`] writes the same fields straight to bytes.

@@ -48,9 +48,18 @@ pub(crate) struct ChunkDecoder {
     value_only: bool,
     /// The members every chunk repeats before the ones read, skipped after the first chunk.
     head: Head,
+    /// The last chunk read that held only a piece of text or of arguments, around that piece.
+    frame: Frame,
     /// Chunks read through the typed path (to check that the usual ones take it).
     #[cfg(test)]
     typed_chunks: usize,
+    /// Chunks read through the [`Frame`] of the chunk before them.
+    #[cfg(test)]
+    framed_chunks: usize,
+    /// Every chunk is read whole, never through a [`Frame`] (to check that frames change
+    /// nothing).
+    #[cfg(test)]
+    no_frames: bool,
     /// Chunks read through the typed path without their head (see [`Head`]).
     #[cfg(test)]
     headless_chunks: usize,
@@ -70,8 +79,13 @@ impl ChunkDecoder {
             seen: false,
             value_only: false,
             head: Head::default(),
+            frame: Frame::default(),
             #[cfg(test)]
             typed_chunks: 0,
+            #[cfg(test)]
+            framed_chunks: 0,
+            #[cfg(test)]
+            no_frames: false,
             #[cfg(test)]
             headless_chunks: 0,
         }
@@ -185,6 +199,14 @@ impl ChunkDecoder {
     /// Reads the chunk in `text` through the typed path, if it is of the usual shape; whether
     /// it was.
     fn typed(&mut self, text: &str, out: &mut Vec<StreamEvent>) -> bool {
+        if self.framed(text, out) {
+            #[cfg(test)]
+            {
+                self.typed_chunks += 1;
+                self.framed_chunks += 1;
+            }
+            return true;
+        }
         let mut chunk = typed::Chunk::default();
         if !typed::parse(text, &mut chunk) {
             return false;
@@ -193,7 +215,31 @@ impl ChunkDecoder {
         {
             self.typed_chunks += 1;
         }
+        self.frame.learn(text, &chunk);
         self.typed_chunk(&mut chunk, out);
+        true
+    }
+
+    /// Reads the chunk in `text` through the [`Frame`], if it is the frame's chunk with another
+    /// string in its place; whether it was. The events are those [`ChunkDecoder::typed_chunk`]
+    /// gives for the chunk: the frame's piece, with this chunk's string.
+    fn framed(&mut self, text: &str, out: &mut Vec<StreamEvent>) -> bool {
+        #[cfg(test)]
+        if self.no_frames {
+            return false;
+        }
+        let Some(piece) = self.frame.piece else {
+            return false;
+        };
+        let Some(value) = self.frame.string_of(text) else {
+            return false;
+        };
+        if self.follows(self.frame.choice) {
+            match piece {
+                Piece::Text => self.text(&value, out),
+                Piece::Arguments { wire } => self.tool_delta(wire, None, None, value, None, out),
+            }
+        }
         true
     }
 
@@ -366,8 +412,8 @@ impl SseDecode for ChunkDecoder {
     }
 
     /// Reads one event. A chunk that starts with the stream's [`Head`] is read without it, in
-    /// place: the `,` that ends the head becomes a `{` for the reading (a `,` again when the
-    /// value path is to read the chunk; emptied otherwise, as the reader would).
+    /// place: the `,` that ends the head becomes a `{` for the reading, and a `,` again after
+    /// it (the value path, if it is to read the chunk, reads it whole).
     fn event_mut(
         &mut self,
         ev: &mut SseEvent,
@@ -391,45 +437,31 @@ impl SseDecode for ChunkDecoder {
         // The usual chunk takes the typed path; anything else (an error, an odd shape) the
         // value path, which gives the same events for every chunk the typed path reads.
         if !self.value_only && ev.event.as_deref() != Some("error") {
-            // A chunk that starts with the head is read without it, in the event's own buffer
-            // taken as bytes: the head's `,` made a `{` at `at`.
+            // A chunk that starts with the head is read without it, in the event's own string:
+            // the head's `,` made a `{` at `at`. Both are ASCII, so the string stays text and
+            // nothing needs checking again.
             let at = start + self.head.len.saturating_sub(1);
-            let mut headless = self.head.starts(data).then(|| {
-                let mut bytes = std::mem::take(&mut ev.data).into_bytes();
-                bytes[at] = b'{';
-                bytes
-            });
-            let text = match &headless {
-                // From an ASCII byte to the end of the data: always whole characters.
-                Some(bytes) => std::str::from_utf8(&bytes[at..end]).ok(),
-                None => Some(&ev.data[start..end]),
+            let headless = self.head.starts(data);
+            let from = if headless {
+                ev.data.replace_range(at..at + 1, "{");
+                at
+            } else {
+                start
             };
-            // One call for both, so that the reading is compiled once.
-            let read = text.is_some_and(|text| self.typed(text, out));
-            match headless.take() {
-                Some(mut bytes) => {
-                    #[cfg(test)]
-                    {
-                        self.headless_chunks += usize::from(read);
-                    }
-                    bytes[at] = b',';
-                    if read {
-                        // The reader empties the event for the next one: its buffer goes back
-                        // empty, with nothing to check.
-                        bytes.clear();
-                        ev.data = String::from_utf8(bytes).unwrap_or_default();
-                        return Ok(());
-                    }
-                    ev.data = String::from_utf8(bytes)
-                        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned());
+            // From an ASCII byte to the end of the data: always whole characters.
+            let read = self.typed(&ev.data[from..end], out);
+            if headless {
+                #[cfg(test)]
+                {
+                    self.headless_chunks += usize::from(read);
                 }
-                None if read => {
-                    if !self.head.learned {
-                        self.head.learn(&ev.data[start..end]);
-                    }
-                    return Ok(());
+                ev.data.replace_range(at..at + 1, ",");
+            }
+            if read {
+                if !self.head.learned {
+                    self.head.learn(&ev.data[start..end]);
                 }
-                None => {}
+                return Ok(());
             }
         }
         self.value_chunk(ev, &ev.data[start..end], out)
@@ -475,6 +507,83 @@ struct Head {
     len: usize,
     /// Whether a chunk was looked at for the head (the first one read through the typed path).
     learned: bool,
+}
+
+/// A chunk that held only one piece of text or of one call's arguments (one choice, no finish
+/// reason, no usage, a delta with only `content`, or only one call with only its index and
+/// `function.arguments`), kept around that piece, so that a chunk that differs from it only in
+/// the piece's string is read by reading that string alone. Streams send such chunks one after
+/// another: each piece of a reply's text, or of one call's arguments, in the same frame.
+///
+/// That reads a chunk as reading it whole does. The frame is the chunk's text up to the
+/// string's opening quote and from its closing quote, the string's place known from the reading
+/// itself (the text of the value read, borrowed from the chunk). A chunk that starts with the
+/// first part and ends with the second, with between them (quotes included) exactly one JSON
+/// string, read as the reading reads a string, is read by JSON's grammar as the frame's chunk
+/// with that string in its place: the same members, in the same order, with the same values
+/// but that one, so the same events with that string.
+#[derive(Debug, Default)]
+struct Frame {
+    /// The chunk's text up to the string's opening quote, included (`bytes[..split]`), then
+    /// from its closing quote, included (`bytes[split..]`).
+    bytes: Vec<u8>,
+    split: usize,
+    /// What the string is; `None` until a frame is learned.
+    piece: Option<Piece>,
+    /// The chunk's choice index (0 when it has none).
+    choice: u64,
+}
+
+/// What a [`Frame`]'s string is.
+#[derive(Debug, Clone, Copy)]
+enum Piece {
+    /// A piece of the reply's text.
+    Text,
+    /// A piece of the arguments of the call with this index (the call's, else its function's).
+    Arguments { wire: Option<u64> },
+}
+
+impl Frame {
+    /// Keeps `chunk`, read from `text`, as the frame, if it holds only one piece.
+    fn learn(&mut self, text: &str, chunk: &typed::Chunk<'_>) {
+        let Some((choice, piece, raw)) = chunk.single_piece() else {
+            return;
+        };
+        // Where the string's text lies in `text` (it is borrowed from it).
+        let start = (raw.as_ptr() as usize).wrapping_sub(text.as_ptr() as usize);
+        let Some(end) = start
+            .checked_add(raw.len())
+            .filter(|&end| end <= text.len())
+        else {
+            return;
+        };
+        if raw.len() < 2 || !raw.starts_with('"') || !raw.ends_with('"') {
+            return;
+        }
+        let text = text.as_bytes();
+        self.bytes.clear();
+        self.bytes.extend_from_slice(&text[..start + 1]);
+        self.bytes.extend_from_slice(&text[end - 1..]);
+        self.split = start + 1;
+        self.piece = Some(piece);
+        self.choice = choice;
+    }
+
+    /// The string in the frame's place in the chunk in `text`, if `text` is the frame's chunk
+    /// with exactly one JSON string in that place.
+    fn string_of<'a>(&self, text: &'a str) -> Option<Cow<'a, str>> {
+        let (head, tail) = self.bytes.split_at(self.split);
+        let bytes = text.as_bytes();
+        if bytes.len() < head.len() + tail.len()
+            || !bytes.starts_with(head)
+            || !bytes.ends_with(tail)
+        {
+            return None;
+        }
+        // From the head's last byte, the opening quote, to the tail's first, the closing one.
+        let token = text.get(head.len() - 1..text.len() - tail.len() + 1)?;
+        typed::string_token(token)
+    }
 }
 
 /// The longest head kept (a longer one is kept up to the end of a member before this length).
@@ -576,9 +685,12 @@ fn token(data: &[u8], at: usize) -> Option<usize> {
 /// absent.
 mod typed {
     use super::super::in_place::{self, Array, Fields, Object, Str};
+    use super::super::response::typed::opt_str;
     use super::{Few, Value, WireUsage, parse_usage};
     use crate::usage::Usage;
-    use serde::de::{IgnoredAny, MapAccess};
+    use serde::Deserialize;
+    use serde::de::{DeserializeSeed, Deserializer, Error as _, IgnoredAny, MapAccess};
+    use serde_json::value::RawValue;
     use std::borrow::Cow;
 
     #[derive(Default)]
@@ -589,6 +701,44 @@ mod typed {
         pub(super) choices: Few<Choice<'a>>,
         usage: Option<WireUsage>,
         x_groq: Option<Value>,
+    }
+
+    impl<'a> Chunk<'a> {
+        /// The chunk's one piece, when that is all it holds: its choice's index, what the piece
+        /// is, and the text of its string value in the chunk (see [`super::Frame`]).
+        pub(super) fn single_piece(&self) -> Option<(u64, super::Piece, &'a str)> {
+            if self.usage.is_some() || self.x_groq.is_some() || !self.choices.rest.is_empty() {
+                return None;
+            }
+            let choice = self.choices.first.as_ref()?;
+            if choice.finish_reason.is_some() || choice.message {
+                return None;
+            }
+            let delta = choice.delta.as_ref()?;
+            if delta.reasoning_content.is_some()
+                || delta.refusal.is_some()
+                || !delta.tool_calls.rest.is_empty()
+            {
+                return None;
+            }
+            let index = choice.index.unwrap_or(0);
+            match (&delta.content, &delta.tool_calls.first) {
+                (Some(_), None) => Some((index, super::Piece::Text, delta.content_raw)),
+                (None, Some(call)) => {
+                    let f = call.function.as_ref()?;
+                    if call.id.is_some()
+                        || call.extra_content.is_some()
+                        || f.name.is_some()
+                        || f.arguments.is_none()
+                    {
+                        return None;
+                    }
+                    let wire = call.index.or(f.index);
+                    Some((index, super::Piece::Arguments { wire }, f.arguments_raw))
+                }
+                _ => None,
+            }
+        }
     }
 
     impl Chunk<'_> {
@@ -617,6 +767,8 @@ mod typed {
     #[derive(Default)]
     pub(super) struct Delta<'a> {
         pub(super) content: Option<Cow<'a, str>>,
+        /// `content` as it lies in the chunk (see [`RawStr`]).
+        pub(super) content_raw: &'a str,
         pub(super) reasoning_content: Option<Cow<'a, str>>,
         pub(super) refusal: Option<Cow<'a, str>>,
         /// `tool_calls` (absent or `null`: none).
@@ -636,6 +788,38 @@ mod typed {
         pub(super) index: Option<u64>,
         pub(super) name: Option<Cow<'a, str>>,
         pub(super) arguments: Option<Cow<'a, str>>,
+        /// `arguments` as it lies in the chunk (see [`RawStr`]).
+        pub(super) arguments_raw: &'a str,
+    }
+
+    /// A string or `null`, as [`Str`] reads it, with the value's own text in the input: the
+    /// value is skipped as serde_json skips any value, then its text read as [`Str`] reads it.
+    /// What either refuses is refused, so a chunk reads as it would through [`Str`] (a string
+    /// that only skipping accepts is refused by the reading that follows).
+    struct RawStr;
+
+    impl<'de> DeserializeSeed<'de> for RawStr {
+        type Value = (Option<Cow<'de, str>>, &'de str);
+        fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+            let raw = <&'de RawValue>::deserialize(d)?.get();
+            let mut de = serde_json::Deserializer::from_str(raw);
+            let value = opt_str(&mut de)
+                .and_then(|value| de.end().map(|()| value))
+                .map_err(D::Error::custom)?;
+            Ok((value, raw))
+        }
+    }
+
+    /// The value of the JSON string `token` (its quotes included, nothing around it), read as
+    /// [`Str`] reads a value: `None` when `token` is not exactly one string.
+    pub(super) fn string_token(token: &str) -> Option<Cow<'_, str>> {
+        if !token.starts_with('"') {
+            return None;
+        }
+        let mut de = serde_json::Deserializer::from_str(token);
+        let value = opt_str(&mut de).ok()?;
+        de.end().ok()?;
+        value
     }
 
     impl<'de> Fields<'de> for Chunk<'de> {
@@ -669,7 +853,7 @@ mod typed {
             &["content", "reasoning_content", "refusal", "tool_calls"];
         fn field<A: MapAccess<'de>>(&mut self, which: usize, map: &mut A) -> Result<(), A::Error> {
             match which {
-                0 => self.content = map.next_value_seed(Str)?,
+                0 => (self.content, self.content_raw) = map.next_value_seed(RawStr)?,
                 1 => self.reasoning_content = map.next_value_seed(Str)?,
                 2 => self.refusal = map.next_value_seed(Str)?,
                 _ => map.next_value_seed(Array(&mut self.tool_calls))?,
@@ -697,7 +881,7 @@ mod typed {
             match which {
                 0 => self.index = map.next_value()?,
                 1 => self.name = map.next_value_seed(Str)?,
-                _ => self.arguments = map.next_value_seed(Str)?,
+                _ => (self.arguments, self.arguments_raw) = map.next_value_seed(RawStr)?,
             }
             Ok(())
         }
@@ -1174,6 +1358,110 @@ mod tests {
         let response = adapter::accumulate(out, Ok(())).0;
         assert_eq!(response.tool_calls[0].arguments, json!({"path": "a.txt"}));
         assert_eq!(response.usage.map(|u| u.output_tokens), Some(2));
+    }
+
+    /// Chunks read through the frame of the chunk before them, decoding `body`.
+    fn framed(body: &[u8]) -> usize {
+        let mut reader = adapter::SseReader::new(ChunkDecoder::new(200));
+        let mut out = Vec::new();
+        let _ = reader
+            .push(body, &mut out)
+            .and_then(|()| reader.finish(&mut out));
+        reader.decoder().framed_chunks
+    }
+
+    /// A reply's text, and each call's arguments, come in chunks that differ only in their
+    /// string: after the first of them, the others are read through its frame, with the same
+    /// events as when each is read whole.
+    #[test]
+    fn pieces_in_the_frame_of_the_chunk_before_are_read_through_it() {
+        let tail = r#","logprobs":null,"finish_reason":null}],"usage":null}"#;
+        let args = |index: u32, piece: &str| {
+            format!(
+                r#""choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{index},"function":{{"arguments":"{piece}"}}}}]}}{tail}"#
+            )
+        };
+        let open = |index: u32, id: &str| {
+            format!(
+                r#""choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":{index},"id":"{id}","type":"function","function":{{"name":"read","arguments":""}}}}]}}{tail}"#
+            )
+        };
+        let text = |piece: &str| {
+            format!(r#""choices":[{{"index":0,"delta":{{"content":"{piece}"}}{tail}"#)
+        };
+        let rests = [
+            r#""choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":null}"#.to_string(),
+            text("Let me "),
+            text(r#"read \"a\" é"#),
+            text(""),
+            open(0, "c1"),
+            args(0, r#"{\"path\":"#),
+            args(0, r#"\"a.txt\"}"#),
+            open(1, "c2"),
+            args(1, r#"{\"path\""#),
+            args(1, r#":\"b\u00e9\"}"#),
+            r#""choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"tool_calls"}],"usage":null}"#.to_string(),
+        ];
+        let rests: Vec<&str> = rests.iter().map(String::as_str).collect();
+        let body = headed_stream(HEAD, &rests);
+        assert_eq!(paths_agree(body.as_bytes()), Ok(rests.len()));
+        // The text after the first piece, and each call's second piece of arguments.
+        assert_eq!(framed(body.as_bytes()), 4);
+        let (events, error, _) = decode_with(body.as_bytes(), ChunkDecoder::new(200));
+        assert_eq!(error, None);
+        let response = adapter::accumulate(events, Ok(())).0;
+        assert_eq!(response.text.as_deref(), Some("Let me read \"a\" é"));
+        let arguments: Vec<&Value> = response.tool_calls.iter().map(|c| &c.arguments).collect();
+        assert_eq!(
+            arguments,
+            [&json!({"path": "a.txt"}), &json!({"path": "bé"})]
+        );
+    }
+
+    proptest! {
+        /// Whatever stands in the frame's place (a string, or text that closes it early and
+        /// adds members, escapes cut short, lone surrogates, control characters), the chunk reads
+        /// as it reads whole: the same events, the same error, the same chunks on the typed path.
+        #[test]
+        fn whatever_stands_in_a_frame_reads_as_the_whole_chunk(
+            pieces in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "a", "é", "\\\"", "\"", "\\\\", "\\", "\\u00e9", "\\ud800", "\\udc00",
+                    "\\ud83d\\ude00", "\\n", "\u{1}", "\t", ",", "}", "]", "\",\"content\":\"x",
+                    "\",\"index\":1,\"x\":\"", "\\u12", "\\x", "null",
+                ]),
+                0..6,
+            ),
+            arguments in proptest::bool::ANY,
+        ) {
+            let tail = r#","logprobs":null,"finish_reason":null}],"usage":null}"#;
+            let chunk = |piece: &str| if arguments {
+                format!(r#""choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"function":{{"arguments":"{piece}"}}}}]}}{tail}"#)
+            } else {
+                format!(r#""choices":[{{"index":0,"delta":{{"content":"{piece}"}}{tail}"#)
+            };
+            let open = r#""choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]}}]}"#;
+            let rests = [open.to_string(), chunk("first"), chunk(&pieces.concat()), chunk("last")];
+            let rests: Vec<&str> = rests.iter().map(String::as_str).collect();
+            let body = headed_stream(HEAD, &rests);
+            let (events, error, typed) = decode_with(body.as_bytes(), ChunkDecoder::new(200));
+            let whole = ChunkDecoder {
+                no_frames: true,
+                ..ChunkDecoder::new(200)
+            };
+            let (whole_events, whole_error, whole_typed) = decode_with(body.as_bytes(), whole);
+            prop_assert_eq!(
+                (&events, &error, typed),
+                (&whole_events, &whole_error, whole_typed),
+                "{}",
+                body
+            );
+            // One JSON string in the frame: it and the last chunk are read through the frame.
+            let middle = format!("\"{}\"", pieces.concat());
+            if typed::string_token(&middle).is_some() {
+                prop_assert_eq!(framed(body.as_bytes()), 2, "{}", body);
+            }
+        }
     }
 
     /// A chunk that repeats the head but is not sound, or whose head is not of the shape that is
