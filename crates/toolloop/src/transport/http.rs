@@ -947,7 +947,10 @@ where
                                 _ => None,
                             };
                             let wait = this.policy.delay(this.attempt, hint);
-                            tracing::info!(error = %e, attempt = this.attempt, ?wait, "the stream broke before any output; opening it again");
+                            // Logged as the caller would see it: redacted (a server's
+                            // error event may quote the key) and classified.
+                            let shown = (this.map_err)(e.clone());
+                            tracing::info!(error = %shown, attempt = this.attempt, ?wait, "the stream broke before any output; opening it again");
                             this.phase = Phase::Waiting(Box::pin(tokio::time::sleep(wait)));
                             continue;
                         }
@@ -1045,6 +1048,90 @@ mod tests {
             message: "reset".into(),
             retryable: true,
         }
+    }
+
+    /// Keeps the text of every event's fields.
+    #[derive(Clone, Default)]
+    struct Logged(Arc<std::sync::Mutex<Vec<String>>>);
+
+    impl tracing::field::Visit for &Logged {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}={value:?}", field.name()));
+        }
+    }
+
+    impl tracing::Subscriber for Logged {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            event.record(&mut &*self);
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// A stream opened again after an error logs that error as its caller gets it, through the
+    /// adapter's mapping (redaction): a key the server quoted never reaches the log.
+    #[test]
+    fn a_stream_opened_again_logs_its_error_redacted() {
+        let logged = Logged::default();
+        let opens = Arc::new(AtomicU32::new(0));
+        let o = opens.clone();
+        let policy = RetryPolicy {
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(1),
+            ..RetryPolicy::default()
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let items: Vec<_> = tracing::subscriber::with_default(logged.clone(), || {
+            let s = resilient_stream_from(
+                policy,
+                None,
+                move || {
+                    let n = o.fetch_add(1, Ordering::SeqCst);
+                    async move {
+                        let events: Vec<Result<StreamEvent, ModelError>> = if n == 0 {
+                            vec![Err(ModelError::Transport {
+                                message: "bad key sk-SECRET-123 quoted".into(),
+                                retryable: true,
+                            })]
+                        } else {
+                            vec![Ok(StreamEvent::TextDelta("hi".into()))]
+                        };
+                        Ok(Box::pin(futures::stream::iter(events)) as EventStream)
+                    }
+                },
+                |e| match e {
+                    ModelError::Transport { message, retryable } => ModelError::Transport {
+                        message: message.replace("sk-SECRET-123", "[redacted]"),
+                        retryable,
+                    },
+                    e => e,
+                },
+            );
+            rt.block_on(s.collect())
+        });
+        assert_eq!(
+            opens.load(Ordering::SeqCst),
+            2,
+            "opened again after the error"
+        );
+        assert!(matches!(items.as_slice(), [Ok(StreamEvent::TextDelta(_))]));
+        let lines = logged.0.lock().unwrap().join("\n");
+        assert!(lines.contains("[redacted]"), "the retry is logged: {lines}");
+        assert!(!lines.contains("sk-SECRET-123"), "{lines}");
     }
 
     #[tokio::test]
