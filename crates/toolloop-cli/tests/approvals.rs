@@ -3,7 +3,7 @@
 //! question killed mid-way, the child's scrubbed environment, and "run the tests and fix the
 //! failure" end to end.
 
-mod common;
+use crate::common;
 use common::{Transcript, call, command, json_of, scripted_mock, stderr, toolloop};
 
 use serde_json::{Value, json};

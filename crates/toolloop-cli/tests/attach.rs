@@ -1,7 +1,7 @@
 //! `toolloop run --attach FILE|URL`: images go with the prompt to every provider, are kept in
 //! the session, and a file that is not an image is a usage error before any model call.
 
-mod common;
+use crate::common;
 use common::{json_of, mock, repo, toolloop};
 
 /// The eight bytes that open every PNG file, then the start of its header chunk.

@@ -1,6 +1,6 @@
 //! The `toolloop` command, run as a user would.
 
-mod common;
+use crate::common;
 use common::{json_of, mock, repo, toolloop};
 
 #[test]

@@ -6,7 +6,7 @@
 //! with the `test-hooks` feature.
 #![cfg(feature = "test-hooks")]
 
-mod common;
+use crate::common;
 use common::json_of;
 
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,7 @@
 //! The mock server makes exact calls (`MockOptions::script`): each agent is offered only its
 //! own tools, so one script drives parent and child.
 
-mod common;
+use crate::common;
 use common::{call, command, json_of, scripted_mock, stderr, toolloop};
 
 use serde_json::{Value, json};

@@ -10,7 +10,7 @@
 //! `cargo test --workspace --features toolloop-cli/test-hooks` (the README's test command).
 #![cfg(feature = "test-hooks")]
 
-mod common;
+use crate::common;
 use common::{json_of, mock};
 
 use serde_json::Value;

@@ -2,7 +2,7 @@
 //! assertion fails is reported, with exit code 1 and its cassette kept; a bad suite is a usage
 //! error naming the file.
 
-mod common;
+use crate::common;
 use common::{command, json_of, mock};
 
 use serde_json::Value;
@@ -552,8 +552,7 @@ fn a_killed_suite_resumes_without_running_finished_cases_again() {
     rt.block_on(server.shutdown());
 }
 
-#[path = "../../../tools/npm/testing.rs"]
-mod npm;
+use crate::npm;
 
 /// A suite of a passing case and a failing one whose prompt and answer are hostile HTML;
 /// `--junit` and `--html` written into `dir`.

@@ -1,7 +1,7 @@
 //! The command as people use it every day: the prompt from stdin, short flags, the
 //! configuration file, event lines, completions and the manual page.
 
-mod common;
+use crate::common;
 use common::{command, json_of, repo, stderr, toolloop};
 use std::io::Write;
 use std::process::{Output, Stdio};

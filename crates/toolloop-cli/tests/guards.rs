@@ -2,7 +2,7 @@
 //! that would replace what the run owns), and how it writes the model's text (exact bytes to a
 //! pipe; one final answer even when a stream broke and was asked for again).
 
-mod common;
+use crate::common;
 
 use common::{command, json_of, repo, stderr, toolloop};
 use std::path::Path;

@@ -2,7 +2,7 @@
 //! terminal (streaming, Ctrl-C, `/tools`), readable errors and logs, empty answers, event
 //! lines when a limit stops a run, and resuming a run that had already ended.
 
-mod common;
+use crate::common;
 use common::{command, json_of, repo, stderr, toolloop};
 use std::io::{Read, Write};
 use std::process::{Output, Stdio};

@@ -6,10 +6,9 @@
 //! timeout, a crash in the middle of a call, a changed tool list, a destructive call in flight
 //! when the command is killed.
 
-#[path = "../../../tools/npm/testing.rs"]
-mod npm;
+use crate::npm;
 
-mod common;
+use crate::common;
 use common::{command, json_of};
 
 use serde_json::{Value, json};

@@ -1,6 +1,6 @@
 //! `toolloop run --output-schema FILE`: the answer is JSON validated against the schema.
 
-mod common;
+use crate::common;
 use common::{command, json_of, mock, repo, toolloop};
 use serde_json::json;
 

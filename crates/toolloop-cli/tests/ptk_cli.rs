@@ -1,7 +1,7 @@
 //! `toolloop run --tool-protocol prompt|auto` and the OpenAI rescue, against the mock's
 //! text-only mode over real HTTP.
 
-mod common;
+use crate::common;
 use common::{json_of, repo, toolloop};
 
 use serde_json::Value;

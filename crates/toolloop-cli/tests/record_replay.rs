@@ -5,7 +5,7 @@
 //! runs no command.
 #![cfg(target_os = "linux")]
 
-mod common;
+use crate::common;
 use common::{command, json_of, stderr};
 
 use serde_json::{Value, json};

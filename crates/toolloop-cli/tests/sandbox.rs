@@ -4,7 +4,7 @@
 //! forced "no sandbox" mode that warns and asks.
 #![cfg(target_os = "linux")]
 
-mod common;
+use crate::common;
 use common::{command, json_of, stderr};
 
 use serde_json::{Value, json};

@@ -1,7 +1,7 @@
 //! A server that repeats the API key in its error: the key reaches neither the terminal, nor
 //! `--json` output, nor the store.
 
-mod common;
+use crate::common;
 
 use common::{command, repo};
 use std::io::{Read, Write};

@@ -3,10 +3,9 @@
 //! agents listed as tools, a run with progress notifications, its answer as text or structured
 //! content, approvals by elicitation, and the token of the HTTP endpoint.
 
-mod common;
+use crate::common;
+use crate::python;
 use common::{Served, mock, rt};
-#[path = "../../../tools/python/testing.rs"]
-mod python;
 
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};

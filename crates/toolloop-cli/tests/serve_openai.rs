@@ -3,12 +3,10 @@
 //! `tool_calls` over several rounds; the mock checks that every call is answered once), and the
 //! server's limits (401, 413, 429), the idempotency key across a kill -9 and a restart.
 
-mod common;
+use crate::common;
+use crate::npm;
+use crate::python;
 use common::{Served, mock, rt};
-#[path = "../../../tools/npm/testing.rs"]
-mod npm;
-#[path = "../../../tools/python/testing.rs"]
-mod python;
 
 use serde_json::{Value, json};
 use std::collections::HashMap;

@@ -4,8 +4,7 @@
 
 #![cfg(feature = "restate")]
 
-#[path = "../../toolloop-restate/tests/common/mod.rs"]
-mod restate_server;
+use crate::restate_server;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -2,7 +2,7 @@
 //! run, each model call and each tool call, with content only when asked for.
 #![cfg(feature = "otel")]
 
-mod common;
+use crate::common;
 use axum::Router;
 use axum::routing::post;
 use common::{command, repo};

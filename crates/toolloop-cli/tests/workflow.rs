@@ -1,7 +1,7 @@
 //! `toolloop workflow`: the examples against the mock, `check` before any model call, and a
 //! workflow killed (SIGKILL) in the middle of its second step, resumed.
 
-mod common;
+use crate::common;
 use common::{command, json_of};
 
 use std::path::{Path, PathBuf};

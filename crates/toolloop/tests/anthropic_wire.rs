@@ -2,7 +2,7 @@
 //! round trips, retries on 529 honouring `retry-after`, and error events inside a stream.
 #![cfg(feature = "http")]
 
-mod wire;
+use crate::wire;
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! Approvals: asked as a step of the loop, logged, bound to the exact call, deferred and
 //! resumed; a denial is the call's result.
 
-mod common;
+use crate::common;
 use common::{Charge, Effects, script};
 
 use futures::FutureExt;

@@ -2,7 +2,7 @@
 //! depth and on children at once; children logged under their parent and resumed from their own
 //! logs; a child's approvals deferred to the root run.
 
-mod common;
+use crate::common;
 use common::{Charge, Effects};
 
 use futures::FutureExt;

@@ -3,7 +3,7 @@
 //! `RetryInfo` delay honoured on a retry.
 #![cfg(feature = "http")]
 
-mod wire;
+use crate::wire;
 
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! calls.
 #![cfg(feature = "http")]
 
-mod mock_models;
+use crate::mock_models;
 
 use serde::Deserialize;
 use std::sync::Arc;

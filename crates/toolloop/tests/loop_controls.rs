@@ -1,6 +1,6 @@
 //! Every control of the loop, each with a test that fails if the control is removed.
 
-mod recording;
+use crate::recording;
 use recording::Recording;
 
 use futures::StreamExt;

@@ -3,7 +3,7 @@
 //! retries and error classification run over both OpenAI APIs: Chat Completions and Responses
 //! (`ResponsesModel`), which share the error format and the rules.
 
-mod wire;
+use crate::wire;
 
 use axum::body::Body;
 use axum::response::Response;

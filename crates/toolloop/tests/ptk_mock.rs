@@ -3,7 +3,7 @@
 //! calls written as text, and the PTK Manager's "Tool Calling Flow".
 #![cfg(feature = "http")]
 
-mod recording;
+use crate::recording;
 use recording::Recording;
 
 use schemars::JsonSchema;

@@ -1,6 +1,6 @@
 //! Runs logged to a journal survive being cut off at any record and resumed.
 
-mod common;
+use crate::common;
 use common::{Charge, agent, script};
 
 use async_trait::async_trait;

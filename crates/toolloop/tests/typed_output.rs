@@ -4,10 +4,10 @@
 //! the run log (a resumed run holds answers to the schema it started with).
 #![cfg(feature = "http")]
 
-mod recording;
+use crate::recording;
 use recording::Recording;
 
-mod mock_models;
+use crate::mock_models;
 
 use async_trait::async_trait;
 use schemars::JsonSchema;
