@@ -33,3 +33,7 @@ mod serve_openai;
 mod serve_restate;
 mod traces;
 mod workflow;
+
+// Every file of `tests/` is built: a module here, or a test binary of its own.
+#[path = "../../../tools/rust/test_files.rs"]
+mod test_files;

@@ -7,3 +7,7 @@ mod context_refused;
 mod mock_faults;
 mod mock_server;
 mod mock_window;
+
+// Every file of `tests/` is built: a module here, or a test binary of its own.
+#[path = "../../../tools/rust/test_files.rs"]
+mod test_files;

@@ -34,3 +34,7 @@ mod resume;
 mod tool_source;
 mod typed_output;
 mod usage;
+
+// Every file of `tests/` is built: a module here, or a test binary of its own.
+#[path = "../../../tools/rust/test_files.rs"]
+mod test_files;
