@@ -53,6 +53,14 @@
 //! per round of the whole process (the mock's, which runs in the process, included), counted in
 //! 2 s of their own before the 20 s so that counting does not slow what a profiler sees.
 //!
+//! With `floor` after N and R (`cargo bench -p toolloop --bench mock_loops -- 1000 5 floor`) it
+//! runs, in turns, the ceiling, the real loop and two hand-written minimal loops (`minimal`: no
+//! engine, serde_json in and out, on the bare client; one keeps the conversation as JSON values,
+//! the other only as the next body's bytes), and gives each loop's rounds/s as a share of the
+//! ceiling: what the least a loop has to do (decode each reply, run the calls, write the next
+//! body) costs on this machine and mock. `minimal` after N and R runs only the minimal loop
+//! that keeps bytes (`minimal values`: the other), for a profiler.
+//!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
 use async_trait::async_trait;
@@ -69,6 +77,9 @@ use toolloop::model::ModelRequest;
 use toolloop::providers::openai::{OpenAiConfig, OpenAiModel};
 use toolloop::tool::{SideEffect, Tool, ToolContext, ToolError, ToolOutput};
 use toolloop_mock::{MockOptions, start};
+
+#[path = "mock_loops/minimal.rs"]
+mod minimal;
 
 const PARALLEL: usize = 2;
 /// How long each throughput trial runs, and how many pairs of trials there are.
@@ -356,6 +367,125 @@ async fn raw_workers(
         done += t.await.expect("task");
     }
     done
+}
+
+/// `n` workers each running whole hand-written minimal loops (see `minimal`) on the bare client;
+/// gives the rounds made.
+async fn minimal_workers(
+    client: &reqwest::Client,
+    url: &str,
+    template: &Arc<minimal::Template>,
+    keep: minimal::Keep,
+    (n, rounds): (usize, usize),
+    work: Work,
+) -> usize {
+    let endpoint = reqwest::Url::parse(&format!("{url}/chat/completions")).expect("a URL");
+    let tasks: Vec<_> = (0..n)
+        .map(|_| {
+            let (client, endpoint, template) = (client.clone(), endpoint.clone(), template.clone());
+            tokio::spawn(async move {
+                let (mut runs, mut done) = (0, 0);
+                while work.more(runs) {
+                    let (r, _) = minimal::run(&client, &endpoint, &template, keep).await;
+                    assert_eq!(r, rounds + 1, "the minimal loop's rounds");
+                    done += r;
+                    runs += 1;
+                }
+                done
+            })
+        })
+        .collect();
+    let mut done = 0;
+    for t in tasks {
+        done += t.await.expect("minimal loop task");
+    }
+    done
+}
+
+/// `floor` after N and R: the ceiling, the real loop and the two hand-written minimal loops (see
+/// `minimal`) in turns, at N=1, 100 and N; each loop's rounds/s as a share of the ceiling (the
+/// median over the trials, with its range).
+async fn floor(big_n: usize, rounds: usize) {
+    use minimal::Keep;
+    let server = start(MockOptions::default()).await.expect("mock starts");
+    let url = format!("{}/v1", server.base_url());
+    let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
+    let bodies = one_run_bodies(&url, &scenario, rounds).await;
+    let template = Arc::new(minimal::Template::from_first_body(&bodies[0]));
+    let client = bare_client(big_n);
+    let a = agent(&url, &scenario, rounds);
+    let endpoint = reqwest::Url::parse(&format!("{url}/chat/completions")).expect("a URL");
+    let recorded: usize = bodies.iter().map(|b| b.len()).sum();
+    for keep in [Keep::Bytes, Keep::Values] {
+        let (r, sent) = minimal::run(&client, &endpoint, &template, keep).await;
+        assert_eq!(
+            r,
+            bodies.len(),
+            "the minimal loop makes the real loop's requests"
+        );
+        // The same conversation, so the same bytes but for the call ids' digits and `null`
+        // where the real loop sends `""` for an assistant's empty text.
+        assert!(
+            sent.abs_diff(recorded) * 20 < recorded,
+            "{sent} bytes against {recorded}"
+        );
+    }
+    println!(
+        "floor: R={rounds} rounds of {PARALLEL} parallel calls (+1 answer round), {TRIALS} turns \
+         of {TRIAL_SECS} s trials; rounds/s as a share of the ceiling (median, range)"
+    );
+    println!(
+        "{:>6} {:>12} {:>20} {:>24} {:>24}",
+        "N", "ceiling r/s", "toolloop", "minimal, values kept", "minimal, bytes only"
+    );
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        (v[v.len() / 2], v[0], v[v.len() - 1])
+    };
+    let cell = |v: Vec<f64>| {
+        let (m, low, high) = median(v);
+        format!(
+            "{:.0}% ({:.0}–{:.0}%)",
+            100.0 * m,
+            100.0 * low,
+            100.0 * high
+        )
+    };
+    for n in [1usize, 100, big_n] {
+        let nr = (n, rounds);
+        raw_workers(&client, &url, &bodies, n, Work::Runs(1)).await;
+        loop_workers(&a, n, rounds, Work::Runs(1)).await;
+        for keep in [Keep::Bytes, Keep::Values] {
+            minimal_workers(&client, &url, &template, keep, nr, Work::Runs(1)).await;
+        }
+        let (mut ceilings, mut shares) = (Vec::new(), [Vec::new(), Vec::new(), Vec::new()]);
+        for _ in 0..TRIALS {
+            let ceiling =
+                sustained(TRIAL_SECS, |w| raw_workers(&client, &url, &bodies, n, w)).await;
+            let l = sustained(TRIAL_SECS, |w| loop_workers(&a, n, rounds, w)).await;
+            let v = sustained(TRIAL_SECS, |w| {
+                minimal_workers(&client, &url, &template, Keep::Values, nr, w)
+            })
+            .await;
+            let b = sustained(TRIAL_SECS, |w| {
+                minimal_workers(&client, &url, &template, Keep::Bytes, nr, w)
+            })
+            .await;
+            ceilings.push(ceiling);
+            for (share, rate) in shares.iter_mut().zip([l, v, b]) {
+                share.push(rate / ceiling);
+            }
+        }
+        let [l, v, b] = shares;
+        println!(
+            "{n:>6} {:>12.0} {:>20} {:>24} {:>24}",
+            median(ceilings).0,
+            cell(l),
+            cell(v),
+            cell(b),
+        );
+    }
+    server.shutdown().await;
 }
 
 /// `n` workers each running whole loops, one after another; gives the rounds made.
@@ -715,12 +845,19 @@ fn main() {
         .expect("runtime");
     // `loop` or `raw` after N and R runs only that side at N for about 20 s, for a profiler
     // (`loop` journaled with `TOOLLOOP_BENCH_JOURNAL`: see `profile_side`).
-    if let Some(side) = std::env::args().skip(1).find(|a| a == "loop" || a == "raw") {
-        return rt.block_on(profile_side(side == "loop", big_n, rounds));
+    if let Some(side) = std::env::args()
+        .skip(1)
+        .find(|a| a == "loop" || a == "raw" || a == "minimal")
+    {
+        return rt.block_on(profile_side(&side, big_n, rounds));
     }
     // `stream` after N and R compares streamed loops with the same loops with complete replies.
     if std::env::args().skip(1).any(|a| a == "stream") {
         return rt.block_on(stream_cost(big_n, rounds));
+    }
+    // `floor` after N and R compares the loop with a hand-written minimal loop.
+    if std::env::args().skip(1).any(|a| a == "floor") {
+        return rt.block_on(floor(big_n, rounds));
     }
     // `journal` after N and R compares journaled loops with the same loops without a journal.
     if std::env::args().skip(1).any(|a| a == "journal") {
@@ -772,7 +909,8 @@ fn main() {
 
 /// Runs only the loops (or only the bare client) at `n` for about 20 s, so a profiler sees one
 /// side; prints its rounds/s.
-async fn profile_side(looping: bool, n: usize, rounds: usize) {
+async fn profile_side(which: &str, n: usize, rounds: usize) {
+    let looping = which == "loop";
     let server = start(MockOptions::default()).await.expect("mock starts");
     let url = format!("{}/v1", server.base_url());
     let scenario = format!("mock:rounds={rounds},parallel={PARALLEL},distinct=true");
@@ -803,10 +941,21 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let stream = std::env::args().skip(1).any(|a| a == "stream");
     let a = agent_of(&url, &scenario, rounds, journal, side_effect, stream);
     let client = bare_client(n);
-    let (a, client, url, bodies) = (&a, &client, &url, &bodies);
+    let template = Arc::new(minimal::Template::from_first_body(&bodies[0]));
+    let (a, client, url, bodies, template) = (&a, &client, &url, &bodies, &template);
     let side = |secs: f64| async move {
         if looping {
             sustained(secs, |w| loop_workers(a, n, rounds, w)).await
+        } else if which == "minimal" {
+            let keep = if std::env::args().skip(1).any(|a| a == "values") {
+                minimal::Keep::Values
+            } else {
+                minimal::Keep::Bytes
+            };
+            sustained(secs, |w| {
+                minimal_workers(client, url, template, keep, (n, rounds), w)
+            })
+            .await
         } else {
             sustained(secs, |w| raw_workers(client, url, bodies, n, w)).await
         }
@@ -822,9 +971,10 @@ async fn profile_side(looping: bool, n: usize, rounds: usize) {
     let counted_rounds = counted_rate * counted.elapsed().as_secs_f64();
     let allocs = ALLOCS.load(Ordering::Relaxed) as f64 / counted_rounds.max(1.0);
     let rate = side(20.0).await;
-    let side = match (looping, stream) {
-        (true, true) => "streamed loop",
-        (true, false) => "loop",
+    let side = match (which, stream) {
+        ("loop", true) => "streamed loop",
+        ("loop", false) => "loop",
+        ("minimal", _) => "minimal loop",
         _ => "bare client",
     };
     println!(
