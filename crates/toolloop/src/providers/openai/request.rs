@@ -321,8 +321,11 @@ impl SharedCatalog {
 }
 
 /// The room a run's first body has for its conversation besides the catalog and the fields
-/// after it (a system prompt and a task; a longer one grows the buffer).
-const FIRST_BODY_ROOM: usize = 4096;
+/// after it (a system prompt and a task, and the first rounds; a longer conversation grows the
+/// buffer a doubling at a time). The buffer is kept while the run waits on its model, so with
+/// thousands of runs in flight each byte of room counts thousands of times: 2 KiB holds a short
+/// run's whole conversation, and a longer run pays one copy of its body per doubling.
+const FIRST_BODY_ROOM: usize = 2048;
 
 /// `buf` as a body, its buffer kept for the next body of the run. A `BytesMut` that holds its
 /// buffer as a plain vector (a `fresh` one) makes an allocation of its own every time it is
