@@ -4,7 +4,8 @@
 //!
 //! It keeps the encoded messages of the next request, and nothing else of the conversation (the
 //! least memory and the least encoding a loop can do: `Keep::Bytes`) or also the conversation
-//! as JSON values, as most hand-written clients keep it (`Keep::Values`). Each round it sends
+//! as JSON values, as most hand-written clients keep it (`Keep::Values`), or as toolloop's own
+//! message types (`Keep::Messages`). Each round it sends
 //! those bytes and the rest of the request (encoded once) on the same bare HTTP client as the
 //! ceiling, decodes the reply into
 //! typed structures (derived, as a hand-written client would), parses each call's arguments,
@@ -14,6 +15,7 @@
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
+use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
 
 #[derive(Deserialize)]
 struct Reply {
@@ -112,6 +114,9 @@ pub(crate) enum Keep {
     /// which a caller could read back): each round's new messages are made as values, kept, and
     /// encoded from them.
     Values,
+    /// Those bytes, and the conversation as toolloop's own messages (`Message`, each call's
+    /// arguments parsed into a `Value`), encoded from them.
+    Messages,
 }
 
 /// One whole run on `client`; gives the rounds it took and the bytes of the bodies it sent.
@@ -123,7 +128,11 @@ pub(crate) async fn run(
 ) -> (usize, usize) {
     let mut transcript: Vec<Value> = match keep {
         Keep::Values => template.first.clone(),
-        Keep::Bytes => Vec::new(),
+        _ => Vec::new(),
+    };
+    let mut typed: Vec<Message> = match keep {
+        Keep::Messages => vec![Message::user("go")],
+        _ => Vec::new(),
     };
     let mut messages = Vec::with_capacity(4096);
     messages.extend_from_slice(&template.messages);
@@ -151,11 +160,52 @@ pub(crate) async fn run(
         let message = reply.choices.swap_remove(0).message;
         if message.tool_calls.is_empty() {
             assert!(message.content.is_some(), "an answer");
-            if keep == Keep::Values {
-                transcript.push(json!({"role": "assistant", "content": message.content}));
+            match keep {
+                Keep::Values => {
+                    transcript.push(json!({"role": "assistant", "content": message.content}))
+                }
+                Keep::Messages => {
+                    typed.push(Message::assistant(message.content.unwrap_or_default()))
+                }
+                Keep::Bytes => {}
             }
             drop(transcript);
+            drop(typed);
             return (rounds, sent);
+        }
+        if keep == Keep::Messages {
+            let before = typed.len();
+            let mut calls = Vec::with_capacity(message.tool_calls.len());
+            for call in message.tool_calls {
+                let arguments: Value =
+                    serde_json::from_str(&call.function.arguments).expect("arguments");
+                let content = echo(arguments.clone()).to_string();
+                typed.push(Message::Tool(ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.function.name.clone(),
+                    content,
+                    is_error: false,
+                    images: Vec::new(),
+                }));
+                calls.push(ToolCall {
+                    id: call.id,
+                    name: call.function.name,
+                    arguments,
+                    invalid_arguments: None,
+                    provider_data: None,
+                });
+            }
+            let assistant = Message::Assistant(AssistantMessage {
+                text: message.content,
+                tool_calls: calls,
+                parts: Vec::new(),
+            });
+            typed.insert(before, assistant);
+            for m in &typed[before..] {
+                messages.push(b',');
+                write_message(&mut messages, m);
+            }
+            continue;
         }
         if keep == Keep::Values {
             let before = transcript.len();
@@ -219,6 +269,47 @@ pub(crate) async fn run(
             };
             serde_json::to_writer(&mut messages, &tool).expect("encodes");
         }
+    }
+}
+
+/// Writes one of toolloop's messages as the OpenAI wire has it (a call's arguments as the text of
+/// their JSON).
+fn write_message(out: &mut Vec<u8>, m: &Message) {
+    match m {
+        Message::Assistant(a) => {
+            let arguments: Vec<String> = a
+                .tool_calls
+                .iter()
+                .map(|c| c.arguments.to_string())
+                .collect();
+            let assistant = AssistantOut {
+                role: "assistant",
+                content: a.text.as_deref(),
+                tool_calls: a
+                    .tool_calls
+                    .iter()
+                    .zip(&arguments)
+                    .map(|(c, arguments)| CallOut {
+                        id: &c.id,
+                        r#type: "function",
+                        function: FunctionOut {
+                            name: &c.name,
+                            arguments,
+                        },
+                    })
+                    .collect(),
+            };
+            serde_json::to_writer(out, &assistant).expect("encodes");
+        }
+        Message::Tool(r) => {
+            let tool = ToolOut {
+                role: "tool",
+                tool_call_id: &r.call_id,
+                content: &r.content,
+            };
+            serde_json::to_writer(out, &tool).expect("encodes");
+        }
+        other => serde_json::to_writer(out, other).expect("encodes"),
     }
 }
 
