@@ -1,17 +1,16 @@
-//! The least any tool-calling loop has to do, written by hand, as a reference for the real loop's
-//! share of the ceiling: no engine, no transcript types, no record of calls, no budgets, no
-//! retries, no hooks.
+//! The least a tool-calling loop has to do, written by hand, as a reference for the real loop's
+//! share of the ceiling: no engine, no record of calls, no budgets, no retries, no timeouts, no
+//! hooks.
 //!
-//! It keeps the encoded messages of the next request, and nothing else of the conversation (the
-//! least memory and the least encoding a loop can do: `Keep::Bytes`) or also the conversation
-//! as JSON values, as most hand-written clients keep it (`Keep::Values`), or as toolloop's own
-//! message types (`Keep::Messages`). Each round it sends
-//! those bytes and the rest of the request (encoded once) on the same bare HTTP client as the
-//! ceiling, decodes the reply into
-//! typed structures (derived, as a hand-written client would), parses each call's arguments,
-//! runs the echo tool on them, and appends the encoding of the assistant's message and of the
-//! results to its messages with serde_json. It stops at the first reply without calls. What it sends has the
-//! shape and size of the real loop's bodies (`bytes_per_run` compares them).
+//! It keeps the encoded messages of the next request, and, as [`Keep`] says, nothing else of the
+//! conversation (the least memory and the least encoding a loop can do), or also the
+//! conversation as toolloop's own message types, or as JSON values, as many hand-written clients
+//! keep it. Each round it sends those bytes and the rest of the request (encoded once per run) on
+//! the same bare HTTP client as the ceiling, decodes the reply into typed structures (derived, as
+//! a hand-written client would), parses each call's arguments, runs the echo tool on them, and
+//! appends the encoding of the assistant's message and of the results to its messages with
+//! serde_json. It stops at the first reply without calls. What it sends has the shape and size of
+//! the real loop's bodies (`floor` checks the sizes).
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
