@@ -3,8 +3,7 @@
 //! `scripts/npm-install` from `tools/npm/package-lock.json`. Ignored, with the reason, when node or npm
 //! is not on `PATH`.
 
-#[path = "../../../tools/npm/testing.rs"]
-mod npm;
+use crate::npm;
 
 use serde_json::{Value, json};
 use std::sync::Arc;
