@@ -861,7 +861,7 @@ fn main() {
     if std::env::args().skip(1).any(|a| a == "stream") {
         return rt.block_on(stream_cost(big_n, rounds));
     }
-    // `floor` after N and R compares the loop with a hand-written minimal loop.
+    // `floor` after N and R compares the loop with three hand-written minimal loops.
     if std::env::args().skip(1).any(|a| a == "floor") {
         return rt.block_on(floor(big_n, rounds));
     }
