@@ -168,8 +168,6 @@ pub(crate) async fn run(
                 }
                 Keep::Bytes => {}
             }
-            drop(transcript);
-            drop(typed);
             return (rounds, sent);
         }
         if keep == Keep::Messages {
