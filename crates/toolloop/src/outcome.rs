@@ -169,7 +169,7 @@ pub struct ExecutedCall {
     /// What the call spent on model calls of its own: a sub-agent's usage and cost, already
     /// counted in the run's ([`Outcome::usage`], [`Outcome::cost`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spent: Option<crate::usage::Spent>,
+    pub spent: Option<Box<crate::usage::Spent>>,
 }
 
 impl ExecutedCall {

@@ -479,7 +479,7 @@ impl SubAgent {
                 }),
             };
             return Ok(ToolOutput {
-                spent: Some(spent),
+                spent: Some(Box::new(spent)),
                 ..out
             });
         }
@@ -553,7 +553,7 @@ fn spent_in(records: &[Record]) -> (u64, f64) {
             }
             Record::ToolFinished { result, .. } => {
                 let spent = match result {
-                    Ok(o) => o.spent.as_ref(),
+                    Ok(o) => o.spent.as_deref(),
                     Err(e) => e.spent.as_deref(),
                 };
                 if let Some(s) = spent {

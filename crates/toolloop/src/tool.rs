@@ -106,7 +106,7 @@ pub struct ToolOutput {
     /// What the call spent on model calls of its own (a sub-agent's run): the run that made the
     /// call adds it to its usage and cost. The model does not read it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spent: Option<crate::usage::Spent>,
+    pub spent: Option<Box<crate::usage::Spent>>,
 }
 
 impl ToolOutput {

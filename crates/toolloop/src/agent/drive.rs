@@ -607,18 +607,18 @@ impl<'s> Stop<'s> {
 /// `fut`, unless the run is cancelled or its deadline passes first (checked first at every
 /// wake-up, so a step never starts or ends after either). `fut` is pinned by the caller, so
 /// that a step's future holds it once (a future moved into an `async fn` is held twice: as its
-/// argument and as what it awaits).
-pub(super) async fn guard<F: Future + ?Sized>(
-    mut fut: Pin<&mut F>,
-    stop: &mut Stop<'_>,
-) -> Result<F::Output, Interrupt> {
-    std::future::poll_fn(|cx| {
+/// argument and as what it awaits). Not an `async fn`: the future is the poll function itself,
+/// with no layer around it.
+pub(super) fn guard<'g, F: Future + ?Sized>(
+    mut fut: Pin<&'g mut F>,
+    stop: &'g mut Stop<'_>,
+) -> impl Future<Output = Result<F::Output, Interrupt>> + 'g {
+    std::future::poll_fn(move |cx| {
         if let std::task::Poll::Ready(why) = stop.poll_stop(cx) {
             return std::task::Poll::Ready(Err(why));
         }
         fut.as_mut().poll(cx).map(Ok)
     })
-    .await
 }
 
 #[cfg(test)]

@@ -16,27 +16,20 @@ impl Agent {
         round: u32,
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
-        let mut response = self.call_model_raw(model, request, round, sink).await?;
+        // One layer of future around the model's own (each layer is a cold cache line to poll
+        // when the response comes). The stream is boxed: a run waiting on a complete reply
+        // holds none of a stream's state.
+        let mut response = if self.config.stream {
+            Box::pin(self.stream_with_restarts(model, &request, round, sink)).await?
+        } else {
+            model.complete(&request).await?
+        };
         if let Some(r) = &self.redactor
             && let Some(text) = &mut response.text
         {
             *text = r.redact(text);
         }
         Ok(response)
-    }
-
-    async fn call_model_raw(
-        &self,
-        model: &dyn Model,
-        request: ModelRequest<'_>,
-        round: u32,
-        sink: Option<&EventHandler>,
-    ) -> Result<ModelResponse, ModelError> {
-        if !self.config.stream {
-            return model.complete(&request).await;
-        }
-        // Boxed: a run waiting on a complete reply holds none of a stream's state.
-        Box::pin(self.stream_with_restarts(model, &request, round, sink)).await
     }
 
     /// A streamed call, asked again when its stream breaks (up to `stream_restarts` times).

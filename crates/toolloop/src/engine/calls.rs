@@ -672,7 +672,7 @@ impl Machine {
         };
         slot.content = Some(result::cap(result::serialize(&outcome), max_chars));
         let spent = match &outcome {
-            Ok(o) => o.spent.clone(),
+            Ok(o) => o.spent.as_deref().cloned(),
             Err(e) => e.spent.as_deref().cloned(),
         };
         slot.status = Some(status);
@@ -809,7 +809,7 @@ impl Machine {
                 .unwrap_or_else(|| result::error_content("Not run."));
             let (images, spent) = match slot.output {
                 Some(Ok(output)) => (output.images, output.spent),
-                Some(Err(e)) => (Vec::new(), e.spent.map(|s| *s)),
+                Some(Err(e)) => (Vec::new(), e.spent),
                 None => (Vec::new(), None),
             };
             self.state.messages.push(Message::Tool(ToolResult {

@@ -50,8 +50,8 @@ use crate::model::{ApiError, EventStream, ModelError};
 use crate::redact::{Redactor, redact_url_credentials};
 use crate::stream::StreamEvent;
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::stream::BoxStream;
+use futures::{FutureExt, StreamExt};
 use reqwest::header::{HeaderMap, LOCATION};
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -275,16 +275,24 @@ pub(crate) fn no_event_error(limit: Duration) -> ModelError {
     }
 }
 
-/// The next chunk of a body, waiting at most `idle`.
+/// The next chunk of a body, waiting at most `idle`. A chunk (or the body's end) that is there
+/// already is taken without a timer: a small body usually comes with the response's head, and
+/// a timer costs a read of the clock and a reference to the runtime's handle, which every
+/// thread shares.
 async fn next_chunk<S>(body: &mut S, idle: Duration) -> Result<Option<Bytes>, ModelError>
 where
     S: futures::Stream<Item = reqwest::Result<Bytes>> + Unpin,
 {
-    match tokio::time::timeout(idle, body.next()).await {
-        Err(_) => Err(idle_error(idle)),
-        Ok(None) => Ok(None),
-        Ok(Some(Ok(chunk))) => Ok(Some(chunk)),
-        Ok(Some(Err(e))) => Err(transport_error(e)),
+    let next = match body.next().now_or_never() {
+        Some(next) => next,
+        None => tokio::time::timeout(idle, body.next())
+            .await
+            .map_err(|_| idle_error(idle))?,
+    };
+    match next {
+        None => Ok(None),
+        Some(Ok(chunk)) => Ok(Some(chunk)),
+        Some(Err(e)) => Err(transport_error(e)),
     }
 }
 

@@ -29,6 +29,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 #[cfg(feature = "http")]
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use http::header::HeaderMap;
 use std::borrow::Cow;
 
@@ -205,9 +206,19 @@ impl<A: HttpAdapter> Model for A {
     }
 
     /// A request asking for context management that the server refuses is sent again
-    /// without it (see `ContextRefusal`).
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        complete(self, request).await
+    /// without it (see `ContextRefusal`). Not an `async fn`: the call's future is the adapter's
+    /// own, boxed once (see [`complete`]).
+    fn complete<'s, 'r, 'm, 'f>(
+        &'s self,
+        request: &'r ModelRequest<'m>,
+    ) -> BoxFuture<'f, Result<ModelResponse, ModelError>>
+    where
+        's: 'f,
+        'r: 'f,
+        'm: 'f,
+        Self: 'f,
+    {
+        complete(self, request)
     }
 
     /// As [`Model::complete`], the refusal coming as the stream's opening error.
@@ -228,17 +239,40 @@ impl<A: HttpAdapter> Model for A {
     }
 }
 
-/// [`Model::complete`] of adapter `this`: a request asking for context management that the
-/// server refuses is sent again without it (see `ContextRefusal`). An adapter's session calls it
-/// directly, without a boxed future of its own.
+/// [`Model::complete`] of adapter `this`, boxed: a request asking for context management that
+/// the server refuses is sent again without it (see `ContextRefusal`). The box holds the call's
+/// own future: without a refusal to heed, the one complete call, with no layer of its own
+/// around it (every run waiting on its model polls each layer, and each costs a cold cache line
+/// when the response comes). An adapter's session returns it as its own.
 #[cfg(feature = "http")]
-pub(crate) async fn complete<A: HttpAdapter>(
+pub(crate) fn complete<'f, A: HttpAdapter>(
+    this: &'f A,
+    request: &'f ModelRequest<'_>,
+) -> BoxFuture<'f, Result<ModelResponse, ModelError>> {
+    match this.context_refusal() {
+        None => made_in_box(|| complete_once(this, request)),
+        Some(refusal) => Box::pin(complete_heeding(this, refusal, request)),
+    }
+}
+
+/// The future `make` gives, made in its box: the box is there first, so the future can be
+/// written straight into it, not made beside it and copied in (every byte of its size, most of
+/// them not yet used), as `Box::pin(make())` does.
+#[cfg(feature = "http")]
+#[inline(always)]
+fn made_in_box<'f, F: Future + Send + 'f>(make: impl FnOnce() -> F) -> BoxFuture<'f, F::Output> {
+    let slot = Box::<F>::new_uninit();
+    let made: Box<F> = Box::write(slot, make());
+    Box::into_pin(made)
+}
+
+/// [`complete`] for an adapter that may be refused context management.
+#[cfg(feature = "http")]
+async fn complete_heeding<A: HttpAdapter>(
     this: &A,
+    refusal: &ContextRefusal,
     request: &ModelRequest<'_>,
 ) -> Result<ModelResponse, ModelError> {
-    let Some(refusal) = this.context_refusal() else {
-        return complete_once(this, request).await;
-    };
     if let Some(settings) = refusal.settings_without(request) {
         let request = ModelRequest {
             settings: &settings,

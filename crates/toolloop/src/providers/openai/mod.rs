@@ -533,9 +533,19 @@ impl Model for OpenAiSession {
         self.model.name()
     }
 
-    // The adapter's calls directly: one boxed future per call, not two.
-    async fn complete(&self, request: &ModelRequest<'_>) -> Result<ModelResponse, ModelError> {
-        crate::providers::adapter::complete(&self.model, request).await
+    // The adapter's calls directly: one boxed future per call, not two, and no layer of the
+    // session's own inside it.
+    fn complete<'s, 'r, 'm, 'f>(
+        &'s self,
+        request: &'r ModelRequest<'m>,
+    ) -> futures::future::BoxFuture<'f, Result<ModelResponse, ModelError>>
+    where
+        's: 'f,
+        'r: 'f,
+        'm: 'f,
+        Self: 'f,
+    {
+        crate::providers::adapter::complete(&self.model, request)
     }
 
     async fn stream(&self, request: &ModelRequest<'_>) -> Result<EventStream, ModelError> {
