@@ -30,12 +30,13 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 impl Agent {
     /// Drives the machine to its end, inside the run's `invoke_agent` span. Not an `async fn`:
     /// what it is given goes into the [`Drive`] before the future starts, so the future holds
-    /// it once.
+    /// it once. `cancel` is the caller's token; without one, nothing but the deadline stops the
+    /// run from outside, and its steps wait on no token.
     pub(super) fn drive(
         &self,
         machine: Machine,
         toolbox: Arc<Toolbox>,
-        cancel: CancellationToken,
+        cancel: Option<CancellationToken>,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> impl Future<Output = Outcome> + Send + '_ {
@@ -45,13 +46,13 @@ impl Agent {
             .and_then(|i| i.path.last())
             .map_or("toolloop", String::as_str);
         let span = crate::telemetry::run_span(self.model.name(), agent);
-        let mut drive = Drive::new(self, machine, toolbox, &cancel, sink, log);
+        let mut drive = Drive::new(self, machine, toolbox, cancel.as_ref(), sink, log);
         let deadline = drive.deadline;
         // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
         // value would hold a second copy of it, all run long. The run's waits on its token and
         // its deadline are made here, once, pinned in the run's own future (no allocation).
         let run = async move {
-            let cancelled = pin!(cancel.cancelled_owned());
+            let cancelled = pin!(cancel.map(CancellationToken::cancelled_owned));
             let deadline = pin!(deadline.map(tokio::time::sleep_until));
             drive.steps(&mut Stop::new(cancelled, deadline)).await;
             Box::pin(drive.finish()).await
@@ -93,7 +94,7 @@ impl<'a> Drive<'a> {
         agent: &'a Agent,
         mut machine: Machine,
         toolbox: Arc<Toolbox>,
-        cancel: &CancellationToken,
+        cancel: Option<&CancellationToken>,
         sink: Option<EventHandler>,
         log: Option<RunLog>,
     ) -> Self {
@@ -114,7 +115,8 @@ impl<'a> Drive<'a> {
         };
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
         let model = agent.model.session();
-        let tool_cancel = cancel.child_token();
+        let tool_cancel =
+            cancel.map_or_else(CancellationToken::new, CancellationToken::child_token);
         let scope = agent.scope_for(&sink);
         Drive {
             agent,
@@ -574,18 +576,19 @@ pub(super) fn fed(result: Result<(), PhaseError>) {
 /// cancellation or a deadline that comes then only wakes the run, and the next step's [`guard`]
 /// reports it before the step starts.
 pub(super) struct Stop<'s> {
-    cancelled: Pin<&'s mut WaitForCancellationFutureOwned>,
+    /// `None` without a caller's token: nothing to wait on, nor to check at each wake-up.
+    cancelled: Option<Pin<&'s mut WaitForCancellationFutureOwned>>,
     /// `None` without a deadline.
     deadline: Option<Pin<&'s mut Sleep>>,
 }
 
 impl<'s> Stop<'s> {
     pub(super) fn new(
-        cancelled: Pin<&'s mut WaitForCancellationFutureOwned>,
+        cancelled: Pin<&'s mut Option<WaitForCancellationFutureOwned>>,
         deadline: Pin<&'s mut Option<Sleep>>,
     ) -> Self {
         Stop {
-            cancelled,
+            cancelled: cancelled.as_pin_mut(),
             deadline: deadline.as_pin_mut(),
         }
     }
@@ -594,7 +597,9 @@ impl<'s> Stop<'s> {
     /// deadline.
     fn poll_stop(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Interrupt> {
         use std::task::Poll;
-        if self.cancelled.as_mut().poll(cx).is_ready() {
+        if let Some(cancelled) = &mut self.cancelled
+            && cancelled.as_mut().poll(cx).is_ready()
+        {
             return Poll::Ready(Interrupt::Cancelled);
         }
         match &mut self.deadline {
@@ -634,7 +639,7 @@ mod tests {
     #[tokio::test]
     async fn a_stop_made_once_is_seen_by_every_later_step() {
         let cancel = CancellationToken::new();
-        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let cancelled = pin!(Some(cancel.clone().cancelled_owned()));
         let no_deadline = pin!(None);
         let mut stop = Stop::new(cancelled, no_deadline);
         assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
@@ -654,7 +659,7 @@ mod tests {
     async fn a_deadline_stops_a_step_in_flight_and_every_later_one() {
         let cancel = CancellationToken::new();
         let deadline = Instant::now() + Duration::from_millis(50);
-        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let cancelled = pin!(Some(cancel.clone().cancelled_owned()));
         let sleep = pin!(Some(tokio::time::sleep_until(deadline)));
         let mut stop = Stop::new(cancelled, sleep);
         assert_eq!(guard(ready().as_mut(), &mut stop).await, Ok(7));
@@ -725,7 +730,7 @@ mod tests {
     #[tokio::test]
     async fn a_cancellation_stops_a_step_in_flight() {
         let cancel = CancellationToken::new();
-        let cancelled = pin!(cancel.clone().cancelled_owned());
+        let cancelled = pin!(Some(cancel.clone().cancelled_owned()));
         let no_deadline = pin!(None);
         let mut stop = Stop::new(cancelled, no_deadline);
         let c2 = cancel.clone();

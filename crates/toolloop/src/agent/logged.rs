@@ -83,7 +83,7 @@ impl Agent {
             }
         }
         Ok(self
-            .drive(machine, toolbox, cancel, self.on_event.clone(), log)
+            .drive(machine, toolbox, Some(cancel), self.on_event.clone(), log)
             .await)
     }
 

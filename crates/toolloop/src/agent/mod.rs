@@ -239,7 +239,8 @@ impl Agent {
     /// conversation plus what the run added. Pass it back in (with a new user message) to keep
     /// the context, or start from fresh messages each time.
     pub fn run(&self, messages: Vec<Message>) -> impl Future<Output = Outcome> + Send + '_ {
-        self.run_cancellable(messages, CancellationToken::new())
+        // No token: no one else could cancel it, so the run's steps wait on none.
+        self.run_logged(messages, None, self.on_event.clone(), None)
     }
 
     /// Like [`Agent::run`], stopping early when `cancel` is cancelled.
@@ -248,7 +249,7 @@ impl Agent {
         messages: Vec<Message>,
         cancel: CancellationToken,
     ) -> impl Future<Output = Outcome> + Send + '_ {
-        self.run_logged(messages, cancel, self.on_event.clone(), None)
+        self.run_logged(messages, Some(cancel), self.on_event.clone(), None)
     }
 
     /// Like [`Agent::run_cancellable`], logging the run under `run_id` instead of a fresh id
@@ -263,17 +264,18 @@ impl Agent {
     ) -> Outcome {
         self.run_logged(
             messages,
-            cancel,
+            Some(cancel),
             self.on_event.clone(),
             Some(run_id.to_string()),
         )
         .await
     }
 
+    /// The run, stopped early when `cancel` (if there is one) is cancelled.
     async fn run_logged(
         &self,
         messages: Vec<Message>,
-        cancel: CancellationToken,
+        cancel: Option<CancellationToken>,
         sink: Option<EventHandler>,
         run_id: Option<String>,
     ) -> Outcome {
@@ -329,7 +331,9 @@ impl Agent {
             let _ = tx.send(e.clone());
         });
         tokio::spawn(async move {
-            agent.run_logged(messages, cancel, Some(sink), None).await;
+            agent
+                .run_logged(messages, Some(cancel), Some(sink), None)
+                .await;
         });
         futures::stream::unfold((rx, Some(guard)), |(mut rx, guard)| async move {
             rx.recv().await.map(|e| (e, (rx, guard)))
@@ -349,7 +353,7 @@ impl Agent {
             toolbox.catalog().clone(),
             state,
         );
-        self.drive(machine, toolbox, cancel, self.on_event.clone(), None)
+        self.drive(machine, toolbox, Some(cancel), self.on_event.clone(), None)
             .await
     }
 }
