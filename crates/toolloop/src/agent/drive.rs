@@ -55,7 +55,9 @@ impl Agent {
             let cancelled = pin!(cancel.map(CancellationToken::cancelled_owned));
             let deadline = pin!(deadline.map(tokio::time::sleep_until));
             drive.steps(&mut Stop::new(cancelled, deadline)).await;
-            Box::pin(drive.finish()).await
+            // Boxed where it is made (the box first, then the future written into it), not made
+            // beside the box and copied in whole, as `Box::pin` would.
+            Box::into_pin(Box::write(Box::new_uninit(), drive.finish())).await
         };
         crate::telemetry::in_span(run, span.clone()).map(move |outcome| {
             crate::telemetry::run_finished(&span, &outcome);
@@ -293,24 +295,43 @@ impl<'a> Drive<'a> {
             }
             called
         };
-        // The previous round's results were written during the call: a response
-        // is taken only on a log that holds them.
-        if let (Ok(Ok(_)), Some(log)) = (&called, &self.log)
+        // The previous round's results were written during the call: a response is taken only
+        // on a log that holds them. Waiting for the log is boxed, and holds the response: a run
+        // without a log holds it across no await, so it stays on the stack, not in the run's
+        // future, where it would be written to lines that went cold while the run waited.
+        let input = if matches!(called, Ok(Ok(_))) && self.log.is_some() {
+            match Box::pin(self.settled_input(round, called)).await {
+                Some(input) => input,
+                None => return,
+            }
+        } else {
+            self.input_of(round, called)
+        };
+        self.take(input);
+    }
+
+    /// The input a model call's end gives, once the run log holds what was written during the
+    /// call; `None` when the log failed (the run stops).
+    async fn settled_input(&mut self, round: u32, called: Called) -> Option<Input> {
+        if let Some(log) = &self.log
             && let Err(e) = log.settle().await
         {
             self.store_failed(e);
-            return;
+            return None;
         }
-        let input = match called {
-            // Durable with the intents of the calls it asks for (or with the run's
-            // end).
-            Ok(Ok(response)) => agent.response_input(&self.toolbox, round, response),
-            // The failure ends the run (a refusal for size starts a compaction);
-            // it is durable with the run's end (or the compaction's summary).
+        Some(self.input_of(round, called))
+    }
+
+    /// The input a model call's end gives the machine.
+    fn input_of(&self, round: u32, called: Called) -> Input {
+        match called {
+            // Durable with the intents of the calls it asks for (or with the run's end).
+            Ok(Ok(response)) => self.agent.response_input(&self.toolbox, round, response),
+            // The failure ends the run (a refusal for size starts a compaction); it is durable
+            // with the run's end (or the compaction's summary).
             Ok(Err(e)) => crate::context::driver::failed_call_input(&self.machine, round, e),
             Err(why) => Input::Interrupted { why },
-        };
-        self.take(input);
+        }
     }
 
     /// [`Step::Approve`]: each call's decision, by rule or by a person (the `on_approval`
@@ -514,6 +535,9 @@ impl<'a> Drive<'a> {
         outcome
     }
 }
+
+/// How a model call ended: its response or failure, or the run's interruption first.
+type Called = Result<Result<crate::model::ModelResponse, crate::model::ModelError>, Interrupt>;
 
 /// The model settings of a run's requests: its own (`own`), or else its agent's.
 fn settings_of<'a>(agent: &'a Agent, own: &'a Option<Box<ModelSettings>>) -> &'a ModelSettings {
