@@ -240,6 +240,60 @@ async fn timeout_returns_everything_with_a_cancelled_result_for_the_call_in_flig
     assert!(out.duration_ms < 5_000);
 }
 
+/// A tool that waits for a minute, and notes when its `ctx.cancel` fires (from a task of its
+/// own, which outlives the tool's future when the run drops it).
+fn watcher(seen: Arc<tokio::sync::Notify>) -> impl toolloop::tool::Tool + 'static {
+    tool_fn("watch", "Waits.", move |_: Args, ctx: ToolContext| {
+        let seen = seen.clone();
+        async move {
+            tokio::spawn(async move {
+                ctx.cancel.cancelled().await;
+                seen.notify_one();
+            });
+            tokio::time::sleep(Duration::from_secs(60)).await;
+            Ok::<_, ToolError>(ToolOutput::text("waited"))
+        }
+    })
+}
+
+/// A run's tools are told to stop when it stops, whether it was given a token or not (a run
+/// started without one makes its tools' token its own).
+#[tokio::test]
+async fn a_stopped_run_cancels_its_tools_token_with_or_without_a_callers_token() {
+    let script = || scripted(vec![calls(vec![call("watch", json!({"key": "a"}))])]);
+    // No token of the caller's: the deadline stops the run.
+    let seen = Arc::new(tokio::sync::Notify::new());
+    let agent = builder(script())
+        .tool(watcher(seen.clone()))
+        .timeout(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    let out = agent.prompt("go").await;
+    assert_eq!(out.stop_reason, StopReason::Timeout);
+    tokio::time::timeout(Duration::from_secs(5), seen.notified())
+        .await
+        .expect("the tool's token is cancelled when a run without a token times out");
+    // The caller's token: cancelling it stops the run and the tool.
+    let seen = Arc::new(tokio::sync::Notify::new());
+    let agent = builder(script())
+        .tool(watcher(seen.clone()))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        c2.cancel();
+    });
+    let out = agent
+        .run_cancellable(vec![Message::user("go")], cancel)
+        .await;
+    assert_eq!(out.stop_reason, StopReason::Cancelled);
+    tokio::time::timeout(Duration::from_secs(5), seen.notified())
+        .await
+        .expect("the tool's token is cancelled with the caller's");
+}
+
 #[tokio::test]
 async fn cancellation_returns_everything_with_a_cancelled_result() {
     let g = gauges();
