@@ -113,6 +113,10 @@ impl Machine {
             self.index_executed();
         }
         let mut slots = Vec::with_capacity(tool_calls.len());
+        // The round adds the assistant's message and one result per call to the transcript,
+        // and one entry per call to the record.
+        room_for_rounds(&mut self.state.messages, 1 + tool_calls.len());
+        room_for_rounds(&mut self.state.calls, tool_calls.len());
         let mut planned = 0u32;
         let mut strict_stop = false;
         let truncated = finish_reason == FinishReason::Length;
@@ -893,6 +897,17 @@ impl Machine {
     }
 }
 
+/// Makes room in `v`, a run's transcript or record, for a round's `additional` elements. When it
+/// is full, it grows to hold four more rounds like this one, or to twice its size if that is
+/// more: a doubling from four elements would copy every element, long gone from the cache, at
+/// every second or third round of a run.
+fn room_for_rounds<T>(v: &mut Vec<T>, additional: usize) {
+    if v.capacity() - v.len() < additional {
+        let want = (v.len() + 4 * additional).max(2 * v.capacity());
+        v.reserve_exact(want - v.len());
+    }
+}
+
 /// The event of a call that finished with `status`.
 fn finished(round: u32, call: &ToolCall, status: CallStatus, duration_ms: u64) -> Event {
     Event::ToolFinished {
@@ -902,5 +917,30 @@ fn finished(round: u32, call: &ToolCall, status: CallStatus, duration_ms: u64) -
         success: status == CallStatus::Ok,
         status,
         duration_ms,
+    }
+}
+
+#[cfg(test)]
+mod room_tests {
+    use super::room_for_rounds;
+
+    #[test]
+    fn a_full_transcript_grows_by_four_rounds_or_doubles() {
+        // A caller's one message, then a round of two calls (three elements).
+        let mut v = vec![0u8];
+        room_for_rounds(&mut v, 3);
+        assert_eq!(v.capacity(), 13);
+        v.extend([0; 12]);
+        // Full: four more rounds of three are 25, twice the size 26.
+        room_for_rounds(&mut v, 3);
+        assert_eq!(v.capacity(), 26);
+        // Room enough: nothing moves.
+        let before = v.as_ptr();
+        room_for_rounds(&mut v, 3);
+        assert_eq!((v.capacity(), v.as_ptr()), (26, before));
+        // An empty record takes four rounds of its first round's calls.
+        let mut record: Vec<u64> = Vec::new();
+        room_for_rounds(&mut record, 2);
+        assert_eq!(record.capacity(), 8);
     }
 }
