@@ -40,6 +40,7 @@ impl Agent {
         answer: Option<Answer>,
     ) -> Result<Vec<PendingApproval>, ApprovalError> {
         let journal = self
+            .parts
             .journal
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
@@ -62,7 +63,7 @@ impl Agent {
                 .filter_map(|call| {
                     let sub = toolbox.get(&call.name)?.sub_agent()?;
                     let mut agent = sub.agent().clone();
-                    agent.journal = Some(journal.clone());
+                    std::sync::Arc::make_mut(&mut agent.parts).journal = Some(journal.clone());
                     Some((
                         sub.name().to_string(),
                         crate::subagent::SubAgent::child_run_id(run_id, &call.id),

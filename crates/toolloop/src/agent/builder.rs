@@ -1,6 +1,6 @@
 //! [`AgentBuilder`]: what an agent is made of, checked when it is built.
 
-use super::{Agent, EventHandler, InFlightDecision, OnApproval, OnInFlight, Sources};
+use super::{Agent, EventHandler, InFlightDecision, OnApproval, OnInFlight, Parts, Sources};
 use crate::approval::{Answer, Approvals, PendingApproval};
 use crate::config::{Hooks, LoopConfig, LoopView, RoundCall, RoundLimitDecision};
 use crate::event::Event;
@@ -357,22 +357,24 @@ impl AgentBuilder {
             (m, price)
         });
         Ok(Agent {
-            model: self.model,
-            toolbox: Arc::new(self.toolbox),
-            config: Arc::new(config),
-            hooks: self.hooks,
-            settings: Arc::new(self.settings),
-            system: self.system.map(Arc::from),
-            price,
-            on_event: self.on_event,
-            journal: self.journal,
-            on_in_flight: self.on_in_flight,
-            on_approval: self.on_approval,
-            sources: Arc::new(Sources::new(self.sources, self.source_timeout)),
-            redactor: self.redactor,
-            context_model,
-            delegation: self.delegation,
-            inherited: None,
+            parts: Arc::new(Parts {
+                model: self.model,
+                toolbox: Arc::new(self.toolbox),
+                config: Arc::new(config),
+                hooks: self.hooks,
+                settings: Arc::new(self.settings),
+                system: self.system.map(Arc::from),
+                price,
+                on_event: self.on_event,
+                journal: self.journal,
+                on_in_flight: self.on_in_flight,
+                on_approval: self.on_approval,
+                sources: Arc::new(Sources::new(self.sources, self.source_timeout)),
+                redactor: self.redactor,
+                context_model,
+                delegation: self.delegation,
+                inherited: None,
+            }),
         })
     }
 }

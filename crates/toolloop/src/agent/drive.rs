@@ -41,11 +41,12 @@ impl Agent {
         log: Option<RunLog>,
     ) -> impl Future<Output = Outcome> + Send + '_ {
         let agent = self
+            .parts
             .inherited
             .as_ref()
             .and_then(|i| i.path.last())
             .map_or("toolloop", String::as_str);
-        let span = crate::telemetry::run_span(self.model.name(), agent);
+        let span = crate::telemetry::run_span(self.parts.model.name(), agent);
         let mut drive = Drive::new(self, machine, toolbox, cancel.as_ref(), sink, log);
         let deadline = drive.deadline;
         // The block owns the drive and lends it to the loop: an `async fn` taking it by `mut`
@@ -103,20 +104,21 @@ impl<'a> Drive<'a> {
         let started = Instant::now();
         // A timeout too large to add to the clock (`Duration::MAX`, say) is no deadline at all.
         let deadline = agent
+            .parts
             .config
             .timeout
             .and_then(|t| tokio::time::Instant::now().checked_add(t));
         machine.set_events(sink.is_some());
         // A resumed run keeps the output schema it started with, whatever the agent's now.
-        let own_settings = if machine.output_schema() == agent.settings.output.as_ref() {
+        let own_settings = if machine.output_schema() == agent.parts.settings.output.as_ref() {
             None
         } else {
-            let mut s = (*agent.settings).clone();
+            let mut s = (*agent.parts.settings).clone();
             s.output = machine.output_schema().cloned();
             Some(Box::new(s))
         };
         // The transcript only grows during a run, so adapters may reuse their encoding of it.
-        let model = agent.model.session();
+        let model = agent.parts.model.session();
         let tool_cancel =
             cancel.map_or_else(CancellationToken::new, CancellationToken::child_token);
         let scope = agent.scope_for(&sink);
@@ -271,7 +273,7 @@ impl<'a> Drive<'a> {
                 tools: &tools,
                 settings,
             };
-            let span = crate::telemetry::chat_span(agent.model.name(), round);
+            let span = crate::telemetry::chat_span(agent.parts.model.name(), round);
             let call = crate::telemetry::in_span(
                 agent.call_model(&*self.model, request, round, self.sink.as_ref()),
                 span.clone(),
@@ -340,7 +342,7 @@ impl<'a> Drive<'a> {
         // Before a person is asked, what the round holds is durable: a crash while
         // asking asks again on resume, about the same calls.
         if requests.iter().any(|r| r.verdict == Verdict::Ask)
-            && self.agent.on_approval.is_some()
+            && self.agent.parts.on_approval.is_some()
             && let Some(log) = &self.log
             && let Err(e) = log.flush().await
         {
@@ -357,7 +359,7 @@ impl<'a> Drive<'a> {
                     if let Some(sink) = &self.sink {
                         sink(&r.pending.requested());
                     }
-                    let Some(ask) = &self.agent.on_approval else {
+                    let Some(ask) = &self.agent.parts.on_approval else {
                         deferred.push(r.pending);
                         continue;
                     };
@@ -541,7 +543,7 @@ type Called = Result<Result<crate::model::ModelResponse, crate::model::ModelErro
 
 /// The model settings of a run's requests: its own (`own`), or else its agent's.
 fn settings_of<'a>(agent: &'a Agent, own: &'a Option<Box<ModelSettings>>) -> &'a ModelSettings {
-    own.as_deref().unwrap_or(&agent.settings)
+    own.as_deref().unwrap_or(&agent.parts.settings)
 }
 
 /// Traces what a model call came to.
@@ -747,7 +749,7 @@ mod tests {
             .unwrap();
         let out = agent.prompt("go").await;
         assert_eq!(out.rounds, 2, "{out:?}");
-        let expected = crate::model::catalog_fingerprint(agent.toolbox.specs());
+        let expected = crate::model::catalog_fingerprint(agent.parts.toolbox.specs());
         assert_eq!(*seen.lock().unwrap(), vec![Some(expected); 2]);
     }
 

@@ -16,7 +16,7 @@ impl Agent {
         machine: &Machine,
         run_id: Option<String>,
     ) -> Result<Option<RunLog>, JournalError> {
-        let Some(journal) = &self.journal else {
+        let Some(journal) = &self.parts.journal else {
             return Ok(None);
         };
         let log = match run_id {
@@ -66,6 +66,7 @@ impl Agent {
         cancel: CancellationToken,
     ) -> Result<Outcome, JournalError> {
         let journal = self
+            .parts
             .journal
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
@@ -83,7 +84,13 @@ impl Agent {
             }
         }
         Ok(self
-            .drive(machine, toolbox, Some(cancel), self.on_event.clone(), log)
+            .drive(
+                machine,
+                toolbox,
+                Some(cancel),
+                self.parts.on_event.clone(),
+                log,
+            )
             .await)
     }
 
@@ -97,15 +104,16 @@ impl Agent {
     /// Fails when no journal is configured, the run is unknown, or its log does not replay.
     pub async fn logged_outcome(&self, run_id: &str) -> Result<Outcome, JournalError> {
         let journal = self
+            .parts
             .journal
             .clone()
             .ok_or_else(|| JournalError::Store("no run log (journal) is configured".into()))?;
         let mut records = journal.load(run_id).await?;
         let live = self.tools_now().await;
-        crate::journal::upgrade(&mut records, &live, &self.config.approvals);
+        crate::journal::upgrade(&mut records, &live, &self.parts.config.approvals);
         let machine = Machine::replay(
-            self.config.clone(),
-            (&self.hooks).into(),
+            self.parts.config.clone(),
+            (&self.parts.hooks).into(),
             live.catalog().clone(),
             records,
         )
@@ -135,10 +143,10 @@ impl Agent {
             }
         };
         let live = self.tools_now().await;
-        crate::journal::upgrade(&mut records, &live, &self.config.approvals);
+        crate::journal::upgrade(&mut records, &live, &self.parts.config.approvals);
         let replayed = Machine::replay(
-            self.config.clone(),
-            (&self.hooks).into(),
+            self.parts.config.clone(),
+            (&self.parts.hooks).into(),
             live.catalog().clone(),
             records,
         );

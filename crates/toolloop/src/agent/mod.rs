@@ -70,9 +70,17 @@ use tokio_util::sync::CancellationToken;
 /// Receives every event of a run.
 pub type EventHandler = Arc<dyn Fn(&Event) + Send + Sync>;
 
-/// A model with tools, limits and hooks. Cheap to clone; runs may go on concurrently.
+/// A model with tools, limits and hooks. Cheap to clone: its clones share one allocation (a
+/// clone is one reference count), so a process that gives each of thousands of tasks its own
+/// clone reads one copy of the agent, not thousands. Runs may go on concurrently.
 #[derive(Clone)]
 pub struct Agent {
+    parts: Arc<Parts>,
+}
+
+/// What an agent is made of, shared by its clones.
+#[derive(Clone)]
+struct Parts {
     model: Arc<dyn Model>,
     toolbox: Arc<Toolbox>,
     config: Arc<LoopConfig>,
@@ -120,9 +128,9 @@ pub type OnInFlight = Arc<dyn Fn(&ToolCall) -> InFlightDecision + Send + Sync>;
 impl std::fmt::Debug for Agent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Agent")
-            .field("model", &self.model.name())
-            .field("tools", &self.toolbox)
-            .field("config", &self.config)
+            .field("model", &self.parts.model.name())
+            .field("tools", &self.parts.toolbox)
+            .field("config", &self.parts.config)
             .finish_non_exhaustive()
     }
 }
@@ -135,46 +143,47 @@ impl Agent {
 
     /// The model.
     pub fn model(&self) -> &Arc<dyn Model> {
-        &self.model
+        &self.parts.model
     }
 
     /// The agent's own tools (without its tool sources': see [`Agent::tools_now`]).
     pub fn toolbox(&self) -> &Arc<Toolbox> {
-        &self.toolbox
+        &self.parts.toolbox
     }
 
     /// Whether the agent has tool sources ([`AgentBuilder::tool_source`]), whose tools can
     /// change while a run goes on.
     pub fn has_tool_sources(&self) -> bool {
-        !self.sources.is_empty()
+        !self.parts.sources.is_empty()
     }
 
     /// The limits and policies.
     pub fn config(&self) -> &LoopConfig {
-        &self.config
+        &self.parts.config
     }
 
     /// The model settings of its runs.
     pub fn settings(&self) -> &ModelSettings {
-        &self.settings
+        &self.parts.settings
     }
 
     /// How far delegation to sub-agents goes from its runs ([`AgentBuilder::delegation`]).
     pub fn delegation(&self) -> Delegation {
-        self.delegation
+        self.parts.delegation
     }
 
     /// The model's price, when the price table knows it.
     pub(crate) fn price(&self) -> Option<&Price> {
-        self.price.as_deref()
+        self.parts.price.as_deref()
     }
 
     /// The model's name as requests give it.
     pub(crate) fn model_name(&self) -> &str {
-        self.settings
+        self.parts
+            .settings
             .model
             .as_deref()
-            .unwrap_or_else(|| self.model.name())
+            .unwrap_or_else(|| self.parts.model.name())
     }
 
     /// The agent as a sub-agent's run makes it: logged in the parent's journal, its events to
@@ -188,12 +197,12 @@ impl Agent {
         on_approval: Option<OnApproval>,
         timeout: Option<Duration>,
     ) -> Agent {
-        let mut child = self.clone();
+        let mut child = (*self.parts).clone();
         child.inherited = Some(inherited);
         if journal.is_some() {
             child.journal = journal;
         }
-        let own = self.on_event.clone();
+        let own = self.parts.on_event.clone();
         child.on_event = match (own, on_event) {
             (Some(own), Some(up)) => Some(Arc::new(move |e: &Event| {
                 own(e);
@@ -204,25 +213,29 @@ impl Agent {
         if on_approval.is_some() {
             child.on_approval = on_approval;
         }
-        if timeout != self.config.timeout {
-            let mut config = (*self.config).clone();
+        if timeout != self.parts.config.timeout {
+            let mut config = (*self.parts.config).clone();
             config.timeout = timeout;
             child.config = Arc::new(config);
         }
-        child
+        Agent {
+            parts: Arc::new(child),
+        }
     }
 
     /// The scope a run gives its tools: the sub-agents it calls learn from it where they are
     /// (see [`crate::subagent`]).
     pub(super) fn scope_for(&self, sink: &Option<EventHandler>) -> Arc<Scope> {
-        Arc::new(match &self.inherited {
+        Arc::new(match &self.parts.inherited {
             None => Scope::root(
                 sink.clone(),
-                self.on_approval.clone(),
-                self.journal.clone(),
-                self.delegation,
+                self.parts.on_approval.clone(),
+                self.parts.journal.clone(),
+                self.parts.delegation,
             ),
-            Some(inherited) => Scope::child(inherited, self.journal.clone(), self.delegation),
+            Some(inherited) => {
+                Scope::child(inherited, self.parts.journal.clone(), self.parts.delegation)
+            }
         })
     }
 
@@ -240,7 +253,7 @@ impl Agent {
     /// the context, or start from fresh messages each time.
     pub fn run(&self, messages: Vec<Message>) -> impl Future<Output = Outcome> + Send + '_ {
         // No token: no one else could cancel it, so the run's steps wait on none.
-        self.run_logged(messages, None, self.on_event.clone(), None)
+        self.run_logged(messages, None, self.parts.on_event.clone(), None)
     }
 
     /// Like [`Agent::run`], stopping early when `cancel` is cancelled.
@@ -249,7 +262,7 @@ impl Agent {
         messages: Vec<Message>,
         cancel: CancellationToken,
     ) -> impl Future<Output = Outcome> + Send + '_ {
-        self.run_logged(messages, Some(cancel), self.on_event.clone(), None)
+        self.run_logged(messages, Some(cancel), self.parts.on_event.clone(), None)
     }
 
     /// Like [`Agent::run_cancellable`], logging the run under `run_id` instead of a fresh id
@@ -265,7 +278,7 @@ impl Agent {
         self.run_logged(
             messages,
             Some(cancel),
-            self.on_event.clone(),
+            self.parts.on_event.clone(),
             Some(run_id.to_string()),
         )
         .await
@@ -286,7 +299,7 @@ impl Agent {
         let run = {
             let toolbox = self.run_tools_now().await;
             let machine = self.machine_with(messages, &toolbox);
-            let log = match &self.journal {
+            let log = match &self.parts.journal {
                 Some(_) => Box::pin(self.start_log(&machine, run_id)).await,
                 None => Ok(None),
             };
@@ -312,7 +325,7 @@ impl Agent {
         if self.has_tool_sources() {
             Box::pin(self.tools_now()).await
         } else {
-            self.toolbox.clone()
+            self.parts.toolbox.clone()
         }
     }
 
@@ -323,7 +336,7 @@ impl Agent {
         let agent = self.clone();
         let cancel = CancellationToken::new();
         let guard = cancel.clone().drop_guard();
-        let user_sink = self.on_event.clone();
+        let user_sink = self.parts.on_event.clone();
         let sink: EventHandler = Arc::new(move |e: &Event| {
             if let Some(f) = &user_sink {
                 f(e);
@@ -348,12 +361,18 @@ impl Agent {
     ) -> Outcome {
         let toolbox = self.run_tools_now().await;
         let machine = Machine::resume(
-            self.config.clone(),
-            (&self.hooks).into(),
+            self.parts.config.clone(),
+            (&self.parts.hooks).into(),
             toolbox.catalog().clone(),
             state,
         );
-        self.drive(machine, toolbox, Some(cancel), self.on_event.clone(), None)
-            .await
+        self.drive(
+            machine,
+            toolbox,
+            Some(cancel),
+            self.parts.on_event.clone(),
+            None,
+        )
+        .await
     }
 }

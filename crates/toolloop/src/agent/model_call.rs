@@ -19,12 +19,12 @@ impl Agent {
         // One layer of future around the model's own (each layer is a cold cache line to poll
         // when the response comes). The stream is boxed: a run waiting on a complete reply
         // holds none of a stream's state.
-        let mut response = if self.config.stream {
+        let mut response = if self.parts.config.stream {
             Box::pin(self.stream_with_restarts(model, &request, round, sink)).await?
         } else {
             model.complete(&request).await?
         };
-        if let Some(r) = &self.redactor
+        if let Some(r) = &self.parts.redactor
             && let Some(text) = &mut response.text
         {
             *text = r.redact(text);
@@ -44,7 +44,7 @@ impl Agent {
         loop {
             match self.stream_once(model, request, round, sink).await {
                 Err(ModelError::StreamInterrupted(reason))
-                    if attempt <= self.config.stream_restarts =>
+                    if attempt <= self.parts.config.stream_restarts =>
                 {
                     attempt += 1;
                     tracing::info!(round, attempt, %reason, "the model's stream broke; asking again");
@@ -72,7 +72,7 @@ impl Agent {
         let mut acc = Accumulator::new();
         // Text deltas go out as events only when someone listens (the response's text is
         // redacted whole, by `call_model`).
-        let mut held = sink.and(self.redactor.as_deref().map(StreamRedactor::new));
+        let mut held = sink.and(self.parts.redactor.as_deref().map(StreamRedactor::new));
         let emit = |text: String| {
             if let Some(sink) = sink
                 && !text.is_empty()

@@ -54,7 +54,7 @@ impl Agent {
     /// The tools a run offers now: the agent's own, then each tool source's (listed again when
     /// its version moved; see [`crate::tool_source`]). The same toolbox while nothing changed.
     pub async fn tools_now(&self) -> Arc<Toolbox> {
-        self.sources.toolbox_now(&self.toolbox).await
+        self.parts.sources.toolbox_now(&self.parts.toolbox).await
     }
 }
 

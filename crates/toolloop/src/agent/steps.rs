@@ -25,17 +25,17 @@ impl Agent {
     /// before each model call, from a catalog it journaled ([`Agent::tools_now`],
     /// [`Toolbox::catalog`]), and runs the calls with [`Toolbox::from_catalog`].
     pub fn start(&self, messages: Vec<Message>) -> Machine {
-        self.machine_with(messages, &self.toolbox)
+        self.machine_with(messages, &self.parts.toolbox)
     }
 
     /// The hooks (a driver journals their answers: they may not answer the same twice).
     pub fn hooks(&self) -> &Hooks {
-        &self.hooks
+        &self.parts.hooks
     }
 
     /// The answer of the `reminders` hook for [`Step::GetReminders`](crate::engine::Step::GetReminders) (none without the hook).
     pub fn reminders_for(&self, machine: &Machine) -> Vec<String> {
-        match &self.hooks.reminders {
+        match &self.parts.hooks.reminders {
             Some(f) => f(machine.view()),
             None => Vec::new(),
         }
@@ -43,7 +43,7 @@ impl Agent {
 
     /// The answer of the `stop_when` hook for [`Step::CheckStop`](crate::engine::Step::CheckStop) (none without the hook).
     pub fn stop_signal_for(&self, machine: &Machine) -> Option<String> {
-        match &self.hooks.stop_when {
+        match &self.parts.hooks.stop_when {
             Some(f) => f(&machine.round_calls()),
             None => None,
         }
@@ -52,7 +52,7 @@ impl Agent {
     /// The answer of the `on_round_limit` hook for [`Step::DecideRoundLimit`](crate::engine::Step::DecideRoundLimit) (stop without
     /// the hook).
     pub fn round_limit_for(&self, machine: &Machine) -> BoxFuture<'static, RoundLimitDecision> {
-        match &self.hooks.on_round_limit {
+        match &self.parts.hooks.on_round_limit {
             Some(f) => f(machine.view()),
             None => Box::pin(async { RoundLimitDecision::Stop }),
         }
@@ -71,7 +71,7 @@ impl Agent {
         sink: Option<&EventHandler>,
     ) -> Result<ModelResponse, ModelError> {
         let tools = crate::context::driver::request_tools(machine, machine.catalog().specs());
-        let settings = crate::context::driver::request_settings(machine, &self.settings);
+        let settings = crate::context::driver::request_settings(machine, &self.parts.settings);
         let request = ModelRequest {
             messages: machine.sent_messages(),
             reminders,
@@ -85,7 +85,7 @@ impl Agent {
     pub fn cost(&self, response: &ModelResponse) -> Option<f64> {
         response
             .usage
-            .and_then(|u| self.price.as_ref().map(|p| p.cost(&u)))
+            .and_then(|u| self.parts.price.as_ref().map(|p| p.cost(&u)))
     }
 
     /// The input that brings a model's response to the machine: the response, its cost, and
@@ -95,7 +95,7 @@ impl Agent {
         Input::ModelResponded {
             round,
             cost: self.cost(&response),
-            subjects: toolbox.approval_subjects(&self.config.approvals, &response.tool_calls),
+            subjects: toolbox.approval_subjects(&self.parts.config.approvals, &response.tool_calls),
             response,
         }
     }
@@ -134,7 +134,7 @@ impl Agent {
         }
         call_tool_with(
             tool,
-            &self.config,
+            &self.parts.config,
             round,
             call,
             std::borrow::Cow::Owned(idempotency_key),
@@ -158,6 +158,7 @@ impl Agent {
         match side_effect {
             SideEffect::ReadOnly | SideEffect::Idempotent => true,
             SideEffect::SideEffecting => self
+                .parts
                 .on_in_flight
                 .as_ref()
                 .is_some_and(|f| f(call) == InFlightDecision::Retry),
@@ -165,20 +166,20 @@ impl Agent {
     }
 
     pub(super) fn machine_with(&self, mut messages: Vec<Message>, toolbox: &Toolbox) -> Machine {
-        if let Some(system) = &self.system
+        if let Some(system) = &self.parts.system
             && !matches!(messages.first(), Some(Message::System { .. }))
         {
             messages.insert(0, Message::system(system.to_string()));
         }
         let mut machine = Machine::new(
-            self.config.clone(),
-            (&self.hooks).into(),
+            self.parts.config.clone(),
+            (&self.parts.hooks).into(),
             toolbox.catalog().clone(),
             messages,
         );
         // The schema compiled when the agent was built, so this cannot fail; were it to, the
         // run would go on with no schema rather than stop.
-        if let Err(e) = machine.set_output_schema(self.settings.output.clone()) {
+        if let Err(e) = machine.set_output_schema(self.parts.settings.output.clone()) {
             tracing::error!("the output schema is not used: {e}");
         }
         machine
@@ -192,18 +193,24 @@ impl Agent {
         request: &crate::engine::CompactRequest,
     ) -> Input {
         use crate::context::driver::{summarise, summary_settings};
-        let mut input = match &self.context_model {
+        let mut input = match &self.parts.context_model {
             Some((model, price)) => {
                 let settings = summary_settings(settings, true);
                 summarise(&**model, &settings, price.as_deref(), request).await
             }
             None => {
                 let settings = summary_settings(settings, false);
-                summarise(&*self.model, &settings, self.price.as_deref(), request).await
+                summarise(
+                    &*self.parts.model,
+                    &settings,
+                    self.parts.price.as_deref(),
+                    request,
+                )
+                .await
             }
         };
         // The summary is the model's text, sent on and stored: redacted as an answer is.
-        if let Some(r) = &self.redactor
+        if let Some(r) = &self.parts.redactor
             && let Input::Compacted { compaction, .. } = &mut input
         {
             compaction.summary = r.redact(&compaction.summary);

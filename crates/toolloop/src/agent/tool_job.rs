@@ -41,7 +41,7 @@ impl Agent {
     ) -> Result<(), JournalError> {
         let round = machine.round();
         let limit = if batch.parallel {
-            self.config.max_parallel.max(1)
+            self.parts.config.max_parallel.max(1)
         } else {
             1
         };
@@ -92,7 +92,7 @@ impl Agent {
                     call,
                     cancel,
                     deadline,
-                    config: &self.config,
+                    config: &self.parts.config,
                     sink,
                     log,
                     scope,
