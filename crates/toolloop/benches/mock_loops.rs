@@ -54,13 +54,14 @@
 //! 2 s of their own before the 20 s so that counting does not slow what a profiler sees.
 //!
 //! With `floor` after N and R (`cargo bench -p toolloop --bench mock_loops -- 1000 5 floor`) it
-//! runs, in turns, the ceiling, the real loop and three hand-written minimal loops (`minimal`: no
+//! runs, in turns, the ceiling, the real loop and four hand-written minimal loops (`minimal`: no
 //! engine, serde_json in and out, on the bare client; one keeps the conversation as JSON values,
-//! one as toolloop's `Message`s, one only as the next body's bytes), and gives each loop's
-//! rounds/s as a share of the ceiling: what the least a loop has to do (decode each reply, run
-//! the calls, write the next body) costs on this machine and mock. `minimal` after N and R runs
-//! only the minimal loop that keeps bytes (`minimal values`, `minimal messages`: the others),
-//! for a profiler.
+//! one as toolloop's `Message`s, one as `Message`s and a record of every call as a run's outcome
+//! has it, one only as the next body's bytes), and gives each loop's rounds/s as a share of the
+//! ceiling: what the least a loop has to do (decode each reply, run the calls, write the next
+//! body) costs on this machine and mock. `minimal` after N and R runs only the minimal loop that
+//! keeps bytes (`minimal values`, `minimal messages`, `minimal record`: the others), for a
+//! profiler.
 //!
 //! Run: `cargo bench -p toolloop --bench mock_loops` (add `-- 1000 5` for N and R).
 
@@ -403,7 +404,7 @@ async fn minimal_workers(
     done
 }
 
-/// `floor` after N and R: the ceiling, the real loop and the three hand-written minimal loops (see
+/// `floor` after N and R: the ceiling, the real loop and the four hand-written minimal loops (see
 /// `minimal`) in turns, at N=1, 100 and N; each loop's rounds/s as a share of the ceiling (the
 /// median over the trials, with its range).
 async fn floor(big_n: usize, rounds: usize) {
@@ -417,7 +418,7 @@ async fn floor(big_n: usize, rounds: usize) {
     let a = agent(&url, &scenario, rounds);
     let endpoint = reqwest::Url::parse(&format!("{url}/chat/completions")).expect("a URL");
     let recorded: usize = bodies.iter().map(|b| b.len()).sum();
-    for keep in [Keep::Bytes, Keep::Values, Keep::Messages] {
+    for keep in [Keep::Bytes, Keep::Values, Keep::Messages, Keep::Record] {
         let (r, sent) = minimal::run(&client, &endpoint, &template, keep).await;
         assert_eq!(
             r,
@@ -436,8 +437,14 @@ async fn floor(big_n: usize, rounds: usize) {
          of {TRIAL_SECS} s trials; rounds/s as a share of the ceiling (median, range)"
     );
     println!(
-        "{:>6} {:>12} {:>17} {:>17} {:>17} {:>17}",
-        "N", "ceiling r/s", "toolloop", "minimal: values", "minimal: Message", "minimal: bytes"
+        "{:>6} {:>12} {:>17} {:>17} {:>17} {:>17} {:>17}",
+        "N",
+        "ceiling r/s",
+        "toolloop",
+        "minimal: values",
+        "minimal: Message",
+        "minimal: +record",
+        "minimal: bytes"
     );
     let median = |mut v: Vec<f64>| {
         v.sort_by(f64::total_cmp);
@@ -456,10 +463,10 @@ async fn floor(big_n: usize, rounds: usize) {
         let nr = (n, rounds);
         raw_workers(&client, &url, &bodies, n, Work::Runs(1)).await;
         loop_workers(&a, n, rounds, Work::Runs(1)).await;
-        for keep in [Keep::Bytes, Keep::Values, Keep::Messages] {
+        for keep in [Keep::Bytes, Keep::Values, Keep::Messages, Keep::Record] {
             minimal_workers(&client, &url, &template, keep, nr, Work::Runs(1)).await;
         }
-        let (mut ceilings, mut shares) = (Vec::new(), [(); 4].map(|_| Vec::new()));
+        let (mut ceilings, mut shares) = (Vec::new(), [(); 5].map(|_| Vec::new()));
         for _ in 0..TRIALS {
             let ceiling =
                 sustained(TRIAL_SECS, |w| raw_workers(&client, &url, &bodies, n, w)).await;
@@ -472,22 +479,27 @@ async fn floor(big_n: usize, rounds: usize) {
                 minimal_workers(&client, &url, &template, Keep::Messages, nr, w)
             })
             .await;
+            let r = sustained(TRIAL_SECS, |w| {
+                minimal_workers(&client, &url, &template, Keep::Record, nr, w)
+            })
+            .await;
             let b = sustained(TRIAL_SECS, |w| {
                 minimal_workers(&client, &url, &template, Keep::Bytes, nr, w)
             })
             .await;
             ceilings.push(ceiling);
-            for (share, rate) in shares.iter_mut().zip([l, v, m, b]) {
+            for (share, rate) in shares.iter_mut().zip([l, v, m, r, b]) {
                 share.push(rate / ceiling);
             }
         }
-        let [l, v, m, b] = shares;
+        let [l, v, m, r, b] = shares;
         println!(
-            "{n:>6} {:>12.0} {:>17} {:>17} {:>17} {:>17}",
+            "{n:>6} {:>12.0} {:>17} {:>17} {:>17} {:>17} {:>17}",
             median(ceilings).0,
             cell(l),
             cell(v),
             cell(m),
+            cell(r),
             cell(b),
         );
     }
@@ -958,6 +970,8 @@ async fn profile_side(which: &str, n: usize, rounds: usize) {
                 minimal::Keep::Values
             } else if arg("messages") {
                 minimal::Keep::Messages
+            } else if arg("record") {
+                minimal::Keep::Record
             } else {
                 minimal::Keep::Bytes
             };

@@ -1,11 +1,10 @@
 //! The least a tool-calling loop has to do, written by hand, as a reference for the real loop's
-//! share of the ceiling: no engine, no record of calls, no budgets, no retries, no timeouts, no
-//! hooks.
+//! share of the ceiling: no engine, no budgets, no retries, no timeouts, no hooks.
 //!
 //! It keeps the encoded messages of the next request, and, as [`Keep`] says, nothing else of the
 //! conversation (the least memory and the least encoding a loop can do), or also the
-//! conversation as toolloop's own message types, or as JSON values, as many hand-written clients
-//! keep it. Each round it sends those bytes and the rest of the request (encoded once per run) on
+//! conversation as toolloop's own message types (and, if asked, a record of each call, as a
+//! run's outcome has it), or as JSON values, as many hand-written clients keep it. Each round it sends those bytes and the rest of the request (encoded once per run) on
 //! the same bare HTTP client as the ceiling, decodes the reply into typed structures (derived, as
 //! a hand-written client would), parses each call's arguments, runs the echo tool on them, and
 //! appends the encoding of the assistant's message and of the results to its messages with
@@ -15,6 +14,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
+use toolloop::outcome::{CallStatus, ExecutedCall};
 
 #[derive(Deserialize)]
 struct Reply {
@@ -116,6 +116,9 @@ pub(crate) enum Keep {
     /// Those bytes, and the conversation as toolloop's own messages (`Message`, each call's
     /// arguments parsed into a `Value`), encoded from them.
     Messages,
+    /// As `Messages`, and a record of every call as a run's outcome gives it
+    /// ([`ExecutedCall`]: the call and its result's content, copied from the conversation).
+    Record,
 }
 
 /// One whole run on `client`; gives the rounds it took and the bytes of the bodies it sent.
@@ -130,9 +133,10 @@ pub(crate) async fn run(
         _ => Vec::new(),
     };
     let mut typed: Vec<Message> = match keep {
-        Keep::Messages => vec![Message::user("go")],
+        Keep::Messages | Keep::Record => vec![Message::user("go")],
         _ => Vec::new(),
     };
+    let mut record: Vec<ExecutedCall> = Vec::new();
     let mut messages = Vec::with_capacity(4096);
     messages.extend_from_slice(&template.messages);
     let (mut rounds, mut sent) = (0, 0);
@@ -163,34 +167,46 @@ pub(crate) async fn run(
                 Keep::Values => {
                     transcript.push(json!({"role": "assistant", "content": message.content}))
                 }
-                Keep::Messages => {
+                Keep::Messages | Keep::Record => {
                     typed.push(Message::assistant(message.content.unwrap_or_default()))
                 }
                 Keep::Bytes => {}
             }
             return (rounds, sent);
         }
-        if keep == Keep::Messages {
+        if matches!(keep, Keep::Messages | Keep::Record) {
             let before = typed.len();
             let mut calls = Vec::with_capacity(message.tool_calls.len());
             for call in message.tool_calls {
                 let arguments: Value =
                     serde_json::from_str(&call.function.arguments).expect("arguments");
                 let content = echo(arguments.clone()).to_string();
-                typed.push(Message::Tool(ToolResult {
-                    call_id: call.id.clone(),
-                    name: call.function.name.clone(),
-                    content,
-                    is_error: false,
-                    images: Vec::new(),
-                }));
-                calls.push(ToolCall {
+                let call = ToolCall {
                     id: call.id,
                     name: call.function.name,
                     arguments,
                     invalid_arguments: None,
                     provider_data: None,
-                });
+                };
+                if keep == Keep::Record {
+                    record.push(ExecutedCall {
+                        round: rounds as u32,
+                        call: call.clone(),
+                        status: CallStatus::Ok,
+                        content: content.clone(),
+                        duration_ms: 0,
+                        attempts: 1,
+                        spent: None,
+                    });
+                }
+                typed.push(Message::Tool(ToolResult {
+                    call_id: call.id.clone(),
+                    name: call.name.clone(),
+                    content,
+                    is_error: false,
+                    images: Vec::new(),
+                }));
+                calls.push(call);
             }
             let assistant = Message::Assistant(AssistantMessage {
                 text: message.content,
