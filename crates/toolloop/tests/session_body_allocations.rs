@@ -2,7 +2,8 @@
 //! taken back once the transport let go of it: once that buffer has grown, a body that adds a
 //! round to the conversation costs no allocation for its buffer (nor a copy of what it already
 //! held), and its bytes are those of the whole request encoded afresh. A run's first body is
-//! written into a buffer sized once for it, not grown a doubling at a time.
+//! written into a buffer sized once for it, not grown a doubling at a time, with room for what
+//! the model's earlier runs grew to.
 
 use serde_json::json;
 use toolloop::message::{AssistantMessage, Message, ToolCall, ToolResult};
@@ -127,4 +128,43 @@ fn a_runs_first_body_is_written_into_a_buffer_sized_once() {
     // The buffer, the header that lets it be shared with the transport and taken back, and the
     // fields after the catalog, kept for the run's later bodies.
     assert_eq!(made, 3, "allocations for a run's first body");
+}
+
+#[test]
+fn a_run_like_the_ones_before_never_moves_its_body_into_a_larger_buffer() {
+    let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
+    let tools = [ToolSpec {
+        name: "echo".into(),
+        description: "Echoes its text.".into(),
+        parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
+    }];
+    let settings = ModelSettings::default();
+    let mut all = vec![Message::system("You echo."), Message::user("go")];
+    for i in 0..40 {
+        all.extend(round(i));
+    }
+    let request = |n: usize| ModelRequest {
+        messages: (&all[..n]).into(),
+        reminders: &[],
+        tools: &tools,
+        settings: &settings,
+    };
+    // One run, a round at a time, as the loop sends them; the buffer it ends in is the buffer of
+    // each body, let go of by the transport before the next.
+    let run = |model: &OpenAiModel| {
+        let session = OpenAiSession::new(model);
+        let mut buffers = Vec::new();
+        for n in (2..=all.len()).step_by(2) {
+            let body = session.request_body(&request(n), false).unwrap();
+            if buffers.last() != Some(&body.as_ptr()) {
+                buffers.push(body.as_ptr());
+            }
+        }
+        buffers.len()
+    };
+    // The model's first run starts with the fixed room, and its conversation outgrows it (its
+    // last body is several times 2 KiB).
+    assert!(run(&model) > 1, "the first run's body never grew");
+    // The next run starts with room for what the first grew to: one buffer, all run long.
+    assert_eq!(run(&model), 1, "buffers of the second run's bodies");
 }

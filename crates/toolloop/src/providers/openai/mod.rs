@@ -103,7 +103,7 @@ use bytes::Bytes;
 use config::check_extra;
 pub(crate) use error::{context_overflow, tools_unsupported};
 use http::header::{AUTHORIZATION, HeaderMap};
-use request::{EncodedPrefix, SharedCatalog};
+use request::{BodyRoom, EncodedPrefix, SharedCatalog};
 use response::decode_response;
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -154,6 +154,8 @@ struct Inner {
     rescue_tools: Mutex<Option<Arc<[ToolSpec]>>>,
     /// The encoding of the tool catalog its sessions last offered, shared by them.
     catalogs: SharedCatalog,
+    /// How long its sessions' conversations grew, for the room of a new session's first body.
+    body_room: BodyRoom,
 }
 
 /// Request fields a server refused, learned from its answers and remembered for its later
@@ -208,6 +210,7 @@ impl OpenAiModel {
                 refused: Refused::default(),
                 rescue_tools: Mutex::default(),
                 catalogs: SharedCatalog::default(),
+                body_room: BodyRoom::default(),
             }),
             prefix: None,
         }
@@ -256,7 +259,7 @@ impl OpenAiModel {
         // Taken out, and put back only whole: a failed encoding leaves nothing half-written.
         let mut taken = std::mem::take(&mut *slot);
         let body = wire
-            .encode_cached(&mut taken, &self.inner.catalogs)
+            .encode_cached(&mut taken, &self.inner.catalogs, &self.inner.body_room)
             .map_err(serialize_error)?;
         *slot = taken;
         Ok(body)
@@ -482,6 +485,9 @@ impl HttpAdapter for OpenAiModel {
 /// and the tool catalog only when it changed (the model keeps the catalog's encoding for all
 /// its sessions: a new run that offers the same catalog does not encode it again).
 ///
+/// A run's first body is written into a buffer with room for what the model's earlier runs grew
+/// to (learned as each session ends), so a run like them never moves its body into a larger one.
+///
 /// Before reusing anything it checks that the conversation did not shrink and that the last
 /// message it encoded and the catalog are unchanged (by
 /// [`message_fingerprint`](crate::model::message_fingerprint) and
@@ -492,6 +498,22 @@ impl HttpAdapter for OpenAiModel {
 pub struct OpenAiSession {
     /// The model, with the session's encoding of the conversation.
     model: OpenAiModel,
+}
+
+impl Drop for OpenAiSession {
+    /// Tells the model how long the run's last body was: its next runs start with that much
+    /// room.
+    fn drop(&mut self) {
+        if let Some(prefix) = &self.model.prefix {
+            let last = prefix
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .last_body_len();
+            if last > 0 {
+                self.model.inner.body_room.observe(last);
+            }
+        }
+    }
 }
 
 impl OpenAiSession {

@@ -13,6 +13,7 @@ use bytes::{Bytes, BytesMut};
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 use serde_json::{Value, json};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 /// The JSON body of one Chat Completions request, as a JSON value (for inspection and tests; the
@@ -292,6 +293,13 @@ pub(super) struct EncodedPrefix {
     rest_json: Vec<u8>,
 }
 
+impl EncodedPrefix {
+    /// The length of the last body encoded (0 before the first).
+    pub(super) fn last_body_len(&self) -> usize {
+        self.body.len()
+    }
+}
+
 /// The encoding of the tool catalog last offered, and its fingerprint, shared by the sessions of
 /// a model: the runs of a model most often offer the same catalog, so a new run neither encodes
 /// it again nor keeps a copy of its own.
@@ -321,11 +329,56 @@ impl SharedCatalog {
 }
 
 /// The room a run's first body has for its conversation besides the catalog and the fields
-/// after it (a system prompt and a task, and the first rounds; a longer conversation grows the
-/// buffer a doubling at a time). The buffer is kept while the run waits on its model, so with
-/// thousands of runs in flight each byte of room counts thousands of times: 2 KiB holds a short
-/// run's whole conversation, and a longer run pays one copy of its body per doubling.
+/// after it, until the model's runs have shown how long theirs grow (see [`BodyRoom`]): a
+/// system prompt and a task, and the first rounds; a longer conversation grows the buffer a
+/// doubling at a time. The buffer is kept while the run waits on its model, so with thousands
+/// of runs in flight each byte of room counts thousands of times: 2 KiB holds a short run's
+/// whole conversation, and a longer run pays one copy of its body per doubling.
 const FIRST_BODY_ROOM: usize = 2048;
+
+/// The most room a run's first body is given from what earlier runs needed (1 MiB): one run of
+/// huge results does not make every run after it hold that much.
+const MOST_LEARNED_ROOM: usize = 1 << 20;
+
+/// How long the last bodies of a model's runs have been, learned as its sessions end: a new
+/// run's first body is given a buffer that holds what such a run grows to, so that a run like
+/// the earlier ones never copies its body into a larger buffer (each copy reads the whole body,
+/// long gone from the cache, and writes it again), and a run of short conversations holds no
+/// more room than they take. As hyper sizes its read buffer from the reads it has seen, this
+/// follows the runs it sees: an average that moves an eighth of the way to each run's length,
+/// so one long run does not make every later one hold its room. Until a run has ended, runs
+/// start with the fixed [`FIRST_BODY_ROOM`].
+#[derive(Debug, Default)]
+pub(super) struct BodyRoom(AtomicUsize);
+
+impl BodyRoom {
+    /// Notes the length of a run's last body.
+    pub(super) fn observe(&self, last_body: usize) {
+        let last_body = last_body.min(MOST_LEARNED_ROOM);
+        // A lost update (two runs ending at once) only weighs one run less.
+        let typical = self.0.load(Ordering::Relaxed);
+        let next = if typical == 0 {
+            last_body
+        } else if last_body >= typical {
+            typical + (last_body - typical) / 8
+        } else {
+            typical - (typical - last_body) / 8
+        };
+        if next != typical {
+            self.0.store(next.max(1), Ordering::Relaxed);
+        }
+    }
+
+    /// The capacity of a run's first body, whose catalog and fields after the conversation take
+    /// `fixed` bytes: what the model's runs grew to, with an eighth more, or the fixed room
+    /// before any run has ended.
+    fn first_capacity(&self, fixed: usize) -> usize {
+        match self.0.load(Ordering::Relaxed) {
+            0 => FIRST_BODY_ROOM + fixed,
+            typical => (typical + typical / 8).max(fixed + 64),
+        }
+    }
+}
 
 /// `buf` as a body, its buffer kept for the next body of the run. A `BytesMut` that holds its
 /// buffer as a plain vector (a `fresh` one) makes an allocation of its own every time it is
@@ -362,6 +415,7 @@ impl WireRequest<'_> {
         &self,
         prefix: &mut EncodedPrefix,
         catalogs: &SharedCatalog,
+        room: &BodyRoom,
     ) -> serde_json::Result<Bytes> {
         if self.extras.iter().any(|(name, _)| *name == "messages") {
             return serde_json::to_vec(self).map(Bytes::from);
@@ -408,7 +462,7 @@ impl WireRequest<'_> {
                 // time (an allocation and a copy each).
                 let mut b = reclaimed.unwrap_or_else(|_| {
                     let catalog = prefix.tools_json.as_ref().map_or(0, |json| json.len());
-                    BytesMut::with_capacity(FIRST_BODY_ROOM + catalog + prefix.rest_json.len())
+                    BytesMut::with_capacity(room.first_capacity(catalog + prefix.rest_json.len()))
                 });
                 b.clear();
                 b.extend_from_slice(b"{\"messages\":[");
@@ -1547,5 +1601,28 @@ mod tests {
             .get("response_format")
             .is_none()
         );
+    }
+
+    #[test]
+    fn a_models_first_body_room_follows_the_length_its_runs_reach() {
+        let room = BodyRoom::default();
+        // Before any run has ended: the fixed room beside the catalog and the other fields.
+        assert_eq!(room.first_capacity(500), FIRST_BODY_ROOM + 500);
+        // The first run's length is taken as it is, with an eighth more.
+        room.observe(8000);
+        assert_eq!(room.first_capacity(500), 9000);
+        // Later runs move it an eighth of the way, up or down.
+        room.observe(16000);
+        assert_eq!(room.first_capacity(500), 9000 + 1125);
+        room.observe(1000);
+        assert_eq!(room.0.load(Ordering::Relaxed), 9000 - 1000);
+        // Never less than the catalog and the other fields, with a little room.
+        let short = BodyRoom::default();
+        short.observe(10);
+        assert_eq!(short.first_capacity(500), 564);
+        // A huge run counts as 1 MiB.
+        let huge = BodyRoom::default();
+        huge.observe(usize::MAX);
+        assert_eq!(huge.0.load(Ordering::Relaxed), MOST_LEARNED_ROOM);
     }
 }
