@@ -39,28 +39,48 @@ fn round(i: usize) -> [Message; 2] {
     ]
 }
 
-#[test]
-fn a_session_writes_each_body_into_the_previous_ones_buffer_without_allocating() {
-    let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
-    let session = OpenAiSession::new(&model);
-    let tools = [ToolSpec {
+/// The echo tool's one-tool catalog.
+fn echo_tool() -> [ToolSpec; 1] {
+    [ToolSpec {
         name: "echo".into(),
         description: "Echoes its text.".into(),
         parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
-    }];
-    let settings = ModelSettings::default();
-    let rounds = 40;
-    // Every message made first: the conversation only grows, as a run's does.
+    }]
+}
+
+/// A system prompt, a task, and `rounds` rounds of the echo tool.
+fn conversation(rounds: usize) -> Vec<Message> {
     let mut all = vec![Message::system("You echo."), Message::user("go")];
     for i in 0..rounds {
         all.extend(round(i));
     }
-    let request = |n: usize| ModelRequest {
+    all
+}
+
+/// The request of the first `n` messages of `all`.
+fn first_messages<'a>(
+    all: &'a [Message],
+    n: usize,
+    tools: &'a [ToolSpec],
+    settings: &'a ModelSettings,
+) -> ModelRequest<'a> {
+    ModelRequest {
         messages: (&all[..n]).into(),
         reminders: &[],
-        tools: &tools,
-        settings: &settings,
-    };
+        tools,
+        settings,
+    }
+}
+
+#[test]
+fn a_session_writes_each_body_into_the_previous_ones_buffer_without_allocating() {
+    let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
+    let session = OpenAiSession::new(&model);
+    let tools = echo_tool();
+    let settings = ModelSettings::default();
+    // Every message made first: the conversation only grows, as a run's does.
+    let all = conversation(40);
+    let request = |n: usize| first_messages(&all, n, &tools, &settings);
     // The first rounds grow the buffer far beyond what the later ones need; the capacity is
     // that of the longest body, as in a run.
     let longest = session.request_body(&request(all.len()), false).unwrap();
@@ -133,22 +153,10 @@ fn a_runs_first_body_is_written_into_a_buffer_sized_once() {
 #[test]
 fn a_run_like_the_ones_before_never_moves_its_body_into_a_larger_buffer() {
     let model = OpenAiModel::new(OpenAiConfig::new("m").with_base_url("http://127.0.0.1:9/v1"));
-    let tools = [ToolSpec {
-        name: "echo".into(),
-        description: "Echoes its text.".into(),
-        parameters: json!({"type": "object", "properties": {"text": {"type": "string"}}}),
-    }];
+    let tools = echo_tool();
     let settings = ModelSettings::default();
-    let mut all = vec![Message::system("You echo."), Message::user("go")];
-    for i in 0..40 {
-        all.extend(round(i));
-    }
-    let request = |n: usize| ModelRequest {
-        messages: (&all[..n]).into(),
-        reminders: &[],
-        tools: &tools,
-        settings: &settings,
-    };
+    let all = conversation(40);
+    let request = |n: usize| first_messages(&all, n, &tools, &settings);
     // One run, a round at a time, as the loop sends them; the buffer it ends in is the buffer of
     // each body, let go of by the transport before the next.
     let run = |model: &OpenAiModel| {
