@@ -5,6 +5,7 @@ use super::{Agent, RunLog};
 use crate::approval::{Answer, ApprovalError, DecidedBy, Decision, PendingApproval, Verdict};
 use crate::engine::{Input, Step};
 use crate::journal::JournalError;
+use std::sync::Arc;
 
 impl Agent {
     /// The calls of a logged run that wait for a person's approval (a run that stopped with
@@ -63,7 +64,7 @@ impl Agent {
                 .filter_map(|call| {
                     let sub = toolbox.get(&call.name)?.sub_agent()?;
                     let mut agent = sub.agent().clone();
-                    std::sync::Arc::make_mut(&mut agent.parts).journal = Some(journal.clone());
+                    Arc::make_mut(&mut agent.parts).journal = Some(journal.clone());
                     Some((
                         sub.name().to_string(),
                         crate::subagent::SubAgent::child_run_id(run_id, &call.id),

@@ -401,6 +401,40 @@ mod tests {
     }
 
     #[test]
+    fn clones_share_one_agent_and_a_childs_own_settings_leave_the_parents_alone() {
+        let agent = Agent::builder(model())
+            .timeout(Duration::from_secs(60))
+            .build()
+            .unwrap();
+        let clone = agent.clone();
+        assert!(Arc::ptr_eq(&agent.parts, &clone.parts));
+        let inherited = Arc::new(crate::subagent::Inherited {
+            depth: 1,
+            max_depth: 2,
+            path: vec!["child".into()],
+            root_sink: None,
+            on_approval: None,
+            budget: Arc::default(),
+        });
+        let journal: Arc<dyn Journal> = Arc::new(crate::journal::MemoryJournal::new());
+        let child = agent.for_child(
+            inherited,
+            Some(journal),
+            None,
+            None,
+            Some(Duration::from_secs(5)),
+        );
+        assert!(!Arc::ptr_eq(&agent.parts, &child.parts));
+        assert_eq!(child.config().timeout, Some(Duration::from_secs(5)));
+        assert!(child.parts.journal.is_some() && child.parts.inherited.is_some());
+        // The parent, and every clone of it, as they were.
+        for a in [&agent, &clone] {
+            assert_eq!(a.config().timeout, Some(Duration::from_secs(60)));
+            assert!(a.parts.journal.is_none() && a.parts.inherited.is_none());
+        }
+    }
+
+    #[test]
     fn two_tools_with_one_name_fail_the_build_with_the_first_error() {
         let built = Agent::builder(model())
             .tool(named("a"))
