@@ -897,13 +897,19 @@ impl Machine {
     }
 }
 
+/// The most room [`room_for_rounds`] makes beyond a round's own elements: a reply of thousands
+/// of calls (a model's output, bounded only by the body's size limit) takes room for itself,
+/// not for three more rounds like it.
+const MOST_ROOM_AHEAD: usize = 64;
+
 /// Makes room in `v`, a run's transcript or record, for a round's `additional` elements. When it
-/// is full, it grows to hold four more rounds like this one, or to twice its size if that is
-/// more: a doubling from four elements would copy every element, long gone from the cache, at
-/// every second or third round of a run.
+/// is full, it grows to hold this round and three more like it (at most [`MOST_ROOM_AHEAD`]
+/// elements more), or to twice its size if that is more: a doubling from four elements would
+/// copy every element, long gone from the cache, at every second or third round of a run.
 fn room_for_rounds<T>(v: &mut Vec<T>, additional: usize) {
     if v.capacity() - v.len() < additional {
-        let want = (v.len() + 4 * additional).max(2 * v.capacity());
+        let ahead = additional.saturating_mul(3).min(MOST_ROOM_AHEAD);
+        let want = (v.len() + additional + ahead).max(2 * v.capacity());
         v.reserve_exact(want - v.len());
     }
 }
@@ -922,7 +928,7 @@ fn finished(round: u32, call: &ToolCall, status: CallStatus, duration_ms: u64) -
 
 #[cfg(test)]
 mod room_tests {
-    use super::room_for_rounds;
+    use super::{MOST_ROOM_AHEAD, room_for_rounds};
 
     #[test]
     fn a_full_transcript_grows_by_four_rounds_or_doubles() {
@@ -942,5 +948,9 @@ mod room_tests {
         let mut record: Vec<u64> = Vec::new();
         room_for_rounds(&mut record, 2);
         assert_eq!(record.capacity(), 8);
+        // A round of a thousand calls: room for itself and 64 more, not for four thousand.
+        let mut huge: Vec<u64> = Vec::new();
+        room_for_rounds(&mut huge, 1000);
+        assert_eq!(huge.capacity(), 1000 + MOST_ROOM_AHEAD);
     }
 }

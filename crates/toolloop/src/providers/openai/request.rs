@@ -336,18 +336,20 @@ impl SharedCatalog {
 /// whole conversation, and a longer run pays one copy of its body per doubling.
 const FIRST_BODY_ROOM: usize = 2048;
 
-/// The most room a run's first body is given from what earlier runs needed (1 MiB): one run of
-/// huge results does not make every run after it hold that much.
-const MOST_LEARNED_ROOM: usize = 1 << 20;
+/// The most room a run's first body is given from what earlier runs needed (64 KiB): runs whose
+/// bodies grow past it hold no more than that from their start, before they need it (with
+/// thousands in flight, each byte counts thousands of times), and each of their rounds sends so
+/// much that a copy of the body when it grows is a small part of the round's cost.
+const MOST_LEARNED_ROOM: usize = 64 << 10;
 
 /// How long the last bodies of a model's runs have been, learned as its sessions end: a new
 /// run's first body is given a buffer that holds what such a run grows to, so that a run like
 /// the earlier ones never copies its body into a larger buffer (each copy reads the whole body,
 /// long gone from the cache, and writes it again), and a run of short conversations holds no
 /// more room than they take. As hyper sizes its read buffer from the reads it has seen, this
-/// follows the runs it sees: an average that moves an eighth of the way to each run's length,
-/// so one long run does not make every later one hold its room. Until a run has ended, runs
-/// start with the fixed [`FIRST_BODY_ROOM`].
+/// follows the runs it sees: an average that moves an eighth of the way to each run's length
+/// (at most [`MOST_LEARNED_ROOM`]), so one long run does not make every later one hold its
+/// room. Until a run has ended, runs start with the fixed [`FIRST_BODY_ROOM`].
 #[derive(Debug, Default)]
 pub(super) struct BodyRoom(AtomicUsize);
 
@@ -1620,7 +1622,7 @@ mod tests {
         let short = BodyRoom::default();
         short.observe(10);
         assert_eq!(short.first_capacity(500), 564);
-        // A huge run counts as 1 MiB.
+        // A huge run counts as 64 KiB.
         let huge = BodyRoom::default();
         huge.observe(usize::MAX);
         assert_eq!(huge.0.load(Ordering::Relaxed), MOST_LEARNED_ROOM);
